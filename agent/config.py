@@ -1,0 +1,526 @@
+"""Typed configuration: TOML file -> validated `Config` with `[agent]`, `[sla]` and `[[profile]]`.
+
+Every problem is reported with the file, the dotted key and what is wrong, all at once, so an operator
+fixes a config in one pass instead of one error per restart. Nothing here has side effects.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONFIG_PATH = Path("/etc/lynxtop/config.toml")
+CONFIG_ENV = "LYNXTOP_CONFIG"
+
+# Environment a profile may pass to vLLM. Anything that changes what code runs (LD_PRELOAD, PYTHONPATH…) is refused.
+ENV_ALLOWED_EXACT = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM"}
+ENV_ALLOWED_PREFIXES = ("VLLM_", "HF_", "NCCL_", "RAY_", "TORCH_SYMM_MEM_", "NVSHMEM_")
+ENV_FORBIDDEN = {"LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PATH"}
+
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "bfloat16")
+ATTENTION_BACKENDS = (
+    "FLASHMLA", "FLASHMLA_SPARSE", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHINFER_MLA", "TRITON_MLA",
+    "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "TORCH_SDPA", "CPU_ATTN",
+)
+EXECUTOR_BACKENDS = ("mp", "ray", "uni")
+
+
+class ConfigError(Exception):
+    """One or more problems in a config file; `problems` holds one line each: 'file: key: problem'."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Retention:
+    raw_days: float = 7
+    minute_days: float = 90
+    hour_days: float = 730
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    database: Path
+    socket: Path
+    socket_group: str = "lynxtop"
+    log_dir: Path | None = None  # per-run vLLM logs; default: <database dir>/logs
+    sample_interval_s: float = 1.0
+    gpm: bool = True  # GPM shares counters with DCGM profiling: turn off where dcgm-exporter profiles
+    live_restore: bool = True  # serving survives an agent restart; stopping it is an explicit `lynxtop stop`
+    metrics_listen: str = ""  # "host:port" for the read-only Prometheus endpoint; empty = off
+    default_profile: str = ""  # started when the agent starts with nothing adopted; empty = none
+    autostart: bool = False
+    hang_timeout_s: float = 60.0
+    restart_on_hang: bool = False
+    backoff_initial_s: float = 5.0
+    backoff_max_s: float = 300.0
+    crash_loop_failures: int = 5
+    crash_loop_window_s: float = 1800.0
+    stable_after_s: float = 600.0
+    gpu_release_timeout_s: float = 60.0
+    fake_nvml: str = ""  # scenario name of the simulated GPUs ("h200x8", "a100x8", "sim"); empty = real NVML
+    retention: Retention = field(default_factory=Retention)
+
+    @property
+    def run_log_dir(self) -> Path:
+        return self.log_dir if self.log_dir is not None else self.database.parent / "logs"
+
+
+@dataclass(frozen=True)
+class SlaConfig:
+    ttft_p99_ms: float = 2000.0
+    tpot_p99_ms: float = 150.0
+    window_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    executable: str
+    model: str
+    served_model_name: str = ""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    block_size: int | None = None
+    kv_cache_dtype: str | None = None
+    attention_backend: str | None = None
+    enable_prefix_caching: bool | None = None
+    quantization: str | None = None
+    trust_remote_code: bool = False
+    distributed_executor_backend: str | None = None
+    shutdown_timeout_s: int = 30
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    readiness_timeout_s: float = 1800.0
+    stop_grace_s: float = 60.0
+    description: str = ""
+
+    def argv(self) -> list[str]:
+        """The exact argv of `vllm serve` for this profile; no shell ever sees it."""
+        argv = [self.executable, "serve", self.model, "--host", self.host, "--port", str(self.port)]
+        if self.served_model_name:
+            argv += ["--served-model-name", self.served_model_name]
+        for key, flag in _INT_FLAGS:
+            value = getattr(self, key)
+            if key.endswith("parallel_size") and value == 1:
+                continue
+            if value is not None:
+                argv += [flag, str(value)]
+        if self.gpu_memory_utilization is not None:
+            argv += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
+        if self.enable_expert_parallel:
+            argv.append("--enable-expert-parallel")
+        if self.kv_cache_dtype:
+            argv += ["--kv-cache-dtype", self.kv_cache_dtype]
+        if self.attention_backend:
+            argv += ["--attention-backend", self.attention_backend]
+        if self.enable_prefix_caching is not None:
+            argv.append("--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching")
+        if self.quantization:
+            argv += ["--quantization", self.quantization]
+        if self.trust_remote_code:
+            argv.append("--trust-remote-code")
+        if self.distributed_executor_backend:
+            argv += ["--distributed-executor-backend", self.distributed_executor_backend]
+        if self.shutdown_timeout_s:
+            argv += ["--shutdown-timeout", str(self.shutdown_timeout_s)]
+        argv += list(self.extra_args)
+        return argv
+
+    def flags(self) -> dict[str, str]:
+        """Profile options as flag -> value (for diffs shown before a switch)."""
+        out: dict[str, str] = {}
+        argv = self.argv()[3:]
+        i = 0
+        while i < len(argv):
+            tok = argv[i]
+            if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                out[tok] = argv[i + 1]
+                i += 2
+            else:
+                out[tok] = "on"
+                i += 1
+        out["executable"] = self.executable
+        out["model"] = self.model
+        for k, v in sorted(self.env.items()):
+            out[f"env {k}"] = v
+        return out
+
+
+_INT_FLAGS = (
+    ("tensor_parallel_size", "--tensor-parallel-size"),
+    ("pipeline_parallel_size", "--pipeline-parallel-size"),
+    ("data_parallel_size", "--data-parallel-size"),
+    ("max_model_len", "--max-model-len"),
+    ("max_num_seqs", "--max-num-seqs"),
+    ("max_num_batched_tokens", "--max-num-batched-tokens"),
+    ("block_size", "--block-size"),
+)
+# Flags owned by typed options: setting them again through extra_args would make two sources of truth.
+OWNED_FLAGS = {flag for _, flag in _INT_FLAGS} | {
+    "--host", "--port", "--served-model-name", "--gpu-memory-utilization", "--enable-expert-parallel",
+    "--kv-cache-dtype", "--attention-backend", "--enable-prefix-caching", "--no-enable-prefix-caching",
+    "--quantization", "--trust-remote-code", "--distributed-executor-backend", "--shutdown-timeout",
+    "-tp", "-pp", "-dp", "--model",
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None
+    agent: AgentConfig
+    sla: SlaConfig
+    profiles: tuple[Profile, ...]
+
+    def profile(self, name: str) -> Profile | None:
+        return next((p for p in self.profiles if p.name == name), None)
+
+
+# ---------------------------------------------------------------------------------------------- defaults
+
+
+def default_state_dir() -> Path:
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+    if os.geteuid() == 0:
+        return Path("/var/lib/lynxtop")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "lynxtop"
+
+
+def default_socket_path() -> Path:
+    if os.environ.get("RUNTIME_DIRECTORY"):
+        return Path(os.environ["RUNTIME_DIRECTORY"].split(":")[0]) / "agent.sock"
+    if os.geteuid() == 0:
+        return Path("/run/lynxtop/agent.sock")
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    return (Path(base) / "lynxtop" if base else default_state_dir()) / "agent.sock"
+
+
+def resolve_config_path(cli_value: str | None) -> tuple[Path, bool]:
+    """The config path and whether the user named it (a named file must exist; the default may be absent)."""
+    if cli_value:
+        return Path(cli_value), True
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV]), True
+    return DEFAULT_CONFIG_PATH, False
+
+
+# ---------------------------------------------------------------------------------------------- validation
+
+
+class _Checker:
+    def __init__(self, source: str):
+        self.source = source
+        self.problems: list[str] = []
+
+    def error(self, key: str, problem: str) -> None:
+        self.problems.append(f"{self.source}: {key}: {problem}")
+
+    def table(self, data: dict[str, Any], prefix: str, spec: dict[str, Callable[[str, Any], Any]]) -> dict:
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            dotted = f"{prefix}.{key}" if prefix else key
+            if key not in spec:
+                known = ", ".join(sorted(spec))
+                self.error(dotted, f"unknown key (known keys: {known})")
+                continue
+            try:
+                out[key] = spec[key](dotted, value)
+            except _Bad as exc:
+                self.error(dotted, str(exc))
+        return out
+
+
+class _Bad(Exception):
+    pass
+
+
+def _describe(value: Any) -> str:
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "table"}
+    return f"{kind.get(type(value), type(value).__name__)} {value!r}"
+
+
+def _int(lo: int | None = None, hi: int | None = None):
+    def conv(key: str, v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise _Bad(f"expected an integer, got {_describe(v)}")
+        if lo is not None and v < lo or hi is not None and v > hi:
+            raise _Bad(f"{v} is out of range ({lo}..{hi})")
+        return v
+
+    return conv
+
+
+def _float(lo: float | None = None, hi: float | None = None, lo_open: bool = False):
+    def conv(key: str, v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _Bad(f"expected a number, got {_describe(v)}")
+        v = float(v)
+        if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
+            raise _Bad(f"{v:g} is out of range ({'>' if lo_open else ''}{lo:g}..{hi:g})")
+        return v
+
+    return conv
+
+
+def _bool(key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _Bad(f"expected true or false, got {_describe(v)}")
+    return v
+
+
+def _str(pattern: str | None = None, choices: tuple[str, ...] | None = None, allow_empty: bool = True,
+         flag_safe: bool = True):
+    def conv(key: str, v: Any) -> str:
+        if not isinstance(v, str):
+            raise _Bad(f"expected a string, got {_describe(v)}")
+        if not v and not allow_empty:
+            raise _Bad("must not be empty")
+        if flag_safe and v.startswith("-"):
+            raise _Bad(f"{v!r} starts with '-' and would be read by vLLM as a flag")
+        if any(c in v for c in "\0\n\r"):
+            raise _Bad("contains a NUL or newline character")
+        if choices is not None and v not in choices:
+            raise _Bad(f"{v!r} is not one of: {', '.join(choices)}")
+        if pattern is not None and v and not re.fullmatch(pattern, v):
+            raise _Bad(f"{v!r} is not valid (expected {pattern})")
+        return v
+
+    return conv
+
+
+def _path(absolute: bool = False):
+    base = _str(allow_empty=False)
+
+    def conv(key: str, v: Any) -> Path:
+        s = base(key, v)
+        p = Path(s).expanduser()
+        if absolute and not p.is_absolute():
+            raise _Bad(f"{s!r} is a relative path; give an absolute path")
+        return p
+
+    return conv
+
+
+def _listen(key: str, v: Any) -> str:
+    s = _str()(key, v)
+    if s and not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+):\d{1,5}", s):
+        raise _Bad(f"{s!r} is not host:port (for example '127.0.0.1:9464')")
+    if s and not 0 < int(s.rsplit(":", 1)[1]) < 65536:
+        raise _Bad(f"port in {s!r} is out of range (1..65535)")
+    return s
+
+
+def _extra_args(key: str, v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(a, str) for a in v):
+        raise _Bad(f"expected an array of strings, got {_describe(v)}")
+    for a in v:
+        if not a or any(c in a for c in "\0\n\r"):
+            raise _Bad(f"argument {a!r} is empty or holds a NUL or newline")
+        flag = a.split("=", 1)[0]
+        if flag in OWNED_FLAGS:
+            raise _Bad(f"{flag} is set by a typed profile option; use that option instead of extra_args")
+    return tuple(v)
+
+
+def _env(key: str, v: Any) -> dict[str, str]:
+    if not isinstance(v, dict):
+        raise _Bad(f"expected a table, got {_describe(v)}")
+    out: dict[str, str] = {}
+    for name, value in v.items():
+        if name in ENV_FORBIDDEN or not (name in ENV_ALLOWED_EXACT or name.startswith(ENV_ALLOWED_PREFIXES)):
+            raise _Bad(f"variable {name} is not allowed (allowed: {', '.join(sorted(ENV_ALLOWED_EXACT))} "
+                       f"and names starting with {', '.join(ENV_ALLOWED_PREFIXES)})")
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            raise _Bad(f"value of {name} must be a string, got {_describe(value)}")
+        out[name] = str(value)
+    return out
+
+
+_RETENTION_SPEC = {
+    "raw_days": _float(0, 36500, lo_open=True),
+    "minute_days": _float(0, 36500, lo_open=True),
+    "hour_days": _float(0, 36500, lo_open=True),
+}
+
+_AGENT_SPEC: dict[str, Callable[[str, Any], Any]] = {
+    "database": _path(absolute=True),
+    "socket": _path(absolute=True),
+    "socket_group": _str(pattern=r"[a-z_][a-z0-9_\-]{0,31}", allow_empty=False),
+    "log_dir": _path(absolute=True),
+    "sample_interval_s": _float(0.1, 60),
+    "gpm": _bool,
+    "live_restore": _bool,
+    "metrics_listen": _listen,
+    "default_profile": _str(),
+    "autostart": _bool,
+    "hang_timeout_s": _float(5, 86400),
+    "restart_on_hang": _bool,
+    "backoff_initial_s": _float(0.1, 3600),
+    "backoff_max_s": _float(0.1, 86400),
+    "crash_loop_failures": _int(1, 1000),
+    "crash_loop_window_s": _float(1, 7 * 86400),
+    "stable_after_s": _float(1, 7 * 86400),
+    "gpu_release_timeout_s": _float(1, 3600),
+    "fake_nvml": _str(choices=("", "h200x8", "a100x8", "sim", "lost", "missing")),
+}
+
+_SLA_SPEC = {
+    "ttft_p99_ms": _float(0, 3_600_000, lo_open=True),
+    "tpot_p99_ms": _float(0, 3_600_000, lo_open=True),
+    "window_s": _float(5, 3600),
+}
+
+_PROFILE_SPEC: dict[str, Callable[[str, Any], Any]] = {
+    "name": _str(pattern=r"[A-Za-z0-9][A-Za-z0-9._\-]{0,63}", allow_empty=False),
+    "description": _str(flag_safe=False),
+    "executable": _path(absolute=True),
+    "model": _str(allow_empty=False),
+    "served_model_name": _str(),
+    "host": _str(pattern=r"[A-Za-z0-9.\-:\[\]]+", allow_empty=False),
+    "port": _int(1, 65535),
+    "tensor_parallel_size": _int(1, 1024),
+    "pipeline_parallel_size": _int(1, 1024),
+    "data_parallel_size": _int(1, 1024),
+    "enable_expert_parallel": _bool,
+    "gpu_memory_utilization": _float(0, 1, lo_open=True),
+    "max_model_len": _int(16, 16 * 1024 * 1024),
+    "max_num_seqs": _int(1, 65536),
+    "max_num_batched_tokens": _int(1, 16 * 1024 * 1024),
+    "block_size": _int(1, 1024),
+    "kv_cache_dtype": _str(choices=KV_CACHE_DTYPES),
+    "attention_backend": _str(choices=ATTENTION_BACKENDS),
+    "enable_prefix_caching": _bool,
+    "quantization": _str(pattern=r"[A-Za-z0-9_\-]+"),
+    "trust_remote_code": _bool,
+    "distributed_executor_backend": _str(choices=EXECUTOR_BACKENDS),
+    "shutdown_timeout_s": _int(0, 3600),
+    "extra_args": _extra_args,
+    "env": _env,
+    "readiness_timeout_s": _float(1, 7 * 86400),
+    "stop_grace_s": _float(1, 7200),
+}
+
+
+def parse_config(text: str, source: str = "<config>", path: Path | None = None) -> Config:
+    """Validate TOML text; raises ConfigError listing every problem."""
+    chk = _Checker(source)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{source}: not valid TOML: {exc}"]) from None
+    known_top = {"agent", "sla", "profile"}
+    for key in data:
+        if key not in known_top:
+            chk.error(key, f"unknown section (known: {', '.join(sorted(known_top))})")
+
+    agent_raw = data.get("agent", {})
+    if not isinstance(agent_raw, dict):
+        chk.error("agent", "expected a table [agent]")
+        agent_raw = {}
+    retention_raw = agent_raw.get("retention", {})
+    agent_raw = {k: v for k, v in agent_raw.items() if k != "retention"}
+    agent_vals = chk.table(agent_raw, "agent", _AGENT_SPEC)
+    if not isinstance(retention_raw, dict):
+        chk.error("agent.retention", "expected a table [agent.retention]")
+        retention_raw = {}
+    retention = Retention(**chk.table(retention_raw, "agent.retention", _RETENTION_SPEC))
+    if retention.raw_days > retention.minute_days or retention.minute_days > retention.hour_days:
+        chk.error("agent.retention", "expected raw_days <= minute_days <= hour_days")
+    agent_vals.setdefault("database", default_state_dir() / "lynxtop.db")
+    agent_vals.setdefault("socket", default_socket_path())
+    if agent_vals.get("backoff_max_s", 300.0) < agent_vals.get("backoff_initial_s", 5.0):
+        chk.error("agent.backoff_max_s", "must be >= agent.backoff_initial_s")
+    agent = AgentConfig(retention=retention, **agent_vals)
+
+    sla_raw = data.get("sla", {})
+    if not isinstance(sla_raw, dict):
+        chk.error("sla", "expected a table [sla]")
+        sla_raw = {}
+    sla = SlaConfig(**chk.table(sla_raw, "sla", _SLA_SPEC))
+
+    profiles_raw = data.get("profile", [])
+    if not isinstance(profiles_raw, list):
+        chk.error("profile", "expected an array of tables [[profile]]")
+        profiles_raw = []
+    profiles: list[Profile] = []
+    seen: dict[str, int] = {}
+    for i, raw in enumerate(profiles_raw):
+        label = f"profile[{i}]"
+        if not isinstance(raw, dict):
+            chk.error(label, "expected a table")
+            continue
+        if isinstance(raw.get("name"), str):
+            label = f"profile[{i}] ({raw['name']})"
+        vals = chk.table(raw, label, _PROFILE_SPEC)
+        missing = [k for k in ("name", "executable", "model") if k not in raw]
+        for k in missing:
+            chk.error(f"{label}.{k}", "is required")
+        if missing or len(vals) != len(raw):
+            continue
+        vals["executable"] = str(vals["executable"])
+        name = vals["name"]
+        if name in seen:
+            chk.error(f"{label}.name", f"duplicate profile name {name!r} (first in profile[{seen[name]}])")
+            continue
+        seen[name] = i
+        shutdown = vals.get("shutdown_timeout_s", 30)
+        vals.setdefault("stop_grace_s", float(shutdown + 30))
+        if vals["stop_grace_s"] < shutdown:
+            chk.error(f"{label}.stop_grace_s", f"must be >= shutdown_timeout_s ({shutdown}) so draining can finish")
+            continue
+        profiles.append(Profile(**vals))
+
+    if agent.default_profile and agent.default_profile not in seen:
+        chk.error("agent.default_profile", f"no profile named {agent.default_profile!r}")
+    if chk.problems:
+        raise ConfigError(chk.problems)
+    return Config(path=path, agent=agent, sla=sla, profiles=tuple(profiles))
+
+
+def load_config(cli_value: str | None = None) -> Config:
+    """Load from --config, $LYNXTOP_CONFIG or the default path; a missing default file means defaults."""
+    path, named = resolve_config_path(cli_value)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if named:
+            raise ConfigError([f"{path}: config file not found"]) from None
+        return parse_config("", source=f"{path} (absent, defaults)", path=None)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{path}: cannot read config file: {exc}"]) from None
+    return parse_config(text, source=str(path), path=path)
+
+
+def config_as_dict(cfg: Config) -> dict[str, Any]:
+    """Plain data for `lynxtop config check` and the API (paths as strings)."""
+
+    def conv(obj: Any) -> Any:
+        if hasattr(obj, "__dataclass_fields__"):
+            return {f.name: conv(getattr(obj, f.name)) for f in fields(obj)}
+        if isinstance(obj, Path):
+            return str(obj)
+        if isinstance(obj, (list, tuple)):
+            return [conv(x) for x in obj]
+        if isinstance(obj, dict):
+            return {k: conv(v) for k, v in obj.items()}
+        return obj
+
+    return {"path": str(cfg.path) if cfg.path else None, "agent": conv(cfg.agent), "sla": conv(cfg.sla),
+            "profiles": [conv(p) | {"argv": p.argv()} for p in cfg.profiles]}

@@ -1,0 +1,42 @@
+"""The seam between the control API and whatever carries out actions (the supervisor behind `node.py`).
+
+The API only parses, authorizes and maps errors to HTTP; the controller owns state and policy. Tests can drive
+the API with a small fake controller and the supervisor without HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class ActionError(Exception):
+    """A refused control action. `code` is machine-readable, `http_status` what the API answers."""
+
+    def __init__(self, code: str, message: str, http_status: int = 409, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.http_status = http_status
+        self.details = details or {}
+
+
+class Controller(Protocol):
+    def status(self) -> dict[str, Any]: ...
+
+    def profiles(self) -> dict[str, Any]: ...
+
+    def runs(self, limit: int) -> list[dict[str, Any]]: ...
+
+    def events(self, since_ms: int | None, limit: int) -> list[dict[str, Any]]: ...
+
+    def logs(self, run_id: int | None, lines: int) -> dict[str, Any]: ...
+
+    # Mutating actions return at once (202) with a message; progress shows in status and events.
+    # `by` names the peer ("uid 1000 (alice) pid 4242") for the event log.
+    async def start(self, profile: str | None, by: str) -> str: ...
+
+    async def stop(self, by: str) -> str: ...
+
+    async def restart(self, by: str) -> str: ...
+
+    async def switch(self, profile: str, by: str) -> str: ...

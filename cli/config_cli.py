@@ -1,0 +1,48 @@
+"""`lynxtop config check` and the shared 'load the config or explain why not' helper for commands."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from argparse import Namespace
+
+from lynxtop.agent.config import Config, ConfigError, config_as_dict, load_config
+
+
+def load_or_exit(args: Namespace) -> Config | None:
+    """The config for a command, or None after printing every problem (the caller exits 2)."""
+    try:
+        return load_config(getattr(args, "config", None))
+    except ConfigError as exc:
+        for line in exc.problems:
+            print(f"lynxtop: config error: {line}", file=sys.stderr)
+        return None
+
+
+def check(args: Namespace) -> int:
+    cfg = load_or_exit(args)
+    if cfg is None:
+        return 2
+    data = config_as_dict(cfg)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"config: {data['path'] or '(no file: built-in defaults)'} — valid")
+    print("\n[agent]")
+    for k, v in data["agent"].items():
+        if k != "retention":
+            print(f"  {k} = {v!r}")
+    print("  retention = " + ", ".join(f"{k}={v:g}" for k, v in data["agent"]["retention"].items()))
+    print("\n[sla]")
+    for k, v in data["sla"].items():
+        print(f"  {k} = {v:g}")
+    if not cfg.profiles:
+        print("\n(no profiles: the agent will sample the node but serve nothing)")
+    for p in cfg.profiles:
+        print(f"\n[[profile]] {p.name}" + (f" — {p.description}" if p.description else ""))
+        print(f"  argv: {shlex.join(p.argv())}")
+        if p.env:
+            print("  env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(p.env.items())))
+        print(f"  readiness timeout {p.readiness_timeout_s:g} s, stop grace {p.stop_grace_s:g} s")
+    return 0
