@@ -33,7 +33,8 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="config file (default: $LYNXTOP_CONFIG or /etc/lynxtop/config.toml)")
+    p.add_argument("--config", metavar="FILE",
+                   help="config file (default: $LYNXTOP_CONFIG or /etc/lynxtop/config.toml)")
 
 
 def _socket(p: argparse.ArgumentParser) -> None:
