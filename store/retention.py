@@ -1,0 +1,74 @@
+"""Retention: delete rows older than each resolution's age limit, in small chunks.
+
+Small chunks keep each delete transaction short so ticks keep flowing and readers see no stall; freed
+pages are reused by new rows, so steady state needs no VACUUM. Raw rows are never deleted before they
+are rolled up (the cut-off never passes a rollup watermark). Runs and bench results are never deleted.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Protocol
+
+from lynxtop.store.schema import RESOLUTIONS, ROLLUP_KINDS, SAMPLE_TABLES, rollback, rollup_table
+
+DAY_MS = 86_400_000
+CHUNK_ROWS = 5000
+
+
+class RetentionPolicy(Protocol):
+    raw_days: float
+    minute_days: float
+    hour_days: float
+
+
+def cutoffs(policy: RetentionPolicy, now_ms: int,
+            watermarks: dict[tuple[str, str], int | None]) -> dict[str, int]:
+    """Table -> delete rows with ts_ms below this."""
+    raw = now_ms - int(policy.raw_days * DAY_MS)
+    minute = now_ms - int(policy.minute_days * DAY_MS)
+    hour = now_ms - int(policy.hour_days * DAY_MS)
+    out: dict[str, int] = {}
+    for kind, t in SAMPLE_TABLES.items():
+        limit = raw
+        if kind in ROLLUP_KINDS:
+            for res in RESOLUTIONS:
+                wm = watermarks.get((kind, res))
+                limit = min(limit, wm if wm is not None else -1)
+        out[t.name] = limit
+    out["gpu_processes"] = raw
+    for kind in ROLLUP_KINDS:
+        out[rollup_table(kind, "1m")] = minute
+        out[rollup_table(kind, "1h")] = hour
+    out["events"] = minute  # events live as long as the 1-minute history they annotate
+    return out
+
+
+def delete_chunk(conn: sqlite3.Connection, table: str, before_ms: int, chunk: int = CHUNK_ROWS) -> tuple[int, bool]:
+    """Delete up to about `chunk` of the oldest rows below `before_ms`; returns (rows deleted, more remain)."""
+    if before_ms <= 0:
+        return 0, False
+    edge = conn.execute(f"SELECT ts_ms FROM {table} WHERE ts_ms < ? ORDER BY ts_ms LIMIT 1 OFFSET ?",
+                        (before_ms, chunk)).fetchone()
+    upto = edge[0] if edge else before_ms
+    if edge and upto == conn.execute(f"SELECT min(ts_ms) FROM {table}").fetchone()[0]:
+        upto += 1  # more than `chunk` rows share one timestamp: take that whole timestamp
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        n = conn.execute(f"DELETE FROM {table} WHERE ts_ms < ?", (upto,)).rowcount
+        conn.execute("COMMIT")
+    except BaseException:
+        rollback(conn)
+        raise
+    return n, edge is not None
+
+
+def step(conn: sqlite3.Connection, policy: RetentionPolicy, now_ms: int,
+         watermarks: dict[tuple[str, str], int | None], chunk: int = CHUNK_ROWS) -> tuple[int, bool]:
+    """One chunk per table; returns (rows deleted, more remain)."""
+    total, more = 0, False
+    for table, before in cutoffs(policy, now_ms, watermarks).items():
+        n, m = delete_chunk(conn, table, before, chunk)
+        total += n
+        more = more or m
+    return total, more

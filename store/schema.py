@@ -1,0 +1,301 @@
+"""The database layout (generated from store/columns.py), its forward migrations, and opening a file safely.
+
+Timestamps are integer epoch milliseconds UTC; units live in column names. Sample tables are wide (one row
+per GPU per tick) because a row costs one key and one record header for ~27 values, which is what keeps the
+file near 4 bytes per value. The file carries an application_id so a foreign SQLite file is recognised
+instead of being silently migrated into.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from lynxtop.store.columns import GPU_METRICS, HOST_METRICS, NVLINK_METRICS, SERVING_METRICS
+from lynxtop.store.errors import NewerSchema, NotOurDatabase, StoreError
+
+APPLICATION_ID = 0x4C594E58  # "LYNX" in the SQLite header: tells our file from any other SQLite file
+SQLITE_MAGIC = b"SQLite format 3\x00"
+BUSY_TIMEOUT_MS = 5000
+FILE_MODE = 0o640
+DIR_MODE = 0o750
+
+Metrics = tuple[tuple[str, str, str], ...]
+
+
+@dataclass(frozen=True)
+class SampleTable:
+    """A raw sample table: keyed by ts_ms (and gpu when per_gpu)."""
+
+    name: str
+    metrics: Metrics
+    per_gpu: bool
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return ("ts_ms", "gpu") if self.per_gpu else ("ts_ms",)
+
+
+SAMPLE_TABLES: dict[str, SampleTable] = {
+    "gpu": SampleTable("gpu_samples", GPU_METRICS, True),
+    "nvlink": SampleTable("nvlink_samples", NVLINK_METRICS, True),
+    "host": SampleTable("host_samples", HOST_METRICS, False),
+    "serving": SampleTable("serving_samples", SERVING_METRICS, False),
+}
+
+# Resolution name -> bucket width. Rollups exist for gpu, host and serving (per-link NVLink is raw only:
+# 36 columns x 3 stats would triple the rollup size for a view nobody charts over months).
+RESOLUTIONS: dict[str, int] = {"1m": 60_000, "1h": 3_600_000}
+ROLLUP_KINDS = ("gpu", "host", "serving")
+_NOT_ROLLED = {"cpu_per_core_pct", "run_id"}  # a JSON array and an identifier: no min/avg/max
+
+
+def rollup_metrics(kind: str) -> Metrics:
+    """Numeric columns of a sample table that have min/avg/max rollups."""
+    return tuple(m for m in SAMPLE_TABLES[kind].metrics if m[1] in ("INTEGER", "REAL") and m[0] not in _NOT_ROLLED)
+
+
+def rollup_table(kind: str, resolution: str) -> str:
+    return f"{kind}_{resolution}"
+
+
+def rollup_columns(kind: str) -> list[tuple[str, str]]:
+    cols: list[tuple[str, str]] = [("samples", "INTEGER")]
+    for name, typ, _ in rollup_metrics(kind):
+        cols += [(f"{name}_min", typ), (f"{name}_avg", "REAL"), (f"{name}_max", typ)]
+    return cols
+
+
+RUN_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("profile", "TEXT"), ("argv", "TEXT"), ("model", "TEXT"), ("host", "TEXT"), ("started_ms", "INTEGER"),
+    ("pid", "INTEGER"), ("pid_start_time", "REAL"), ("log_path", "TEXT"), ("simulated", "INTEGER"),
+    ("flags", "TEXT"), ("ready_ms", "INTEGER"), ("vllm_version", "TEXT"), ("gpu_names", "TEXT"),
+    ("gpu_count", "INTEGER"), ("ended_ms", "INTEGER"), ("exit_code", "INTEGER"), ("exit_signal", "INTEGER"),
+    ("end_reason", "TEXT"),
+)
+RUN_JSON_COLUMNS = ("argv", "flags", "gpu_names")
+
+GPU_FACT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("idx", "INTEGER"), ("name", "TEXT"), ("pci_bus_id", "TEXT"), ("cc_major", "INTEGER"), ("cc_minor", "INTEGER"),
+    ("arch", "TEXT"), ("mem_total_bytes", "INTEGER"), ("nvlink_count", "INTEGER"), ("gpm_supported", "INTEGER"),
+    ("driver_version", "TEXT"), ("nvml_version", "TEXT"), ("first_seen_ms", "INTEGER"), ("last_seen_ms", "INTEGER"),
+)
+
+PROCESS_COLUMNS: tuple[tuple[str, str], ...] = (("used_mem_bytes", "INTEGER"), ("in_vllm_tree", "INTEGER"))
+
+BENCH_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("ts_ms", "INTEGER"), ("run_id", "INTEGER"), ("profile", "TEXT"), ("model", "TEXT"), ("name", "TEXT"),
+    ("concurrency", "INTEGER"), ("input_len", "INTEGER"), ("output_len", "INTEGER"), ("num_prompts", "INTEGER"),
+    ("duration_s", "REAL"), ("requests_per_s", "REAL"), ("output_tokens_per_s", "REAL"),
+    ("total_tokens_per_s", "REAL"), ("ttft_p50_ms", "REAL"), ("ttft_p99_ms", "REAL"), ("tpot_p50_ms", "REAL"),
+    ("tpot_p99_ms", "REAL"), ("itl_p50_ms", "REAL"), ("itl_p99_ms", "REAL"), ("e2e_p50_ms", "REAL"),
+    ("e2e_p99_ms", "REAL"), ("errors", "INTEGER"), ("simulated", "INTEGER"), ("details", "TEXT"),
+)
+
+EVENT_SEVERITIES = ("info", "warning", "error", "critical")
+
+
+def _cols(cols: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> str:
+    return "".join(f", {name} {typ}" for name, typ in cols)
+
+
+def _sample_ddl(t: SampleTable) -> str:
+    metric_cols = _cols([(n, typ) for n, typ, _ in t.metrics])
+    if t.per_gpu:
+        return (f"CREATE TABLE IF NOT EXISTS {t.name} (ts_ms INTEGER NOT NULL, gpu INTEGER NOT NULL{metric_cols}, "
+                f"PRIMARY KEY (ts_ms, gpu)) WITHOUT ROWID")
+    return f"CREATE TABLE IF NOT EXISTS {t.name} (ts_ms INTEGER PRIMARY KEY{metric_cols})"
+
+
+def _rollup_ddl(kind: str, resolution: str) -> str:
+    name = rollup_table(kind, resolution)
+    cols = _cols(rollup_columns(kind))
+    if SAMPLE_TABLES[kind].per_gpu:
+        return (f"CREATE TABLE IF NOT EXISTS {name} (ts_ms INTEGER NOT NULL, gpu INTEGER NOT NULL{cols}, "
+                f"PRIMARY KEY (ts_ms, gpu)) WITHOUT ROWID")
+    return f"CREATE TABLE IF NOT EXISTS {name} (ts_ms INTEGER PRIMARY KEY{cols})"
+
+
+# ---------------------------------------------------------------------------------------------- migrations
+
+
+def _m1_base(conn: sqlite3.Connection) -> None:
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT) WITHOUT ROWID")
+    conn.execute(f"CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY{_cols(RUN_COLUMNS)})")
+    conn.execute("CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY, ts_ms INTEGER NOT NULL, run_id INTEGER, "
+                 "kind TEXT NOT NULL, severity TEXT NOT NULL, message TEXT NOT NULL, details TEXT)")
+    conn.execute("CREATE INDEX IF NOT EXISTS events_ts ON events (ts_ms)")
+    conn.execute(f"CREATE TABLE IF NOT EXISTS gpus (uuid TEXT PRIMARY KEY{_cols(GPU_FACT_COLUMNS)}) WITHOUT ROWID")
+    conn.execute(f"CREATE TABLE IF NOT EXISTS gpu_processes (ts_ms INTEGER NOT NULL, gpu INTEGER NOT NULL, "
+                 f"pid INTEGER NOT NULL{_cols(PROCESS_COLUMNS)}, PRIMARY KEY (ts_ms, gpu, pid)) WITHOUT ROWID")
+    conn.execute(f"CREATE TABLE IF NOT EXISTS bench_results (id INTEGER PRIMARY KEY{_cols(BENCH_COLUMNS)})")
+    for t in SAMPLE_TABLES.values():
+        conn.execute(_sample_ddl(t))
+
+
+def _m2_rollups(conn: sqlite3.Connection) -> None:
+    for kind in ROLLUP_KINDS:
+        for res in RESOLUTIONS:
+            conn.execute(_rollup_ddl(kind, res))
+    conn.execute("CREATE INDEX IF NOT EXISTS events_run ON events (run_id, ts_ms)")
+    conn.execute("CREATE INDEX IF NOT EXISTS serving_run ON serving_samples (run_id)")
+
+
+# Each function runs once, in its own transaction, in order; append only, never edit a released one.
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_m1_base, _m2_rollups)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def expected_columns() -> dict[str, list[tuple[str, str]]]:
+    """Every table's columns as columns.py describes them now (used to add columns added since creation)."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for t in SAMPLE_TABLES.values():
+        out[t.name] = [(n, typ) for n, typ, _ in t.metrics]
+    for kind in ROLLUP_KINDS:
+        for res in RESOLUTIONS:
+            out[rollup_table(kind, res)] = rollup_columns(kind)
+    out["runs"] = list(RUN_COLUMNS)
+    out["gpus"] = list(GPU_FACT_COLUMNS)
+    out["bench_results"] = list(BENCH_COLUMNS)
+    return out
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+    if not has_meta:
+        return 0
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
+    """Run the missing migrations up to `target`; returns the version reached. Safe to call on every open."""
+    version = schema_version(conn)
+    while version < target:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            MIGRATIONS[version](conn)
+            version += 1
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(version),))
+            conn.execute("COMMIT")
+        except BaseException:
+            rollback(conn)
+            raise
+    if target == SCHEMA_VERSION:
+        _add_missing_columns(conn)
+    return version
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    """Roll back if a transaction is still open (SQLite already rolled back after some errors, e.g. FULL)."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    """Columns added to columns.py after a file was created are added in place (NULL for old rows)."""
+    adds = []
+    for table, cols in expected_columns().items():
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        adds += [f"ALTER TABLE {table} ADD COLUMN {name} {typ}" for name, typ in cols if name not in have]
+    if adds:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for sql in adds:
+                conn.execute(sql)
+            conn.execute("COMMIT")
+        except BaseException:
+            rollback(conn)
+            raise
+
+
+# ---------------------------------------------------------------------------------------------- opening
+
+
+def configure(conn: sqlite3.Connection, *, readonly: bool = False) -> None:
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    if not readonly:
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"cannot switch to WAL journal mode (got {mode!r})")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA journal_size_limit = 67108864")  # truncate a WAL that grew during a long export
+
+
+def check_file(path: Path) -> None:
+    """Raise NotOurDatabase when `path` exists but is not an SQLite file (before SQLite writes anything)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read the history database: {exc.strerror}") from None
+    if head and head != SQLITE_MAGIC:
+        raise NotOurDatabase(f"{path}: not an SQLite database (the file header is wrong)")
+
+
+def check_identity(conn: sqlite3.Connection, path: Path, *, integrity: bool = True) -> None:
+    """Raise NotOurDatabase for a foreign or damaged database, NewerSchema for one from a newer lynxtop."""
+    try:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+        if app_id != APPLICATION_ID and (tables or app_id != 0):
+            shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
+            raise NotOurDatabase(f"{path}: an SQLite database of another program, not a lynxtop history "
+                                 f"(application_id {app_id}, tables: {shown or 'none'})")
+        if integrity and tables:
+            problems = [r[0] for r in conn.execute("PRAGMA quick_check(5)")]
+            if problems != ["ok"]:
+                raise NotOurDatabase(f"{path}: the database is damaged: {'; '.join(problems)}")
+        version = schema_version(conn) if tables else 0
+    except sqlite3.DatabaseError as exc:
+        raise NotOurDatabase(f"{path}: the database is damaged or unreadable: {exc}") from None
+    if version > SCHEMA_VERSION:
+        raise NewerSchema(f"{path}: written by a newer lynxtop (schema {version}, this one knows {SCHEMA_VERSION}); "
+                          "upgrade lynxtop or point [agent] database elsewhere")
+
+
+def create_file(path: Path) -> None:
+    """Create the directory (0750) and an empty file (0640) so SQLite's files inherit those modes."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        os.close(fd)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot create the history database: {exc.strerror}") from None
+
+
+def connect_rw(path: Path, *, integrity: bool = True) -> sqlite3.Connection:
+    """Open (creating if absent) for the one writer: checked, configured, migrated."""
+    check_file(path)
+    create_file(path)
+    try:
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise StoreError(f"{path}: cannot open the history database: {exc}") from None
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        check_identity(conn, path, integrity=integrity)
+        configure(conn)
+        migrate(conn)
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise NotOurDatabase(f"{path}: the database is damaged or unreadable: {exc}") from None
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def sidecar_paths(path: Path) -> list[Path]:
+    return [path, Path(f"{path}-wal"), Path(f"{path}-shm"), Path(f"{path}-journal")]

@@ -1,0 +1,550 @@
+"""The one writer of the history database: a thread fed by a bounded queue.
+
+Samplers must never wait on the disk, so `submit_tick` only appends to a queue (a full queue drops the
+oldest tick and counts it). The thread writes whatever is queued in one transaction (each tick is atomic:
+it is all in or all out), then does bounded rollup and retention work. Transient failures (full disk,
+I/O error, busy) keep the ticks buffered in that bounded queue and retry; a corrupt file is moved aside
+and a fresh one started; bad rows are isolated and dropped. Nothing raised here stops the thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from lynxtop.store import retention as retention_mod
+from lynxtop.store.errors import NotOurDatabase, StoreError
+from lynxtop.store.rollup import Rollups
+from lynxtop.store.schema import (
+    BENCH_COLUMNS,
+    EVENT_SEVERITIES,
+    GPU_FACT_COLUMNS,
+    PROCESS_COLUMNS,
+    RUN_COLUMNS,
+    RUN_JSON_COLUMNS,
+    SAMPLE_TABLES,
+    connect_rw,
+    rollback,
+    sidecar_paths,
+)
+
+log = logging.getLogger(__name__)
+
+# SQLite primary result codes
+_BUSY, _LOCKED, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 5, 6, 10, 11, 13, 14, 26
+_TRANSIENT = {_BUSY, _LOCKED, _IOERR, _FULL, _CANTOPEN}
+_DAMAGED = {_CORRUPT, _NOTADB}
+
+
+@dataclass(frozen=True)
+class DefaultRetention:
+    raw_days: float = 7
+    minute_days: float = 90
+    hour_days: float = 730
+
+
+@dataclass
+class _Tick:
+    ts_ms: int
+    gpu_rows: list[dict]
+    host_row: dict | None
+    serving_row: dict | None
+    nvlink_rows: list[dict]
+    process_rows: list[dict]
+
+
+@dataclass
+class _Op:
+    fn: Callable[[sqlite3.Connection], Any]
+    future: Future = field(default_factory=Future)
+
+
+def _now_ms(clock: Callable[[], float]) -> int:
+    return int(clock() * 1000)
+
+
+def _insert_sql(table: str, key: tuple[str, ...], metrics: tuple[tuple[str, str, str], ...]) -> str:
+    # INTEGER metrics are rounded by SQLite (in C): a float 700.4 would otherwise be stored as an 8-byte REAL.
+    cols = ", ".join(key + tuple(m[0] for m in metrics))
+    params = ", ".join(["?"] * len(key) + ["CAST(round(?) AS INTEGER)" if m[1] == "INTEGER" else "?" for m in metrics])
+    return f"INSERT OR REPLACE INTO {table} ({cols}) VALUES ({params})"
+
+
+_TICK_SQL = {kind: _insert_sql(t.name, t.key, t.metrics) for kind, t in SAMPLE_TABLES.items()}
+_PROC_SQL = _insert_sql("gpu_processes", ("ts_ms", "gpu", "pid"), tuple((n, t, "") for n, t in PROCESS_COLUMNS))
+_NAMES = {kind: tuple(m[0] for m in t.metrics) for kind, t in SAMPLE_TABLES.items()}
+_PROC_NAMES = tuple(n for n, _ in PROCESS_COLUMNS)
+_RUN_FIELDS = {n for n, _ in RUN_COLUMNS}
+_GPU_FIELDS = tuple(n for n, _ in GPU_FACT_COLUMNS if n not in ("first_seen_ms", "last_seen_ms"))
+_BENCH_FIELDS = {n for n, _ in BENCH_COLUMNS} - {"details"}
+
+
+def _jsonable(v: Any) -> Any:
+    return json.dumps(v, default=str) if isinstance(v, (list, tuple, dict)) else v
+
+
+class StoreWriter:
+    """See docs/contracts.md. Construct (opens, checks, migrates), `start()`, submit, `close()`."""
+
+    def __init__(self, path: str | os.PathLike, retention: Any = None, queue_max: int = 600, *,
+                 clock: Callable[[], float] = time.time, retry_interval_s: float = 1.0,
+                 maintenance_interval_s: float = 60.0, batch_max_ticks: int = 1000,
+                 retention_chunk: int = retention_mod.CHUNK_ROWS, integrity_check: bool = True):
+        self.path = Path(path)
+        self.retention = retention if retention is not None else DefaultRetention()
+        self.queue_max = max(1, int(queue_max))
+        self.clock = clock
+        self.retry_interval_s = retry_interval_s
+        self.maintenance_interval_s = maintenance_interval_s
+        self.batch_max_ticks = batch_max_ticks
+        self.retention_chunk = retention_chunk
+        self.moved_aside: Path | None = None  # where a damaged/foreign file went, if it did
+
+        self._cv = threading.Condition()
+        self._ticks: deque[_Tick] = deque()
+        self._ops: deque[_Op] = deque()
+        self._busy = False  # a batch taken from the queues is being written
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._inline_lock = threading.Lock()
+
+        self._dropped = 0
+        self._failed = 0
+        self._written = 0
+        self._last_error: str | None = None
+        self._last_error_ms: int | None = None
+        self._last_commit_ms: int | None = None
+        self._last_tick_ts: int | None = None
+        self._trouble_since: float | None = None  # monotonic time the current transient failure began
+        self._dropped_at_trouble = 0
+        self._next_maintenance = 0.0
+        self._maintenance_more = False
+
+        self.conn = self._open(integrity_check)
+        self.rollups = Rollups(self.conn)
+
+    # ------------------------------------------------------------------------------------------ opening
+
+    def _open(self, integrity_check: bool) -> sqlite3.Connection:
+        try:
+            return connect_rw(self.path, integrity=integrity_check)
+        except NotOurDatabase as exc:
+            reason = str(exc)
+        aside = self._move_aside()
+        conn = connect_rw(self.path, integrity=False)
+        msg = f"{reason}; moved it to {aside} and started a fresh history database"
+        log.error("%s", msg)
+        self._last_error, self._last_error_ms = msg, _now_ms(self.clock)
+        self._enqueue_op(self._event_fn("store", "error", msg, {"path": str(self.path), "moved_to": str(aside)},
+                                        None, None))
+        return conn
+
+    def _move_aside(self) -> Path:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        n = 1
+        while aside.exists():
+            n += 1
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
+        for src in sidecar_paths(self.path):  # the -wal belongs to the old file: it must never meet a new one
+            if src.exists():
+                try:
+                    os.replace(src, Path(str(aside) + str(src)[len(str(self.path)):]))
+                except OSError as exc:
+                    raise StoreError(f"{self.path}: is damaged and cannot be moved aside to {aside}: "
+                                     f"{exc.strerror}") from None
+        self.moved_aside = aside
+        return aside
+
+    # ------------------------------------------------------------------------------------------ public API
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="lynxtop-store-writer", daemon=True)
+            self._thread.start()
+
+    def submit_tick(self, ts_ms: int, gpu_rows: Iterable[dict] = (), host_row: dict | None = None,
+                    serving_row: dict | None = None, nvlink_rows: Iterable[dict] = (),
+                    process_rows: Iterable[dict] = ()) -> None:
+        """Queue one sampling tick; never blocks. A full queue drops the oldest tick (counted in stats)."""
+        tick = _Tick(int(ts_ms), list(gpu_rows or ()), host_row, serving_row, list(nvlink_rows or ()),
+                     list(process_rows or ()))
+        with self._cv:
+            self._ticks.append(tick)
+            while len(self._ticks) > self.queue_max:
+                self._ticks.popleft()
+                self._dropped += 1
+            self._cv.notify()
+
+    def add_event(self, kind: str, severity: str, message: str, details: dict | None = None,
+                  run_id: int | None = None, ts_ms: int | None = None) -> None:
+        if severity not in EVENT_SEVERITIES:
+            raise ValueError(f"event severity {severity!r} is not one of {', '.join(EVENT_SEVERITIES)}")
+        self._enqueue_op(self._event_fn(kind, severity, message, details, run_id, ts_ms))
+
+    def create_run(self, timeout: float = 30.0, **fields: Any) -> int:
+        """Insert a run and return its id once committed (raises StoreError if that cannot happen in time)."""
+        values = self._run_values(fields)
+        cols = list(values)
+        sql = f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        return self._call(lambda c: c.execute(sql, [values[k] for k in cols]).lastrowid, timeout)
+
+    def update_run(self, run_id: int, **fields: Any) -> None:
+        values = self._run_values(fields)
+        if not values:
+            return
+        sql = f"UPDATE runs SET {', '.join(f'{k} = ?' for k in values)} WHERE id = ?"
+        self._enqueue_op(lambda c: c.execute(sql, [*values.values(), run_id]))
+
+    def upsert_gpus(self, gpus: Iterable[dict]) -> None:
+        now = _now_ms(self.clock)
+        rows = []
+        for g in gpus:
+            if not g.get("uuid"):
+                raise ValueError("upsert_gpus: every GPU needs a 'uuid'")
+            rows.append((g["uuid"], *(_jsonable(g.get(k)) for k in _GPU_FIELDS), now, now))
+        cols = ("uuid", *_GPU_FIELDS, "first_seen_ms", "last_seen_ms")
+        updates = ", ".join(f"{k} = excluded.{k}" for k in (*_GPU_FIELDS, "last_seen_ms"))
+        sql = (f"INSERT INTO gpus ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+               f"ON CONFLICT (uuid) DO UPDATE SET {updates}")
+        self._enqueue_op(lambda c: c.executemany(sql, rows))
+
+    def add_bench_result(self, result: dict, timeout: float = 30.0) -> int:
+        """Store one benchmark result; known keys get columns, the rest go into `details` (JSON)."""
+        known = {k: _jsonable(v) for k, v in result.items() if k in _BENCH_FIELDS}
+        extra = {k: v for k, v in result.items() if k not in _BENCH_FIELDS}
+        if isinstance(result.get("details"), dict):
+            extra = {**result["details"], **{k: v for k, v in extra.items() if k != "details"}}
+        known.setdefault("ts_ms", _now_ms(self.clock))
+        known["details"] = json.dumps(extra, default=str) if extra else None
+        cols = list(known)
+        sql = f"INSERT INTO bench_results ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        return self._call(lambda c: c.execute(sql, [known[k] for k in cols]).lastrowid, timeout)
+
+    def stats(self) -> dict[str, Any]:
+        with self._cv:
+            return {
+                "path": str(self.path),
+                "queued": len(self._ticks) + len(self._ops),
+                "dropped": self._dropped,
+                "failed": self._failed,
+                "written_ticks": self._written,
+                "last_error": self._last_error,
+                "last_error_ms": self._last_error_ms,
+                "last_commit_ms": self._last_commit_ms,
+                "last_tick_ts_ms": self._last_tick_ts,
+                "retrying": self._trouble_since is not None,
+            }
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything queued so far is written; False on timeout (for example a full disk)."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            if self._thread is None:
+                return not (self._ticks or self._ops)
+            while self._ticks or self._ops or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.05))
+            return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued (up to `timeout`), stop the thread, close the database."""
+        if self._thread is not None:
+            self.flush(timeout)
+            with self._cv:
+                self._stopping = True
+                self._cv.notify_all()
+            self._thread.join(timeout=max(1.0, timeout))
+            self._thread = None
+        else:
+            with self._inline_lock:
+                self._drain_once()
+        with self._cv:
+            lost = len(self._ticks)
+        if lost:
+            log.error("%s: %d queued ticks were not written before shutdown", self.path, lost)
+        try:
+            self.conn.close()
+        except sqlite3.Error:
+            pass
+
+    def __enter__(self) -> StoreWriter:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ op helpers
+
+    def _run_values(self, fields: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(fields) - _RUN_FIELDS
+        if unknown:
+            raise ValueError(f"unknown run field(s): {', '.join(sorted(unknown))}")
+        out = {}
+        for k, v in fields.items():
+            if k in RUN_JSON_COLUMNS and v is not None:
+                v = json.dumps(list(v) if isinstance(v, tuple) else v, default=str)
+            elif isinstance(v, bool):
+                v = int(v)
+            out[k] = v
+        return out
+
+    def _event_fn(self, kind: str, severity: str, message: str, details: dict | None, run_id: int | None,
+                  ts_ms: int | None) -> Callable[[sqlite3.Connection], Any]:
+        ts = int(ts_ms) if ts_ms is not None else _now_ms(self.clock)
+        det = json.dumps(details, default=str) if details is not None else None
+        return lambda c: c.execute(
+            "INSERT INTO events (ts_ms, run_id, kind, severity, message, details) VALUES (?, ?, ?, ?, ?, ?)",
+            (ts, run_id, kind, severity, message, det)).lastrowid
+
+    def _enqueue_op(self, fn: Callable[[sqlite3.Connection], Any]) -> Future:
+        op = _Op(fn)
+        with self._cv:
+            self._ops.append(op)
+            self._cv.notify()
+        return op.future
+
+    def _call(self, fn: Callable[[sqlite3.Connection], Any], timeout: float) -> Any:
+        if self._thread is None:  # not started (tests, tools): run inline on the same connection
+            with self._inline_lock:
+                self._drain_once()
+                fut = self._enqueue_op(fn)
+                self._drain_once()
+        else:
+            fut = self._enqueue_op(fn)
+        try:
+            return fut.result(timeout)
+        except TimeoutError:
+            raise StoreError(f"{self.path}: the history database did not accept the write within {timeout:g} s "
+                             f"({self._last_error or 'writer busy'})") from None
+
+    # ------------------------------------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._ticks or self._ops or self._stopping):
+                    wait = self._next_maintenance - time.monotonic()
+                    if self._maintenance_more or wait <= 0:
+                        break
+                    self._cv.wait(wait)
+                if self._stopping and not (self._ticks or self._ops):
+                    return
+            try:
+                self._drain_once()
+            except Exception as exc:  # never let the writer thread die
+                log.exception("store writer: unexpected error")
+                self._note_error(f"unexpected error: {exc!r}")
+                time.sleep(self.retry_interval_s)
+            if self._trouble_since is not None:
+                with self._cv:
+                    if not self._stopping:
+                        self._cv.wait(self.retry_interval_s)
+                    elif self._ticks or self._ops:
+                        return  # closing while the disk is still full: give up, close() reports the loss
+
+    def _drain_once(self) -> None:
+        with self._cv:
+            ops = list(self._ops)
+            self._ops.clear()
+            ticks = [self._ticks.popleft() for _ in range(min(len(self._ticks), self.batch_max_ticks))]
+            self._busy = True
+        try:
+            ok = self._write_ops(ops)
+            if not ok:
+                with self._cv:  # ops hit a full disk or a damaged file: the ticks wait with them
+                    self._ticks.extendleft(reversed(ticks))
+            else:
+                ok = self._write_ticks(ticks)
+            if ok and self._trouble_since is not None:
+                self._recovered()
+            if ok:
+                self._maintain()
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+    def _write_ops(self, ops: list[_Op]) -> bool:
+        if not ops:
+            return True
+        try:
+            results = self._transaction(lambda c: [op.fn(c) for op in ops])
+        except sqlite3.Error as exc:
+            if self._transient_or_damaged(exc, ops=ops):
+                return False
+            results = []
+            for op in ops:  # isolate the bad one; the others still get written
+                try:
+                    results.append(self._transaction(op.fn))
+                except sqlite3.Error as one:
+                    op.future.set_exception(StoreError(f"{self.path}: write failed: {one}"))
+                    self._note_error(f"a write failed: {one}")
+                    results.append(None)
+                    continue
+            for op, res in zip(ops, results, strict=True):
+                if not op.future.done():
+                    op.future.set_result(res)
+            return True
+        for op, res in zip(ops, results, strict=True):
+            op.future.set_result(res)
+        return True
+
+    def _write_ticks(self, ticks: list[_Tick]) -> bool:
+        if not ticks:
+            return True
+        try:
+            self._transaction(lambda c: self._insert_ticks(c, ticks))
+        except Exception as exc:
+            if isinstance(exc, sqlite3.Error) and self._transient_or_damaged(exc, ticks=ticks):
+                return False
+            good = []
+            for t in ticks:  # one bad row must not cost the whole batch
+                try:
+                    self._transaction(lambda c, t=t: self._insert_ticks(c, [t]))
+                    good.append(t)
+                except Exception as one:
+                    with self._cv:
+                        self._failed += 1
+                    self._note_error(f"tick at {t.ts_ms} was rejected and dropped: {one}")
+            ticks = good
+        self._committed(ticks)
+        return True
+
+    @staticmethod
+    def _insert_ticks(c: sqlite3.Connection, ticks: list[_Tick]) -> None:
+        gpu, nvl, host, serving, procs = [], [], [], [], []
+        gn, nn, hn, sn = _NAMES["gpu"], _NAMES["nvlink"], _NAMES["host"], _NAMES["serving"]
+        for t in ticks:
+            ts = t.ts_ms
+            gpu += [(ts, r["gpu"], *map(r.get, gn)) for r in t.gpu_rows]
+            nvl += [(ts, r["gpu"], *map(r.get, nn)) for r in t.nvlink_rows]
+            procs += [(ts, r["gpu"], r["pid"], *map(r.get, _PROC_NAMES)) for r in t.process_rows]
+            if t.host_row is not None:
+                host.append((ts, *(_jsonable(v) for v in map(t.host_row.get, hn))))
+            if t.serving_row is not None:
+                serving.append((ts, *map(t.serving_row.get, sn)))
+        for kind, rows in (("gpu", gpu), ("nvlink", nvl), ("host", host), ("serving", serving)):
+            if rows:
+                c.executemany(_TICK_SQL[kind], rows)
+        if procs:
+            c.executemany(_PROC_SQL, procs)
+
+    def _transaction(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        c = self.conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            out = fn(c)
+            c.execute("COMMIT")
+        except BaseException:
+            rollback(c)
+            raise
+        return out
+
+    def _committed(self, ticks: list[_Tick]) -> None:
+        now = _now_ms(self.clock)
+        for t in ticks:
+            if t.gpu_rows:
+                self.rollups.note("gpu", t.ts_ms)
+            if t.host_row is not None:
+                self.rollups.note("host", t.ts_ms)
+            if t.serving_row is not None:
+                self.rollups.note("serving", t.ts_ms)
+        with self._cv:
+            self._written += len(ticks)
+            self._last_commit_ms = now
+            if ticks:
+                top = max(t.ts_ms for t in ticks)
+                self._last_tick_ts = top if self._last_tick_ts is None else max(self._last_tick_ts, top)
+
+    # ------------------------------------------------------------------------------------------ faults
+
+    def _transient_or_damaged(self, exc: sqlite3.Error, ops: list[_Op] | None = None,
+                              ticks: list[_Tick] | None = None) -> bool:
+        """Handle a failure that is not the data's fault; True when handled (items kept for a retry)."""
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+        if code not in _TRANSIENT and code not in _DAMAGED:
+            return False
+        with self._cv:  # put everything back in front, oldest ticks dropped beyond the bound
+            self._ops.extendleft(reversed(ops or []))
+            self._ticks.extendleft(reversed(ticks or []))
+            while len(self._ticks) > self.queue_max:
+                self._ticks.popleft()
+                self._dropped += 1
+        if code in _DAMAGED:
+            self._recover_damaged(exc)
+            return True
+        if self._trouble_since is None:
+            self._trouble_since = time.monotonic()
+            self._dropped_at_trouble = self._dropped
+            msg = (f"{self.path}: cannot write history ({exc}); keeping up to {self.queue_max} ticks in memory "
+                   f"(oldest dropped beyond that) and retrying every {self.retry_interval_s:g} s")
+            log.error("%s", msg)
+            self._enqueue_op(self._event_fn("store", "error", msg, {"error": str(exc)}, None, None))
+        self._note_error(str(exc))
+        return True
+
+    def _recovered(self) -> None:
+        took = time.monotonic() - (self._trouble_since or time.monotonic())
+        lost = self._dropped - self._dropped_at_trouble
+        self._trouble_since = None
+        msg = f"{self.path}: history writes resumed after {took:.0f} s; {lost} ticks were dropped meanwhile"
+        log.warning("%s", msg)
+        with self._cv:
+            self._last_error = None
+        self._enqueue_op(self._event_fn("store", "warning" if lost else "info", msg, {"dropped_ticks": lost},
+                                        None, None))
+
+    def _recover_damaged(self, exc: sqlite3.Error) -> None:
+        """The file went bad under us: move it aside and continue on a fresh one (queued data is kept)."""
+        try:
+            self.conn.close()
+        except sqlite3.Error:
+            pass
+        reason = f"{self.path}: the database became unreadable while writing ({exc})"
+        aside = self._move_aside()
+        self.conn = connect_rw(self.path, integrity=False)
+        self.rollups = Rollups(self.conn)
+        msg = f"{reason}; moved it to {aside} and started a fresh history database"
+        log.error("%s", msg)
+        self._note_error(msg)
+        self._enqueue_op(self._event_fn("store", "error", msg, {"moved_to": str(aside)}, None, None))
+
+    def _note_error(self, msg: str) -> None:
+        with self._cv:
+            self._last_error = msg
+            self._last_error_ms = _now_ms(self.clock)
+
+    # ------------------------------------------------------------------------------------------ maintenance
+
+    def _maintain(self) -> None:
+        """Bounded rollup and retention work between batches; failures are reported, data is kept."""
+        try:
+            more = False
+            if self.rollups.pending():
+                more = self.rollups.step()
+            now = time.monotonic()
+            if self._maintenance_more or now >= self._next_maintenance:
+                _, rmore = retention_mod.step(self.conn, self.retention, _now_ms(self.clock), self.rollups.wm,
+                                              self.retention_chunk)
+                more = more or rmore
+                self._next_maintenance = now + self.maintenance_interval_s
+            self._maintenance_more = more
+        except sqlite3.Error as exc:
+            self._maintenance_more = False
+            self._next_maintenance = time.monotonic() + self.retry_interval_s
+            self._note_error(f"rollup/retention failed (will retry): {exc}")
