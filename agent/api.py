@@ -1,0 +1,340 @@
+"""The control API: JSON over a unix socket (docs/contracts.md, docs/api.md).
+
+This layer parses, authorizes and maps errors to HTTP; the controller (agent/control.py) owns state and
+policy. Everything a request could get wrong is checked before the controller is called, so a bad request
+changes nothing. The socket is the security boundary: mode 0660 with the operators' group, and mutating
+calls re-check the peer's kernel credentials (a socket file with looser permissions still refuses them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import inspect
+import json
+import logging
+import os
+import socket
+import stat
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from lynxtop.agent.control import ActionError, Controller
+from lynxtop.agent.peercred import Peer, group_gid, may_control, peer_of
+
+MAX_BODY = 64 * 1024
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the NUL
+
+_log = logging.getLogger("lynxtop.api")
+
+
+class ApiStartError(RuntimeError):
+    """The API cannot listen; the message says why and what to do."""
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.details = status, code, message, details
+
+
+def _error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> web.Response:
+    body: dict[str, Any] = {"error": code, "message": message}
+    if details:
+        body["details"] = details
+    return web.json_response(body, status=status)
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+# Fields each mutating call accepts: name -> (type, required).
+_BODY_SPEC: dict[str, dict[str, tuple[type, bool]]] = {
+    "start": {"profile": (str, False)},
+    "stop": {},
+    "restart": {},
+    "switch": {"profile": (str, True)},
+}
+# Query parameters each read call accepts: name -> (min, max, default).
+_QUERY_SPEC: dict[str, dict[str, tuple[int, int, int | None]]] = {
+    "status": {},
+    "profiles": {},
+    "runs": {"limit": (1, 10_000, 50)},
+    "events": {"since": (0, 2**62, None), "limit": (1, 10_000, 500)},
+    "logs": {"run": (1, 2**62, None), "lines": (1, 100_000, 200)},
+}
+
+
+def _query(request: web.Request, call: str) -> dict[str, int | None]:
+    spec = _QUERY_SPEC[call]
+    for key in request.query:
+        if key not in spec:
+            known = ", ".join(spec) or "none"
+            raise ApiError(400, "unknown_parameter", f"unknown query parameter {key!r} (accepted: {known})")
+    out: dict[str, int | None] = {}
+    for key, (lo, hi, default) in spec.items():
+        raw = request.query.get(key)
+        if raw is None:
+            out[key] = default
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ApiError(400, "wrong_type", f"query parameter {key!r} must be an integer, got {raw!r}") from None
+        if not lo <= value <= hi:
+            raise ApiError(400, "out_of_range", f"query parameter {key!r}={value} is out of range ({lo}..{hi})")
+        out[key] = value
+    return out
+
+
+async def _body(request: web.Request, action: str) -> dict[str, Any]:
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        raise ApiError(413, "too_large", f"request body of {request.content_length} bytes exceeds {MAX_BODY} bytes")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(413, "too_large", f"request body exceeds {MAX_BODY} bytes") from None
+    if not raw.strip():
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "wrong_type", f"request body must be a JSON object, got {type(data).__name__}")
+    spec = _BODY_SPEC[action]
+    for key in data:
+        if key not in spec:
+            known = ", ".join(spec) or "none"
+            raise ApiError(400, "unknown_field", f"unknown field {key!r} for {action} (accepted: {known})")
+    for key, (typ, required) in spec.items():
+        if key not in data:
+            if required:
+                raise ApiError(400, "missing_field", f"field {key!r} is required for {action}")
+            continue
+        value = data[key]
+        if value is None and not required:
+            continue
+        if not isinstance(value, typ) or isinstance(value, bool):
+            raise ApiError(400, "wrong_type", f"field {key!r} must be a {typ.__name__}, got {type(value).__name__}")
+        if typ is str and not value:
+            raise ApiError(400, "wrong_type", f"field {key!r} must not be empty")
+    return data
+
+
+class ApiServer:
+    """aiohttp on a unix socket. `start()` refuses (ApiStartError) if another agent answers on the path."""
+
+    def __init__(
+        self,
+        controller: Controller,
+        socket_path: str | os.PathLike[str],
+        group: str = "lynxtop",
+        agent_uid: int | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
+        self.controller = controller
+        self.socket_path = Path(socket_path)
+        self.group = group
+        self.agent_uid = os.getuid() if agent_uid is None else agent_uid
+        self.log = log or _log.info
+        self._runner: web.AppRunner | None = None
+        self._inode: int | None = None
+        self.app = self._make_app()
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def _make_app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
+        app.router.add_get("/v1/status", self._status)
+        app.router.add_get("/v1/profiles", self._profiles)
+        app.router.add_get("/v1/runs", self._runs)
+        app.router.add_get("/v1/events", self._events)
+        app.router.add_get("/v1/logs", self._logs)
+        for action in _BODY_SPEC:
+            app.router.add_post(f"/v1/{action}", self._mutating(action))
+        return app
+
+    async def start(self) -> None:
+        path = self.socket_path
+        if len(os.fsencode(path)) > SUN_PATH_MAX:
+            raise ApiStartError(f"control socket path {path} is longer than {SUN_PATH_MAX} bytes; choose a shorter "
+                                "[agent] socket")
+        self._clear_stale(path)
+        gid = group_gid(self.group)
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True, mode=0o750)
+            if gid is not None:
+                with contextlib.suppress(OSError):
+                    os.chown(path.parent, -1, gid)
+        sock = self._bind(path, gid)
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+        self._inode = path.stat().st_ino
+        mode = stat.S_IMODE(path.stat().st_mode)
+        who = f"group {self.group!r}" if gid is not None else f"root and uid {self.agent_uid} only (group " \
+            f"{self.group!r} does not exist)"
+        self.log(f"control API listening on {path} (mode {mode:o}; control by {who})")
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        with contextlib.suppress(OSError):
+            if self._inode is not None and self.socket_path.stat().st_ino == self._inode:
+                self.socket_path.unlink()
+        self._inode = None
+
+    def _clear_stale(self, path: Path) -> None:
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise ApiStartError(f"{path} exists and is not a socket; refusing to remove it (move it away or set "
+                                "[agent] socket)")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError as exc:
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                path.unlink(missing_ok=True)  # nobody listens: left behind by an agent that died
+                return
+            raise ApiStartError(f"cannot check whether something listens on {path}: {exc}") from None
+        finally:
+            probe.close()
+        raise ApiStartError(f"another process (probably a lynxtop agent) is answering on {path}; stop it first "
+                            "(systemctl stop lynxtop-agent) or choose another [agent] socket")
+
+    def _bind(self, path: Path, gid: int | None) -> socket.socket:
+        # Bind under a private name with a tight umask, set mode and group, then rename into place: the final
+        # path never exists with looser permissions, and a client never sees a half-set-up socket.
+        tmp = path.parent / f".{path.name}.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            old = os.umask(0o117)
+            try:
+                sock.bind(str(tmp))
+            finally:
+                os.umask(old)
+            os.chmod(tmp, 0o660)
+            if gid is not None:
+                try:
+                    os.chown(tmp, -1, gid)
+                except PermissionError:
+                    self.log(f"warning: cannot give {path} to group {self.group!r} (the agent is not a member); "
+                             "only root and the agent's user can use it")
+            os.rename(tmp, path)
+            sock.listen(128)
+            sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            tmp.unlink(missing_ok=True)
+            raise ApiStartError(f"cannot listen on {path}: {exc}") from None
+        return sock
+
+    # ------------------------------------------------------------------------------------------ plumbing
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return _error_response(exc.status, exc.code, exc.message, exc.details)
+        except ActionError as exc:
+            return _error_response(exc.http_status, exc.code, exc.message, exc.details)
+        except web.HTTPRequestEntityTooLarge:
+            return _error_response(413, "too_large", f"request body exceeds {MAX_BODY} bytes")
+        except web.HTTPMethodNotAllowed as exc:
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            return _error_response(405, "method_not_allowed", f"{request.method} is not allowed on {request.path} "
+                                   f"(allowed: {allowed})")
+        except web.HTTPNotFound:
+            return _error_response(404, "not_found", f"no such endpoint: {request.method} {request.path} "
+                                   "(see docs/api.md)")
+        except web.HTTPException as exc:
+            return _error_response(exc.status, "http_error", exc.reason)
+        except Exception as exc:  # a bug in the controller must not kill the API, and must be visible
+            self.log(f"error: {request.method} {request.path} failed: {exc!r}\n{traceback.format_exc()}")
+            return _error_response(500, "internal", f"internal error: {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------------------------------ read-only
+
+    async def _status(self, request: web.Request) -> web.Response:
+        _query(request, "status")
+        return web.json_response(await _maybe_await(self.controller.status()))
+
+    async def _profiles(self, request: web.Request) -> web.Response:
+        _query(request, "profiles")
+        return web.json_response(await _maybe_await(self.controller.profiles()))
+
+    async def _runs(self, request: web.Request) -> web.Response:
+        q = _query(request, "runs")
+        return web.json_response({"runs": await _maybe_await(self.controller.runs(q["limit"]))})
+
+    async def _events(self, request: web.Request) -> web.Response:
+        q = _query(request, "events")
+        events = await _maybe_await(self.controller.events(q["since"], q["limit"]))
+        return web.json_response({"events": events})
+
+    async def _logs(self, request: web.Request) -> web.Response:
+        q = _query(request, "logs")
+        return web.json_response(await _maybe_await(self.controller.logs(q["run"], q["lines"])))
+
+    # ------------------------------------------------------------------------------------------ mutating
+
+    def _mutating(self, action: str) -> Callable:
+        async def handler(request: web.Request) -> web.Response:
+            peer = peer_of(request.transport.get_extra_info("socket") if request.transport else None)
+            who = peer.describe() if peer else "unknown peer"
+            if not may_control(peer, self.agent_uid, self.group):
+                self.log(f"denied: {who} asked POST /v1/{action} (not root, uid {self.agent_uid} or group "
+                         f"{self.group!r})")
+                raise ApiError(403, "forbidden", f"{who} may not {action}: control needs root, the agent's user "
+                               f"or membership of group {self.group!r}; read-only calls stay open")
+            data = await _body(request, action)
+            profile = data.get("profile")
+            if profile is not None:
+                await self._check_profile(profile)
+            started = time.monotonic()
+            try:
+                message = await self._dispatch(action, profile, who, peer)
+            except ActionError as exc:
+                self.log(f"refused: {who} asked {action}{_for(profile)}: {exc.code}: {exc.message}")
+                raise
+            self.log(f"accepted: {who} asked {action}{_for(profile)} ({(time.monotonic() - started) * 1000:.0f} ms): "
+                     f"{message}")
+            return web.json_response({"accepted": True, "action": action, "message": message}, status=202)
+
+        return handler
+
+    async def _check_profile(self, name: str) -> None:
+        profiles = await _maybe_await(self.controller.profiles())
+        known = [p.get("name") for p in profiles.get("profiles", [])]
+        if name not in known:
+            raise ApiError(404, "unknown_profile", f"no profile named {name!r} (known: {', '.join(known) or 'none'})")
+
+    async def _dispatch(self, action: str, profile: str | None, by: str, peer: Peer | None) -> str:
+        c = self.controller
+        if action == "start":
+            return await c.start(profile, by)
+        if action == "stop":
+            return await c.stop(by)
+        if action == "restart":
+            return await c.restart(by)
+        assert profile is not None  # _body made it required
+        return await c.switch(profile, by)
+
+
+def _for(profile: str | None) -> str:
+    return f" {profile!r}" if profile else ""

@@ -1,0 +1,288 @@
+"""The optional read-only Prometheus endpoint: `lynxtop_*` metrics from the agent's cached status snapshot.
+
+It lives on its own TCP listener with no control routes, because Prometheus' model treats metrics as readable
+by anyone who can reach the port; the control socket stays the only way to change anything. `collect()` does no
+I/O: it only reshapes the snapshot the agent already holds, so a scrape can never stall sampling.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from lynxtop.store.columns import LATENCY_SERIES
+
+_log = logging.getLogger("lynxtop.exporter")
+
+SERVING_STATES = ("stopped", "starting", "ready", "degraded", "stopping", "backoff", "crash-loop")
+SLA_STATES = ("ok", "breach", "unknown")
+
+# (status column, metric suffix, help, scale to base units, counter?)
+_GPU = (
+    ("util_gpu_pct", "utilization_ratio", "Share of time any kernel ran (NVML utilization.gpu)", 0.01, False),
+    ("util_mem_pct", "memory_utilization_ratio", "Share of time device memory was read or written", 0.01, False),
+    ("sm_active_pct", "sm_active_ratio", "SM activity (GPM)", 0.01, False),
+    ("sm_occupancy_pct", "sm_occupancy_ratio", "SM occupancy (GPM)", 0.01, False),
+    ("tensor_active_pct", "tensor_active_ratio", "Tensor core activity (GPM)", 0.01, False),
+    ("dram_bw_pct", "dram_bandwidth_ratio", "DRAM bandwidth utilization (GPM)", 0.01, False),
+    ("pcie_tx_bytes_per_s", "pcie_tx_bytes_per_second", "PCIe transmit rate", 1, False),
+    ("pcie_rx_bytes_per_s", "pcie_rx_bytes_per_second", "PCIe receive rate", 1, False),
+    ("nvlink_tx_bytes_per_s", "nvlink_tx_bytes_per_second", "NVLink transmit rate, all links", 1, False),
+    ("nvlink_rx_bytes_per_s", "nvlink_rx_bytes_per_second", "NVLink receive rate, all links", 1, False),
+    ("mem_used_bytes", "memory_used_bytes", "Device memory used", 1, False),
+    ("mem_total_bytes", "memory_total_bytes", "Device memory total", 1, False),
+    ("power_w", "power_watts", "Power draw", 1, False),
+    ("power_limit_w", "power_limit_watts", "Enforced power limit", 1, False),
+    ("energy_j", "energy_joules_total", "Energy consumed since the driver loaded", 1, True),
+    ("temp_c", "temperature_celsius", "GPU temperature", 1, False),
+    ("sm_clock_mhz", "sm_clock_hertz", "SM clock", 1e6, False),
+    ("mem_clock_mhz", "memory_clock_hertz", "Memory clock", 1e6, False),
+    ("ecc_corrected", "ecc_corrected_errors_total", "Volatile corrected ECC errors", 1, True),
+    ("ecc_uncorrected", "ecc_uncorrected_errors_total", "Volatile uncorrected ECC errors", 1, True),
+    ("remapped_rows_pending", "remapped_rows_pending", "1 when a row remap is pending", 1, False),
+    ("remapped_rows_failed", "remapped_rows_failed", "1 when a row remap failed", 1, False),
+    ("lost", "lost", "1 when NVML reported the GPU lost", 1, False),
+)
+_HOST = (
+    ("cpu_pct", "cpu_utilization_ratio", "CPU utilization, all cores", 0.01),
+    ("load1", "load1", "1-minute load average", 1),
+    ("load5", "load5", "5-minute load average", 1),
+    ("load15", "load15", "15-minute load average", 1),
+    ("mem_used_bytes", "memory_used_bytes", "Host memory used", 1),
+    ("mem_available_bytes", "memory_available_bytes", "Host memory available", 1),
+    ("mem_total_bytes", "memory_total_bytes", "Host memory total", 1),
+    ("swap_used_bytes", "swap_used_bytes", "Swap used", 1),
+    ("swap_total_bytes", "swap_total_bytes", "Swap total", 1),
+    ("disk_free_bytes", "disk_free_bytes", "Free space on the database volume", 1),
+    ("disk_total_bytes", "disk_total_bytes", "Size of the database volume", 1),
+    ("net_rx_bytes_per_s", "network_receive_bytes_per_second", "Network receive rate, all but loopback", 1),
+    ("net_tx_bytes_per_s", "network_transmit_bytes_per_second", "Network transmit rate, all but loopback", 1),
+    ("vllm_procs", "vllm_processes", "Processes in the supervised vLLM tree", 1),
+    ("vllm_cpu_pct", "vllm_cpu_cores", "CPU used by the vLLM tree, in cores", 0.01),
+    ("vllm_rss_bytes", "vllm_resident_memory_bytes", "Resident memory of the vLLM tree", 1),
+)
+_SERVING = (
+    ("requests_per_s", "requests_per_second", "Finished requests per second", 1),
+    ("prompt_tokens_per_s", "prompt_tokens_per_second", "Prefill tokens per second", 1),
+    ("generation_tokens_per_s", "generation_tokens_per_second", "Generated tokens per second", 1),
+    ("requests_running", "requests_running", "Requests running", 1),
+    ("requests_waiting", "requests_waiting", "Requests waiting", 1),
+    ("kv_cache_usage_pct", "kv_cache_usage_ratio", "KV cache usage", 0.01),
+    ("prefix_cache_hit_pct", "prefix_cache_hit_ratio", "Prefix cache hits per query over the window", 0.01),
+    ("spec_decode_acceptance_pct", "spec_decode_acceptance_ratio", "Accepted per drafted tokens over the window",
+     0.01),
+    ("scrape_ok", "scrape_ok", "1 when the last scrape of vLLM's /metrics succeeded", 1),
+)
+_SERIES_HELP = {"ttft": "Time to first token", "itl": "Inter-token latency", "tpot": "Time per output token "
+                "(per request)", "e2e": "End-to-end request latency", "queue": "Time requests waited in the queue"}
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return float(v)
+    return None
+
+
+class SnapshotCollector(Collector):
+    """Yields families from `snapshot()` (a status object, docs/contracts.md); a missing value is no sample."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any] | None]):
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Any]:
+        try:
+            st = self.snapshot() or {}
+        except Exception as exc:  # a broken snapshot must not turn the endpoint into a 500 loop
+            _log.warning("metrics snapshot failed: %r", exc)
+            st = {}
+        yield from self._agent(st.get("agent") or {}, st)
+        yield from self._gpus(st.get("gpus") or [])
+        yield from self._simple("host", _HOST, st.get("host") or {})
+        yield from self._serving(st.get("serving") or {}, st.get("serving_metrics") or {})
+        yield from self._sla(st.get("sla") or {})
+
+    def _agent(self, agent: dict[str, Any], st: dict[str, Any]) -> Iterator[Any]:
+        g = GaugeMetricFamily("lynxtop_agent_simulated", "1 when any part of this node (GPUs or vLLM) is SIMULATED")
+        g.add_metric([], 1.0 if agent.get("simulated") else 0.0)
+        yield g
+        for key, name, help_ in (("healthy", "lynxtop_agent_healthy", "1 when the agent's own checks pass"),
+                                 ("started_ms", "lynxtop_agent_start_time_seconds", "Agent start, Unix time")):
+            v = _num(agent.get(key))
+            if v is not None:
+                g = GaugeMetricFamily(name, help_)
+                g.add_metric([], v / 1000 if key == "started_ms" else v)
+                yield g
+        v = _num(agent.get("missed_ticks"))
+        if v is not None:
+            c = CounterMetricFamily("lynxtop_agent_missed_ticks", "Sampling ticks skipped because one ran late")
+            c.add_metric([], v)
+            yield c
+        store = agent.get("store") or {}
+        v = _num(store.get("dropped"))
+        if v is not None:
+            c = CounterMetricFamily("lynxtop_store_dropped_ticks", "Ticks dropped because the store writer lagged")
+            c.add_metric([], v)
+            yield c
+        v = _num(store.get("queued"))
+        if v is not None:
+            g = GaugeMetricFamily("lynxtop_store_queued_ticks", "Ticks waiting for the store writer")
+            g.add_metric([], v)
+            yield g
+        nvml = agent.get("nvml") or {}
+        if nvml.get("state"):
+            g = GaugeMetricFamily("lynxtop_nvml_ok", "1 when NVML answers normally")
+            g.add_metric([], 1.0 if nvml.get("state") == "ok" else 0.0)
+            yield g
+
+    def _gpus(self, gpus: list[dict[str, Any]]) -> Iterator[Any]:
+        for key, suffix, help_, scale, counter in _GPU:
+            name = f"lynxtop_gpu_{suffix}"
+            if counter:
+                fam: Any = CounterMetricFamily(name[: -len("_total")], help_, labels=["gpu", "uuid"])
+            else:
+                fam = GaugeMetricFamily(name, help_, labels=["gpu", "uuid"])
+            any_value = False
+            for g in gpus:
+                v = _num(g.get(key))
+                if v is None:
+                    continue
+                fam.add_metric([str(g.get("index", "")), str(g.get("uuid") or "")], v * scale)
+                any_value = True
+            if any_value:
+                yield fam
+
+    def _simple(self, prefix: str, spec: tuple, data: dict[str, Any]) -> Iterator[Any]:
+        for key, suffix, help_, scale in spec:
+            v = _num(data.get(key))
+            if v is None:
+                continue
+            g = GaugeMetricFamily(f"lynxtop_{prefix}_{suffix}", help_)
+            g.add_metric([], v * scale)
+            yield g
+
+    def _serving(self, srv: dict[str, Any], sm: dict[str, Any]) -> Iterator[Any]:
+        state = srv.get("state")
+        if state:
+            g = GaugeMetricFamily("lynxtop_serving_state", "1 for the supervisor's current state of vLLM",
+                                  labels=["state"])
+            for s in SERVING_STATES:
+                g.add_metric([s], 1.0 if s == state else 0.0)
+            yield g
+            up = GaugeMetricFamily("lynxtop_serving_up", "1 when vLLM is ready (healthy and answering)")
+            up.add_metric([], 1.0 if state == "ready" else 0.0)
+            yield up
+        for key, name, help_, scale in (
+            ("state_since_ms", "lynxtop_serving_state_since_seconds", "When the current state began, Unix time", 1e-3),
+            ("ready_ms", "lynxtop_serving_ready_time_seconds", "When the current run became ready, Unix time", 1e-3),
+            ("run_id", "lynxtop_serving_run_id", "Id of the current run in the history store", 1),
+            ("failures_in_window", "lynxtop_serving_failures_in_window", "Failures counted toward crash-loop", 1),
+            ("adopted", "lynxtop_serving_adopted", "1 when the run was adopted from a previous agent", 1),
+        ):
+            v = _num(srv.get(key))
+            if v is not None:
+                g = GaugeMetricFamily(name, help_)
+                g.add_metric([], v * scale)
+                yield g
+        yield from self._simple("serving", _SERVING, sm)
+        v = _num(sm.get("scrape_errors"))
+        if v is not None:
+            c = CounterMetricFamily("lynxtop_serving_scrape_errors", "Failed scrapes of vLLM's /metrics")
+            c.add_metric([], v)
+            yield c
+        for series in LATENCY_SERIES:
+            for stat in ("p50", "p90", "p99", "mean"):
+                v = _num(sm.get(f"{series}_{stat}_ms"))
+                if v is None:
+                    continue
+                g = GaugeMetricFamily(f"lynxtop_serving_{series}_{stat}_seconds",
+                                      f"{_SERIES_HELP[series]}, {stat} over the sliding window")
+                g.add_metric([], v / 1000)
+                yield g
+
+    def _sla(self, sla: dict[str, Any]) -> Iterator[Any]:
+        if sla.get("state"):
+            g = GaugeMetricFamily("lynxtop_sla_breach", "1 while p99 TTFT or TPOT is over its threshold")
+            g.add_metric([], 1.0 if sla["state"] == "breach" else 0.0)
+            yield g
+        for key, name, help_ in (
+            ("ttft_threshold_ms", "lynxtop_sla_ttft_p99_threshold_seconds", "SLA: p99 TTFT limit"),
+            ("tpot_threshold_ms", "lynxtop_sla_tpot_p99_threshold_seconds", "SLA: p99 TPOT limit"),
+        ):
+            v = _num(sla.get(key))
+            if v is not None:
+                g = GaugeMetricFamily(name, help_)
+                g.add_metric([], v / 1000)
+                yield g
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port); raises ValueError naming the problem."""
+    host, sep, port_s = listen.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"metrics_listen {listen!r} is not host:port (for example 127.0.0.1:9464)")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ValueError(f"metrics_listen {listen!r}: port {port_s!r} is not a number") from None
+    if not 0 <= port < 65536:  # 0 = any free port (tests)
+        raise ValueError(f"metrics_listen {listen!r}: port out of range (1..65535)")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class MetricsExporter:
+    """GET /metrics on `listen` (host:port from `[agent] metrics_listen`); nothing else is served there."""
+
+    def __init__(self, listen: str, snapshot: Callable[[], dict[str, Any] | None],
+                 log: Callable[[str], None] | None = None):
+        self.host, self.port = parse_listen(listen)
+        self.listen = listen
+        self.log = log or _log.info
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(SnapshotCollector(snapshot))
+        self._runner: web.AppRunner | None = None
+        self.bound_port: int | None = None
+
+    async def start(self) -> None:
+        if not is_loopback(self.host):
+            self.log(f"warning: metrics endpoint listens on {self.host}:{self.port}, reachable from the network "
+                     "(read-only; [agent] metrics_listen sets it)")
+        app = web.Application()
+        app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
+            raise RuntimeError(f"cannot listen on {self.listen} for metrics: {exc.strerror or exc}") from None
+        server = site._server  # the bound port matters when the config says :0 (tests)
+        sockets = getattr(server, "sockets", None) or []
+        self.bound_port = sockets[0].getsockname()[1] if sockets else self.port
+        self.log(f"Prometheus metrics on http://{self.listen.rsplit(':', 1)[0]}:{self.bound_port}/metrics")
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,340 @@
+"""Reads vLLM's Prometheus page once per tick and turns it into one `serving` row (store/columns.py).
+
+vLLM's page changes between versions (0.10 prints old and new names, later versions drop the old ones) and
+carries one series per data-parallel engine, so everything is matched by exact sample name, summed over
+labels (max for the KV-cache gauge), and percentiles come from bucket differences over a sliding window
+(agent/histogram.py). The scraper keeps state between calls; the caller owns the clock (`now`, monotonic s).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from lynxtop.agent.histogram import HistogramSnapshot, SlidingHistogram
+from lynxtop.store.columns import LATENCY_SERIES, SERVING_METRICS, names
+
+SERVING_COLUMNS = names(SERVING_METRICS)
+MAX_PAGE_BYTES = 32 * 1024 * 1024  # a real page is ~100 KiB; anything near this is not vLLM
+
+# Each entry: preferred (newest) name first, then older names vLLM used for the same thing.
+COUNTERS: dict[str, tuple[str, ...]] = {
+    "requests": ("vllm:request_success_total",),
+    "prompt_tokens": ("vllm:prompt_tokens_total",),
+    "generation_tokens": ("vllm:generation_tokens_total",),
+    "preemptions": ("vllm:num_preemptions_total",),
+    "prefix_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    "prefix_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "spec_drafted": ("vllm:spec_decode_num_draft_tokens_total",),
+    "spec_accepted": ("vllm:spec_decode_num_accepted_tokens_total",),
+}
+GAUGES_SUM: dict[str, tuple[str, ...]] = {
+    "running": ("vllm:num_requests_running",),
+    "waiting": ("vllm:num_requests_waiting",),
+}
+GAUGES_MAX: dict[str, tuple[str, ...]] = {
+    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+}
+HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "ttft": ("vllm:time_to_first_token_seconds",),
+    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "tpot": ("vllm:request_time_per_output_token_seconds",),
+    "e2e": ("vllm:e2e_request_latency_seconds",),
+    "queue": ("vllm:request_queue_time_seconds",),
+}
+QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+
+
+class PageError(ValueError):
+    """The page is not a vLLM metrics page we can read; the message says why."""
+
+
+class ParsedPage:
+    """The values of one page we care about, summed over engines."""
+
+    def __init__(self) -> None:
+        self.counters: dict[str, float] = {}
+        self.gauges: dict[str, float] = {}
+        self.histograms: dict[str, HistogramSnapshot] = {}
+
+
+def parse_text(text: str) -> ParsedPage:
+    """Parse exposition text with prometheus_client; raises PageError naming the problem."""
+    sums: dict[str, float] = {}
+    maxes: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    wanted_sum = {n for ns in (*COUNTERS.values(), *GAUGES_SUM.values()) for n in ns}
+    wanted_max = {n for ns in GAUGES_MAX.values() for n in ns}
+    hist_names = {n for ns in HISTOGRAMS.values() for n in ns}
+    seen_vllm = False
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                name = s.name
+                if not name.startswith("vllm:") or name.endswith("_created"):
+                    continue
+                seen_vllm = True
+                value = float(s.value)
+                if math.isnan(value):
+                    continue
+                if name in wanted_sum:
+                    sums[name] = sums.get(name, 0.0) + value
+                elif name in wanted_max:
+                    maxes[name] = max(maxes.get(name, -math.inf), value)
+                elif name.endswith("_bucket") and name[:-7] in hist_names:
+                    le = float(s.labels["le"])  # KeyError/ValueError: malformed
+                    per = buckets.setdefault(name[:-7], {})
+                    per[le] = per.get(le, 0.0) + value
+                elif (name.endswith("_sum") and name[:-4] in hist_names) or (
+                    name.endswith("_count") and name[:-6] in hist_names
+                ):
+                    sums[name] = sums.get(name, 0.0) + value
+    except PageError:
+        raise
+    except KeyError as exc:
+        raise PageError(f"histogram bucket without an 'le' label ({exc})") from None
+    except Exception as exc:  # the parser raises ValueError, IndexError, TypeError on garbage
+        raise PageError(f"not Prometheus text: {exc}") from None
+    if not seen_vllm:
+        raise PageError("no vllm:* metrics on the page (is this a vLLM server?)")
+
+    page = ParsedPage()
+    for key, candidates in COUNTERS.items():
+        name = next((n for n in candidates if n in sums), None)
+        if name is not None:
+            page.counters[key] = sums[name]
+    for key, candidates in GAUGES_SUM.items():
+        name = next((n for n in candidates if n in sums), None)
+        if name is not None:
+            page.gauges[key] = sums[name]
+    for key, candidates in GAUGES_MAX.items():
+        name = next((n for n in candidates if n in maxes), None)
+        if name is not None:
+            page.gauges[key] = maxes[name]
+    for key, candidates in HISTOGRAMS.items():
+        name = next((n for n in candidates if n in buckets), None)
+        if name is None:
+            continue
+        bs = tuple(sorted(buckets[name].items()))
+        if not math.isinf(bs[-1][0]):
+            raise PageError(f"histogram {name} has no +Inf bucket")
+        page.histograms[key] = HistogramSnapshot(
+            buckets=bs, sum=sums.get(name + "_sum", 0.0), count=sums.get(name + "_count", bs[-1][1])
+        )
+    return page
+
+
+class _CounterWindow:
+    """One cumulative counter over time: per-tick deltas and deltas over the sliding window, reset-aware."""
+
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self._points: deque[tuple[float, float]] = deque()
+        self.last_delta: float | None = None
+        self.last_dt: float | None = None
+
+    def add(self, now: float, value: float) -> bool:
+        reset = False
+        if self._points:
+            last_t, last = self._points[-1]
+            if value < last:  # the server restarted and counts from zero again
+                self._points.clear()
+                self._points.append((last_t, 0.0))
+                reset = True
+            self.last_delta = value - self._points[-1][1]
+            self.last_dt = now - last_t
+        else:
+            self.last_delta = self.last_dt = None
+        self._points.append((now, value))
+        while len(self._points) >= 2 and self._points[1][0] <= now - self.window_s:
+            self._points.popleft()
+        return reset
+
+    def window_delta(self) -> float | None:
+        if len(self._points) < 2:
+            return None
+        return self._points[-1][1] - self._points[0][1]
+
+    def rate(self) -> float | None:
+        if self.last_delta is None or not self.last_dt or self.last_dt <= 0:
+            return None
+        return self.last_delta / self.last_dt
+
+
+def empty_row() -> dict[str, Any]:
+    return {c: None for c in SERVING_COLUMNS}
+
+
+class MetricsScraper:
+    """Scrapes one vLLM server. After each call: `outage_started`/`outage_ended` (one event per outage),
+    `generation_tokens_total` and `requests_running` (for hang detection), `last_error`."""
+
+    def __init__(self, url: str, window_s: float = 60.0, timeout_s: float = 2.0):
+        base = url.rstrip("/")
+        if base.endswith("/metrics"):
+            base = base[: -len("/metrics")]
+        self.base_url = base
+        self.url = base + "/metrics"
+        self.window_s = window_s
+        self.timeout_s = timeout_s
+        self.scrape_errors = 0
+        self.last_error: str | None = None
+        self.in_outage = False
+        self.outage_started = False
+        self.outage_ended = False
+        self.outage_since: float | None = None
+        self.resets = 0  # counter drops seen (server restarts behind the same URL)
+        self.generation_tokens_total: float | None = None
+        self.requests_running: int | None = None
+        self._counters: dict[str, _CounterWindow] = {}
+        self._hists: dict[str, SlidingHistogram] = {}
+
+    def reset(self) -> None:
+        """Forget history (a new run): the next scrape only sets baselines."""
+        self._counters.clear()
+        self._hists.clear()
+        self.generation_tokens_total = None
+        self.requests_running = None
+
+    # ------------------------------------------------------------------------------------------ I/O
+
+    async def scrape(self, session: aiohttp.ClientSession, now: float) -> dict[str, Any]:
+        """GET /metrics and return the tick's serving row (run_id left None for the caller)."""
+        try:
+            async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
+                if resp.status != 200:
+                    return self.failed(now, f"HTTP {resp.status} from {self.url}")
+                body = await resp.content.read(MAX_PAGE_BYTES + 1)
+                if len(body) > MAX_PAGE_BYTES:
+                    return self.failed(now, f"page larger than {MAX_PAGE_BYTES} bytes at {self.url}")
+        except TimeoutError:
+            return self.failed(now, f"timed out after {self.timeout_s:g} s reading {self.url}")
+        except aiohttp.ClientError as exc:
+            return self.failed(now, f"cannot read {self.url}: {exc or type(exc).__name__}")
+        except OSError as exc:
+            return self.failed(now, f"cannot read {self.url}: {exc}")
+        return self.parse_page(body.decode("utf-8", errors="replace"), now)
+
+    async def fetch_version(self, session: aiohttp.ClientSession) -> str | None:
+        """vLLM's version from GET /version, or None when it cannot be read."""
+        try:
+            async with session.get(
+                self.base_url + "/version", timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                data = await resp.json(content_type=None)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            return None
+        version = data.get("version") if isinstance(data, dict) else None
+        return version if isinstance(version, str) and version else None
+
+    # ------------------------------------------------------------------------------------------ rows
+
+    def failed(self, now: float, error: str) -> dict[str, Any]:
+        """The row of a tick whose page could not be read: NULL metrics, the error counted."""
+        self.scrape_errors += 1
+        self.last_error = error
+        self.outage_started = not self.in_outage
+        self.outage_ended = False
+        if not self.in_outage:
+            self.in_outage = True
+            self.outage_since = now
+        self.requests_running = None
+        row = empty_row()
+        row["scrape_ok"] = 0
+        row["scrape_errors"] = self.scrape_errors
+        return row
+
+    def parse_page(self, text: str, now: float) -> dict[str, Any]:
+        """Turn one page into the tick's row; a malformed page gives a failed row (see `failed`)."""
+        try:
+            page = parse_text(text)
+        except PageError as exc:
+            return self.failed(now, f"malformed page at {self.url}: {exc}")
+        self.outage_ended = self.in_outage
+        self.outage_started = False
+        self.in_outage = False
+        self.last_error = None
+        return self._row(page, now)
+
+    def outage_event(self, now: float | None = None) -> dict[str, Any] | None:
+        """An event dict (kind, severity, message, details) when the last call began or ended an outage."""
+        if self.outage_started:
+            return {"kind": "scrape_outage", "severity": "warning",
+                    "message": f"vLLM metrics unreadable: {self.last_error}",
+                    "details": {"url": self.url, "error": self.last_error}}
+        if self.outage_ended:
+            lasted = None if now is None or self.outage_since is None else round(now - self.outage_since, 1)
+            msg = "vLLM metrics readable again" + (f" after {lasted:g} s" if lasted is not None else "")
+            return {"kind": "scrape_recovered", "severity": "info", "message": msg,
+                    "details": {"url": self.url, "outage_s": lasted}}
+        return None
+
+    def _row(self, page: ParsedPage, now: float) -> dict[str, Any]:
+        row = empty_row()
+        row["scrape_ok"] = 1
+        row["scrape_errors"] = self.scrape_errors
+        for key, value in page.counters.items():
+            cw = self._counters.setdefault(key, _CounterWindow(self.window_s))
+            if cw.add(now, value):
+                self.resets += 1
+        for key in set(self._counters) - set(page.counters):
+            del self._counters[key]  # the series vanished: start over if it comes back
+
+        def delta(key: str) -> float | None:
+            cw = self._counters.get(key)
+            return None if cw is None else cw.last_delta
+
+        def rate(key: str) -> float | None:
+            cw = self._counters.get(key)
+            return None if cw is None else cw.rate()
+
+        def as_int(v: float | None) -> int | None:
+            return None if v is None else int(round(v))
+
+        def ratio_pct(num: str, den: str) -> float | None:
+            n, d = self._counters.get(num), self._counters.get(den)
+            if n is None or d is None:
+                return None
+            dn, dd = n.window_delta(), d.window_delta()
+            if dn is None or not dd or dd <= 0:
+                return None
+            return max(0.0, min(100.0, 100.0 * dn / dd))
+
+        row["requests_per_s"] = rate("requests")
+        row["prompt_tokens_per_s"] = rate("prompt_tokens")
+        row["generation_tokens_per_s"] = rate("generation_tokens")
+        row["requests_finished"] = as_int(delta("requests"))
+        row["prompt_tokens"] = as_int(delta("prompt_tokens"))
+        row["generation_tokens"] = as_int(delta("generation_tokens"))
+        row["preemptions"] = as_int(delta("preemptions"))
+        row["prefix_cache_hit_pct"] = ratio_pct("prefix_hits", "prefix_queries")
+        row["spec_decode_acceptance_pct"] = ratio_pct("spec_accepted", "spec_drafted")
+        running = page.gauges.get("running")
+        row["requests_running"] = as_int(running)
+        row["requests_waiting"] = as_int(page.gauges.get("waiting"))
+        kv = page.gauges.get("kv_usage")
+        row["kv_cache_usage_pct"] = None if kv is None else 100.0 * kv
+
+        for key, snap in page.histograms.items():
+            sh = self._hists.setdefault(key, SlidingHistogram(self.window_s))
+            if sh.add(now, snap):
+                self.resets += 1
+        for key in set(self._hists) - set(page.histograms):
+            del self._hists[key]
+        for series in LATENCY_SERIES:
+            sh = self._hists.get(series)
+            for stat, q in QUANTILES:
+                value = None if sh is None else sh.quantile(q)
+                row[f"{series}_{stat}_ms"] = None if value is None else value * 1000.0
+            mean = None if sh is None else sh.mean()
+            row[f"{series}_mean_ms"] = None if mean is None else mean * 1000.0
+
+        self.generation_tokens_total = page.counters.get("generation_tokens")
+        self.requests_running = as_int(running)
+        return row

@@ -1,0 +1,146 @@
+"""SLA state from the serving rows: p99 TTFT and p99 TPOT over the scraper's window against `[sla]` thresholds.
+
+A breach and its end are one event each (not one per tick), carrying the worst value seen, so the event log
+answers "how bad did it get and for how long" without a query over the samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lynxtop.agent.config import SlaConfig
+
+
+def _fmt_ms(v: float) -> str:
+    return f"{v / 1000:.2f} s" if v >= 1000 else f"{v:.0f} ms"
+
+
+class SlaTracker:
+    """Feed it every serving row; it answers the status object's "sla" and emits breach/recovery events.
+
+    TPOT is vLLM's per-request time per output token; vLLM < 0.11 has no such histogram, and there the
+    inter-token latency (the same quantity per step) stands in, named in the state as `tpot_source`.
+    A window without latency data (idle server, unreadable page) is "unknown" and ends an open breach.
+    """
+
+    def __init__(self, cfg: SlaConfig):
+        self.cfg = cfg
+        self._state = "unknown"
+        self._since_ms: int | None = None
+        self._ttft: float | None = None
+        self._tpot: float | None = None
+        self._tpot_source = "tpot"
+        self._breached: list[str] = []
+        self._worst: dict[str, float] = {}
+        self._breach_started_ms: int | None = None
+
+    def reset(self) -> None:
+        """A new run: drop the state without an event (the run change is its own event)."""
+        self.__init__(self.cfg)  # type: ignore[misc]
+
+    def update(self, serving_row: dict[str, Any] | None, ts_ms: int) -> list[dict[str, Any]]:
+        row = serving_row or {}
+        ttft = row.get("ttft_p99_ms")
+        tpot = row.get("tpot_p99_ms")
+        self._tpot_source = "tpot"
+        if tpot is None and row.get("itl_p99_ms") is not None:
+            tpot, self._tpot_source = row.get("itl_p99_ms"), "itl"
+        self._ttft, self._tpot = ttft, tpot
+        if ttft is None and tpot is None:
+            return self._to_unknown(ts_ms)
+
+        breached = []
+        if ttft is not None and ttft > self.cfg.ttft_p99_ms:
+            breached.append("ttft")
+        if tpot is not None and tpot > self.cfg.tpot_p99_ms:
+            breached.append("tpot")
+        events: list[dict[str, Any]] = []
+        if breached:
+            if self._state != "breach":
+                self._state, self._since_ms, self._breach_started_ms = "breach", ts_ms, ts_ms
+                self._worst = {}
+                self._note_worst(ttft, tpot)
+                self._breached = breached
+                events.append(self._event("sla_breach", "warning", ts_ms, self._describe(breached, current=True)))
+            else:
+                self._note_worst(ttft, tpot)
+                self._breached = sorted(set(self._breached) | set(breached))
+        elif self._state == "breach":
+            events.append(self._recovery(ts_ms, "back within thresholds"))
+            self._state, self._since_ms = "ok", ts_ms
+        elif self._state != "ok":
+            self._state, self._since_ms = "ok", ts_ms
+        return events
+
+    def state(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "state": self._state,
+            "since_ms": self._since_ms,
+            "ttft_p99_ms": self._ttft,
+            "tpot_p99_ms": self._tpot,
+            "ttft_threshold_ms": self.cfg.ttft_p99_ms,
+            "tpot_threshold_ms": self.cfg.tpot_p99_ms,
+            "window_s": self.cfg.window_s,
+            "tpot_source": self._tpot_source,
+            "breached": list(self._breached) if self._state == "breach" else [],
+        }
+        if self._state == "breach":
+            out["worst_ttft_p99_ms"] = self._worst.get("ttft")
+            out["worst_tpot_p99_ms"] = self._worst.get("tpot")
+        return out
+
+    # ------------------------------------------------------------------------------------------ helpers
+
+    def _to_unknown(self, ts_ms: int) -> list[dict[str, Any]]:
+        events = []
+        if self._state == "breach":
+            events.append(self._recovery(ts_ms, "no latency data in the window (idle or unreachable)"))
+        if self._state != "unknown":
+            self._state, self._since_ms = "unknown", ts_ms
+        return events
+
+    def _note_worst(self, ttft: float | None, tpot: float | None) -> None:
+        for key, v in (("ttft", ttft), ("tpot", tpot)):
+            if v is not None and v > self._worst.get(key, float("-inf")):
+                self._worst[key] = v
+
+    def _describe(self, which: list[str], current: bool) -> str:
+        parts = []
+        for key in which:
+            value = self._worst.get(key)
+            if value is None:
+                continue
+            limit = self.cfg.ttft_p99_ms if key == "ttft" else self.cfg.tpot_p99_ms
+            label = "TTFT" if key == "ttft" else ("TPOT" if self._tpot_source == "tpot" else "ITL (as TPOT)")
+            parts.append(f"p99 {label} {_fmt_ms(value)} > {_fmt_ms(limit)}")
+        return ", ".join(parts)
+
+    def _recovery(self, ts_ms: int, why: str) -> dict[str, Any]:
+        lasted = (ts_ms - self._breach_started_ms) / 1000 if self._breach_started_ms is not None else None
+        worst = self._describe(self._breached, current=False)
+        msg = f"SLA breach ended ({why}) after {lasted:.0f} s; worst: {worst}" if lasted is not None else worst
+        ev = self._event("sla_recovered", "info", ts_ms, msg)
+        ev["details"]["duration_s"] = lasted
+        ev["details"]["reason"] = why
+        self._breached = []
+        return ev
+
+    def _event(self, kind: str, severity: str, ts_ms: int, text: str) -> dict[str, Any]:
+        message = f"SLA breach: {text}" if kind == "sla_breach" else text
+        return {
+            "kind": kind,
+            "severity": severity,
+            "message": message,
+            "ts_ms": ts_ms,
+            "details": {
+                "breached": list(self._breached),
+                "worst_ttft_p99_ms": self._worst.get("ttft"),
+                "worst_tpot_p99_ms": self._worst.get("tpot"),
+                "ttft_p99_ms": self._ttft,
+                "tpot_p99_ms": self._tpot,
+                "ttft_threshold_ms": self.cfg.ttft_p99_ms,
+                "tpot_threshold_ms": self.cfg.tpot_p99_ms,
+                "window_s": self.cfg.window_s,
+                "tpot_source": self._tpot_source,
+            },
+        }
