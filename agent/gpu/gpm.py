@@ -1,0 +1,91 @@
+"""GPM (Hopper+) readers: true SM/tensor/DRAM activity and PCIe/NVLink rates from two samples, no sleeping.
+
+Each tick takes one new sample and diffs it against the previous one, so the figures are the average over
+the whole tick interval. The two sample buffers and the `c_nvmlGpmMetricsGet_t` struct are allocated once:
+building the struct costs ~10 µs a tick against ~1.6 µs when reused (reference/nvml.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pynvml
+
+from lynxtop.store.columns import NVLINK_MAX_LINKS
+
+# (GPU_METRICS column, GPM metric id, scale to the column's unit). GPM rates are MiB/s.
+MIB = 1024 * 1024
+SCALAR_METRICS: tuple[tuple[str, int, float], ...] = (
+    ("sm_active_pct", pynvml.NVML_GPM_METRIC_SM_UTIL, 1.0),
+    ("sm_occupancy_pct", pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, 1.0),
+    ("tensor_active_pct", pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, 1.0),
+    ("dram_bw_pct", pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, 1.0),
+    ("fp16_active_pct", pynvml.NVML_GPM_METRIC_FP16_UTIL, 1.0),
+    ("fp32_active_pct", pynvml.NVML_GPM_METRIC_FP32_UTIL, 1.0),
+    ("pcie_tx_bytes_per_s", pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, MIB),
+    ("pcie_rx_bytes_per_s", pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, MIB),
+)
+NVLINK_TOTALS: tuple[tuple[str, int, float], ...] = (
+    ("nvlink_tx_bytes_per_s", pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, MIB),
+    ("nvlink_rx_bytes_per_s", pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, MIB),
+)
+
+
+def link_metrics(nvlink_count: int) -> tuple[tuple[str, int, float], ...]:
+    """Per-link (column, id, scale) for the links a GPU has, named as NVLINK_METRICS names them."""
+    out = []
+    for i in range(min(nvlink_count, NVLINK_MAX_LINKS)):
+        out.append((f"l{i}_tx_bytes_per_s", getattr(pynvml, f"NVML_GPM_METRIC_NVLINK_L{i}_TX_PER_SEC"), MIB))
+        out.append((f"l{i}_rx_bytes_per_s", getattr(pynvml, f"NVML_GPM_METRIC_NVLINK_L{i}_RX_PER_SEC"), MIB))
+    return tuple(out)
+
+
+class GpmReader:
+    """Two alternating GPM samples of one GPU and a reused metrics struct."""
+
+    def __init__(self, backend: Any, handle: Any, nvlink_count: int):
+        self._b = backend
+        self._h = handle
+        mg = pynvml.c_nvmlGpmMetricsGet_t()
+        metrics = SCALAR_METRICS + (NVLINK_TOTALS + link_metrics(nvlink_count) if nvlink_count else ())
+        self.metrics = metrics[: len(mg.metrics)]  # never more than this binding's struct holds
+        self._samples = [backend.nvmlGpmSampleAlloc(), backend.nvmlGpmSampleAlloc()]
+        self._cur = 0
+        self._have_prev = False
+        mg.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        mg.numMetrics = len(self.metrics)
+        for i, (_, mid, _) in enumerate(self.metrics):
+            mg.metrics[i].metricId = mid
+        self._mg = mg
+        self._entries = [mg.metrics[i] for i in range(len(self.metrics))]  # views into the struct, made once
+
+    def read(self) -> list[tuple[str, float | None]] | None:
+        """(column, value) for every metric over the interval since the previous read; None on the first read.
+
+        Raises pynvml.NVMLError when the sample itself fails; a single metric failing reads None.
+        """
+        cur = self._samples[self._cur]
+        self._b.nvmlGpmSampleGet(self._h, cur)
+        if not self._have_prev:
+            self._have_prev = True
+            self._cur ^= 1
+            return None
+        mg = self._mg
+        mg.sample1 = self._samples[self._cur ^ 1]
+        mg.sample2 = cur
+        self._cur ^= 1
+        self._b.nvmlGpmMetricsGet(mg)
+        return [(col, e.value * scale if e.nvmlReturn == 0 else None)
+                for (col, _, scale), e in zip(self.metrics, self._entries, strict=True)]
+
+    def reset(self) -> None:
+        """Forget the previous sample (after the GPU came back or NVML was re-initialised)."""
+        self._have_prev = False
+
+    def close(self) -> None:
+        for s in self._samples:
+            try:
+                self._b.nvmlGpmSampleFree(s)
+            except pynvml.NVMLError:
+                pass
+        self._samples = []
