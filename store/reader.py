@@ -1,0 +1,275 @@
+"""Read-only access to the history database for the dashboard, `lynxtop runs` and export.
+
+Readers open the file with `mode=ro`, so they can never take the write lock; in WAL mode they never block
+the writer. Every query here fetches its (bounded) result at once so no read transaction stays open and
+starves checkpoints; only `stream()` keeps a cursor, for export, and the caller drains it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from lynxtop.store.errors import NotOurDatabase, StoreError
+from lynxtop.store.rollup import aggregate_sql
+from lynxtop.store.schema import (
+    BUSY_TIMEOUT_MS,
+    RESOLUTIONS,
+    RUN_JSON_COLUMNS,
+    SAMPLE_TABLES,
+    check_file,
+    check_identity,
+    rollup_metrics,
+    rollup_table,
+    schema_version,
+)
+
+SERIES_TABLES = ("gpu", "host", "serving")
+LATEST_TABLES = ("gpu", "nvlink", "host", "serving", "processes")
+RAW_SUMMARY_MAX_MS = 6 * 3_600_000  # longer runs are summarised from 1-minute rollups
+
+
+def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def _decode_run(row: dict[str, Any]) -> dict[str, Any]:
+    for k in RUN_JSON_COLUMNS:
+        if isinstance(row.get(k), str):
+            try:
+                row[k] = json.loads(row[k])
+            except ValueError:
+                pass
+    if row.get("simulated") is not None:
+        row["simulated"] = bool(row["simulated"])
+    return row
+
+
+class StoreReader:
+    """See docs/contracts.md. Raises StoreError (message names the path) when the file is absent or bad."""
+
+    def __init__(self, path: str | os.PathLike, sample_interval_s: float = 1.0):
+        self.path = Path(path)
+        self.sample_interval_ms = max(1, int(sample_interval_s * 1000))
+        if not self.path.exists():
+            raise StoreError(f"{self.path}: no history database here (the agent creates it when it starts; "
+                             "check --database or [agent] database)")
+        check_file(self.path)
+        try:
+            self.conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro", uri=True,
+                                        check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot open the history database: {exc}") from None
+        try:
+            self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            check_identity(self.conn, self.path, integrity=False)
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> StoreReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ helpers
+
+    def _q(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
+        try:
+            return _dicts(self.conn.execute(sql, params))
+        except sqlite3.DatabaseError as exc:
+            if "no such table" in str(exc) and schema_version(self.conn) == 0:
+                return []  # the agent has created the file but not the tables yet
+            raise NotOurDatabase(f"{self.path}: cannot read the history database: {exc}") from None
+
+    def _watermark(self, kind: str, res: str) -> int | None:
+        rows = self._q("SELECT value FROM meta WHERE key = ?", (f"rollup_wm_{kind}_{res}",))
+        return int(rows[0]["value"]) if rows else None
+
+    # ------------------------------------------------------------------------------------------ runs
+
+    def runs(self, limit: int = 50) -> list[dict[str, Any]]:
+        """Newest first."""
+        return [_decode_run(r) for r in self._q("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (int(limit),))]
+
+    def run(self, run_id: int) -> dict[str, Any] | None:
+        """A run with `summary`: duration, load time, throughput, latency, and per-GPU activity."""
+        rows = self._q("SELECT * FROM runs WHERE id = ?", (int(run_id),))
+        if not rows:
+            return None
+        run = _decode_run(rows[0])
+        start = run.get("started_ms")
+        end = run.get("ended_ms") or int(time.time() * 1000)
+        summary: dict[str, Any] = {
+            "duration_s": (end - start) / 1000 if start is not None else None,
+            "load_s": (run["ready_ms"] - start) / 1000 if start is not None and run.get("ready_ms") else None,
+            "ended": run.get("ended_ms") is not None,
+        }
+        summary["serving"] = self._q(
+            "SELECT count(*) AS samples, avg(requests_per_s) AS requests_per_s, "
+            "avg(prompt_tokens_per_s) AS prompt_tokens_per_s, "
+            "avg(generation_tokens_per_s) AS generation_tokens_per_s, sum(requests_finished) AS requests_finished, "
+            "sum(prompt_tokens) AS prompt_tokens, sum(generation_tokens) AS generation_tokens, "
+            "avg(ttft_p50_ms) AS ttft_p50_ms, avg(ttft_p99_ms) AS ttft_p99_ms, max(ttft_p99_ms) AS ttft_p99_max_ms, "
+            "avg(tpot_p50_ms) AS tpot_p50_ms, avg(tpot_p99_ms) AS tpot_p99_ms, max(tpot_p99_ms) AS tpot_p99_max_ms, "
+            "avg(itl_p99_ms) AS itl_p99_ms, avg(e2e_p99_ms) AS e2e_p99_ms, "
+            "max(kv_cache_usage_pct) AS kv_cache_usage_max_pct, sum(preemptions) AS preemptions "
+            "FROM serving_samples WHERE run_id = ?", (int(run_id),))[0]
+        summary["gpus"] = self._gpu_summary(start, end) if start is not None else []
+        run["summary"] = summary
+        return run
+
+    def _gpu_summary(self, start: int, end: int) -> list[dict[str, Any]]:
+        if end - start <= RAW_SUMMARY_MAX_MS:
+            sql = ("SELECT gpu, count(*) AS samples, avg(util_gpu_pct) AS util_gpu_pct, "
+                   "avg(sm_active_pct) AS sm_active_pct, avg(power_w) AS power_w, "
+                   "max(mem_used_bytes) AS mem_used_max_bytes, max(temp_c) AS temp_max_c, "
+                   "max(energy_j) - min(energy_j) AS energy_j FROM gpu_samples "
+                   "WHERE ts_ms >= ? AND ts_ms < ? GROUP BY gpu ORDER BY gpu")
+        else:
+            sql = ("SELECT gpu, sum(samples) AS samples, "
+                   "sum(util_gpu_pct_avg * samples) / sum(samples) AS util_gpu_pct, "
+                   "sum(sm_active_pct_avg * samples) / sum(samples) AS sm_active_pct, "
+                   "sum(power_w_avg * samples) / sum(samples) AS power_w, "
+                   "max(mem_used_bytes_max) AS mem_used_max_bytes, max(temp_c_max) AS temp_max_c, "
+                   "max(energy_j_max) - min(energy_j_min) AS energy_j FROM gpu_1m "
+                   "WHERE ts_ms >= ? AND ts_ms < ? GROUP BY gpu ORDER BY gpu")
+        return self._q(sql, (start, end))
+
+    # ------------------------------------------------------------------------------------------ series
+
+    def choose_resolution(self, start_ms: int, end_ms: int, max_points: int = 2000) -> str:
+        span = max(0, end_ms - start_ms)
+        if span / self.sample_interval_ms <= max_points:
+            return "raw"
+        if span / RESOLUTIONS["1m"] <= max_points:
+            return "1m"
+        return "1h"
+
+    def series(self, table: str, columns: list[str] | tuple[str, ...] | None, start_ms: int, end_ms: int,
+               gpu: int | None = None, max_points: int = 2000,
+               resolution: str | None = None) -> tuple[str, list[dict[str, Any]]]:
+        """Rows in [start_ms, end_ms) at raw, 1m or 1h, whichever keeps each series within ~max_points.
+
+        Rollup answers include the not-yet-rolled-up tail, aggregated on the fly from raw rows, so a chart
+        always reaches the latest sample.
+        """
+        if table not in SERIES_TABLES:
+            raise ValueError(f"unknown series table {table!r} (known: {', '.join(SERIES_TABLES)})")
+        res = resolution or self.choose_resolution(start_ms, end_ms, max_points)
+        if res != "raw" and res not in RESOLUTIONS:
+            raise ValueError(f"unknown resolution {res!r} (known: raw, {', '.join(RESOLUTIONS)})")
+        t = SAMPLE_TABLES[table]
+        allowed = [m[0] for m in (t.metrics if res == "raw" else rollup_metrics(table))]
+        cols = list(columns) if columns else allowed
+        bad = [c for c in cols if c not in allowed]
+        if bad:
+            raise ValueError(f"unknown column(s) for {table} at {res}: {', '.join(bad)}")
+        per_gpu = t.per_gpu
+        gpu_sql = " AND gpu = ?" if per_gpu and gpu is not None else ""
+        gpu_param: tuple = (int(gpu),) if gpu_sql else ()
+        key = "ts_ms, gpu" if per_gpu else "ts_ms"
+        if res == "raw":
+            sql = (f"SELECT {key}, {', '.join(cols)} FROM {t.name} WHERE ts_ms >= ? AND ts_ms < ?{gpu_sql} "
+                   f"ORDER BY {key}")
+            return res, self._q(sql, (start_ms, end_ms, *gpu_param))
+        bucket = RESOLUTIONS[res]
+        first = start_ms - start_ms % bucket
+        wm = self._watermark(table, res)
+        stats = ", ".join(f"{c}_min, {c}_avg, {c}_max" for c in cols)
+        rows: list[dict[str, Any]] = []
+        if wm is not None and wm > first:
+            rows = self._q(f"SELECT {key}, samples, {stats} FROM {rollup_table(table, res)} "
+                           f"WHERE ts_ms >= ? AND ts_ms < ?{gpu_sql} ORDER BY {key}",
+                           (first, min(end_ms, wm), *gpu_param))
+        tail_from = max(first, wm) if wm is not None else first
+        if tail_from < end_ms:
+            sql = aggregate_sql(table, cols, bucket).replace("{gpu_filter}", gpu_sql)
+            rows += self._q(sql, (tail_from, end_ms, *gpu_param))
+        return res, rows
+
+    # ------------------------------------------------------------------------------------------ events etc.
+
+    def events(self, since_ms: int | None = None, until_ms: int | None = None, kinds: list[str] | None = None,
+               severities: list[str] | None = None, run_id: int | None = None, limit: int = 500,
+               after_id: int | None = None) -> list[dict[str, Any]]:
+        """Oldest first. With since_ms/after_id: the first `limit` from there (paging forward);
+        without: the newest `limit`."""
+        where, params = [], []
+        if since_ms is not None:
+            where.append("ts_ms >= ?")
+            params.append(int(since_ms))
+        if until_ms is not None:
+            where.append("ts_ms < ?")
+            params.append(int(until_ms))
+        if after_id is not None:
+            where.append("id > ?")
+            params.append(int(after_id))
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(int(run_id))
+        for col, values in (("kind", kinds), ("severity", severities)):
+            if values:
+                where.append(f"{col} IN ({', '.join('?' * len(values))})")
+                params += list(values)
+        cond = f" WHERE {' AND '.join(where)}" if where else ""
+        forward = since_ms is not None or after_id is not None
+        order = "ts_ms, id" if forward else "ts_ms DESC, id DESC"
+        rows = self._q(f"SELECT * FROM events{cond} ORDER BY {order} LIMIT ?", (*params, int(limit)))
+        if not forward:
+            rows.reverse()
+        for r in rows:
+            if r.get("details"):
+                try:
+                    r["details"] = json.loads(r["details"])
+                except ValueError:
+                    pass
+        return rows
+
+    def latest(self, table: str, n: int = 1, gpu: int | None = None) -> list[dict[str, Any]]:
+        """Newest first: the last n rows (host, serving) or every GPU's rows of the last n ticks."""
+        if table not in LATEST_TABLES:
+            raise ValueError(f"unknown table {table!r} (known: {', '.join(LATEST_TABLES)})")
+        name = "gpu_processes" if table == "processes" else SAMPLE_TABLES[table].name
+        if table in ("host", "serving"):
+            return self._q(f"SELECT * FROM {name} ORDER BY ts_ms DESC LIMIT ?", (int(n),))
+        if gpu is not None and table != "processes":
+            return self._q(f"SELECT * FROM {name} WHERE gpu = ? ORDER BY ts_ms DESC LIMIT ?", (int(gpu), int(n)))
+        ts = self._q(f"SELECT DISTINCT ts_ms FROM {name} ORDER BY ts_ms DESC LIMIT ?", (int(n),))
+        if not ts:
+            return []
+        gpu_sql, params = (" AND gpu = ?", (int(gpu),)) if gpu is not None else ("", ())
+        return self._q(f"SELECT * FROM {name} WHERE ts_ms >= ?{gpu_sql} ORDER BY ts_ms DESC, gpu",
+                       (ts[-1]["ts_ms"], *params))
+
+    def gpus(self) -> list[dict[str, Any]]:
+        """Static GPU facts, by index."""
+        return self._q("SELECT * FROM gpus ORDER BY idx, uuid")
+
+    def bench_results(self, limit: int = 50) -> list[dict[str, Any]]:
+        rows = self._q("SELECT * FROM bench_results ORDER BY id DESC LIMIT ?", (int(limit),))
+        for r in rows:
+            if r.get("details"):
+                r["details"] = json.loads(r["details"])
+        return rows
+
+    # ------------------------------------------------------------------------------------------ export
+
+    def stream(self, sql: str, params: tuple = ()) -> tuple[list[str], Iterator[tuple]]:
+        """A cursor for export (constant memory). Drain or close it soon: it holds a read snapshot."""
+        try:
+            cur = self.conn.execute(sql, params)
+        except sqlite3.DatabaseError as exc:
+            raise NotOurDatabase(f"{self.path}: cannot read the history database: {exc}") from None
+        return [d[0] for d in cur.description], cur
