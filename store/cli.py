@@ -1,0 +1,144 @@
+"""`lynxtop runs` and `lynxtop export`: the history database from the command line.
+
+User mistakes (bad times, a missing database, an existing output file) print one clear line and exit 2;
+no traceback reaches the user for those.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+from lynxtop.store.errors import StoreError
+from lynxtop.store.export import ExportError, export_all, export_table
+from lynxtop.store.reader import StoreReader
+from lynxtop.store.times import iso, parse_time
+
+
+def _err(cmd: str, msg: str) -> int:
+    print(f"lynxtop {cmd}: {msg}", file=sys.stderr)
+    return 2
+
+
+def _database(args: Namespace) -> Path | None:
+    if getattr(args, "database", None):
+        return Path(args.database).expanduser()
+    from lynxtop.config_cli import load_or_exit
+
+    cfg = load_or_exit(args)
+    return cfg.agent.database if cfg else None
+
+
+def _open(cmd: str, args: Namespace) -> StoreReader | int:
+    path = _database(args)
+    if path is None:
+        return 2
+    try:
+        return StoreReader(path)
+    except StoreError as exc:
+        return _err(cmd, str(exc))
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s >= 86400:
+        return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s"
+
+
+def _outcome(r: dict) -> str:
+    if r.get("ended_ms") is None:
+        return "running"
+    parts = [r.get("end_reason") or "ended"]
+    if r.get("exit_signal"):
+        parts.append(f"signal {r['exit_signal']}")
+    elif r.get("exit_code") is not None:
+        parts.append(f"exit {r['exit_code']}")
+    return ", ".join(parts)
+
+
+def runs(args: Namespace) -> int:
+    if args.limit < 1:
+        return _err("runs", f"--limit must be at least 1 (got {args.limit})")
+    reader = _open("runs", args)
+    if isinstance(reader, int):
+        return reader
+    try:
+        rows = reader.runs(limit=args.limit)
+    except StoreError as exc:
+        return _err("runs", str(exc))
+    finally:
+        reader.close()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"no runs recorded in {reader.path}")
+        return 0
+    now = int(time.time() * 1000)
+    head = ("RUN", "PROFILE", "MODEL", "STARTED (UTC)", "LOAD", "DURATION", "OUTCOME")
+    table = [head]
+    for r in rows:
+        start = r.get("started_ms")
+        load = (r["ready_ms"] - start) / 1000 if r.get("ready_ms") and start else None
+        dur = ((r.get("ended_ms") or now) - start) / 1000 if start else None
+        model = (r.get("model") or "") + (" (simulated)" if r.get("simulated") else "")
+        table.append((str(r["id"]), r.get("profile") or "", model, iso(start)[:19].replace("T", " "),
+                      _duration(load), _duration(dur), _outcome(r)))
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def export(args: Namespace) -> int:
+    now = int(time.time() * 1000)
+    start = end = None
+    if args.run is None:
+        try:
+            start = parse_time(args.time_from, now)
+            end = parse_time(args.time_to, now) if args.time_to else now
+        except ValueError as exc:
+            return _err("export", str(exc))
+        if end <= start:
+            return _err("export", f"--to ({iso(end)}) must be after --from ({iso(start)})")
+    elif args.time_to:
+        return _err("export", "--to goes with --from, not with --run (a run has its own time span)")
+    if args.table == "all" and not args.output:
+        return _err("export", "--table all writes one file per table: give a directory with -o DIR")
+    reader = _open("export", args)
+    if isinstance(reader, int):
+        return reader
+    try:
+        if args.run is not None:
+            run = reader.run(args.run)
+            if run is None:
+                return _err("export", f"no run {args.run} in {reader.path} (see `lynxtop runs`)")
+            start, end = run["started_ms"], (run.get("ended_ms") or now) + 1
+        assert start is not None and end is not None
+        out = Path(args.output).expanduser() if args.output else None
+        if args.table == "all":
+            assert out is not None
+            counts = export_all(reader, args.resolution, start, end, out, args.force)
+            print(f"wrote {', '.join(f'{t}: {n} rows' for t, n in counts.items())} to {out}", file=sys.stderr)
+        else:
+            n = export_table(reader, args.table, args.resolution, start, end, out, args.force)
+            if out is not None and n == 0:
+                print(f"note: no {args.table} rows between {iso(start)} and {iso(end)}", file=sys.stderr)
+    except (ExportError, StoreError) as exc:
+        return _err("export", str(exc))
+    except BrokenPipeError:
+        sys.stderr.close()  # `lynxtop export ... | head` is normal use, not an error
+        return 0
+    except OSError as exc:
+        return _err("export", f"{exc.filename or args.output}: {exc.strerror}")
+    finally:
+        reader.close()
+    return 0
