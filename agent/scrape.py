@@ -192,11 +192,13 @@ class MetricsScraper:
         self.requests_running: int | None = None
         self._counters: dict[str, _CounterWindow] = {}
         self._hists: dict[str, SlidingHistogram] = {}
+        self._last_ok_t: float | None = None
 
     def reset(self) -> None:
         """Forget history (a new run): the next scrape only sets baselines."""
         self._counters.clear()
         self._hists.clear()
+        self._last_ok_t = None
         self.generation_tokens_total = None
         self.requests_running = None
 
@@ -279,8 +281,14 @@ class MetricsScraper:
         row = empty_row()
         row["scrape_ok"] = 1
         row["scrape_errors"] = self.scrape_errors
+        # A series that appears on a page we read before started from zero since then (vLLM creates some
+        # label sets lazily); on the first page there is no baseline at all.
         for key, value in page.counters.items():
-            cw = self._counters.setdefault(key, _CounterWindow(self.window_s))
+            cw = self._counters.get(key)
+            if cw is None:
+                cw = self._counters[key] = _CounterWindow(self.window_s)
+                if self._last_ok_t is not None:
+                    cw.add(self._last_ok_t, 0.0)
             if cw.add(now, value):
                 self.resets += 1
         for key in set(self._counters) - set(page.counters):
@@ -322,7 +330,11 @@ class MetricsScraper:
         row["kv_cache_usage_pct"] = None if kv is None else 100.0 * kv
 
         for key, snap in page.histograms.items():
-            sh = self._hists.setdefault(key, SlidingHistogram(self.window_s))
+            sh = self._hists.get(key)
+            if sh is None:
+                sh = self._hists[key] = SlidingHistogram(self.window_s)
+                if self._last_ok_t is not None:
+                    sh.add(self._last_ok_t, HistogramSnapshot.zero_like(snap))
             if sh.add(now, snap):
                 self.resets += 1
         for key in set(self._hists) - set(page.histograms):
@@ -337,4 +349,5 @@ class MetricsScraper:
 
         self.generation_tokens_total = page.counters.get("generation_tokens")
         self.requests_running = as_int(running)
+        self._last_ok_t = now
         return row

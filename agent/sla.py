@@ -36,7 +36,8 @@ class SlaTracker:
 
     def reset(self) -> None:
         """A new run: drop the state without an event (the run change is its own event)."""
-        self.__init__(self.cfg)  # type: ignore[misc]
+        self._state, self._since_ms, self._ttft, self._tpot = "unknown", None, None, None
+        self._breached, self._worst, self._breach_started_ms = [], {}, None
 
     def update(self, serving_row: dict[str, Any] | None, ts_ms: int) -> list[dict[str, Any]]:
         row = serving_row or {}
@@ -61,7 +62,7 @@ class SlaTracker:
                 self._worst = {}
                 self._note_worst(ttft, tpot)
                 self._breached = breached
-                events.append(self._event("sla_breach", "warning", ts_ms, self._describe(breached, current=True)))
+                events.append(self._event("sla_breach", "warning", ts_ms, self._describe(breached)))
             else:
                 self._note_worst(ttft, tpot)
                 self._breached = sorted(set(self._breached) | set(breached))
@@ -104,7 +105,7 @@ class SlaTracker:
             if v is not None and v > self._worst.get(key, float("-inf")):
                 self._worst[key] = v
 
-    def _describe(self, which: list[str], current: bool) -> str:
+    def _describe(self, which: list[str]) -> str:
         parts = []
         for key in which:
             value = self._worst.get(key)
@@ -117,7 +118,7 @@ class SlaTracker:
 
     def _recovery(self, ts_ms: int, why: str) -> dict[str, Any]:
         lasted = (ts_ms - self._breach_started_ms) / 1000 if self._breach_started_ms is not None else None
-        worst = self._describe(self._breached, current=False)
+        worst = self._describe(self._breached)
         msg = f"SLA breach ended ({why}) after {lasted:.0f} s; worst: {worst}" if lasted is not None else worst
         ev = self._event("sla_recovered", "info", ts_ms, msg)
         ev["details"]["duration_s"] = lasted

@@ -1,0 +1,119 @@
+"""Quantiles from cumulative buckets, checked by hand and against raw observations through prometheus_client."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+
+import pytest
+from agent_io_helpers import TTFT_BUCKETS
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from lynxtop.agent.histogram import HistogramSnapshot, SlidingHistogram, bucket_quantile
+from lynxtop.agent.scrape import parse_text
+
+INF = math.inf
+B = [(0.1, 10.0), (0.5, 30.0), (1.0, 40.0), (INF, 40.0)]
+
+
+@pytest.mark.parametrize(("q", "expected"), [
+    (0.5, 0.1 + 0.4 * (10 / 20)),   # rank 20 falls in (0.1, 0.5], 10 of its 20
+    (0.99, 0.5 + 0.5 * (9.6 / 10)),  # rank 39.6 in (0.5, 1]
+    (0.1, 0.0 + 0.1 * (4 / 10)),    # first bucket: lower bound 0
+    (1.0, 1.0),                      # rank 40 reaches the last finite bucket
+])
+def test_quantile_by_hand(q, expected):
+    assert bucket_quantile(q, B) == pytest.approx(expected)
+
+
+def test_quantile_edge_cases_like_prometheus():
+    # rank in the +Inf bucket: the upper bound of the last finite bucket
+    assert bucket_quantile(0.5, [(0.1, 1), (0.5, 2), (INF, 10)]) == 0.5
+    # no observations, no +Inf bucket, a single bucket: NaN (the row shows NULL)
+    assert math.isnan(bucket_quantile(0.5, [(0.1, 0), (INF, 0)]))
+    assert math.isnan(bucket_quantile(0.5, [(0.1, 1), (0.5, 2)]))
+    assert math.isnan(bucket_quantile(0.5, [(INF, 3)]))
+    # q out of range
+    assert bucket_quantile(-0.1, B) == -INF
+    assert bucket_quantile(1.1, B) == INF
+    assert math.isnan(bucket_quantile(math.nan, B))
+    # first bucket with a non-positive upper bound returns that bound
+    assert bucket_quantile(0.1, [(-1.0, 5), (0.5, 10), (INF, 10)]) == -1.0
+    # unsorted input and a non-monotonic scrape (a bucket caught mid-update) are repaired like Prometheus
+    assert bucket_quantile(0.5, list(reversed(B))) == pytest.approx(0.3)
+    # (0.5, 8) becomes (0.5, 10): rank 15 -> 0.5 + 0.5 * 5/10; unrepaired it would be 0.5 + 0.5 * 7/12
+    assert bucket_quantile(0.75, [(0.1, 10), (0.5, 8), (1.0, 20), (INF, 20)]) == pytest.approx(0.75)
+    # q = 0 with an empty first bucket: the bucket's start, not 0/0
+    assert bucket_quantile(0.0, [(0.1, 0), (0.5, 4), (INF, 4)]) == 0.0
+
+
+def _page_quantiles(observations: list[float], engines: int) -> tuple[HistogramSnapshot, dict[float, float]]:
+    """Observations spread over engines in a real prometheus_client Histogram, read back through our parser."""
+    reg = CollectorRegistry()
+    h = Histogram("vllm:time_to_first_token_seconds", "ttft", ["model_name", "engine"], buckets=TTFT_BUCKETS,
+                  registry=reg)
+    for i, x in enumerate(observations):
+        h.labels("m", str(i % engines)).observe(x)
+    snap = parse_text(generate_latest(reg).decode()).histograms["ttft"]
+    return snap, {q: bucket_quantile(q, snap.buckets) for q in (0.5, 0.9, 0.99)}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_quantile_against_raw_observations(seed):
+    rnd = random.Random(seed)
+    obs = [rnd.lognormvariate(math.log(0.3), 0.9) for _ in range(5000)]
+    snap, got = _page_quantiles(obs, engines=3)
+    assert snap.count == len(obs)
+    assert snap.sum == pytest.approx(sum(obs))
+    # brute force: bucket counts straight from the raw observations, interpolated by hand
+    bounds = [*TTFT_BUCKETS, INF]
+    counts = [sum(1 for x in obs if x <= le) for le in bounds]
+    assert [c for _, c in snap.buckets] == counts
+    s = sorted(obs)
+    for q, est in got.items():
+        rank = q * len(obs)
+        b = next(i for i, c in enumerate(counts) if c >= rank)
+        lo = bounds[b - 1] if b else 0.0
+        brute = lo + (bounds[b] - lo) * (rank - (counts[b - 1] if b else 0)) / (counts[b] - (counts[b - 1] if b else 0))
+        assert est == pytest.approx(brute)
+        # the true order statistic lies in the same bucket as the estimate
+        true = s[math.ceil(rank) - 1]
+        i_true = bisect.bisect_left(bounds, true)
+        i_est = bisect.bisect_left(bounds, est)
+        assert i_true == i_est, (q, true, est)
+
+
+def test_sliding_window_uses_only_recent_observations():
+    reg = CollectorRegistry()
+    h = Histogram("vllm:time_to_first_token_seconds", "t", ["engine"], buckets=TTFT_BUCKETS, registry=reg)
+    h.labels("0")  # the series exists at zero from the start, as vLLM prints it
+
+    def snap() -> HistogramSnapshot:
+        return parse_text(generate_latest(reg).decode()).histograms["ttft"]
+
+    sh = SlidingHistogram(window_s=60)
+    sh.add(0.0, snap())
+    assert sh.quantile(0.5) is None  # one scrape: no window yet
+    for _ in range(100):
+        h.labels("0").observe(5.0)  # slow requests long ago
+    sh.add(30.0, snap())
+    assert 2.5 < sh.quantile(0.5) <= 5.0
+    for _ in range(100):
+        h.labels("0").observe(0.03)
+    sh.add(95.0, snap())  # the baseline is now t=30: only the fast requests are in the window
+    assert 0.02 < sh.quantile(0.99) <= 0.04
+    assert sh.mean() == pytest.approx(0.03)
+    sh.add(200.0, snap())  # nothing new for a whole window: empty
+    assert sh.quantile(0.5) is None and sh.mean() is None
+
+
+def test_sliding_window_counter_reset_counts_from_zero():
+    sh = SlidingHistogram(window_s=60)
+    big = HistogramSnapshot(((0.1, 500.0), (1.0, 900.0), (INF, 1000.0)), 300.0, 1000.0)
+    small = HistogramSnapshot(((0.1, 0.0), (1.0, 10.0), (INF, 10.0)), 5.0, 10.0)  # server restarted
+    sh.add(0.0, big)
+    assert sh.add(1.0, small) is True
+    w = sh.window()
+    assert w is not None and w.count == 10 and all(c >= 0 for _, c in w.buckets)
+    assert 0.1 < sh.quantile(0.5) <= 1.0

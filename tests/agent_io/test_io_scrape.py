@@ -1,0 +1,240 @@
+"""The /metrics scraper against pages from a real prometheus_client registry with vLLM's names, and over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import aiohttp
+import pytest
+from agent_io_helpers import VllmPage
+from aiohttp import web
+
+from lynxtop.agent.histogram import bucket_quantile
+from lynxtop.agent.scrape import MetricsScraper, parse_text
+from lynxtop.store.columns import SERVING_METRICS, names
+
+
+def test_row_has_every_serving_column_and_first_scrape_sets_baselines():
+    page = VllmPage()
+    s = MetricsScraper("http://127.0.0.1:8000")
+    row = s.parse_page(page.text(), now=0.0)
+    assert set(row) == set(names(SERVING_METRICS))
+    assert row["scrape_ok"] == 1 and row["scrape_errors"] == 0
+    assert row["run_id"] is None  # the caller fills it
+    # no previous scrape: no rates and no window, never a fake 0
+    assert row["requests_per_s"] is None and row["generation_tokens"] is None and row["ttft_p99_ms"] is None
+    assert row["requests_running"] == 0  # a gauge is a reading even on the first scrape
+
+
+def test_sums_over_engines_max_for_kv_and_rates_per_tick():
+    page = VllmPage(engines=2)
+    s = MetricsScraper("http://x:1/metrics")
+    page.gen.labels(*page.lab(0)).inc(1000)
+    s.parse_page(page.text(), now=10.0)
+    page.gen.labels(*page.lab(0)).inc(300)
+    page.gen.labels(*page.lab(1)).inc(100)
+    page.prompt.labels(*page.lab(1)).inc(2000)
+    page.success.labels(*page.lab(0), "stop").inc(3)
+    page.success.labels(*page.lab(1), "length").inc(1)
+    page.preempt.labels(*page.lab(1)).inc(2)
+    page.running.labels(*page.lab(0)).set(5)
+    page.running.labels(*page.lab(1)).set(7)
+    page.waiting.labels(*page.lab(1)).set(4)
+    page.waiting_by_reason.labels(*page.lab(1), "capacity").set(99)  # prefix of num_requests_waiting: not summed
+    page.kv["new"].labels(*page.lab(0)).set(0.25)
+    page.kv["new"].labels(*page.lab(1)).set(0.60)
+    row = s.parse_page(page.text(), now=12.0)
+    assert row["generation_tokens"] == 400 and row["generation_tokens_per_s"] == pytest.approx(200.0)
+    assert row["prompt_tokens"] == 2000 and row["prompt_tokens_per_s"] == pytest.approx(1000.0)
+    assert row["requests_finished"] == 4 and row["requests_per_s"] == pytest.approx(2.0)
+    assert row["preemptions"] == 2
+    assert row["requests_running"] == 12 and row["requests_waiting"] == 4
+    assert row["kv_cache_usage_pct"] == pytest.approx(60.0)
+    assert s.generation_tokens_total == 1400 and s.requests_running == 12
+
+
+def test_percentiles_and_mean_over_window_match_bucket_quantile_of_the_delta():
+    page = VllmPage(engines=2)
+    s = MetricsScraper("http://x:1", window_s=60)
+    for _ in range(50):
+        page.ttft.labels(*page.lab(0)).observe(3.0)  # before the first scrape: outside every window
+    before = parse_text(page.text()).histograms["ttft"]
+    s.parse_page(page.text(), now=0.0)
+    values = [0.03] * 80 + [0.3] * 15 + [1.5] * 5
+    for i, v in enumerate(values):
+        page.ttft.labels(*page.lab(i % 2)).observe(v)
+        page.tpot.labels(*page.lab(i % 2)).observe(v / 10)
+    row = s.parse_page(page.text(), now=1.0)
+    delta = parse_text(page.text()).histograms["ttft"].minus(before)
+    for stat, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+        assert row[f"ttft_{stat}_ms"] == pytest.approx(1000 * bucket_quantile(q, delta.buckets))
+    assert 20 < row["ttft_p50_ms"] <= 40   # in the bucket that holds 0.03 s
+    assert 1000 < row["ttft_p99_ms"] <= 2500
+    assert row["ttft_mean_ms"] == pytest.approx(1000 * sum(values) / len(values))
+    assert row["tpot_mean_ms"] == pytest.approx(100 * sum(values) / len(values))
+    assert row["e2e_p99_ms"] is None  # no observations in the window: NULL, never 0
+
+
+def test_prefix_cache_and_spec_decode_ratios_over_window():
+    page = VllmPage()
+    s = MetricsScraper("http://x:1", window_s=60)
+    s.parse_page(page.text(), now=0.0)
+    page.pq["new"].labels(*page.lab(0)).inc(1000)
+    page.ph["new"].labels(*page.lab(1)).inc(250)
+    page.drafts.labels(*page.lab(0)).inc(400)
+    page.accepted.labels(*page.lab(0)).inc(300)
+    row = s.parse_page(page.text(), now=1.0)
+    assert row["prefix_cache_hit_pct"] == pytest.approx(25.0)
+    assert row["spec_decode_acceptance_pct"] == pytest.approx(75.0)
+
+
+def test_old_names_and_new_names_preferred_when_both_printed():
+    old = VllmPage(names="old")
+    s = MetricsScraper("http://x:1")
+    s.parse_page(old.text(), now=0.0)
+    old.kv["old"].labels(*old.lab(0)).set(0.5)
+    old.pq["old"].labels(*old.lab(0)).inc(100)
+    old.ph["old"].labels(*old.lab(0)).inc(40)
+    old.itl.labels(*old.lab(0)).observe(0.03)  # time_per_output_token_seconds = ITL before 0.11
+    row = s.parse_page(old.text(), now=1.0)
+    assert row["kv_cache_usage_pct"] == pytest.approx(50.0)
+    assert row["prefix_cache_hit_pct"] == pytest.approx(40.0)
+    assert 25 < row["itl_p50_ms"] <= 50
+    assert row["tpot_p50_ms"] is None  # no per-request TPOT histogram in old versions
+
+    both = VllmPage(names="both")  # vLLM 0.10: the same quantities under both names
+    s = MetricsScraper("http://x:1")
+    s.parse_page(both.text(), now=0.0)
+    both.kv["new"].labels(*both.lab(0)).set(0.7)
+    both.kv["old"].labels(*both.lab(0)).set(0.1)
+    both.pq["new"].labels(*both.lab(0)).inc(100)
+    both.ph["new"].labels(*both.lab(0)).inc(90)
+    both.pq["old"].labels(*both.lab(0)).inc(100)
+    both.ph["old"].labels(*both.lab(0)).inc(10)
+    row = s.parse_page(both.text(), now=1.0)
+    assert row["kv_cache_usage_pct"] == pytest.approx(70.0)
+    assert row["prefix_cache_hit_pct"] == pytest.approx(90.0)
+
+
+def test_counter_going_down_is_a_restart_not_a_negative_rate():
+    page = VllmPage()
+    s = MetricsScraper("http://x:1")
+    page.gen.labels(*page.lab(0)).inc(10_000)
+    for _ in range(20):
+        page.ttft.labels(*page.lab(0)).observe(0.5)
+    s.parse_page(page.text(), now=0.0)
+    fresh = VllmPage()  # the server restarted: every counter from zero
+    fresh.gen.labels(*fresh.lab(0)).inc(50)
+    fresh.ttft.labels(*fresh.lab(0)).observe(0.01)
+    row = s.parse_page(fresh.text(), now=1.0)
+    assert s.resets >= 2
+    assert row["generation_tokens"] == 50 and row["generation_tokens_per_s"] == pytest.approx(50.0)
+    assert row["ttft_p50_ms"] is not None and 5 < row["ttft_p50_ms"] <= 10
+    for col, v in row.items():
+        assert not (isinstance(v, (int, float)) and v < 0), col
+
+
+def test_created_samples_are_ignored():
+    page = VllmPage()
+    text = page.text()
+    assert "vllm:generation_tokens_created" in text
+    parsed = parse_text(text)
+    assert parsed.counters["generation_tokens"] == 0.0
+    assert all(not k.endswith("created") for k in parsed.counters)
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("<html><body>502 Bad Gateway</body></html>", "not Prometheus text"),
+    ("vllm:num_requests_running{engine=\"0\" 3\n", "not Prometheus text"),
+    ("process_open_fds 3\n", "no vllm:* metrics"),
+    ("", "no vllm:* metrics"),
+    ('# TYPE vllm:time_to_first_token_seconds histogram\nvllm:time_to_first_token_seconds_bucket{le="abc"} 1\n',
+     "not Prometheus text"),
+    ('# TYPE vllm:time_to_first_token_seconds histogram\nvllm:time_to_first_token_seconds_bucket{le="1.0"} 1\n',
+     "no +Inf bucket"),
+])
+def test_malformed_page_gives_null_row_and_one_outage(text, why):
+    s = MetricsScraper("http://127.0.0.1:8000")
+    good = s.parse_page(VllmPage().text(), now=0.0)
+    assert good["scrape_ok"] == 1 and s.outage_event(0.0) is None
+    row = s.parse_page(text, now=1.0)
+    assert row["scrape_ok"] == 0 and row["scrape_errors"] == 1
+    assert all(v is None for k, v in row.items() if k not in ("scrape_ok", "scrape_errors"))
+    assert why in s.last_error and "http://127.0.0.1:8000/metrics" in s.last_error
+    ev = s.outage_event(1.0)
+    assert ev is not None and ev["kind"] == "scrape_outage" and why in ev["message"]
+    s.parse_page(text, now=2.0)  # still down: no second event
+    assert s.outage_event(2.0) is None and s.scrape_errors == 2
+    back = s.parse_page(VllmPage().text(), now=5.0)
+    assert back["scrape_ok"] == 1 and back["scrape_errors"] == 2  # cumulative since the agent started
+    ev = s.outage_event(5.0)
+    assert ev["kind"] == "scrape_recovered" and ev["details"]["outage_s"] == pytest.approx(4.0)
+
+
+def test_nan_values_are_missing_not_numbers():
+    page = VllmPage()
+    page.kv["new"].labels(*page.lab(0)).set(math.nan)
+    page.kv["new"].labels(*page.lab(1)).set(math.nan)
+    row = MetricsScraper("http://x:1").parse_page(page.text(), now=0.0)
+    assert row["scrape_ok"] == 1 and row["kv_cache_usage_pct"] is None
+
+
+# ---------------------------------------------------------------------------------------------- over HTTP
+
+
+@pytest.fixture
+async def vllm_http():
+    """A real HTTP server with vLLM's /metrics and /version; `mode` switches it into failure modes."""
+    page = VllmPage()
+    state = {"mode": "ok"}
+
+    async def metrics(request: web.Request) -> web.Response:
+        if state["mode"] == "500":
+            return web.Response(status=500, text="engine dead")
+        if state["mode"] == "slow":
+            await asyncio.sleep(2)
+        return web.Response(text=page.text(), content_type="text/plain")
+
+    async def version(request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.31.0"})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/version", version)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}", page, state
+    await runner.cleanup()
+
+
+async def test_scrape_over_http_and_failures(vllm_http):
+    url, page, state = vllm_http
+    s = MetricsScraper(url, timeout_s=0.3)
+    async with aiohttp.ClientSession() as session:
+        assert await s.fetch_version(session) == "0.31.0"
+        row = await s.scrape(session, now=0.0)
+        assert row["scrape_ok"] == 1
+        page.gen.labels(*page.lab(0)).inc(42)
+        row = await s.scrape(session, now=1.0)
+        assert row["generation_tokens"] == 42
+        state["mode"] = "500"
+        row = await s.scrape(session, now=2.0)
+        assert row["scrape_ok"] == 0 and "HTTP 500" in s.last_error and s.outage_started
+        state["mode"] = "slow"
+        row = await s.scrape(session, now=3.0)
+        assert row["scrape_ok"] == 0 and "timed out" in s.last_error and not s.outage_started
+        state["mode"] = "ok"
+        row = await s.scrape(session, now=4.0)
+        assert row["scrape_ok"] == 1 and s.outage_ended and row["scrape_errors"] == 2
+
+
+async def test_scrape_unreachable_server():
+    s = MetricsScraper("http://127.0.0.1:9", timeout_s=0.5)  # discard port: nothing listens
+    async with aiohttp.ClientSession() as session:
+        row = await s.scrape(session, now=0.0)
+        assert row["scrape_ok"] == 0 and "cannot read http://127.0.0.1:9/metrics" in s.last_error
+        assert await s.fetch_version(session) is None
