@@ -91,7 +91,10 @@ class FakeNvml:
         self.init_error = init_error
         # every device call raises this code while set (e.g. LIB_RM_VERSION_MISMATCH after a driver upgrade)
         self.fail_all: int | None = None
+        # (gpu index, function name) -> error code raised by that call on that GPU (tests' error injection)
+        self.errors: dict[tuple[int, str], int] = {}
         self.calls: dict[str, int] = {}  # call counts by function name, for tests
+        self.gpu_calls: dict[tuple[int, str], int] = {}  # and by (GPU, function)
         self.initialized = False
         self._lock = threading.RLock()
         self._specs = list(scenario.gpus())
@@ -105,6 +108,8 @@ class FakeNvml:
 
     def _spec(self, handle: Any, fn: str) -> FakeGpuSpec:
         self.calls[fn] = self.calls.get(fn, 0) + 1
+        key = (handle.index, fn)
+        self.gpu_calls[key] = self.gpu_calls.get(key, 0) + 1
         if not self.initialized:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
         if self.fail_all is not None:
@@ -116,6 +121,10 @@ class FakeNvml:
             raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
         if fn in spec.unsupported:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if self.errors:
+            code = self.errors.get((handle.index, fn))
+            if code is not None:
+                raise _err(code)
         return spec
 
     def _state(self, index: int) -> FakeGpuState:

@@ -302,33 +302,36 @@ class GpuSampler:
         try:
             return getattr(self._b, name)(*args, **kw)
         except pynvml.NVMLError as e:
-            return self._failed(g, key, e.value)
+            return self._failed(g, key, e.value, name)
 
-    def _failed(self, g: _Gpu, key: str, code: int) -> None:
+    def _failed(self, g: _Gpu, key: str, code: int, name: str | None = None) -> None:
+        """Book-keeping for one failed call; `key` is what gets switched off, `name` what is reported."""
+        if name is None or key in _FALLBACKS:
+            name = key
         if code == E.NVML_ERROR_GPU_IS_LOST:
             raise _Lost()
         if code in _REINIT_CODES:
             raise _Reinit(code, key)
         if code in _PERMANENT_CODES:
             g.off.add(key)
-            if code == E.NVML_ERROR_FUNCTION_NOT_FOUND and self._once("missing_function", key):
-                instead = _FALLBACKS.get(key)
+            if code == E.NVML_ERROR_FUNCTION_NOT_FOUND and self._once("missing_function", name):
+                instead = _FALLBACKS.get(name)
                 self._event("nvml_missing_function", "info" if instead else "warning",
-                            f"NVML function {key} is missing in this driver (FUNCTION_NOT_FOUND): "
+                            f"NVML function {name} is missing in this driver (FUNCTION_NOT_FOUND): "
                             + (f"using {instead}" if instead else "its metrics stay empty"),
-                            {"function": key, "gpu": g.idx})
+                            {"function": name, "gpu": g.idx})
             elif code == E.NVML_ERROR_NOT_SUPPORTED:
                 log.debug("GPU %d: %s not supported", g.idx, key)
         elif code == E.NVML_ERROR_NO_PERMISSION:
             g.off.add(key)
             g.denied_at[key] = self._clock()
-            if self._once("no_permission", key):
+            if self._once("no_permission", name):
                 self._event("nvml_no_permission", "warning",
-                            f"NVML denied {key} on GPU {g.idx} (NO_PERMISSION); retried every "
-                            f"{self.slow_interval_s:g} s", {"function": key, "gpu": g.idx})
+                            f"NVML denied {name} on GPU {g.idx} (NO_PERMISSION); retried every "
+                            f"{self.slow_interval_s:g} s", {"function": name, "gpu": g.idx})
         elif code != E.NVML_ERROR_NOT_FOUND and self._once("nvml_error", f"{g.idx}:{key}:{code}"):
             log.warning("GPU %d: %s failed with %s (metric left empty; further failures not logged)",
-                        g.idx, key, error_name(code))
+                        g.idx, name, error_name(code))
         return None
 
     # ------------------------------------------------------------------ sampling

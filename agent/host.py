@@ -1,0 +1,200 @@
+"""Host readings per tick through psutil: CPU, load, memory, swap, the database's disk, network, and the vLLM tree.
+
+Rates (CPU %, network bytes/s, per-process CPU) come from deltas between two calls of this object, never
+from psutil's module-level `cpu_percent` state, which any other caller in the process would disturb. The
+first call has no previous reading, so its rates are None (NULL), not 0.
+
+The vLLM tree is split by process title: vLLM names its processes with setproctitle (`VLLM::EngineCore`,
+`VLLM::Worker_TP0`, ...); anything else in the tree (the `vllm serve` API server, its helpers) counts as API.
+Walking the whole process table costs ~10 µs per process, so the tree is re-walked every `tree_refresh_s`
+(and at once when a known member dies), not every tick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from lynxtop.store.columns import HOST_METRICS, names
+
+HOST_COLUMNS = names(HOST_METRICS)
+ROLES = ("api", "engine", "workers")
+
+
+def role_of(title: str) -> str:
+    """The vLLM role for a process title or name ('api', 'engine' or 'workers')."""
+    if title.startswith("VLLM::EngineCor"):  # the kernel's comm keeps 15 characters: "VLLM::EngineCor"
+        return "engine"
+    if title.startswith("VLLM::Worker"):
+        return "workers"
+    return "api"
+
+
+def _title(p: psutil.Process) -> str:
+    """setproctitle rewrites argv; comm (15 chars) is the fallback where argv is unreadable or empty."""
+    try:
+        argv = p.cmdline()
+        if argv and argv[0].startswith("VLLM::"):
+            return argv[0]
+    except (psutil.Error, OSError):
+        pass
+    try:
+        return p.name()
+    except (psutil.Error, OSError):
+        return ""
+
+
+def _disk_path(db_path: str | os.PathLike) -> str:
+    """The nearest existing directory of the database: the file may not exist yet on a first start."""
+    p = Path(db_path).absolute()
+    for cand in (p, *p.parents):
+        if cand.exists():
+            return str(cand)
+    return "/"
+
+
+class HostSampler:
+    def __init__(self, db_path: str | os.PathLike, tree_refresh_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.db_path = db_path
+        self.tree_refresh_s = tree_refresh_s
+        self._clock = clock
+        self._prev_t: float | None = None
+        self._prev_cpu: list[tuple[float, float]] | None = None  # (busy, total) per core
+        self._prev_net: tuple[int, int] | None = None
+        self._tree_root: int | None = None
+        self._tree_at = 0.0
+        self._procs: dict[int, psutil.Process] = {}
+        self._roles: dict[int, str] = {}
+        self._prev_proc_cpu: dict[int, float] = {}
+
+    # ------------------------------------------------------------------ the vLLM tree
+
+    def vllm_pids(self, root_pid: int | None) -> set[int]:
+        """Pids of the supervised vLLM process and all its descendants (empty when there is none)."""
+        if root_pid is None:
+            self._tree_root = None
+            self._procs.clear()
+            return set()
+        now = self._clock()
+        stale = (root_pid != self._tree_root or now - self._tree_at >= self.tree_refresh_s
+                 or any(not p.is_running() for p in self._procs.values()))
+        if stale:
+            self._refresh_tree(root_pid, now)
+        return set(self._procs)
+
+    def _refresh_tree(self, root_pid: int, now: float) -> None:
+        self._tree_root, self._tree_at = root_pid, now
+        try:
+            root = self._procs.get(root_pid) or psutil.Process(root_pid)
+            members = [root, *root.children(recursive=True)]
+        except (psutil.Error, OSError):
+            members = []
+        old = self._procs
+        # keep the same Process objects: they carry the create time that guards against pid reuse
+        self._procs = {p.pid: old.get(p.pid, p) for p in members}
+        for pid in list(self._roles):
+            if pid not in self._procs:
+                del self._roles[pid]
+                self._prev_proc_cpu.pop(pid, None)
+        for pid, p in self._procs.items():
+            if pid not in self._roles:
+                self._roles[pid] = role_of(_title(p))
+
+    # ------------------------------------------------------------------ one tick
+
+    def sample(self, vllm_root_pid: int | None) -> dict:
+        now = self._clock()
+        dt = None if self._prev_t is None else now - self._prev_t
+        self._prev_t = now
+        row: dict = dict.fromkeys(HOST_COLUMNS)
+
+        per_core = []
+        for c in psutil.cpu_times(percpu=True):
+            idle = c.idle + getattr(c, "iowait", 0.0)
+            total = sum(c)
+            # guest time is already inside user on Linux; counting it twice would exceed 100 %
+            total -= getattr(c, "guest", 0.0) + getattr(c, "guest_nice", 0.0)
+            per_core.append((total - idle, total))
+        if self._prev_cpu is not None and len(self._prev_cpu) == len(per_core):
+            pcts = []
+            busy_sum = total_sum = 0.0
+            for (b1, t1), (b0, t0) in zip(per_core, self._prev_cpu, strict=True):
+                db, dtot = b1 - b0, t1 - t0
+                pcts.append(round(max(0.0, min(100.0, 100.0 * db / dtot)), 1) if dtot > 0 else 0.0)
+                busy_sum += db
+                total_sum += dtot
+            row["cpu_pct"] = round(100.0 * busy_sum / total_sum, 1) if total_sum > 0 else 0.0
+            row["cpu_per_core_pct"] = json.dumps(pcts)
+        self._prev_cpu = per_core
+
+        row["load1"], row["load5"], row["load15"] = os.getloadavg()
+        vm = psutil.virtual_memory()
+        row["mem_total_bytes"] = vm.total
+        row["mem_available_bytes"] = vm.available
+        row["mem_used_bytes"] = vm.total - vm.available  # what `free` users mean by "in use"
+        sw = psutil.swap_memory()
+        row["swap_used_bytes"], row["swap_total_bytes"] = sw.used, sw.total
+        try:
+            du = shutil.disk_usage(_disk_path(self.db_path))
+            row["disk_free_bytes"], row["disk_total_bytes"] = du.free, du.total
+        except OSError:
+            pass
+
+        rx = tx = 0
+        try:
+            for nic, c in psutil.net_io_counters(pernic=True).items():
+                if nic != "lo":
+                    rx += c.bytes_recv
+                    tx += c.bytes_sent
+            net: tuple[int, int] | None = (rx, tx)
+        except (OSError, RuntimeError):
+            net = None
+        if net is not None and self._prev_net is not None and dt:
+            row["net_rx_bytes_per_s"] = max(0, round((net[0] - self._prev_net[0]) / dt))
+            row["net_tx_bytes_per_s"] = max(0, round((net[1] - self._prev_net[1]) / dt))
+        self._prev_net = net
+
+        self._sample_tree(vllm_root_pid, dt, row)
+        return row
+
+    def _sample_tree(self, root_pid: int | None, dt: float | None, row: dict) -> None:
+        pids = self.vllm_pids(root_pid)
+        if root_pid is None:
+            self._prev_proc_cpu.clear()
+            return
+        cpu = dict.fromkeys(ROLES, 0.0)
+        rss = dict.fromkeys(ROLES, 0)
+        # the tree's first tick has no previous CPU times: its rates are unknown (None), not zero
+        have_rate = dt is not None and dt > 0 and bool(self._prev_proc_cpu)
+        alive = 0
+        for pid in pids:
+            p = self._procs[pid]
+            try:
+                with p.oneshot():
+                    t = p.cpu_times()
+                    mem = p.memory_info().rss
+            except (psutil.Error, OSError):
+                continue
+            alive += 1
+            used = t.user + t.system
+            role = self._roles.get(pid, "api")
+            rss[role] += mem
+            prev = self._prev_proc_cpu.get(pid)
+            if prev is not None and have_rate:  # a process born this tick counts from the next one
+                cpu[role] += 100.0 * max(0.0, used - prev) / dt  # type: ignore[operator]
+            self._prev_proc_cpu[pid] = used
+        row["vllm_procs"] = alive
+        row["vllm_rss_bytes"] = sum(rss.values())
+        for role in ROLES:
+            row[f"vllm_{role}_rss_bytes"] = rss[role]
+        if have_rate:
+            row["vllm_cpu_pct"] = round(sum(cpu.values()), 1)
+            for role in ROLES:
+                row[f"vllm_{role}_cpu_pct"] = round(cpu[role], 1)

@@ -1,0 +1,141 @@
+"""The fake NVML must behave like the real one where the sampler can tell: errors, counters, GPM averages."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import replace
+
+import pynvml
+import pytest
+from gpu_fakes import ConstantNode
+
+from lynxtop.agent.gpu.backend import RealNvml, open_backend
+from lynxtop.agent.gpu.fake import FakeNvml, a100_specs, h200_specs, scripted_scenario
+from lynxtop.agent.gpu.scenario import FakeGpuState
+
+
+def test_real_pynvml_error_classes(clock):
+    node = ConstantNode(h200_specs(2, missing_functions=frozenset({"nvmlDeviceGetPowerUsage"}),
+                                   unsupported=frozenset({"nvmlDeviceGetTotalEccErrors"})))
+    node.states[1] = FakeGpuState(lost=True)
+    nv = FakeNvml(node, clock=clock)
+    h0 = None
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        nv.nvmlDeviceGetCount()
+    nv.nvmlInit()
+    h0 = nv.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        nv.nvmlDeviceGetPowerUsage(h0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlDeviceGetTotalEccErrors(h0, 0, 0)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        nv.nvmlDeviceGetHandleByIndex(1)
+    nv.errors[(0, "nvmlDeviceGetTemperature")] = pynvml.NVML_ERROR_NO_PERMISSION
+    with pytest.raises(pynvml.NVMLError) as exc:
+        nv.nvmlDeviceGetTemperature(h0, pynvml.NVML_TEMPERATURE_GPU)
+    assert exc.value.value == pynvml.NVML_ERROR_NO_PERMISSION
+
+
+def test_no_driver_init_fails_like_a_machine_without_one():
+    nv = open_backend("nodriver")
+    with pytest.raises(pynvml.NVMLError_LibraryNotFound):
+        nv.nvmlInit()
+
+
+def test_energy_integrates_power(clock):
+    node = ConstantNode(h200_specs(1), [FakeGpuState(power_w=500.0)])
+    nv = FakeNvml(node, clock=clock)
+    nv.nvmlInit()
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    e0 = nv.nvmlDeviceGetTotalEnergyConsumption(h)
+    clock.advance(10.0)
+    e1 = nv.nvmlDeviceGetTotalEnergyConsumption(h)
+    assert e1 - e0 == 500 * 10 * 1000  # mJ
+
+
+def test_gpm_metrics_are_the_average_over_the_interval(clock):
+    node = ConstantNode(h200_specs(1), [FakeGpuState(sm_active_pct=0.0)])
+    nv = FakeNvml(node, clock=clock)
+    nv.nvmlInit()
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    s1, s2 = nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()
+    nv.nvmlGpmSampleGet(h, s1)
+    clock.advance(5.0)
+    node.states[0] = FakeGpuState(sm_active_pct=100.0, pcie_rx_bytes_per_s=2 * 1024 * 1024)
+    nv.nvmlDeviceGetUtilizationRates(h)  # the fake notices the load change at its next look
+    clock.advance(5.0)
+    nv.nvmlGpmSampleGet(h, s2)
+    mg = pynvml.c_nvmlGpmMetricsGet_t()
+    mg.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    mg.numMetrics = 3
+    mg.sample1, mg.sample2 = s1, s2
+    mg.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+    mg.metrics[1].metricId = pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC
+    mg.metrics[2].metricId = 9999
+    nv.nvmlGpmMetricsGet(mg)
+    assert mg.metrics[0].nvmlReturn == 0 and mg.metrics[0].value == pytest.approx(50.0)
+    assert mg.metrics[1].value == pytest.approx(1.0)  # MiB/s: half the interval at 2 MiB/s
+    assert mg.metrics[2].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+    mg.sample1, mg.sample2 = s2, s1  # samples out of order: refused like the real library
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nv.nvmlGpmMetricsGet(mg)
+    nv.nvmlGpmSampleFree(s1)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nv.nvmlGpmSampleFree(s1)
+
+
+def test_nvlink_field_counters_are_kib_with_microsecond_timestamps(clock):
+    specs = a100_specs(1)
+    rates = [float(1024 * 1000 * (k + 1)) for k in range(specs[0].nvlink_count)]
+    node = ConstantNode(specs, [FakeGpuState(nvlink_tx_bytes_per_s=rates, nvlink_rx_bytes_per_s=rates)])
+    nv = FakeNvml(node, clock=clock)
+    nv.nvmlInit()
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    ids = [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 3), (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 12)]
+    a = nv.nvmlDeviceGetFieldValues(h, ids)
+    clock.advance(2.0)
+    b = nv.nvmlDeviceGetFieldValues(h, ids)
+    assert b[0].nvmlReturn == 0 and b[0].valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    assert b[0].timestamp - a[0].timestamp == 2_000_000
+    assert b[0].value.ullVal - a[0].value.ullVal == 4 * 1000 * 2  # link 3 at 4000 KiB/s for 2 s
+    assert b[1].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED  # an A100 has links 0..11
+
+
+def test_xids_fire_once_per_occurrence(clock):
+    node = ConstantNode(h200_specs(2))
+    nv = FakeNvml(node, clock=clock)
+    nv.nvmlInit()
+    es = nv.nvmlEventSetCreate()
+    for i in range(2):
+        nv.nvmlDeviceRegisterEvents(nv.nvmlDeviceGetHandleByIndex(i), pynvml.nvmlEventTypeXidCriticalError, es)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        nv.nvmlEventSetWait_v2(es, 10)
+    node.states[1] = replace(node.states[1], xid_events=[79])
+    clock.advance(1.0)
+    data = nv.nvmlEventSetWait_v2(es, 10)
+    assert (nv.nvmlDeviceGetIndex(data.device), data.eventData) == (1, 79)
+    clock.advance(1.0)  # still "firing" in the scenario: not delivered twice
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        nv.nvmlEventSetWait_v2(es, 10)
+
+
+def test_simulated_hardware_is_labelled(clock):
+    nv = FakeNvml(scripted_scenario("h200x8"), clock=clock)
+    nv.nvmlInit()
+    assert nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(0)) == "NVIDIA H200 (simulated)"
+    assert "simulated" in nv.nvmlSystemGetNVMLVersion()
+
+
+def test_gpm_sample_buffers_are_real_ctypes_pointers(clock):
+    nv = FakeNvml(scripted_scenario("h200x8"), clock=clock)
+    nv.nvmlInit()
+    s = nv.nvmlGpmSampleAlloc()
+    assert isinstance(s, pynvml.c_nvmlGpmSample_t) and ctypes.cast(s, ctypes.c_void_p).value
+
+
+def test_open_backend_names():
+    assert isinstance(open_backend(""), RealNvml)
+    for name in ("h200x8", "a100x8", "lost", "missing", "xid"):
+        assert isinstance(open_backend(name), FakeNvml)
+    with pytest.raises(ValueError, match="unknown fake NVML scenario 'h100x3'"):
+        open_backend("h100x3")

@@ -1,0 +1,368 @@
+"""GpuSampler against the fake NVML: what each tick records, and how every kind of failure stays local."""
+
+from __future__ import annotations
+
+import time
+
+import pynvml
+import pytest
+from gpu_fakes import ConstantNode, Events, ScriptedNode, make
+
+from lynxtop.agent.gpu.backend import RealNvml
+from lynxtop.agent.gpu.fake import FakeNvml, a100_specs, h200_specs, scripted_scenario
+from lynxtop.agent.gpu.sampler import GPU_COLUMNS, GpuSampler
+from lynxtop.agent.gpu.scenario import FakeGpuState
+from lynxtop.store.columns import NVLINK_METRICS, names
+
+GPM_COLUMNS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct", "fp16_active_pct",
+               "fp32_active_pct", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
+MIB = 1024 * 1024
+
+
+def busy_state(nlinks: int, **kw) -> FakeGpuState:
+    base = dict(util_gpu_pct=99, util_mem_pct=40, sm_active_pct=73.0, sm_occupancy_pct=21.0, tensor_active_pct=64.0,
+                dram_bw_pct=35.0, fp16_active_pct=3.0, fp32_active_pct=7.0, pcie_tx_bytes_per_s=10 * MIB,
+                pcie_rx_bytes_per_s=30 * MIB, nvlink_tx_bytes_per_s=[100 * MIB * (k + 1) for k in range(nlinks)],
+                nvlink_rx_bytes_per_s=[50 * MIB] * nlinks, mem_used_bytes=100 << 30, power_w=612.0, temp_c=71,
+                sm_clock_mhz=1980, mem_clock_mhz=3201, throttle_reasons=0x4, ecc_corrected=3)
+    base.update(kw)
+    return FakeGpuState(**base)
+
+
+def run_ticks(sampler, clock, n, dt=1.0, pids=frozenset()):
+    tick = None
+    for _ in range(n):
+        clock.advance(dt)
+        tick = sampler.sample(pids)
+    return tick
+
+
+def test_h200_tick_records_every_column_with_gpm(clock, events):
+    specs = h200_specs(8)
+    node = ConstantNode(specs, [busy_state(18) for _ in specs])
+    s, _ = make(node, clock, events)
+    assert s.open()["state"] == "ok"
+    first = s.sample(set())
+    assert all(r["sm_active_pct"] is None for r in first.gpu_rows)  # GPM needs two samples
+    tick = run_ticks(s, clock, 1)
+    assert len(tick.gpu_rows) == 8
+    row = tick.gpu_rows[5]
+    assert set(row) == set(GPU_COLUMNS) | {"gpu"} and row["gpu"] == 5
+    assert (row["sm_active_pct"], row["sm_occupancy_pct"], row["tensor_active_pct"], row["dram_bw_pct"]) == \
+        (73, 21, 64, 35)
+    assert (row["fp16_active_pct"], row["fp32_active_pct"]) == (3, 7)
+    assert row["pcie_tx_bytes_per_s"] == 10 * MIB and row["pcie_rx_bytes_per_s"] == 30 * MIB
+    assert row["nvlink_tx_bytes_per_s"] == sum(100 * MIB * (k + 1) for k in range(18))
+    assert row["nvlink_rx_bytes_per_s"] == 18 * 50 * MIB
+    assert (row["util_gpu_pct"], row["power_w"], row["power_limit_w"], row["temp_c"]) == (99, 612, 700, 71)
+    assert row["mem_used_bytes"] == 100 << 30 and row["mem_reserved_bytes"] == 512 * MIB
+    assert row["throttle_reasons"] == 0x4 and row["ecc_corrected"] == 3 and row["lost"] == 0
+    nl = tick.nvlink_rows[5]
+    assert set(nl) == set(names(NVLINK_METRICS)) | {"gpu"}
+    assert nl["l0_tx_bytes_per_s"] == 100 * MIB and nl["l17_tx_bytes_per_s"] == 1800 * MIB
+    static = s.static()
+    assert [g["idx"] for g in static] == list(range(8))
+    assert static[0]["arch"] == "Hopper" and static[0]["cc_major"] == 9 and static[0]["gpm_supported"] is True
+    assert static[0]["nvlink_count"] == 18 and len({g["uuid"] for g in static}) == 8
+    assert events == []  # a healthy node reports nothing
+
+
+def test_a100_without_gpm_leaves_sm_columns_null_and_reads_nvlink_counters(clock, events):
+    specs = a100_specs(2)
+    node = ConstantNode(specs, [busy_state(12, util_gpu_pct=100) for _ in specs])
+    s, _ = make(node, clock, events)
+    s.open()
+    s.sample(set())
+    tick = run_ticks(s, clock, 3, dt=2.0)
+    row = tick.gpu_rows[1]
+    assert row["util_gpu_pct"] == 100
+    assert all(row[c] is None for c in GPM_COLUMNS)  # NULL, not util.gpu copied
+    # rate = Δvalue/Δtimestamp of the KiB counters
+    assert row["nvlink_tx_bytes_per_s"] == sum(100 * MIB * (k + 1) for k in range(12))
+    nl = tick.nvlink_rows[1]
+    assert nl["l11_tx_bytes_per_s"] == 1200 * MIB and nl["l11_rx_bytes_per_s"] == 50 * MIB
+    assert nl["l12_tx_bytes_per_s"] is None  # an A100 has 12 links
+    assert s.static()[0]["arch"] == "Ampere" and s.static()[0]["gpm_supported"] is False
+
+
+def test_gpm_switch_off(clock, events):
+    node = ConstantNode(h200_specs(1), [busy_state(18)])
+    s, made = make(node, clock, events, gpm_enabled=False)
+    s.open()
+    tick = run_ticks(s, clock, 3)
+    assert tick.gpu_rows[0]["sm_active_pct"] is None and tick.gpu_rows[0]["util_gpu_pct"] == 99
+    assert made[0].calls.get("nvmlGpmSampleGet", 0) == 0
+    assert tick.gpu_rows[0]["nvlink_tx_bytes_per_s"] is not None  # NVLink falls back to the field counters
+    assert events.kinds() == ["gpm_disabled"]
+
+
+def test_single_gpu_without_nvlink_is_normal(clock, events):
+    node = ConstantNode(h200_specs(1, nvlink_count=0), [busy_state(0)])
+    s, _ = make(node, clock, events)
+    s.open()
+    tick = run_ticks(s, clock, 3)
+    assert tick.gpu_rows[0]["sm_active_pct"] == 73
+    assert tick.gpu_rows[0]["nvlink_tx_bytes_per_s"] is None and tick.nvlink_rows == []
+    assert s.static()[0]["nvlink_count"] == 0
+    assert events == []
+
+
+# function -> the columns it fills
+COLUMNS_OF = {
+    "nvmlDeviceGetUtilizationRates": ("util_gpu_pct", "util_mem_pct"),
+    "nvmlDeviceGetPowerUsage": ("power_w",),
+    "nvmlDeviceGetEnforcedPowerLimit": ("power_limit_w",),
+    "nvmlDeviceGetTemperature": ("temp_c",),
+    "nvmlDeviceGetClockInfo": ("sm_clock_mhz", "mem_clock_mhz"),
+    "nvmlDeviceGetTotalEnergyConsumption": ("energy_j",),
+    "nvmlDeviceGetTotalEccErrors": ("ecc_corrected", "ecc_uncorrected"),
+    "nvmlDeviceGetRemappedRows": ("remapped_rows_pending", "remapped_rows_failed"),
+    "nvmlGpmSampleGet": GPM_COLUMNS + ("nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s"),
+}
+CODES = {
+    "NOT_SUPPORTED": pynvml.NVML_ERROR_NOT_SUPPORTED,
+    "NO_PERMISSION": pynvml.NVML_ERROR_NO_PERMISSION,
+    "NOT_FOUND": pynvml.NVML_ERROR_NOT_FOUND,
+    "FUNCTION_NOT_FOUND": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    "UNKNOWN": pynvml.NVML_ERROR_UNKNOWN,
+}
+
+
+@pytest.mark.parametrize("code_name", list(CODES))
+@pytest.mark.parametrize("fn", list(COLUMNS_OF))
+def test_a_failing_call_nulls_only_its_metric_on_that_gpu(clock, fn, code_name):
+    code = CODES[code_name]
+    specs = h200_specs(3)
+    node = ConstantNode(specs, [busy_state(18) for _ in specs])
+    events = Events()
+    s, made = make(node, clock, events, slow_interval_s=5.0)
+    s.open()
+    made[0].errors[(1, fn)] = code
+    s.sample(set())
+    tick = run_ticks(s, clock, 2)
+    bad, good = tick.gpu_rows[1], tick.gpu_rows[2]
+    for col in COLUMNS_OF[fn]:
+        assert bad[col] is None, col
+        assert good[col] is not None, col
+    others = [c for c in GPU_COLUMNS if c not in COLUMNS_OF[fn]]
+    assert all(bad[c] is not None for c in others if c not in ("mem_reserved_bytes",)), others
+    assert bad["lost"] == 0 and len(tick.gpu_rows) == 3
+
+    calls_before = made[0].gpu_calls.get((1, fn), 0)
+    run_ticks(s, clock, 6)  # past one slow interval
+    again = made[0].gpu_calls.get((1, fn), 0) - calls_before
+    if code_name in ("NOT_SUPPORTED", "FUNCTION_NOT_FOUND"):
+        assert again == 0  # never asked again on that GPU
+    else:
+        assert again > 0  # transient or permission: asked again (NO_PERMISSION at the slow cadence)
+    if code_name == "FUNCTION_NOT_FOUND":
+        assert events.kinds() == ["nvml_missing_function"]  # once, however many ticks
+        assert fn in events[0][2] and events[0][1] == "warning"
+    elif code_name == "NO_PERMISSION":
+        assert events.kinds() == ["nvml_no_permission"] and "GPU 1" in events[0][2]
+    else:
+        assert events == []
+
+
+def test_missing_functions_scenario_falls_back_and_reports_once(clock, events):
+    s, made = make(scripted_scenario("missing"), clock, events)
+    s.open()
+    run_ticks(s, clock, 5)
+    tick = run_ticks(s, clock, 1)
+    row = tick.gpu_rows[0]
+    assert row["mem_used_bytes"] is not None and row["mem_reserved_bytes"] is None  # v1 memory info
+    assert row["throttle_reasons"] is not None  # the older throttle-reason call
+    assert row["sm_active_pct"] is None and row["energy_j"] is None and row["remapped_rows_failed"] is None
+    kinds = events.kinds()
+    assert kinds.count("nvml_missing_function") == len(set(kinds) and {e[3]["function"] for e in events})
+    fns = {e[3]["function"] for e in events}
+    assert {"nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetRemappedRows", "nvmlGpmQueryDeviceSupport"} <= fns
+    assert len(events) == len(fns)  # each reported once, not once per GPU or per tick
+
+
+def test_lost_gpu_others_keep_sampling_event_once(clock, events):
+    node = ScriptedNode(h200_specs(4), lost={2: 3.0})
+    s, made = make(node, clock, events, lost_probe_s=10.0)
+    s.open()
+    tick = run_ticks(s, clock, 2)
+    assert [r["lost"] for r in tick.gpu_rows] == [0, 0, 0, 0]
+    tick = run_ticks(s, clock, 2)
+    assert [r["lost"] for r in tick.gpu_rows] == [0, 0, 1, 0]
+    lost_row = tick.gpu_rows[2]
+    assert all(lost_row[c] is None for c in GPU_COLUMNS if c not in ("lost", "mem_total_bytes"))
+    assert tick.gpu_rows[3]["util_gpu_pct"] is not None and tick.gpu_rows[3]["sm_active_pct"] is not None
+    n_calls = sum(made[0].calls.values())
+    tick = run_ticks(s, clock, 5)
+    assert tick.gpu_rows[2]["lost"] == 1
+    # the lost GPU is not hammered: 3 healthy GPUs' calls per tick, plus no more than a probe
+    per_tick = (sum(made[0].calls.values()) - n_calls) / 5
+    assert per_tick < 3 * 16
+    assert events.kinds() == ["gpu_lost"] and events[0][1] == "critical" and events[0][3]["gpu"] == 2
+
+
+def test_lost_gpu_that_answers_again_recovers(clock, events):
+    node = ConstantNode(h200_specs(2), [busy_state(18), busy_state(18)])
+    s, _ = make(node, clock, events, lost_probe_s=3.0)
+    s.open()
+    run_ticks(s, clock, 2)
+    node.states[1] = FakeGpuState(lost=True)
+    assert run_ticks(s, clock, 1).gpu_rows[1]["lost"] == 1
+    node.states[1] = busy_state(18)
+    tick = run_ticks(s, clock, 4)
+    assert tick.gpu_rows[1]["lost"] == 0 and tick.gpu_rows[1]["temp_c"] == 71
+    assert events.kinds() == ["gpu_lost", "gpu_recovered"]
+
+
+def test_gpu_lost_before_enumeration(clock, events):
+    node = ConstantNode(h200_specs(3), [busy_state(18), FakeGpuState(lost=True), busy_state(18)])
+    s, _ = make(node, clock, events)
+    assert s.open()["state"] == "ok"
+    assert [g["idx"] for g in s.static()] == [0, 2]  # no UUID can be read from a lost GPU
+    tick = run_ticks(s, clock, 2)
+    assert [r["lost"] for r in tick.gpu_rows] == [0, 1, 0]
+    assert events.kinds() == ["gpu_lost"]
+
+
+def test_no_driver_is_a_state_and_the_driver_may_come_later(clock, events):
+    init_error = {"code": pynvml.NVML_ERROR_LIBRARY_NOT_FOUND}
+    node = scripted_scenario("h200x8")
+
+    def factory():
+        return FakeNvml(node, clock=clock, init_error=init_error["code"])
+
+    s = GpuSampler(factory, clock=clock, on_event=events, xid_events=False, retry_initial_s=2.0)
+    st = s.open()
+    assert st["state"] == "no-driver" and "no NVIDIA driver" in st["message"]
+    assert s.sample({1}).gpu_rows == [] and s.static() == []
+    init_error["code"] = None
+    clock.advance(1.0)
+    assert s.sample(set()).gpu_rows == []  # still backing off
+    clock.advance(1.5)
+    assert len(s.sample(set()).gpu_rows) == 8 and s.status()["state"] == "ok"
+    assert events.kinds() == ["nvml_unavailable"]
+
+
+def test_real_backend_without_a_driver_on_this_machine(events):
+    """This machine has no NVIDIA driver: the real pynvml path must end in the 'no-driver' state."""
+    s = GpuSampler(RealNvml, on_event=events)
+    try:
+        st = s.open()
+    finally:
+        pass
+    if st["state"] == "ok":
+        s.close()
+        pytest.skip("a real NVIDIA driver is present here")
+    assert st["state"] == "no-driver", st
+    assert "NVML_ERROR_LIBRARY_NOT_FOUND" in st["message"]
+    assert s.sample(set()).gpu_rows == []
+    s.close()
+
+
+def test_version_mismatch_reinitialises_with_backoff(clock, events):
+    node = ConstantNode(h200_specs(2), [busy_state(18), busy_state(18)])
+    made: list[FakeNvml] = []
+    fail_inits = {"n": 0}
+
+    def factory():
+        nv = FakeNvml(node, clock=clock)
+        if fail_inits["n"] > 0:
+            fail_inits["n"] -= 1
+            nv.init_error = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
+        made.append(nv)
+        return nv
+
+    s = GpuSampler(factory, clock=clock, on_event=events, xid_events=False, retry_initial_s=1.0)
+    s.open()
+    run_ticks(s, clock, 2)
+    v0 = s.static_version
+    made[-1].fail_all = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH  # the driver was upgraded under us
+    fail_inits["n"] = 2
+    assert run_ticks(s, clock, 1).gpu_rows == []
+    assert s.status()["state"] == "error" and "LIB_RM_VERSION_MISMATCH" in s.status()["message"]
+    attempts = []
+    for _ in range(8):
+        clock.advance(0.5)
+        n = len(made)
+        tick = s.sample(set())
+        if len(made) > n:
+            attempts.append(clock.t)
+    # backoff doubles: tries 1 s, then 1 s, then 2 s apart (the first retry after the failure uses the initial)
+    assert len(attempts) == 3
+    assert attempts[2] - attempts[1] > attempts[1] - attempts[0]
+    assert s.status()["state"] == "ok" and len(tick.gpu_rows) == 2 and s.static_version == v0 + 1
+    kinds = events.kinds()
+    assert kinds[0] == "nvml_reinit" and kinds[-1] == "nvml_reinit" and events[-1][1] == "info"
+    assert "nvml_unavailable" in kinds  # the failing re-init attempts are reported once
+
+
+def test_process_rows_are_tagged_with_the_vllm_tree(clock):
+    node = ScriptedNode(h200_specs(2), processes={0: [(4242, 80 << 30), (777, 1 << 30)], 1: [(4243, 80 << 30)]})
+    s, _ = make(node, clock)
+    s.open()
+    tick = run_ticks(s, clock, 1, pids={4242, 4243, 4244})
+    got = {(p["gpu"], p["pid"]): (p["used_mem_bytes"], p["in_vllm_tree"]) for p in tick.process_rows}
+    assert got == {(0, 4242): (80 << 30, True), (0, 777): (1 << 30, False), (1, 4243): (80 << 30, True)}
+
+
+def test_slow_readings_at_their_own_cadence(clock):
+    node = ConstantNode(h200_specs(4), [busy_state(18) for _ in range(4)])
+    s, made = make(node, clock, slow_interval_s=60.0)
+    s.open()
+    fn = "nvmlDeviceGetTotalEnergyConsumption"
+    t0 = s.sample(set())
+    assert made[0].calls[fn] == 4  # the first tick reads every GPU
+    energies = [r["energy_j"] for r in t0.gpu_rows]
+    run_ticks(s, clock, 30)
+    assert made[0].calls[fn] == 4
+    tick = run_ticks(s, clock, 1)
+    assert [r["energy_j"] for r in tick.gpu_rows] == energies  # carried forward between slow reads
+    run_ticks(s, clock, 29)  # t = 60 s: every GPU is due, but one GPU's slow reads per tick at most
+    assert made[0].calls[fn] == 5
+    counts = []
+    for _ in range(5):
+        clock.advance(1.0)
+        s.sample(set())
+        counts.append(made[0].calls[fn])
+    assert counts == [6, 7, 8, 8, 8]
+    assert made[0].calls["nvmlDeviceGetPowerUsage"] == 66 * 4  # fast metrics every tick
+
+
+def test_never_calls_the_blocking_pcie_throughput(clock):
+    s, made = make(scripted_scenario("h200x8"), clock)
+    s.open()
+    run_ticks(s, clock, 5)
+    assert "nvmlDeviceGetPcieThroughput" not in made[0].calls
+
+
+def test_xid_events_are_delivered_with_the_xid_number(clock, events):
+    node = ConstantNode(h200_specs(2), [busy_state(18), busy_state(18)])
+    made: list[FakeNvml] = []
+
+    def factory():
+        made.append(FakeNvml(node, clock=clock))
+        return made[-1]
+
+    s = GpuSampler(factory, clock=clock, on_event=events, xid_wait_ms=20)
+    s.open()
+    made[0].inject_xid(1, 48)
+    deadline = time.monotonic() + 5
+    while not events and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t = time.monotonic()
+    s.close()
+    assert time.monotonic() - t < 1.0  # the watcher thread stops promptly
+    assert events.kinds() == ["xid"]
+    kind, severity, message, details = events[0]
+    assert details == {"gpu": 1, "xid": 48} and severity == "critical" and "double-bit ECC" in message
+
+
+def test_sample_never_raises_on_a_broken_backend(clock, events):
+    class Broken(FakeNvml):
+        def nvmlDeviceGetUtilizationRates(self, handle):
+            raise RuntimeError("bug in a backend")
+
+    s = GpuSampler(lambda: Broken(scripted_scenario("h200x8"), clock=clock), clock=clock, xid_events=False)
+    s.open()
+    assert s.sample(set()).gpu_rows == []
+    s.close()
