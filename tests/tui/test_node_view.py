@@ -1,0 +1,124 @@
+"""Node view, header and agent-lost/back behaviour against the fake agent."""
+
+from __future__ import annotations
+
+from conftest import make_app, text_of, wait_for
+from tui_fake_agent import gpu_row, make_status
+
+from lynxtop.tui.screens.node import NodeScreen
+from lynxtop.tui.widgets.gpu_table import GpuTable
+from lynxtop.tui.widgets.node_header import NodeHeader
+from lynxtop.tui.widgets.outage_banner import OutageBanner
+from lynxtop.tui.widgets.serving_panel import ServingPanel
+from lynxtop.tui.widgets.startup_phases import StartupPhases
+
+
+async def test_node_view_shows_gpus_serving_and_simulated(agent):
+    agent.status["gpus"][3] = gpu_row(3, throttle_reasons=0x20 | 0x4, temp_c=91, sm_active_pct=None)
+    agent.status["gpus"][5] = gpu_row(5, lost=1)
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.state.status is not None and
+                       len(app.screen.query_one(GpuTable).rows) == 8)
+        assert isinstance(app.screen, NodeScreen)
+        header = text_of(app.screen.query_one(NodeHeader))
+        assert "SIMULATED" in header and "h200-node-07" in header and "dsv41-tp8" in header
+        assert "READY" in header and "vLLM 0.11.0" in header and "SLA ✓ ok" in header
+        table = app.screen.query_one(GpuTable)
+        row3 = " ".join(text_of(c) for c in table.get_row("3"))
+        assert "SW power cap" in row3 and "SW thermal" in row3
+        assert "N/A" in row3  # SM activity unreadable is N/A, never 0
+        assert "91°C" in row3
+        row5 = " ".join(text_of(c) for c in table.get_row("5"))
+        assert "LOST" in row5
+        row0 = " ".join(text_of(c) for c in table.get_row("0"))
+        assert "130 GiB/141 GiB" in row0 and "550 W/700 W" in row0
+        serving = text_of(app.screen.query_one(ServingPanel))
+        assert "1.23k" in serving and "12/2" in serving and "37.5%" in serving and "61.0%" in serving
+        assert "TTFT" in serving and "750 ms" in serving  # ttft p99 = 300 * 2.5
+
+
+async def test_rows_update_in_place_and_gpu_removal(agent):
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.state.status is not None)
+        table = app.screen.query_one(GpuTable)
+        await wait_for(pilot, lambda: len(table.rows) == 8)
+        agent.status = make_status(gpus=7)
+        agent.status["gpus"][0]["temp_c"] = 77
+        await wait_for(pilot, lambda: len(table.rows) == 7)
+        await wait_for(pilot, lambda: "77°C" in " ".join(text_of(c) for c in table.get_row("0")))
+
+
+async def test_startup_phases_shown_phase_by_phase(agent):
+    t = agent.status["ts_ms"]
+    agent.status = make_status(state="starting", ts_ms=t, phase="kv cache", phase_since_ms=t - 40_000,
+                               started_ms=t - 300_000, state_since_ms=t - 300_000,
+                               phases=[{"phase": "loading weights", "ts_ms": t - 290_000},
+                                       {"phase": "kv cache", "ts_ms": t - 40_000}])
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        phases = app.screen.query_one(StartupPhases)
+        await wait_for(pilot, lambda: phases.has_class("-visible"))
+        text = text_of(phases)
+        assert "✓ loading weights 4m10s" in text
+        assert "▶ kv cache" in text
+        assert "· cuda graphs" in text and "· api up" in text
+        assert "STARTING" in text_of(app.screen.query_one(NodeHeader))
+
+
+async def test_agent_lost_then_back_one_notice_per_outage(agent):
+    app = make_app(agent.socket_path)
+    notices: list[str] = []
+    async with app.run_test(size=(120, 40)) as pilot:
+        original = app.notify
+
+        def spy(message, *a, **kw):
+            notices.append(f"{kw.get('title', '')}: {message}")
+            return original(message, *a, **kw)
+
+        app.notify = spy  # type: ignore[method-assign]
+        await wait_for(pilot, lambda: app.state.connected)
+        agent.stop()
+        banner = app.screen.query_one(OutageBanner)
+        await wait_for(pilot, lambda: banner.has_class("-visible"))
+        # several failed polls (backoff capped at 0.2 s) but one notice
+        await wait_for(pilot, lambda: app.backoff.failures >= 4)
+        lost = [n for n in notices if n.startswith("Agent unreachable")]
+        assert len(lost) == 1, notices
+        assert app.screen.has_class("-stale")
+        text = text_of(banner)
+        assert "agent unreachable since" in text and "no such socket" in text
+        # last values are kept on screen
+        assert len(app.screen.query_one(GpuTable).rows) == 8
+        # controls are greyed while nothing can receive them
+        assert app.check_action("control", ("restart",)) is None
+        agent.start()
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.pause(0.1)
+        assert not banner.has_class("-visible") and not app.screen.has_class("-stale")
+        assert len([n for n in notices if n.startswith("Agent reachable")]) == 1
+        agent.stop()
+        await wait_for(pilot, lambda: app.state.stale)
+        await pilot.pause(0.2)
+        assert len([n for n in notices if n.startswith("Agent unreachable")]) == 2
+
+
+async def test_no_agent_at_all_shows_waiting_and_banner(sock_dir):
+    app = make_app(sock_dir / "absent.sock")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.screen.query_one(OutageBanner).has_class("-visible"))
+        assert "waiting for the agent" in text_of(app.screen.query_one(NodeHeader))
+        assert "no data yet" in text_of(app.screen.query_one(OutageBanner))
+
+
+async def test_too_small_terminal_message(agent):
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(70, 20)) as pilot:
+        await pilot.pause(0.1)
+        assert app.screen.has_class("-too-small")
+        assert "needs at least 80×24" in text_of(app.screen.query_one("#too-small"))
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(0.1)
+        assert not app.screen.has_class("-too-small")
+        assert app.screen.has_class("-compact")

@@ -1,0 +1,348 @@
+"""The dashboard application: views as modes, one poller, and the guarded control actions.
+
+Live state comes only from the agent's socket (`client.py`), history only from the database opened
+read-only (`history_source.py`); the app owns the poll loop and hands each fresh state to the visible view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from argparse import Namespace
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.app import App, ScreenStackError
+from textual.binding import Binding
+
+from lynxtop.tui import control_text
+from lynxtop.tui.backoff import Backoff
+from lynxtop.tui.client import AgentClient, AgentRefused, AgentUnreachable
+from lynxtop.tui.format import fmt_clock
+from lynxtop.tui.history_source import HistorySource, HistoryUnavailable
+from lynxtop.tui.live_state import GPU_KEYS, SERVING_KEYS, LiveState
+from lynxtop.tui.messages import AgentLost, LiveRefreshed, StatusArrived
+from lynxtop.tui.screens.base import LiveScreen
+from lynxtop.tui.screens.confirm import ConfirmScreen
+from lynxtop.tui.screens.events import EventsScreen
+from lynxtop.tui.screens.gpu import GpuScreen
+from lynxtop.tui.screens.help import HelpScreen
+from lynxtop.tui.screens.history import HistoryScreen
+from lynxtop.tui.screens.latency import LatencyScreen
+from lynxtop.tui.screens.node import NodeScreen
+from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
+
+VIEWS = ("node", "gpu", "latency", "history", "events")
+CONTROL_ACTIONS = {"restart", "stop", "start", "switch"}
+BACKFILL_S = 15 * 60
+
+
+def _ansi_terminal() -> bool:
+    """16-colour terminals (Linux console, old tmux/screen set-ups) get the ANSI theme."""
+    if os.environ.get("LYNXTOP_THEME", "").lower() == "ansi":
+        return True
+    term = os.environ.get("TERM", "")
+    return term in ("linux", "ansi", "vt100", "vt220") or term.endswith("-16color")
+
+
+class LynxtopApp(App):
+    CSS_PATH = "lynxtop.tcss"
+    TITLE = "lynxtop"
+    DEFAULT_MODE = "node"
+    MODES = {
+        "node": NodeScreen,
+        "gpu": GpuScreen,
+        "latency": LatencyScreen,
+        "history": HistoryScreen,
+        "events": EventsScreen,
+    }
+    BINDINGS = [
+        Binding("q", "quit", "Quit", id="app.quit"),
+        Binding("question_mark", "help", "Help", key_display="?", id="app.help"),
+        Binding("1", "view('node')", "Node", id="view.node"),
+        Binding("2", "view('gpu')", "GPU", id="view.gpu"),
+        Binding("3", "view('latency')", "Latency", id="view.latency"),
+        Binding("4", "view('history')", "History", id="view.history"),
+        Binding("5", "view('events')", "Events", id="view.events"),
+        Binding("R", "control('restart')", "Restart", key_display="R", id="control.restart"),
+        Binding("X", "control('stop')", "Stop", key_display="X", id="control.stop"),
+        Binding("S", "control('start')", "Start", key_display="S", id="control.start"),
+        Binding("P", "control('switch')", "Switch", key_display="P", id="control.switch"),
+        Binding("r", "refresh_now", "Refresh", show=False, id="app.refresh"),
+        Binding("p", "pause", "Pause", show=False, id="app.pause"),
+        Binding("u", "toggle_utc", "UTC/local", show=False, id="app.utc"),
+    ]
+
+    def __init__(self, socket_path: str | Path, database_path: str | Path | None, readonly: bool = False,
+                 utc: bool = False, *, poll_interval_s: float = 1.0, clock: Callable[[], float] | None = None,
+                 backoff: Backoff | None = None, ascii_only: bool | None = None, backfill: bool = True):
+        ansi = _ansi_terminal()
+        super().__init__(ansi_color=ansi)
+        if ansi:
+            self.theme = "ansi-dark"
+        self.socket_path = Path(socket_path)
+        self.client = AgentClient(socket_path)
+        self.history = HistorySource(database_path)
+        self.readonly = readonly
+        self.readonly_reason: str | None = "--readonly" if readonly else None
+        self.utc = utc
+        self.poll_interval_s = poll_interval_s
+        self._clock = clock or time.time
+        self.backoff = backoff or Backoff()
+        self.ascii_only = os.environ.get("LYNXTOP_ASCII") == "1" if ascii_only is None else ascii_only
+        self.backfill_enabled = backfill
+        self.state = LiveState()
+        self.paused = False
+        self._next_poll_at: float | None = None
+        self._poll_timer = None
+        self.gpu_index = 0
+
+    # ------------------------------------------------------------------ helpers used by screens
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def retry_in_s(self) -> float | None:
+        if self.state.outage is None or self._next_poll_at is None:
+            return None
+        return max(0.0, self._next_poll_at - time.monotonic())
+
+    def header_flags(self) -> list[tuple[str, str]]:
+        flags = []
+        if self.readonly_reason:
+            flags.append((f"READ-ONLY ({self.readonly_reason})", "bold yellow"))
+        if self.paused:
+            flags.append(("⏸ PAUSED (p resumes)", "bold yellow"))
+        if self.utc:
+            flags.append(("UTC", "dim"))
+        return flags
+
+    def open_gpu(self, index: int) -> None:
+        self.gpu_index = index
+        self.switch_mode("gpu")
+
+    # ------------------------------------------------------------------ lifecycle
+    def on_mount(self) -> None:
+        self.poll()
+        if self.backfill_enabled:
+            self.load_backfill()
+        if not self.is_headless:
+            # An SSH session that drops sends SIGHUP: leave instead of drawing into nothing.
+            try:
+                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.exit)
+            except (NotImplementedError, RuntimeError):
+                pass
+
+    async def on_unmount(self) -> None:
+        await self.client.close()
+
+    # ------------------------------------------------------------------ polling
+    def _arm_poll(self, delay_s: float) -> None:
+        self._next_poll_at = time.monotonic() + delay_s
+        self._poll_timer = self.set_timer(delay_s, self.poll)
+
+    @work(exclusive=True, group="poll", exit_on_error=False)
+    async def poll(self) -> None:
+        """One poll; re-arms a one-shot timer when done so polls never overlap."""
+        delay = self.poll_interval_s
+        try:
+            status = await self.client.status()
+            if not isinstance(status.get("serving"), dict) and "agent" not in status:
+                raise AgentUnreachable(f"{self.socket_path}: answer is not a lynxtop status object")
+            self.backoff.reset()
+            self.post_message(StatusArrived(status))
+        except AgentUnreachable as exc:
+            delay = self.backoff.next_delay()
+            self._next_poll_at = time.monotonic() + delay
+            self.post_message(AgentLost(str(exc)))
+        except AgentRefused as exc:
+            delay = self.backoff.next_delay()
+            self._next_poll_at = time.monotonic() + delay
+            self.post_message(AgentLost(f"agent answered {exc.status}: {exc.message}"))
+        finally:
+            self._arm_poll(delay)
+
+    def _live(self) -> bool:
+        """False while the app is shutting down (no screen left to draw on)."""
+        try:
+            self.screen  # noqa: B018
+        except ScreenStackError:
+            return False
+        return True
+
+    def on_status_arrived(self, message: StatusArrived) -> None:
+        if not self._live():
+            return
+        ended = self.state.apply_status(message.status, self.now_ms())
+        if ended is not None:
+            self.notify(f"agent back (unreachable since {fmt_clock(ended.since_ms, self.utc)})",
+                        title="Agent reachable", severity="information")
+        self.refresh_bindings()
+        self._redraw()
+
+    def on_agent_lost(self, message: AgentLost) -> None:
+        if not self._live():
+            return
+        first = self.state.mark_lost(message.error, self.now_ms())
+        if first:
+            self.notify(f"{message.error}\nlast values stay on screen, greyed; retrying with backoff",
+                        title="Agent unreachable", severity="error", timeout=8)
+            self.refresh_bindings()
+        self._redraw()
+
+    def _redraw(self) -> None:
+        # Only the visible view draws; a modal on top keeps the view below unchanged until it closes.
+        if not self.paused and isinstance(self.screen, LiveScreen):
+            self.screen.post_message(LiveRefreshed())
+
+    @work(thread=True, exclusive=True, group="backfill", exit_on_error=False)
+    def load_backfill(self) -> None:
+        end = self.now_ms()
+        start = end - BACKFILL_S * 1000
+        try:
+            with self.history.reader() as reader:
+                _, serving = reader.series("serving", list(SERVING_KEYS), start, end, max_points=1000)
+                _, gpus = reader.series("gpu", list(GPU_KEYS), start, end, max_points=1000)
+        except HistoryUnavailable:
+            return  # the History view explains why; live charts fill from the socket
+        except Exception:  # a damaged database must not take the live view down
+            return
+        self.call_from_thread(self.state.backfill, _flatten(serving), _flatten(gpus))
+
+    # ------------------------------------------------------------------ actions
+    def action_view(self, name: str) -> None:
+        if name in VIEWS:
+            self.switch_mode(name)
+
+    def action_help(self) -> None:
+        keys: list[tuple[str, str]] = []
+        seen = set()
+        for _, binding in self.screen.active_bindings.values():
+            if binding.description and binding.key not in seen:
+                seen.add(binding.key)
+                keys.append((binding.key_display or binding.key, binding.description))
+        view = getattr(self.screen, "VIEW_TITLE", "") or self.current_mode
+        self.push_screen(HelpScreen(keys, view))
+
+    def action_refresh_now(self) -> None:
+        if self._poll_timer is not None:
+            self._poll_timer.stop()
+        self.backoff.reset()
+        self.poll()
+        if isinstance(self.screen, LiveScreen):
+            self.screen.post_message(LiveRefreshed())
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self.notify("display paused; p resumes" if self.paused else "display resumed")
+        if isinstance(self.screen, LiveScreen):
+            self.screen.redraw()
+
+    def action_toggle_utc(self) -> None:
+        self.utc = not self.utc
+        self.notify("times in UTC" if self.utc else "times in local time")
+        if isinstance(self.screen, LiveScreen):
+            self.screen.redraw()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "control":
+            if self.readonly_reason:
+                return False  # hidden: read-only
+            if not self.state.connected:
+                return None  # shown greyed: nothing to send it to
+        return True
+
+    def action_control(self, action: str) -> None:
+        if action in CONTROL_ACTIONS:
+            self.run_control(action)
+
+    @work(exclusive=True, group="control", exit_on_error=False)
+    async def run_control(self, action: str) -> None:
+        if self.readonly_reason:
+            self.notify(f"read-only: {self.readonly_reason}", severity="warning")
+            return
+        serving = self.state.section("serving")
+        metrics = self.state.section("serving_metrics")
+        profile: str | None = None
+        try:
+            if action == "switch" or (action == "start" and not serving.get("profile")):
+                listing = await self.client.profiles()
+                profiles = list(listing.get("profiles") or [])
+                current_name = listing.get("current") or serving.get("profile")
+                if not [p for p in profiles if p.get("name") != current_name or action == "start"]:
+                    self.notify("no other profile to switch to (see `lynxtop config check`)", severity="warning")
+                    return
+                profile = await self.push_screen_wait(ProfilePickerScreen(
+                    f"{'Switch to' if action == 'switch' else 'Start'} which profile?", profiles,
+                    current_name if action == "switch" else None))
+                if profile is None:
+                    return
+                target = next(p for p in profiles if p.get("name") == profile)
+                current = next((p for p in profiles if p.get("name") == current_name), None)
+            if action == "restart":
+                title, body, label = "Restart serving?", control_text.restart_text(serving, metrics), "Restart"
+            elif action == "stop":
+                title, body, label = "Stop serving?", control_text.stop_text(serving, metrics), "Stop"
+            elif action == "start":
+                title, body, label = "Start serving?", control_text.start_text(serving, profile), "Start"
+            else:
+                title = f"Switch to profile {profile}?"
+                body = control_text.switch_text(serving, current, target)
+                label = "Switch"
+            confirmed = await self.push_screen_wait(ConfirmScreen(title, body, label))
+            if not confirmed:
+                self.notify(f"{action}: cancelled, nothing changed")
+                return
+            answer = await self.client.action(action, profile)
+            self.notify(str(answer.get("message") or f"{action} accepted"), title=f"{action} accepted")
+            self.action_refresh_now()
+        except AgentRefused as exc:
+            self._refused(action, exc)
+        except AgentUnreachable as exc:
+            self.notify(f"{action} not sent: {exc}", title="Agent unreachable", severity="error")
+
+    def _refused(self, action: str, exc: AgentRefused) -> None:
+        if exc.status == 403:
+            self.readonly_reason = f"agent refused control: {exc.message}"
+            self.refresh_bindings()
+            self.notify(f"{exc.message}\nthe dashboard is now read-only", title=f"{action} refused",
+                        severity="error", timeout=10)
+            if isinstance(self.screen, LiveScreen):
+                self.screen.redraw()
+        elif exc.status == 409:
+            self.notify(exc.message, title=f"{action}: agent busy", severity="warning", timeout=8)
+        else:
+            self.notify(exc.message, title=f"{action} refused ({exc.status})", severity="error", timeout=10)
+
+
+def _flatten(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rollup rows carry {col}_avg; the live charts want {col}."""
+    out = []
+    for row in rows:
+        if any(k.endswith("_avg") for k in row):
+            flat = {k[:-4]: v for k, v in row.items() if k.endswith("_avg")}
+            flat["ts_ms"] = row["ts_ms"]
+            if "gpu" in row:
+                flat["gpu"] = row["gpu"]
+            out.append(flat)
+        else:
+            out.append(row)
+    return out
+
+
+def run(args: Namespace) -> int:
+    """`lynxtop` / `lynxtop dashboard`: open the dashboard on the configured socket and database."""
+    from lynxtop.config_cli import load_or_exit
+
+    cfg = load_or_exit(args)
+    if cfg is None:
+        return 2
+    socket_path = Path(args.socket) if getattr(args, "socket", None) else cfg.agent.socket
+    database = Path(args.database) if getattr(args, "database", None) else cfg.agent.database
+    app = LynxtopApp(socket_path, database, readonly=bool(getattr(args, "readonly", False)),
+                     utc=bool(getattr(args, "utc", False)))
+    app.run()
+    return int(app.return_code or 0)

@@ -1,0 +1,113 @@
+"""What each control action will do, in words, for its confirmation dialog; and profile flag differences.
+
+Pure functions of the status and profiles JSON, so the wording an operator reads at 3 a.m. is tested
+without a terminal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from lynxtop.tui.format import fmt_duration
+
+LOAD_WARNING = "The model loads again: this takes minutes (a 284B model: 10-30 min); nothing is served meanwhile."
+
+
+def last_load_s(serving: dict[str, Any]) -> float | None:
+    started, ready = serving.get("started_ms"), serving.get("ready_ms")
+    if started and ready and ready >= started:
+        return (ready - started) / 1000
+    return None
+
+
+def _what_runs(serving: dict[str, Any]) -> str:
+    state = serving.get("state") or "unknown"
+    profile = serving.get("profile") or "no profile"
+    parts = [f"profile {profile}", f"state {state}"]
+    if serving.get("run_id"):
+        parts.append(f"run {serving['run_id']}")
+    if serving.get("pid"):
+        parts.append(f"pid {serving['pid']}")
+    if serving.get("model"):
+        parts.append(f"model {serving['model']}")
+    return ", ".join(parts)
+
+
+def _load_line(serving: dict[str, Any]) -> str:
+    load = last_load_s(serving)
+    return LOAD_WARNING + (f" The last load took {fmt_duration(load)}." if load else "")
+
+
+def _busy_lines(serving: dict[str, Any], running: dict[str, Any] | None) -> list[Text]:
+    out = []
+    if serving.get("requests_running") or (running or {}).get("requests_running"):
+        n = (running or {}).get("requests_running")
+        out.append(Text(f"{n} request(s) are running now and will fail.", style="bold red"))
+    return out
+
+
+def restart_text(serving: dict[str, Any], metrics: dict[str, Any] | None = None) -> RenderableType:
+    return Group(
+        Text(f"Now: {_what_runs(serving)}."),
+        Text("vLLM is stopped (in-flight requests get the profile's grace period) and started again "
+             "with the same profile as a new run."),
+        *_busy_lines(serving, metrics),
+        Text(_load_line(serving), style="bold yellow"),
+    )
+
+
+def stop_text(serving: dict[str, Any], metrics: dict[str, Any] | None = None) -> RenderableType:
+    return Group(
+        Text(f"Now: {_what_runs(serving)}."),
+        Text("vLLM is stopped and stays stopped: the node serves nothing until someone starts it."),
+        *_busy_lines(serving, metrics),
+        Text("To serve again the model must load again: minutes (a 284B model: 10-30 min).", style="bold yellow"),
+    )
+
+
+def start_text(serving: dict[str, Any], profile: str | None) -> RenderableType:
+    name = profile or serving.get("profile") or "the default profile"
+    return Group(
+        Text(f"Now: {_what_runs(serving)}."),
+        Text(f"Start serving {name} as a new run."),
+        Text("Loading takes minutes for a large model; progress shows phase by phase in the header.",
+             style="bold yellow"),
+    )
+
+
+def flag_diff(current: dict[str, Any] | None, target: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(flag, current value, new value) for every flag that differs; '—' where absent."""
+    a = dict((current or {}).get("flags") or {})
+    b = dict(target.get("flags") or {})
+    rows = []
+    for flag in sorted(set(a) | set(b)):
+        va, vb = a.get(flag), b.get(flag)
+        if va != vb:
+            rows.append((flag, "—" if va is None else str(va), "—" if vb is None else str(vb)))
+    return rows
+
+
+def switch_text(serving: dict[str, Any], current: dict[str, Any] | None, target: dict[str, Any]) -> RenderableType:
+    diff = flag_diff(current, target)
+    table = Table(title=None, show_header=True, header_style="bold", expand=False, box=None, padding=(0, 1))
+    table.add_column("flag")
+    table.add_column(f"now: {(current or {}).get('name', 'none')}")
+    table.add_column(f"new: {target['name']}")
+    for flag, va, vb in diff:
+        table.add_row(flag, Text(va, style="red"), Text(vb, style="green"))
+    parts: list[RenderableType] = [
+        Text(f"Now: {_what_runs(serving)}."),
+        Text(f"Preflight {target['name']}, stop the current run, wait for the GPUs to be freed, "
+             f"start {target['name']} as a new run."),
+        Text(f"{len(diff)} flag difference(s):" if diff else "No flag differences (same argv).", style="bold"),
+    ]
+    if diff:
+        parts.append(table)
+    if target.get("description"):
+        parts.append(Text(f"{target['name']}: {target['description']}", style="dim"))
+    parts.append(Text(_load_line(serving), style="bold yellow"))
+    return Group(*parts)

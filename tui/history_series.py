@@ -1,0 +1,42 @@
+"""Turn the store reader's rows into chart points: one value per timestamp, averaged across GPUs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+RANGES: tuple[tuple[str, int | None], ...] = (
+    ("1h", 3600_000), ("6h", 6 * 3600_000), ("24h", 24 * 3600_000), ("7d", 7 * 86400_000),
+    ("30d", 30 * 86400_000), ("run", None),
+)
+
+
+def value(row: dict[str, Any], col: str, agg: str) -> float | None:
+    """Raw rows hold {col}; rollups {col}_avg/_max: latency wants the max (breaches), activity the mean."""
+    if col in row:
+        return row[col]
+    return row.get(f"{col}_{agg}", row.get(f"{col}_avg"))
+
+
+def points(rows: list[dict[str, Any]], col: str, agg: str = "avg") -> list[tuple[int, float | None]]:
+    """Series over time; rows with a `gpu` key are averaged per timestamp across GPUs."""
+    by_ts: dict[int, list[float]] = {}
+    order: list[int] = []
+    for row in rows:
+        ts = int(row["ts_ms"])
+        v = value(row, col, agg)
+        if ts not in by_ts:
+            by_ts[ts] = []
+            order.append(ts)
+        if v is not None:
+            by_ts[ts].append(float(v))
+    return [(ts, (sum(by_ts[ts]) / len(by_ts[ts])) if by_ts[ts] else None) for ts in sorted(order)]
+
+
+def span(run: dict[str, Any] | None, range_ms: int | None, now_ms: int) -> tuple[int, int]:
+    """The window to chart: the range ending where the run ended (or now), or the whole run."""
+    end = int((run or {}).get("ended_ms") or now_ms)
+    if range_ms is None:
+        start = int((run or {}).get("started_ms") or end - 3600_000)
+    else:
+        start = end - range_ms
+    return start, max(end, start + 1)

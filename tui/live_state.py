@@ -1,0 +1,109 @@
+"""What the dashboard knows about the node right now, and the last minutes of it, independent of Textual.
+
+The poller feeds it; screens read it. Keeping it free of widgets lets the outage rules (greyed values with
+their age, one notice per outage) be tested without a terminal.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from lynxtop.store.columns import GPU_METRICS, LATENCY_SERIES, LATENCY_STATS, SERVING_METRICS, names
+
+# 15 minutes at the default 1 s interval: what the GPU and Latency views show live.
+HISTORY_POINTS = 900
+SERVING_KEYS = names(SERVING_METRICS)
+GPU_KEYS = names(GPU_METRICS)
+LATENCY_KEYS = tuple(f"{s}_{st}_ms" for s in LATENCY_SERIES for st in LATENCY_STATS)
+
+
+@dataclass
+class Outage:
+    since_ms: int
+    error: str
+    notified: bool = False
+
+
+@dataclass
+class LiveState:
+    status: dict[str, Any] | None = None
+    received_ms: int | None = None  # wall time of the last good status (for "age")
+    outage: Outage | None = None
+    serving_history: deque[tuple[int, dict[str, Any]]] = field(
+        default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    gpu_history: dict[int, deque[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
+    profiles: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ updates
+    def apply_status(self, status: dict[str, Any], now_ms: int) -> Outage | None:
+        """Take a fresh status; returns the outage that just ended, if any."""
+        ended = self.outage
+        self.outage = None
+        self.status = status
+        self.received_ms = now_ms
+        ts = int(status.get("ts_ms") or now_ms)
+        sm = status.get("serving_metrics") or {}
+        if sm and (not self.serving_history or self.serving_history[-1][0] < ts):
+            self.serving_history.append((ts, {k: sm.get(k) for k in SERVING_KEYS}))
+        for gpu in status.get("gpus") or []:
+            idx = gpu.get("index")
+            if not isinstance(idx, int):
+                continue
+            hist = self.gpu_history.setdefault(idx, deque(maxlen=HISTORY_POINTS))
+            if not hist or hist[-1][0] < ts:
+                hist.append((ts, {k: gpu.get(k) for k in GPU_KEYS}))
+        return ended
+
+    def mark_lost(self, error: str, now_ms: int) -> bool:
+        """Record a failed poll; True only for the first failure of an outage (notify once)."""
+        if self.outage is None:
+            self.outage = Outage(since_ms=now_ms, error=error)
+            return True
+        self.outage.error = error
+        return False
+
+    def backfill(self, serving_rows: list[dict[str, Any]], gpu_rows: list[dict[str, Any]]) -> None:
+        """Seed the live charts from the store so they are not empty when the dashboard opens."""
+        if serving_rows and not self.serving_history:
+            for row in serving_rows[-HISTORY_POINTS:]:
+                self.serving_history.append((int(row["ts_ms"]), {k: row.get(k) for k in SERVING_KEYS}))
+        by_gpu: dict[int, list[dict[str, Any]]] = {}
+        for row in gpu_rows:
+            by_gpu.setdefault(int(row["gpu"]), []).append(row)
+        for idx, rows in by_gpu.items():
+            if idx in self.gpu_history:
+                continue
+            hist = self.gpu_history.setdefault(idx, deque(maxlen=HISTORY_POINTS))
+            for row in rows[-HISTORY_POINTS:]:
+                hist.append((int(row["ts_ms"]), {k: row.get(k) for k in GPU_KEYS}))
+
+    # ------------------------------------------------------------------ reads
+    @property
+    def connected(self) -> bool:
+        return self.status is not None and self.outage is None
+
+    @property
+    def stale(self) -> bool:
+        return self.outage is not None
+
+    def age_s(self, now_ms: int) -> float | None:
+        return None if self.received_ms is None else max(0.0, (now_ms - self.received_ms) / 1000)
+
+    def section(self, name: str) -> dict[str, Any]:
+        return dict((self.status or {}).get(name) or {})
+
+    @property
+    def gpus(self) -> list[dict[str, Any]]:
+        return list((self.status or {}).get("gpus") or [])
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.section("agent").get("simulated"))
+
+    def serving_series(self, key: str) -> list[tuple[int, float | None]]:
+        return [(ts, row.get(key)) for ts, row in self.serving_history]
+
+    def gpu_series(self, idx: int, key: str) -> list[tuple[int, float | None]]:
+        return [(ts, row.get(key)) for ts, row in self.gpu_history.get(idx, ())]

@@ -1,0 +1,78 @@
+"""What every view shares: the node header, the outage banner, the footer, and the too-small message."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+from textual import events
+from textual.app import ComposeResult
+from textual.containers import Container
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from lynxtop.tui.messages import LiveRefreshed
+from lynxtop.tui.widgets.node_header import NodeHeader
+from lynxtop.tui.widgets.outage_banner import OutageBanner
+
+if TYPE_CHECKING:
+    from lynxtop.tui.app import LynxtopApp
+
+MIN_WIDTH, MIN_HEIGHT = 80, 24
+COMPACT_WIDTH, COMPACT_HEIGHT = 120, 32
+
+
+class LiveScreen(Screen):
+    """A view: subclasses yield their body from `compose_body` and draw it in `draw`."""
+
+    VIEW_TITLE = ""
+
+    def compose(self) -> ComposeResult:
+        yield NodeHeader(id="header")
+        yield OutageBanner(id="banner")
+        with Container(id="body"):
+            yield from self.compose_body()
+        yield Static(id="too-small")
+        yield Footer()
+
+    def compose_body(self) -> ComposeResult:
+        yield from ()
+
+    @property
+    def lynx(self) -> LynxtopApp:
+        return self.app  # type: ignore[return-value]
+
+    def on_screen_resume(self) -> None:
+        self._apply_size()
+        self.redraw()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._apply_size()
+
+    def _apply_size(self) -> None:
+        w, h = self.app.size
+        small = w < MIN_WIDTH or h < MIN_HEIGHT
+        self.set_class(small, "-too-small")
+        self.set_class(w < COMPACT_WIDTH or h < COMPACT_HEIGHT, "-compact")
+        if small:
+            self.query_one("#too-small", Static).update(Text(
+                f"lynxtop needs at least {MIN_WIDTH}×{MIN_HEIGHT} characters; this terminal is {w}×{h}.\n"
+                "Enlarge the window or press q to quit.", justify="center"))
+        self.on_compact_changed(self.has_class("-compact"))
+
+    def on_compact_changed(self, compact: bool) -> None:
+        """Subclasses switch to narrower columns here."""
+
+    def on_live_refreshed(self, message: LiveRefreshed) -> None:
+        self.redraw()
+
+    def redraw(self) -> None:
+        app = self.lynx
+        now = app.now_ms()
+        self.query_one(NodeHeader).show(app.state, now, app.header_flags())
+        self.query_one(OutageBanner).show(app.state, now, app.utc, app.retry_in_s())
+        self.set_class(app.state.stale, "-stale")
+        self.draw(now)
+
+    def draw(self, now_ms: int) -> None:
+        """Draw the body from `self.lynx.state`; called at most once per poll and only when visible."""

@@ -1,0 +1,118 @@
+"""Two runs side by side: profile and flag differences, throughput, latency, GPU activity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from lynxtop.tui.control_text import flag_diff
+from lynxtop.tui.format import NA, fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
+from lynxtop.tui.history_source import HistoryUnavailable
+
+SKIP = {"id", "flags", "argv", "summary"}
+
+
+def _fmt_value(key: str, v: Any) -> str:
+    if v is None:
+        return NA
+    if isinstance(v, float | int) and not isinstance(v, bool):
+        if key.endswith("_ms") and ("ttft" in key or "tpot" in key or "itl" in key or "e2e" in key
+                                    or "queue" in key):
+            return fmt_ms(v)
+        if key.endswith("_ms"):
+            return fmt_datetime(v)
+        if key.endswith("_pct"):
+            return fmt_pct(v, 1)
+        if key.endswith("_per_s"):
+            return fmt_si(v)
+        if key.endswith("_s"):
+            return fmt_duration(v)
+        return f"{v:,.4g}" if isinstance(v, float) else str(v)
+    if isinstance(v, list | tuple):
+        return ", ".join(map(str, v))
+    return str(v)
+
+
+def _flatten(run: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in run.items() if k not in SKIP and not isinstance(v, dict)}
+    summary = run.get("summary")
+    if isinstance(summary, dict):
+        for k, v in summary.items():
+            if isinstance(v, dict):
+                for k2, v2 in v.items():
+                    out[f"{k}.{k2}"] = v2
+            else:
+                out[k] = v
+    return out
+
+
+def compare_table(a: dict[str, Any], b: dict[str, Any]) -> Table:
+    table = Table(show_header=True, header_style="bold", expand=True)
+    table.add_column("")
+    table.add_column(f"run {a.get('id')}")
+    table.add_column(f"run {b.get('id')}")
+    fa, fb = _flatten(a), _flatten(b)
+    for key in [k for k in fa if k in fb] + [k for k in fb if k not in fa]:
+        va, vb = _fmt_value(key, fa.get(key)), _fmt_value(key, fb.get(key))
+        style = "bold" if va != vb else ""
+        table.add_row(Text(key, style="dim"), Text(va, style=style), Text(vb, style=style))
+    return table
+
+
+class CompareScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q", "close", "Close", id="compare.close")]
+
+    def __init__(self, run_a: int, run_b: int):
+        super().__init__()
+        self.run_a, self.run_b = run_a, run_b
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="dialog", classes="wide"):
+            yield Static(f"Compare run {self.run_a} with run {self.run_b}", id="dialog-title", markup=False)
+            yield Static("loading…", id="compare-body")
+            yield Static("Esc closes", id="dialog-hint")
+
+    def on_mount(self) -> None:
+        self.load()
+
+    @work(thread=True, exit_on_error=False)
+    def load(self) -> None:
+        app: Any = self.app
+        try:
+            with app.history.reader() as reader:
+                a, b = reader.run(self.run_a), reader.run(self.run_b)
+        except (HistoryUnavailable, Exception) as exc:
+            self.app.call_from_thread(self._show_error, str(exc))
+            return
+        self.app.call_from_thread(self._show, a, b)
+
+    def _show_error(self, message: str) -> None:
+        self.query_one("#compare-body", Static).update(Text(f"✗ {message}", style="bold red"))
+
+    def _show(self, a: dict[str, Any] | None, b: dict[str, Any] | None) -> None:
+        if a is None or b is None:
+            missing = self.run_a if a is None else self.run_b
+            self._show_error(f"run {missing} is not in the database")
+            return
+        from rich.console import Group
+
+        diff = flag_diff({"flags": a.get("flags") or {}}, {"flags": b.get("flags") or {}})
+        flags = Table(show_header=True, header_style="bold", box=None)
+        flags.add_column("flag")
+        flags.add_column(f"run {a.get('id')} ({a.get('profile')})")
+        flags.add_column(f"run {b.get('id')} ({b.get('profile')})")
+        for flag, va, vb in diff:
+            flags.add_row(flag, va, vb)
+        head = Text(f"{len(diff)} flag difference(s)" if diff else "same flags", style="bold")
+        self.query_one("#compare-body", Static).update(Group(head, flags, Text(""), compare_table(a, b)))
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,247 @@
+"""View 5: the event list (filter by kind, severity, text) and the vLLM log of a run (with search)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Input, Log, Static
+
+from lynxtop.tui.client import AgentRefused, AgentUnreachable
+from lynxtop.tui.format import fmt_clock, fmt_datetime
+from lynxtop.tui.history_source import HistoryUnavailable
+from lynxtop.tui.screens.base import LiveScreen
+
+SEVERITIES = ("info", "warning", "error", "critical")
+SEVERITY_MARK = {"info": ("·", ""), "warning": ("!", "yellow"), "error": ("✗", "bold red"),
+                 "critical": ("✗✗", "bold red reverse")}
+REFRESH_S = 5.0
+LOG_LINES = 2000
+
+
+class EventsScreen(LiveScreen):
+    VIEW_TITLE = "Events & logs"
+    BINDINGS = [
+        Binding("slash", "filter", "Filter/search", key_display="/", id="events.filter"),
+        Binding("k", "cycle_kind", "Kind", id="events.kind"),
+        Binding("v", "cycle_severity", "Severity", id="events.severity"),
+        Binding("left_square_bracket", "log_run(-1)", "Older run log", key_display="[", id="events.older"),
+        Binding("right_square_bracket", "log_run(1)", "Newer run log", key_display="]", id="events.newer"),
+        Binding("escape", "clear_filter", "Clear filter", show=False, id="events.clear"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[dict[str, Any]] = []
+        self.kind: str | None = None
+        self.min_severity = "info"
+        self.text_filter = ""
+        self.log_search = ""
+        self.log_lines: list[str] = []
+        self.log_run: int | None = None  # None = current run
+        self.runs: list[dict[str, Any]] = []
+        self.source = ""
+        self._last_fetch = 0.0
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="events-filters")
+        yield DataTable(id="events", cursor_type="row")
+        yield Input(placeholder="filter events (Enter applies, Esc clears)", id="filter")
+        yield Static(id="log-title")
+        yield Log(id="log", max_lines=LOG_LINES, highlight=False)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#events", DataTable)
+        for key, label in (("ts", "time"), ("sev", "severity"), ("kind", "kind"), ("run", "run"),
+                           ("msg", "message")):
+            table.add_column(label, key=key)
+
+    def on_screen_resume(self) -> None:
+        super().on_screen_resume()
+        self.fetch_events()
+        self.fetch_log()
+
+    def draw(self, now_ms: int) -> None:
+        if time.monotonic() - self._last_fetch > REFRESH_S:
+            self.fetch_events()
+        self._draw_filters()
+
+    # ------------------------------------------------------------------ data
+    @work(exclusive=True, group="events", exit_on_error=False)
+    async def fetch_events(self) -> None:
+        self._last_fetch = time.monotonic()
+        events: list[dict[str, Any]] | None
+        try:
+            events = await asyncio.to_thread(self._events_from_store)
+            self.source = f"history database {self.lynx.history.path}"
+        except HistoryUnavailable as exc:
+            try:
+                events = list(reversed(await self.lynx.client.events(limit=500)))
+                self.source = f"agent (history unavailable: {exc})"
+            except (AgentUnreachable, AgentRefused) as exc2:
+                self.source = f"no events: {exc}; agent: {exc2}"
+                events = None
+        if events is not None:
+            self.events = events
+            self._fill_events()
+        self._draw_filters()
+
+    def _events_from_store(self) -> list[dict[str, Any]]:
+        with self.lynx.history.reader() as reader:
+            events = reader.events(limit=1000)
+            try:
+                self.runs = reader.runs(limit=50)
+            except Exception:
+                self.runs = []
+        # newest first for the operator
+        return sorted(events, key=lambda e: (e.get("ts_ms") or 0, e.get("id") or 0), reverse=True)
+
+    @work(exclusive=True, group="log", exit_on_error=False)
+    async def fetch_log(self) -> None:
+        title = self.query_one("#log-title", Static)
+        try:
+            data = await self.lynx.client.logs(self.log_run, LOG_LINES)
+            self.log_lines = [str(x) for x in data.get("lines") or []]
+            header = f"vLLM log of run {data.get('run_id', '?')}  {data.get('path', '')}"
+        except (AgentUnreachable, AgentRefused) as exc:
+            lines, header = await asyncio.to_thread(self._log_from_file, str(exc))
+            self.log_lines = lines
+        self._log_header = header
+        title.update(Text(header, style="bold"))
+        self._fill_log()
+
+    def _log_from_file(self, why: str) -> tuple[list[str], str]:
+        """With the agent down, read the run's log file directly (its path is in the runs table)."""
+        run = None
+        if self.runs:
+            run = next((r for r in self.runs if r.get("id") == self.log_run), None) if self.log_run else self.runs[0]
+        path = (run or {}).get("log_path")
+        if not path:
+            return [], f"vLLM log unavailable: {why}"
+        try:
+            with open(path, errors="replace") as f:
+                lines = [line.rstrip("\n") for line in deque(f, maxlen=LOG_LINES)]
+        except OSError as exc:
+            return [], f"vLLM log of run {run.get('id')}: cannot read {path}: {exc.strerror}"
+        return lines, f"vLLM log of run {run.get('id')}  {Path(path)}  (read from file: agent unreachable)"
+
+    # ------------------------------------------------------------------ drawing
+    def _visible_events(self) -> list[dict[str, Any]]:
+        floor = SEVERITIES.index(self.min_severity)
+        needle = self.text_filter.lower()
+        out = []
+        for e in self.events:
+            sev = e.get("severity") or "info"
+            if sev in SEVERITIES and SEVERITIES.index(sev) < floor:
+                continue
+            if self.kind and e.get("kind") != self.kind:
+                continue
+            if needle and needle not in f"{e.get('kind')} {e.get('message')}".lower():
+                continue
+            out.append(e)
+        return out
+
+    def _fill_events(self) -> None:
+        table = self.query_one("#events", DataTable)
+        table.clear()
+        utc = self.lynx.utc
+        now = self.lynx.now_ms()
+        for e in self._visible_events():
+            sev = e.get("severity") or "info"
+            mark, style = SEVERITY_MARK.get(sev, ("?", ""))
+            ts = e.get("ts_ms")
+            table.add_row(
+                Text(_when(ts, utc, now)),
+                Text(f"{mark} {sev}", style=style),
+                Text(str(e.get("kind") or "")),
+                Text(str(e.get("run_id") or "")),
+                Text(str(e.get("message") or "")),
+            )
+
+    def _draw_filters(self) -> None:
+        shown = len(self._visible_events())
+        t = Text(f"events {shown}/{len(self.events)}  ", style="bold")
+        t.append(f"kind (k): {self.kind or 'all'}   severity (v): ≥{self.min_severity}   ")
+        if self.text_filter:
+            t.append(f"text: {self.text_filter!r}   ")
+        t.append(f"from {self.source}", style="dim")
+        self.query_one("#events-filters", Static).update(t)
+
+    def _fill_log(self) -> None:
+        log = self.query_one("#log", Log)
+        log.clear()
+        needle = self.log_search.lower()
+        lines = [ln for ln in self.log_lines if needle in ln.lower()] if needle else self.log_lines
+        log.write_lines(lines)
+        title = self.query_one("#log-title", Static)
+        header = Text(getattr(self, "_log_header", "vLLM log"), style="bold")
+        if needle:
+            header.append(f"   search {self.log_search!r}: {len(lines)} of {len(self.log_lines)} lines",
+                          style="yellow")
+        header.append("   ([ ] other runs, / search when the log has focus)", style="dim")
+        title.update(header)
+
+    # ------------------------------------------------------------------ actions
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        self._filter_target = "log" if self.query_one("#log", Log).has_focus else "events"
+        box.placeholder = ("search the log (Enter applies, Esc clears)" if self._filter_target == "log"
+                           else "filter events (Enter applies, Esc clears)")
+        box.value = self.log_search if self._filter_target == "log" else self.text_filter
+        box.add_class("-open")
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if getattr(self, "_filter_target", "events") == "log":
+            self.log_search = event.value
+            self._fill_log()
+        else:
+            self.text_filter = event.value
+            self._fill_events()
+        event.input.remove_class("-open")
+        self._draw_filters()
+        self.query_one("#log" if self._filter_target == "log" else "#events").focus()
+
+    def action_clear_filter(self) -> None:
+        self.text_filter = ""
+        self.log_search = ""
+        self.query_one("#filter", Input).remove_class("-open")
+        self._fill_events()
+        self._fill_log()
+        self._draw_filters()
+
+    def action_cycle_kind(self) -> None:
+        kinds = sorted({str(e.get("kind")) for e in self.events if e.get("kind")})
+        options: list[str | None] = [None, *kinds]
+        self.kind = options[(options.index(self.kind) + 1) % len(options)] if self.kind in options else None
+        self._fill_events()
+        self._draw_filters()
+
+    def action_cycle_severity(self) -> None:
+        self.min_severity = SEVERITIES[(SEVERITIES.index(self.min_severity) + 1) % len(SEVERITIES)]
+        self._fill_events()
+        self._draw_filters()
+
+    def action_log_run(self, step: int) -> None:
+        ids = sorted({int(r["id"]) for r in self.runs if r.get("id") is not None})
+        if not ids:
+            self.notify("no recorded runs to choose from", severity="warning")
+            return
+        cur = self.log_run if self.log_run in ids else ids[-1]
+        pos = max(0, min(len(ids) - 1, ids.index(cur) + step))
+        self.log_run = ids[pos]
+        self.fetch_log()
+
+
+def _when(ts: int | None, utc: bool, now_ms: int) -> str:
+    """Clock time for today's events, date and time for older ones."""
+    if ts is None:
+        return "N/A"
+    return fmt_datetime(ts, utc)[5:] if now_ms - ts > 86_400_000 else fmt_clock(ts, utc)

@@ -1,0 +1,82 @@
+"""View 2: one GPU over the last 15 minutes, live; ←/→ choose the GPU."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from lynxtop.tui.format import fmt_pct, fmt_rate, fmt_temp, fmt_watts, throttle_words
+from lynxtop.tui.live_state import HISTORY_POINTS
+from lynxtop.tui.screens.base import LiveScreen
+from lynxtop.tui.widgets.time_chart import TimeChart
+
+WINDOW_MS = 15 * 60 * 1000
+
+# (chart id, title, column(s), formatter, fixed max)
+CHARTS = (
+    ("sm", "SM activity", "sm_active_pct", fmt_pct, 100.0),
+    ("tc", "Tensor activity", "tensor_active_pct", fmt_pct, 100.0),
+    ("dram", "DRAM bandwidth", "dram_bw_pct", fmt_pct, 100.0),
+    ("util", "util.gpu (coarse)", "util_gpu_pct", fmt_pct, 100.0),
+    ("mem", "Memory used", "mem_used_pct", fmt_pct, 100.0),
+    ("power", "Power", "power_w", fmt_watts, None),
+    ("temp", "Temperature", "temp_c", fmt_temp, None),
+    ("nvtx", "NVLink TX", "nvlink_tx_bytes_per_s", fmt_rate, None),
+    ("nvrx", "NVLink RX", "nvlink_rx_bytes_per_s", fmt_rate, None),
+)
+
+
+class GpuScreen(LiveScreen):
+    VIEW_TITLE = "GPU"
+    BINDINGS = [
+        Binding("left,h", "gpu(-1)", "Prev GPU", key_display="←", id="gpu.prev"),
+        Binding("right,l", "gpu(1)", "Next GPU", key_display="→", id="gpu.next"),
+    ]
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="gpu-title")
+        with VerticalScroll(id="gpu-charts"):
+            for cid, title, _, fmt, vmax in CHARTS:
+                yield TimeChart(title, fmt, vmax=vmax, agg="avg", ascii_only=self.lynx.ascii_only,
+                                id=f"chart-{cid}", classes="gpu-chart")
+
+    def action_gpu(self, step: int) -> None:
+        indices = sorted(g["index"] for g in self.lynx.state.gpus if isinstance(g.get("index"), int))
+        indices = indices or sorted(self.lynx.state.gpu_history)
+        if not indices:
+            return
+        cur = self.lynx.gpu_index
+        pos = indices.index(cur) if cur in indices else 0
+        self.lynx.gpu_index = indices[(pos + step) % len(indices)]
+        self.redraw()
+
+    def draw(self, now_ms: int) -> None:
+        app = self.lynx
+        state = app.state
+        idx = app.gpu_index
+        gpu = next((g for g in state.gpus if g.get("index") == idx), {})
+        title = Text(f"GPU {idx}", style="bold")
+        if gpu:
+            title.append(f"  {gpu.get('name', '')}  {gpu.get('pci_bus_id', '')}  {gpu.get('uuid', '')}", style="dim")
+            words = throttle_words(gpu.get("throttle_reasons"))
+            if words:
+                title.append("  throttle: " + ", ".join(words), style="yellow")
+            if gpu.get("lost"):
+                title.append("  ✗ LOST", style="bold red")
+        count = len(state.gpus) or len(state.gpu_history)
+        title.append(f"   ({count} GPUs; ←/→ to choose; last 15 min, {HISTORY_POINTS} samples max)", style="dim")
+        self.query_one("#gpu-title", Static).update(title)
+        ref = state.status.get("ts_ms") if state.status else None
+        end = int(ref or now_ms)
+        start = end - WINDOW_MS
+        for cid, _, key, _, _ in CHARTS:
+            if key == "mem_used_pct":
+                points = [(ts, (row.get("mem_used_bytes") / row["mem_total_bytes"] * 100)
+                           if row.get("mem_used_bytes") is not None and row.get("mem_total_bytes") else None)
+                          for ts, row in state.gpu_history.get(idx, ())]
+            else:
+                points = state.gpu_series(idx, key)
+            self.query_one(f"#chart-{cid}", TimeChart).set_data(points, start, end, utc=app.utc)

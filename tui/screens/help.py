@@ -1,0 +1,43 @@
+"""`?`: every key of the app and of the current view, the colour thresholds, and what the figures mean."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from lynxtop.tui.widgets.gpu_table import UTIL_NOTE
+
+THRESHOLDS = """\
+Colours (always with a word or symbol too):
+  SM/Tensor/DRAM bars: plain; memory yellow ≥ 95 %, red ≥ 99 %; temperature yellow ≥ 80 °C, red ≥ 88 °C
+  KV cache red ≥ 95 %; latency p99 red with ✗ above the SLA limit; ▲ marks breaches in charts
+  N/A = not readable (never shown as 0). Greyed panels = last values while the agent is unreachable.
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "close", "Close", id="help.close")]
+
+    def __init__(self, bindings: list[tuple[str, str]], view: str):
+        super().__init__()
+        self.keys = bindings
+        self.view = view
+
+    def compose(self) -> ComposeResult:
+        table = Table(title=f"lynxtop keys ({self.view} view)", show_header=True, expand=False)
+        table.add_column("key", style="bold")
+        table.add_column("does")
+        for key, description in self.keys:
+            table.add_row(key, description)
+        with VerticalScroll(id="dialog"):
+            yield Static(table)
+            yield Static(Text(THRESHOLDS + "\n" + UTIL_NOTE))
+            yield Static(Text("Esc closes this help.", style="dim"))
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,226 @@
+"""View 4: recorded runs; a run's charts over a range from the rollups; compare two runs; export."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import DataTable, Static
+
+from lynxtop.tui.export_csv import ExportError, export_run_gpu
+from lynxtop.tui.format import fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
+from lynxtop.tui.history_series import RANGES, points, span
+from lynxtop.tui.history_source import HistoryUnavailable
+from lynxtop.tui.screens.base import LiveScreen
+from lynxtop.tui.screens.compare import CompareScreen
+from lynxtop.tui.screens.export_path import ExportPathScreen
+from lynxtop.tui.widgets.time_chart import TimeChart
+
+GPU_COLS = ("sm_active_pct", "tensor_active_pct", "dram_bw_pct")
+SERVING_COLS = ("generation_tokens_per_s", "ttft_p99_ms", "tpot_p99_ms")
+# (chart id, title, table, column, aggregate, formatter, vmax, SLA key)
+CHARTS = (
+    ("sm", "SM activity (avg of GPUs)", "gpu", "sm_active_pct", "avg", fmt_pct, 100.0, None),
+    ("tc", "Tensor activity (avg of GPUs)", "gpu", "tensor_active_pct", "avg", fmt_pct, 100.0, None),
+    ("tok", "Generation tokens/s", "serving", "generation_tokens_per_s", "avg",
+     lambda v: fmt_si(v, "tok/s"), None, None),
+    ("ttft", "TTFT p99 (worst)", "serving", "ttft_p99_ms", "max", fmt_ms, None, "ttft_threshold_ms"),
+    ("tpot", "TPOT p99 (worst)", "serving", "tpot_p99_ms", "max", fmt_ms, None, "tpot_threshold_ms"),
+)
+
+
+class HistoryScreen(LiveScreen):
+    VIEW_TITLE = "History"
+    BINDINGS = [
+        Binding("t", "cycle_range", "Range", id="history.range"),
+        Binding("c", "compare", "Compare", id="history.compare"),
+        Binding("e", "export", "Export CSV", id="history.export"),
+        Binding("f5", "reload", "Reload runs", show=False, id="history.reload"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: list[dict[str, Any]] = []
+        self.range_index = 0
+        self.selected: dict[str, Any] | None = None
+        self.compare_with: dict[str, Any] | None = None
+        self.error: str | None = None
+        self.last_draw_ms: float | None = None  # how long the last chart load took (benchmarks read it)
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="history-status")
+        with Horizontal(id="history-main"):
+            yield DataTable(id="runs", cursor_type="row")
+            with VerticalScroll(id="history-charts"):
+                for cid, title, _, _, _, fmt, vmax, _ in CHARTS:
+                    yield TimeChart(title, fmt, vmax=vmax, agg="max", ascii_only=self.lynx.ascii_only,
+                                    id=f"hchart-{cid}", classes="history-chart")
+
+    def on_mount(self) -> None:
+        table = self.query_one("#runs", DataTable)
+        for key, label in (("id", "run"), ("profile", "profile"), ("started", "started"),
+                           ("dur", "length"), ("end", "end")):
+            table.add_column(label, key=key)
+
+    def on_screen_resume(self) -> None:
+        super().on_screen_resume()
+        self.load_runs()
+
+    def draw(self, now_ms: int) -> None:
+        self._draw_status()
+
+    # ------------------------------------------------------------------ data
+    @work(thread=True, exclusive=True, group="history-runs", exit_on_error=False)
+    def load_runs(self) -> None:
+        try:
+            with self.lynx.history.reader() as reader:
+                runs = reader.runs(limit=200)
+        except HistoryUnavailable as exc:
+            self.app.call_from_thread(self._history_failed, str(exc))
+            return
+        except Exception as exc:  # a damaged database: say so, keep the rest of the app alive
+            self.app.call_from_thread(self._history_failed, f"{self.lynx.history.path}: {exc}")
+            return
+        self.app.call_from_thread(self._show_runs, runs)
+
+    def _history_failed(self, message: str) -> None:
+        self.error = message
+        self._draw_status()
+
+    def _show_runs(self, runs: list[dict[str, Any]]) -> None:
+        self.error = None
+        self.runs = runs
+        table = self.query_one("#runs", DataTable)
+        keep = self.selected.get("id") if self.selected else None
+        table.clear()
+        now = self.lynx.now_ms()
+        utc = self.lynx.utc
+        for run in runs:
+            started, ended = run.get("started_ms"), run.get("ended_ms")
+            length = fmt_duration(((ended or now) - started) / 1000) if started else "N/A"
+            end = run.get("end_reason") or ("running" if not ended else "ended")
+            table.add_row(Text(str(run.get("id")), style="bold"),
+                          Text(str(run.get("profile") or "")) + (Text(" SIM", style="magenta")
+                                                                   if run.get("simulated") else Text("")),
+                          Text(fmt_datetime(started, utc)), Text(length), Text(str(end)), key=str(run.get("id")))
+        if runs:
+            ids = [str(r.get("id")) for r in runs]
+            row = ids.index(str(keep)) if keep is not None and str(keep) in ids else 0
+            table.move_cursor(row=row)
+            self.selected = runs[row]
+            self.load_charts()
+        else:
+            self.selected = None
+            self.load_charts()
+        self._draw_status()
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        run = next((r for r in self.runs if str(r.get("id")) == event.row_key.value), None)
+        if run is not None and run is not self.selected:
+            self.selected = run
+            self.load_charts()
+            self._draw_status()
+
+    @work(thread=True, exclusive=True, group="history-charts", exit_on_error=False)
+    def load_charts(self) -> None:
+        t0 = time.perf_counter()
+        name, range_ms = RANGES[self.range_index]
+        start, end = span(self.selected, range_ms, self.lynx.now_ms())
+        width = max(50, self.size.width)
+        try:
+            with self.lynx.history.reader() as reader:
+                res_g, gpu_rows = reader.series("gpu", list(GPU_COLS), start, end, max_points=width * 4)
+                res_s, srv_rows = reader.series("serving", list(SERVING_COLS), start, end, max_points=width * 4)
+        except HistoryUnavailable as exc:
+            self.app.call_from_thread(self._history_failed, str(exc))
+            return
+        except Exception as exc:
+            self.app.call_from_thread(self._history_failed, f"{self.lynx.history.path}: {exc}")
+            return
+        series = {}
+        for cid, _, table, col, agg, *_ in CHARTS:
+            series[cid] = points(gpu_rows if table == "gpu" else srv_rows, col, agg)
+        self.app.call_from_thread(self._show_charts, series, start, end, f"{res_g}/{res_s}", t0)
+
+    def _show_charts(self, series: dict[str, list], start: int, end: int, resolution: str, t0: float) -> None:
+        sla = self.lynx.state.section("sla")
+        for cid, _, _, _, _, _, _, sla_key in CHARTS:
+            self.query_one(f"#hchart-{cid}", TimeChart).set_data(
+                series[cid], start, end, threshold=sla.get(sla_key) if sla_key else None, utc=self.lynx.utc,
+                note=f"resolution {resolution}")
+        self.last_draw_ms = (time.perf_counter() - t0) * 1000
+        self._draw_status()
+
+    # ------------------------------------------------------------------ drawing
+    def _draw_status(self) -> None:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if self.error:
+            t.append(f"✗ history unavailable: {self.error}", style="bold red")
+            self.query_one("#history-status", Static).update(t)
+            return
+        t.append("range (t): ")
+        for i, (name, _) in enumerate(RANGES):
+            t.append(f"[{name}]" if i == self.range_index else f" {name} ",
+                     style="bold reverse" if i == self.range_index else "dim")
+        if self.selected:
+            t.append(f"   run {self.selected.get('id')} {self.selected.get('profile', '')}", style="bold")
+        if self.compare_with:
+            t.append(f"   compare: run {self.compare_with.get('id')} marked; c on another run",
+                     style="yellow")
+        t.append("   c compare · e export", style="dim")
+        self.query_one("#history-status", Static).update(t)
+
+    # ------------------------------------------------------------------ actions
+    def action_cycle_range(self) -> None:
+        self.range_index = (self.range_index + 1) % len(RANGES)
+        self._draw_status()
+        self.load_charts()
+
+    def action_reload(self) -> None:
+        self.load_runs()
+
+    def action_compare(self) -> None:
+        if not self.selected:
+            self.notify("no run selected", severity="warning")
+            return
+        if self.compare_with is None or self.compare_with.get("id") == self.selected.get("id"):
+            self.compare_with = self.selected
+            self.notify(f"run {self.selected.get('id')} marked; select another run and press c")
+            self._draw_status()
+            return
+        a, b = self.compare_with, self.selected
+        self.compare_with = None
+        self._draw_status()
+        self.app.push_screen(CompareScreen(int(a["id"]), int(b["id"])))
+
+    def action_export(self) -> None:
+        if not self.selected:
+            self.notify("no run selected", severity="warning")
+            return
+        self.ask_export(self.selected)
+
+    @work(exclusive=True, group="history-export-ask", exit_on_error=False)
+    async def ask_export(self, run: dict[str, Any]) -> None:
+        default = f"~/lynxtop-run-{run.get('id')}-gpu.csv"
+        path = await self.app.push_screen_wait(ExportPathScreen(f"Export run {run.get('id')} (GPU samples) to",
+                                                                default))
+        if path:
+            self.notify(f"exporting run {run.get('id')} to {path}…")
+            self.write_export(run, path)
+
+    @work(thread=True, group="history-export", exit_on_error=False)
+    def write_export(self, run: dict[str, Any], path: str) -> None:
+        from pathlib import Path
+
+        try:
+            with self.lynx.history.reader() as reader:
+                n = export_run_gpu(reader, run, Path(path), self.lynx.now_ms())
+        except (ExportError, HistoryUnavailable) as exc:
+            self.app.call_from_thread(self.notify, str(exc), title="Export failed", severity="error", timeout=10)
+            return
+        self.app.call_from_thread(self.notify, f"{n} rows written to {path}", title="Export done", timeout=10)

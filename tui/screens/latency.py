@@ -1,0 +1,53 @@
+"""View 3: latency percentiles over time against the SLA limits, breaches marked."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from lynxtop.tui.format import fmt_ms
+from lynxtop.tui.screens.base import LiveScreen
+from lynxtop.tui.widgets.node_header import sla_badge
+from lynxtop.tui.widgets.time_chart import TimeChart
+
+WINDOW_MS = 15 * 60 * 1000
+# (series, stat, SLA threshold key)
+CHARTS = (
+    ("ttft", "p99", "ttft_threshold_ms"),
+    ("tpot", "p99", "tpot_threshold_ms"),
+    ("ttft", "p50", None),
+    ("itl", "p99", None),
+    ("e2e", "p99", None),
+    ("queue", "p99", None),
+    ("tpot", "p50", None),
+    ("itl", "p50", None),
+)
+
+
+class LatencyScreen(LiveScreen):
+    VIEW_TITLE = "Latency"
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="sla-line")
+        with VerticalScroll(id="latency-charts"):
+            for series, stat, _ in CHARTS:
+                yield TimeChart(f"{series.upper()} {stat}", fmt_ms, agg="max", ascii_only=self.lynx.ascii_only,
+                                id=f"chart-{series}-{stat}", classes="latency-chart")
+
+    def draw(self, now_ms: int) -> None:
+        state = self.lynx.state
+        sla = state.section("sla")
+        line = Text("SLA: ")
+        line.append_text(sla_badge(sla))
+        line.append(f"   TTFT p99 ≤ {fmt_ms(sla.get('ttft_threshold_ms'))}, TPOT p99 ≤ "
+                    f"{fmt_ms(sla.get('tpot_threshold_ms'))} over {sla.get('window_s', '?')} s windows;"
+                    " ▲ marks a breach; last 15 min", style="dim")
+        self.query_one("#sla-line", Static).update(line)
+        ref = state.status.get("ts_ms") if state.status else None
+        end = int(ref or now_ms)
+        for series, stat, limit_key in CHARTS:
+            chart = self.query_one(f"#chart-{series}-{stat}", TimeChart)
+            chart.set_data(state.serving_series(f"{series}_{stat}_ms"), end - WINDOW_MS, end,
+                           threshold=sla.get(limit_key) if limit_key else None, utc=self.lynx.utc)

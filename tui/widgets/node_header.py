@@ -1,0 +1,76 @@
+"""The one line every view starts with: which node, what it serves, in what state, and whether to trust it."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from lynxtop.tui.format import fmt_duration
+from lynxtop.tui.live_state import LiveState
+
+# Words first, colour second: every state reads without colour.
+STATE_STYLE = {
+    "ready": ("READY", "bold green"),
+    "starting": ("STARTING", "bold yellow"),
+    "degraded": ("DEGRADED", "bold yellow"),
+    "stopping": ("STOPPING", "bold yellow"),
+    "stopped": ("STOPPED", "bold"),
+    "backoff": ("BACKOFF", "bold red"),
+    "crash-loop": ("CRASH-LOOP", "bold red reverse"),
+}
+
+
+def sla_badge(sla: dict) -> Text:
+    state = sla.get("state") or "unknown"
+    if state == "ok":
+        return Text("SLA ✓ ok", style="green")
+    if state == "breach":
+        return Text("SLA ✗ BREACH", style="bold red reverse")
+    return Text("SLA ? unknown", style="dim")
+
+
+class NodeHeader(Static):
+    DEFAULT_CSS = "NodeHeader { height: auto; }"
+
+    def show(self, state: LiveState, now_ms: int, flags: list[tuple[str, str]]) -> None:
+        agent = state.section("agent")
+        serving = state.section("serving")
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if state.simulated:
+            t.append(" SIMULATED ", style="bold black on magenta")
+            t.append(" ")
+        t.append(agent.get("host") or "?", style="bold")
+        if state.status is None:
+            t.append("  waiting for the agent…", style="dim")
+        else:
+            t.append("  " + (serving.get("profile") or "no profile"))
+            if serving.get("vllm_version"):
+                t.append(f"  vLLM {serving['vllm_version']}", style="dim")
+            word, style = STATE_STYLE.get(serving.get("state") or "", ((serving.get("state") or "?").upper(), ""))
+            t.append("  ")
+            t.append(word, style=style)
+            since = serving.get("state_since_ms")
+            if since:
+                t.append(f" {fmt_duration((now_ms - since) / 1000)}")
+            if serving.get("state") == "starting" and serving.get("phase"):
+                phase_since = serving.get("phase_since_ms") or since
+                t.append(f" ({serving['phase']} {fmt_duration((now_ms - (phase_since or now_ms)) / 1000)})")
+            if agent.get("uptime_s") is not None:
+                t.append(f"  up {fmt_duration(agent['uptime_s'])}", style="dim")
+            t.append("  ")
+            t.append_text(sla_badge(state.section("sla")))
+            t.append("  ")
+            if agent.get("healthy", True):
+                t.append("agent ✓", style="green")
+            else:
+                t.append("agent ✗ unhealthy", style="bold red")
+            nvml = agent.get("nvml") or {}
+            if nvml.get("state") and nvml.get("state") != "ok":
+                t.append(f"  NVML {nvml['state']}", style="bold red")
+            action = agent.get("action")
+            if action:
+                t.append(f"  ⟳ {action.get('action')} {action.get('profile') or ''} by {action.get('by', '?')}",
+                         style="yellow")
+        for text, style in flags:
+            t.append(f"  {text}", style=style)
+        self.update(t)

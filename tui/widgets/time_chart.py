@@ -1,0 +1,89 @@
+"""A titled column chart of one series over a time window, with optional threshold and breach marks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from rich.text import Text
+from textual.widget import Widget
+
+from lynxtop.tui.format import NA, fmt_clock, fmt_datetime
+from lynxtop.tui.plot import breach_marks, bucketize, column_chart
+
+
+class TimeChart(Widget):
+    DEFAULT_CSS = "TimeChart { height: 6; }"
+
+    def __init__(self, title: str, fmt: Callable[[float | None], str], *, vmax: float | None = None,
+                 agg: str = "max", ascii_only: bool = False, style: str = "cyan", **kwargs):
+        super().__init__(**kwargs)
+        self.title = title
+        self.fmt = fmt
+        self.vmax = vmax
+        self.agg = agg
+        self.ascii_only = ascii_only
+        self.style = style
+        self.points: Sequence[tuple[int, float | None]] = ()
+        self.start_ms = 0
+        self.end_ms = 1
+        self.threshold: float | None = None
+        self.utc = False
+        self.note = ""
+
+    def set_data(self, points: Sequence[tuple[int, float | None]], start_ms: int, end_ms: int, *,
+                 threshold: float | None = None, utc: bool = False, note: str = "") -> None:
+        self.points, self.start_ms, self.end_ms = points, start_ms, end_ms
+        self.threshold, self.utc, self.note = threshold, utc, note
+        self.refresh()
+
+    def render(self) -> Text:
+        width = max(10, self.size.width)
+        label_w = 9
+        plot_w = max(4, width - label_w - 1)
+        marks = self.threshold is not None
+        plot_h = max(1, self.size.height - 2 - (1 if marks else 0))
+        values = bucketize(self.points, self.start_ms, self.end_ms, plot_w, self.agg)
+        chart = column_chart(values, plot_h, self.vmax, self.threshold, self.ascii_only)
+        last = next((v for _, v in reversed(self.points) if v is not None), None)
+        out = Text(no_wrap=True, overflow="crop")
+        out.append(self.title, style="bold")
+        out.append(f"  now {self.fmt(last)}" if last is not None else f"  now {NA}")
+        real = [v for v in values if v is not None]
+        if real:
+            out.append(f"  max {self.fmt(max(real))}", style="dim")
+        if self.threshold is not None:
+            n = sum(chart.breach)
+            out.append(f"  limit {self.fmt(self.threshold)}", style="dim")
+            if n:
+                out.append(f"  ▲ {n} breach{'es' if n != 1 else ''}", style="bold red")
+        if self.note:
+            out.append(f"  {self.note}", style="dim italic")
+        out.append("\n")
+        for i, row in enumerate(chart.rows):
+            if i == 0:
+                label = self.fmt(chart.vmax)
+            elif i == chart.threshold_row:
+                label = self.fmt(self.threshold)
+            elif i == len(chart.rows) - 1:
+                label = self.fmt(0)
+            else:
+                label = ""
+            out.append(label[:label_w].rjust(label_w) + "│", style="dim")
+            for x, ch in enumerate(row):
+                if chart.breach[x] and ch not in " ╌-":
+                    out.append(ch, style="red")
+                elif ch in "╌-":
+                    out.append(ch, style="yellow")
+                else:
+                    out.append(ch, style=self.style)
+            out.append("\n")
+        if marks:
+            out.append(" " * label_w + "│", style="dim")
+            out.append(breach_marks(chart.breach, self.ascii_only), style="bold red")
+            out.append("\n")
+        stamp = fmt_datetime if self.end_ms - self.start_ms > 86_400_000 else fmt_clock
+        left, right = stamp(self.start_ms, self.utc), stamp(self.end_ms, self.utc)
+        axis = left + right.rjust(max(1, plot_w - len(left)))
+        out.append(" " * label_w + "└", style="dim")
+        out.append(axis, style="dim")
+        return out
