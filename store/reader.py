@@ -131,21 +131,51 @@ class StoreReader:
         return run
 
     def _gpu_summary(self, start: int, end: int) -> list[dict[str, Any]]:
-        if end - start <= RAW_SUMMARY_MAX_MS:
-            sql = ("SELECT gpu, count(*) AS samples, avg(util_gpu_pct) AS util_gpu_pct, "
-                   "avg(sm_active_pct) AS sm_active_pct, avg(power_w) AS power_w, "
-                   "max(mem_used_bytes) AS mem_used_max_bytes, max(temp_c) AS temp_max_c, "
-                   "max(energy_j) - min(energy_j) AS energy_j FROM gpu_samples "
-                   "WHERE ts_ms >= ? AND ts_ms < ? GROUP BY gpu ORDER BY gpu")
-        else:
-            sql = ("SELECT gpu, sum(samples) AS samples, "
-                   "sum(util_gpu_pct_avg * samples) / sum(samples) AS util_gpu_pct, "
-                   "sum(sm_active_pct_avg * samples) / sum(samples) AS sm_active_pct, "
-                   "sum(power_w_avg * samples) / sum(samples) AS power_w, "
-                   "max(mem_used_bytes_max) AS mem_used_max_bytes, max(temp_c_max) AS temp_max_c, "
-                   "max(energy_j_max) - min(energy_j_min) AS energy_j FROM gpu_1m "
-                   "WHERE ts_ms >= ? AND ts_ms < ? GROUP BY gpu ORDER BY gpu")
-        return self._q(sql, (start, end))
+        """Per GPU over [start, end): 1-minute rollups up to their watermark for long runs, raw after it."""
+        wm = self._watermark("gpu", "1m")
+        split = start
+        if end - start > RAW_SUMMARY_MAX_MS and wm is not None:
+            split = max(start, min(wm - wm % RESOLUTIONS["1m"], end))
+        parts: list[dict[str, Any]] = []
+        if split > start:
+            parts += self._q(
+                "SELECT gpu, sum(samples) AS samples, sum(util_gpu_pct_avg * samples) AS util, "
+                "sum(CASE WHEN util_gpu_pct_avg IS NULL THEN 0 ELSE samples END) AS util_n, "
+                "sum(sm_active_pct_avg * samples) AS sm, "
+                "sum(CASE WHEN sm_active_pct_avg IS NULL THEN 0 ELSE samples END) AS sm_n, "
+                "sum(power_w_avg * samples) AS power, "
+                "sum(CASE WHEN power_w_avg IS NULL THEN 0 ELSE samples END) AS power_n, "
+                "max(mem_used_bytes_max) AS mem, max(temp_c_max) AS temp, "
+                "min(energy_j_min) AS e0, max(energy_j_max) AS e1 FROM gpu_1m "
+                "WHERE ts_ms >= ? AND ts_ms < ? GROUP BY gpu", (start, split))
+        parts += self._q(
+            "SELECT gpu, count(*) AS samples, total(util_gpu_pct) AS util, count(util_gpu_pct) AS util_n, "
+            "total(sm_active_pct) AS sm, count(sm_active_pct) AS sm_n, total(power_w) AS power, "
+            "count(power_w) AS power_n, max(mem_used_bytes) AS mem, max(temp_c) AS temp, "
+            "min(energy_j) AS e0, max(energy_j) AS e1 FROM gpu_samples WHERE ts_ms >= ? AND ts_ms < ? GROUP BY gpu",
+            (split, end))
+        merged: dict[int, dict[str, Any]] = {}
+        for p in parts:
+            m = merged.setdefault(p["gpu"], {"samples": 0, "util": 0.0, "util_n": 0, "sm": 0.0, "sm_n": 0,
+                                             "power": 0.0, "power_n": 0, "mem": None, "temp": None, "e0": None,
+                                             "e1": None})
+            for k in ("samples", "util", "util_n", "sm", "sm_n", "power", "power_n"):
+                m[k] += p[k] or 0
+            for k, f in (("mem", max), ("temp", max), ("e0", min), ("e1", max)):
+                if p[k] is not None:
+                    m[k] = p[k] if m[k] is None else f(m[k], p[k])
+        out = []
+        for gpu in sorted(merged):
+            m = merged[gpu]
+            out.append({
+                "gpu": gpu, "samples": m["samples"],
+                "util_gpu_pct": m["util"] / m["util_n"] if m["util_n"] else None,
+                "sm_active_pct": m["sm"] / m["sm_n"] if m["sm_n"] else None,
+                "power_w": m["power"] / m["power_n"] if m["power_n"] else None,
+                "mem_used_max_bytes": m["mem"], "temp_max_c": m["temp"],
+                "energy_j": m["e1"] - m["e0"] if m["e0"] is not None else None,
+            })
+        return out
 
     # ------------------------------------------------------------------------------------------ series
 

@@ -122,6 +122,7 @@ class StoreWriter:
         self._dropped = 0
         self._failed = 0
         self._written = 0
+        self._commits = 0
         self._last_error: str | None = None
         self._last_error_ms: int | None = None
         self._last_commit_ms: int | None = None
@@ -240,6 +241,7 @@ class StoreWriter:
                 "dropped": self._dropped,
                 "failed": self._failed,
                 "written_ticks": self._written,
+                "tick_commits": self._commits,
                 "last_error": self._last_error,
                 "last_error_ms": self._last_error_ms,
                 "last_commit_ms": self._last_commit_ms,
@@ -466,6 +468,7 @@ class StoreWriter:
                 self.rollups.note("serving", t.ts_ms)
         with self._cv:
             self._written += len(ticks)
+            self._commits += 1
             self._last_commit_ms = now
             if ticks:
                 top = max(t.ts_ms for t in ticks)

@@ -1,0 +1,104 @@
+"""The writer: batching, NULLs, rounding, bounded queue, runs/events/gpus/bench through the real thread."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from lynxtop.store.reader import StoreReader
+from lynxtop.store.writer import StoreWriter
+
+from .helpers import T0, gpu_row, submit
+
+
+@pytest.fixture
+def db(tmp_path):
+    return tmp_path / "lynxtop.db"
+
+
+def test_queued_ticks_are_written_in_one_transaction_each_tick_whole(db):
+    w = StoreWriter(db, queue_max=1000)
+    submit(w, 50)  # queued before the thread starts: one batch
+    w.start()
+    assert w.flush(10)
+    st = w.stats()
+    w.close()
+    assert st["written_ticks"] == 50 and st["tick_commits"] == 1 and st["dropped"] == 0
+    assert st["last_tick_ts_ms"] == T0 + 49_000
+    c = sqlite3.connect(db)
+    per_tick = c.execute("SELECT count(*) FROM gpu_samples GROUP BY ts_ms").fetchall()
+    assert per_tick == [(8,)] * 50
+    assert c.execute("SELECT count(*) FROM host_samples").fetchone()[0] == 50
+
+
+def test_missing_reading_stays_null_and_floats_are_rounded(db):
+    row = gpu_row(0, 0)
+    row.update(sm_active_pct=None, power_w=699.6, util_gpu_pct=12.4)
+    del row["temp_c"]
+    with StoreWriter(db) as w:
+        w.submit_tick(T0, [row], {"cpu_pct": None, "cpu_per_core_pct": [3.5, 4.0]}, None)
+    c = sqlite3.connect(db)
+    got = c.execute("SELECT sm_active_pct, temp_c, power_w, typeof(power_w), util_gpu_pct FROM gpu_samples").fetchone()
+    assert got == (None, None, 700, "integer", 12)
+    host = c.execute("SELECT cpu_pct, cpu_per_core_pct, load1 FROM host_samples").fetchone()
+    assert host[0] is None and json.loads(host[1]) == [3.5, 4.0] and host[2] is None
+
+
+def test_full_queue_drops_the_oldest_ticks_and_counts_them(db):
+    w = StoreWriter(db, queue_max=5)
+    submit(w, 12, gpus=1)
+    assert w.stats()["dropped"] == 7 and w.stats()["queued"] == 5
+    w.start()
+    w.close()
+    c = sqlite3.connect(db)
+    kept = [r[0] for r in c.execute("SELECT ts_ms FROM gpu_samples ORDER BY ts_ms")]
+    assert kept == [T0 + i * 1000 for i in range(7, 12)]
+
+
+def test_bad_tick_is_dropped_alone(db):
+    with StoreWriter(db) as w:
+        w.submit_tick(T0, [gpu_row(0, 0)])
+        w.submit_tick(T0 + 1000, [{"util_gpu_pct": 5}])  # no "gpu" key: a sampler bug
+        w.submit_tick(T0 + 2000, [gpu_row(0, 2)])
+        assert w.flush(10)
+        st = w.stats()
+    assert st["failed"] == 1 and "rejected" in st["last_error"]
+    c = sqlite3.connect(db)
+    assert [r[0] for r in c.execute("SELECT ts_ms FROM gpu_samples")] == [T0, T0 + 2000]
+
+
+def test_runs_events_gpus_and_bench(db):
+    with StoreWriter(db) as w:
+        rid = w.create_run(profile="dsv4-tp8", argv=["/opt/vllm/bin/vllm", "serve", "deepseek-ai/DeepSeek-V4.1"],
+                           model="deepseek-ai/DeepSeek-V4.1", host="node1", started_ms=T0, pid=4242,
+                           simulated=True, flags={"--tensor-parallel-size": "8"})
+        w.update_run(rid, ready_ms=T0 + 600_000, vllm_version="0.11.0", gpu_names=["NVIDIA H200"] * 8, gpu_count=8)
+        w.add_event("serving", "info", "ready", {"load_s": 600}, run_id=rid, ts_ms=T0 + 600_000)
+        w.add_event("sla", "warning", "TTFT p99 above 2000 ms", ts_ms=T0 + 700_000)
+        w.upsert_gpus([{"uuid": "GPU-1", "idx": 0, "name": "NVIDIA H200", "gpm_supported": True}])
+        w.upsert_gpus([{"uuid": "GPU-1", "idx": 0, "name": "NVIDIA H200", "driver_version": "570.1"}])
+        bid = w.add_bench_result({"profile": "dsv4-tp8", "concurrency": 64, "ttft_p99_ms": 900.0, "seed": 7})
+        submit(w, 30, run_id=rid)
+        with pytest.raises(ValueError, match="severity"):
+            w.add_event("x", "fatal", "no such severity")
+        with pytest.raises(ValueError, match="unknown run field"):
+            w.update_run(rid, colour="red")
+    r = StoreReader(db)
+    run = r.runs()[0]
+    assert run["id"] == rid and run["argv"][1] == "serve" and run["simulated"] is True
+    assert run["gpu_names"] == ["NVIDIA H200"] * 8 and run["flags"] == {"--tensor-parallel-size": "8"}
+    detail = r.run(rid)
+    assert detail["summary"]["load_s"] == 600
+    assert detail["summary"]["serving"]["samples"] == 30
+    assert detail["summary"]["serving"]["requests_finished"] == 60
+    assert len(detail["summary"]["gpus"]) == 8
+    ev = r.events()
+    assert [e["message"] for e in ev] == ["ready", "TTFT p99 above 2000 ms"]
+    assert ev[0]["details"] == {"load_s": 600} and ev[0]["run_id"] == rid
+    assert r.events(severities=["warning"])[0]["kind"] == "sla"
+    gpus = r.gpus()
+    assert len(gpus) == 1 and gpus[0]["driver_version"] == "570.1"
+    assert r.bench_results()[0]["id"] == bid and r.bench_results()[0]["details"] == {"seed": 7}
+    assert r.run(9999) is None
