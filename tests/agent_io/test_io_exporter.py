@@ -1,0 +1,127 @@
+"""The read-only Prometheus endpoint: names, units and absent readings, read back with prometheus_client's parser."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import aiohttp
+import pytest
+from agent_io_helpers import FakeController
+from prometheus_client.parser import text_string_to_metric_families
+
+from lynxtop.agent.exporter import MetricsExporter, is_loopback, parse_listen
+
+
+@pytest.fixture
+async def exporter():
+    fake = FakeController()
+    state = {"snapshot": fake.status()}
+    logs: list[str] = []
+    exp = MetricsExporter("127.0.0.1:0", lambda: state["snapshot"], log=logs.append)
+    await exp.start()
+    session = aiohttp.ClientSession()
+
+    async def get(path: str = "/metrics", method: str = "GET") -> tuple[int, str]:
+        async with session.request(method, f"http://127.0.0.1:{exp.bound_port}{path}") as resp:
+            return resp.status, await resp.text()
+
+    yield get, state, logs
+    await session.close()
+    await exp.stop()
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+async def test_metrics_names_units_and_labels(exporter):
+    get, state, logs = exporter
+    code, text = await get()
+    assert code == 200
+    s = samples(text)
+    assert all(name.startswith("lynxtop_") for name, _ in s)
+    g0 = (("gpu", "0"), ("uuid", "GPU-0000"))
+    assert s[("lynxtop_gpu_utilization_ratio", g0)] == pytest.approx(0.97)
+    assert s[("lynxtop_gpu_memory_used_bytes", g0)] == 130 * 2**30
+    assert s[("lynxtop_gpu_power_watts", g0)] == 612
+    assert s[("lynxtop_gpu_sm_clock_hertz", g0)] == 1980e6
+    assert s[("lynxtop_gpu_energy_joules_total", g0)] == 123456
+    assert ("lynxtop_gpu_sm_active_ratio", g0) not in s  # None on the GPU: no sample, never 0
+    assert s[("lynxtop_host_cpu_utilization_ratio", ())] == pytest.approx(0.125)
+    assert s[("lynxtop_serving_kv_cache_usage_ratio", ())] == pytest.approx(0.43)
+    assert s[("lynxtop_serving_ttft_p99_seconds", ())] == pytest.approx(0.412)
+    assert ("lynxtop_serving_itl_p50_seconds", ()) not in s
+    assert s[("lynxtop_serving_state", (("state", "ready"),))] == 1
+    assert s[("lynxtop_serving_state", (("state", "crash-loop"),))] == 0
+    assert s[("lynxtop_serving_up", ())] == 1
+    assert s[("lynxtop_agent_simulated", ())] == 1  # simulated nodes say so on every surface
+    assert s[("lynxtop_agent_missed_ticks_total", ())] == 3
+    assert s[("lynxtop_store_dropped_ticks_total", ())] == 2
+    assert s[("lynxtop_sla_breach", ())] == 0
+    assert s[("lynxtop_sla_ttft_p99_threshold_seconds", ())] == 2.0
+    labels = {k for _, lab in s for k, _ in lab}
+    assert labels <= {"gpu", "uuid", "state"}
+    # the snapshot is read at each scrape: a change shows at the next one
+    state["snapshot"]["serving"]["state"] = "crash-loop"
+    _, text = await get()
+    s = samples(text)
+    assert s[("lynxtop_serving_up", ())] == 0 and s[("lynxtop_serving_state", (("state", "crash-loop"),))] == 1
+    assert any("Prometheus metrics on http://127.0.0.1:" in line for line in logs)
+
+
+async def test_only_metrics_are_served_and_a_broken_snapshot_is_survived(exporter):
+    get, state, _ = exporter
+    code, _ = await get("/v1/stop", method="POST")
+    assert code in (404, 405)
+    code, _ = await get("/v1/status")
+    assert code == 404
+    state["snapshot"] = None  # the agent has no snapshot yet
+    code, text = await get()
+    assert code == 200 and samples(text)[("lynxtop_agent_simulated", ())] == 0
+
+
+async def test_promtool_accepts_the_page(exporter):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    get, _, _ = exporter
+    _, text = await get()
+    p = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_listen_parsing_and_loopback():
+    assert parse_listen("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert parse_listen("[::1]:9464") == ("::1", 9464)
+    for bad in ("9464", ":9464", "host:port", "127.0.0.1:70000"):
+        with pytest.raises(ValueError, match="metrics_listen"):
+            parse_listen(bad)
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("node1")
+
+
+async def test_non_loopback_listen_is_warned_about():
+    logs: list[str] = []
+    exp = MetricsExporter("0.0.0.0:0", lambda: {}, log=logs.append)
+    await exp.start()
+    try:
+        assert any(line.startswith("warning:") and "reachable from the network" in line for line in logs)
+    finally:
+        await exp.stop()
+
+
+async def test_port_in_use_is_a_clear_error(exporter):
+    get, _, _ = exporter
+    first = MetricsExporter("127.0.0.1:0", lambda: {}, log=lambda m: None)
+    await first.start()
+    try:
+        second = MetricsExporter(f"127.0.0.1:{first.bound_port}", lambda: {}, log=lambda m: None)
+        with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{first.bound_port} for metrics"):
+            await second.start()
+    finally:
+        await first.stop()
