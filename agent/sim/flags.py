@@ -1,0 +1,329 @@
+"""The command line of the simulated `vllm serve`: vLLM's flags plus `--sim-*` switches (or LYNXTOP_SIM_* env).
+
+Unknown flags end the process with status 2 and argparse's "unrecognized arguments" message, as `vllm serve`
+does, so a typo in a profile's extra_args fails the same way on the simulator as on a GPU node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lynxtop.agent.sim.model import SimParams, params_with
+
+DEFAULT_VERSION = "0.32.0"
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "bfloat16")
+ATTENTION_BACKENDS = (
+    "FLASHMLA", "FLASHMLA_SPARSE", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHINFER_MLA", "TRITON_MLA",
+    "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "TORCH_SDPA", "CPU_ATTN",
+)
+ENV_PREFIX = "LYNXTOP_SIM_"
+
+# vLLM flags the simulator accepts and ignores (value-taking), so real profiles' extra_args keep working.
+_IGNORED_VALUE_FLAGS = (
+    "--tokenizer", "--revision", "--tokenizer-mode", "--download-dir", "--load-format", "--dtype", "--seed",
+    "--swap-space", "--cpu-offload-gb", "--max-logprobs", "--generation-config", "--chat-template",
+    "--reasoning-parser", "--tool-call-parser", "--uvicorn-log-level", "--hf-overrides", "--kv-transfer-config",
+    "--compilation-config", "--max-num-partial-prefills", "--long-prefill-token-threshold", "--root-path",
+    "--allowed-local-media-path", "--limit-mm-per-prompt", "--mm-processor-kwargs", "--override-generation-config",
+    "--data-parallel-size-local", "--data-parallel-address", "--data-parallel-rpc-port", "--data-parallel-backend",
+    "--nnodes", "--node-rank", "--master-addr", "--master-port", "--api-server-count", "--scheduling-policy",
+    "--tokenizer-pool-size", "--code-revision", "--max-seq-len-to-capture", "--cuda-graph-sizes",
+    "--ssl-keyfile", "--ssl-certfile", "--response-role", "--lora-modules", "--prefix-caching-hash-algo",
+    "--calculate-kv-scales", "--collect-detailed-traces", "--otlp-traces-endpoint", "--expert-placement-strategy",
+    "--eplb-config", "--async-scheduling-config", "--logits-processors", "--structured-outputs-config",
+)
+_IGNORED_BOOL_FLAGS = (
+    "--enforce-eager", "--disable-log-requests", "--enable-log-requests", "--disable-log-stats",
+    "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--enable-auto-tool-choice",
+    "--disable-custom-all-reduce", "--enable-sleep-mode", "--headless", "--async-scheduling",
+    "--disable-frontend-multiprocessing", "--enable-eplb", "--enable-dbo", "--disable-fastapi-docs",
+    "--enable-prompt-tokens-details", "--enable-force-include-usage", "--disable-uvicorn-access-log",
+    "--enable-request-id-headers", "--enable-log-outputs", "--skip-tokenizer-init",
+)
+
+
+class SimUsageError(Exception):
+    """A bad --sim-* switch or LYNXTOP_SIM_* variable: the message names which, and the process exits 2."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    oom: bool = False
+    exit0_after_s: float | None = None
+    hang_after_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    model: str
+    served_model_name: str
+    host: str
+    port: int
+    tp: int
+    pp: int
+    dp: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int | None
+    gpu_memory_utilization: float
+    kv_cache_dtype: str
+    attention_backend: str | None
+    enable_prefix_caching: bool
+    enable_expert_parallel: bool
+    quantization: str | None
+    shutdown_timeout_s: float
+    api_key: str | None
+    speculative_tokens: int
+    server_load_tracking: bool
+    distributed_executor_backend: str | None
+    non_default: dict[str, object]
+    # simulator switches
+    startup_s: float = 10.0
+    speed: float = 1.0
+    vllm_version: str = DEFAULT_VERSION
+    failure: Failure = field(default_factory=Failure)
+    seed: int = 0
+    params: SimParams = field(default_factory=SimParams)
+    state_dir: Path = Path()
+    workers: bool = True
+    orphan: bool = True
+    orphan_ttl_s: float = 0.0
+    log_interval_s: float = 10.0
+    node_gpus: int = 8
+
+    @property
+    def version_string(self) -> str:
+        return f"{self.vllm_version}+sim"
+
+    @property
+    def version_tuple(self) -> tuple[int, int]:
+        major, minor = self.vllm_version.split(".")[:2]
+        return int(major), int(minor)
+
+
+def default_state_dir() -> Path:
+    """Where simulated engines publish their GPU state; the fake NVML of an agent on this host reads it."""
+    if os.environ.get(ENV_PREFIX + "STATE_DIR"):
+        return Path(os.environ[ENV_PREFIX + "STATE_DIR"])
+    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/lynxtop-{os.getuid()}"
+    return Path(base) / "lynxtop-sim"
+
+
+def _positive_float(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return v
+
+
+def _utilization(text: str) -> float:
+    v = float(text)
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vllm serve", description="vLLM-compatible SIMULATED server (lynxtop)")
+    p.add_argument("model_tag", metavar="MODEL")
+    p.add_argument("--model", dest="model_flag")
+    p.add_argument("--host", default="127.0.0.1")  # vLLM: 0.0.0.0; loopback unless asked
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", nargs="+")
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1)
+    p.add_argument("-dp", "--data-parallel-size", type=int, default=1)
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--gpu-memory-utilization", type=_utilization, default=0.9)
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--enable-expert-parallel", action="store_true")
+    p.add_argument("-q", "--quantization")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--distributed-executor-backend", choices=("mp", "ray", "uni", "external_launcher"))
+    p.add_argument("--shutdown-timeout", type=float, default=0.0)
+    p.add_argument("--api-key")
+    p.add_argument("--speculative-config")
+    p.add_argument("--enable-server-load-tracking", action="store_true")
+    for flag in _IGNORED_VALUE_FLAGS:
+        p.add_argument(flag, dest="ignored_" + flag.strip("-").replace("-", "_"), help=argparse.SUPPRESS)
+    for flag in _IGNORED_BOOL_FLAGS:
+        p.add_argument(flag, dest="ignored_" + flag.strip("-").replace("-", "_"), action="store_true",
+                       help=argparse.SUPPRESS)
+    sim = p.add_argument_group("simulator (also LYNXTOP_SIM_<NAME> environment variables; flags win)")
+    sim.add_argument("--sim-startup-seconds", type=float, help="model load time (default 10)")
+    sim.add_argument("--sim-speed", type=_positive_float, help="clock speed-up factor (default 1)")
+    sim.add_argument("--sim-vllm-version",
+                     help=f"vLLM version to imitate (default {DEFAULT_VERSION}; 0.10 prints the old names)")
+    sim.add_argument("--sim-fail", action="append", help="oom | exit0-after=S | hang-after=S (repeatable)")
+    sim.add_argument("--sim-seed", type=int)
+    sim.add_argument("--sim-param", action="append", metavar="KEY=VALUE", help="override a model parameter")
+    sim.add_argument("--sim-state-dir", help="where the EngineCore publishes GPU state")
+    sim.add_argument("--sim-workers", action=argparse.BooleanOptionalAction, default=None,
+                     help="start VLLM::Worker_TP<k> processes (default: on when TP > 1)")
+    sim.add_argument("--sim-orphan", action=argparse.BooleanOptionalAction, default=None,
+                     help="EngineCore survives a SIGKILL of the API server, as real vLLM's does (default on)")
+    sim.add_argument("--sim-orphan-ttl", type=float, help="an orphaned EngineCore exits after S seconds (0 = never)")
+    sim.add_argument("--sim-log-interval", type=float, help="seconds between throughput log lines (default 10)")
+    sim.add_argument("--sim-gpus", type=int, help="GPUs on the simulated node (default 8)")
+    return p
+
+
+_SIM_ENV = {  # env suffix -> (dest, kind)
+    "STARTUP_SECONDS": ("sim_startup_seconds", "float"),
+    "SPEED": ("sim_speed", "float"),
+    "VLLM_VERSION": ("sim_vllm_version", "str"),
+    "FAIL": ("sim_fail", "list"),
+    "SEED": ("sim_seed", "int"),
+    "PARAM": ("sim_param", "list"),
+    "STATE_DIR": ("sim_state_dir", "str"),
+    "WORKERS": ("sim_workers", "bool"),
+    "ORPHAN": ("sim_orphan", "bool"),
+    "ORPHAN_TTL": ("sim_orphan_ttl", "float"),
+    "LOG_INTERVAL": ("sim_log_interval", "float"),
+    "GPUS": ("sim_gpus", "int"),
+}
+
+
+def _apply_env(ns: argparse.Namespace, env: dict[str, str]) -> None:
+    for suffix, (dest, kind) in _SIM_ENV.items():
+        name = ENV_PREFIX + suffix
+        if name not in env or getattr(ns, dest) is not None:
+            continue
+        raw = env[name].strip()
+        try:
+            if kind == "float":
+                value: object = float(raw)
+            elif kind == "int":
+                value = int(raw)
+            elif kind == "bool":
+                if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError
+                value = raw.lower() in ("1", "true", "yes", "on")
+            elif kind == "list":
+                value = [x for x in re.split(r"[,\s]+", raw) if x]
+            else:
+                value = raw
+        except ValueError:
+            raise SimUsageError(f"environment variable {name}={raw!r}: expected a {kind}") from None
+        setattr(ns, dest, value)
+
+
+def _parse_failures(items: list[str]) -> Failure:
+    oom = False
+    exit0 = hang = None
+    for item in items:
+        key, _, val = item.partition("=")
+        try:
+            if key == "oom" and not val:
+                oom = True
+            elif key == "exit0-after":
+                exit0 = float(val)
+            elif key == "hang-after":
+                hang = float(val)
+            else:
+                raise ValueError
+            if (exit0 is not None and exit0 < 0) or (hang is not None and hang < 0):
+                raise ValueError
+        except ValueError:
+            raise SimUsageError(f"--sim-fail {item!r}: expected oom, exit0-after=SECONDS or hang-after=SECONDS"
+                                ) from None
+    return Failure(oom=oom, exit0_after_s=exit0, hang_after_s=hang)
+
+
+def _spec_tokens(raw: str | None) -> int:
+    if not raw:
+        return 0
+    m = re.search(r'"?num_speculative_tokens"?\s*[:=]\s*(\d+)', raw)
+    return int(m.group(1)) if m else 1
+
+
+def _normalize(argv: list[str]) -> list[str]:
+    """vLLM accepts --max_model_len as well as --max-model-len."""
+    out = []
+    for a in argv:
+        if a.startswith("--") and "_" in a.split("=", 1)[0]:
+            name, eq, val = a.partition("=")
+            a = name.replace("_", "-") + eq + val
+        out.append(a)
+    return out
+
+
+def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> ServeArgs:
+    """argv after 'serve'. argparse errors exit 2 (as vLLM); SimUsageError for bad simulator switches."""
+    env = dict(os.environ) if env is None else env
+    parser = build_parser()
+    ns = parser.parse_args(_normalize(argv))
+    _apply_env(ns, env)
+    model = ns.model_flag or ns.model_tag
+    for name, v in (("--tensor-parallel-size", ns.tensor_parallel_size), ("--pipeline-parallel-size",
+                    ns.pipeline_parallel_size), ("--data-parallel-size", ns.data_parallel_size)):
+        if v < 1:
+            parser.error(f"argument {name}: must be >= 1, got {v}")
+    for name, v in (("--max-model-len", ns.max_model_len), ("--max-num-seqs", ns.max_num_seqs),
+                    ("--max-num-batched-tokens", ns.max_num_batched_tokens), ("--block-size", ns.block_size)):
+        if v is not None and v < 1:
+            parser.error(f"argument {name}: must be >= 1, got {v}")
+    if not 0 < ns.port < 65536:
+        parser.error(f"argument --port: {ns.port} is out of range 1..65535")
+    params_raw: dict[str, str] = {}
+    for item in ns.sim_param or []:
+        key, eq, val = item.partition("=")
+        if not eq:
+            raise SimUsageError(f"--sim-param {item!r}: expected KEY=VALUE")
+        params_raw[key.strip()] = val.strip()
+    try:
+        params = params_with(params_raw)
+    except ValueError as exc:
+        raise SimUsageError(f"--sim-param: {exc}") from None
+    version = ns.sim_vllm_version or DEFAULT_VERSION
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", version):
+        raise SimUsageError(f"--sim-vllm-version {version!r}: expected MAJOR.MINOR[.PATCH], e.g. 0.10 or 0.32.0")
+    if version.count(".") == 1:
+        version += ".0"
+    startup = ns.sim_startup_seconds if ns.sim_startup_seconds is not None else 10.0
+    if startup < 0:
+        raise SimUsageError(f"--sim-startup-seconds {startup:g}: must be >= 0")
+    for name, v in (("--sim-orphan-ttl", ns.sim_orphan_ttl), ("--sim-log-interval", ns.sim_log_interval)):
+        if v is not None and v < 0:
+            raise SimUsageError(f"{name} {v:g}: must be >= 0")
+    if ns.sim_speed is not None and not ns.sim_speed > 0:
+        raise SimUsageError(f"--sim-speed {ns.sim_speed:g}: must be > 0")
+    gpus = ns.sim_gpus if ns.sim_gpus is not None else 8
+    if not 1 <= gpus <= 64:
+        raise SimUsageError(f"--sim-gpus {gpus}: must be 1..64")
+    tp = ns.tensor_parallel_size
+    served = ns.served_model_name[0] if ns.served_model_name else model
+    defaults = build_parser().parse_args([model])
+    non_default = {k: v for k, v in vars(ns).items()
+                   if not k.startswith("sim_") and k != "model_tag" and getattr(defaults, k, None) != v}
+    return ServeArgs(
+        model=model, served_model_name=served, host=ns.host, port=ns.port, tp=tp,
+        pp=ns.pipeline_parallel_size, dp=ns.data_parallel_size,
+        max_model_len=ns.max_model_len or params.default_max_model_len,
+        max_num_seqs=ns.max_num_seqs or params.default_max_num_seqs,
+        max_num_batched_tokens=ns.max_num_batched_tokens or params.default_max_num_batched_tokens,
+        block_size=ns.block_size, gpu_memory_utilization=ns.gpu_memory_utilization,
+        kv_cache_dtype=ns.kv_cache_dtype, attention_backend=ns.attention_backend,
+        enable_prefix_caching=ns.enable_prefix_caching, enable_expert_parallel=ns.enable_expert_parallel,
+        quantization=ns.quantization, shutdown_timeout_s=max(ns.shutdown_timeout, 0.0), api_key=ns.api_key,
+        speculative_tokens=_spec_tokens(ns.speculative_config), server_load_tracking=ns.enable_server_load_tracking,
+        distributed_executor_backend=ns.distributed_executor_backend, non_default=non_default,
+        startup_s=startup, speed=ns.sim_speed or 1.0, vllm_version=version,
+        failure=_parse_failures(ns.sim_fail or []), seed=ns.sim_seed or 0, params=params,
+        state_dir=Path(ns.sim_state_dir) if ns.sim_state_dir else default_state_dir(),
+        workers=ns.sim_workers if ns.sim_workers is not None else tp * ns.pipeline_parallel_size > 1,
+        orphan=ns.sim_orphan if ns.sim_orphan is not None else True,
+        orphan_ttl_s=ns.sim_orphan_ttl or 0.0,
+        log_interval_s=ns.sim_log_interval if ns.sim_log_interval is not None else 10.0,
+        node_gpus=gpus,
+    )

@@ -1,0 +1,521 @@
+"""The simulated vLLM API server process: OpenAI-compatible HTTP, /metrics, and the EngineCore child it drives.
+
+Behaves like `vllm serve` from the outside: the port refuses connections until the engine is ready, SIGTERM
+drains for --shutdown-timeout seconds and exits 0, a start-up failure exits 1 with vLLM's error text, and an
+engine death after readiness ends the server with status 0 (vLLM's open bug). Everything it prints and
+serves says it is SIMULATED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from lynxtop.agent.sim import vlog
+from lynxtop.agent.sim.flags import ServeArgs
+from lynxtop.agent.sim.metrics import VllmMetrics
+
+WORDS = ("the", "model", "is", "simulated", "by", "lynxtop", "and", "no", "GPU", "was", "harmed", "in",
+         "making", "this", "token", "stream", "of", "plausible", "words", "for", "testing", ".", ",", "a")
+CHARS_PER_TOKEN = 4  # the simulator's tokenizer: one token per 4 characters of text
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+    def response(self) -> web.Response:
+        return web.json_response({"object": "error", "message": self.message, "type": self.kind,
+                                  "param": self.param, "code": self.status}, status=self.status)
+
+
+@dataclass
+class Pending:
+    rid: str
+    prompt_tokens: int
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # int tokens, then ("end", reason) / ("error", msg)
+    generated: int = 0
+
+
+def log(msg: str, level: str = "INFO", src: str = "api_server.py:1870") -> None:
+    vlog.log(level, src, msg)
+
+
+def count_text_tokens(text: str) -> int:
+    return max(1, -(-len(text) // CHARS_PER_TOKEN))
+
+
+def block_hashes(units: list[Any], per_block: int) -> list[int]:
+    """Chained hashes of full blocks, as vLLM's prefix cache keys them (a block's key includes its prefix)."""
+    out: list[int] = []
+    prev = b""
+    for i in range(0, len(units) - per_block + 1, per_block):
+        h = hashlib.blake2b(prev + repr(units[i:i + per_block]).encode(), digest_size=8).digest()
+        out.append(int.from_bytes(h, "big") >> 1)
+        prev = h
+    return out
+
+
+class SimServer:
+    def __init__(self, args: ServeArgs, serve_argv: list[str]):
+        self.a = args
+        self.argv = serve_argv
+        self.proc: subprocess.Popen | None = None
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.pending: dict[str, Pending] = {}
+        self.ready: asyncio.Future | None = None
+        self.stop_event = asyncio.Event()
+        self.engine_dead = False
+        self.dead_reason = ""
+        self.draining = False
+        self.block_size = args.block_size or args.params.default_block_size
+        self.metrics: VllmMetrics | None = None
+        self.created = int(time.time())
+        self._stats = {"prompt": 0, "gen": 0, "pq": 0, "ph": 0, "running": 0, "waiting": 0, "kv": 0.0}
+
+    # ------------------------------------------------------------------ engine link
+
+    async def spawn_engine(self) -> None:
+        parent, child = socket.socketpair()
+        cmd = [sys.executable, "-m", "lynxtop.agent.sim.engine", str(child.fileno()), "--", *self.argv]
+        self.proc = subprocess.Popen(cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+        child.close()
+        self.reader, self.writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 24)
+
+    async def send(self, msg: dict) -> None:
+        if self.writer is None or self.engine_dead:
+            return
+        try:
+            self.writer.write((json.dumps(msg, separators=(",", ":")) + "\n").encode())
+            await self.writer.drain()
+        except (ConnectionError, OSError):
+            pass
+
+    async def read_engine(self) -> None:
+        assert self.reader is not None and self.ready is not None
+        while True:
+            try:
+                line = await self.reader.readline()
+            except (ConnectionError, OSError, ValueError):
+                line = b""
+            if not line:
+                break
+            msg = json.loads(line)
+            kind = msg.get("t")
+            if kind == "ready":
+                if not self.ready.done():
+                    self.ready.set_result(msg)
+            elif kind == "fail":
+                if not self.ready.done():
+                    self.ready.set_exception(RuntimeError(msg.get("msg", "")))
+            elif kind == "step":
+                self.on_step(msg)
+            elif kind == "gauges" and self.metrics is not None:
+                self.metrics.set_gauges(msg["running"], msg["waiting"], msg["kv"])
+                self._stats.update(running=msg["running"], waiting=msg["waiting"], kv=msg["kv"])
+            elif kind == "dead":
+                self.dead_reason = msg.get("msg", "")
+        # the engine is gone
+        if self.ready is not None and not self.ready.done():
+            self.ready.set_exception(RuntimeError("EngineCore exited during start-up"))
+        if not self.stop_event.is_set():
+            self.on_engine_death()
+
+    def on_step(self, m: dict) -> None:
+        if self.metrics is not None:
+            self.metrics.on_step(m)
+        s = self._stats
+        s["prompt"] += m.get("prompt", 0)
+        s["gen"] += m.get("gen", 0)
+        s["pq"] += m.get("pq", 0)
+        s["ph"] += m.get("ph", 0)
+        s.update(running=m.get("running", 0), waiting=m.get("waiting", 0), kv=m.get("kv", 0.0))
+        for rid, n in m.get("tok", ()):
+            p = self.pending.get(rid)
+            if p is not None:
+                p.queue.put_nowait(n)
+        for f in m.get("fin", ()):
+            p = self.pending.get(f["rid"])
+            if p is not None:
+                p.queue.put_nowait(("end", f["reason"]))
+
+    def on_engine_death(self) -> None:
+        self.engine_dead = True
+        log("AsyncLLM output_handler failed.", "ERROR", "async_llm.py:480")
+        vlog.raw("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
+                 "(above) for the root cause.")
+        for p in self.pending.values():
+            p.queue.put_nowait(("error", "EngineCore encountered an issue. See stack trace (above) for the root "
+                                         "cause."))
+        self.stop_event.set()
+
+    # ------------------------------------------------------------------ HTTP
+
+    def make_app(self) -> web.Application:
+        app = web.Application(middlewares=[self.mw_metrics, self.mw_auth], client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/health", self.h_health)
+        app.router.add_get("/version", self.h_version)
+        app.router.add_get("/metrics", self.h_metrics)
+        app.router.add_get("/load", self.h_load)
+        app.router.add_get("/v1/models", self.h_models)
+        app.router.add_post("/v1/completions", self.h_completions)
+        app.router.add_post("/v1/chat/completions", self.h_chat)
+        return app
+
+    @web.middleware
+    async def mw_metrics(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        status = 500
+        try:
+            resp = await handler(request)
+            status = resp.status
+            return resp
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            if self.metrics is not None and request.match_info.route.resource is not None:
+                path = request.match_info.route.resource.canonical
+                self.metrics.http_requests.labels(path, request.method, f"{status // 100}xx").inc()
+                self.metrics.http_duration.labels(path, request.method).observe(time.perf_counter() - t0)
+
+    @web.middleware
+    async def mw_auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if (self.a.api_key and request.path.startswith("/v1")
+                and request.headers.get("Authorization", "") != f"Bearer {self.a.api_key}"):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    async def h_health(self, request: web.Request) -> web.Response:
+        return web.Response(status=503 if self.engine_dead else 200)
+
+    async def h_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.a.version_string})
+
+    async def h_metrics(self, request: web.Request) -> web.Response:
+        assert self.metrics is not None
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def h_load(self, request: web.Request) -> web.Response:
+        return web.json_response({"server_load": len(self.pending)})
+
+    async def h_models(self, request: web.Request) -> web.Response:
+        card = {"id": self.a.served_model_name, "object": "model", "created": self.created,
+                "owned_by": "vllm (SIMULATED by lynxtop)", "root": self.a.model, "parent": None,
+                "max_model_len": self.a.max_model_len,
+                "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                                "created": self.created, "allow_create_engine": False, "allow_sampling": True,
+                                "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                                "allow_fine_tuning": False, "organization": "*", "group": None,
+                                "is_blocking": False}]}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def h_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.completion(request, chat=False)
+
+    async def h_chat(self, request: web.Request) -> web.StreamResponse:
+        return await self.completion(request, chat=True)
+
+    def _parse(self, body: Any, chat: bool) -> tuple[int, list[int], int, str, bool, bool]:
+        """(prompt tokens, block hashes, max tokens, finish reason at max, stream, include usage)."""
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        model = body.get("model", self.a.served_model_name)
+        if model not in (self.a.served_model_name, self.a.model):
+            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        if body.get("n", 1) != 1:
+            raise ApiError(400, "the simulator supports only n=1", param="n")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise ApiError(400, "'stream' must be a boolean", param="stream")
+        opts = body.get("stream_options") or {}
+        if not isinstance(opts, dict):
+            raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+        include_usage = bool(opts.get("include_usage", False))
+        per_block = self.block_size
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+                raise ApiError(400, "'messages' must be a non-empty array of message objects", param="messages")
+            text = ""
+            for m in messages:
+                content = m.get("content", "")
+                if isinstance(content, list):  # OpenAI content parts
+                    content = "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+                text += f"<|{m.get('role', 'user')}|>{content}"
+            text += "<|assistant|>"
+            prompt_tokens = count_text_tokens(text)
+            hashes = block_hashes(list(text), per_block * CHARS_PER_TOKEN)
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, str) and prompt:
+                prompt_tokens = count_text_tokens(prompt)
+                hashes = block_hashes(list(prompt), per_block * CHARS_PER_TOKEN)
+            elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                             for t in prompt):
+                prompt_tokens = len(prompt)
+                hashes = block_hashes(prompt, per_block)
+            else:
+                raise ApiError(400, "'prompt' must be a non-empty string or an array of token ids "
+                                    "(batched prompts are not supported by the simulator)", param="prompt")
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        reason = "length"
+        if max_tokens is None:
+            # no limit given: the "model" stops by itself after a seeded, prompt-dependent length
+            room = self.a.max_model_len - prompt_tokens
+            lo, hi = self.a.params.default_output_tokens_min, self.a.params.default_output_tokens_max
+            seed = int.from_bytes(hashlib.blake2b(f"{self.a.seed}:{prompt_tokens}:{len(self.pending)}".encode(),
+                                                  digest_size=4).digest(), "big")
+            max_tokens = max(1, min(lo + seed % max(hi - lo, 1), room))
+            reason = "stop"
+        elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ApiError(400, "max_tokens must be at least 1, got " + json.dumps(max_tokens), param="max_tokens")
+        if prompt_tokens + max_tokens > self.a.max_model_len:
+            raise ApiError(400, f"This model's maximum context length is {self.a.max_model_len} tokens. However, "
+                                f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                                f"messages, {max_tokens} in the completion). Please reduce the length of the "
+                                f"messages or completion.")
+        return prompt_tokens, hashes, max_tokens, reason, stream, include_usage
+
+    def _text(self, rid: str, start: int, n: int) -> str:
+        base = int.from_bytes(hashlib.blake2b(rid.encode(), digest_size=4).digest(), "big")
+        return "".join(" " + WORDS[(base + i * 7) % len(WORDS)] for i in range(start, start + n))
+
+    async def completion(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        if self.draining or self.engine_dead:
+            return ApiError(503, "the server is shutting down", "ServiceUnavailableError").response()
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+            return ApiError(400, "request body is not valid JSON").response()
+        try:
+            prompt_tokens, hashes, max_tokens, reason, stream, include_usage = self._parse(body, chat)
+        except ApiError as exc:
+            return exc.response()
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        p = Pending(rid=rid, prompt_tokens=prompt_tokens)
+        self.pending[rid] = p
+        await self.send({"t": "add", "rid": rid, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens,
+                         "reason": reason, "hashes": hashes})
+        try:
+            if stream:
+                return await self._stream(request, p, chat, include_usage)
+            return await self._whole(p, chat)
+        finally:
+            self.pending.pop(rid, None)
+
+    def _usage(self, p: Pending) -> dict:
+        return {"prompt_tokens": p.prompt_tokens, "completion_tokens": p.generated,
+                "total_tokens": p.prompt_tokens + p.generated, "prompt_tokens_details": None}
+
+    async def _whole(self, p: Pending, chat: bool) -> web.Response:
+        text = ""
+        try:
+            while True:
+                item = await p.queue.get()
+                if isinstance(item, int):
+                    text += self._text(p.rid, p.generated, item)
+                    p.generated += item
+                    continue
+                kind, detail = item
+                if kind == "error":
+                    return ApiError(500, detail, "InternalServerError").response()
+                break
+        except asyncio.CancelledError:
+            await self.send({"t": "abort", "rid": p.rid})
+            raise
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": detail, "stop_reason": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text, "tool_calls": [], "reasoning_content": None}
+        else:
+            choice["text"] = text
+            choice["prompt_logprobs"] = None
+        return web.json_response({
+            "id": p.rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": self.a.served_model_name, "choices": [choice], "usage": self._usage(p),
+            "system_fingerprint": "lynxtop-sim",
+        })
+
+    async def _stream(self, request: web.Request, p: Pending, chat: bool, include_usage: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choices: list, usage: dict | None = None) -> bytes:
+            data = {"id": p.rid, "object": obj, "created": created, "model": self.a.served_model_name,
+                    "choices": choices}
+            if include_usage:
+                data["usage"] = usage
+            return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+        def choice(text: str | None, finish: str | None, role: bool = False) -> dict:
+            c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+            if chat:
+                c["delta"] = {"role": "assistant", "content": ""} if role else (
+                    {"content": text} if text is not None else {})
+            else:
+                c["text"] = text or ""
+                c["stop_reason"] = None
+            return c
+
+        try:
+            if chat:
+                await resp.write(chunk([choice(None, None, role=True)]))
+            while True:
+                item = await p.queue.get()
+                if isinstance(item, int):
+                    for _ in range(item):  # one SSE event per token, as vLLM sends them
+                        await resp.write(chunk([choice(self._text(p.rid, p.generated, 1), None)]))
+                        p.generated += 1
+                    continue
+                kind, detail = item
+                if kind == "error":
+                    err = {"error": {"object": "error", "message": detail, "type": "InternalServerError",
+                                     "code": 500}}
+                    await resp.write(f"data: {json.dumps(err)}\n\n".encode())
+                    break
+                await resp.write(chunk([choice("" if not chat else None, detail)]))
+                if include_usage:
+                    await resp.write(chunk([], self._usage(p)))
+                break
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            await self.send({"t": "abort", "rid": p.rid})  # the client went away: free its KV blocks
+            raise
+        return resp
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def stats_logger(self) -> None:
+        interval = self.a.log_interval_s
+        if interval <= 0:
+            return
+        last = dict(self._stats)
+        last_t = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            s, now = self._stats, time.monotonic()
+            dt = max(now - last_t, 1e-6)
+            busy = s["prompt"] != last["prompt"] or s["gen"] != last["gen"] or s["running"] or s["waiting"]
+            if busy:
+                dq, dh = s["pq"] - last["pq"], s["ph"] - last["ph"]
+                log(f"Engine 000: Avg prompt throughput: {(s['prompt'] - last['prompt']) / dt:.1f} tokens/s, "
+                    f"Avg generation throughput: {(s['gen'] - last['gen']) / dt:.1f} tokens/s, "
+                    f"Running: {s['running']} reqs, Waiting: {s['waiting']} reqs, "
+                    f"GPU KV cache usage: {s['kv'] * 100:.1f}%, "
+                    f"Prefix cache hit rate: {(dh / dq * 100 if dq else 0):.1f}%", src="loggers.py:123")
+            last, last_t = dict(s), now
+
+    async def stop_engine(self, timeout: float = 10.0) -> None:
+        await self.send({"t": "shutdown"})
+        proc = self.proc
+        if proc is None:
+            return
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    async def drain(self) -> None:
+        """SIGTERM with --shutdown-timeout: refuse new requests, let in-flight ones finish, then abort the rest."""
+        self.draining = True
+        timeout = self.a.shutdown_timeout_s
+        if timeout > 0 and self.pending and not self.engine_dead:
+            log(f"Draining {len(self.pending)} in-flight requests (up to {timeout:g} s)...", src="api_server.py:1950")
+            deadline = time.monotonic() + timeout
+            while self.pending and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        for rid in list(self.pending):
+            await self.send({"t": "abort", "rid": rid})
+        deadline = time.monotonic() + 2.0
+        while self.pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def run(self) -> int:
+        a = self.a
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_event.set)
+        log(f"vLLM API server version {a.version_string}")
+        log("THIS IS A SIMULATED vLLM SERVER (lynxtop): no model is loaded and no GPU is used; tokens are "
+            "synthetic and timings follow lynxtop's DeepSeek-V4.1 TP8 model.", "WARNING")
+        log(f"non-default args: {a.non_default}", src="utils.py:326")
+        self.ready = loop.create_future()
+        await self.spawn_engine()
+        reader_task = asyncio.create_task(self.read_engine())
+        stop_wait = asyncio.create_task(self.stop_event.wait())
+        await asyncio.wait({self.ready, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if not self.ready.done():  # SIGTERM during start-up
+            log("Shutting down during start-up (signal received).", src="api_server.py:1990")
+            await self.stop_engine()
+            return 0
+        try:
+            info = self.ready.result()
+        except RuntimeError:
+            await self.stop_engine(timeout=5.0)
+            vlog.raw("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+                     f"{{'EngineCore_DP0': {self.proc.returncode if self.proc else 1}}}")
+            return 1
+        self.metrics = VllmMetrics(
+            model_name=a.served_model_name, version=a.version_tuple, max_model_len=a.max_model_len,
+            spec_decode=a.speculative_tokens > 0,
+            cache_info={"block_size": str(info["block_size"]), "cache_dtype": a.kv_cache_dtype,
+                        "enable_prefix_caching": str(a.enable_prefix_caching),
+                        "gpu_memory_utilization": f"{a.gpu_memory_utilization}",
+                        "num_gpu_blocks": str(info["num_gpu_blocks"]), "num_gpu_blocks_override": "None",
+                        "num_cpu_blocks": "0", "swap_space": "4", "cpu_offload_gb": "0",
+                        "is_attention_free": "False", "sliding_window": "None"})
+        url_host = f"[{a.host}]" if ":" in a.host else a.host
+        log(f"Starting vLLM API server 0 on http://{url_host}:{a.port}", src="launcher.py:29")
+        runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, a.host, a.port, reuse_address=True).start()
+        except OSError as exc:
+            vlog.raw(f"OSError: [Errno {exc.errno}] error while attempting to bind on address "
+                     f"({a.host!r}, {a.port}): {exc.strerror}")
+            await runner.cleanup()
+            await self.stop_engine()
+            return 1
+        log(f"Started server process [{os.getpid()}]", src="server.py:84")
+        log("Waiting for application startup.", src="on.py:48")
+        log("Application startup complete.", src="on.py:62")
+        stats_task = asyncio.create_task(self.stats_logger())
+        await self.stop_event.wait()
+        died = self.engine_dead
+        if not died:
+            await self.drain()
+        log("Shutting down FastAPI HTTP server.", src="launcher.py:99")
+        stats_task.cancel()
+        with contextlib.suppress(Exception):
+            await runner.shutdown()
+            await runner.cleanup()
+        await self.stop_engine()
+        reader_task.cancel()
+        return 0  # also after an engine death: vLLM exits 0 there (the supervisor must not trust the code)
+
+
+def serve(args: ServeArgs, serve_argv: list[str]) -> int:
+    return asyncio.run(SimServer(args, serve_argv).run())

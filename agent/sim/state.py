@@ -1,0 +1,132 @@
+"""The file through which a simulated EngineCore tells the simulated GPUs what it holds and does.
+
+One JSON file per EngineCore (`engine-<pid>.json`), replaced atomically (write to a temp file, fsync-free
+rename: a reader sees the old or the new file, never half of one). A file only counts while at least one of
+the processes it names is alive and is the same process (pid and start time), so memory is "released"
+exactly when the processes exit, however they exit, and a recycled pid never resurrects old memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATE_VERSION = 1
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Start time of pid in clock ticks after boot (field 22 of /proc/PID/stat); None if gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    rest = raw[raw.rfind(")") + 2:].split()
+    if not rest or rest[0] in ("Z", "X"):
+        return None
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def process_identity(pid: int) -> int | None:
+    return _start_ticks(pid)
+
+
+def same_process_alive(pid: int, start_ticks: int | None) -> bool:
+    now = _start_ticks(pid)
+    return now is not None and (start_ticks is None or now == start_ticks)
+
+
+@dataclass
+class Holder:
+    gpu: int
+    pid: int
+    start_ticks: int | None
+    mem_bytes: int
+
+
+@dataclass
+class EngineState:
+    engine_pid: int
+    api_pid: int
+    model: str
+    tp: int
+    gpus: list[int]
+    phase: str  # "loading weights" | "kv cache" | "cuda graphs" | "ready" | "hung" | "orphaned" | "dead"
+    holders: list[Holder] = field(default_factory=list)
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    busy_frac: float = 0.0  # share of the last interval the engine was computing
+    prefill_frac: float = 0.0  # share spent on prompt tokens (tensor-core heavy)
+    decode_frac: float = 0.0  # share spent decoding (DRAM-bandwidth heavy)
+    mean_batch: float = 0.0
+    prompt_tokens_per_s: float = 0.0
+    generation_tokens_per_s: float = 0.0
+    updated_unix: float = 0.0
+    version: int = STATE_VERSION
+    simulated: bool = True
+
+    def alive(self) -> bool:
+        """True while any process holding memory for this engine is still the same live process."""
+        return any(same_process_alive(pid, ticks) for pid, ticks in ((h.pid, h.start_ticks) for h in self.holders))
+
+
+def state_path(state_dir: Path, engine_pid: int) -> Path:
+    return state_dir / f"engine-{engine_pid}.json"
+
+
+def write_state(state_dir: Path, state: EngineState) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(asdict(state), separators=(",", ":"))
+    fd, tmp = tempfile.mkstemp(prefix=".engine-", suffix=".tmp", dir=state_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+        os.replace(tmp, state_path(state_dir, state.engine_pid))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def remove_state(state_dir: Path, engine_pid: int) -> None:
+    try:
+        state_path(state_dir, engine_pid).unlink()
+    except OSError:
+        pass
+
+
+def _from_dict(d: dict[str, Any]) -> EngineState:
+    holders = [Holder(**h) for h in d.get("holders", [])]
+    known = set(EngineState.__dataclass_fields__)
+    rest = {k: v for k, v in d.items() if k in known and k != "holders"}
+    return EngineState(holders=holders, **rest)
+
+
+def read_states(state_dir: Path) -> list[EngineState]:
+    """Every readable state file of a live engine; unreadable or foreign files are skipped, not fatal."""
+    out: list[EngineState] = []
+    try:
+        names = sorted(os.listdir(state_dir))
+    except OSError:
+        return out
+    for name in names:
+        if not (name.startswith("engine-") and name.endswith(".json")):
+            continue
+        try:
+            with open(state_dir / name, encoding="utf-8") as f:
+                st = _from_dict(json.load(f))
+        except (OSError, ValueError, TypeError):
+            continue
+        if st.alive():
+            out.append(st)
+    return out
