@@ -1,0 +1,305 @@
+"""Starting, watching and stopping one `vllm serve` process tree.
+
+- argv from the profile, never a shell; own session, so the whole tree is one process group to signal;
+- stdout and stderr to a per-run log file: a pipe fills up and blocks vLLM, and breaks if the agent dies;
+- the exit is watched through a pidfd, which also works for a server adopted from a previous agent (not our
+  child: the pidfd says *that* it exited, not the status);
+- stopping is SIGTERM to the group, a grace period, SIGKILL to the group and to every straggler of the run
+  (EngineCore survives a SIGKILL of the API server), until /proc shows nothing of the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from lynxtop.agent import procs
+from lynxtop.agent.notify import NOTIFY_VARS
+from lynxtop.agent.procs import RUN_TOKEN_ENV
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerRecord:
+    """What a later agent needs to recognise and adopt a live server (kept in the state file)."""
+
+    run_id: int | None
+    profile: str
+    pid: int
+    pgid: int
+    start_ticks: int
+    argv: list[str]
+    token: str
+    log_path: str
+    started_ms: int
+    ready_ms: int | None = None
+    env: dict[str, str] = field(default_factory=dict)  # the profile's env (not the agent's)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> ServerRecord:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass
+class ExitInfo:
+    exit_code: int | None  # None: killed by a signal, or unknown (adopted)
+    exit_signal: int | None
+    known: bool = True
+
+    def describe(self) -> str:
+        if not self.known:
+            return "exited (status unknown: adopted, not our child)"
+        if self.exit_signal is not None:
+            try:
+                name = signal.Signals(self.exit_signal).name
+            except ValueError:
+                name = f"signal {self.exit_signal}"
+            return f"killed by {name}"
+        return f"exited with code {self.exit_code}"
+
+
+def child_env(profile_env: Mapping[str, str], token: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The agent's environment minus systemd's notify/watchdog variables, plus the profile's env and the token."""
+    env = dict(os.environ if base is None else base)
+    for var in NOTIFY_VARS:
+        env.pop(var, None)
+    env.update(profile_env)
+    env[RUN_TOKEN_ENV] = token
+    return env
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+class ServerProcess:
+    """One running server tree: the leader (spawned or adopted) and a pidfd on it."""
+
+    def __init__(self, record: ServerRecord, popen: subprocess.Popen | None, adopted: bool):
+        self.record = record
+        self.popen = popen
+        self.adopted = adopted
+        self.exit: ExitInfo | None = None
+        self._pidfd: int | None = None
+        self._exited = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        try:
+            self._pidfd = os.pidfd_open(record.pid)
+        except ProcessLookupError:
+            self._on_exit_now()
+
+    @property
+    def pid(self) -> int:
+        return self.record.pid
+
+    def watch(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Start watching the exit on the running loop (call once from the loop)."""
+        self._loop = loop or asyncio.get_running_loop()
+        if self._pidfd is not None and not self._exited.is_set():
+            self._loop.add_reader(self._pidfd, self._on_exit_now)
+
+    def _on_exit_now(self) -> None:
+        if self._pidfd is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        if self.popen is not None:
+            code = self.popen.poll()
+            if code is None:  # the pidfd fired, so it exited: reap it
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = self.popen.wait(timeout=1.0)
+            if code is None:
+                self.exit = ExitInfo(None, None, known=False)
+            elif code < 0:
+                self.exit = ExitInfo(None, -code)
+            else:
+                self.exit = ExitInfo(code, None)
+        else:
+            self.exit = ExitInfo(None, None, known=False)
+        self._exited.set()
+
+    @property
+    def exited(self) -> bool:
+        return self._exited.is_set()
+
+    async def wait(self) -> ExitInfo:
+        await self._exited.wait()
+        assert self.exit is not None
+        return self.exit
+
+    def leader_alive(self) -> bool:
+        return not self.exited and procs.alive(self.pid)
+
+    def members(self) -> list[int]:
+        """Live pids of this run (leader, group, descendants, token)."""
+        roots = [self.pid] if not self.exited else []
+        return procs.run_processes(self.record.token, self.record.pgid, roots)
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.record.pgid, sig)
+
+    def signal_members(self, sig: int) -> list[int]:
+        pids = self.members()
+        self.signal_group(sig)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        return pids
+
+    async def stop(self, grace_s: float, kill_wait_s: float = 10.0, poll_s: float = 0.05) -> list[int]:
+        """SIGTERM the run, SIGKILL what is left after `grace_s`; returns every pid the run had."""
+        seen = set(self.signal_members(signal.SIGTERM))
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            left = self.members()
+            seen.update(left)
+            if not left:
+                break
+            await asyncio.sleep(poll_s)
+        left = self.members()
+        if left:
+            log.warning("run %s: %d process(es) still alive after %.0f s grace, sending SIGKILL: %s",
+                        self.record.run_id, len(left), grace_s, left)
+        deadline = time.monotonic() + kill_wait_s
+        while left and time.monotonic() < deadline:
+            seen.update(self.signal_members(signal.SIGKILL))
+            await asyncio.sleep(poll_s)
+            left = self.members()
+        if not self.exited and self.popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(self.popen.wait, 2.0)
+        # the pidfd callback may be queued behind us: make sure the exit is recorded
+        if not self._exited.is_set() and not procs.alive(self.pid):
+            self._on_exit_now()
+        seen.add(self.pid)
+        return sorted(seen)
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profile: str,
+          run_id: int | None = None, token: str | None = None, started_ms: int | None = None) -> ServerProcess:
+    """Start `argv` (no shell) in its own session with output to `log_path` (created 0640)."""
+    token = token or new_token()
+    log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+    try:
+        popen = subprocess.Popen(  # noqa: S603 - argv list, no shell
+            argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT, close_fds=True,
+            start_new_session=True, env=child_env(profile_env, token), cwd=str(log_path.parent),
+        )
+    finally:
+        os.close(fd)
+    st = procs.stat(popen.pid)
+    record = ServerRecord(
+        run_id=run_id, profile=profile, pid=popen.pid, pgid=popen.pid, start_ticks=st.start_ticks if st else 0,
+        argv=list(argv), token=token, log_path=str(log_path),
+        started_ms=started_ms if started_ms is not None else int(time.time() * 1000), env=dict(profile_env),
+    )
+    return ServerProcess(record, popen, adopted=False)
+
+
+def check_adoptable(record: ServerRecord) -> str | None:
+    """Why `record` can not be adopted (None: it is the same live process, started with the same argv)."""
+    st = procs.stat(record.pid)
+    if st is None or st.state in ("Z", "X"):
+        return f"pid {record.pid} is no longer running"
+    if st.start_ticks != record.start_ticks:
+        return f"pid {record.pid} now belongs to another process (start time differs)"
+    args = procs.cmdline(record.pid)
+    if args is None:
+        return f"cannot read the command line of pid {record.pid}"
+    if not _same_command(args, record.argv) and not procs.environ_has(record.pid, RUN_TOKEN_ENV, record.token):
+        return f"pid {record.pid} runs a different command line"
+    return None
+
+
+def _same_command(cmdline: list[str], argv: list[str]) -> bool:
+    """argv as started; a script run through its shebang shows as [interpreter, (flag,) script, args...]."""
+    if cmdline == argv:
+        return True
+    extra = len(cmdline) - len(argv)
+    return 0 < extra <= 3 and bool(argv) and cmdline[extra:] == argv
+
+
+def adopt(record: ServerRecord) -> tuple[ServerProcess | None, str | None]:
+    reason = check_adoptable(record)
+    if reason:
+        return None, reason
+    proc = ServerProcess(record, None, adopted=True)
+    if proc.exited:
+        return None, f"pid {record.pid} exited while being adopted"
+    return proc, None
+
+
+def leftovers(record: ServerRecord) -> list[int]:
+    """Processes of a run whose leader is gone (token or group), e.g. after the agent was down."""
+    return procs.run_processes(record.token, record.pgid, ())
+
+
+async def kill_leftovers(record: ServerRecord, wait_s: float = 10.0, poll_s: float = 0.05) -> list[int]:
+    """SIGKILL every leftover of a dead run; returns what was found (empty: nothing was left)."""
+    found = leftovers(record)
+    deadline = time.monotonic() + wait_s
+    left = found
+    while left and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        await asyncio.sleep(poll_s)
+        left = leftovers(record)
+    return found
+
+
+def read_record(path: Path) -> tuple[ServerRecord | None, str | None]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"cannot read {path}: {exc}"
+    try:
+        return ServerRecord.from_json(text), None
+    except (ValueError, TypeError, KeyError) as exc:
+        return None, f"{path} is not a valid server record ({exc}); ignored"
+
+
+def write_record(path: Path, record: ServerRecord) -> None:
+    """Atomically (write + rename): a crash mid-write must not lose the record of a live 20-minute load."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(record.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def remove_record(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()

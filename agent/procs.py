@@ -1,0 +1,108 @@
+"""Reading /proc: who belongs to a vLLM run, and is a recorded pid still the same process.
+
+vLLM's EngineCore and workers can outlive the API server (a SIGKILL of the leader leaves them holding GPU
+memory), so "is the run gone" must be answered from the whole process table, not from the leader's exit.
+A process belongs to a run when it is in the run's process group, descends from a run process, or carries
+the run's token in its environment (it escaped the group with setsid but inherited the environment).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+RUN_TOKEN_ENV = "LYNXTOP_RUN_TOKEN"
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    pgid: int
+    start_ticks: int  # clock ticks after boot: with the pid, identifies one process for its whole life
+
+
+def stat(pid: int) -> ProcStat | None:
+    """Parsed /proc/<pid>/stat, or None when the process is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    # comm may hold spaces and parentheses: it ends at the last ')'
+    lpar, rpar = raw.find("("), raw.rfind(")")
+    if lpar < 0 or rpar < 0:
+        return None
+    rest = raw[rpar + 2:].split()
+    try:
+        return ProcStat(pid=pid, comm=raw[lpar + 1:rpar], state=rest[0], ppid=int(rest[1]), pgid=int(rest[2]),
+                        start_ticks=int(rest[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """True for a running process; a zombie holds no memory and counts as gone."""
+    st = stat(pid)
+    return st is not None and st.state not in ("Z", "X")
+
+
+def cmdline(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0")[:-1]] if raw else []
+
+
+def environ_has(pid: int, key: str, value: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return False
+    return f"{key}={value}".encode() in raw.split(b"\0")
+
+
+def title(pid: int) -> str:
+    """What `ps` shows: the cmdline (setproctitle rewrites it, e.g. 'VLLM::EngineCore'), else comm."""
+    args = cmdline(pid)
+    if args:
+        return " ".join(args)
+    st = stat(pid)
+    return st.comm if st else ""
+
+
+def all_pids() -> list[int]:
+    try:
+        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+
+
+def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = ()) -> list[int]:
+    """Live pids of one run: same process group, descendants of `roots` or of group members, or the token."""
+    me = os.getpid()
+    stats = {s.pid: s for s in (stat(p) for p in all_pids()) if s is not None and s.state not in ("Z", "X")}
+    members = {pid for pid in roots if pid in stats}
+    for s in stats.values():
+        if s.pid == me:
+            continue
+        if pgid is not None and s.pgid == pgid or token and environ_has(s.pid, RUN_TOKEN_ENV, token):
+            members.add(s.pid)
+    # close over descendants: a child that called setsid is still a child
+    children: dict[int, list[int]] = {}
+    for s in stats.values():
+        children.setdefault(s.ppid, []).append(s.pid)
+    todo = list(members)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in members and child != me:
+                members.add(child)
+                todo.append(child)
+    members.discard(me)
+    return sorted(members)

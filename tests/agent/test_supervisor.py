@@ -1,0 +1,254 @@
+"""The supervisor against a real process tree (stand-in server with an engine child) and a real SQLite store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from lynxtop.agent import procs
+from lynxtop.agent.control import ActionError
+
+pytestmark = pytest.mark.timeout(60)
+
+ProcGpuView = db_rows = wait_for = None  # bound from the `h` fixture (tests import only lynxtop.*)
+
+
+@pytest.fixture(autouse=True)
+def _helpers(h):
+    global ProcGpuView, db_rows, wait_for
+    ProcGpuView, db_rows, wait_for = h.ProcGpuView, h.db_rows, h.wait_for
+
+
+def events(store, kind_prefix: str = "") -> list[dict]:
+    store.flush()
+    return [e for e in db_rows(store.path, "SELECT * FROM events ORDER BY id") if e["kind"].startswith(kind_prefix)]
+
+
+def run_row(store, run_id: int) -> dict:
+    store.flush()
+    return db_rows(store.path, "SELECT * FROM runs WHERE id = ?", (run_id,))[0]
+
+
+async def start_ready(sup, profile="alpha"):
+    msg = await sup.start(profile, by="uid 0 (root) pid 1")
+    assert profile in msg
+    await wait_for(lambda: sup.state == "ready", 15, what="ready")
+    await wait_for(lambda: sup.action is None, 5, what="action done")
+
+
+async def test_start_ready_records_run_phases_and_clean_env(make_sup, store, monkeypatch):
+    monkeypatch.setenv("NOTIFY_SOCKET", "/run/systemd/notify")
+    monkeypatch.setenv("WATCHDOG_USEC", "30000000")
+    sup = make_sup()
+    await start_ready(sup)
+    run = run_row(store, sup.run_id)
+    assert run["profile"] == "alpha" and run["pid"] == sup.proc.pid
+    assert run["ready_ms"] >= run["started_ms"]
+    assert run["vllm_version"] == "0.0.0-standin"
+    assert json.loads(run["argv"])[1:3] == ["serve", "deepseek-ai/DeepSeek-V4.1"]
+    assert run["gpu_count"] == 8 and json.loads(run["gpu_names"]) == ["NVIDIA H200"]
+    phases = [m["phase"] for m in sup.serving_status()["phases"]]
+    assert phases == ["loading weights", "kv cache", "cuda graphs", "api up"]
+    # the log is a file (0640), not a pipe; the child's environment has the profile's env and no systemd vars
+    log_path = sup.proc.record.log_path
+    assert stat.S_IMODE(os.stat(log_path).st_mode) == 0o640
+    assert "Application startup complete" in Path(log_path).read_text()
+    env = Path(f"/proc/{sup.proc.pid}/environ").read_bytes().split(b"\0")
+    assert b"VLLM_LOGGING_LEVEL=INFO" in env
+    assert not any(e.startswith((b"NOTIFY_SOCKET=", b"WATCHDOG_USEC=")) for e in env)
+    assert os.getpgid(sup.proc.pid) == sup.proc.pid  # own process group
+    assert len(sup.proc.members()) == 2  # server + engine
+    # a second start is refused while serving
+    with pytest.raises(ActionError) as exc:
+        await sup.start(None, by="test")
+    assert exc.value.http_status == 409
+    await sup.stop(by="test")
+    await wait_for(lambda: sup.state == "stopped" and sup.action is None, 15, what="stopped")
+    assert run_row(store, sup.run_id)["end_reason"] == "stopped by operator"
+    assert not sup.proc.members()
+    assert not sup.state_path.exists()
+    await sup.shutdown(stop_serving=True)
+
+
+async def test_sigkill_crash_detected_restarted_no_orphans(make_sup, store):
+    sup = make_sup()
+    await start_ready(sup)
+    old = sup.proc
+    old_run = sup.run_id
+    old_members = old.members()
+    assert len(old_members) == 2
+    t0 = time.monotonic()
+    os.kill(old.pid, signal.SIGKILL)
+    await wait_for(lambda: sup.state in ("stopping", "backoff"), 2.0, step=0.01, what="crash detected")
+    detect = time.monotonic() - t0
+    assert detect < 2.0
+    await wait_for(lambda: sup.state == "ready" and sup.run_id != old_run, 15, what="restarted")
+    for pid in old_members:  # the engine child of the killed server is gone too
+        assert not procs.alive(pid), f"old run process {pid} still alive"
+    row = run_row(store, old_run)
+    assert row["exit_signal"] == signal.SIGKILL and row["end_reason"].startswith("crashed")
+    crash = events(store, "serving.crash")[0]
+    assert "SIGKILL" in crash["message"] and json.loads(crash["details"])["log_tail"]
+    assert events(store, "serving.backoff")
+    await sup.shutdown(stop_serving=True)
+
+
+async def test_exit_zero_unasked_is_a_crash(make_sup, store, monkeypatch):
+    monkeypatch.setenv("STANDIN_EXIT0_AFTER_S", "0.3")
+    sup = make_sup()
+    await start_ready(sup)
+    run_id = sup.run_id
+    await wait_for(lambda: sup.state == "backoff", 5, what="backoff after exit 0")
+    row = run_row(store, run_id)
+    assert row["exit_code"] == 0 and "crashed" in row["end_reason"] and "exited with code 0" in row["end_reason"]
+    await sup.shutdown(stop_serving=True)
+
+
+async def test_crash_loop_gives_up_and_operator_can_start_again(make_sup, store, monkeypatch):
+    monkeypatch.setenv("STANDIN_MODE", "fail_start")
+    sup = make_sup()
+    await sup.start("alpha", by="test")
+    await wait_for(lambda: sup.state == "crash-loop", 20, what="crash loop")
+    assert sup.serving_status()["failures_in_window"] == 3
+    assert sup.next_retry_ms is None
+    n_runs = len(db_rows(store.path, "SELECT id FROM runs"))
+    assert n_runs == 3
+    time_in_loop = time.monotonic()
+    await wait_for(lambda: time.monotonic() - time_in_loop > 1.0, 2)
+    assert sup.state == "crash-loop"  # no retries while waiting for an operator
+    assert len(db_rows(store.path, "SELECT id FROM runs")) == 3
+    ev = events(store, "serving.crash_loop")[0]
+    assert ev["severity"] == "critical" and "CUDA out of memory" in ev["details"]
+    monkeypatch.setenv("STANDIN_MODE", "ok")
+    await start_ready(sup)  # an operator's start resets the count
+    assert sup.serving_status()["failures_in_window"] == 0
+    await sup.shutdown(stop_serving=True)
+
+
+async def test_hang_marks_degraded_and_recovers(make_sup, store):
+    sup = make_sup('hang_timeout_s = 5')
+    await start_ready(sup)
+    t = 1000.0
+    sup.observe_progress(3, 100, now=t)
+    sup.observe_progress(3, 100, now=t + 4)
+    assert sup.state == "ready"
+    sup.observe_progress(3, 100, now=t + 5.5)
+    assert sup.state == "degraded" and "hang" in sup.reason
+    assert events(store, "serving.degraded.hang")
+    sup.observe_progress(3, 150, now=t + 6)
+    assert sup.state == "ready"
+    assert sup.proc.leader_alive()  # restart_on_hang is off by default: nothing was restarted
+    await sup.shutdown(stop_serving=True)
+
+
+async def test_hang_restart_when_enabled(make_sup, store):
+    sup = make_sup('hang_timeout_s = 5\nrestart_on_hang = true')
+    await start_ready(sup)
+    first = sup.run_id
+    sup.observe_progress(2, 10, now=0)
+    sup.observe_progress(2, 10, now=6)
+    await wait_for(lambda: sup.run_id != first and sup.state == "ready", 15, what="restart after hang")
+    assert run_row(store, first)["end_reason"] == "restarted"
+    await sup.shutdown(stop_serving=True)
+
+
+async def test_switch_frees_gpus_before_new_start(make_sup, store):
+    gpus = ProcGpuView()
+    sup = make_sup(gpus=gpus)
+    await start_ready(sup, "alpha")
+    old_run, old_pids = sup.run_id, sup.proc.members()
+    msg = await sup.switch("beta", by="uid 1000 (alice)")
+    assert "alpha" in msg and "beta" in msg
+    with pytest.raises(ActionError) as exc:  # one action at a time
+        await sup.restart(by="uid 1001 (bob)")
+    assert exc.value.code == "busy" and "switch" in exc.value.message and "alice" in exc.value.message
+    await wait_for(lambda: sup.action is None and sup.state == "ready", 20, what="switch done")
+    assert sup.profile_name == "beta" and sup.run_id != old_run
+    new_run = run_row(store, sup.run_id)
+    assert new_run["profile"] == "beta"
+    assert run_row(store, old_run)["end_reason"] == "switched to beta"
+    # the new server started only after no old process held the (fake) GPUs
+    started = new_run["started_ms"]
+    exited = [e for e in events(store, "serving.exited") if e["run_id"] == old_run][0]
+    assert exited["ts_ms"] <= started
+    assert all(not procs.alive(p) for p in old_pids)
+    assert events(store, "action.switch.done")
+    await sup.shutdown(stop_serving=True)
+
+
+async def test_switch_preflight_failures_change_nothing(make_sup, store, tmp_path):
+    sup = make_sup(gpus=ProcGpuView(count=2))
+    with pytest.raises(ActionError) as exc:
+        await sup.switch("alpha", by="test")
+    assert exc.value.http_status == 422 and "needs 8 GPUs" in exc.value.message and "2 visible" in exc.value.message
+    with pytest.raises(ActionError) as exc:
+        await sup.switch("nope", by="test")
+    assert exc.value.http_status == 404 and "alpha" in exc.value.message
+    assert sup.state == "stopped" and sup.proc is None and sup.action is None
+
+
+async def test_stop_preempts_a_start_waiting_for_readiness(make_sup, store, monkeypatch):
+    monkeypatch.setenv("STANDIN_STARTUP_S", "30")
+    sup = make_sup()
+    await sup.start("alpha", by="test")
+    await wait_for(lambda: sup.state == "starting", 5)
+    with pytest.raises(ActionError):
+        await sup.restart(by="other")  # busy
+    await sup.stop(by="operator")
+    await wait_for(lambda: sup.state == "stopped" and sup.action is None, 15, what="stopped")
+    assert not sup.proc.members()
+    await sup.shutdown(stop_serving=True)
+
+
+async def test_sigterm_ignored_gets_sigkill_after_grace(make_sup, store, monkeypatch):
+    monkeypatch.setenv("STANDIN_MODE", "ignore_term")
+    sup = make_sup()
+    await start_ready(sup)
+    members = sup.proc.members()
+    t0 = time.monotonic()
+    await sup.stop(by="test")
+    await wait_for(lambda: sup.state == "stopped", 15)
+    assert time.monotonic() - t0 >= 2.5  # waited the profile's grace (3 s) before SIGKILL
+    assert all(not procs.alive(p) for p in members)
+    assert run_row(store, sup.run_id)["exit_signal"] == signal.SIGKILL
+    await sup.shutdown(stop_serving=True)
+
+
+async def test_adopt_after_agent_dies_keeps_run_without_restart(make_sup, store):
+    a = make_sup()
+    await start_ready(a)
+    pid, run_id = a.proc.pid, a.run_id
+    await a.shutdown(stop_serving=False)  # the agent goes away, serving stays (live restore)
+    assert procs.alive(pid)
+    b = make_sup()
+    assert await b.adopt_previous()
+    await wait_for(lambda: b.state == "ready", 10, what="adopted ready")
+    assert b.run_id == run_id and b.proc.pid == pid and b.adopted
+    assert len(db_rows(store.path, "SELECT id FROM runs")) == 1
+    assert events(store, "serving.adopted")
+    os.kill(pid, signal.SIGKILL)  # exits of an adopted server are seen through the pidfd
+    await wait_for(lambda: b.state in ("stopping", "backoff"), 3, what="adopted crash seen")
+    await b.shutdown(stop_serving=True)
+
+
+async def test_stale_record_is_not_adopted_and_leftovers_are_killed(make_sup, store):
+    a = make_sup()
+    await start_ready(a)
+    members = a.proc.members()
+    rec = json.loads(a.state_path.read_text())
+    await a.shutdown(stop_serving=False)
+    rec["start_ticks"] += 1  # as if the pid now belonged to another process
+    a.state_path.write_text(json.dumps(rec))
+    b = make_sup()
+    assert not await b.adopt_previous()
+    assert all(not procs.alive(p) for p in members)
+    ev = events(store, "serving.not_adopted")[0]
+    assert "start time differs" in ev["message"]
+    assert "lost while the agent was down" in run_row(store, rec["run_id"])["end_reason"]
+    await b.shutdown(stop_serving=True)
