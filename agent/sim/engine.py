@@ -59,6 +59,7 @@ class EngineCore:
         self._acc_since = time.monotonic()
         self._orphan_since: float | None = None
         self._sim_now = 0.0  # simulated seconds since ready (requests are stamped with it)
+        self._wall0: float | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -172,6 +173,8 @@ class EngineCore:
         if self.engine is None:
             return
         if kind == "add":
+            if not self.engine.has_work and self._wall0 is not None:  # idle: the clock restarts from now
+                self._sim_now = max(self._sim_now, (time.monotonic() - self._wall0) * self.a.speed)
             self.engine.add(SimRequest(
                 rid=msg["rid"], prompt_tokens=int(msg["prompt_tokens"]), max_tokens=int(msg["max_tokens"]),
                 arrival_s=self._sim_now, finish_reason_at_max=msg.get("reason", "length"),
@@ -322,7 +325,7 @@ class EngineCore:
         assert eng is not None
         speed = self.a.speed
         self.ready_mono = time.monotonic()
-        wall0 = self.ready_mono
+        wall0 = self._wall0 = self.ready_mono
         self._sim_now = 0.0
         fail = self.a.failure
         while True:

@@ -1,0 +1,77 @@
+"""The simulator accepts what `Profile.argv()` emits and refuses what vLLM refuses, with vLLM's exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from lynxtop.agent.config import Profile
+from lynxtop.agent.sim.flags import SimUsageError, parse_serve_args
+
+
+def test_every_flag_a_profile_can_emit_is_accepted():
+    prof = Profile(
+        name="full", executable="/opt/venv/bin/vllm", model="deepseek-ai/DeepSeek-V4.1", served_model_name="dsv4",
+        host="127.0.0.1", port=8123, tensor_parallel_size=8, pipeline_parallel_size=2, data_parallel_size=2,
+        enable_expert_parallel=True, gpu_memory_utilization=0.92, max_model_len=65536, max_num_seqs=12,
+        max_num_batched_tokens=4096, block_size=64, kv_cache_dtype="fp8", attention_backend="FLASHMLA",
+        enable_prefix_caching=False, quantization="fp8", trust_remote_code=True, distributed_executor_backend="mp",
+        shutdown_timeout_s=30, extra_args=("--enable-server-load-tracking", "--api-key=k", "--max_logprobs", "5"),
+    )
+    argv = prof.argv()
+    assert argv[1] == "serve"
+    a = parse_serve_args(argv[2:], env={})
+    assert (a.model, a.served_model_name, a.port, a.tp, a.pp, a.dp) == ("deepseek-ai/DeepSeek-V4.1", "dsv4", 8123,
+                                                                        8, 2, 2)
+    assert (a.max_model_len, a.max_num_seqs, a.max_num_batched_tokens, a.block_size) == (65536, 12, 4096, 64)
+    assert a.kv_cache_dtype == "fp8" and a.enable_prefix_caching is False and a.enable_expert_parallel
+    assert a.shutdown_timeout_s == 30 and a.api_key == "k" and a.server_load_tracking
+    assert a.gpu_memory_utilization == pytest.approx(0.92)
+
+
+def test_env_supplies_sim_switches_and_flags_win():
+    env = {"LYNXTOP_SIM_STARTUP_SECONDS": "2.5", "LYNXTOP_SIM_FAIL": "hang-after=3", "LYNXTOP_SIM_SPEED": "4",
+           "LYNXTOP_SIM_PARAM": "max_decode_tokens_per_s=50,step_overhead_s=0.05", "LYNXTOP_SIM_WORKERS": "0"}
+    a = parse_serve_args(["m", "--sim-speed", "8"], env=env)
+    assert a.startup_s == 2.5 and a.speed == 8.0 and a.failure.hang_after_s == 3.0 and not a.workers
+    assert a.params.max_decode_tokens_per_s == 50 and a.params.step_overhead_s == 0.05
+    assert a.host == "127.0.0.1"  # loopback unless asked
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["m", "--sim-fail", "explode"], {}, "--sim-fail 'explode'"),
+    (["m", "--sim-param", "warp=9"], {}, "unknown simulator parameter 'warp'"),
+    (["m", "--sim-param", "novalue"], {}, "expected KEY=VALUE"),
+    (["m", "--sim-vllm-version", "latest"], {}, "--sim-vllm-version 'latest'"),
+    (["m"], {"LYNXTOP_SIM_STARTUP_SECONDS": "soon"}, "LYNXTOP_SIM_STARTUP_SECONDS='soon'"),
+    (["m"], {"LYNXTOP_SIM_WORKERS": "maybe"}, "LYNXTOP_SIM_WORKERS"),
+])
+def test_bad_sim_switches_name_the_problem(argv, env, message):
+    with pytest.raises(SimUsageError, match=message.replace("[", r"\[")):
+        parse_serve_args(argv, env=env)
+
+
+def test_unknown_flag_exits_2_like_vllm(sim_argv0):
+    proc = subprocess.run([*sim_argv0, "serve", "m", "--enable-flashmla"], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 2
+    assert "unrecognized arguments: --enable-flashmla" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_sim_switch_exits_2_without_traceback(sim_argv0):
+    proc = subprocess.run([*sim_argv0, "serve", "m", "--sim-fail", "boom"], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 2 and "--sim-fail 'boom'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_underscore_flags_are_accepted():
+    assert parse_serve_args(["m", "--max_model_len", "4096"], env={}).max_model_len == 4096
+
+
+def test_module_entry_point_has_the_same_cli():
+    proc = subprocess.run([sys.executable, "-m", "lynxtop.agent.sim", "bogus"], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 2 and "usage: lynxtop-sim-vllm serve MODEL" in proc.stderr

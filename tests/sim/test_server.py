@@ -1,0 +1,187 @@
+"""The simulated server's HTTP surface against a real process: OpenAI endpoints, SSE, /metrics, errors."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+# Every family of the default (newest) version's page, with its type, as prometheus_client parses it.
+# Counters lose their `_total` suffix in the parser; `_created` families are gauges in text format 0.0.4.
+COUNTERS = ["vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:prompt_tokens_cached",
+            "vllm:request_success", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"]
+HISTOGRAMS = ["vllm:iteration_tokens_total", "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+              "vllm:request_time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
+              "vllm:request_queue_time_seconds", "vllm:request_inference_time_seconds",
+              "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds", "vllm:request_prompt_tokens",
+              "vllm:request_generation_tokens", "vllm:request_max_num_generation_tokens", "vllm:request_params_n",
+              "vllm:request_params_max_tokens"]
+GAUGES = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_requests_waiting_by_reason",
+          "vllm:engine_sleep_state", "vllm:kv_cache_usage_perc", "vllm:cache_config_info"]
+EXPECTED_NEW = ({n: "counter" for n in COUNTERS} | {n: "histogram" for n in HISTOGRAMS} | {n: "gauge" for n in GAUGES}
+                | {n + "_created": "gauge" for n in COUNTERS + HISTOGRAMS})
+TTFT_LE = ["0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5", "0.75", "1.0", "2.5",
+           "5.0", "7.5", "10.0", "20.0", "40.0", "80.0", "160.0", "640.0", "2560.0", "+Inf"]
+ITL_LE = ["0.01", "0.025", "0.05", "0.075", "0.1", "0.15", "0.2", "0.3", "0.4", "0.5", "0.75", "1.0", "2.5", "5.0",
+          "7.5", "10.0", "20.0", "40.0", "80.0", "+Inf"]
+E2E_LE = ["0.3", "0.5", "0.8", "1.0", "1.5", "2.0", "2.5", "5.0", "10.0", "15.0", "20.0", "30.0", "40.0", "50.0",
+          "60.0", "120.0", "240.0", "480.0", "960.0", "1920.0", "7680.0", "+Inf"]
+
+
+def families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_metrics_page_has_vllms_exact_families_types_labels_and_buckets(shared_sim, kit):
+    for _ in range(2):
+        status, _ = kit.http(shared_sim.url + "/v1/completions", {"prompt": "x" * 400, "max_tokens": 8})
+        assert status == 200
+    status, body = kit.http(shared_sim.url + "/metrics")
+    assert status == 200
+    fams = families(body.decode())
+    vllm = {name: f.type for name, f in fams.items() if name.startswith("vllm:")}
+    assert vllm == EXPECTED_NEW
+    assert {"process_cpu_seconds", "python_gc_objects_collected", "http_requests"} <= set(fams)
+    for name in COUNTERS + HISTOGRAMS + GAUGES[:3] + GAUGES[4:5]:
+        for s in fams[name].samples:
+            assert s.labels["model_name"] == kit.MODEL and s.labels["engine"] == "0", (name, s)
+    assert "model_name" not in fams["vllm:cache_config_info"].samples[0].labels  # as in vLLM
+    assert fams["vllm:cache_config_info"].samples[0].labels["block_size"] == "64"
+
+    def le(name: str) -> list[str]:
+        return [s.labels["le"] for s in fams[name].samples if s.name.endswith("_bucket")]
+
+    assert le("vllm:time_to_first_token_seconds") == TTFT_LE
+    assert le("vllm:inter_token_latency_seconds") == ITL_LE
+    assert le("vllm:e2e_request_latency_seconds") == E2E_LE
+    assert le("vllm:iteration_tokens_total")[:3] == ["1.0", "8.0", "16.0"]
+    gen = next(s.value for s in fams["vllm:generation_tokens"].samples if s.name.endswith("_total"))
+    assert gen >= 16
+    ok = {s.labels["finished_reason"]: s.value for s in fams["vllm:request_success"].samples
+          if s.name.endswith("_total")}
+    assert ok["length"] >= 2 and set(ok) == {"stop", "length", "abort"}
+    ttft_count = next(s.value for s in fams["vllm:time_to_first_token_seconds"].samples if s.name.endswith("_count"))
+    assert ttft_count >= 2
+
+
+def test_old_version_prints_the_old_names(start_sim, kit):
+    sp = start_sim("--sim-vllm-version", "0.10")
+    sp.wait_ready()
+    assert kit.http(sp.url + "/v1/completions", {"prompt": "hello", "max_tokens": 4})[0] == 200
+    _, body = kit.http(sp.url + "/version")
+    assert json.loads(body) == {"version": "0.10.0+sim"}
+    fams = families(kit.http(sp.url + "/metrics")[1].decode())
+    types = {n: f.type for n, f in fams.items()}
+    assert types["vllm:gpu_cache_usage_perc"] == "gauge" and types["vllm:kv_cache_usage_perc"] == "gauge"
+    assert types["vllm:gpu_prefix_cache_queries"] == "counter" and types["vllm:gpu_prefix_cache_hits"] == "counter"
+    assert types["vllm:time_per_output_token_seconds"] == "histogram"
+    for newer in ("vllm:inter_token_latency_seconds", "vllm:request_time_per_output_token_seconds",
+                  "vllm:num_requests_waiting_by_reason", "vllm:engine_sleep_state"):
+        assert newer not in types
+    tpot = next(s.value for s in fams["vllm:time_per_output_token_seconds"].samples if s.name.endswith("_count"))
+    assert tpot == 3  # one observation per decode step after the first token
+
+
+async def test_streaming_completion_token_by_token(shared_sim):
+    n = 20
+    body = {"prompt": "tell me about lynxtop", "max_tokens": n, "stream": True,
+            "stream_options": {"include_usage": True}}
+    events, stamps = [], []
+    async with aiohttp.ClientSession() as s, s.post(shared_sim.url + "/v1/completions", json=body) as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+        async for raw in r.content:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                events.append(line[6:])
+                stamps.append(time.monotonic())
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    tokens = [c for c in chunks if c["choices"] and c["choices"][0]["text"]]
+    assert len(tokens) == n
+    assert all(len(c["choices"][0]["text"].split()) == 1 for c in tokens)  # one token per event
+    assert all(c["choices"][0]["finish_reason"] is None for c in tokens)
+    final = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert [c["choices"][0]["finish_reason"] for c in final] == ["length"]
+    usage = chunks[-1]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == n
+    assert usage["usage"]["total_tokens"] == usage["usage"]["prompt_tokens"] + n
+    assert len({c["id"] for c in chunks}) == 1
+    # tokens arrive as they are generated (19 decode steps of ~75 ms simulated at speed 20), not in one burst
+    assert stamps[n] - stamps[1] > 0.5 * (n - 1) * 0.075 / 20
+
+
+async def test_streaming_chat_has_role_then_content_deltas(shared_sim):
+    body = {"model": shared_sim_model(shared_sim), "messages": [{"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
+    async with aiohttp.ClientSession() as s, s.post(shared_sim.url + "/v1/chat/completions", json=body) as r:
+        text = await r.text()
+    data = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    contents = [c["choices"][0]["delta"].get("content") for c in chunks[1:-1]]
+    assert len(contents) == 5 and all(contents)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all(c["object"] == "chat.completion.chunk" and "usage" not in c for c in chunks)
+
+
+def shared_sim_model(sp) -> str:
+    return sp.argv[sp.argv.index("serve") + 1]
+
+
+def test_non_streaming_chat_and_models_and_version(shared_sim, kit):
+    status, body = kit.http(shared_sim.url + "/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 3})
+    assert status == 200
+    data = json.loads(body)
+    assert data["object"] == "chat.completion" and data["usage"]["completion_tokens"] == 3
+    assert len(data["choices"][0]["message"]["content"].split()) == 3
+    models = json.loads(kit.http(shared_sim.url + "/v1/models")[1])
+    card = models["data"][0]
+    assert card["id"] == kit.MODEL and card["max_model_len"] == 32768 and "SIMULATED" in card["owned_by"]
+    assert json.loads(kit.http(shared_sim.url + "/version")[1])["version"].endswith("+sim")
+    assert json.loads(kit.http(shared_sim.url + "/load")[1]) == {"server_load": 0}
+    status, body = kit.http(shared_sim.url + "/health")
+    assert status == 200 and body == b""
+
+
+def test_bad_requests_get_openai_style_errors(shared_sim, kit):
+    url = shared_sim.url
+    status, body = kit.http(url + "/v1/completions", {"prompt": "x", "max_tokens": 40000})
+    assert status == 400 and "maximum context length is 32768 tokens" in json.loads(body)["message"]
+    status, body = kit.http(url + "/v1/completions", {"model": "gpt-5", "prompt": "x"})
+    assert status == 404 and json.loads(body)["message"] == "The model `gpt-5` does not exist."
+    status, body = kit.http(url + "/v1/completions", {"prompt": 42})
+    assert status == 400 and json.loads(body)["param"] == "prompt"
+    status, body = kit.http(url + "/v1/completions", {"prompt": "x", "max_tokens": 0})
+    assert status == 400 and "max_tokens" in json.loads(body)["message"]
+    status, body = kit.http(url + "/v1/chat/completions", {"messages": "hi"})
+    assert status == 400 and json.loads(body)["param"] == "messages"
+    import urllib.request
+    req = urllib.request.Request(url + "/v1/completions", data=b"{not json", method="POST")
+    try:
+        urllib.request.urlopen(req, timeout=5)
+        raise AssertionError("expected 400")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 400 and b"not valid JSON" in exc.read()
+
+
+def test_prefix_cache_hits_show_in_metrics(shared_sim, kit):
+    system = "You are a careful assistant. " * 120  # ~900 tokens shared by both requests
+    for q in ("first question", "second question"):
+        body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": q}],
+                "max_tokens": 2}
+        assert kit.http(shared_sim.url + "/v1/chat/completions", body)[0] == 200
+    fams = families(kit.http(shared_sim.url + "/metrics")[1].decode())
+    hits = next(s.value for s in fams["vllm:prefix_cache_hits"].samples if s.name.endswith("_total"))
+    assert hits >= 768  # at least 12 of the shared 64-token blocks
+
+
+def test_api_key_guards_only_v1(start_sim, kit):
+    sp = start_sim("--api-key", "s3cret")
+    sp.wait_ready()
+    assert kit.http(sp.url + "/v1/models")[0] == 401
+    assert kit.http(sp.url + "/v1/models", headers={"Authorization": "Bearer s3cret"})[0] == 200
+    assert kit.http(sp.url + "/health")[0] == 200 and kit.http(sp.url + "/metrics")[0] == 200
