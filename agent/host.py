@@ -50,6 +50,14 @@ def _title(p: psutil.Process) -> str:
         return ""
 
 
+def _alive(p: psutil.Process) -> bool:
+    """Running and not a zombie: a killed worker stays a zombie until its parent reaps it."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, OSError):
+        return False
+
+
 def _disk_path(db_path: str | os.PathLike) -> str:
     """The nearest existing directory of the database: the file may not exist yet on a first start."""
     p = Path(db_path).absolute()
@@ -84,7 +92,7 @@ class HostSampler:
             return set()
         now = self._clock()
         stale = (root_pid != self._tree_root or now - self._tree_at >= self.tree_refresh_s
-                 or any(not p.is_running() for p in self._procs.values()))
+                 or not all(map(_alive, self._procs.values())))
         if stale:
             self._refresh_tree(root_pid, now)
         return set(self._procs)
@@ -93,7 +101,7 @@ class HostSampler:
         self._tree_root, self._tree_at = root_pid, now
         try:
             root = self._procs.get(root_pid) or psutil.Process(root_pid)
-            members = [root, *root.children(recursive=True)]
+            members = [p for p in (root, *root.children(recursive=True)) if _alive(p)]
         except (psutil.Error, OSError):
             members = []
         old = self._procs

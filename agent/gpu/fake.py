@@ -39,6 +39,7 @@ _GPM_NVL_TOTAL_RX = pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC
 _GPM_NVL_TOTAL_TX = pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC
 _GPM_NVL_FIRST = pynvml.NVML_GPM_METRIC_NVLINK_L0_RX_PER_SEC  # then L0 TX, L1 RX, L1 TX, ... L17 TX
 _GPM_NVL_LAST = pynvml.NVML_GPM_METRIC_NVLINK_L17_TX_PER_SEC
+_SCALAR_POS = {mid: k for k, mid in enumerate(_GPM_SCALAR)}
 _N_INTEGRALS = len(_GPM_SCALAR) + 2  # scalars, nvlink total rx, nvlink total tx (per-link kept apart)
 
 
@@ -82,7 +83,7 @@ class FakeNvml:
     simulated = True
 
     def __init__(self, scenario: Scenario, clock: Callable[[], float] = time.monotonic,
-                 init_error: int | None = None, resolution_s: float = 0.001):
+                 init_error: int | None = None, resolution_s: float = 0.01):
         self.scenario = scenario
         self.clock = clock
         # the scenario is re-read at most this often; integrals stay exact (timestamps are the read times)
@@ -97,6 +98,7 @@ class FakeNvml:
         self.gpu_calls: dict[tuple[int, str], int] = {}  # and by (GPU, function)
         self.initialized = False
         self._lock = threading.RLock()
+        self._xid_ready = threading.Condition(self._lock)
         self._specs = list(scenario.gpus())
         self._acc: dict[int, _GpuAcc] = {}
         self._gpm: dict[int, _GpmRecord | None] = {}  # sample buffer address -> record
@@ -127,8 +129,12 @@ class FakeNvml:
                 raise _err(code)
         return spec
 
-    def _state(self, index: int) -> FakeGpuState:
-        """The state now, after integrating the rates since the last look (left Riemann sum)."""
+    def _state(self, index: int, force: bool = False) -> FakeGpuState:
+        """The state now, after integrating the rates since the last look (left Riemann sum).
+
+        Instantaneous readings reuse a look younger than `resolution_s`; counters (`force`) always integrate
+        up to now, so two GPM samples or field reads never share a timestamp.
+        """
         with self._lock:
             now = self.clock()
             acc = self._acc.get(index)
@@ -140,7 +146,7 @@ class FakeNvml:
                 acc.prev_xids = list(st.xid_events)
                 self._queue_xids(index, st.xid_events)
                 return st
-            if now - acc.last_t < self.resolution_s:
+            if now - acc.last_t < (0.0 if force else self.resolution_s) or now == acc.last_t:
                 return acc.last_state
             dt = now - acc.last_t
             st = acc.last_state
@@ -149,13 +155,13 @@ class FakeNvml:
             for k, (attr, scale) in enumerate(_GPM_SCALAR.values()):
                 ints[k] += getattr(st, attr) * scale * dt
             n = self._specs[index].nvlink_count
-            for i in range(n):
-                tx = st.nvlink_tx_bytes_per_s[i] if i < len(st.nvlink_tx_bytes_per_s) else 0.0
-                rx = st.nvlink_rx_bytes_per_s[i] if i < len(st.nvlink_rx_bytes_per_s) else 0.0
-                acc.link_tx[i] += tx * dt
-                acc.link_rx[i] += rx * dt
-            ints[-2] += sum(st.nvlink_rx_bytes_per_s[:n]) / MIB * dt
-            ints[-1] += sum(st.nvlink_tx_bytes_per_s[:n]) / MIB * dt
+            if n:
+                tx = (st.nvlink_tx_bytes_per_s + [0.0] * n)[:n]
+                rx = (st.nvlink_rx_bytes_per_s + [0.0] * n)[:n]
+                acc.link_tx = [a + r * dt for a, r in zip(acc.link_tx, tx, strict=True)]
+                acc.link_rx = [a + r * dt for a, r in zip(acc.link_rx, rx, strict=True)]
+                ints[-2] += sum(rx) / MIB * dt
+                ints[-1] += sum(tx) / MIB * dt
             new = self.scenario.state(index, now)
             # XIDs "fire at this moment": deliver each one that was not already pending at the last look
             fresh = list(new.xid_events)
@@ -170,11 +176,13 @@ class FakeNvml:
     def _queue_xids(self, index: int, xids: list[int]) -> None:
         for x in xids:
             self._pending_xids.append((index, x))
+        if xids:
+            self._xid_ready.notify_all()
 
     def inject_xid(self, index: int, xid: int) -> None:
         """Test hook: an XID fires on GPU `index` now."""
         with self._lock:
-            self._pending_xids.append((index, xid))
+            self._queue_xids(index, [xid])
 
     # ------------------------------------------------------------------ library
 
@@ -275,7 +283,7 @@ class FakeNvml:
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: _Handle) -> int:
         self._spec(handle, "nvmlDeviceGetTotalEnergyConsumption")
-        self._state(handle.index)
+        self._state(handle.index, force=True)
         return int(self._acc[handle.index].energy_mj)
 
     def nvmlDeviceGetTemperature(self, handle: _Handle, sensor: int) -> int:
@@ -320,7 +328,7 @@ class FakeNvml:
 
     def nvmlDeviceGetFieldValues(self, handle: _Handle, field_ids: list[Any]) -> Any:
         spec = self._spec(handle, "nvmlDeviceGetFieldValues")
-        self._state(handle.index)
+        self._state(handle.index, force=True)
         acc = self._acc[handle.index]
         ts_us = int(acc.last_t * 1e6)
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
@@ -367,7 +375,7 @@ class FakeNvml:
         spec = self._spec(handle, "nvmlGpmSampleGet")
         if not spec.gpm:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        self._state(handle.index)
+        self._state(handle.index, force=True)
         acc = self._acc[handle.index]
         addr = ctypes.cast(sample, ctypes.c_void_p).value or 0
         with self._lock:
@@ -386,13 +394,13 @@ class FakeNvml:
         if a is None or b is None or a.gpu != b.gpu or b.t <= a.t:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         dt = b.t - a.t
-        scalar_pos = {mid: k for k, mid in enumerate(_GPM_SCALAR)}
+        metrics = mg.metrics  # one view of the array, not one per element
         for i in range(mg.numMetrics):
-            m = mg.metrics[i]
+            m = metrics[i]
             mid = m.metricId
             m.nvmlReturn = pynvml.NVML_SUCCESS
-            if mid in scalar_pos:
-                k = scalar_pos[mid]
+            k = _SCALAR_POS.get(mid)
+            if k is not None:
                 m.value = (b.integrals[k] - a.integrals[k]) / dt
             elif mid == _GPM_NVL_TOTAL_RX:
                 m.value = (b.integrals[-2] - a.integrals[-2]) / dt
@@ -425,19 +433,24 @@ class FakeNvml:
         deadline = time.monotonic() + timeout_ms / 1000.0
         watched = self._event_sets[event_set.id]
         while True:
+            now = self.clock()
             for i in watched:
-                self._state(i)  # advances the scenario, which may fire XIDs
-            with self._lock:
+                acc = self._acc.get(i)
+                if acc is None or now - acc.last_t >= 1.0:
+                    self._state(i)  # nobody looked for a while: advance the scenario, which may fire XIDs
+            with self._xid_ready:
                 for k, (gpu, xid) in enumerate(self._pending_xids):
                     if gpu in watched:
                         del self._pending_xids[k]
                         return SimpleNamespace(device=_Handle(gpu), eventType=pynvml.nvmlEventTypeXidCriticalError,
                                                eventData=xid, gpuInstanceId=0xFFFFFFFF,
                                                computeInstanceId=0xFFFFFFFF)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _err(pynvml.NVML_ERROR_TIMEOUT)
-            time.sleep(min(left, 0.02))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _err(pynvml.NVML_ERROR_TIMEOUT)
+                # injected XIDs and those the sampler's looks fire wake this at once; otherwise the
+                # scenario is looked at every 250 ms at most (cheap, like a real wait sleeping in the driver)
+                self._xid_ready.wait(min(left, 0.25))
 
     def nvmlEventSetFree(self, event_set: Any) -> None:
         self._system("nvmlEventSetFree")

@@ -7,11 +7,34 @@ building the struct costs ~10 µs a tick against ~1.6 µs when reused (reference
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import pynvml
 
 from lynxtop.store.columns import NVLINK_MAX_LINKS
+
+
+class _Metric(ctypes.Structure):
+    """pynvml's c_nvmlGpmMetric_t layout as a plain struct: pynvml's printable structs route every field
+    access through Python-level __getattribute__, ~3 µs each, which alone would cost ~0.3 ms a tick."""
+
+    _fields_ = [("metricId", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint), ("value", ctypes.c_double),
+                ("metricInfo", ctypes.c_char_p * 3)]
+
+
+_CAPACITY = len(pynvml.c_nvmlGpmMetricsGet_t().metrics)  # differs between binding versions (98, 166, 333…)
+
+
+class _MetricsGet(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("numMetrics", ctypes.c_uint),
+                ("sample1", pynvml.c_nvmlGpmSample_t), ("sample2", pynvml.c_nvmlGpmSample_t),
+                ("metrics", _Metric * _CAPACITY)]
+
+
+# the library reads our struct through the binding's function: the layouts must match byte for byte
+assert ctypes.sizeof(_MetricsGet) == ctypes.sizeof(pynvml.c_nvmlGpmMetricsGet_t)
+assert ctypes.sizeof(_Metric) == ctypes.sizeof(pynvml.c_nvmlGpmMetric_t)
 
 # (GPU_METRICS column, GPM metric id, scale to the column's unit). GPM rates are MiB/s.
 MIB = 1024 * 1024
@@ -46,7 +69,7 @@ class GpmReader:
     def __init__(self, backend: Any, handle: Any, nvlink_count: int):
         self._b = backend
         self._h = handle
-        mg = pynvml.c_nvmlGpmMetricsGet_t()
+        mg = _MetricsGet()
         metrics = SCALAR_METRICS + (NVLINK_TOTALS + link_metrics(nvlink_count) if nvlink_count else ())
         self.metrics = metrics[: len(mg.metrics)]  # never more than this binding's struct holds
         self._samples = [backend.nvmlGpmSampleAlloc(), backend.nvmlGpmSampleAlloc()]
@@ -58,11 +81,15 @@ class GpmReader:
             mg.metrics[i].metricId = mid
         self._mg = mg
         self._entries = [mg.metrics[i] for i in range(len(self.metrics))]  # views into the struct, made once
+        self._scales = [scale for _, _, scale in self.metrics]
+        self.columns = [col for col, _, _ in self.metrics]
+        # where the scalar columns end and the per-link ones (NVLINK_METRICS names) begin
+        self.n_scalar = len(SCALAR_METRICS) + (len(NVLINK_TOTALS) if nvlink_count else 0)
 
-    def read(self) -> list[tuple[str, float | None]] | None:
-        """(column, value) for every metric over the interval since the previous read; None on the first read.
-
-        Raises pynvml.NVMLError when the sample itself fails; a single metric failing reads None.
+    def read(self) -> list[float | None] | None:
+        """Values aligned with `self.metrics` (in the columns' units) over the interval since the previous
+        read; None on the first read. Raises pynvml.NVMLError when the sample itself fails; a single metric
+        failing reads None.
         """
         cur = self._samples[self._cur]
         self._b.nvmlGpmSampleGet(self._h, cur)
@@ -75,8 +102,8 @@ class GpmReader:
         mg.sample2 = cur
         self._cur ^= 1
         self._b.nvmlGpmMetricsGet(mg)
-        return [(col, e.value * scale if e.nvmlReturn == 0 else None)
-                for (col, _, scale), e in zip(self.metrics, self._entries, strict=True)]
+        return [e.value * scale if e.nvmlReturn == 0 else None
+                for e, scale in zip(self._entries, self._scales, strict=True)]
 
     def reset(self) -> None:
         """Forget the previous sample (after the GPU came back or NVML was re-initialised)."""

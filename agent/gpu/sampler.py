@@ -460,17 +460,19 @@ class GpuSampler:
 
         links: list[tuple[str, float | None]] = []
         if g.gpm is not None and "nvmlGpmSampleGet" not in g.off:
+            gpm = g.gpm
             try:
-                vals = g.gpm.read()
+                vals = gpm.read()
             except pynvml.NVMLError as e:
                 self._failed(g, "nvmlGpmSampleGet", e.value)
                 vals = None
             if vals is not None:
-                for col, v in vals:
-                    if col[0] == "l":
-                        links.append((col, v))
-                    elif v is not None:
+                n = gpm.n_scalar
+                for col, v in zip(gpm.columns[:n], vals[:n], strict=True):
+                    if v is not None:
                         row[col] = round(v)
+                if n < len(vals):
+                    links = list(zip(gpm.columns[n:], vals[n:], strict=True))
         elif g.counters is not None and "nvmlDeviceGetFieldValues" not in g.off:
             try:
                 links, any_ok = g.counters.read()

@@ -1,0 +1,115 @@
+"""HostSampler against real processes: a stand-in vLLM tree whose process titles are set the way vLLM's are.
+
+Titles: the engine is exec'd with argv[0] = "VLLM::EngineCore" (what setproctitle leaves in /proc/PID/cmdline),
+the worker renames itself with prctl(PR_SET_NAME) (the 15-character comm that `ps -o comm` shows), so both
+ways of reading a title are exercised without installing setproctitle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from lynxtop.agent.host import HOST_COLUMNS, HostSampler, role_of
+
+ENGINE = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"  # burns one core
+WORKER = (
+    "import ctypes, time\n"
+    "ctypes.CDLL(None).prctl(15, b'VLLM::Worker_TP0', 0, 0, 0)\n"  # PR_SET_NAME
+    "blob = bytearray(64 * 1024 * 1024)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(30)\n"
+)
+API = (
+    "import subprocess, sys, time\n"
+    f"e = subprocess.Popen(['VLLM::EngineCore', '-c', {ENGINE!r}], executable=sys.executable)\n"
+    f"w = subprocess.Popen([sys.executable, '-c', {WORKER!r}])\n"
+    "time.sleep(30)\n"
+)
+
+
+@pytest.fixture
+def vllm_tree():
+    p = subprocess.Popen([sys.executable, "-c", API], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            kids = psutil.Process(p.pid).children(recursive=True)
+            names = [k.name() for k in kids]
+            if len(kids) == 2 and any(n.startswith("VLLM::Worker") for n in names):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("stand-in vLLM tree did not come up")
+        yield p
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)  # the group this fixture created, and nothing else
+        p.wait(timeout=10)
+
+
+def test_roles_by_title():
+    assert role_of("VLLM::EngineCore") == "engine"
+    assert role_of("VLLM::EngineCor") == "engine"  # the kernel's 15-character comm
+    assert role_of("VLLM::Worker_TP3_EP3") == "workers"
+    assert role_of("vllm") == "api" and role_of("python3") == "api"
+
+
+def test_first_call_has_no_rates_then_rates(tmp_path):
+    h = HostSampler(tmp_path / "not-yet" / "lynxtop.db")  # the database does not exist yet
+    a = h.sample(None)
+    assert set(a) == set(HOST_COLUMNS)
+    assert a["cpu_pct"] is None and a["net_rx_bytes_per_s"] is None and a["cpu_per_core_pct"] is None
+    assert a["mem_total_bytes"] > a["mem_available_bytes"] > 0 and a["disk_free_bytes"] > 0
+    assert a["vllm_procs"] is None and a["vllm_cpu_pct"] is None  # no vLLM: N/A, not 0
+    time.sleep(0.1)
+    b = h.sample(None)
+    per_core = json.loads(b["cpu_per_core_pct"])
+    assert len(per_core) == psutil.cpu_count() and all(0 <= x <= 100 for x in per_core)
+    assert 0 <= b["cpu_pct"] <= 100 and b["net_rx_bytes_per_s"] >= 0
+
+
+def test_vllm_tree_cpu_and_rss_by_role(tmp_path, vllm_tree):
+    h = HostSampler(tmp_path / "db.sqlite")
+    pids = h.vllm_pids(vllm_tree.pid)
+    assert len(pids) == 3 and vllm_tree.pid in pids
+    first = h.sample(vllm_tree.pid)
+    assert first["vllm_procs"] == 3 and first["vllm_engine_cpu_pct"] is None  # no previous CPU reading
+    time.sleep(0.6)
+    row = h.sample(vllm_tree.pid)
+    assert row["vllm_procs"] == 3
+    # the engine spins: most of one core (the machine is shared, so only "clearly busy")
+    assert row["vllm_engine_cpu_pct"] > 25
+    assert row["vllm_workers_cpu_pct"] < row["vllm_engine_cpu_pct"]
+    assert row["vllm_workers_rss_bytes"] > 60 * 1024 * 1024  # the worker holds a 64 MiB buffer
+    assert row["vllm_rss_bytes"] == (row["vllm_api_rss_bytes"] + row["vllm_engine_rss_bytes"]
+                                     + row["vllm_workers_rss_bytes"])
+    assert row["vllm_cpu_pct"] == pytest.approx(row["vllm_api_cpu_pct"] + row["vllm_engine_cpu_pct"]
+                                                + row["vllm_workers_cpu_pct"], abs=0.2)
+
+
+def test_tree_is_rewalked_when_a_member_dies(tmp_path, vllm_tree):
+    h = HostSampler(tmp_path / "db.sqlite", tree_refresh_s=3600)
+    pids = h.vllm_pids(vllm_tree.pid)
+    engine = next(p for p in psutil.Process(vllm_tree.pid).children() if p.cmdline()[:1] == ["VLLM::EngineCore"])
+    engine.kill()  # its parent never reaps it: it stays a zombie, which is not a member either
+    deadline = time.monotonic() + 5
+    while engine.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.02)
+    after = h.vllm_pids(vllm_tree.pid)
+    assert engine.pid in pids and engine.pid not in after and len(after) == 2
+    assert h.sample(vllm_tree.pid)["vllm_procs"] == 2
+
+
+def test_a_gone_root_reads_zero_processes(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait(timeout=10)
+    h = HostSampler(tmp_path / "db.sqlite")
+    assert h.vllm_pids(p.pid) == set()
+    assert h.sample(p.pid)["vllm_procs"] == 0
