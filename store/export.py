@@ -20,7 +20,7 @@ from lynxtop.store.reader import StoreReader
 from lynxtop.store.schema import RESOLUTIONS, RUN_COLUMNS, SAMPLE_TABLES, rollup_columns, rollup_table
 
 TABLES = ("gpu", "host", "serving", "events", "runs")
-CHUNK = 5000
+CHUNK = 500  # rows per fetch: ~0.5 MB of Python objects, whatever the export size
 _ISO = "strftime('%Y-%m-%dT%H:%M:%fZ', {col} / 1000.0, 'unixepoch')"
 
 
