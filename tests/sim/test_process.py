@@ -1,0 +1,180 @@
+"""vLLM's process shape and failure modes on real processes and signals: orphan, drain, exit 0, hang, OOM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import psutil
+
+from lynxtop.agent.sim.gpus import SimScenario
+
+STARTUP_LINES = ["Loading weights took", "Available KV cache memory", "GPU KV cache size",
+                 "Maximum concurrency for", "Graph capturing finished", "init engine (profile, create kv cache",
+                 "Starting vLLM API server", "Application startup complete."]
+
+
+def wait_for(cond, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def refused(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_startup_refuses_connections_until_ready_and_logs_vllms_milestones(start_sim):
+    sp = start_sim(startup=1.5)
+    wait_for(lambda: sp.engine_states(), what="engine state file")
+    assert refused(sp.port)  # loading weights: nothing listens yet
+    phases = {sp.engine_states()[0]["phase"]}
+    sp.wait_ready()
+    text = sp.text()
+    positions = [text.find(m) for m in STARTUP_LINES]
+    assert -1 not in positions and positions == sorted(positions), text
+    assert "SIMULATED" in text.split("Loading weights")[0]  # the banner comes first
+    assert "(EngineCore_DP0 pid=" in text
+    assert phases <= {"loading weights", "kv cache", "cuda graphs", "ready"}
+
+
+def test_sigkill_of_api_server_orphans_enginecore_holding_memory(start_sim):
+    sp = start_sim(workers=True)
+    sp.wait_ready()
+    api = psutil.Process(sp.proc.pid)
+    (engine,) = [c for c in api.children() if c.name() == "VLLM::EngineCore"]
+    assert engine.cmdline() == ["VLLM::EngineCore"]
+    workers = sorted(c.name() for c in engine.children())
+    assert workers == [f"VLLM::Worker_TP{k}" for k in range(8)]
+    scen = SimScenario(sp.state_dir)
+    before = scen.state(0, time.monotonic())
+    assert before.mem_used_bytes > 100 * 2**30 and len(before.processes) == 1
+    assert before.processes[0][0] in {c.pid for c in engine.children()}  # worker k holds GPU k
+
+    os.kill(sp.proc.pid, signal.SIGKILL)
+    sp.proc.wait(timeout=5)
+    time.sleep(0.5)
+    assert engine.is_running() and engine.status() != psutil.STATUS_ZOMBIE
+    held = SimScenario(sp.state_dir).state(3, time.monotonic() + 1)
+    assert held.mem_used_bytes == before.mem_used_bytes  # the orphan still holds its memory
+    assert json.loads(next(sp.state_dir.glob("engine-*.json")).read_text())["phase"] == "orphaned"
+
+    os.killpg(sp.pgid, signal.SIGTERM)  # what a supervisor must do: signal the whole group
+    wait_for(lambda: not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE, what="engine exit")
+    released = SimScenario(sp.state_dir).state(3, time.monotonic() + 2)
+    assert released.mem_used_bytes == 0 and released.processes == []
+
+
+def test_sigterm_drains_in_flight_requests_within_shutdown_timeout(start_sim, kit):
+    sp = start_sim("--shutdown-timeout", "10", speed=10.0)
+    sp.wait_ready()
+    result = {}
+
+    def request():
+        result["r"] = kit.http(sp.url + "/v1/completions", {"prompt": "drain me", "max_tokens": 40}, timeout=20)
+
+    t = threading.Thread(target=request)
+    t.start()
+    wait_for(lambda: b'num_requests_running{engine="0",model_name' in kit.http(sp.url + "/metrics")[1]
+             and b"vllm:num_requests_running{" in kit.http(sp.url + "/metrics")[1], what="request running")
+    os.kill(sp.proc.pid, signal.SIGTERM)
+    code = sp.wait_exit(20)
+    t.join(10)
+    status, body = result["r"]
+    assert code == 0
+    assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 40  # finished, not aborted
+    assert "Draining 1 in-flight requests" in sp.text()
+    assert kit.group_members(sp.pgid) == []  # EngineCore went with it
+
+
+def test_sigterm_without_shutdown_timeout_aborts_at_once(start_sim, kit):
+    sp = start_sim(speed=1.0)
+    sp.wait_ready()
+    result = {}
+    t = threading.Thread(target=lambda: result.update(r=kit.http(sp.url + "/v1/completions",
+                                                                 {"prompt": "x", "max_tokens": 500}, timeout=20)))
+    t.start()
+    time.sleep(0.5)
+    os.kill(sp.proc.pid, signal.SIGTERM)
+    assert sp.wait_exit(10) == 0
+    t.join(10)
+    status, body = result["r"]
+    assert status == 200 and json.loads(body)["choices"][0]["finish_reason"] == "abort"
+
+
+def test_engine_death_after_ready_exits_with_status_0(start_sim, kit):
+    sp = start_sim("--sim-fail", "exit0-after=0.8")
+    sp.wait_ready()
+    assert sp.wait_exit(15) == 0  # vLLM's open bug: an unrequested exit with status 0
+    text = sp.text()
+    assert "EngineCore encountered a fatal error" in text and "EngineDeadError" in text
+    assert kit.group_members(sp.pgid) == []
+    assert SimScenario(sp.state_dir).state(0, time.monotonic()).mem_used_bytes == 0
+
+
+def test_hang_keeps_health_200_but_produces_no_tokens(start_sim, kit):
+    sp = start_sim("--sim-fail", "hang-after=0.3", env={"LYNXTOP_SIM_SPEED": "5"})
+    sp.wait_ready()
+    time.sleep(0.5)
+    def stuck_request():
+        try:
+            kit.http(sp.url + "/v1/completions", {"prompt": "x", "max_tokens": 50}, timeout=8)
+        except OSError:
+            pass  # the server is killed at teardown while this request still waits: that is the point
+
+    threading.Thread(target=stuck_request, daemon=True).start()
+
+    def gen_tokens() -> tuple[float, float]:
+        text = kit.http(sp.url + "/metrics")[1].decode()
+        vals = {}
+        for line in text.splitlines():
+            for key in ("vllm:generation_tokens_total{", "vllm:num_requests_running{", "vllm:num_requests_waiting{"):
+                if line.startswith(key):
+                    vals[key] = float(line.rsplit(" ", 1)[1])
+        return vals["vllm:generation_tokens_total{"], (vals["vllm:num_requests_running{"]
+                                                       + vals["vllm:num_requests_waiting{"])
+
+    wait_for(lambda: gen_tokens()[1] >= 1, what="request queued")
+    first = gen_tokens()
+    time.sleep(1.0)
+    assert kit.http(sp.url + "/health")[0] == 200
+    assert gen_tokens() == first  # requests in flight, tokens flat: only a progress check can tell
+    st = SimScenario(sp.state_dir).state(0, time.monotonic())
+    assert st.util_gpu_pct == 100 and st.tensor_active_pct == 0  # NCCL spin look
+
+
+def test_oom_at_startup_exits_1_with_vllms_text_and_releases_memory(start_sim):
+    sp = start_sim("--sim-fail", "oom", workers=True)
+    assert sp.wait_exit(20) == 1
+    text = sp.text()
+    assert "torch.OutOfMemoryError: CUDA out of memory" in text
+    assert "RuntimeError: Engine core initialization failed. See root cause above." in text
+    assert "Application startup complete." not in text
+    assert SimScenario(sp.state_dir).state(0, time.monotonic()).mem_used_bytes == 0
+
+
+def test_leftover_orphan_memory_makes_the_next_start_fail(start_sim, tmp_path):
+    first = start_sim()
+    first.wait_ready()
+    os.kill(first.proc.pid, signal.SIGKILL)  # leaves an orphaned EngineCore holding ~126 GiB per GPU
+    first.proc.wait(5)
+    second = start_sim(state_dir=first.state_dir)
+    assert second.wait_exit(20) == 1
+    assert "Free memory on device cuda:0" in second.text()
+    assert "less than desired GPU memory utilization" in second.text()
+
+
+def test_too_long_max_model_len_for_the_kv_cache_fails_startup(start_sim):
+    sp = start_sim("--gpu-memory-utilization", "0.35", max_model_len=163840)
+    assert sp.wait_exit(20) == 1
+    assert "estimated maximum model length is" in sp.text()
