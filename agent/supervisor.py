@@ -786,6 +786,7 @@ class Supervisor:
         self.adopted = True
         self._run_finished = False
         self.tracker = PhaseTracker(record.log_path, record.started_ms)
+        self.tracker.poll(now_ms())  # catch up silently: those phases were reported by the previous agent
         self._outcome = loop.create_future()
         proc.watch(loop)
         self._set_state("starting", f"adopted run {record.run_id} (pid {record.pid}) from the previous agent")

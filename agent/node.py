@@ -1,0 +1,504 @@
+"""`lynxtop agent`: one asyncio process that wires the clock, the samplers, the supervisor, the store and the API.
+
+Data flows one way: samplers -> store writer -> SQLite; the supervisor writes runs and events; the API reads the
+status kept here and the history through a read-only StoreReader. NVML and SQLite calls run in threads, so a
+slow GPU or disk never stalls the control socket; a tick that is still running when the next is due makes the
+next one be skipped and counted, never queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from lynxtop import __version__
+from lynxtop.agent.config import Config
+from lynxtop.agent.control import ActionError
+from lynxtop.agent.notify import Notifier
+from lynxtop.agent.startup import tail_lines
+from lynxtop.agent.supervisor import Supervisor, now_ms, server_url
+from lynxtop.store.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, names
+
+log = logging.getLogger("lynxtop.agent")
+
+STATE_FILE = "serving.json"
+MAX_LOG_LINES = 5000
+
+
+class AgentStartError(Exception):
+    """The agent cannot start (database, socket, listener): the message says what and where."""
+
+
+class NodeGpuView:
+    """The supervisor's view of the GPUs, refreshed by every tick of the sampler (no NVML call of its own)."""
+
+    def __init__(self) -> None:
+        self.nvml: dict[str, Any] = {"state": "error", "message": "not opened", "driver_version": "",
+                                     "nvml_version": ""}
+        self.static: list[dict[str, Any]] = []
+        self.sample_ts: float | None = None
+        self.pids: set[int] = set()
+
+    def update(self, ts: float, process_rows: list[dict], nvml: dict[str, Any], static: list[dict]) -> None:
+        self.sample_ts = ts
+        self.pids = {int(r["pid"]) for r in process_rows if r.get("pid") is not None}
+        self.nvml = nvml
+        if static:
+            self.static = static
+
+    def gpu_info(self) -> list[dict[str, Any]] | None:
+        if self.nvml.get("state") != "ok":
+            return None
+        return [{"index": g.get("idx"), "name": g.get("name"), "cc_major": g.get("cc_major"),
+                 "cc_minor": g.get("cc_minor")} for g in self.static]
+
+    def compute_pids(self) -> tuple[float, set[int]] | None:
+        if self.nvml.get("state") != "ok" or self.sample_ts is None:
+            return None
+        return self.sample_ts, set(self.pids)
+
+
+class Node:
+    """The agent. Implements the control API's `Controller` protocol (agent/control.py)."""
+
+    def __init__(self, cfg: Config, notifier: Notifier, sim_state_dir: str | None = None):
+        self.cfg = cfg
+        self.notifier = notifier
+        self.sim_state_dir = sim_state_dir
+        self.host = socket.gethostname()
+        self.started_ms = now_ms()
+        self.started_mono = time.monotonic()
+        self.simulated = bool(cfg.agent.fake_nvml)
+        self.interval = cfg.agent.sample_interval_s
+        self.missed_ticks = 0
+        self.ticks = 0
+        self.last_tick_done: float | None = None
+        self.gpu_view = NodeGpuView()
+        self.latest_gpu_rows: list[dict] = []
+        self.latest_host: dict[str, Any] = {}
+        self.latest_serving: dict[str, Any] | None = None
+        self._stop = asyncio.Event()
+        self._reader: Any = None
+        self._cfg_mtime: float | None = None
+        self.writer: Any = None
+        self.sampler: Any = None
+        self.host_sampler: Any = None
+        self.scraper: Any = None
+        self.sla: Any = None
+        self.supervisor: Supervisor | None = None
+        self.api: Any = None
+        self.exporter: Any = None
+        self._session: aiohttp.ClientSession | None = None
+
+    # ------------------------------------------------------------------------------------------ wiring
+
+    def _open_parts(self) -> None:
+        from lynxtop.agent.gpu.backend import open_backend
+        from lynxtop.agent.gpu.sampler import GpuSampler
+        from lynxtop.agent.host import HostSampler
+        from lynxtop.agent.sla import SlaTracker
+        from lynxtop.store.writer import StoreWriter
+
+        a = self.cfg.agent
+        for d in (a.database.parent, a.run_log_dir):
+            try:
+                d.mkdir(parents=True, exist_ok=True, mode=0o750)
+            except OSError as exc:
+                raise AgentStartError(f"cannot create directory {d}: {exc.strerror or exc}") from None
+        try:
+            self.writer = StoreWriter(a.database, retention=a.retention)
+        except Exception as exc:  # noqa: BLE001 - StoreError and sqlite errors alike: say where
+            raise AgentStartError(f"cannot open the history database {a.database}: {exc}") from None
+        if self.writer.moved_aside:
+            log.warning("the database %s was damaged and moved aside to %s; a new one was created",
+                        a.database, self.writer.moved_aside)
+        self.writer.start()
+        fake, sim_dir = a.fake_nvml, self.sim_state_dir
+        self.sampler = GpuSampler(lambda: open_backend(fake, sim_dir), gpm_enabled=a.gpm, on_event=self._gpu_event)
+        self.host_sampler = HostSampler(a.database)
+        self.sla = SlaTracker(self.cfg.sla)
+        self.supervisor = Supervisor(self.cfg, self.writer, self.gpu_view, state_path=a.database.parent / STATE_FILE,
+                                     host=self.host, simulated=self.simulated, on_change=self._on_change)
+
+    def _gpu_event(self, kind: str, severity: str, message: str, details: dict | None = None) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.add_event(kind, severity, message, details=details)
+
+    def _on_change(self) -> None:
+        self.notifier.status(self.status_line())
+
+    async def main(self) -> int:
+        loop = asyncio.get_running_loop()
+        self._open_parts()
+        assert self.supervisor is not None
+        sup = self.supervisor
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        self._session = aiohttp.ClientSession()
+        nvml = await asyncio.to_thread(self.sampler.open)
+        static = self.sampler.static()
+        self.gpu_view.update(time.monotonic(), [], nvml, static)
+        if static:
+            with contextlib.suppress(Exception):
+                self.writer.upsert_gpus(static)
+        sim_note = " (SIMULATED GPUs)" if self.simulated else ""
+        log.info("lynxtop agent %s on %s: NVML %s%s, %d GPU(s), database %s", __version__, self.host,
+                 nvml.get("state"), sim_note, len(static), self.cfg.agent.database)
+        self.writer.add_event("agent.started", "info", f"agent {__version__} started (pid {os.getpid()}){sim_note}",
+                              details={"nvml": nvml, "gpus": len(static), "simulated": self.simulated})
+        try:
+            await self._start_listeners()
+            adopted = await sup.adopt_previous()
+            a = self.cfg.agent
+            if not adopted and a.autostart and a.default_profile:
+                try:
+                    msg = await sup.start(a.default_profile, by="agent (autostart)")
+                    log.info("autostart: %s", msg)
+                except ActionError as exc:
+                    self.writer.add_event("agent.autostart_failed", "error",
+                                          f"autostart of {a.default_profile} refused: {exc.message}")
+            self.notifier.ready(self.status_line())
+            tasks = [loop.create_task(self._clock(), name="clock")]
+            if self.notifier.watchdog_interval_s:
+                tasks.append(loop.create_task(self._watchdog(), name="watchdog"))
+            await self._stop.wait()
+            log.info("stopping (live_restore %s: serving %s)", "on" if a.live_restore else "off",
+                     "keeps running" if a.live_restore else "is stopped first")
+            self.notifier.stopping("agent stopping" + (" (serving keeps running)" if a.live_restore else ""))
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+            await sup.shutdown(stop_serving=not a.live_restore)
+        finally:
+            await self._close()
+        return 0
+
+    async def _start_listeners(self) -> None:
+        from lynxtop.agent.api import ApiServer, ApiStartError
+
+        a = self.cfg.agent
+        self.api = ApiServer(self, a.socket, a.socket_group, log=lambda m: log.info("api: %s", m))
+        try:
+            await self.api.start()
+        except (ApiStartError, OSError) as exc:
+            self.api = None
+            raise AgentStartError(f"control socket {a.socket}: {exc}") from None
+        if a.metrics_listen:
+            from lynxtop.agent.exporter import MetricsExporter
+
+            self.exporter = MetricsExporter(a.metrics_listen, self.status, log=lambda m: log.info("%s", m))
+            try:
+                await self.exporter.start()
+            except (RuntimeError, OSError) as exc:
+                self.exporter = None
+                raise AgentStartError(str(exc)) from None
+
+    async def _close(self) -> None:
+        for part in (self.exporter, self.api):
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    await part.stop()
+        if self._session is not None:
+            await self._session.close()
+        if self.sampler is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.sampler.close)
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                self.writer.add_event("agent.stopped", "info", f"agent stopped (pid {os.getpid()})")
+            await asyncio.to_thread(self.writer.close)
+        if self._reader is not None:
+            with contextlib.suppress(Exception):
+                self._reader.close()
+
+    # ------------------------------------------------------------------------------------------ clock
+
+    async def _clock(self) -> None:
+        """One tick per interval; a tick still running when the next is due skips that one (counted)."""
+        next_t = time.monotonic()
+        running: asyncio.Task | None = None
+        while True:
+            delay = next_t - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            now = time.monotonic()
+            behind = int((now - next_t) // self.interval)
+            if behind > 0:  # the loop itself was late (suspended, overloaded): skip, don't catch up
+                self.missed_ticks += behind
+                next_t += behind * self.interval
+            next_t += self.interval
+            if running is not None and not running.done():
+                self.missed_ticks += 1
+                continue
+            running = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        sup = self.supervisor
+        assert sup is not None
+        t0 = time.monotonic()
+        ts_ms = now_ms()
+        root = sup.vllm_root_pid()
+
+        def host_part() -> tuple[set[int], dict]:
+            pids = self.host_sampler.vllm_pids(root)
+            return pids, self.host_sampler.sample(root)
+
+        serving_coro = self._scrape(t0) if sup.state in ("ready", "degraded") else None
+        try:
+            pids, host_row = await asyncio.to_thread(host_part)
+            if root is not None:
+                pids = set(pids) | set(sup.proc.members() if sup.proc else ())
+            gpu_fut = asyncio.to_thread(self.sampler.sample, pids)
+            if serving_coro is not None:
+                gpu_tick, serving_row = await asyncio.gather(gpu_fut, serving_coro)
+            else:
+                gpu_tick, serving_row = await gpu_fut, None
+        except Exception:  # noqa: BLE001 - one bad tick must not stop the clock
+            if serving_coro is not None:
+                serving_coro.close()
+            log.exception("sampling tick failed")
+            return
+        self.gpu_view.update(t0, gpu_tick.process_rows, self.sampler.status(), self.sampler.static())
+        if self.sampler.static_version != getattr(self, "_static_version", None):
+            self._static_version = self.sampler.static_version
+            with contextlib.suppress(Exception):
+                self.writer.upsert_gpus(self.sampler.static())
+        for ev in self.sla.update(serving_row, ts_ms):
+            self.writer.add_event(ev["kind"], ev["severity"], ev["message"], details=ev.get("details"),
+                                  run_id=sup.run_id, ts_ms=ev.get("ts_ms"))
+        self.writer.submit_tick(ts_ms, gpu_rows=gpu_tick.gpu_rows, host_row=host_row, serving_row=serving_row,
+                                nvlink_rows=gpu_tick.nvlink_rows, process_rows=gpu_tick.process_rows)
+        self.latest_gpu_rows = gpu_tick.gpu_rows or self.latest_gpu_rows
+        self.latest_host = host_row or {}
+        self.latest_serving = serving_row
+        self.ticks += 1
+        self.last_tick_done = time.monotonic()
+        self.notifier.status(self.status_line())
+
+    async def _scrape(self, now: float) -> dict[str, Any] | None:
+        from lynxtop.agent.scrape import MetricsScraper
+
+        sup = self.supervisor
+        assert sup is not None and self._session is not None
+        url = sup.url()
+        if url is None:
+            return None
+        key = (sup.run_id, url)
+        if self.scraper is None or getattr(self, "_scrape_key", None) != key:
+            self.scraper = MetricsScraper(url, window_s=self.cfg.sla.window_s)
+            self._scrape_key = key
+        row = await self.scraper.scrape(self._session, now)
+        row["run_id"] = sup.run_id
+        ev = self.scraper.outage_event(now)
+        if ev is not None:
+            self.writer.add_event(ev["kind"], ev["severity"], ev["message"], details=ev.get("details"),
+                                  run_id=sup.run_id)
+        sup.observe_progress(self.scraper.requests_running, self.scraper.generation_tokens_total, now)
+        return row
+
+    async def _watchdog(self) -> None:
+        """WATCHDOG=1 at half of WatchdogSec, and only while the clock ticks and the writer thread lives."""
+        interval = self.notifier.watchdog_interval_s or 10.0
+        while True:
+            if self.healthy():
+                self.notifier.watchdog()
+            else:
+                log.error("health check failed (last tick %s s ago, writer alive %s): not pinging the watchdog",
+                          self._tick_age(), self._writer_alive())
+            await asyncio.sleep(interval)
+
+    def _tick_age(self) -> float | None:
+        return None if self.last_tick_done is None else round(time.monotonic() - self.last_tick_done, 1)
+
+    def _writer_alive(self) -> bool:
+        thread = getattr(self.writer, "_thread", None)
+        return thread is None or thread.is_alive()
+
+    def healthy(self) -> bool:
+        limit = max(5 * self.interval, 10.0)
+        age = self._tick_age()
+        if age is None:  # not ticked yet: healthy during the first `limit` seconds only
+            age = time.monotonic() - self.started_mono
+        return age < limit and self._writer_alive()
+
+    # ------------------------------------------------------------------------------------------ status
+
+    def status_line(self) -> str:
+        sup = self.supervisor
+        if sup is None:
+            return "starting"
+        s = sup.serving_status()
+        parts = [f"serving {s['state']}"]
+        if s["profile"]:
+            parts.append(f"profile {s['profile']}" + (f" run {s['run_id']}" if s["run_id"] else ""))
+        if s["phase"]:
+            parts.append(f"phase {s['phase']}")
+        parts.append(f"{len(self.gpu_view.static)} GPUs" + (" (SIMULATED)" if self.simulated else ""))
+        if self.missed_ticks:
+            parts.append(f"{self.missed_ticks} missed ticks")
+        return "; ".join(parts)
+
+    def status(self) -> dict[str, Any]:
+        sup = self.supervisor
+        assert sup is not None
+        ws = self.writer.stats() if self.writer is not None else {}
+        by_idx = {r.get("gpu"): r for r in self.latest_gpu_rows}
+        gpus = []
+        for g in self.gpu_view.static:
+            row = by_idx.get(g.get("idx"), {})
+            gpus.append({"index": g.get("idx"), "name": g.get("name"), "uuid": g.get("uuid"),
+                         "pci_bus_id": g.get("pci_bus_id"), "arch": g.get("arch"),
+                         "gpm_supported": g.get("gpm_supported"), "nvlink_count": g.get("nvlink_count"),
+                         **{k: row.get(k) for k in names(GPU_METRICS)}})
+        sm = self.latest_serving or {}
+        return {
+            "ts_ms": now_ms(),
+            "agent": {
+                "version": __version__, "pid": os.getpid(), "host": self.host, "started_ms": self.started_ms,
+                "uptime_s": round(time.monotonic() - self.started_mono, 1), "simulated": self.simulated,
+                "healthy": self.healthy(), "missed_ticks": self.missed_ticks, "sample_interval_s": self.interval,
+                "nvml": {k: self.gpu_view.nvml.get(k, "") for k in ("state", "message", "driver_version",
+                                                                    "nvml_version")},
+                "store": {"path": str(self.cfg.agent.database), "queued": ws.get("queued"),
+                          "dropped": ws.get("dropped"), "last_error": ws.get("last_error")},
+                "action": sup.action_status(),
+                "live_restore": self.cfg.agent.live_restore,
+            },
+            "serving": sup.serving_status(),
+            "sla": self.sla.state() if self.sla is not None else {"state": "unknown"},
+            "gpus": gpus,
+            "host": {k: self.latest_host.get(k) for k in names(HOST_METRICS)},
+            "serving_metrics": {k: sm.get(k) for k in names(SERVING_METRICS)},
+        }
+
+    def profiles(self) -> dict[str, Any]:
+        sup = self.supervisor
+        assert sup is not None
+        cfg = self._current_config()
+        return {"current": sup.profile_name,
+                "profiles": [{"name": p.name, "description": p.description, "argv": p.argv(), "flags": p.flags(),
+                              "env": dict(p.env)} for p in cfg.profiles]}
+
+    def _current_config(self) -> Config:
+        """The supervisor's config, re-read when the file changed, so a new profile shows without a restart."""
+        from lynxtop.agent.config import ConfigError, load_config
+
+        sup = self.supervisor
+        assert sup is not None
+        path = sup.cfg.path
+        if path is None:
+            return sup.cfg
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            return sup.cfg
+        if self._cfg_mtime is None:
+            self._cfg_mtime = mtime
+        elif mtime != self._cfg_mtime:
+            self._cfg_mtime = mtime
+            try:
+                sup.cfg = dataclasses.replace(sup.cfg, profiles=load_config(str(path)).profiles)
+            except ConfigError as exc:
+                log.warning("config %s changed but has errors; keeping the previous profiles: %s", path,
+                            "; ".join(exc.problems))
+        return sup.cfg
+
+    def _store_reader(self) -> Any:
+        from lynxtop.store.reader import StoreReader
+
+        if self._reader is None:
+            self.writer.flush(2.0)
+            try:
+                self._reader = StoreReader(self.cfg.agent.database, self.interval)
+            except Exception as exc:  # noqa: BLE001 - StoreError: answer 503 rather than crash
+                raise ActionError("store", f"history unavailable: {exc}", 503) from None
+        return self._reader
+
+    def runs(self, limit: int) -> list[dict[str, Any]]:
+        return self._store_reader().runs(limit=limit)
+
+    def events(self, since_ms: int | None, limit: int) -> list[dict[str, Any]]:
+        return self._store_reader().events(since_ms=since_ms, limit=limit)
+
+    def logs(self, run_id: int | None, lines: int) -> dict[str, Any]:
+        sup = self.supervisor
+        assert sup is not None
+        lines = max(1, min(int(lines), MAX_LOG_LINES))
+        if run_id is None:
+            if sup.proc is None:
+                raise ActionError("no_run", "no run yet: nothing has been started by this agent", 404)
+            return {"run_id": sup.run_id, "path": sup.proc.record.log_path,
+                    "lines": tail_lines(sup.proc.record.log_path, lines, max_bytes=4 << 20)}
+        run = self._store_reader().run(run_id)
+        if run is None:
+            raise ActionError("unknown_run", f"no run {run_id}", 404)
+        path = run.get("log_path")
+        return {"run_id": run_id, "path": path, "lines": tail_lines(path, lines, max_bytes=4 << 20)}
+
+    async def start(self, profile: str | None, by: str) -> str:
+        assert self.supervisor is not None
+        return await self.supervisor.start(profile, by)
+
+    async def stop(self, by: str) -> str:
+        assert self.supervisor is not None
+        return await self.supervisor.stop(by)
+
+    async def restart(self, by: str) -> str:
+        assert self.supervisor is not None
+        return await self.supervisor.restart(by)
+
+    async def switch(self, profile: str, by: str) -> str:
+        assert self.supervisor is not None
+        return await self.supervisor.switch(profile, by)
+
+
+def _setup_logging() -> None:
+    # under systemd the journal adds timestamps; on a terminal we do
+    fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("JOURNAL_STREAM") else \
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO, format=fmt, stream=sys.stderr)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def run(args: Namespace) -> int:
+    """Handler of `lynxtop agent`."""
+    from lynxtop.config_cli import load_or_exit
+
+    cfg = load_or_exit(args)
+    if cfg is None:
+        return 2
+    overrides: dict[str, Any] = {}
+    if getattr(args, "socket", None):
+        overrides["socket"] = Path(args.socket).expanduser().absolute()
+    if getattr(args, "database", None):
+        overrides["database"] = Path(args.database).expanduser().absolute()
+    if overrides:
+        cfg = dataclasses.replace(cfg, agent=dataclasses.replace(cfg.agent, **overrides))
+    _setup_logging()
+    notifier = Notifier.from_env()  # also removes the variables: no child inherits them
+    node = Node(cfg, notifier)
+    try:
+        return asyncio.run(node.main())
+    except AgentStartError as exc:
+        print(f"lynxtop agent: {exc}", file=sys.stderr)
+        notifier.stopping(f"failed to start: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+__all__ = ["Node", "NodeGpuView", "run", "server_url"]
