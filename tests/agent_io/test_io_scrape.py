@@ -145,7 +145,8 @@ def test_created_samples_are_ignored():
 
 
 @pytest.mark.parametrize(("text", "why"), [
-    ("<html><body>502 Bad Gateway</body></html>", "not Prometheus text"),
+    ("<html><body>502 Bad Gateway</body></html>", "no vllm:* metrics"),
+    ("vllm:num_requests_running 1 2 3 x\nvllm:generation_tokens_total{engine=0} 5\n", "not Prometheus text"),
     ("vllm:num_requests_running{engine=\"0\" 3\n", "not Prometheus text"),
     ("process_open_fds 3\n", "no vllm:* metrics"),
     ("", "no vllm:* metrics"),
@@ -170,6 +171,13 @@ def test_malformed_page_gives_null_row_and_one_outage(text, why):
     assert back["scrape_ok"] == 1 and back["scrape_errors"] == 2  # cumulative since the agent started
     ev = s.outage_event(5.0)
     assert ev["kind"] == "scrape_recovered" and ev["details"]["outage_s"] == pytest.approx(4.0)
+
+
+def test_lines_we_do_not_read_are_not_parsed():
+    page = VllmPage()
+    text = page.text() + "http_requests_total{handler=\"/v1/x\" broken line\nvllm:some_new_metric{{{ 1\n"
+    row = MetricsScraper("http://x:1").parse_page(text, now=0.0)
+    assert row["scrape_ok"] == 1  # garbage in series we never read does not cost the tick
 
 
 def test_nan_values_are_missing_not_numbers():
