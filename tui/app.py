@@ -176,11 +176,13 @@ class LynxtopApp(App):
     def on_status_arrived(self, message: StatusArrived) -> None:
         if not self._live():
             return
+        first = self.state.status is None
         ended = self.state.apply_status(message.status, self.now_ms())
         if ended is not None:
             self.notify(f"agent back (unreachable since {fmt_clock(ended.since_ms, self.utc)})",
                         title="Agent reachable", severity="information")
-        self.refresh_bindings()
+        if first or ended is not None:
+            self.refresh_bindings()  # recomposes the footer: only when what is allowed changed
         self._redraw()
 
     def on_agent_lost(self, message: AgentLost) -> None:
@@ -220,7 +222,8 @@ class LynxtopApp(App):
     def action_help(self) -> None:
         keys: list[tuple[str, str]] = []
         seen = set()
-        for _, binding in self.screen.active_bindings.values():
+        for active in self.screen.active_bindings.values():
+            binding = active.binding
             if binding.description and binding.key not in seen:
                 seen.add(binding.key)
                 keys.append((binding.key_display or binding.key, binding.description))

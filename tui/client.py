@@ -6,7 +6,6 @@ or the answer is not the API) and `AgentRefused` (the agent answered with an err
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -37,8 +36,11 @@ class AgentClient:
         self.socket_path = str(socket_path)
         self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     def _get_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise AgentUnreachable(f"{self.socket_path}: client closed")
         if self._session is None or self._session.closed:
             connector = aiohttp.UnixConnector(path=self.socket_path)
             # The host part is ignored on a unix socket; the timeout bounds a hung agent.
@@ -93,6 +95,7 @@ class AgentClient:
         return await self._request("POST", f"/v1/{action}", body=body)
 
     async def close(self) -> None:
+        self._closed = True
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None

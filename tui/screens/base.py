@@ -52,8 +52,8 @@ class LiveScreen(Screen):
     def _apply_size(self) -> None:
         w, h = self.app.size
         small = w < MIN_WIDTH or h < MIN_HEIGHT
-        self.set_class(small, "-too-small")
-        self.set_class(w < COMPACT_WIDTH or h < COMPACT_HEIGHT, "-compact")
+        _set_class(self, small, "-too-small")
+        _set_class(self, w < COMPACT_WIDTH or h < COMPACT_HEIGHT, "-compact")
         if small:
             self.query_one("#too-small", Static).update(Text(
                 f"lynxtop needs at least {MIN_WIDTH}×{MIN_HEIGHT} characters; this terminal is {w}×{h}.\n"
@@ -71,8 +71,14 @@ class LiveScreen(Screen):
         now = app.now_ms()
         self.query_one(NodeHeader).show(app.state, now, app.header_flags())
         self.query_one(OutageBanner).show(app.state, now, app.utc, app.retry_in_s())
-        self.set_class(app.state.stale, "-stale")
+        _set_class(self, app.state.stale, "-stale")
         self.draw(now)
 
     def draw(self, now_ms: int) -> None:
         """Draw the body from `self.lynx.state`; called at most once per poll and only when visible."""
+
+
+def _set_class(node, on: bool, name: str) -> None:
+    # Changing a class restyles the whole screen: only touch it when it changes.
+    if node.has_class(name) != on:
+        node.set_class(on, name)

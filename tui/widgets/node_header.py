@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from lynxtop.tui.format import fmt_duration
 from lynxtop.tui.live_state import LiveState
+from lynxtop.tui.widgets.text_panel import TextPanel
 
 # Words first, colour second: every state reads without colour.
 STATE_STYLE = {
@@ -29,8 +29,8 @@ def sla_badge(sla: dict) -> Text:
     return Text("SLA ? unknown", style="dim")
 
 
-class NodeHeader(Static):
-    DEFAULT_CSS = "NodeHeader { height: auto; }"
+class NodeHeader(TextPanel):
+    DEFAULT_CSS = "NodeHeader { height: 1; }"
 
     def show(self, state: LiveState, now_ms: int, flags: list[tuple[str, str]]) -> None:
         agent = state.section("agent")

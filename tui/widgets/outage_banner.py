@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from lynxtop.tui.format import fmt_clock, fmt_duration
 from lynxtop.tui.live_state import LiveState
+from lynxtop.tui.widgets.text_panel import TextPanel
 
 
-class OutageBanner(Static):
+class OutageBanner(TextPanel):
     DEFAULT_CSS = """
-    OutageBanner { height: auto; display: none; background: $error; color: $text; text-style: bold; }
+    OutageBanner { height: 1; display: none; background: $error; color: $text; text-style: bold; }
     OutageBanner.-visible { display: block; }
     """
 
     def show(self, state: LiveState, now_ms: int, utc: bool, retry_in_s: float | None) -> None:
         outage = state.outage
-        self.set_class(outage is not None, "-visible")
+        if self.has_class("-visible") != (outage is not None):
+            self.set_class(outage is not None, "-visible")
         if outage is None:
             return
         age = state.age_s(now_ms)

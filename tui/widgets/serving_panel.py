@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from rich.console import Group
-from rich.table import Table
 from rich.text import Text
-from textual.widgets import Static
 
 from lynxtop.tui.format import NA, fmt_int, fmt_ms, fmt_pct, fmt_si
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.plot import sparkline
+from lynxtop.tui.widgets.text_panel import TextPanel
 
 
-class ServingPanel(Static):
-    DEFAULT_CSS = "ServingPanel { height: auto; border: round $primary-darken-2; padding: 0 1; }"
+class ServingPanel(TextPanel):
+    DEFAULT_CSS = "ServingPanel { height: 7; border: round $primary-darken-2; padding: 0 1; }"
 
     def __init__(self, ascii_only: bool = False, **kwargs):
         super().__init__(**kwargs)
@@ -41,24 +39,25 @@ class ServingPanel(Static):
         pre = sm.get("preemptions")
         stat("preempt", fmt_int(pre), "bold yellow" if pre else "")
         stat("prefix hit", fmt_pct(sm.get("prefix_cache_hit_pct"), 1))
-        spark_w = max(4, width - 38)
-        table = Table.grid(padding=(0, 1))
-        table.add_column(width=5)
-        table.add_column(justify="right", width=9)
-        table.add_column(justify="right", width=11)
-        table.add_column(width=9)
-        table.add_column(width=spark_w)
+        spark_w = max(4, width - 40)
+        lines = [stats]
         thresholds = {"ttft": sla.get("ttft_threshold_ms"), "tpot": sla.get("tpot_threshold_ms")}
         for series in ("ttft", "tpot", "itl"):
             p50, p99 = sm.get(f"{series}_p50_ms"), sm.get(f"{series}_p99_ms")
             limit = thresholds.get(series)
             over = limit is not None and p99 is not None and p99 > limit
-            p99_text = Text(fmt_ms(p99) + (" ✗" if over else ""), style="bold red" if over else "")
+            line = Text(no_wrap=True, overflow="crop")
+            line.append(f"{series.upper():<5}", style="bold")
+            line.append(f" p50 {fmt_ms(p50):>8}  p99 ")
+            line.append(f"{fmt_ms(p99) + (' ✗' if over else ''):>10}", style="bold red" if over else "")
+            line.append(f" {('≤' + fmt_ms(limit)) if limit else '':>9} ", style="dim")
             values = [v for _, v in state.serving_series(f"{series}_p99_ms")]
-            spark = Text(sparkline(values, spark_w, ascii_only=self.ascii_only), style="cyan")
-            table.add_row(Text(series.upper(), style="bold"), Text(f"p50 {fmt_ms(p50)}"),
-                          Text("p99 ") + p99_text, Text(f"≤{fmt_ms(limit)}" if limit else "", style="dim"), spark)
+            line.append(sparkline(values, spark_w, ascii_only=self.ascii_only), style="cyan")
+            lines.append(line)
         tok = [v for _, v in state.serving_series("generation_tokens_per_s")]
-        table.add_row(Text("tok/s", style="bold"), Text(fmt_si(sm.get("generation_tokens_per_s"))), Text(""),
-                      Text(""), Text(sparkline(tok, spark_w, ascii_only=self.ascii_only), style="green"))
-        self.update(Group(stats, table))
+        line = Text(no_wrap=True, overflow="crop")
+        line.append(f"{'tok/s':<5}", style="bold")
+        line.append(f" {fmt_si(sm.get('generation_tokens_per_s')):>12}{'':>25} ")
+        line.append(sparkline(tok, spark_w, ascii_only=self.ascii_only), style="green")
+        lines.append(line)
+        self.update(Text("\n").join(lines))

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from lynxtop.tui.format import fmt_duration
+from lynxtop.tui.widgets.text_panel import TextPanel
 
 PHASES = ("loading weights", "kv cache", "cuda graphs", "api up")
 
 
-class StartupPhases(Static):
+class StartupPhases(TextPanel):
     DEFAULT_CSS = """
-    StartupPhases { height: auto; display: none; }
+    StartupPhases { height: 1; display: none; }
     StartupPhases.-visible { display: block; }
     """
 
     def show(self, serving: dict, now_ms: int) -> None:
         starting = serving.get("state") == "starting"
-        self.set_class(starting, "-visible")
+        if self.has_class("-visible") != starting:
+            self.set_class(starting, "-visible")
         if not starting:
             return
         seen = {p.get("phase"): p.get("ts_ms") for p in serving.get("phases") or [] if p.get("phase")}

@@ -1,0 +1,171 @@
+"""Restart, stop, start and switch: confirmation (Cancel focused), read-only, 403, 409 and 422 answers."""
+
+from __future__ import annotations
+
+from conftest import make_app, plain, text_of, wait_for
+from textual.widgets import Button, OptionList
+
+from lynxtop.tui.screens.confirm import ConfirmScreen
+from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
+
+
+def _spy_notices(app) -> list[tuple[str, str, str]]:
+    notices: list[tuple[str, str, str]] = []
+    original = app.notify
+
+    def spy(message, *a, **kw):
+        notices.append((kw.get("title", ""), str(message), kw.get("severity", "information")))
+        return original(message, *a, **kw)
+
+    app.notify = spy
+    return notices
+
+
+def _dialog_text(screen: ConfirmScreen) -> str:
+    return plain(screen.title_text) + plain(screen.body)
+
+
+async def test_restart_cancel_is_default_and_sends_nothing(agent):
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.press("R")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        dialog = app.screen
+        assert app.focused is dialog.query_one("#cancel", Button)
+        text = _dialog_text(dialog)
+        assert "Restart serving?" in text and "dsv41-tp8" in text and "run 3" in text
+        assert "loads again" in text and "last load took 17m57s" in text
+        assert "12 request(s) are running now" in text
+        await pilot.press("enter")  # Enter on the focused button = Cancel
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+        await pilot.pause(0.1)
+        assert agent.posts() == []
+
+
+async def test_restart_confirmed_posts_once(agent):
+    app = make_app(agent.socket_path)
+    notices = _spy_notices(app)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.press("R")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: agent.posts() != [])
+        assert agent.posts() == [("/v1/restart", {})]
+        await wait_for(pilot, lambda: any("restart accepted" in t for t, _, _ in notices))
+
+
+async def test_escape_and_n_cancel_stop(agent):
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        for key in ("escape", "n"):
+            await pilot.press("X")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+            assert "stays stopped" in _dialog_text(app.screen)
+            await pilot.press(key)
+            await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+        await pilot.pause(0.1)
+        assert agent.posts() == []
+
+
+async def test_switch_shows_flag_differences_and_load_warning(agent):
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.press("P")
+        await wait_for(pilot, lambda: isinstance(app.screen, ProfilePickerScreen))
+        options = app.screen.query_one(OptionList)
+        current = options.get_option("dsv41-tp8")
+        assert current.disabled  # the running profile cannot be chosen
+        options.focus()
+        options.highlighted = 1
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        text = _dialog_text(app.screen)
+        assert "Switch to profile dsv41-tp8-ep?" in text
+        assert "2 flag difference(s)" in text
+        assert "--max-model-len" in text and "131072" in text and "262144" in text
+        assert "--enable-expert-parallel" in text
+        assert "--kv-cache-dtype" not in text  # equal flags are not listed
+        assert "minutes" in text
+        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: agent.posts() != [])
+        assert agent.posts() == [("/v1/switch", {"profile": "dsv41-tp8-ep"})]
+
+
+async def test_readonly_flag_hides_controls(agent):
+    app = make_app(agent.socket_path, readonly=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        assert app.check_action("control", ("restart",)) is False
+        await pilot.press("R", "X", "S", "P")
+        await pilot.pause(0.2)
+        assert not isinstance(app.screen, ConfirmScreen | ProfilePickerScreen)
+        assert agent.posts() == []
+        assert "READ-ONLY (--readonly)" in text_of(app.screen.query_one("#header"))
+        keys = {ab.binding.key for ab in app.screen.active_bindings.values() if ab.enabled}
+        assert "R" not in keys
+
+
+async def test_403_turns_dashboard_readonly_with_reason(agent):
+    agent.post_answers["restart"] = (403, {"error": "forbidden",
+                                           "message": "uid 1001 (bob) is not in group lynxtop"})
+    app = make_app(agent.socket_path)
+    notices = _spy_notices(app)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.press("R")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: app.readonly_reason is not None)
+        assert "not in group lynxtop" in app.readonly_reason
+        await wait_for(pilot, lambda: "READ-ONLY" in text_of(app.screen.query_one("#header")))
+        assert "not in group lynxtop" in text_of(app.screen.query_one("#header"))
+        assert any(sev == "error" and "refused" in title for title, _, sev in notices)
+        await pilot.press("X")
+        await pilot.pause(0.2)
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert len(agent.posts()) == 1
+
+
+async def test_409_busy_and_422_preflight_are_notified_and_change_nothing(agent):
+    agent.post_answers["stop"] = (409, {"error": "busy",
+                                        "message": "switch to dsv41-tp8-ep in progress since 09:18:02"})
+    agent.post_answers["switch"] = (422, {"error": "preflight",
+                                          "message": "preflight failed: model path missing"})
+    app = make_app(agent.socket_path)
+    notices = _spy_notices(app)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.press("X")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: any("busy" in t for t, _, _ in notices))
+        busy = next(n for n in notices if "busy" in n[0])
+        assert busy[2] == "warning" and "in progress since 09:18:02" in busy[1]
+        assert app.readonly_reason is None
+        await pilot.press("P")
+        await wait_for(pilot, lambda: isinstance(app.screen, ProfilePickerScreen))
+        app.screen.query_one(OptionList).highlighted = 1
+        app.screen.query_one(OptionList).focus()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: any("422" in t for t, _, _ in notices))
+        assert any("model path missing" in m for _, m, _ in notices)
+        assert app.readonly_reason is None
+
+
+async def test_start_when_stopped_uses_current_profile(agent):
+    agent.status["serving"]["state"] = "stopped"
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.press("S")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert "Start serving dsv41-tp8" in _dialog_text(app.screen)
+        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: agent.posts() != [])
+        assert agent.posts() == [("/v1/start", {})]
