@@ -97,6 +97,7 @@ class FakeNvml:
         self.calls: dict[str, int] = {}  # call counts by function name, for tests
         self.gpu_calls: dict[tuple[int, str], int] = {}  # and by (GPU, function)
         self.initialized = False
+        self._refs = 0
         self._lock = threading.RLock()
         self._xid_ready = threading.Condition(self._lock)
         self._specs = list(scenario.gpus())
@@ -190,12 +191,14 @@ class FakeNvml:
         self.calls["nvmlInit"] = self.calls.get("nvmlInit", 0) + 1
         if self.init_error is not None:
             raise _err(self.init_error)
+        self._refs += 1  # reference-counted like the real library: each init needs its own shutdown
         self.initialized = True
 
     def nvmlShutdown(self) -> None:
         if not self.initialized:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
-        self.initialized = False
+        self._refs -= 1
+        self.initialized = self._refs > 0
 
     def _system(self, fn: str) -> None:
         self.calls[fn] = self.calls.get(fn, 0) + 1

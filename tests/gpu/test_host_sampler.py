@@ -81,12 +81,12 @@ def test_vllm_tree_cpu_and_rss_by_role(tmp_path, vllm_tree):
     assert len(pids) == 3 and vllm_tree.pid in pids
     first = h.sample(vllm_tree.pid)
     assert first["vllm_procs"] == 3 and first["vllm_engine_cpu_pct"] is None  # no previous CPU reading
-    time.sleep(0.6)
+    time.sleep(1.0)
     row = h.sample(vllm_tree.pid)
     assert row["vllm_procs"] == 3
-    # the engine spins: most of one core (the machine is shared, so only "clearly busy")
-    assert row["vllm_engine_cpu_pct"] > 25
-    assert row["vllm_workers_cpu_pct"] < row["vllm_engine_cpu_pct"]
+    # the engine spins, the worker sleeps (the machine is shared: "clearly busier", not "one full core")
+    assert row["vllm_engine_cpu_pct"] > 5
+    assert row["vllm_engine_cpu_pct"] > 3 * row["vllm_workers_cpu_pct"]
     assert row["vllm_workers_rss_bytes"] > 60 * 1024 * 1024  # the worker holds a 64 MiB buffer
     assert row["vllm_rss_bytes"] == (row["vllm_api_rss_bytes"] + row["vllm_engine_rss_bytes"]
                                      + row["vllm_workers_rss_bytes"])

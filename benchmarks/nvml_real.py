@@ -1,0 +1,464 @@
+"""Proof of GPU sampling on real hardware: the real NVML backend under idle, matmul, copy and peer-copy load.
+
+Run from the repository root on a GPU node (torch, psutil and nvidia-ml-py present, lynxtop need not be
+installed: the repo's folders are imported through a temporary package of symlinks):
+
+    python3 benchmarks/nvml_real.py            # ~40-70 s; never changes clocks, power limits or modes
+    python3 benchmarks/nvml_real.py --fake     # the same measurement code on the fake NVML (no GPU, no torch)
+
+Phases: idle; bf16 matmul loop on GPU 0; device-to-device copy loop on GPU 0 (after allocating a known size
+to check memory accounting); with >= 2 GPUs, a peer copy GPU 0 -> GPU 1 for NVLink. The GPU load runs in a
+child process so the sampler's own cost is measured undisturbed. Every check prints PASS/FAIL/ABSENT/SKIP and
+the run goes on after a failure. Cost: the median CPU time of one full tick per GPU (thread CPU clock) and the
+tick's wall time against the sum of the raw pynvml calls it makes, replayed one by one in the same run.
+Last line: one JSON object {tick_cpu_ms_per_gpu, tick_vs_raw_nvml_ratio, checks, gpus, ...}. Exit 0 when no
+check failed, 1 when one did, 2 when it could not run (no driver, no torch: the message says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def import_shim() -> Path:
+    """Make `import lynxtop.agent…` load this checkout: a temp `lynxtop` package linking agent/ and store/."""
+    d = Path(tempfile.mkdtemp(prefix="lynxtop-shim-"))
+    pkg = d / "lynxtop"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('"""lynxtop, imported from a source checkout by benchmarks/nvml_real.py."""\n')
+    for name in ("agent", "store"):
+        (pkg / name).symlink_to(REPO / name, target_is_directory=True)
+    sys.path.insert(0, str(d))
+    for mod in [m for m in sys.modules if m == "lynxtop" or m.startswith("lynxtop.")]:
+        del sys.modules[mod]
+    atexit.register(shutil.rmtree, d, True)  # removes the links, never what they point to
+    return d
+
+
+# ---------------------------------------------------------------------------------------------- the load
+
+LOAD = r'''
+import os, sys, time
+import torch
+dev = int(sys.argv[1])
+torch.cuda.set_device(dev)
+a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+for _ in range(3):
+    c = a @ b
+torch.cuda.synchronize()
+block = None
+def say(*x):
+    print(*x, flush=True)
+say("ready")
+for line in sys.stdin:
+    cmd = line.split()
+    if not cmd:
+        continue
+    if cmd[0] == "alloc":
+        n = int(cmd[1])
+        block = torch.empty(n, dtype=torch.uint8, device=dev)
+        block.fill_(1)  # touch it: memory is committed, not just reserved
+        torch.cuda.synchronize()
+        say("allocated", n)
+    elif cmd[0] == "matmul":
+        end = time.time() + float(cmd[1]); n = 0
+        say("started")
+        t0 = time.time()
+        while time.time() < end:
+            for _ in range(20):
+                c = a @ b
+            torch.cuda.synchronize(); n += 20
+        say("done", f"{2 * 8192**3 * n / (time.time() - t0) / 1e12:.0f} TFLOP/s")
+    elif cmd[0] == "copy":
+        half = block.numel() // 2
+        src, dst = block[:half], block[half:2 * half]
+        end = time.time() + float(cmd[1]); n = 0
+        say("started")
+        t0 = time.time()
+        while time.time() < end:
+            for _ in range(10):
+                dst.copy_(src)
+            torch.cuda.synchronize(); n += 10
+        say("done", f"{2 * half * n / (time.time() - t0) / 1e9:.0f} GB/s read+write")
+    elif cmd[0] == "p2p":
+        x = torch.ones(1 << 30, dtype=torch.uint8, device=0)
+        y = torch.empty(1 << 30, dtype=torch.uint8, device=1)
+        y.copy_(x); torch.cuda.synchronize(0); torch.cuda.synchronize(1)
+        end = time.time() + float(cmd[1]); n = 0
+        say("started")
+        t0 = time.time()
+        while time.time() < end:
+            for _ in range(5):
+                y.copy_(x)
+            torch.cuda.synchronize(0); torch.cuda.synchronize(1); n += 5
+        say("done", f"{(1 << 30) * n / (time.time() - t0) / 1e9:.0f} GB/s GPU0->GPU1")
+        del x, y
+    elif cmd[0] == "exit":
+        break
+'''
+
+
+class Load:
+    """A child process holding a CUDA context and running one kind of load on command."""
+
+    def __init__(self, device: int = 0):
+        env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+        self.p = subprocess.Popen([sys.executable, "-c", LOAD, str(device)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, env=env)
+        self.expect("ready", timeout=120)
+
+    def send(self, line: str) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+
+    def expect(self, word: str, timeout: float) -> str:
+        assert self.p.stdout is not None
+        t = time.monotonic() + timeout
+        while time.monotonic() < t:
+            line = self.p.stdout.readline()
+            if not line:
+                raise RuntimeError(f"load process exited (code {self.p.poll()}) while waiting for {word!r}")
+            if line.startswith(word):
+                return line.strip()
+        raise RuntimeError(f"load process did not say {word!r} within {timeout} s")
+
+    def close(self) -> None:
+        try:
+            self.send("exit")
+            self.p.wait(timeout=20)
+        except Exception:
+            self.p.kill()
+            self.p.wait(timeout=10)
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+
+
+class Recorder:
+    """Forwards to a backend and records the nvml* calls one tick makes, to replay them raw."""
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+        self.log: list[tuple[str, tuple, dict]] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._inner, name)
+        if not name.startswith("nvml"):
+            return fn
+
+        def rec(*args: Any, **kw: Any) -> Any:
+            if self.log is not None:
+                self.log.append((name, args, kw))
+            return fn(*args, **kw)
+
+        return rec
+
+
+def replay(target: Any, calls: list[tuple[str, tuple, dict]]) -> tuple[int, dict[str, int]]:
+    """Wall ns of each recorded call made directly on `target` (the pynvml module): their sum, and by name."""
+    clock = time.perf_counter_ns
+    total = 0
+    by_name: dict[str, int] = {}
+    for name, args, kw in calls:
+        fn = getattr(target, name)
+        t = clock()
+        try:
+            fn(*args, **kw)
+        except Exception:
+            pass  # the sampler met the same error; its cost counts all the same
+        dt = clock() - t
+        total += dt
+        by_name[name] = by_name.get(name, 0) + dt
+    return total, by_name
+
+
+def measure_cost(sampler: Any, recorder_sampler: Any, recorder: Recorder, raw_target: Any, n_gpus: int,
+                 rounds: int) -> dict:
+    # steady state: GPM has a previous sample, slow readings are not due
+    sampler.sample(set())
+    recorder_sampler.sample(set())
+    time.sleep(0.05)
+    recorder.log = []
+    recorder_sampler.sample(set())
+    calls, recorder.log = recorder.log, None
+    cpu, wall, raw = [], [], []
+    by_name_all: dict[str, list[int]] = {}
+    for _ in range(rounds):
+        time.sleep(0.02)
+        c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+        sampler.sample(set())
+        wall.append(time.perf_counter_ns() - w0)
+        cpu.append(time.thread_time_ns() - c0)
+        time.sleep(0.02)
+        total, by_name = replay(raw_target, calls)
+        raw.append(total)
+        for k, v in by_name.items():
+            by_name_all.setdefault(k, []).append(v)
+    med_cpu, med_wall, med_raw = statistics.median(cpu), statistics.median(wall), statistics.median(raw)
+    return {
+        "tick_cpu_ms_per_gpu": round(med_cpu / 1e6 / max(n_gpus, 1), 4),
+        "tick_vs_raw_nvml_ratio": round(med_wall / med_raw, 3) if med_raw else None,
+        "tick_wall_ms": round(med_wall / 1e6, 4),
+        "tick_cpu_ms": round(med_cpu / 1e6, 4),
+        "raw_nvml_ms": round(med_raw / 1e6, 4),
+        "raw_calls_per_tick": len(calls),
+        "raw_ms_by_function": {k: round(statistics.median(v) / 1e6, 4) for k, v in sorted(by_name_all.items())},
+    }
+
+
+def measure_slow(sampler_cls: Any, factory: Any, n_gpus: int) -> dict:
+    """The first tick reads the slow-cadence figures (energy ≈ 4 ms each) for every GPU: its CPU cost."""
+    s = sampler_cls(factory, xid_events=False)
+    s.open()
+    c0 = time.thread_time_ns()
+    s.sample(set())
+    first = time.thread_time_ns() - c0
+    s.close()
+    return {"first_tick_with_slow_reads_cpu_ms_per_gpu": round(first / 1e6 / max(n_gpus, 1), 3)}
+
+
+def collect(sampler: Any, seconds: float, interval: float = 0.5) -> list[list[dict]]:
+    """Ticks over a window; the first is dropped (its GPM interval straddles the phase change)."""
+    sampler.sample(set())
+    rows = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(interval)
+        rows.append(sampler.sample(set()).gpu_rows)
+    return rows
+
+
+def med(rows: list[list[dict]], gpu: int, col: str) -> float | None:
+    vals = [r[gpu][col] for r in rows if gpu < len(r) and r[gpu].get(col) is not None]
+    return statistics.median(vals) if vals else None
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.results: dict[str, str] = {}
+        self.values: dict[str, Any] = {}
+
+    def check(self, name: str, value: Any, ok: bool | None, want: str) -> None:
+        verdict = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
+        self.set(name, verdict, value, want)
+
+    def set(self, name: str, verdict: str, value: Any, want: str) -> None:
+        self.results[name] = verdict
+        self.values[name] = value
+        print(f"{verdict:6} {name}: {value!r} (want {want})", flush=True)
+
+
+def nvlink_field_rate(nv: Any, handle: Any, links: int, fid: int) -> tuple[int, int] | None:
+    """Sum of one NVLink data counter (KiB) over links, with the latest µs timestamp; None if unsupported."""
+    try:
+        vals = nv.nvmlDeviceGetFieldValues(handle, [(fid, link) for link in range(links)])
+    except Exception:
+        return None
+    ok = [v for v in vals if v.nvmlReturn == 0]
+    if not ok:
+        return None
+    return sum(v.value.ullVal for v in ok), max(v.timestamp for v in ok)
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fake", default="", help="run on a fake NVML scenario (e.g. h200x8) instead: no load phases")
+    ap.add_argument("--rounds", type=int, default=200, help="ticks for the cost measurement (default 200)")
+    ap.add_argument("--phase-s", type=float, default=5.0, help="seconds of each load window (default 5)")
+    ap.add_argument("--self-check", action="store_true", help="only show where lynxtop is imported from")
+    args = ap.parse_args()
+
+    shim = import_shim()
+    from lynxtop.agent.gpu import sampler as sampler_mod
+    from lynxtop.agent.gpu.backend import RealNvml, open_backend
+
+    if args.self_check:
+        print(json.dumps({"shim": str(shim), "sampler": str(Path(sampler_mod.__file__).resolve())}))
+        return 0
+
+    try:
+        import pynvml
+    except ImportError:
+        print(json.dumps({"error": "nvidia-ml-py (pynvml) is not installed"}))
+        return 2
+    GpuSampler = sampler_mod.GpuSampler
+
+    events: list[tuple] = []
+
+    def on_event(kind: str, severity: str, message: str, details: dict | None = None) -> None:
+        events.append((kind, severity, message))
+        print(f"event {severity}: {message}", flush=True)
+
+    if args.fake:
+        fake = open_backend(args.fake)
+
+        def factory() -> Any:
+            return fake
+        raw_target: Any = fake
+    else:
+        factory = RealNvml
+        raw_target = pynvml
+
+    t_start = time.monotonic()
+    sampler = GpuSampler(factory, on_event=on_event)
+    st = sampler.open()
+    if st["state"] != "ok":
+        print(f"cannot sample GPUs: {st['message']}", file=sys.stderr)
+        print(json.dumps({"error": st["message"], "nvml": st, "checks": {}, "gpus": 0}))
+        return 2
+    static = sampler.static()
+    n = len(static)
+    print(f"NVML ok: driver {st['driver_version']}, NVML {st['nvml_version']}, {n} GPU(s)")
+    for g in static:
+        print("  " + json.dumps(g))
+    checks = Checks()
+    out: dict[str, Any] = {"gpus": n, "driver_version": st["driver_version"], "nvml_version": st["nvml_version"],
+                           "names": sorted({g["name"] for g in static}), "simulated": bool(args.fake)}
+
+    if n >= 2:
+        for key in ("idx", "uuid", "pci_bus_id"):
+            vals = [g[key] for g in static]
+            checks.check(f"distinct_{key}", vals, len(set(vals)) == n and all(v != "" for v in vals), "all distinct")
+
+    # --- cost, while idle
+    rec = Recorder(factory() if args.fake else RealNvml())
+    rec_sampler = GpuSampler(lambda: rec, xid_events=False)
+    rec_sampler.open()
+    cost = measure_cost(sampler, rec_sampler, rec, raw_target, n, args.rounds)
+    rec_sampler.close()
+    cost.update(measure_slow(GpuSampler, factory, n))
+    out.update(cost)
+    checks.check("tick_cpu_ms_per_gpu", cost["tick_cpu_ms_per_gpu"], cost["tick_cpu_ms_per_gpu"] <= 0.25, "<= 0.25")
+    ratio = cost["tick_vs_raw_nvml_ratio"]
+    checks.check("tick_vs_raw_nvml_ratio", ratio, None if ratio is None else ratio <= 2.0, "<= 2.0")
+
+    if args.fake:
+        for name in ("idle_sm_active", "matmul_sm_active", "matmul_tensor_active", "copy_tensor_active",
+                     "copy_dram_bw", "memory_accounting"):
+            checks.set(name, "SKIP", None, "real GPU load (not with --fake)")
+        return finish(out, checks, sampler, events, t_start)
+
+    try:
+        import torch  # noqa: F401  (only to fail early with a clear message; the load runs in a child)
+    except ImportError:
+        print("torch is not installed: only the cost was measured", file=sys.stderr)
+        out["error"] = "torch is not installed: load phases skipped"
+        return finish(out, checks, sampler, events, t_start)
+
+    g0 = static[0]
+    has_gpm = bool(g0["gpm_supported"])
+    nvlinks = int(g0["nvlink_count"] or 0)
+
+    # --- idle
+    idle = collect(sampler, 3.0)
+    for gi in range(n):
+        v = med(idle, gi, "sm_active_pct")
+        checks.check(f"idle_sm_active_gpu{gi}", v, None if v is None else v < 5, "< 5 %")
+    if nvlinks:
+        v = med(idle, 0, "nvlink_tx_bytes_per_s")
+        checks.check("idle_nvlink_tx_gpu0", v, None if v is None else v < 1e9, "about 0 (< 1 GB/s)")
+
+    load = Load(0)
+    try:
+        # --- memory accounting: a known allocation on top of the context's own
+        before = collect(sampler, 1.0)
+        size = 8 << 30
+        load.send(f"alloc {size}")
+        load.expect("allocated", 60)
+        after = collect(sampler, 1.0)
+        m0, m1 = med(before, 0, "mem_used_bytes"), med(after, 0, "mem_used_bytes")
+        rise = None if m0 is None or m1 is None else m1 - m0
+        checks.check("memory_accounting", {"allocated": size, "rise": rise},
+                     None if rise is None else abs(rise - size) <= 0.05 * size, "rise within 5 % of allocated")
+
+        # --- matmul
+        load.send(f"matmul {args.phase_s + 1.5}")
+        load.expect("started", 30)
+        time.sleep(0.7)
+        mm = collect(sampler, args.phase_s)
+        print("load:", load.expect("done", 60))
+        sm, tc = med(mm, 0, "sm_active_pct"), med(mm, 0, "tensor_active_pct")
+        out["matmul_gpu0"] = {c: med(mm, 0, c) for c in ("util_gpu_pct", "sm_active_pct", "sm_occupancy_pct",
+                                                           "tensor_active_pct", "dram_bw_pct", "power_w")}
+        if has_gpm:
+            checks.check("matmul_sm_active", sm, None if sm is None else sm > 80, "> 80 %")
+            checks.check("matmul_tensor_active", tc, None if tc is None else tc > 80, "> 80 %")
+        else:
+            checks.set("matmul_sm_active", "ABSENT", sm, "GPM (Hopper+): SM columns are NULL here")
+        if n >= 2 and has_gpm:
+            v = med(mm, 1, "sm_active_pct")
+            checks.check("matmul_gpu1_stays_idle", v, None if v is None else v < 5, "< 5 % (load is on GPU 0)")
+
+        # --- device-to-device copy
+        load.send(f"copy {args.phase_s + 1.5}")
+        load.expect("started", 30)
+        time.sleep(0.7)
+        cp = collect(sampler, args.phase_s)
+        print("load:", load.expect("done", 60))
+        out["copy_gpu0"] = {c: med(cp, 0, c) for c in ("util_gpu_pct", "sm_active_pct", "sm_occupancy_pct",
+                                                         "tensor_active_pct", "dram_bw_pct", "power_w")}
+        tc, bw = med(cp, 0, "tensor_active_pct"), med(cp, 0, "dram_bw_pct")
+        if has_gpm:
+            checks.check("copy_tensor_active", tc, None if tc is None else tc < 5, "< 5 %")
+            checks.check("copy_dram_bw", bw, None if bw is None else bw > 60, "> 60 %")
+
+        # --- NVLink: peer copy GPU 0 -> GPU 1
+        if n < 2 or nvlinks == 0:
+            checks.set("nvlink_p2p", "ABSENT", {"gpus": n, "nvlink_count": nvlinks},
+                       "NVLink needs >= 2 linked GPUs: absent here, not an error")
+        else:
+            h0, h1 = pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlDeviceGetHandleByIndex(1)
+            tx_id, rx_id = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+            load.send(f"p2p {args.phase_s + 1.5}")
+            load.expect("started", 60)
+            time.sleep(0.7)
+            f0 = nvlink_field_rate(pynvml, h0, nvlinks, tx_id), nvlink_field_rate(pynvml, h1, nvlinks, rx_id)
+            pp = collect(sampler, args.phase_s)
+            f1 = nvlink_field_rate(pynvml, h0, nvlinks, tx_id), nvlink_field_rate(pynvml, h1, nvlinks, rx_id)
+            print("load:", load.expect("done", 60))
+            tx0, rx1 = med(pp, 0, "nvlink_tx_bytes_per_s"), med(pp, 1, "nvlink_rx_bytes_per_s")
+            checks.check("p2p_gpu0_nvlink_tx_gpm", tx0, None if tx0 is None else tx0 > 10e9, "> 10 GB/s")
+            checks.check("p2p_gpu1_nvlink_rx_gpm", rx1, None if rx1 is None else rx1 > 10e9, "> 10 GB/s")
+            for label, a, b in (("p2p_gpu0_nvlink_tx_fields", f0[0], f1[0]), ("p2p_gpu1_nvlink_rx_fields", f0[1], f1[1])):
+                if a is None or b is None or b[1] <= a[1]:
+                    checks.set(label, "ABSENT", None, "field counters unsupported on this driver")
+                else:
+                    rate = (b[0] - a[0]) * 1024 * 1e6 / (b[1] - a[1])
+                    checks.check(label, rate, rate > 10e9, "> 10 GB/s")
+    finally:
+        load.close()
+    return finish(out, checks, sampler, events, t_start)
+
+
+def finish(out: dict, checks: Checks, sampler: Any, events: list, t_start: float) -> int:
+    sampler.close()
+    out["checks"] = checks.results
+    out["values"] = checks.values
+    out["events"] = [f"{s}: {m}" for _, s, m in events]
+    out["runtime_s"] = round(time.monotonic() - t_start, 1)
+    failed = [k for k, v in checks.results.items() if v == "FAIL"]
+    out["failed"] = failed
+    print(json.dumps(out, default=str), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
