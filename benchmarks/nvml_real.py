@@ -437,7 +437,8 @@ def main() -> int:
             tx0, rx1 = med(pp, 0, "nvlink_tx_bytes_per_s"), med(pp, 1, "nvlink_rx_bytes_per_s")
             checks.check("p2p_gpu0_nvlink_tx_gpm", tx0, None if tx0 is None else tx0 > 10e9, "> 10 GB/s")
             checks.check("p2p_gpu1_nvlink_rx_gpm", rx1, None if rx1 is None else rx1 > 10e9, "> 10 GB/s")
-            for label, a, b in (("p2p_gpu0_nvlink_tx_fields", f0[0], f1[0]), ("p2p_gpu1_nvlink_rx_fields", f0[1], f1[1])):
+            pairs = (("p2p_gpu0_nvlink_tx_fields", f0[0], f1[0]), ("p2p_gpu1_nvlink_rx_fields", f0[1], f1[1]))
+            for label, a, b in pairs:
                 if a is None or b is None or b[1] <= a[1]:
                     checks.set(label, "ABSENT", None, "field counters unsupported on this driver")
                 else:
