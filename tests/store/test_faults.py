@@ -1,0 +1,161 @@
+"""Faults with real parts: SIGKILL of a writer process, a full database (max_page_count), damaged and
+foreign files."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lynxtop.__main__ import main
+from lynxtop.store.reader import StoreReader
+from lynxtop.store.writer import StoreWriter
+
+from .helpers import T0, gpu_row, submit
+
+CHILD = r"""
+import sys, time
+from lynxtop.store.writer import StoreWriter
+sys.path.insert(0, sys.argv[2])
+from helpers import T0, gpu_row, host_row
+w = StoreWriter(sys.argv[1], queue_max=100_000)
+w.start()
+rows = [gpu_row(g, 0) for g in range(8)]
+last = None
+i = 0
+while True:
+    for _ in range(50):
+        w.submit_tick(T0 + i * 1000, [dict(r) for r in rows], host_row(i))
+        i += 1
+    done = w.stats()["last_tick_ts_ms"]
+    if done != last:
+        print(done, flush=True)
+        last = done
+    time.sleep(0.01)
+"""
+
+
+def test_sigkill_mid_write_keeps_every_committed_tick(tmp_path):
+    db = tmp_path / "k.db"
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(db), os.path.dirname(__file__)],
+                            stdout=subprocess.PIPE, text=True)
+    committed = None
+    try:
+        deadline = time.monotonic() + 30
+        reports = 0
+        while reports < 6 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.strip() != "None":
+                committed = int(line)
+                reports += 1
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+    assert proc.returncode == -signal.SIGKILL
+    assert committed is not None, "the child never reported a commit"
+    c = sqlite3.connect(db)
+    assert c.execute("PRAGMA quick_check").fetchall() == [("ok",)]
+    per_tick = dict(c.execute("SELECT ts_ms, count(*) FROM gpu_samples GROUP BY ts_ms").fetchall())
+    expected = range(T0, committed + 1, 1000)
+    assert all(per_tick.get(ts) == 8 for ts in expected)  # every reported tick, whole
+    assert set(per_tick.values()) == {8}  # and no half-written tick beyond it
+    hosts = c.execute("SELECT count(*) FROM host_samples WHERE ts_ms <= ?", (committed,)).fetchone()[0]
+    assert hosts == len(expected)
+    StoreWriter(db).close()  # and the agent can carry on with it
+
+
+def test_full_database_buffers_reports_and_resumes(tmp_path):
+    db = tmp_path / "f.db"
+    w = StoreWriter(db, queue_max=40, retry_interval_s=0.05)
+    w.start()
+    submit(w, 5, gpus=8)
+    assert w.flush(10)
+    pages = w.conn.execute("PRAGMA page_count").fetchone()[0]
+    w.conn.execute(f"PRAGMA max_page_count = {pages}")  # the "disk" is now full
+    submit(w, 100, start_i=5, gpus=8)
+    deadline = time.monotonic() + 10
+    while not w.stats()["retrying"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    st = w.stats()
+    assert "full" in st["last_error"] and st["dropped"] > 0
+    assert w._thread.is_alive()
+    assert not w.flush(0.3)  # still buffered
+    w.conn.execute("PRAGMA max_page_count = 1073741823")  # space returns
+    assert w.flush(10)
+    st = w.stats()
+    w.close()
+    assert st["last_error"] is None and not st["retrying"]
+    c = sqlite3.connect(db)
+    ts = [r[0] for r in c.execute("SELECT DISTINCT ts_ms FROM gpu_samples ORDER BY ts_ms")]
+    assert len(ts) + st["dropped"] == 105
+    assert ts[-40:] == [T0 + i * 1000 for i in range(105 - 40, 105)]  # the newest 40 were kept
+    written_before_full = len(ts) - 40
+    assert ts[:written_before_full] == [T0 + i * 1000 for i in range(written_before_full)]
+    msgs = [r[0] for r in c.execute("SELECT message FROM events WHERE kind = 'store' ORDER BY id")]
+    assert "cannot write history" in msgs[0] and "full" in msgs[0]
+    assert re.search(r"history writes resumed after \d+ s; \d+ ticks were dropped", msgs[1])
+
+
+def _damage(path, offset: int, size: int = 4096) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(os.urandom(size))
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "text", "foreign-sqlite"])
+def test_bad_file_is_moved_aside_and_reported(tmp_path, kind):
+    db = tmp_path / "lynxtop.db"
+    if kind == "corrupt":
+        with StoreWriter(db, queue_max=5000) as w:
+            submit(w, 300, gpus=8)
+        sqlite3.connect(db).execute("PRAGMA wal_checkpoint(TRUNCATE)").close()
+        _damage(db, 4096 * 3, 4096 * 4)
+        expect = "damaged"
+    elif kind == "text":
+        db.write_text("# not a database\n" * 50)
+        expect = "not an SQLite database"
+    else:
+        c = sqlite3.connect(db)
+        c.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+        c.commit()
+        c.close()
+        expect = "another program"
+    original = db.read_bytes()
+
+    if kind == "text":  # a reader only reports; it never moves anything
+        assert main(["runs", "--database", str(db)]) == 2
+    w = StoreWriter(db)
+    w.start()
+    submit(w, 2, gpus=1)
+    w.close()
+    aside = w.moved_aside
+    assert aside is not None and aside.name.startswith("lynxtop.db.corrupt-")
+    assert aside.read_bytes() == original  # nothing lost: the old file is kept for inspection
+    ev = StoreReader(db).events(kinds=["store"])
+    assert len(ev) == 1 and ev[0]["severity"] == "error"
+    assert str(db) in ev[0]["message"] and expect in ev[0]["message"] and str(aside) in ev[0]["message"]
+    assert StoreReader(db).latest("gpu")[0]["ts_ms"] == T0 + 1000
+
+
+def test_reader_reports_damage_with_the_path(tmp_path, capsys):
+    db = tmp_path / "lynxtop.db"
+    with StoreWriter(db, queue_max=5000) as w:
+        w.create_run(profile="p", started_ms=T0)
+        for i in range(300):
+            w.submit_tick(T0 + i * 1000, [gpu_row(g, i) for g in range(8)])
+    sqlite3.connect(db).execute("PRAGMA wal_checkpoint(TRUNCATE)").close()
+    _damage(db, 4096 * 2, 4096 * 30)
+    rc = main(["export", "--database", str(db), "--from", str(T0), "--to", str(T0 + 300_000)])
+    err = capsys.readouterr().err
+    assert rc == 2 and str(db) in err and "Traceback" not in err
