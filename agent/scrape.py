@@ -231,9 +231,14 @@ class MetricsScraper:
             async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
                 if resp.status != 200:
                     return self.failed(now, f"HTTP {resp.status} from {self.url}")
-                body = await resp.content.read(MAX_PAGE_BYTES + 1)
-                if len(body) > MAX_PAGE_BYTES:
-                    return self.failed(now, f"page larger than {MAX_PAGE_BYTES} bytes at {self.url}")
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_chunked(1 << 16):  # read(n) may stop early: loop to EOF
+                    size += len(chunk)
+                    if size > MAX_PAGE_BYTES:
+                        return self.failed(now, f"page larger than {MAX_PAGE_BYTES} bytes at {self.url}")
+                    chunks.append(chunk)
+                body = b"".join(chunks)
         except TimeoutError:
             return self.failed(now, f"timed out after {self.timeout_s:g} s reading {self.url}")
         except aiohttp.ClientError as exc:

@@ -10,6 +10,7 @@ import pytest
 from agent_io_helpers import VllmPage
 from aiohttp import web
 
+from lynxtop.agent import scrape as scrape_mod
 from lynxtop.agent.histogram import bucket_quantile
 from lynxtop.agent.scrape import MetricsScraper, parse_text
 from lynxtop.store.columns import SERVING_METRICS, names
@@ -197,7 +198,20 @@ async def vllm_http():
     page = VllmPage()
     state = {"mode": "ok"}
 
-    async def metrics(request: web.Request) -> web.Response:
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        if state["mode"] == "big":  # a page of a few MB, streamed in small chunks with pauses
+            resp = web.StreamResponse()
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            filler = "".join(f'http_request_duration_seconds_bucket{{handler="/h{i}",le="1.0"}} {i}\n'
+                             for i in range(50_000))
+            data = (filler + page.text()).encode()
+            for i in range(0, len(data), 8192):
+                await resp.write(data[i:i + 8192])
+                if i % (64 * 8192) == 0:
+                    await asyncio.sleep(0.01)
+            await resp.write_eof()
+            return resp
         if state["mode"] == "500":
             return web.Response(status=500, text="engine dead")
         if state["mode"] == "slow":
@@ -238,6 +252,20 @@ async def test_scrape_over_http_and_failures(vllm_http):
         state["mode"] = "ok"
         row = await s.scrape(session, now=4.0)
         assert row["scrape_ok"] == 1 and s.outage_ended and row["scrape_errors"] == 2
+
+
+async def test_large_page_read_to_the_end_and_oversized_page_refused(vllm_http, monkeypatch):
+    url, page, state = vllm_http
+    state["mode"] = "big"
+    page.gen.labels(*page.lab(1)).inc(7)  # at the very end of the stream
+    s = MetricsScraper(url, timeout_s=10)
+    async with aiohttp.ClientSession() as session:
+        row = await s.scrape(session, now=0.0)
+        assert row["scrape_ok"] == 1, s.last_error
+        assert s.generation_tokens_total == 7
+        monkeypatch.setattr(scrape_mod, "MAX_PAGE_BYTES", 1 << 20)
+        row = await s.scrape(session, now=1.0)
+        assert row["scrape_ok"] == 0 and "page larger than 1048576 bytes" in s.last_error
 
 
 async def test_scrape_unreachable_server():
