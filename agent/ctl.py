@@ -206,7 +206,7 @@ def format_status(st: dict[str, Any]) -> str:
             f"SLA      {str(sla.get('state', 'unknown')).upper()}  p99 TTFT {_ms(sla.get('ttft_p99_ms'))} "
             f"(<= {_ms(sla.get('ttft_threshold_ms'))})  p99 {tp_label} {_ms(sla.get('tpot_p99_ms'))} "
             f"(<= {_ms(sla.get('tpot_threshold_ms'))})  window {_na(sla.get('window_s'), '{:g}', ' s')}")
-    if sm:
+    if sm.get("scrape_ok") is not None:  # None: nothing scraped (not serving)
         if sm.get("scrape_ok") == 0:
             lines.append(f"traffic  metrics unreadable ({sm.get('scrape_errors')} failed scrapes)")
         else:

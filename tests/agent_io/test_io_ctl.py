@@ -68,6 +68,12 @@ def test_status_shows_missing_values_as_na_and_states(agent, capsys):
     assert code == 0 and "SIMULATED" not in out
     assert "BACKOFF" in out and "exited with status 0 (not asked)" in out and "2 failures in the window" in out
     assert "run -" in out
+    assert "traffic" in out  # the fake still has scrape results
+    fake.serving["state"] = "stopped"
+    original = fake.status
+    fake.status = lambda: original() | {"serving_metrics": {"scrape_ok": None, "requests_per_s": None}}
+    code, out, _ = run(capsys, "status", "--socket", path)
+    assert code == 0 and "STOPPED" in out and "traffic" not in out  # no line of N/As when nothing serves
 
 
 def test_actions_and_exit_codes(agent, capsys):
