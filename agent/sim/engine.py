@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 from lynxtop.agent.sim import vlog
@@ -55,7 +56,10 @@ class EngineCore:
         self._sel = selectors.DefaultSelector()
         self._sel.register(sock, selectors.EVENT_READ)
         self._last_state = 0.0
-        self._acc = {"busy": 0.0, "prefill": 0.0, "decode": 0.0, "batch_s": 0.0, "prompt": 0, "gen": 0}
+        # (wall start, wall end, prefill share, decoding, batch) of recent steps: GPU activity is spread
+        # over the wall time a step takes, not booked when it is scheduled
+        self._steps: deque[tuple[float, float, float, bool, int]] = deque()
+        self._tokens = {"prompt": 0, "gen": 0}
         self._acc_since = time.monotonic()
         self._orphan_since: float | None = None
         self._sim_now = 0.0  # simulated seconds since ready (requests are stamped with it)
@@ -85,13 +89,28 @@ class EngineCore:
                 out.append(int(part))
         return out
 
+    def _activity(self, now: float) -> dict[str, float]:
+        """Busy/prefill/decode seconds and batch-seconds of the steps overlapping [last publish, now] (wall)."""
+        t0 = self._acc_since
+        out = {"busy": 0.0, "prefill": 0.0, "decode": 0.0, "batch_s": 0.0}
+        for start, end, prefill_share, decoding, batch in self._steps:
+            overlap = min(end, now) - max(start, t0)
+            if overlap <= 0:
+                continue
+            out["busy"] += overlap
+            out["prefill"] += overlap * prefill_share
+            out["decode"] += overlap * (1 - prefill_share) if decoding else 0.0
+            out["batch_s"] += overlap * batch
+        while self._steps and self._steps[0][1] <= now:
+            self._steps.popleft()
+        return out
+
     def publish(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_state < STATE_INTERVAL_S:
             return
         span = max(now - self._acc_since, 1e-6)
-        acc = self._acc
-        speed = self.a.speed
+        act = self._activity(now)
         holders = []
         for i, gpu in enumerate(self.gpus):
             pid = self.workers[i] if i < len(self.workers) else self.pid
@@ -103,11 +122,11 @@ class EngineCore:
             phase=self.phase, holders=holders,
             running=len(eng.running) if eng else 0, waiting=len(eng.waiting) if eng else 0,
             kv_usage=eng.kv_usage if eng else 0.0,
-            busy_frac=min(acc["busy"] / speed / span, 1.0) if active else 0.0,
-            prefill_frac=min(acc["prefill"] / speed / span, 1.0) if active else 0.0,
-            decode_frac=min(acc["decode"] / speed / span, 1.0) if active else 0.0,
-            mean_batch=acc["batch_s"] / acc["busy"] if acc["busy"] else 0.0,
-            prompt_tokens_per_s=acc["prompt"] * 1.0 / span, generation_tokens_per_s=acc["gen"] * 1.0 / span,
+            busy_frac=min(act["busy"] / span, 1.0) if active else 0.0,
+            prefill_frac=min(act["prefill"] / span, 1.0) if active else 0.0,
+            decode_frac=min(act["decode"] / span, 1.0) if active else 0.0,
+            mean_batch=act["batch_s"] / act["busy"] if act["busy"] else 0.0,
+            prompt_tokens_per_s=self._tokens["prompt"] / span, generation_tokens_per_s=self._tokens["gen"] / span,
             updated_unix=time.time(),
         )
         try:
@@ -115,7 +134,7 @@ class EngineCore:
         except OSError as exc:
             self.log(f"cannot write simulated GPU state in {self.state_dir}: {exc}", "WARNING")
         self._last_state = now
-        self._acc = {"busy": 0.0, "prefill": 0.0, "decode": 0.0, "batch_s": 0.0, "prompt": 0, "gen": 0}
+        self._tokens = {"prompt": 0, "gen": 0}
         self._acc_since = now
 
     def wait(self, seconds: float) -> None:
@@ -354,8 +373,9 @@ class EngineCore:
             if res.duration_s <= 0:
                 self.poll(0.05)  # nothing schedulable (e.g. waiting for KV blocks that never free)
                 continue
+            step_wall_start = max(time.monotonic(), wall0 + (self._sim_now) / speed)
             self._sim_now += res.duration_s
-            self.account(res)
+            self.account(res, step_wall_start, max(wall0 + self._sim_now / speed, step_wall_start))
             left = wall0 + self._sim_now / speed - time.monotonic()
             if left > 0:
                 self.wait(left)
@@ -364,14 +384,12 @@ class EngineCore:
                 self.publish()
             self.send_step(res)
 
-    def account(self, res: StepResult) -> None:
-        acc = self._acc
-        acc["busy"] += res.duration_s
-        acc["prefill"] += res.prefill_s
-        acc["decode"] += res.duration_s - res.prefill_s if res.decode_tokens else 0.0
-        acc["batch_s"] += res.duration_s * len(self.engine.running if self.engine else [])
-        acc["prompt"] += res.prefill_tokens
-        acc["gen"] += sum(n for _, n in res.tokens)
+    def account(self, res: StepResult, wall_start: float, wall_end: float) -> None:
+        share = res.prefill_s / res.duration_s if res.duration_s else 0.0
+        batch = len(self.engine.running) if self.engine else 0
+        self._steps.append((wall_start, wall_end, share, res.decode_tokens > 0 or bool(res.tokens), batch))
+        self._tokens["prompt"] += res.prefill_tokens
+        self._tokens["gen"] += sum(n for _, n in res.tokens)
 
     def send_step(self, res: StepResult) -> None:
         self.send({

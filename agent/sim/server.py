@@ -81,7 +81,8 @@ class SimServer:
         self.pending: dict[str, Pending] = {}
         self.ready: asyncio.Future | None = None
         self.stop_event = asyncio.Event()
-        self.engine_dead = False
+        self.engine_dead = False  # died on its own (crash): /health answers 503
+        self.engine_gone = False  # the engine process has exited, for whatever reason
         self.dead_reason = ""
         self.draining = False
         self.block_size = args.block_size or args.params.default_block_size
@@ -132,10 +133,14 @@ class SimServer:
             elif kind == "dead":
                 self.dead_reason = msg.get("msg", "")
         # the engine is gone
+        self.engine_gone = True
         if self.ready is not None and not self.ready.done():
             self.ready.set_exception(RuntimeError("EngineCore exited during start-up"))
         if not self.stop_event.is_set():
             self.on_engine_death()
+        else:  # stopped with us (a SIGTERM to the whole group): nothing will finish the open requests
+            for p in self.pending.values():
+                p.queue.put_nowait(("end", "abort"))
 
     def on_step(self, m: dict) -> None:
         if self.metrics is not None:
@@ -442,7 +447,7 @@ class SimServer:
         """SIGTERM with --shutdown-timeout: refuse new requests, let in-flight ones finish, then abort the rest."""
         self.draining = True
         timeout = self.a.shutdown_timeout_s
-        if timeout > 0 and self.pending and not self.engine_dead:
+        if timeout > 0 and self.pending and not self.engine_gone:
             log(f"Draining {len(self.pending)} in-flight requests (up to {timeout:g} s)...", src="api_server.py:1950")
             deadline = time.monotonic() + timeout
             while self.pending and time.monotonic() < deadline:
@@ -489,7 +494,8 @@ class SimServer:
                         "is_attention_free": "False", "sliding_window": "None"})
         url_host = f"[{a.host}]" if ":" in a.host else a.host
         log(f"Starting vLLM API server 0 on http://{url_host}:{a.port}", src="launcher.py:29")
-        runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
+        # handlers all end within the drain; never let a stuck client hold the exit for aiohttp's default 60 s
+        runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False, shutdown_timeout=3.0)
         await runner.setup()
         try:
             await web.TCPSite(runner, a.host, a.port, reuse_address=True).start()

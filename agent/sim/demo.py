@@ -1,0 +1,471 @@
+"""`lynxtop demo`: a SIMULATED node on a laptop: agent, simulated vLLM + GPUs, traffic, and the dashboard.
+
+The demo owns everything it starts and must leave nothing behind: the agent runs in its own process group,
+and because the agent deliberately keeps vLLM alive across its own restarts (live restore), the demo first
+asks it to stop serving (POST /v1/stop), then stops the agent, then kills whatever still carries the demo's
+state directory in its environment or command line (an orphaned EngineCore, say).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from argparse import Namespace
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lynxtop.agent.sim.loadgen import DEMO_PATTERN, LoadGenerator
+from lynxtop.agent.sim.uds import AgentUnreachable, call
+
+BANNER = ("lynxtop demo: this node is SIMULATED: simulated vLLM serving DeepSeek-V4.1 on 8 simulated H200 GPUs.\n"
+          "No GPU is used and no model is loaded; tokens are synthetic. q or Ctrl-C stops everything.")
+PROFILES = ("deepseek-v4.1-tp8", "deepseek-v4.1-tp8-fp8kv")
+MODEL = "deepseek-ai/DeepSeek-V4.1"
+SERVED = "deepseek-v4.1"
+STATUS_EVERY_S = 2.0
+ORPHAN_TTL_S = 900  # a safety net should the demo itself be SIGKILLed: its orphans end by themselves
+
+
+@dataclass
+class DemoPaths:
+    root: Path
+    config: Path
+    database: Path
+    socket: Path
+    logs: Path
+    sim_state: Path
+    agent_log: Path
+
+    @classmethod
+    def under(cls, root: Path) -> DemoPaths:
+        return cls(root=root, config=root / "config.toml", database=root / "lynxtop.db", socket=root / "agent.sock",
+                   logs=root / "logs", sim_state=root / "sim", agent_log=root / "agent.log")
+
+
+def sim_executable() -> Path:
+    """The `lynxtop-sim-vllm` script installed next to this Python (profiles need an absolute executable)."""
+    for cand in (Path(sys.executable).parent / "lynxtop-sim-vllm", Path(shutil.which("lynxtop-sim-vllm") or "")):
+        if cand.name and cand.is_file() and os.access(cand, os.X_OK):
+            return cand.absolute()
+    raise FileNotFoundError("the simulator's console script lynxtop-sim-vllm is not installed next to "
+                            f"{sys.executable}; reinstall lynxtop (pip install -e .)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _group_name() -> str:
+    """The operators' group for the socket: on a laptop, the user's own primary group."""
+    try:
+        name = grp.getgrgid(os.getgid()).gr_name
+    except KeyError:
+        return ""
+    return name if re.fullmatch(r"[a-z_][a-z0-9_\-]{0,31}", name) else ""
+
+
+def _toml_str(value: str | Path) -> str:
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def config_text(paths: DemoPaths, *, port: int, startup_seconds: float, executable: Path) -> str:
+    """The demo's config: two simulator profiles on the same port (one runs at a time), everything in the state dir."""
+    group = _group_name()
+    sim_args = f'["--sim-startup-seconds", "{startup_seconds:g}", "--sim-state-dir", {_toml_str(paths.sim_state)}]'
+    common = f"""executable = {_toml_str(executable)}
+model = "{MODEL}"
+served_model_name = "{SERVED}"
+host = "127.0.0.1"
+port = {port}
+tensor_parallel_size = 8
+enable_expert_parallel = true
+gpu_memory_utilization = 0.9
+max_model_len = 131072
+max_num_batched_tokens = 2048
+attention_backend = "FLASHMLA"
+trust_remote_code = true
+shutdown_timeout_s = 5
+stop_grace_s = 20
+readiness_timeout_s = {max(120.0, startup_seconds * 10):g}
+extra_args = {sim_args}"""
+    return f"""# Written by `lynxtop demo`: a SIMULATED node (simulated vLLM and GPUs). Safe to delete.
+[agent]
+database = {_toml_str(paths.database)}
+socket = {_toml_str(paths.socket)}
+{f'socket_group = "{group}"' if group else ''}
+log_dir = {_toml_str(paths.logs)}
+sample_interval_s = 1.0
+fake_nvml = "sim"
+default_profile = "{PROFILES[0]}"
+autostart = true
+hang_timeout_s = 30
+backoff_initial_s = 2
+gpu_release_timeout_s = 30
+
+[[profile]]
+name = "{PROFILES[0]}"
+description = "SIMULATED DeepSeek-V4.1 (284B MoE), TP8 on 8×H200, BF16 KV cache"
+max_num_seqs = 16
+kv_cache_dtype = "auto"
+{common}
+
+[[profile]]
+name = "{PROFILES[1]}"
+description = "SIMULATED DeepSeek-V4.1 (284B MoE), TP8 on 8×H200, FP8 KV cache (about twice the tokens)"
+max_num_seqs = 12
+kv_cache_dtype = "fp8"
+{common}
+"""
+
+
+# ---------------------------------------------------------------------------------------------- processes
+
+
+def _proc_mentions(pid: int, needle: str) -> bool:
+    for name in ("cmdline", "environ"):
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                if needle.encode() in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _ancestors() -> set[int]:
+    out, pid = set(), os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read().decode("ascii", "replace")
+            pid = int(raw[raw.rfind(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
+def processes_of(root: Path) -> list[int]:
+    """Live processes (not zombies) whose command line or environment names the demo's state directory.
+
+    The demo itself and its ancestors (a shell that ran `lynxtop demo --state-dir DIR`) are never included.
+    """
+    spare = _ancestors()
+    needle = str(root).rstrip("/") + "/"
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in spare:
+            continue
+        pid = int(name)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        if raw[raw.rfind(")") + 2:].split()[:1] in (["Z"], ["X"]):
+            continue
+        if _proc_mentions(pid, needle):
+            out.append(pid)
+    return out
+
+
+def kill_all(root: Path, grace_s: float = 5.0) -> list[int]:
+    """SIGTERM, then SIGKILL, every process (and its group) tied to `root`; returns the pids that needed it."""
+    victims = processes_of(root)
+    if not victims:
+        return []
+    own_group = os.getpgrp()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in processes_of(root):
+            with contextlib.suppress(OSError):
+                pgid = os.getpgid(pid)
+                if pgid != own_group and pgid == pid:
+                    os.killpg(pgid, sig)
+                else:
+                    os.kill(pid, sig)
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 2.0)
+        while processes_of(root) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not processes_of(root):
+            break
+    return victims
+
+
+class Demo:
+    def __init__(self, root: Path, *, startup_seconds: float, keep: bool, out=None):
+        self.paths = DemoPaths.under(root)
+        self.startup_seconds = startup_seconds
+        self.keep = keep
+        self.out = out or sys.stdout
+        self.port = free_port()
+        self.agent: subprocess.Popen | None = None
+        self._agent_log = None
+        self._traffic_stop: asyncio.Event | None = None
+        self._traffic_loop: asyncio.AbstractEventLoop | None = None
+        self._traffic_thread: threading.Thread | None = None
+        self.loadgen: LoadGenerator | None = None
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    # -- set-up
+
+    def write_config(self) -> Path:
+        p = self.paths
+        for d in (p.root, p.logs, p.sim_state):
+            d.mkdir(parents=True, exist_ok=True)
+        p.config.write_text(config_text(p, port=self.port, startup_seconds=self.startup_seconds,
+                                        executable=sim_executable()), encoding="utf-8")
+        return p.config
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["LYNXTOP_SIM_STATE_DIR"] = str(self.paths.sim_state)  # the agent's fake NVML reads it
+        env["LYNXTOP_SIM_ORPHAN_TTL"] = str(ORPHAN_TTL_S)
+        env.pop("LYNXTOP_CONFIG", None)
+        return env
+
+    def start_agent(self) -> None:
+        self._agent_log = open(self.paths.agent_log, "ab")  # noqa: SIM115 - closed in teardown
+        cmd = [sys.executable, "-m", "lynxtop", "agent", "--config", str(self.paths.config)]
+        self.agent = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._agent_log,
+                                      stderr=subprocess.STDOUT, env=self.env(), start_new_session=True)
+
+    def wait_agent(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        while time.monotonic() < deadline:
+            if self.agent is not None and self.agent.poll() is not None:
+                raise RuntimeError(f"the agent exited with status {self.agent.returncode}; its log "
+                                   f"({self.paths.agent_log}) ends with:\n{self.agent_log_tail()}")
+            try:
+                status, _ = asyncio.run(call(str(self.paths.socket), "GET", "/v1/status", timeout_s=2.0))
+                if status == 200:
+                    return
+                last = f"HTTP {status}"
+            except AgentUnreachable as exc:
+                last = str(exc)
+            time.sleep(0.2)
+        raise RuntimeError(f"the agent did not answer on {self.paths.socket} within {timeout_s:g} s ({last})")
+
+    def agent_log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.paths.agent_log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    # -- traffic
+
+    def start_traffic(self, time_scale: float = 1.0) -> None:
+        self.loadgen = LoadGenerator(f"http://127.0.0.1:{self.port}", pattern=DEMO_PATTERN, time_scale=time_scale)
+        ready = threading.Event()
+
+        def main() -> None:
+            loop = asyncio.new_event_loop()
+            self._traffic_loop = loop
+            self._traffic_stop = asyncio.Event()
+            ready.set()
+            assert self.loadgen is not None
+            try:
+                loop.run_until_complete(self.loadgen.run(self._traffic_stop))
+            finally:
+                loop.close()
+
+        self._traffic_thread = threading.Thread(target=main, name="demo-traffic", daemon=True)
+        self._traffic_thread.start()
+        ready.wait(5)
+
+    def stop_traffic(self) -> None:
+        if self._traffic_loop is not None and self._traffic_stop is not None:
+            with contextlib.suppress(RuntimeError):
+                self._traffic_loop.call_soon_threadsafe(self._traffic_stop.set)
+        if self._traffic_thread is not None:
+            self._traffic_thread.join(timeout=10)
+
+    # -- status
+
+    def status_line(self, st: dict[str, Any]) -> str:
+        srv = st.get("serving") or {}
+        sm = st.get("serving_metrics") or {}
+        gpus = st.get("gpus") or []
+        sla = st.get("sla") or {}
+
+        def num(v: Any, fmt: str, unit: str = "") -> str:
+            return "N/A" if v is None else f"{v:{fmt}}{unit}"
+
+        mem = sum(g.get("mem_used_bytes") or 0 for g in gpus) / 2**30
+        util = [g.get("util_gpu_pct") for g in gpus if g.get("util_gpu_pct") is not None]
+        power = sum(g.get("power_w") or 0 for g in gpus)
+        state = srv.get("state") or "?"
+        phase = f" ({srv['phase']})" if srv.get("phase") and state == "starting" else ""
+        traffic = self.loadgen.stats if self.loadgen else None
+        return (f"[SIMULATED] {time.strftime('%H:%M:%S')} serving={state}{phase} profile={srv.get('profile') or '-'} "
+                f"| run {num(sm.get('requests_running'), 'd')} wait {num(sm.get('requests_waiting'), 'd')} "
+                f"| gen {num(sm.get('generation_tokens_per_s'), '.1f', ' tok/s')} "
+                f"| TTFT p99 {num(sm.get('ttft_p99_ms'), '.0f', ' ms')} "
+                f"TPOT p99 {num(sm.get('tpot_p99_ms'), '.0f', ' ms')} SLA {sla.get('state', '?')} "
+                f"| GPUs {len(gpus)} util {num(sum(util) / len(util) if util else None, '.0f', '%')} "
+                f"mem {mem:.0f} GiB power {power:.0f} W "
+                f"| traffic {traffic.phase if traffic else '-'} done {traffic.completed if traffic else 0}")
+
+    def print_status_until(self, deadline: float | None) -> None:
+        while deadline is None or time.monotonic() < deadline:
+            try:
+                code, st = asyncio.run(call(str(self.paths.socket), "GET", "/v1/status", timeout_s=2.0))
+                self.say(self.status_line(st) if code == 200 and isinstance(st, dict)
+                         else f"[SIMULATED] agent answered HTTP {code}")
+            except AgentUnreachable as exc:
+                self.say(f"[SIMULATED] agent unreachable: {exc}")
+            if self.agent is not None and self.agent.poll() is not None:
+                self.say(f"the agent exited with status {self.agent.returncode}; log tail:\n{self.agent_log_tail()}")
+                return
+            left = STATUS_EVERY_S if deadline is None else min(STATUS_EVERY_S, deadline - time.monotonic())
+            if left > 0:
+                time.sleep(left)
+
+    # -- teardown
+
+    def stop_serving(self, timeout_s: float = 30.0) -> None:
+        """Ask the agent to stop vLLM (it would otherwise keep it alive across its own exit, by design)."""
+        sock = str(self.paths.socket)
+        try:
+            asyncio.run(call(sock, "POST", "/v1/stop", {}, timeout_s=5.0))
+        except AgentUnreachable:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                code, st = asyncio.run(call(sock, "GET", "/v1/status", timeout_s=2.0))
+            except AgentUnreachable:
+                return
+            if code == 200 and (st.get("serving") or {}).get("state") in ("stopped", "crash-loop", None):
+                return
+            time.sleep(0.2)
+
+    def stop_agent(self, timeout_s: float = 15.0) -> None:
+        if self.agent is None:
+            return
+        with contextlib.suppress(OSError):
+            os.killpg(self.agent.pid, signal.SIGTERM)
+        try:
+            self.agent.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(self.agent.pid, signal.SIGKILL)
+            self.agent.wait(timeout=5)
+        with contextlib.suppress(OSError):  # the group may outlive its leader
+            os.killpg(self.agent.pid, signal.SIGKILL)
+
+    def teardown(self) -> list[int]:
+        self.say("lynxtop demo: stopping traffic, the simulated server and the agent...")
+        self.stop_traffic()
+        self.stop_serving()
+        self.stop_agent()
+        leftovers = kill_all(self.paths.root)
+        if self._agent_log is not None:
+            self._agent_log.close()
+        if not self.keep:
+            shutil.rmtree(self.paths.root, ignore_errors=True)
+        else:
+            self.say(f"lynxtop demo: stopped; database, config and logs kept in {self.paths.root}")
+        return leftovers
+
+
+def _tui_app() -> Any:
+    try:
+        from lynxtop.tui.app import LynxtopApp
+    except ImportError:
+        return None
+    return LynxtopApp
+
+
+def run(args: Namespace) -> int:
+    """Handler of `lynxtop demo`."""
+    duration = getattr(args, "duration", None)
+    if duration is not None and duration <= 0:
+        print(f"lynxtop demo: --duration must be > 0 seconds, got {duration:g}", file=sys.stderr)
+        return 2
+    startup = getattr(args, "startup_seconds", 8.0)
+    if startup is None or startup < 0:
+        print(f"lynxtop demo: --startup-seconds must be >= 0, got {startup}", file=sys.stderr)
+        return 2
+    try:
+        import lynxtop.agent.node  # noqa: F401 - the demo needs the agent
+    except ImportError as exc:
+        print(f"lynxtop demo: the agent is not available in this build ({exc})", file=sys.stderr)
+        return 1
+    given = getattr(args, "state_dir", None)
+    if given:
+        root = Path(given).expanduser().absolute()
+        if root.exists() and not root.is_dir():
+            print(f"lynxtop demo: --state-dir {root} exists and is not a directory", file=sys.stderr)
+            return 2
+    else:
+        root = Path(tempfile.mkdtemp(prefix="lynxtop-demo-"))
+    try:
+        demo = Demo(root, startup_seconds=startup, keep=bool(given))
+        demo.write_config()
+    except (OSError, FileNotFoundError) as exc:
+        print(f"lynxtop demo: cannot prepare {root}: {exc}", file=sys.stderr)
+        return 1
+    print(BANNER, flush=True)
+    print(f"lynxtop demo: state in {root}; agent log {demo.paths.agent_log}", flush=True)
+    deadline = time.monotonic() + duration if duration else None
+    previous_term = signal.signal(signal.SIGTERM, _term_as_interrupt)
+    code = 0
+    try:
+        demo.start_agent()
+        demo.wait_agent()
+        demo.start_traffic()
+        app_cls = None if getattr(args, "no_tui", False) else _tui_app()
+        if app_cls is None:
+            if not getattr(args, "no_tui", False):
+                print("lynxtop demo: the dashboard is not available in this build; printing status lines.", flush=True)
+            demo.print_status_until(deadline)
+        else:
+            _run_dashboard(app_cls, demo, duration)
+    except KeyboardInterrupt:
+        pass
+    except RuntimeError as exc:
+        print(f"lynxtop demo: {exc}", file=sys.stderr)
+        code = 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the clean-up even if asked twice
+        try:
+            demo.teardown()
+        finally:
+            signal.signal(signal.SIGTERM, previous_term)
+    return code
+
+
+def _term_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _run_dashboard(app_cls: Any, demo: Demo, duration: float | None) -> None:
+    app = app_cls(socket_path=str(demo.paths.socket), database_path=str(demo.paths.database), readonly=False,
+                  utc=False)
+    timer = None
+    if duration:
+        timer = threading.Timer(duration, lambda: app.call_from_thread(app.exit))
+        timer.daemon = True
+        timer.start()
+    try:
+        app.run()
+    finally:
+        if timer is not None:
+            timer.cancel()
