@@ -232,6 +232,38 @@ def measure_slow(sampler_cls: Any, factory: Any, n_gpus: int) -> dict:
     return {"first_tick_with_slow_reads_cpu_ms_per_gpu": round(first / 1e6 / max(n_gpus, 1), 3)}
 
 
+def call_costs(nv: Any, rounds: int = 50) -> dict:
+    """Median wall and thread-CPU µs of single NVML calls on GPU 0: where a tick's time goes on this host."""
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    sample = nv.nvmlGpmSampleAlloc()
+    calls = {
+        "memory_v1": lambda: nv.nvmlDeviceGetMemoryInfo(h),
+        "memory_v2": lambda: nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2),
+        "utilization": lambda: nv.nvmlDeviceGetUtilizationRates(h),
+        "power": lambda: nv.nvmlDeviceGetPowerUsage(h),
+        "processes": lambda: nv.nvmlDeviceGetComputeRunningProcesses(h),
+        "gpm_sample": lambda: nv.nvmlGpmSampleGet(h, sample),
+        "energy": lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h),
+    }
+    out = {}
+    for name, fn in calls.items():
+        walls, cpus = [], []
+        for _ in range(rounds if name != "energy" else 5):
+            c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+            try:
+                fn()
+            except Exception as e:
+                out[name] = f"error: {e}"
+                break
+            walls.append(time.perf_counter_ns() - w0)
+            cpus.append(time.thread_time_ns() - c0)
+        if walls:
+            out[name] = {"wall_us": round(statistics.median(walls) / 1e3, 1),
+                         "cpu_us": round(statistics.median(cpus) / 1e3, 1)}
+    nv.nvmlGpmSampleFree(sample)
+    return out
+
+
 def collect(sampler: Any, seconds: float, interval: float = 0.5) -> list[list[dict]]:
     """Ticks over a window; the first is dropped (its GPM interval straddles the phase change)."""
     sampler.sample(set())
@@ -345,6 +377,9 @@ def main() -> int:
     cost = measure_cost(sampler, rec_sampler, rec, raw_target, n, args.rounds)
     rec_sampler.close()
     cost.update(measure_slow(GpuSampler, factory, n))
+    if not args.fake:
+        cost["single_call_costs_gpu0"] = call_costs(pynvml)
+        print("single NVML call costs on GPU 0:", json.dumps(cost["single_call_costs_gpu0"]), flush=True)
     out.update(cost)
     checks.check("tick_cpu_ms_per_gpu", cost["tick_cpu_ms_per_gpu"], cost["tick_cpu_ms_per_gpu"] <= 0.25, "<= 0.25")
     ratio = cost["tick_vs_raw_nvml_ratio"]

@@ -102,8 +102,12 @@ class GpmReader:
         mg.sample2 = cur
         self._cur ^= 1
         self._b.nvmlGpmMetricsGet(mg)
-        return [e.value * scale if e.nvmlReturn == 0 else None
-                for e, scale in zip(self._entries, self._scales, strict=True)]
+        out: list[float | None] = []
+        for e, scale in zip(self._entries, self._scales, strict=True):
+            v = e.value
+            # seen on a real H200: a metric can come back SUCCESS with NaN (e.g. two samples too close)
+            out.append(v * scale if e.nvmlReturn == 0 and -1e18 < v < 1e18 else None)
+        return out
 
     def reset(self) -> None:
         """Forget the previous sample (after the GPU came back or NVML was re-initialised)."""

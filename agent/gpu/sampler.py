@@ -361,11 +361,17 @@ class GpuSampler:
                 except _Lost:
                     self._mark_lost(g, "while sampling")
                     tick.gpu_rows.append(self._lost_row(g))
+                except _Reinit:
+                    raise
+                except Exception as e:  # a bug or an odd answer on one GPU: the others keep their rows
+                    if self._once("sample_bug", f"{g.idx}:{type(e).__name__}"):
+                        log.exception("sampling GPU %d failed (logged once)", g.idx)
         except _Reinit as e:
             self._reinit(e)
             return GpuTick()
-        except Exception:  # a bug here must not take the agent down: keep the node serving
-            log.exception("GPU sampling failed")
+        except Exception as e:  # a bug here must not take the agent down: keep the node serving
+            if self._once("sample_bug", type(e).__name__):
+                log.exception("GPU sampling failed (logged once)")
             return GpuTick()
         return tick
 

@@ -357,12 +357,25 @@ def test_xid_events_are_delivered_with_the_xid_number(clock, events):
     assert details == {"gpu": 1, "xid": 48} and severity == "critical" and "double-bit ECC" in message
 
 
-def test_sample_never_raises_on_a_broken_backend(clock, events):
+def test_a_bug_on_one_gpu_costs_only_that_gpu_its_row(clock, events):
     class Broken(FakeNvml):
         def nvmlDeviceGetUtilizationRates(self, handle):
-            raise RuntimeError("bug in a backend")
+            if handle.index == 1:
+                raise RuntimeError("bug in a backend")
+            return super().nvmlDeviceGetUtilizationRates(handle)
 
     s = GpuSampler(lambda: Broken(scripted_scenario("h200x8"), clock=clock), clock=clock, xid_events=False)
     s.open()
-    assert s.sample(set()).gpu_rows == []
+    tick = run_ticks(s, clock, 2)
+    assert [r["gpu"] for r in tick.gpu_rows] == [0, 2, 3, 4, 5, 6, 7]
     s.close()
+
+
+def test_nan_from_gpm_is_null_not_a_crash(clock, events):
+    """Seen on a real H200: GPM answered SUCCESS with NaN for a metric."""
+    node = ConstantNode(h200_specs(2), [busy_state(18, dram_bw_pct=float("nan")), busy_state(18)])
+    s, _ = make(node, clock, events)
+    s.open()
+    tick = run_ticks(s, clock, 3)
+    assert tick.gpu_rows[0]["dram_bw_pct"] is None and tick.gpu_rows[0]["sm_active_pct"] == 73
+    assert tick.gpu_rows[1]["dram_bw_pct"] == 35
