@@ -1,0 +1,324 @@
+"""`lynxtop agent` as a real process: simulated vLLM (lynxtop-sim-vllm), fake NVML "sim", real socket and store.
+
+sd_notify messages are read from a datagram socket standing in for systemd's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from lynxtop.agent import procs
+
+pytestmark = pytest.mark.timeout(90)
+
+SIM = Path(sys.executable).parent / "lynxtop-sim-vllm"
+PEER_PYTHON = "/usr/bin/python3"  # stdlib only; the venv's interpreter may not be readable by 'nobody'
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _config(tmp: Path, autostart: bool = True, extra_agent: str = "", sock: Path | None = None) -> Path:
+    ports = [_port(), _port()]
+    profiles = "".join(f"""
+[[profile]]
+name = "{name}"
+executable = "{SIM}"
+model = "deepseek-ai/DeepSeek-V4.1"
+port = {port}
+tensor_parallel_size = {tp}
+extra_args = ["--sim-startup-seconds", "0.5", "--sim-log-interval", "1"]
+readiness_timeout_s = 30
+stop_grace_s = 5
+shutdown_timeout_s = 1
+""" for name, port, tp in (("v4-tp8", ports[0], 8), ("v4-tp4", ports[1], 4)))
+    cfg = tmp / "config.toml"
+    cfg.write_text(f"""
+[agent]
+database = "{tmp / 'state' / 'lynxtop.db'}"
+socket = "{sock or tmp / 'run' / 'agent.sock'}"
+fake_nvml = "sim"
+sample_interval_s = 0.2
+default_profile = "v4-tp8"
+autostart = {'true' if autostart else 'false'}
+backoff_initial_s = 0.3
+backoff_max_s = 1
+gpu_release_timeout_s = 10
+{extra_agent}
+{profiles}
+""")
+    return cfg
+
+
+class Agent:
+    """One agent process plus the notify socket it reports to."""
+
+    def __init__(self, tmp: Path, cfg: Path, name: str = "agent", sock: Path | None = None):
+        self.tmp, self.cfg = tmp, cfg
+        self.sock_path = str(sock or tmp / "run" / "agent.sock")
+        self.notify_path = str(tmp / f"{name}.notify")
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(self.notify_path)
+        self.notify.setblocking(False)
+        self.messages: list[str] = []
+        env = dict(os.environ, NOTIFY_SOCKET=self.notify_path, WATCHDOG_USEC="1000000",
+                   LYNXTOP_SIM_STATE_DIR=str(tmp / "sim-state"))
+        self.log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "lynxtop", "agent", "--config", str(cfg)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
+
+    def drain(self) -> list[str]:
+        while True:
+            try:
+                self.messages.append(self.notify.recv(4096).decode())
+            except BlockingIOError:
+                return self.messages
+
+    async def wait_notify(self, text: str, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(text in m for m in self.drain()):
+                return
+            assert self.proc.poll() is None, f"agent exited {self.proc.returncode}: {self.output()}"
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no {text} from the agent in {timeout} s: {self.messages}\n{self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        return (self.tmp / Path(self.log.name).name).read_text(errors="replace")[-3000:]
+
+    async def api(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        conn = aiohttp.UnixConnector(path=self.sock_path)
+        async with aiohttp.ClientSession(connector=conn) as s, \
+                s.request(method, f"http://agent{path}", json=body) as r:
+            return r.status, await r.json()
+
+    async def status(self) -> dict:
+        return (await self.api("GET", "/v1/status"))[1]
+
+    async def wait_state(self, pred, timeout: float = 30, what: str = "state") -> dict:
+        await self.wait_notify("READY=1")
+        deadline = time.monotonic() + timeout
+        st: dict = {}
+        while time.monotonic() < deadline:
+            st = await self.status()
+            if pred(st["serving"]):
+                return st
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}: {st.get('serving')}\n{self.output()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait(5)
+        self.drain()
+        self.notify.close()
+        self.log.close()
+        return rc
+
+
+def sim_processes(sim_dir: Path | None = None) -> list[int]:
+    """Live processes of simulated servers of this test (the agent's run token and this test's sim dir)."""
+    out = []
+    for pid in procs.all_pids():
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ours = f"LYNXTOP_SIM_STATE_DIR={sim_dir}".encode() in env
+        if ours and any(e.startswith(b"LYNXTOP_RUN_TOKEN=") for e in env) and procs.alive(pid):
+            out.append(pid)
+    return out
+
+
+@pytest.fixture
+def cleanup(tmp_path):
+    agents: list[Agent] = []
+    yield agents
+    for a in agents:
+        if a.proc.poll() is None:
+            a.proc.kill()
+            a.proc.wait(5)
+    for pid in sim_processes(tmp_path / "sim-state"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def db(tmp: Path, sql: str, args=()) -> list[dict]:
+    conn = sqlite3.connect(f"file:{tmp / 'state' / 'lynxtop.db'}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, args)]
+    finally:
+        conn.close()
+
+
+async def test_agent_ready_notify_then_sigkilled_agent_adopts_server(tmp_path, cleanup):
+    cfg = _config(tmp_path)
+    a = Agent(tmp_path, cfg, "a1")
+    cleanup.append(a)
+    await a.wait_notify("READY=1")
+    assert Path(a.sock_path).is_socket()  # READY only once the API listens
+    assert oct(os.stat(a.sock_path).st_mode & 0o777) == "0o660"
+    st = await a.wait_state(lambda s: s["state"] == "ready", what="ready")
+    assert st["agent"]["simulated"] is True and len(st["gpus"]) == 8
+    srv = st["serving"]
+    pid, run_id = srv["pid"], srv["run_id"]
+    assert srv["phases"][-1]["phase"] == "api up"
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert not any(e.startswith((b"NOTIFY_SOCKET=", b"WATCHDOG_USEC=", b"WATCHDOG_PID=")) for e in env)
+    await a.wait_notify("WATCHDOG=1", timeout=5)
+    assert any(m.startswith("STATUS=") and "serving ready" in m for m in a.drain())
+    # the agent dies hard: serving must go on, and the next agent adopts it without a restart
+    a.stop(signal.SIGKILL)
+    assert procs.alive(pid)
+    b = Agent(tmp_path, cfg, "a2")
+    cleanup.append(b)
+    await b.wait_notify("READY=1")
+    st = await b.wait_state(lambda s: s["state"] == "ready", what="adopted ready")
+    assert st["serving"]["adopted"] is True
+    assert st["serving"]["run_id"] == run_id and st["serving"]["pid"] == pid
+    assert len(db(tmp_path, "SELECT id FROM runs")) == 1
+    # an explicit stop ends serving; the run row says why; nothing of it is left
+    code, body = await b.api("POST", "/v1/stop", {})
+    assert code == 202, body
+    await b.wait_state(lambda s: s["state"] == "stopped", what="stopped")
+    assert not sim_processes(tmp_path / "sim-state")
+    assert db(tmp_path, "SELECT end_reason FROM runs WHERE id = ?", (run_id,))[0]["end_reason"] == \
+        "stopped by operator"
+    assert b.stop(signal.SIGTERM) == 0
+    assert any("STOPPING=1" in m for m in b.messages)
+
+
+async def test_sigkill_of_sim_server_restarts_and_leaves_no_engine(tmp_path, cleanup):
+    a = Agent(tmp_path, _config(tmp_path))
+    cleanup.append(a)
+    await a.wait_notify("READY=1")
+    st = await a.wait_state(lambda s: s["state"] == "ready", what="ready")
+    pid, run_id = st["serving"]["pid"], st["serving"]["run_id"]
+    old = procs.run_processes(None, pid)
+    assert any("VLLM::EngineCore" in procs.title(p) for p in old)
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    await a.wait_state(lambda s: s["state"] in ("stopping", "backoff") or s["run_id"] != run_id, timeout=2,
+                       what="crash detected within 2 s")
+    assert time.monotonic() - t0 < 2.0
+    st = await a.wait_state(lambda s: s["state"] == "ready" and s["run_id"] != run_id, what="restarted")
+    assert all(not procs.alive(p) for p in old), "a process of the killed run survived (EngineCore?)"
+    ev = [e for e in db(tmp_path, "SELECT * FROM events WHERE run_id = ?", (run_id,)) if e["kind"] == "serving.crash"]
+    assert ev and "SIGKILL" in ev[0]["message"]
+    assert a.stop() == 0
+    # live restore: the new server outlived the agent
+    assert procs.alive(st["serving"]["pid"])
+
+
+async def test_switch_frees_sim_gpu_memory_before_new_run(tmp_path, cleanup):
+    a = Agent(tmp_path, _config(tmp_path))
+    cleanup.append(a)
+    st = await a.wait_state(lambda s: s["state"] == "ready", what="ready")
+    old_run, old_pid = st["serving"]["run_id"], st["serving"]["pid"]
+    code, body = await a.api("POST", "/v1/switch", {"profile": "v4-tp4"})
+    assert code == 202, body
+    code, body = await a.api("POST", "/v1/restart", {})
+    assert code == 409 and body["error"] == "busy" and "switch" in body["message"]
+    st = await a.wait_state(lambda s: s["state"] == "ready" and s["profile"] == "v4-tp4", what="switched")
+    new_run = st["serving"]["run_id"]
+    assert new_run != old_run
+    runs = {r["id"]: r for r in db(tmp_path, "SELECT * FROM runs")}
+    assert runs[old_run]["end_reason"] == "switched to v4-tp4"
+    started = runs[new_run]["started_ms"]
+    # the last GPU sample before the new start shows no process of the old run holding memory
+    old_pids = set(json.loads(db(tmp_path, "SELECT details FROM events WHERE kind = 'serving.exited' AND run_id = ?",
+                                 (old_run,))[0]["details"])["pids"])
+    assert old_pid in old_pids
+    exited_ms = db(tmp_path, "SELECT ts_ms FROM events WHERE kind = 'serving.exited' AND run_id = ?", (old_run,))[0]
+    last = db(tmp_path, "SELECT max(ts_ms) AS ts FROM gpu_samples WHERE ts_ms < ?", (started,))[0]["ts"]
+    assert last > exited_ms["ts_ms"]  # a GPU sample was taken after the old run exited, before the new start
+    holders = {r["pid"] for r in db(tmp_path, "SELECT pid FROM gpu_processes WHERE ts_ms = ?", (last,))}
+    assert not holders & old_pids
+    assert not [e for e in db(tmp_path, "SELECT kind FROM events") if e["kind"] == "serving.gpu_release_timeout"]
+    # a profile that does not exist: 404, nothing changes
+    code, body = await a.api("POST", "/v1/switch", {"profile": "nope"})
+    assert code == 404
+    assert (await a.status())["serving"]["run_id"] == new_run
+    assert a.stop() == 0
+
+
+async def test_peer_outside_group_gets_403_and_changes_nothing(tmp_path, cleanup):
+    if os.geteuid() != 0 or not os.access(PEER_PYTHON, os.X_OK):
+        pytest.skip("needs root (to connect as another uid) and /usr/bin/python3")
+    sock_dir = Path(tempfile.mkdtemp(prefix="lynxtop-e2e-"))  # pytest's tmp dirs are 0700: 'nobody' can't enter
+    sock_dir.chmod(0o755)
+    sock = sock_dir / "agent.sock"
+    a = Agent(tmp_path, _config(tmp_path, autostart=False, sock=sock), sock=sock)
+    cleanup.append(a)
+    await a.wait_notify("READY=1")
+    os.chmod(a.sock_path, 0o666)  # let 'nobody' reach the socket: the credential check must still hold
+    script = (
+        "import http.client, socket, json, sys\n"
+        "class C(http.client.HTTPConnection):\n"
+        "    def connect(self):\n"
+        "        self.sock = socket.socket(socket.AF_UNIX); self.sock.connect(sys.argv[1])\n"
+        "out = {}\n"
+        "for m, p in (('POST', '/v1/start'), ('GET', '/v1/status')):\n"
+        "    c = C('agent'); c.request(m, p, body=b'{}' if m == 'POST' else None,"
+        " headers={'Content-Type': 'application/json'}); r = c.getresponse(); out[p] = [r.status, r.read().decode()]\n"
+        "print(json.dumps(out))\n"
+    )
+    res = subprocess.run([PEER_PYTHON, "-c", script, a.sock_path], user=65534, group=65534, extra_groups=[],
+                         capture_output=True, text=True, timeout=20)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["/v1/start"][0] == 403 and "uid 65534" in out["/v1/start"][1]
+    assert out["/v1/status"][0] == 200
+    assert (await a.status())["serving"]["state"] == "stopped"
+    assert not db(tmp_path, "SELECT id FROM runs")
+    assert a.stop() == 0
+    shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+async def test_live_restore_off_stops_serving_with_the_agent(tmp_path, cleanup):
+    a = Agent(tmp_path, _config(tmp_path, extra_agent="live_restore = false"))
+    cleanup.append(a)
+    st = await a.wait_state(lambda s: s["state"] == "ready", what="ready")
+    pid = st["serving"]["pid"]
+    assert a.stop() == 0
+    assert not procs.alive(pid)
+    assert not sim_processes(tmp_path / "sim-state")
+    run = db(tmp_path, "SELECT * FROM runs")[0]
+    assert run["end_reason"] == "stopped with the agent" and run["ended_ms"]
+
+
+def test_agent_bad_config_and_unusable_paths_exit_with_a_message(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "lynxtop", "agent", "--config", str(tmp_path / "nope.toml")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "nope.toml" in r.stderr and "Traceback" not in r.stderr
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cfg = _config(tmp_path, autostart=False)
+    r = subprocess.run([sys.executable, "-m", "lynxtop", "agent", "--config", str(cfg),
+                        "--database", str(blocker / "sub" / "x.db")], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "cannot create directory" in r.stderr and str(blocker) in r.stderr
+    assert "Traceback" not in r.stderr
