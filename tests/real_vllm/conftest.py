@@ -1,0 +1,125 @@
+"""Fixtures of the real-vLLM stage: the prepared vLLM CPU venv + tiny model, and one agent shared by the module.
+
+One real server load costs 20-80 s on this 2-core machine, so the module shares one agent (and as far as the
+scenario allows, one server) across its tests, in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from rv_support import PREPARE, Agent, free_port, kill_tree, operators_group, vllm_processes
+
+
+@dataclass(frozen=True)
+class Prepared:
+    root: Path
+    python: Path
+    vllm: Path
+    model: Path
+
+    def env(self) -> dict[str, str]:
+        """What the CPU build needs (see prepare.py): tiny KV cache, no hub, no telemetry, private caches."""
+        return {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+                "VLLM_CACHE_ROOT": str(self.root / "vllm-cache"), "HF_HOME": str(self.root / "hf-home")}
+
+
+@pytest.fixture(scope="session")
+def prepared() -> Prepared:
+    """Build or reuse the cached venv and model; skip (saying why) when they cannot be built here."""
+    try:
+        proc = subprocess.run([sys.executable, str(PREPARE)], capture_output=True, text=True, timeout=1200)
+    except subprocess.TimeoutExpired:
+        pytest.skip("real vLLM: prepare.py took over 20 min (no package registry reachable?)")
+    lines = proc.stdout.strip().splitlines()
+    try:
+        info = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        pytest.skip(f"real vLLM: prepare.py printed no result; stderr: {proc.stderr[-800:]}")
+    if not info.get("ok"):
+        pytest.skip(f"real vLLM: could not build the vLLM CPU venv or model: {info.get('error')} "
+                    f"(log: {info.get('log')})")
+    return Prepared(root=Path(info["root"]), python=Path(info["python"]), vllm=Path(info["vllm"]),
+                    model=Path(info["model"]))
+
+
+def _toml_str(s: str) -> str:
+    return json.dumps(s)  # a JSON string is a valid TOML basic string
+
+
+def agent_config(prepared: Prepared, state: Path, port: int) -> str:
+    """Three profiles on one port: the main one, a switch target and one that vLLM rejects at start-up."""
+    env = "{ " + ", ".join(f"{k} = {_toml_str(v)}" for k, v in prepared.env().items()) + " }"
+    common = (f'executable = {_toml_str(str(prepared.vllm))}\nmodel = {_toml_str(str(prepared.model))}\n'
+              f'served_model_name = "tiny"\nport = {port}\nmax_model_len = 512\nshutdown_timeout_s = 10\n'
+              f'stop_grace_s = 40\nreadiness_timeout_s = 400\nenv = {env}\n')
+    return f"""
+[agent]
+database = {_toml_str(str(state / "lynxtop.db"))}
+socket = {_toml_str(str(state / "agent.sock"))}
+socket_group = {_toml_str(operators_group())}
+log_dir = {_toml_str(str(state / "logs"))}
+sample_interval_s = 1.0
+backoff_initial_s = 2
+backoff_max_s = 4
+crash_loop_failures = 4
+gpu_release_timeout_s = 30
+live_restore = true
+
+[sla]
+window_s = 900
+
+[[profile]]
+name = "tiny"
+description = "tiny random Llama on vLLM's CPU build"
+max_num_seqs = 8
+extra_args = ["--dtype", "float32", "--enforce-eager"]
+{common}
+[[profile]]
+name = "tiny-b"
+description = "same model, fewer sequences: the switch target"
+max_num_seqs = 4
+extra_args = ["--dtype", "float32", "--enforce-eager"]
+{common}
+[[profile]]
+name = "badflag"
+description = "a flag vLLM rejects: must end in an event quoting vLLM and in backoff"
+extra_args = ["--dtype", "float32", "--enforce-eager", "--no-such-flag-lynxtop"]
+{common}
+"""
+
+
+@pytest.fixture(scope="module")
+def agent(prepared: Prepared, tmp_path_factory: pytest.TempPathFactory):
+    """The real `lynxtop agent` with profiles pointing at the prepared vLLM; stopped and swept afterwards."""
+    pytest.importorskip("lynxtop.agent.node", reason="the agent (lynxtop.agent.node) is not built yet")
+    state = tmp_path_factory.mktemp("rv-agent")
+    port = free_port()
+    cfg = state / "config.toml"
+    cfg.write_text(agent_config(prepared, state, port))
+    ag = Agent(config=cfg, socket=state / "agent.sock", database=state / "lynxtop.db", log=state / "agent.log")
+    ag.port = port  # type: ignore[attr-defined]
+    before = {p.pid for p in vllm_processes(prepared.root)}
+    ag.start()
+    try:
+        yield ag
+    finally:
+        # live_restore keeps serving across an agent exit: stop serving first, then the agent.
+        try:
+            if ag.proc is not None and ag.proc.poll() is None:
+                ag.post("/v1/stop")
+                ag.wait_state({"stopped"}, 60)
+        except (OSError, AssertionError):
+            pass
+        ag.stop()
+        stray = [p.pid for p in vllm_processes(prepared.root) if p.pid not in before]
+        kill_tree(stray)
+        assert not stray, f"the agent left vLLM processes behind: {stray}"
+        if os.environ.get("LYNXTOP_RV_KEEP"):
+            print(f"real-vLLM agent state kept in {state}")

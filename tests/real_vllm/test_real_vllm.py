@@ -1,0 +1,421 @@
+"""The agent against a REAL vLLM (the CPU build serving a tiny random Llama built on the spot).
+
+The simulator is our everyday test bed; only a real server proves that we read its log, its /metrics, its
+signals and its process tree right. The tests run in file order on one shared agent (a server load costs
+20-80 s here): start -> load -> simulator check -> agent crash + adoption -> drain + switch -> SIGKILL of the
+API server (orphans) -> a profile vLLM rejects.
+
+Run alone:  .venv/bin/python tests/real_vllm/prepare.py && .venv/bin/pytest -m real_vllm tests/real_vllm -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from rv_support import (
+    bucket_bounds,
+    counter,
+    exact_quantile,
+    families,
+    free_port,
+    histogram,
+    histogram_quantile,
+    http_get,
+    leftovers,
+    load_loop,
+    stream_completion,
+    vllm_tree,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(900)]
+
+MODEL = "tiny"  # served_model_name of every profile
+LOAD_N, LOAD_CONCURRENCY, LOAD_TOKENS = 24, 4, 24
+
+# Families only a CPU build (or this small set-up) shows, with the reason; the simulator need not print them.
+CPU_ONLY_FAMILIES: dict[str, str] = {}
+
+_shared: dict = {}  # facts one test hands to a later one (tests run in file order on one agent)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def run_id_of(row: dict) -> int:
+    return int(row.get("id", row.get("run_id")))
+
+
+def ensure_ready(agent, profile: str = "tiny", timeout: float = 400) -> dict:
+    """The serving state 'ready' on `profile`, starting it if needed (lets a single test run alone)."""
+    s = agent.serving()
+    if s["state"] == "ready" and s.get("profile") == profile:
+        return s
+    if s["state"] in ("stopped", "backoff", "crash-loop"):
+        if s["state"] != "stopped":
+            agent.post("/v1/stop")
+            agent.wait_state({"stopped"}, 120)
+        code, body = agent.post("/v1/start", {"profile": profile})
+        assert code == 202, (code, body)
+    elif s.get("profile") != profile:
+        code, body = agent.post("/v1/switch", {"profile": profile})
+        assert code == 202, (code, body)
+    return agent.wait_state({"ready"}, timeout)
+
+
+def serving_rows(agent, run_id: int, start_ms: int, end_ms: int) -> list[dict]:
+    from lynxtop.store.reader import StoreReader
+
+    cols = ["run_id", "scrape_ok", "requests_finished", "prompt_tokens", "generation_tokens",
+            "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms"]
+    r = StoreReader(agent.database)
+    try:
+        _, rows = r.series("serving", cols, start_ms, end_ms, resolution="raw")
+    finally:
+        r.close()
+    return [row for row in rows if row.get("run_id") == run_id]
+
+
+# ---------------------------------------------------------------------------------------------------- start
+
+
+def test_start_reads_phases_from_the_real_log_and_records_the_real_version(agent, prepared):
+    t0 = now_ms()
+    code, body = agent.post("/v1/start", {"profile": "tiny"})
+    assert code == 202, (code, body)
+    seen: list[str] = []
+
+    def ready() -> dict | None:
+        s = agent.serving()
+        if s.get("phase") and (not seen or seen[-1] != s["phase"]):
+            seen.append(s["phase"])
+        assert s["state"] in ("starting", "ready"), f"left starting for {s['state']}: {s.get('reason')}"
+        return s if s["state"] == "ready" else None
+
+    s = wait_for(ready, 400, "the real vLLM to become ready", interval=0.3)
+    assert s["profile"] == "tiny" and s["pid"] > 0 and s["run_id"]
+    port = agent.port
+    code, version = http_get(port, "/version")
+    assert code == 200
+    real_version = json.loads(version)["version"]  # "0.32.0": /version omits the "+cpu" local part
+    assert real_version.startswith("0.")
+
+    # Phases come from the real log: the agent's list must follow vLLM's own order and end at "api up".
+    phases = [p["phase"] for p in s["phases"]]
+    assert phases[0] == "loading weights" and phases[-1] == "api up", phases
+    assert "kv cache" in phases, f"'Available KV cache memory' of the real log was not read: {phases}"
+    stamps = [p["ts_ms"] for p in s["phases"]]
+    assert stamps == sorted(stamps) and stamps[0] >= t0 - 1000
+
+    # The run row: real version, real pid, the profile's argv, ready after started.
+    runs = agent.runs()
+    row = next(r for r in runs if run_id_of(r) == s["run_id"])
+    assert row["vllm_version"] == real_version
+    assert row["profile"] == "tiny" and row["pid"] == s["pid"]
+    assert row["ready_ms"] and row["ready_ms"] >= row["started_ms"] >= t0 - 1000
+    assert not row.get("simulated"), "a real vLLM run must not be labelled simulated"
+    argv = row["argv"] if isinstance(row["argv"], list) else json.loads(row["argv"])
+    assert argv[:3] == [str(prepared.vllm), "serve", str(prepared.model)]
+    assert "--shutdown-timeout" in argv and "127.0.0.1" in argv
+
+    # The real process tree, with vLLM's own titles, all in the leader's process group.
+    tree = vllm_tree(s["pid"])
+    titles = [" ".join(p.cmdline()) for p in tree]
+    assert any(t.startswith("VLLM::EngineCore") for t in titles), titles
+    assert any(t.startswith("VLLM::Worker") for t in titles), titles
+    assert {os.getpgid(p.pid) for p in tree} == {s["pid"]}, "vLLM must run in its own process group"
+    _shared["version"] = real_version
+    _shared["first_run"] = s["run_id"]
+
+
+# ---------------------------------------------------------------------------------------------------- load
+
+
+def test_serving_samples_agree_with_the_clients_own_measurement(agent):
+    s = ensure_ready(agent)
+    port, run_id = agent.port, s["run_id"]
+    # The agent must have a baseline scrape before the first request, or the first deltas are lost.
+    wait_for(lambda: (agent.status().get("serving_metrics") or {}).get("scrape_ok") == 1, 30,
+             "a successful scrape of the real /metrics")
+    _, page0 = http_get(port, "/metrics")
+    assert counter(page0, "vllm:request_success") == 0, "this test needs a run that has served nothing yet"
+    t_start = now_ms()
+    results = load_loop(port, MODEL, LOAD_N, LOAD_CONCURRENCY, LOAD_TOKENS)
+    t_end = now_ms()
+    bad = [r for r in results if not r.ok]
+    assert len(results) == LOAD_N and not bad, [r.error for r in bad][:3]
+    assert all(r.completion_tokens == LOAD_TOKENS == r.tokens for r in results)
+    gen = sum(r.completion_tokens for r in results)
+    prompt = sum(r.prompt_tokens for r in results)
+    _, page1 = http_get(port, "/metrics")
+    assert counter(page1, "vllm:request_success") == LOAD_N  # the server agrees with the client first
+
+    def totals() -> tuple[int, int, int] | None:
+        rows = [r for r in serving_rows(agent, run_id, t_start - 60_000, now_ms() + 1000) if r["scrape_ok"]]
+        got = (sum(r["requests_finished"] or 0 for r in rows), sum(r["prompt_tokens"] or 0 for r in rows),
+               sum(r["generation_tokens"] or 0 for r in rows))
+        _shared["totals"] = got
+        return got if got == (LOAD_N, prompt, gen) and rows[-1]["ttft_p50_ms"] is not None else None
+
+    try:
+        wait_for(totals, 20, "the agent's serving samples to add up to the client's counts")
+    except AssertionError:
+        pass
+    assert _shared["totals"] == (LOAD_N, prompt, gen), \
+        f"agent (requests, prompt tokens, generation tokens) {_shared['totals']} != client {(LOAD_N, prompt, gen)}"
+
+    latest = serving_rows(agent, run_id, t_start, now_ms() + 1000)[-1]
+    ttft_before, ttft_after = histogram(page0, "vllm:time_to_first_token_seconds"), \
+        histogram(page1, "vllm:time_to_first_token_seconds")
+    itl_before, itl_after = histogram(page0, "vllm:inter_token_latency_seconds"), \
+        histogram(page1, "vllm:inter_token_latency_seconds")
+    client_ttft = [r.ttft_s for r in results]
+    client_itl = [x for r in results for x in r.itls_s]
+    report = {}
+    for q, stat in ((0.5, "p50"), (0.9, "p90"), (0.99, "p99")):
+        for series, values, before, after in (("ttft", client_ttft, ttft_before, ttft_after),
+                                              ("itl", client_itl, itl_before, itl_after)):
+            agent_ms = latest[f"{series}_{stat}_ms"]
+            server_s = histogram_quantile(q, before, after)
+            client_s = exact_quantile(values, q)
+            lo, hi = bucket_bounds(list(after), client_s)
+            report[f"{series}_{stat}"] = {"agent_ms": agent_ms, "server_hist_ms": server_s * 1000,
+                                          "client_ms": client_s * 1000, "bucket_ms": [lo * 1000, hi * 1000]}
+            assert agent_ms is not None, f"agent reported no {series} {stat}"
+            # The agent reads the same histogram we do: its percentile is Prometheus' own interpolation…
+            assert agent_ms == pytest.approx(server_s * 1000, rel=0.02, abs=0.01), report
+            # …and lies in the server's bucket that holds the client's own percentile.
+            assert lo * 1000 - 1e-6 <= agent_ms <= hi * 1000 + 1e-6, report
+    _shared["load_report"] = report
+    _shared["token_rate"] = gen / max(0.001, (t_end - t_start) / 1000)
+    print("load report:", json.dumps(report))
+
+
+# ---------------------------------------------------------------------------------------------------- simulator
+
+
+def _sim_log_and_page(tmp: Path) -> tuple[str, str]:
+    """Run the simulated vLLM the agent's tests use, once, and read its log and /metrics."""
+    exe = Path(sys.executable).parent / "lynxtop-sim-vllm"
+    if not exe.exists():
+        pytest.skip("the simulated vLLM (lynxtop-sim-vllm) is not installed")
+    port = free_port()
+    log = tmp / "sim.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen([str(exe), "serve", "deepseek-ai/DeepSeek-V4.1", "--host", "127.0.0.1",
+                                 "--port", str(port), "-tp", "8", "--sim-startup-seconds", "2",
+                                 "--sim-state-dir", str(tmp / "sim-state")],
+                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        wait_for(lambda: http_get(port, "/health")[0] == 200, 90, "the simulated vLLM to answer /health")
+        # one request so that every per-request series exists on both sides
+        r = stream_completion(port, "deepseek-ai/DeepSeek-V4.1", "hello", 4)
+        assert r.ok, r.error
+        _, page = http_get(port, "/metrics")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return log.read_text(errors="replace"), page
+
+
+def test_simulator_matches_the_real_metrics_page_and_startup_log(agent, tmp_path):
+    from lynxtop.agent import startup
+
+    s = ensure_ready(agent)
+    _, real_page = http_get(agent.port, "/metrics")
+    code, body = agent.request("GET", f"/v1/logs?run={s['run_id']}&lines=100000")
+    assert code == 200, body
+    real_log = "\n".join(body["lines"])
+    sim_log, sim_page = _sim_log_and_page(tmp_path)
+
+    real, sim = families(real_page), families(sim_page)
+    assert real, "the real server printed no vllm: family"
+    missing = {name: t for name, t in real.items() if name not in sim and name not in CPU_ONLY_FAMILIES}
+    wrong_type = {n: (t, sim[n][0]) for n, (t, _) in real.items() if n in sim and sim[n][0] != t}
+    wrong_labels = {n: (sorted(map(sorted, ls)), sorted(map(sorted, sim[n][1])))
+                    for n, (_, ls) in real.items() if n in sim and not ls <= sim[n][1]}
+    assert not missing, f"families the real server has and the simulator lacks: {sorted(missing)}"
+    assert not wrong_type, f"type differs (real, sim): {wrong_type}"
+    assert not wrong_labels, f"label sets differ (real, sim): {wrong_labels}"
+
+    # Every milestone the agent parses that the real log prints must be printed by the simulator too.
+    patterns = [p for p, _ in startup._MILESTONES]
+    real_hits = {p.pattern for p in patterns if any(p.search(line) for line in real_log.splitlines())}
+    sim_hits = {p.pattern for p in patterns if any(p.search(line) for line in sim_log.splitlines())}
+    assert real_hits, "none of the agent's milestones matched the real log"
+    assert real_hits <= sim_hits, f"milestones in the real log but not the simulator's: {real_hits - sim_hits}"
+    # And the phase sequence the agent derives is the same for both logs (up to graph capture, which
+    # --enforce-eager skips on the real side).
+    def phases_of(text: str, path: Path) -> list[str]:
+        path.write_text(text)
+        tr = startup.PhaseTracker(path, started_ms=0)
+        tr.poll(1)
+        return [m.phase for m in tr.marks]
+
+    real_phases = phases_of(real_log, tmp_path / "real.log")
+    sim_phases = [p for p in phases_of(sim_log, tmp_path / "sim2.log") if p in real_phases]
+    assert real_phases[-1] == "api up" and sim_phases == real_phases, (real_phases, sim_phases)
+
+
+# ---------------------------------------------------------------------------------------------------- adoption
+
+
+def test_agent_sigkill_and_restart_adopts_the_live_server(agent):
+    s = ensure_ready(agent)
+    pid, run_id = s["pid"], s["run_id"]
+    agent.kill(signal.SIGKILL)
+    # The server must not notice the agent's death.
+    time.sleep(2)
+    assert psutil.pid_exists(pid) and http_get(agent.port, "/health")[0] == 200
+    agent.start()
+    s2 = agent.wait_state({"ready"}, 60)
+    assert s2["adopted"] is True and s2["pid"] == pid and s2["run_id"] == run_id, s2
+    runs = agent.runs()
+    assert sum(1 for r in runs if run_id_of(r) == run_id) == 1 and run_id_of(runs[0]) == run_id, \
+        "adoption must not create a new run"
+    t = now_ms()
+    r = stream_completion(agent.port, MODEL, "after adoption", 8)
+    assert r.ok, r.error
+    # Samples keep flowing for the adopted run.
+    wait_for(lambda: any(x["scrape_ok"] and (x["requests_finished"] or 0) >= 1
+                         for x in serving_rows(agent, run_id, t - 2000, now_ms() + 1000)),
+             30, "serving samples of the adopted run to count the request")
+
+
+# ---------------------------------------------------------------------------------------------------- drain + switch
+
+
+def test_switch_drains_open_streams_and_makes_a_new_run(agent):
+    s = ensure_ready(agent)
+    old_run, old_pid = s["run_id"], s["pid"]
+    # Streams long enough to be mid-flight when the stop arrives, short enough to finish within
+    # --shutdown-timeout (10 s): aim at ~4 s each.
+    rate = _shared.get("token_rate", 40.0) / LOAD_CONCURRENCY
+    max_tokens = int(max(24, min(300, rate * 4)))
+    started = [threading.Event() for _ in range(3)]
+    results: list = [None] * 3
+
+    def go(i: int) -> None:
+        results[i] = stream_completion(agent.port, MODEL, f"drain me {i}", max_tokens, started=started[i])
+
+    threads = [threading.Thread(target=go, args=(i,), daemon=True) for i in range(3)]
+    for t in threads:
+        t.start()
+    for e in started:
+        assert e.wait(60), "a stream never produced its first token"
+    t_switch = now_ms()
+    code, body = agent.post("/v1/switch", {"profile": "tiny-b"})
+    assert code == 202, (code, body)
+    for t in threads:
+        t.join(timeout=60)
+    for r in results:
+        assert r is not None and r.ok and r.completion_tokens == max_tokens and r.finish_reason == "length", \
+            f"an open stream was cut by the switch: {r}"
+
+    s2 = agent.wait_state({"ready"}, 400, run_not=old_run)
+    assert s2["profile"] == "tiny-b" and s2["run_id"] > old_run and s2["pid"] != old_pid
+    assert not psutil.pid_exists(old_pid) or psutil.Process(old_pid).status() == psutil.STATUS_ZOMBIE
+    runs = {run_id_of(r): r for r in agent.runs()}
+    old = runs[old_run]
+    grace_ms = 40_000
+    assert old["ended_ms"] and old["ended_ms"] - t_switch <= grace_ms, old
+    assert old["exit_code"] == 0 and not old.get("exit_signal"), \
+        f"a drained vLLM exits 0 on SIGTERM; the run says {old}"
+    new = runs[s2["run_id"]]
+    new_argv = new["argv"] if isinstance(new["argv"], list) else json.loads(new["argv"])
+    assert new_argv[new_argv.index("--max-num-seqs") + 1] == "4"
+    assert new["started_ms"] >= old["ended_ms"], "the new server started before the old one was gone"
+
+
+# ---------------------------------------------------------------------------------------------------- orphans
+
+
+def test_sigkill_of_the_api_server_orphans_are_found_stopped_and_cleaned(agent):
+    s = ensure_ready(agent, profile=agent.serving().get("profile") or "tiny")
+    run_id, pid = s["run_id"], s["pid"]
+    run = next(r for r in agent.runs() if run_id_of(r) == run_id)
+    tree = vllm_tree(pid)
+    children = [p for p in tree if p.pid != pid]
+    titles = {p.pid: " ".join(p.cmdline()) for p in children}
+    assert any(t.startswith("VLLM::EngineCore") for t in titles.values()), titles
+    rss = {p.pid: p.memory_info().rss for p in children}
+    # Leftovers of this run: created since it started (other runs' files are not this run's to judge).
+    started_s = run["started_ms"] / 1000 - 1
+    mine = {f for f in leftovers() if os.stat(f).st_mtime >= started_s}
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(1.5)
+    # vLLM's known behaviour, which the agent must handle: the engine outlives its API server.
+    survivors = [p.pid for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert survivors, "expected EngineCore/Worker to outlive a SIGKILL of the API server (vLLM 0.32 does)"
+
+    last_orphan_ms = 0
+
+    def restarted() -> dict | None:
+        nonlocal last_orphan_ms
+        if any(psutil.pid_exists(x) and psutil.Process(x).status() != psutil.STATUS_ZOMBIE for x in survivors):
+            last_orphan_ms = now_ms()
+        st = agent.serving()
+        return st if st["state"] == "ready" and st["run_id"] != run_id else None
+
+    s2 = wait_for(restarted, 400, "the agent to clean up and restart after the SIGKILL", interval=0.2)
+    alive = [x for x in survivors if psutil.pid_exists(x) and psutil.Process(x).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"orphans of run {run_id} still alive: {[titles[x] for x in alive]}"
+    freed_mib = sum(rss[x] for x in survivors) / 2**20
+    runs = {run_id_of(r): r for r in agent.runs()}
+    assert runs[s2["run_id"]]["started_ms"] >= last_orphan_ms, \
+        f"the new server started while orphans (holding {freed_mib:.0f} MiB) were alive"
+    old = runs[run_id]
+    assert old["ended_ms"] and old.get("exit_signal") == signal.SIGKILL, old
+    # The killed run's /dev/shm segments and /tmp/vllm_dist_* files are gone; newer ones belong to the new run.
+    still = sorted(f for f in mine if os.path.exists(f))
+    assert not still, f"leftovers of the killed run {run_id} not cleaned: {still}"
+    events = agent.events(since_ms=int(killed_at * 1000) - 1000)
+    text = json.dumps(events)
+    assert any(str(x) in text for x in survivors), f"no event names the orphaned pids {survivors}: {events}"
+
+
+# ---------------------------------------------------------------------------------------------------- bad flag
+
+
+def test_a_flag_vllm_rejects_ends_in_an_event_quoting_vllm_and_backoff(agent):
+    s = agent.serving()
+    t0 = now_ms()
+    if s["state"] in ("ready", "starting"):
+        code, body = agent.post("/v1/switch", {"profile": "badflag"})
+    else:
+        code, body = agent.post("/v1/start", {"profile": "badflag"})
+    assert code == 202, (code, body)
+    s2 = agent.wait_state({"backoff", "crash-loop"}, 180)
+    assert s2["profile"] == "badflag"
+    if s2["state"] == "backoff":
+        assert s2["next_retry_ms"] and s2["next_retry_ms"] > t0
+    assert s2["failures_in_window"] >= 1
+    bad_run = max((r for r in agent.runs() if r["profile"] == "badflag"), key=run_id_of)
+    assert bad_run["exit_code"] == 2 and not bad_run.get("ready_ms"), bad_run
+    code, body = agent.request("GET", f"/v1/logs?run={run_id_of(bad_run)}&lines=200")
+    assert code == 200
+    err = [line for line in body["lines"] if "unrecognized arguments" in line]
+    assert err, f"vLLM's own error line is not in the run log: {body['lines'][-10:]}"
+    events = agent.events(since_ms=t0 - 1000)
+    quoted = [e for e in events if "--no-such-flag-lynxtop" in json.dumps(e)
+              and "unrecognized arguments" in json.dumps(e)]
+    assert quoted, f"no event quotes vLLM's error line {err[-1]!r}: {events}"
+    code, body = agent.post("/v1/stop")
+    assert code == 202, (code, body)
+    agent.wait_state({"stopped"}, 60)
