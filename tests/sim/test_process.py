@@ -178,3 +178,37 @@ def test_too_long_max_model_len_for_the_kv_cache_fails_startup(start_sim):
     sp = start_sim("--gpu-memory-utilization", "0.35", max_model_len=163840)
     assert sp.wait_exit(20) == 1
     assert "estimated maximum model length is" in sp.text()
+
+
+async def test_sigterm_to_the_whole_group_with_streams_in_flight_exits_promptly(start_sim):
+    """What a supervisor does: EngineCore dies at once too; open streams must still end, not hang the exit."""
+    import asyncio
+
+    import aiohttp
+
+    sp = start_sim("--shutdown-timeout", "30", speed=1.0)
+    sp.wait_ready()
+    body = {"prompt": "x" * 40, "max_tokens": 2000, "stream": True}
+    async with aiohttp.ClientSession() as s:
+        responses = [await s.post(sp.url + "/v1/completions", json=body) for _ in range(3)]
+        for r in responses:
+            await r.content.readline()
+        t0 = time.monotonic()
+        os.killpg(sp.pgid, signal.SIGTERM)
+        code = await asyncio.to_thread(sp.wait_exit, 15)
+        for r in responses:
+            r.close()
+    assert code == 0
+    assert time.monotonic() - t0 < 5  # not the 30 s drain: the engine is gone, nothing can finish
+    assert kit_members(sp.pgid) == []
+
+
+def kit_members(pgid: int) -> list[int]:
+    alive = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p.pid)
+        except (OSError, psutil.Error):
+            continue
+    return alive

@@ -1,0 +1,143 @@
+"""`lynxtop demo` and its pieces: config, traffic, status line, teardown; end to end with the real agent."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from lynxtop.agent.config import parse_config
+from lynxtop.agent.sim.demo import PROFILES, Demo, DemoPaths, config_text, kill_all, processes_of, run
+from lynxtop.agent.sim.flags import parse_serve_args
+from lynxtop.agent.sim.loadgen import LoadGenerator, Phase, bench
+
+
+def test_config_is_valid_and_its_profiles_run_the_simulator(tmp_path):
+    paths = DemoPaths.under(tmp_path)
+    text = config_text(paths, port=18555, startup_seconds=2, executable=tmp_path / "lynxtop-sim-vllm")
+    cfg = parse_config(text, source="demo.toml")
+    assert cfg.agent.fake_nvml == "sim" and cfg.agent.autostart and cfg.agent.default_profile == PROFILES[0]
+    assert cfg.agent.database == paths.database and cfg.agent.socket == paths.socket
+    assert [p.name for p in cfg.profiles] == list(PROFILES)
+    for prof in cfg.profiles:
+        assert "SIMULATED" in prof.description
+        argv = prof.argv()
+        assert argv[0] == str(tmp_path / "lynxtop-sim-vllm") and argv[1] == "serve"
+        a = parse_serve_args(argv[2:], env={})
+        assert a.port == 18555 and a.tp == 8 and a.host == "127.0.0.1" and a.startup_s == 2
+        assert a.state_dir == paths.sim_state
+    assert {p.kv_cache_dtype for p in cfg.profiles} == {"auto", "fp8"}
+
+
+def test_kill_all_ends_every_process_naming_the_state_dir_and_nothing_else(tmp_path):
+    root = tmp_path / "demo"
+    root.mkdir()
+    env = {**os.environ, "LYNXTOP_SIM_STATE_DIR": str(root / "sim")}
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    in_env = subprocess.Popen(sleeper, env=env, start_new_session=True)
+    ignores_term = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                                     "signal.SIG_IGN); time.sleep(60)", str(root / "config.toml")])
+    bystander = subprocess.Popen(sleeper)
+    try:
+        deadline = time.monotonic() + 5
+        while len(processes_of(root)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert set(processes_of(root)) == {in_env.pid, ignores_term.pid}
+        victims = kill_all(root, grace_s=0.5)
+        assert set(victims) == {in_env.pid, ignores_term.pid}
+        assert in_env.wait(5) is not None and ignores_term.wait(5) == -9
+        assert bystander.poll() is None
+        assert processes_of(root) == []
+    finally:
+        for p in (in_env, ignores_term, bystander):
+            p.kill()
+            p.wait()
+
+
+def test_status_line_says_simulated_and_shows_missing_values_as_na(tmp_path):
+    demo = Demo(tmp_path, startup_seconds=1, keep=True)
+    line = demo.status_line({"serving": {"state": "starting", "phase": "loading weights", "profile": PROFILES[0]},
+                             "serving_metrics": {"requests_running": None, "generation_tokens_per_s": 12.345},
+                             "gpus": [{"util_gpu_pct": 40, "mem_used_bytes": 2**40, "power_w": 300}] * 8,
+                             "sla": {"state": "unknown"}})
+    assert line.startswith("[SIMULATED]")
+    assert "serving=starting (loading weights)" in line and "run N/A" in line and "gen 12.3 tok/s" in line
+    assert "util 40%" in line and "mem 8192 GiB" in line and "power 2400 W" in line
+
+
+def test_bad_demo_arguments_are_refused_before_anything_starts(tmp_path, capsys):
+    assert run(Namespace(duration=0.0, state_dir=None, startup_seconds=1.0, no_tui=True)) == 2
+    assert "--duration must be > 0" in capsys.readouterr().err
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert run(Namespace(duration=5.0, state_dir=str(f), startup_seconds=1.0, no_tui=True)) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_load_generator_drives_varied_traffic_and_bench_reports_vllm_keys(start_sim):
+    sp = start_sim(speed=20.0)
+    sp.wait_ready()
+    pattern = (Phase("burst", 1.0, 6, (20, 60), (8, 16)), Phase("quiet", 0.5, 0, (1, 1), (1, 1)),
+               Phase("single", 1.0, 1, (20, 60), (8, 16)))
+    gen = LoadGenerator(sp.url, pattern=pattern, seed=3)
+
+    async def drive():
+        stop = asyncio.Event()
+        task = asyncio.create_task(gen.run(stop))
+        await asyncio.sleep(3.0)
+        stop.set()
+        return await asyncio.wait_for(task, 10)
+
+    stats = asyncio.run(drive())
+    assert stats.completed >= 6 and stats.failed == 0
+    assert stats.phase in ("burst", "quiet", "single")
+    assert min(stats.ttft_s) > 0 and len(stats.tpot_s) == stats.completed
+    result = asyncio.run(bench(sp.url, concurrency=4, requests=8, prompt_tokens=32, output_tokens=16))
+    assert result["completed"] == 8 and result["failed"] == 0 and result["max_concurrency"] == 4
+    for key in ("request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+                "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "duration"):
+        assert result[key] is not None and result[key] > 0, key
+
+
+def test_load_generator_counts_an_absent_server_as_unavailable(kit):
+    gen = LoadGenerator(f"http://127.0.0.1:{kit.free_port()}", pattern=(Phase("p", 1.0, 1, (5, 5), (2, 2)),))
+
+    async def drive():
+        stop = asyncio.Event()
+        task = asyncio.create_task(gen.run(stop))
+        await asyncio.sleep(1.2)
+        stop.set()
+        return await asyncio.wait_for(task, 10)
+
+    stats = asyncio.run(drive())
+    assert stats.unavailable >= 1 and stats.completed == 0 and stats.failed == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lynxtop.agent.node") is None, reason="the agent is not in this build")
+def test_demo_end_to_end_leaves_no_process_behind(tmp_path):
+    root = tmp_path / "demo-state"
+    proc = subprocess.run([sys.executable, "-m", "lynxtop", "demo", "--no-tui", "--duration", "14",
+                           "--state-dir", str(root), "--startup-seconds", "1"],
+                          capture_output=True, text=True, timeout=90)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SIMULATED" in out.splitlines()[0]
+    assert "serving=ready" in out, out + (root / "agent.log").read_text()
+    assert "Traceback" not in proc.stderr
+    logs = list((root / "logs").glob("*.log"))
+    assert logs and "Application startup complete." in logs[0].read_text()
+    assert processes_of(root) == []  # nothing whose command line or environment names the state dir
+    for name in os.listdir("/proc"):  # and no simulator process of this demo under any name
+        if name.isdigit():
+            try:
+                env = Path(f"/proc/{name}/environ").read_bytes()
+            except OSError:
+                continue
+            assert str(root).encode() not in env, name

@@ -1,0 +1,81 @@
+"""Simulated GPUs: idle node without a server, memory and activity coupled to live engines only."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from lynxtop.agent.gpu.backend import open_backend
+from lynxtop.agent.sim.gpus import SimScenario
+from lynxtop.agent.sim.state import EngineState, Holder, process_identity, write_state
+
+
+def engine_state(pid: int, phase: str = "ready", **kw) -> EngineState:
+    holders = [Holder(gpu=g, pid=pid, start_ticks=process_identity(pid), mem_bytes=120 * 2**30) for g in range(8)]
+    return EngineState(engine_pid=pid, api_pid=pid, model="m", tp=8, gpus=list(range(8)), phase=phase,
+                       holders=holders, updated_unix=time.time(), **kw)
+
+
+def test_no_server_is_an_idle_8xh200_node(tmp_path):
+    scen = SimScenario(tmp_path / "nothing-here")
+    assert [g.name for g in scen.gpus()] == ["NVIDIA H200"] * 8
+    assert len({g.uuid for g in scen.gpus()}) == 8
+    st = scen.state(0, time.monotonic())
+    assert st.mem_used_bytes == 0 and st.processes == [] and st.util_gpu_pct == 0
+    assert st.power_w < 100 and st.throttle_reasons == 0x1
+
+
+def test_decode_and_prefill_look_different(tmp_path):
+    me = os.getpid()
+    write_state(tmp_path, engine_state(me, busy_frac=1.0, decode_frac=1.0, mean_batch=12,
+                                       generation_tokens_per_s=86.0))
+    decode = SimScenario(tmp_path).state(2, time.monotonic())
+    write_state(tmp_path, engine_state(me, busy_frac=1.0, prefill_frac=1.0, mean_batch=1,
+                                       prompt_tokens_per_s=620.0))
+    prefill = SimScenario(tmp_path).state(2, time.monotonic())
+    assert decode.processes == [(me, 120 * 2**30)] and decode.mem_used_bytes == 120 * 2**30
+    assert decode.dram_bw_pct > decode.tensor_active_pct  # decode is memory-bound
+    assert prefill.tensor_active_pct > prefill.dram_bw_pct  # prefill is tensor-core bound
+    assert sum(decode.nvlink_tx_bytes_per_s) > 0 and sum(prefill.nvlink_tx_bytes_per_s) > sum(
+        decode.nvlink_tx_bytes_per_s)
+    assert decode.power_w > 300 and decode.util_gpu_pct == 100
+
+
+def test_memory_is_released_only_when_the_holders_exit(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        write_state(tmp_path, engine_state(child.pid))
+        scen = SimScenario(tmp_path)
+        assert scen.state(0, time.monotonic()).mem_used_bytes == 120 * 2**30
+    finally:
+        child.kill()
+        child.wait()
+    assert SimScenario(tmp_path).state(0, time.monotonic()).mem_used_bytes == 0  # zombie reaped: gone
+
+
+def test_temperature_lags_power(tmp_path):
+    me = os.getpid()
+    scen = SimScenario(tmp_path)
+    t0 = time.monotonic()
+    cold = scen.state(0, t0).temp_c
+    write_state(tmp_path, engine_state(me, busy_frac=1.0, prefill_frac=1.0))
+    scen._read_at = None  # re-read now
+    warm_1s = scen.state(0, t0 + 1).temp_c
+    warm_60s = scen.state(0, t0 + 60).temp_c
+    target = scen.p.ambient_temp_c + scen.p.temp_c_per_w * scen.state(0, t0 + 600).power_w
+    assert cold < warm_1s < warm_60s
+    assert warm_1s - cold < 0.1 * (target - cold)  # a second of load barely warms the die...
+    assert warm_60s - cold > 0.9 * (target - cold)  # ...a minute gets it close to steady state
+
+
+def test_the_fake_nvml_backend_wraps_the_scenario(tmp_path):
+    me = os.getpid()
+    write_state(tmp_path, engine_state(me, busy_frac=0.5, decode_frac=0.5, mean_batch=4))
+    nvml = open_backend("sim", str(tmp_path))
+    nvml.nvmlInit()
+    h = nvml.nvmlDeviceGetHandleByIndex(5)
+    assert nvml.nvmlDeviceGetMemoryInfo(h).used >= 120 * 2**30
+    assert [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)] == [me]
+    assert nvml.nvmlDeviceGetCount() == 8
