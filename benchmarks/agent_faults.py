@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Fault benchmark: SIGKILL the (simulated) vLLM server N times at random moments while the agent supervises it.
+
+Measures how fast the agent notices each crash (from the kill to its `serving.crash` event), whether any
+process of the killed run is left behind (the EngineCore survives a SIGKILL of the API server by design),
+and whether every crash ends in a new ready run. Runs the real agent (`python -m lynxtop agent`) with the
+simulated vLLM and fake NVML "sim"; nothing touches a GPU.
+
+Last line of output: one JSON object {detect_p99_s, detect_median_s, orphans_left, restarts_ok, kills, ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lynxtop.agent import procs
+
+
+class _Unix(http.client.HTTPConnection):
+    def __init__(self, path: str):
+        super().__init__("agent", timeout=5)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(5)
+        self.sock.connect(self.path)
+
+
+def status(sock: str) -> dict | None:
+    try:
+        c = _Unix(sock)
+        c.request("GET", "/v1/status")
+        return json.loads(c.getresponse().read())
+    except (OSError, ValueError):
+        return None
+
+
+def wait_ready(sock: str, not_run: int | None, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = status(sock)
+        if st and st["serving"]["state"] == "ready" and st["serving"]["run_id"] != not_run:
+            return st
+        time.sleep(0.02)
+    raise TimeoutError(f"no ready run within {timeout} s (last: {st and st['serving']})")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kills", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=60.0, help="per restart")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="lynxtop-faults-"))
+    sim = Path(sys.executable).parent / "lynxtop-sim-vllm"
+    sock = str(tmp / "agent.sock")
+    db = tmp / "state" / "lynxtop.db"
+    cfg = tmp / "config.toml"
+    cfg.write_text(f"""
+[agent]
+database = "{db}"
+socket = "{sock}"
+fake_nvml = "sim"
+sample_interval_s = 0.2
+default_profile = "sim"
+autostart = true
+backoff_initial_s = 0.1
+backoff_max_s = 0.5
+crash_loop_failures = 1000
+gpu_release_timeout_s = 10
+
+[[profile]]
+name = "sim"
+executable = "{sim}"
+model = "deepseek-ai/DeepSeek-V4.1"
+port = {free_port()}
+tensor_parallel_size = 8
+extra_args = ["--sim-startup-seconds", "0.3"]
+readiness_timeout_s = 60
+stop_grace_s = 5
+shutdown_timeout_s = 1
+""")
+    env = dict(os.environ, LYNXTOP_SIM_STATE_DIR=str(tmp / "sim-state"))
+    env.pop("NOTIFY_SOCKET", None)
+    log = open(tmp / "agent.log", "wb")  # noqa: SIM115
+    agent = subprocess.Popen([sys.executable, "-m", "lynxtop", "agent", "--config", str(cfg)], stdout=log,
+                             stderr=subprocess.STDOUT, env=env)
+    detect: list[float] = []
+    orphans = 0
+    restarts_ok = 0
+    all_old: set[int] = set()
+    try:
+        st = wait_ready(sock, None, args.timeout)
+        for i in range(args.kills):
+            time.sleep(rng.uniform(0.1, 1.0))  # a random moment in the serving life
+            pid, run_id = st["serving"]["pid"], st["serving"]["run_id"]
+            old = set(procs.run_processes(None, pid, [pid]))
+            all_old |= old
+            killed_ms = time.time() * 1000
+            os.kill(pid, signal.SIGKILL)
+            try:
+                st = wait_ready(sock, run_id, args.timeout)
+                restarts_ok += 1
+            except TimeoutError as exc:
+                print(f"kill {i + 1}: {exc}", file=sys.stderr)
+                st = wait_ready(sock, run_id, args.timeout)
+            left = [p for p in old if procs.alive(p)]
+            orphans += len(left)
+            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            row = conn.execute("SELECT ts_ms FROM events WHERE kind = 'serving.crash' AND run_id = ?",
+                               (run_id,)).fetchone()
+            conn.close()
+            if row:
+                detect.append((row[0] - killed_ms) / 1000)
+            print(f"kill {i + 1}/{args.kills}: run {run_id} pid {pid} ({len(old)} processes) -> run "
+                  f"{st['serving']['run_id']}; detected in {detect[-1] if row else float('nan'):.3f} s; "
+                  f"left behind: {left}", file=sys.stderr)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(30)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+        log.close()
+        # the agent leaves serving running (live restore): stop what is left of this benchmark
+        for p in procs.all_pids():
+            if procs.environ_has(p, "LYNXTOP_SIM_STATE_DIR", str(tmp / "sim-state")):
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    detect.sort()
+    p99 = detect[min(len(detect) - 1, max(0, int(round(0.99 * len(detect))) - 1))] if detect else None
+    print(json.dumps({
+        "detect_p99_s": round(p99, 4) if p99 is not None else None,
+        "detect_median_s": round(statistics.median(detect), 4) if detect else None,
+        "detect_max_s": round(detect[-1], 4) if detect else None,
+        "orphans_left": orphans,
+        "restarts_ok": restarts_ok,
+        "kills": args.kills,
+        "processes_killed_runs": len(all_old),
+    }))
+    return 0 if restarts_ok == args.kills and orphans == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
