@@ -65,19 +65,17 @@ class LiveState:
         return False
 
     def backfill(self, serving_rows: list[dict[str, Any]], gpu_rows: list[dict[str, Any]]) -> None:
-        """Seed the live charts from the store so they are not empty when the dashboard opens."""
-        if serving_rows and not self.serving_history:
-            for row in serving_rows[-HISTORY_POINTS:]:
-                self.serving_history.append((int(row["ts_ms"]), {k: row.get(k) for k in SERVING_KEYS}))
-        by_gpu: dict[int, list[dict[str, Any]]] = {}
+        """Seed the live charts from the store so they are not empty when the dashboard opens.
+
+        Stored rows older than the first live sample go before it; live samples are never replaced.
+        """
+        self.serving_history = _merge(self.serving_history, [
+            (int(r["ts_ms"]), {k: r.get(k) for k in SERVING_KEYS}) for r in serving_rows])
+        by_gpu: dict[int, list[tuple[int, dict[str, Any]]]] = {}
         for row in gpu_rows:
-            by_gpu.setdefault(int(row["gpu"]), []).append(row)
+            by_gpu.setdefault(int(row["gpu"]), []).append((int(row["ts_ms"]), {k: row.get(k) for k in GPU_KEYS}))
         for idx, rows in by_gpu.items():
-            if idx in self.gpu_history:
-                continue
-            hist = self.gpu_history.setdefault(idx, deque(maxlen=HISTORY_POINTS))
-            for row in rows[-HISTORY_POINTS:]:
-                hist.append((int(row["ts_ms"]), {k: row.get(k) for k in GPU_KEYS}))
+            self.gpu_history[idx] = _merge(self.gpu_history.get(idx, deque()), rows)
 
     # ------------------------------------------------------------------ reads
     @property
@@ -107,3 +105,10 @@ class LiveState:
 
     def gpu_series(self, idx: int, key: str) -> list[tuple[int, float | None]]:
         return [(ts, row.get(key)) for ts, row in self.gpu_history.get(idx, ())]
+
+
+def _merge(live: deque[tuple[int, dict[str, Any]]], stored: list[tuple[int, dict[str, Any]]]
+           ) -> deque[tuple[int, dict[str, Any]]]:
+    first_live = live[0][0] if live else None
+    older = [p for p in sorted(stored, key=lambda p: p[0]) if first_live is None or p[0] < first_live]
+    return deque([*older, *live], maxlen=HISTORY_POINTS)

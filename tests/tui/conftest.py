@@ -115,3 +115,9 @@ async def wait_for(pilot: Any, predicate: Any, timeout_s: float = 5.0) -> None:
             return
         await pilot.pause(0.03)
     raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+def screen_text(app: Any) -> str:
+    """The whole screen as plain text lines, as an operator sees it (modal layers included)."""
+    strips = app.screen._compositor.render_strips()
+    return "\n".join("".join(seg.text for seg in strip).rstrip() for strip in strips)

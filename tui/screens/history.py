@@ -27,8 +27,7 @@ SERVING_COLS = ("generation_tokens_per_s", "ttft_p99_ms", "tpot_p99_ms")
 CHARTS = (
     ("sm", "SM activity (avg of GPUs)", "gpu", "sm_active_pct", "avg", fmt_pct, 100.0, None),
     ("tc", "Tensor activity (avg of GPUs)", "gpu", "tensor_active_pct", "avg", fmt_pct, 100.0, None),
-    ("tok", "Generation tokens/s", "serving", "generation_tokens_per_s", "avg",
-     lambda v: fmt_si(v, "tok/s"), None, None),
+    ("tok", "Generation tokens/s", "serving", "generation_tokens_per_s", "avg", fmt_si, None, None),
     ("ttft", "TTFT p99 (worst)", "serving", "ttft_p99_ms", "max", fmt_ms, None, "ttft_threshold_ms"),
     ("tpot", "TPOT p99 (worst)", "serving", "tpot_p99_ms", "max", fmt_ms, None, "tpot_threshold_ms"),
 )

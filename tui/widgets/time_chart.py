@@ -69,13 +69,16 @@ class TimeChart(Widget):
             else:
                 label = ""
             out.append(label[:label_w].rjust(label_w) + "│", style="dim")
+            # Runs of one style are appended at once: per-cell appends cost more than the drawing.
+            run_style, run_start = None, 0
             for x, ch in enumerate(row):
-                if chart.breach[x] and ch not in " ╌-":
-                    out.append(ch, style="red")
-                elif ch in "╌-":
-                    out.append(ch, style="yellow")
-                else:
-                    out.append(ch, style=self.style)
+                style = ("yellow" if ch in "╌-" else "red" if chart.breach[x] and ch != " " else self.style)
+                if style != run_style:
+                    if run_style is not None:
+                        out.append(row[run_start:x], style=run_style)
+                    run_style, run_start = style, x
+            if run_style is not None:
+                out.append(row[run_start:], style=run_style)
             out.append("\n")
         if marks:
             out.append(" " * label_w + "│", style="dim")
