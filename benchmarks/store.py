@@ -1,0 +1,273 @@
+"""Benchmark of the history store: synthetic 8 GPUs at 1 Hz with every GPU metric.
+
+Measures, in one run on a fresh temporary database:
+  ingest_rows_per_s       GPU rows/s through StoreWriter (host + serving rows too, rollups maintained)
+  bytes_per_value         bytes on disk of gpu_samples (its primary-key b-tree is the table: indexes
+                          included) plus its 1m/1h rollups, per stored raw GPU metric value
+  query_24h_ms            median StoreReader.series over 24 h for 8 GPUs (5 chart columns; 1-minute rollups)
+  query_30d_ms            median over 30 days (1-hour rollups)
+  export_ratio_vs_sqlite3 our CSV export rows/s / `sqlite3 -csv` rows/s for the same SELECT (same run)
+
+The 29 days before the raw day are generated directly as rollup rows by SQL (30 days of raw rows would
+take an hour to generate); the last 24 h are real raw rows written through the writer.
+Prints progress lines, then ONE JSON object on the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lynxtop.store.columns import GPU_METRICS, NVLINK_METRICS, names
+from lynxtop.store.export import build_query, export_table
+from lynxtop.store.reader import StoreReader
+from lynxtop.store.schema import rollup_metrics
+from lynxtop.store.writer import StoreWriter
+
+GPUS = 8
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+CHART_COLUMNS = ["util_gpu_pct", "sm_active_pct", "mem_used_bytes", "power_w", "temp_c"]
+TARGETS = {"ingest_rows_per_s": 100_000, "bytes_per_value": 5.0, "query_24h_ms": 100.0, "query_30d_ms": 300.0,
+           "export_ratio_vs_sqlite3": 0.7}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def synthetic_gpu_rows(pool_ticks: int, seed: int = 1) -> list[list[dict]]:
+    """Realistic magnitudes for a serving H200 (values repeat every `pool_ticks` ticks)."""
+    rng = random.Random(seed)
+    pool = []
+    energy = [50_000_000 + g * 1_000 for g in range(GPUS)]
+    util = [80] * GPUS
+    for _ in range(pool_ticks):
+        rows = []
+        for g in range(GPUS):
+            util[g] = max(0, min(100, util[g] + rng.randint(-6, 6)))
+            u = util[g]
+            power = 150 + u * 5.4 + rng.random() * 20
+            energy[g] += int(power)
+            rows.append({
+                "gpu": g, "lost": 0, "util_gpu_pct": u, "util_mem_pct": u // 2, "sm_active_pct": u * 7 // 10,
+                "sm_occupancy_pct": u // 3, "tensor_active_pct": u // 2, "dram_bw_pct": u * 6 // 10,
+                "fp16_active_pct": u // 4, "fp32_active_pct": u // 20,
+                "pcie_tx_bytes_per_s": rng.randint(1_000_000, 900_000_000),
+                "pcie_rx_bytes_per_s": rng.randint(1_000_000, 900_000_000),
+                "nvlink_tx_bytes_per_s": u * 2_500_000_000 // 10 + rng.randint(0, 10**8),
+                "nvlink_rx_bytes_per_s": u * 2_500_000_000 // 10 + rng.randint(0, 10**8),
+                "mem_used_bytes": 133_000_000_000 + rng.randint(0, 2_000_000_000),
+                "mem_total_bytes": 150_754_820_096, "mem_reserved_bytes": 609_681_408,
+                "power_w": power, "power_limit_w": 700, "energy_j": energy[g], "temp_c": 40 + u // 4,
+                "sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "throttle_reasons": 0 if u < 90 else 4,
+                "ecc_corrected": 0, "ecc_uncorrected": 0, "remapped_rows_pending": 0, "remapped_rows_failed": 0,
+            })
+        pool.append(rows)
+    return pool
+
+
+def synthetic_nvlink_rows(pool_ticks: int, seed: int = 2) -> list[list[dict]]:
+    rng = random.Random(seed)
+    cols = names(NVLINK_METRICS)
+    return [[{"gpu": g, **{c: rng.randint(0, 3_000_000_000) for c in cols}} for g in range(GPUS)]
+            for _ in range(pool_ticks)]
+
+
+def host_row(i: int) -> dict:
+    return {"cpu_pct": 12.5, "cpu_per_core_pct": None, "load1": 3.1, "load5": 3.0, "load15": 2.9,
+            "mem_used_bytes": 400_000_000_000 + i, "mem_available_bytes": 1_500_000_000_000,
+            "mem_total_bytes": 2_000_000_000_000, "disk_free_bytes": 3_000_000_000_000,
+            "vllm_procs": 10, "vllm_cpu_pct": 180.0, "vllm_rss_bytes": 60_000_000_000}
+
+
+def serving_row(i: int) -> dict:
+    return {"run_id": 1, "scrape_ok": 1, "requests_per_s": 3.5, "generation_tokens_per_s": 2400.0,
+            "requests_running": 40, "requests_waiting": 2, "kv_cache_usage_pct": 62.5,
+            "ttft_p50_ms": 180.0, "ttft_p99_ms": 900.0 + i % 50, "tpot_p50_ms": 22.0, "tpot_p99_ms": 41.0}
+
+
+def generate_rollups(db: Path, start_ms: int, end_ms: int) -> int:
+    """Fill gpu_1m and gpu_1h for [start, end) with plausible values, in SQL (C speed)."""
+    import sqlite3
+
+    conn = sqlite3.connect(db, isolation_level=None)
+    total = 0
+    for table, step in (("gpu_1m", 60_000), ("gpu_1h", HOUR_MS)):
+        base = "abs(random()) % 100"
+        stats = [s for _ in rollup_metrics("gpu") for s in (base, f"{base} + 0.5", base)]
+        conn.execute("BEGIN")
+        conn.execute(
+            f"WITH RECURSIVE t(ts) AS (SELECT ? UNION ALL SELECT ts + ? FROM t WHERE ts + ? < ?), "
+            f"g(gpu) AS (SELECT 0 UNION ALL SELECT gpu + 1 FROM g WHERE gpu < {GPUS - 1}) "
+            f"INSERT INTO {table} SELECT ts, gpu, {step // 1000}, {', '.join(stats)} FROM t, g",
+            (start_ms, step, step, end_ms))
+        conn.execute("COMMIT")
+        total += conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    conn.close()
+    return total
+
+
+def table_bytes(db: Path, tables: list[str]) -> int:
+    import sqlite3
+
+    conn = sqlite3.connect(db)
+    q = f"SELECT sum(pgsize) FROM dbstat WHERE name IN ({', '.join('?' * len(tables))})"
+    n = conn.execute(q, tables).fetchone()[0] or 0
+    conn.close()
+    return n
+
+
+def median_ms(fn, repeat: int) -> float:
+    fn()  # warm the page cache: the dashboard queries a file it reads every second
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hours", type=float, default=24, help="hours of raw 1 Hz samples to write (default 24)")
+    ap.add_argument("--nvlink", action="store_true", help="also write per-link NVLink rows every tick")
+    ap.add_argument("--keep", metavar="DIR", help="keep the database in DIR")
+    args = ap.parse_args()
+
+    tmp = Path(args.keep or tempfile.mkdtemp(prefix="lynxtop-bench-store-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    db = tmp / "bench.db"
+    for p in tmp.glob("bench.db*"):
+        p.unlink()
+    try:
+        ticks = int(args.hours * 3600)
+        now = int(time.time() * 1000)
+        now -= now % 1000
+        raw_start = now - ticks * 1000
+        raw_start -= raw_start % HOUR_MS  # hour-aligned so synthetic and real rollups meet cleanly
+        end = raw_start + ticks * 1000
+
+        StoreWriter(db).close()
+        t = time.perf_counter()
+        n_roll = generate_rollups(db, end - 30 * DAY_MS, raw_start)
+        log(f"generated {n_roll} synthetic rollup rows (29 days) in {time.perf_counter() - t:.1f} s")
+
+        pool = synthetic_gpu_rows(3600)
+        nvl = synthetic_nvlink_rows(600) if args.nvlink else None
+        hosts = [host_row(i) for i in range(60)]
+        servs = [serving_row(i) for i in range(60)]
+        w = StoreWriter(db, queue_max=ticks + 10, clock=lambda: end / 1000)
+        w.start()
+        t = time.perf_counter()
+        for i in range(ticks):
+            w.submit_tick(raw_start + i * 1000, pool[i % 3600], hosts[i % 60], servs[i % 60],
+                          nvl[i % 600] if nvl else ())
+        while w.stats()["written_ticks"] < ticks:  # every tick committed (durable)
+            time.sleep(0.002)
+        ingest_s = time.perf_counter() - t
+        if not w.flush(600):  # and the derived rollups caught up
+            raise SystemExit("writer did not finish within 600 s")
+        total_s = time.perf_counter() - t
+        st = w.stats()
+        w.close()
+        rows = ticks * GPUS
+        ingest = rows / ingest_s
+        log(f"ingest: {rows} GPU rows committed in {ingest_s:.2f} s = {ingest:,.0f} rows/s "
+            f"({st['tick_commits']} commits, dropped {st['dropped']}); rollups caught up after {total_s:.2f} s "
+            f"= {rows / total_s:,.0f} rows/s end to end")
+
+        import sqlite3
+
+        conn = sqlite3.connect(db)
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        raw_rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]
+        real_1m = conn.execute("SELECT count(*) FROM gpu_1m WHERE ts_ms >= ?", (raw_start,)).fetchone()[0]
+        real_1h = conn.execute("SELECT count(*) FROM gpu_1h WHERE ts_ms >= ?", (raw_start,)).fetchone()[0]
+        conn.close()
+        values = raw_rows * len(GPU_METRICS)
+        raw_bytes = table_bytes(db, ["gpu_samples"])
+        # rollup bytes attributable to this day: the tables' bytes pro rata to the rows that come from it
+        all_1m = table_bytes(db, ["gpu_1m"])
+        all_1h = table_bytes(db, ["gpu_1h"])
+        conn = sqlite3.connect(db)
+        n1m = conn.execute("SELECT count(*) FROM gpu_1m").fetchone()[0]
+        n1h = conn.execute("SELECT count(*) FROM gpu_1h").fetchone()[0]
+        conn.close()
+        roll_bytes = all_1m * real_1m / max(1, n1m) + all_1h * real_1h / max(1, n1h)
+        bpv = (raw_bytes + roll_bytes) / values
+        log(f"storage: gpu_samples {raw_bytes / values:.2f} B/value + rollups {roll_bytes / values:.2f} B/value "
+            f"({raw_rows} rows x {len(GPU_METRICS)} metrics); file {db.stat().st_size / 1e6:.0f} MB")
+        extra: dict = {}
+        if args.nvlink:
+            nvl_rows = ticks * GPUS
+            extra["nvlink_bytes_per_value"] = round(table_bytes(db, ["nvlink_samples"]) /
+                                                    (nvl_rows * len(NVLINK_METRICS)), 2)
+
+        r = StoreReader(db)
+        res24, rows24 = r.series("gpu", CHART_COLUMNS, end - DAY_MS, end)
+        q24 = median_ms(lambda: r.series("gpu", CHART_COLUMNS, end - DAY_MS, end), 7)
+        res30, rows30 = r.series("gpu", CHART_COLUMNS, end - 30 * DAY_MS, end)
+        q30 = median_ms(lambda: r.series("gpu", CHART_COLUMNS, end - 30 * DAY_MS, end), 7)
+        log(f"query 24 h: {res24}, {len(rows24)} rows, median {q24:.1f} ms; "
+            f"30 d: {res30}, {len(rows30)} rows, median {q30:.1f} ms")
+
+        # export: the same SELECT through our exporter and through the sqlite3 shell
+        q = build_query("gpu", "raw", raw_start, end)
+        ours = tmp / "ours.csv"
+        t = time.perf_counter()
+        with open(os.devnull, "w") as devnull:
+            n_ours = export_table(r, "gpu", "raw", raw_start, end, ours, force=True, progress_stream=devnull)
+        ours_s = time.perf_counter() - t
+        r.close()
+        sql = q.plain_sql.replace("?", str(raw_start), 1).replace("?", str(end), 1)
+        theirs = tmp / "sqlite3.csv"
+        sqlite3_bin = shutil.which("sqlite3") or "/usr/bin/sqlite3"
+        t = time.perf_counter()
+        with open(theirs, "w") as f:
+            subprocess.run([sqlite3_bin, "-readonly", "-csv", "-header", str(db), sql], stdout=f, check=True,
+                           timeout=600)
+        theirs_s = time.perf_counter() - t
+        with open(theirs, "rb") as f:
+            n_theirs = sum(1 for _ in f) - 1
+        ratio = (n_ours / ours_s) / (n_theirs / theirs_s)
+        same = ours.read_bytes() == theirs.read_bytes().replace(b"\r\n", b"\n")
+        log(f"export: ours {n_ours / ours_s:,.0f} rows/s, sqlite3 {n_theirs / theirs_s:,.0f} rows/s, "
+            f"ratio {ratio:.2f}; identical output: {same}")
+
+        result = {
+            "ingest_rows_per_s": round(ingest),
+            "bytes_per_value": round(bpv, 2),
+            "query_24h_ms": round(q24, 1),
+            "query_30d_ms": round(q30, 1),
+            "export_ratio_vs_sqlite3": round(ratio, 2),
+            **extra,
+            "raw_bytes_per_value": round(raw_bytes / values, 2),
+            "ingest_with_rollups_rows_per_s": round(rows / total_s),
+            "hours_raw": args.hours,
+            "gpu_rows": rows,
+            "export_identical_to_sqlite3": same,
+        }
+        result["meets_targets"] = (result["ingest_rows_per_s"] >= TARGETS["ingest_rows_per_s"]
+                                   and result["bytes_per_value"] <= TARGETS["bytes_per_value"]
+                                   and result["query_24h_ms"] <= TARGETS["query_24h_ms"]
+                                   and result["query_30d_ms"] <= TARGETS["query_30d_ms"]
+                                   and result["export_ratio_vs_sqlite3"] >= TARGETS["export_ratio_vs_sqlite3"])
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
