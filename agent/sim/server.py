@@ -134,8 +134,10 @@ class SimServer:
                 self.dead_reason = msg.get("msg", "")
         # the engine is gone
         self.engine_gone = True
-        if self.ready is not None and not self.ready.done():
+        if not self.ready.done():
             self.ready.set_exception(RuntimeError("EngineCore exited during start-up"))
+        if self.ready.exception() is not None:
+            return  # a start-up failure: run() reports it
         if not self.stop_event.is_set():
             self.on_engine_death()
         else:  # stopped with us (a SIGTERM to the whole group): nothing will finish the open requests

@@ -43,7 +43,9 @@ def test_kill_all_ends_every_process_naming_the_state_dir_and_nothing_else(tmp_p
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     in_env = subprocess.Popen(sleeper, env=env, start_new_session=True)
     ignores_term = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
-                                     "signal.SIG_IGN); time.sleep(60)", str(root / "config.toml")])
+                                     "signal.SIG_IGN); print('armed', flush=True); time.sleep(60)",
+                                     str(root / "config.toml")], stdout=subprocess.PIPE)
+    assert ignores_term.stdout.readline() == b"armed\n"  # SIGTERM is ignored from here on
     bystander = subprocess.Popen(sleeper)
     try:
         deadline = time.monotonic() + 5
@@ -59,6 +61,7 @@ def test_kill_all_ends_every_process_naming_the_state_dir_and_nothing_else(tmp_p
         for p in (in_env, ignores_term, bystander):
             p.kill()
             p.wait()
+        ignores_term.stdout.close()
 
 
 def test_status_line_says_simulated_and_shows_missing_values_as_na(tmp_path):
