@@ -102,12 +102,9 @@ class GpmReader:
         mg.sample2 = cur
         self._cur ^= 1
         self._b.nvmlGpmMetricsGet(mg)
-        out: list[float | None] = []
-        for e, scale in zip(self._entries, self._scales, strict=True):
-            v = e.value
-            # seen on a real H200: a metric can come back SUCCESS with NaN (e.g. two samples too close)
-            out.append(v * scale if e.nvmlReturn == 0 and -1e18 < v < 1e18 else None)
-        return out
+        # seen on a real H200: a metric can come back SUCCESS with NaN (two samples too close together)
+        return [v * scale if e.nvmlReturn == 0 and -1e18 < (v := e.value) < 1e18 else None
+                for e, scale in zip(self._entries, self._scales, strict=True)]
 
     def reset(self) -> None:
         """Forget the previous sample (after the GPU came back or NVML was re-initialised)."""

@@ -294,9 +294,17 @@ class GpuSampler:
 
     # ------------------------------------------------------------------ calls and their errors
 
-    def _call(self, g: _Gpu, name: str, *args: Any, key: str | None = None, **kw: Any) -> Any:
+    def _call(self, g: _Gpu, name: str, *args: Any) -> Any:
         """The function's answer, or None when it failed (its metric is then NULL)."""
-        key = key or name
+        if name in g.off:
+            return None
+        try:
+            return getattr(self._b, name)(*args)
+        except pynvml.NVMLError as e:
+            return self._failed(g, name, e.value)
+
+    def _call_as(self, g: _Gpu, key: str, name: str, *args: Any, **kw: Any) -> Any:
+        """`_call` where one function reads two metrics (`key` is what gets switched off on failure)."""
         if key in g.off:
             return None
         try:
@@ -425,17 +433,18 @@ class GpuSampler:
         row = dict(_ROW_TEMPLATE)
         row["gpu"] = g.idx
         row["lost"] = 0
-        for key, t in g.denied_at.items():  # NO_PERMISSION can be granted later (e.g. a changed udev rule)
-            if now - t >= self.slow_interval_s:
-                g.off.discard(key)
-                g.denied_at[key] = now
+        if g.denied_at:  # NO_PERMISSION can be granted later (e.g. a changed udev rule)
+            for key, t in g.denied_at.items():
+                if now - t >= self.slow_interval_s:
+                    g.off.discard(key)
+                    g.denied_at[key] = now
 
         u = call(g, "nvmlDeviceGetUtilizationRates", h)
         if u is not None:
             row["util_gpu_pct"] = u.gpu
             row["util_mem_pct"] = u.memory
         if g.mem_v2:
-            m = call(g, "nvmlDeviceGetMemoryInfo", h, version=E.nvmlMemory_v2, key="nvmlDeviceGetMemoryInfo_v2")
+            m = self._call_as(g, "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo", h, version=E.nvmlMemory_v2)
             if m is not None:
                 row["mem_used_bytes"], row["mem_total_bytes"], row["mem_reserved_bytes"] = m.used, m.total, m.reserved
             elif "nvmlDeviceGetMemoryInfo_v2" in g.off:
@@ -451,8 +460,8 @@ class GpuSampler:
         if p is not None:
             row["power_limit_w"] = round(p / 1000)
         row["temp_c"] = call(g, "nvmlDeviceGetTemperature", h, E.NVML_TEMPERATURE_GPU)
-        row["sm_clock_mhz"] = call(g, "nvmlDeviceGetClockInfo", h, E.NVML_CLOCK_SM, key="clock_sm")
-        row["mem_clock_mhz"] = call(g, "nvmlDeviceGetClockInfo", h, E.NVML_CLOCK_MEM, key="clock_mem")
+        row["sm_clock_mhz"] = self._call_as(g, "clock_sm", "nvmlDeviceGetClockInfo", h, E.NVML_CLOCK_SM)
+        row["mem_clock_mhz"] = self._call_as(g, "clock_mem", "nvmlDeviceGetClockInfo", h, E.NVML_CLOCK_MEM)
         if "nvmlDeviceGetCurrentClocksEventReasons" not in g.off:
             row["throttle_reasons"] = call(g, "nvmlDeviceGetCurrentClocksEventReasons", h)
         else:  # drivers before 535 only know the older name
@@ -513,10 +522,10 @@ class GpuSampler:
         s: dict[str, Any] = {}
         e = call(g, "nvmlDeviceGetTotalEnergyConsumption", h)
         s["energy_j"] = None if e is None else e // 1000
-        s["ecc_corrected"] = call(g, "nvmlDeviceGetTotalEccErrors", h, E.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                                  E.NVML_VOLATILE_ECC, key="ecc_corrected")
-        s["ecc_uncorrected"] = call(g, "nvmlDeviceGetTotalEccErrors", h, E.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                    E.NVML_VOLATILE_ECC, key="ecc_uncorrected")
+        s["ecc_corrected"] = self._call_as(g, "ecc_corrected", "nvmlDeviceGetTotalEccErrors", h,
+                                           E.NVML_MEMORY_ERROR_TYPE_CORRECTED, E.NVML_VOLATILE_ECC)
+        s["ecc_uncorrected"] = self._call_as(g, "ecc_uncorrected", "nvmlDeviceGetTotalEccErrors", h,
+                                             E.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, E.NVML_VOLATILE_ECC)
         rr = call(g, "nvmlDeviceGetRemappedRows", h)
         s["remapped_rows_pending"] = None if rr is None else int(bool(rr[2]))
         s["remapped_rows_failed"] = None if rr is None else int(bool(rr[3]))
