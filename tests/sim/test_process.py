@@ -212,3 +212,13 @@ def kit_members(pgid: int) -> list[int]:
         except (OSError, psutil.Error):
             continue
     return alive
+
+
+def test_no_sim_orphan_makes_the_engine_follow_its_api_server(start_sim):
+    sp = start_sim("--no-sim-orphan", workers=True)
+    sp.wait_ready()
+    (engine,) = psutil.Process(sp.proc.pid).children()
+    os.kill(sp.proc.pid, signal.SIGKILL)
+    sp.proc.wait(5)
+    wait_for(lambda: not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE, what="engine exit")
+    wait_for(lambda: SimScenario(sp.state_dir).state(0, time.monotonic()).mem_used_bytes == 0, what="release")

@@ -179,9 +179,21 @@ def test_prefix_cache_hits_show_in_metrics(shared_sim, kit):
     assert hits >= 768  # at least 12 of the shared 64-token blocks
 
 
-def test_api_key_guards_only_v1(start_sim, kit):
-    sp = start_sim("--api-key", "s3cret")
+def test_api_key_guards_only_v1_and_mtp_adds_spec_decode_counters(start_sim, kit):
+    sp = start_sim("--api-key", "s3cret", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}')
     sp.wait_ready()
+    auth = {"Authorization": "Bearer s3cret"}
     assert kit.http(sp.url + "/v1/models")[0] == 401
-    assert kit.http(sp.url + "/v1/models", headers={"Authorization": "Bearer s3cret"})[0] == 200
+    assert kit.http(sp.url + "/v1/models", headers=auth)[0] == 200
     assert kit.http(sp.url + "/health")[0] == 200 and kit.http(sp.url + "/metrics")[0] == 200
+    status, body = kit.http(sp.url + "/v1/completions", {"prompt": "speculate", "max_tokens": 40}, headers=auth)
+    assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 40  # never more than asked
+    fams = families(kit.http(sp.url + "/metrics")[1].decode())
+
+    def total(name: str) -> float:
+        return next(s.value for s in fams[name].samples if s.name.endswith("_total"))
+
+    drafts, draft_tokens = total("vllm:spec_decode_num_drafts"), total("vllm:spec_decode_num_draft_tokens")
+    accepted = total("vllm:spec_decode_num_accepted_tokens")
+    assert draft_tokens == 2 * drafts and 0 < accepted <= draft_tokens
+    assert drafts < 39  # accepted drafts made some steps yield more than one token
