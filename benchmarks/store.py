@@ -30,7 +30,7 @@ from pathlib import Path
 from lynxtop.store.columns import GPU_METRICS, NVLINK_METRICS, names
 from lynxtop.store.export import build_query, export_table
 from lynxtop.store.reader import StoreReader
-from lynxtop.store.schema import rollup_metrics
+from lynxtop.store.schema import rollup_columns, rollup_metrics
 from lynxtop.store.writer import StoreWriter
 
 GPUS = 8
@@ -97,20 +97,25 @@ def serving_row(i: int) -> dict:
 
 
 def generate_rollups(db: Path, start_ms: int, end_ms: int) -> int:
-    """Fill gpu_1m and gpu_1h for [start, end) with plausible values, in SQL (C speed)."""
+    """Fill gpu_1m and gpu_1h for [start, end) with plausible values, in SQL (C speed), and set the
+    watermarks there, as a database that has been recording for a month would have them."""
     import sqlite3
 
     conn = sqlite3.connect(db, isolation_level=None)
     total = 0
     for table, step in (("gpu_1m", 60_000), ("gpu_1h", HOUR_MS)):
         base = "abs(random()) % 100"
-        stats = [s for _ in rollup_metrics("gpu") for s in (base, f"{base} + 0.5", base)]
+        n = step // 1000
+        stats = [s for _ in rollup_metrics("gpu") for s in (base, f"{base} + 0.5", base, str(n))]
+        cols = ", ".join(["ts_ms", "gpu"] + [c for c, _ in rollup_columns("gpu")])
         conn.execute("BEGIN")
         conn.execute(
             f"WITH RECURSIVE t(ts) AS (SELECT ? UNION ALL SELECT ts + ? FROM t WHERE ts + ? < ?), "
             f"g(gpu) AS (SELECT 0 UNION ALL SELECT gpu + 1 FROM g WHERE gpu < {GPUS - 1}) "
-            f"INSERT INTO {table} SELECT ts, gpu, {step // 1000}, {', '.join(stats)} FROM t, g",
+            f"INSERT INTO {table} ({cols}) SELECT ts, gpu, {n}, {', '.join(stats)} FROM t, g",
             (start_ms, step, step, end_ms))
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                     (f"rollup_wm_gpu_{table[4:]}", str(end_ms)))
         conn.execute("COMMIT")
         total += conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
     conn.close()

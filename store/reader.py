@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from lynxtop.store.errors import NotOurDatabase, StoreError
-from lynxtop.store.rollup import aggregate_sql
+from lynxtop.store.rollup import aggregate_sql, merge_rows
 from lynxtop.store.schema import (
     BUSY_TIMEOUT_MS,
     RESOLUTIONS,
@@ -37,7 +37,7 @@ RAW_SUMMARY_MAX_MS = 6 * 3_600_000  # longer runs are summarised from 1-minute r
 
 def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    return [dict(zip(names, row)) for row in cur.fetchall()]  # noqa: B905 (same length by construction)
 
 
 def _decode_run(row: dict[str, Any]) -> dict[str, Any]:
@@ -139,12 +139,9 @@ class StoreReader:
         parts: list[dict[str, Any]] = []
         if split > start:
             parts += self._q(
-                "SELECT gpu, sum(samples) AS samples, sum(util_gpu_pct_avg * samples) AS util, "
-                "sum(CASE WHEN util_gpu_pct_avg IS NULL THEN 0 ELSE samples END) AS util_n, "
-                "sum(sm_active_pct_avg * samples) AS sm, "
-                "sum(CASE WHEN sm_active_pct_avg IS NULL THEN 0 ELSE samples END) AS sm_n, "
-                "sum(power_w_avg * samples) AS power, "
-                "sum(CASE WHEN power_w_avg IS NULL THEN 0 ELSE samples END) AS power_n, "
+                "SELECT gpu, sum(samples) AS samples, sum(util_gpu_pct_avg * util_gpu_pct_n) AS util, "
+                "sum(util_gpu_pct_n) AS util_n, sum(sm_active_pct_avg * sm_active_pct_n) AS sm, "
+                "sum(sm_active_pct_n) AS sm_n, sum(power_w_avg * power_w_n) AS power, sum(power_w_n) AS power_n, "
                 "max(mem_used_bytes_max) AS mem, max(temp_c_max) AS temp, "
                 "min(energy_j_min) AS e0, max(energy_j_max) AS e1 FROM gpu_1m "
                 "WHERE ts_ms >= ? AND ts_ms < ? GROUP BY gpu", (start, split))
@@ -223,11 +220,39 @@ class StoreReader:
             rows = self._q(f"SELECT {key}, samples, {stats} FROM {rollup_table(table, res)} "
                            f"WHERE ts_ms >= ? AND ts_ms < ?{gpu_sql} ORDER BY {key}",
                            (first, min(end_ms, wm), *gpu_param))
+        # The tail past the watermark: from 1-minute rows where they exist (hours), then from raw samples.
         tail_from = max(first, wm) if wm is not None else first
-        if tail_from < end_ms:
+        tail: list[dict[str, Any]] = []
+        raw_from = tail_from
+        if res == "1h":
+            wm_1m = self._watermark(table, "1m")
+            mid_end = min(end_ms, wm_1m) if wm_1m is not None else tail_from
+            if mid_end > tail_from:
+                sql = aggregate_sql(table, cols, bucket, "1m").replace("{gpu_filter}", gpu_sql)
+                tail = self._q(sql, (tail_from, mid_end, *gpu_param))
+                raw_from = mid_end
+        if raw_from < end_ms:
             sql = aggregate_sql(table, cols, bucket).replace("{gpu_filter}", gpu_sql)
-            rows += self._q(sql, (tail_from, end_ms, *gpu_param))
-        return res, rows
+            tail = self._merge_tail(tail, self._q(sql, (raw_from, end_ms, *gpu_param)), cols, per_gpu)
+        for r in tail:  # n served the exact merge; rows keep one shape
+            for c in cols:
+                del r[f"{c}_n"]
+        return res, rows + tail
+
+    @staticmethod
+    def _merge_tail(a: list[dict[str, Any]], b: list[dict[str, Any]], cols: list[str],
+                    per_gpu: bool) -> list[dict[str, Any]]:
+        """Join two partial tails; the bucket they share (at most one per GPU) is combined exactly."""
+        if not a:
+            return b
+        def key(r: dict[str, Any]) -> tuple:
+            return (r["ts_ms"], r["gpu"]) if per_gpu else (r["ts_ms"],)
+
+        merged = {key(r): r for r in a}
+        for r in b:
+            k = key(r)
+            merged[k] = merge_rows(merged[k], r, cols) if k in merged else r
+        return [merged[k] for k in sorted(merged)]
 
     # ------------------------------------------------------------------------------------------ events etc.
 

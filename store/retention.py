@@ -38,7 +38,8 @@ def cutoffs(policy: RetentionPolicy, now_ms: int,
         out[t.name] = limit
     out["gpu_processes"] = raw
     for kind in ROLLUP_KINDS:
-        out[rollup_table(kind, "1m")] = minute
+        wm_1h = watermarks.get((kind, "1h"))  # 1-hour rows are computed from 1-minute rows
+        out[rollup_table(kind, "1m")] = min(minute, wm_1h if wm_1h is not None else -1)
         out[rollup_table(kind, "1h")] = hour
     out["events"] = minute  # events live as long as the 1-minute history they annotate
     return out

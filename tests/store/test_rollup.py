@@ -1,5 +1,6 @@
-"""Rollups: min/avg/max per bucket equal a direct computation, resume from the watermark after a restart,
-and late samples re-roll their bucket."""
+"""Rollups: min/avg/max/n per bucket equal a direct computation from raw samples (1-hour rows too, though
+they are computed from 1-minute rows, with missing readings inside minutes), resume from the watermark
+after a restart, and late samples re-roll their bucket."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def _expected(ticks, bucket_ms: int, until_ms: int) -> dict:
         for c in COLS:
             xs = vals[key][c]
             out[key][c] = (min(xs), sum(xs) / len(xs), max(xs)) if xs else (None, None, None)
+        out[key]["sm_n"] = len(vals[key]["sm_active_pct"])
     return out
 
 
@@ -48,7 +50,7 @@ def _actual(db, table: str) -> dict:
     c.row_factory = sqlite3.Row
     out = {}
     for r in c.execute(f"SELECT * FROM {table}"):
-        out[(r["ts_ms"], r["gpu"])] = {"samples": r["samples"],
+        out[(r["ts_ms"], r["gpu"])] = {"samples": r["samples"], "sm_n": r["sm_active_pct_n"],
                                        **{col: (r[f"{col}_min"], r[f"{col}_avg"], r[f"{col}_max"]) for col in COLS}}
     return out
 
@@ -57,7 +59,7 @@ def _same(actual: dict, expected: dict) -> None:
     assert actual.keys() == expected.keys()
     for key, exp in expected.items():
         got = actual[key]
-        assert got["samples"] == exp["samples"], key
+        assert got["samples"] == exp["samples"] and got["sm_n"] == exp["sm_n"], key
         for c in COLS:
             if exp[c][0] is None:
                 assert got[c] == (None, None, None), (key, c)
@@ -117,6 +119,10 @@ def test_reader_tail_and_long_run_summary_use_rollups(tmp_path):
     assert res == "1h"
     assert [row["ts_ms"] for row in rows] == [T0, T0 + 3_600_000, T0 + 7_200_000]  # last hour from raw
     assert sum(row["samples"] for row in rows) == 1080
+    # the last hour is merged from 1-minute rows and the raw minute after them: still exact
+    last = [round(t[1][1]["power_w"]) for t in ticks if t[0] >= T0 + 7_200_000]
+    assert rows[-1]["samples"] == len(last) and rows[-1]["power_w_avg"] == pytest.approx(sum(last) / len(last))
+    assert rows[-1]["power_w_max"] == max(last) and rows[-1]["power_w_min"] == min(last)
     raw_avg = sum(round(t[1][1]["power_w"]) for t in ticks) / len(ticks)
     gpu1 = r.run(rid)["summary"]["gpus"][1]
     assert gpu1["samples"] == 1080
