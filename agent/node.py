@@ -89,6 +89,10 @@ class Node:
         self.latest_gpu_rows: list[dict] = []
         self.latest_host: dict[str, Any] = {}
         self.latest_serving: dict[str, Any] | None = None
+        self.gpu_late = 0  # ticks written without GPU rows because NVML answered too slowly
+        self._gpu_pending: asyncio.Task | None = None
+        self._gpu_started: float | None = None
+        self._static_version: int | None = None
         self._stop = asyncio.Event()
         self._reader: Any = None
         self._cfg_mtime: float | None = None
@@ -257,37 +261,53 @@ class Node:
             pids = self.host_sampler.vllm_pids(root)
             return pids, self.host_sampler.sample(root)
 
-        serving_coro = self._scrape(t0) if sup.state in ("ready", "degraded") else None
         try:
             pids, host_row = await asyncio.to_thread(host_part)
-            if root is not None:
-                pids = set(pids) | set(sup.proc.members() if sup.proc else ())
-            gpu_fut = asyncio.to_thread(self.sampler.sample, pids)
-            if serving_coro is not None:
-                gpu_tick, serving_row = await asyncio.gather(gpu_fut, serving_coro)
+            if sup.proc is not None and root is not None:
+                pids = set(pids) | set(await asyncio.to_thread(sup.proc.members))
+            serving_row = None
+            gpu_task = self._gpu_sample(pids)
+            if sup.state in ("ready", "degraded"):
+                serving_row = await self._scrape(t0)
+            # NVML gets the rest of the interval; a GPU that answers slowly makes this tick carry no GPU rows
+            # (counted) rather than holding host, serving and the store back
+            done, _ = await asyncio.wait({gpu_task}, timeout=max(0.05, self.interval * 0.9 - (time.monotonic() - t0)))
+            if gpu_task in done:
+                self._gpu_pending = None
+                gpu_tick = gpu_task.result()
+                gpu_ts = self._gpu_started
             else:
-                gpu_tick, serving_row = await gpu_fut, None
+                self.gpu_late += 1
+                gpu_tick, gpu_ts = None, None
         except Exception:  # noqa: BLE001 - one bad tick must not stop the clock
-            if serving_coro is not None:
-                serving_coro.close()
             log.exception("sampling tick failed")
             return
-        self.gpu_view.update(t0, gpu_tick.process_rows, self.sampler.status(), self.sampler.static())
-        if self.sampler.static_version != getattr(self, "_static_version", None):
-            self._static_version = self.sampler.static_version
-            with contextlib.suppress(Exception):
-                self.writer.upsert_gpus(self.sampler.static())
+        if gpu_tick is not None and gpu_ts is not None:
+            self.gpu_view.update(gpu_ts, gpu_tick.process_rows, self.sampler.status(), self.sampler.static())
+            if self.sampler.static_version != self._static_version:
+                self._static_version = self.sampler.static_version
+                with contextlib.suppress(Exception):
+                    self.writer.upsert_gpus(self.sampler.static())
         for ev in self.sla.update(serving_row, ts_ms):
             self.writer.add_event(ev["kind"], ev["severity"], ev["message"], details=ev.get("details"),
                                   run_id=sup.run_id, ts_ms=ev.get("ts_ms"))
-        self.writer.submit_tick(ts_ms, gpu_rows=gpu_tick.gpu_rows, host_row=host_row, serving_row=serving_row,
-                                nvlink_rows=gpu_tick.nvlink_rows, process_rows=gpu_tick.process_rows)
-        self.latest_gpu_rows = gpu_tick.gpu_rows or self.latest_gpu_rows
+        self.writer.submit_tick(ts_ms, gpu_rows=gpu_tick.gpu_rows if gpu_tick else [], host_row=host_row,
+                                serving_row=serving_row, nvlink_rows=gpu_tick.nvlink_rows if gpu_tick else [],
+                                process_rows=gpu_tick.process_rows if gpu_tick else [])
+        if gpu_tick is not None:
+            self.latest_gpu_rows = gpu_tick.gpu_rows or self.latest_gpu_rows
         self.latest_host = host_row or {}
         self.latest_serving = serving_row
         self.ticks += 1
         self.last_tick_done = time.monotonic()
         self.notifier.status(self.status_line())
+
+    def _gpu_sample(self, pids: set[int]) -> asyncio.Task:
+        """The running GPU sample, or a new one: never two NVML samples at once."""
+        if self._gpu_pending is None or self._gpu_pending.done():
+            self._gpu_started = time.monotonic()
+            self._gpu_pending = asyncio.get_running_loop().create_task(asyncio.to_thread(self.sampler.sample, pids))
+        return self._gpu_pending
 
     async def _scrape(self, now: float) -> dict[str, Any] | None:
         from lynxtop.agent.scrape import MetricsScraper
@@ -299,7 +319,9 @@ class Node:
             return None
         key = (sup.run_id, url)
         if self.scraper is None or getattr(self, "_scrape_key", None) != key:
-            self.scraper = MetricsScraper(url, window_s=self.cfg.sla.window_s)
+            # the scrape must fit in a tick: a slow server gives a failed row, not a late tick
+            self.scraper = MetricsScraper(url, window_s=self.cfg.sla.window_s,
+                                          timeout_s=max(0.1, min(2.0, self.interval * 0.8)))
             self._scrape_key = key
         row = await self.scraper.scrape(self._session, now)
         row["run_id"] = sup.run_id
@@ -371,6 +393,7 @@ class Node:
                 "version": __version__, "pid": os.getpid(), "host": self.host, "started_ms": self.started_ms,
                 "uptime_s": round(time.monotonic() - self.started_mono, 1), "simulated": self.simulated,
                 "healthy": self.healthy(), "missed_ticks": self.missed_ticks, "sample_interval_s": self.interval,
+                "gpu_late_ticks": self.gpu_late,
                 "nvml": {k: self.gpu_view.nvml.get(k, "") for k in ("state", "message", "driver_version",
                                                                     "nvml_version")},
                 "store": {"path": str(self.cfg.agent.database), "queued": ws.get("queued"),

@@ -373,7 +373,7 @@ class Supervisor:
         self._cancel_retry()
         await self._stop_current(reason, end_reason)
         self._set_state("stopped", reason)
-        self._event("serving.stopped", "info", f"serving stopped ({reason})")
+        self._event("serving.stopped", "info", f"serving stopped ({reason})", with_log=True)
 
     async def _do_restart(self, prof: Profile, reason: str) -> bool:
         self._cancel_retry()
@@ -535,7 +535,7 @@ class Supervisor:
         self._save_record()
         self._set_state("ready", f"GET /health answered 200 after {load_s:.1f} s")
         self._event("serving.ready", "info", f"run {self.run_id}: ready after {load_s:.1f} s "
-                    f"(vLLM {self.vllm_version or 'version unknown'})", load_s=load_s)
+                    f"(vLLM {self.vllm_version or 'version unknown'})", with_log=True, load_s=load_s)
         self._resolve_outcome(True)
 
     def _resolve_outcome(self, ok: bool) -> None:
@@ -591,7 +591,7 @@ class Supervisor:
                 self._set_state("degraded", "; ".join(self._degraded.values()))
             else:
                 self._set_state("ready", reason)
-            self._event(f"serving.recovered.{key}", "info", f"run {self.run_id}: {reason}")
+            self._event(f"serving.recovered.{key}", "info", f"run {self.run_id}: {reason}", with_log=True)
 
     async def _finish_run(self, proc: ServerProcess, end_reason: str) -> None:
         if self._run_finished:
@@ -648,7 +648,7 @@ class Supervisor:
         self._set_state("backoff", f"{reason}; retry {self._consecutive} in {delay:.1f} s")
         self._event("serving.backoff", "warning", f"profile {prof.name}: retry in {delay:.1f} s "
                     f"(failure {len(self._failures)} of {a.crash_loop_failures} allowed in {window:g} s)",
-                    delay_s=delay, failures=len(self._failures))
+                    with_log=True, delay_s=delay, failures=len(self._failures))
         self._retry_task = asyncio.get_running_loop().create_task(self._retry_after(prof, delay), name="retry")
 
     async def _retry_after(self, prof: Profile, delay: float) -> None:
@@ -691,7 +691,7 @@ class Supervisor:
             self._event("serving.orphans", "critical", f"run {self.run_id}: processes still alive after SIGKILL: "
                         f"{left}", pids=left)
         self._event("serving.exited", "info", f"run {self.run_id}: stopped in {time.monotonic() - t0:.1f} s "
-                    f"({proc.exit.describe() if proc.exit else 'exit unknown'})", pids=pids)
+                    f"({proc.exit.describe() if proc.exit else 'exit unknown'})", with_log=True, pids=pids)
         await self._wait_gpus_released(pids, time.monotonic())
         await self._finish_run(proc, end_reason)
 

@@ -36,7 +36,8 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _config(tmp: Path, autostart: bool = True, extra_agent: str = "", sock: Path | None = None) -> Path:
+def _config(tmp: Path, autostart: bool = True, extra_agent: str = "", sock: Path | None = None,
+            sim_args: str = "") -> Path:
     ports = [_port(), _port()]
     profiles = "".join(f"""
 [[profile]]
@@ -45,7 +46,7 @@ executable = "{SIM}"
 model = "deepseek-ai/DeepSeek-V4.1"
 port = {port}
 tensor_parallel_size = {tp}
-extra_args = ["--sim-startup-seconds", "0.5", "--sim-log-interval", "1"]
+extra_args = ["--sim-startup-seconds", "0.5", "--sim-log-interval", "1"{sim_args}]
 readiness_timeout_s = 30
 stop_grace_s = 5
 shutdown_timeout_s = 1
@@ -322,3 +323,33 @@ def test_agent_bad_config_and_unusable_paths_exit_with_a_message(tmp_path):
                         "--database", str(blocker / "sub" / "x.db")], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and "cannot create directory" in r.stderr and str(blocker) in r.stderr
     assert "Traceback" not in r.stderr
+
+
+async def test_hang_with_requests_running_marks_degraded_without_restart(tmp_path, cleanup):
+    cfg = _config(tmp_path, extra_agent="hang_timeout_s = 5", sim_args=', "--sim-fail", "hang-after=1"')
+    a = Agent(tmp_path, cfg)
+    cleanup.append(a)
+    st = await a.wait_state(lambda s: s["state"] == "ready", what="ready")
+    pid = st["serving"]["pid"]
+    url = st["serving"]["url"]
+
+    async def request(session: aiohttp.ClientSession) -> None:
+        body = {"model": "deepseek-ai/DeepSeek-V4.1", "prompt": "hello " * 50, "max_tokens": 4000, "stream": True}
+        with contextlib.suppress(Exception):
+            async with session.post(url + "/v1/completions", json=body) as r:
+                async for _ in r.content:
+                    pass
+
+    async with aiohttp.ClientSession() as session:
+        reqs = [asyncio.create_task(request(session)) for _ in range(4)]
+        try:
+            st = await a.wait_state(lambda s: s["state"] == "degraded", timeout=30, what="degraded by hang")
+        finally:
+            for r in reqs:
+                r.cancel()
+            await asyncio.gather(*reqs, return_exceptions=True)
+    assert "hang" in st["serving"]["reason"] and "no token generated" in st["serving"]["reason"]
+    assert st["serving"]["pid"] == pid and procs.alive(pid)  # restart_on_hang is off: nothing restarted
+    ev = [e for e in db(tmp_path, "SELECT * FROM events") if e["kind"] == "serving.degraded.hang"]
+    assert ev and ev[0]["severity"] == "error"
+    assert a.stop() == 0
