@@ -8,7 +8,7 @@ import pynvml
 import pytest
 from gpu_fakes import ConstantNode, Events, ScriptedNode, make
 
-from lynxtop.agent.gpu.backend import RealNvml
+from lynxtop.agent.gpu.backend import RealNvml, open_backend
 from lynxtop.agent.gpu.fake import FakeNvml, a100_specs, h200_specs, scripted_scenario
 from lynxtop.agent.gpu.sampler import GPU_COLUMNS, GpuSampler
 from lynxtop.agent.gpu.scenario import FakeGpuState
@@ -379,3 +379,35 @@ def test_nan_from_gpm_is_null_not_a_crash(clock, events):
     tick = run_ticks(s, clock, 3)
     assert tick.gpu_rows[0]["dram_bw_pct"] is None and tick.gpu_rows[0]["sm_active_pct"] == 73
     assert tick.gpu_rows[1]["dram_bw_pct"] == 35
+
+
+def test_scripted_xid_then_lost_gpu_through_the_watcher_thread(clock, events):
+    """The 'lost' scenario's order on a real node: XID 79 (fallen off the bus), then GPU_IS_LOST."""
+    node = scripted_scenario("lost", lost={3: 4.0}, xids=[(3.0, 3, 79)])
+    s = GpuSampler(lambda: FakeNvml(node, clock=clock), clock=clock, on_event=events, xid_wait_ms=20)
+    s.open()
+    try:
+        for _ in range(6):
+            clock.advance(1.0)
+            tick = s.sample(set())
+            time.sleep(0.05)  # lets the watcher thread take the XID the scenario fired
+        deadline = time.monotonic() + 5
+        while "xid" not in events.kinds() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        s.close()
+    assert [r["lost"] for r in tick.gpu_rows] == [0, 0, 0, 1, 0, 0, 0, 0]
+    xids = [e for e in events if e[0] == "xid"]
+    assert len(xids) == 1 and xids[0][3] == {"gpu": 3, "xid": 79} and "fallen off the bus" in xids[0][2]
+    assert events.kinds().count("gpu_lost") == 1
+
+
+def test_simulator_backend_opens_as_simulated(tmp_path):
+    s = GpuSampler(lambda: open_backend("sim", str(tmp_path)), xid_events=False)
+    try:
+        st = s.open()
+        assert st["state"] == "ok" and "simulated" in st["message"]
+        assert all("(simulated)" in g["name"] for g in s.static())
+        assert len(s.sample(set()).gpu_rows) == len(s.static()) > 0
+    finally:
+        s.close()
