@@ -258,11 +258,56 @@ def _normalize(argv: list[str]) -> list[str]:
     return out
 
 
+def _config_file_args(path: str) -> list[str]:
+    """`--config FILE.yaml`: flat `long-flag-name: value` lines (the subset vLLM configs use) as argv."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SimUsageError(f"--config {path}: cannot read: {exc}") from None
+    out: list[str] = []
+    for n, raw in enumerate(lines, 1):
+        line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
+        if not line.strip():
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9_\-]+)\s*:\s*(.*)", line.strip())
+        json_valued = m is not None and m.group(1).replace("_", "-").endswith("-config")  # JSON strings
+        nested = m is None or raw[:1].isspace() or (
+            m.group(2).startswith(("[", "{", "-", "|", ">")) and not json_valued)
+        if nested:
+            raise SimUsageError(f"--config {path}:{n}: expected 'flag-name: value' (the simulator reads flat "
+                                f"YAML only), got {raw.strip()!r}")
+        assert m is not None
+        key, value = m.group(1).replace("_", "-"), m.group(2).strip()
+        if not json_valued:
+            value = value.strip("'\"")
+        if value.lower() == "true":
+            out.append(f"--{key}")
+        elif value.lower() == "false":
+            if key == "enable-prefix-caching":
+                out.append("--no-enable-prefix-caching")
+        else:
+            out += [f"--{key}", value]
+    return out
+
+
+def _expand_config(argv: list[str]) -> list[str]:
+    """Insert a config file's flags before the command line's, so the command line wins (as in vLLM)."""
+    for i, a in enumerate(argv):
+        if a == "--config" or a.startswith("--config="):
+            path = a.split("=", 1)[1] if "=" in a else (argv[i + 1] if i + 1 < len(argv) else "")
+            if not path:
+                raise SimUsageError("--config: expected a file name")
+            rest = argv[:i] + argv[i + (1 if "=" in a else 2):]
+            positional = [rest[0]] if rest and not rest[0].startswith("-") else []
+            return positional + _config_file_args(path) + rest[len(positional):]
+    return argv
+
+
 def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> ServeArgs:
     """argv after 'serve'. argparse errors exit 2 (as vLLM); SimUsageError for bad simulator switches."""
     env = dict(os.environ) if env is None else env
     parser = build_parser()
-    ns = parser.parse_args(_normalize(argv))
+    ns = parser.parse_args(_normalize(_expand_config(argv)))
     _apply_env(ns, env)
     model = ns.model_flag or ns.model_tag
     for name, v in (("--tensor-parallel-size", ns.tensor_parallel_size), ("--pipeline-parallel-size",

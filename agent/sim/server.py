@@ -263,7 +263,7 @@ class SimServer:
                 raise ApiError(400, "'messages' must be a non-empty array of message objects", param="messages")
             text = ""
             for m in messages:
-                content = m.get("content", "")
+                content = m.get("content") or ""
                 if isinstance(content, list):  # OpenAI content parts
                     content = "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
                 text += f"<|{m.get('role', 'user')}|>{content}"

@@ -83,7 +83,7 @@ def state_path(state_dir: Path, engine_pid: int) -> Path:
 
 
 def write_state(state_dir: Path, state: EngineState) -> None:
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: other users cannot plant GPU state
     data = json.dumps(asdict(state), separators=(",", ":"))
     fd, tmp = tempfile.mkstemp(prefix=".engine-", suffix=".tmp", dir=state_dir)
     try:
@@ -124,8 +124,11 @@ def read_states(state_dir: Path) -> list[EngineState]:
             continue
         try:
             with open(state_dir / name, encoding="utf-8") as f:
-                st = _from_dict(json.load(f))
-        except (OSError, ValueError, TypeError):
+                data = json.load(f)
+            if not isinstance(data, dict):
+                continue
+            st = _from_dict(data)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             continue
         if st.alive():
             out.append(st)

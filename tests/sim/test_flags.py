@@ -75,3 +75,22 @@ def test_module_entry_point_has_the_same_cli():
     proc = subprocess.run([sys.executable, "-m", "lynxtop.agent.sim", "bogus"], capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode == 2 and "usage: lynxtop-sim-vllm serve MODEL" in proc.stderr
+
+
+def test_config_file_supplies_flags_and_the_command_line_wins(tmp_path):
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("# DeepSeek on the sim\ntensor-parallel-size: 8\nmax_model_len: 65536\nmax-num-seqs: 12\n"
+                   "enable-prefix-caching: false\ntrust-remote-code: true\n"
+                   "speculative-config: '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}'\n")
+    a = parse_serve_args(["m", "--config", str(cfg), "--max-num-seqs", "20"], env={})
+    assert (a.tp, a.max_model_len, a.max_num_seqs, a.enable_prefix_caching) == (8, 65536, 20, False)
+    assert a.speculative_tokens == 3
+
+
+def test_config_file_problems_name_the_file_and_line(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("port: 8000\nserved-model-name:\n  - a\n")
+    with pytest.raises(SimUsageError, match=r"bad.yaml:3: expected 'flag-name: value'"):
+        parse_serve_args(["m", f"--config={cfg}"], env={})
+    with pytest.raises(SimUsageError, match="cannot read"):
+        parse_serve_args(["m", "--config", str(tmp_path / "absent.yaml")], env={})

@@ -79,3 +79,13 @@ def test_the_fake_nvml_backend_wraps_the_scenario(tmp_path):
     assert nvml.nvmlDeviceGetMemoryInfo(h).used >= 120 * 2**30
     assert [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)] == [me]
     assert nvml.nvmlDeviceGetCount() == 8
+
+
+def test_broken_or_foreign_state_files_are_ignored(tmp_path):
+    (tmp_path / "engine-1.json").write_text("{not json")
+    (tmp_path / "engine-2.json").write_text('{"unexpected": true}')
+    (tmp_path / "engine-3.json").write_text("[]")
+    (tmp_path / "notes.txt").write_text("hello")
+    write_state(tmp_path, engine_state(os.getpid()))
+    st = SimScenario(tmp_path).state(1, time.monotonic())
+    assert st.processes == [(os.getpid(), 120 * 2**30)]
