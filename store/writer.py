@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 _BUSY, _LOCKED, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 5, 6, 10, 11, 13, 14, 26
 _TRANSIENT = {_BUSY, _LOCKED, _IOERR, _FULL, _CANTOPEN}
 _DAMAGED = {_CORRUPT, _NOTADB}
-MAINTAIN_EVERY_S = 5.0
+MAINTAIN_EVERY_S = 30.0
 
 
 @dataclass(frozen=True)
