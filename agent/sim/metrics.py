@@ -156,6 +156,10 @@ class VllmMetrics:
         self.params_max_tokens = hist("vllm:request_params_max_tokens",
                                       "Histogram of the max_tokens request parameter.", tokens_buckets)
 
+        # not vLLM's: says on the page itself (and in Grafana) that this server is simulated
+        Gauge("lynxtop_simulated_info", "This vLLM server is SIMULATED by lynxtop: no model, no GPU.",
+              ("imitated_version",), registry=reg).labels(".".join(map(str, version))).set(1)
+
         # what prometheus-fastapi-instrumentator adds to vLLM's page
         self.http_requests = Counter("http_requests", "Total number of requests by method, status and handler.",
                                      ("handler", "method", "status"), registry=reg)

@@ -44,6 +44,7 @@ def test_metrics_page_has_vllms_exact_families_types_labels_and_buckets(shared_s
     vllm = {name: f.type for name, f in fams.items() if name.startswith("vllm:")}
     assert vllm == EXPECTED_NEW
     assert {"process_cpu_seconds", "python_gc_objects_collected", "http_requests"} <= set(fams)
+    assert fams["lynxtop_simulated_info"].samples[0].value == 1  # the page says it is simulated
     for name in COUNTERS + HISTOGRAMS + GAUGES[:3] + GAUGES[4:5]:
         for s in fams[name].samples:
             assert s.labels["model_name"] == kit.MODEL and s.labels["engine"] == "0", (name, s)
