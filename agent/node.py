@@ -93,6 +93,7 @@ class Node:
         self._gpu_pending: asyncio.Task | None = None
         self._gpu_started: float | None = None
         self._static_version: int | None = None
+        self._scrape_key: tuple[int | None, str] | None = None
         self._stop = asyncio.Event()
         self._reader: Any = None
         self._cfg_mtime: float | None = None
@@ -318,11 +319,12 @@ class Node:
         if url is None:
             return None
         key = (sup.run_id, url)
-        if self.scraper is None or getattr(self, "_scrape_key", None) != key:
+        if self.scraper is None or self._scrape_key != key:
             # the scrape must fit in a tick: a slow server gives a failed row, not a late tick
             self.scraper = MetricsScraper(url, window_s=self.cfg.sla.window_s,
                                           timeout_s=max(0.1, min(2.0, self.interval * 0.8)))
             self._scrape_key = key
+            self.sla.reset()  # a new run starts its own SLA window
         row = await self.scraper.scrape(self._session, now)
         row["run_id"] = sup.run_id
         ev = self.scraper.outage_event(now)

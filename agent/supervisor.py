@@ -179,6 +179,7 @@ class Supervisor:
         self._failures: deque[float] = deque()
         self._consecutive = 0
         self._run_finished = True
+        self._crash_reason: str | None = None
         self._degraded: dict[str, str] = {}
         self._last_tokens: float | None = None
         self._last_progress: float | None = None
@@ -292,7 +293,8 @@ class Supervisor:
             except ConfigError as exc:
                 raise ActionError("preflight", "the config file has errors; nothing was changed:\n"
                                   + "\n".join(exc.problems), 422, details={"reasons": exc.problems}) from None
-            self.cfg = fresh
+            # only the profiles: [agent] settings (socket, database, policy) take effect on an agent restart
+            self.cfg = dataclasses.replace(self.cfg, profiles=fresh.profiles)
         return self.cfg.profile(name)
 
     def _preflight_or_raise(self, profile: Profile) -> list[str]:
@@ -438,6 +440,7 @@ class Supervisor:
         self._degraded.clear()
         self._last_tokens = self._last_progress = None
         self._run_finished = False
+        self._crash_reason = None
         self.tracker = PhaseTracker(log_path, started)
         self._outcome = loop.create_future()
         proc.watch(loop)
@@ -473,7 +476,9 @@ class Supervisor:
             await self._on_failure(proc, prof, proc.exit or ExitInfo(None, None, known=False), readiness)
 
     async def _wait_ready(self, proc: ServerProcess, prof: Profile) -> str:
-        deadline = time.monotonic() + prof.readiness_timeout_s
+        # from the run's start, not from now: an adopted server mid-load has already used part of it
+        elapsed = max(0.0, (now_ms() - (self.started_ms or now_ms())) / 1000)
+        deadline = time.monotonic() + prof.readiness_timeout_s - elapsed
         url = server_url(prof)
         exit_wait = asyncio.ensure_future(proc.wait())
         try:
@@ -612,6 +617,7 @@ class Supervisor:
         when = "before becoming ready" if readiness != "ready" else "while serving"
         reason = f"vLLM {ex.describe()} {when} (not requested by anyone)"
         self.crashes += 1
+        self._crash_reason = f"crashed: {reason}"
         self._resolve_outcome(False)
         self._event("serving.crash", "error", f"run {self.run_id}: {reason}", with_log=True,
                     exit_code=ex.exit_code, exit_signal=ex.exit_signal)
@@ -682,6 +688,8 @@ class Supervisor:
             return
         if proc.exited and not proc.members() and self._run_finished:
             return
+        if self._crash_reason and proc.exited:
+            end_reason = self._crash_reason  # it crashed before this stop reached it
         grace = self.profile.stop_grace_s if self.profile else _FALLBACK_GRACE_S
         self._set_state("stopping", reason)
         t0 = time.monotonic()
@@ -785,6 +793,7 @@ class Supervisor:
         self.ready_ms = record.ready_ms
         self.adopted = True
         self._run_finished = False
+        self._crash_reason = None
         self.tracker = PhaseTracker(record.log_path, record.started_ms)
         self.tracker.poll(now_ms())  # catch up silently: those phases were reported by the previous agent
         self._outcome = loop.create_future()
