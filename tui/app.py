@@ -49,8 +49,12 @@ def _ansi_terminal() -> bool:
     return term in ("linux", "ansi", "vt100", "vt220") or term.endswith("-16color")
 
 
+VIEW_KEYS = Binding.Group("views", compact=True)
+
+
 class LynxtopApp(App):
     CSS_PATH = "lynxtop.tcss"
+    ENABLE_COMMAND_PALETTE = False  # every action has a key; the palette's footer slot is worth more
     TITLE = "lynxtop"
     DEFAULT_MODE = "node"
     MODES = {
@@ -63,11 +67,11 @@ class LynxtopApp(App):
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit"),
         Binding("question_mark", "help", "Help", key_display="?", id="app.help"),
-        Binding("1", "view('node')", "Node", id="view.node"),
-        Binding("2", "view('gpu')", "GPU", id="view.gpu"),
-        Binding("3", "view('latency')", "Latency", id="view.latency"),
-        Binding("4", "view('history')", "History", id="view.history"),
-        Binding("5", "view('events')", "Events", id="view.events"),
+        Binding("1", "view('node')", "Node view", id="view.node", group=VIEW_KEYS),
+        Binding("2", "view('gpu')", "GPU view", id="view.gpu", group=VIEW_KEYS),
+        Binding("3", "view('latency')", "Latency view", id="view.latency", group=VIEW_KEYS),
+        Binding("4", "view('history')", "History view", id="view.history", group=VIEW_KEYS),
+        Binding("5", "view('events')", "Events view", id="view.events", group=VIEW_KEYS),
         Binding("R", "control('restart')", "Restart", key_display="R", id="control.restart"),
         Binding("X", "control('stop')", "Stop", key_display="X", id="control.stop"),
         Binding("S", "control('start')", "Start", key_display="S", id="control.start"),

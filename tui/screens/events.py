@@ -26,14 +26,19 @@ REFRESH_S = 5.0
 LOG_LINES = 2000
 
 
+RUN_LOG_KEYS = Binding.Group("run log", compact=True)
+
+
 class EventsScreen(LiveScreen):
     VIEW_TITLE = "Events & logs"
     BINDINGS = [
         Binding("slash", "filter", "Filter/search", key_display="/", id="events.filter"),
         Binding("k", "cycle_kind", "Kind", id="events.kind"),
         Binding("v", "cycle_severity", "Severity", id="events.severity"),
-        Binding("left_square_bracket", "log_run(-1)", "Older run log", key_display="[", id="events.older"),
-        Binding("right_square_bracket", "log_run(1)", "Newer run log", key_display="]", id="events.newer"),
+        Binding("left_square_bracket", "log_run(-1)", "Older run's log", key_display="[", id="events.older",
+                group=RUN_LOG_KEYS),
+        Binding("right_square_bracket", "log_run(1)", "Newer run's log", key_display="]", id="events.newer",
+                group=RUN_LOG_KEYS),
         Binding("escape", "clear_filter", "Clear filter", show=False, id="events.clear"),
     ]
 

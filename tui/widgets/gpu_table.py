@@ -36,18 +36,18 @@ def _bar_cell(pct: float | None, width: int, ascii_only: bool) -> Text:
 class GpuTable(DataTable):
     DEFAULT_CSS = "GpuTable { height: auto; max-height: 20; }"
 
-    # (key, label, wide only)
-    COLUMNS: tuple[tuple[str, str, bool], ...] = (
-        ("gpu", "GPU", False),
-        ("sm", "SM act", False),
-        ("tc", "Tensor", False),
-        ("dram", "DRAM bw", False),
-        ("util", "util*", False),
-        ("mem", "Mem used/total", False),
-        ("power", "Power/limit", False),
-        ("temp", "Temp", False),
-        ("nvlink", "NVLink TX/RX", True),
-        ("state", "Throttle / state", False),
+    # (key, label, compact label); compact None = wide layout only
+    COLUMNS: tuple[tuple[str, str, str | None], ...] = (
+        ("gpu", "GPU", "GPU"),
+        ("sm", "SM act", "SM act"),
+        ("tc", "Tensor", "Tensor"),
+        ("dram", "DRAM bw", "DRAM bw"),
+        ("util", "util*", "util*"),
+        ("mem", "Mem used/total", "Mem"),
+        ("power", "Power/limit", "Power"),
+        ("temp", "Temp", "Temp"),
+        ("nvlink", "NVLink TX/RX", None),
+        ("state", "Throttle / state", "State"),
     )
 
     def __init__(self, compact: bool = False, ascii_only: bool = False, **kwargs: Any):
@@ -58,10 +58,10 @@ class GpuTable(DataTable):
 
     def _build_columns(self) -> None:
         self.clear(columns=True)
-        for key, label, wide_only in self.COLUMNS:
-            if wide_only and self.compact:
+        for key, label, compact_label in self.COLUMNS:
+            if self.compact and compact_label is None:
                 continue
-            self.add_column(label, key=key)
+            self.add_column(compact_label if self.compact else label, key=key)
         self._built_for = self.compact
 
     def set_compact(self, compact: bool) -> None:
@@ -72,7 +72,7 @@ class GpuTable(DataTable):
     def show(self, gpus: list[dict[str, Any]]) -> None:
         if self._built_for != self.compact:
             self._build_columns()
-        width = 4 if self.compact else 10
+        width = 3 if self.compact else 10
         seen = set()
         for gpu in gpus:
             idx = gpu.get("index")
@@ -86,7 +86,7 @@ class GpuTable(DataTable):
                 continue
             for col, value in cells.items():
                 if self.get_cell(key, col) != value:
-                    self.update_cell(key, col, value)
+                    self.update_cell(key, col, value, update_width=True)
         for key in [k.value for k in self.rows if k.value not in seen]:
             self.remove_row(key)
 
@@ -98,8 +98,8 @@ class GpuTable(DataTable):
             gib = 1024**3
             mem_text = (NA if mem_used is None or mem_total is None
                         else f"{mem_used / gib:.0f}/{mem_total / gib:.0f}G")
-            pw, pl = g.get("power_w"), g.get("power_limit_w")
-            power_text = f"{NA if pw is None else pw}/{NA if pl is None else pl}W"
+            pw = g.get("power_w")
+            power_text = NA if pw is None else f"{pw:.0f}W"
         else:
             mem_text = f"{fmt_bytes(mem_used)}/{fmt_bytes(mem_total)}"
             power_text = f"{fmt_watts(g.get('power_w'))}/{fmt_watts(g.get('power_limit_w'))}"

@@ -44,8 +44,6 @@ class NodeHeader(TextPanel):
             t.append("  waiting for the agent…", style="dim")
         else:
             t.append("  " + (serving.get("profile") or "no profile"))
-            if serving.get("vllm_version"):
-                t.append(f"  vLLM {serving['vllm_version']}", style="dim")
             word, style = STATE_STYLE.get(serving.get("state") or "", ((serving.get("state") or "?").upper(), ""))
             t.append("  ")
             t.append(word, style=style)
@@ -55,8 +53,8 @@ class NodeHeader(TextPanel):
             if serving.get("state") == "starting" and serving.get("phase"):
                 phase_since = serving.get("phase_since_ms") or since
                 t.append(f" ({serving['phase']} {fmt_duration((now_ms - (phase_since or now_ms)) / 1000)})")
-            if agent.get("uptime_s") is not None:
-                t.append(f"  up {fmt_duration(agent['uptime_s'])}", style="dim")
+            if serving.get("next_retry_ms"):
+                t.append(f" retry in {fmt_duration((serving['next_retry_ms'] - now_ms) / 1000)}", style="yellow")
             t.append("  ")
             t.append_text(sla_badge(state.section("sla")))
             t.append("  ")
@@ -73,4 +71,9 @@ class NodeHeader(TextPanel):
                          style="yellow")
         for text, style in flags:
             t.append(f"  {text}", style=style)
+        # Least important last: a narrow terminal cuts these first.
+        if serving.get("vllm_version"):
+            t.append(f"  vLLM {serving['vllm_version']}", style="dim")
+        if agent.get("uptime_s") is not None:
+            t.append(f"  agent up {fmt_duration(agent['uptime_s'])}", style="dim")
         self.update(t)

@@ -29,17 +29,19 @@ class ServingPanel(TextPanel):
             stats.append(value, style=style or ("dim" if value == NA else "bold"))
             stats.append("   ")
 
-        if sm and not sm.get("scrape_ok", 1):
+        if sm and sm.get("scrape_ok") == 0:
             stats.append("✗ /metrics not readable ", style="bold red")
+        short = width < 100
         stat("req/s", fmt_si(sm.get("requests_per_s")))
-        stat("gen tok/s", fmt_si(sm.get("generation_tokens_per_s")))
-        stat("run/wait", f"{fmt_int(sm.get('requests_running'))}/{fmt_int(sm.get('requests_waiting'))}")
+        stat("tok/s" if short else "gen tok/s", fmt_si(sm.get("generation_tokens_per_s")))
+        stat("r/w" if short else "run/wait",
+             f"{fmt_int(sm.get('requests_running'))}/{fmt_int(sm.get('requests_waiting'))}")
         kv = sm.get("kv_cache_usage_pct")
         stat("KV", fmt_pct(kv, 1), "bold red" if kv is not None and kv >= 95 else "")
         pre = sm.get("preemptions")
         stat("preempt", fmt_int(pre), "bold yellow" if pre else "")
-        stat("prefix hit", fmt_pct(sm.get("prefix_cache_hit_pct"), 1))
-        spark_w = max(4, width - 40)
+        stat("hit" if short else "prefix hit", fmt_pct(sm.get("prefix_cache_hit_pct"), 1))
+        spark_w = max(4, width - 46)
         lines = [stats]
         thresholds = {"ttft": sla.get("ttft_threshold_ms"), "tpot": sla.get("tpot_threshold_ms")}
         for series in ("ttft", "tpot", "itl"):
@@ -60,4 +62,6 @@ class ServingPanel(TextPanel):
         line.append(f" {fmt_si(sm.get('generation_tokens_per_s')):>12}{'':>25} ")
         line.append(sparkline(tok, spark_w, ascii_only=self.ascii_only), style="green")
         lines.append(line)
-        self.update(Text("\n").join(lines))
+        out = Text("\n", no_wrap=True, overflow="crop").join(lines)
+        out.no_wrap, out.overflow = True, "crop"
+        self.update(out)

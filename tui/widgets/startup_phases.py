@@ -1,4 +1,5 @@
-"""Start-up progress phase by phase: a 284B model spends minutes in each, and operators want to see which."""
+"""The serving line under the header: start-up progress phase by phase (a 284B model spends minutes in
+each, and operators want to see which), or why serving is in trouble (backoff, crash loop, degraded)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from lynxtop.tui.format import fmt_duration
 from lynxtop.tui.widgets.text_panel import TextPanel
 
 PHASES = ("loading weights", "kv cache", "cuda graphs", "api up")
+TROUBLE_STATES = ("backoff", "crash-loop", "degraded")
 
 
 class StartupPhases(TextPanel):
@@ -17,10 +19,16 @@ class StartupPhases(TextPanel):
     """
 
     def show(self, serving: dict, now_ms: int) -> None:
-        starting = serving.get("state") == "starting"
-        if self.has_class("-visible") != starting:
-            self.set_class(starting, "-visible")
-        if not starting:
+        state = serving.get("state")
+        trouble = state in TROUBLE_STATES and bool(serving.get("reason"))
+        visible = state == "starting" or trouble
+        if self.has_class("-visible") != visible:
+            self.set_class(visible, "-visible")
+        if trouble:
+            t = Text(f"✗ {state}: {serving['reason']}", style="bold red", no_wrap=True, overflow="ellipsis")
+            self.update(t)
+            return
+        if not visible:
             return
         seen = {p.get("phase"): p.get("ts_ms") for p in serving.get("phases") or [] if p.get("phase")}
         current = serving.get("phase")

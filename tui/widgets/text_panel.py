@@ -12,6 +12,8 @@ from textual.widget import Widget
 
 
 class TextPanel(Widget):
+    DEFAULT_CSS = "TextPanel { text-wrap: nowrap; text-overflow: ellipsis; }"
+
     def __init__(self, content: RenderableType = "", **kwargs):
         super().__init__(**kwargs)
         self._content: RenderableType = content

@@ -12,7 +12,7 @@ from lynxtop.tui.plot import breach_marks, bucketize, column_chart
 
 
 class TimeChart(Widget):
-    DEFAULT_CSS = "TimeChart { height: 6; }"
+    DEFAULT_CSS = "TimeChart { height: 6; text-wrap: nowrap; text-overflow: clip; }"
 
     def __init__(self, title: str, fmt: Callable[[float | None], str], *, vmax: float | None = None,
                  agg: str = "max", ascii_only: bool = False, style: str = "cyan", **kwargs):
