@@ -319,24 +319,35 @@ class StoreWriter:
             "INSERT INTO events (ts_ms, run_id, kind, severity, message, details) VALUES (?, ?, ?, ?, ?, ?)",
             (ts, run_id, kind, severity, message, det)).lastrowid
 
-    def _enqueue_op(self, fn: Callable[[sqlite3.Connection], Any]) -> Future:
+    def _enqueue_op(self, fn: Callable[[sqlite3.Connection], Any]) -> _Op:
         op = _Op(fn)
         with self._cv:
             self._ops.append(op)
             self._cv.notify()
-        return op.future
+        return op
 
     def _call(self, fn: Callable[[sqlite3.Connection], Any], timeout: float) -> Any:
         if self._thread is None:  # not started (tests, tools): run inline on the same connection
             with self._inline_lock:
                 self._drain_once()
-                fut = self._enqueue_op(fn)
+                op = self._enqueue_op(fn)
                 self._drain_once()
         else:
-            fut = self._enqueue_op(fn)
+            op = self._enqueue_op(fn)
         try:
-            return fut.result(timeout)
+            return op.future.result(timeout)
         except TimeoutError:
+            with self._cv:
+                try:
+                    self._ops.remove(op)  # withdrawn: it will not be written later behind the caller's back
+                    withdrawn = True
+                except ValueError:
+                    withdrawn = False  # being written right now: its outcome is moments away
+            if not withdrawn:
+                try:
+                    return op.future.result(10)
+                except TimeoutError:
+                    pass
             raise StoreError(f"{self.path}: the history database did not accept the write within {timeout:g} s "
                              f"({self._last_error or 'writer busy'})") from None
 
