@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,19 @@ _PROC_NAMES = tuple(n for n, _ in PROCESS_COLUMNS)
 _RUN_FIELDS = {n for n, _ in RUN_COLUMNS}
 _GPU_FIELDS = tuple(n for n, _ in GPU_FACT_COLUMNS if n not in ("first_seen_ms", "last_seen_ms"))
 _BENCH_FIELDS = {n for n, _ in BENCH_COLUMNS} - {"details"}
+
+
+_KEYED = {kind: ("gpu", *_NAMES[kind]) for kind in ("gpu", "nvlink")}
+_GET = {kind: itemgetter(*names) for kind, names in _KEYED.items()}
+
+
+def _rows(ts: int, rows: list[dict], get: Callable[[dict], tuple], names: tuple[str, ...]) -> list[tuple]:
+    """(ts, gpu, metrics...) per row; itemgetter is the fast path, .get() fills keys a sampler left out."""
+    head = (ts,)
+    try:
+        return [head + get(r) for r in rows]
+    except KeyError:
+        return [(ts, *map(r.get, names)) for r in rows]
 
 
 def _jsonable(v: Any) -> Any:
@@ -450,11 +464,11 @@ class StoreWriter:
     @staticmethod
     def _insert_ticks(c: sqlite3.Connection, ticks: list[_Tick]) -> None:
         gpu, nvl, host, serving, procs = [], [], [], [], []
-        gn, nn, hn, sn = _NAMES["gpu"], _NAMES["nvlink"], _NAMES["host"], _NAMES["serving"]
+        gn, nn, hn, sn = _KEYED["gpu"], _KEYED["nvlink"], _NAMES["host"], _NAMES["serving"]
         for t in ticks:
             ts = t.ts_ms
-            gpu += [(ts, r["gpu"], *map(r.get, gn)) for r in t.gpu_rows]
-            nvl += [(ts, r["gpu"], *map(r.get, nn)) for r in t.nvlink_rows]
+            gpu += _rows(ts, t.gpu_rows, _GET["gpu"], gn)
+            nvl += _rows(ts, t.nvlink_rows, _GET["nvlink"], nn)
             procs += [(ts, r["gpu"], r["pid"], *map(r.get, _PROC_NAMES)) for r in t.process_rows]
             if t.host_row is not None:
                 h = [ts, *map(t.host_row.get, hn)]
