@@ -50,6 +50,29 @@ def _title(p: psutil.Process) -> str:
         return ""
 
 
+_MEMINFO_KEYS = {b"MemTotal:": 0, b"MemAvailable:": 1, b"SwapTotal:": 2, b"SwapFree:": 3}
+
+
+def _meminfo() -> tuple[int, int, int, int] | None:
+    """(mem total, mem available, swap total, swap free) in bytes from one read of /proc/meminfo.
+
+    psutil's virtual_memory() and swap_memory() read it twice plus /proc/vmstat: ~0.3 ms a tick for nothing.
+    """
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    vals = [-1, -1, -1, -1]
+    for line in data.splitlines():
+        k = _MEMINFO_KEYS.get(line.split(None, 1)[0] if line else b"")
+        if k is not None:
+            vals[k] = int(line.split()[1]) * 1024  # kB
+    if min(vals) < 0:
+        return None
+    return vals[0], vals[1], vals[2], vals[3]
+
+
 def _alive(p: psutil.Process) -> bool:
     """Running and not a zombie: a killed worker stays a zombie until its parent reaps it."""
     try:
@@ -143,12 +166,16 @@ class HostSampler:
         self._prev_cpu = per_core
 
         row["load1"], row["load5"], row["load15"] = os.getloadavg()
-        vm = psutil.virtual_memory()
-        row["mem_total_bytes"] = vm.total
-        row["mem_available_bytes"] = vm.available
-        row["mem_used_bytes"] = vm.total - vm.available  # what `free` users mean by "in use"
-        sw = psutil.swap_memory()
-        row["swap_used_bytes"], row["swap_total_bytes"] = sw.used, sw.total
+        mi = _meminfo()
+        if mi is not None:
+            total, avail, swap_total, swap_free = mi
+        else:  # not Linux, or /proc unreadable
+            vm, sw = psutil.virtual_memory(), psutil.swap_memory()
+            total, avail, swap_total, swap_free = vm.total, vm.available, sw.total, sw.free
+        row["mem_total_bytes"] = total
+        row["mem_available_bytes"] = avail
+        row["mem_used_bytes"] = total - avail  # what `free` users mean by "in use"
+        row["swap_used_bytes"], row["swap_total_bytes"] = swap_total - swap_free, swap_total
         try:
             du = shutil.disk_usage(_disk_path(self.db_path))
             row["disk_free_bytes"], row["disk_total_bytes"] = du.free, du.total

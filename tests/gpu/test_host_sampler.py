@@ -67,6 +67,8 @@ def test_first_call_has_no_rates_then_rates(tmp_path):
     assert set(a) == set(HOST_COLUMNS)
     assert a["cpu_pct"] is None and a["net_rx_bytes_per_s"] is None and a["cpu_per_core_pct"] is None
     assert a["mem_total_bytes"] > a["mem_available_bytes"] > 0 and a["disk_free_bytes"] > 0
+    assert a["mem_total_bytes"] == psutil.virtual_memory().total  # one /proc/meminfo read, same figures
+    assert a["swap_total_bytes"] == psutil.swap_memory().total
     assert a["vllm_procs"] is None and a["vllm_cpu_pct"] is None  # no vLLM: N/A, not 0
     time.sleep(0.1)
     b = h.sample(None)
