@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sqlite3
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +20,23 @@ from lynxtop.agent.supervisor import Supervisor
 
 HERE = Path(__file__).resolve().parent
 STANDIN = HERE / "standin_vllm.py"
+SIM = Path(sys.executable).parent / "lynxtop-sim-vllm"  # the project's simulated vLLM
+
+
+def sim_profile(name: str, sim_args: str = "", tp: int = 8) -> str:
+    """A [[profile]] running the simulated vLLM; `sim_args` is a TOML list tail like ', "--sim-fail", "oom"'."""
+    return f"""
+[[profile]]
+name = "{name}"
+executable = "{SIM}"
+model = "deepseek-ai/DeepSeek-V4.1"
+port = {free_port()}
+tensor_parallel_size = {tp}
+extra_args = ["--sim-startup-seconds", "0.3"{sim_args}]
+readiness_timeout_s = 30
+stop_grace_s = 3
+shutdown_timeout_s = 1
+"""
 
 
 def free_port() -> int:
@@ -125,8 +143,9 @@ def db_rows(path: Path, sql: str, args=()) -> list[dict]:
 def make_sup(tmp_path, store):
     made: list[Supervisor] = []
 
-    def make(agent: str = "", gpus: ProcGpuView | None = None, cfg_path: Path | None = None) -> Supervisor:
-        cfg = load_config(str(cfg_path or write_config(tmp_path, agent)))
+    def make(agent: str = "", gpus: ProcGpuView | None = None, cfg_path: Path | None = None,
+             profiles: str | None = None) -> Supervisor:
+        cfg = load_config(str(cfg_path or write_config(tmp_path, agent, profiles)))
         sup = Supervisor(cfg, store, gpus or ProcGpuView(), state_path=tmp_path / "state" / "serving.json",
                          host="testnode", simulated=True, health_poll_s=0.05, stop_kill_wait_s=5)
         made.append(sup)
@@ -158,6 +177,7 @@ class Helpers:
     db_rows = staticmethod(db_rows)
     wait_for = staticmethod(wait_for)
     write_config = staticmethod(write_config)
+    sim_profile = staticmethod(sim_profile)
     free_port = staticmethod(free_port)
 
 

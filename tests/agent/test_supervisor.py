@@ -99,34 +99,38 @@ async def test_sigkill_crash_detected_restarted_no_orphans(make_sup, store):
     await sup.shutdown(stop_serving=True)
 
 
-async def test_exit_zero_unasked_is_a_crash(make_sup, store, monkeypatch):
-    monkeypatch.setenv("STANDIN_EXIT0_AFTER_S", "0.3")
-    sup = make_sup()
+async def test_exit_zero_unasked_is_a_crash(make_sup, store, h, tmp_path, monkeypatch):
+    # the real simulator: its engine "dies" and the API server exits 0, as vLLM can
+    monkeypatch.setenv("LYNXTOP_SIM_STATE_DIR", str(tmp_path / "sim"))
+    sup = make_sup(profiles=h.sim_profile("alpha", ', "--sim-fail", "exit0-after=1.5"'))
     await start_ready(sup)
     run_id = sup.run_id
-    await wait_for(lambda: sup.state == "backoff", 5, what="backoff after exit 0")
+    members = sup.proc.members()
+    await wait_for(lambda: sup.state == "backoff", 15, what="backoff after exit 0")
     row = run_row(store, run_id)
     assert row["exit_code"] == 0 and "crashed" in row["end_reason"] and "exited with code 0" in row["end_reason"]
+    assert all(not procs.alive(p) for p in members)
+    await sup.stop(by="test")
+    await wait_for(lambda: sup.state == "stopped", 10)
     await sup.shutdown(stop_serving=True)
 
 
-async def test_crash_loop_gives_up_and_operator_can_start_again(make_sup, store, monkeypatch):
-    monkeypatch.setenv("STANDIN_MODE", "fail_start")
-    sup = make_sup()
-    await sup.start("alpha", by="test")
-    await wait_for(lambda: sup.state == "crash-loop", 20, what="crash loop")
+async def test_crash_loop_gives_up_and_operator_can_start_again(make_sup, store, h, tmp_path, monkeypatch):
+    monkeypatch.setenv("LYNXTOP_SIM_STATE_DIR", str(tmp_path / "sim"))
+    sup = make_sup(profiles=h.sim_profile("oom", ', "--sim-fail", "oom"') + h.sim_profile("good"))
+    await sup.start("oom", by="test")
+    await wait_for(lambda: sup.state == "crash-loop", 40, what="crash loop")
     assert sup.serving_status()["failures_in_window"] == 3
     assert sup.next_retry_ms is None
-    n_runs = len(db_rows(store.path, "SELECT id FROM runs"))
-    assert n_runs == 3
+    assert len(db_rows(store.path, "SELECT id FROM runs")) == 3
     time_in_loop = time.monotonic()
     await wait_for(lambda: time.monotonic() - time_in_loop > 1.0, 2)
     assert sup.state == "crash-loop"  # no retries while waiting for an operator
     assert len(db_rows(store.path, "SELECT id FROM runs")) == 3
     ev = events(store, "serving.crash_loop")[0]
     assert ev["severity"] == "critical" and "CUDA out of memory" in ev["details"]
-    monkeypatch.setenv("STANDIN_MODE", "ok")
-    await start_ready(sup)  # an operator's start resets the count
+    await sup.switch("good", by="operator")  # an operator acts: the count starts over
+    await wait_for(lambda: sup.state == "ready", 20, what="ready after switch")
     assert sup.serving_status()["failures_in_window"] == 0
     await sup.shutdown(stop_serving=True)
 
