@@ -1,9 +1,10 @@
 """The simulated `VLLM::EngineCore` process: start-up phases, the scheduling loop, and the "GPU memory" it holds.
 
-It runs as a child of the API server (`python -m lynxtop.agent.sim.engine FD -- SERVE-ARGS`), renames itself
-`VLLM::EngineCore`, optionally forks `VLLM::Worker_TP<k>` processes, and talks to the API server over a
-socketpair with JSON lines. Like real vLLM it does NOT die when the API server is SIGKILLed: it keeps its
-memory (published in the state file) until someone signals it. SIGTERM/SIGINT end it cleanly.
+It runs as a child of the API server (`python -m lynxtop.agent.sim.engine FD DP-RANK -- SERVE-ARGS`), renames
+itself `VLLM::EngineCore` (`VLLM::EngineCore_DP<r>` with data parallelism), optionally forks
+`VLLM::Worker_TP<k>` processes, and talks to the API server over a socketpair with JSON lines. Like real
+vLLM it does NOT die when the API server is SIGKILLed: it keeps its memory (published in the state file)
+until someone signals it. SIGTERM/SIGINT end it cleanly.
 
 Messages from the API server: {"t": "add", ...} {"t": "abort", "rid"} {"t": "shutdown"}.
 Messages to it: "phase", "ready", "fail", "step", "gauges", "dead".
@@ -35,15 +36,16 @@ class _Stop(Exception):
 
 
 class EngineCore:
-    def __init__(self, args: ServeArgs, sock: socket.socket, api_pid: int):
+    def __init__(self, args: ServeArgs, sock: socket.socket, api_pid: int, rank: int = 0):
         self.a = args
         self.sock = sock
         self.api_pid = api_pid
+        self.rank = rank  # data-parallel rank: engine label and GPU slice
         self.pid = os.getpid()
-        self.prefix = f"(EngineCore_DP0 pid={self.pid}) "
+        self.prefix = f"(EngineCore_DP{rank} pid={self.pid}) "
         self.state_dir = Path(args.state_dir)
         self.world = args.tp * args.pp
-        self.gpus = self._visible_gpus()[: self.world]
+        self.gpus = self._visible_gpus()[rank * self.world:(rank + 1) * self.world]
         self.workers: list[int] = []
         self.mem_per_gpu = 0
         self.phase = "loading weights"
@@ -234,7 +236,7 @@ class EngineCore:
             pid = os.fork()
             if pid == 0:  # the worker: a title, no work, dies with EngineCore
                 try:
-                    set_title(f"VLLM::Worker_TP{k}")
+                    set_title(f"VLLM::Worker_DP{self.rank}_TP{k}" if self.a.dp > 1 else f"VLLM::Worker_TP{k}")
                     die_with_parent(signal.SIGKILL)
                     for s in (signal.SIGTERM, signal.SIGINT):
                         signal.signal(s, signal.SIG_DFL)
@@ -255,9 +257,10 @@ class EngineCore:
                  f"kv_cache_dtype={a.kv_cache_dtype}, enable_prefix_caching={a.enable_prefix_caching} "
                  f"[SIMULATED by lynxtop: no GPU is used]", src="core.py:77")
         if len(self.gpus) < self.world:
-            self.fail(f"ValueError: The number of required GPUs ({self.world}) exceeds the number of available "
-                      f"GPUs ({len(self.gpus)}); check --tensor-parallel-size, --pipeline-parallel-size and "
-                      f"CUDA_VISIBLE_DEVICES.")
+            need = self.world * a.dp
+            self.fail(f"ValueError: The number of required GPUs ({need}) exceeds the number of available GPUs "
+                      f"({len(self._visible_gpus())}); check --tensor-parallel-size, --pipeline-parallel-size, "
+                      f"--data-parallel-size and CUDA_VISIBLE_DEVICES.")
         self.check_free_memory()
         self.start_workers()
         self.publish(force=True)
@@ -464,21 +467,21 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 2 or argv[1] != "--":
-        print("usage: python -m lynxtop.agent.sim.engine FD -- SERVE-ARGS (started by the simulated API server)",
-              file=sys.stderr)
+    if len(argv) < 3 or argv[2] != "--" or not argv[0].isdigit() or not argv[1].isdigit():
+        print("usage: python -m lynxtop.agent.sim.engine FD DP-RANK -- SERVE-ARGS (started by the simulated API "
+              "server)", file=sys.stderr)
         return 2
-    fd = int(argv[0])
+    fd, rank = int(argv[0]), int(argv[1])
     try:
-        args = parse_serve_args(argv[2:])
+        args = parse_serve_args(argv[3:])
     except SimUsageError as exc:
         print(f"vllm serve: error: {exc}", file=sys.stderr)
         return 2
-    set_title("VLLM::EngineCore")
+    set_title(f"VLLM::EngineCore_DP{rank}" if args.dp > 1 else "VLLM::EngineCore")
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
     sock = socket.socket(fileno=fd)
-    core = EngineCore(args, sock, api_pid=os.getppid())
+    core = EngineCore(args, sock, api_pid=os.getppid(), rank=rank)
     code = core.run()
     return code
 

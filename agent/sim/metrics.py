@@ -48,10 +48,10 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
 
 
 class VllmMetrics:
-    """The engine families of one served model (one engine, label engine="0")."""
+    """The engine families of one served model; one series per data-parallel engine (label engine="0", "1"…)."""
 
     def __init__(self, *, model_name: str, version: tuple[int, int], max_model_len: int, spec_decode: bool,
-                 cache_info: dict[str, str]):
+                 cache_info: dict[str, str], engines: int = 1):
         self.registry = CollectorRegistry(auto_describe=True)
         process_collector.ProcessCollector(registry=self.registry)
         gc_collector.GCCollector(registry=self.registry)
@@ -61,31 +61,40 @@ class VllmMetrics:
         self.old_tpot = version < (0, 13)
         self.new_itl = version >= (0, 11)
         labels = ("model_name", "engine")
-        lv = (model_name, "0")
+        ids = [str(e) for e in range(engines)]
         reg = self.registry
 
-        def gauge(name: str, doc: str) -> Any:
-            return Gauge(name, doc, labels, registry=reg, multiprocess_mode="mostrecent").labels(*lv)
+        # each helper returns the family's children, indexed by engine
+        def gauge(name: str, doc: str) -> list[Any]:
+            fam = Gauge(name, doc, labels, registry=reg, multiprocess_mode="mostrecent")
+            return [fam.labels(model_name, e) for e in ids]
 
-        def counter(name: str, doc: str) -> Any:
-            return Counter(name, doc, labels, registry=reg).labels(*lv)
+        def counter(name: str, doc: str) -> list[Any]:
+            fam = Counter(name, doc, labels, registry=reg)
+            return [fam.labels(model_name, e) for e in ids]
 
-        def hist(name: str, doc: str, buckets: Any) -> Any:
-            return Histogram(name, doc, labels, buckets=buckets, registry=reg).labels(*lv)
+        def hist(name: str, doc: str, buckets: Any) -> list[Any]:
+            fam = Histogram(name, doc, labels, buckets=buckets, registry=reg)
+            return [fam.labels(model_name, e) for e in ids]
+
+        def by(fam: Any, values: tuple[str, ...]) -> list[dict[str, Any]]:
+            return [{v: fam.labels(model_name, e, v) for v in values} for e in ids]
 
         self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         self.waiting_by_reason = None
         if version >= (0, 12):
-            fam = Gauge("vllm:num_requests_waiting_by_reason", "Number of requests waiting, by reason.",
-                        (*labels, "reason"), registry=reg, multiprocess_mode="mostrecent")
-            self.waiting_by_reason = {r: fam.labels(*lv, r) for r in ("capacity", "deferred")}
+            self.waiting_by_reason = by(Gauge("vllm:num_requests_waiting_by_reason",
+                                              "Number of requests waiting, by reason.", (*labels, "reason"),
+                                              registry=reg, multiprocess_mode="mostrecent"), ("capacity", "deferred"))
         self.sleep_state = None
         if version >= (0, 11):
-            fam = Gauge("vllm:engine_sleep_state", "Engine sleep state; awake = 0 means the engine is sleeping.",
-                        (*labels, "sleep_state"), registry=reg, multiprocess_mode="mostrecent")
-            self.sleep_state = {s: fam.labels(*lv, s) for s in SLEEP_STATES}
-            self.sleep_state["awake"].set(1)
+            self.sleep_state = by(Gauge("vllm:engine_sleep_state",
+                                        "Engine sleep state; awake = 0 means the engine is sleeping.",
+                                        (*labels, "sleep_state"), registry=reg, multiprocess_mode="mostrecent"),
+                                  SLEEP_STATES)
+            for per in self.sleep_state:
+                per["awake"].set(1)
         self.kv_usage = [gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")]
         if old:
             self.kv_usage.append(gauge("vllm:gpu_cache_usage_perc",
@@ -93,7 +102,8 @@ class VllmMetrics:
                                        "vllm:kv_cache_usage_perc."))
         info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                      (*sorted(cache_info), "engine"), registry=reg, multiprocess_mode="mostrecent")
-        info.labels(**cache_info, engine="0").set(1)
+        for e in ids:
+            info.labels(**cache_info, engine=e).set(1)
 
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
@@ -102,9 +112,8 @@ class VllmMetrics:
         if version >= (0, 12):
             self.prompt_tokens_cached = counter("vllm:prompt_tokens_cached",
                                                 "Number of cached prompt tokens (local prefix cache hits).")
-        fam = Counter("vllm:request_success", "Count of successfully processed requests.",
-                      (*labels, "finished_reason"), registry=reg)
-        self.success = {r: fam.labels(*lv, r) for r in FINISH_REASONS}
+        self.success = by(Counter("vllm:request_success", "Count of successfully processed requests.",
+                                  (*labels, "finished_reason"), registry=reg), FINISH_REASONS)
         self.prefix_queries = [counter("vllm:prefix_cache_queries",
                                        "Prefix cache queries, in terms of number of queried tokens.")]
         self.prefix_hits = [counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
@@ -125,7 +134,7 @@ class VllmMetrics:
                                      ITERATION_TOKENS_BUCKETS)
         self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                          TTFT_BUCKETS)
-        self.itl: list[Any] = []
+        self.itl: list[list[Any]] = []
         if self.new_itl:
             self.itl.append(hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                                  ITL_BUCKETS))
@@ -168,64 +177,60 @@ class VllmMetrics:
                                        "aggregation by handler is important.", ("handler", "method"),
                                        buckets=HTTP_DURATION_BUCKETS, registry=reg)
 
-    # ------------------------------------------------------------------ updates
+    # ------------------------------------------------------------------ updates (e = data-parallel engine)
 
-    def set_gauges(self, running: int, waiting: int, kv: float) -> None:
-        self.running.set(running)
-        self.waiting.set(waiting)
+    def set_gauges(self, running: int, waiting: int, kv: float, e: int = 0) -> None:
+        self.running[e].set(running)
+        self.waiting[e].set(waiting)
         if self.waiting_by_reason is not None:
-            self.waiting_by_reason["capacity"].set(waiting)
-            self.waiting_by_reason["deferred"].set(0)
+            self.waiting_by_reason[e]["capacity"].set(waiting)
+            self.waiting_by_reason[e]["deferred"].set(0)
         for g in self.kv_usage:
-            g.set(kv)
+            g[e].set(kv)
 
-    def set_sleeping(self, sleeping: bool) -> None:
-        if self.sleep_state is not None:
-            self.sleep_state["awake"].set(0 if sleeping else 1)
-
-    def on_step(self, m: dict[str, Any]) -> None:
+    def on_step(self, m: dict[str, Any], e: int = 0) -> None:
         """Fold one engine step message (see engine.send_step) into the families."""
-        self.set_gauges(m.get("running", 0), m.get("waiting", 0), m.get("kv", 0.0))
+        self.set_gauges(m.get("running", 0), m.get("waiting", 0), m.get("kv", 0.0), e)
         if m.get("it"):
-            self.iteration_tokens.observe(m["it"])
+            self.iteration_tokens[e].observe(m["it"])
         if m.get("prompt"):
-            self.prompt_tokens.inc(m["prompt"])
+            self.prompt_tokens[e].inc(m["prompt"])
         if m.get("gen"):
-            self.generation_tokens.inc(m["gen"])
+            self.generation_tokens[e].inc(m["gen"])
         if m.get("pre"):
-            self.preemptions.inc(m["pre"])
+            self.preemptions[e].inc(m["pre"])
         for c in self.prefix_queries:
-            c.inc(m.get("pq", 0))
+            c[e].inc(m.get("pq", 0))
         for c in self.prefix_hits:
-            c.inc(m.get("ph", 0))
+            c[e].inc(m.get("ph", 0))
         if self.spec is not None and m.get("sd"):
-            self.spec[0].inc(m["sd"])
-            self.spec[1].inc(m.get("sdt", 0))
-            self.spec[2].inc(m.get("sa", 0))
+            self.spec[0][e].inc(m["sd"])
+            self.spec[1][e].inc(m.get("sdt", 0))
+            self.spec[2][e].inc(m.get("sa", 0))
         for _rid, ttft in m.get("first", ()):
-            self.ttft.observe(ttft)
+            self.ttft[e].observe(ttft)
         for x in m.get("itl", ()):
             for h in self.itl:
-                h.observe(x)
+                h[e].observe(x)
         for f in m.get("fin", ()):
-            self.on_finished(f)
+            self.on_finished(f, e)
 
-    def on_finished(self, f: dict[str, Any]) -> None:
-        reason = f["reason"] if f["reason"] in self.success else "abort"
-        self.success[reason].inc()
+    def on_finished(self, f: dict[str, Any], e: int = 0) -> None:
+        reason = f["reason"] if f["reason"] in FINISH_REASONS else "abort"
+        self.success[e][reason].inc()
         if reason == "abort" and not f.get("generation_tokens"):
             return
-        self.e2e.observe(f["e2e_s"])
-        self.queue.observe(f["queue_s"])
-        self.inference.observe(f["inference_s"])
-        self.prefill.observe(f["prefill_s"])
-        self.decode.observe(f["decode_s"])
-        self.req_prompt.observe(f["prompt_tokens"])
-        self.req_gen.observe(f["generation_tokens"])
-        self.req_max_gen.observe(f["max_tokens"])
-        self.params_n.observe(1)
-        self.params_max_tokens.observe(f["max_tokens"])
+        self.e2e[e].observe(f["e2e_s"])
+        self.queue[e].observe(f["queue_s"])
+        self.inference[e].observe(f["inference_s"])
+        self.prefill[e].observe(f["prefill_s"])
+        self.decode[e].observe(f["decode_s"])
+        self.req_prompt[e].observe(f["prompt_tokens"])
+        self.req_gen[e].observe(f["generation_tokens"])
+        self.req_max_gen[e].observe(f["max_tokens"])
+        self.params_n[e].observe(1)
+        self.params_max_tokens[e].observe(f["max_tokens"])
         if self.tpot is not None and f["generation_tokens"] > 1:
-            self.tpot.observe(f["tpot_s"])
+            self.tpot[e].observe(f["tpot_s"])
         if self.prompt_tokens_cached is not None and f.get("cached_tokens"):
-            self.prompt_tokens_cached.inc(f["cached_tokens"])
+            self.prompt_tokens_cached[e].inc(f["cached_tokens"])

@@ -71,48 +71,75 @@ def block_hashes(units: list[Any], per_block: int) -> list[int]:
     return out
 
 
+@dataclass
+class EngineLink:
+    """The API server's end of one EngineCore (one per data-parallel rank)."""
+
+    rank: int
+    proc: subprocess.Popen
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    ready: asyncio.Future
+    gone: bool = False
+    load: int = 0  # requests routed here and not finished
+    stats: dict = field(default_factory=lambda: {"prompt": 0, "gen": 0, "pq": 0, "ph": 0, "running": 0,
+                                                  "waiting": 0, "kv": 0.0})
+
+
 class SimServer:
     def __init__(self, args: ServeArgs, serve_argv: list[str]):
         self.a = args
         self.argv = serve_argv
-        self.proc: subprocess.Popen | None = None
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
+        self.engines: list[EngineLink] = []
         self.pending: dict[str, Pending] = {}
-        self.ready: asyncio.Future | None = None
+        self.route: dict[str, EngineLink] = {}  # request id -> the engine that runs it
+        self._rr = -1
         self.stop_event = asyncio.Event()
-        self.engine_dead = False  # died on its own (crash): /health answers 503
-        self.engine_gone = False  # the engine process has exited, for whatever reason
-        self.dead_reason = ""
+        self.engine_dead = False  # an engine died on its own (crash): /health answers 503
         self.draining = False
         self.block_size = args.block_size or args.params.default_block_size
         self.metrics: VllmMetrics | None = None
         self.created = int(time.time())
-        self._stats = {"prompt": 0, "gen": 0, "pq": 0, "ph": 0, "running": 0, "waiting": 0, "kv": 0.0}
 
-    # ------------------------------------------------------------------ engine link
+    @property
+    def engine_gone(self) -> bool:
+        return any(e.gone for e in self.engines)
 
-    async def spawn_engine(self) -> None:
-        parent, child = socket.socketpair()
-        cmd = [sys.executable, "-m", "lynxtop.agent.sim.engine", str(child.fileno()), "--", *self.argv]
-        self.proc = subprocess.Popen(cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
-        child.close()
-        self.reader, self.writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 24)
+    # ------------------------------------------------------------------ engine links
 
-    async def send(self, msg: dict) -> None:
-        if self.writer is None or self.engine_dead:
+    async def spawn_engines(self) -> None:
+        loop = asyncio.get_running_loop()
+        for rank in range(self.a.dp):
+            parent, child = socket.socketpair()
+            cmd = [sys.executable, "-m", "lynxtop.agent.sim.engine", str(child.fileno()), str(rank), "--", *self.argv]
+            proc = subprocess.Popen(cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+            child.close()
+            reader, writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 24)
+            self.engines.append(EngineLink(rank, proc, reader, writer, loop.create_future()))
+
+    async def send(self, eng: EngineLink, msg: dict) -> None:
+        if eng.gone or self.engine_dead:
             return
         try:
-            self.writer.write((json.dumps(msg, separators=(",", ":")) + "\n").encode())
-            await self.writer.drain()
+            eng.writer.write((json.dumps(msg, separators=(",", ":")) + "\n").encode())
+            await eng.writer.drain()
         except (ConnectionError, OSError):
             pass
 
-    async def read_engine(self) -> None:
-        assert self.reader is not None and self.ready is not None
+    async def send_all(self, msg: dict) -> None:
+        for eng in self.engines:
+            await self.send(eng, msg)
+
+    def pick_engine(self) -> EngineLink:
+        """Least-loaded engine (as vLLM's data-parallel front end balances); ties rotate."""
+        n = len(self.engines)
+        self._rr = (self._rr + 1) % n
+        return min(self.engines, key=lambda e: (e.load, (e.rank - self._rr) % n))
+
+    async def read_engine(self, eng: EngineLink) -> None:
         while True:
             try:
-                line = await self.reader.readline()
+                line = await eng.reader.readline()
             except (ConnectionError, OSError, ValueError):
                 line = b""
             if not line:
@@ -120,23 +147,21 @@ class SimServer:
             msg = json.loads(line)
             kind = msg.get("t")
             if kind == "ready":
-                if not self.ready.done():
-                    self.ready.set_result(msg)
+                if not eng.ready.done():
+                    eng.ready.set_result(msg)
             elif kind == "fail":
-                if not self.ready.done():
-                    self.ready.set_exception(RuntimeError(msg.get("msg", "")))
+                if not eng.ready.done():
+                    eng.ready.set_exception(RuntimeError(msg.get("msg", "")))
             elif kind == "step":
-                self.on_step(msg)
+                self.on_step(eng, msg)
             elif kind == "gauges" and self.metrics is not None:
-                self.metrics.set_gauges(msg["running"], msg["waiting"], msg["kv"])
-                self._stats.update(running=msg["running"], waiting=msg["waiting"], kv=msg["kv"])
-            elif kind == "dead":
-                self.dead_reason = msg.get("msg", "")
+                self.metrics.set_gauges(msg["running"], msg["waiting"], msg["kv"], eng.rank)
+                eng.stats.update(running=msg["running"], waiting=msg["waiting"], kv=msg["kv"])
         # the engine is gone
-        self.engine_gone = True
-        if not self.ready.done():
-            self.ready.set_exception(RuntimeError("EngineCore exited during start-up"))
-        if self.ready.exception() is not None:
+        eng.gone = True
+        if not eng.ready.done():
+            eng.ready.set_exception(RuntimeError("EngineCore exited during start-up"))
+        if eng.ready.exception() is not None:
             return  # a start-up failure: run() reports it
         if not self.stop_event.is_set():
             self.on_engine_death()
@@ -144,10 +169,10 @@ class SimServer:
             for p in self.pending.values():
                 p.queue.put_nowait(("end", "abort"))
 
-    def on_step(self, m: dict) -> None:
+    def on_step(self, eng: EngineLink, m: dict) -> None:
         if self.metrics is not None:
-            self.metrics.on_step(m)
-        s = self._stats
+            self.metrics.on_step(m, eng.rank)
+        s = eng.stats
         s["prompt"] += m.get("prompt", 0)
         s["gen"] += m.get("gen", 0)
         s["pq"] += m.get("pq", 0)
@@ -163,6 +188,8 @@ class SimServer:
                 p.queue.put_nowait(("end", f["reason"]))
 
     def on_engine_death(self) -> None:
+        if self.engine_dead:
+            return
         self.engine_dead = True
         log("AsyncLLM output_handler failed.", "ERROR", "async_llm.py:480")
         vlog.raw("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
@@ -318,15 +345,25 @@ class SimServer:
             return exc.response()
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         p = Pending(rid=rid, prompt_tokens=prompt_tokens)
+        eng = self.pick_engine()
         self.pending[rid] = p
-        await self.send({"t": "add", "rid": rid, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens,
-                         "reason": reason, "hashes": hashes})
+        self.route[rid] = eng
+        eng.load += 1
+        await self.send(eng, {"t": "add", "rid": rid, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens,
+                              "reason": reason, "hashes": hashes})
         try:
             if stream:
                 return await self._stream(request, p, chat, include_usage)
             return await self._whole(p, chat)
         finally:
             self.pending.pop(rid, None)
+            self.route.pop(rid, None)
+            eng.load -= 1
+
+    async def abort(self, rid: str) -> None:
+        eng = self.route.get(rid)
+        if eng is not None:
+            await self.send(eng, {"t": "abort", "rid": rid})
 
     def _usage(self, p: Pending) -> dict:
         return {"prompt_tokens": p.prompt_tokens, "completion_tokens": p.generated,
@@ -346,7 +383,7 @@ class SimServer:
                     return ApiError(500, detail, "InternalServerError").response()
                 break
         except asyncio.CancelledError:
-            await self.send({"t": "abort", "rid": p.rid})
+            await self.abort(p.rid)
             raise
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": detail, "stop_reason": None}
         if chat:
@@ -407,43 +444,44 @@ class SimServer:
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
-            await self.send({"t": "abort", "rid": p.rid})  # the client went away: free its KV blocks
+            await self.abort(p.rid)  # the client went away: free its KV blocks
             raise
         return resp
 
     # ------------------------------------------------------------------ life cycle
 
     async def stats_logger(self) -> None:
+        """vLLM's periodic 'Engine 000: Avg prompt throughput ...' line, per engine, while busy."""
         interval = self.a.log_interval_s
         if interval <= 0:
             return
-        last = dict(self._stats)
+        last = [dict(e.stats) for e in self.engines]
         last_t = time.monotonic()
         while True:
             await asyncio.sleep(interval)
-            s, now = self._stats, time.monotonic()
+            now = time.monotonic()
             dt = max(now - last_t, 1e-6)
-            busy = s["prompt"] != last["prompt"] or s["gen"] != last["gen"] or s["running"] or s["waiting"]
-            if busy:
-                dq, dh = s["pq"] - last["pq"], s["ph"] - last["ph"]
-                log(f"Engine 000: Avg prompt throughput: {(s['prompt'] - last['prompt']) / dt:.1f} tokens/s, "
-                    f"Avg generation throughput: {(s['gen'] - last['gen']) / dt:.1f} tokens/s, "
+            for eng, prev in zip(self.engines, last, strict=True):
+                s = eng.stats
+                if not (s["prompt"] != prev["prompt"] or s["gen"] != prev["gen"] or s["running"] or s["waiting"]):
+                    continue
+                dq, dh = s["pq"] - prev["pq"], s["ph"] - prev["ph"]
+                log(f"Engine {eng.rank:03d}: Avg prompt throughput: {(s['prompt'] - prev['prompt']) / dt:.1f} "
+                    f"tokens/s, Avg generation throughput: {(s['gen'] - prev['gen']) / dt:.1f} tokens/s, "
                     f"Running: {s['running']} reqs, Waiting: {s['waiting']} reqs, "
                     f"GPU KV cache usage: {s['kv'] * 100:.1f}%, "
                     f"Prefix cache hit rate: {(dh / dq * 100 if dq else 0):.1f}%", src="loggers.py:123")
-            last, last_t = dict(s), now
+            last, last_t = [dict(e.stats) for e in self.engines], now
 
-    async def stop_engine(self, timeout: float = 10.0) -> None:
-        await self.send({"t": "shutdown"})
-        proc = self.proc
-        if proc is None:
-            return
+    async def stop_engines(self, timeout: float = 10.0) -> None:
+        await self.send_all({"t": "shutdown"})
         deadline = time.monotonic() + timeout
-        while proc.poll() is None and time.monotonic() < deadline:
+        while any(e.proc.poll() is None for e in self.engines) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for e in self.engines:
+            if e.proc.poll() is None:
+                e.proc.kill()
+                e.proc.wait()
 
     async def drain(self) -> None:
         """SIGTERM with --shutdown-timeout: refuse new requests, let in-flight ones finish, then abort the rest."""
@@ -455,7 +493,7 @@ class SimServer:
             while self.pending and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
         for rid in list(self.pending):
-            await self.send({"t": "abort", "rid": rid})
+            await self.abort(rid)
         deadline = time.monotonic() + 2.0
         while self.pending and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -469,25 +507,27 @@ class SimServer:
         log("THIS IS A SIMULATED vLLM SERVER (lynxtop): no model is loaded and no GPU is used; tokens are "
             "synthetic and timings follow lynxtop's DeepSeek-V4.1 TP8 model.", "WARNING")
         log(f"non-default args: {a.non_default}", src="utils.py:326")
-        self.ready = loop.create_future()
-        await self.spawn_engine()
-        reader_task = asyncio.create_task(self.read_engine())
+        await self.spawn_engines()
+        readers = [asyncio.create_task(self.read_engine(e)) for e in self.engines]
+        all_ready = asyncio.gather(*(e.ready for e in self.engines), return_exceptions=True)
         stop_wait = asyncio.create_task(self.stop_event.wait())
-        await asyncio.wait({self.ready, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        if not self.ready.done():  # SIGTERM during start-up
+        await asyncio.wait({all_ready, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if not all_ready.done():  # SIGTERM during start-up
             log("Shutting down during start-up (signal received).", src="api_server.py:1990")
-            await self.stop_engine()
+            await self.stop_engines()
             return 0
-        try:
-            info = self.ready.result()
-        except RuntimeError:
-            await self.stop_engine(timeout=5.0)
+        results = all_ready.result()
+        failed = [e for e, r in zip(self.engines, results, strict=True) if isinstance(r, BaseException)]
+        if failed:
+            await self.stop_engines(timeout=5.0)
+            procs = ", ".join(f"'EngineCore_DP{e.rank}': {e.proc.returncode}" for e in failed)
             vlog.raw("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
-                     f"{{'EngineCore_DP0': {self.proc.returncode if self.proc else 1}}}")
+                     f"{{{procs}}}")
             return 1
+        info = results[0]
         self.metrics = VllmMetrics(
             model_name=a.served_model_name, version=a.version_tuple, max_model_len=a.max_model_len,
-            spec_decode=a.speculative_tokens > 0,
+            spec_decode=a.speculative_tokens > 0, engines=len(self.engines),
             cache_info={"block_size": str(info["block_size"]), "cache_dtype": a.kv_cache_dtype,
                         "enable_prefix_caching": str(a.enable_prefix_caching),
                         "gpu_memory_utilization": f"{a.gpu_memory_utilization}",
@@ -505,7 +545,7 @@ class SimServer:
             vlog.raw(f"OSError: [Errno {exc.errno}] error while attempting to bind on address "
                      f"({a.host!r}, {a.port}): {exc.strerror}")
             await runner.cleanup()
-            await self.stop_engine()
+            await self.stop_engines()
             return 1
         log(f"Started server process [{os.getpid()}]", src="server.py:84")
         log("Waiting for application startup.", src="on.py:48")
@@ -520,8 +560,9 @@ class SimServer:
         with contextlib.suppress(Exception):
             await runner.shutdown()
             await runner.cleanup()
-        await self.stop_engine()
-        reader_task.cancel()
+        await self.stop_engines()
+        for t in readers:
+            t.cancel()
         return 0  # also after an engine death: vLLM exits 0 there (the supervisor must not trust the code)
 
 

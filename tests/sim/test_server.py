@@ -198,3 +198,31 @@ def test_api_key_guards_only_v1_and_mtp_adds_spec_decode_counters(start_sim, kit
     accepted = total("vllm:spec_decode_num_accepted_tokens")
     assert draft_tokens == 2 * drafts and 0 < accepted <= draft_tokens
     assert drafts < 39  # accepted drafts made some steps yield more than one token
+
+
+def test_data_parallel_runs_one_engine_per_rank_with_its_own_series_and_gpus(start_sim, kit):
+    import psutil
+
+    from lynxtop.agent.sim.gpus import SimScenario
+
+    sp = start_sim("-dp", "2", tp=4)
+    sp.wait_ready()
+    names = sorted(c.name() for c in psutil.Process(sp.proc.pid).children())
+    assert names == ["VLLM::EngineCore_DP0", "VLLM::EngineCore_DP1"]
+    for _ in range(4):
+        assert kit.http(sp.url + "/v1/completions", {"prompt": "balance me", "max_tokens": 3})[0] == 200
+    fams = families(kit.http(sp.url + "/metrics")[1].decode())
+    per_engine = {s.labels["engine"]: s.value for s in fams["vllm:request_success"].samples
+                  if s.name.endswith("_total") and s.labels["finished_reason"] == "length"}
+    assert set(per_engine) == {"0", "1"} and sum(per_engine.values()) == 4 and min(per_engine.values()) >= 1
+    assert {s.labels["engine"] for s in fams["vllm:num_requests_running"].samples} == {"0", "1"}
+    scen = SimScenario(sp.state_dir)
+    holders = [scen.state(g, time.monotonic()).processes for g in range(8)]
+    assert all(len(h) == 1 for h in holders)
+    assert len({h[0][0] for h in holders[:4]}) == 1 and holders[0] != holders[4]  # one engine per GPU half
+
+
+def test_more_gpus_than_the_node_has_fails_startup(start_sim):
+    sp = start_sim("-dp", "2", tp=8)
+    assert sp.wait_exit(20) == 1
+    assert "The number of required GPUs (16) exceeds the number of available GPUs (8)" in sp.text()
