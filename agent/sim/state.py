@@ -119,10 +119,13 @@ def read_states(state_dir: Path) -> list[EngineState]:
         names = sorted(os.listdir(state_dir))
     except OSError:
         return out
+    me = os.getuid()
     for name in names:
         if not (name.startswith("engine-") and name.endswith(".json")):
             continue
         try:
+            if me != 0 and os.stat(state_dir / name).st_uid != me:
+                continue  # another user's file: never let it invent GPU memory on our node
             with open(state_dir / name, encoding="utf-8") as f:
                 data = json.load(f)
             if not isinstance(data, dict):
