@@ -295,6 +295,17 @@ async def test_peer_outside_group_gets_403_and_changes_nothing(tmp_path, cleanup
     assert out["/v1/start"][0] == 403 and "uid 65534" in out["/v1/start"][1]
     assert out["/v1/status"][0] == 200
     assert (await a.status())["serving"]["state"] == "stopped"
+    # bad requests from an allowed peer: a clear 4xx each, and nothing changes
+    conn = aiohttp.UnixConnector(path=a.sock_path)
+    async with aiohttp.ClientSession(connector=conn) as sess:
+        for data, want in ((b"{not json", 400), (b'{"profile": "v4-tp8", "force": true}', 400),
+                           (b'{"profile": 8}', 400), (b'{"profile": "nope"}', 404),
+                           (b'{"profile": "' + b"x" * 70000 + b'"}', 413)):
+            async with sess.post("http://agent/v1/start", data=data,
+                                 headers={"Content-Type": "application/json"}) as r:
+                body = await r.json()
+                assert r.status == want, (data[:40], r.status, body)
+                assert body["message"]
     assert not db(tmp_path, "SELECT id FROM runs")
     assert a.stop() == 0
     shutil.rmtree(sock_dir, ignore_errors=True)
