@@ -1,0 +1,139 @@
+"""The real `lynxtop` command in a real terminal (tmux) against a running agent with the simulated vLLM.
+
+`lynxtop demo --no-tui` provides the agent, the simulator and traffic; the dashboard is started by the
+console script in tmux, driven with send-keys and read with capture-pane, exactly as an operator would.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+TMUX = "/usr/bin/tmux"
+MISSING = [m for m in ("lynxtop.agent.node", "lynxtop.agent.sim") if importlib.util.find_spec(m) is None]
+pytestmark = [
+    pytest.mark.skipif(bool(MISSING), reason=f"agent or simulator not in this build yet: {', '.join(MISSING)}"),
+    pytest.mark.skipif(not os.path.exists(TMUX), reason=f"{TMUX} not installed"),
+    pytest.mark.timeout(120),
+]
+
+
+def _tmux(server: str, *args: str) -> str:
+    return subprocess.run([TMUX, "-L", server, *args], capture_output=True, text=True, timeout=10).stdout
+
+
+def _screen(server: str) -> str:
+    return _tmux(server, "capture-pane", "-p", "-t", "dash")
+
+
+def _wait_screen(server: str, needle: str, timeout_s: float = 30) -> str:
+    deadline = time.monotonic() + timeout_s
+    text = ""
+    while time.monotonic() < deadline:
+        text = _screen(server)
+        if needle in text:
+            return text
+        time.sleep(0.3)
+    raise AssertionError(f"{needle!r} not on screen within {timeout_s} s; screen was:\n{text}")
+
+
+def _wait_gone(server: str, needle: str, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if needle not in _screen(server):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{needle!r} still on screen after {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def demo_node():
+    root = Path(tempfile.mkdtemp(prefix="lt-e2e-", dir="/tmp"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lynxtop", "demo", "--no-tui", "--state-dir", str(root / "state"),
+         "--startup-seconds", "1", "--duration", "110"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    sock = root / "state" / "agent.sock"
+    deadline = time.monotonic() + 40
+    while not sock.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    try:
+        if not sock.exists():
+            pytest.fail(f"the demo agent did not create {sock} (exit code {proc.poll()})")
+        yield root / "state"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # the demo stops serving, the agent and its children
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_lynxtop_in_tmux_against_simulated_node(demo_node):
+    server = f"lt-e2e-{os.getpid()}"
+    lynxtop = str(Path(sys.executable).parent / "lynxtop")
+    cmd = [lynxtop, "--socket", str(demo_node / "agent.sock"), "--database", str(demo_node / "lynxtop.db"), "--utc"]
+    env = {**os.environ, "TERM": "xterm-256color"}
+    subprocess.run([TMUX, "-L", server, "new-session", "-d", "-s", "dash", "-x", "100", "-y", "30", *cmd],
+                   check=True, timeout=10, env=env)
+    try:
+        pane_pid = int(_tmux(server, "display-message", "-p", "-t", "dash", "#{pane_pid}").strip())
+        screen = _wait_screen(server, "READY", timeout_s=40)
+        assert "SIMULATED" in screen
+        assert "SM act" in screen and "util*" in screen and "Serving" in screen
+        # restart is offered with its consequences, Cancel first, and Escape leaves everything as it was
+        _tmux(server, "send-keys", "-t", "dash", "R")
+        screen = _wait_screen(server, "Restart serving?")
+        assert "loads again" in screen and "Cancel" in screen
+        _tmux(server, "send-keys", "-t", "dash", "Escape")
+        _wait_gone(server, "Restart serving?")  # a lone Escape is only known once no sequence follows
+        # history from the database
+        _tmux(server, "send-keys", "-t", "dash", "4")
+        screen = _wait_screen(server, "range (t)")
+        assert "deepseek-v4.1-tp8" in screen
+        # events from the agent's run
+        _tmux(server, "send-keys", "-t", "dash", "5")
+        _wait_screen(server, "serving.ready", timeout_s=20)
+        _tmux(server, "send-keys", "-t", "dash", "1")
+        _wait_screen(server, "util*")
+        # the terminal goes away (SSH drop): the dashboard exits instead of lingering
+        _tmux(server, "kill-server")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{pane_pid}"):
+            time.sleep(0.2)
+        assert not os.path.exists(f"/proc/{pane_pid}"), "lynxtop kept running after its terminal closed"
+    finally:
+        subprocess.run([TMUX, "-L", server, "kill-server"], capture_output=True, timeout=10)
+
+
+def test_q_quits_cleanly(demo_node):
+    server = f"lt-e2e-q-{os.getpid()}"
+    lynxtop = str(Path(sys.executable).parent / "lynxtop")
+    cmd = [lynxtop, "--socket", str(demo_node / "agent.sock"), "--database", str(demo_node / "lynxtop.db")]
+    subprocess.run([TMUX, "-L", server, "new-session", "-d", "-s", "dash", "-x", "80", "-y", "24", *cmd],
+                   check=True, timeout=10)
+    try:
+        subprocess.run([TMUX, "-L", server, "set-option", "-t", "dash", "remain-on-exit", "on"], timeout=10)
+        _wait_screen(server, "util*", timeout_s=40)
+        _tmux(server, "send-keys", "-t", "dash", "q")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if _tmux(server, "display-message", "-p", "-t", "dash", "#{pane_dead}").strip() == "1":
+                break
+            time.sleep(0.2)
+        status = _tmux(server, "display-message", "-p", "-t", "dash", "#{pane_dead} #{pane_dead_status}").split()
+        assert status == ["1", "0"], status
+    finally:
+        subprocess.run([TMUX, "-L", server, "kill-server"], capture_output=True, timeout=10)
