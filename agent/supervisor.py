@@ -249,8 +249,8 @@ class Supervisor:
         return ActionError("busy", f"busy: {what} in progress since {_clock(a.get('since_ms', now_ms()))} "
                                    f"(by {a.get('by', '?')})", 409, details={"action": a})
 
-    def _begin(self, name: str, by: str, profile: str | None, preempt: bool = False) -> None:
-        if self.action is not None and not (preempt and self._action_preemptible):
+    def _begin(self, name: str, by: str, profile: str | None) -> None:
+        if self.action is not None:
             raise self._busy()
         self.action = {"action": name, "profile": profile, "since_ms": now_ms(), "by": by}
         self._action_preemptible = False
@@ -328,13 +328,14 @@ class Supervisor:
                 self._event("serving.stopped", "info", f"crash loop acknowledged and cleared by {by}")
                 return "serving was in crash-loop; now stopped"
             raise ActionError("state", "serving is already stopped", 409)
-        if self.action is not None and self.action.get("action") == "stop":
+        if self.action is not None and (self.action.get("action") == "stop" or not self._action_preemptible):
             raise self._busy()
-        self._begin("stop", by, self.profile_name, preempt=True)
-        if self._action_task is not None:  # a start/switch that was only waiting for readiness
-            self._action_task.cancel()
+        old = self._action_task
+        if old is not None:  # a start/switch that was only waiting for readiness: abort it
+            old.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._action_task
+                await old
+        self._begin("stop", by, self.profile_name)
         self._event("action.stop", "info", f"stop requested by {by}", by=by)
         self._run_action(self._do_stop(f"stopped by {by}", "stopped by operator"))
         return "stopping serving"

@@ -205,6 +205,10 @@ async def test_stop_preempts_a_start_waiting_for_readiness(make_sup, store, monk
     with pytest.raises(ActionError):
         await sup.restart(by="other")  # busy
     await sup.stop(by="operator")
+    assert sup.action is not None and sup.action["action"] == "stop"  # the stop holds the slot now
+    with pytest.raises(ActionError) as exc:
+        await sup.start("beta", by="other")
+    assert exc.value.http_status == 409
     await wait_for(lambda: sup.state == "stopped" and sup.action is None, 15, what="stopped")
     assert not sup.proc.members()
     await sup.shutdown(stop_serving=True)
