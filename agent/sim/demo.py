@@ -371,7 +371,7 @@ class Demo:
             os.killpg(self.agent.pid, signal.SIGKILL)
 
     def teardown(self) -> list[int]:
-        self.say("lynxtop demo: stopping traffic, the simulated server and the agent...")
+        self.say("lynxtop demo: stopping traffic, the simulated server and the agent (a few seconds)...")
         self.stop_traffic()
         self.stop_serving()
         self.stop_agent()
@@ -444,11 +444,14 @@ def run(args: Namespace) -> int:
         print(f"lynxtop demo: {exc}", file=sys.stderr)
         code = 1
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the clean-up even if asked twice
+        # finish the clean-up even if asked twice: an interrupted teardown is what leaves orphans behind
+        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             demo.teardown()
         finally:
             signal.signal(signal.SIGTERM, previous_term)
+            signal.signal(signal.SIGINT, previous_int)
     return code
 
 
