@@ -7,6 +7,7 @@ no traceback reaches the user for those.
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 import time
 from argparse import Namespace
@@ -74,6 +75,8 @@ def runs(args: Namespace) -> int:
         rows = reader.runs(limit=args.limit)
     except StoreError as exc:
         return _err("runs", str(exc))
+    except sqlite3.DatabaseError as exc:
+        return _err("runs", f"{reader.path}: cannot read the history database: {exc}")
     finally:
         reader.close()
     if args.json:
@@ -134,6 +137,8 @@ def export(args: Namespace) -> int:
                 print(f"note: no {args.table} rows between {iso(start)} and {iso(end)}", file=sys.stderr)
     except (ExportError, StoreError) as exc:
         return _err("export", str(exc))
+    except sqlite3.DatabaseError as exc:  # damage found mid-read
+        return _err("export", f"{reader.path}: cannot read the history database: {exc}")
     except BrokenPipeError:
         sys.stderr.close()  # `lynxtop export ... | head` is normal use, not an error
         return 0

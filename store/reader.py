@@ -28,6 +28,7 @@ from lynxtop.store.schema import (
     rollup_metrics,
     rollup_table,
     schema_version,
+    tune,
 )
 
 SERIES_TABLES = ("gpu", "host", "serving")
@@ -70,6 +71,10 @@ class StoreReader:
         try:
             self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             check_identity(self.conn, self.path, integrity=False)
+            tune(self.conn, mmap=True)
+        except sqlite3.DatabaseError as exc:
+            self.conn.close()
+            raise NotOurDatabase(f"{self.path}: the database is damaged or unreadable: {exc}") from None
         except BaseException:
             self.conn.close()
             raise
