@@ -18,7 +18,7 @@ from aiohttp import web
 
 from lynxtop.store.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, names
 
-T0 = 1_796_220_000_000  # 2026-12-02 09:20:00 UTC: a fixed clock for deterministic screens
+T0 = 1_796_220_000_000  # 2026-12-02 14:00:00 UTC: a fixed clock for deterministic screens
 GIB = 1024**3
 
 
