@@ -152,3 +152,31 @@ def test_demo_end_to_end_leaves_no_process_behind(tmp_path):
             except OSError:
                 continue
             assert str(root).encode() not in env, name
+
+
+@pytest.mark.skipif(not _agent_importable(), reason="lynxtop.agent.node cannot be imported in this build")
+def test_ctrl_c_stops_the_demo_and_leaves_no_process_behind(tmp_path):
+    import selectors
+    import signal
+
+    root = tmp_path / "demo-ctrl-c"
+    proc = subprocess.Popen([sys.executable, "-m", "lynxtop", "demo", "--no-tui", "--state-dir", str(root),
+                             "--startup-seconds", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen = b""
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 45
+        while b"serving=ready" not in seen and time.monotonic() < deadline and proc.poll() is None:
+            if sel.select(0.5):
+                seen += os.read(proc.stdout.fileno(), 65536)
+        assert b"serving=ready" in seen, seen.decode(errors="replace")
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal delivers
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, (seen + rest).decode(errors="replace")
+    assert b"stopped; database, config and logs kept" in rest
+    assert processes_of(root) == []
