@@ -7,9 +7,10 @@ scenario allows, one server) across its tests, in file order.
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,16 +97,21 @@ extra_args = ["--dtype", "float32", "--enforce-eager", "--no-such-flag-lynxtop"]
 
 
 @pytest.fixture(scope="module")
-def agent(prepared: Prepared, tmp_path_factory: pytest.TempPathFactory):
-    """The real `lynxtop agent` with profiles pointing at the prepared vLLM; stopped and swept afterwards."""
+def agent(prepared: Prepared, request: pytest.FixtureRequest):
+    """The real `lynxtop agent` with profiles pointing at the prepared vLLM; stopped and swept afterwards.
+
+    Its state (database, agent log, vLLM run logs) lives in a directory of its own, printed at the end, so a
+    failure can be read after the fact (pytest's numbered temp dirs are pruned by other runs).
+    """
     pytest.importorskip("lynxtop.agent.node", reason="the agent (lynxtop.agent.node) is not built yet")
-    state = tmp_path_factory.mktemp("rv-agent")
+    state = Path(tempfile.mkdtemp(prefix="lynxtop-real-vllm-"))
     port = free_port()
     cfg = state / "config.toml"
     cfg.write_text(agent_config(prepared, state, port))
     ag = Agent(config=cfg, socket=state / "agent.sock", database=state / "lynxtop.db", log=state / "agent.log")
     ag.port = port  # type: ignore[attr-defined]
     before = {p.pid for p in vllm_processes(prepared.root)}
+    failed_before = request.session.testsfailed
     ag.start()
     try:
         yield ag
@@ -121,5 +127,7 @@ def agent(prepared: Prepared, tmp_path_factory: pytest.TempPathFactory):
         stray = [p.pid for p in vllm_processes(prepared.root) if p.pid not in before]
         kill_tree(stray)
         assert not stray, f"the agent left vLLM processes behind: {stray}"
-        if os.environ.get("LYNXTOP_RV_KEEP"):
-            print(f"real-vLLM agent state kept in {state}")
+        if request.session.testsfailed == failed_before and not stray:
+            shutil.rmtree(state, ignore_errors=True)
+        else:
+            print(f"\nreal-vLLM agent state kept (database, agent.log, logs/): {state}")
