@@ -146,6 +146,10 @@ class Node:
 
     async def main(self) -> int:
         loop = asyncio.get_running_loop()
+        if _agent_answers(self.cfg.agent.socket):
+            # checked before the store is opened or anything adopted: two supervisors of one vLLM is the worst case
+            raise AgentStartError(f"another agent is already running on {self.cfg.agent.socket}; stop it first "
+                                  "(systemctl stop lynxtop-agent) or use another [agent] socket")
         self._open_parts()
         assert self.supervisor is not None
         sup = self.supervisor
@@ -489,6 +493,19 @@ class Node:
     async def switch(self, profile: str, by: str) -> str:
         assert self.supervisor is not None
         return await self.supervisor.switch(profile, by)
+
+
+def _agent_answers(path: Path) -> bool:
+    """True when something accepts connections on the control socket path (a live agent)."""
+    if not path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def _setup_logging() -> None:

@@ -810,6 +810,10 @@ class Supervisor:
     async def shutdown(self, stop_serving: bool) -> None:
         """Agent exit: with live restore the server keeps running (and its record stays for the next agent)."""
         self._cancel_retry()
+        if self.action is not None and self.action.get("action") == "stop" and self._action_task is not None:
+            # an operator asked to stop serving: finish that rather than leave a half-stopped server behind
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.shield(self._action_task)
         for task in (self._action_task, self._lifecycle if not stop_serving else None):
             if task is not None:
                 task.cancel()

@@ -311,6 +311,20 @@ async def test_peer_outside_group_gets_403_and_changes_nothing(tmp_path, cleanup
     shutil.rmtree(sock_dir, ignore_errors=True)
 
 
+async def test_second_agent_on_the_same_socket_refuses_and_touches_nothing(tmp_path, cleanup):
+    cfg = _config(tmp_path)
+    a = Agent(tmp_path, cfg, "first")
+    cleanup.append(a)
+    st = await a.wait_state(lambda s: s["state"] == "ready", what="ready")
+    r = subprocess.run([sys.executable, "-m", "lynxtop", "agent", "--config", str(cfg)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 1 and "another agent is already running" in r.stderr and "Traceback" not in r.stderr
+    st2 = await a.status()
+    assert st2["serving"]["pid"] == st["serving"]["pid"] and st2["serving"]["state"] == "ready"
+    assert not db(tmp_path, "SELECT id FROM events WHERE kind = 'serving.adopted'")
+    assert a.stop() == 0
+
+
 async def test_live_restore_off_stops_serving_with_the_agent(tmp_path, cleanup):
     a = Agent(tmp_path, _config(tmp_path, extra_agent="live_restore = false"))
     cleanup.append(a)
