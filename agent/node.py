@@ -94,6 +94,9 @@ class Node:
         self._gpu_started: float | None = None
         self._static_version: int | None = None
         self._scrape_key: tuple[int | None, str] | None = None
+        self._members: set[int] = set()
+        self._members_key: str | None = None
+        self._members_at = 0.0
         self._stop = asyncio.Event()
         self._reader: Any = None
         self._cfg_mtime: float | None = None
@@ -269,7 +272,7 @@ class Node:
         try:
             pids, host_row = await asyncio.to_thread(host_part)
             if sup.proc is not None and root is not None:
-                pids = set(pids) | set(await asyncio.to_thread(sup.proc.members))
+                pids = set(pids) | await self._run_members(sup)
             serving_row = None
             gpu_task = self._gpu_sample(pids)
             if sup.state in ("ready", "degraded"):
@@ -306,6 +309,15 @@ class Node:
         self.ticks += 1
         self.last_tick_done = time.monotonic()
         self.notifier.status(self.status_line())
+
+    async def _run_members(self, sup: Supervisor) -> set[int]:
+        """Processes of the run outside the leader's tree (a /proc scan: every 5 s, not every tick)."""
+        now = time.monotonic()
+        proc = sup.proc
+        if proc is not None and (self._members_key != proc.record.token or now - self._members_at > 5.0):
+            self._members = set(await asyncio.to_thread(proc.members))
+            self._members_key, self._members_at = proc.record.token, now
+        return self._members
 
     def _gpu_sample(self, pids: set[int]) -> asyncio.Task:
         """The running GPU sample, or a new one: never two NVML samples at once."""
