@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -260,3 +261,23 @@ async def test_stale_record_is_not_adopted_and_leftovers_are_killed(make_sup, st
     assert "start time differs" in ev["message"]
     assert "lost while the agent was down" in run_row(store, rec["run_id"])["end_reason"]
     await b.shutdown(stop_serving=True)
+
+
+async def test_failed_switch_says_how_to_switch_back(make_sup, store, h, tmp_path, monkeypatch):
+    monkeypatch.setenv("LYNXTOP_SIM_STATE_DIR", str(tmp_path / "sim"))
+    sup = make_sup(profiles=h.sim_profile("good") + h.sim_profile("bad", ', "--sim-fail", "oom"'))
+    await start_ready(sup, "good")
+    await sup.switch("bad", by="uid 1000 (alice)")
+    await wait_for(lambda: sup.action is None, 30, what="switch finished")
+    ev = events(store, "action.switch.failed")
+    assert ev and "switch back with `lynxtop switch good`" in ev[0]["message"]
+    assert sup.state in ("backoff", "starting", "stopping")  # the new profile keeps retrying until told otherwise
+    for _ in range(50):  # switching back is allowed (a retry being spawned right now is "busy" for a moment)
+        try:
+            await sup.switch("good", by="uid 1000 (alice)")
+            break
+        except ActionError as exc:
+            assert exc.code == "busy" and "retry" in exc.message
+            await asyncio.sleep(0.05)
+    await wait_for(lambda: sup.state == "ready" and sup.profile_name == "good", 30, what="switched back")
+    await sup.shutdown(stop_serving=True)
