@@ -140,7 +140,7 @@ def db_rows(path: Path, sql: str, args=()) -> list[dict]:
 
 
 @pytest.fixture
-def make_sup(tmp_path, store):
+async def make_sup(tmp_path, store):
     made: list[Supervisor] = []
 
     def make(agent: str = "", gpus: ProcGpuView | None = None, cfg_path: Path | None = None,
@@ -154,6 +154,8 @@ def make_sup(tmp_path, store):
     yield make
     # never leave a server behind, whatever the test did
     for sup in made:
+        if sup._session is not None and not sup._session.closed:
+            await sup._session.close()
         if sup.proc is not None:
             for pid in procs.run_processes(sup.proc.record.token, sup.proc.record.pgid):
                 with contextlib.suppress(ProcessLookupError):
