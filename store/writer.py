@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lynxtop.store import retention as retention_mod
+from lynxtop.store.checkpoint import FALLBACK_AUTOCHECKPOINT_PAGES, Checkpointer
 from lynxtop.store.errors import NotOurDatabase, StoreError
 from lynxtop.store.rollup import Rollups
 from lynxtop.store.schema import (
@@ -136,6 +137,7 @@ class StoreWriter:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._inline_lock = threading.Lock()
+        self._checkpointer: Checkpointer | None = None
 
         self._dropped = 0
         self._failed = 0
@@ -191,6 +193,9 @@ class StoreWriter:
 
     def start(self) -> None:
         if self._thread is None:
+            self.conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_AUTOCHECKPOINT_PAGES}")
+            self._checkpointer = Checkpointer(self.path)
+            self._checkpointer.start()
             self._thread = threading.Thread(target=self._run, name="lynxtop-store-writer", daemon=True)
             self._thread.start()
 
@@ -290,6 +295,9 @@ class StoreWriter:
                 self._cv.notify_all()
             self._thread.join(timeout=max(1.0, timeout))
             self._thread = None
+            if self._checkpointer is not None:
+                self._checkpointer.stop()
+                self._checkpointer = None
         else:
             with self._inline_lock:
                 while (self._ticks or self._ops) and self._trouble_since is None:
@@ -502,6 +510,8 @@ class StoreWriter:
                 self.rollups.note("host", t.ts_ms)
             if t.serving_row is not None:
                 self.rollups.note("serving", t.ts_ms)
+        if self._checkpointer is not None:
+            self._checkpointer.poke()
         with self._cv:
             self._written += len(ticks)
             self._commits += 1

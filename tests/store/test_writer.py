@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 
 import pytest
 
@@ -102,3 +103,19 @@ def test_runs_events_gpus_and_bench(db):
     assert len(gpus) == 1 and gpus[0]["driver_version"] == "570.1"
     assert r.bench_results()[0]["id"] == bid and r.bench_results()[0]["details"] == {"seed": 7}
     assert r.run(9999) is None
+
+
+def test_background_checkpoint_moves_pages_into_the_main_file(db):
+    w = StoreWriter(db, queue_max=5000)
+    w.start()
+    try:
+        submit(w, 2000, gpus=8)
+        assert w.flush(30)
+        deadline = time.monotonic() + 15
+        while db.stat().st_size < 1_000_000:  # without a checkpoint the rows would all sit in the -wal
+            assert time.monotonic() < deadline, "no checkpoint reached the main file"
+            time.sleep(0.05)
+        assert w._checkpointer is not None and w._checkpointer.runs > 0
+    finally:
+        w.close()
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == 16_000

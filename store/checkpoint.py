@@ -1,0 +1,72 @@
+"""A background WAL checkpointer, so the writer thread never pays for copying pages and fsyncing the file.
+
+SQLite's automatic checkpoint runs inside the committing connection: with a backlog it cost the writer
+about a fifth of its throughput (measured on an 8-GPU synthetic load). Here a second connection runs
+PASSIVE checkpoints (they never block the writer or readers) about once a second, in parallel because
+SQLite releases the GIL. If this thread cannot keep up or fails, the writer's own autocheckpoint comes
+back at a larger WAL size as a safety net, so the WAL cannot grow without bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from pathlib import Path
+from urllib.parse import quote
+
+from lynxtop.store.schema import BUSY_TIMEOUT_MS
+
+log = logging.getLogger(__name__)
+
+# The writer's fallback autocheckpoint (pages): far above what one interval writes at 1 Hz, so it only
+# triggers when this thread is stuck.
+FALLBACK_AUTOCHECKPOINT_PAGES = 16384
+
+
+class Checkpointer:
+    def __init__(self, path: Path, interval_s: float = 1.0):
+        self.path = path
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+        self.runs = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="lynxtop-store-checkpoint", daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        """Called after a commit: a checkpoint soon, not a busy loop (the event coalesces pokes)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                # A fresh connection each time: cheap, and it follows the file if the writer replaced it.
+                conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=rw", uri=True,
+                                       isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    self.runs += 1
+                    self.last_error = None
+                finally:
+                    conn.close()
+            except sqlite3.Error as exc:  # full disk, busy: the next round tries again
+                if self.last_error != str(exc):
+                    log.warning("%s: background checkpoint failed: %s", self.path, exc)
+                self.last_error = str(exc)
+            self._stop.wait(self.interval_s / 4)  # at most a few checkpoints a second
