@@ -303,3 +303,20 @@ def write_record(path: Path, record: ServerRecord) -> None:
 def remove_record(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
+
+
+def prune_logs(log_dir: Path, keep: int, protect: set[str] | frozenset[str] = frozenset()) -> list[Path]:
+    """Delete all but the newest `keep` run logs (never one in `protect`): runs are many, disks are not."""
+    try:
+        logs = sorted((p for p in log_dir.glob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime,
+                      reverse=True)
+    except OSError:
+        return []
+    removed = []
+    for p in logs[keep:]:
+        if str(p) in protect:
+            continue
+        with contextlib.suppress(OSError):
+            p.unlink()
+            removed.append(p)
+    return removed

@@ -173,8 +173,9 @@ class Node:
         try:
             await self._start_listeners()
             adopted = await sup.adopt_previous()
+            held = not adopted and sup.restore_crash_loop()
             a = self.cfg.agent
-            if not adopted and a.autostart and a.default_profile:
+            if not adopted and not held and a.autostart and a.default_profile:
                 try:
                     msg = await sup.start(a.default_profile, by="agent (autostart)")
                     log.info("autostart: %s", msg)

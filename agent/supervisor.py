@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import random
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 STATES = ("stopped", "starting", "ready", "degraded", "stopping", "backoff", "crash-loop")
 LOG_TAIL_LINES = 20
+RUN_LOGS_KEPT = 200  # per-run vLLM logs kept in log_dir (the runs table keeps every run forever)
 # An adopted server whose profile was removed from the config is stopped with these defaults.
 _FALLBACK_GRACE_S = 60.0
 
@@ -252,6 +254,7 @@ class Supervisor:
     def _begin(self, name: str, by: str, profile: str | None) -> None:
         if self.action is not None:
             raise self._busy()
+        self._clear_crash_loop()  # someone acted: the crash loop is acknowledged
         self.action = {"action": name, "profile": profile, "since_ms": now_ms(), "by": by}
         self._action_preemptible = False
 
@@ -324,6 +327,7 @@ class Supervisor:
     async def stop(self, by: str) -> str:
         if self.state in ("stopped", "crash-loop") and self.action is None:
             if self.state == "crash-loop":
+                self._clear_crash_loop()
                 self._set_state("stopped", f"stopped by {by} (was crash-loop)")
                 self._event("serving.stopped", "info", f"crash loop acknowledged and cleared by {by}")
                 return "serving was in crash-loop; now stopped"
@@ -424,6 +428,9 @@ class Supervisor:
         stamp = datetime.fromtimestamp(started / 1000, UTC).strftime("%Y%m%dT%H%M%SZ")
         log_path = self.cfg.agent.run_log_dir / f"{stamp}_{prof.name}_{token[:8]}.log"
         argv = prof.argv()
+        protect = {self.proc.record.log_path} if self.proc is not None else set()
+        for old in launcher.prune_logs(self.cfg.agent.run_log_dir, RUN_LOGS_KEPT, protect):
+            log.info("removed old run log %s (keeping the newest %d)", old, RUN_LOGS_KEPT)
         try:
             proc = launcher.spawn(argv, log_path, prof.env, prof.name, token=token, started_ms=started)
         except OSError as exc:
@@ -645,6 +652,7 @@ class Supervisor:
             msg = (f"crash loop: {len(self._failures)} failures within {window:g} s; not retrying until an "
                    f"operator acts (lynxtop start / restart / switch). Last: {reason}")
             self._set_state("crash-loop", msg)
+            self._save_crash_loop(prof.name, msg)
             self._event("serving.crash_loop", "critical", f"profile {prof.name}: {msg}", with_log=True,
                         failures=len(self._failures))
             return
@@ -750,6 +758,42 @@ class Supervisor:
             if self.cfg.agent.restart_on_hang and self.action is None and self.profile is not None:
                 self._begin("restart", "agent (hang detected, restart_on_hang)", self.profile.name)
                 self._run_action(self._do_restart(self.profile, "restart after hang (restart_on_hang)"))
+
+    # ------------------------------------------------------------------------------------- crash loop marker
+
+    @property
+    def _crash_loop_path(self) -> Path:
+        return self.state_path.with_name("crash-loop.json")
+
+    def _save_crash_loop(self, profile: str, reason: str) -> None:
+        """A crash loop outlives an agent restart: a new agent must not autostart the same failure again."""
+        try:
+            tmp = self._crash_loop_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"profile": profile, "reason": reason, "since_ms": now_ms()}))
+            os.replace(tmp, self._crash_loop_path)
+        except OSError as exc:
+            log.warning("cannot record the crash loop in %s: %s", self._crash_loop_path, exc)
+
+    def _clear_crash_loop(self) -> None:
+        with contextlib.suppress(OSError):
+            self._crash_loop_path.unlink()
+
+    def restore_crash_loop(self) -> bool:
+        """At agent start, with nothing adopted: resume a crash loop recorded by the previous agent."""
+        try:
+            data = json.loads(self._crash_loop_path.read_text())
+            profile, reason = str(data["profile"]), str(data["reason"])
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring unreadable %s: %s", self._crash_loop_path, exc)
+            return False
+        self.profile_name = profile
+        self.profile = self.cfg.profile(profile)
+        self._set_state("crash-loop", f"{reason} (recorded before the agent restarted)")
+        self._event("serving.crash_loop", "warning", f"profile {profile} is still in crash-loop from before the agent "
+                    "restarted; not starting it (lynxtop start / restart / switch / stop to act)")
+        return True
 
     # ------------------------------------------------------------------------------------- adoption
 

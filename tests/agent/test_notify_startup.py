@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from lynxtop.agent.launcher import child_env
+from lynxtop.agent.launcher import child_env, prune_logs
 from lynxtop.agent.notify import Notifier
 from lynxtop.agent.startup import PhaseTracker, tail_lines
 
@@ -119,3 +119,17 @@ def test_tail_lines_reads_only_the_end_of_a_big_log(tmp_path):
     assert tail_lines(log, 3) == ["line 199997", "line 199998", "line 199999"]
     assert tail_lines(log, 3, max_bytes=20) == ["line 199999"]  # the cut first line is dropped
     assert tail_lines(tmp_path / "none.log") == [] and tail_lines(None) == []
+
+
+def test_prune_logs_keeps_the_newest_and_the_protected(tmp_path):
+    paths = []
+    for i in range(6):
+        p = tmp_path / f"run{i}.log"
+        p.write_text("x")
+        os.utime(p, (1000 + i, 1000 + i))
+        paths.append(p)
+    (tmp_path / "notes.txt").write_text("not a log")
+    removed = prune_logs(tmp_path, keep=3, protect={str(paths[0])})
+    assert sorted(removed) == [paths[1], paths[2]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "run0.log", "run3.log", "run4.log",
+                                                          "run5.log"]

@@ -130,9 +130,15 @@ async def test_crash_loop_gives_up_and_operator_can_start_again(make_sup, store,
     assert len(db_rows(store.path, "SELECT id FROM runs")) == 3
     ev = events(store, "serving.crash_loop")[0]
     assert ev["severity"] == "critical" and "CUDA out of memory" in ev["details"]
+    # an agent restart does not autostart the same failure again
+    again = make_sup(profiles=h.sim_profile("oom", ', "--sim-fail", "oom"') + h.sim_profile("good"))
+    assert not await again.adopt_previous() and again.restore_crash_loop()
+    assert again.state == "crash-loop" and again.profile_name == "oom"
+    await again.shutdown(stop_serving=True)
     await sup.switch("good", by="operator")  # an operator acts: the count starts over
     await wait_for(lambda: sup.state == "ready", 20, what="ready after switch")
     assert sup.serving_status()["failures_in_window"] == 0
+    assert not sup.restore_crash_loop()  # acknowledged by the switch: nothing held over any more
     await sup.shutdown(stop_serving=True)
 
 
