@@ -671,9 +671,16 @@ class Supervisor:
         if self.action is not None or self.state != "backoff":
             return
         self._retry_task = None
+        # the profile as configured now (an adopted run may have been started with older flags)
+        current = self.cfg.profile(prof.name)
+        if current is None:
+            self.next_retry_ms = None
+            self._set_state("stopped", f"profile {prof.name} is no longer in the config; not restarted")
+            self._event("serving.stopped", "error", f"not retrying: profile {prof.name} is no longer in the config")
+            return
         self.action = {"action": "retry", "profile": prof.name, "since_ms": now_ms(), "by": "agent (backoff)"}
         try:
-            await self._launch(prof, f"retry {self._consecutive} after failure")
+            await self._launch(current, f"retry {self._consecutive} after failure")
         finally:
             if self.action and self.action.get("action") == "retry":
                 self.action = None
