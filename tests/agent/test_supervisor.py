@@ -287,3 +287,30 @@ async def test_failed_switch_says_how_to_switch_back(make_sup, store, h, tmp_pat
             await asyncio.sleep(0.05)
     await wait_for(lambda: sup.state == "ready" and sup.profile_name == "good", 30, what="switched back")
     await sup.shutdown(stop_serving=True)
+
+
+async def test_readiness_timeout_stops_the_run_and_backs_off(make_sup, store, h, monkeypatch):
+    monkeypatch.setenv("STANDIN_STARTUP_S", "30")  # the port stays closed: "loading" forever
+    profile = f"""
+[[profile]]
+name = "slow"
+executable = "{h.STANDIN}"
+model = "m"
+port = {h.free_port()}
+readiness_timeout_s = 1
+stop_grace_s = 2
+shutdown_timeout_s = 1
+"""
+    sup = make_sup(profiles=profile)
+    await sup.start("slow", by="test")
+    await wait_for(lambda: sup.state == "starting" and sup.run_id is not None, 10, what="spawned")
+    run_id = sup.run_id
+    members = sup.proc.members()
+    await wait_for(lambda: sup.state == "backoff", 15, what="backoff after readiness timeout")
+    assert all(not procs.alive(p) for p in members)
+    assert run_row(store, run_id)["end_reason"] == "not ready within 1 s"
+    ev = events(store, "serving.readiness_timeout")[0]
+    assert "phase: loading weights" in ev["message"]
+    await sup.stop(by="test")
+    await wait_for(lambda: sup.state == "stopped", 10)
+    await sup.shutdown(stop_serving=True)
