@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from rv_support import PREPARE, Agent, free_port, kill_tree, operators_group, vllm_processes
+from rv_support import PREPARE, Agent, describe, free_port, kill_tree, operators_group, vllm_processes
 
 
 @dataclass(frozen=True)
@@ -125,9 +125,10 @@ def agent(prepared: Prepared, request: pytest.FixtureRequest):
             pass
         ag.stop()
         stray = [p.pid for p in vllm_processes(prepared.root) if p.pid not in before]
+        leaked = describe(stray)
         kill_tree(stray)
-        assert not stray, f"the agent left vLLM processes behind: {stray}"
         if request.session.testsfailed == failed_before and not stray:
             shutil.rmtree(state, ignore_errors=True)
         else:
             print(f"\nreal-vLLM agent state kept (database, agent.log, logs/): {state}")
+        assert not stray, "the agent left vLLM processes behind:\n  " + "\n  ".join(leaked)

@@ -308,6 +308,32 @@ def histogram(text: str, name: str) -> dict[str, float]:
     return buckets
 
 
+def histogram_mean(before_text: str, after_text: str, name: str) -> float:
+    """Mean observation between two scrapes, from the histogram's _sum and _count."""
+    def sc(text: str) -> tuple[float, float]:
+        total = count = 0.0
+        for fam in text_string_to_metric_families(text):
+            if fam.name == name:
+                total += sum(s.value for s in fam.samples if s.name == f"{name}_sum")
+                count += sum(s.value for s in fam.samples if s.name == f"{name}_count")
+        return total, count
+    (s0, c0), (s1, c1) = sc(before_text), sc(after_text)
+    return (s1 - s0) / (c1 - c0) if c1 > c0 else 0.0
+
+
+def describe(pids: list[int]) -> list[str]:
+    """pid, parent, group, age and title of each process: what a leak report needs to be acted on."""
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            out.append(f"{pid} ppid={p.ppid()} pgid={os.getpgid(pid)} age={time.time() - p.create_time():.0f}s "
+                       f"{' '.join(p.cmdline())[:160]}")
+        except (psutil.Error, OSError):
+            out.append(f"{pid} (gone)")
+    return out
+
+
 def counter(text: str, name: str) -> float:
     total = 0.0
     for fam in text_string_to_metric_families(text):
