@@ -16,6 +16,7 @@ Prints progress lines, then ONE JSON object on the last line.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -218,6 +219,8 @@ def main() -> int:
             extra["nvlink_bytes_per_value"] = round(table_bytes(db, ["nvlink_samples"]) /
                                                     (nvl_rows * len(NVLINK_METRICS)), 2)
 
+        del pool, nvl, hosts, servs  # the generator's heap is not the dashboard's: keep GC passes out of it
+        gc.collect()
         r = StoreReader(db)
         res24, rows24 = r.series("gpu", CHART_COLUMNS, end - DAY_MS, end)
         q24 = median_ms(lambda: r.series("gpu", CHART_COLUMNS, end - DAY_MS, end), 7)

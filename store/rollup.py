@@ -106,15 +106,19 @@ class Rollups:
         }
         self.dirty: dict[tuple[str, str], set[int]] = {(k, r): set() for k in ROLLUP_KINDS for r in RESOLUTIONS}
 
-    def note(self, kind: str, ts_ms: int) -> None:
-        """Record a committed sample time (called by the writer after each commit)."""
+    def note_many(self, kind: str, ts_list: list[int]) -> None:
+        """Record the sample times of a committed batch (late ones mark their buckets for a re-roll)."""
+        if not ts_list:
+            return
+        top = max(ts_list)
         cur = self.max_ts[kind]
-        if cur is None or ts_ms > cur:
-            self.max_ts[kind] = ts_ms
+        if cur is None or top > cur:
+            self.max_ts[kind] = top
+        low = min(ts_list)
         for res, bucket in RESOLUTIONS.items():
             wm = self.wm[(kind, res)]
-            if wm is not None and ts_ms < wm:
-                self.dirty[(kind, res)].add(ts_ms - ts_ms % bucket)
+            if wm is not None and low < wm:
+                self.dirty[(kind, res)].update(ts - ts % bucket for ts in ts_list if ts < wm)
 
     def pending(self) -> bool:
         for (kind, res), wm in self.wm.items():

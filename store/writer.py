@@ -503,13 +503,9 @@ class StoreWriter:
 
     def _committed(self, ticks: list[_Tick]) -> None:
         now = _now_ms(self.clock)
-        for t in ticks:
-            if t.gpu_rows:
-                self.rollups.note("gpu", t.ts_ms)
-            if t.host_row is not None:
-                self.rollups.note("host", t.ts_ms)
-            if t.serving_row is not None:
-                self.rollups.note("serving", t.ts_ms)
+        self.rollups.note_many("gpu", [t.ts_ms for t in ticks if t.gpu_rows])
+        self.rollups.note_many("host", [t.ts_ms for t in ticks if t.host_row is not None])
+        self.rollups.note_many("serving", [t.ts_ms for t in ticks if t.serving_row is not None])
         if self._checkpointer is not None:
             self._checkpointer.poke()
         with self._cv:
