@@ -28,11 +28,7 @@ from lynxtop.tui.live_state import GPU_KEYS, SERVING_KEYS, LiveState
 from lynxtop.tui.messages import AgentLost, LiveRefreshed, StatusArrived
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.screens.confirm import ConfirmScreen
-from lynxtop.tui.screens.events import EventsScreen
-from lynxtop.tui.screens.gpu import GpuScreen
 from lynxtop.tui.screens.help import HelpScreen
-from lynxtop.tui.screens.history import HistoryScreen
-from lynxtop.tui.screens.latency import LatencyScreen
 from lynxtop.tui.screens.node import NodeScreen
 from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
 
@@ -59,10 +55,10 @@ class LynxtopApp(App):
     DEFAULT_MODE = "node"
     MODES = {
         "node": NodeScreen,
-        "gpu": GpuScreen,
-        "latency": LatencyScreen,
-        "history": HistoryScreen,
-        "events": EventsScreen,
+        "gpu": lambda: _view("gpu", "GpuScreen"),
+        "latency": lambda: _view("latency", "LatencyScreen"),
+        "history": lambda: _view("history", "HistoryScreen"),
+        "events": lambda: _view("events", "EventsScreen"),
     }
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit"),
@@ -99,6 +95,7 @@ class LynxtopApp(App):
         self.backoff = backoff or Backoff()
         self.ascii_only = os.environ.get("LYNXTOP_ASCII") == "1" if ascii_only is None else ascii_only
         self.backfill_enabled = backfill
+        self._backfill_started = False
         self.state = LiveState()
         self.paused = False
         self._next_poll_at: float | None = None
@@ -131,8 +128,6 @@ class LynxtopApp(App):
     # ------------------------------------------------------------------ lifecycle
     def on_mount(self) -> None:
         self.poll()
-        if self.backfill_enabled:
-            self.load_backfill()
         if not self.is_headless:
             # An SSH session that drops sends SIGHUP: leave instead of drawing into nothing.
             try:
@@ -182,6 +177,9 @@ class LynxtopApp(App):
             return
         first = self.state.status is None
         ended = self.state.apply_status(message.status, self.now_ms())
+        if first:
+            # After the first live frame, not before: it competes with start-up for the one core we get.
+            self.call_after_refresh(self._start_backfill)
         if ended is not None:
             self.notify(f"agent back (unreachable since {fmt_clock(ended.since_ms, self.utc)})",
                         title="Agent reachable", severity="information")
@@ -193,6 +191,8 @@ class LynxtopApp(App):
         if not self._live():
             return
         first = self.state.mark_lost(message.error, self.now_ms())
+        if first and self.state.status is None:
+            self._start_backfill()  # the agent is down: stored history is all there is
         if first:
             self.notify(f"{message.error}\nlast values stay on screen, greyed; retrying with backoff",
                         title="Agent unreachable", severity="error", timeout=8)
@@ -203,6 +203,11 @@ class LynxtopApp(App):
         # Only the visible view draws; a modal on top keeps the view below unchanged until it closes.
         if not self.paused and isinstance(self.screen, LiveScreen):
             self.screen.post_message(LiveRefreshed())
+
+    def _start_backfill(self) -> None:
+        if self.backfill_enabled and not self._backfill_started:
+            self._backfill_started = True
+            self.load_backfill()
 
     @work(thread=True, exclusive=True, group="backfill", exit_on_error=False)
     def load_backfill(self) -> None:
@@ -323,6 +328,13 @@ class LynxtopApp(App):
             self.notify(exc.message, title=f"{action}: agent busy", severity="warning", timeout=8)
         else:
             self.notify(exc.message, title=f"{action} refused ({exc.status})", severity="error", timeout=10)
+
+
+def _view(module: str, name: str) -> LiveScreen:
+    """Views other than Node are imported when first opened: the first frame must come within a second."""
+    import importlib
+
+    return getattr(importlib.import_module(f"lynxtop.tui.screens.{module}"), name)()
 
 
 def _flatten(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,18 +1,23 @@
-"""The dashboard's side of the control API: JSON over the agent's unix socket (docs/contracts.md).
+"""The dashboard's side of the control API: JSON over HTTP/1.1 on the agent's unix socket (docs/contracts.md).
 
-Every failure becomes one of two exceptions so screens never see aiohttp: `AgentUnreachable` (nothing answers,
-or the answer is not the API) and `AgentRefused` (the agent answered with an error code and a message).
+A small HTTP client on asyncio streams instead of aiohttp: the dashboard only ever sends a handful of
+JSON requests to one local socket, and importing aiohttp's client costs a quarter of a second of start-up
+(the first frame must come within one). One connection per request: a unix connect costs microseconds.
+
+Every failure becomes one of two exceptions so screens never see the transport: `AgentUnreachable`
+(nothing answers, or the answer is not the API) and `AgentRefused` (the agent answered an error).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
-
-import aiohttp
+from urllib.parse import urlencode
 
 MUTATING_ACTIONS = ("start", "stop", "restart", "switch")
+MAX_BODY = 64 * 1024 * 1024  # a status or log answer is far smaller; more means something else answers
 
 
 class AgentUnreachable(Exception):
@@ -30,36 +35,29 @@ class AgentRefused(Exception):
 
 
 class AgentClient:
-    """One keep-alive connection pool per dashboard; must be used from the app's event loop."""
-
     def __init__(self, socket_path: str | Path, timeout_s: float = 3.0):
         self.socket_path = str(socket_path)
         self.timeout_s = timeout_s
-        self._session: aiohttp.ClientSession | None = None
         self._closed = False
-
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._closed:
-            raise AgentUnreachable(f"{self.socket_path}: client closed")
-        if self._session is None or self._session.closed:
-            connector = aiohttp.UnixConnector(path=self.socket_path)
-            # The host part is ignored on a unix socket; the timeout bounds a hung agent.
-            self._session = aiohttp.ClientSession(
-                base_url="http://lynxtop-agent",
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-            )
-        return self._session
 
     async def _request(self, method: str, path: str, params: dict[str, Any] | None = None,
                        body: dict[str, Any] | None = None) -> dict[str, Any]:
-        session = self._get_session()
-        clean = {k: str(v) for k, v in (params or {}).items() if v is not None}
+        if self._closed:
+            raise AgentUnreachable(f"{self.socket_path}: client closed")
+        query = urlencode({k: v for k, v in (params or {}).items() if v is not None})
+        target = f"{path}?{query}" if query else path
         try:
-            async with session.request(method, path, params=clean, json=body) as resp:
-                text = await resp.text()
-                status = resp.status
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            status, text = await asyncio.wait_for(self._exchange(method, target, body), self.timeout_s)
+        except TimeoutError as exc:
+            raise AgentUnreachable(f"{self.socket_path}: no answer within {self.timeout_s:g} s") from exc
+        except FileNotFoundError as exc:
+            raise AgentUnreachable(f"{self.socket_path}: no such socket (is the agent running?)") from exc
+        except ConnectionRefusedError as exc:
+            raise AgentUnreachable(f"{self.socket_path}: connection refused (agent not running?)") from exc
+        except PermissionError as exc:
+            raise AgentUnreachable(f"{self.socket_path}: permission denied "
+                                   "(are you in the operators' group?)") from exc
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
             raise AgentUnreachable(f"{self.socket_path}: {_describe(exc)}") from exc
         try:
             data = json.loads(text) if text else {}
@@ -70,6 +68,45 @@ class AgentClient:
         if status >= 400:
             raise AgentRefused(status, str(data.get("error", "error")), str(data.get("message", text.strip())))
         return data
+
+    async def _exchange(self, method: str, target: str, body: dict[str, Any] | None) -> tuple[int, str]:
+        reader, writer = await asyncio.open_unix_connection(self.socket_path)
+        try:
+            payload = json.dumps(body).encode() if body is not None else b""
+            head = (f"{method} {target} HTTP/1.1\r\nHost: lynxtop-agent\r\nConnection: close\r\n"
+                    "Accept: application/json\r\n")
+            if body is not None:
+                head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+            writer.write(head.encode() + b"\r\n" + payload)
+            await writer.drain()
+            status_line = await reader.readline()
+            parts = status_line.decode("latin-1").split(" ", 2)
+            if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+                raise ValueError(f"not an HTTP answer: {status_line[:60]!r}")
+            status = int(parts[1])
+            headers: dict[str, str] = {}
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+            if headers.get("transfer-encoding", "").lower() == "chunked":
+                data = await _read_chunked(reader)
+            elif "content-length" in headers:
+                length = int(headers["content-length"])
+                if length > MAX_BODY:
+                    raise ValueError(f"answer of {length} bytes is too large")
+                data = await reader.readexactly(length)
+            else:
+                data = await reader.read(MAX_BODY)
+            return status, data.decode("utf-8", errors="replace")
+        finally:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass
 
     async def status(self) -> dict[str, Any]:
         return await self._request("GET", "/v1/status")
@@ -91,28 +128,29 @@ class AgentClient:
         """POST a mutating call; returns the 202 answer ({"accepted", "action", "message"})."""
         if action not in MUTATING_ACTIONS:
             raise ValueError(f"unknown action {action!r}")
-        body: dict[str, Any] = {"profile": profile} if profile else {}
-        return await self._request("POST", f"/v1/{action}", body=body)
+        return await self._request("POST", f"/v1/{action}", body={"profile": profile} if profile else {})
 
     async def close(self) -> None:
         self._closed = True
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-        self._session = None
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    out = bytearray()
+    while True:
+        size_line = await reader.readline()
+        size = int(size_line.split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            await reader.readline()
+            return bytes(out)
+        out += await reader.readexactly(size)
+        await reader.readline()
+        if len(out) > MAX_BODY:
+            raise ValueError("answer is too large")
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
-        return "no answer (timed out)"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        err = exc.os_error
-        if isinstance(err, FileNotFoundError):
-            return "no such socket (is the agent running?)"
-        if isinstance(err, ConnectionRefusedError):
-            return "connection refused (agent not running?)"
-        if isinstance(err, PermissionError):
-            return "permission denied (are you in the operators' group?)"
-        return str(err) or type(err).__name__
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
+    if isinstance(exc, asyncio.IncompleteReadError):
+        return "agent closed the connection mid-answer"
+    if isinstance(exc, ConnectionResetError):
         return "agent closed the connection"
     return str(exc) or type(exc).__name__

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from lynxtop.tui.app import LynxtopApp
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24
-COMPACT_WIDTH, COMPACT_HEIGHT = 120, 32
+COMPACT_WIDTH, COMPACT_HEIGHT = 150, 32
 
 
 class LiveScreen(Screen):
