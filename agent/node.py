@@ -190,12 +190,13 @@ class Node:
             log.info("stopping (live_restore %s: serving %s)", "on" if a.live_restore else "off",
                      "keeps running" if a.live_restore else "is stopped first")
             self.notifier.stopping("agent stopping" + (" (serving keeps running)" if a.live_restore else ""))
+            # the clock keeps sampling while serving stops: the GPU release check needs fresh samples
+            await sup.shutdown(stop_serving=not a.live_restore)
             for t in tasks:
                 t.cancel()
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
-            await sup.shutdown(stop_serving=not a.live_restore)
         finally:
             await self._close()
         return 0

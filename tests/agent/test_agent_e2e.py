@@ -335,6 +335,8 @@ async def test_live_restore_off_stops_serving_with_the_agent(tmp_path, cleanup):
     assert not sim_processes(tmp_path / "sim-state")
     run = db(tmp_path, "SELECT * FROM runs")[0]
     assert run["end_reason"] == "stopped with the agent" and run["ended_ms"]
+    kinds = [e["kind"] for e in db(tmp_path, "SELECT kind FROM events")]
+    assert "serving.exited" in kinds and "serving.gpu_release_timeout" not in kinds
 
 
 def test_agent_bad_config_and_unusable_paths_exit_with_a_message(tmp_path):
