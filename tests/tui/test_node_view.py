@@ -19,7 +19,7 @@ async def test_node_view_shows_gpus_serving_and_simulated(agent):
     app = make_app(agent.socket_path)
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: app.state.status is not None and
-                       len(app.screen.query_one(GpuTable).rows) == 8)
+                       app.screen.query_one(GpuTable).row_count == 8)
         assert isinstance(app.screen, NodeScreen)
         header = text_of(app.screen.query_one(NodeHeader))
         assert "SIMULATED" in header and "h200-node-07" in header and "dsv41-tp8" in header
@@ -43,10 +43,10 @@ async def test_rows_update_in_place_and_gpu_removal(agent):
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: app.state.status is not None)
         table = app.screen.query_one(GpuTable)
-        await wait_for(pilot, lambda: len(table.rows) == 8)
+        await wait_for(pilot, lambda: table.row_count == 8)
         agent.status = make_status(gpus=7)
         agent.status["gpus"][0]["temp_c"] = 77
-        await wait_for(pilot, lambda: len(table.rows) == 7)
+        await wait_for(pilot, lambda: table.row_count == 7)
         await wait_for(pilot, lambda: "77°C" in " ".join(text_of(c) for c in table.get_row("0")))
 
 
@@ -90,7 +90,7 @@ async def test_agent_lost_then_back_one_notice_per_outage(agent):
         text = text_of(banner)
         assert "agent unreachable since" in text and "no such socket" in text
         # last values are kept on screen
-        assert len(app.screen.query_one(GpuTable).rows) == 8
+        assert app.screen.query_one(GpuTable).row_count == 8
         # controls are greyed while nothing can receive them
         assert app.check_action("control", ("restart",)) is None
         agent.start()

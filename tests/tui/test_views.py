@@ -14,6 +14,7 @@ from lynxtop.tui.screens.gpu import GpuScreen
 from lynxtop.tui.screens.help import HelpScreen
 from lynxtop.tui.screens.history import HistoryScreen
 from lynxtop.tui.screens.latency import LatencyScreen
+from lynxtop.tui.widgets.gpu_table import GpuTable
 from lynxtop.tui.widgets.time_chart import TimeChart
 
 
@@ -42,8 +43,8 @@ async def test_gpu_view_arrows_choose_gpu_and_charts_backfill(agent, history_db)
 async def test_enter_on_gpu_row_opens_gpu_view(agent):
     app = make_app(agent.socket_path)
     async with app.run_test(size=(160, 48)) as pilot:
-        table = app.screen.query_one("#gpus", DataTable)
-        await wait_for(pilot, lambda: len(table.rows) == 8)
+        table = app.screen.query_one("#gpus", GpuTable)
+        await wait_for(pilot, lambda: table.row_count == 8)
         table.focus()
         await pilot.press("down", "down", "down", "enter")
         await wait_for(pilot, lambda: isinstance(app.screen, GpuScreen))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.gpu_table import UTIL_NOTE, GpuTable
@@ -31,7 +31,6 @@ class NodeScreen(LiveScreen):
         table.show(state.gpus)
         self.query_one(ServingPanel).show(state)
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    def on_gpu_table_selected(self, event: GpuTable.Selected) -> None:
         # Enter on a GPU row opens its 15-minute view.
-        if event.row_key.value is not None:
-            self.lynx.open_gpu(int(event.row_key.value))
+        self.lynx.open_gpu(event.index)
