@@ -389,16 +389,18 @@ def vllm_tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def vllm_processes(root: Path | None = None) -> list[psutil.Process]:
-    """Live vLLM processes: titled VLLM::… (engine, workers) or started from the prepared venv (API server)."""
+def vllm_processes(root: Path) -> list[psutil.Process]:
+    """Live processes of OUR real vLLM: started from the prepared venv, or carrying its cache path in their
+    environment (EngineCore and workers, retitled VLLM::…). Other engineers' simulated VLLM::… processes on
+    this shared machine match neither, and must never be touched."""
     out = []
-    for p in psutil.process_iter(["cmdline", "name", "status"]):
+    mark = str(root)
+    for p in psutil.process_iter(["cmdline", "status"]):
         try:
             if p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             cmd = " ".join(p.info["cmdline"] or [])
-            if cmd.startswith("VLLM::") or (p.info["name"] or "").startswith("VLLM::") \
-                    or (root is not None and str(root) in cmd):
+            if mark in cmd or (cmd.startswith("VLLM::") and any(mark in v for v in p.environ().values())):
                 out.append(p)
         except psutil.Error:
             continue

@@ -10,6 +10,7 @@ Run alone:  .venv/bin/python tests/real_vllm/prepare.py && .venv/bin/pytest -m r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -242,12 +243,15 @@ def _sim_log_and_page(tmp: Path) -> tuple[str, str]:
         assert r.ok, r.error
         _, page = http_get(port, "/metrics")
     finally:
+        # Its EngineCore and workers mimic vLLM and may outlive the leader: end the whole group, for sure.
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        proc.wait(timeout=10)
     return log.read_text(errors="replace"), page
 
 
