@@ -16,8 +16,10 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from argparse import Namespace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +101,7 @@ class Node:
         self._members_at = 0.0
         self._stop = asyncio.Event()
         self._reader: Any = None
+        self._reader_lock = threading.Lock()
         self._cfg_mtime: float | None = None
         self.writer: Any = None
         self.sampler: Any = None
@@ -472,26 +475,36 @@ class Node:
                 raise ActionError("store", f"history unavailable: {exc}", 503) from None
         return self._reader
 
-    def runs(self, limit: int) -> list[dict[str, Any]]:
-        return self._store_reader().runs(limit=limit)
+    async def _read(self, fn: Callable[[Any], Any]) -> Any:
+        """A history query in a thread (SQLite may wait on a lock), one at a time on the reader's connection."""
 
-    def events(self, since_ms: int | None, limit: int) -> list[dict[str, Any]]:
-        return self._store_reader().events(since_ms=since_ms, limit=limit)
+        def call() -> Any:
+            with self._reader_lock:
+                return fn(self._store_reader())
 
-    def logs(self, run_id: int | None, lines: int) -> dict[str, Any]:
+        return await asyncio.to_thread(call)
+
+    async def runs(self, limit: int) -> list[dict[str, Any]]:
+        return await self._read(lambda r: r.runs(limit=limit))
+
+    async def events(self, since_ms: int | None, limit: int) -> list[dict[str, Any]]:
+        return await self._read(lambda r: r.events(since_ms=since_ms, limit=limit))
+
+    async def logs(self, run_id: int | None, lines: int) -> dict[str, Any]:
         sup = self.supervisor
         assert sup is not None
         lines = max(1, min(int(lines), MAX_LOG_LINES))
         if run_id is None:
             if sup.proc is None:
                 raise ActionError("no_run", "no run yet: nothing has been started by this agent", 404)
-            return {"run_id": sup.run_id, "path": sup.proc.record.log_path,
-                    "lines": tail_lines(sup.proc.record.log_path, lines, max_bytes=4 << 20)}
-        run = self._store_reader().run(run_id)
-        if run is None:
-            raise ActionError("unknown_run", f"no run {run_id}", 404)
-        path = run.get("log_path")
-        return {"run_id": run_id, "path": path, "lines": tail_lines(path, lines, max_bytes=4 << 20)}
+            run_id, path = sup.run_id, sup.proc.record.log_path
+        else:
+            run = await self._read(lambda r: r.run(run_id))
+            if run is None:
+                raise ActionError("unknown_run", f"no run {run_id}", 404)
+            path = run.get("log_path")
+        tail = await asyncio.to_thread(tail_lines, path, lines, 4 << 20)
+        return {"run_id": run_id, "path": path, "lines": tail}
 
     async def start(self, profile: str | None, by: str) -> str:
         assert self.supervisor is not None

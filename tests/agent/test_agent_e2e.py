@@ -202,6 +202,17 @@ async def test_agent_ready_notify_then_sigkilled_agent_adopts_server(tmp_path, c
     assert st["serving"]["adopted"] is True
     assert st["serving"]["run_id"] == run_id and st["serving"]["pid"] == pid
     assert len(db(tmp_path, "SELECT id FROM runs")) == 1
+    # history and logs through the API
+    code, body = await b.api("GET", "/v1/runs?limit=5")
+    assert code == 200 and [r["id"] for r in body["runs"]] == [run_id]
+    code, body = await b.api("GET", "/v1/events?since=0&limit=500")
+    assert code == 200 and "serving.adopted" in [e["kind"] for e in body["events"]]
+    code, body = await b.api("GET", "/v1/logs?lines=200")
+    assert code == 200 and body["run_id"] == run_id and any("startup complete" in x for x in body["lines"])
+    code, body = await b.api("GET", "/v1/logs?run=999")
+    assert code == 404 and "999" in body["message"]
+    code, body = await b.api("GET", "/v1/profiles")
+    assert code == 200 and body["current"] == "v4-tp8" and len(body["profiles"]) == 2
     # an explicit stop ends serving; the run row says why; nothing of it is left
     code, body = await b.api("POST", "/v1/stop", {})
     assert code == 202, body
