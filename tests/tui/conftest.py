@@ -69,6 +69,10 @@ def build_history(path: Path, minutes: int = 30, step_s: int = 10) -> dict[str, 
     w.add_event("serving", "warning", "switch to dsv41-tp8-ep by uid 1000 (alice)", run_id=run1, ts_ms=mid - 2000)
     w.add_event("gpu", "error", "GPU 5 XID 79: fell off the bus", run_id=run2, ts_ms=T0 - 120_000)
     w.add_event("sla", "critical", "TTFT p99 3.0 s above 2.0 s", run_id=run2, ts_ms=T0 - 60_000)
+    for run, scale in ((run1, 1.0), (run2, 1.3)):
+        for conc in (1, 8, 32):
+            w.add_bench_result({"run_id": run, "name": "sharegpt", "concurrency": conc, "ts_ms": mid,
+                                "output_tokens_per_s": 100.0 * conc * scale, "ttft_p99_ms": 200.0 * conc})
     w.close()
     return {"run1": run1, "run2": run2, "start": start_old, "mid": mid}
 

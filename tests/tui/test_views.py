@@ -91,6 +91,16 @@ async def test_history_lists_runs_charts_ranges_and_works_without_agent(sock_dir
         assert chart.start_ms == info["mid"]  # the whole of the running run
         # the agent is down, history still works
         assert app.state.outage is not None
+        table.focus()
+        await pilot.press("slash")
+        box = screen.query_one("#runs-filter", Input)
+        assert box.has_focus
+        box.value = "-ep"
+        await pilot.press("enter")
+        assert [r.value for r in table.rows] == [str(info["run2"])]
+        assert "1 of 2 runs" in text_of(screen.query_one("#history-status"))
+        await pilot.press("escape")
+        assert table.row_count == 2
 
 
 async def test_history_compare_two_runs(sock_dir, history_db):
@@ -109,6 +119,7 @@ async def test_history_compare_two_runs(sock_dir, history_db):
         assert "2 flag difference(s)" in text and "--enable-expert-parallel" in text
         assert "262144" in text and "131072" in text
         assert "generation_tokens_per_s" in text and "ttft_p99_ms" in text
+        assert "benchmark curves" in text and "4.16k" in text and "3.20k" in text  # 32 x 100 x 1.3 and x 1.0
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen))
 

@@ -67,6 +67,26 @@ def compare_table(a: dict[str, Any], b: dict[str, Any]) -> Table:
     return table
 
 
+def bench_table(a: dict[str, Any], b: dict[str, Any], bench: list[dict[str, Any]]) -> Table:
+    """Benchmark curves side by side: throughput and latency per concurrency, with a bar for throughput."""
+    table = Table(title="benchmark curves (lynxtop bench)", show_header=True, header_style="bold", expand=False)
+    table.add_column("concurrency", justify="right")
+    top = max((r.get("output_tokens_per_s") or 0 for r in bench), default=0) or 1
+    by_key: dict[tuple[int, int], dict[str, Any]] = {(r["run_id"], r.get("concurrency") or 0): r for r in bench}
+    for run in (a, b):
+        table.add_column(f"run {run.get('id')} out tok/s", justify="right")
+        table.add_column("", no_wrap=True)
+        table.add_column("TTFT p99", justify="right")
+    for conc in sorted({c for _, c in by_key}):
+        cells: list[Any] = [str(conc)]
+        for run in (a, b):
+            r = by_key.get((run.get("id"), conc), {})
+            tok = r.get("output_tokens_per_s")
+            cells += [fmt_si(tok), Text("█" * int((tok or 0) / top * 12), style="cyan"), fmt_ms(r.get("ttft_p99_ms"))]
+        table.add_row(*cells)
+    return table
+
+
 class CompareScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q", "close", "Close", id="compare.close")]
 
@@ -89,15 +109,16 @@ class CompareScreen(ModalScreen[None]):
         try:
             with app.history.reader() as reader:
                 a, b = reader.run(self.run_a), reader.run(self.run_b)
+                bench = [r for r in reader.bench_results(limit=1000) if r.get("run_id") in (self.run_a, self.run_b)]
         except (HistoryUnavailable, Exception) as exc:
             self.app.call_from_thread(self._show_error, str(exc))
             return
-        self.app.call_from_thread(self._show, a, b)
+        self.app.call_from_thread(self._show, a, b, bench)
 
     def _show_error(self, message: str) -> None:
         self.query_one("#compare-body", Static).update(Text(f"✗ {message}", style="bold red"))
 
-    def _show(self, a: dict[str, Any] | None, b: dict[str, Any] | None) -> None:
+    def _show(self, a: dict[str, Any] | None, b: dict[str, Any] | None, bench: list[dict[str, Any]]) -> None:
         if a is None or b is None:
             missing = self.run_a if a is None else self.run_b
             self._show_error(f"run {missing} is not in the database")
@@ -112,7 +133,10 @@ class CompareScreen(ModalScreen[None]):
         for flag, va, vb in diff:
             flags.add_row(flag, va, vb)
         head = Text(f"{len(diff)} flag difference(s)" if diff else "same flags", style="bold")
-        self.query_one("#compare-body", Static).update(Group(head, flags, Text(""), compare_table(a, b)))
+        parts = [head, flags, Text(""), compare_table(a, b)]
+        if bench:
+            parts += [Text(""), bench_table(a, b, bench)]
+        self.query_one("#compare-body", Static).update(Group(*parts))
 
     def action_close(self) -> None:
         self.dismiss(None)

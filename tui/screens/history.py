@@ -10,7 +10,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Input, Static
 
 from lynxtop.tui.export_csv import ExportError, export_run_gpu
 from lynxtop.tui.format import fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
@@ -39,6 +39,8 @@ class HistoryScreen(LiveScreen):
         Binding("t", "cycle_range", "Range", id="history.range"),
         Binding("c", "compare", "Compare", id="history.compare"),
         Binding("e", "export", "Export CSV", id="history.export"),
+        Binding("slash", "filter", "Filter runs", key_display="/", id="history.filter"),
+        Binding("escape", "clear_filter", "Clear filter", show=False, id="history.clear"),
         Binding("f5", "reload", "Reload runs", show=False, id="history.reload"),
     ]
 
@@ -49,6 +51,8 @@ class HistoryScreen(LiveScreen):
         self.selected: dict[str, Any] | None = None
         self.compare_with: dict[str, Any] | None = None
         self.error: str | None = None
+        self.run_filter = ""
+        self.all_runs: list[dict[str, Any]] = []
         self.last_draw_ms: float | None = None  # how long the last chart load took (benchmarks read it)
 
     def compose_body(self) -> ComposeResult:
@@ -59,6 +63,9 @@ class HistoryScreen(LiveScreen):
                 for cid, title, _, _, _, fmt, vmax, _ in CHARTS:
                     yield TimeChart(title, fmt, vmax=vmax, agg="max", ascii_only=self.lynx.ascii_only,
                                     id=f"hchart-{cid}", classes="history-chart")
+        # After the runs table in focus order, so the table (not the hidden box) has the focus on entry.
+        yield Input(placeholder="filter runs by profile, id or end reason (Enter applies, Esc clears)",
+                    id="runs-filter")
 
     def on_mount(self) -> None:
         table = self.query_one("#runs", DataTable)
@@ -93,6 +100,10 @@ class HistoryScreen(LiveScreen):
 
     def _show_runs(self, runs: list[dict[str, Any]]) -> None:
         self.error = None
+        self.all_runs = runs
+        needle = self.run_filter.lower()
+        if needle:
+            runs = [r for r in runs if needle in f"{r.get('id')} {r.get('profile')} {r.get('end_reason')}".lower()]
         self.runs = runs
         table = self.query_one("#runs", DataTable)
         keep = self.selected.get("id") if self.selected else None
@@ -168,6 +179,8 @@ class HistoryScreen(LiveScreen):
                      style="bold reverse" if i == self.range_index else "dim")
         if self.selected:
             t.append(f"   run {self.selected.get('id')} {self.selected.get('profile', '')}", style="bold")
+        if self.run_filter:
+            t.append(f"   filter {self.run_filter!r}: {len(self.runs)} of {len(self.all_runs)} runs", style="yellow")
         if self.compare_with:
             t.append(f"   compare: run {self.compare_with.get('id')} marked; c on another run",
                      style="yellow")
@@ -179,6 +192,25 @@ class HistoryScreen(LiveScreen):
         self.range_index = (self.range_index + 1) % len(RANGES)
         self._draw_status()
         self.load_charts()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#runs-filter", Input)
+        box.value = self.run_filter
+        box.add_class("-open")
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id != "runs-filter":
+            return
+        self.run_filter = event.value.strip()
+        event.input.remove_class("-open")
+        self._show_runs(self.all_runs)
+        self.query_one("#runs", DataTable).focus()
+
+    def action_clear_filter(self) -> None:
+        self.run_filter = ""
+        self.query_one("#runs-filter", Input).remove_class("-open")
+        self._show_runs(self.all_runs)
 
     def action_reload(self) -> None:
         self.load_runs()
