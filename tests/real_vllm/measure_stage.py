@@ -42,13 +42,16 @@ def main() -> int:
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped)", tail)}
     total = time.monotonic() - t0
     kind = "warm" if info.get("warm") else "cold"
-    sys.stdout.write(tests.stdout[-4000:] + "\n")
+    log = Path("/tmp") / f"lynxtop-real-vllm-stage-{int(time.time())}.log"
+    log.write_text(tests.stdout + tests.stderr)
+    sys.stdout.write(tests.stdout[-2000:] + f"\n(full pytest output: {log})\n")
     print(json.dumps({
         "stage": "real_vllm", "cache": kind, "prepare_ok": bool(info.get("ok")), "prepare_s": round(prep_s, 1),
         "tests_s": round(tests_s, 1), "total_s": round(total, 1), "budget_s": BUDGET_S[kind],
         "within_budget": total <= BUDGET_S[kind], "pytest_rc": tests.returncode,
         "passed": counts.get("passed", 0), "failed": counts.get("failed", 0),
         "errors": counts.get("error", 0) + counts.get("errors", 0), "skipped": counts.get("skipped", 0),
+        "log": str(log),
     }))
     return 0
 
