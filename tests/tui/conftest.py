@@ -89,7 +89,7 @@ def history_db() -> Iterator[tuple[Path, dict[str, Any]]]:
 def make_app(socket: Path, database: Path | None = None, **kw: Any) -> LynxtopApp:
     kw.setdefault("poll_interval_s", 0.25)
     kw.setdefault("backoff", Backoff(base_s=0.05, cap_s=0.2))
-    kw.setdefault("clock", lambda: T0 / 1000 + 5)
+    kw.setdefault("clock", lambda: T0 / 1000 + 2)
     kw.setdefault("backfill", False)
     return LynxtopApp(socket, database, **kw)
 

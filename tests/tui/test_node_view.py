@@ -122,3 +122,24 @@ async def test_too_small_terminal_message(agent):
         await pilot.pause(0.1)
         assert not app.screen.has_class("-too-small")
         assert app.screen.has_class("-compact")
+
+
+async def test_stalled_sampling_is_flagged(agent):
+    app = make_app(agent.socket_path, clock=lambda: agent.status["ts_ms"] / 1000 + 42)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.pause(0.1)
+        assert "samples 42s old" in text_of(app.screen.query_one(NodeHeader))
+
+
+async def test_ansi_theme_ascii_bars_and_no_color(agent, monkeypatch):
+    monkeypatch.setenv("TERM", "linux")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("LYNXTOP_ASCII", "1")
+    app = make_app(agent.socket_path)
+    assert app.theme == "ansi-dark" and app.no_color
+    async with app.run_test(size=(160, 48)) as pilot:
+        table = app.screen.query_one(GpuTable)
+        await wait_for(pilot, lambda: table.row_count == 8)
+        row = " ".join(text_of(c) for c in table.get_row("0"))
+        assert "######...." in row and "█" not in row  # 60 % SM activity in ASCII

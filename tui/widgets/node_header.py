@@ -62,6 +62,11 @@ class NodeHeader(TextPanel):
                 t.append("agent ✓", style="green")
             else:
                 t.append("agent ✗ unhealthy", style="bold red")
+            ts = (state.status or {}).get("ts_ms")
+            interval = float(agent.get("sample_interval_s") or 1.0)
+            if ts and state.outage is None and now_ms - ts > max(5000, 3000 * interval):
+                # the agent answers but its sampling stalled: say so, or stale numbers look live
+                t.append(f"  ⚠ samples {fmt_duration((now_ms - ts) / 1000)} old", style="bold yellow")
             nvml = agent.get("nvml") or {}
             if nvml.get("state") and nvml.get("state") != "ok":
                 t.append(f"  NVML {nvml['state']}", style="bold red")
