@@ -21,7 +21,7 @@ from lynxtop.tui.widgets.time_chart import TimeChart
 async def test_gpu_view_arrows_choose_gpu_and_charts_backfill(agent, history_db):
     db, _ = history_db
     app = make_app(agent.socket_path, db, backfill=True, utc=True)
-    async with app.run_test(size=(160, 48)) as pilot:
+    async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: app.state.connected and len(app.state.gpu_history.get(0, ())) > 50)
         await pilot.press("2")
         await wait_for(pilot, lambda: isinstance(app.screen, GpuScreen))
@@ -42,7 +42,7 @@ async def test_gpu_view_arrows_choose_gpu_and_charts_backfill(agent, history_db)
 
 async def test_enter_on_gpu_row_opens_gpu_view(agent):
     app = make_app(agent.socket_path)
-    async with app.run_test(size=(160, 48)) as pilot:
+    async with app.run_test(size=(120, 36)) as pilot:
         table = app.screen.query_one("#gpus", GpuTable)
         await wait_for(pilot, lambda: table.row_count == 8)
         table.focus()
@@ -54,7 +54,7 @@ async def test_enter_on_gpu_row_opens_gpu_view(agent):
 async def test_latency_view_marks_breaches_against_sla(agent, history_db):
     db, _ = history_db
     app = make_app(agent.socket_path, db, backfill=True, utc=True)
-    async with app.run_test(size=(160, 48)) as pilot:
+    async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: len(app.state.serving_history) > 50)
         await pilot.press("3")
         await wait_for(pilot, lambda: isinstance(app.screen, LatencyScreen))
@@ -71,7 +71,7 @@ async def test_latency_view_marks_breaches_against_sla(agent, history_db):
 async def test_history_lists_runs_charts_ranges_and_works_without_agent(sock_dir, history_db):
     db, info = history_db
     app = make_app(sock_dir / "absent.sock", db, utc=True)
-    async with app.run_test(size=(160, 48)) as pilot:
+    async with app.run_test(size=(120, 36)) as pilot:
         await pilot.press("4")
         await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen))
         screen = app.screen
@@ -106,7 +106,7 @@ async def test_history_lists_runs_charts_ranges_and_works_without_agent(sock_dir
 async def test_history_compare_two_runs(sock_dir, history_db):
     db, _ = history_db
     app = make_app(sock_dir / "absent.sock", db, utc=True)
-    async with app.run_test(size=(160, 48)) as pilot:
+    async with app.run_test(size=(120, 36)) as pilot:
         await pilot.press("4")
         screen = app.screen
         await wait_for(pilot, lambda: len(getattr(screen, "runs", [])) == 2)
@@ -128,7 +128,7 @@ async def test_history_export_writes_csv_and_refuses_overwrite(sock_dir, history
     db, info = history_db
     app = make_app(sock_dir / "absent.sock", db, utc=True)
     target = tmp_path / "run.csv"
-    async with app.run_test(size=(160, 48)) as pilot:
+    async with app.run_test(size=(120, 36)) as pilot:
         await pilot.press("4")
         screen = app.screen
         await wait_for(pilot, lambda: len(getattr(screen, "runs", [])) == 2)
@@ -174,7 +174,7 @@ async def test_history_unavailable_is_explained(sock_dir, tmp_path):
 async def test_events_filters_and_log_search(agent, history_db):
     db, _ = history_db
     app = make_app(agent.socket_path, db, utc=True)
-    async with app.run_test(size=(160, 48)) as pilot:
+    async with app.run_test(size=(120, 36)) as pilot:
         await pilot.press("5")
         await wait_for(pilot, lambda: isinstance(app.screen, EventsScreen))
         screen = app.screen
@@ -247,3 +247,18 @@ async def test_q_quits(agent):
         await pilot.pause(0.1)
     assert app.return_code in (0, None)
     assert not app.is_running
+
+
+async def test_typing_in_a_filter_box_never_triggers_keys(agent, history_db):
+    db, _ = history_db
+    app = make_app(agent.socket_path, db)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.press("5")
+        await wait_for(pilot, lambda: isinstance(app.screen, EventsScreen))
+        screen = app.screen
+        await pilot.press("slash")
+        await pilot.press(*"qRXSP14")
+        assert screen.query_one("#filter", Input).value == "qRXSP14"
+        assert app.is_running and isinstance(app.screen, EventsScreen)
+        assert agent.posts() == []

@@ -110,7 +110,10 @@ class CompareScreen(ModalScreen[None]):
             with app.history.reader() as reader:
                 a, b = reader.run(self.run_a), reader.run(self.run_b)
                 bench = [r for r in reader.bench_results(limit=1000) if r.get("run_id") in (self.run_a, self.run_b)]
-        except (HistoryUnavailable, Exception) as exc:
+        except HistoryUnavailable as exc:
+            self.app.call_from_thread(self._show_error, str(exc))
+            return
+        except Exception as exc:  # a damaged database: say so in the dialog, keep the app alive
             self.app.call_from_thread(self._show_error, str(exc))
             return
         self.app.call_from_thread(self._show, a, b, bench)
