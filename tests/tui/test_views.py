@@ -119,6 +119,7 @@ async def test_history_compare_two_runs(sock_dir, history_db):
         assert "2 flag difference(s)" in text and "--enable-expert-parallel" in text
         assert "262144" in text and "131072" in text
         assert "generation_tokens_per_s" in text and "ttft_p99_ms" in text
+        assert "gpus.sm_active_pct (mean)" in text and "gpus.count" in text
         assert "benchmark curves" in text and "4.16k" in text and "3.20k" in text  # 32 x 100 x 1.3 and x 1.0
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen))

@@ -14,10 +14,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from lynxtop.tui.control_text import flag_diff
-from lynxtop.tui.format import NA, fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
+from lynxtop.tui.format import NA, fmt_bytes, fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
 from lynxtop.tui.history_source import HistoryUnavailable
 
-SKIP = {"id", "flags", "argv", "summary"}
+SKIP = {"id", "flags", "argv", "summary", "pid_start_time", "gpus"}
 
 
 def _fmt_value(key: str, v: Any) -> str:
@@ -29,12 +29,16 @@ def _fmt_value(key: str, v: Any) -> str:
             return fmt_ms(v)
         if key.endswith("_ms"):
             return fmt_datetime(v)
-        if key.endswith("_pct"):
+        if "bytes" in key:
+            return fmt_bytes(v)
+        if "_pct" in key:
             return fmt_pct(v, 1)
         if key.endswith("_per_s"):
             return fmt_si(v)
         if key.endswith("_s"):
             return fmt_duration(v)
+        if key.startswith("gpus.") and isinstance(v, float):
+            return f"{v:.1f}"
         return f"{v:,.4g}" if isinstance(v, float) else str(v)
     if isinstance(v, list | tuple):
         return ", ".join(map(str, v))
@@ -46,12 +50,35 @@ def _flatten(run: dict[str, Any]) -> dict[str, Any]:
     summary = run.get("summary")
     if isinstance(summary, dict):
         for k, v in summary.items():
-            if isinstance(v, dict):
+            if k == "gpus" and isinstance(v, list):
+                out.update(_gpu_activity(v))
+            elif isinstance(v, dict):
                 for k2, v2 in v.items():
                     out[f"{k}.{k2}"] = v2
             else:
                 out[k] = v
     return out
+
+
+def _gpu_activity(gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-GPU summaries -> mean activity across GPUs and the extremes an operator compares."""
+    def mean(key: str) -> float | None:
+        vals = [g[key] for g in gpus if g.get(key) is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    def top(key: str) -> float | None:
+        vals = [g[key] for g in gpus if g.get(key) is not None]
+        return max(vals) if vals else None
+
+    return {
+        "gpus.count": len(gpus),
+        "gpus.sm_active_pct (mean)": mean("sm_active_pct"),
+        "gpus.util_gpu_pct (mean)": mean("util_gpu_pct"),
+        "gpus.power_w (mean)": mean("power_w"),
+        "gpus.temp_max_c (max)": top("temp_max_c"),
+        "gpus.mem_used_max_bytes (max)": top("mem_used_max_bytes"),
+        "gpus.energy_j (sum)": sum(g.get("energy_j") or 0 for g in gpus) or None,
+    }
 
 
 def compare_table(a: dict[str, Any], b: dict[str, Any]) -> Table:
