@@ -2,10 +2,10 @@
 
 The simulator is our everyday test bed; only a real server proves that we read its log, its /metrics, its
 signals and its process tree right. The tests run in file order on one shared agent (a server load costs
-20-80 s here): start -> load -> simulator check -> agent crash + adoption -> drain + switch -> SIGKILL of the
-API server (orphans) -> a profile vLLM rejects.
+20-80 s here): start -> load -> simulator check -> drain + switch -> SIGKILL of the API server (orphans)
+-> agent SIGKILL + adoption -> a profile vLLM rejects. Each test can also run alone (-k): it starts what it needs.
 
-Run alone:  .venv/bin/python tests/real_vllm/prepare.py && .venv/bin/pytest -m real_vllm tests/real_vllm -q
+Run:  .venv/bin/python tests/real_vllm/prepare.py && .venv/bin/pytest -m real_vllm tests/real_vllm -q -rA
 """
 
 from __future__ import annotations
