@@ -306,12 +306,19 @@ class StoreReader:
             return self._q(f"SELECT * FROM {name} ORDER BY ts_ms DESC LIMIT ?", (int(n),))
         if gpu is not None and table != "processes":
             return self._q(f"SELECT * FROM {name} WHERE gpu = ? ORDER BY ts_ms DESC LIMIT ?", (int(gpu), int(n)))
-        ts = self._q(f"SELECT DISTINCT ts_ms FROM {name} ORDER BY ts_ms DESC LIMIT ?", (int(n),))
-        if not ts:
+        # the n newest tick times by n index probes (max() below a bound), never a scan
+        oldest = None
+        for _ in range(max(1, int(n))):
+            below = "" if oldest is None else " WHERE ts_ms < ?"
+            row = self._q(f"SELECT max(ts_ms) AS ts FROM {name}{below}", () if oldest is None else (oldest,))
+            if not row or row[0]["ts"] is None:
+                break
+            oldest = row[0]["ts"]
+        if oldest is None:
             return []
         gpu_sql, params = (" AND gpu = ?", (int(gpu),)) if gpu is not None else ("", ())
         return self._q(f"SELECT * FROM {name} WHERE ts_ms >= ?{gpu_sql} ORDER BY ts_ms DESC, gpu",
-                       (ts[-1]["ts_ms"], *params))
+                       (oldest, *params))
 
     def gpus(self) -> list[dict[str, Any]]:
         """Static GPU facts, by index."""
