@@ -554,6 +554,13 @@ class Supervisor:
     def _resolve_outcome(self, ok: bool) -> None:
         if self._outcome is not None and not self._outcome.done():
             self._outcome.set_result(ok)
+        if self._action_preemptible:
+            # the action was only waiting for this: free the slot now, so a status that says "ready" never
+            # comes with "busy" for the next request (the action task finishes its bookkeeping on its own)
+            self.action = None
+            self._action_preemptible = False
+            if self.on_change:
+                self.on_change()
 
     async def _watch_ready(self, proc: ServerProcess) -> None:
         """While serving: wait for the exit, probe /health now and then, reset failures after a stable period."""

@@ -37,10 +37,20 @@ def run_row(store, run_id: int) -> dict:
 
 
 async def start_ready(sup, profile="alpha"):
+    seen: list[tuple[str, object]] = []
+
+    async def observe():  # what an API request could see between two awaits of the agent
+        while sup.state != "ready" or sup.action is not None:
+            seen.append((sup.state, sup.action))
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(observe())
     msg = await sup.start(profile, by="uid 0 (root) pid 1")
     assert profile in msg
     await wait_for(lambda: sup.state == "ready", 15, what="ready")
-    await wait_for(lambda: sup.action is None, 5, what="action done")
+    await asyncio.wait_for(watcher, 5)
+    # "ready" is never shown together with a busy action slot (a switch right after ready must be accepted)
+    assert not [x for x in seen if x[0] == "ready"], [x for x in seen if x[0] == "ready"][:3]
 
 
 async def test_start_ready_records_run_phases_and_clean_env(make_sup, store, monkeypatch):
