@@ -121,14 +121,16 @@ def export(args: Namespace) -> int:
         return reader
     try:
         if args.run is not None:
-            run = reader.run(args.run)
+            run = reader.run(args.run, summary=False)
             if run is None:
                 return _err("export", f"no run {args.run} in {reader.path} (see `lynxtop runs`)")
+            if run.get("started_ms") is None:
+                return _err("export", f"run {args.run} has no start time recorded; use --from/--to")
             start, end = run["started_ms"], (run.get("ended_ms") or now) + 1
-        assert start is not None and end is not None
+        if start is None or end is None:  # unreachable: argparse requires --run or --from
+            return _err("export", "give --run N or --from T")
         out = Path(args.output).expanduser() if args.output else None
-        if args.table == "all":
-            assert out is not None
+        if args.table == "all" and out is not None:
             counts = export_all(reader, args.resolution, start, end, out, args.force)
             print(f"wrote {', '.join(f'{t}: {n} rows' for t, n in counts.items())} to {out}", file=sys.stderr)
         else:

@@ -108,12 +108,14 @@ class StoreReader:
         """Newest first."""
         return [_decode_run(r) for r in self._q("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (int(limit),))]
 
-    def run(self, run_id: int) -> dict[str, Any] | None:
+    def run(self, run_id: int, summary: bool = True) -> dict[str, Any] | None:
         """A run with `summary`: duration, load time, throughput, latency, and per-GPU activity."""
         rows = self._q("SELECT * FROM runs WHERE id = ?", (int(run_id),))
         if not rows:
             return None
         run = _decode_run(rows[0])
+        if not summary:
+            return run
         start = run.get("started_ms")
         end = run.get("ended_ms") or int(time.time() * 1000)
         summary: dict[str, Any] = {
