@@ -257,6 +257,11 @@ class StoreWriter:
         sql = f"INSERT INTO bench_results ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
         return self._call(lambda c: c.execute(sql, [known[k] for k in cols]).lastrowid, timeout)
 
+    def alive(self) -> bool:
+        """True while the writer thread runs (for the agent's health check and watchdog)."""
+        t = self._thread
+        return t is not None and t.is_alive()
+
     def stats(self) -> dict[str, Any]:
         with self._cv:
             return {
@@ -271,6 +276,7 @@ class StoreWriter:
                 "last_commit_ms": self._last_commit_ms,
                 "last_tick_ts_ms": self._last_tick_ts,
                 "retrying": self._trouble_since is not None,
+                "alive": self.alive(),
             }
 
     def flush(self, timeout: float = 10.0) -> bool:

@@ -26,7 +26,8 @@ def test_queued_ticks_are_written_in_one_transaction_each_tick_whole(db):
     assert w.flush(10)
     st = w.stats()
     w.close()
-    assert st["written_ticks"] == 50 and st["tick_commits"] == 1 and st["dropped"] == 0
+    assert st["written_ticks"] == 50 and st["tick_commits"] == 1 and st["dropped"] == 0 and st["alive"]
+    assert not w.alive()  # closed
     assert st["last_tick_ts_ms"] == T0 + 49_000
     c = sqlite3.connect(db)
     per_tick = c.execute("SELECT count(*) FROM gpu_samples GROUP BY ts_ms").fetchall()
