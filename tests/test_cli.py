@@ -59,3 +59,10 @@ def test_bad_arguments_exit_2_with_usage():
     assert "invalid int value" in r.stderr and "Traceback" not in r.stderr
     r = _lynxtop("frobnicate")
     assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_relative_time_value_is_not_taken_for_an_option(tmp_path):
+    db = tmp_path / "none.db"
+    r = _lynxtop("export", "--database", str(db), "--from", "-24h")
+    assert "expected one argument" not in r.stderr
+    assert r.returncode == 2 and str(db) in r.stderr  # reached the export handler: the database is missing
