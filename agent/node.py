@@ -370,9 +370,7 @@ class Node:
         return None if self.last_tick_done is None else round(time.monotonic() - self.last_tick_done, 1)
 
     def _writer_alive(self) -> bool:
-        # StoreWriter has no public liveness flag yet; the node always start()s it, so no thread = closed/dead
-        thread = getattr(self.writer, "_thread", None)
-        return thread is not None and thread.is_alive()
+        return self.writer.alive()
 
     def healthy(self) -> bool:
         limit = max(5 * self.interval, 10.0)
