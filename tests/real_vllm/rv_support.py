@@ -342,15 +342,14 @@ def counter(text: str, name: str) -> float:
     return total
 
 
-def bucket_bounds(les: list[str], value: float) -> tuple[float, float]:
-    """The (lower, upper] bucket of the server's histogram that holds `value`."""
-    bounds = sorted(float(le) for le in les)
-    lower = 0.0
-    for b in bounds:
-        if value <= b:
-            return lower, b
-        lower = b
-    return lower, float("inf")
+def bucket_bounds(les: list[str], value: float, widen_below: int = 0, widen_above: int = 0) -> tuple[float, float]:
+    """The (lower, upper] bucket of the server's histogram that holds `value`, optionally widened by whole
+    neighbouring buckets."""
+    edges = [0.0, *sorted(float(le) for le in les)]
+    if edges[-1] != float("inf"):
+        edges.append(float("inf"))
+    i = next(k for k in range(1, len(edges)) if value <= edges[k])  # bucket (edges[i-1], edges[i]]
+    return edges[max(0, i - 1 - widen_below)], edges[min(len(edges) - 1, i + widen_above)]
 
 
 def histogram_quantile(q: float, before: dict[str, float], after: dict[str, float]) -> float | None:

@@ -212,7 +212,12 @@ def test_serving_samples_agree_with_the_clients_own_measurement(agent):
             server_s = histogram_quantile(q, before, after)
             client_s = exact_quantile(values, q)
             # The bucket that holds the client's percentile, and the one that holds it less the offset.
-            lo1, hi1 = bucket_bounds(list(after), client_s)
+            # In the tails the delay varies from request to request (2 shared cores: the client's threads
+            # wait for a core too), so there one neighbouring bucket is allowed: below for TTFT (the client
+            # is only ever later), either side for ITL (chunks can arrive bunched or spread).
+            spread = 0 if q == 0.5 else 1
+            lo1, hi1 = bucket_bounds(list(after), client_s, widen_below=spread,
+                                     widen_above=spread if series == "itl" else 0)
             lo2, hi2 = bucket_bounds(list(after), max(0.0, client_s - offsets[series]))
             lo, hi = min(lo1, lo2), max(hi1, hi2)
             report[f"{series}_{stat}"] = {"agent_ms": agent_ms, "server_hist_ms": server_s * 1000,
