@@ -232,22 +232,30 @@ class EngineCore:
     def start_workers(self) -> None:
         if not self.a.workers or self.world <= 1:
             return
-        for k in range(self.world):
-            pid = os.fork()
-            if pid == 0:  # the worker: a title, no work, dies with EngineCore
-                try:
-                    set_title(f"VLLM::Worker_DP{self.rank}_TP{k}" if self.a.dp > 1 else f"VLLM::Worker_TP{k}")
-                    die_with_parent(signal.SIGKILL)
-                    for s in (signal.SIGTERM, signal.SIGINT):
-                        signal.signal(s, signal.SIG_DFL)
-                    self.sock.close()
-                    if os.getppid() != self.pid:
+        # Signals stay blocked across each fork: a group SIGTERM landing between fork() and the bookkeeping
+        # below could otherwise leave a worker unrecorded (never reaped) or run EngineCore's handler in a child.
+        stop_signals = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+        try:
+            for k in range(self.world):
+                pid = os.fork()
+                if pid == 0:  # the worker: a title, no work; exits on SIGTERM and when EngineCore dies
+                    try:
+                        for s in stop_signals:
+                            signal.signal(s, signal.SIG_DFL)
+                        set_title(f"VLLM::Worker_DP{self.rank}_TP{k}" if self.a.dp > 1 else f"VLLM::Worker_TP{k}")
+                        die_with_parent(signal.SIGKILL)
+                        self.sock.close()
+                        if os.getppid() != self.pid:
+                            os._exit(0)
+                        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)  # a pending SIGTERM ends it here
+                        while True:
+                            time.sleep(3600)
+                    finally:
                         os._exit(0)
-                    while True:
-                        time.sleep(3600)
-                finally:
-                    os._exit(0)
-            self.workers.append(pid)
+                self.workers.append(pid)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)  # a pending SIGTERM raises _Stop here
 
     def startup(self) -> None:
         a, p = self.a, self.a.params
@@ -271,7 +279,7 @@ class EngineCore:
         steps = max(int(load_s / 0.2), 1)
         for i in range(steps):
             self.wait(load_s / steps)
-            self.mem_per_gpu = int(weights * (i + 1) / steps)
+            self.mem_per_gpu = min(int(weights * (i + 1) / steps), p.gpu_mem_bytes)  # NVML never shows > total
             self.publish(force=True)
         took = time.monotonic() - t0
         self.log(f"Loading weights took {took:.2f} seconds", src="default_loader.py:267")
@@ -288,8 +296,14 @@ class EngineCore:
                            block_size=a.block_size, kv_cache_dtype=a.kv_cache_dtype)
         self.plan = plan
         if plan.kv_bytes <= 0:
-            self.fail("ValueError: No available memory for the cache blocks. Try increasing "
-                      "`gpu_memory_utilization` when initializing the engine.")
+            if plan.weights_bytes > p.gpu_mem_bytes * a.gpu_memory_utilization:
+                self.log(f"[SIMULATED] the weights take {plan.weights_bytes / GIB:.2f} GiB per GPU with TP={a.tp}, "
+                         f"PP={a.pp}; the GPU has {p.gpu_mem_bytes / GIB:.2f} GiB: raise --tensor-parallel-size "
+                         f"(DeepSeek-V4.1 needs 8 H200s)", "WARNING", src="sim")
+            self.fail("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+                      "when initializing the engine (this flag also controls CPU memory reservation on the CPU "
+                      "backend, despite its name). See https://docs.vllm.ai/en/latest/configuration/"
+                      "conserving_memory/ for more details.")
         if plan.kv_tokens < a.max_model_len:
             need = a.max_model_len * p.kv_bytes_per_token_for(a.kv_cache_dtype) / GIB
             self.fail(f"ValueError: To serve at least one request with the models's max seq len "
@@ -394,14 +408,27 @@ class EngineCore:
         self._tokens["prompt"] += res.prefill_tokens
         self._tokens["gen"] += sum(n for _, n in res.tokens)
 
+    def perf_estimate(self, res: StepResult) -> dict[str, float]:
+        """vLLM 0.32's per-GPU FLOP and byte estimates for one step: 2 FLOPs per active parameter per token;
+        the step streams this rank's weights once and reads every running request's KV (MLA keeps the whole
+        latent on each TP rank); each new token writes its KV."""
+        tokens = res.iteration_tokens
+        if tokens <= 0 or self.engine is None:
+            return {}
+        p = self.a.params
+        kv = p.kv_bytes_per_token_for(self.a.kv_cache_dtype)
+        context = sum(r.computed for r in self.engine.running)
+        return {"fl": 2.0 * p.active_params * tokens / self.world,
+                "rb": p.weights_bytes_total / self.world + kv * context, "wb": float(kv * tokens)}
+
     def send_step(self, res: StepResult) -> None:
         self.send({
             "t": "step", "dur": res.duration_s, "tok": res.tokens, "first": res.first_tokens,
             "fin": [f.__dict__ for f in res.finished], "itl": [round(x, 6) for x in res.itl_s],
-            "it": res.iteration_tokens, "prompt": res.prompt_tokens_done,
+            "it": res.iteration_tokens, "prompt": res.prompt_tokens_done, "pc": res.prompt_cached_done,
             "gen": sum(n for _, n in res.tokens), "pre": res.preemptions, "pq": res.prefix_queries,
             "ph": res.prefix_hits, "sd": res.spec_drafts, "sdt": res.spec_draft_tokens, "sa": res.spec_accepted,
-        } | self._gauge_fields())
+        } | self.perf_estimate(res) | self._gauge_fields())
 
     def die(self) -> None:
         """Engine death after readiness (the API server then exits with status 0: vLLM's open bug)."""
@@ -438,6 +465,8 @@ class EngineCore:
             self.serve()
         except _Stop:
             code = 0
+            if _received_signal:  # what real vLLM's EngineCore logs before it shuts its executor down
+                self.log(f"[shutdown] EngineCore: trigger received signal={_received_signal}", src="core.py:1455")
         except SystemExit as exc:
             code = int(exc.code or 0)
         except KeyboardInterrupt:
@@ -461,7 +490,12 @@ def _oom_text(total: int, used: int) -> str:
     )
 
 
+_received_signal = ""  # set by the handler, logged after the unwind (printing inside a handler can re-enter I/O)
+
+
 def _raise_stop(signum: int, frame: object) -> None:
+    global _received_signal
+    _received_signal = signal.Signals(signum).name
     raise _Stop()
 
 

@@ -5,6 +5,8 @@ of counters, the `*_created` families, `# HELP`/`# TYPE` lines) is byte-for-byte
 families exist depends on the imitated version (`--sim-vllm-version`): 0.10 still prints the old names
 (`gpu_cache_usage_perc`, `gpu_prefix_cache_*`, `time_per_output_token_seconds`) and lacks the newer ones.
 The version gates are approximate where vLLM's history is fuzzy; the renames match the reference notes.
+The 0.32 set (families, label sets, buckets, the 36 CacheConfig labels) was checked against a real vLLM
+0.32.0 server (docs/real_vllm.md; tests/real_vllm compares the two pages).
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8
 PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 HTTP_DURATION_BUCKETS = (0.1, 0.5, 1.0)
 FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS_032 = (*FINISH_REASONS, "error", "repetition")  # vLLM 0.32's FinishReason enum
+REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+# First version whose page the simulator copies from a real 0.32.0 server; between 0.13 and this the
+# simulator prints the 0.13 set (those intermediate versions were never checked against a real page).
+V032 = (0, 32)
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 
 
@@ -47,6 +57,35 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
         exponent += 1
 
 
+def cache_config_labels(version: tuple[int, int], *, block_size: int, user_block_size: bool, cache_dtype: str,
+                        enable_prefix_caching: bool, gpu_memory_utilization: float, num_gpu_blocks: int,
+                        kv_tokens: int, max_model_len: int) -> dict[str, str]:
+    """vllm:cache_config_info's labels: str() of every CacheConfig field, as `CacheConfig.metrics_info()` gives.
+
+    0.32's 36 fields (plus `engine`) were read from a real server; older versions carry the pre-0.11 set
+    (swap_space, cpu_offload_gb). Values follow the flags and the simulated memory plan.
+    """
+    common = {"block_size": str(block_size), "cache_dtype": cache_dtype,
+              "enable_prefix_caching": str(enable_prefix_caching),
+              "gpu_memory_utilization": str(gpu_memory_utilization), "num_gpu_blocks": str(num_gpu_blocks),
+              "num_gpu_blocks_override": "None", "is_attention_free": "False", "sliding_window": "None"}
+    if version < V032:
+        return common | {"num_cpu_blocks": "0", "swap_space": "4", "cpu_offload_gb": "0"}
+    return common | {
+        "user_specified_block_size": str(user_block_size), "kv_cache_layout": "None", "prefix_match_unit": "None",
+        "prefix_caching_hash_algo": "sha256", "prefix_cache_retention_interval": "0",
+        "kv_cache_dtype_skip_layers": "[]", "mamba_page_size_padded": "None", "skip_page_size_padded": "None",
+        "mamba_block_size": "None", "mamba_cache_dtype": "auto", "mamba_ssm_cache_dtype": "auto",
+        "mamba_cache_mode": "none", "enable_mamba_shared_prefix_checkpoint": "False", "replayssm_buffer_len": "16",
+        "use_replayssm": "False", "use_kda_recoverssm": "False", "num_cpu_blocks": "None",
+        "effective_attention_block_size": str(block_size), "kv_cache_size_tokens": str(kv_tokens),
+        "kv_cache_max_concurrency": str(round(kv_tokens / max(max_model_len, 1), 2)),
+        "hash_block_size": str(block_size), "cache_hit_alignment_tokens": str(block_size),
+        "kv_sharing_fast_prefill": "False", "swa_bounded_replay": "True", "kv_cache_memory_bytes": "None",
+        "kv_offloading_size": "None", "kv_offloading_backend": "native", "_block_size_resolved": "True",
+    }
+
+
 class VllmMetrics:
     """The engine families of one served model; one series per data-parallel engine (label engine="0", "1"…)."""
 
@@ -60,6 +99,7 @@ class VllmMetrics:
         old = version < (0, 12)  # old cache names printed alongside the new ones until 0.12
         self.old_tpot = version < (0, 13)
         self.new_itl = version >= (0, 11)
+        new = version >= V032
         labels = ("model_name", "engine")
         ids = [str(e) for e in range(engines)]
         reg = self.registry
@@ -113,7 +153,8 @@ class VllmMetrics:
             self.prompt_tokens_cached = counter("vllm:prompt_tokens_cached",
                                                 "Number of cached prompt tokens (local prefix cache hits).")
         self.success = by(Counter("vllm:request_success", "Count of successfully processed requests.",
-                                  (*labels, "finished_reason"), registry=reg), FINISH_REASONS)
+                                  (*labels, "finished_reason"), registry=reg),
+                          FINISH_REASONS_032 if new else FINISH_REASONS)
         self.prefix_queries = [counter("vllm:prefix_cache_queries",
                                        "Prefix cache queries, in terms of number of queried tokens.")]
         self.prefix_hits = [counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
@@ -128,6 +169,43 @@ class VllmMetrics:
             self.spec = (counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
                          counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
                          counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."))
+
+        # 0.32's families. The simulator has no KV connector, no multi-modal input, no offloading tier and no
+        # queue limit, so those series stay at 0 as they do on a real server configured the same way.
+        self.by_source = self.cached_by_source = self.perf = None
+        if new:
+            self.external_queries = counter("vllm:external_prefix_cache_queries",
+                                            "External prefix cache queries from KV connector cross-instance cache "
+                                            "sharing, in terms of number of queried tokens.")
+            self.external_hits = counter("vllm:external_prefix_cache_hits",
+                                         "External prefix cache hits from KV connector cross-instance cache "
+                                         "sharing, in terms of number of cached tokens.")
+            self.mm_queries = counter("vllm:mm_cache_queries",
+                                      "Multi-modal cache queries, in terms of number of queried items.")
+            self.mm_hits = counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.")
+            self.by_source = by(Counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                                        (*labels, "source"), registry=reg), PROMPT_SOURCES)
+            self.cached_by_source = by(Counter(
+                "vllm:prompt_tokens_cached_by_source",
+                "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded "
+                "to DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at "
+                "admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
+                (*labels, "source"), registry=reg), CACHE_HIT_SOURCES)
+            rejections = Counter("vllm:admission_rejections",
+                                 "Number of admission attempts rejected by a queue limit, by reason.",
+                                 ("model_name", "reason"), registry=reg)  # no engine label, as in vLLM
+            self.admission_rejections = {r: rejections.labels(model_name, r) for r in ADMISSION_REASONS}
+            self.perf = (
+                counter("vllm:estimated_flops_per_gpu",
+                        "Estimated number of floating point operations per GPU (for Model Flops Utilization "
+                        "calculations)."),
+                counter("vllm:estimated_read_bytes_per_gpu",
+                        "Estimated number of bytes read from memory per GPU (for Model Flops Utilization "
+                        "calculations)."),
+                counter("vllm:estimated_write_bytes_per_gpu",
+                        "Estimated number of bytes written to memory per GPU (for Model Flops Utilization "
+                        "calculations)."),
+            )
 
         tokens_buckets = build_1_2_5_buckets(max_model_len)
         self.iteration_tokens = hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
@@ -164,6 +242,14 @@ class VllmMetrics:
         self.params_n = hist("vllm:request_params_n", "Histogram of the n request parameter.", PARAMS_N_BUCKETS)
         self.params_max_tokens = hist("vllm:request_params_max_tokens",
                                       "Histogram of the max_tokens request parameter.", tokens_buckets)
+        self.req_preemptions = self.req_prefill_computed = None
+        if new:
+            self.req_preemptions = hist("vllm:request_num_preemptions",
+                                        "Histogram of the number of times a request was preempted.",
+                                        REQUEST_NUM_PREEMPTIONS_BUCKETS)
+            self.req_prefill_computed = hist("vllm:request_prefill_kv_computed_tokens",
+                                             "Histogram of new KV tokens computed during prefill (excluding cached "
+                                             "tokens).", tokens_buckets)
 
         # not vLLM's: says on the page itself (and in Grafana) that this server is simulated
         Gauge("lynxtop_simulated_info", "This vLLM server is SIMULATED by lynxtop: no model, no GPU.",
@@ -203,6 +289,16 @@ class VllmMetrics:
             c[e].inc(m.get("pq", 0))
         for c in self.prefix_hits:
             c[e].inc(m.get("ph", 0))
+        if self.by_source is not None and m.get("prompt"):
+            cached = min(m.get("pc", 0), m["prompt"])
+            self.by_source[e]["local_compute"].inc(m["prompt"] - cached)
+            self.by_source[e]["local_cache_hit"].inc(cached)
+        if self.cached_by_source is not None and m.get("ph"):
+            self.cached_by_source[e]["device"].inc(m["ph"])  # the only tier the simulator has
+        if self.perf is not None:
+            for c, key in zip(self.perf, ("fl", "rb", "wb"), strict=True):
+                if m.get(key):
+                    c[e].inc(m[key])
         if self.spec is not None and m.get("sd"):
             self.spec[0][e].inc(m["sd"])
             self.spec[1][e].inc(m.get("sdt", 0))
@@ -216,7 +312,7 @@ class VllmMetrics:
             self.on_finished(f, e)
 
     def on_finished(self, f: dict[str, Any], e: int = 0) -> None:
-        reason = f["reason"] if f["reason"] in FINISH_REASONS else "abort"
+        reason = f["reason"] if f["reason"] in self.success[e] else "abort"
         self.success[e][reason].inc()
         if reason == "abort" and not f.get("generation_tokens"):
             return
@@ -232,5 +328,8 @@ class VllmMetrics:
         self.params_max_tokens[e].observe(f["max_tokens"])
         if self.tpot is not None and f["generation_tokens"] > 1:
             self.tpot[e].observe(f["tpot_s"])
+        if self.req_preemptions is not None and self.req_prefill_computed is not None:
+            self.req_preemptions[e].observe(f.get("preemptions", 0))
+            self.req_prefill_computed[e].observe(max(f["prompt_tokens"] - f.get("cached_tokens", 0), 0))
         if self.prompt_tokens_cached is not None and f.get("cached_tokens"):
             self.prompt_tokens_cached[e].inc(f["cached_tokens"])

@@ -71,6 +71,7 @@ class SimParams:
     temp_c_per_w: float = 0.072  # steady-state rise per watt (air-cooled HGX: ~80 °C at full power)
     temp_time_constant_s: float = 20.0
     nvlink_bytes_per_token: float = 3.0e6  # all-reduce traffic per generated/prefilled token per GPU
+    active_params: float = 37e9  # MoE parameters one token touches (~37B of 284B): vLLM's estimated_flops
 
     def kv_bytes_per_token_for(self, kv_cache_dtype: str | None) -> int:
         if kv_cache_dtype and kv_cache_dtype.startswith("fp8"):
@@ -182,6 +183,7 @@ class FinishedRequest:
     e2e_s: float
     ttft_s: float
     tpot_s: float  # mean time per output token after the first (0 with one token)
+    preemptions: int = 0  # times this request was preempted (vLLM's request_num_preemptions)
 
 
 @dataclass
@@ -194,6 +196,7 @@ class StepResult:
     prefill_tokens: int = 0  # computed this step
     decode_tokens: int = 0
     prompt_tokens_done: int = 0  # prompt tokens of requests that got their first token this step
+    prompt_cached_done: int = 0  # of those, tokens that came from the prefix cache
     preemptions: int = 0
     prefix_queries: int = 0
     prefix_hits: int = 0
@@ -343,6 +346,7 @@ class SimEngine:
                     req.first_token_s = end
                     res.first_tokens.append((req.rid, end - req.arrival_s))
                     res.prompt_tokens_done += req.prompt_tokens
+                    res.prompt_cached_done += min(req.cached_tokens, req.prompt_tokens)
                     self._remember_prefix(req)
                 elif req.last_token_s is not None:  # resumed after preemption: one long gap
                     res.itl_s.append(end - req.last_token_s)
@@ -435,6 +439,7 @@ class SimEngine:
             inference_s=max(end_s - sched, 0.0), e2e_s=max(end_s - req.arrival_s, 0.0),
             ttft_s=max(first - req.arrival_s, 0.0),
             tpot_s=decode / (req.generated - 1) if req.generated > 1 else 0.0,
+            preemptions=req.preemptions,
         )
 
 

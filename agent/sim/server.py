@@ -27,11 +27,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lynxtop.agent.sim import vlog
 from lynxtop.agent.sim.flags import ServeArgs
-from lynxtop.agent.sim.metrics import VllmMetrics
+from lynxtop.agent.sim.metrics import V032, VllmMetrics, cache_config_labels
 
 WORDS = ("the", "model", "is", "simulated", "by", "lynxtop", "and", "no", "GPU", "was", "harmed", "in",
          "making", "this", "token", "stream", "of", "plausible", "words", "for", "testing", ".", ",", "a")
 CHARS_PER_TOKEN = 4  # the simulator's tokenizer: one token per 4 characters of text
+ROUTES = (("/health", "GET"), ("/load", "GET"), ("/version", "GET"), ("/v1/models", "GET"),
+          ("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/metrics", "GET"))
 
 
 class ApiError(Exception):
@@ -512,7 +514,8 @@ class SimServer:
         all_ready = asyncio.gather(*(e.ready for e in self.engines), return_exceptions=True)
         stop_wait = asyncio.create_task(self.stop_event.wait())
         await asyncio.wait({all_ready, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        if not all_ready.done():  # SIGTERM during start-up
+        if not all_ready.done() or self.stop_event.is_set():  # SIGTERM during start-up (a group one may
+            # already have ended the EngineCore: that is our shutdown, not an initialization failure)
             log("Shutting down during start-up (signal received).", src="api_server.py:1990")
             await self.stop_engines()
             return 0
@@ -528,14 +531,19 @@ class SimServer:
         self.metrics = VllmMetrics(
             model_name=a.served_model_name, version=a.version_tuple, max_model_len=a.max_model_len,
             spec_decode=a.speculative_tokens > 0, engines=len(self.engines),
-            cache_info={"block_size": str(info["block_size"]), "cache_dtype": a.kv_cache_dtype,
-                        "enable_prefix_caching": str(a.enable_prefix_caching),
-                        "gpu_memory_utilization": f"{a.gpu_memory_utilization}",
-                        "num_gpu_blocks": str(info["num_gpu_blocks"]), "num_gpu_blocks_override": "None",
-                        "num_cpu_blocks": "0", "swap_space": "4", "cpu_offload_gb": "0",
-                        "is_attention_free": "False", "sliding_window": "None"})
+            cache_info=cache_config_labels(
+                a.version_tuple, block_size=info["block_size"], user_block_size=a.block_size is not None,
+                cache_dtype=a.kv_cache_dtype, enable_prefix_caching=a.enable_prefix_caching,
+                gpu_memory_utilization=a.gpu_memory_utilization, num_gpu_blocks=info["num_gpu_blocks"],
+                kv_tokens=info["kv_tokens"], max_model_len=a.max_model_len))
         url_host = f"[{a.host}]" if ":" in a.host else a.host
-        log(f"Starting vLLM API server 0 on http://{url_host}:{a.port}", src="launcher.py:29")
+        if a.version_tuple >= V032:  # 0.32's wording (checked on a real server), then the route table
+            log(f"Starting vLLM server on http://{url_host}:{a.port}", src="entry.py:140")
+            log("Available routes are:", src="launcher.py:186")
+            for route, methods in ROUTES:
+                log(f"Route: {route}, Methods: {methods}", src="launcher.py:196")
+        else:
+            log(f"Starting vLLM API server 0 on http://{url_host}:{a.port}", src="launcher.py:29")
         # handlers all end within the drain; never let a stuck client hold the exit for aiohttp's default 60 s
         runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False, shutdown_timeout=3.0)
         await runner.setup()
@@ -567,4 +575,24 @@ class SimServer:
 
 
 def serve(args: ServeArgs, serve_argv: list[str]) -> int:
-    return asyncio.run(SimServer(args, serve_argv).run())
+    """Run the server; however it ends (short of SIGKILL), its EngineCores end with it, as vLLM's process
+    manager sees to. Only a SIGKILL of this process leaves them orphaned."""
+    server = SimServer(args, serve_argv)
+    try:
+        return asyncio.run(server.run())
+    finally:
+        _end_engines([e.proc for e in server.engines])
+
+
+def _end_engines(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        with contextlib.suppress(OSError):
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in alive:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            p.kill()  # "Process manager: force killing remaining process EngineCore"
+            p.wait()

@@ -6,18 +6,41 @@ import json
 import time
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 # Every family of the default (newest) version's page, with its type, as prometheus_client parses it.
 # Counters lose their `_total` suffix in the parser; `_created` families are gauges in text format 0.0.4.
+# The list is vLLM 0.32.0's page as recorded from a real server (docs/real_vllm.md).
 COUNTERS = ["vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:prompt_tokens_cached",
-            "vllm:request_success", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"]
+            "vllm:request_success", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
+            "vllm:external_prefix_cache_queries", "vllm:external_prefix_cache_hits", "vllm:mm_cache_queries",
+            "vllm:mm_cache_hits", "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached_by_source",
+            "vllm:admission_rejections", "vllm:estimated_flops_per_gpu", "vllm:estimated_read_bytes_per_gpu",
+            "vllm:estimated_write_bytes_per_gpu"]
+NEW_IN_032 = ["vllm:external_prefix_cache_queries", "vllm:external_prefix_cache_hits", "vllm:mm_cache_queries",
+              "vllm:mm_cache_hits", "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached_by_source",
+              "vllm:admission_rejections", "vllm:estimated_flops_per_gpu", "vllm:estimated_read_bytes_per_gpu",
+              "vllm:estimated_write_bytes_per_gpu", "vllm:request_num_preemptions",
+              "vllm:request_prefill_kv_computed_tokens"]
+# vLLM 0.32.0's CacheConfig.metrics_info() keys plus `engine`: 37 labels on the real page
+CACHE_CONFIG_LABELS_032 = {
+    "_block_size_resolved", "block_size", "cache_dtype", "cache_hit_alignment_tokens",
+    "effective_attention_block_size", "enable_mamba_shared_prefix_checkpoint", "enable_prefix_caching", "engine",
+    "gpu_memory_utilization", "hash_block_size", "is_attention_free", "kv_cache_dtype_skip_layers",
+    "kv_cache_layout", "kv_cache_max_concurrency", "kv_cache_memory_bytes", "kv_cache_size_tokens",
+    "kv_offloading_backend", "kv_offloading_size", "kv_sharing_fast_prefill", "mamba_block_size",
+    "mamba_cache_dtype", "mamba_cache_mode", "mamba_page_size_padded", "mamba_ssm_cache_dtype", "num_cpu_blocks",
+    "num_gpu_blocks", "num_gpu_blocks_override", "prefix_cache_retention_interval", "prefix_caching_hash_algo",
+    "prefix_match_unit", "replayssm_buffer_len", "skip_page_size_padded", "sliding_window", "swa_bounded_replay",
+    "use_kda_recoverssm", "use_replayssm", "user_specified_block_size"}
 HISTOGRAMS = ["vllm:iteration_tokens_total", "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
               "vllm:request_time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
               "vllm:request_queue_time_seconds", "vllm:request_inference_time_seconds",
               "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds", "vllm:request_prompt_tokens",
               "vllm:request_generation_tokens", "vllm:request_max_num_generation_tokens", "vllm:request_params_n",
-              "vllm:request_params_max_tokens"]
+              "vllm:request_params_max_tokens", "vllm:request_num_preemptions",
+              "vllm:request_prefill_kv_computed_tokens"]
 GAUGES = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_requests_waiting_by_reason",
           "vllm:engine_sleep_state", "vllm:kv_cache_usage_perc", "vllm:cache_config_info"]
 EXPECTED_NEW = ({n: "counter" for n in COUNTERS} | {n: "histogram" for n in HISTOGRAMS} | {n: "gauge" for n in GAUGES}
@@ -45,14 +68,44 @@ def test_metrics_page_has_vllms_exact_families_types_labels_and_buckets(shared_s
     assert vllm == EXPECTED_NEW
     assert {"process_cpu_seconds", "python_gc_objects_collected", "http_requests"} <= set(fams)
     assert fams["lynxtop_simulated_info"].samples[0].value == 1  # the page says it is simulated
-    for name in COUNTERS + HISTOGRAMS + GAUGES[:3] + GAUGES[4:5]:
-        for s in fams[name].samples:
-            assert s.labels["model_name"] == kit.MODEL and s.labels["engine"] == "0", (name, s)
-    assert "model_name" not in fams["vllm:cache_config_info"].samples[0].labels  # as in vLLM
-    assert fams["vllm:cache_config_info"].samples[0].labels["block_size"] == "64"
 
     def le(name: str) -> list[str]:
         return [s.labels["le"] for s in fams[name].samples if s.name.endswith("_bucket")]
+
+    for name in [n for n in COUNTERS if n != "vllm:admission_rejections"] + HISTOGRAMS + GAUGES[:3] + GAUGES[4:5]:
+        for s in fams[name].samples:
+            assert s.labels["model_name"] == kit.MODEL and s.labels["engine"] == "0", (name, s)
+    info = fams["vllm:cache_config_info"].samples[0].labels
+    assert set(info) == CACHE_CONFIG_LABELS_032 and len(info) == 37  # no model_name, as in vLLM
+    assert info["block_size"] == "64" and info["user_specified_block_size"] == "False"
+    assert int(info["kv_cache_size_tokens"]) == int(info["num_gpu_blocks"]) * 64 > 32768
+    assert float(info["kv_cache_max_concurrency"]) == pytest.approx(int(info["kv_cache_size_tokens"]) / 32768, 0.01)
+
+    def labelled(name: str, key: str) -> dict[str, float]:
+        return {s.labels[key]: s.value for s in fams[name].samples if s.name.endswith("_total")}
+
+    rejections = [s for s in fams["vllm:admission_rejections"].samples if s.name.endswith("_total")]
+    assert {s.labels["reason"] for s in rejections} == {"max_num_queued_reqs", "max_num_queued_tokens"}
+    assert all(set(s.labels) == {"model_name", "reason"} for s in rejections)  # no engine label in vLLM 0.32
+    by_source = labelled("vllm:prompt_tokens_by_source", "source")
+    assert set(by_source) == {"local_compute", "local_cache_hit", "external_kv_transfer"}
+    prompt = next(s.value for s in fams["vllm:prompt_tokens"].samples if s.name.endswith("_total"))
+    assert sum(by_source.values()) == prompt and by_source["external_kv_transfer"] == 0
+    cached = labelled("vllm:prompt_tokens_cached_by_source", "source")
+    assert set(cached) == {"device", "host", "p2p", "disk", "external_unspecified"}
+    hits = next(s.value for s in fams["vllm:prefix_cache_hits"].samples if s.name.endswith("_total"))
+    assert cached["device"] == hits and sum(cached.values()) == hits  # vLLM: sums to the hits
+    flops = next(s.value for s in fams["vllm:estimated_flops_per_gpu"].samples if s.name.endswith("_total"))
+    iteration = next(s.value for s in fams["vllm:iteration_tokens_total"].samples if s.name.endswith("_sum"))
+    assert flops == pytest.approx(2 * 37e9 * iteration / 8)  # 2 FLOPs per active parameter per token, TP 8
+    read = next(s.value for s in fams["vllm:estimated_read_bytes_per_gpu"].samples if s.name.endswith("_total"))
+    write = next(s.value for s in fams["vllm:estimated_write_bytes_per_gpu"].samples if s.name.endswith("_total"))
+    assert read > 296e9 / 8 and 0 < write < read  # every step streams this rank's weights
+    assert le("vllm:request_num_preemptions") == ["1.0", "2.0", "3.0", "4.0", "5.0", "10.0", "20.0", "+Inf"]
+    assert le("vllm:request_prefill_kv_computed_tokens") == le("vllm:request_prompt_tokens")
+    computed = next(s.value for s in fams["vllm:request_prefill_kv_computed_tokens"].samples
+                    if s.name.endswith("_sum"))
+    assert 0 < computed <= by_source["local_compute"]
 
     assert le("vllm:time_to_first_token_seconds") == TTFT_LE
     assert le("vllm:inter_token_latency_seconds") == ITL_LE
@@ -62,7 +115,7 @@ def test_metrics_page_has_vllms_exact_families_types_labels_and_buckets(shared_s
     assert gen >= 16
     ok = {s.labels["finished_reason"]: s.value for s in fams["vllm:request_success"].samples
           if s.name.endswith("_total")}
-    assert ok["length"] >= 2 and set(ok) == {"stop", "length", "abort"}
+    assert ok["length"] >= 2 and set(ok) == {"stop", "length", "abort", "error", "repetition"}
     ttft_count = next(s.value for s in fams["vllm:time_to_first_token_seconds"].samples if s.name.endswith("_count"))
     assert ttft_count >= 2
 
@@ -79,8 +132,11 @@ def test_old_version_prints_the_old_names(start_sim, kit):
     assert types["vllm:gpu_prefix_cache_queries"] == "counter" and types["vllm:gpu_prefix_cache_hits"] == "counter"
     assert types["vllm:time_per_output_token_seconds"] == "histogram"
     for newer in ("vllm:inter_token_latency_seconds", "vllm:request_time_per_output_token_seconds",
-                  "vllm:num_requests_waiting_by_reason", "vllm:engine_sleep_state"):
+                  "vllm:num_requests_waiting_by_reason", "vllm:engine_sleep_state", *NEW_IN_032):
         assert newer not in types
+    info = fams["vllm:cache_config_info"].samples[0].labels
+    assert {"swap_space", "cpu_offload_gb"} <= set(info) and "kv_cache_size_tokens" not in info
+    assert {s.labels["finished_reason"] for s in fams["vllm:request_success"].samples} == {"stop", "length", "abort"}
     tpot = next(s.value for s in fams["vllm:time_per_output_token_seconds"].samples if s.name.endswith("_count"))
     assert tpot == 3  # one observation per decode step after the first token
 
