@@ -9,10 +9,12 @@ the run's token in its environment (it escaped the group with setsid but inherit
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 RUN_TOKEN_ENV = "LYNXTOP_RUN_TOKEN"
+SHM_SEGMENT = re.compile(r"/dev/shm/psm_[0-9A-Za-z_]+")
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,36 @@ def environ_has(pid: int, key: str, value: str) -> bool:
     except OSError:
         return False
     return f"{key}={value}".encode() in raw.split(b"\0")
+
+
+def uid(pid: int) -> int | None:
+    """The real uid that owns `pid` (the owner of /proc/<pid>), or None when it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def shm_segments(pid: int) -> set[str]:
+    """The `/dev/shm/psm_*` files `pid` has mapped (Python's multiprocessing.shared_memory, as vLLM uses).
+
+    Read from /proc/<pid>/maps while the process lives: after a SIGKILL nobody unlinks them, and their random
+    names cannot be told apart from another run's by looking at /dev/shm.
+    """
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return set()
+    found = set()
+    for line in raw.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6:
+            continue
+        path = parts[5].decode("utf-8", "surrogateescape")
+        if SHM_SEGMENT.fullmatch(path):  # a "(deleted)" suffix does not match: already unlinked
+            found.add(path)
+    return found
 
 
 def title(pid: int) -> str:

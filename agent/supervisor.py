@@ -131,6 +131,16 @@ def preflight(profile: Profile, gpus: list[dict[str, Any]] | None) -> tuple[list
     return problems, warnings
 
 
+def _files_text(res: launcher.StopResult) -> str:
+    """'; removed ...; not removed ...' for an event message ('' when the run left no files behind)."""
+    text = ""
+    if res.removed:
+        text += f"; removed the run's leftover files: {', '.join(res.removed)}"
+    if res.not_removed:
+        text += f"; NOT removed: {', '.join(res.not_removed)}"
+    return text
+
+
 def _with_address_of(prof: Profile, argv: list[str]) -> Profile:
     """`prof` with the host and port the recorded argv really used (the config may have changed since)."""
     changes: dict[str, Any] = {}
@@ -502,8 +512,9 @@ class Supervisor:
                                 f"(phase: {self.tracker.phase if self.tracker else '?'}); stopping it",
                                 with_log=True)
                     self._set_state("stopping", f"not ready within {prof.readiness_timeout_s:g} s")
-                    pids = await proc.stop(prof.stop_grace_s, self.stop_kill_wait_s)
-                    await self._wait_gpus_released(pids, time.monotonic())
+                    res = await proc.stop(prof.stop_grace_s, self.stop_kill_wait_s)
+                    self._report_stop(proc, res, files_in_caller_event=False)
+                    await self._wait_gpus_released(res.pids, time.monotonic())
                     await self._finish_run(proc, f"not ready within {prof.readiness_timeout_s:g} s")
                     await self._count_failure(prof, f"not ready within {prof.readiness_timeout_s:g} s")
                     return "timeout"
@@ -637,12 +648,9 @@ class Supervisor:
         self._event("serving.crash", "error", f"run {self.run_id}: {reason}", with_log=True,
                     exit_code=ex.exit_code, exit_signal=ex.exit_signal)
         self._set_state("stopping", f"cleaning up after crash: {reason}")
-        pids = await proc.stop(min(prof.stop_grace_s, 5.0), self.stop_kill_wait_s)
-        left = proc.members()
-        if left:
-            self._event("serving.orphans", "critical", f"run {self.run_id}: processes still alive after SIGKILL: "
-                        f"{left}", pids=left)
-        await self._wait_gpus_released(pids, time.monotonic())
+        res = await proc.stop(min(prof.stop_grace_s, 5.0), self.stop_kill_wait_s)
+        self._report_stop(proc, res, files_in_caller_event=False)
+        await self._wait_gpus_released(res.pids, time.monotonic())
         await self._finish_run(proc, f"crashed: {reason}")
         await self._count_failure(prof, reason)
 
@@ -716,15 +724,40 @@ class Supervisor:
         grace = self.profile.stop_grace_s if self.profile else _FALLBACK_GRACE_S
         self._set_state("stopping", reason)
         t0 = time.monotonic()
-        pids = await proc.stop(grace, self.stop_kill_wait_s)
-        left = proc.members()
-        if left:
-            self._event("serving.orphans", "critical", f"run {self.run_id}: processes still alive after SIGKILL: "
-                        f"{left}", pids=left)
+        res = await proc.stop(grace, self.stop_kill_wait_s)
+        files = self._report_stop(proc, res, files_in_caller_event=True)
         self._event("serving.exited", "info", f"run {self.run_id}: stopped in {time.monotonic() - t0:.1f} s "
-                    f"({proc.exit.describe() if proc.exit else 'exit unknown'})", with_log=True, pids=pids)
-        await self._wait_gpus_released(pids, time.monotonic())
+                    f"({proc.exit.describe() if proc.exit else 'exit unknown'}){files}", with_log=True,
+                    pids=res.pids, removed=res.removed, not_removed=res.not_removed)
+        await self._wait_gpus_released(res.pids, time.monotonic())
         await self._finish_run(proc, end_reason)
+
+    def _report_stop(self, proc: ServerProcess, res: launcher.StopResult, files_in_caller_event: bool) -> str:
+        """Events for what a stop met: orphans (named, with the signal each needed), survivors, removed files.
+
+        Returns the sentence about leftover files when the caller puts it in its own event, else ''.
+        """
+        files = _files_text(res)
+        if res.survivors:
+            self._event("serving.unkillable", "critical",
+                        f"run {self.run_id}: process(es) still alive after SIGKILL: {res.survivors} (uninterruptible "
+                        "sleep, e.g. stuck in the GPU driver); their memory stays held until they end",
+                        pids=res.survivors)
+        if res.orphans:
+            how = "was already gone" if res.leader_was_dead else "exited"
+            self._event("serving.orphans", "warning",
+                        f"run {self.run_id}: the API server (pid {proc.pid}) {how} and left {len(res.orphans)} "
+                        f"process(es) of the run behind; stopped: "
+                        + ", ".join(o.describe() for o in res.orphans) + files,
+                        pids=[o.pid for o in res.orphans], orphans=[dataclasses.asdict(o) for o in res.orphans],
+                        removed=res.removed, not_removed=res.not_removed)
+            return ""
+        if files_in_caller_event or not files:
+            return files
+        self._event("serving.cleanup", "warning" if res.not_removed else "info",
+                    f"run {self.run_id}: leftover files of the run{files}", removed=res.removed,
+                    not_removed=res.not_removed)
+        return ""
 
     async def _wait_gpus_released(self, pids: list[int], since: float) -> list[int]:
         """Wait until a GPU sample taken after `since` shows none of `pids`; the event names any that remain."""
@@ -820,11 +853,17 @@ class Supervisor:
             return False
         proc, why = launcher.adopt(record)
         if proc is None:
-            found = await launcher.kill_leftovers(record)
-            extra = f"; killed {len(found)} leftover process(es) of that run: {found}" if found else ""
+            res = await launcher.kill_leftovers(record)
+            extra = (f"; killed {len(res.pids)} leftover process(es) of that run: "
+                     + ", ".join(o.describe() for o in res.orphans)) if res.pids else ""
             self._event("serving.not_adopted", "warning",
-                        f"previous run {record.run_id} (profile {record.profile}) not adopted: {why}{extra}",
-                        run_id_prev=record.run_id)
+                        f"previous run {record.run_id} (profile {record.profile}) not adopted: {why}{extra}"
+                        f"{_files_text(res)}", run_id_prev=record.run_id, pids=res.pids,
+                        orphans=[dataclasses.asdict(o) for o in res.orphans], removed=res.removed,
+                        not_removed=res.not_removed)
+            if res.survivors:
+                self._event("serving.unkillable", "critical", f"previous run {record.run_id}: process(es) still "
+                            f"alive after SIGKILL: {res.survivors}", pids=res.survivors)
             if record.run_id is not None:
                 await self._store_call(self.store.update_run, record.run_id, ended_ms=now_ms(),
                                        end_reason=f"lost while the agent was down: {why}")

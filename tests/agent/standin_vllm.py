@@ -3,7 +3,11 @@
 
 It has the shape that matters to the supervisor: milestone log lines, a closed port while "loading", then
 /health, /version and /metrics, and an engine child process in the same process group that survives a
-SIGKILL of the server. Behaviour comes from STANDIN_* environment variables.
+SIGKILL of the server. Behaviour comes from STANDIN_* environment variables:
+STANDIN_MODE (ok, fail_start, ignore_term, hang, drain), STANDIN_STARTUP_S, STANDIN_EXIT0_AFTER_S,
+STANDIN_SIGLOG (file: signals received, in order), STANDIN_DRAIN_S, STANDIN_SHM (engine maps a /dev/shm/psm_*
+segment and starts a multiprocessing resource tracker), STANDIN_DIST (a vllm_dist_* file named in the log),
+STANDIN_ENGINE_IGNORE_TERM (the engine needs SIGKILL).
 """
 
 import ctypes
@@ -15,13 +19,39 @@ import threading
 import time
 
 
+def siglog(line: str) -> None:
+    """One line to STANDIN_SIGLOG (O_APPEND: lines of the server and its engine keep their order)."""
+    path = os.environ.get("STANDIN_SIGLOG")
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, f"{time.monotonic():.6f} {line}\n".encode())
+        finally:
+            os.close(fd)
+
+
 def engine() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # taken with sigwaitinfo: who sent it
     try:
         ctypes.CDLL(None).prctl(15, b"VLLM::EngineCor", 0, 0, 0)  # PR_SET_NAME, like setproctitle
     except Exception:
         pass
+    shm = None
+    if os.environ.get("STANDIN_SHM"):
+        # like vLLM's shm_broadcast: a segment mapped while serving, removed by nobody after a SIGKILL;
+        # unregistered so that the resource tracker (started here, as in vLLM) does not clean it up either
+        from multiprocessing import resource_tracker, shared_memory
+
+        shm = shared_memory.SharedMemory(create=True, size=1 << 16)
+        shm.buf[0] = 1
+        resource_tracker.unregister(shm._name, "shared_memory")
+        print(f"INFO standin: engine shm /dev/shm/{shm.name}", flush=True)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # starting the tracker unblocked it
     while True:
-        time.sleep(1)
+        info = signal.sigwaitinfo({signal.SIGTERM})
+        siglog(f"engine {os.getpid()} SIGTERM from {info.si_pid}")
+        if not os.environ.get("STANDIN_ENGINE_IGNORE_TERM"):
+            os._exit(0)  # no clean-up, like a process killed mid-work
 
 
 def main() -> None:
@@ -37,14 +67,36 @@ def main() -> None:
 
     child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--engine"])
     print(f"INFO standin: engine pid {child.pid}", flush=True)
+    if os.environ.get("STANDIN_DIST"):  # vLLM's torch.distributed rendezvous file, named in the log
+        import tempfile
+        import uuid
+
+        dist = os.path.join(tempfile.gettempdir(), f"vllm_dist_{uuid.uuid4().hex}")
+        open(dist, "w").close()
+        print(f"(Worker pid={child.pid}) INFO standin [parallel_state.py] world_size=1 rank=0 local_rank=0 "
+              f"distributed_init_method=file://{dist} backend=gloo", flush=True)
     if mode == "fail_start":
         time.sleep(startup / 2)
         print("ERROR standin: CUDA out of memory (simulated start-up failure)", flush=True)
         sys.exit(1)
+    def drain(*_):
+        # a draining API server that exits 0 and leaves its engine behind (the agent must stop it)
+        siglog(f"leader {os.getpid()} SIGTERM")
+        time.sleep(float(os.environ.get("STANDIN_DRAIN_S", "0.5")))
+        siglog(f"leader {os.getpid()} exit")
+        os._exit(0)
+
+    def stop_engine_and_exit(*_):  # what vLLM does on SIGTERM: stop its engine, then exit
+        child.terminate()
+        child.wait()
+        sys.exit(0)
+
     if mode == "ignore_term":
         signal.signal(signal.SIGTERM, lambda *a: print("INFO standin: ignoring SIGTERM", flush=True))
+    elif mode == "drain":
+        signal.signal(signal.SIGTERM, drain)
     else:
-        signal.signal(signal.SIGTERM, lambda *a: (child.terminate(), sys.exit(0)))
+        signal.signal(signal.SIGTERM, stop_engine_and_exit)
     time.sleep(startup / 4)
     print("INFO Loading weights took 0.05 seconds", flush=True)
     time.sleep(startup / 4)
