@@ -184,7 +184,7 @@ class LynxtopApp(App):
             self.notify(f"agent back (unreachable since {fmt_clock(ended.since_ms, self.utc)})",
                         title="Agent reachable", severity="information")
         if first or ended is not None:
-            self.refresh_bindings()  # recomposes the footer: only when what is allowed changed
+            self.refresh_bindings()  # only when what is allowed changed
         self._redraw()
 
     def on_agent_lost(self, message: AgentLost) -> None:

@@ -9,9 +9,10 @@ from textual import events
 from textual.app import ComposeResult
 from textual.containers import Container
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from lynxtop.tui.messages import LiveRefreshed
+from lynxtop.tui.widgets.key_bar import KeyBar
 from lynxtop.tui.widgets.node_header import NodeHeader
 from lynxtop.tui.widgets.outage_banner import OutageBanner
 
@@ -33,7 +34,7 @@ class LiveScreen(Screen):
         with Container(id="body"):
             yield from self.compose_body()
         yield Static(id="too-small")
-        yield Footer()
+        yield KeyBar(id="keys")
 
     def compose_body(self) -> ComposeResult:
         yield from ()
