@@ -107,6 +107,8 @@ async def test_readonly_flag_hides_controls(agent):
         assert "READ-ONLY (--readonly)" in text_of(app.screen.query_one("#header"))
         keys = {ab.binding.key for ab in app.screen.active_bindings.values() if ab.enabled}
         assert "R" not in keys
+        bar = text_of(app.screen.query_one("#keys"))
+        assert "Restart" not in bar and "Switch" not in bar and "q Quit" in bar
 
 
 async def test_403_turns_dashboard_readonly_with_reason(agent):

@@ -93,6 +93,7 @@ async def test_agent_lost_then_back_one_notice_per_outage(agent):
         assert app.screen.query_one(GpuTable).row_count == 8
         # controls are greyed while nothing can receive them
         assert app.check_action("control", ("restart",)) is None
+        await wait_for(pilot, lambda: "R Restart" in text_of(app.screen.query_one("#keys")))
         agent.start()
         await wait_for(pilot, lambda: app.state.connected)
         await pilot.pause(0.1)
