@@ -15,7 +15,8 @@ from lynxtop.agent.sim.gpus import SimScenario
 
 STARTUP_LINES = ["Loading weights took", "Available KV cache memory", "GPU KV cache size",
                  "Maximum concurrency for", "Graph capturing finished", "init engine (profile, create kv cache",
-                 "Starting vLLM API server", "Application startup complete."]
+                 "Starting vLLM server on http://127.0.0.1:", "Available routes are:",
+                 "Route: /v1/completions, Methods: POST", "Application startup complete."]
 
 
 def wait_for(cond, timeout: float = 10.0, what: str = "condition"):
@@ -53,7 +54,24 @@ def test_startup_refuses_connections_until_ready_and_logs_vllms_milestones(start
     assert -1 not in positions and positions == sorted(positions), text
     assert "SIMULATED" in text.split("Loading weights")[0]  # the banner comes first
     assert "(EngineCore_DP0 pid=" in text
+    assert "Starting vLLM API server" not in text  # 0.32 no longer prints the old wording
     assert phases <= {"loading weights", "kv cache", "cuda graphs", "ready"}
+
+
+def test_old_version_logs_the_old_api_server_line_and_the_agent_reads_both(start_sim, tmp_path):
+    from lynxtop.agent import startup
+
+    old = start_sim("--sim-vllm-version", "0.10")
+    new = start_sim()
+    old.wait_ready()
+    new.wait_ready()
+    assert f"Starting vLLM API server 0 on http://127.0.0.1:{old.port}" in old.text()
+    assert "Starting vLLM server on" not in old.text() and "Available routes are:" not in old.text()
+    assert f"Starting vLLM server on http://127.0.0.1:{new.port}" in new.text()
+    for sp in (old, new):  # the agent's phase parser reaches "api up" on either wording
+        tracker = startup.PhaseTracker(sp.log_path, started_ms=0)
+        tracker.poll(1)
+        assert [m.phase for m in tracker.marks] == list(startup.PHASES), sp.text()
 
 
 def test_sigkill_of_api_server_orphans_enginecore_holding_memory(start_sim):
@@ -219,6 +237,58 @@ def kit_members(pgid: int) -> list[int]:
         except (OSError, psutil.Error):
             continue
     return alive
+
+
+def test_group_sigterm_ends_enginecore_and_all_workers_like_vllm(start_sim, kit):
+    """A supervisor's SIGTERM to the whole group: the EngineCore logs vLLM's shutdown trigger and exits, its
+    8 workers exit too, nothing of the tree is left and the GPU memory is released."""
+    sp = start_sim(workers=True)
+    sp.wait_ready()
+    api = psutil.Process(sp.proc.pid)
+    (engine,) = api.children()
+    tree = [engine, *engine.children()]
+    assert len(tree) == 9
+    os.killpg(sp.pgid, signal.SIGTERM)
+    assert sp.wait_exit(15) == 0
+    gone, alive = psutil.wait_procs(tree, timeout=5)
+    assert alive == [] and kit.group_members(sp.pgid) == []
+    assert "[shutdown] EngineCore: trigger received signal=SIGTERM" in sp.text()
+    assert SimScenario(sp.state_dir).state(0, time.monotonic()).mem_used_bytes == 0
+    assert list(sp.state_dir.glob("engine-*.json")) == []
+
+
+def test_group_sigterm_during_weight_loading_is_a_shutdown_not_a_failure(start_sim, kit):
+    sp = start_sim(workers=True, startup=30.0)
+    wait_for(lambda: any(s["phase"] == "loading weights" and len(s["holders"]) == 8 for s in sp.engine_states()),
+             timeout=20, what="workers loading weights")
+    (engine,) = psutil.Process(sp.proc.pid).children()
+    tree = [engine, *engine.children()]
+    os.killpg(sp.pgid, signal.SIGTERM)
+    assert sp.wait_exit(15) == 0
+    assert psutil.wait_procs(tree, timeout=5)[1] == [] and kit.group_members(sp.pgid) == []
+    assert "Engine core initialization failed" not in sp.text()
+
+
+def test_api_server_exit_without_sigkill_takes_the_enginecore_with_it(start_sim, kit):
+    """Only a SIGKILL orphans the EngineCore. Any other end of the API server (here SIGINT, and the
+    engine is told nothing else) leaves no process behind."""
+    sp = start_sim(workers=True)
+    sp.wait_ready()
+    (engine,) = psutil.Process(sp.proc.pid).children()
+    tree = [engine, *engine.children()]
+    os.kill(sp.proc.pid, signal.SIGINT)
+    assert sp.wait_exit(15) == 0
+    assert psutil.wait_procs(tree, timeout=5)[1] == [] and kit.group_members(sp.pgid) == []
+
+
+def test_tp1_deepseek_fails_with_vllms_message_and_a_simulator_hint(start_sim):
+    sp = start_sim(tp=1)
+    assert sp.wait_exit(20) == 1
+    text = sp.text()
+    assert "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`" in text
+    assert "[SIMULATED] the weights take 275.67 GiB per GPU with TP=1" in text
+    assert "RuntimeError: Engine core initialization failed" in text
+    assert "Application startup complete." not in text
 
 
 def test_no_sim_orphan_makes_the_engine_follow_its_api_server(start_sim):
