@@ -25,7 +25,7 @@ _MILESTONES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"Available KV cache memory|GPU KV cache size|Maximum concurrency for", "kv cache"),
         (r"Capturing CUDA graph|Capturing cudagraphs|Graph capturing", "cuda graphs"),
         (r"Graph capturing finished|init engine \(profile, create kv cache", "cuda graphs"),
-        (r"Starting vLLM API server|Application startup complete|Available routes are", "api up"),
+        (r"Starting vLLM (?:API )?server|Application startup complete|Available routes are", "api up"),
     )
 )
 # Lines that finish a stage move to the next one when the next stage prints nothing of its own

@@ -111,6 +111,13 @@ def test_phases_enforce_eager_and_truncated_log(tmp_path):
     assert PhaseTracker(tmp_path / "missing.log", 0).poll(1) == []
 
 
+def test_vllm_032_server_line_marks_api_up(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("Loading weights took 3 seconds\n"
+                   "(APIServer pid=7) INFO 12-02 10:11:30 [api_server.py:1] Starting vLLM server on http://127.0.0.1:8000\n")
+    assert [m.phase for m in PhaseTracker(log, started_ms=0).poll(5)] == ["kv cache", "api up"]
+
+
 def test_tail_lines_reads_only_the_end_of_a_big_log(tmp_path):
     log = tmp_path / "big.log"
     with log.open("w") as f:
