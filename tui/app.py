@@ -140,6 +140,9 @@ class LynxtopApp(App):
 
     # ------------------------------------------------------------------ polling
     def _arm_poll(self, delay_s: float) -> None:
+        # One timer at most: a manual refresh must not start a second chain of polls.
+        if self._poll_timer is not None:
+            self._poll_timer.stop()
         self._next_poll_at = time.monotonic() + delay_s
         self._poll_timer = self.set_timer(delay_s, self.poll)
 
@@ -155,14 +158,16 @@ class LynxtopApp(App):
             self.post_message(StatusArrived(status))
         except AgentUnreachable as exc:
             delay = self.backoff.next_delay()
-            self._next_poll_at = time.monotonic() + delay
             self.post_message(AgentLost(str(exc)))
         except AgentRefused as exc:
             delay = self.backoff.next_delay()
-            self._next_poll_at = time.monotonic() + delay
             self.post_message(AgentLost(f"agent answered {exc.status}: {exc.message}"))
-        finally:
-            self._arm_poll(delay)
+        except asyncio.CancelledError:
+            raise  # replaced by a newer poll (refresh), which arms the timer itself
+        except Exception as exc:  # a bug must not stop polling for the rest of the night
+            delay = self.backoff.next_delay()
+            self.post_message(AgentLost(f"unexpected answer: {type(exc).__name__}: {exc}"))
+        self._arm_poll(delay)
 
     def _live(self) -> bool:
         """False while the app is shutting down (no screen left to draw on)."""

@@ -144,3 +144,16 @@ async def test_ansi_theme_ascii_bars_and_no_color(agent, monkeypatch):
         await wait_for(pilot, lambda: table.row_count == 8)
         row = " ".join(text_of(c) for c in table.get_row("0"))
         assert "######...." in row and "█" not in row  # 60 % SM activity in ASCII
+
+
+async def test_refresh_never_doubles_the_poll_rate(agent):
+    app = make_app(agent.socket_path, poll_interval_s=0.5)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        for _ in range(5):
+            await pilot.press("r")
+        await pilot.pause(0.3)
+        before = sum(1 for m, p, _ in agent.requests if p == "/v1/status")
+        await pilot.pause(2.0)
+        polls = sum(1 for m, p, _ in agent.requests if p == "/v1/status") - before
+        assert 2 <= polls <= 6, polls  # about 4 at 0.5 s; a second timer chain would make it 8+
