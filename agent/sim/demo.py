@@ -220,7 +220,9 @@ class Demo:
         self.loadgen: LoadGenerator | None = None
 
     def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        # the terminal may be gone (SIGHUP, closed SSH): a failed write must never abort the clean-up
+        with contextlib.suppress(OSError, ValueError):
+            print(text, file=self.out, flush=True)
 
     # -- set-up
 
@@ -426,6 +428,7 @@ def run(args: Namespace) -> int:
     print(f"lynxtop demo: state in {root}; agent log {demo.paths.agent_log}", flush=True)
     deadline = time.monotonic() + duration if duration else None
     previous_term = signal.signal(signal.SIGTERM, _term_as_interrupt)
+    previous_hup = signal.signal(signal.SIGHUP, _term_as_interrupt)  # the SSH session went away
     code = 0
     try:
         demo.start_agent()
@@ -441,17 +444,20 @@ def run(args: Namespace) -> int:
     except KeyboardInterrupt:
         pass
     except RuntimeError as exc:
-        print(f"lynxtop demo: {exc}", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            print(f"lynxtop demo: {exc}", file=sys.stderr)
         code = 1
     finally:
         # finish the clean-up even if asked twice: an interrupted teardown is what leaves orphans behind
         previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         try:
             demo.teardown()
         finally:
             signal.signal(signal.SIGTERM, previous_term)
             signal.signal(signal.SIGINT, previous_int)
+            signal.signal(signal.SIGHUP, previous_hup)
     return code
 
 

@@ -180,3 +180,31 @@ def test_ctrl_c_stops_the_demo_and_leaves_no_process_behind(tmp_path):
     assert proc.returncode == 0, (seen + rest).decode(errors="replace")
     assert b"stopped; database, config and logs kept" in rest
     assert processes_of(root) == []
+
+
+def test_terminal_gone_sighup_still_leaves_no_process_behind(tmp_path):
+    """An SSH session that drops: SIGHUP, and every later write to the terminal fails."""
+    import selectors
+    import signal
+
+    root = tmp_path / "demo-hup"
+    proc = subprocess.Popen([sys.executable, "-m", "lynxtop", "demo", "--no-tui", "--state-dir", str(root),
+                             "--startup-seconds", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen = b""
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 45
+        while b"serving=ready" not in seen and time.monotonic() < deadline and proc.poll() is None:
+            if sel.select(0.5):
+                seen += os.read(proc.stdout.fileno(), 65536)
+        assert b"serving=ready" in seen, seen.decode(errors="replace")
+        sel.close()
+        proc.stdout.close()  # the terminal is gone: the demo's writes now fail with EPIPE
+        proc.send_signal(signal.SIGHUP)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert processes_of(root) == []
