@@ -157,6 +157,7 @@ class ServerProcess:
         self.uid = procs.uid(record.pid)
         if self.uid is None:
             self.uid = os.getuid()
+        self.files = RunFiles()  # filled at readiness and again before a stop signals anything
         try:
             self._pidfd = os.pidfd_open(record.pid)
         except ProcessLookupError:
@@ -210,6 +211,12 @@ class ServerProcess:
         roots = [self.pid] if not self.exited else []
         return procs.run_processes(self.record.token, self.record.pgid, roots)
 
+    def note_files(self) -> None:
+        """Record the segments the run has mapped now (at readiness: a run SIGKILLed as a whole leaves no
+        process whose maps could be read at stop time)."""
+        for pid in self.members():
+            self.files.add_segments_of(pid, again=True)
+
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.record.pgid, sig)
@@ -231,7 +238,7 @@ class ServerProcess:
         """SIGTERM the leader, then what it leaves behind, SIGKILL what is left after `grace_s`; clean files."""
         titles: dict[int, str] = {}
         sent: dict[int, int] = {}  # the last signal each process got from us
-        files = RunFiles()
+        files = self.files
         files.add_from_log(self.record.log_path, self.uid if self.uid is not None else os.getuid())
 
         def look() -> list[int]:
@@ -239,7 +246,7 @@ class ServerProcess:
             for pid in now_alive:
                 if pid not in titles:
                     titles[pid] = procs.title(pid)
-                    files.add_segments_of(pid)  # before any signal: a dead process's maps are gone
+                    files.add_segments_of(pid, again=True)  # before any signal: a dead process's maps are gone
             return now_alive
 
         left = look()

@@ -104,7 +104,7 @@ def title(pid: int) -> str:
     """What `ps` shows: the cmdline (setproctitle rewrites it, e.g. 'VLLM::EngineCore'), else comm."""
     args = cmdline(pid)
     if args:
-        return " ".join(args)
+        return " ".join(args).strip()  # setproctitle pads the argv area with spaces
     st = stat(pid)
     return st.comm if st else ""
 

@@ -46,9 +46,9 @@ class RunFiles:
     paths: dict[str, int] = field(default_factory=dict)
     _looked_at: set[int] = field(default_factory=set)
 
-    def add_segments_of(self, pid: int) -> None:
-        """Record `pid`'s mapped segments (once per pid: maps of a big Worker are long)."""
-        if pid in self._looked_at:
+    def add_segments_of(self, pid: int, again: bool = False) -> None:
+        """Record `pid`'s mapped segments (once per pid unless `again`: maps of a big Worker are long)."""
+        if pid in self._looked_at and not again:
             return
         self._looked_at.add(pid)
         owner = procs.uid(pid)

@@ -536,6 +536,7 @@ class Supervisor:
                 self.on_change()
 
     async def _on_ready(self, proc: ServerProcess, prof: Profile, url: str) -> None:
+        proc.note_files()  # the run's /dev/shm segments exist by now; a later kill of the whole run hides them
         was_ready = self.adopted and proc.record.ready_ms is not None
         self.ready_ms = proc.record.ready_ms if was_ready else now_ms()
         assert self.ready_ms is not None

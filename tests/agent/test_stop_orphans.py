@@ -183,6 +183,34 @@ shutdown_timeout_s = 1
     await sup.shutdown(stop_serving=True)
 
 
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (POSIX shared memory)")
+async def test_a_run_killed_as_a_whole_still_has_its_files_removed(make_sup, store, h, monkeypatch):
+    # no process is left whose /proc/<pid>/maps could be read at stop time: the segments seen at readiness count
+    monkeypatch.setenv("STANDIN_SHM", "1")
+    monkeypatch.setenv("STANDIN_DIST", "1")
+    sup = make_sup()
+    decoy_shm, decoy_dist = _decoys()
+    try:
+        await start_ready(sup, h)
+        run_id, pgid = sup.run_id, sup.proc.record.pgid
+        members = sup.proc.members()
+        shm, dist = _run_files(sup.proc.record.log_path)
+        assert shm.exists() and dist.exists()
+        os.killpg(pgid, signal.SIGKILL)  # e.g. the OOM killer, or `kill -9 -PGID` by hand
+        await h.wait_for(lambda: run_id in {e["run_id"] for e in events(store, h.db_rows, "serving.cleanup")}, 15,
+                         what="clean-up event")
+        assert all(not procs.alive(p) for p in members)
+        assert not shm.exists() and not dist.exists()
+        assert decoy_shm.exists() and decoy_dist.exists()
+        (ev,) = [e for e in events(store, h.db_rows, "serving.cleanup") if e["run_id"] == run_id]
+        assert sorted(ev["details"]["removed"]) == sorted([str(shm), str(dist)]) and str(shm) in ev["message"]
+        assert not [e for e in events(store, h.db_rows, "serving.orphans") if e["run_id"] == run_id]
+    finally:
+        for p in (decoy_shm, decoy_dist):
+            p.unlink(missing_ok=True)
+    await sup.shutdown(stop_serving=True)
+
+
 def test_run_files_are_only_removed_when_still_the_runs_regular_files(tmp_path):
     mine = tmp_path / "vllm_dist_aa"
     other = tmp_path / "vllm_dist_bb"
