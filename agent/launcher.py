@@ -58,6 +58,7 @@ class ServerRecord:
     started_ms: int
     ready_ms: int | None = None
     env: dict[str, str] = field(default_factory=dict)  # the profile's env (not the agent's)
+    shm_segments: list[str] = field(default_factory=list)  # /dev/shm files the run had mapped when it got ready
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -158,6 +159,8 @@ class ServerProcess:
         if self.uid is None:
             self.uid = os.getuid()
         self.files = RunFiles()  # filled at readiness and again before a stop signals anything
+        for path in record.shm_segments:  # seen by a previous agent (adoption)
+            self.files.add_recorded(path, self.uid)
         try:
             self._pidfd = os.pidfd_open(record.pid)
         except ProcessLookupError:
@@ -216,6 +219,7 @@ class ServerProcess:
         process whose maps could be read at stop time)."""
         for pid in self.members():
             self.files.add_segments_of(pid, again=True)
+        self.record.shm_segments = self.files.segments()
 
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -379,7 +383,10 @@ async def kill_leftovers(record: ServerRecord, wait_s: float = 10.0, poll_s: flo
     for pid in found:
         files.add_segments_of(pid)
     owners = {u for u in (procs.uid(p) for p in found) if u is not None}
-    files.add_from_log(record.log_path, owners.pop() if len(owners) == 1 else os.getuid())
+    owner = owners.pop() if len(owners) == 1 else os.getuid()
+    files.add_from_log(record.log_path, owner)
+    for path in record.shm_segments:  # what the run had mapped when it got ready, even if nothing is left now
+        files.add_recorded(path, owner)
     deadline = time.monotonic() + wait_s
     left = found
     while left and time.monotonic() < deadline:

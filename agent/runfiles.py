@@ -57,6 +57,14 @@ class RunFiles:
         for path in procs.shm_segments(pid):
             self.paths.setdefault(path, owner)
 
+    def add_recorded(self, path: str, owner: int) -> None:
+        """A segment path kept in the state file (checked again: the file is not to be trusted blindly)."""
+        if procs.SHM_SEGMENT.fullmatch(path):
+            self.paths.setdefault(path, owner)
+
+    def segments(self) -> list[str]:
+        return sorted(p for p in self.paths if procs.SHM_SEGMENT.fullmatch(p))
+
     def add_from_log(self, log_path: str, owner: int) -> None:
         for path in dist_files_in_log(log_path):
             self.paths.setdefault(path, owner)

@@ -546,6 +546,7 @@ class Supervisor:
         load_s = (self.ready_ms - (self.started_ms or self.ready_ms)) / 1000
         gpus = self.gpus.gpu_info() or []
         if was_ready:
+            self._save_record()  # with the segments seen now
             self._set_state("ready", f"adopted run {self.run_id} answers GET /health 200")
             self._event("serving.ready", "info", f"run {self.run_id}: adopted and serving (ready since "
                         f"{_clock(self.ready_ms)})", adopted=True)

@@ -211,6 +211,34 @@ async def test_a_run_killed_as_a_whole_still_has_its_files_removed(make_sup, sto
     await sup.shutdown(stop_serving=True)
 
 
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (POSIX shared memory)")
+async def test_files_of_a_run_that_died_while_the_agent_was_down_are_removed(make_sup, store, h, monkeypatch):
+    monkeypatch.setenv("STANDIN_SHM", "1")
+    monkeypatch.setenv("STANDIN_DIST", "1")
+    a = make_sup()
+    decoy_shm, decoy_dist = _decoys()
+    try:
+        await start_ready(a, h)
+        shm, dist = _run_files(a.proc.record.log_path)
+        pgid, run_id = a.proc.record.pgid, a.run_id
+        assert json.loads(a.state_path.read_text())["shm_segments"] == [str(shm)]
+        await a.shutdown(stop_serving=False)  # live restore: the agent goes, serving stays...
+        os.killpg(pgid, signal.SIGKILL)  # ...and then dies as a whole while no agent watches
+        await h.wait_for(lambda: not procs.run_processes(None, pgid), 10, what="the run to be gone")
+        assert shm.exists() and dist.exists()
+        b = make_sup()
+        assert not await b.adopt_previous()
+        assert not shm.exists() and not dist.exists()
+        assert decoy_shm.exists() and decoy_dist.exists()
+        (ev,) = events(store, h.db_rows, "serving.not_adopted")
+        assert sorted(ev["details"]["removed"]) == sorted([str(shm), str(dist)]) and str(dist) in ev["message"]
+        assert f"previous run {run_id}" in ev["message"]
+        await b.shutdown(stop_serving=True)
+    finally:
+        for p in (decoy_shm, decoy_dist):
+            p.unlink(missing_ok=True)
+
+
 def test_run_files_are_only_removed_when_still_the_runs_regular_files(tmp_path):
     mine = tmp_path / "vllm_dist_aa"
     other = tmp_path / "vllm_dist_bb"
