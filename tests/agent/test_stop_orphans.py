@@ -7,6 +7,7 @@ real POSIX shared-memory segment and starts a real multiprocessing resource trac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -105,25 +106,40 @@ async def test_a_server_that_stops_its_engine_gives_no_orphan_event(make_sup, st
     await sup.shutdown(stop_serving=True)
 
 
-def _decoys() -> tuple[Path, Path]:
+@pytest.fixture
+def made(tmp_path):
+    """Every shm/dist file a test made, or any stand-in run of the test logged: removed afterwards, whatever the
+    test's outcome (a failed assertion must not leave segments in the machine's /dev/shm)."""
+    paths: list[Path] = []
+    yield paths
+    for log in (tmp_path / "state" / "logs").glob("*.log"):
+        with contextlib.suppress(StopIteration, ValueError):
+            _run_files(str(log), paths)
+    for p in paths:
+        p.unlink(missing_ok=True)
+
+
+def _decoys(made: list[Path]) -> tuple[Path, Path]:
     """A psm_ segment and a vllm_dist_ file of 'another run': same uid, same names, not in our run's maps/log."""
     shm = Path(f"/dev/shm/psm_{uuid.uuid4().hex[:8]}")
     dist = Path(tempfile.gettempdir()) / f"vllm_dist_{uuid.uuid4().hex}"
     for p in (shm, dist):
         os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        made.append(p)
     return shm, dist
 
 
-def _run_files(log_path: str) -> tuple[Path, Path]:
+def _run_files(log_path: str, made: list[Path]) -> tuple[Path, Path]:
     text = Path(log_path).read_text()
-    shm = next(line.split()[-1] for line in text.splitlines() if "engine shm /dev/shm/psm_" in line)
-    (dist,) = dist_files_in_log(log_path)
-    return Path(shm), Path(dist)
+    shm = Path(next(line.split()[-1] for line in text.splitlines() if "engine shm /dev/shm/psm_" in line))
+    (dist,) = (Path(p) for p in dist_files_in_log(log_path))
+    made.extend((shm, dist))
+    return shm, dist
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (POSIX shared memory)")
 async def test_sigkilled_server_orphans_are_named_stopped_and_their_files_removed(make_sup, store, h, tmp_path,
-                                                                                   monkeypatch):
+                                                                                   monkeypatch, made):
     siglog = tmp_path / "signals.log"
     for var, value in (("STANDIN_SHM", "1"), ("STANDIN_DIST", "1"), ("STANDIN_ENGINE_IGNORE_TERM", "1"),
                        ("STANDIN_SIGLOG", str(siglog))):
@@ -139,104 +155,93 @@ stop_grace_s = 1
 shutdown_timeout_s = 1
 """
     sup = make_sup(profiles=profile)
-    decoy_shm, decoy_dist = _decoys()
-    try:
-        await start_ready(sup, h)
-        leader, run_id, log_path = sup.proc.pid, sup.run_id, sup.proc.record.log_path
-        engine, tracker = tree(leader)
-        assert tracker is not None, "the engine's multiprocessing resource tracker did not start"
-        shm, dist = _run_files(log_path)
-        assert shm.exists() and dist.exists()
-        assert str(shm) in procs.shm_segments(engine)
+    decoy_shm, decoy_dist = _decoys(made)
+    await start_ready(sup, h)
+    leader, run_id, log_path = sup.proc.pid, sup.run_id, sup.proc.record.log_path
+    engine, tracker = tree(leader)
+    assert tracker is not None, "the engine's multiprocessing resource tracker did not start"
+    shm, dist = _run_files(log_path, made)
+    assert shm.exists() and dist.exists()
+    assert str(shm) in procs.shm_segments(engine)
 
-        os.kill(leader, signal.SIGKILL)  # the engine and the tracker outlive it, as vLLM's do
-        await h.wait_for(lambda: sup.state == "ready" and sup.run_id != run_id, 20, what="restarted")
+    os.kill(leader, signal.SIGKILL)  # the engine and the tracker outlive it, as vLLM's do
+    await h.wait_for(lambda: sup.state == "ready" and sup.run_id != run_id, 20, what="restarted")
 
-        assert not procs.alive(engine) and not procs.alive(tracker)
-        assert not shm.exists() and not dist.exists(), "the killed run's files were left behind"
-        assert decoy_shm.exists() and decoy_dist.exists(), "another run's files were removed"
-        (ev,) = [e for e in events(store, h.db_rows, "serving.orphans") if e["run_id"] == run_id]
-        assert ev["severity"] == "warning"
-        by_pid = {o["pid"]: o for o in ev["details"]["orphans"]}
-        assert {engine, tracker} <= set(by_pid) and {engine, tracker} <= set(ev["details"]["pids"])
-        assert by_pid[engine]["ended_by"] == "SIGKILL"  # it ignored the SIGTERM it got first
-        assert "--engine" in by_pid[engine]["title"] and "resource_tracker" in by_pid[tracker]["title"]
-        assert f"{engine} " in ev["message"] and f"{tracker} " in ev["message"] and "already gone" in ev["message"]
-        assert sorted(ev["details"]["removed"]) == sorted([str(shm), str(dist)])
-        assert str(shm) in ev["message"] and str(dist) in ev["message"]
-        terms = [rest for _, rest in siglog_lines(siglog) if rest.startswith(f"engine {engine} SIGTERM")]
-        assert terms == [f"engine {engine} SIGTERM from {os.getpid()}"]
-        assert run_row(store, h.db_rows, run_id)["exit_signal"] == signal.SIGKILL
+    assert not procs.alive(engine) and not procs.alive(tracker)
+    assert not shm.exists() and not dist.exists(), "the killed run's files were left behind"
+    assert decoy_shm.exists() and decoy_dist.exists(), "another run's files were removed"
+    (ev,) = [e for e in events(store, h.db_rows, "serving.orphans") if e["run_id"] == run_id]
+    assert ev["severity"] == "warning"
+    by_pid = {o["pid"]: o for o in ev["details"]["orphans"]}
+    assert {engine, tracker} <= set(by_pid) and {engine, tracker} <= set(ev["details"]["pids"])
+    assert by_pid[engine]["ended_by"] == "SIGKILL"  # it ignored the SIGTERM it got first
+    assert "--engine" in by_pid[engine]["title"] and "resource_tracker" in by_pid[tracker]["title"]
+    assert f"{engine} " in ev["message"] and f"{tracker} " in ev["message"] and "already gone" in ev["message"]
+    assert sorted(ev["details"]["removed"]) == sorted([str(shm), str(dist)])
+    assert str(shm) in ev["message"] and str(dist) in ev["message"]
+    terms = [rest for _, rest in siglog_lines(siglog) if rest.startswith(f"engine {engine} SIGTERM")]
+    assert terms == [f"engine {engine} SIGTERM from {os.getpid()}"]
+    assert run_row(store, h.db_rows, run_id)["exit_signal"] == signal.SIGKILL
 
-        # an operator's stop of the new run (its engine needs SIGKILL too) also leaves no file behind
-        new_shm, new_dist = _run_files(sup.proc.record.log_path)
-        assert new_shm.exists() and new_dist.exists()
-        await sup.stop(by="test")
-        await h.wait_for(lambda: sup.state == "stopped" and sup.action is None, 15, what="stopped")
-        assert not new_shm.exists() and not new_dist.exists()
-        exited = [e for e in events(store, h.db_rows, "serving.exited") if e["run_id"] == sup.run_id][0]
-        assert sorted(exited["details"]["removed"]) == sorted([str(new_shm), str(new_dist)])
-        assert decoy_shm.exists() and decoy_dist.exists()
-    finally:
-        for p in (decoy_shm, decoy_dist):
-            p.unlink(missing_ok=True)
+    # an operator's stop of the new run (its engine needs SIGKILL too) also leaves no file behind
+    new_shm, new_dist = _run_files(sup.proc.record.log_path, made)
+    assert new_shm.exists() and new_dist.exists()
+    await sup.stop(by="test")
+    await h.wait_for(lambda: sup.state == "stopped" and sup.action is None, 15, what="stopped")
+    assert not new_shm.exists() and not new_dist.exists()
+    exited = [e for e in events(store, h.db_rows, "serving.exited") if e["run_id"] == sup.run_id][0]
+    assert sorted(exited["details"]["removed"]) == sorted([str(new_shm), str(new_dist)])
+    assert decoy_shm.exists() and decoy_dist.exists()
     await sup.shutdown(stop_serving=True)
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (POSIX shared memory)")
-async def test_a_run_killed_as_a_whole_still_has_its_files_removed(make_sup, store, h, monkeypatch):
+async def test_a_run_killed_as_a_whole_still_has_its_files_removed(make_sup, store, h, monkeypatch, made):
     # no process is left whose /proc/<pid>/maps could be read at stop time: the segments seen at readiness count
     monkeypatch.setenv("STANDIN_SHM", "1")
     monkeypatch.setenv("STANDIN_DIST", "1")
     sup = make_sup()
-    decoy_shm, decoy_dist = _decoys()
-    try:
-        await start_ready(sup, h)
-        run_id, pgid = sup.run_id, sup.proc.record.pgid
-        members = sup.proc.members()
-        shm, dist = _run_files(sup.proc.record.log_path)
-        assert shm.exists() and dist.exists()
-        os.killpg(pgid, signal.SIGKILL)  # e.g. the OOM killer, or `kill -9 -PGID` by hand
-        await h.wait_for(lambda: run_id in {e["run_id"] for e in events(store, h.db_rows, "serving.cleanup")}, 15,
-                         what="clean-up event")
-        assert all(not procs.alive(p) for p in members)
-        assert not shm.exists() and not dist.exists()
-        assert decoy_shm.exists() and decoy_dist.exists()
-        (ev,) = [e for e in events(store, h.db_rows, "serving.cleanup") if e["run_id"] == run_id]
-        assert sorted(ev["details"]["removed"]) == sorted([str(shm), str(dist)]) and str(shm) in ev["message"]
-        assert not [e for e in events(store, h.db_rows, "serving.orphans") if e["run_id"] == run_id]
-    finally:
-        for p in (decoy_shm, decoy_dist):
-            p.unlink(missing_ok=True)
+    decoy_shm, decoy_dist = _decoys(made)
+    await start_ready(sup, h)
+    run_id, pgid = sup.run_id, sup.proc.record.pgid
+    members = sup.proc.members()
+    shm, dist = _run_files(sup.proc.record.log_path, made)
+    assert shm.exists() and dist.exists()
+    os.killpg(pgid, signal.SIGKILL)  # e.g. the OOM killer, or `kill -9 -PGID` by hand
+    await h.wait_for(lambda: run_id in {e["run_id"] for e in events(store, h.db_rows, "serving.cleanup")}, 15,
+                     what="clean-up event")
+    assert all(not procs.alive(p) for p in members)
+    assert not shm.exists() and not dist.exists()
+    assert decoy_shm.exists() and decoy_dist.exists()
+    (ev,) = [e for e in events(store, h.db_rows, "serving.cleanup") if e["run_id"] == run_id]
+    assert sorted(ev["details"]["removed"]) == sorted([str(shm), str(dist)]) and str(shm) in ev["message"]
+    assert not [e for e in events(store, h.db_rows, "serving.orphans") if e["run_id"] == run_id]
     await sup.shutdown(stop_serving=True)
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (POSIX shared memory)")
-async def test_files_of_a_run_that_died_while_the_agent_was_down_are_removed(make_sup, store, h, monkeypatch):
+async def test_files_of_a_run_that_died_while_the_agent_was_down_are_removed(make_sup, store, h, monkeypatch,
+                                                                              made):
     monkeypatch.setenv("STANDIN_SHM", "1")
     monkeypatch.setenv("STANDIN_DIST", "1")
     a = make_sup()
-    decoy_shm, decoy_dist = _decoys()
-    try:
-        await start_ready(a, h)
-        shm, dist = _run_files(a.proc.record.log_path)
-        pgid, run_id = a.proc.record.pgid, a.run_id
-        assert json.loads(a.state_path.read_text())["shm_segments"] == [str(shm)]
-        await a.shutdown(stop_serving=False)  # live restore: the agent goes, serving stays...
-        os.killpg(pgid, signal.SIGKILL)  # ...and then dies as a whole while no agent watches
-        await h.wait_for(lambda: not procs.run_processes(None, pgid), 10, what="the run to be gone")
-        assert shm.exists() and dist.exists()
-        b = make_sup()
-        assert not await b.adopt_previous()
-        assert not shm.exists() and not dist.exists()
-        assert decoy_shm.exists() and decoy_dist.exists()
-        (ev,) = events(store, h.db_rows, "serving.not_adopted")
-        assert sorted(ev["details"]["removed"]) == sorted([str(shm), str(dist)]) and str(dist) in ev["message"]
-        assert f"previous run {run_id}" in ev["message"]
-        await b.shutdown(stop_serving=True)
-    finally:
-        for p in (decoy_shm, decoy_dist):
-            p.unlink(missing_ok=True)
+    decoy_shm, decoy_dist = _decoys(made)
+    await start_ready(a, h)
+    shm, dist = _run_files(a.proc.record.log_path, made)
+    pgid, run_id = a.proc.record.pgid, a.run_id
+    assert json.loads(a.state_path.read_text())["shm_segments"] == [str(shm)]
+    await a.shutdown(stop_serving=False)  # live restore: the agent goes, serving stays...
+    os.killpg(pgid, signal.SIGKILL)  # ...and then dies as a whole while no agent watches
+    await h.wait_for(lambda: not procs.run_processes(None, pgid), 10, what="the run to be gone")
+    assert shm.exists() and dist.exists()
+    b = make_sup()
+    assert not await b.adopt_previous()
+    assert not shm.exists() and not dist.exists()
+    assert decoy_shm.exists() and decoy_dist.exists()
+    (ev,) = events(store, h.db_rows, "serving.not_adopted")
+    assert sorted(ev["details"]["removed"]) == sorted([str(shm), str(dist)]) and str(dist) in ev["message"]
+    assert f"previous run {run_id}" in ev["message"]
+    await b.shutdown(stop_serving=True)
 
 
 def test_run_files_are_only_removed_when_still_the_runs_regular_files(tmp_path):
