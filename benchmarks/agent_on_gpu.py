@@ -1,0 +1,92 @@
+"""The whole agent on a real GPU node: `lynxtop agent` (real NVML, no profile) records a matmul load.
+
+Run on a GPU machine where lynxtop is installed (`pip install --no-deps .` is enough where aiohttp, psutil,
+prometheus-client and nvidia-ml-py exist) and torch is present:
+
+    python3 benchmarks/agent_on_gpu.py
+
+It starts the agent on a temporary state directory, idles a few seconds, runs a bf16 matmul loop on GPU 0, then
+reads `lynxtop status --json` over the control socket and the samples from the history database. Never changes
+clocks, power or modes. Last line: one JSON object; exit 1 when a check failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    import torch
+
+    from lynxtop.store.reader import StoreReader
+
+    tmp = Path(tempfile.mkdtemp(prefix="lynxtop-agent-gpu-"))
+    db, sock = tmp / "lynxtop.db", tmp / "agent.sock"
+    cfg = tmp / "config.toml"
+    cfg.write_text(f'[agent]\ndatabase = "{db}"\nsocket = "{sock}"\nsample_interval_s = 0.5\n')
+    log = open(tmp / "agent.log", "w")  # noqa: SIM115 - closed below
+    agent = subprocess.Popen([sys.executable, "-m", "lynxtop", "agent", "--config", str(cfg)],
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    checks: dict[str, bool] = {}
+    out: dict = {}
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # idle samples
+        t_load = int(time.time() * 1000)
+        a = torch.randn(8192, 8192, device="cuda:0", dtype=torch.bfloat16)
+        b = torch.randn(8192, 8192, device="cuda:0", dtype=torch.bfloat16)
+        end = time.monotonic() + 6
+        while time.monotonic() < end:
+            for _ in range(20):
+                a @ b
+            torch.cuda.synchronize()
+        t_end = int(time.time() * 1000)
+        time.sleep(1.5)  # let the last ticks commit
+        status = json.loads(subprocess.run([sys.executable, "-m", "lynxtop", "status", "--json", "--socket",
+                                            str(sock)], capture_output=True, text=True, timeout=30).stdout)
+        r = StoreReader(str(db))
+        _, rows = r.series("gpu", ["sm_active_pct", "tensor_active_pct", "util_gpu_pct", "power_w",
+                                   "mem_used_bytes"], t_load - 60_000, t_end + 5_000, max_points=100_000)
+        r.close()
+        idle = [x for x in rows if x["gpu"] == 0 and x["ts_ms"] < t_load and x.get("sm_active_pct") is not None]
+        busy = [x for x in rows if x["gpu"] == 0 and t_load + 1500 < x["ts_ms"] < t_end
+                and x.get("sm_active_pct") is not None]
+        out = {
+            "nvml": status["agent"]["nvml"], "gpus": [(g["name"], g.get("arch"), g.get("gpm_supported"))
+                                                       for g in status["gpus"]],
+            "simulated": status["agent"]["simulated"], "missed_ticks": status["agent"]["missed_ticks"],
+            "rows_gpu0": len([x for x in rows if x["gpu"] == 0]),
+            "idle_sm_active_max": max((x["sm_active_pct"] for x in idle), default=None),
+            "busy_sm_active_median": sorted(x["sm_active_pct"] for x in busy)[len(busy) // 2] if busy else None,
+            "busy_tensor_active_median": (sorted(x["tensor_active_pct"] for x in busy)[len(busy) // 2]
+                                          if busy else None),
+            "busy_util_gpu_median": sorted(x["util_gpu_pct"] for x in busy)[len(busy) // 2] if busy else None,
+            "busy_power_w_max": max((x["power_w"] for x in busy), default=None),
+        }
+        checks["nvml_ok"] = out["nvml"]["state"] == "ok"
+        checks["not_simulated"] = out["simulated"] is False
+        checks["idle_sm_below_5"] = out["idle_sm_active_max"] is not None and out["idle_sm_active_max"] < 5
+        checks["busy_sm_above_80"] = (out["busy_sm_active_median"] or 0) > 80
+        checks["busy_tensor_above_80"] = (out["busy_tensor_active_median"] or 0) > 80
+    finally:
+        os.killpg(agent.pid, signal.SIGTERM)
+        agent.wait(timeout=30)
+        log.close()
+    print((tmp / "agent.log").read_text()[-3000:])
+    for name, ok in checks.items():
+        print(("PASS " if ok else "FAIL ") + name)
+    print(json.dumps({**out, "checks": checks}))
+    return 0 if checks and all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
