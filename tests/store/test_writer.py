@@ -120,3 +120,25 @@ def test_background_checkpoint_moves_pages_into_the_main_file(db):
     finally:
         w.close()
     assert sqlite3.connect(db).execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == 16_000
+
+
+def test_rows_with_different_missing_readings_in_one_batch_keep_every_value(db):
+    # missing readings are written as literal NULLs, grouped by their pattern: each row must keep its own values
+    w = StoreWriter(db)
+    rows = [{"gpu": 0, "power_w": 301.6, "temp_c": None, "sm_active_pct": 40.2},
+            {"gpu": 1, "power_w": None, "temp_c": 55, "sm_active_pct": None},
+            {"gpu": 2, "power_w": 88, "temp_c": 41, "sm_active_pct": 7}]
+    for i in range(3):
+        w.submit_tick(T0 + i * 1000, rows, {"cpu_pct": 10.0 + i, "load1": None if i % 2 else 1.5},
+                      {"requests_running": i, "ttft_p99_ms": None if i == 1 else 100.0 + i})
+    w.start()
+    w.close()
+    c = sqlite3.connect(db)
+    got = c.execute("SELECT ts_ms, gpu, power_w, temp_c, sm_active_pct, util_gpu_pct FROM gpu_samples "
+                    "ORDER BY ts_ms, gpu").fetchall()
+    assert got == [(T0 + i * 1000, g, *want, None) for i in range(3)
+                   for g, want in enumerate([(302, None, 40), (None, 55, None), (88, 41, 7)])]
+    assert c.execute("SELECT cpu_pct, load1 FROM host_samples ORDER BY ts_ms").fetchall() == [
+        (10.0, 1.5), (11.0, None), (12.0, 1.5)]
+    assert c.execute("SELECT requests_running, ttft_p99_ms FROM serving_samples ORDER BY ts_ms").fetchall() == [
+        (0, 100.0), (1, None), (2, 102.0)]
