@@ -46,14 +46,16 @@ def _busy_lines(serving: dict[str, Any], running: dict[str, Any] | None) -> list
     out = []
     if serving.get("requests_running") or (running or {}).get("requests_running"):
         n = (running or {}).get("requests_running")
-        out.append(Text(f"{n} request(s) are running now and will fail.", style="bold red"))
+        out.append(Text(f"{n} request(s) are running now: they get vLLM's shutdown timeout to finish, and "
+                        "whatever is still running then fails; new requests fail until serving is ready again.",
+                        style="bold red"))
     return out
 
 
 def restart_text(serving: dict[str, Any], metrics: dict[str, Any] | None = None) -> RenderableType:
     return Group(
         Text(f"Now: {_what_runs(serving)}."),
-        Text("vLLM is stopped (in-flight requests get the profile's grace period) and started again "
+        Text("vLLM is stopped (in-flight requests drain for the profile's shutdown timeout) and started again "
              "with the same profile as a new run."),
         *_busy_lines(serving, metrics),
         Text(_load_line(serving), style="bold yellow"),
