@@ -155,21 +155,28 @@ def test_demo_end_to_end_leaves_no_process_behind(tmp_path):
 
 
 @pytest.mark.skipif(not _agent_importable(), reason="lynxtop.agent.node cannot be imported in this build")
-def test_ctrl_c_stops_the_demo_and_leaves_no_process_behind(tmp_path):
+def _demo_until_ready(root) -> tuple[subprocess.Popen, bytes]:
+    """Start `lynxtop demo --no-tui` and read its output until serving is ready."""
     import selectors
-    import signal
 
-    root = tmp_path / "demo-ctrl-c"
     proc = subprocess.Popen([sys.executable, "-m", "lynxtop", "demo", "--no-tui", "--state-dir", str(root),
                              "--startup-seconds", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     seen = b""
-    try:
-        sel = selectors.DefaultSelector()
+    with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + 45
         while b"serving=ready" not in seen and time.monotonic() < deadline and proc.poll() is None:
             if sel.select(0.5):
                 seen += os.read(proc.stdout.fileno(), 65536)
+    return proc, seen
+
+
+def test_ctrl_c_stops_the_demo_and_leaves_no_process_behind(tmp_path):
+    import signal
+
+    root = tmp_path / "demo-ctrl-c"
+    proc, seen = _demo_until_ready(root)
+    try:
         assert b"serving=ready" in seen, seen.decode(errors="replace")
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal delivers
         rest, _ = proc.communicate(timeout=60)
@@ -184,22 +191,12 @@ def test_ctrl_c_stops_the_demo_and_leaves_no_process_behind(tmp_path):
 
 def test_terminal_gone_sighup_still_leaves_no_process_behind(tmp_path):
     """An SSH session that drops: SIGHUP, and every later write to the terminal fails."""
-    import selectors
     import signal
 
     root = tmp_path / "demo-hup"
-    proc = subprocess.Popen([sys.executable, "-m", "lynxtop", "demo", "--no-tui", "--state-dir", str(root),
-                             "--startup-seconds", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    seen = b""
+    proc, seen = _demo_until_ready(root)
     try:
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + 45
-        while b"serving=ready" not in seen and time.monotonic() < deadline and proc.poll() is None:
-            if sel.select(0.5):
-                seen += os.read(proc.stdout.fileno(), 65536)
         assert b"serving=ready" in seen, seen.decode(errors="replace")
-        sel.close()
         proc.stdout.close()  # the terminal is gone: the demo's writes now fail with EPIPE
         proc.send_signal(signal.SIGHUP)
         proc.wait(timeout=60)
