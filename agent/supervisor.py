@@ -497,6 +497,10 @@ class Supervisor:
         # from the run's start, not from now: an adopted server mid-load has already used part of it
         elapsed = max(0.0, (now_ms() - (self.started_ms or now_ms())) / 1000)
         deadline = time.monotonic() + prof.readiness_timeout_s - elapsed
+        if self.adopted and proc.record.ready_ms is not None:
+            # it was ready under the previous agent: its load time is long past the timeout, so one slow or
+            # failed /health right after an agent restart would otherwise kill a healthy server
+            deadline = float("inf")
         url = server_url(prof)
         exit_wait = asyncio.ensure_future(proc.wait())
         try:
