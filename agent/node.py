@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 
 from lynxtop import __version__
+from lynxtop.agent import procs
 from lynxtop.agent.config import Config
 from lynxtop.agent.control import ActionError
 from lynxtop.agent.notify import Notifier
@@ -178,7 +179,18 @@ class Node:
             adopted = await sup.adopt_previous()
             held = not adopted and sup.restore_crash_loop()
             a = self.cfg.agent
+            strays: list[int] = []
             if not adopted and not held and a.autostart and a.default_profile:
+                strays = await asyncio.to_thread(procs.runs_started_in, os.path.realpath(a.run_log_dir))
+            if strays:
+                # a server the previous agent left (its state file lost or unreadable): a second one on the
+                # same GPUs would fail or, worse, crowd the live one; an operator decides
+                self.writer.add_event("agent.autostart_held", "error",
+                                      f"autostart of {a.default_profile} held: processes of an earlier run are "
+                                      f"still alive (pids {strays}) and could not be adopted; check them (ps -fp PID) "
+                                      "and stop them, or start serving by hand (lynxtop start)",
+                                      details={"pids": strays})
+            elif not adopted and not held and a.autostart and a.default_profile:
                 try:
                     msg = await sup.start(a.default_profile, by="agent (autostart)")
                     log.info("autostart: %s", msg)

@@ -138,3 +138,27 @@ def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = ()
                 todo.append(child)
     members.discard(me)
     return sorted(members)
+
+
+def runs_started_in(cwd: str, exclude: Iterable[int] = ()) -> list[int]:
+    """Live processes of any lynxtop run started in `cwd` (the run-log directory: every run starts there).
+
+    For a server nobody can adopt (state file lost or unreadable): its token is unknown, but its environment
+    still carries one and its working directory names this agent's runs.
+    """
+    marker = f"{RUN_TOKEN_ENV}=".encode()
+    skip = {os.getpid(), *exclude}
+    found = []
+    for pid in all_pids():
+        if pid in skip or not alive(pid):
+            continue
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") != cwd:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(e.startswith(marker) for e in env):
+            found.append(pid)
+    return sorted(found)

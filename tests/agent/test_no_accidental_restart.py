@@ -6,10 +6,15 @@ Each test here failed against the code before its fix (see the commit that added
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import sqlite3
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +65,83 @@ async def test_adopted_ready_server_survives_a_slow_first_health(make_sup, store
     assert procs.alive(pid) and b.proc.pid == pid
     assert not events(store, "serving.readiness_timeout")
     await b.shutdown(stop_serving=True)
+
+
+# ------------------------------------------------------------------------------------ the agent as a process
+
+
+def _agent(cfg: Path, log: Path) -> subprocess.Popen:
+    out = open(log, "ab")  # noqa: SIM115 - the child holds it; closed when the test ends
+    try:
+        return subprocess.Popen([sys.executable, "-m", "lynxtop", "agent", "--config", str(cfg)],
+                                stdout=out, stderr=subprocess.STDOUT)
+    finally:
+        out.close()
+
+
+def _db(tmp_path: Path, sql: str) -> list[dict]:
+    path = tmp_path / "state" / "lynxtop.db"
+    if not path.exists():
+        return []
+    try:
+        return db_rows(path, sql)
+    except sqlite3.OperationalError:  # not created yet
+        return []
+
+
+async def _until(pred, timeout: float, what: str, agents: list[subprocess.Popen]):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        for a in agents:
+            assert a.poll() is None, f"agent exited with {a.returncode} while waiting for {what}"
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def reaper(tmp_path):
+    """Kills every agent the test started and every process of a run started under tmp_path."""
+    agents: list[subprocess.Popen] = []
+    yield agents
+    for a in agents:
+        if a.poll() is None:
+            a.kill()
+            a.wait(10)
+    logs = os.path.realpath(tmp_path / "state" / "logs")
+    for pid in procs.runs_started_in(logs):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("record", ['{"run_id": 1, "profile": "alpha", "pid"',  # cut short by a full disk
+                                    '{"run_id": 1, "profile": "alpha", "pid": PID}'],  # an older format
+                         ids=["truncated", "old-format"])
+async def test_unadoptable_live_server_holds_autostart(tmp_path, h, reaper, record):
+    """Agent restart with the state file unreadable: the live server cannot be adopted, and autostart must not
+    put a second vLLM on the same GPUs (nor kill the first)."""
+    cfg = h.write_config(tmp_path, agent='autostart = true\ndefault_profile = "alpha"\nsample_interval_s = 0.2')
+    a = _agent(cfg, tmp_path / "a.log")
+    reaper.append(a)
+    run = await _until(lambda: _db(tmp_path, "SELECT * FROM runs WHERE ready_ms IS NOT NULL"), 30, "ready", [a])
+    pid = run[0]["pid"]
+    a.kill()  # the agent dies (OOM killer, upgrade gone wrong); serving stays
+    a.wait(10)
+    (tmp_path / "state" / "serving.json").write_text(record.replace("PID", str(pid)))
+    b = _agent(cfg, tmp_path / "b.log")
+    reaper.append(b)
+    started = await _until(lambda: _db(tmp_path, "SELECT id FROM events WHERE kind = 'agent.started'")[1:], 30,
+                           "the second agent started", [b])
+    decided = ("SELECT * FROM events WHERE kind IN ('agent.autostart_held', 'serving.starting', "
+               f"'serving.adopted') AND id > {started[0]['id']} ORDER BY id")
+    ev = await _until(lambda: _db(tmp_path, decided), 30, "the second agent's decision", [b])
+    assert ev[0]["kind"] == "agent.autostart_held", (tmp_path / "b.log").read_text()[-2000:]
+    assert str(pid) in ev[0]["message"]
+    assert len(_db(tmp_path, "SELECT id FROM runs")) == 1
+    assert procs.alive(pid)
+    b.send_signal(signal.SIGTERM)  # live_restore on: the agent goes, serving stays
+    assert b.wait(30) == 0
+    assert procs.alive(pid)
