@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import logging
 import os
 import signal
@@ -37,6 +38,7 @@ from lynxtop.store.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, na
 log = logging.getLogger("lynxtop.agent")
 
 STATE_FILE = "serving.json"
+LOCK_FILE = "agent.lock"
 MAX_LOG_LINES = 5000
 
 
@@ -104,6 +106,7 @@ class Node:
         self._reader: Any = None
         self._reader_lock = threading.Lock()
         self._cfg_mtime: float | None = None
+        self._lock_fd: int | None = None
         self.writer: Any = None
         self.sampler: Any = None
         self.host_sampler: Any = None
@@ -144,6 +147,32 @@ class Node:
         self.supervisor = Supervisor(self.cfg, self.writer, self.gpu_view, state_path=a.database.parent / STATE_FILE,
                                      host=self.host, simulated=self.simulated, on_change=self._on_change)
 
+    def _lock_state_dir(self) -> None:
+        """Hold an exclusive lock on the state directory for the agent's life.
+
+        The socket check above is racy: two agents started at once both pass it, then both adopt or autostart
+        (two vLLMs on one set of GPUs). The lock closes that window; the kernel drops it when the agent dies.
+        """
+        d = self.cfg.agent.database.parent
+        try:
+            d.mkdir(parents=True, exist_ok=True, mode=0o750)
+        except OSError as exc:
+            raise AgentStartError(f"cannot create directory {d}: {exc.strerror or exc}") from None
+        try:
+            fd = os.open(d / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        except OSError as exc:
+            raise AgentStartError(f"cannot create the agent lock {d / LOCK_FILE}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise AgentStartError(f"another agent (pid {holder}) is already running with the state directory {d} "
+                                  f"(it holds {d / LOCK_FILE}); stop it first (systemctl stop lynxtop-agent)") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd  # held until the agent has closed everything (_close)
+
     def _gpu_event(self, kind: str, severity: str, message: str, details: dict | None = None) -> None:
         with contextlib.suppress(Exception):
             self.writer.add_event(kind, severity, message, details=details)
@@ -157,7 +186,14 @@ class Node:
             # checked before the store is opened or anything adopted: two supervisors of one vLLM is the worst case
             raise AgentStartError(f"another agent is already running on {self.cfg.agent.socket}; stop it first "
                                   "(systemctl stop lynxtop-agent) or use another [agent] socket")
-        self._open_parts()
+        self._lock_state_dir()
+        try:
+            self._open_parts()
+        except BaseException:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+            raise
         assert self.supervisor is not None
         sup = self.supervisor
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -253,6 +289,9 @@ class Node:
         if self._reader is not None:
             with contextlib.suppress(Exception):
                 self._reader.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # last: a new agent may take over only once this one is done
+            self._lock_fd = None
 
     # ------------------------------------------------------------------------------------------ clock
 

@@ -145,3 +145,35 @@ async def test_unadoptable_live_server_holds_autostart(tmp_path, h, reaper, reco
     b.send_signal(signal.SIGTERM)  # live_restore on: the agent goes, serving stays
     assert b.wait(30) == 0
     assert procs.alive(pid)
+
+
+@pytest.mark.timeout(90)
+async def test_two_agents_started_at_once_start_one_server(tmp_path, h, reaper):
+    """Both pass the 'does the socket answer' check when started in the same instant; only one may go on to
+    adopt or autostart, the other must refuse with a message and touch nothing."""
+    cfg = h.write_config(tmp_path, agent='autostart = true\ndefault_profile = "alpha"\nsample_interval_s = 0.2')
+    for _ in range(3):  # the race is narrow on an idle machine: give it a few chances
+        agents = [_agent(cfg, tmp_path / f"agent{i}.log") for i in range(2)]
+        reaper.extend(agents)
+        await _until(lambda: _db(tmp_path, "SELECT * FROM runs WHERE ready_ms IS NOT NULL"), 30, "ready", [])
+        await asyncio.sleep(0.5)  # a second autostart, if any, would show by now
+        refused = [a for a in agents if a.poll() is not None]
+        assert len(refused) == 1, [(tmp_path / f"agent{i}.log").read_text()[-1500:] for i in range(2)]
+        assert refused[0].returncode == 1
+        out = (tmp_path / f"agent{agents.index(refused[0])}.log").read_text()
+        assert "another agent (pid" in out and "state directory" in out and "Traceback" not in out
+        # refused before opening anything: the old check let both open the store and race to bind the socket
+        assert len(_db(tmp_path, "SELECT id FROM events WHERE kind = 'agent.started'")) == 1
+        runs = _db(tmp_path, "SELECT * FROM runs")
+        assert len(runs) == 1 and procs.alive(runs[0]["pid"])
+        live = next(a for a in agents if a.poll() is None)
+        live.send_signal(signal.SIGTERM)
+        assert live.wait(30) == 0
+        for pid in procs.runs_started_in(os.path.realpath(tmp_path / "state" / "logs")):
+            os.kill(pid, signal.SIGKILL)
+        await _until(lambda: not procs.runs_started_in(os.path.realpath(tmp_path / "state" / "logs")), 10,
+                     "the run killed", [])
+        (tmp_path / "state" / "serving.json").unlink(missing_ok=True)
+        (tmp_path / "state" / "lynxtop.db").unlink()
+        for side in ("-wal", "-shm"):
+            (tmp_path / "state" / f"lynxtop.db{side}").unlink(missing_ok=True)
