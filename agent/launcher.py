@@ -59,6 +59,8 @@ class ServerRecord:
     ready_ms: int | None = None
     env: dict[str, str] = field(default_factory=dict)  # the profile's env (not the agent's)
     shm_segments: list[str] = field(default_factory=list)  # /dev/shm files the run had mapped when it got ready
+    # the profile's when the run started: an edit of the config applies to the next run, not to a load under way
+    readiness_timeout_s: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

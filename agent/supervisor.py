@@ -463,6 +463,7 @@ class Supervisor:
         self._outcome = loop.create_future()
         proc.watch(loop)
         self.run_id = None
+        proc.record.readiness_timeout_s = prof.readiness_timeout_s
         self._save_record()  # before any await: an agent killed now must still find this server
         run_id = await self._store_call(
             self.store.create_run, profile=prof.name, argv=argv, model=prof.model, host=self.host,
@@ -890,6 +891,8 @@ class Supervisor:
                         f"profile {record.profile} changed in the config since run {record.run_id} started; the "
                         "adopted server keeps its old flags until it is restarted")
         prof = _with_address_of(prof, record.argv)
+        if isinstance(record.readiness_timeout_s, (int, float)) and record.readiness_timeout_s > 0:
+            prof = dataclasses.replace(prof, readiness_timeout_s=float(record.readiness_timeout_s))
         self.proc = proc
         self.profile, self.profile_name = prof, record.profile
         self.run_id = record.run_id

@@ -1,6 +1,7 @@
 """Audit of paths that could stop or restart a healthy, ready vLLM without an operator asking.
 
-Each test here failed against the code before its fix (see the commit that added it).
+Each test failed against the code before its fix (see the commit that added it), except
+test_adoption_of_a_removed_profile_keeps_serving, which pins down a path the audit found right.
 """
 
 from __future__ import annotations
@@ -177,3 +178,60 @@ async def test_two_agents_started_at_once_start_one_server(tmp_path, h, reaper):
         (tmp_path / "state" / "lynxtop.db").unlink()
         for side in ("-wal", "-shm"):
             (tmp_path / "state" / f"lynxtop.db{side}").unlink(missing_ok=True)
+
+
+def _profile(h, name: str, port: int, readiness_s: float = 20) -> str:
+    return f"""
+[[profile]]
+name = "{name}"
+executable = "{h.STANDIN}"
+model = "deepseek-ai/DeepSeek-V4.1"
+port = {port}
+tensor_parallel_size = 8
+readiness_timeout_s = {readiness_s}
+stop_grace_s = 3
+shutdown_timeout_s = 1
+"""
+
+
+async def test_adoption_mid_load_keeps_the_runs_own_readiness_timeout(make_sup, store, h, tmp_path, monkeypatch):
+    """Agent restart during a long load, after an operator shortened the profile's readiness timeout (and moved
+    its port, and made another profile the autostart default): the load under way keeps the timeout and the
+    address it started with; the edit is for the next run."""
+    monkeypatch.setenv("STANDIN_STARTUP_S", "3")
+    port = h.free_port()
+    a = make_sup(cfg_path=h.write_config(tmp_path, profiles=_profile(h, "alpha", port)))
+    await a.start("alpha", by="uid 0 (root) pid 1")
+    await wait_for(lambda: a.state == "starting" and a.proc is not None and a.run_id is not None, 5, what="starting")
+    pid = a.proc.pid
+    await a.shutdown(stop_serving=False)
+    edited = h.write_config(tmp_path, agent='default_profile = "gamma"\nautostart = true',
+                            profiles=_profile(h, "alpha", h.free_port(), readiness_s=1)
+                            + _profile(h, "gamma", h.free_port()))
+    b = make_sup(cfg_path=edited)
+    assert await b.adopt_previous()
+    assert events(store, "serving.adopted_profile_changed")
+    await wait_for(lambda: b.state == "ready", 15, what="adopted load finished")
+    assert b.proc.pid == pid and procs.alive(pid) and b.url().endswith(f":{port}")
+    assert not events(store, "serving.readiness_timeout")
+    assert len(db_rows(store.path, "SELECT id FROM runs")) == 1
+    await b.shutdown(stop_serving=True)
+
+
+async def test_adoption_of_a_removed_profile_keeps_serving(make_sup, store, h, tmp_path):
+    """The profile of the ready server was renamed in the config meanwhile: adopt it anyway, say so."""
+    port = h.free_port()
+    a = make_sup(cfg_path=h.write_config(tmp_path, profiles=_profile(h, "alpha", port)))
+    await start_ready(a)
+    pid = a.proc.pid
+    await a.shutdown(stop_serving=False)
+    b = make_sup(cfg_path=h.write_config(tmp_path, agent='default_profile = "alpha-v2"\nautostart = true',
+                                         profiles=_profile(h, "alpha-v2", h.free_port())))
+    assert await b.adopt_previous()
+    ev = events(store, "serving.adopted_unknown_profile")
+    assert ev and "'alpha'" in ev[0]["message"]
+    await wait_for(lambda: b.state == "ready", 10, what="adopted ready")
+    assert b.proc.pid == pid and procs.alive(pid) and b.url().endswith(f":{port}")
+    assert len(db_rows(store.path, "SELECT id FROM runs")) == 1
+    await b.shutdown(stop_serving=True)
+    assert not procs.alive(pid)
