@@ -1,7 +1,8 @@
 """Audit of paths that could stop or restart a healthy, ready vLLM without an operator asking.
 
 Each test failed against the code before its fix (see the commit that added it), except
-test_adoption_of_a_removed_profile_keeps_serving, which pins down a path the audit found right.
+test_adoption_of_a_removed_profile_keeps_serving, test_pid_reused_by_another_process_is_neither_adopted_nor_killed
+and test_health_not_answering_while_ready_never_stops_the_server, which pin down paths the audit found right.
 """
 
 from __future__ import annotations
@@ -235,3 +236,51 @@ async def test_adoption_of_a_removed_profile_keeps_serving(make_sup, store, h, t
     assert len(db_rows(store.path, "SELECT id FROM runs")) == 1
     await b.shutdown(stop_serving=True)
     assert not procs.alive(pid)
+
+
+@pytest.mark.parametrize("same_start", [False, True], ids=["start-time-differs", "command-differs"])
+async def test_pid_reused_by_another_process_is_neither_adopted_nor_killed(make_sup, store, same_start):
+    """The recorded pid now belongs to an unrelated process (pid reuse after a reboot or a long downtime)."""
+    a = make_sup()
+    await start_ready(a)
+    rec = json.loads(a.state_path.read_text())
+    await a.shutdown(stop_serving=True)  # the run is gone...
+    other = subprocess.Popen(["sleep", "30"], start_new_session=True)  # ...and its pid is someone else's
+    try:
+        st = procs.stat(other.pid)
+        rec["pid"] = rec["pgid"] = other.pid
+        rec["start_ticks"] = st.start_ticks if same_start else st.start_ticks + 1
+        a.state_path.write_text(json.dumps(rec))
+        b = make_sup()
+        assert not await b.adopt_previous()
+        assert procs.alive(other.pid) and other.poll() is None
+        ev = events(store, "serving.not_adopted")[-1]
+        assert ("different command line" if same_start else "start time differs") in ev["message"]
+        assert b.state == "stopped" and b.proc is None
+        await b.shutdown(stop_serving=True)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait(5)
+
+
+async def test_health_not_answering_while_ready_never_stops_the_server(make_sup, store):
+    """A ready server that stops answering /health (frozen here with SIGSTOP) is marked degraded at most;
+    only an exit is a crash."""
+    sup = make_sup()
+    await start_ready(sup)
+    pid = sup.proc.pid
+    seen = set()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 4.0  # one /health times out (3 s), the next ones queue behind it
+        while time.monotonic() < deadline:
+            seen.add(sup.state)
+            await asyncio.sleep(0.05)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await wait_for(lambda: sup.state == "ready", 15, what="ready again")
+    assert seen <= {"ready", "degraded"}, seen
+    assert sup.proc.pid == pid and procs.alive(pid) and sup.crashes == 0
+    assert not events(store, "serving.crash") and not events(store, "serving.exited")
+    await sup.shutdown(stop_serving=True)
