@@ -796,7 +796,12 @@ class Supervisor:
     def observe_progress(self, requests_running: float | None, generation_tokens_total: float | None,
                          now: float | None = None) -> None:
         """Called every tick with the scraper's counters: running requests but no new token = hang."""
-        if self.state not in ("ready", "degraded") or requests_running is None or generation_tokens_total is None:
+        if self.state not in ("ready", "degraded"):
+            return
+        if requests_running is None or generation_tokens_total is None:
+            # a gap in the readings (/metrics down) is not a stall: the clock restarts when they come back, or
+            # the first request after a long idle outage would look hung at once (and be restarted, if enabled)
+            self._last_tokens = self._last_progress = None
             return
         now = time.monotonic() if now is None else now
         if self._last_tokens is None or generation_tokens_total != self._last_tokens or requests_running <= 0:

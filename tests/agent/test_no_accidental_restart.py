@@ -284,3 +284,25 @@ async def test_health_not_answering_while_ready_never_stops_the_server(make_sup,
     assert sup.proc.pid == pid and procs.alive(pid) and sup.crashes == 0
     assert not events(store, "serving.crash") and not events(store, "serving.exited")
     await sup.shutdown(stop_serving=True)
+
+
+async def test_metrics_outage_then_first_request_is_not_a_hang(make_sup, store):
+    """/metrics unreadable for two minutes on an idle server; when it answers again a request is in prefill
+    (no new token yet). That is not a hang, and with restart_on_hang on it must not restart the server."""
+    sup = make_sup(agent="restart_on_hang = true\nhang_timeout_s = 60")
+    await start_ready(sup)
+    pid = sup.proc.pid
+    t0 = 1000.0
+    sup.observe_progress(0, 500.0, now=t0)  # idle
+    for i in range(1, 121):
+        sup.observe_progress(None, None, now=t0 + i)  # scrape outage (the scraper gives no readings)
+    sup.observe_progress(1, 500.0, now=t0 + 121)  # back: one request, still in prefill
+    assert sup.state == "ready" and sup.action is None, (sup.state, sup.reason, sup.action)
+    assert not events(store, "serving.degraded.hang")
+    sup.observe_progress(1, 500.0, now=t0 + 150)
+    assert sup.state == "ready"
+    sup.observe_progress(1, 500.0, now=t0 + 182)  # a real stall, 61 s after the readings came back: still caught
+    assert events(store, "serving.degraded.hang")
+    await wait_for(lambda: sup.action is None and sup.state == "ready", 20, what="restart after the real hang")
+    assert sup.proc.pid != pid
+    await sup.shutdown(stop_serving=True)
