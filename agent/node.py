@@ -224,7 +224,7 @@ class Node:
                 self.writer.add_event("agent.autostart_held", "error",
                                       f"autostart of {a.default_profile} held: processes of an earlier run are "
                                       f"still alive (pids {strays}) and could not be adopted; check them (ps -fp PID) "
-                                      "and stop them, or start serving by hand (lynxtop start)",
+                                      "and stop them; `lynxtop start` refuses while they live",
                                       details={"pids": strays})
             elif not adopted and not held and a.autostart and a.default_profile:
                 try:

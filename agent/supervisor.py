@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from lynxtop.agent import launcher
+from lynxtop.agent import launcher, procs
 from lynxtop.agent.config import Config, ConfigError, Profile, load_config
 from lynxtop.agent.control import ActionError
 from lynxtop.agent.launcher import ExitInfo, ServerProcess
@@ -329,6 +329,11 @@ class Supervisor:
             raise self._busy() if self.action else ActionError("state", "serving is stopping; try again", 409)
         prof = self._resolve_profile(profile)
         warnings = self._preflight_or_raise(prof)
+        strays = await asyncio.to_thread(procs.runs_started_in, os.path.realpath(self.cfg.agent.run_log_dir))
+        if strays:  # a server nobody could adopt still holds the GPUs: a second one would fail or crowd it
+            raise ActionError("strays", f"processes of an earlier run are still alive (pids {strays}) and could not "
+                                        "be adopted; check them (ps -fp PID) and stop them before starting serving",
+                              409, details={"pids": strays})
         self._begin("start", by, prof.name)
         self._event("action.start", "info", f"start of profile {prof.name} requested by {by}", by=by)
         self._run_action(self._do_start(prof, f"started by {by}", reset_failures=True))

@@ -144,6 +144,11 @@ async def test_unadoptable_live_server_holds_autostart(tmp_path, h, reaper, reco
     assert str(pid) in ev[0]["message"]
     assert len(_db(tmp_path, "SELECT id FROM runs")) == 1
     assert procs.alive(pid)
+    # an operator's start is refused too while that server lives, naming it
+    r = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "lynxtop", "start", "--yes", "--config",
+                                                 str(cfg)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and str(pid) in r.stderr + r.stdout, (r.stdout, r.stderr)
+    assert len(_db(tmp_path, "SELECT id FROM runs")) == 1
     b.send_signal(signal.SIGTERM)  # live_restore on: the agent goes, serving stays
     assert b.wait(30) == 0
     assert procs.alive(pid)
