@@ -122,22 +122,20 @@ class SnapshotCollector(Collector):
                 g = GaugeMetricFamily(name, help_)
                 g.add_metric([], v / 1000 if key == "started_ms" else v)
                 yield g
-        v = _num(agent.get("missed_ticks"))
-        if v is not None:
-            c = CounterMetricFamily("lynxtop_agent_missed_ticks", "Sampling ticks skipped because one ran late")
-            c.add_metric([], v)
-            yield c
         store = agent.get("store") or {}
-        v = _num(store.get("dropped"))
-        if v is not None:
-            c = CounterMetricFamily("lynxtop_store_dropped_ticks", "Ticks dropped because the store writer lagged")
-            c.add_metric([], v)
-            yield c
-        v = _num(store.get("queued"))
-        if v is not None:
-            g = GaugeMetricFamily("lynxtop_store_queued_ticks", "Ticks waiting for the store writer")
-            g.add_metric([], v)
-            yield g
+        for cls, name, help_, value in (
+            (CounterMetricFamily, "lynxtop_agent_missed_ticks", "Sampling ticks skipped because one ran late",
+             agent.get("missed_ticks")),
+            (CounterMetricFamily, "lynxtop_store_dropped_ticks", "Ticks dropped because the store writer lagged",
+             store.get("dropped")),
+            (GaugeMetricFamily, "lynxtop_store_queued_ticks", "Ticks waiting for the store writer",
+             store.get("queued")),
+        ):
+            v = _num(value)
+            if v is not None:  # a missing reading is left out, never shown as 0
+                fam = cls(name, help_)
+                fam.add_metric([], v)
+                yield fam
         nvml = agent.get("nvml") or {}
         if nvml.get("state"):
             g = GaugeMetricFamily("lynxtop_nvml_ok", "1 when NVML answers normally")
