@@ -66,6 +66,9 @@ class AgentConfig:
     stable_after_s: float = 600.0
     gpu_release_timeout_s: float = 60.0
     fake_nvml: str = ""  # scenario name of the simulated GPUs ("h200x8", "a100x8", "sim"); empty = real NVML
+    api_max_connections: int = 256  # control socket: open connections at most (idle ones give way)
+    metrics_max_connections: int = 64  # metrics_listen: the same
+    request_timeout_s: float = 10.0  # both listeners: a request's header or body, or an idle connection
     retention: Retention = field(default_factory=Retention)
 
     @property
@@ -379,6 +382,9 @@ _AGENT_SPEC: dict[str, Callable[[str, Any], Any]] = {
     "stable_after_s": _float(1, 7 * 86400),
     "gpu_release_timeout_s": _float(1, 3600),
     "fake_nvml": _str(choices=("", "h200x8", "a100x8", "sim", "lost", "missing")),
+    "api_max_connections": _int(1, 65536),
+    "metrics_max_connections": _int(1, 65536),
+    "request_timeout_s": _float(0.1, 3600),
 }
 
 _SLA_SPEC = {
