@@ -153,6 +153,7 @@ class ServerProcess:
         self.popen = popen
         self.adopted = adopted
         self.exit: ExitInfo | None = None
+        self.log_error: str | None = None  # why the run's output is not being kept, if it is not
         self._pidfd: int | None = None
         self._exited = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -316,14 +317,24 @@ class ServerProcess:
 
 def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profile: str,
           run_id: int | None = None, token: str | None = None, started_ms: int | None = None) -> ServerProcess:
-    """Start `argv` (no shell) in its own session with output to `log_path` (created 0640)."""
+    """Start `argv` (no shell) in its own session with output to `log_path` (created 0640).
+
+    A log that cannot be created (full disk, permissions) does not stop serving: the output goes to
+    /dev/null and `log_error` on the result says why, for the caller's event.
+    """
     token = token or new_token()
-    log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+    log_error: str | None = None
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+    except OSError as exc:
+        log_error = f"cannot create the run's log {log_path}: {exc.strerror or exc}"
+        fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    cwd = log_path.parent if log_path.parent.is_dir() else Path("/")
     try:
         popen = subprocess.Popen(  # noqa: S603 - argv list, no shell
             argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT, close_fds=True,
-            start_new_session=True, env=child_env(profile_env, token), cwd=str(log_path.parent),
+            start_new_session=True, env=child_env(profile_env, token), cwd=str(cwd),
         )
     finally:
         os.close(fd)
@@ -333,7 +344,9 @@ def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profi
         argv=list(argv), token=token, log_path=str(log_path),
         started_ms=started_ms if started_ms is not None else int(time.time() * 1000), env=dict(profile_env),
     )
-    return ServerProcess(record, popen, adopted=False)
+    proc = ServerProcess(record, popen, adopted=False)
+    proc.log_error = log_error
+    return proc
 
 
 def check_adoptable(record: ServerRecord) -> str | None:

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 STATES = ("stopped", "starting", "ready", "degraded", "stopping", "backoff", "crash-loop")
 LOG_TAIL_LINES = 20
 RUN_LOGS_KEPT = 200  # per-run vLLM logs kept in log_dir (the runs table keeps every run forever)
+LOG_SPACE_MIN_BYTES = 1 << 20  # below this on the log's file system, the run's output is being lost
 # An adopted server whose profile was removed from the config is stopped with these defaults.
 _FALLBACK_GRACE_S = 60.0
 
@@ -56,7 +57,7 @@ class EventSink(Protocol):
     def add_event(self, kind: str, severity: str, message: str, details: dict | None = None,
                   run_id: int | None = None, ts_ms: int | None = None) -> None: ...
 
-    def create_run(self, **fields: Any) -> int: ...
+    def create_run(self, run_id: int | None = None, **fields: Any) -> int: ...
 
     def update_run(self, run_id: int, **fields: Any) -> None: ...
 
@@ -195,6 +196,7 @@ class Supervisor:
         self._degraded: dict[str, str] = {}
         self._last_tokens: float | None = None
         self._last_progress: float | None = None
+        self._log_problem: tuple[str, str] | None = None  # (kind, message) while the run's log cannot be written
 
         self.action: dict[str, Any] | None = None
         self._action_preemptible = False
@@ -470,6 +472,8 @@ class Supervisor:
         self.run_id = None
         proc.record.readiness_timeout_s = prof.readiness_timeout_s
         self._save_record()  # before any await: an agent killed now must still find this server
+        # Returns at once: the row waits in the writer's queue while the disk is full (a full disk once held a
+        # restart 30 s in "stopping" here and the run was never recorded).
         run_id = await self._store_call(
             self.store.create_run, profile=prof.name, argv=argv, model=prof.model, host=self.host,
             started_ms=started, pid=proc.pid, pid_start_time=proc.record.start_ticks, log_path=str(log_path),
@@ -480,6 +484,8 @@ class Supervisor:
         self._set_state("starting", reason)
         self._event("serving.starting", "info", f"run {run_id}: started profile {prof.name} (pid {proc.pid}): "
                     f"{reason}", pid=proc.pid, argv=argv, log_path=str(log_path))
+        self._log_problem = None
+        self._check_log()
         self._lifecycle = loop.create_task(self._run_lifecycle(proc, prof), name=f"run-{run_id}")
         return True
 
@@ -512,6 +518,7 @@ class Supervisor:
         try:
             while not proc.exited:
                 self._poll_phases()
+                self._check_log()
                 status, _ = await self._get(url + "/health")
                 if status == 200 and not proc.exited:
                     await self._on_ready(proc, prof, url)
@@ -534,6 +541,33 @@ class Supervisor:
             return "exited"
         finally:
             exit_wait.cancel()
+
+    def _check_log(self) -> None:
+        """A run whose output cannot be written is an event (once per episode), never a reason to stop it."""
+        proc = self.proc
+        if proc is None:
+            return
+        problem: tuple[str, str] | None = None
+        path = Path(proc.record.log_path)
+        if proc.log_error:
+            problem = ("create", proc.log_error)
+        else:
+            try:
+                st = os.statvfs(path.parent)
+                free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+                if free < LOG_SPACE_MIN_BYTES:
+                    problem = ("space", f"the file system of the run's log {path} is full ({free} bytes free)")
+            except OSError as exc:
+                problem = ("stat", f"cannot check the run's log {path}: {exc.strerror or exc}")
+        was = self._log_problem
+        if problem is not None and (was is None or was[0] != problem[0]):
+            self._event("serving.log_unwritable", "warning",
+                        f"run {self.run_id}: {problem[1]}; serving goes on, its output is lost until this is fixed",
+                        log_path=str(path))
+        elif problem is None and was is not None:
+            self._event("serving.log_writable", "info", f"run {self.run_id}: its log {path} can be written again",
+                        log_path=str(path))
+        self._log_problem = problem
 
     def _poll_phases(self) -> None:
         if self.tracker is None:
@@ -598,6 +632,7 @@ class Supervisor:
                     await asyncio.wait_for(asyncio.shield(exit_wait), period)
                 if proc.exited:
                     break
+                self._check_log()
                 if stable_at is not None and time.monotonic() >= stable_at:
                     if self._consecutive or self._failures:
                         log.info("run %s stable for %.0f s: failure count reset", self.run_id,
@@ -882,6 +917,7 @@ class Supervisor:
                 self._event("serving.unkillable", "critical", f"previous run {record.run_id}: process(es) still "
                             f"alive after SIGKILL: {res.survivors}", pids=res.survivors)
             if record.run_id is not None:
+                await self._restore_run_row(record)
                 await self._store_call(self.store.update_run, record.run_id, ended_ms=now_ms(),
                                        end_reason=f"lost while the agent was down: {why}")
             launcher.remove_record(self.state_path)
@@ -903,6 +939,8 @@ class Supervisor:
         prof = _with_address_of(prof, record.argv)
         if isinstance(record.readiness_timeout_s, (int, float)) and record.readiness_timeout_s > 0:
             prof = dataclasses.replace(prof, readiness_timeout_s=float(record.readiness_timeout_s))
+        if record.run_id is not None:
+            await self._restore_run_row(record)
         self.proc = proc
         self.profile, self.profile_name = prof, record.profile
         self.run_id = record.run_id
@@ -920,6 +958,15 @@ class Supervisor:
                     f"{record.pid}) left running by the previous agent: no restart", pid=record.pid)
         self._lifecycle = loop.create_task(self._run_lifecycle(proc, prof), name=f"run-{record.run_id}")
         return True
+
+    async def _restore_run_row(self, record: launcher.ServerRecord) -> None:
+        """The run's row from serving.json when the history lacks it (the previous agent ended while the disk
+        was full, its queued row unwritten); an existing row is left as it is."""
+        await self._store_call(
+            self.store.create_run, run_id=record.run_id, profile=record.profile, argv=record.argv,
+            model=record.argv[2] if len(record.argv) > 2 else None, host=self.host, started_ms=record.started_ms,
+            pid=record.pid, pid_start_time=record.start_ticks, log_path=record.log_path, simulated=self.simulated,
+            ready_ms=record.ready_ms)
 
     # ------------------------------------------------------------------------------------- shutdown
 
@@ -976,6 +1023,7 @@ class Supervisor:
             "failures_in_window": len(self._failures),
             "adopted": self.adopted,
             "url": self.url(),
+            "log_problem": self._log_problem[1] if self._log_problem and running else None,
         }
 
     def action_status(self) -> dict[str, Any] | None:

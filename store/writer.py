@@ -3,8 +3,15 @@
 Samplers must never wait on the disk, so `submit_tick` only appends to a queue (a full queue drops the
 oldest tick and counts it). The thread writes whatever is queued in one transaction (each tick is atomic:
 it is all in or all out), then does bounded rollup and retention work. Transient failures (full disk,
-I/O error, busy) keep the ticks buffered in that bounded queue and retry; a corrupt file is moved aside
-and a fresh one started; bad rows are isolated and dropped. Nothing raised here stops the thread.
+I/O error, busy, a read-only remount) keep the ticks buffered in that bounded queue and retry; a corrupt
+file is moved aside and a fresh one started; bad rows are isolated and dropped. Nothing raised here stops
+the thread.
+
+Every few seconds the thread also checks that the -wal/-shm it writes through are still the files on disk.
+If an outside process unlinked them (it could only do so if this process's locks were lost), commits
+would go into a deleted file that nobody else sees and that vanishes when the agent stops: the writer
+says so (a critical event, stats()["wal_unlinked"]), copies its frames into the main file (a checkpoint
+on its own connection) and reconnects every connection of this process to the files on disk.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+from lynxtop.store import inproc
 from lynxtop.store import retention as retention_mod
 from lynxtop.store.checkpoint import FALLBACK_AUTOCHECKPOINT_PAGES, Checkpointer
 from lynxtop.store.errors import NotOurDatabase, StoreError
@@ -45,10 +53,12 @@ from lynxtop.store.schema import (
 log = logging.getLogger(__name__)
 
 # SQLite primary result codes
-_BUSY, _LOCKED, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 5, 6, 10, 11, 13, 14, 26
-_TRANSIENT = {_BUSY, _LOCKED, _IOERR, _FULL, _CANTOPEN}
+_BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 5, 6, 8, 10, 11, 13, 14, 26
+_TRANSIENT = {_BUSY, _LOCKED, _READONLY, _IOERR, _FULL, _CANTOPEN}  # READONLY: a remount read-only
 _DAMAGED = {_CORRUPT, _NOTADB}
 MAINTAIN_EVERY_S = 30.0
+WAL_CHECK_S = 2.0  # how often the thread checks its -wal/-shm are still on disk (~100 readlinks: cheap)
+DETACH_TIMEOUT_S = 5.0  # how long a renewal waits for an in-process reader to finish its query
 
 
 @dataclass(frozen=True)
@@ -150,7 +160,8 @@ class StoreWriter:
     def __init__(self, path: str | os.PathLike, retention: Any = None, queue_max: int = 600, *,
                  clock: Callable[[], float] = time.time, retry_interval_s: float = 1.0,
                  maintenance_interval_s: float = 60.0, batch_max_ticks: int = 1000,
-                 retention_chunk: int = retention_mod.CHUNK_ROWS, integrity_check: bool = True):
+                 retention_chunk: int = retention_mod.CHUNK_ROWS, integrity_check: bool = True,
+                 wal_check_interval_s: float = WAL_CHECK_S):
         self.path = Path(path)
         self.retention = retention if retention is not None else DefaultRetention()
         self.queue_max = max(1, int(queue_max))
@@ -160,6 +171,7 @@ class StoreWriter:
         self.batch_max_ticks = batch_max_ticks
         self.retention_chunk = retention_chunk
         self.moved_aside: Path | None = None  # where a damaged/foreign file went, if it did
+        self.wal_check_interval_s = wal_check_interval_s
 
         self._cv = threading.Condition()
         self._ticks: deque[_Tick] = deque()
@@ -183,9 +195,15 @@ class StoreWriter:
         self._next_maintenance = 0.0
         self._maintenance_more = False
         self._last_maintain = 0.0
+        self._next_wal_check = 0.0
+        self._wal_unlinked: str | None = None  # what was found, kept for status until the agent restarts
+        self._wal_unlinked_ms: int | None = None
+        self._wal_recovered: bool | None = None
+        self._conn_lost = False  # the connection was closed for a renewal and could not be reopened yet
 
         self.conn = self._open(integrity_check)
         self.rollups = Rollups(self.conn)
+        self._next_run_id = 1 + (self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0] or 0)
 
     # ------------------------------------------------------------------------------------------ opening
 
@@ -249,12 +267,29 @@ class StoreWriter:
             raise ValueError(f"event severity {severity!r} is not one of {', '.join(EVENT_SEVERITIES)}")
         self._enqueue_op(self._event_fn(kind, severity, message, details, run_id, ts_ms))
 
-    def create_run(self, timeout: float = 30.0, **fields: Any) -> int:
-        """Insert a run and return its id once committed (raises StoreError if that cannot happen in time)."""
+    def create_run(self, run_id: int | None = None, **fields: Any) -> int:
+        """Queue a run's row and return its id at once, without waiting for the disk.
+
+        A run that starts is always recorded: its id comes from memory (above every id this writer has seen),
+        and the row waits in the queue like any write while the disk is full or busy. With `run_id` given
+        (a run adopted from serving.json whose row may never have reached the file) the row is written only
+        if it is missing, and later ids stay above it.
+        """
         values = self._run_values(fields)
+        with self._cv:
+            if run_id is None:
+                run_id = self._next_run_id
+            run_id = int(run_id)
+            self._next_run_id = max(self._next_run_id, run_id + 1)
+        values = {"id": run_id, **values}
         cols = list(values)
-        sql = f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
-        return self._call(lambda c: c.execute(sql, [values[k] for k in cols]).lastrowid, timeout)
+        sql = f"INSERT OR IGNORE INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        params = [values[k] for k in cols]
+        self._enqueue_op(lambda c: c.execute(sql, params))
+        if self._thread is None:  # not started (tests, tools): written inline, as the other calls are
+            with self._inline_lock:
+                self._drain_once()
+        return run_id
 
     def update_run(self, run_id: int, **fields: Any) -> None:
         values = self._run_values(fields)
@@ -308,6 +343,9 @@ class StoreWriter:
                 "last_tick_ts_ms": self._last_tick_ts,
                 "retrying": self._trouble_since is not None,
                 "alive": self.alive(),
+                "wal_unlinked": self._wal_unlinked,
+                "wal_unlinked_ms": self._wal_unlinked_ms,
+                "wal_recovered": self._wal_recovered,
             }
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -343,6 +381,9 @@ class StoreWriter:
             lost = len(self._ticks)
         if lost:
             log.error("%s: %d queued ticks were not written before shutdown", self.path, lost)
+        if not self._conn_lost and inproc.unlinked_files(self.path):
+            # the frames in a deleted WAL vanish with the last descriptor: copy them into the file first
+            self._checkpoint_into_file()
         try:
             self.conn.close()
         except sqlite3.Error:
@@ -416,13 +457,17 @@ class StoreWriter:
         while True:
             with self._cv:
                 while not (self._ticks or self._ops or self._stopping):
-                    wait = self._next_maintenance - time.monotonic()
+                    now = time.monotonic()
+                    wait = min(self._next_maintenance, self._next_wal_check) - now
                     if self._maintenance_more or wait <= 0:
                         break
                     self._cv.wait(wait)
                 if self._stopping and not (self._ticks or self._ops):
                     return
             try:
+                if time.monotonic() >= self._next_wal_check:
+                    self._next_wal_check = time.monotonic() + self.wal_check_interval_s
+                    self._watch_wal()
                 self._drain_once()
             except Exception as exc:  # never let the writer thread die
                 log.exception("store writer: unexpected error")
@@ -436,6 +481,10 @@ class StoreWriter:
                         return  # closing while the disk is still full: give up, close() reports the loss
 
     def _drain_once(self) -> None:
+        if self._conn_lost and not self._reconnect():
+            self._keep_waiting(StoreError(f"{self.path}: the history database could not be reopened "
+                                          f"({self._last_error})"))
+            return
         with self._cv:
             ops = list(self._ops)
             self._ops.clear()
@@ -599,12 +648,115 @@ class StoreWriter:
             pass
         reason = f"{self.path}: the database became unreadable while writing ({exc})"
         aside = self._move_aside()
-        self.conn = connect_rw(self.path, integrity=False)
+        try:
+            self.conn = connect_rw(self.path, integrity=False)
+        except StoreError as err:
+            self._conn_lost = True  # queued data waits; _drain_once retries the open
+            self._note_error(f"{reason}; moved it to {aside} but cannot start a fresh one: {err}")
+            return
         self.rollups = Rollups(self.conn)
         msg = f"{reason}; moved it to {aside} and started a fresh history database"
         log.error("%s", msg)
         self._note_error(msg)
         self._enqueue_op(self._event_fn("store", "error", msg, {"moved_to": str(aside)}, None, None))
+
+    def _keep_waiting(self, exc: Exception) -> None:
+        """Enter (or stay in) the retry state without touching the queues (they are kept as they are)."""
+        if self._trouble_since is None:
+            self._trouble_since = time.monotonic()
+            self._dropped_at_trouble = self._dropped
+            log.error("%s", exc)
+        self._note_error(str(exc))
+
+    def _reconnect(self) -> bool:
+        """Open the writer's connection again after a renewal or a move aside that could not reopen it."""
+        try:
+            conn = connect_rw(self.path, integrity=False)
+        except StoreError as exc:
+            self._note_error(f"cannot reopen the history database: {exc}")
+            return False
+        conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_AUTOCHECKPOINT_PAGES}")
+        self.conn = conn
+        self.rollups.conn = conn
+        self._conn_lost = False
+        return True
+
+    # ------------------------------------------------------------------------------------------ the WAL watch
+
+    def _watch_wal(self) -> None:
+        """Notice a -wal/-shm unlinked under this process and renew every in-process connection."""
+        if self._conn_lost:
+            return
+        gone = inproc.unlinked_files(self.path)
+        if not gone:
+            return
+        first = self._wal_unlinked is None or bool(self._wal_recovered)
+        names = ", ".join(gone)
+        if first:
+            msg = (f"{self.path}: {names} unlinked while the agent had them open (an outside program "
+                   "removed them, or opened the live database in a way that dropped the agent's locks); "
+                   "commits since then were invisible to other programs and would have been lost at the next "
+                   "restart")
+            log.critical("%s", msg)
+            with self._cv:
+                self._wal_unlinked, self._wal_unlinked_ms = msg, _now_ms(self.clock)
+                self._wal_recovered = False
+        recovered, how = self._renew(gone)
+        with self._cv:
+            self._wal_recovered = recovered
+            base = (self._wal_unlinked or "").split("; recovery: ")[0]
+            self._wal_unlinked = f"{base}; recovery: {how}"
+            msg = self._wal_unlinked
+        details = {"path": str(self.path), "unlinked": gone, "recovered": recovered}
+        if first:  # one critical event per episode, written after the renewal so it lands in the live file
+            self._enqueue_op(self._event_fn("store.wal_unlinked", "critical", msg, details, None, None))
+        elif recovered:
+            self._enqueue_op(self._event_fn("store.wal_recovered", "warning", msg, details, None, None))
+        (log.warning if recovered else log.error)("%s: %s", self.path, how)
+
+    def _checkpoint_into_file(self) -> bool:
+        """Copy every frame of the writer's WAL into the main file; True when all of them went in."""
+        try:
+            busy, frames, done = self.conn.execute("PRAGMA wal_checkpoint(FULL)").fetchone()
+        except sqlite3.Error as exc:
+            self._note_error(f"checkpoint of an unlinked WAL failed: {exc}")
+            return False
+        return busy == 0 and frames == done
+
+    def _renew(self, gone: list[str]) -> tuple[bool, str]:
+        """Save the deleted WAL's frames into the file, then reconnect everything in this process.
+
+        Order matters: the checkpointer and in-process readers let go first (SQLite shares one -shm mapping
+        per process, so a new connection would attach to the deleted one while any old one is open); the
+        writer's connection is closed only after a complete checkpoint (closing it with frames left in a
+        deleted WAL would lose them).
+        """
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            self._checkpointer = None
+        detached, attached = inproc.detach_readers(self.path, DETACH_TIMEOUT_S)
+        try:
+            if not self._checkpoint_into_file():
+                return False, "the checkpoint into the main file did not complete; retrying"
+            if attached:
+                return False, (f"saved the WAL's frames into the main file; {attached} reader(s) of this "
+                               "process are still busy, reconnecting later")
+            try:
+                self.conn.close()
+            except sqlite3.Error:
+                pass
+            self._conn_lost = True
+            if not self._reconnect():
+                return False, "saved the WAL's frames into the main file, but cannot reopen it; retrying"
+        finally:
+            if self._thread is not None and self._checkpointer is None and not self._conn_lost:
+                self._checkpointer = Checkpointer(self.path)
+                self._checkpointer.start()
+        left = inproc.unlinked_files(self.path)
+        if left:
+            return False, f"reconnected, but {', '.join(left)} still open deleted in this process; retrying"
+        return True, (f"recovered: the WAL's frames were copied into the main file and the agent reconnected "
+                      f"to the files on disk ({detached} reader(s) reconnected); no tick was lost")
 
     def _note_error(self, msg: str) -> None:
         with self._cv:

@@ -20,8 +20,8 @@ def log(level: str, source: str, message: str, prefix: str = "") -> None:
     try:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
-    except (BrokenPipeError, ValueError):
-        pass  # the reader of our log is gone; keep serving
+    except (OSError, ValueError):
+        pass  # the log is gone or full (ENOSPC): keep serving, as vLLM's logging handlers do
 
 
 def raw(lines: str) -> None:
@@ -29,5 +29,5 @@ def raw(lines: str) -> None:
     try:
         sys.stdout.write(lines.rstrip("\n") + "\n")
         sys.stdout.flush()
-    except (BrokenPipeError, ValueError):
+    except (OSError, ValueError):
         pass
