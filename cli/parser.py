@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resolution", choices=("raw", "1m", "1h"), default="raw", help="samples or rollups (default: raw)")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: standard output)")
     p.add_argument("--force", action="store_true", help="overwrite an existing FILE")
+    p.add_argument("--raw", action="store_true",
+                   help="write text cells verbatim (default: a text cell starting with = + - @ tab or CR gets a "
+                        "leading ' so spreadsheets do not run it as a formula)")
 
     p = _sub(subs, "config", "lynxtop.config_cli:check", "configuration tools")
     csubs = p.add_subparsers(title="config commands", metavar="ACTION", required=True)

@@ -1,12 +1,14 @@
 """`lynxtop runs` and `lynxtop export`: the history database from the command line.
 
 User mistakes (bad times, a missing database, an existing output file) print one clear line and exit 2;
-no traceback reaches the user for those.
+an output that cannot be written (a full disk, /dev/full) prints one line naming it and exits 1; no
+traceback reaches the user for those.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import sys
 import time
@@ -14,7 +16,7 @@ from argparse import Namespace
 from pathlib import Path
 
 from lynxtop.store.errors import StoreError
-from lynxtop.store.export import ExportError, export_all, export_table
+from lynxtop.store.export import ExportError, OutputError, export_all, export_table
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.times import iso, parse_time
 
@@ -101,6 +103,17 @@ def runs(args: Namespace) -> int:
     return 0
 
 
+def _silence_stdout() -> None:
+    """After a failed write to stdout, point it at /dev/null: the interpreter's final flush of the bytes
+    still buffered would otherwise print a second, raw error at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def export(args: Namespace) -> int:
     now = int(time.time() * 1000)
     start = end = None
@@ -116,6 +129,7 @@ def export(args: Namespace) -> int:
         return _err("export", "--to goes with --from, not with --run (a run has its own time span)")
     if args.table == "all" and not args.output:
         return _err("export", "--table all writes one file per table: give a directory with -o DIR")
+    raw = bool(getattr(args, "raw", False))
     reader = _open("export", args)
     if isinstance(reader, int):
         return reader
@@ -131,12 +145,16 @@ def export(args: Namespace) -> int:
             return _err("export", "give --run N or --from T")
         out = Path(args.output).expanduser() if args.output else None
         if args.table == "all" and out is not None:
-            counts = export_all(reader, args.resolution, start, end, out, args.force)
+            counts = export_all(reader, args.resolution, start, end, out, args.force, raw=raw)
             print(f"wrote {', '.join(f'{t}: {n} rows' for t, n in counts.items())} to {out}", file=sys.stderr)
         else:
-            n = export_table(reader, args.table, args.resolution, start, end, out, args.force)
+            n = export_table(reader, args.table, args.resolution, start, end, out, args.force, raw=raw)
             if out is not None and n == 0:
                 print(f"note: no {args.table} rows between {iso(start)} and {iso(end)}", file=sys.stderr)
+    except OutputError as exc:
+        _silence_stdout()
+        print(f"lynxtop export: {exc}", file=sys.stderr)
+        return 1
     except (ExportError, StoreError) as exc:
         return _err("export", str(exc))
     except sqlite3.DatabaseError as exc:  # damage found mid-read

@@ -16,3 +16,10 @@ class NotOurDatabase(StoreError):
 
 class NewerSchema(StoreError):
     """The database was written by a newer lynxtop: never moved aside or touched, only refused."""
+
+
+class StoreAccessError(StoreError):
+    """The process may not read or write the file or its directory ("permission denied").
+
+    Never treated as damage: the file is left exactly as it is and the agent refuses to start.
+    """

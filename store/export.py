@@ -1,5 +1,8 @@
 """Streamed CSV export: a header row, then `time_utc` (ISO-8601) and `ts_ms` first, NULL as an empty field.
 
+Text cells that a spreadsheet would run as a formula (starting with = + - @ tab or CR: OWASP "CSV
+Injection") get a leading single quote unless `raw` is asked for; numeric columns are never changed.
+
 SQLite renders each row as one CSV line (ISO time, empty NULLs, quoting of text) and Python only writes
 those lines in chunks: memory stays constant and the speed stays at the sqlite3 shell's. A file is written
 to a temporary name beside the target and renamed at the end: an interrupted export never leaves a half
@@ -28,12 +31,21 @@ class ExportError(Exception):
     """A user-facing problem with an export request (exit 2)."""
 
 
-def _field(col: str, typ: str) -> str:
-    """SQL for one field: text quoted when it holds a comma, quote or newline (printf's %s makes NULL empty)."""
-    if typ == "TEXT":
-        return (f"CASE WHEN {col} GLOB '*[,\"'||char(10)||char(13)||']*' "
-                f"THEN '\"'||replace({col}, '\"', '\"\"')||'\"' ELSE {col} END")
-    return col
+# First characters a spreadsheet takes as the start of a formula (OWASP "CSV Injection").
+_FORMULA_START = "'=', '+', '-', '@', char(9), char(13)"
+
+
+def _field(col: str, typ: str, raw: bool = False) -> str:
+    """SQL for one field: text quoted when it holds a comma, quote or newline (printf's %s makes NULL empty).
+
+    Unless `raw`, a text cell starting like a formula gets a leading ' (spreadsheets then show it as text);
+    INTEGER/REAL columns are written as they are, so numbers, negative ones too, stay numbers.
+    """
+    if typ != "TEXT":
+        return col
+    val = col if raw else f"(CASE WHEN substr({col}, 1, 1) IN ({_FORMULA_START}) THEN '''' || {col} ELSE {col} END)"
+    return (f"CASE WHEN {col} GLOB '*[,\"'||char(10)||char(13)||']*' "
+            f"THEN '\"'||replace({val}, '\"', '\"\"')||'\"' ELSE {val} END")
 
 
 def _line(fields: list[str]) -> str:
@@ -54,7 +66,7 @@ class Query:
     plain_sql: str  # the same rows and columns as ordinary SELECT (for the sqlite3 shell comparison)
 
 
-def build_query(table: str, resolution: str, start_ms: int, end_ms: int) -> Query:
+def build_query(table: str, resolution: str, start_ms: int, end_ms: int, raw: bool = False) -> Query:
     """The SELECT for one table, ordered by time, with the ISO time and epoch ms first."""
     if table in ("gpu", "host", "serving"):
         t = SAMPLE_TABLES[table]
@@ -80,7 +92,7 @@ def build_query(table: str, resolution: str, start_ms: int, end_ms: int) -> Quer
     time_col = fields[0][0]
     iso = _ISO.format(col=time_col)
     header = ["time_utc", "ts_ms", *(c for c, _ in fields[1:])]
-    line = _line([iso, *(_field(c, t) for c, t in fields)])
+    line = _line([iso, *(_field(c, t, raw) for c, t in fields)])
     plain_cols = ", ".join([f"{iso} AS time_utc", f"{time_col} AS ts_ms", *(c for c, _ in fields[1:])])
     return Query(header, f"SELECT {line} {where} ORDER BY {order}", (start_ms, end_ms), f"SELECT count(*) {where}",
                  f"SELECT {plain_cols} {where} ORDER BY {order}")
@@ -130,16 +142,28 @@ def write_csv(reader: StoreReader, q: Query, out: TextIO, progress: Progress | N
     return n
 
 
+class OutputError(Exception):
+    """The output could not be written (a full disk, /dev/full): exit 1 with a line naming it."""
+
+
 def export_table(reader: StoreReader, table: str, resolution: str, start_ms: int, end_ms: int,
-                 output: Path | None, force: bool = False, progress_stream: TextIO | None = None) -> int:
+                 output: Path | None, force: bool = False, progress_stream: TextIO | None = None,
+                 raw: bool = False) -> int:
     """Export one table to `output` (a file, atomically) or stdout; returns the row count."""
     if resolution != "raw" and resolution not in RESOLUTIONS:
         raise ExportError(f"unknown resolution {resolution!r} (known: raw, {', '.join(RESOLUTIONS)})")
     if table in ("events", "runs"):
         resolution = "raw"
-    q = build_query(table, resolution, start_ms, end_ms)
+    q = build_query(table, resolution, start_ms, end_ms, raw)
     if output is None:
-        return write_csv(reader, q, sys.stdout)
+        try:
+            n = write_csv(reader, q, sys.stdout)
+            sys.stdout.flush()  # a full disk shows here, not at exit where nothing can name the output
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(f"cannot write to stdout: {exc.strerror or exc}") from None
+        return n
     if output.exists() and not force:
         raise ExportError(f"{output} already exists; use --force to overwrite it")
     if output.is_dir():
@@ -153,8 +177,11 @@ def export_table(reader: StoreReader, table: str, resolution: str, start_ms: int
     os.umask(umask)
     os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would surprise; honour the user's umask like `>` does
     try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
-            n = write_csv(reader, q, f, prog)
+        try:
+            with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+                n = write_csv(reader, q, f, prog)
+        except OSError as exc:
+            raise OutputError(f"cannot write to {output}: {exc.strerror or exc}") from None
         os.replace(tmp, output)
     except BaseException:
         try:
@@ -166,7 +193,7 @@ def export_table(reader: StoreReader, table: str, resolution: str, start_ms: int
 
 
 def export_all(reader: StoreReader, resolution: str, start_ms: int, end_ms: int, directory: Path,
-               force: bool = False, progress_stream: TextIO | None = None) -> dict[str, int]:
+               force: bool = False, progress_stream: TextIO | None = None, raw: bool = False) -> dict[str, int]:
     """One file per table in `directory` (created if absent); checks every target before writing any."""
     if directory.exists() and not directory.is_dir():
         raise ExportError(f"{directory} is not a directory (--table all writes one file per table into it)")
@@ -178,5 +205,5 @@ def export_all(reader: StoreReader, resolution: str, start_ms: int, end_ms: int,
     if existing and not force:
         raise ExportError(f"{', '.join(existing)} already exist(s); use --force to overwrite")
     directory.mkdir(parents=True, exist_ok=True)
-    return {t: export_table(reader, t, resolution, start_ms, end_ms, p, True, progress_stream)
+    return {t: export_table(reader, t, resolution, start_ms, end_ms, p, True, progress_stream, raw)
             for t, p in targets.items()}

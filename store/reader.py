@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from lynxtop.store import inproc
 from lynxtop.store.errors import NotOurDatabase, StoreError
 from lynxtop.store.rollup import aggregate_sql, merge_rows
 from lynxtop.store.schema import (
@@ -23,8 +25,8 @@ from lynxtop.store.schema import (
     RESOLUTIONS,
     RUN_JSON_COLUMNS,
     SAMPLE_TABLES,
-    check_file,
     check_identity,
+    open_error,
     rollup_metrics,
     rollup_table,
     schema_version,
@@ -62,25 +64,60 @@ class StoreReader:
         if not self.path.exists():
             raise StoreError(f"{self.path}: no history database here (the agent creates it when it starts; "
                              "check --database or [agent] database)")
-        check_file(self.path)
+        self._lock = threading.RLock()  # held while the connection is in use; detach() waits for it
+        self._conn: sqlite3.Connection | None = self._connect()
+        inproc.register(self.path, self)
+
+    def _connect(self) -> sqlite3.Connection:
+        # Through SQLite only: a plain open()+close() of the file here would drop the POSIX locks of every
+        # connection in this process, the agent's writer included (SQLite's "How To Corrupt", 2.2).
         try:
-            self.conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro", uri=True,
-                                        check_same_thread=False)
+            conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro", uri=True,
+                                   check_same_thread=False)
         except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot open the history database: {exc}") from None
+            raise open_error(exc, self.path) from None
         try:
-            self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            check_identity(self.conn, self.path, integrity=False)
-            tune(self.conn, mmap=True)
-        except sqlite3.DatabaseError as exc:
-            self.conn.close()
-            raise NotOurDatabase(f"{self.path}: the database is damaged or unreadable: {exc}") from None
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            check_identity(conn, self.path, integrity=False)
+            tune(conn, mmap=True)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise open_error(exc, self.path, "read") from None
         except BaseException:
-            self.conn.close()
+            conn.close()
             raise
+        return conn
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The connection, reopened if the writer detached it (see store/inproc.py)."""
+        with self._lock:
+            if self._conn is None:
+                self._conn = self._connect()
+            return self._conn
+
+    def detach(self, timeout: float) -> bool:
+        """Close the connection so the writer can renew the process's view of the files; the next query
+        reconnects. False if a query held the connection for longer than `timeout`."""
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        try:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                except sqlite3.Error:
+                    pass
+                self._conn = None
+            return True
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
-        self.conn.close()
+        inproc.unregister(self.path, self)
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def __enter__(self) -> StoreReader:
         return self
@@ -92,7 +129,8 @@ class StoreReader:
 
     def _q(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
         try:
-            return _dicts(self.conn.execute(sql, params))
+            with self._lock:
+                return _dicts(self.conn.execute(sql, params))
         except sqlite3.DatabaseError as exc:
             if "no such table" in str(exc) and schema_version(self.conn) == 0:
                 return []  # the agent has created the file but not the tables yet

@@ -8,6 +8,7 @@ instead of being silently migrated into.
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 from collections.abc import Callable
@@ -15,10 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lynxtop.store.columns import GPU_METRICS, HOST_METRICS, NVLINK_METRICS, SERVING_METRICS
-from lynxtop.store.errors import NewerSchema, NotOurDatabase, StoreError
+from lynxtop.store.errors import NewerSchema, NotOurDatabase, StoreAccessError, StoreError
 
 APPLICATION_ID = 0x4C594E58  # "LYNX" in the SQLite header: tells our file from any other SQLite file
-SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 5000
 FILE_MODE = 0o640
 PAGE_SIZE = 16384
@@ -249,17 +249,48 @@ def tune(conn: sqlite3.Connection, *, mmap: bool = False) -> None:
         conn.execute("PRAGMA mmap_size = 268435456")
 
 
-def check_file(path: Path) -> None:
-    """Raise NotOurDatabase when `path` exists but is not an SQLite file (before SQLite writes anything)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(SQLITE_MAGIC))
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot read the history database: {exc.strerror}") from None
-    if head and head != SQLITE_MAGIC:
-        raise NotOurDatabase(f"{path}: not an SQLite database (the file header is wrong)")
+# SQLite primary result codes that say "not allowed", as opposed to "damaged" (CORRUPT 11, NOTADB 26).
+_PERM, _READONLY, _CANTOPEN, _AUTH = 3, 8, 14, 23
+_DAMAGED_CODES = {11, 26}
+
+
+def _code(exc: BaseException) -> int:
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF
+
+
+def access_problem(path: Path) -> str | None:
+    """Why this process cannot write `path` or create its -wal/-shm beside it, or None if it can.
+
+    Only stat/access calls: nothing here opens the file (a plain open()+close() of the live database
+    would drop SQLite's POSIX locks held by every connection of this process).
+    """
+    where = path.parent
+    if not os.access(where, os.W_OK | os.X_OK):
+        return f"the directory {where} is not writable (SQLite needs to create {path.name}-wal and -shm there)"
+    if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+        return f"{path} is not readable and writable by uid {os.geteuid()}"
+    for side in (Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if side.exists() and not os.access(side, os.R_OK | os.W_OK):
+            return f"{side} is not readable and writable by uid {os.geteuid()}"
+    return None
+
+
+def open_error(exc: sqlite3.Error, path: Path, doing: str = "open") -> StoreError:
+    """The StoreError for an SQLite failure while opening: NotOurDatabase only for real damage.
+
+    Permission problems (a read-only directory or file, a read-only mount) and transient ones (busy, I/O)
+    are never called damage, so a healthy file is never moved aside because of them.
+    """
+    code = _code(exc)
+    if code == 26:  # SQLITE_NOTADB: SQLite read the header and it is not its own
+        return NotOurDatabase(f"{path}: not an SQLite database (the file header is wrong)")
+    if code in _DAMAGED_CODES:
+        return NotOurDatabase(f"{path}: the database is damaged or unreadable: {exc}")
+    if code in (_PERM, _READONLY, _CANTOPEN, _AUTH):
+        why = access_problem(path)
+        return StoreAccessError(f"{path}: permission denied: cannot {doing} the history database "
+                                f"({why or exc}); the file was not touched")
+    return StoreError(f"{path}: cannot {doing} the history database: {exc}")
 
 
 def check_identity(conn: sqlite3.Connection, path: Path, *, integrity: bool = True) -> None:
@@ -276,8 +307,8 @@ def check_identity(conn: sqlite3.Connection, path: Path, *, integrity: bool = Tr
             if problems != ["ok"]:
                 raise NotOurDatabase(f"{path}: the database is damaged: {'; '.join(problems)}")
         version = schema_version(conn) if tables else 0
-    except sqlite3.DatabaseError as exc:
-        raise NotOurDatabase(f"{path}: the database is damaged or unreadable: {exc}") from None
+    except sqlite3.DatabaseError as exc:  # the header of a non-SQLite file gives NOTADB here
+        raise open_error(exc, path, "read") from None
     if version > SCHEMA_VERSION:
         raise NewerSchema(f"{path}: written by a newer lynxtop (schema {version}, this one knows {SCHEMA_VERSION}); "
                           "upgrade lynxtop or point [agent] database elsewhere")
@@ -291,26 +322,40 @@ def create_file(path: Path) -> None:
         os.close(fd)
     except FileExistsError:
         pass
+    except PermissionError as exc:
+        raise StoreAccessError(f"{path}: permission denied: cannot create the history database "
+                               f"({exc.strerror})") from None
     except OSError as exc:
+        if exc.errno == errno.EROFS:
+            raise StoreAccessError(f"{path}: permission denied: cannot create the history database "
+                                   f"({exc.strerror})") from None
         raise StoreError(f"{path}: cannot create the history database: {exc.strerror}") from None
 
 
 def connect_rw(path: Path, *, integrity: bool = True) -> sqlite3.Connection:
-    """Open (creating if absent) for the one writer: checked, configured, migrated."""
-    check_file(path)
-    create_file(path)
+    """Open (creating if absent) for the one writer: checked, configured, migrated.
+
+    The file is only ever opened through SQLite: a foreign file is recognised by SQLite's own NOTADB on the
+    first read. A file this process cannot write raises StoreAccessError ("permission denied") and is not
+    touched; only real damage raises NotOurDatabase (which the writer moves aside).
+    """
+    create_file(path)  # O_EXCL: opens nothing when the file exists
     try:
         conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
     except sqlite3.Error as exc:
-        raise StoreError(f"{path}: cannot open the history database: {exc}") from None
+        raise open_error(exc, path) from None
     try:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         check_identity(conn, path, integrity=integrity)
         configure(conn)
         migrate(conn)
-    except sqlite3.DatabaseError as exc:
+        # SQLite silently opens a file it cannot write read-only: take the write lock once to find out now,
+        # not at the first tick (BEGIN IMMEDIATE on such a connection fails with SQLITE_READONLY).
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
         conn.close()
-        raise NotOurDatabase(f"{path}: the database is damaged or unreadable: {exc}") from None
+        raise open_error(exc, path, "write") from None
     except BaseException:
         conn.close()
         raise

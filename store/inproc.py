@@ -1,0 +1,96 @@
+"""The history database's connections inside this process, so the writer can renew them all at once.
+
+SQLite shares one wal-index mapping (-shm) between every connection of a process to the same file. If the
+-wal and -shm were unlinked under the agent (an outside process that could take the file's exclusive lock
+and believed itself the last user), the writer cannot attach to the new files until every connection of
+this process has let go of the old mapping. Readers register here; the writer detaches them (each under
+its own lock, so never in the middle of a query) and they reconnect on their next question.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Protocol
+
+
+class Detachable(Protocol):
+    def detach(self, timeout: float) -> bool: ...
+
+
+_lock = threading.Lock()
+_readers: dict[str, weakref.WeakSet] = {}
+
+
+def key(path: Path) -> str:
+    return os.path.realpath(path)
+
+
+def register(path: Path, reader: Detachable) -> None:
+    with _lock:
+        _readers.setdefault(key(path), weakref.WeakSet()).add(reader)
+
+
+def unregister(path: Path, reader: Detachable) -> None:
+    with _lock:
+        readers = _readers.get(key(path))
+        if readers is not None:
+            readers.discard(reader)
+
+
+def detach_readers(path: Path, timeout: float) -> tuple[int, int]:
+    """Close every registered reader's connection to `path`; returns (detached, still attached)."""
+    with _lock:
+        readers = list(_readers.get(key(path), ()))
+    deadline = time.monotonic() + timeout
+    done = left = 0
+    for r in readers:
+        if r.detach(max(0.0, deadline - time.monotonic())):
+            done += 1
+        else:
+            left += 1
+    return done, left
+
+
+def unlinked_files(path: Path) -> list[str]:
+    """The -wal/-shm of `path` that this process still has open although they were unlinked.
+
+    Reads /proc/self/fd links and stats them (stat follows the link without opening the file: opening
+    and closing it would itself drop SQLite's locks). Empty where /proc is not available.
+    """
+    base = key(path)
+    wanted = {f"{base}-wal", f"{base}-shm"}
+    out: list[str] = []
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        link = f"/proc/self/fd/{fd}"
+        try:
+            target = os.readlink(link)
+        except OSError:
+            continue  # closed meanwhile (the listing's own fd, for one)
+        name = target.removesuffix(" (deleted)")
+        if name not in wanted:
+            continue
+        try:
+            st = os.stat(link)
+        except OSError:
+            continue
+        if st.st_nlink == 0 or target.endswith(" (deleted)"):
+            out.append(name)
+            continue
+        try:
+            cur = os.stat(name)
+        except FileNotFoundError:
+            out.append(name)
+            continue
+        except OSError:
+            continue
+        if (cur.st_dev, cur.st_ino) != (st.st_dev, st.st_ino):  # replaced by another file of the same name
+            out.append(name)
+    return sorted(set(out))
