@@ -3,6 +3,10 @@
 A percentile over the last minute cannot be read off a cumulative histogram; it comes from the difference of
 two scrapes' buckets. The quantile follows Prometheus' `histogram_quantile` (promql/quantile.go) exactly, edge
 cases included, so a number here matches what an operator's Grafana shows for the same window.
+
+Counter resets are handled like Prometheus' `rate()`/`increase()` (promql/functions.go extrapolatedRate): each
+series (every `le` bucket, `_sum` and `_count` on its own) that goes down between two scrapes contributes its new
+value as the increase, so a vLLM restart inside the window keeps the observations made before it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,33 @@ class HistogramSnapshot:
             return True
         old = dict(older.buckets)
         return any(le in old and c < old[le] for le, c in self.buckets)
+
+    def same_layout(self, other: HistogramSnapshot) -> bool:
+        """The same bucket bounds in the same order: only then are the bucket series the same ones."""
+        a, b = self.buckets, other.buckets
+        return len(a) == len(b) and all(x[0] == y[0] for x, y in zip(a, b, strict=True))
+
+    def reset_correction(self, older: HistogramSnapshot) -> HistogramSnapshot | None:
+        """What Prometheus adds back at a counter reset between `older` and self (same layout): for each series
+        that went down, its previous value (so the increase over that step is the new value, not a negative
+        delta); None when no series went down, which is the common case and costs no allocation."""
+        if self.sum >= older.sum and self.count >= older.count and all(
+                c >= o for (_, c), (_, o) in zip(self.buckets, older.buckets, strict=True)):
+            return None
+        return HistogramSnapshot(
+            buckets=tuple((le, o if c < o else 0.0) for (le, c), (_, o) in zip(self.buckets, older.buckets,
+                                                                                 strict=True)),
+            sum=older.sum if self.sum < older.sum else 0.0,
+            count=older.count if self.count < older.count else 0.0,
+        )
+
+    def plus(self, other: HistogramSnapshot) -> HistogramSnapshot:
+        """Series by series sum (same layout)."""
+        return HistogramSnapshot(
+            buckets=tuple((le, c + o) for (le, c), (_, o) in zip(self.buckets, other.buckets, strict=True)),
+            sum=self.sum + other.sum,
+            count=self.count + other.count,
+        )
 
     @staticmethod
     def zero_like(other: HistogramSnapshot) -> HistogramSnapshot:
@@ -93,23 +124,40 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]] | tuple[tuple[f
 
 
 class SlidingHistogram:
-    """Snapshots of one cumulative histogram over time, answering quantiles over the last `window_s` seconds."""
+    """Snapshots of one cumulative histogram over time, answering quantiles over the last `window_s` seconds.
+
+    The window holds counter-corrected snapshots: each raw snapshot plus everything its series lost at resets
+    since this object started (Prometheus' counterCorrection). The window's increase is then newest minus
+    baseline, which equals Prometheus' per-series `increase()` over the same samples, resets included; without
+    a reset the correction is absent and the figures are the raw differences, bit for bit.
+    """
 
     def __init__(self, window_s: float):
         self.window_s = window_s
         self._snaps: deque[tuple[float, HistogramSnapshot]] = deque()
+        self._last: HistogramSnapshot | None = None  # the newest raw snapshot, to detect the next reset
+        self._correction: HistogramSnapshot | None = None  # sum of reset corrections so far; None: no reset yet
 
     def add(self, now: float, snap: HistogramSnapshot) -> bool:
-        """Record a scrape; returns True when the histogram went down (server restart: baseline reset to zero)."""
+        """Record a scrape; returns True when a series went down (the server behind the page restarted)."""
         reset = False
-        if self._snaps:
-            last_t, last = self._snaps[-1]
-            if snap.went_down(last) or [le for le, _ in snap.buckets] != [le for le, _ in last.buckets]:
-                # Prometheus' reset rule: the new process counted from zero, just after our last scrape.
+        last = self._last
+        if last is not None:
+            if not snap.same_layout(last):
+                # Other bucket bounds (restarted with other buckets): nothing to subtract from. The new process
+                # counted from zero just after our last scrape; what came before cannot be merged into one window.
+                last_t = self._snaps[-1][0]
                 self._snaps.clear()
                 self._snaps.append((last_t, HistogramSnapshot.zero_like(snap)))
+                self._correction = None
                 reset = True
-        self._snaps.append((now, snap))
+            else:
+                fix = snap.reset_correction(last)
+                if fix is not None:
+                    self._correction = fix if self._correction is None else self._correction.plus(fix)
+                    reset = True
+        self._last = snap
+        self._snaps.append((now, snap if self._correction is None else snap.plus(self._correction)))
         # Keep one snapshot at or before the window's start as the baseline.
         while len(self._snaps) >= 2 and self._snaps[1][0] <= now - self.window_s:
             self._snaps.popleft()
@@ -117,6 +165,7 @@ class SlidingHistogram:
 
     def clear(self) -> None:
         self._snaps.clear()
+        self._last = self._correction = None
 
     def window(self) -> HistogramSnapshot | None:
         """Observations over the window (from the baseline to the newest scrape); None before two scrapes."""

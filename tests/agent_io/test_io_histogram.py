@@ -5,9 +5,11 @@ from __future__ import annotations
 import bisect
 import math
 import random
+import shutil
 
 import pytest
 from agent_io_helpers import TTFT_BUCKETS
+from prom_reference import Series, promtool_eval
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from lynxtop.agent.histogram import HistogramSnapshot, SlidingHistogram, bucket_quantile
@@ -117,3 +119,100 @@ def test_sliding_window_counter_reset_counts_from_zero():
     w = sh.window()
     assert w is not None and w.count == 10 and all(c >= 0 for _, c in w.buckets)
     assert 0.1 < sh.quantile(0.5) <= 1.0
+
+
+TTFT = "vllm:time_to_first_token_seconds"
+
+
+def _restart_pages() -> list[tuple[int, str]]:
+    """Scrapes every 5 s of a 2-engine vLLM whose TTFT histogram is a real prometheus_client one: 8 requests in
+    48 take 17.5 s until t=30, vLLM restarts behind the agent at t=35 (every series back at zero), then only
+    fast requests."""
+
+    def fresh() -> Histogram:
+        reg = CollectorRegistry()
+        h = Histogram(TTFT, "ttft", ["model_name", "engine"], buckets=TTFT_BUCKETS, registry=reg)
+        for e in ("0", "1"):
+            h.labels("m", e)  # vLLM prints every series from the start, at zero
+        h.registry = reg  # type: ignore[attr-defined]
+        return h
+
+    h = fresh()
+    pages = []
+    for t in range(0, 180, 5):
+        if t == 35:
+            h = fresh()
+        elif t > 0:
+            for i in range(40):
+                h.labels("m", str(i % 2)).observe(0.04 + 0.0005 * i)
+            if t <= 30:
+                for i in range(8):
+                    h.labels("m", str(i % 2)).observe(17.5)
+        pages.append((t, generate_latest(h.registry).decode()))  # type: ignore[attr-defined]
+    return pages
+
+
+def test_reset_keeps_the_increases_before_it_like_prometheus():
+    """The p99 across a restart is Prometheus' histogram_quantile over per-series counter-corrected increases
+    (computed here from the raw samples, not by lynxtop): the slow requests before the reset stay in the p99
+    until they leave the window. Before the fix the window started over and the p99 fell to ~60 ms at once."""
+    sh = SlidingHistogram(window_s=60)
+    ref = Series()
+    p99: dict[int, float | None] = {}
+    for t, text in _restart_pages():
+        ref.add_page(t, text)
+        assert sh.add(float(t), parse_text(text).histograms["ttft"]) is (t == 35)
+        for q in (0.5, 0.9, 0.99):
+            expected = ref.histogram_quantile(q, TTFT, t - 60, t)
+            got = sh.quantile(q)
+            assert (got is None) if math.isnan(expected) else got == pytest.approx(expected, rel=1e-12), (t, q)
+        p99[t] = sh.quantile(0.99)
+        w = sh.window()
+        assert w is None or all(c >= 0 for _, c in w.buckets) and w.count >= 0 and w.sum >= 0
+    # the slow requests (increases up to t=30) are in every window whose baseline is before t=30
+    assert all(p99[t] is not None and 10 < p99[t] <= 20 for t in range(5, 90, 5))
+    assert all(p99[t] is not None and p99[t] <= 0.06 for t in range(90, 180, 5))
+    # the mean over the window is the corrected increase of _sum over that of _count, across the reset too
+    total = ref.increase(TTFT + "_sum", 175 - 60, 175) / ref.increase(TTFT + "_count", 175 - 60, 175)
+    assert sh.mean() == pytest.approx(total, rel=1e-9)
+
+
+def test_reset_in_some_buckets_only_is_corrected_per_bucket():
+    """Each `le` bucket is its own counter, as in Prometheus: after a restart a bucket that reads at least its
+    old value (here the 1.0 bucket) is an ordinary increase, one that went down contributes its new value."""
+    sh = SlidingHistogram(window_s=60)
+    sh.add(0.0, HistogramSnapshot(((0.1, 0.0), (1.0, 0.0), (INF, 0.0)), 0.0, 0.0))
+    sh.add(1.0, HistogramSnapshot(((0.1, 5.0), (1.0, 6.0), (INF, 8.0)), 10.0, 8.0))
+    assert sh.add(2.0, HistogramSnapshot(((0.1, 1.0), (1.0, 7.0), (INF, 7.0)), 2.0, 7.0)) is True
+    w = sh.window()
+    assert w is not None
+    assert w.buckets == ((0.1, 5.0 + 1.0), (1.0, 7.0), (INF, 8.0 + 7.0))
+    assert (w.sum, w.count) == (10.0 + 2.0, 8.0 + 7.0)
+
+
+def test_bucket_layout_change_starts_the_window_over():
+    """A restart with other bucket bounds cannot be merged with the window before it: it counts from zero."""
+    sh = SlidingHistogram(window_s=60)
+    sh.add(0.0, HistogramSnapshot(((0.1, 5.0), (INF, 9.0)), 3.0, 9.0))
+    sh.add(1.0, HistogramSnapshot(((0.1, 9.0), (INF, 20.0)), 9.0, 20.0))
+    assert sh.add(2.0, HistogramSnapshot(((0.5, 2.0), (INF, 3.0)), 1.0, 3.0)) is True
+    w = sh.window()
+    assert w is not None and w.buckets == ((0.5, 2.0), (INF, 3.0)) and w.count == 3.0
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="needs Prometheus' promtool (Debian: prometheus)")
+def test_reset_figures_match_a_real_prometheus():
+    """The same pages evaluated by a real Prometheus (promtool): histogram_quantile over rate() per series.
+    Evaluated where the range starts on a sample, so Prometheus does not extrapolate."""
+    pages = _restart_pages()
+    ref = Series()
+    sh = SlidingHistogram(window_s=60)
+    ours: dict[int, float | None] = {}
+    for t, text in pages:
+        ref.add_page(t, text)
+        sh.add(float(t), parse_text(text).histograms["ttft"])
+        ours[t] = sh.quantile(0.99)
+    times = [60, 70, 85, 90, 120, 175]
+    exprs = [(f"histogram_quantile(0.99, sum by (le) (rate({TTFT}_bucket[60s])))", t) for t in times]
+    for t, prom in zip(times, promtool_eval(ref, {TTFT + "_bucket"}, 5, exprs), strict=True):
+        assert ours[t] == pytest.approx(prom, rel=1e-9), t
