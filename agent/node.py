@@ -399,10 +399,10 @@ class Node:
             self.sla.reset()  # a new run starts its own SLA window
         row = await self.scraper.scrape(self._session, now)
         row["run_id"] = sup.run_id
-        ev = self.scraper.outage_event(now)
-        if ev is not None:
-            self.writer.add_event(ev["kind"], ev["severity"], ev["message"], details=ev.get("details"),
-                                  run_id=sup.run_id)
+        for ev in (self.scraper.outage_event(now), self.scraper.reset_event()):
+            if ev is not None:
+                self.writer.add_event(ev["kind"], ev["severity"], ev["message"], details=ev.get("details"),
+                                      run_id=sup.run_id)
         sup.observe_progress(self.scraper.requests_running, self.scraper.generation_tokens_total, now)
         return row
 

@@ -150,27 +150,36 @@ def parse_text(text: str) -> ParsedPage:
 
 
 class _CounterWindow:
-    """One cumulative counter over time: per-tick deltas and deltas over the sliding window, reset-aware."""
+    """One cumulative counter over time: per-tick deltas and deltas over the sliding window, reset-aware.
+
+    Points are stored counter-corrected, as Prometheus' `increase()` sees them: at a reset (value below the
+    previous one) the previous value is added to every later point, so that step's increase is the new value
+    and the increases before the reset stay in the window until they age out.
+    """
 
     def __init__(self, window_s: float):
         self.window_s = window_s
         self._points: deque[tuple[float, float]] = deque()
+        self._raw = 0.0  # the newest value as read, to detect the next reset
+        self._correction = 0.0  # sum of the values lost at resets so far
         self.last_delta: float | None = None
         self.last_dt: float | None = None
 
     def add(self, now: float, value: float) -> bool:
+        """Record a reading; returns True when the counter went down (the server restarted)."""
         reset = False
         if self._points:
-            last_t, last = self._points[-1]
-            if value < last:  # the server restarted and counts from zero again
-                self._points.clear()
-                self._points.append((last_t, 0.0))
+            if value < self._raw:  # a reset: the new process counted from zero, so the increase is `value`
+                self._correction += self._raw
+                self.last_delta = value
                 reset = True
-            self.last_delta = value - self._points[-1][1]
-            self.last_dt = now - last_t
+            else:
+                self.last_delta = value - self._raw
+            self.last_dt = now - self._points[-1][0]
         else:
             self.last_delta = self.last_dt = None
-        self._points.append((now, value))
+        self._raw = value
+        self._points.append((now, value + self._correction))
         while len(self._points) >= 2 and self._points[1][0] <= now - self.window_s:
             self._points.popleft()
         return reset
@@ -192,7 +201,8 @@ def empty_row() -> dict[str, Any]:
 
 class MetricsScraper:
     """Scrapes one vLLM server. After each call: `outage_started`/`outage_ended` (one event per outage),
-    `generation_tokens_total` and `requests_running` (for hang detection), `last_error`."""
+    `reset_series` (the counters that went down on this page: one event per such page), `generation_tokens_total`
+    and `requests_running` (for hang detection), `last_error`."""
 
     def __init__(self, url: str, window_s: float = 60.0, timeout_s: float = 2.0):
         base = url.rstrip("/")
@@ -208,7 +218,8 @@ class MetricsScraper:
         self.outage_started = False
         self.outage_ended = False
         self.outage_since: float | None = None
-        self.resets = 0  # counter drops seen (server restarts behind the same URL)
+        self.resets = 0  # pages on which counters went down (server restarts behind the same URL), once per page
+        self.reset_series: tuple[str, ...] = ()  # what went down on the last page read (empty: no reset)
         self.generation_tokens_total: float | None = None
         self.requests_running: int | None = None
         self._counters: dict[str, _CounterWindow] = {}
@@ -220,6 +231,7 @@ class MetricsScraper:
         self._counters.clear()
         self._hists.clear()
         self._last_ok_t = None
+        self.reset_series = ()
         self.generation_tokens_total = None
         self.requests_running = None
 
@@ -278,6 +290,7 @@ class MetricsScraper:
             self.in_outage = True
             self.outage_since = now
         self.requests_running = None
+        self.reset_series = ()
         row = empty_row()
         row["scrape_ok"] = 0
         row["scrape_errors"] = self.scrape_errors
@@ -311,12 +324,24 @@ class MetricsScraper:
                     "details": {"url": self.url, "outage_s": lasted}}
         return None
 
+    def reset_event(self) -> dict[str, Any] | None:
+        """An event dict when the last page showed a counter reset: one per page, however many series went down
+        (a restart resets every series at once), so the event log says "restarted" once, not thirteen times."""
+        if not self.reset_series:
+            return None
+        n = len(self.reset_series)
+        return {"kind": "scrape_counter_reset", "severity": "warning",
+                "message": f"vLLM counters went down at {self.url} ({n} series): the server restarted behind the "
+                           "agent or a proxy switched backends; the window keeps the increases from before",
+                "details": {"url": self.url, "series": list(self.reset_series), "resets": self.resets}}
+
     def _row(self, page: ParsedPage, now: float) -> dict[str, Any]:
         row = empty_row()
         row["scrape_ok"] = 1
         row["scrape_errors"] = self.scrape_errors
         # A series that appears on a page we read before started from zero since then (vLLM creates some
         # label sets lazily); on the first page there is no baseline at all.
+        went_down: list[str] = []
         for key, value in page.counters.items():
             cw = self._counters.get(key)
             if cw is None:
@@ -324,7 +349,7 @@ class MetricsScraper:
                 if self._last_ok_t is not None:
                     cw.add(self._last_ok_t, 0.0)
             if cw.add(now, value):
-                self.resets += 1
+                went_down.append(key)
         for key in set(self._counters) - set(page.counters):
             del self._counters[key]  # the series vanished: start over if it comes back
 
@@ -370,7 +395,11 @@ class MetricsScraper:
                 if self._last_ok_t is not None:
                     sh.add(self._last_ok_t, HistogramSnapshot.zero_like(snap))
             if sh.add(now, snap):
-                self.resets += 1
+                went_down.append(key)
+        # One restart shows on every series at once: count the page, not the series.
+        self.reset_series = tuple(went_down)
+        if went_down:
+            self.resets += 1
         for key in set(self._hists) - set(page.histograms):
             del self._hists[key]
         for series in LATENCY_SERIES:

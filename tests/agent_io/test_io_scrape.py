@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 from agent_io_helpers import VllmPage
 from aiohttp import web
+from prom_reference import Series
 
 from lynxtop.agent import scrape as scrape_mod
 from lynxtop.agent.histogram import bucket_quantile
@@ -129,11 +130,94 @@ def test_counter_going_down_is_a_restart_not_a_negative_rate():
     fresh.gen.labels(*fresh.lab(0)).inc(50)
     fresh.ttft.labels(*fresh.lab(0)).observe(0.01)
     row = s.parse_page(fresh.text(), now=1.0)
-    assert s.resets >= 2
+    assert s.resets == 1  # one restart, however many series went down (was counted per series)
     assert row["generation_tokens"] == 50 and row["generation_tokens_per_s"] == pytest.approx(50.0)
     assert row["ttft_p50_ms"] is not None and 5 < row["ttft_p50_ms"] <= 10
     for col, v in row.items():
         assert not (isinstance(v, (int, float)) and v < 0), col
+
+
+def test_restarts_inside_the_window_give_prometheus_increases():
+    """vLLM restarts twice behind the agent (t=45 and t=80, every series from zero, as pages from fresh real
+    registries). Every figure is what Prometheus' counter-corrected increase() gives over the raw per-engine
+    samples (computed here independently): per-tick tokens and token rate, the tokens over the window, the
+    prefix-cache hit ratio over the window, and the TTFT p99. Before the fix the window started over at each
+    restart (the hit ratio jumped from the blend to the post-restart 10 % at once, the p99 to the fast requests)."""
+    s = MetricsScraper("http://x:1", window_s=60)
+    ref = Series()
+    page = VllmPage(engines=2)
+    for t in range(0, 170, 5):
+        if t in (45, 80):
+            page = VllmPage(engines=2)  # vLLM restarted behind the agent: every counter from zero
+        elif t > 0:
+            for e in (0, 1):
+                lab = page.lab(e)
+                page.gen.labels(*lab).inc(1000 + 37 * t + 11 * e)
+                queries = 500 + 3 * t
+                page.pq["new"].labels(*lab).inc(queries)
+                page.ph["new"].labels(*lab).inc(queries * 4 // 5 if t < 45 else queries // 10)
+                for i in range(20):
+                    page.ttft.labels(*lab).observe(17.5 if t < 45 and i < 4 else 0.05)
+        text = page.text()
+        ref.add_page(t, text)
+        row = s.parse_page(text, now=float(t))
+        if t == 0:
+            continue
+        step = ref.increase("vllm:generation_tokens_total", t - 5, t)
+        assert row["generation_tokens"] == step, t
+        assert row["generation_tokens_per_s"] == pytest.approx(step / 5), t
+        gen_window = s._counters["generation_tokens"].window_delta()
+        assert gen_window == ref.increase("vllm:generation_tokens_total", t - 60, t), t
+        hits = ref.increase("vllm:prefix_cache_hits_total", t - 60, t)
+        queries = ref.increase("vllm:prefix_cache_queries_total", t - 60, t)
+        assert row["prefix_cache_hit_pct"] == pytest.approx(100 * hits / queries), t
+        p99 = ref.histogram_quantile(0.99, "vllm:time_to_first_token_seconds", t - 60, t)
+        assert row["ttft_p99_ms"] == pytest.approx(1000 * p99), t
+        assert row["ttft_p99_ms"] > 10_000 if t < 100 else row["ttft_p99_ms"] < 100, t  # slow until t=40 left
+        for col, v in row.items():
+            assert not (isinstance(v, (int, float)) and v < 0), (t, col)
+    assert s.resets == 2
+
+
+def test_a_restart_is_one_reset_and_one_event_per_page():
+    """A restart shows on every series at once: one reset and one `scrape_counter_reset` event per page that
+    shows it, naming what went down; no event on ordinary pages or failed scrapes."""
+    page = VllmPage(engines=2)
+    s = MetricsScraper("http://x:1/metrics")
+    for t in (0.0, 1.0):
+        for e in (0, 1):
+            lab = page.lab(e)
+            for c in (page.gen, page.prompt, page.preempt, page.drafts, page.accepted, page.pq["new"],
+                      page.ph["new"]):
+                c.labels(*lab).inc(100)
+            page.success.labels(*lab, "stop").inc(3)
+            for h in (page.ttft, page.itl, page.tpot, page.e2e, page.queue):
+                h.labels(*lab).observe(0.2)
+        s.parse_page(page.text(), now=t)
+        assert s.reset_event() is None
+    assert s.resets == 0
+    fresh = VllmPage(engines=2)
+    for e in (0, 1):
+        fresh.tpot.labels(*fresh.lab(e))  # vLLM >= 0.11 prints it from the start, at zero
+    fresh.gen.labels(*fresh.lab(0)).inc(5)
+    s.parse_page(fresh.text(), now=2.0)
+    assert s.resets == 1  # thirteen series went down: one restart
+    ev = s.reset_event()
+    assert ev is not None and ev["kind"] == "scrape_counter_reset" and ev["severity"] == "warning"
+    assert ev["details"]["url"] == "http://x:1/metrics" and ev["details"]["resets"] == 1
+    assert {"generation_tokens", "requests", "prefix_hits", "ttft", "tpot", "queue"} <= set(ev["details"]["series"])
+    assert len(ev["details"]["series"]) == 13 and "13 series" in ev["message"]
+    s.parse_page(fresh.text(), now=3.0)  # the same server again: no reset, no event
+    assert s.reset_event() is None and s.resets == 1
+    s.failed(4.0, "connection refused")
+    assert s.reset_event() is None
+    again = VllmPage(engines=2)  # restarted once more; only the token counter had moved
+    for e in (0, 1):
+        again.tpot.labels(*again.lab(e))
+    s.parse_page(again.text(), now=5.0)
+    assert s.resets == 2
+    ev = s.reset_event()
+    assert ev is not None and ev["details"]["series"] == ["generation_tokens"]
 
 
 def test_created_samples_are_ignored():
