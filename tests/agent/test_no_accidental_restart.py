@@ -168,7 +168,10 @@ async def test_two_agents_started_at_once_start_one_server(tmp_path, h, reaper):
         assert len(refused) == 1, [(tmp_path / f"agent{i}.log").read_text()[-1500:] for i in range(2)]
         assert refused[0].returncode == 1
         out = (tmp_path / f"agent{agents.index(refused[0])}.log").read_text()
-        assert "another agent (pid" in out and "state directory" in out and "Traceback" not in out
+        # the lock's message; on a loaded machine the second may start late enough to find the socket answering
+        assert ("another agent (pid" in out and "state directory" in out) or "another agent is already running on" \
+            in out, out
+        assert "Traceback" not in out
         # refused before opening anything: the old check let both open the store and race to bind the socket
         assert len(_db(tmp_path, "SELECT id FROM events WHERE kind = 'agent.started'")) == 1
         runs = _db(tmp_path, "SELECT * FROM runs")
