@@ -239,6 +239,10 @@ def format_status(st: dict[str, Any]) -> str:
     if agent.get("missed_ticks"):
         agent_line += f"  missed ticks {agent['missed_ticks']}"
     lines.append(agent_line)
+    if store.get("wal_unlinked"):
+        state = "recovered" if store.get("wal_recovered") else "NOT RECOVERED, history at risk"
+        lines.append(f"store    WAL UNLINKED at {_clock(store.get('wal_unlinked_ms'))} ({state}): "
+                     f"{store['wal_unlinked']}")
     action = agent.get("action")
     if action:
         lines.append(f"action   {action.get('action')} {action.get('profile') or ''} in progress since "
