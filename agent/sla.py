@@ -20,7 +20,11 @@ class SlaTracker:
 
     TPOT is vLLM's per-request time per output token; vLLM < 0.11 has no such histogram, and there the
     inter-token latency (the same quantity per step) stands in, named in the state as `tpot_source`.
-    A window without latency data (idle server, unreadable page) is "unknown" and ends an open breach.
+    A window without latency data (idle server, unreadable page) is "unknown" and ends an open breach, with one
+    exception: an unreadable page (a failed scrape, e.g. vLLM restarting behind the agent) holds an open breach
+    for up to one window after the last latency reading, because the scraper's window still holds those
+    observations and shows them again when the page comes back; closing on the first failed scrape split one
+    breach into breach / "no latency data" / breach.
     """
 
     def __init__(self, cfg: SlaConfig):
@@ -33,11 +37,13 @@ class SlaTracker:
         self._breached: list[str] = []
         self._worst: dict[str, float] = {}
         self._breach_started_ms: int | None = None
+        self._last_data_ms: int | None = None  # the last row with a latency figure
 
     def reset(self) -> None:
         """A new run: drop the state without an event (the run change is its own event)."""
         self._state, self._since_ms, self._ttft, self._tpot = "unknown", None, None, None
         self._breached, self._worst, self._breach_started_ms = [], {}, None
+        self._last_data_ms = None
 
     def update(self, serving_row: dict[str, Any] | None, ts_ms: int) -> list[dict[str, Any]]:
         row = serving_row or {}
@@ -48,7 +54,11 @@ class SlaTracker:
             tpot, self._tpot_source = row.get("itl_p99_ms"), "itl"
         self._ttft, self._tpot = ttft, tpot
         if ttft is None and tpot is None:
+            if self._state == "breach" and row.get("scrape_ok") == 0 and self._last_data_ms is not None \
+                    and ts_ms - self._last_data_ms < self.cfg.window_s * 1000:
+                return []  # unreadable for now, but the window still holds the breach's observations
             return self._to_unknown(ts_ms)
+        self._last_data_ms = ts_ms
 
         breached = []
         if ttft is not None and ttft > self.cfg.ttft_p99_ms:

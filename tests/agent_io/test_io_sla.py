@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from agent_io_helpers import VllmPage
+
 from lynxtop.agent.config import SlaConfig
+from lynxtop.agent.scrape import MetricsScraper
 from lynxtop.agent.sla import SlaTracker
 
 
@@ -63,3 +66,68 @@ def test_thresholds_from_config_are_respected():
     assert sla.update(row(4999, 299), 0) == []
     assert sla.state()["state"] == "ok"
     assert sla.update(row(5001, 10), 1) != []
+
+
+def test_breach_stays_open_across_a_counter_reset_until_the_slow_requests_leave_the_window():
+    """The issue's trial: TTFT p99 at 17.5 s, vLLM restarts behind the agent (same run, same URL) and serves
+    nothing for a while, then fast requests. Real pages through the real scraper: the breach stays open while
+    the window (60 s) still holds the slow requests' increases, and ends "back within thresholds" when they leave
+    it. Before the fix the window started over at the reset and the breach closed at once, "no latency data"."""
+    s = MetricsScraper("http://x:1", window_s=60)
+    sla = SlaTracker(SlaConfig(ttft_p99_ms=2000, tpot_p99_ms=150, window_s=60))
+    page = VllmPage(engines=2)
+    events: list[tuple[int, dict]] = []
+    for t in range(0, 150, 5):
+        if t == 35:
+            page = VllmPage(engines=2)  # restarted: every series from zero, nothing served yet
+        elif 0 < t <= 30 or t >= 50:
+            for e in (0, 1):
+                for i in range(20):
+                    page.ttft.labels(*page.lab(e)).observe(17.5 if t <= 30 and i < 4 else 0.05)
+        events += [(t, ev) for ev in sla.update(s.parse_page(page.text(), now=float(t)), t * 1000)]
+        if 5 <= t < 90:
+            assert sla.state()["state"] == "breach", t
+    assert s.resets == 1
+    assert [(t, ev["kind"]) for t, ev in events] == [(5, "sla_breach"), (90, "sla_recovered")]
+    assert events[1][1]["details"]["reason"] == "back within thresholds"
+    assert events[1][1]["details"]["duration_s"] == 85.0
+    assert sla.state()["state"] == "ok"
+
+
+def test_unreadable_page_while_vllm_restarts_holds_the_breach_for_one_window():
+    """vLLM restarts behind the agent the usual way: /metrics refuses for a few scrapes, then comes back with every
+    counter reset. The breach is held through the failed scrapes (the window still holds the slow requests) and
+    ends once, "back within thresholds", when they leave the window. An outage longer than the window ends it
+    with "no latency data". Before the fix the first failed scrape closed the breach and the reset reopened it."""
+    s = MetricsScraper("http://x:1", window_s=60)
+    sla = SlaTracker(SlaConfig(ttft_p99_ms=2000, tpot_p99_ms=150, window_s=60))
+    page = VllmPage(engines=2)
+    events: list[tuple[int, dict]] = []
+    for t in range(0, 150, 5):
+        if 35 <= t <= 45:
+            row = s.failed(float(t), "cannot read http://x:1/metrics: connection refused")
+            page = VllmPage(engines=2)
+        else:
+            if t > 0:
+                for e in (0, 1):
+                    for i in range(20):
+                        page.ttft.labels(*page.lab(e)).observe(17.5 if t <= 30 and i < 4 else 0.05)
+            row = s.parse_page(page.text(), now=float(t))
+        events += [(t, ev) for ev in sla.update(row, t * 1000)]
+        if 5 <= t < 90:
+            assert sla.state()["state"] == "breach", t
+    assert s.resets == 1
+    assert [(t, ev["kind"]) for t, ev in events] == [(5, "sla_breach"), (90, "sla_recovered")]
+    assert events[1][1]["details"]["reason"] == "back within thresholds"
+
+    # an outage that outlasts the window: the breach ends "no latency data" one window after the last reading
+    sla = SlaTracker(SlaConfig(ttft_p99_ms=2000, window_s=60))
+    assert [e["kind"] for e in sla.update({"ttft_p99_ms": 9000.0}, 0)] == ["sla_breach"]
+    failed = {"scrape_ok": 0, "ttft_p99_ms": None, "tpot_p99_ms": None}
+    assert all(sla.update(failed, ms) == [] for ms in range(5_000, 60_000, 5_000))
+    assert sla.state()["state"] == "breach"
+    events = sla.update(failed, 60_000)
+    assert [e["kind"] for e in events] == ["sla_recovered"] and "no latency data" in events[0]["message"]
+    # a missing row (serving not ready) still ends it at once, as before
+    sla.update({"ttft_p99_ms": 9000.0}, 0)
+    assert [e["kind"] for e in sla.update(None, 1_000)] == ["sla_recovered"]
