@@ -8,6 +8,7 @@ calls re-check the peer's kernel credentials (a socket file with looser permissi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import inspect
@@ -24,10 +25,13 @@ from typing import Any
 
 from aiohttp import web
 
+from lynxtop.agent.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
 from lynxtop.agent.control import ActionError, Controller
 from lynxtop.agent.peercred import Peer, group_gid, may_control, peer_of
 
 MAX_BODY = 64 * 1024
+DEFAULT_MAX_CONNECTIONS = 256  # [agent] api_max_connections
+DEFAULT_REQUEST_TIMEOUT_S = 10.0  # [agent] request_timeout_s
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the NUL
 
 _log = logging.getLogger("lynxtop.api")
@@ -93,13 +97,17 @@ def _query(request: web.Request, call: str) -> dict[str, int | None]:
     return out
 
 
-async def _body(request: web.Request, action: str) -> dict[str, Any]:
+async def _body(request: web.Request, action: str, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> dict[str, Any]:
     if request.content_length is not None and request.content_length > MAX_BODY:
         raise ApiError(413, "too_large", f"request body of {request.content_length} bytes exceeds {MAX_BODY} bytes")
     try:
-        raw = await request.read()
+        # a client that announces a body and sends it slowly (or never) must not hold the connection
+        raw = await asyncio.wait_for(request.read(), timeout_s)
     except web.HTTPRequestEntityTooLarge:
         raise ApiError(413, "too_large", f"request body exceeds {MAX_BODY} bytes") from None
+    except TimeoutError:
+        raise ApiError(408, "timeout", f"request body not received within {timeout_s:g} s "
+                       "([agent] request_timeout_s)") from None
     if not raw.strip():
         data: Any = {}
     else:
@@ -107,6 +115,8 @@ async def _body(request: web.Request, action: str) -> dict[str, Any]:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+        except RecursionError:  # e.g. 30,000 nested '[': under the size limit, over the parser's stack
+            raise ApiError(400, "invalid_json", "request body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "wrong_type", f"request body must be a JSON object, got {type(data).__name__}")
     spec = _BODY_SPEC[action]
@@ -139,12 +149,18 @@ class ApiServer:
         group: str = "lynxtop",
         agent_uid: int | None = None,
         log: Callable[[str], None] | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        episodes: Episodes | None = None,
     ):
         self.controller = controller
         self.socket_path = Path(socket_path)
         self.group = group
         self.agent_uid = os.getuid() if agent_uid is None else agent_uid
         self.log = log or _log.info
+        self.request_timeout_s = request_timeout_s
+        self.guard = ConnectionGuard("control socket", max_connections, request_timeout_s, "api_max_connections",
+                                     json_refusal=True, log=self.log, episodes=episodes)
         self._runner: web.AppRunner | None = None
         self._inode: int | None = None
         self.app = self._make_app()
@@ -152,7 +168,7 @@ class ApiServer:
     # ------------------------------------------------------------------------------------------ lifecycle
 
     def _make_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self.guard.middleware, self._errors])
         app.router.add_get("/v1/status", self._status)
         app.router.add_get("/v1/profiles", self._profiles)
         app.router.add_get("/v1/runs", self._runs)
@@ -175,14 +191,16 @@ class ApiServer:
                 with contextlib.suppress(OSError):
                     os.chown(path.parent, -1, gid)
         sock = self._bind(path, gid)
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
+                                     **handler_args(self.request_timeout_s))
         await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
+        await GuardedSite(self._runner, self.guard, sock=sock).start()
         self._inode = path.stat().st_ino
         mode = stat.S_IMODE(path.stat().st_mode)
         who = f"group {self.group!r}" if gid is not None else f"root and uid {self.agent_uid} only (group " \
             f"{self.group!r} does not exist)"
-        self.log(f"control API listening on {path} (mode {mode:o}; control by {who})")
+        self.log(f"control API listening on {path} (mode {mode:o}; control by {who}; at most "
+                 f"{self.guard.max_connections} connections, {self.request_timeout_s:g} s per request)")
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -302,7 +320,7 @@ class ApiServer:
                          f"{self.group!r})")
                 raise ApiError(403, "forbidden", f"{who} may not {action}: control needs root, the agent's user "
                                f"or membership of group {self.group!r}; read-only calls stay open")
-            data = await _body(request, action)
+            data = await _body(request, action, self.request_timeout_s)
             profile = data.get("profile")
             if profile is not None:
                 await self._check_profile(profile)

@@ -18,9 +18,12 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from lynxtop.agent.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
 from lynxtop.store.columns import LATENCY_SERIES
 
 _log = logging.getLogger("lynxtop.exporter")
+
+DEFAULT_MAX_CONNECTIONS = 64  # [agent] metrics_max_connections: a few Prometheus servers and the odd curl
 
 SERVING_STATES = ("stopped", "starting", "ready", "degraded", "stopping", "backoff", "crash-loop")
 SLA_STATES = ("ok", "breach", "unknown")
@@ -124,8 +127,10 @@ class SnapshotCollector(Collector):
                 yield g
         store = agent.get("store") or {}
         for cls, name, help_, value in (
-            (CounterMetricFamily, "lynxtop_agent_missed_ticks", "Sampling ticks skipped because one ran late",
+            (CounterMetricFamily, "lynxtop_agent_missed_ticks", "Sampling ticks skipped (one ran late) or failed",
              agent.get("missed_ticks")),
+            (CounterMetricFamily, "lynxtop_agent_failed_ticks", "Sampling ticks that raised an error",
+             agent.get("failed_ticks")),
             (CounterMetricFamily, "lynxtop_store_dropped_ticks", "Ticks dropped because the store writer lagged",
              store.get("dropped")),
             (GaugeMetricFamily, "lynxtop_store_queued_ticks", "Ticks waiting for the store writer",
@@ -251,10 +256,14 @@ class MetricsExporter:
     """GET /metrics on `listen` (host:port from `[agent] metrics_listen`); nothing else is served there."""
 
     def __init__(self, listen: str, snapshot: Callable[[], dict[str, Any] | None],
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 request_timeout_s: float = 10.0, episodes: Episodes | None = None):
         self.host, self.port = parse_listen(listen)
         self.listen = listen
         self.log = log or _log.info
+        self.request_timeout_s = request_timeout_s
+        self.guard = ConnectionGuard("metrics endpoint", max_connections, request_timeout_s,
+                                     "metrics_max_connections", json_refusal=False, log=self.log, episodes=episodes)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(snapshot))
         self._runner: web.AppRunner | None = None
@@ -264,19 +273,19 @@ class MetricsExporter:
         if not is_loopback(self.host):
             self.log(f"warning: metrics endpoint listens on {self.host}:{self.port}, reachable from the network "
                      "(read-only; [agent] metrics_listen sets it)")
-        app = web.Application()
+        app = web.Application(middlewares=[self.guard.middleware])
         app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     **handler_args(self.request_timeout_s))
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        site = GuardedSite(self._runner, self.guard, host=self.host, port=self.port, reuse_address=True)
         try:
             await site.start()
         except OSError as exc:
             await self._runner.cleanup()
             self._runner = None
             raise RuntimeError(f"cannot listen on {self.listen} for metrics: {exc.strerror or exc}") from None
-        server = site._server  # the bound port matters when the config says :0 (tests)
-        sockets = getattr(server, "sockets", None) or []
+        sockets = site.sockets  # the bound port matters when the config says :0 (tests)
         self.bound_port = sockets[0].getsockname()[1] if sockets else self.port
         self.log(f"Prometheus metrics on http://{self.listen.rsplit(':', 1)[0]}:{self.bound_port}/metrics")
 

@@ -27,8 +27,9 @@ from typing import Any
 import aiohttp
 
 from lynxtop import __version__
-from lynxtop.agent import procs
+from lynxtop.agent import connguard, procs
 from lynxtop.agent.config import Config
+from lynxtop.agent.connguard import Episodes, FdPlan, install_loop_handler, is_resource_error, plan_descriptors
 from lynxtop.agent.control import ActionError
 from lynxtop.agent.notify import Notifier
 from lynxtop.agent.startup import tail_lines
@@ -87,8 +88,13 @@ class Node:
         self.started_mono = time.monotonic()
         self.simulated = bool(cfg.agent.fake_nvml)
         self.interval = cfg.agent.sample_interval_s
-        self.missed_ticks = 0
+        self.missed_ticks = 0  # ticks skipped (one ran late) plus ticks that failed
+        self.failed_ticks = 0  # ticks that raised: counted in missed_ticks too, never silently dropped
+        self.last_tick_error: str | None = None
         self.ticks = 0
+        # recurring failures (EMFILE, a broken sampler) are logged when they start and end, never per tick
+        self.episodes = Episodes(lambda m: log.warning("%s", m))
+        self.fd_plan: FdPlan | None = None
         self.last_tick_done: float | None = None
         self.gpu_view = NodeGpuView()
         self.latest_gpu_rows: list[dict] = []
@@ -256,7 +262,17 @@ class Node:
         from lynxtop.agent.api import ApiServer, ApiStartError
 
         a = self.cfg.agent
-        self.api = ApiServer(self, a.socket, a.socket_group, log=lambda m: log.info("api: %s", m))
+        install_loop_handler(asyncio.get_running_loop(), self.episodes)
+        wanted = {"api": a.api_max_connections}
+        if a.metrics_listen:
+            wanted["metrics"] = a.metrics_max_connections
+        self.fd_plan = plan_descriptors(wanted)
+        (log.warning if self.fd_plan.reduced else log.info)("%s%s", self.fd_plan.describe(), " (connection caps "
+                                                            "lowered to fit the descriptor limit)"
+                                                            if self.fd_plan.reduced else "")
+        self.api = ApiServer(self, a.socket, a.socket_group, log=lambda m: log.info("api: %s", m),
+                             max_connections=self.fd_plan.caps["api"], request_timeout_s=a.request_timeout_s,
+                             episodes=self.episodes)
         try:
             await self.api.start()
         except (ApiStartError, OSError) as exc:
@@ -265,7 +281,9 @@ class Node:
         if a.metrics_listen:
             from lynxtop.agent.exporter import MetricsExporter
 
-            self.exporter = MetricsExporter(a.metrics_listen, self.status, log=lambda m: log.info("%s", m))
+            self.exporter = MetricsExporter(a.metrics_listen, self.status, log=lambda m: log.info("%s", m),
+                                            max_connections=self.fd_plan.caps["metrics"],
+                                            request_timeout_s=a.request_timeout_s, episodes=self.episodes)
             try:
                 await self.exporter.start()
             except (RuntimeError, OSError) as exc:
@@ -309,6 +327,7 @@ class Node:
                 self.missed_ticks += behind
                 next_t += behind * self.interval
             next_t += self.interval
+            self.episodes.poll()
             if running is not None and not running.done():
                 self.missed_ticks += 1
                 continue
@@ -343,9 +362,26 @@ class Node:
             else:
                 self.gpu_late += 1
                 gpu_tick, gpu_ts = None, None
-        except Exception:  # noqa: BLE001 - one bad tick must not stop the clock
-            log.exception("sampling tick failed")
+        except Exception as exc:  # noqa: BLE001 - one bad tick must not stop the clock
+            self._tick_failed(exc)
             return
+        try:
+            self._tick_finish(sup, ts_ms, gpu_tick, gpu_ts, host_row, serving_row)
+        except Exception as exc:  # noqa: BLE001 - the store or SLA part failed: the same, counted
+            self._tick_failed(exc)
+
+    def _tick_failed(self, exc: Exception) -> None:
+        """A tick that raised is a missed tick (status and /metrics show it); the log says so once per episode."""
+        self.failed_ticks += 1
+        self.missed_ticks += 1
+        self.last_tick_error = f"{type(exc).__name__}: {exc}"
+        if is_resource_error(exc):
+            self.episodes.hit("tick", f"sampling ticks fail: out of descriptors or memory ({exc})")
+        elif self.episodes.hit("tick", f"sampling ticks fail: {type(exc).__name__}: {exc}"):
+            log.warning("first failed tick of this episode", exc_info=exc)  # one traceback, for the bug report
+
+    def _tick_finish(self, sup: Supervisor, ts_ms: int, gpu_tick: Any, gpu_ts: float | None, host_row: dict,
+                     serving_row: dict[str, Any] | None) -> None:
         if gpu_tick is not None and gpu_ts is not None:
             self.gpu_view.update(gpu_ts, gpu_tick.process_rows, self.sampler.status(), self.sampler.static())
             if self.sampler.static_version != self._static_version:
@@ -364,6 +400,8 @@ class Node:
         self.latest_serving = serving_row
         self.ticks += 1
         self.last_tick_done = time.monotonic()
+        if "tick" in self.episodes.open:
+            self.episodes.end("tick", f"sampling ticks failed ({self.failed_ticks} failed in all); sampling again")
         self.notifier.status(self.status_line())
 
     async def _run_members(self, sup: Supervisor) -> set[int]:
@@ -444,7 +482,8 @@ class Node:
             parts.append(f"phase {s['phase']}")
         parts.append(f"{len(self.gpu_view.static)} GPUs" + (" (SIMULATED)" if self.simulated else ""))
         if self.missed_ticks:
-            parts.append(f"{self.missed_ticks} missed ticks")
+            parts.append(f"{self.missed_ticks} missed ticks" + (f" ({self.failed_ticks} failed)"
+                                                                 if self.failed_ticks else ""))
         return "; ".join(parts)
 
     def status(self) -> dict[str, Any]:
@@ -466,7 +505,12 @@ class Node:
                 "version": __version__, "pid": os.getpid(), "host": self.host, "started_ms": self.started_ms,
                 "uptime_s": round(time.monotonic() - self.started_mono, 1), "simulated": self.simulated,
                 "healthy": self.healthy(), "missed_ticks": self.missed_ticks, "sample_interval_s": self.interval,
-                "gpu_late_ticks": self.gpu_late,
+                "gpu_late_ticks": self.gpu_late, "failed_ticks": self.failed_ticks,
+                "last_tick_error": self.last_tick_error,
+                "connections": {name: part.guard.stats() for name, part in (("api", self.api),
+                                                                            ("metrics", self.exporter))
+                                if part is not None},
+                "descriptors": {"open": connguard.open_fds(), "limit": self.fd_plan.soft if self.fd_plan else None},
                 "nvml": {k: self.gpu_view.nvml.get(k, "") for k in ("state", "message", "driver_version",
                                                                     "nvml_version")},
                 "store": {"path": str(self.cfg.agent.database), "queued": ws.get("queued"),
