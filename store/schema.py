@@ -308,7 +308,7 @@ def check_identity(conn: sqlite3.Connection, path: Path, *, integrity: bool = Tr
                 raise NotOurDatabase(f"{path}: the database is damaged: {'; '.join(problems)}")
         version = schema_version(conn) if tables else 0
     except sqlite3.DatabaseError as exc:  # the header of a non-SQLite file gives NOTADB here
-        raise open_error(exc, path, "read") from None
+        raise open_error(exc, path) from None
     if version > SCHEMA_VERSION:
         raise NewerSchema(f"{path}: written by a newer lynxtop (schema {version}, this one knows {SCHEMA_VERSION}); "
                           "upgrade lynxtop or point [agent] database elsewhere")
@@ -349,10 +349,13 @@ def connect_rw(path: Path, *, integrity: bool = True) -> sqlite3.Connection:
         check_identity(conn, path, integrity=integrity)
         configure(conn)
         migrate(conn)
-        # SQLite silently opens a file it cannot write read-only: take the write lock once to find out now,
-        # not at the first tick (BEGIN IMMEDIATE on such a connection fails with SQLITE_READONLY).
+        # SQLite silently opens a file it cannot write read-only, and only the first page written says so:
+        # write one (rolled back) to find out now rather than at the first tick.
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("ROLLBACK")
+        try:
+            conn.execute("UPDATE meta SET value = value WHERE key = 'schema_version'")
+        finally:
+            rollback(conn)
     except sqlite3.Error as exc:
         conn.close()
         raise open_error(exc, path, "write") from None
