@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import subprocess
+import sys
 import tracemalloc
 
 import pytest
@@ -139,3 +141,46 @@ def test_parse_time_forms():
     assert parse_time("2026-12-01T10:00Z") == 1796119200000
     assert parse_time("-1h", now_ms=10_000_000) == 6_400_000
     assert parse_time("1796119200000") == 1796119200000
+
+
+FORMULAS = ["=HYPERLINK(\"http://x\",\"y\")", "+1+1", "-2+3", "@SUM(A1:A2)", "\tcmd", "\rcmd", "=1,2"]
+
+
+def test_export_neutralises_formula_text_cells_unless_raw(tmp_path, capsys):
+    """OWASP "CSV Injection": a text cell a spreadsheet would run as a formula gets a leading quote."""
+    path = tmp_path / "f.db"
+    with StoreWriter(path) as w:
+        rid = w.create_run(profile="=cmd|' /C calc'!A0", argv=["-m", "x"], model="@evil", started_ms=T0,
+                           simulated=True)
+        w.update_run(rid, ended_ms=T0 + 5000, exit_code=-1, exit_signal=-9, end_reason="-crashed")
+        for i, m in enumerate(FORMULAS):
+            w.add_event("test", "info", m, ts_ms=T0 + i)
+        w.add_event("test", "info", "plain, text", ts_ms=T0 + 100)
+    span = ["--from", str(T0 - 1000), "--to", str(T0 + 10_000)]
+
+    def export(table: str, *extra: str) -> list[list[str]]:
+        assert main(["export", "--database", str(path), *span, "--table", table, *extra]) == 0
+        return list(csv.reader(io.StringIO(capsys.readouterr().out, newline="")))
+
+    events = export("events")
+    assert [r[6] for r in events[1:]] == ["'" + m for m in FORMULAS] + ["plain, text"]
+    runs = export("runs")
+    run = dict(zip(runs[0], runs[1], strict=True))
+    assert run["profile"] == "'=cmd|' /C calc'!A0" and run["model"] == "'@evil"
+    assert run["end_reason"] == "'-crashed"
+    assert run["argv"] == '["-m", "x"]'
+    assert run["exit_code"] == "-1" and run["exit_signal"] == "-9"  # numbers stay numbers, negative ones too
+    assert run["ts_ms"] == str(T0)
+    raw_events = export("events", "--raw")
+    assert [r[6] for r in raw_events[1:]] == [*FORMULAS, "plain, text"]
+    raw_run = dict(zip(*export("runs", "--raw")[:2], strict=True))
+    assert raw_run["profile"] == "=cmd|' /C calc'!A0" and raw_run["exit_code"] == "-1"
+
+
+def test_export_to_a_full_stdout_names_stdout(db):
+    """`lynxtop export > /dev/full`: one line naming stdout, exit 1, no traceback, no second error at exit."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "lynxtop", "export", "--database", str(db), "--from", str(T0),
+                            "--to", str(T0 + 60_000)], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr == "lynxtop export: cannot write to stdout: No space left on device\n", r.stderr
