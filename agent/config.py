@@ -6,8 +6,11 @@ fixes a config in one pass instead of one error per restart. Nothing here has si
 
 from __future__ import annotations
 
+import math
 import os
+import pwd
 import re
+import stat
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -21,6 +24,15 @@ CONFIG_ENV = "LYNXTOP_CONFIG"
 ENV_ALLOWED_EXACT = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM"}
 ENV_ALLOWED_PREFIXES = ("VLLM_", "HF_", "NCCL_", "RAY_", "TORCH_SYMM_MEM_", "NVSHMEM_")
 ENV_FORBIDDEN = {"LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PATH"}
+# A portable environment variable name (POSIX: letters, digits, underscore, not starting with a digit). A name
+# with '=' or NUL cannot be passed to execve at all: it would fail at spawn instead of in `config check`.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# sockaddr_un.sun_path holds 107 bytes plus the NUL, and the agent first binds a temporary name beside the
+# socket (".NAME.PID", agent/api.py) and renames it into place: that name is 2 + up to 7 (pid_max 4194304)
+# bytes longer, so the configured path may have at most 107 - 9 bytes.
+SUN_PATH_MAX = 107
+SOCKET_PATH_MAX = SUN_PATH_MAX - len("..") - len(str(4194304))
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "bfloat16")
 ATTENTION_BACKENDS = (
@@ -174,13 +186,54 @@ _INT_FLAGS = (
     ("max_num_batched_tokens", "--max-num-batched-tokens"),
     ("block_size", "--block-size"),
 )
-# Flags owned by typed options: setting them again through extra_args would make two sources of truth.
-OWNED_FLAGS = {flag for _, flag in _INT_FLAGS} | {
-    "--host", "--port", "--served-model-name", "--gpu-memory-utilization", "--enable-expert-parallel",
-    "--kv-cache-dtype", "--attention-backend", "--enable-prefix-caching", "--no-enable-prefix-caching",
-    "--quantization", "--trust-remote-code", "--distributed-executor-backend", "--shutdown-timeout",
-    "-tp", "-pp", "-dp", "--model",
+# vLLM option strings owned by typed profile keys (flag -> key): setting one again through extra_args would make
+# two sources of truth, and vLLM takes the last. Aliases and `--no-` forms are vLLM 0.32's (engine/arg_utils.py;
+# booleans are argparse.BooleanOptionalAction). `--uds` is here because vLLM then ignores host and port.
+OWNED_FLAGS: dict[str, str] = {flag: key for key, flag in _INT_FLAGS} | {
+    "--host": "host", "--port": "port", "--uds": "host/port", "--served-model-name": "served_model_name",
+    "--model": "model", "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--device-memory-utilization": "gpu_memory_utilization",
+    "--enable-expert-parallel": "enable_expert_parallel", "--no-enable-expert-parallel": "enable_expert_parallel",
+    "--kv-cache-dtype": "kv_cache_dtype", "--attention-backend": "attention_backend",
+    "--enable-prefix-caching": "enable_prefix_caching", "--no-enable-prefix-caching": "enable_prefix_caching",
+    "--quantization": "quantization", "--trust-remote-code": "trust_remote_code",
+    "--no-trust-remote-code": "trust_remote_code", "--distributed-executor-backend": "distributed_executor_backend",
+    "--shutdown-timeout": "shutdown_timeout_s",
+    "-tp": "tensor_parallel_size", "-pp": "pipeline_parallel_size", "-dp": "data_parallel_size",
+    "-q": "quantization", "-ep": "enable_expert_parallel",
 }
+
+
+def owned_flag_use(token: str) -> str | None:
+    """Why `token` (one extra_args item) would set a flag that a typed key owns, or None if it does not.
+
+    vLLM's parser (FlexibleArgumentParser, vllm/utils/argparse_utils.py) turns `_` into `-` in a long flag's name
+    (up to the first `.`), splits `--flag=value`, reads `--flag.key v` as `--flag '{"key": v}'`, and, being an
+    argparse parser with allow_abbrev left on, expands any unambiguous prefix: `--hos` is `--host`, `-t` is `-tp`.
+    So a token is refused when its normalised name is an owned flag or a prefix of one (an ambiguous prefix would
+    only make vLLM exit, so it is refused as well), and `-qVALUE` (a one-letter option with its value attached).
+    """
+    if len(token) < 2 or token[0] != "-" or token == "--" or re.fullmatch(r"-\d*\.?\d+([eE][-+]?\d+)?", token):
+        return None  # a value (or a negative number), not a flag
+    name = token.split("=", 1)[0]
+    if name.startswith("--"):
+        name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
+        candidates = [f for f in OWNED_FLAGS if f.startswith("--")]
+    else:
+        candidates = [f for f in OWNED_FLAGS if not f.startswith("--")]
+        attached = [f for f in candidates if len(f) == 2 and name.startswith(f) and name != f]
+        if attached:
+            return f"{token} is {attached[0]} {name[2:]} (value attached), owned by the typed key " \
+                   f"{OWNED_FLAGS[attached[0]]}"
+    if name in OWNED_FLAGS:
+        how = "" if name == token.split("=", 1)[0] else f" (vLLM reads it as {name})"
+        return f"{token}{how} is owned by the typed key {OWNED_FLAGS[name]}"
+    hits = sorted(f for f in candidates if f.startswith(name))
+    if hits and len(name) > (2 if name.startswith("--") else 1):
+        keys = sorted({OWNED_FLAGS[f] for f in hits})
+        return (f"{token} is a prefix of {', '.join(hits)} (vLLM expands an unambiguous prefix to the whole flag), "
+                f"owned by the typed key{'s' if len(keys) > 1 else ''} {', '.join(keys)}")
+    return None
 
 
 @dataclass(frozen=True)
@@ -271,10 +324,15 @@ def _int(lo: int | None = None, hi: int | None = None):
 
 
 def _float(lo: float | None = None, hi: float | None = None, lo_open: bool = False):
+    """Every float key of the config goes through here: TOML's nan and inf are refused once, for all of them
+    (nan compares false with every bound, so a range check alone let `sample_interval_s = nan` through)."""
+
     def conv(key: str, v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise _Bad(f"expected a number, got {_describe(v)}")
         v = float(v)
+        if not math.isfinite(v):
+            raise _Bad(f"{v} is not a finite number (nan and inf are refused)")
         if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
             raise _Bad(f"{v:g} is out of range ({'>' if lo_open else ''}{lo:g}..{hi:g})")
         return v
@@ -336,9 +394,9 @@ def _extra_args(key: str, v: Any) -> tuple[str, ...]:
     for a in v:
         if not a or any(c in a for c in "\0\n\r"):
             raise _Bad(f"argument {a!r} is empty or holds a NUL or newline")
-        flag = a.split("=", 1)[0]
-        if flag in OWNED_FLAGS:
-            raise _Bad(f"{flag} is set by a typed profile option; use that option instead of extra_args")
+        why = owned_flag_use(a)
+        if why:
+            raise _Bad(f"{why}; use the typed key instead of extra_args")
     return tuple(v)
 
 
@@ -347,11 +405,16 @@ def _env(key: str, v: Any) -> dict[str, str]:
         raise _Bad(f"expected a table, got {_describe(v)}")
     out: dict[str, str] = {}
     for name, value in v.items():
+        if not ENV_NAME.fullmatch(name):
+            raise _Bad(f"variable name {name!r} is not a valid environment variable name (letters, digits and _, "
+                       "not starting with a digit; no '=' or NUL)")
         if name in ENV_FORBIDDEN or not (name in ENV_ALLOWED_EXACT or name.startswith(ENV_ALLOWED_PREFIXES)):
             raise _Bad(f"variable {name} is not allowed (allowed: {', '.join(sorted(ENV_ALLOWED_EXACT))} "
                        f"and names starting with {', '.join(ENV_ALLOWED_PREFIXES)})")
         if not isinstance(value, (str, int)) or isinstance(value, bool):
             raise _Bad(f"value of {name} must be a string, got {_describe(value)}")
+        if "\0" in str(value):
+            raise _Bad(f"value of {name} contains a NUL character (an environment value cannot hold one)")
         out[name] = str(value)
     return out
 
@@ -450,7 +513,11 @@ def parse_config(text: str, source: str = "<config>", path: Path | None = None) 
     if retention.raw_days > retention.minute_days or retention.minute_days > retention.hour_days:
         chk.error("agent.retention", "expected raw_days <= minute_days <= hour_days")
     agent_vals.setdefault("database", default_state_dir() / "lynxtop.db")
+    socket_from_file = "socket" in agent_vals
     agent_vals.setdefault("socket", default_socket_path())
+    problem = socket_path_problem(agent_vals["socket"])
+    if problem:
+        chk.error("agent.socket", problem + ("" if socket_from_file else " (the default; set [agent] socket)"))
     if agent_vals.get("backoff_max_s", 300.0) < agent_vals.get("backoff_initial_s", 5.0):
         chk.error("agent.backoff_max_s", "must be >= agent.backoff_initial_s")
     agent = AgentConfig(retention=retention, **agent_vals)
@@ -498,6 +565,59 @@ def parse_config(text: str, source: str = "<config>", path: Path | None = None) 
     if chk.problems:
         raise ConfigError(chk.problems)
     return Config(path=path, agent=agent, sla=sla, profiles=tuple(profiles))
+
+
+def socket_path_problem(path: Path) -> str | None:
+    """Why the agent could not listen on `path` as its control socket, or None (pure: no file is touched)."""
+    size = len(os.fsencode(path))
+    if size > SOCKET_PATH_MAX:
+        return (f"control socket path {str(path)!r} is {size} bytes; at most {SOCKET_PATH_MAX} fit (a unix socket "
+                f"path holds {SUN_PATH_MAX} bytes and the agent binds a temporary name beside it first)")
+    return None
+
+
+def executable_problem(path: str) -> str | None:
+    """Why `path` cannot be started as `vllm serve` by this user, or None.
+
+    It looks at the file system, so it is not part of parse_config (clients and a config reload need none of
+    it); `config check` and the agent's start-up both call it through host_problems, and say the same thing.
+    """
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        if p.is_symlink():
+            return f"{path} is a symbolic link to {os.readlink(p)!r}, which does not exist"
+        return f"{path} does not exist"
+    except OSError as exc:
+        return f"{path} cannot be checked: {exc.strerror or exc}"
+    if stat.S_ISDIR(st.st_mode):
+        return f"{path} is a directory, not an executable file"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    if not os.access(p, os.X_OK):
+        uid = os.geteuid()
+        try:
+            who = f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+        except KeyError:
+            who = f"uid {uid}"
+        return f"{path} is not executable by {who} (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def host_problems(cfg: Config) -> list[str]:
+    """Problems of a valid config on this node: each profile's executable must exist and be executable here.
+
+    Lines read like ConfigError's ('file: key: problem'). The agent refuses to start on any of them, and
+    `config check` reports the same lines, so a config that checks valid is one the agent runs.
+    """
+    source = str(cfg.path) if cfg.path else "<config>"
+    out = []
+    for i, prof in enumerate(cfg.profiles):
+        problem = executable_problem(prof.executable)
+        if problem:
+            out.append(f"{source}: profile[{i}] ({prof.name}).executable: {problem}")
+    return out
 
 
 def load_config(cli_value: str | None = None) -> Config:

@@ -7,21 +7,34 @@ import shlex
 import sys
 from argparse import Namespace
 
-from lynxtop.agent.config import Config, ConfigError, config_as_dict, load_config
+from lynxtop.agent.config import Config, ConfigError, config_as_dict, host_problems, load_config
+
+# Commands that also check this node (each profile's executable exists and is executable): the agent, and
+# `config check`, which must give the agent's verdict word for word. Clients (status, stop, the dashboard) only
+# need the socket path, and may run where vLLM is not installed.
+_HOST_CHECKED = ("lynxtop.agent.node:run", "lynxtop.config_cli:check")
 
 
-def load_or_exit(args: Namespace) -> Config | None:
-    """The config for a command, or None after printing every problem (the caller exits 2)."""
+def load_or_exit(args: Namespace, host: bool | None = None) -> Config | None:
+    """The config for a command, or None after printing every problem (the caller exits 2).
+
+    One validation for `config check` and `lynxtop agent`: both get parse_config's checks plus host_problems,
+    printed the same way.
+    """
     try:
-        return load_config(getattr(args, "config", None))
+        cfg = load_config(getattr(args, "config", None))
+        if host is None:
+            host = getattr(args, "handler", None) in _HOST_CHECKED
+        problems = host_problems(cfg) if host else []
     except ConfigError as exc:
-        for line in exc.problems:
-            print(f"lynxtop: config error: {line}", file=sys.stderr)
-        return None
+        problems = exc.problems
+    for line in problems:
+        print(f"lynxtop: config error: {line}", file=sys.stderr)
+    return None if problems else cfg
 
 
 def check(args: Namespace) -> int:
-    cfg = load_or_exit(args)
+    cfg = load_or_exit(args, host=True)
     if cfg is None:
         return 2
     data = config_as_dict(cfg)

@@ -66,3 +66,82 @@ def test_relative_time_value_is_not_taken_for_an_option(tmp_path):
     r = _lynxtop("export", "--database", str(db), "--from", "-24h")
     assert "expected one argument" not in r.stderr
     assert r.returncode == 2 and str(db) in r.stderr  # reached the export handler: the database is missing
+
+
+# ---------------------------------------------------------------------------------------------- one validation
+
+def _config(tmp_path: Path, executable: str, socket: str | None = None, extra: str = "") -> Path:
+    state = tmp_path / "state"
+    path = tmp_path / "c.toml"
+    path.write_text(f"""
+[agent]
+database = "{state / 'lynxtop.db'}"
+socket = "{socket or (tmp_path / 'agent.sock')}"
+fake_nvml = "sim"
+{extra}
+[[profile]]
+name = "a"
+executable = "{executable}"
+model = "m"
+""")
+    return path
+
+
+def _agent_and_check(path: Path) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    check = _lynxtop("config", "check", "--config", str(path))
+    try:
+        agent = subprocess.run([sys.executable, "-m", "lynxtop", "agent", "--config", str(path)],
+                               capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the agent started with a config that `config check` refuses")
+    return check, agent
+
+
+def _exe_cases(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    plain = tmp_path / "plain-vllm"
+    plain.write_text("#!/bin/sh\n")
+    plain.chmod(0o644)
+    missing = tmp_path / "venv" / "bin" / "vllm"
+    return {
+        "missing": (str(missing), f"{missing} does not exist"),
+        "not executable": (str(plain), f"{plain} is not executable by "),
+        "a directory": (str(tmp_path), f"{tmp_path} is a directory, not an executable file"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "not executable", "a directory"])
+def test_bad_executable_same_refusal_from_config_check_and_agent(tmp_path, case):
+    """`config check` said valid and the agent then refused: now both run host_problems and print the same."""
+    exe, words = _exe_cases(tmp_path)[case]
+    path = _config(tmp_path, exe)
+    check, agent = _agent_and_check(path)
+    want = f"lynxtop: config error: {path}: profile[0] (a).executable: {words}"
+    assert check.returncode == 2 and agent.returncode == 2, (check.stderr, agent.stderr)
+    assert check.stderr.startswith(want), check.stderr
+    assert agent.stderr == check.stderr
+    assert "Traceback" not in check.stderr + agent.stderr
+    assert not (tmp_path / "state").exists()  # the agent refused before opening anything
+
+
+def test_long_socket_path_same_refusal_from_config_check_and_agent(tmp_path):
+    exe = tmp_path / "vllm"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    sock = str(tmp_path / ("s" * max(1, 110 - len(str(tmp_path)) - 1)))
+    path = _config(tmp_path, str(exe), socket=sock)
+    check, agent = _agent_and_check(path)
+    assert check.returncode == 2 and agent.returncode == 2, (check.stderr, agent.stderr)
+    assert check.stderr.startswith(f"lynxtop: config error: {path}: agent.socket: control socket path "), check.stderr
+    assert agent.stderr == check.stderr
+
+
+def test_nan_refused_by_config_check_and_agent(tmp_path):
+    exe = tmp_path / "vllm"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    path = _config(tmp_path, str(exe), extra="sample_interval_s = nan")
+    check, agent = _agent_and_check(path)
+    assert check.returncode == 2 and agent.returncode == 2
+    assert check.stderr == f"lynxtop: config error: {path}: agent.sample_interval_s: nan is not a finite number " \
+                           "(nan and inf are refused)\n"
+    assert agent.stderr == check.stderr

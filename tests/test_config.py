@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from lynxtop.agent.config import ConfigError, load_config, parse_config
+from lynxtop.agent import config as config_mod
+from lynxtop.agent.config import (
+    OWNED_FLAGS,
+    SOCKET_PATH_MAX,
+    Config,
+    ConfigError,
+    host_problems,
+    load_config,
+    parse_config,
+)
 
 GOOD = """
 [agent]
@@ -115,7 +125,7 @@ def test_flags_diff_material():
         ('[[profile]]\nname = "a"\nexecutable = "/x/vllm"\nmodel = "m"\nenv = { PYTHONPATH = "/x" }',
          "profile[0] (a).env", "PYTHONPATH is not allowed"),
         ('[[profile]]\nname = "a"\nexecutable = "/x/vllm"\nmodel = "m"\nextra_args = ["--port", "9"]',
-         "profile[0] (a).extra_args", "typed profile option"),
+         "profile[0] (a).extra_args", "owned by the typed key port"),
         ('[[profile]]\nname = "a"\nexecutable = "/x/vllm"\nmodel = "m"\nshutdown_timeout_s = 60\nstop_grace_s = 10',
          "profile[0] (a).stop_grace_s", "shutdown_timeout_s"),
         ('[[profile]]\nname = "a"\nmodel = "m"', "profile[0] (a).executable", "is required"),
@@ -163,12 +173,22 @@ def run_cli(*args: str, env_config: Path | None = None) -> subprocess.CompletedP
     return subprocess.run([sys.executable, "-m", "lynxtop", *args], capture_output=True, text=True, timeout=60)
 
 
+def fake_vllm(tmp_path: Path) -> Path:
+    """An executable file standing in for vllm (`config check` and the agent check that it exists)."""
+    exe = tmp_path / "bin" / "vllm"
+    exe.parent.mkdir(exist_ok=True)
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    return exe
+
+
 def test_config_check_prints_argv(tmp_path):
     f = tmp_path / "c.toml"
-    f.write_text(GOOD)
+    exe = fake_vllm(tmp_path)
+    f.write_text(GOOD.replace("/opt/vllm/bin/vllm", str(exe)))
     r = run_cli("config", "check", "--config", str(f))
     assert r.returncode == 0, r.stderr
-    assert "/opt/vllm/bin/vllm serve deepseek-ai/DeepSeek-V4.1 --host 127.0.0.1 --port 8000" in r.stdout
+    assert f"{exe} serve deepseek-ai/DeepSeek-V4.1 --host 127.0.0.1 --port 8000" in r.stdout
     assert "--speculative-config '{\"method\": \"mtp\"}'" in r.stdout
     assert "[[profile]] ds-tp8-pp2" in r.stdout
 
@@ -190,3 +210,162 @@ def test_example_config_is_valid():
     names = [p.name for p in cfg.profiles]
     assert len(names) >= 3
     assert any(p.pipeline_parallel_size == 2 and p.distributed_executor_backend == "ray" for p in cfg.profiles)
+
+
+# ---------------------------------------------------------------------------------------------- issue 11, bad input
+
+PROFILE = """
+[[profile]]
+name = "a"
+executable = "/x/vllm"
+model = "m"
+host = "127.0.0.1"
+tensor_parallel_size = 8
+enable_prefix_caching = true
+"""
+
+
+@pytest.mark.parametrize(
+    ("snippet", "key"),
+    [
+        ("[agent]\nsample_interval_s = nan", "agent.sample_interval_s"),
+        ("[agent]\nhang_timeout_s = inf", "agent.hang_timeout_s"),
+        ("[agent]\nbackoff_initial_s = -inf", "agent.backoff_initial_s"),
+        ("[agent.retention]\nraw_days = nan", "agent.retention.raw_days"),
+        ("[agent.retention]\nhour_days = +inf", "agent.retention.hour_days"),
+        ("[sla]\nttft_p99_ms = nan", "sla.ttft_p99_ms"),
+        ("[sla]\nwindow_s = -nan", "sla.window_s"),
+        (PROFILE + "gpu_memory_utilization = nan", "profile[0] (a).gpu_memory_utilization"),
+        (PROFILE + "readiness_timeout_s = inf", "profile[0] (a).readiness_timeout_s"),
+        (PROFILE + "stop_grace_s = nan", "profile[0] (a).stop_grace_s"),
+    ],
+)
+def test_nan_and_inf_are_refused_naming_file_and_key(snippet, key):
+    """nan compares false with every bound: `sample_interval_s = nan` ran an agent that never sampled."""
+    msgs = problems(snippet)
+    assert len(msgs) == 1, msgs
+    assert msgs[0].startswith(f"/etc/lynxtop/config.toml: {key}: "), msgs[0]
+    assert "not a finite number" in msgs[0]
+
+
+def test_every_float_key_of_every_section_refuses_nan():
+    """One place refuses nan for all float keys, including keys added later to any section."""
+    specs = {"agent": config_mod._AGENT_SPEC, "agent.retention": config_mod._RETENTION_SPEC,  # noqa: SLF001
+             "sla": config_mod._SLA_SPEC, "profile": config_mod._PROFILE_SPEC}  # noqa: SLF001
+    float_keys = 0
+    for section, spec in specs.items():
+        for key, conv in spec.items():
+            for bad in (float("nan"), float("inf"), float("-inf")):
+                try:
+                    conv(key, bad)
+                except config_mod._Bad as exc:  # noqa: SLF001
+                    if "expected" not in str(exc):  # a float key (others refuse the type)
+                        assert "not a finite number" in str(exc), f"{section}.{key}: {exc}"
+                        float_keys += 1
+                else:
+                    pytest.fail(f"{section}.{key} accepted {bad}")
+    assert float_keys >= 3 * 15
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--tensor_parallel_size", "2"], "--tensor_parallel_size (vLLM reads it as --tensor-parallel-size) is owned "
+                                          "by the typed key tensor_parallel_size"),
+        (["--tensor-parallel-size=2"], "--tensor-parallel-size=2 is owned by the typed key tensor_parallel_size"),
+        (["--tensor-par", "2"], "prefix of --tensor-parallel-size"),
+        (["-t", "2"], "-t is a prefix of -tp"),
+        (["--hos", "0.0.0.0"], "--hos is a prefix of --host (vLLM expands an unambiguous prefix"),
+        (["--hos=0.0.0.0"], "--hos=0.0.0.0 is a prefix of --host"),
+        (["--host=0.0.0.0"], "--host=0.0.0.0 is owned by the typed key host"),
+        (["--uds", "/tmp/v.sock"], "owned by the typed key host/port"),
+        (["--no-enable-prefix-caching"], "--no-enable-prefix-caching is owned by the typed key enable_prefix_caching"),
+        (["--no_enable_prefix_caching"], "owned by the typed key enable_prefix_caching"),
+        (["--no-enable-prefix"], "prefix of --no-enable-prefix-caching"),
+        (["--no-trust-remote-code"], "owned by the typed key trust_remote_code"),
+        (["-ep"], "owned by the typed key enable_expert_parallel"),
+        (["-qfp8"], "-qfp8 is -q fp8 (value attached), owned by the typed key quantization"),
+        (["--device-memory-utilization", "0.5"], "owned by the typed key gpu_memory_utilization"),
+        (["--max-num", "8"], "prefix of --max-num-batched-tokens, --max-num-seqs"),
+        (["--gpu_memory_utilization.x", "1"], "owned by the typed key gpu_memory_utilization"),
+    ],
+)
+def test_extra_args_cannot_override_a_typed_flag(args, words):
+    """Normalised as vLLM does (`_`, `=`, abbreviations): `--hos 0.0.0.0` bound the server to every interface."""
+    msgs = problems(PROFILE + f"extra_args = {json.dumps(args)}")
+    assert len(msgs) == 1, msgs
+    assert msgs[0].startswith("/etc/lynxtop/config.toml: profile[0] (a).extra_args: "), msgs[0]
+    assert words in msgs[0], msgs[0]
+    assert "use the typed key instead of extra_args" in msgs[0]
+
+
+def test_unowned_flags_and_values_stay_accepted():
+    """The owned-flag check must not refuse vLLM's other flags, their abbreviations or negative values."""
+    args = ["--enforce-eager", "--max-num-partial-prefills", "2", "--data-parallel-size-local", "1", "-dpl", "1",
+            "--seed", "-1", "-O3", "--speculative-config", '{"method": "mtp"}', "--enable-chunked-prefill",
+            "--max_logprobs=5", "--kv-cache-memory-bytes", "1G", "--pooler-config", "{}"]
+    cfg = parse_config(PROFILE + f"extra_args = {json.dumps(args)}", source="t.toml")
+    assert cfg.profiles[0].argv()[-len(args):] == args
+    for flag in OWNED_FLAGS:  # every owned flag, exactly, is refused
+        with pytest.raises(ConfigError, match="owned by the typed key"):
+            parse_config(PROFILE + f'extra_args = ["{flag}"]', source="t.toml")
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ('{ "VLLM_A=B" = "x" }', "'VLLM_A=B' is not a valid environment variable name"),
+        ('{ "VLLM_A\\u0000B" = "x" }', "'VLLM_A\\x00B' is not a valid environment variable name"),
+        ('{ "" = "x" }', "'' is not a valid environment variable name"),
+        ('{ VLLM_A = "x\\u0000y" }', "value of VLLM_A contains a NUL character"),
+    ],
+)
+def test_env_names_and_values_that_cannot_reach_execve_are_refused(env, words):
+    """A name with '=' or NUL, or a value with NUL, passed `config check` and failed at spawn with a traceback."""
+    msgs = problems(PROFILE + f"env = {env}")
+    assert len(msgs) == 1, msgs
+    assert msgs[0].startswith("/etc/lynxtop/config.toml: profile[0] (a).env: "), msgs[0]
+    assert words in msgs[0], msgs[0]
+
+
+@pytest.mark.parametrize("size", [108, 200, SOCKET_PATH_MAX + 1])
+def test_socket_path_longer_than_the_agent_can_bind_is_refused(size):
+    path = "/run/" + "s" * (size - len("/run/"))
+    msgs = problems(f'[agent]\nsocket = "{path}"')
+    assert len(msgs) == 1, msgs
+    assert msgs[0].startswith("/etc/lynxtop/config.toml: agent.socket: control socket path "), msgs[0]
+    assert f"is {size} bytes; at most {SOCKET_PATH_MAX} fit" in msgs[0]
+    ok = "/run/" + "s" * (SOCKET_PATH_MAX - len("/run/"))
+    assert parse_config(f'[agent]\nsocket = "{ok}"').agent.socket == Path(ok)
+
+
+def test_default_socket_path_too_long_is_refused(monkeypatch):
+    monkeypatch.setenv("RUNTIME_DIRECTORY", "/run/" + "d" * 120)
+    msgs = problems("")
+    assert len(msgs) == 1 and msgs[0].startswith("/etc/lynxtop/config.toml: agent.socket: "), msgs
+    assert "(the default; set [agent] socket)" in msgs[0]
+
+
+def _with_exe(tmp_path: Path, exe: str) -> Config:
+    f = tmp_path / "c.toml"
+    f.write_text(PROFILE.replace("/x/vllm", exe))
+    return load_config(str(f))
+
+
+def test_executable_missing_not_executable_or_a_directory_named_with_file_and_key(tmp_path):
+    f = tmp_path / "c.toml"
+    assert host_problems(_with_exe(tmp_path, str(fake_vllm(tmp_path)))) == []
+    missing = tmp_path / "nope" / "vllm"
+    assert host_problems(_with_exe(tmp_path, str(missing))) == [
+        f"{f}: profile[0] (a).executable: {missing} does not exist"]
+    plain = tmp_path / "plain"
+    plain.write_text("#!/bin/sh\n")
+    plain.chmod(0o644)
+    (msg,) = host_problems(_with_exe(tmp_path, str(plain)))
+    assert msg.startswith(f"{f}: profile[0] (a).executable: {plain} is not executable by ") and "mode 644" in msg
+    (msg,) = host_problems(_with_exe(tmp_path, str(tmp_path)))
+    assert msg == f"{f}: profile[0] (a).executable: {tmp_path} is a directory, not an executable file"
+    link = tmp_path / "dangling"
+    link.symlink_to(tmp_path / "gone")
+    (msg,) = host_problems(_with_exe(tmp_path, str(link)))
+    assert "is a symbolic link to" in msg and "which does not exist" in msg
