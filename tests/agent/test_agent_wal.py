@@ -1,0 +1,82 @@
+"""The real agent keeps every tick when an operator opens its live database read-write from outside.
+
+Repro of issue 11 section 1: the agent serves /v1/runs (its in-process reader opens the file), then
+`sqlite3 DB 'PRAGMA quick_check'` runs from another process. The agent used to lose its locks to the
+reader's header check, the outside process unlinked the -wal/-shm, and every tick after that was gone
+after the next agent restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_agent_e2e import Agent, _config, cleanup, db  # noqa: F401 - cleanup is a fixture
+
+pytestmark = pytest.mark.timeout(120)
+
+SQLITE3 = shutil.which("sqlite3")
+
+
+def outside_rw_open(path: Path) -> str:
+    if SQLITE3:
+        cmd = [SQLITE3, str(path), "PRAGMA quick_check"]
+    else:
+        print("sqlite3 CLI not found: using a python -c sqlite3 subprocess as the outside process")
+        cmd = [sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+               "print(c.execute('PRAGMA quick_check').fetchone()[0]); c.close()", str(path)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+
+
+def deleted_fds(pid: int, path: Path) -> list[str]:
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(f"{os.path.realpath(path)}-") and target.endswith(" (deleted)"):
+            out.append(target)
+    return out
+
+
+async def test_outside_sqlite3_on_a_live_agent_loses_no_tick_across_a_restart(tmp_path, cleanup):  # noqa: F811
+    cfg = _config(tmp_path, autostart=False)  # sampling needs no server: host samples every 0.2 s
+    path = tmp_path / "state" / "lynxtop.db"
+    a = Agent(tmp_path, cfg)
+    cleanup.append(a)
+    await a.wait_notify("READY=1")
+    await asyncio.sleep(1.0)
+    for call in ("/v1/runs", "/v1/events"):  # the agent's own reader opens the file
+        code, _ = await a.api("GET", call)
+        assert code == 200
+    assert await asyncio.to_thread(outside_rw_open, path) == "ok"
+    outside_ms = int(time.time() * 1000)
+    await asyncio.sleep(3.0)  # ticks after the outside open: the ones that used to be lost
+    assert deleted_fds(a.proc.pid, path) == [], "the agent is writing into an unlinked WAL"
+    st = (await a.status())["agent"]
+    assert st["healthy"] and st["store"]["wal_unlinked"] is None, st
+    stop_ms = int(time.time() * 1000)
+    assert a.stop() == 0, a.output()
+
+    b = Agent(tmp_path, cfg, name="agent2")  # the restart
+    cleanup.append(b)
+    await b.wait_notify("READY=1")
+    await asyncio.sleep(0.5)
+    assert b.stop() == 0, b.output()
+
+    second = max(r["ts_ms"] for r in db(tmp_path, "SELECT ts_ms FROM events WHERE kind = 'agent.started'"))
+    ts = [r["ts_ms"] for r in db(tmp_path, "SELECT ts_ms FROM host_samples WHERE ts_ms < ? ORDER BY ts_ms",
+                                 (second,))]
+    gaps = [(x, y - x) for x, y in zip(ts, ts[1:], strict=False) if y - x > 1500]
+    assert not gaps, f"ticks missing after the first agent's restart: {gaps}"
+    assert ts[-1] >= stop_ms - 1500, (f"the first agent's last surviving tick is {stop_ms - ts[-1]} ms before "
+                                      f"it stopped ({ts[-1] - outside_ms} ms after the outside open)")
+    assert ts[0] < outside_ms
+    assert db(tmp_path, "SELECT count(*) AS n FROM events WHERE kind = 'agent.stopped'")[0]["n"] == 2
