@@ -80,3 +80,42 @@ async def test_outside_sqlite3_on_a_live_agent_loses_no_tick_across_a_restart(tm
                                       f"it stopped ({ts[-1] - outside_ms} ms after the outside open)")
     assert ts[0] < outside_ms
     assert db(tmp_path, "SELECT count(*) AS n FROM events WHERE kind = 'agent.stopped'")[0]["n"] == 2
+
+
+async def test_agent_notices_an_unlinked_wal_reports_it_and_keeps_every_tick(tmp_path, cleanup):  # noqa: F811
+    """An operator's `rm lynxtop.db-wal lynxtop.db-shm` on a live node: noticed, reported, nothing lost."""
+    cfg = _config(tmp_path, autostart=False)
+    path = tmp_path / "state" / "lynxtop.db"
+    a = Agent(tmp_path, cfg)
+    cleanup.append(a)
+    await a.wait_notify("READY=1")
+    assert (await a.api("GET", "/v1/runs"))[0] == 200
+    await asyncio.sleep(1.0)
+    for side in ("-wal", "-shm"):
+        os.unlink(f"{path}{side}")
+    unlinked_ms = int(time.time() * 1000)
+    deadline = time.monotonic() + 20
+    store: dict = {}
+    while time.monotonic() < deadline:
+        st = await a.status()
+        store = st["agent"]["store"]
+        if store.get("wal_recovered"):
+            break
+        await asyncio.sleep(0.1)
+    assert store.get("wal_unlinked") and store["wal_recovered"] is True, store
+    assert st["agent"]["healthy"], st["agent"]
+    assert deleted_fds(a.proc.pid, path) == []
+    code, body = await a.api("GET", f"/v1/events?since={unlinked_ms - 5000}")
+    assert code == 200
+    crit = [e for e in body["events"] if e["kind"] == "store.wal_unlinked"]
+    assert len(crit) == 1 and crit[0]["severity"] == "critical", body["events"]
+    text = subprocess.run([sys.executable, "-m", "lynxtop", "status", "--socket", a.sock_path], capture_output=True,
+                          text=True, timeout=30).stdout
+    assert "WAL UNLINKED" in text and "recovered" in text, text
+    await asyncio.sleep(1.5)
+    stop_ms = int(time.time() * 1000)
+    assert a.stop() == 0, a.output()
+    ts = [r["ts_ms"] for r in db(tmp_path, "SELECT ts_ms FROM host_samples ORDER BY ts_ms")]
+    gaps = [(x, y - x) for x, y in zip(ts, ts[1:], strict=False) if y - x > 1500]
+    assert not gaps, f"ticks lost around the unlink: {gaps}"
+    assert ts[0] < unlinked_ms - 500 and ts[-1] >= stop_ms - 1500
