@@ -466,7 +466,12 @@ class Node:
         age = self._tick_age()
         if age is None:  # not ticked yet: healthy during the first `limit` seconds only
             age = time.monotonic() - self.started_mono
-        return age < limit and self._writer_alive()
+        return age < limit and self._writer_alive() and not self._wal_at_risk()
+
+    def _wal_at_risk(self) -> bool:
+        """The history's WAL was unlinked under the agent and the writer has not recovered from it yet."""
+        ws = self.writer.stats() if self.writer is not None else {}
+        return bool(ws.get("wal_unlinked")) and not ws.get("wal_recovered")
 
     # ------------------------------------------------------------------------------------------ status
 
@@ -484,6 +489,10 @@ class Node:
         if self.missed_ticks:
             parts.append(f"{self.missed_ticks} missed ticks" + (f" ({self.failed_ticks} failed)"
                                                                  if self.failed_ticks else ""))
+        ws = self.writer.stats() if self.writer is not None else {}
+        if ws.get("wal_unlinked"):
+            parts.append("history WAL was unlinked: " + ("recovered" if ws.get("wal_recovered")
+                                                         else "NOT recovered, history at risk"))
         return "; ".join(parts)
 
     def status(self) -> dict[str, Any]:
@@ -514,7 +523,9 @@ class Node:
                 "nvml": {k: self.gpu_view.nvml.get(k, "") for k in ("state", "message", "driver_version",
                                                                     "nvml_version")},
                 "store": {"path": str(self.cfg.agent.database), "queued": ws.get("queued"),
-                          "dropped": ws.get("dropped"), "last_error": ws.get("last_error")},
+                          "dropped": ws.get("dropped"), "last_error": ws.get("last_error"),
+                          "wal_unlinked": ws.get("wal_unlinked"), "wal_unlinked_ms": ws.get("wal_unlinked_ms"),
+                          "wal_recovered": ws.get("wal_recovered")},
                 "action": sup.action_status(),
                 "live_restore": self.cfg.agent.live_restore,
             },
