@@ -586,9 +586,10 @@ def executable_problem(path: str) -> str | None:
     try:
         st = p.stat()
     except FileNotFoundError:
-        if p.is_symlink():
+        try:
             return f"{path} is a symbolic link to {os.readlink(p)!r}, which does not exist"
-        return f"{path} does not exist"
+        except OSError:  # not a link (or gone meanwhile)
+            return f"{path} does not exist"
     except OSError as exc:
         return f"{path} cannot be checked: {exc.strerror or exc}"
     if stat.S_ISDIR(st.st_mode):
