@@ -6,8 +6,16 @@ import json
 import shlex
 import sys
 from argparse import Namespace
+from pathlib import Path
 
-from lynxtop.agent.config import Config, ConfigError, config_as_dict, host_problems, load_config
+from lynxtop.agent.config import (
+    Config,
+    ConfigError,
+    config_as_dict,
+    host_problems,
+    load_config,
+    socket_path_problem,
+)
 
 # Commands that also check this node (each profile's executable exists and is executable): the agent, and
 # `config check`, which must give the agent's verdict word for word. Clients (status, stop, the dashboard) only
@@ -26,6 +34,10 @@ def load_or_exit(args: Namespace, host: bool | None = None) -> Config | None:
         if host is None:
             host = getattr(args, "handler", None) in _HOST_CHECKED
         problems = host_problems(cfg) if host else []
+        override = getattr(args, "socket", None)
+        if host and override:  # `lynxtop agent --socket PATH` replaces [agent] socket: the same check applies
+            problem = socket_path_problem(Path(override).expanduser().absolute())
+            problems += [f"--socket: {problem}"] if problem else []
     except ConfigError as exc:
         problems = exc.problems
     for line in problems:

@@ -145,3 +145,20 @@ def test_nan_refused_by_config_check_and_agent(tmp_path):
     assert check.stderr == f"lynxtop: config error: {path}: agent.sample_interval_s: nan is not a finite number " \
                            "(nan and inf are refused)\n"
     assert agent.stderr == check.stderr
+
+
+def test_agent_socket_override_gets_the_same_length_check(tmp_path):
+    """`lynxtop agent --socket PATH` replaces [agent] socket: a path it cannot bind is refused up front, exit 2."""
+    exe = tmp_path / "vllm"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    path = _config(tmp_path, str(exe))
+    long = tmp_path / ("s" * max(1, 110 - len(str(tmp_path)) - 1))
+    try:
+        r = subprocess.run([sys.executable, "-m", "lynxtop", "agent", "--config", str(path), "--socket", str(long)],
+                           capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the agent started with a socket path it cannot bind")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"lynxtop: config error: --socket: control socket path '{long}' is "), r.stderr
+    assert not (tmp_path / "state").exists()
