@@ -34,6 +34,21 @@ def outside_rw_open(path: Path) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
 
 
+async def tick_for(agent: Agent, seconds: float) -> None:
+    """Let the agent run, reading its sd_notify messages (a full notify socket would stall its loop)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        agent.drain()
+        await asyncio.sleep(0.1)
+
+
+def holes(ts: list[int], until_ms: int, interval_ms: int = 200) -> int:
+    """Ticks missing between consecutive samples taken before `until_ms`."""
+    before = [t for t in ts if t <= until_ms]
+    return sum(round((y - x) / interval_ms) - 1 for x, y in zip(before, before[1:], strict=False)
+               if y - x > 1.5 * interval_ms)
+
+
 def deleted_fds(pid: int, path: Path) -> list[str]:
     out = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -52,18 +67,19 @@ async def test_outside_sqlite3_on_a_live_agent_loses_no_tick_across_a_restart(tm
     a = Agent(tmp_path, cfg)
     cleanup.append(a)
     await a.wait_notify("READY=1")
-    await asyncio.sleep(1.0)
+    await tick_for(a, 1.0)
     for call in ("/v1/runs", "/v1/events"):  # the agent's own reader opens the file
         code, _ = await a.api("GET", call)
         assert code == 200
     assert await asyncio.to_thread(outside_rw_open, path) == "ok"
     outside_ms = int(time.time() * 1000)
-    await asyncio.sleep(5.0)  # ticks after the outside open: the ones that used to be lost
+    await tick_for(a, 5.0)  # ticks after the outside open: the ones that used to be lost
     assert deleted_fds(a.proc.pid, path) == [], "the agent is writing into an unlinked WAL"
     st = (await a.status())["agent"]
     assert st["healthy"] and st["store"]["wal_unlinked"] is None, st
     stop_ms = int(time.time() * 1000)
     assert a.stop() == 0, a.output()
+    missed = st["missed_ticks"] + 10  # the clock's own skips on a loaded box (and the last moments before stop)
 
     b = Agent(tmp_path, cfg, name="agent2")  # the restart
     cleanup.append(b)
@@ -74,8 +90,12 @@ async def test_outside_sqlite3_on_a_live_agent_loses_no_tick_across_a_restart(tm
     second = max(r["ts_ms"] for r in db(tmp_path, "SELECT ts_ms FROM events WHERE kind = 'agent.started'"))
     ts = [r["ts_ms"] for r in db(tmp_path, "SELECT ts_ms FROM host_samples WHERE ts_ms < ? ORDER BY ts_ms",
                                  (second,))]
-    gaps = [(x, y - x) for x, y in zip(ts, ts[1:], strict=False) if y - x > 2500]  # room for a loaded CI box
-    assert not gaps, f"ticks missing after the first agent's restart: {gaps}"
+    # every tick the agent took is there: the only holes are ticks its clock skipped (counted as missed)
+    n = holes(ts, stop_ms)
+    assert n <= missed, (f"{n} ticks missing after the first agent's restart (it missed {missed - 10}); "
+                             f"outside open at {outside_ms}, first {ts[0]}, stop {stop_ms}, gaps "
+                             f"{[(x, y - x) for x, y in zip(ts, ts[1:], strict=False) if y - x > 300]}\n"
+                             f"{(tmp_path / 'agent.log').read_text(errors='replace')[-3000:]}")
     assert ts[-1] >= stop_ms - 2500, (f"the first agent's last surviving tick is {stop_ms - ts[-1]} ms before "
                                       f"it stopped ({ts[-1] - outside_ms} ms after the outside open)")
     assert ts[0] < outside_ms
@@ -90,7 +110,7 @@ async def test_agent_notices_an_unlinked_wal_reports_it_and_keeps_every_tick(tmp
     cleanup.append(a)
     await a.wait_notify("READY=1")
     assert (await a.api("GET", "/v1/runs"))[0] == 200
-    await asyncio.sleep(1.0)
+    await tick_for(a, 1.0)
     for side in ("-wal", "-shm"):
         os.unlink(f"{path}{side}")
     unlinked_ms = int(time.time() * 1000)
@@ -112,10 +132,11 @@ async def test_agent_notices_an_unlinked_wal_reports_it_and_keeps_every_tick(tmp
     text = subprocess.run([sys.executable, "-m", "lynxtop", "status", "--socket", a.sock_path], capture_output=True,
                           text=True, timeout=30).stdout
     assert "WAL UNLINKED" in text and "recovered" in text, text
-    await asyncio.sleep(1.5)
+    await tick_for(a, 1.5)
+    missed = (await a.status())["agent"]["missed_ticks"] + 10  # the clock's own skips on a loaded box
     stop_ms = int(time.time() * 1000)
     assert a.stop() == 0, a.output()
     ts = [r["ts_ms"] for r in db(tmp_path, "SELECT ts_ms FROM host_samples ORDER BY ts_ms")]
-    gaps = [(x, y - x) for x, y in zip(ts, ts[1:], strict=False) if y - x > 2500]  # room for a loaded CI box
-    assert not gaps, f"ticks lost around the unlink: {gaps}"
+    n = holes(ts, stop_ms)
+    assert n <= missed, f"{n} ticks lost around the unlink at {unlinked_ms} (missed {missed - 10})"
     assert ts[0] < unlinked_ms - 500 and ts[-1] >= stop_ms - 2500
