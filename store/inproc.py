@@ -23,6 +23,14 @@ class Detachable(Protocol):
 
 _lock = threading.Lock()
 _readers: dict[str, weakref.WeakSet] = {}
+_renewing: dict[str, threading.Lock] = {}
+
+
+def renewal_lock(path: Path) -> threading.Lock:
+    """Held by the writer while it renews its connection, and by a reader while it reconnects, so a
+    reader never attaches to the old (deleted) -shm mapping in the middle of a renewal."""
+    with _lock:
+        return _renewing.setdefault(key(path), threading.Lock())
 
 
 def key(path: Path) -> str:

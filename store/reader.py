@@ -93,7 +93,8 @@ class StoreReader:
         """The connection, reopened if the writer detached it (see store/inproc.py)."""
         with self._lock:
             if self._conn is None:
-                self._conn = self._connect()
+                with inproc.renewal_lock(self.path):
+                    self._conn = self._connect()
             return self._conn
 
     def detach(self, timeout: float) -> bool:

@@ -701,7 +701,8 @@ class StoreWriter:
             with self._cv:
                 self._wal_unlinked, self._wal_unlinked_ms = msg, _now_ms(self.clock)
                 self._wal_recovered = False
-        recovered, how = self._renew(gone)
+        with inproc.renewal_lock(self.path):
+            recovered, how = self._renew(gone)
         with self._cv:
             self._wal_recovered = recovered
             base = (self._wal_unlinked or "").split("; recovery: ")[0]

@@ -154,3 +154,49 @@ def test_close_saves_an_unlinked_wal_not_yet_noticed(tmp_path):
     w.close()
     assert ticks_seen_by_another_process(db) == expected
     reader.close()
+
+
+def test_recovery_while_an_in_process_reader_is_busy(tmp_path):
+    """The agent's reader answering API calls in a loop: the renewal waits for it, the reader never fails."""
+    import threading
+
+    db = tmp_path / "lynxtop.db"
+    w = StoreWriter(db, wal_check_interval_s=0.1)
+    w.start()
+    reader = StoreReader(db)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            try:
+                reader.latest("host", n=5)
+                reader.events(limit=5)
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                errors.append(exc)
+                return
+
+    t = threading.Thread(target=hammer)
+    t.start()
+    try:
+        expected = submit(w, 10, gpus=1)
+        assert w.flush()
+        with open(db, "rb"):
+            pass
+        outside_rw_open(db)
+        for i in range(10, 40):  # ticks keep coming while it is noticed and renewed
+            expected += submit(w, 1, start_i=i, gpus=1)
+            time.sleep(0.05)
+        assert w.flush()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not w.stats()["wal_recovered"]:
+            time.sleep(0.05)
+        assert w.stats()["wal_recovered"] is True, w.stats()["wal_unlinked"]
+    finally:
+        stop.set()
+        t.join(10)
+    assert not errors, errors
+    assert inproc.unlinked_files(db) == []
+    w.close()
+    reader.close()
+    assert ticks_seen_by_another_process(db) == expected
