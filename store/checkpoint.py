@@ -12,9 +12,11 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from urllib.parse import quote
 
+from lynxtop.store import inproc
 from lynxtop.store.schema import BUSY_TIMEOUT_MS
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,8 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
         self.runs = 0
+        self._next_scan = 0.0
+        self._unlinked = False
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="lynxtop-store-checkpoint", daemon=True)
@@ -49,12 +53,25 @@ class Checkpointer:
             self._thread.join(timeout=10)
             self._thread = None
 
+    def _wal_unlinked(self) -> bool:
+        """inproc.unlinked_files, at most every 2 s (a scan of /proc/self/fd is ~3 ms at 500 descriptors)."""
+        now = time.monotonic()
+        if now >= self._next_scan:
+            self._next_scan = now + 2.0
+            self._unlinked = bool(inproc.unlinked_files(self.path))
+        return self._unlinked
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self.interval_s)
             self._wake.clear()
             if self._stop.is_set():
                 return
+            if self._wal_unlinked():
+                # The -wal/-shm were unlinked under this process: a new connection would pair the old
+                # (deleted) wal-index with a new -wal file. The writer copies its frames and renews.
+                self._stop.wait(self.interval_s)
+                continue
             try:
                 # A fresh connection each time: cheap, and it follows the file if the writer replaced it.
                 conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=rw", uri=True,
