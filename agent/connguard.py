@@ -21,6 +21,8 @@ import json
 import logging
 import os
 import resource
+import socket
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,12 +36,14 @@ _log = logging.getLogger("lynxtop.connguard")
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 FD_RESERVE = 256  # descriptors kept free of listeners: NVML, /proc reads, SQLite, vLLM pipes and logs, threads
 FD_SOFT_CEILING = 65536  # the soft limit is raised toward the hard one, but not beyond this (children inherit it)
-REFUSE_LINGER_S = 1.0  # a refused connection stays half-closed this long so the client can read the 503
-# asyncio accepts up to `backlog` connections per readiness event before any of them reaches the guard, and a
-# closed one frees its descriptor an iteration later: a burst can overshoot the cap by a few batches, so the
-# batch is kept small and the overshoot is budgeted.
-ACCEPT_BACKLOG = 32
-ACCEPT_BURST = 4 * ACCEPT_BACKLOG
+# connections accepted per readiness event; an evicted connection frees its descriptor an iteration later, so
+# a burst can overshoot the cap by a couple of batches: budgeted
+ACCEPT_BACKLOG = 64
+ACCEPT_BURST = 2 * ACCEPT_BACKLOG
+# the kernel's queue is long (it costs the agent no descriptor): a full queue makes a unix-socket connect fail
+# at once with EAGAIN, so `lynxtop status` would fail during a flood instead of waiting its turn
+LISTEN_QUEUE = 4096  # the kernel clamps it to net.core.somaxconn
+REFUSAL_TEXTS_PER_S = 20  # refusals written out per second and listener; past that a flood's are just closed
 MIN_CAP = 8
 
 
@@ -84,40 +88,48 @@ class Episodes:
                 self.end(key)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Conn:
-    transport: asyncio.BaseTransport
-    since: float  # opened, or its last request answered: when it started waiting on its client
+    peer: str  # "pid 123 uid 1000" on the unix socket, the address on TCP
+    since: float  # accepted, or its last request answered: when it started waiting on its client
+    transport: asyncio.BaseTransport | None = None  # None until asyncio has made the transport
     requests: int = 0
     busy: int = 0  # requests being handled now
 
 
 class ConnectionGuard:
-    """Caps and times out the connections of one listener; see the module docstring for the policy."""
+    """Caps and times out the connections of one listener; see the module docstring for the policy.
+
+    One client (a process on the unix socket, an address on TCP) may hold at most `per_client` connections: past
+    that, its own oldest idle connection gives way if it has waited `grace_s`, else the new one is refused at
+    once (cheaply, before any HTTP machinery exists). So a client that floods the listener competes with itself,
+    and another client's `lynxtop status` finds a free slot.
+    """
 
     def __init__(self, name: str, max_connections: int, request_timeout_s: float, setting: str,
                  json_refusal: bool = True, log: Callable[[str], None] | None = None,
-                 episodes: Episodes | None = None, clock: Callable[[], float] = time.monotonic):
+                 episodes: Episodes | None = None, clock: Callable[[], float] = time.monotonic,
+                 per_client: int | None = None):
         self.name = name
         self.max_connections = max(1, int(max_connections))
+        self.per_client = per_client or max(4, self.max_connections // 4)
         self.request_timeout_s = float(request_timeout_s)
+        self.grace_s = min(1.0, self.request_timeout_s / 2)
         self.setting = setting  # the config key, named in the refusal
         self.json_refusal = json_refusal
         self.log = log or _log.warning
         self.episodes = episodes or Episodes(self.log)
         self.clock = clock
-        self.max_lingering = max(4, min(32, self.max_connections // 8))
-        self.conns: dict[GuardedProtocol, _Conn] = {}  # insertion order = oldest first
+        self.conns: dict[_Conn, None] = {}  # insertion order = oldest first
+        self.by_peer: dict[str, dict[_Conn, None]] = {}
+        # a lower bound of the `since` of each client's connections: refusing a flooding client stays O(1)
+        self._peer_since: dict[str, float] = {}
         self._by_handler: dict[Any, _Conn] = {}
-        self._lingering = 0
         self._sweeper: asyncio.TimerHandle | None = None
+        self._refusals: dict[str, bytes] = {}  # the 503 for each reason, built once
         self.accepted = self.refused = self.evicted = self.timed_out = 0
 
     # ------------------------------------------------------------------------------------------ wiring
-
-    def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
-        """A protocol factory for `loop.create_server` that admits connections through this guard."""
-        return lambda: GuardedProtocol(self, factory)
 
     def start(self) -> None:
         self._schedule()
@@ -126,8 +138,8 @@ class ConnectionGuard:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        for conn in list(self.conns.values()):
-            conn.transport.close()
+        for conn in list(self.conns):
+            self._close(conn)
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
@@ -144,52 +156,87 @@ class ConnectionGuard:
             conn.since = self.clock()
 
     def stats(self) -> dict[str, Any]:
-        return {"open": len(self.conns), "max": self.max_connections, "accepted": self.accepted,
-                "refused": self.refused, "evicted": self.evicted, "timed_out": self.timed_out}
+        return {"open": len(self.conns), "max": self.max_connections, "per_client": self.per_client,
+                "accepted": self.accepted, "refused": self.refused, "evicted": self.evicted,
+                "timed_out": self.timed_out}
 
     # ------------------------------------------------------------------------------------------ policy
 
-    def admit(self, proto: GuardedProtocol, transport: asyncio.BaseTransport) -> bool:
-        if len(self.conns) >= self.max_connections and not self._evict_one():
-            self.refused += 1
-            self.episodes.hit(f"{self.name}.refused", f"{self.name}: all {self.max_connections} connections are "
-                              f"handling requests; refusing new ones with 503 ([agent] {self.setting})")
-            return False
+    def admit(self, peer: str) -> _Conn | str:
+        """A record for a new connection from `peer`, or the reason it is refused."""
+        now = self.clock()
+        mine = self.by_peer.get(peer)
+        if mine is not None and len(mine) >= self.per_client:
+            older_than = now - self.grace_s
+            victim = None
+            if self._peer_since.get(peer, now) <= older_than:
+                victim = self._victim(peer, older_than)
+                if victim is None:
+                    self._peer_since[peer] = min(c.since for c in mine)
+            if victim is None:
+                return self._refuse(f"{peer} holds {self.per_client} connections, one client's share of "
+                                    f"[agent] {self.setting} = {self.max_connections}")
+            self._evict(victim)
+        elif len(self.conns) >= self.max_connections:
+            crowded = max(self.by_peer, key=lambda k: len(self.by_peer[k]))
+            victim = self._victim(crowded, now) or self._victim(None, now)
+            if victim is None:
+                return self._refuse(f"all {self.max_connections} connections are handling requests ([agent] "
+                                    f"{self.setting})")
+            self._evict(victim)
         self.accepted += 1
-        self.conns[proto] = _Conn(transport, self.clock())
-        return True
+        conn = _Conn(peer, now)
+        self.conns[conn] = None
+        if peer not in self.by_peer:
+            self.by_peer[peer] = {}
+            self._peer_since[peer] = now
+        self.by_peer[peer][conn] = None
+        return conn
 
-    def bind_handler(self, proto: GuardedProtocol, handler: Any) -> None:
-        conn = self.conns.get(proto)
-        if conn is not None:
-            self._by_handler[handler] = conn
-
-    def forget(self, proto: GuardedProtocol) -> None:
-        self.conns.pop(proto, None)
-        if proto.inner is not None:
-            self._by_handler.pop(proto.inner, None)
-
-    def _evict_one(self) -> bool:
-        """Close the connection waiting on its client the longest: one that never sent a request first."""
-        victim, best = None, None
-        for proto, conn in self.conns.items():
-            if conn.busy:
+    def _victim(self, peer: str | None, older_than: float) -> _Conn | None:
+        """The connection of `peer` (any peer if None) waiting on its client the longest, never-used ones first."""
+        best, key = None, None
+        for conn in self.conns if peer is None else self.by_peer.get(peer, ()):
+            if conn.busy or conn.transport is None:
                 continue
-            key = (conn.requests > 0, conn.since)
-            if best is None or key < best:
-                victim, best = proto, key
-        if victim is None:
-            return False
-        self.evicted += 1
-        self.episodes.hit(f"{self.name}.full", f"{self.name}: {self.max_connections} connections open (the "
-                          f"limit, [agent] {self.setting}); closing the ones idle the longest to make room")
-        self._close(victim)
-        return True
+            if conn.since > older_than:
+                continue
+            k = (conn.requests > 0, conn.since)
+            if key is None or k < key:
+                best, key = conn, k
+        return best
 
-    def _close(self, proto: GuardedProtocol) -> None:
-        conn = self.conns.get(proto)
-        self.forget(proto)
-        if conn is not None:
+    def _refuse(self, why: str) -> str:
+        self.refused += 1
+        self.episodes.hit(f"{self.name}.refused", f"{self.name}: refusing new connections with 503: {why}")
+        return why
+
+    def _evict(self, conn: _Conn) -> None:
+        self.evicted += 1
+        self.episodes.hit(f"{self.name}.full", f"{self.name}: connection limit reached ([agent] {self.setting} = "
+                          f"{self.max_connections}, {self.per_client} per client); closing the connections idle "
+                          "the longest to make room")
+        self._close(conn)
+
+    def bind_handler(self, conn: _Conn, transport: asyncio.BaseTransport, handler: Any) -> None:
+        conn.transport = transport
+        self._by_handler[handler] = conn
+
+    def forget(self, conn: _Conn, handler: Any = None) -> None:
+        if conn in self.conns:
+            del self.conns[conn]
+            mine = self.by_peer.get(conn.peer)
+            if mine is not None:
+                mine.pop(conn, None)
+                if not mine:
+                    del self.by_peer[conn.peer]
+                    self._peer_since.pop(conn.peer, None)
+        if handler is not None:
+            self._by_handler.pop(handler, None)
+
+    def _close(self, conn: _Conn) -> None:
+        self.forget(conn)
+        if conn.transport is not None:
             conn.transport.close()
 
     def _schedule(self) -> None:
@@ -200,16 +247,20 @@ class ConnectionGuard:
     def _sweep(self) -> None:
         """Close connections that have waited on their client longer than request_timeout_s."""
         now = self.clock()
-        for proto, conn in list(self.conns.items()):
-            if not conn.busy and now - conn.since > self.request_timeout_s:
+        for conn in list(self.conns):
+            if not conn.busy and conn.transport is not None and now - conn.since > self.request_timeout_s:
                 self.timed_out += 1
-                self._close(proto)
+                self._close(conn)
         self.episodes.poll()
         self._schedule()
 
-    def refusal(self) -> bytes:
-        msg = (f"{self.name}: too many connections ({self.max_connections} open and all busy; limit [agent] "
-               f"{self.setting}); try again")
+    def refusal(self, why: str) -> bytes:
+        cached = self._refusals.get(why)
+        if cached is not None:
+            return cached
+        if len(self._refusals) > 256:
+            self._refusals.clear()
+        msg = f"{self.name}: too many connections: {why}; try again"
         if self.json_refusal:
             body = json.dumps({"error": "too_many_connections", "message": msg}).encode()
             ctype = "application/json"
@@ -218,48 +269,31 @@ class ConnectionGuard:
             ctype = "text/plain; charset=utf-8"
         head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                 "Retry-After: 1\r\nConnection: close\r\n\r\n").encode()
+        self._refusals[why] = head + body
         return head + body
 
 
 class GuardedProtocol(asyncio.Protocol):
-    """Stands in front of aiohttp's protocol: admits the connection through the guard or answers 503."""
+    """Stands in front of aiohttp's protocol for one admitted connection, so the guard sees it come and go."""
 
-    def __init__(self, guard: ConnectionGuard, factory: Callable[[], asyncio.Protocol]):
-        self.guard, self.factory = guard, factory
+    def __init__(self, guard: ConnectionGuard, factory: Callable[[], asyncio.Protocol], conn: _Conn):
+        self.guard, self.factory, self.conn = guard, factory, conn
         self.inner: Any = None
-        self.transport: asyncio.BaseTransport | None = None
-        self._linger: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        if self.guard.admit(self, transport):
-            self.inner = self.factory()
-            self.guard.bind_handler(self, self.inner)
-            self.inner.connection_made(transport)
-            return
-        self._refuse(transport)
-
-    def _refuse(self, transport: Any) -> None:
-        g = self.guard
-        with contextlib.suppress(Exception):
-            transport.write(g.refusal())
-        # half-close and keep reading a moment, so the client reads the 503 rather than a reset; bounded
-        if g._lingering < g.max_lingering and transport.can_write_eof():
-            g._lingering += 1
-            with contextlib.suppress(Exception):
-                transport.write_eof()
-            self._linger = asyncio.get_running_loop().call_later(REFUSE_LINGER_S, transport.close)
-        else:
+        if self.conn not in self.guard.conns:  # the listener stopped meanwhile
             transport.close()
+            return
+        self.inner = self.factory()
+        self.guard.bind_handler(self.conn, transport, self.inner)
+        self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         if self.inner is not None:
             self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        if self.inner is not None:
-            return self.inner.eof_received()
-        return None  # refused: the client has read and closed; close our side
+        return self.inner.eof_received() if self.inner is not None else None
 
     def pause_writing(self) -> None:
         if self.inner is not None:
@@ -270,50 +304,149 @@ class GuardedProtocol(asyncio.Protocol):
             self.inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.forget(self.conn, self.inner)
         if self.inner is not None:
-            self.guard.forget(self)
             self.inner.connection_lost(exc)
-        elif self._linger is not None:
-            self._linger.cancel()
-            self._linger = None
-            self.guard._lingering -= 1
+
+
+def _peer_key(conn: socket.socket, addr: Any, unix: bool) -> str:
+    if unix:
+        try:
+            pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                 struct.calcsize("3i")))
+            return f"pid {pid} (uid {uid})"
+        except OSError:
+            return "unix peer"
+    return str(addr[0]) if isinstance(addr, tuple) and addr else "?"
 
 
 class GuardedSite(web.BaseSite):
-    """An aiohttp site whose connections go through a ConnectionGuard (a bound socket, or host and port)."""
+    """An aiohttp site with its own accept loop: every connection is admitted by a ConnectionGuard first.
 
-    def __init__(self, runner: web.BaseRunner, guard: ConnectionGuard, *, sock: Any = None, host: str | None = None,
-                 port: int | None = None, backlog: int = ACCEPT_BACKLOG, reuse_address: bool | None = None):
-        super().__init__(runner, backlog=backlog)
-        self.guard, self.sock, self.host, self.port = guard, sock, host, port
-        self.reuse_address = reuse_address
+    Accepting here, not in asyncio's server, lets a refusal cost one accept, one send and one close, before any
+    transport, task or HTTP parser exists: a client that re-opens thousands of connections a second cannot
+    starve the event loop that answers status and runs the sampling clock.
+    """
+
+    def __init__(self, runner: web.BaseRunner, guard: ConnectionGuard, *, sock: socket.socket | None = None,
+                 host: str | None = None, port: int | None = None, reuse_address: bool = True):
+        super().__init__(runner)
+        self.guard, self.host, self.port, self.reuse_address = guard, host, port, reuse_address
+        self._socks: list[socket.socket] = [sock] if sock is not None else []
+        self._unix = sock is not None
+        self._tasks: set[asyncio.Task] = set()
+        self._texts_second, self._texts_left = 0, REFUSAL_TEXTS_PER_S
 
     @property
     def name(self) -> str:
-        if self.sock is not None:
-            return f"http://unix:{self.sock.getsockname()}:"
+        if self._unix:
+            return f"http://unix:{self._socks[0].getsockname()}:"
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def sockets(self) -> list[socket.socket]:
+        return list(self._socks)
+
+    def _bind_tcp(self) -> None:
+        infos = socket.getaddrinfo(self.host or None, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        seen = set()
+        try:
+            for family, type_, proto, _, addr in infos:
+                if (family, addr) in seen:
+                    continue
+                seen.add((family, addr))
+                s = socket.socket(family, type_, proto)
+                self._socks.append(s)
+                if self.reuse_address:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                s.bind(addr)
+        except OSError:
+            for s in self._socks:
+                s.close()
+            self._socks = []
+            raise
 
     async def start(self) -> None:
         await super().start()  # registers with the runner, which stops it on cleanup
+        if not self._unix:
+            self._bind_tcp()
         loop = asyncio.get_running_loop()
-        server = self._runner.server
-        assert server is not None
-        factory = self.guard.wrap(server)
-        if self.sock is not None:
-            self._server = await loop.create_server(factory, sock=self.sock, backlog=self._backlog)
-        else:
-            self._server = await loop.create_server(factory, self.host, self.port, backlog=self._backlog,
-                                                    reuse_address=self.reuse_address)
+        for s in self._socks:
+            s.setblocking(False)
+            s.listen(LISTEN_QUEUE)
+            loop.add_reader(s.fileno(), self._accept, s)
         self.guard.start()
 
     async def stop(self) -> None:
+        loop = asyncio.get_running_loop()
+        for s in self._socks:
+            with contextlib.suppress(Exception):
+                loop.remove_reader(s.fileno())
+            s.close()
+        for t in list(self._tasks):
+            t.cancel()
         self.guard.stop()
-        await super().stop()
+        self._runner._unreg_site(self)
 
-    @property
-    def sockets(self) -> list[Any]:
-        return list(getattr(self._server, "sockets", None) or [])
+    def _accept(self, lsock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        family = socket.AF_UNIX if self._unix else lsock.family
+        for _ in range(ACCEPT_BACKLOG):
+            try:
+                # socket.accept() without its per-call enum look-ups: a flood makes this the hottest line
+                fd, addr = lsock._accept()
+                conn = socket.socket(family, socket.SOCK_STREAM, 0, fd)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in RESOURCE_ERRNOS:  # out of descriptors: pause this listener, say so once
+                    self.guard.episodes.hit(f"{self.guard.name}.accept", f"{self.guard.name}: accept() fails: "
+                                            f"{exc.strerror}; pausing it 0.5 s at a time")
+                    fd = lsock.fileno()
+                    loop.remove_reader(fd)
+                    loop.call_later(0.5, self._resume, lsock)
+                    return
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
+                    continue  # the client gave up while queued
+                raise
+            peer = _peer_key(conn, addr, self._unix)
+            admitted = self.guard.admit(peer)
+            if isinstance(admitted, str):  # refused: one send and a close, nothing else is made
+                if self._may_write_refusal():
+                    with contextlib.suppress(OSError):
+                        conn.send(self.guard.refusal(admitted), socket.MSG_DONTWAIT)
+                conn.close()
+                continue
+            conn.setblocking(False)
+            record = admitted
+            task = loop.create_task(loop.connect_accepted_socket(
+                lambda r=record: GuardedProtocol(self.guard, server, r), sock=conn))
+            self._tasks.add(task)
+            task.add_done_callback(lambda t, r=record, c=conn: self._made(t, r, c))
+
+    def _may_write_refusal(self) -> bool:
+        """The 503 text for the first REFUSAL_TEXTS_PER_S refusals each second: a flood does not read them, and
+        writing to a unix socket costs more than accepting and closing it."""
+        second = int(time.monotonic())
+        if second != self._texts_second:
+            self._texts_second, self._texts_left = second, REFUSAL_TEXTS_PER_S
+        self._texts_left -= 1
+        return self._texts_left >= 0
+
+    def _made(self, task: asyncio.Task, record: _Conn, conn: socket.socket) -> None:
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            self.guard.forget(record)
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _resume(self, lsock: socket.socket) -> None:
+        if lsock.fileno() >= 0 and lsock in self._socks:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().add_reader(lsock.fileno(), self._accept, lsock)
 
 
 def handler_args(request_timeout_s: float) -> dict[str, Any]:
@@ -352,7 +485,7 @@ def open_fds() -> int | None:
 def plan_descriptors(wanted: dict[str, int], raise_limit: bool = True) -> FdPlan:
     """Raise the soft RLIMIT_NOFILE toward the hard one and fit the listeners' caps under it.
 
-    caps + lingering refusals + an accept burst per listener + what is open now + FD_RESERVE stays under the
+    caps + an accept burst per listener + what is open now + FD_RESERVE stays under the
     soft limit, so a flood of connections can never take the descriptors that sampling, SQLite and the vLLM
     pipes need.
     """
@@ -367,8 +500,7 @@ def plan_descriptors(wanted: dict[str, int], raise_limit: bool = True) -> FdPlan
             except (ValueError, OSError):
                 pass
     open_now = open_fds() or 0
-    linger = {k: max(4, min(32, v // 8)) for k, v in wanted.items()}
-    budget = soft - open_now - FD_RESERVE - sum(linger.values()) - ACCEPT_BURST * len(wanted)
+    budget = soft - open_now - FD_RESERVE - ACCEPT_BURST * len(wanted)
     total = sum(wanted.values())
     caps = dict(wanted)
     reduced = False

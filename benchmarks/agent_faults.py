@@ -4,9 +4,13 @@
 Measures how fast the agent notices each crash (from the kill to its `serving.crash` event), whether any
 process of the killed run is left behind (the EngineCore survives a SIGKILL of the API server by design),
 and whether every crash ends in a new ready run. Runs the real agent (`python -m lynxtop agent`) with the
-simulated vLLM and fake NVML "sim"; nothing touches a GPU.
+simulated vLLM and fake NVML "sim"; nothing touches a GPU. The agent runs under RLIMIT_NOFILE 1024 (soft = hard,
+the limit of the issue 11 incident). After the kills, a slowloris phase (benchmarks/slowloris.py: 1,500 half-sent
+requests on the control socket and 1,100 idle TCP connections to metrics_listen, re-opened as the agent closes
+them) measures status latency, missed ticks and log growth under the flood.
 
-Last line of output: one JSON object {detect_p99_s, detect_median_s, orphans_left, restarts_ok, kills, ...}.
+Last line of output: one JSON object {detect_p99_s, detect_median_s, orphans_left, restarts_ok, kills,
+slowloris_conns_held, status_p99_ms_under_slowloris, ticks_missed_under_slowloris, log_bytes_under_slowloris, ...}.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import slowloris
 
 from lynxtop.agent import procs
 
@@ -70,6 +76,7 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=60.0, help="per restart")
+    ap.add_argument("--slowloris-seconds", type=float, default=20.0, help="0 = no slowloris phase")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="lynxtop-faults-"))
@@ -77,10 +84,12 @@ def main() -> int:
     sock = str(tmp / "agent.sock")
     db = tmp / "state" / "lynxtop.db"
     cfg = tmp / "config.toml"
+    metrics_port = free_port()
     cfg.write_text(f"""
 [agent]
 database = "{db}"
 socket = "{sock}"
+metrics_listen = "127.0.0.1:{metrics_port}"
 fake_nvml = "sim"
 sample_interval_s = 0.2
 default_profile = "sim"
@@ -105,7 +114,8 @@ shutdown_timeout_s = 1
     env.pop("NOTIFY_SOCKET", None)
     log = open(tmp / "agent.log", "wb")  # noqa: SIM115
     agent = subprocess.Popen([sys.executable, "-m", "lynxtop", "agent", "--config", str(cfg)], stdout=log,
-                             stderr=subprocess.STDOUT, env=env)
+                             stderr=subprocess.STDOUT, env=env, preexec_fn=slowloris.agent_limit)
+    flood: dict = {}
     detect: list[float] = []
     orphans = 0
     restarts_ok = 0
@@ -136,6 +146,10 @@ shutdown_timeout_s = 1
             print(f"kill {i + 1}/{args.kills}: run {run_id} pid {pid} ({len(old)} processes) -> run "
                   f"{st['serving']['run_id']}; detected in {detect[-1] if row else float('nan'):.3f} s; "
                   f"left behind: {left}", file=sys.stderr)
+        if args.slowloris_seconds > 0:
+            wait_ready(sock, None, args.timeout)
+            time.sleep(1.0)
+            flood = slowloris.measure(sock, metrics_port, tmp / "agent.log", args.slowloris_seconds)
     finally:
         agent.send_signal(signal.SIGTERM)
         try:
@@ -160,8 +174,13 @@ shutdown_timeout_s = 1
         "restarts_ok": restarts_ok,
         "kills": args.kills,
         "processes_killed_runs": len(all_old),
+        "agent_nofile": slowloris.AGENT_NOFILE,
+        **{k: v for k, v in flood.items() if not k.startswith("agent_")},
     }))
-    return 0 if restarts_ok == args.kills and orphans == 0 else 1
+    flood_ok = not flood or ((flood["status_p99_ms_under_slowloris"] or 1e9) <= 100
+                             and flood["ticks_missed_under_slowloris"] == 0
+                             and flood["log_bytes_under_slowloris"] <= 1 << 20)
+    return 0 if restarts_ok == args.kills and orphans == 0 and flood_ok else 1
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ metrics_listen = "127.0.0.1:{port}"
         api, metrics = a["connections"]["api"], a["connections"]["metrics"]
         assert api["max"] + metrics["max"] < LIMIT - 256
         assert api["open"] <= api["max"] and metrics["open"] <= metrics["max"]
-        assert api["evicted"] > 0 and metrics["evicted"] > 0
+        assert api["refused"] + api["evicted"] > 0 and metrics["refused"] + metrics["evicted"] > 0
         assert a["descriptors"]["open"] < LIMIT - 128, a["descriptors"]
         async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as resp:
             assert resp.status == 200 and "lynxtop_agent_failed_ticks_total 0.0" in await resp.text()
