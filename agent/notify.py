@@ -25,6 +25,7 @@ class Notifier:
         self.watchdog_usec = watchdog_usec if watchdog_usec and watchdog_usec > 0 else None
         self.sent = 0
         self.errors = 0
+        self.last_error: OSError | None = None
         self._last_status = ""
 
     @classmethod
@@ -60,11 +61,14 @@ class Notifier:
             addr = "\0" + addr[1:]  # abstract namespace
         payload = "\n".join(lines).encode()
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-                sock.settimeout(1.0)
+            # never wait: this runs on the agent's event loop, and a receiver that stopped reading (its queue
+            # full) once cost a 1 s stall per message, i.e. missed ticks; a message it cannot take is dropped
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) \
+                    as sock:
                 sock.sendto(payload, addr)
         except OSError as exc:
             self.errors += 1
+            self.last_error = exc
             if self.errors == 1 or self.errors % 100 == 0:
                 log.warning("sd_notify to %s failed (%d failures so far): %s", self.address, self.errors, exc)
             return False

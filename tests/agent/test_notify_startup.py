@@ -61,6 +61,18 @@ def test_notifier_ignores_watchdog_meant_for_another_pid_and_survives_a_dead_soc
     assert not n.ready() and n.errors == 1  # logged, never raised
 
 
+def test_notifier_never_waits_on_a_receiver_that_stopped_reading(dgram):
+    """The agent sends from its event loop: a full receive queue drops the message (EAGAIN) at once instead of
+    blocking the loop until a timeout."""
+    path, _s = dgram  # bound, never read
+    n = Notifier(path)
+    sent = 0
+    while n.send("STATUS=" + "x" * 1000) and sent < 100_000:
+        sent += 1
+    assert sent > 0 and n.errors == 1
+    assert isinstance(n.last_error, BlockingIOError)  # not TimeoutError: nothing waited
+
+
 def test_child_env_strips_systemd_variables_and_adds_profile_env():
     base = {"NOTIFY_SOCKET": "/run/systemd/notify", "WATCHDOG_USEC": "1", "WATCHDOG_PID": "1", "PATH": "/bin"}
     env = child_env({"VLLM_LOGGING_LEVEL": "DEBUG"}, "tok123", base)
