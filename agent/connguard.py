@@ -4,12 +4,17 @@ Why: aiohttp keeps an idle or half-sent connection for an hour (its keepalive_ti
 as many as the kernel hands over, so 1,500 slow clients on the control socket took every descriptor of the
 agent: the API stopped answering, sampling and SQLite failed with EMFILE, and the log filled with tracebacks.
 
-Each listener here holds at most `max_connections`. At the cap, the connection that has waited on its client
-the longest (never sent a request first, then idle keep-alive ones; never one whose request is being handled)
-is closed to make room, so an operator's `lynxtop status` gets through a flood of slow or idle clients. Only
-when every connection has a request in progress is the new one refused with a short 503. A connection that has
-not sent a complete request `request_timeout_s` after it opened or after its last answer (slowloris, idle
-keep-alive) is closed. Descriptor exhaustion and pressure are logged once per episode, never per event.
+Each listener accepts in its own loop (GuardedSite) and admits every connection through a ConnectionGuard:
+- at most `max_connections` at once; one client (a process on the unix socket, an address on TCP) at most a
+  quarter of them. A client over its share competes with itself: its own oldest idle connection gives way once
+  it has waited a second, else the new one is refused. At the cap, the connection that has waited on its client
+  the longest gives way (never-used ones first, never one whose request is being handled); only when all are
+  busy is a new one refused. So a flood of slow or idle connections cannot lock out `lynxtop status`.
+- a refusal is a short 503 written at accept and a close, before any transport, task or HTTP parser exists.
+- a connection that has not sent a complete request `request_timeout_s` after it opened or after its last
+  answer (slowloris, idle keep-alive) is closed; a slow body is bounded by the API's own read timeout.
+- descriptors: the soft RLIMIT_NOFILE is raised and the caps fitted under it with a reserve (plan_descriptors),
+  and running out anyway is logged once per episode (Episodes), never per event.
 """
 
 from __future__ import annotations

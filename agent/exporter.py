@@ -141,11 +141,41 @@ class SnapshotCollector(Collector):
                 fam = cls(name, help_)
                 fam.add_metric([], v)
                 yield fam
+        yield from self._listeners(agent)
         nvml = agent.get("nvml") or {}
         if nvml.get("state"):
             g = GaugeMetricFamily("lynxtop_nvml_ok", "1 when NVML answers normally")
             g.add_metric([], 1.0 if nvml.get("state") == "ok" else 0.0)
             yield g
+
+    def _listeners(self, agent: dict[str, Any]) -> Iterator[Any]:
+        """Connections of the control socket and this endpoint (docs/api.md, connection limits)."""
+        conns = agent.get("connections") or {}
+        for key, cls, name, help_ in (
+            ("open", GaugeMetricFamily, "lynxtop_agent_connections", "Connections open on the listener"),
+            ("max", GaugeMetricFamily, "lynxtop_agent_connections_max", "Connection limit of the listener"),
+            ("refused", CounterMetricFamily, "lynxtop_agent_connections_refused",
+             "Connections refused with 503 (limit reached)"),
+            ("evicted", CounterMetricFamily, "lynxtop_agent_connections_evicted",
+             "Idle or half-sent connections closed to make room"),
+            ("timed_out", CounterMetricFamily, "lynxtop_agent_connections_timed_out",
+             "Connections closed because no complete request came within request_timeout_s"),
+        ):
+            fam = cls(name, help_, labels=["listener"])
+            values = [(listener, _num(st.get(key))) for listener, st in sorted(conns.items())]
+            for listener, v in values:
+                if v is not None:
+                    fam.add_metric([listener], v)
+            if any(v is not None for _, v in values):
+                yield fam
+        fds = agent.get("descriptors") or {}
+        for key, name, help_ in (("open", "lynxtop_agent_open_fds", "Descriptors open in the agent"),
+                                 ("limit", "lynxtop_agent_max_fds", "The agent's soft RLIMIT_NOFILE")):
+            v = _num(fds.get(key))
+            if v is not None:
+                g = GaugeMetricFamily(name, help_)
+                g.add_metric([], v)
+                yield g
 
     def _gpus(self, gpus: list[dict[str, Any]]) -> Iterator[Any]:
         for key, suffix, help_, scale, counter in _GPU:

@@ -259,3 +259,25 @@ async def test_refused_metrics_connection_reads_a_plain_503():
         w.close()
     finally:
         await exp.stop()
+
+
+def test_listener_counters_on_the_metrics_page():
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fake = FakeController()
+    snap = fake.status()
+    snap["agent"].update(failed_ticks=4, connections={
+        "api": {"open": 3, "max": 256, "refused": 7, "evicted": 11, "timed_out": 2},
+        "metrics": {"open": 1, "max": 64, "refused": 0, "evicted": 0, "timed_out": 5}},
+        descriptors={"open": 40, "limit": 65536})
+    exp = MetricsExporter("127.0.0.1:0", lambda: snap)
+    text = generate_latest(exp.registry).decode()
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert got[("lynxtop_agent_failed_ticks_total", ())] == 4
+    assert got[("lynxtop_agent_connections", (("listener", "api"),))] == 3
+    assert got[("lynxtop_agent_connections_refused_total", (("listener", "api"),))] == 7
+    assert got[("lynxtop_agent_connections_evicted_total", (("listener", "api"),))] == 11
+    assert got[("lynxtop_agent_connections_timed_out_total", (("listener", "metrics"),))] == 5
+    assert got[("lynxtop_agent_max_fds", ())] == 65536
