@@ -416,7 +416,9 @@ class GuardedSite(web.BaseSite):
                     return
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
                     continue  # the client gave up while queued
-                raise
+                self.guard.episodes.hit(f"{self.guard.name}.accept_error", f"{self.guard.name}: accept() fails: "
+                                        f"{exc}")  # once per episode, never a traceback per connection
+                return
             peer = _peer_key(conn, addr, self._unix)
             admitted = self.guard.admit(peer)
             if isinstance(admitted, str):  # refused: one send and a close, nothing else is made
