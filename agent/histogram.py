@@ -130,10 +130,15 @@ class SlidingHistogram:
     since this object started (Prometheus' counterCorrection). The window's increase is then newest minus
     baseline, which equals Prometheus' per-series `increase()` over the same samples, resets included; without
     a reset the correction is absent and the figures are the raw differences, bit for bit.
+
+    `corrected=True`: the caller already corrected each series before summing (the scraper does, per engine, as
+    Prometheus' `sum(rate())` does); then only a change of bucket bounds starts over, and a float `_sum` summed in
+    another order (an ulp lower) is never taken for a reset.
     """
 
-    def __init__(self, window_s: float):
+    def __init__(self, window_s: float, corrected: bool = False):
         self.window_s = window_s
+        self.corrected = corrected
         self._snaps: deque[tuple[float, HistogramSnapshot]] = deque()
         self._last: HistogramSnapshot | None = None  # the newest raw snapshot, to detect the next reset
         self._correction: HistogramSnapshot | None = None  # sum of reset corrections so far; None: no reset yet
@@ -151,7 +156,7 @@ class SlidingHistogram:
                 self._snaps.append((last_t, HistogramSnapshot.zero_like(snap)))
                 self._correction = None
                 reset = True
-            else:
+            elif not self.corrected:
                 fix = snap.reset_correction(last)
                 if fix is not None:
                     self._correction = fix if self._correction is None else self._correction.plus(fix)

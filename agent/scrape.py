@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import operator
+import re
 from collections import deque
 from typing import Any
 
@@ -54,18 +56,31 @@ class PageError(ValueError):
     """The page is not a vLLM metrics page we can read; the message says why."""
 
 
+SeriesKey = str  # one series: its sample line up to the value (name and labels, as the page spells them)
+
+
 class ParsedPage:
-    """The values of one page we care about, summed over engines."""
+    """The values of one page we care about, summed over engines.
+
+    `series` keeps each counter series behind those sums (per engine, per `le`), keyed by ("counter", key),
+    ("bucket" | "sum" | "count", histogram key): Prometheus detects a counter reset per series, before summing.
+    Values are kept as the page's text (compared as text first: most series do not move between two ticks).
+    """
 
     def __init__(self) -> None:
         self.counters: dict[str, float] = {}
         self.gauges: dict[str, float] = {}
         self.histograms: dict[str, HistogramSnapshot] = {}
+        self.series: dict[tuple[str, str], dict[SeriesKey, str]] = {}
 
 
 _HIST_NAMES = frozenset(n for ns in HISTOGRAMS.values() for n in ns)
 _SUM_NAMES = frozenset(n for ns in (*COUNTERS.values(), *GAUGES_SUM.values()) for n in ns)
 _MAX_NAMES = frozenset(n for ns in GAUGES_MAX.values() for n in ns)
+_COUNTER_NAMES = frozenset(n for ns in COUNTERS.values() for n in ns)
+_SERIES_NAMES = _COUNTER_NAMES | frozenset(h + s for h in _HIST_NAMES for s in ("_bucket", "_sum", "_count"))
+_FIRST = operator.itemgetter(0)
+_LE = re.compile(r'[{,]\s*le\s*=\s*"([^"]*)"')
 _WANTED_SAMPLES = _SUM_NAMES | _MAX_NAMES | frozenset(h + s for h in _HIST_NAMES for s in ("_bucket", "_sum", "_count"))
 
 
@@ -77,8 +92,17 @@ def relevant_lines(text: str) -> tuple[str, bool]:
     the series we use keeps a tick's parse in the low milliseconds; comment lines are not needed because
     everything is matched by exact sample name.
     """
+    keep, seen, _ = _scan(text)
+    return "\n".join(keep) + "\n", seen
+
+
+def _scan(text: str) -> tuple[list[str], bool, dict[str, dict[SeriesKey, str]]]:
+    """`relevant_lines`, plus each counter series' value text by sample name (string work only: keying series on
+    the parser's label dicts cost ~10 % of a DP=8 parse in allocations)."""
     keep: list[str] = []
+    raw: dict[str, dict[SeriesKey, str]] = {}
     seen = False
+    last_name, per = "", None  # a family's lines are contiguous: one dict lookup per family
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -88,9 +112,18 @@ def relevant_lines(text: str) -> tuple[str, bool]:
             i = line.find(sep, 0, end)
             if i >= 0:
                 end = i
-        if line[:end] in _WANTED_SAMPLES:
+        name = line[:end]
+        if name in _WANTED_SAMPLES:
             keep.append(line)
-    return "\n".join(keep) + "\n", seen
+            if name in _SERIES_NAMES:
+                if name != last_name:
+                    per = raw.get(name)
+                    if per is None:
+                        per = raw[name] = {}
+                    last_name = name
+                cut = line.rfind("}") + 1 or end
+                per[line[:cut]] = line[cut:]  # type: ignore[index]  # " value" as written; see _num
+    return keep, seen, raw
 
 
 def parse_text(text: str) -> ParsedPage:
@@ -98,7 +131,8 @@ def parse_text(text: str) -> ParsedPage:
     sums: dict[str, float] = {}
     maxes: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}
-    relevant, seen_vllm = relevant_lines(text)
+    keep, seen_vllm, raw = _scan(text)
+    relevant = "\n".join(keep) + "\n"
     if not seen_vllm:
         raise PageError("no vllm:* metrics on the page (is this a vLLM server?)")
     try:
@@ -128,6 +162,7 @@ def parse_text(text: str) -> ParsedPage:
         name = next((n for n in candidates if n in sums), None)
         if name is not None:
             page.counters[key] = sums[name]
+            page.series[("counter", key)] = raw.get(name, {})
     for key, candidates in GAUGES_SUM.items():
         name = next((n for n in candidates if n in sums), None)
         if name is not None:
@@ -146,7 +181,84 @@ def parse_text(text: str) -> ParsedPage:
         page.histograms[key] = HistogramSnapshot(
             buckets=bs, sum=sums.get(name + "_sum", 0.0), count=sums.get(name + "_count", bs[-1][1])
         )
+        page.series[("bucket", key)] = raw.get(name + "_bucket", {})
+        for part in ("sum", "count"):
+            if name + "_" + part in raw:
+                page.series[(part, key)] = raw[name + "_" + part]
     return page
+
+
+class _SeriesCorrection:
+    """Prometheus' counter correction per series, for a quantity the page gives summed over series (engines).
+
+    Prometheus checks each series for a reset and sums afterwards (`sum(increase(x[1m]))`); summing first would
+    miss one engine restarting while the total still grows, and take a scale-down (an engine's series gone) for a
+    reset. `update` returns what to add to this page's sum so the sum only moves by Prometheus' increases: at a
+    reset the series' previous value; for a series that vanished its last value (its increases stay in the window);
+    for one that comes back, minus that value again unless it came back lower (then it is a reset).
+    """
+
+    __slots__ = ("_keys", "_vals", "_gone")
+
+    def __init__(self) -> None:
+        self._keys: list[SeriesKey] | None = None
+        self._vals: list[float] = []
+        self._gone: dict[SeriesKey, float] = {}
+
+    def update(self, cur: dict[SeriesKey, str]) -> tuple[dict[SeriesKey, float] | None, bool]:
+        """({series: correction} or None when nothing to correct, whether a series went down)."""
+        keys = list(cur)
+        try:
+            vals = list(map(float, cur.values()))
+        except ValueError:  # a timestamp after a value, or garbage: the slow way
+            vals = [_num(v) for v in cur.values()]
+        prev_keys, prev_vals = self._keys, self._vals
+        self._keys, self._vals = keys, vals
+        if prev_keys is None:
+            return None, False
+        if keys == prev_keys:  # the same series in the same order: every tick of a steady server
+            if not any(map(operator.lt, vals, prev_vals)):
+                return None, False
+            return {k: p for k, v, p in zip(keys, vals, prev_vals, strict=True) if v < p}, True
+        prev = dict(zip(prev_keys, prev_vals, strict=True))
+        fix: dict[SeriesKey, float] = {}
+        reset = False
+        gone = self._gone
+        for k, v in zip(keys, vals, strict=True):
+            p = prev.pop(k, None)
+            if p is not None:
+                if v < p:
+                    fix[k] = p
+                    reset = True
+            elif gone:  # back after a gap: continue from its last value, as Prometheus skips stale markers
+                q = gone.pop(k, None)
+                if q is not None:
+                    if v < q:
+                        reset = True
+                    else:
+                        fix[k] = -q
+        for k, p in prev.items():  # vanished: what it counted stays counted
+            gone[k] = p
+            fix[k] = p
+        return fix or None, reset
+
+
+def _num(text: str) -> float:
+    """A sample value as the page wrote it (" 12.0", maybe followed by a timestamp); NaN where it is not a number
+    (NaN is never below anything, so never a reset)."""
+    try:
+        return float(text)
+    except ValueError:
+        try:
+            return float(text.split()[0])
+        except (ValueError, IndexError):
+            return math.nan
+
+
+def _le(series: SeriesKey) -> float:
+    """The `le` bound of a bucket series' key (only read when a bucket needs a correction)."""
+    m = _LE.search(series)
+    return _num(m.group(1)) if m else math.nan
 
 
 class _CounterWindow:
@@ -154,11 +266,14 @@ class _CounterWindow:
 
     Points are stored counter-corrected, as Prometheus' `increase()` sees them: at a reset (value below the
     previous one) the previous value is added to every later point, so that step's increase is the new value
-    and the increases before the reset stay in the window until they age out.
+    and the increases before the reset stay in the window until they age out. `corrected=True`: the caller
+    corrected each series before summing (see `_SeriesCorrection`); only float noise could go down then, never
+    taken for a reset.
     """
 
-    def __init__(self, window_s: float):
+    def __init__(self, window_s: float, corrected: bool = False):
         self.window_s = window_s
+        self.corrected = corrected
         self._points: deque[tuple[float, float]] = deque()
         self._raw = 0.0  # the newest value as read, to detect the next reset
         self._correction = 0.0  # sum of the values lost at resets so far
@@ -169,7 +284,7 @@ class _CounterWindow:
         """Record a reading; returns True when the counter went down (the server restarted)."""
         reset = False
         if self._points:
-            if value < self._raw:  # a reset: the new process counted from zero, so the increase is `value`
+            if value < self._raw and not self.corrected:  # a reset: counted from zero, so the increase is `value`
                 self._correction += self._raw
                 self.last_delta = value
                 reset = True
@@ -225,12 +340,20 @@ class MetricsScraper:
         self._counters: dict[str, _CounterWindow] = {}
         self._hists: dict[str, SlidingHistogram] = {}
         self._last_ok_t: float | None = None
+        self._init_corrections()
+
+    def _init_corrections(self) -> None:
+        self._series: dict[tuple[str, str], _SeriesCorrection] = {}
+        self._offsets: dict[tuple[str, str], float] = {}  # ("counter" | "sum" | "count", key) -> added to the sum
+        self._bucket_offsets: dict[str, dict[float, float]] = {}  # histogram key -> le -> added to that bucket
+        self._layouts: dict[str, tuple[float, ...]] = {}
 
     def reset(self) -> None:
         """Forget history (a new run): the next scrape only sets baselines."""
         self._counters.clear()
         self._hists.clear()
         self._last_ok_t = None
+        self._init_corrections()
         self.reset_series = ()
         self.generation_tokens_total = None
         self.requests_running = None
@@ -335,22 +458,71 @@ class MetricsScraper:
                            "agent or a proxy switched backends; the window keeps the increases from before",
                 "details": {"url": self.url, "series": list(self.reset_series), "resets": self.resets}}
 
+    def _corrected(self, page: ParsedPage) -> tuple[dict[str, float], dict[str, HistogramSnapshot], list[str]]:
+        """The page's sums with Prometheus' per-series counter correction applied, and the keys that had a series
+        go down on this page. Without any reset so far the page's own dicts are returned untouched."""
+        went_down: list[str] = []
+        for key, snap in page.histograms.items():
+            layout = tuple(map(_FIRST, snap.buckets))
+            if self._layouts.get(key, layout) != layout:  # other buckets: the window starts over, so do these
+                for kind in ("bucket", "sum", "count"):
+                    self._series.pop((kind, key), None)
+                    self._offsets.pop((kind, key), None)
+                self._bucket_offsets.pop(key, None)
+            self._layouts[key] = layout
+        for sk, cur in page.series.items():
+            corr = self._series.get(sk)
+            if corr is None:
+                corr = self._series[sk] = _SeriesCorrection()
+            fix, reset = corr.update(cur)
+            if reset and sk[1] not in went_down:
+                went_down.append(sk[1])
+            if fix:
+                if sk[0] == "bucket":
+                    per = self._bucket_offsets.setdefault(sk[1], {})
+                    for series, x in fix.items():
+                        le = _le(series)
+                        per[le] = per.get(le, 0.0) + x
+                else:
+                    self._offsets[sk] = self._offsets.get(sk, 0.0) + math.fsum(fix.values())
+        if len(self._series) > len(page.series):  # a whole family vanished: it starts over if it comes back
+            for sk in [sk for sk in self._series if sk not in page.series]:
+                del self._series[sk]
+                self._offsets.pop(sk, None)
+                if sk[0] == "bucket":
+                    self._bucket_offsets.pop(sk[1], None)
+                    self._layouts.pop(sk[1], None)
+        counters, hists = page.counters, page.histograms
+        if self._offsets or self._bucket_offsets:
+            off = self._offsets
+            counters = {k: v + off.get(("counter", k), 0.0) for k, v in counters.items()}
+            hists = {}
+            for key, snap in page.histograms.items():
+                per = self._bucket_offsets.get(key)
+                s_off, n_off = off.get(("sum", key), 0.0), off.get(("count", key), 0.0)
+                if per or s_off or n_off:
+                    per = per or {}
+                    snap = HistogramSnapshot(tuple((le, c + per.get(le, 0.0)) for le, c in snap.buckets),
+                                             snap.sum + s_off, snap.count + n_off)
+                hists[key] = snap
+        return counters, hists, went_down
+
     def _row(self, page: ParsedPage, now: float) -> dict[str, Any]:
         row = empty_row()
         row["scrape_ok"] = 1
         row["scrape_errors"] = self.scrape_errors
         # A series that appears on a page we read before started from zero since then (vLLM creates some
         # label sets lazily); on the first page there is no baseline at all.
-        went_down: list[str] = []
-        for key, value in page.counters.items():
+        counters, hists, went_down = self._corrected(page)
+        for key, value in counters.items():
             cw = self._counters.get(key)
             if cw is None:
-                cw = self._counters[key] = _CounterWindow(self.window_s)
+                cw = self._counters[key] = _CounterWindow(self.window_s, corrected=True)
                 if self._last_ok_t is not None:
                     cw.add(self._last_ok_t, 0.0)
-            if cw.add(now, value):
+            if cw.add(now, value) and key not in went_down:
                 went_down.append(key)
-        for key in set(self._counters) - set(page.counters):
+        for key in set(self._counters) - set(counters):
             del self._counters[key]  # the series vanished: start over if it comes back
 
         def delta(key: str) -> float | None:
@@ -388,19 +560,19 @@ class MetricsScraper:
         kv = page.gauges.get("kv_usage")
         row["kv_cache_usage_pct"] = None if kv is None else 100.0 * kv
 
-        for key, snap in page.histograms.items():
+        for key, snap in hists.items():
             sh = self._hists.get(key)
             if sh is None:
-                sh = self._hists[key] = SlidingHistogram(self.window_s)
+                sh = self._hists[key] = SlidingHistogram(self.window_s, corrected=True)
                 if self._last_ok_t is not None:
                     sh.add(self._last_ok_t, HistogramSnapshot.zero_like(snap))
-            if sh.add(now, snap):
+            if sh.add(now, snap) and key not in went_down:
                 went_down.append(key)
         # One restart shows on every series at once: count the page, not the series.
         self.reset_series = tuple(went_down)
         if went_down:
             self.resets += 1
-        for key in set(self._hists) - set(page.histograms):
+        for key in set(self._hists) - set(hists):
             del self._hists[key]
         for series in LATENCY_SERIES:
             sh = self._hists.get(series)

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from agent_io_helpers import VllmPage
 from aiohttp import web
-from prom_reference import Series
+from prom_reference import Series, increase
 
 from lynxtop.agent import scrape as scrape_mod
 from lynxtop.agent.histogram import bucket_quantile
@@ -177,6 +177,58 @@ def test_restarts_inside_the_window_give_prometheus_increases():
         for col, v in row.items():
             assert not (isinstance(v, (int, float)) and v < 0), (t, col)
     assert s.resets == 2
+
+
+def test_one_engine_restarting_or_leaving_is_corrected_per_engine():
+    """Prometheus corrects each series before summing: `sum(increase(...))` and `sum by (le) (rate(...))`. Data-
+    parallel engine 1 restarts alone at t=45 (engine 0 keeps counting, the node total still drops) and leaves at
+    t=80 (scale-down: its series vanish, their earlier increases stay in the window). Every figure matches the
+    per-engine reference; summing first would have counted engine 0's whole history as one step's increase."""
+
+    def engine(e: int) -> tuple[VllmPage, str]:
+        return VllmPage(engines=1), f'engine="{e}"'
+
+    s = MetricsScraper("http://x:1", window_s=60)
+    ref = Series()
+    (a, _), (b, b_label) = engine(0), engine(1)
+    for t in range(0, 160, 5):
+        if t == 45:
+            b, b_label = engine(1)  # engine 1 restarted: its series from zero, engine 0 untouched
+        if t > 0:
+            for page, slow in ((a, False), (b, t < 45)):
+                page.gen.labels(*page.lab(0)).inc(5000 if page is a else 1000)
+                page.pq["new"].labels(*page.lab(0)).inc(1000)
+                page.ph["new"].labels(*page.lab(0)).inc(900 if page is a else 100)
+                for i in range(20):
+                    page.ttft.labels(*page.lab(0)).observe(17.5 if slow and i < 6 else 0.05)
+        text = a.text() + (b.text().replace('engine="0"', b_label) if t < 80 else "")
+        ref.add_page(t, text)
+        row = s.parse_page(text, now=float(t))
+        if t == 0:
+            continue
+        assert row["generation_tokens"] == ref.increase("vllm:generation_tokens_total", t - 5, t), t
+        gen_window = s._counters["generation_tokens"].window_delta()
+        assert gen_window == ref.increase("vllm:generation_tokens_total", t - 60, t), t
+        hits = ref.increase("vllm:prefix_cache_hits_total", t - 60, t)
+        queries = ref.increase("vllm:prefix_cache_queries_total", t - 60, t)
+        assert row["prefix_cache_hit_pct"] == pytest.approx(100 * hits / queries), t
+        p99 = ref.histogram_quantile(0.99, "vllm:time_to_first_token_seconds", t - 60, t)
+        assert row["ttft_p99_ms"] == pytest.approx(1000 * p99), t
+    assert s.resets == 1  # the restart; a series leaving is not a reset
+
+
+def test_counter_window_alone_is_prometheus_increase():
+    """The counter window on its own (one series, resets detected there): its increase over the window is
+    Prometheus' counter-corrected increase of the raw samples in it, resets included."""
+    values = [100, 250, 400, 30, 90, 95, 5, 7, 600, 620, 2, 40, 41, 41, 300]
+    cw = scrape_mod._CounterWindow(window_s=30)
+    for i, v in enumerate(values):
+        t = 5.0 * i
+        assert cw.add(t, float(v)) is (i > 0 and v < values[i - 1])
+        if i:
+            first = max(0, i - 6)  # samples in [t - 30, t]
+            assert cw.window_delta() == increase([float(x) for x in values[first:i + 1]]), i
+            assert cw.last_delta == increase([float(values[i - 1]), float(v)])
 
 
 def test_a_restart_is_one_reset_and_one_event_per_page():
