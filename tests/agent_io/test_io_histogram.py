@@ -200,6 +200,21 @@ def test_bucket_layout_change_starts_the_window_over():
     assert w is not None and w.buckets == ((0.5, 2.0), (INF, 3.0)) and w.count == 3.0
 
 
+def test_corrected_window_never_takes_float_noise_for_a_reset():
+    """Fed sums the scraper already corrected per engine, a _sum added up in another order (an ulp lower) is noise,
+    not a reset that would add the whole previous sum back; the plain window would follow Prometheus' rule."""
+    a = HistogramSnapshot(((1.0, 3.0), (INF, 3.0)), 0.1 + 0.2, 3.0)  # 0.30000000000000004
+    b = HistogramSnapshot(((1.0, 3.0), (INF, 3.0)), 0.3, 3.0)
+    corrected = SlidingHistogram(window_s=60, corrected=True)
+    corrected.add(0.0, a)
+    assert corrected.add(1.0, b) is False
+    w = corrected.window()
+    assert w is not None and abs(w.sum) < 1e-15
+    plain = SlidingHistogram(window_s=60)
+    plain.add(0.0, a)
+    assert plain.add(1.0, b) is True
+
+
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="needs Prometheus' promtool (Debian: prometheus)")
 def test_reset_figures_match_a_real_prometheus():
     """The same pages evaluated by a real Prometheus (promtool): histogram_quantile over rate() per series.

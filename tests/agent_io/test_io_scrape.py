@@ -231,6 +231,31 @@ def test_counter_window_alone_is_prometheus_increase():
             assert cw.last_delta == increase([float(values[i - 1]), float(v)])
 
 
+def test_series_missing_from_one_page_continues_where_it_was():
+    """Engine 1 is missing from one page (a proxy dropped it), comes back higher, then restarts: over the window
+    the tokens are Prometheus' per-series increase (its range skips the gap: 20 -> 25 -> 3 counts 5 + 3), never
+    the engine's whole count again because it was absent for a tick."""
+    s = MetricsScraper("http://x:1", window_s=60)
+    ref = Series()
+    a = VllmPage(engines=1)
+    b = VllmPage(engines=1)
+    b_text: dict[int, str] = {}
+    for t in range(0, 45, 5):
+        if t == 30:
+            b = VllmPage(engines=1)  # engine 1 restarted
+        if t:
+            a.gen.labels(*a.lab(0)).inc(100)
+            b.gen.labels(*b.lab(0)).inc(7)
+        b_text[t] = "" if t == 10 else b.text().replace('engine="0"', 'engine="1"')
+        text = a.text() + b_text[t]
+        ref.add_page(t, text)
+        s.parse_page(text, now=float(t))
+        if t:
+            got = s._counters["generation_tokens"].window_delta()
+            assert got == ref.increase("vllm:generation_tokens_total", t - 60, t), t
+    assert s.resets == 1
+
+
 def test_a_restart_is_one_reset_and_one_event_per_page():
     """A restart shows on every series at once: one reset and one `scrape_counter_reset` event per page that
     shows it, naming what went down; no event on ordinary pages or failed scrapes."""
