@@ -128,12 +128,16 @@ def test_q_quits_cleanly(demo_node):
         subprocess.run([TMUX, "-L", server, "set-option", "-t", "dash", "remain-on-exit", "on"], timeout=10)
         _wait_screen(server, "util*", timeout_s=40)
         _tmux(server, "send-keys", "-t", "dash", "q")
+        # tmux marks the pane dead at the pty's EOF and learns the exit status a moment later (SIGCHLD):
+        # wait for both, or a loaded machine reads a dead pane without its status
         deadline = time.monotonic() + 10
+        status: list[str] = []
         while time.monotonic() < deadline:
-            if _tmux(server, "display-message", "-p", "-t", "dash", "#{pane_dead}").strip() == "1":
+            status = _tmux(server, "display-message", "-p", "-t", "dash",
+                           "#{pane_dead} #{pane_dead_status} #{pane_dead_signal}").split()
+            if status[:1] == ["1"] and len(status) > 1:
                 break
             time.sleep(0.2)
-        status = _tmux(server, "display-message", "-p", "-t", "dash", "#{pane_dead} #{pane_dead_status}").split()
         assert status == ["1", "0"], status
     finally:
         subprocess.run([TMUX, "-L", server, "kill-server"], capture_output=True, timeout=10)
