@@ -366,6 +366,9 @@ def test_agent_bad_config_and_unusable_paths_exit_with_a_message(tmp_path):
 
 async def test_hang_with_requests_running_marks_degraded_without_restart(tmp_path, cleanup):
     cfg = _config(tmp_path, extra_agent="hang_timeout_s = 5", sim_args=', "--sim-fail", "hang-after=1"')
+    # a failed scrape restarts the hang clock by design; at 0.2 s ticks the scrape timeout is 0.16 s, which a
+    # loaded 2-core CI box misses now and then, so the clock never reached 5 s there
+    cfg.write_text(cfg.read_text().replace("sample_interval_s = 0.2", "sample_interval_s = 0.5"))
     a = Agent(tmp_path, cfg)
     cleanup.append(a)
     st = await a.wait_state(lambda s: s["state"] == "ready", what="ready")
