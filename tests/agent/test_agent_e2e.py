@@ -365,9 +365,10 @@ def test_agent_bad_config_and_unusable_paths_exit_with_a_message(tmp_path):
 
 
 async def test_hang_with_requests_running_marks_degraded_without_restart(tmp_path, cleanup):
-    cfg = _config(tmp_path, extra_agent="hang_timeout_s = 5", sim_args=', "--sim-fail", "hang-after=1"')
-    # a failed scrape restarts the hang clock by design; at 0.2 s ticks the scrape timeout is 0.16 s, which a
-    # loaded 2-core CI box misses now and then, so the clock never reached 5 s there
+    # the engine hangs 4 s after ready: the requests must be running by then (with 1 s, a loaded CI box sent them
+    # after the hang, they stayed waiting with 0 running, and the detector, which watches running requests, saw
+    # no hang); a failed scrape restarts the hang clock by design, so ticks of 0.5 s give the scrape 0.4 s
+    cfg = _config(tmp_path, extra_agent="hang_timeout_s = 5", sim_args=', "--sim-fail", "hang-after=4"')
     cfg.write_text(cfg.read_text().replace("sample_interval_s = 0.2", "sample_interval_s = 0.5"))
     a = Agent(tmp_path, cfg)
     cleanup.append(a)
