@@ -16,10 +16,8 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
-from argparse import Namespace
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,12 +26,12 @@ import aiohttp
 
 from lynxtop import __version__
 from lynxtop.agent import connguard, procs
-from lynxtop.agent.config import Config
 from lynxtop.agent.connguard import Episodes, FdPlan, install_loop_handler, is_resource_error, plan_descriptors
 from lynxtop.agent.control import ActionError
 from lynxtop.agent.notify import Notifier
 from lynxtop.agent.startup import tail_lines
 from lynxtop.agent.supervisor import Supervisor, now_ms, server_url
+from lynxtop.contract.config import Config
 from lynxtop.store.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, names
 
 log = logging.getLogger("lynxtop.agent")
@@ -546,7 +544,7 @@ class Node:
 
     def _current_config(self) -> Config:
         """The supervisor's config, re-read when the file changed, so a new profile shows without a restart."""
-        from lynxtop.agent.config import ConfigError, load_config
+        from lynxtop.contract.config import ConfigError, load_config
 
         sup = self.supervisor
         assert sup is not None
@@ -640,39 +638,4 @@ def _agent_answers(path: Path) -> bool:
     return True
 
 
-def _setup_logging() -> None:
-    # under systemd the journal adds timestamps; on a terminal we do
-    fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("JOURNAL_STREAM") else \
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=logging.INFO, format=fmt, stream=sys.stderr)
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-
-
-def run(args: Namespace) -> int:
-    """Handler of `lynxtop agent`."""
-    from lynxtop.config_cli import load_or_exit
-
-    cfg = load_or_exit(args)
-    if cfg is None:
-        return 2
-    overrides: dict[str, Any] = {}
-    if getattr(args, "socket", None):
-        overrides["socket"] = Path(args.socket).expanduser().absolute()
-    if getattr(args, "database", None):
-        overrides["database"] = Path(args.database).expanduser().absolute()
-    if overrides:
-        cfg = dataclasses.replace(cfg, agent=dataclasses.replace(cfg.agent, **overrides))
-    _setup_logging()
-    notifier = Notifier.from_env()  # also removes the variables: no child inherits them
-    node = Node(cfg, notifier)
-    try:
-        return asyncio.run(node.main())
-    except AgentStartError as exc:
-        print(f"lynxtop agent: {exc}", file=sys.stderr)
-        notifier.stopping(f"failed to start: {exc}")
-        return 1
-    except KeyboardInterrupt:
-        return 130
-
-
-__all__ = ["Node", "NodeGpuView", "run", "server_url"]
+__all__ = ["AgentStartError", "Node", "NodeGpuView", "server_url"]

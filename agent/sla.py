@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lynxtop.agent.config import SlaConfig
+from lynxtop.contract.config import SlaConfig
 
 
 def _fmt_ms(v: float) -> str:

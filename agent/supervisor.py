@@ -29,10 +29,10 @@ from typing import Any, Protocol
 import aiohttp
 
 from lynxtop.agent import launcher, procs
-from lynxtop.agent.config import Config, ConfigError, Profile, load_config
 from lynxtop.agent.control import ActionError
 from lynxtop.agent.launcher import ExitInfo, ServerProcess
 from lynxtop.agent.startup import PhaseTracker, tail_lines
+from lynxtop.contract.config import Config, ConfigError, Profile, load_config
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.parser import text_string_to_metric_families
 
 from lynxtop.agent.api import ApiServer
-from lynxtop.agent.ctl import AgentClient
 from lynxtop.agent.scrape import MetricsScraper, relevant_lines
+from lynxtop.ctl import AgentClient
 
 LAT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560]
 TOK = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000]

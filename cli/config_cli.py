@@ -8,7 +8,7 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
-from lynxtop.agent.config import (
+from lynxtop.contract.config import (
     Config,
     ConfigError,
     config_as_dict,
@@ -20,7 +20,7 @@ from lynxtop.agent.config import (
 # Commands that also check this node (each profile's executable exists and is executable): the agent, and
 # `config check`, which must give the agent's verdict word for word. Clients (status, stop, the dashboard) only
 # need the socket path, and may run where vLLM is not installed.
-_HOST_CHECKED = ("lynxtop.agent.node:run", "lynxtop.config_cli:check")
+_HOST_CHECKED = ("lynxtop.agent_cmd:run", "lynxtop.config_cli:check")
 
 
 def load_or_exit(args: Namespace, host: bool | None = None) -> Config | None:

@@ -59,15 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     _socket(parser)
     _database(parser)
     _dashboard_options(parser)
-    parser.set_defaults(handler="lynxtop.tui.app:run")
+    parser.set_defaults(handler="lynxtop.dashboard_cmd:run")
     subs = parser.add_subparsers(title="commands", metavar="COMMAND")
 
-    p = _sub(subs, "dashboard", "lynxtop.tui.app:run", "open the dashboard (the default when no command is given)")
+    p = _sub(subs, "dashboard", "lynxtop.dashboard_cmd:run",
+             "open the dashboard (the default when no command is given)")
     _socket(p)
     _database(p)
     _dashboard_options(p)
 
-    p = _sub(subs, "demo", "lynxtop.agent.sim.demo:run",
+    p = _sub(subs, "demo", "lynxtop.demo:run",
              "run a SIMULATED node: agent, simulated vLLM and GPUs, traffic, and the dashboard",
              "Start the agent on a temporary state directory with profiles that run the simulated vLLM server\n"
              "(DeepSeek-V4.1 on 8 simulated H200s), drive varied traffic, and open the dashboard.\n"
@@ -78,38 +79,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-seconds", type=float, default=8.0, metavar="S",
                    help="simulated model load time (default: %(default)s)")
 
-    p = _sub(subs, "agent", "lynxtop.agent.node:run", "run the node agent (what systemd starts)",
+    p = _sub(subs, "agent", "lynxtop.agent_cmd:run", "run the node agent (what systemd starts)",
              "Run the node agent in the foreground: sampling, vLLM supervision, history, control socket.")
     _socket(p)
     _database(p)
 
-    p = _sub(subs, "status", "lynxtop.agent.ctl:status", "show the agent's view of the node")
+    p = _sub(subs, "status", "lynxtop.ctl:status", "show the agent's view of the node")
     _socket(p)
     p.add_argument("--json", action="store_true", help="print the raw JSON status")
 
     for name, help_ in (("start", "start serving (the current profile, or PROFILE)"),
                         ("stop", "stop serving (the model must load again to serve)"),
                         ("restart", "restart serving (the model loads again: minutes for a large model)")):
-        p = _sub(subs, name, f"lynxtop.agent.ctl:{name}", help_)
+        p = _sub(subs, name, f"lynxtop.ctl:{name}", help_)
         _socket(p)
         if name == "start":
             p.add_argument("profile", nargs="?", help="profile to start (default: the current or default profile)")
         p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
         p.add_argument("--wait", action="store_true", help="wait until the action finishes (ready, or stopped)")
 
-    p = _sub(subs, "switch", "lynxtop.agent.ctl:switch", "stop the current profile and start another",
+    p = _sub(subs, "switch", "lynxtop.ctl:switch", "stop the current profile and start another",
              "Preflight PROFILE, stop the current run, wait for the GPUs to be freed, start PROFILE as a new run.")
     _socket(p)
     p.add_argument("profile", help="name of the profile to switch to")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--wait", action="store_true", help="wait until the new run is ready or has failed")
 
-    p = _sub(subs, "runs", "lynxtop.store.cli:runs", "list the recorded runs (one per server start)")
+    p = _sub(subs, "runs", "lynxtop.store_cli:runs", "list the recorded runs (one per server start)")
     _database(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--limit", type=int, default=50, metavar="N", help="show the newest N runs (default: %(default)s)")
 
-    p = _sub(subs, "export", "lynxtop.store.cli:export", "export history to CSV",
+    p = _sub(subs, "export", "lynxtop.store_cli:export", "export history to CSV",
              "Export history as CSV (header row, ISO-8601 UTC time and epoch ms, empty for missing readings).\n"
              "Choose a run or a time range. Times are ISO-8601 (2026-12-01T10:00, UTC unless an offset is given)\n"
              "or epoch milliseconds.")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lynxtop.agent import config as config_mod
-from lynxtop.agent.config import (
+from lynxtop.contract import config as config_mod
+from lynxtop.contract.config import (
     OWNED_FLAGS,
     SOCKET_PATH_MAX,
     Config,

@@ -10,7 +10,6 @@ import asyncio
 import os
 import signal
 import time
-from argparse import Namespace
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -355,24 +354,3 @@ def _flatten(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             out.append(row)
     return out
-
-
-def run(args: Namespace) -> int:
-    """`lynxtop` / `lynxtop dashboard`: open the dashboard on the configured socket and database."""
-    import sys
-
-    from lynxtop.config_cli import load_or_exit
-
-    cfg = load_or_exit(args)
-    if cfg is None:
-        return 2
-    if not (sys.stdin.isatty() and sys.__stderr__ is not None and sys.__stderr__.isatty()):
-        print("lynxtop: the dashboard needs a terminal (stdin and stderr); for plain text use "
-              "`lynxtop status` or `lynxtop runs`", file=sys.stderr)
-        return 2
-    socket_path = Path(args.socket) if getattr(args, "socket", None) else cfg.agent.socket
-    database = Path(args.database) if getattr(args, "database", None) else cfg.agent.database
-    app = LynxtopApp(socket_path, database, readonly=bool(getattr(args, "readonly", False)),
-                     utc=bool(getattr(args, "utc", False)))
-    app.run()
-    return int(app.return_code or 0)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from lynxtop.agent import procs
-from lynxtop.agent.config import load_config
 from lynxtop.agent.supervisor import Supervisor
+from lynxtop.contract.config import load_config
 
 HERE = Path(__file__).resolve().parent
 STANDIN = HERE / "standin_vllm.py"

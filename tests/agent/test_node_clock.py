@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from lynxtop.agent.config import load_config
 from lynxtop.agent.node import Node
 from lynxtop.agent.notify import Notifier
+from lynxtop.contract.config import load_config
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lynxtop.agent.config import load_config
 from lynxtop.agent.supervisor import preflight
+from lynxtop.contract.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "lynxtop-agent.service"

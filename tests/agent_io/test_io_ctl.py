@@ -13,8 +13,8 @@ import time
 import pytest
 from agent_io_helpers import FakeController, ThreadedApi, short_dir
 
+from lynxtop import ctl
 from lynxtop.__main__ import main
-from lynxtop.agent import ctl
 
 
 class _Tty(io.StringIO):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from agent_io_helpers import VllmPage
 
-from lynxtop.agent.config import SlaConfig
 from lynxtop.agent.scrape import MetricsScraper
 from lynxtop.agent.sla import SlaTracker
+from lynxtop.contract.config import SlaConfig
 
 
 def row(ttft=None, tpot=None, itl=None):

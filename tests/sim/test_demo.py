@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from lynxtop.agent.config import parse_config
-from lynxtop.agent.sim.demo import PROFILES, Demo, DemoPaths, config_text, kill_all, processes_of, run
 from lynxtop.agent.sim.flags import parse_serve_args
 from lynxtop.agent.sim.loadgen import LoadGenerator, Phase, bench
+from lynxtop.contract.config import parse_config
+from lynxtop.demo import PROFILES, Demo, DemoPaths, config_text, kill_all, processes_of, run
 
 
 def test_config_is_valid_and_its_profiles_run_the_simulator(tmp_path):

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from lynxtop.agent.config import OWNED_FLAGS, ConfigError, Profile, owned_flag_use, parse_config
 from lynxtop.agent.sim.flags import SimUsageError, parse_serve_args
 from lynxtop.agent.sim.vllm_options import VLLM_SERVE_OPTIONS
+from lynxtop.contract.config import OWNED_FLAGS, ConfigError, Profile, owned_flag_use, parse_config
 
 
 def test_every_flag_a_profile_can_emit_is_accepted():

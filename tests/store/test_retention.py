@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from lynxtop.agent.config import Retention
+from lynxtop.contract.config import Retention
 from lynxtop.store import retention
 from lynxtop.store.writer import StoreWriter
 

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from lynxtop.agent.ctl import format_status
+from lynxtop.ctl import format_status
 from lynxtop.store import inproc
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.writer import StoreWriter
