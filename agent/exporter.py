@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from lynxtop.agent.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
-from lynxtop.store.columns import LATENCY_SERIES
+from lynxtop.contract.columns import LATENCY_SERIES
 
 _log = logging.getLogger("lynxtop.exporter")
 

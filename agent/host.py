@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from lynxtop.store.columns import HOST_METRICS, names
+from lynxtop.contract.columns import HOST_METRICS, names
 
 HOST_COLUMNS = names(HOST_METRICS)
 ROLES = ("api", "engine", "workers")

@@ -31,8 +31,8 @@ from lynxtop.agent.control import ActionError
 from lynxtop.agent.notify import Notifier
 from lynxtop.agent.startup import tail_lines
 from lynxtop.agent.supervisor import Supervisor, now_ms, server_url
+from lynxtop.contract.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, names
 from lynxtop.contract.config import Config
-from lynxtop.store.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, names
 
 log = logging.getLogger("lynxtop.agent")
 

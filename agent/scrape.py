@@ -1,4 +1,4 @@
-"""Reads vLLM's Prometheus page once per tick and turns it into one `serving` row (store/columns.py).
+"""Reads vLLM's Prometheus page once per tick and turns it into one `serving` row (contract/columns.py).
 
 vLLM's page changes between versions (0.10 prints old and new names, later versions drop the old ones) and
 carries one series per data-parallel engine, so everything is matched by exact sample name, summed over
@@ -19,7 +19,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from lynxtop.agent.histogram import HistogramSnapshot, SlidingHistogram
-from lynxtop.store.columns import LATENCY_SERIES, SERVING_METRICS, names
+from lynxtop.contract.columns import LATENCY_SERIES, SERVING_METRICS, names
 
 SERVING_COLUMNS = names(SERVING_METRICS)
 MAX_PAGE_BYTES = 32 * 1024 * 1024  # a real page is ~100 KiB; anything near this is not vLLM

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lynxtop.store.columns import GPU_METRICS, NVLINK_METRICS, names
+from lynxtop.contract.columns import GPU_METRICS, NVLINK_METRICS, names
 from lynxtop.store.export import build_query, export_table
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.schema import rollup_columns, rollup_metrics

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import psutil
 
-from lynxtop.store.columns import GPU_METRICS, SERVING_METRICS, names
+from lynxtop.contract.columns import GPU_METRICS, SERVING_METRICS, names
 from lynxtop.store.writer import StoreWriter
 
 TMUX = "/usr/bin/tmux"

@@ -1,4 +1,4 @@
-"""The database layout (generated from store/columns.py), its forward migrations, and opening a file safely.
+"""The database layout (generated from contract/columns.py), its forward migrations, and opening a file safely.
 
 Timestamps are integer epoch milliseconds UTC; units live in column names. Sample tables are wide (one row
 per GPU per tick) because a row costs one key and one record header for ~27 values, which is what keeps the
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lynxtop.store.columns import GPU_METRICS, HOST_METRICS, NVLINK_METRICS, SERVING_METRICS
+from lynxtop.contract.columns import GPU_METRICS, HOST_METRICS, NVLINK_METRICS, SERVING_METRICS
 from lynxtop.store.errors import NewerSchema, NotOurDatabase, StoreAccessError, StoreError
 
 APPLICATION_ID = 0x4C594E58  # "LYNX" in the SQLite header: tells our file from any other SQLite file

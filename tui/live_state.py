@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from lynxtop.store.columns import GPU_METRICS, LATENCY_SERIES, LATENCY_STATS, SERVING_METRICS, names
+from lynxtop.contract.columns import GPU_METRICS, LATENCY_SERIES, LATENCY_STATS, SERVING_METRICS, names
 
 # 15 minutes at the default 1 s interval: what the GPU and Latency views show live.
 HISTORY_POINTS = 900

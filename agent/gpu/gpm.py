@@ -12,7 +12,7 @@ from typing import Any
 
 import pynvml
 
-from lynxtop.store.columns import NVLINK_MAX_LINKS
+from lynxtop.contract.columns import NVLINK_MAX_LINKS
 
 
 class _Metric(ctypes.Structure):

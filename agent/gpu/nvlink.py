@@ -10,7 +10,7 @@ from typing import Any
 
 import pynvml
 
-from lynxtop.store.columns import NVLINK_MAX_LINKS
+from lynxtop.contract.columns import NVLINK_MAX_LINKS
 
 _TX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
 _RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX

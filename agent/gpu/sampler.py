@@ -23,7 +23,7 @@ import pynvml
 from lynxtop.agent.gpu.gpm import GpmReader
 from lynxtop.agent.gpu.nvlink import NvlinkCounters
 from lynxtop.agent.gpu.xid import XidWatcher
-from lynxtop.store.columns import GPU_METRICS, NVLINK_METRICS, names
+from lynxtop.contract.columns import GPU_METRICS, NVLINK_METRICS, names
 
 log = logging.getLogger("lynxtop.gpu")
 

@@ -14,7 +14,7 @@ from prom_reference import Series, increase
 from lynxtop.agent import scrape as scrape_mod
 from lynxtop.agent.histogram import bucket_quantile
 from lynxtop.agent.scrape import MetricsScraper, parse_text
-from lynxtop.store.columns import SERVING_METRICS, names
+from lynxtop.contract.columns import SERVING_METRICS, names
 
 
 def test_row_has_every_serving_column_and_first_scrape_sets_baselines():

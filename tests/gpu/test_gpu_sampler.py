@@ -12,7 +12,7 @@ from lynxtop.agent.gpu.backend import RealNvml, open_backend
 from lynxtop.agent.gpu.fake import FakeNvml, a100_specs, h200_specs, scripted_scenario
 from lynxtop.agent.gpu.sampler import GPU_COLUMNS, GpuSampler
 from lynxtop.agent.gpu.scenario import FakeGpuState
-from lynxtop.store.columns import NVLINK_METRICS, names
+from lynxtop.contract.columns import NVLINK_METRICS, names
 
 GPM_COLUMNS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct", "fp16_active_pct",
                "fp32_active_pct", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 
-from lynxtop.store.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, names
+from lynxtop.contract.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, names
 
 # Three days ago, on the hour: inside every default retention window, so only tests that mean to expire
 # data see any deleted.

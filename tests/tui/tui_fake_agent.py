@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from lynxtop.store.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, names
+from lynxtop.contract.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, names
 
 T0 = 1_796_220_000_000  # 2026-12-02 14:00:00 UTC: a fixed clock for deterministic screens
 GIB = 1024**3

@@ -1,0 +1,138 @@
+"""Every event kind the agent records, in one dotted naming scheme, with the kinds older agents stored.
+
+Events reach the store by one path (`store.writer.StoreWriter.add_event` through `Event`), and the dashboard
+and alert rules filter by these names, so a kind exists only once it is listed here. Kinds stored under an older
+name are mapped on read (`canonical_kind`), so a history written by an earlier agent reads the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+
+class EventKind(StrEnum):
+    # the agent itself
+    AGENT_STARTED = "agent.started"
+    AGENT_STOPPED = "agent.stopped"
+    AGENT_AUTOSTART_HELD = "agent.autostart_held"
+    AGENT_AUTOSTART_FAILED = "agent.autostart_failed"
+    AGENT_STATE_FILE = "agent.state_file"
+    # operator actions
+    ACTION_START = "action.start"
+    ACTION_STOP = "action.stop"
+    ACTION_RESTART = "action.restart"
+    ACTION_SWITCH = "action.switch"
+    ACTION_SWITCH_DONE = "action.switch.done"
+    ACTION_SWITCH_FAILED = "action.switch.failed"
+    ACTION_FAILED = "action.failed"
+    PREFLIGHT_WARNING = "preflight.warning"
+    # the supervised vLLM
+    SERVING_STARTING = "serving.starting"
+    SERVING_PHASE = "serving.phase"
+    SERVING_READY = "serving.ready"
+    SERVING_START_FAILED = "serving.start_failed"
+    SERVING_READINESS_TIMEOUT = "serving.readiness_timeout"
+    SERVING_EXITED = "serving.exited"
+    SERVING_CRASH = "serving.crash"
+    SERVING_BACKOFF = "serving.backoff"
+    SERVING_CRASH_LOOP = "serving.crash_loop"
+    SERVING_STOPPED = "serving.stopped"
+    SERVING_UNKILLABLE = "serving.unkillable"
+    SERVING_ORPHANS = "serving.orphans"
+    SERVING_CLEANUP = "serving.cleanup"
+    SERVING_ADOPTED = "serving.adopted"
+    SERVING_NOT_ADOPTED = "serving.not_adopted"
+    SERVING_ADOPTED_UNKNOWN_PROFILE = "serving.adopted_unknown_profile"
+    SERVING_ADOPTED_PROFILE_CHANGED = "serving.adopted_profile_changed"
+    SERVING_GPU_RELEASE_TIMEOUT = "serving.gpu_release_timeout"
+    SERVING_GPU_RELEASE_UNKNOWN = "serving.gpu_release_unknown"
+    SERVING_LOG_UNWRITABLE = "serving.log_unwritable"
+    SERVING_LOG_WRITABLE = "serving.log_writable"
+    SERVING_HUNG = "serving.hung"
+    SERVING_UNHEALTHY = "serving.unhealthy"
+    SERVING_HEALTHY = "serving.healthy"
+    # GPUs and NVML
+    GPU_LOST = "gpu.lost"
+    GPU_RECOVERED = "gpu.recovered"
+    GPU_XID = "gpu.xid"
+    GPU_GPM_DISABLED = "gpu.gpm_disabled"
+    NVML_REINIT = "nvml.reinit"
+    NVML_UNAVAILABLE = "nvml.unavailable"
+    NVML_NO_PERMISSION = "nvml.no_permission"
+    NVML_MISSING_FUNCTION = "nvml.missing_function"
+    # the /metrics scrape and the SLA
+    SCRAPE_OUTAGE = "scrape.outage"
+    SCRAPE_RECOVERED = "scrape.recovered"
+    SCRAPE_COUNTER_RESET = "scrape.counter_reset"
+    SLA_BREACH = "sla.breach"
+    SLA_RECOVERED = "sla.recovered"
+    # the history store
+    STORE_WAL_UNLINKED = "store.wal_unlinked"
+    STORE_WAL_RECOVERED = "store.wal_recovered"
+
+
+# kinds stored by agents before the dotted scheme; read as their new name
+LEGACY_KINDS: dict[str, EventKind] = {
+    "xid": EventKind.GPU_XID,
+    "gpu_lost": EventKind.GPU_LOST,
+    "gpu_recovered": EventKind.GPU_RECOVERED,
+    "gpm_disabled": EventKind.GPU_GPM_DISABLED,
+    "nvml_reinit": EventKind.NVML_REINIT,
+    "nvml_unavailable": EventKind.NVML_UNAVAILABLE,
+    "nvml_no_permission": EventKind.NVML_NO_PERMISSION,
+    "nvml_missing_function": EventKind.NVML_MISSING_FUNCTION,
+    "scrape_outage": EventKind.SCRAPE_OUTAGE,
+    "scrape_recovered": EventKind.SCRAPE_RECOVERED,
+    "scrape_counter_reset": EventKind.SCRAPE_COUNTER_RESET,
+    "sla_breach": EventKind.SLA_BREACH,
+    "sla_recovered": EventKind.SLA_RECOVERED,
+}
+
+
+def canonical_kind(kind: str) -> str:
+    """The dotted name of a stored kind (an unknown kind is kept as stored: never hide an event)."""
+    return LEGACY_KINDS[kind].value if kind in LEGACY_KINDS else kind
+
+
+def stored_kinds(kind: str) -> list[str]:
+    """Every name under which events of `kind` may be stored (for a filter on the store)."""
+    return [kind, *[old for old, new in LEGACY_KINDS.items() if new.value == kind]]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event: what a sampler, the supervisor or the store reports; written as one row of `events`."""
+
+    kind: EventKind
+    severity: Severity
+    message: str
+    details: dict[str, Any] | None = None
+    run_id: int | None = None
+    ts_ms: int | None = None  # None: the time it is written
+    id: int | None = field(default=None, compare=False)  # set once stored
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "ts_ms": self.ts_ms, "run_id": self.run_id, "kind": str(self.kind),
+                "severity": str(self.severity), "message": self.message, "details": self.details}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Event:
+        kind = canonical_kind(str(d.get("kind", "")))
+        sev = str(d.get("severity", "info"))
+        return cls(kind=EventKind(kind) if kind in _KIND_VALUES else kind,  # type: ignore[arg-type]
+                   severity=Severity(sev) if sev in _SEV_VALUES else sev,  # type: ignore[arg-type]
+                   message=str(d.get("message", "")), details=d.get("details"), run_id=d.get("run_id"),
+                   ts_ms=d.get("ts_ms"), id=d.get("id"))
+
+
+_KIND_VALUES = frozenset(k.value for k in EventKind)
+_SEV_VALUES = frozenset(s.value for s in Severity)

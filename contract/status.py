@@ -1,0 +1,327 @@
+"""The status object: what `GET /v1/status` answers, typed, with its JSON form defined here and nowhere else.
+
+The agent builds a `Status`, the API writes `to_json()`, the one client reads `Status.from_json()`, and the CLI,
+the exporter, the dashboard and the demo read attributes. The JSON keys are those of docs/api.md; a key an older
+or newer agent adds or lacks is ignored or defaulted on read, so the dashboard of one version reads another's agent.
+The metric parts (`GpuStatus.metrics`, `HostStatus.metrics`, `ServingMetrics.values`) are keyed by the columns of
+`contract/columns.py`, the one metric contract, and are flat in the JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from lynxtop.contract.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, names
+
+
+class ServingState(StrEnum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    DEGRADED = "degraded"
+    STOPPING = "stopping"
+    BACKOFF = "backoff"
+    CRASH_LOOP = "crash-loop"
+
+    @property
+    def serving(self) -> bool:
+        """The server answers requests (ready, or degraded: up but slow or hung)."""
+        return self in (ServingState.READY, ServingState.DEGRADED)
+
+    @property
+    def alive(self) -> bool:
+        """A server process is meant to be alive."""
+        return self in (ServingState.STARTING, ServingState.READY, ServingState.DEGRADED, ServingState.STOPPING)
+
+
+class SlaState(StrEnum):
+    OK = "ok"
+    BREACH = "breach"
+    UNKNOWN = "unknown"
+
+
+T = TypeVar("T")
+
+
+def _build(cls: type[T], d: Mapping[str, Any] | None, **nested: Any) -> T:
+    """`cls` from a JSON object: known keys only, missing ones defaulted (see the module docstring)."""
+    d = d or {}
+    kw = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d}  # type: ignore[arg-type]
+    kw.update(nested)
+    return cls(**kw)
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, StrEnum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+@dataclass(frozen=True)
+class NvmlStatus:
+    state: str = "error"  # ok | no-driver | error
+    message: str = ""
+    driver_version: str = ""
+    nvml_version: str = ""
+
+
+@dataclass(frozen=True)
+class StoreStatus:
+    path: str = ""
+    queued: int | None = None
+    dropped: int | None = None
+    last_error: str | None = None
+    wal_unlinked: bool | None = None
+    wal_unlinked_ms: int | None = None
+    wal_recovered: bool | None = None
+
+
+@dataclass(frozen=True)
+class ActionInfo:
+    """The operator action in progress (one at a time)."""
+
+    action: str
+    profile: str | None = None
+    since_ms: int | None = None
+    by: str | None = None
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    version: str = ""
+    pid: int | None = None
+    host: str = ""
+    started_ms: int | None = None
+    uptime_s: float | None = None
+    simulated: bool = False
+    healthy: bool = True
+    missed_ticks: int = 0
+    sample_interval_s: float | None = None
+    gpu_late_ticks: int = 0
+    failed_ticks: int = 0
+    last_tick_error: str | None = None
+    connections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    descriptors: dict[str, Any] = field(default_factory=dict)
+    nvml: NvmlStatus = field(default_factory=NvmlStatus)
+    store: StoreStatus = field(default_factory=StoreStatus)
+    action: ActionInfo | None = None
+    live_restore: bool = False
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> AgentStatus:
+        d = d or {}
+        act = d.get("action")
+        return _build(cls, d, nvml=_build(NvmlStatus, d.get("nvml")), store=_build(StoreStatus, d.get("store")),
+                      action=_build(ActionInfo, act) if isinstance(act, Mapping) and act.get("action") else None)
+
+
+@dataclass(frozen=True)
+class PhaseMark:
+    phase: str
+    ts_ms: int
+
+
+@dataclass(frozen=True)
+class ServingStatus:
+    state: ServingState = ServingState.STOPPED
+    state_since_ms: int | None = None
+    reason: str = ""
+    phase: str | None = None
+    phase_since_ms: int | None = None
+    phases: tuple[PhaseMark, ...] = ()
+    profile: str | None = None
+    run_id: int | None = None
+    pid: int | None = None
+    model: str | None = None
+    vllm_version: str | None = None
+    started_ms: int | None = None
+    ready_ms: int | None = None
+    next_retry_ms: int | None = None
+    failures_in_window: int = 0
+    adopted: bool = False
+    url: str | None = None
+    log_problem: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> ServingStatus:
+        d = d or {}
+        state = str(d.get("state") or ServingState.STOPPED.value)
+        return _build(cls, d, state=ServingState(state) if state in _STATES else ServingState.STOPPED,
+                      phases=tuple(_build(PhaseMark, p) for p in d.get("phases") or ()))
+
+
+_STATES = frozenset(s.value for s in ServingState)
+
+
+@dataclass(frozen=True)
+class SlaStatus:
+    state: SlaState = SlaState.UNKNOWN
+    since_ms: int | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    ttft_threshold_ms: float | None = None
+    tpot_threshold_ms: float | None = None
+    window_s: float | None = None
+    tpot_source: str | None = None
+    breached: tuple[str, ...] = ()
+    worst_ttft_p99_ms: float | None = None  # in the JSON only while in breach
+    worst_tpot_p99_ms: float | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> SlaStatus:
+        d = d or {}
+        state = str(d.get("state") or "unknown")
+        return _build(cls, d, state=SlaState(state) if state in {s.value for s in SlaState} else SlaState.UNKNOWN,
+                      breached=tuple(d.get("breached") or ()))
+
+    def to_json(self) -> dict[str, Any]:
+        out = _plain(self)
+        if self.state != SlaState.BREACH:
+            out.pop("worst_ttft_p99_ms")
+            out.pop("worst_tpot_p99_ms")
+        return out
+
+
+GPU_METRIC_NAMES = names(GPU_METRICS)
+HOST_METRIC_NAMES = names(HOST_METRICS)
+SERVING_METRIC_NAMES = names(SERVING_METRICS)
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    """One GPU: what it is, and every GPU_METRICS column of the latest tick (None: not read)."""
+
+    index: int | None = None
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    arch: str | None = None
+    gpm_supported: bool | None = None
+    nvlink_count: int | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def metric(self, name: str) -> Any:
+        return self.metrics.get(name)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> GpuStatus:
+        return _build(cls, d, metrics={k: d.get(k) for k in GPU_METRIC_NAMES})
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "metrics"}
+        out.update({k: self.metrics.get(k) for k in GPU_METRIC_NAMES})
+        return out
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """Every HOST_METRICS column of the latest tick."""
+
+    metrics: dict[str, Any] = field(default_factory=lambda: dict.fromkeys(HOST_METRIC_NAMES))
+
+    def metric(self, name: str) -> Any:
+        return self.metrics.get(name)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> HostStatus:
+        d = d or {}
+        return cls(metrics={k: d.get(k) for k in HOST_METRIC_NAMES})
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: self.metrics.get(k) for k in HOST_METRIC_NAMES}
+
+
+@dataclass(frozen=True)
+class ServingMetrics:
+    """Every SERVING_METRICS column of the latest scrape (all None while nothing is scraped)."""
+
+    values: dict[str, Any] = field(default_factory=lambda: dict.fromkeys(SERVING_METRIC_NAMES))
+
+    def metric(self, name: str) -> Any:
+        return self.values.get(name)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> ServingMetrics:
+        d = d or {}
+        return cls(values={k: d.get(k) for k in SERVING_METRIC_NAMES})
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: self.values.get(k) for k in SERVING_METRIC_NAMES}
+
+
+@dataclass(frozen=True)
+class Status:
+    ts_ms: int | None = None
+    agent: AgentStatus = field(default_factory=AgentStatus)
+    serving: ServingStatus = field(default_factory=ServingStatus)
+    sla: SlaStatus = field(default_factory=SlaStatus)
+    gpus: tuple[GpuStatus, ...] = ()
+    host: HostStatus = field(default_factory=HostStatus)
+    serving_metrics: ServingMetrics = field(default_factory=ServingMetrics)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ts_ms": self.ts_ms,
+            "agent": _plain(self.agent),
+            "serving": _plain(self.serving),
+            "sla": self.sla.to_json(),
+            "gpus": [g.to_json() for g in self.gpus],
+            "host": self.host.to_json(),
+            "serving_metrics": self.serving_metrics.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Status:
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a status must be a JSON object, not {type(d).__name__}")
+        return cls(ts_ms=d.get("ts_ms"), agent=AgentStatus.from_json(d.get("agent")),
+                   serving=ServingStatus.from_json(d.get("serving")), sla=SlaStatus.from_json(d.get("sla")),
+                   gpus=tuple(GpuStatus.from_json(g) for g in d.get("gpus") or () if isinstance(g, Mapping)),
+                   host=HostStatus.from_json(d.get("host")),
+                   serving_metrics=ServingMetrics.from_json(d.get("serving_metrics")))
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run (one server start) as the store and `GET /v1/runs` give it."""
+
+    id: int
+    profile: str | None = None
+    argv: list[str] | None = None
+    model: str | None = None
+    host: str | None = None
+    started_ms: int | None = None
+    pid: int | None = None
+    pid_start_time: float | None = None
+    log_path: str | None = None
+    simulated: bool | None = None
+    flags: dict[str, Any] | None = None
+    ready_ms: int | None = None
+    vllm_version: str | None = None
+    gpu_names: list[str] | None = None
+    gpu_count: int | None = None
+    ended_ms: int | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    end_reason: str | None = None
+    summary: dict[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RunInfo:
+        return _build(cls, d)
+
+    def to_json(self) -> dict[str, Any]:
+        out = _plain(self)
+        if self.summary is None:
+            out.pop("summary")
+        return out
