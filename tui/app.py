@@ -18,10 +18,10 @@ from textual import work
 from textual.app import App, ScreenStackError
 from textual.binding import Binding
 
+from lynxtop.contract.format import fmt_clock
 from lynxtop.tui import control_text
 from lynxtop.tui.backoff import Backoff
 from lynxtop.tui.client import AgentClient, AgentRefused, AgentUnreachable
-from lynxtop.tui.format import fmt_clock
 from lynxtop.tui.history_source import HistorySource, HistoryUnavailable
 from lynxtop.tui.live_state import GPU_KEYS, SERVING_KEYS, LiveState
 from lynxtop.tui.messages import AgentLost, LiveRefreshed, StatusArrived

@@ -12,7 +12,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from lynxtop.tui.format import fmt_duration
+from lynxtop.contract.format import fmt_duration
 
 LOAD_WARNING = "The model loads again: this takes minutes (a 284B model: 10-30 min); nothing is served meanwhile."
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_ASCII = "_.-=+*#@"
 COLUMN = " ▁▂▃▄▅▆▇█"
+_BLOCKS = " ▏▎▍▌▋▊▉█"
 
 
 def bucketize(points: Sequence[tuple[int, float | None]], start_ms: int, end_ms: int, width: int,
@@ -102,3 +103,17 @@ def breach_marks(breach: Sequence[bool], ascii_only: bool = False) -> str:
     mark = "^" if ascii_only else "▲"
     return "".join(mark if b else " " for b in breach)
 
+
+
+def bar(pct: float | None, width: int, ascii_only: bool = False) -> str:
+    """A horizontal bar of `width` cells for 0-100 (eighth-cell resolution, or '#' in ASCII)."""
+    if pct is None:
+        return "N/A".center(width)[:width]
+    frac = min(max(float(pct), 0.0), 100.0) / 100.0
+    if ascii_only:
+        full = round(frac * width)
+        return "#" * full + "." * (width - full)
+    eighths = round(frac * width * 8)
+    full, part = divmod(eighths, 8)
+    text = "█" * full + (_BLOCKS[part] if part else "")
+    return text.ljust(width)[:width]

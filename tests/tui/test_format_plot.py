@@ -8,12 +8,7 @@ import pytest
 from conftest import plain
 from tui_fake_agent import PROFILES, make_status
 
-from lynxtop.tui import control_text
-from lynxtop.tui.backoff import Backoff
-from lynxtop.tui.client import AgentClient, AgentRefused, AgentUnreachable
-from lynxtop.tui.export_csv import ExportError, check_target
-from lynxtop.tui.format import (
-    bar,
+from lynxtop.contract.format import (
     fmt_bytes,
     fmt_clock,
     fmt_duration,
@@ -22,9 +17,13 @@ from lynxtop.tui.format import (
     fmt_si,
     throttle_words,
 )
+from lynxtop.tui import control_text
+from lynxtop.tui.backoff import Backoff
+from lynxtop.tui.client import AgentClient, AgentRefused, AgentUnreachable
+from lynxtop.tui.export_csv import ExportError, check_target
 from lynxtop.tui.history_series import points, span
 from lynxtop.tui.live_state import LiveState
-from lynxtop.tui.plot import bucketize, column_chart, sparkline
+from lynxtop.tui.plot import bar, bucketize, column_chart, sparkline
 
 
 @pytest.mark.parametrize(("value", "text"), [
@@ -167,3 +166,11 @@ async def test_client_rejects_non_api_answers(sock_dir):
     finally:
         await runner.cleanup()
     await asyncio.sleep(0)
+
+
+def test_cli_variants_of_the_shared_formatters():
+    """`lynxtop status` prints whole milliseconds, 1-decimal bytes up to TiB and '-' for no duration."""
+    assert fmt_ms(45.04, decimals=0) == "45 ms" and fmt_ms(2500, decimals=0) == "2.50 s"
+    assert fmt_bytes(12.34 * 1024**3, decimals=1) == "12.3 GiB" and fmt_bytes(1536, decimals=1) == "1.5 KiB"
+    assert fmt_bytes(2048 * 1024**4, decimals=1, largest="TiB") == "2048.0 TiB" and fmt_bytes(5, decimals=1) == "5 B"
+    assert fmt_duration(None, na="-") == "-" and fmt_duration(None) == "N/A"

@@ -13,8 +13,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from lynxtop.contract.format import NA, fmt_bytes, fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
 from lynxtop.tui.control_text import flag_diff
-from lynxtop.tui.format import NA, fmt_bytes, fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
 from lynxtop.tui.history_source import HistoryUnavailable
 
 SKIP = {"id", "flags", "argv", "summary", "pid_start_time", "gpus"}

@@ -8,7 +8,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from lynxtop.tui.format import fmt_pct, fmt_rate, fmt_temp, fmt_watts, throttle_words
+from lynxtop.contract.format import fmt_pct, fmt_rate, fmt_temp, fmt_watts, throttle_words
 from lynxtop.tui.live_state import HISTORY_POINTS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.time_chart import TimeChart

@@ -12,8 +12,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Input, Static
 
+from lynxtop.contract.format import fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
 from lynxtop.tui.export_csv import ExportError, export_run_gpu
-from lynxtop.tui.format import fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
 from lynxtop.tui.history_series import RANGES, points, span
 from lynxtop.tui.history_source import HistoryUnavailable
 from lynxtop.tui.screens.base import LiveScreen

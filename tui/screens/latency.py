@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from lynxtop.tui.format import fmt_ms
+from lynxtop.contract.format import fmt_ms
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.node_header import sla_badge
 from lynxtop.tui.widgets.time_chart import TimeChart

@@ -10,9 +10,8 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widget import Widget
 
-from lynxtop.tui.format import (
+from lynxtop.contract.format import (
     NA,
-    bar,
     fmt_bytes,
     fmt_pct,
     fmt_rate,
@@ -20,6 +19,7 @@ from lynxtop.tui.format import (
     fmt_watts,
     throttle_words,
 )
+from lynxtop.tui.plot import bar
 
 UTIL_NOTE = "util* = NVML utilization.gpu: share of time any kernel ran (coarse; SM/TC/DRAM are the real load)"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from lynxtop.tui.format import fmt_duration
+from lynxtop.contract.format import fmt_duration
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.widgets.text_panel import TextPanel
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from lynxtop.tui.format import NA, fmt_int, fmt_ms, fmt_pct, fmt_si
+from lynxtop.contract.format import NA, fmt_int, fmt_ms, fmt_pct, fmt_si
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.plot import sparkline
 from lynxtop.tui.widgets.text_panel import TextPanel

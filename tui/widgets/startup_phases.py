@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from lynxtop.tui.format import fmt_duration
+from lynxtop.contract.format import fmt_duration
 from lynxtop.tui.widgets.text_panel import TextPanel
 
 PHASES = ("loading weights", "kv cache", "cuda graphs", "api up")

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from rich.text import Text
 from textual.widget import Widget
 
-from lynxtop.tui.format import NA, fmt_clock, fmt_datetime
+from lynxtop.contract.format import NA, fmt_clock, fmt_datetime
 from lynxtop.tui.plot import breach_marks, bucketize, column_chart
 
 

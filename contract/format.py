@@ -1,6 +1,8 @@
-"""Units by magnitude, times in local or UTC, and the words behind NVML bitmasks.
+"""Units by magnitude, durations, times in local or UTC, and the words behind NVML bitmasks.
 
-Every formatter takes None and returns "N/A": a missing reading is never drawn as 0.
+One place for every human-readable number the dashboard, `lynxtop status` and the agent's event texts print,
+so a value reads the same everywhere. Every formatter takes None and returns "N/A" (or the `na` it is given):
+a missing reading is never drawn as 0. Imports nothing else of the project.
 """
 
 from __future__ import annotations
@@ -36,13 +38,20 @@ def _scaled(value: float) -> str:
     return f"{value:.0f}"
 
 
-def fmt_bytes(n: float | None) -> str:
+def fmt_bytes(n: float | None, decimals: int | None = None, largest: str = "PiB") -> str:
+    """Binary units; 3 significant digits by default, or a fixed number of `decimals` (the CLI's 1).
+
+    `largest` caps the unit (the CLI stops at TiB).
+    """
     if n is None:
         return NA
     value = float(n)
-    for unit in _BIN_UNITS:
-        if abs(value) < 1024 or unit == _BIN_UNITS[-1]:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{_scaled(value)} {unit}"
+    units = _BIN_UNITS[:_BIN_UNITS.index(largest) + 1]
+    for unit in units:
+        if abs(value) < 1024 or unit == units[-1]:
+            if unit == "B":
+                return f"{value:.0f} B"
+            return f"{_scaled(value) if decimals is None else f'{value:.{decimals}f}'} {unit}"
         value /= 1024
     return NA  # pragma: no cover
 
@@ -72,13 +81,19 @@ def fmt_pct(v: float | None, decimals: int = 0) -> str:
     return NA if v is None else f"{float(v):.{decimals}f}%"
 
 
-def fmt_ms(v: float | None) -> str:
-    """Latency: milliseconds with fixed decimals below a second, seconds above."""
+def fmt_ms(v: float | None, decimals: int | None = None) -> str:
+    """Latency: milliseconds below a second, seconds with 2 decimals above.
+
+    By default 1 decimal below 100 ms (the dashboard's columns); `decimals=0` gives whole milliseconds
+    (the CLI and the SLA event texts).
+    """
     if v is None:
         return NA
     v = float(v)
     if v >= 1000:
         return f"{v / 1000:.2f} s"
+    if decimals is not None:
+        return f"{v:.{decimals}f} ms"
     if v >= 100:
         return f"{v:.0f} ms"
     return f"{v:.1f} ms"
@@ -92,9 +107,10 @@ def fmt_temp(v: float | None) -> str:
     return NA if v is None else f"{float(v):.0f}°C"
 
 
-def fmt_duration(seconds: float | None) -> str:
+def fmt_duration(seconds: float | None, na: str = NA) -> str:
+    """Two units at most (1h02m, 1d01h): an uptime, not a stopwatch. The CLI passes na="-"."""
     if seconds is None:
-        return NA
+        return na
     s = max(0, int(seconds))
     days, rem = divmod(s, 86400)
     hours, rem = divmod(rem, 3600)
@@ -120,10 +136,12 @@ def fmt_clock(ms: float | None, utc: bool = False) -> str:
     return _dt(ms, utc).strftime("%H:%M:%S") + ("Z" if utc else "")
 
 
-def fmt_datetime(ms: float | None, utc: bool = False) -> str:
+def fmt_datetime(ms: float | None, utc: bool = False, seconds: bool = False) -> str:
+    """Date and minute (the CLI asks for seconds too)."""
     if ms is None:
         return NA
-    return _dt(ms, utc).strftime("%Y-%m-%d %H:%M") + (" UTC" if utc else "")
+    pattern = "%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M"
+    return _dt(ms, utc).strftime(pattern) + (" UTC" if utc else "")
 
 
 def now_ms() -> int:
@@ -141,20 +159,3 @@ def throttle_words(mask: int | None, include_benign: bool = False) -> list[str]:
     if mask & ~known:
         words.append(f"other 0x{mask & ~known:x}")
     return words
-
-
-_BLOCKS = " ▏▎▍▌▋▊▉█"
-
-
-def bar(pct: float | None, width: int, ascii_only: bool = False) -> str:
-    """A horizontal bar of `width` cells for 0-100 (eighth-cell resolution, or '#' in ASCII)."""
-    if pct is None:
-        return NA.center(width)[:width]
-    frac = min(max(float(pct), 0.0), 100.0) / 100.0
-    if ascii_only:
-        full = round(frac * width)
-        return "#" * full + "." * (width - full)
-    eighths = round(frac * width * 8)
-    full, part = divmod(eighths, 8)
-    text = "█" * full + (_BLOCKS[part] if part else "")
-    return text.ljust(width)[:width]
