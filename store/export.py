@@ -11,14 +11,13 @@ file under the name.
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from lynxtop.contract.files import atomic_write
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.schema import RESOLUTIONS, RUN_COLUMNS, SAMPLE_TABLES, rollup_columns, rollup_table
 
@@ -172,24 +171,11 @@ def export_table(reader: StoreReader, table: str, resolution: str, start_ms: int
         raise ExportError(f"{output.parent} does not exist")
     total = reader.stream(q.count_sql, q.params)[1].fetchone()[0]
     prog = Progress(progress_stream or sys.stderr, total, f"{output.name}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".part", dir=output.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would surprise; honour the user's umask like `>` does
     try:
-        try:
-            with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
-                n = write_csv(reader, q, f, prog)
-        except OSError as exc:
-            raise OutputError(f"cannot write to {output}: {exc.strerror or exc}") from None
-        os.replace(tmp, output)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return n
+        n = atomic_write(output, lambda f: write_csv(reader, q, f, prog))
+    except OSError as exc:
+        raise OutputError(f"cannot write to {output}: {exc.strerror or exc}") from None
+    return n or 0
 
 
 def export_all(reader: StoreReader, resolution: str, start_ms: int, end_ms: int, directory: Path,

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from lynxtop.contract.files import atomic_write
 
 STATE_VERSION = 1
 
@@ -85,17 +86,7 @@ def state_path(state_dir: Path, engine_pid: int) -> Path:
 def write_state(state_dir: Path, state: EngineState) -> None:
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: other users cannot plant GPU state
     data = json.dumps(asdict(state), separators=(",", ":"))
-    fd, tmp = tempfile.mkstemp(prefix=".engine-", suffix=".tmp", dir=state_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(data)
-        os.replace(tmp, state_path(state_dir, state.engine_pid))
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(state_path(state_dir, state.engine_pid), data, mode=0o600, fsync=False)
 
 
 def remove_state(state_dir: Path, engine_pid: int) -> None:
