@@ -282,32 +282,12 @@ class LynxtopApp(App):
             return
         serving = self.state.section("serving")
         metrics = self.state.section("serving_metrics")
-        profile: str | None = None
         try:
-            if action == "switch" or (action == "start" and not serving.get("profile")):
-                listing = await self.client.profiles()
-                profiles = list(listing.get("profiles") or [])
-                current_name = listing.get("current") or serving.get("profile")
-                if not [p for p in profiles if p.get("name") != current_name or action == "start"]:
-                    self.notify("no other profile to switch to (see `lynxtop config check`)", severity="warning")
-                    return
-                profile = await self.push_screen_wait(ProfilePickerScreen(
-                    f"{'Switch to' if action == 'switch' else 'Start'} which profile?", profiles,
-                    current_name if action == "switch" else None))
-                if profile is None:
-                    return
-                target = next(p for p in profiles if p.get("name") == profile)
-                current = next((p for p in profiles if p.get("name") == current_name), None)
-            if action == "restart":
-                title, body, label = "Restart serving?", control_text.restart_text(serving, metrics), "Restart"
-            elif action == "stop":
-                title, body, label = "Stop serving?", control_text.stop_text(serving, metrics), "Stop"
-            elif action == "start":
-                title, body, label = "Start serving?", control_text.start_text(serving, profile), "Start"
-            else:
-                title = f"Switch to profile {profile}?"
-                body = control_text.switch_text(serving, current, target)
-                label = "Switch"
+            choice = await self._choose_profile(action, serving)
+            if choice is None:
+                return
+            profile, current, target = choice
+            title, body, label = control_text.confirmation(action, serving, metrics, profile, current, target)
             confirmed = await self.push_screen_wait(ConfirmScreen(title, body, label))
             if not confirmed:
                 self.notify(f"{action}: cancelled, nothing changed")
@@ -319,6 +299,28 @@ class LynxtopApp(App):
             self._refused(action, exc)
         except AgentUnreachable as exc:
             self.notify(f"{action} not sent: {exc}", title="Agent unreachable", severity="error")
+
+    async def _choose_profile(self, action: str, serving: dict[str, Any]) -> tuple[str | None, Any, Any] | None:
+        """(profile, current, target) for the action; None when there is nothing to pick or the picker was closed.
+
+        Only switch, and start without a known profile, ask which profile.
+        """
+        if action != "switch" and not (action == "start" and not serving.get("profile")):
+            return None, None, None
+        listing = await self.client.profiles()
+        profiles = list(listing.get("profiles") or [])
+        current_name = listing.get("current") or serving.get("profile")
+        if not [p for p in profiles if p.get("name") != current_name or action == "start"]:
+            self.notify("no other profile to switch to (see `lynxtop config check`)", severity="warning")
+            return None
+        profile = await self.push_screen_wait(ProfilePickerScreen(
+            f"{'Switch to' if action == 'switch' else 'Start'} which profile?", profiles,
+            current_name if action == "switch" else None))
+        if profile is None:
+            return None
+        target = next(p for p in profiles if p.get("name") == profile)
+        current = next((p for p in profiles if p.get("name") == current_name), None)
+        return profile, current, target
 
     def _refused(self, action: str, exc: AgentRefused) -> None:
         if exc.status == 403:

@@ -113,3 +113,16 @@ def switch_text(serving: dict[str, Any], current: dict[str, Any] | None, target:
         parts.append(Text(f"{target['name']}: {target['description']}", style="dim"))
     parts.append(Text(_load_line(serving), style="bold yellow"))
     return Group(*parts)
+
+
+def confirmation(action: str, serving: dict[str, Any], metrics: dict[str, Any] | None, profile: str | None,
+                 current: dict[str, Any] | None = None,
+                 target: dict[str, Any] | None = None) -> tuple[str, RenderableType, str]:
+    """Title, body and button label of the dialog that confirms `action`."""
+    if action == "restart":
+        return "Restart serving?", restart_text(serving, metrics), "Restart"
+    if action == "stop":
+        return "Stop serving?", stop_text(serving, metrics), "Stop"
+    if action == "start":
+        return "Start serving?", start_text(serving, profile), "Start"
+    return f"Switch to profile {profile}?", switch_text(serving, current, target or {}), "Switch"

@@ -82,21 +82,23 @@ def column_chart(values: Sequence[float | None], height: int, vmax: float | None
         if v is None:
             continue
         breach[x] = threshold is not None and v > threshold
-        eighths = int(min(v, top) / top * height * 8 + 0.5)
-        if v > 0 and eighths == 0:
-            eighths = 1  # a non-zero reading is never drawn as nothing
-        for row in range(height):
-            level = (height - 1 - row) * 8
-            fill = min(8, max(0, eighths - level))
-            if fill:
-                grid[row][x] = ("#" if fill >= 4 else ".") if ascii_only else COLUMN[fill]
+        _fill_column(grid, x, v, top, ascii_only)
     threshold_row = None
     if threshold is not None and 0 < threshold <= top:
         threshold_row = min(height - 1, max(0, height - 1 - int(threshold / top * height)))
-        for x in range(width):
-            if grid[threshold_row][x] == " ":
-                grid[threshold_row][x] = "-" if ascii_only else "╌"
+        grid[threshold_row] = [("-" if ascii_only else "╌") if ch == " " else ch for ch in grid[threshold_row]]
     return Chart(["".join(r) for r in grid], breach, threshold_row, top)
+
+
+def _fill_column(grid: list[list[str]], x: int, v: float, top: float, ascii_only: bool) -> None:
+    height = len(grid)
+    eighths = int(min(v, top) / top * height * 8 + 0.5)
+    if v > 0 and eighths == 0:
+        eighths = 1  # a non-zero reading is never drawn as nothing
+    for row in range(height):
+        fill = min(8, max(0, eighths - (height - 1 - row) * 8))
+        if fill:
+            grid[row][x] = ("#" if fill >= 4 else ".") if ascii_only else COLUMN[fill]
 
 
 def breach_marks(breach: Sequence[bool], ascii_only: bool = False) -> str:

@@ -43,37 +43,10 @@ class NodeHeader(TextPanel):
         if state.status is None:
             t.append("  waiting for the agent…", style="dim")
         else:
-            t.append("  " + (serving.get("profile") or "no profile"))
-            word, style = STATE_STYLE.get(serving.get("state") or "", ((serving.get("state") or "?").upper(), ""))
-            t.append("  ")
-            t.append(word, style=style)
-            since = serving.get("state_since_ms")
-            if since:
-                t.append(f" {fmt_duration((now_ms - since) / 1000)}")
-            if serving.get("state") == "starting" and serving.get("phase"):
-                phase_since = serving.get("phase_since_ms") or since
-                t.append(f" ({serving['phase']} {fmt_duration((now_ms - (phase_since or now_ms)) / 1000)})")
-            if serving.get("next_retry_ms"):
-                t.append(f" retry in {fmt_duration((serving['next_retry_ms'] - now_ms) / 1000)}", style="yellow")
+            _serving_state(t, serving, now_ms)
             t.append("  ")
             t.append_text(sla_badge(state.section("sla")))
-            t.append("  ")
-            if agent.get("healthy", True):
-                t.append("agent ✓", style="green")
-            else:
-                t.append("agent ✗ unhealthy", style="bold red")
-            ts = (state.status or {}).get("ts_ms")
-            interval = float(agent.get("sample_interval_s") or 1.0)
-            if ts and state.outage is None and now_ms - ts > max(5000, 3000 * interval):
-                # the agent answers but its sampling stalled: say so, or stale numbers look live
-                t.append(f"  ⚠ samples {fmt_duration((now_ms - ts) / 1000)} old", style="bold yellow")
-            nvml = agent.get("nvml") or {}
-            if nvml.get("state") and nvml.get("state") != "ok":
-                t.append(f"  NVML {nvml['state']}", style="bold red")
-            action = agent.get("action")
-            if action:
-                t.append(f"  ⟳ {action.get('action')} {action.get('profile') or ''} by {action.get('by', '?')}",
-                         style="yellow")
+            _agent_health(t, state, agent, now_ms)
         for text, style in flags:
             t.append(f"  {text}", style=style)
         # Least important last: a narrow terminal cuts these first.
@@ -82,3 +55,40 @@ class NodeHeader(TextPanel):
         if agent.get("uptime_s") is not None:
             t.append(f"  agent up {fmt_duration(agent['uptime_s'])}", style="dim")
         self.update(t)
+
+
+def _serving_state(t: Text, serving: dict, now_ms: int) -> None:
+    """Profile, state word and how long; the start-up phase; the next retry."""
+    t.append("  " + (serving.get("profile") or "no profile"))
+    word, style = STATE_STYLE.get(serving.get("state") or "", ((serving.get("state") or "?").upper(), ""))
+    t.append("  ")
+    t.append(word, style=style)
+    since = serving.get("state_since_ms")
+    if since:
+        t.append(f" {fmt_duration((now_ms - since) / 1000)}")
+    if serving.get("state") == "starting" and serving.get("phase"):
+        phase_since = serving.get("phase_since_ms") or since
+        t.append(f" ({serving['phase']} {fmt_duration((now_ms - (phase_since or now_ms)) / 1000)})")
+    if serving.get("next_retry_ms"):
+        t.append(f" retry in {fmt_duration((serving['next_retry_ms'] - now_ms) / 1000)}", style="yellow")
+
+
+def _agent_health(t: Text, state: LiveState, agent: dict, now_ms: int) -> None:
+    """Whether to trust the numbers: agent health, stalled sampling, NVML, an action under way."""
+    t.append("  ")
+    if agent.get("healthy", True):
+        t.append("agent ✓", style="green")
+    else:
+        t.append("agent ✗ unhealthy", style="bold red")
+    ts = (state.status or {}).get("ts_ms")
+    interval = float(agent.get("sample_interval_s") or 1.0)
+    if ts and state.outage is None and now_ms - ts > max(5000, 3000 * interval):
+        # the agent answers but its sampling stalled: say so, or stale numbers look live
+        t.append(f"  ⚠ samples {fmt_duration((now_ms - ts) / 1000)} old", style="bold yellow")
+    nvml = agent.get("nvml") or {}
+    if nvml.get("state") and nvml.get("state") != "ok":
+        t.append(f"  NVML {nvml['state']}", style="bold red")
+    action = agent.get("action")
+    if action:
+        t.append(f"  ⟳ {action.get('action')} {action.get('profile') or ''} by {action.get('by', '?')}",
+                 style="yellow")

@@ -30,22 +30,27 @@ class StartupPhases(TextPanel):
             return
         if not visible:
             return
-        seen = {p.get("phase"): p.get("ts_ms") for p in serving.get("phases") or [] if p.get("phase")}
-        current = serving.get("phase")
-        started = serving.get("started_ms") or serving.get("state_since_ms") or now_ms
-        t = Text("start-up: ", style="bold yellow", no_wrap=True, overflow="ellipsis")
-        t.append(f"{fmt_duration((now_ms - started) / 1000)} ")
-        order = list(PHASES) + [p for p in seen if p not in PHASES]
-        times = [seen.get(p) for p in order]
-        for i, phase in enumerate(order):
-            ts = times[i]
-            if phase == current:
-                t.append(f"▶ {phase} {fmt_duration((now_ms - (ts or now_ms)) / 1000)}", style="bold")
-            elif ts is not None:
-                nxt = next((x for x in times[i + 1:] if x is not None), now_ms)
-                t.append(f"✓ {phase} {fmt_duration((nxt - ts) / 1000)}", style="green")
-            else:
-                t.append(f"· {phase}", style="dim")
-            if i < len(order) - 1:
-                t.append("  ")
-        self.update(t)
+        self.update(_progress(serving, now_ms))
+
+
+def _progress(serving: dict, now_ms: int) -> Text:
+    """Each phase done (with its duration), the one under way (with its time so far), the ones to come."""
+    seen = {p.get("phase"): p.get("ts_ms") for p in serving.get("phases") or [] if p.get("phase")}
+    current = serving.get("phase")
+    started = serving.get("started_ms") or serving.get("state_since_ms") or now_ms
+    t = Text("start-up: ", style="bold yellow", no_wrap=True, overflow="ellipsis")
+    t.append(f"{fmt_duration((now_ms - started) / 1000)} ")
+    order = list(PHASES) + [p for p in seen if p not in PHASES]
+    times = [seen.get(p) for p in order]
+    for i, phase in enumerate(order):
+        ts = times[i]
+        if phase == current:
+            t.append(f"▶ {phase} {fmt_duration((now_ms - (ts or now_ms)) / 1000)}", style="bold")
+        elif ts is not None:
+            nxt = next((x for x in times[i + 1:] if x is not None), now_ms)
+            t.append(f"✓ {phase} {fmt_duration((nxt - ts) / 1000)}", style="green")
+        else:
+            t.append(f"· {phase}", style="dim")
+        if i < len(order) - 1:
+            t.append("  ")
+    return t

@@ -8,7 +8,9 @@ from rich.text import Text
 from textual.widget import Widget
 
 from lynxtop.contract.format import NA, fmt_clock, fmt_datetime
-from lynxtop.tui.plot import breach_marks, bucketize, column_chart
+from lynxtop.tui.plot import Chart, breach_marks, bucketize, column_chart
+
+LABEL_W = 9  # the y-axis labels' width
 
 
 class TimeChart(Widget):
@@ -38,12 +40,28 @@ class TimeChart(Widget):
 
     def render(self) -> Text:
         width = max(10, self.size.width)
-        label_w = 9
-        plot_w = max(4, width - label_w - 1)
+        plot_w = max(4, width - LABEL_W - 1)
         marks = self.threshold is not None
         plot_h = max(1, self.size.height - 2 - (1 if marks else 0))
         values = bucketize(self.points, self.start_ms, self.end_ms, plot_w, self.agg)
         chart = column_chart(values, plot_h, self.vmax, self.threshold, self.ascii_only)
+        out = self._title_line(values, chart)
+        for i, row in enumerate(chart.rows):
+            out.append(self._row_label(i, chart)[:LABEL_W].rjust(LABEL_W) + "│", style="dim")
+            self._append_row(out, row, chart.breach)
+        if marks:
+            out.append(" " * LABEL_W + "│", style="dim")
+            out.append(breach_marks(chart.breach, self.ascii_only), style="bold red")
+            out.append("\n")
+        stamp = fmt_datetime if self.end_ms - self.start_ms > 86_400_000 else fmt_clock
+        left, right = stamp(self.start_ms, self.utc), stamp(self.end_ms, self.utc)
+        axis = left + right.rjust(max(1, plot_w - len(left)))
+        out.append(" " * LABEL_W + "└", style="dim")
+        out.append(axis, style="dim")
+        return out
+
+    def _title_line(self, values: list[float | None], chart: Chart) -> Text:
+        """Title, the last reading, the window's max, the threshold and how many columns breach it."""
         last = next((v for _, v in reversed(self.points) if v is not None), None)
         out = Text(no_wrap=True, overflow="crop")
         out.append(self.title, style="bold")
@@ -59,34 +77,26 @@ class TimeChart(Widget):
         if self.note:
             out.append(f"  {self.note}", style="dim italic")
         out.append("\n")
-        for i, row in enumerate(chart.rows):
-            if i == 0:
-                label = self.fmt(chart.vmax)
-            elif i == chart.threshold_row:
-                label = self.fmt(self.threshold)
-            elif i == len(chart.rows) - 1:
-                label = self.fmt(0)
-            else:
-                label = ""
-            out.append(label[:label_w].rjust(label_w) + "│", style="dim")
-            # Runs of one style are appended at once: per-cell appends cost more than the drawing.
-            run_style, run_start = None, 0
-            for x, ch in enumerate(row):
-                style = ("yellow" if ch in "╌-" else "red" if chart.breach[x] and ch != " " else self.style)
-                if style != run_style:
-                    if run_style is not None:
-                        out.append(row[run_start:x], style=run_style)
-                    run_style, run_start = style, x
-            if run_style is not None:
-                out.append(row[run_start:], style=run_style)
-            out.append("\n")
-        if marks:
-            out.append(" " * label_w + "│", style="dim")
-            out.append(breach_marks(chart.breach, self.ascii_only), style="bold red")
-            out.append("\n")
-        stamp = fmt_datetime if self.end_ms - self.start_ms > 86_400_000 else fmt_clock
-        left, right = stamp(self.start_ms, self.utc), stamp(self.end_ms, self.utc)
-        axis = left + right.rjust(max(1, plot_w - len(left)))
-        out.append(" " * label_w + "└", style="dim")
-        out.append(axis, style="dim")
         return out
+
+    def _row_label(self, i: int, chart: Chart) -> str:
+        if i == 0:
+            return self.fmt(chart.vmax)
+        if i == chart.threshold_row:
+            return self.fmt(self.threshold)
+        if i == len(chart.rows) - 1:
+            return self.fmt(0)
+        return ""
+
+    def _append_row(self, out: Text, row: str, breach: list[bool]) -> None:
+        # Runs of one style are appended at once: per-cell appends cost more than the drawing.
+        run_style, run_start = None, 0
+        for x, ch in enumerate(row):
+            style = ("yellow" if ch in "╌-" else "red" if breach[x] and ch != " " else self.style)
+            if style != run_style:
+                if run_style is not None:
+                    out.append(row[run_start:x], style=run_style)
+                run_style, run_start = style, x
+        if run_style is not None:
+            out.append(row[run_start:], style=run_style)
+        out.append("\n")
