@@ -19,7 +19,7 @@ from typing import Any
 
 import pynvml
 
-from lynxtop.agent.gpu.scenario import FakeGpuSpec, FakeGpuState, Scenario
+from lynxtop.agent.gpu.protocol import FakeGpuSpec, FakeGpuState, Scenario
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

@@ -12,6 +12,7 @@ from typing import Any
 
 import pynvml
 
+from lynxtop.agent.gpu.protocol import GpuBackend
 from lynxtop.contract.columns import NVLINK_MAX_LINKS
 
 
@@ -66,7 +67,7 @@ def link_metrics(nvlink_count: int) -> tuple[tuple[str, int, float], ...]:
 class GpmReader:
     """Two alternating GPM samples of one GPU and a reused metrics struct."""
 
-    def __init__(self, backend: Any, handle: Any, nvlink_count: int):
+    def __init__(self, backend: GpuBackend, handle: Any, nvlink_count: int):
         self._b = backend
         self._h = handle
         mg = _MetricsGet()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pynvml
 
+from lynxtop.agent.gpu.protocol import GpuBackend
 from lynxtop.contract.columns import NVLINK_MAX_LINKS
 
 _TX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
@@ -19,7 +20,7 @@ _RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 class NvlinkCounters:
     """Per-link TX/RX data counters (KiB) of one GPU read in one nvmlDeviceGetFieldValues call."""
 
-    def __init__(self, backend: Any, handle: Any, nvlink_count: int):
+    def __init__(self, backend: GpuBackend, handle: Any, nvlink_count: int):
         self._b = backend
         self._h = handle
         n = min(nvlink_count, NVLINK_MAX_LINKS)

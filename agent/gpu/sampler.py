@@ -22,12 +22,14 @@ import pynvml
 
 from lynxtop.agent.gpu.gpm import GpmReader
 from lynxtop.agent.gpu.nvlink import NvlinkCounters
+from lynxtop.agent.gpu.protocol import GpuBackend
 from lynxtop.agent.gpu.xid import XidWatcher
 from lynxtop.contract.columns import GPU_METRICS, NVLINK_METRICS, names
+from lynxtop.contract.events import EventKind
 
 log = logging.getLogger("lynxtop.gpu")
 
-EventSink = Callable[[str, str, str, dict | None], None]  # (kind, severity, message, details)
+EventSink = Callable[[EventKind, str, str, dict | None], None]  # (kind, severity, message, details)
 
 GPU_COLUMNS = names(GPU_METRICS)
 _ROW_TEMPLATE = dict.fromkeys(GPU_COLUMNS)
@@ -111,8 +113,9 @@ class _Gpu:
 class GpuSampler:
     """Samples every GPU of the node through `backend_factory()` (a fresh backend on each (re)initialisation)."""
 
-    def __init__(self, backend_factory: Callable[[], Any], gpm_enabled: bool = True, slow_interval_s: float = 60.0,
-                 on_event: EventSink | None = None, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, backend_factory: Callable[[], GpuBackend], gpm_enabled: bool = True,
+                 slow_interval_s: float = 60.0, on_event: EventSink | None = None,
+                 clock: Callable[[], float] = time.monotonic,
                  retry_initial_s: float = 1.0, retry_max_s: float = 60.0, lost_probe_s: float = 10.0,
                  xid_events: bool = True, xid_wait_ms: int = 500):
         self._factory = backend_factory
@@ -125,7 +128,7 @@ class GpuSampler:
         self._lost_probe_s = lost_probe_s
         self._xid_events = xid_events
         self._xid_wait_ms = xid_wait_ms
-        self._b: Any = None
+        self._b: Any = None  # a GpuBackend while open
         self._gpus: list[_Gpu] = []
         self._state = {"state": "error", "message": "not opened", "driver_version": "", "nvml_version": ""}
         self._retry_delay = retry_initial_s
@@ -156,7 +159,7 @@ class GpuSampler:
         self._teardown()
         self._state.update(state="error", message="closed")
 
-    def _event(self, kind: str, severity: str, message: str, details: dict | None = None) -> None:
+    def _event(self, kind: EventKind, severity: str, message: str, details: dict | None = None) -> None:
         (log.warning if severity in ("warning", "error", "critical") else log.info)("%s", message)
         if self._on_event is not None:
             try:
@@ -196,21 +199,21 @@ class GpuSampler:
             self._open_failed(e.code, f"NVML initialised but {e}", now)
             return
         was_down = self._state["state"] == "error" and self.static_version > 0
-        self._state = {"state": "ok", "message": f"{count} GPU(s)" + (" (simulated)" if getattr(b, "simulated", False)
+        self._state = {"state": "ok", "message": f"{count} GPU(s)" + (" (simulated)" if b.simulated
                                                                        else ""),
                        "driver_version": dv, "nvml_version": nv}
         self._retry_delay = self._retry_initial
         self._first_tick = True
         self.static_version += 1
         if was_down:
-            self._event("nvml_reinit", "info", f"NVML re-initialised: driver {dv}, {count} GPU(s)",
+            self._event(EventKind.NVML_REINIT, "info", f"NVML re-initialised: driver {dv}, {count} GPU(s)",
                         {"driver_version": dv, "gpus": count})
         for g in self._gpus:
             if g.lost:
                 self._mark_lost(g, "while enumerating")
         if not self.gpm_enabled and self._once("gpm_disabled", ""):
-            self._event("gpm_disabled", "info", "GPM sampling is off by configuration ([agent] gpm = false): "
-                        "SM/tensor/DRAM activity columns stay empty", None)
+            self._event(EventKind.GPU_GPM_DISABLED, "info", "GPM sampling is off by configuration "
+                        "([agent] gpm = false): SM/tensor/DRAM activity columns stay empty", None)
         if self._xid_events and self._on_event is not None:
             self._xid = XidWatcher(b, self._event, wait_ms=self._xid_wait_ms)
             self._xid.start()
@@ -227,7 +230,7 @@ class GpuSampler:
         self._next_attempt = now + delay
         self._retry_delay = min(self._retry_delay * 2, self._retry_max * (5 if no_driver else 1))
         if self._once("nvml_open_failed", state):
-            self._event("nvml_unavailable", "warning" if no_driver else "error", message, {"code": code})
+            self._event(EventKind.NVML_UNAVAILABLE, "warning" if no_driver else "error", message, {"code": code})
 
     def _teardown(self) -> None:
         if self._xid is not None:
@@ -324,7 +327,7 @@ class GpuSampler:
             g.off.add(key)
             if code == E.NVML_ERROR_FUNCTION_NOT_FOUND and self._once("missing_function", name):
                 instead = _FALLBACKS.get(name)
-                self._event("nvml_missing_function", "info" if instead else "warning",
+                self._event(EventKind.NVML_MISSING_FUNCTION, "info" if instead else "warning",
                             f"NVML function {name} is missing in this driver (FUNCTION_NOT_FOUND): "
                             + (f"using {instead}" if instead else "its metrics stay empty"),
                             {"function": name, "gpu": g.idx})
@@ -334,7 +337,7 @@ class GpuSampler:
             g.off.add(key)
             g.denied_at[key] = self._clock()
             if self._once("no_permission", name):
-                self._event("nvml_no_permission", "warning",
+                self._event(EventKind.NVML_NO_PERMISSION, "warning",
                             f"NVML denied {name} on GPU {g.idx} (NO_PERMISSION); retried every "
                             f"{self.slow_interval_s:g} s", {"function": name, "gpu": g.idx})
         elif code != E.NVML_ERROR_NOT_FOUND and self._once("nvml_error", f"{g.idx}:{key}:{code}"):
@@ -386,7 +389,7 @@ class GpuSampler:
     def _reinit(self, e: _Reinit) -> None:
         self._teardown()
         self._reported.discard(("nvml_open_failed", "error"))
-        self._event("nvml_reinit", "warning", f"NVML needs re-initialising ({e}); retrying with backoff",
+        self._event(EventKind.NVML_REINIT, "warning", f"NVML needs re-initialising ({e}); retrying with backoff",
                     {"code": e.code})
         self._state = {"state": "error", "message": f"re-initialising NVML after {e}",
                        "driver_version": "", "nvml_version": ""}
@@ -397,7 +400,7 @@ class GpuSampler:
         g.lost = True
         g.lost_probe_at = self._clock() + self._lost_probe_s
         if self._once("gpu_lost", str(g.idx)):
-            self._event("gpu_lost", "critical",
+            self._event(EventKind.GPU_LOST, "critical",
                         f"GPU {g.idx} {g.uuid or ''} is lost (NVML GPU_IS_LOST {where}); the other GPUs keep "
                         "sampling. A lost GPU usually needs a reset or a reboot.",
                         {"gpu": g.idx, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id})
@@ -417,7 +420,7 @@ class GpuSampler:
         self._reported.discard(("gpu_lost", str(g.idx)))
         if g.gpm is not None:
             g.gpm.reset()
-        self._event("gpu_recovered", "info", f"GPU {g.idx} answers NVML again", {"gpu": g.idx, "uuid": g.uuid})
+        self._event(EventKind.GPU_RECOVERED, "info", f"GPU {g.idx} answers NVML again", {"gpu": g.idx, "uuid": g.uuid})
         return True
 
     def _lost_row(self, g: _Gpu) -> dict:
@@ -428,31 +431,46 @@ class GpuSampler:
         return row
 
     def _sample_gpu(self, g: _Gpu, now: float, do_slow: bool, vllm_pids: Any, tick: GpuTick) -> None:
-        h = g.handle
-        call = self._call
         row = dict(_ROW_TEMPLATE)
         row["gpu"] = g.idx
         row["lost"] = 0
-        if g.denied_at:  # NO_PERMISSION can be granted later (e.g. a changed udev rule)
-            for key, t in g.denied_at.items():
-                if now - t >= self.slow_interval_s:
-                    g.off.discard(key)
-                    g.denied_at[key] = now
+        if g.denied_at:
+            self._retry_denied(g, now)
+        self._read_fast(g, row)
+        self._read_processes(g, vllm_pids, tick)
+        if g.gpm is not None and "nvmlGpmSampleGet" not in g.off:
+            links = self._read_gpm(g, g.gpm, row)
+        elif g.counters is not None and "nvmlDeviceGetFieldValues" not in g.off:
+            links = self._read_counters(g, g.counters, row)
+        else:
+            links = []
+        if links:
+            nl = dict(_NVLINK_TEMPLATE)
+            nl["gpu"] = g.idx
+            for col, v in links:
+                nl[col] = None if v is None else round(v)
+            tick.nvlink_rows.append(nl)
+        if do_slow:
+            self._read_slow(g, now)
+        row.update(g.slow)
+        tick.gpu_rows.append(row)
 
+    def _retry_denied(self, g: _Gpu, now: float) -> None:
+        """NO_PERMISSION can be granted later (e.g. a changed udev rule): ask again every slow interval."""
+        for key, t in g.denied_at.items():
+            if now - t >= self.slow_interval_s:
+                g.off.discard(key)
+                g.denied_at[key] = now
+
+    def _read_fast(self, g: _Gpu, row: dict) -> None:
+        """The cheap per-tick readings: utilisation, memory, power, temperature, clocks, clock-event reasons."""
+        h = g.handle
+        call = self._call
         u = call(g, "nvmlDeviceGetUtilizationRates", h)
         if u is not None:
             row["util_gpu_pct"] = u.gpu
             row["util_mem_pct"] = u.memory
-        if g.mem_v2:
-            m = self._call_as(g, "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo", h, version=E.nvmlMemory_v2)
-            if m is not None:
-                row["mem_used_bytes"], row["mem_total_bytes"], row["mem_reserved_bytes"] = m.used, m.total, m.reserved
-            elif "nvmlDeviceGetMemoryInfo_v2" in g.off:
-                g.mem_v2 = False  # an older driver: the v1 struct has no reserved figure
-        if not g.mem_v2:
-            m = call(g, "nvmlDeviceGetMemoryInfo", h)
-            if m is not None:
-                row["mem_used_bytes"], row["mem_total_bytes"] = m.used, m.total
+        self._read_memory(g, row)
         p = call(g, "nvmlDeviceGetPowerUsage", h)
         if p is not None:
             row["power_w"] = round(p / 1000)
@@ -467,52 +485,56 @@ class GpuSampler:
         else:  # drivers before 535 only know the older name
             row["throttle_reasons"] = call(g, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
 
-        procs = call(g, "nvmlDeviceGetComputeRunningProcesses", h)
-        if procs:
-            for pr in procs:
-                tick.process_rows.append({"gpu": g.idx, "pid": pr.pid, "used_mem_bytes": pr.usedGpuMemory,
-                                          "in_vllm_tree": pr.pid in vllm_pids})
+    def _read_memory(self, g: _Gpu, row: dict) -> None:
+        h = g.handle
+        if g.mem_v2:
+            m = self._call_as(g, "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo", h, version=E.nvmlMemory_v2)
+            if m is not None:
+                row["mem_used_bytes"], row["mem_total_bytes"], row["mem_reserved_bytes"] = m.used, m.total, m.reserved
+            elif "nvmlDeviceGetMemoryInfo_v2" in g.off:
+                g.mem_v2 = False  # an older driver: the v1 struct has no reserved figure
+        if not g.mem_v2:
+            m = self._call(g, "nvmlDeviceGetMemoryInfo", h)
+            if m is not None:
+                row["mem_used_bytes"], row["mem_total_bytes"] = m.used, m.total
 
-        links: list[tuple[str, float | None]] = []
-        if g.gpm is not None and "nvmlGpmSampleGet" not in g.off:
-            gpm = g.gpm
-            try:
-                vals = gpm.read()
-            except pynvml.NVMLError as e:
-                self._failed(g, "nvmlGpmSampleGet", e.value)
-                vals = None
-            if vals is not None:
-                n = gpm.n_scalar
-                for col, v in zip(gpm.columns[:n], vals[:n], strict=True):
-                    if v is not None:
-                        row[col] = round(v)
-                if n < len(vals):
-                    links = list(zip(gpm.columns[n:], vals[n:], strict=True))
-        elif g.counters is not None and "nvmlDeviceGetFieldValues" not in g.off:
-            try:
-                links, any_ok = g.counters.read()
-            except pynvml.NVMLError as e:
-                self._failed(g, "nvmlDeviceGetFieldValues", e.value)
-                links, any_ok = [], True
-            if not any_ok:
-                g.counters = None  # no NVLink counters on this GPU: stop asking
-            tx = [v for c, v in links if c.endswith("_tx_bytes_per_s")]
-            rx = [v for c, v in links if c.endswith("_rx_bytes_per_s")]
-            if tx and None not in tx:
-                row["nvlink_tx_bytes_per_s"] = round(sum(tx))
-            if rx and None not in rx:
-                row["nvlink_rx_bytes_per_s"] = round(sum(rx))
-        if links:
-            nl = dict(_NVLINK_TEMPLATE)
-            nl["gpu"] = g.idx
-            for col, v in links:
-                nl[col] = None if v is None else round(v)
-            tick.nvlink_rows.append(nl)
+    def _read_processes(self, g: _Gpu, vllm_pids: Any, tick: GpuTick) -> None:
+        procs = self._call(g, "nvmlDeviceGetComputeRunningProcesses", g.handle)
+        for pr in procs or ():
+            tick.process_rows.append({"gpu": g.idx, "pid": pr.pid, "used_mem_bytes": pr.usedGpuMemory,
+                                      "in_vllm_tree": pr.pid in vllm_pids})
 
-        if do_slow:
-            self._read_slow(g, now)
-        row.update(g.slow)
-        tick.gpu_rows.append(row)
+    def _read_gpm(self, g: _Gpu, gpm: GpmReader, row: dict) -> list[tuple[str, float | None]]:
+        """GPM activity into `row`; the per-link NVLink rates are returned."""
+        try:
+            vals = gpm.read()
+        except pynvml.NVMLError as e:
+            self._failed(g, "nvmlGpmSampleGet", e.value)
+            return []
+        if vals is None:
+            return []
+        n = gpm.n_scalar
+        for col, v in zip(gpm.columns[:n], vals[:n], strict=True):
+            if v is not None:
+                row[col] = round(v)
+        return list(zip(gpm.columns[n:], vals[n:], strict=True))
+
+    def _read_counters(self, g: _Gpu, counters: NvlinkCounters, row: dict) -> list[tuple[str, float | None]]:
+        """NVLink rates from the field counters (no GPM): totals into `row`, the per-link rates returned."""
+        try:
+            links, any_ok = counters.read()
+        except pynvml.NVMLError as e:
+            self._failed(g, "nvmlDeviceGetFieldValues", e.value)
+            links, any_ok = [], True
+        if not any_ok:
+            g.counters = None  # no NVLink counters on this GPU: stop asking
+        tx = [v for c, v in links if c.endswith("_tx_bytes_per_s")]
+        rx = [v for c, v in links if c.endswith("_rx_bytes_per_s")]
+        if tx and None not in tx:
+            row["nvlink_tx_bytes_per_s"] = round(sum(tx))
+        if rx and None not in rx:
+            row["nvlink_rx_bytes_per_s"] = round(sum(rx))
+        return links
 
     def _read_slow(self, g: _Gpu, now: float) -> None:
         """Energy (≈4 ms of CPU per call on an H200), ECC and remapped rows: once per slow interval."""

@@ -14,6 +14,9 @@ from typing import Any
 
 import pynvml
 
+from lynxtop.agent.gpu.protocol import GpuBackend
+from lynxtop.contract.events import EventKind
+
 log = logging.getLogger("lynxtop.gpu.xid")
 
 # The XIDs an operator of a serving node meets most; severity "critical" means the GPU likely needs a reset.
@@ -37,13 +40,13 @@ XID_INFO: dict[int, tuple[str, str]] = {
     140: ("critical", "unrecovered ECC error"),
 }
 
-EventSink = Callable[[str, str, str, dict | None], None]
+EventSink = Callable[[EventKind, str, str, dict | None], None]
 
 
 class XidWatcher:
-    """Registers every GPU for XID events and reports each one as an event `xid` with the XID number."""
+    """Registers every GPU for XID events and reports each one as an event `gpu.xid` with the XID number."""
 
-    def __init__(self, backend: Any, on_event: EventSink, wait_ms: int = 500):
+    def __init__(self, backend: GpuBackend, on_event: EventSink, wait_ms: int = 500):
         self._b = backend
         self._on_event = on_event
         self._wait_ms = wait_ms
@@ -102,7 +105,7 @@ class XidWatcher:
         where = f"GPU {gpu}" if gpu is not None else "a GPU"
         self.delivered += 1
         try:
-            self._on_event("xid", severity, f"XID {xid} on {where}: {what}", {"gpu": gpu, "xid": xid})
+            self._on_event(EventKind.GPU_XID, severity, f"XID {xid} on {where}: {what}", {"gpu": gpu, "xid": xid})
         except Exception:
             log.exception("XID event sink failed")
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lynxtop.agent.gpu.scenario import FakeGpuSpec, FakeGpuState
+from lynxtop.agent.gpu.protocol import FakeGpuSpec, FakeGpuState
 from lynxtop.agent.sim.flags import default_state_dir
 from lynxtop.agent.sim.model import SimParams
 from lynxtop.agent.sim.state import EngineState, read_states

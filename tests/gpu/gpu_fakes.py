@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from lynxtop.agent.gpu.fake import FakeNvml, ScriptedNode
+from lynxtop.agent.gpu.protocol import FakeGpuSpec, FakeGpuState
 from lynxtop.agent.gpu.sampler import GpuSampler
-from lynxtop.agent.gpu.scenario import FakeGpuSpec, FakeGpuState
 
 
 class ManualClock:

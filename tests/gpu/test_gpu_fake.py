@@ -9,9 +9,10 @@ import pynvml
 import pytest
 from gpu_fakes import ConstantNode
 
+from lynxtop.agent.gpu import backend
 from lynxtop.agent.gpu.backend import RealNvml, open_backend
 from lynxtop.agent.gpu.fake import FakeNvml, a100_specs, h200_specs, scripted_scenario
-from lynxtop.agent.gpu.scenario import FakeGpuState
+from lynxtop.agent.gpu.protocol import FakeGpuState
 
 
 def test_real_pynvml_error_classes(clock):
@@ -135,7 +136,26 @@ def test_gpm_sample_buffers_are_real_ctypes_pointers(clock):
 
 def test_open_backend_names():
     assert isinstance(open_backend(""), RealNvml)
-    for name in ("h200x8", "a100x8", "lost", "missing", "xid"):
+    for name in ("h200x8", "a100x8", "lost", "missing", "xid", "nodriver"):
         assert isinstance(open_backend(name), FakeNvml)
     with pytest.raises(ValueError, match="unknown fake NVML scenario 'h100x3'"):
         open_backend("h100x3")
+
+
+def test_the_simulated_node_is_injected_not_imported(tmp_path):
+    """The GPU layer does not know the simulator: "sim" needs the scenario factory from whoever composes."""
+    with pytest.raises(ValueError, match="needs its scenario factory"):
+        open_backend("sim", str(tmp_path))
+    seen = []
+
+    def factory(state_dir):
+        seen.append(state_dir)
+        return scripted_scenario("a100x8")
+
+    nv = open_backend("sim", str(tmp_path), factory)
+    assert isinstance(nv, FakeNvml) and seen == [str(tmp_path)]
+    backend.register_scenario("test-node", factory)
+    try:
+        assert isinstance(open_backend("test-node", "d"), FakeNvml) and seen[-1] == "d"
+    finally:
+        backend._registered.pop("test-node")

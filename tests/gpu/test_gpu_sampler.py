@@ -10,8 +10,8 @@ from gpu_fakes import ConstantNode, Events, ScriptedNode, make
 
 from lynxtop.agent.gpu.backend import RealNvml, open_backend
 from lynxtop.agent.gpu.fake import FakeNvml, a100_specs, h200_specs, scripted_scenario
+from lynxtop.agent.gpu.protocol import FakeGpuState
 from lynxtop.agent.gpu.sampler import GPU_COLUMNS, GpuSampler
-from lynxtop.agent.gpu.scenario import FakeGpuState
 from lynxtop.contract.columns import NVLINK_METRICS, names
 
 GPM_COLUMNS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct", "fp16_active_pct",
@@ -93,7 +93,7 @@ def test_gpm_switch_off(clock, events):
     assert tick.gpu_rows[0]["sm_active_pct"] is None and tick.gpu_rows[0]["util_gpu_pct"] == 99
     assert made[0].calls.get("nvmlGpmSampleGet", 0) == 0
     assert tick.gpu_rows[0]["nvlink_tx_bytes_per_s"] is not None  # NVLink falls back to the field counters
-    assert events.kinds() == ["gpm_disabled"]
+    assert events.kinds() == ["gpu.gpm_disabled"]
 
 
 def test_single_gpu_without_nvlink_is_normal(clock, events):
@@ -156,10 +156,10 @@ def test_a_failing_call_nulls_only_its_metric_on_that_gpu(clock, fn, code_name):
     else:
         assert again > 0  # transient or permission: asked again (NO_PERMISSION at the slow cadence)
     if code_name == "FUNCTION_NOT_FOUND":
-        assert events.kinds() == ["nvml_missing_function"]  # once, however many ticks
+        assert events.kinds() == ["nvml.missing_function"]  # once, however many ticks
         assert fn in events[0][2] and events[0][1] == "warning"
     elif code_name == "NO_PERMISSION":
-        assert events.kinds() == ["nvml_no_permission"] and "GPU 1" in events[0][2]
+        assert events.kinds() == ["nvml.no_permission"] and "GPU 1" in events[0][2]
     else:
         assert events == []
 
@@ -173,7 +173,7 @@ def test_missing_functions_scenario_falls_back_and_reports_once(clock, events):
     assert row["mem_used_bytes"] is not None and row["mem_reserved_bytes"] is None  # v1 memory info
     assert row["throttle_reasons"] is not None  # the older throttle-reason call
     assert row["sm_active_pct"] is None and row["energy_j"] is None and row["remapped_rows_failed"] is None
-    assert set(events.kinds()) == {"nvml_missing_function"}
+    assert set(events.kinds()) == {"nvml.missing_function"}
     fns = {e[3]["function"] for e in events}
     assert {"nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetCurrentClocksEventReasons",
             "nvmlDeviceGetRemappedRows", "nvmlGpmQueryDeviceSupport"} <= fns
@@ -197,7 +197,7 @@ def test_lost_gpu_others_keep_sampling_event_once(clock, events):
     # the lost GPU is not hammered: 3 healthy GPUs' calls per tick, plus no more than a probe
     per_tick = (sum(made[0].calls.values()) - n_calls) / 5
     assert per_tick < 3 * 16
-    assert events.kinds() == ["gpu_lost"] and events[0][1] == "critical" and events[0][3]["gpu"] == 2
+    assert events.kinds() == ["gpu.lost"] and events[0][1] == "critical" and events[0][3]["gpu"] == 2
 
 
 def test_lost_gpu_that_answers_again_recovers(clock, events):
@@ -210,7 +210,7 @@ def test_lost_gpu_that_answers_again_recovers(clock, events):
     node.states[1] = busy_state(18)
     tick = run_ticks(s, clock, 4)
     assert tick.gpu_rows[1]["lost"] == 0 and tick.gpu_rows[1]["temp_c"] == 71
-    assert events.kinds() == ["gpu_lost", "gpu_recovered"]
+    assert events.kinds() == ["gpu.lost", "gpu.recovered"]
 
 
 def test_gpu_lost_before_enumeration(clock, events):
@@ -220,7 +220,7 @@ def test_gpu_lost_before_enumeration(clock, events):
     assert [g["idx"] for g in s.static()] == [0, 2]  # no UUID can be read from a lost GPU
     tick = run_ticks(s, clock, 2)
     assert [r["lost"] for r in tick.gpu_rows] == [0, 1, 0]
-    assert events.kinds() == ["gpu_lost"]
+    assert events.kinds() == ["gpu.lost"]
 
 
 def test_no_driver_is_a_state_and_the_driver_may_come_later(clock, events):
@@ -239,7 +239,7 @@ def test_no_driver_is_a_state_and_the_driver_may_come_later(clock, events):
     assert s.sample(set()).gpu_rows == []  # still backing off
     clock.advance(1.5)
     assert len(s.sample(set()).gpu_rows) == 8 and s.status()["state"] == "ok"
-    assert events.kinds() == ["nvml_unavailable"]
+    assert events.kinds() == ["nvml.unavailable"]
 
 
 def test_real_backend_without_a_driver_on_this_machine(events):
@@ -288,8 +288,8 @@ def test_version_mismatch_reinitialises_with_backoff(clock, events):
     assert attempts[2] - attempts[1] > attempts[1] - attempts[0]
     assert s.status()["state"] == "ok" and len(tick.gpu_rows) == 2 and s.static_version == v0 + 1
     kinds = events.kinds()
-    assert kinds[0] == "nvml_reinit" and kinds[-1] == "nvml_reinit" and events[-1][1] == "info"
-    assert "nvml_unavailable" in kinds  # the failing re-init attempts are reported once
+    assert kinds[0] == "nvml.reinit" and kinds[-1] == "nvml.reinit" and events[-1][1] == "info"
+    assert "nvml.unavailable" in kinds  # the failing re-init attempts are reported once
 
 
 def test_process_rows_are_tagged_with_the_vllm_tree(clock):
@@ -348,7 +348,7 @@ def test_xid_events_are_delivered_with_the_xid_number(clock, events):
     t = time.monotonic()
     s.close()
     assert time.monotonic() - t < 1.0  # the watcher thread stops promptly
-    assert events.kinds() == ["xid"]
+    assert events.kinds() == ["gpu.xid"]
     kind, severity, message, details = events[0]
     assert details == {"gpu": 1, "xid": 48} and severity == "critical" and "double-bit ECC" in message
 
@@ -388,18 +388,20 @@ def test_scripted_xid_then_lost_gpu_through_the_watcher_thread(clock, events):
             tick = s.sample(set())
             time.sleep(0.05)  # lets the watcher thread take the XID the scenario fired
         deadline = time.monotonic() + 5
-        while "xid" not in events.kinds() and time.monotonic() < deadline:
+        while "gpu.xid" not in events.kinds() and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
         s.close()
     assert [r["lost"] for r in tick.gpu_rows] == [0, 0, 0, 1, 0, 0, 0, 0]
-    xids = [e for e in events if e[0] == "xid"]
+    xids = [e for e in events if e[0] == "gpu.xid"]
     assert len(xids) == 1 and xids[0][3] == {"gpu": 3, "xid": 79} and "fallen off the bus" in xids[0][2]
-    assert events.kinds().count("gpu_lost") == 1
+    assert events.kinds().count("gpu.lost") == 1
 
 
 def test_simulator_backend_opens_as_simulated(tmp_path):
-    s = GpuSampler(lambda: open_backend("sim", str(tmp_path)), xid_events=False)
+    from lynxtop.agent.sim.gpus import SimScenario
+
+    s = GpuSampler(lambda: open_backend("sim", str(tmp_path), SimScenario), xid_events=False)
     try:
         st = s.open()
         assert st["state"] == "ok" and "simulated" in st["message"]

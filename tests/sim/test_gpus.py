@@ -73,7 +73,7 @@ def test_temperature_lags_power(tmp_path):
 def test_the_fake_nvml_backend_wraps_the_scenario(tmp_path):
     me = os.getpid()
     write_state(tmp_path, engine_state(me, busy_frac=0.5, decode_frac=0.5, mean_batch=4))
-    nvml = open_backend("sim", str(tmp_path))
+    nvml = open_backend("sim", str(tmp_path), SimScenario)
     nvml.nvmlInit()
     h = nvml.nvmlDeviceGetHandleByIndex(5)
     assert nvml.nvmlDeviceGetMemoryInfo(h).used >= 120 * 2**30
