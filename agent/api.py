@@ -290,7 +290,8 @@ class ApiServer:
 
     async def _status(self, request: web.Request) -> web.Response:
         _query(request, "status")
-        return web.json_response(await _maybe_await(self.controller.status()))
+        status = await _maybe_await(self.controller.status())
+        return web.json_response(status.to_json())
 
     async def _profiles(self, request: web.Request) -> web.Response:
         _query(request, "profiles")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from lynxtop.contract.status import Status
+
 
 class ActionError(Exception):
     """A refused control action. `code` is machine-readable, `http_status` what the API answers."""
@@ -21,7 +23,7 @@ class ActionError(Exception):
 
 
 class Controller(Protocol):
-    def status(self) -> dict[str, Any]: ...
+    def status(self) -> Status: ...
 
     def profiles(self) -> dict[str, Any]: ...
 

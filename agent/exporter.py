@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -20,13 +20,15 @@ from prometheus_client.registry import Collector
 
 from lynxtop.agent.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
 from lynxtop.contract.columns import LATENCY_SERIES
+from lynxtop.contract.status import AgentStatus, GpuStatus, ServingState, ServingStatus, SlaState, SlaStatus, Status
 
 _log = logging.getLogger("lynxtop.exporter")
 
 DEFAULT_MAX_CONNECTIONS = 64  # [agent] metrics_max_connections: a few Prometheus servers and the odd curl
 
-SERVING_STATES = ("stopped", "starting", "ready", "degraded", "stopping", "backoff", "crash-loop")
-SLA_STATES = ("ok", "breach", "unknown")
+SERVING_STATES = tuple(s.value for s in ServingState)
+SLA_STATES = tuple(s.value for s in SlaState)
+_SIMULATED_HELP = "1 when any part of this node (GPUs or vLLM) is SIMULATED"
 
 # (status column, metric suffix, help, scale to base units, counter?)
 _GPU = (
@@ -96,45 +98,47 @@ def _num(v: Any) -> float | None:
     return None
 
 
-class SnapshotCollector(Collector):
-    """Yields families from `snapshot()` (a status object, docs/contracts.md); a missing value is no sample."""
+def _gauge(name: str, help_: str, value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, help_)
+    g.add_metric([], value)
+    return g
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any] | None]):
+
+class SnapshotCollector(Collector):
+    """Yields families from `snapshot()` (the agent's `Status`); a missing value is no sample."""
+
+    def __init__(self, snapshot: Callable[[], Status | None]):
         self.snapshot = snapshot
 
     def collect(self) -> Iterator[Any]:
         try:
-            st = self.snapshot() or {}
+            st = self.snapshot()
         except Exception as exc:  # a broken snapshot must not turn the endpoint into a 500 loop
             _log.warning("metrics snapshot failed: %r", exc)
-            st = {}
-        yield from self._agent(st.get("agent") or {}, st)
-        yield from self._gpus(st.get("gpus") or [])
-        yield from self._simple("host", _HOST, st.get("host") or {})
-        yield from self._serving(st.get("serving") or {}, st.get("serving_metrics") or {})
-        yield from self._sla(st.get("sla") or {})
+            st = None
+        if st is None:  # no snapshot yet: say only that nothing is known to be simulated
+            yield _gauge("lynxtop_agent_simulated", _SIMULATED_HELP, 0.0)
+            return
+        yield from self._agent(st.agent)
+        yield from self._gpus(st.gpus)
+        yield from self._simple("host", _HOST, st.host.metrics)
+        yield from self._serving(st.serving, st.serving_metrics.values)
+        yield from self._sla(st.sla)
 
-    def _agent(self, agent: dict[str, Any], st: dict[str, Any]) -> Iterator[Any]:
-        g = GaugeMetricFamily("lynxtop_agent_simulated", "1 when any part of this node (GPUs or vLLM) is SIMULATED")
-        g.add_metric([], 1.0 if agent.get("simulated") else 0.0)
-        yield g
-        for key, name, help_ in (("healthy", "lynxtop_agent_healthy", "1 when the agent's own checks pass"),
-                                 ("started_ms", "lynxtop_agent_start_time_seconds", "Agent start, Unix time")):
-            v = _num(agent.get(key))
-            if v is not None:
-                g = GaugeMetricFamily(name, help_)
-                g.add_metric([], v / 1000 if key == "started_ms" else v)
-                yield g
-        store = agent.get("store") or {}
+    def _agent(self, agent: AgentStatus) -> Iterator[Any]:
+        yield _gauge("lynxtop_agent_simulated", _SIMULATED_HELP, 1.0 if agent.simulated else 0.0)
+        yield _gauge("lynxtop_agent_healthy", "1 when the agent's own checks pass", float(agent.healthy))
+        if agent.started_ms is not None:
+            yield _gauge("lynxtop_agent_start_time_seconds", "Agent start, Unix time", agent.started_ms / 1000)
         for cls, name, help_, value in (
             (CounterMetricFamily, "lynxtop_agent_missed_ticks", "Sampling ticks skipped (one ran late) or failed",
-             agent.get("missed_ticks")),
+             agent.missed_ticks),
             (CounterMetricFamily, "lynxtop_agent_failed_ticks", "Sampling ticks that raised an error",
-             agent.get("failed_ticks")),
+             agent.failed_ticks),
             (CounterMetricFamily, "lynxtop_store_dropped_ticks", "Ticks dropped because the store writer lagged",
-             store.get("dropped")),
+             agent.store.dropped),
             (GaugeMetricFamily, "lynxtop_store_queued_ticks", "Ticks waiting for the store writer",
-             store.get("queued")),
+             agent.store.queued),
         ):
             v = _num(value)
             if v is not None:  # a missing reading is left out, never shown as 0
@@ -142,15 +146,12 @@ class SnapshotCollector(Collector):
                 fam.add_metric([], v)
                 yield fam
         yield from self._listeners(agent)
-        nvml = agent.get("nvml") or {}
-        if nvml.get("state"):
-            g = GaugeMetricFamily("lynxtop_nvml_ok", "1 when NVML answers normally")
-            g.add_metric([], 1.0 if nvml.get("state") == "ok" else 0.0)
-            yield g
+        if agent.nvml.state:
+            yield _gauge("lynxtop_nvml_ok", "1 when NVML answers normally", 1.0 if agent.nvml.state == "ok" else 0.0)
 
-    def _listeners(self, agent: dict[str, Any]) -> Iterator[Any]:
+    def _listeners(self, agent: AgentStatus) -> Iterator[Any]:
         """Connections of the control socket and this endpoint (docs/api.md, connection limits)."""
-        conns = agent.get("connections") or {}
+        conns = agent.connections
         for key, cls, name, help_ in (
             ("open", GaugeMetricFamily, "lynxtop_agent_connections", "Connections open on the listener"),
             ("max", GaugeMetricFamily, "lynxtop_agent_connections_max", "Connection limit of the listener"),
@@ -168,16 +169,13 @@ class SnapshotCollector(Collector):
                     fam.add_metric([listener], v)
             if any(v is not None for _, v in values):
                 yield fam
-        fds = agent.get("descriptors") or {}
         for key, name, help_ in (("open", "lynxtop_agent_open_fds", "Descriptors open in the agent"),
                                  ("limit", "lynxtop_agent_max_fds", "The agent's soft RLIMIT_NOFILE")):
-            v = _num(fds.get(key))
+            v = _num(agent.descriptors.get(key))
             if v is not None:
-                g = GaugeMetricFamily(name, help_)
-                g.add_metric([], v)
-                yield g
+                yield _gauge(name, help_, v)
 
-    def _gpus(self, gpus: list[dict[str, Any]]) -> Iterator[Any]:
+    def _gpus(self, gpus: tuple[GpuStatus, ...]) -> Iterator[Any]:
         for key, suffix, help_, scale, counter in _GPU:
             name = f"lynxtop_gpu_{suffix}"
             if counter:
@@ -186,47 +184,43 @@ class SnapshotCollector(Collector):
                 fam = GaugeMetricFamily(name, help_, labels=["gpu", "uuid"])
             any_value = False
             for g in gpus:
-                v = _num(g.get(key))
+                v = _num(g.metric(key))
                 if v is None:
                     continue
-                fam.add_metric([str(g.get("index", "")), str(g.get("uuid") or "")], v * scale)
+                fam.add_metric([str(g.index), str(g.uuid or "")], v * scale)
                 any_value = True
             if any_value:
                 yield fam
 
-    def _simple(self, prefix: str, spec: tuple, data: dict[str, Any]) -> Iterator[Any]:
+    def _simple(self, prefix: str, spec: tuple, data: Mapping[str, Any]) -> Iterator[Any]:
         for key, suffix, help_, scale in spec:
             v = _num(data.get(key))
-            if v is None:
-                continue
-            g = GaugeMetricFamily(f"lynxtop_{prefix}_{suffix}", help_)
-            g.add_metric([], v * scale)
-            yield g
-
-    def _serving(self, srv: dict[str, Any], sm: dict[str, Any]) -> Iterator[Any]:
-        state = srv.get("state")
-        if state:
-            g = GaugeMetricFamily("lynxtop_serving_state", "1 for the supervisor's current state of vLLM",
-                                  labels=["state"])
-            for s in SERVING_STATES:
-                g.add_metric([s], 1.0 if s == state else 0.0)
-            yield g
-            up = GaugeMetricFamily("lynxtop_serving_up", "1 when vLLM is ready (healthy and answering)")
-            up.add_metric([], 1.0 if state == "ready" else 0.0)
-            yield up
-        for key, name, help_, scale in (
-            ("state_since_ms", "lynxtop_serving_state_since_seconds", "When the current state began, Unix time", 1e-3),
-            ("ready_ms", "lynxtop_serving_ready_time_seconds", "When the current run became ready, Unix time", 1e-3),
-            ("run_id", "lynxtop_serving_run_id", "Id of the current run in the history store", 1),
-            ("failures_in_window", "lynxtop_serving_failures_in_window", "Failures counted toward crash-loop", 1),
-            ("adopted", "lynxtop_serving_adopted", "1 when the run was adopted from a previous agent", 1),
-        ):
-            v = _num(srv.get(key))
             if v is not None:
-                g = GaugeMetricFamily(name, help_)
-                g.add_metric([], v * scale)
-                yield g
+                yield _gauge(f"lynxtop_{prefix}_{suffix}", help_, v * scale)
+
+    def _serving(self, srv: ServingStatus, sm: Mapping[str, Any]) -> Iterator[Any]:
+        g = GaugeMetricFamily("lynxtop_serving_state", "1 for the supervisor's current state of vLLM",
+                              labels=["state"])
+        for s in SERVING_STATES:
+            g.add_metric([s], 1.0 if s == srv.state else 0.0)
+        yield g
+        yield _gauge("lynxtop_serving_up", "1 when vLLM is ready (healthy and answering)",
+                     1.0 if srv.state == ServingState.READY else 0.0)
+        for value, name, help_, scale in (
+            (srv.state_since_ms, "lynxtop_serving_state_since_seconds", "When the current state began, Unix time",
+             1e-3),
+            (srv.ready_ms, "lynxtop_serving_ready_time_seconds", "When the current run became ready, Unix time", 1e-3),
+            (srv.run_id, "lynxtop_serving_run_id", "Id of the current run in the history store", 1),
+            (srv.failures_in_window, "lynxtop_serving_failures_in_window", "Failures counted toward crash-loop", 1),
+            (srv.adopted, "lynxtop_serving_adopted", "1 when the run was adopted from a previous agent", 1),
+        ):
+            v = _num(value)
+            if v is not None:
+                yield _gauge(name, help_, v * scale)
         yield from self._simple("serving", _SERVING, sm)
+        yield from self._latency(sm)
+
+    def _latency(self, sm: Mapping[str, Any]) -> Iterator[Any]:
         v = _num(sm.get("scrape_errors"))
         if v is not None:
             c = CounterMetricFamily("lynxtop_serving_scrape_errors", "Failed scrapes of vLLM's /metrics")
@@ -235,27 +229,20 @@ class SnapshotCollector(Collector):
         for series in LATENCY_SERIES:
             for stat in ("p50", "p90", "p99", "mean"):
                 v = _num(sm.get(f"{series}_{stat}_ms"))
-                if v is None:
-                    continue
-                g = GaugeMetricFamily(f"lynxtop_serving_{series}_{stat}_seconds",
-                                      f"{_SERIES_HELP[series]}, {stat} over the sliding window")
-                g.add_metric([], v / 1000)
-                yield g
+                if v is not None:
+                    yield _gauge(f"lynxtop_serving_{series}_{stat}_seconds",
+                                 f"{_SERIES_HELP[series]}, {stat} over the sliding window", v / 1000)
 
-    def _sla(self, sla: dict[str, Any]) -> Iterator[Any]:
-        if sla.get("state"):
-            g = GaugeMetricFamily("lynxtop_sla_breach", "1 while p99 TTFT or TPOT is over its threshold")
-            g.add_metric([], 1.0 if sla["state"] == "breach" else 0.0)
-            yield g
-        for key, name, help_ in (
-            ("ttft_threshold_ms", "lynxtop_sla_ttft_p99_threshold_seconds", "SLA: p99 TTFT limit"),
-            ("tpot_threshold_ms", "lynxtop_sla_tpot_p99_threshold_seconds", "SLA: p99 TPOT limit"),
+    def _sla(self, sla: SlaStatus) -> Iterator[Any]:
+        yield _gauge("lynxtop_sla_breach", "1 while p99 TTFT or TPOT is over its threshold",
+                     1.0 if sla.state == SlaState.BREACH else 0.0)
+        for value, name, help_ in (
+            (sla.ttft_threshold_ms, "lynxtop_sla_ttft_p99_threshold_seconds", "SLA: p99 TTFT limit"),
+            (sla.tpot_threshold_ms, "lynxtop_sla_tpot_p99_threshold_seconds", "SLA: p99 TPOT limit"),
         ):
-            v = _num(sla.get(key))
+            v = _num(value)
             if v is not None:
-                g = GaugeMetricFamily(name, help_)
-                g.add_metric([], v / 1000)
-                yield g
+                yield _gauge(name, help_, v / 1000)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -285,7 +272,7 @@ def is_loopback(host: str) -> bool:
 class MetricsExporter:
     """GET /metrics on `listen` (host:port from `[agent] metrics_listen`); nothing else is served there."""
 
-    def __init__(self, listen: str, snapshot: Callable[[], dict[str, Any] | None],
+    def __init__(self, listen: str, snapshot: Callable[[], Status | None],
                  log: Callable[[str], None] | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  request_timeout_s: float = 10.0, episodes: Episodes | None = None):
         self.host, self.port = parse_listen(listen)

@@ -57,7 +57,7 @@ async def test_slow_nvml_leaves_host_and_store_on_time(tmp_path, h):
         # host rows every tick; GPU rows only from the samples that finished (one at a time, never queued)
         assert node.ticks >= 10, node.ticks
         assert node.gpu_late >= 6, node.gpu_late
-        assert node.status()["agent"]["gpu_late_ticks"] == node.gpu_late
+        assert node.status().agent.gpu_late_ticks == node.gpu_late
         node.writer.flush()
         host = h.db_rows(node.writer.path, "SELECT count(*) AS n FROM host_samples")[0]["n"]
         gpu_ticks = h.db_rows(node.writer.path, "SELECT count(DISTINCT ts_ms) AS n FROM gpu_samples")[0]["n"]
@@ -86,4 +86,4 @@ async def test_watchdog_health_needs_recent_ticks_and_a_live_writer(tmp_path, h)
     assert node.healthy()
     node.writer.close()  # the store writer thread is gone: no more WATCHDOG=1
     assert not node.healthy()
-    assert node.status()["agent"]["healthy"] is False
+    assert node.status().agent.healthy is False

@@ -69,9 +69,9 @@ async def test_emfile_ticks_are_missed_counted_and_logged_once(tmp_path, h, capl
     try:
         task = await _clock_for(node, 1.0)
         assert node.failed_ticks >= 5 and node.ticks == 0, (node.failed_ticks, node.ticks)
-        st = node.status()["agent"]
-        assert st["failed_ticks"] == node.failed_ticks and st["missed_ticks"] >= node.failed_ticks
-        assert "Too many open files" in st["last_tick_error"]
+        st = node.status().agent
+        assert st.failed_ticks == node.failed_ticks and st.missed_ticks >= node.failed_ticks
+        assert "Too many open files" in st.last_tick_error
         assert "failed" in node.status_line() and "missed ticks" in node.status_line()
         # one line for the whole episode, and no traceback for an exhausted resource
         assert len(_lines(caplog, "sampling ticks fail")) == 1
@@ -95,7 +95,7 @@ async def test_a_bug_in_a_tick_logs_one_traceback_per_episode(tmp_path, h, caplo
         await _stop(task)
         assert node.failed_ticks >= 5
         assert len([r for r in caplog.records if r.exc_info]) == 1
-        assert node.status()["agent"]["missed_ticks"] >= node.failed_ticks
+        assert node.status().agent.missed_ticks >= node.failed_ticks
     finally:
         node.writer.close()
 

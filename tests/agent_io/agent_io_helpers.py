@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from support.status import gpu_row, make_status
 
 from lynxtop.agent.api import ApiServer
 from lynxtop.agent.control import ActionError
+from lynxtop.contract.status import Status
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80,
                 160, 640, 2560]
@@ -104,29 +106,22 @@ class FakeController:
                          "message": f"event {i}", "details": {}} for i in range(1, 6)]
 
     # read-only
-    def status(self) -> dict[str, Any]:
-        return {
-            "ts_ms": int(time.time() * 1000),
-            "agent": {"version": "0.1.0", "pid": os.getpid(), "host": "node1", "started_ms": 0, "uptime_s": 86400,
-                      "simulated": self.simulated, "healthy": True, "missed_ticks": 3, "sample_interval_s": 1.0,
-                      "nvml": {"state": "ok", "message": "", "driver_version": "575.57", "nvml_version": "13"},
-                      "store": {"path": "/x.db", "queued": 0, "dropped": 2, "last_error": None},
-                      "action": self.action},
-            "serving": dict(self.serving),
-            "sla": {"state": "ok", "since_ms": 0, "ttft_p99_ms": 412.0, "tpot_p99_ms": 38.0,
-                    "ttft_threshold_ms": 2000.0, "tpot_threshold_ms": 150.0, "window_s": 60.0},
-            "gpus": [{"index": i, "name": "NVIDIA H200", "uuid": f"GPU-{i:04d}", "pci_bus_id": f"0000:{i:02x}:00.0",
-                      "arch": "Hopper", "gpm_supported": True, "nvlink_count": 18, "util_gpu_pct": 97,
-                      "mem_used_bytes": 130 * 2**30, "mem_total_bytes": 141 * 2**30, "power_w": 612,
-                      "temp_c": 63, "sm_clock_mhz": 1980, "energy_j": 123456, "sm_active_pct": None, "lost": 0}
-                     for i in range(8)],
-            "host": {"cpu_pct": 12.5, "load1": 3.1, "mem_used_bytes": 200 * 2**30, "mem_total_bytes": 2015 * 2**30,
-                     "disk_free_bytes": 10 * 2**40},
-            "serving_metrics": {"scrape_ok": 1, "scrape_errors": 0, "requests_per_s": 3.2,
-                                "generation_tokens_per_s": 1204.0, "prompt_tokens_per_s": 5000.0,
-                                "requests_running": 12, "requests_waiting": 0, "kv_cache_usage_pct": 43.0,
-                                "ttft_p99_ms": 412.0, "tpot_p99_ms": 38.0, "itl_p50_ms": None},
-        }
+    def status(self) -> Status:
+        now = int(time.time() * 1000)
+        return make_status(
+            ts_ms=now, simulated=self.simulated, gpu_rows=[gpu_row(
+                i, uuid=f"GPU-{i:04d}", pci_bus_id=f"0000:{i:02x}:00.0", util_gpu_pct=97, power_w=612, temp_c=63,
+                energy_j=123456, sm_active_pct=None) for i in range(8)],
+            agent={"pid": os.getpid(), "host": "node1", "started_ms": 0, "missed_ticks": 3,
+                   "nvml": {"state": "ok", "message": "", "driver_version": "575.57", "nvml_version": "13"},
+                   "store": {"path": "/x.db", "queued": 0, "dropped": 2, "last_error": None}, "action": self.action},
+            sla={"since_ms": 0, "ttft_p99_ms": 412.0, "tpot_p99_ms": 38.0, "ttft_threshold_ms": 2000.0,
+                 "tpot_threshold_ms": 150.0, "window_s": 60.0},
+            host={"cpu_pct": 12.5, "load1": 3.1, "mem_total_bytes": 2015 * 2**30, "disk_free_bytes": 10 * 2**40},
+            metrics={"requests_per_s": 3.2, "generation_tokens_per_s": 1204.0, "prompt_tokens_per_s": 5000.0,
+                     "requests_waiting": 0, "kv_cache_usage_pct": 43.0, "ttft_p99_ms": 412.0,
+                     "tpot_p99_ms": 38.0, "itl_p50_ms": None},
+            **self.serving)
 
     def profiles(self) -> dict[str, Any]:
         return {"current": "tp8", "profiles": [

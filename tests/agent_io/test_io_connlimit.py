@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from dataclasses import replace
 
 import aiohttp
 import pytest
@@ -267,10 +268,10 @@ def test_listener_counters_on_the_metrics_page():
 
     fake = FakeController()
     snap = fake.status()
-    snap["agent"].update(failed_ticks=4, connections={
+    snap = replace(snap, agent=replace(snap.agent, failed_ticks=4, connections={
         "api": {"open": 3, "max": 256, "refused": 7, "evicted": 11, "timed_out": 2},
         "metrics": {"open": 1, "max": 64, "refused": 0, "evicted": 0, "timed_out": 5}},
-        descriptors={"open": 40, "limit": 65536})
+        descriptors={"open": 40, "limit": 65536}))
     exp = MetricsExporter("127.0.0.1:0", lambda: snap)
     text = generate_latest(exp.registry).decode()
     got = {(s.name, tuple(sorted(s.labels.items()))): s.value

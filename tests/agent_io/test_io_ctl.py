@@ -9,12 +9,14 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 from agent_io_helpers import FakeController, ThreadedApi, short_dir
 
 from lynxtop import ctl
 from lynxtop.__main__ import main
+from lynxtop.contract.status import ServingMetrics
 
 
 class _Tty(io.StringIO):
@@ -71,7 +73,8 @@ def test_status_shows_missing_values_as_na_and_states(agent, capsys):
     assert "traffic" in out  # the fake still has scrape results
     fake.serving["state"] = "stopped"
     original = fake.status
-    fake.status = lambda: original() | {"serving_metrics": {"scrape_ok": None, "requests_per_s": None}}
+    fake.status = lambda: replace(original(), serving_metrics=ServingMetrics.from_json(
+        {"scrape_ok": None, "requests_per_s": None}))
     code, out, _ = run(capsys, "status", "--socket", path)
     assert code == 0 and "STOPPED" in out and "traffic" not in out  # no line of N/As when nothing serves
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from dataclasses import replace
 
 import aiohttp
 import pytest
@@ -11,6 +12,7 @@ from agent_io_helpers import FakeController
 from prometheus_client.parser import text_string_to_metric_families
 
 from lynxtop.agent.exporter import MetricsExporter, is_loopback, parse_listen
+from lynxtop.contract.status import ServingState
 
 
 @pytest.fixture
@@ -67,7 +69,8 @@ async def test_metrics_names_units_and_labels(exporter):
     labels = {k for _, lab in s for k, _ in lab}
     assert labels <= {"gpu", "uuid", "state"}
     # the snapshot is read at each scrape: a change shows at the next one
-    state["snapshot"]["serving"]["state"] = "crash-loop"
+    state["snapshot"] = replace(state["snapshot"], serving=replace(state["snapshot"].serving,
+                                                                  state=ServingState.CRASH_LOOP))
     _, text = await get()
     s = samples(text)
     assert s[("lynxtop_serving_up", ())] == 0 and s[("lynxtop_serving_state", (("state", "crash-loop"),))] == 1
@@ -107,7 +110,7 @@ def test_listen_parsing_and_loopback():
 
 async def test_non_loopback_listen_is_warned_about():
     logs: list[str] = []
-    exp = MetricsExporter("0.0.0.0:0", lambda: {}, log=logs.append)
+    exp = MetricsExporter("0.0.0.0:0", lambda: None, log=logs.append)
     await exp.start()
     try:
         assert any(line.startswith("warning:") and "reachable from the network" in line for line in logs)
@@ -117,10 +120,10 @@ async def test_non_loopback_listen_is_warned_about():
 
 async def test_port_in_use_is_a_clear_error(exporter):
     get, _, _ = exporter
-    first = MetricsExporter("127.0.0.1:0", lambda: {}, log=lambda m: None)
+    first = MetricsExporter("127.0.0.1:0", lambda: None, log=lambda m: None)
     await first.start()
     try:
-        second = MetricsExporter(f"127.0.0.1:{first.bound_port}", lambda: {}, log=lambda m: None)
+        second = MetricsExporter(f"127.0.0.1:{first.bound_port}", lambda: None, log=lambda m: None)
         with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{first.bound_port} for metrics"):
             await second.start()
     finally:

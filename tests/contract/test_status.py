@@ -1,0 +1,73 @@
+"""The status JSON: what a real Node answers survives `Status.from_json(...).to_json()` unchanged.
+
+The API writes `Node.status().to_json()` and every client reads `Status.from_json()`, so a key the typed form
+drops or renames would silently vanish from `lynxtop status --json`, the dashboard and the exporter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+
+import pytest
+from support.status import make_status, status_json
+
+from lynxtop.agent.node import Node
+from lynxtop.agent.notify import Notifier
+from lynxtop.contract.config import load_config
+from lynxtop.contract.status import ActionInfo, ServingState, SlaState, Status
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _config(tmp_path) -> str:
+    path = tmp_path / "config.toml"
+    path.write_text(f"""
+[agent]
+database = "{tmp_path / 'state' / 'lynxtop.db'}"
+socket = "{tmp_path / 'run' / 'agent.sock'}"
+sample_interval_s = 0.1
+fake_nvml = "h200x8"
+
+[[profile]]
+name = "alpha"
+executable = "/bin/true"
+model = "deepseek-ai/DeepSeek-V4.1"
+port = 18000
+""")
+    return str(path)
+
+
+async def test_a_real_status_round_trips(tmp_path):
+    node = Node(load_config(_config(tmp_path)), Notifier(None))
+    node._open_parts()
+    node.gpu_view.update(time.monotonic(), [], node.sampler.open(), node.sampler.static())
+    try:
+        task = asyncio.create_task(node._clock())
+        await asyncio.sleep(0.5)  # a few ticks: GPU and host metrics are read
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.3)
+        st = node.status()
+        wire = json.loads(json.dumps(st.to_json()))  # what `GET /v1/status` carries
+        assert Status.from_json(wire).to_json() == wire
+        assert Status.from_json(wire) == st
+        assert len(wire["gpus"]) == 8 and wire["gpus"][0]["mem_total_bytes"]
+        assert wire["host"]["cpu_pct"] is not None and wire["agent"]["nvml"]["state"] == "ok"
+        assert st.serving.state is ServingState.STOPPED and st.sla.state is SlaState.UNKNOWN
+    finally:
+        node.writer.close()
+
+
+def test_the_test_factory_round_trips_and_reads_as_typed():
+    wire = json.loads(json.dumps(make_status(state="backoff", agent={"action": {
+        "action": "restart", "profile": "p", "since_ms": 1, "by": "uid 0"}}, sla={"state": "breach",
+        "breached": ["ttft"], "worst_ttft_p99_ms": 9000.0, "worst_tpot_p99_ms": None}).to_json()))
+    st = Status.from_json(wire)
+    assert st.to_json() == wire
+    assert st.serving.state is ServingState.BACKOFF and st.agent.action == ActionInfo("restart", "p", 1, "uid 0")
+    assert st.sla.breached == ("ttft",) and wire["sla"]["worst_ttft_p99_ms"] == 9000.0
+    assert Status.from_json(status_json()) == make_status()
