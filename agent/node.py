@@ -31,8 +31,20 @@ from lynxtop.agent.control import ActionError
 from lynxtop.agent.notify import Notifier
 from lynxtop.agent.startup import tail_lines
 from lynxtop.agent.supervisor import Supervisor, now_ms, server_url
-from lynxtop.contract.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, names
 from lynxtop.contract.config import Config
+from lynxtop.contract.status import (
+    GPU_METRIC_NAMES,
+    ActionInfo,
+    AgentStatus,
+    GpuStatus,
+    HostStatus,
+    NvmlStatus,
+    ServingMetrics,
+    ServingStatus,
+    SlaStatus,
+    Status,
+    StoreStatus,
+)
 
 log = logging.getLogger("lynxtop.agent")
 
@@ -493,46 +505,43 @@ class Node:
                                                          else "NOT recovered, history at risk"))
         return "; ".join(parts)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Status:
+        sup = self.supervisor
+        assert sup is not None
+        sla = SlaStatus.from_json(self.sla.state()) if self.sla is not None else SlaStatus()
+        return Status(ts_ms=now_ms(), agent=self._agent_status(), serving=ServingStatus.from_json(sup.serving_status()),
+                      sla=sla, gpus=self._gpu_statuses(), host=HostStatus.from_json(self.latest_host),
+                      serving_metrics=ServingMetrics.from_json(self.latest_serving))
+
+    def _agent_status(self) -> AgentStatus:
         sup = self.supervisor
         assert sup is not None
         ws = self.writer.stats() if self.writer is not None else {}
+        act = sup.action_status()
+        return AgentStatus(
+            version=__version__, pid=os.getpid(), host=self.host, started_ms=self.started_ms,
+            uptime_s=round(time.monotonic() - self.started_mono, 1), simulated=self.simulated,
+            healthy=self.healthy(), missed_ticks=self.missed_ticks, sample_interval_s=self.interval,
+            gpu_late_ticks=self.gpu_late, failed_ticks=self.failed_ticks, last_tick_error=self.last_tick_error,
+            connections={name: part.guard.stats() for name, part in (("api", self.api), ("metrics", self.exporter))
+                         if part is not None},
+            descriptors={"open": connguard.open_fds(), "limit": self.fd_plan.soft if self.fd_plan else None},
+            nvml=NvmlStatus(**{k: self.gpu_view.nvml.get(k, "") for k in ("state", "message", "driver_version",
+                                                                          "nvml_version")}),
+            store=StoreStatus(path=str(self.cfg.agent.database), queued=ws.get("queued"), dropped=ws.get("dropped"),
+                              last_error=ws.get("last_error"), wal_unlinked=ws.get("wal_unlinked"),
+                              wal_unlinked_ms=ws.get("wal_unlinked_ms"), wal_recovered=ws.get("wal_recovered")),
+            action=ActionInfo(**act) if act else None,
+            live_restore=self.cfg.agent.live_restore,
+        )
+
+    def _gpu_statuses(self) -> tuple[GpuStatus, ...]:
         by_idx = {r.get("gpu"): r for r in self.latest_gpu_rows}
-        gpus = []
-        for g in self.gpu_view.static:
-            row = by_idx.get(g.get("idx"), {})
-            gpus.append({"index": g.get("idx"), "name": g.get("name"), "uuid": g.get("uuid"),
-                         "pci_bus_id": g.get("pci_bus_id"), "arch": g.get("arch"),
-                         "gpm_supported": g.get("gpm_supported"), "nvlink_count": g.get("nvlink_count"),
-                         **{k: row.get(k) for k in names(GPU_METRICS)}})
-        sm = self.latest_serving or {}
-        return {
-            "ts_ms": now_ms(),
-            "agent": {
-                "version": __version__, "pid": os.getpid(), "host": self.host, "started_ms": self.started_ms,
-                "uptime_s": round(time.monotonic() - self.started_mono, 1), "simulated": self.simulated,
-                "healthy": self.healthy(), "missed_ticks": self.missed_ticks, "sample_interval_s": self.interval,
-                "gpu_late_ticks": self.gpu_late, "failed_ticks": self.failed_ticks,
-                "last_tick_error": self.last_tick_error,
-                "connections": {name: part.guard.stats() for name, part in (("api", self.api),
-                                                                            ("metrics", self.exporter))
-                                if part is not None},
-                "descriptors": {"open": connguard.open_fds(), "limit": self.fd_plan.soft if self.fd_plan else None},
-                "nvml": {k: self.gpu_view.nvml.get(k, "") for k in ("state", "message", "driver_version",
-                                                                    "nvml_version")},
-                "store": {"path": str(self.cfg.agent.database), "queued": ws.get("queued"),
-                          "dropped": ws.get("dropped"), "last_error": ws.get("last_error"),
-                          "wal_unlinked": ws.get("wal_unlinked"), "wal_unlinked_ms": ws.get("wal_unlinked_ms"),
-                          "wal_recovered": ws.get("wal_recovered")},
-                "action": sup.action_status(),
-                "live_restore": self.cfg.agent.live_restore,
-            },
-            "serving": sup.serving_status(),
-            "sla": self.sla.state() if self.sla is not None else {"state": "unknown"},
-            "gpus": gpus,
-            "host": {k: self.latest_host.get(k) for k in names(HOST_METRICS)},
-            "serving_metrics": {k: sm.get(k) for k in names(SERVING_METRICS)},
-        }
+        return tuple(
+            GpuStatus(index=g.get("idx"), name=g.get("name"), uuid=g.get("uuid"), pci_bus_id=g.get("pci_bus_id"),
+                      arch=g.get("arch"), gpm_supported=g.get("gpm_supported"), nvlink_count=g.get("nvlink_count"),
+                      metrics={k: by_idx.get(g.get("idx"), {}).get(k) for k in GPU_METRIC_NAMES})
+            for g in self.gpu_view.static)
 
     def profiles(self) -> dict[str, Any]:
         sup = self.supervisor
