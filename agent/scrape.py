@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lynxtop.agent.histogram import HistogramSnapshot, SlidingHistogram
 from lynxtop.contract.columns import LATENCY_SERIES, SERVING_METRICS, names
+from lynxtop.contract.events import EventKind
 
 SERVING_COLUMNS = names(SERVING_METRICS)
 MAX_PAGE_BYTES = 32 * 1024 * 1024  # a real page is ~100 KiB; anything near this is not vLLM
@@ -128,30 +129,12 @@ def _scan(text: str) -> tuple[list[str], bool, dict[str, dict[SeriesKey, str]]]:
 
 def parse_text(text: str) -> ParsedPage:
     """Parse exposition text with prometheus_client; raises PageError naming the problem. Thread-safe."""
-    sums: dict[str, float] = {}
-    maxes: dict[str, float] = {}
-    buckets: dict[str, dict[float, float]] = {}
     keep, seen_vllm, raw = _scan(text)
     relevant = "\n".join(keep) + "\n"
     if not seen_vllm:
         raise PageError("no vllm:* metrics on the page (is this a vLLM server?)")
     try:
-        for family in text_string_to_metric_families(relevant):
-            for s in family.samples:
-                name = s.name
-                value = float(s.value)
-                if math.isnan(value):
-                    continue
-                if name in _SUM_NAMES:
-                    sums[name] = sums.get(name, 0.0) + value
-                elif name in _MAX_NAMES:
-                    maxes[name] = max(maxes.get(name, -math.inf), value)
-                elif name.endswith("_bucket"):
-                    le = float(s.labels["le"])  # KeyError/ValueError: malformed
-                    per = buckets.setdefault(name[:-7], {})
-                    per[le] = per.get(le, 0.0) + value
-                else:  # a histogram's _sum or _count
-                    sums[name] = sums.get(name, 0.0) + value
+        sums, maxes, buckets = _add_up(relevant)
     except KeyError as exc:
         raise PageError(f"histogram bucket without an 'le' label ({exc})") from None
     except Exception as exc:  # the parser raises ValueError, IndexError, TypeError on garbage
@@ -159,33 +142,61 @@ def parse_text(text: str) -> ParsedPage:
 
     page = ParsedPage()
     for key, candidates in COUNTERS.items():
-        name = next((n for n in candidates if n in sums), None)
+        name = _present(candidates, sums)
         if name is not None:
             page.counters[key] = sums[name]
             page.series[("counter", key)] = raw.get(name, {})
-    for key, candidates in GAUGES_SUM.items():
-        name = next((n for n in candidates if n in sums), None)
-        if name is not None:
-            page.gauges[key] = sums[name]
-    for key, candidates in GAUGES_MAX.items():
-        name = next((n for n in candidates if n in maxes), None)
-        if name is not None:
-            page.gauges[key] = maxes[name]
+    for table, values in ((GAUGES_SUM, sums), (GAUGES_MAX, maxes)):
+        for key, candidates in table.items():
+            name = _present(candidates, values)
+            if name is not None:
+                page.gauges[key] = values[name]
     for key, candidates in HISTOGRAMS.items():
-        name = next((n for n in candidates if n in buckets), None)
-        if name is None:
-            continue
-        bs = tuple(sorted(buckets[name].items()))
-        if not math.isinf(bs[-1][0]):
-            raise PageError(f"histogram {name} has no +Inf bucket")
-        page.histograms[key] = HistogramSnapshot(
-            buckets=bs, sum=sums.get(name + "_sum", 0.0), count=sums.get(name + "_count", bs[-1][1])
-        )
-        page.series[("bucket", key)] = raw.get(name + "_bucket", {})
-        for part in ("sum", "count"):
-            if name + "_" + part in raw:
-                page.series[(part, key)] = raw[name + "_" + part]
+        name = _present(candidates, buckets)
+        if name is not None:
+            _add_histogram(page, key, name, buckets[name], sums, raw)
     return page
+
+
+def _present(candidates: tuple[str, ...], values: dict[str, Any]) -> str | None:
+    """The newest of a quantity's names that the page has."""
+    return next((n for n in candidates if n in values), None)
+
+
+def _add_up(relevant: str) -> tuple[dict[str, float], dict[str, float], dict[str, dict[float, float]]]:
+    """(sums over labels, maxima over labels, histogram name -> le -> summed bucket) of the relevant lines."""
+    sums: dict[str, float] = {}
+    maxes: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(relevant):
+        for s in family.samples:
+            name = s.name
+            value = float(s.value)
+            if math.isnan(value):
+                continue
+            if name in _MAX_NAMES:
+                maxes[name] = max(maxes.get(name, -math.inf), value)
+            elif name not in _SUM_NAMES and name.endswith("_bucket"):
+                le = float(s.labels["le"])  # KeyError/ValueError: malformed
+                per = buckets.setdefault(name[:-7], {})
+                per[le] = per.get(le, 0.0) + value
+            else:  # a summed counter or gauge, or a histogram's _sum or _count
+                sums[name] = sums.get(name, 0.0) + value
+    return sums, maxes, buckets
+
+
+def _add_histogram(page: ParsedPage, key: str, name: str, per_le: dict[float, float], sums: dict[str, float],
+                   raw: dict[str, dict[SeriesKey, str]]) -> None:
+    bs = tuple(sorted(per_le.items()))
+    if not math.isinf(bs[-1][0]):
+        raise PageError(f"histogram {name} has no +Inf bucket")
+    page.histograms[key] = HistogramSnapshot(
+        buckets=bs, sum=sums.get(name + "_sum", 0.0), count=sums.get(name + "_count", bs[-1][1])
+    )
+    page.series[("bucket", key)] = raw.get(name + "_bucket", {})
+    for part in ("sum", "count"):
+        if name + "_" + part in raw:
+            page.series[(part, key)] = raw[name + "_" + part]
 
 
 class _SeriesCorrection:
@@ -437,13 +448,13 @@ class MetricsScraper:
     def outage_event(self, now: float | None = None) -> dict[str, Any] | None:
         """An event dict (kind, severity, message, details) when the last call began or ended an outage."""
         if self.outage_started:
-            return {"kind": "scrape_outage", "severity": "warning",
+            return {"kind": EventKind.SCRAPE_OUTAGE, "severity": "warning",
                     "message": f"vLLM metrics unreadable: {self.last_error}",
                     "details": {"url": self.url, "error": self.last_error}}
         if self.outage_ended:
             lasted = None if now is None or self.outage_since is None else round(now - self.outage_since, 1)
             msg = "vLLM metrics readable again" + (f" after {lasted:g} s" if lasted is not None else "")
-            return {"kind": "scrape_recovered", "severity": "info", "message": msg,
+            return {"kind": EventKind.SCRAPE_RECOVERED, "severity": "info", "message": msg,
                     "details": {"url": self.url, "outage_s": lasted}}
         return None
 
@@ -453,7 +464,7 @@ class MetricsScraper:
         if not self.reset_series:
             return None
         n = len(self.reset_series)
-        return {"kind": "scrape_counter_reset", "severity": "warning",
+        return {"kind": EventKind.SCRAPE_COUNTER_RESET, "severity": "warning",
                 "message": f"vLLM counters went down at {self.url} ({n} series): the server restarted behind the "
                            "agent or a proxy switched backends; the window keeps the increases from before",
                 "details": {"url": self.url, "series": list(self.reset_series), "resets": self.resets}}
@@ -461,15 +472,8 @@ class MetricsScraper:
     def _corrected(self, page: ParsedPage) -> tuple[dict[str, float], dict[str, HistogramSnapshot], list[str]]:
         """The page's sums with Prometheus' per-series counter correction applied, and the keys that had a series
         go down on this page. Without any reset so far the page's own dicts are returned untouched."""
+        self._check_layouts(page)
         went_down: list[str] = []
-        for key, snap in page.histograms.items():
-            layout = tuple(map(_FIRST, snap.buckets))
-            if self._layouts.get(key, layout) != layout:  # other buckets: the window starts over, so do these
-                for kind in ("bucket", "sum", "count"):
-                    self._series.pop((kind, key), None)
-                    self._offsets.pop((kind, key), None)
-                self._bucket_offsets.pop(key, None)
-            self._layouts[key] = layout
         for sk, cur in page.series.items():
             corr = self._series.get(sk)
             if corr is None:
@@ -478,42 +482,90 @@ class MetricsScraper:
             if reset and sk[1] not in went_down:
                 went_down.append(sk[1])
             if fix:
-                if sk[0] == "bucket":
-                    per = self._bucket_offsets.setdefault(sk[1], {})
-                    for series, x in fix.items():
-                        le = _le(series)
-                        per[le] = per.get(le, 0.0) + x
-                else:
-                    self._offsets[sk] = self._offsets.get(sk, 0.0) + math.fsum(fix.values())
+                self._book(sk, fix)
         if len(self._series) > len(page.series):  # a whole family vanished: it starts over if it comes back
-            for sk in [sk for sk in self._series if sk not in page.series]:
-                del self._series[sk]
-                self._offsets.pop(sk, None)
-                if sk[0] == "bucket":
-                    self._bucket_offsets.pop(sk[1], None)
-                    self._layouts.pop(sk[1], None)
-        counters, hists = page.counters, page.histograms
-        if self._offsets or self._bucket_offsets:
-            off = self._offsets
-            counters = {k: v + off.get(("counter", k), 0.0) for k, v in counters.items()}
-            hists = {}
-            for key, snap in page.histograms.items():
-                per = self._bucket_offsets.get(key)
-                s_off, n_off = off.get(("sum", key), 0.0), off.get(("count", key), 0.0)
-                if per or s_off or n_off:
-                    per = per or {}
-                    snap = HistogramSnapshot(tuple((le, c + per.get(le, 0.0)) for le, c in snap.buckets),
-                                             snap.sum + s_off, snap.count + n_off)
-                hists[key] = snap
+            self._forget_vanished(page)
+        if not (self._offsets or self._bucket_offsets):
+            return page.counters, page.histograms, went_down
+        off = self._offsets
+        counters = {k: v + off.get(("counter", k), 0.0) for k, v in page.counters.items()}
+        hists = {key: self._offset_histogram(key, snap) for key, snap in page.histograms.items()}
         return counters, hists, went_down
+
+    def _check_layouts(self, page: ParsedPage) -> None:
+        """A histogram with other buckets than before starts its window over: so do its corrections."""
+        for key, snap in page.histograms.items():
+            layout = tuple(map(_FIRST, snap.buckets))
+            if self._layouts.get(key, layout) != layout:
+                for kind in ("bucket", "sum", "count"):
+                    self._series.pop((kind, key), None)
+                    self._offsets.pop((kind, key), None)
+                self._bucket_offsets.pop(key, None)
+            self._layouts[key] = layout
+
+    def _book(self, sk: tuple[str, str], fix: dict[SeriesKey, float]) -> None:
+        """Add one page's per-series corrections to the offsets of the sum they belong to."""
+        if sk[0] == "bucket":
+            per = self._bucket_offsets.setdefault(sk[1], {})
+            for series, x in fix.items():
+                le = _le(series)
+                per[le] = per.get(le, 0.0) + x
+        else:
+            self._offsets[sk] = self._offsets.get(sk, 0.0) + math.fsum(fix.values())
+
+    def _forget_vanished(self, page: ParsedPage) -> None:
+        for sk in [sk for sk in self._series if sk not in page.series]:
+            del self._series[sk]
+            self._offsets.pop(sk, None)
+            if sk[0] == "bucket":
+                self._bucket_offsets.pop(sk[1], None)
+                self._layouts.pop(sk[1], None)
+
+    def _offset_histogram(self, key: str, snap: HistogramSnapshot) -> HistogramSnapshot:
+        off = self._offsets
+        per = self._bucket_offsets.get(key)
+        s_off, n_off = off.get(("sum", key), 0.0), off.get(("count", key), 0.0)
+        if not (per or s_off or n_off):
+            return snap
+        per = per or {}
+        return HistogramSnapshot(tuple((le, c + per.get(le, 0.0)) for le, c in snap.buckets),
+                                 snap.sum + s_off, snap.count + n_off)
 
     def _row(self, page: ParsedPage, now: float) -> dict[str, Any]:
         row = empty_row()
         row["scrape_ok"] = 1
         row["scrape_errors"] = self.scrape_errors
+        counters, hists, went_down = self._corrected(page)
+        self._add_counters(counters, now, went_down)
+        row["requests_per_s"] = self._rate("requests")
+        row["prompt_tokens_per_s"] = self._rate("prompt_tokens")
+        row["generation_tokens_per_s"] = self._rate("generation_tokens")
+        row["requests_finished"] = _as_int(self._delta("requests"))
+        row["prompt_tokens"] = _as_int(self._delta("prompt_tokens"))
+        row["generation_tokens"] = _as_int(self._delta("generation_tokens"))
+        row["preemptions"] = _as_int(self._delta("preemptions"))
+        row["prefix_cache_hit_pct"] = self._ratio_pct("prefix_hits", "prefix_queries")
+        row["spec_decode_acceptance_pct"] = self._ratio_pct("spec_accepted", "spec_drafted")
+        running = page.gauges.get("running")
+        row["requests_running"] = _as_int(running)
+        row["requests_waiting"] = _as_int(page.gauges.get("waiting"))
+        kv = page.gauges.get("kv_usage")
+        row["kv_cache_usage_pct"] = None if kv is None else 100.0 * kv
+
+        self._add_histograms(hists, now, went_down)
+        # One restart shows on every series at once: count the page, not the series.
+        self.reset_series = tuple(went_down)
+        if went_down:
+            self.resets += 1
+        self._latency_columns(row)
+        self.generation_tokens_total = page.counters.get("generation_tokens")
+        self.requests_running = _as_int(running)
+        self._last_ok_t = now
+        return row
+
+    def _add_counters(self, counters: dict[str, float], now: float, went_down: list[str]) -> None:
         # A series that appears on a page we read before started from zero since then (vLLM creates some
         # label sets lazily); on the first page there is no baseline at all.
-        counters, hists, went_down = self._corrected(page)
         for key, value in counters.items():
             cw = self._counters.get(key)
             if cw is None:
@@ -525,41 +577,7 @@ class MetricsScraper:
         for key in set(self._counters) - set(counters):
             del self._counters[key]  # the series vanished: start over if it comes back
 
-        def delta(key: str) -> float | None:
-            cw = self._counters.get(key)
-            return None if cw is None else cw.last_delta
-
-        def rate(key: str) -> float | None:
-            cw = self._counters.get(key)
-            return None if cw is None else cw.rate()
-
-        def as_int(v: float | None) -> int | None:
-            return None if v is None else int(round(v))
-
-        def ratio_pct(num: str, den: str) -> float | None:
-            n, d = self._counters.get(num), self._counters.get(den)
-            if n is None or d is None:
-                return None
-            dn, dd = n.window_delta(), d.window_delta()
-            if dn is None or not dd or dd <= 0:
-                return None
-            return max(0.0, min(100.0, 100.0 * dn / dd))
-
-        row["requests_per_s"] = rate("requests")
-        row["prompt_tokens_per_s"] = rate("prompt_tokens")
-        row["generation_tokens_per_s"] = rate("generation_tokens")
-        row["requests_finished"] = as_int(delta("requests"))
-        row["prompt_tokens"] = as_int(delta("prompt_tokens"))
-        row["generation_tokens"] = as_int(delta("generation_tokens"))
-        row["preemptions"] = as_int(delta("preemptions"))
-        row["prefix_cache_hit_pct"] = ratio_pct("prefix_hits", "prefix_queries")
-        row["spec_decode_acceptance_pct"] = ratio_pct("spec_accepted", "spec_drafted")
-        running = page.gauges.get("running")
-        row["requests_running"] = as_int(running)
-        row["requests_waiting"] = as_int(page.gauges.get("waiting"))
-        kv = page.gauges.get("kv_usage")
-        row["kv_cache_usage_pct"] = None if kv is None else 100.0 * kv
-
+    def _add_histograms(self, hists: dict[str, HistogramSnapshot], now: float, went_down: list[str]) -> None:
         for key, snap in hists.items():
             sh = self._hists.get(key)
             if sh is None:
@@ -568,12 +586,10 @@ class MetricsScraper:
                     sh.add(self._last_ok_t, HistogramSnapshot.zero_like(snap))
             if sh.add(now, snap) and key not in went_down:
                 went_down.append(key)
-        # One restart shows on every series at once: count the page, not the series.
-        self.reset_series = tuple(went_down)
-        if went_down:
-            self.resets += 1
         for key in set(self._hists) - set(hists):
             del self._hists[key]
+
+    def _latency_columns(self, row: dict[str, Any]) -> None:
         for series in LATENCY_SERIES:
             sh = self._hists.get(series)
             for stat, q in QUANTILES:
@@ -582,7 +598,23 @@ class MetricsScraper:
             mean = None if sh is None else sh.mean()
             row[f"{series}_mean_ms"] = None if mean is None else mean * 1000.0
 
-        self.generation_tokens_total = page.counters.get("generation_tokens")
-        self.requests_running = as_int(running)
-        self._last_ok_t = now
-        return row
+    def _delta(self, key: str) -> float | None:
+        cw = self._counters.get(key)
+        return None if cw is None else cw.last_delta
+
+    def _rate(self, key: str) -> float | None:
+        cw = self._counters.get(key)
+        return None if cw is None else cw.rate()
+
+    def _ratio_pct(self, num: str, den: str) -> float | None:
+        n, d = self._counters.get(num), self._counters.get(den)
+        if n is None or d is None:
+            return None
+        dn, dd = n.window_delta(), d.window_delta()
+        if dn is None or not dd or dd <= 0:
+            return None
+        return max(0.0, min(100.0, 100.0 * dn / dd))
+
+
+def _as_int(v: float | None) -> int | None:
+    return None if v is None else int(round(v))

@@ -257,7 +257,7 @@ def test_series_missing_from_one_page_continues_where_it_was():
 
 
 def test_a_restart_is_one_reset_and_one_event_per_page():
-    """A restart shows on every series at once: one reset and one `scrape_counter_reset` event per page that
+    """A restart shows on every series at once: one reset and one `scrape.counter_reset` event per page that
     shows it, naming what went down; no event on ordinary pages or failed scrapes."""
     page = VllmPage(engines=2)
     s = MetricsScraper("http://x:1/metrics")
@@ -280,7 +280,7 @@ def test_a_restart_is_one_reset_and_one_event_per_page():
     s.parse_page(fresh.text(), now=2.0)
     assert s.resets == 1  # thirteen series went down: one restart
     ev = s.reset_event()
-    assert ev is not None and ev["kind"] == "scrape_counter_reset" and ev["severity"] == "warning"
+    assert ev is not None and ev["kind"] == "scrape.counter_reset" and ev["severity"] == "warning"
     assert ev["details"]["url"] == "http://x:1/metrics" and ev["details"]["resets"] == 1
     assert {"generation_tokens", "requests", "prefix_hits", "ttft", "tpot", "queue"} <= set(ev["details"]["series"])
     assert len(ev["details"]["series"]) == 13 and "13 series" in ev["message"]
@@ -326,13 +326,13 @@ def test_malformed_page_gives_null_row_and_one_outage(text, why):
     assert all(v is None for k, v in row.items() if k not in ("scrape_ok", "scrape_errors"))
     assert why in s.last_error and "http://127.0.0.1:8000/metrics" in s.last_error
     ev = s.outage_event(1.0)
-    assert ev is not None and ev["kind"] == "scrape_outage" and why in ev["message"]
+    assert ev is not None and ev["kind"] == "scrape.outage" and why in ev["message"]
     s.parse_page(text, now=2.0)  # still down: no second event
     assert s.outage_event(2.0) is None and s.scrape_errors == 2
     back = s.parse_page(VllmPage().text(), now=5.0)
     assert back["scrape_ok"] == 1 and back["scrape_errors"] == 2  # cumulative since the agent started
     ev = s.outage_event(5.0)
-    assert ev["kind"] == "scrape_recovered" and ev["details"]["outage_s"] == pytest.approx(4.0)
+    assert ev["kind"] == "scrape.recovered" and ev["details"]["outage_s"] == pytest.approx(4.0)
 
 
 def test_lines_we_do_not_read_are_not_parsed():
