@@ -1,6 +1,6 @@
 """Every event kind the agent records, in one dotted naming scheme, with the kinds older agents stored.
 
-Events reach the store by one path (`store.writer.StoreWriter.add_event` through `Event`), and the dashboard
+Events reach the store by one path (`store.writer.StoreWriter.record(Event)`), and the dashboard
 and alert rules filter by these names, so a kind exists only once it is listed here. Kinds stored under an older
 name are mapped on read (`canonical_kind`), so a history written by an earlier agent reads the same.
 """
@@ -57,6 +57,10 @@ class EventKind(StrEnum):
     SERVING_GPU_RELEASE_UNKNOWN = "serving.gpu_release_unknown"
     SERVING_LOG_UNWRITABLE = "serving.log_unwritable"
     SERVING_LOG_WRITABLE = "serving.log_writable"
+    SERVING_DEGRADED_HANG = "serving.degraded.hang"  # requests wait or run, no token for hang_timeout_s
+    SERVING_DEGRADED_HEALTH = "serving.degraded.health"  # GET /health failing while serving
+    SERVING_RECOVERED_HANG = "serving.recovered.hang"
+    SERVING_RECOVERED_HEALTH = "serving.recovered.health"
     SERVING_HUNG = "serving.hung"
     SERVING_UNHEALTHY = "serving.unhealthy"
     SERVING_HEALTHY = "serving.healthy"
@@ -78,6 +82,9 @@ class EventKind(StrEnum):
     # the history store
     STORE_WAL_UNLINKED = "store.wal_unlinked"
     STORE_WAL_RECOVERED = "store.wal_recovered"
+    STORE_MOVED_ASIDE = "store.moved_aside"  # a damaged or foreign file was moved aside; a fresh one started
+    STORE_WRITE_FAILED = "store.write_failed"  # writes fail (full disk, I/O error): ticks wait in memory
+    STORE_WRITES_RESUMED = "store.writes_resumed"
 
 
 # kinds stored by agents before the dotted scheme; read as their new name
@@ -96,6 +103,8 @@ LEGACY_KINDS: dict[str, EventKind] = {
     "sla_breach": EventKind.SLA_BREACH,
     "sla_recovered": EventKind.SLA_RECOVERED,
 }
+# Older stores also hold kind "store" for the writer's three troubles above; it stays "store" on read, since
+# one old name cannot tell which of the three new ones it was.
 
 
 def canonical_kind(kind: str) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from lynxtop.contract.events import LEGACY_KINDS
 from lynxtop.contract.files import atomic_write
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.schema import RESOLUTIONS, RUN_COLUMNS, SAMPLE_TABLES, rollup_columns, rollup_table
@@ -30,16 +31,22 @@ class ExportError(Exception):
     """A user-facing problem with an export request (exit 2)."""
 
 
+# An older agent's event kind exported under its dotted name, as StoreReader.events reads it.
+_KIND = "(CASE kind {} ELSE kind END)".format(" ".join(f"WHEN '{old}' THEN '{new.value}'"
+                                                         for old, new in LEGACY_KINDS.items()))
+_EXPRS = {"events": {"kind": _KIND}}  # columns exported as an expression (the header keeps the column name)
+
 # First characters a spreadsheet takes as the start of a formula (OWASP "CSV Injection").
 _FORMULA_START = "'=', '+', '-', '@', char(9), char(13)"
 
 
-def _field(col: str, typ: str, raw: bool = False) -> str:
+def _field(col: str, typ: str, raw: bool = False, expr: str | None = None) -> str:
     """SQL for one field: text quoted when it holds a comma, quote or newline (printf's %s makes NULL empty).
 
     Unless `raw`, a text cell starting like a formula gets a leading ' (spreadsheets then show it as text);
     INTEGER/REAL columns are written as they are, so numbers, negative ones too, stay numbers.
     """
+    col = expr or col
     if typ != "TEXT":
         return col
     val = col if raw else f"(CASE WHEN substr({col}, 1, 1) IN ({_FORMULA_START}) THEN '''' || {col} ELSE {col} END)"
@@ -91,8 +98,10 @@ def build_query(table: str, resolution: str, start_ms: int, end_ms: int, raw: bo
     time_col = fields[0][0]
     iso = _ISO.format(col=time_col)
     header = ["time_utc", "ts_ms", *(c for c, _ in fields[1:])]
-    line = _line([iso, *(_field(c, t, raw) for c, t in fields)])
-    plain_cols = ", ".join([f"{iso} AS time_utc", f"{time_col} AS ts_ms", *(c for c, _ in fields[1:])])
+    exprs = _EXPRS.get(table, {})
+    line = _line([iso, *(_field(c, t, raw, exprs.get(c)) for c, t in fields)])
+    plain_cols = ", ".join([f"{iso} AS time_utc", f"{time_col} AS ts_ms",
+                            *(f"{exprs[c]} AS {c}" if c in exprs else c for c, _ in fields[1:])])
     return Query(header, f"SELECT {line} {where} ORDER BY {order}", (start_ms, end_ms), f"SELECT count(*) {where}",
                  f"SELECT {plain_cols} {where} ORDER BY {order}")
 

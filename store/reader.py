@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from lynxtop.contract.events import canonical_kind, stored_kinds
 from lynxtop.store import inproc
 from lynxtop.store.errors import NotOurDatabase, StoreError
 from lynxtop.store.rollup import aggregate_sql, merge_rows
@@ -320,6 +321,8 @@ class StoreReader:
         if run_id is not None:
             where.append("run_id = ?")
             params.append(int(run_id))
+        if kinds:  # a kind is found under its dotted name and under the names older agents stored
+            kinds = list(dict.fromkeys(k for kind in kinds for k in stored_kinds(canonical_kind(kind))))
         for col, values in (("kind", kinds), ("severity", severities)):
             if values:
                 where.append(f"{col} IN ({', '.join('?' * len(values))})")
@@ -331,6 +334,7 @@ class StoreReader:
         if not forward:
             rows.reverse()
         for r in rows:
+            r["kind"] = canonical_kind(r["kind"])
             if r.get("details"):
                 try:
                     r["details"] = json.loads(r["details"])

@@ -32,6 +32,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+from lynxtop.contract.config import Retention
+from lynxtop.contract.events import Event, EventKind, Severity, canonical_kind
 from lynxtop.store import inproc
 from lynxtop.store import retention as retention_mod
 from lynxtop.store.checkpoint import FALLBACK_AUTOCHECKPOINT_PAGES, Checkpointer
@@ -59,13 +61,6 @@ _DAMAGED = {_CORRUPT, _NOTADB}
 MAINTAIN_EVERY_S = 30.0
 WAL_CHECK_S = 2.0  # how often the thread checks its -wal/-shm are still on disk (~100 readlinks: cheap)
 DETACH_TIMEOUT_S = 5.0  # how long a renewal waits for an in-process reader to finish its query
-
-
-@dataclass(frozen=True)
-class DefaultRetention:
-    raw_days: float = 7
-    minute_days: float = 90
-    hour_days: float = 730
 
 
 @dataclass
@@ -157,13 +152,14 @@ def _jsonable(v: Any) -> Any:
 class StoreWriter:
     """See docs/contracts.md. Construct (opens, checks, migrates), `start()`, submit, `close()`."""
 
-    def __init__(self, path: str | os.PathLike, retention: Any = None, queue_max: int = 600, *,
+    def __init__(self, path: str | os.PathLike, retention: retention_mod.RetentionPolicy | None = None,
+                 queue_max: int = 600, *,
                  clock: Callable[[], float] = time.time, retry_interval_s: float = 1.0,
                  maintenance_interval_s: float = 60.0, batch_max_ticks: int = 1000,
                  retention_chunk: int = retention_mod.CHUNK_ROWS, integrity_check: bool = True,
                  wal_check_interval_s: float = WAL_CHECK_S):
         self.path = Path(path)
-        self.retention = retention if retention is not None else DefaultRetention()
+        self.retention = retention if retention is not None else Retention()  # the config's defaults
         self.queue_max = max(1, int(queue_max))
         self.clock = clock
         self.retry_interval_s = retry_interval_s
@@ -217,8 +213,8 @@ class StoreWriter:
         msg = f"{reason}; moved it to {aside} and started a fresh history database"
         log.error("%s", msg)
         self._last_error, self._last_error_ms = msg, _now_ms(self.clock)
-        self._enqueue_op(self._event_fn("store", "error", msg, {"path": str(self.path), "moved_to": str(aside)},
-                                        None, None))
+        self.record(Event(EventKind.STORE_MOVED_ASIDE, Severity.ERROR, msg,
+                          {"path": str(self.path), "moved_to": str(aside)}))
         return conn
 
     def _move_aside(self) -> Path:
@@ -261,11 +257,22 @@ class StoreWriter:
                 self._dropped += 1
             self._cv.notify()
 
+    def record(self, event: Event) -> None:
+        """Queue one event: the one way events reach the store. Kinds are stored by their dotted name
+        (an old name is mapped, so new rows never need the reader's mapping); never blocks."""
+        if str(event.severity) not in EVENT_SEVERITIES:
+            raise ValueError(f"event severity {event.severity!r} is not one of {', '.join(EVENT_SEVERITIES)}")
+        ts = int(event.ts_ms) if event.ts_ms is not None else _now_ms(self.clock)
+        det = json.dumps(event.details, default=str) if event.details is not None else None
+        row = (ts, event.run_id, canonical_kind(str(event.kind)), str(event.severity), event.message, det)
+        self._enqueue_op(lambda c: c.execute(
+            "INSERT INTO events (ts_ms, run_id, kind, severity, message, details) VALUES (?, ?, ?, ?, ?, ?)",
+            row).lastrowid)
+
     def add_event(self, kind: str, severity: str, message: str, details: dict | None = None,
                   run_id: int | None = None, ts_ms: int | None = None) -> None:
-        if severity not in EVENT_SEVERITIES:
-            raise ValueError(f"event severity {severity!r} is not one of {', '.join(EVENT_SEVERITIES)}")
-        self._enqueue_op(self._event_fn(kind, severity, message, details, run_id, ts_ms))
+        """The older call shape, kept while callers move to `record(Event(...))`."""
+        self.record(Event(kind, severity, message, details, run_id, ts_ms))  # type: ignore[arg-type]
 
     def create_run(self, run_id: int | None = None, **fields: Any) -> int:
         """Queue a run's row and return its id at once, without waiting for the disk.
@@ -410,14 +417,6 @@ class StoreWriter:
                 v = int(v)
             out[k] = v
         return out
-
-    def _event_fn(self, kind: str, severity: str, message: str, details: dict | None, run_id: int | None,
-                  ts_ms: int | None) -> Callable[[sqlite3.Connection], Any]:
-        ts = int(ts_ms) if ts_ms is not None else _now_ms(self.clock)
-        det = json.dumps(details, default=str) if details is not None else None
-        return lambda c: c.execute(
-            "INSERT INTO events (ts_ms, run_id, kind, severity, message, details) VALUES (?, ?, ?, ?, ?, ?)",
-            (ts, run_id, kind, severity, message, det)).lastrowid
 
     def _enqueue_op(self, fn: Callable[[sqlite3.Connection], Any]) -> _Op:
         op = _Op(fn)
@@ -625,7 +624,7 @@ class StoreWriter:
             msg = (f"{self.path}: cannot write history ({exc}); keeping up to {self.queue_max} ticks in memory "
                    f"(oldest dropped beyond that) and retrying every {self.retry_interval_s:g} s")
             log.error("%s", msg)
-            self._enqueue_op(self._event_fn("store", "error", msg, {"error": str(exc)}, None, None))
+            self.record(Event(EventKind.STORE_WRITE_FAILED, Severity.ERROR, msg, {"error": str(exc)}))
         self._note_error(str(exc))
         return True
 
@@ -637,8 +636,8 @@ class StoreWriter:
         log.warning("%s", msg)
         with self._cv:
             self._last_error = None
-        self._enqueue_op(self._event_fn("store", "warning" if lost else "info", msg, {"dropped_ticks": lost},
-                                        None, None))
+        self.record(Event(EventKind.STORE_WRITES_RESUMED, Severity.WARNING if lost else Severity.INFO, msg,
+                          {"dropped_ticks": lost}))
 
     def _recover_damaged(self, exc: sqlite3.Error) -> None:
         """The file went bad under us: move it aside and continue on a fresh one (queued data is kept)."""
@@ -658,7 +657,7 @@ class StoreWriter:
         msg = f"{reason}; moved it to {aside} and started a fresh history database"
         log.error("%s", msg)
         self._note_error(msg)
-        self._enqueue_op(self._event_fn("store", "error", msg, {"moved_to": str(aside)}, None, None))
+        self.record(Event(EventKind.STORE_MOVED_ASIDE, Severity.ERROR, msg, {"moved_to": str(aside)}))
 
     def _keep_waiting(self, exc: Exception) -> None:
         """Enter (or stay in) the retry state without touching the queues (they are kept as they are)."""
@@ -710,9 +709,9 @@ class StoreWriter:
             msg = self._wal_unlinked
         details = {"path": str(self.path), "unlinked": gone, "recovered": recovered}
         if first:  # one critical event per episode, written after the renewal so it lands in the live file
-            self._enqueue_op(self._event_fn("store.wal_unlinked", "critical", msg, details, None, None))
+            self.record(Event(EventKind.STORE_WAL_UNLINKED, Severity.CRITICAL, msg, details))
         elif recovered:
-            self._enqueue_op(self._event_fn("store.wal_recovered", "warning", msg, details, None, None))
+            self.record(Event(EventKind.STORE_WAL_RECOVERED, Severity.WARNING, msg, details))
         (log.warning if recovered else log.error)("%s: %s", self.path, how)
 
     def _checkpoint_into_file(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sqlite3
 import subprocess
 import sys
 import tracemalloc
@@ -12,7 +13,7 @@ import tracemalloc
 import pytest
 
 from lynxtop.__main__ import main
-from lynxtop.store.export import export_table
+from lynxtop.store.export import build_query, export_table
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.times import iso, parse_time
 from lynxtop.store.writer import StoreWriter
@@ -184,3 +185,22 @@ def test_export_to_a_full_stdout_names_stdout(db):
                             "--to", str(T0 + 60_000)], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
     assert r.returncode == 1, r.stderr
     assert r.stderr == "lynxtop export: cannot write to stdout: No space left on device\n", r.stderr
+
+
+def test_export_of_events_uses_the_dotted_kinds(tmp_path, capsys):
+    """Events an older agent stored as `xid` export as `gpu.xid`, like StoreReader.events reads them."""
+    path = tmp_path / "k.db"
+    with StoreWriter(path) as w:
+        w.add_event("serving.ready", "info", "new", ts_ms=T0 + 1)
+    c = sqlite3.connect(path)
+    c.executemany("INSERT INTO events (ts_ms, kind, severity, message) VALUES (?, ?, ?, ?)",
+                  [(T0, "xid", "error", "old"), (T0 + 2, "=odd", "info", "unknown")])
+    c.commit()
+    c.close()
+    q = build_query("events", "raw", T0 - 1, T0 + 10)
+    with StoreReader(path) as r:
+        plain = [row[4] for row in r.stream(q.plain_sql, q.params)[1]]
+    assert plain == ["gpu.xid", "serving.ready", "=odd"]
+    assert main(["export", "--database", str(path), "--from", str(T0 - 1000), "--table", "events"]) == 0
+    rows = list(csv.reader(io.StringIO(capsys.readouterr().out, newline="")))
+    assert [r[rows[0].index("kind")] for r in rows[1:]] == ["gpu.xid", "serving.ready", "'=odd"]

@@ -109,9 +109,10 @@ def test_full_database_buffers_reports_and_resumes(tmp_path):
     written_before_full = len(ts) - 40
     assert ts[:written_before_full] == [T0 + i * 1000 for i in range(written_before_full)]
     assert c.execute("SELECT id, profile FROM runs").fetchall() == [(rid, "while-full")]
-    msgs = [r[0] for r in c.execute("SELECT message FROM events WHERE kind = 'store' ORDER BY id")]
-    assert "cannot write history" in msgs[0] and "full" in msgs[0]
-    assert re.search(r"history writes resumed after \d+ s; \d+ ticks were dropped", msgs[1])
+    msgs = c.execute("SELECT kind, message FROM events WHERE kind LIKE 'store.%' ORDER BY id").fetchall()
+    assert msgs[0][0] == "store.write_failed" and "cannot write history" in msgs[0][1] and "full" in msgs[0][1]
+    assert msgs[1][0] == "store.writes_resumed"
+    assert re.search(r"history writes resumed after \d+ s; \d+ ticks were dropped", msgs[1][1])
 
 
 def _damage(path, offset: int, size: int = 4096) -> None:
@@ -149,7 +150,7 @@ def test_bad_file_is_moved_aside_and_reported(tmp_path, kind):
     aside = w.moved_aside
     assert aside is not None and aside.name.startswith("lynxtop.db.corrupt-")
     assert aside.read_bytes() == original  # nothing lost: the old file is kept for inspection
-    ev = StoreReader(db).events(kinds=["store"])
+    ev = StoreReader(db).events(kinds=["store.moved_aside"])
     assert len(ev) == 1 and ev[0]["severity"] == "error"
     assert str(db) in ev[0]["message"] and expect in ev[0]["message"] and str(aside) in ev[0]["message"]
     assert StoreReader(db).latest("gpu")[0]["ts_ms"] == T0 + 1000

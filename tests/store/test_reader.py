@@ -6,6 +6,7 @@ import sqlite3
 
 import pytest
 
+from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.store.errors import NotOurDatabase, StoreError
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.writer import StoreWriter
@@ -79,3 +80,36 @@ def test_reader_is_read_only_and_errors_name_the_path(tmp_path):
     r = StoreReader(db)
     with pytest.raises(sqlite3.OperationalError, match="readonly"):
         r.conn.execute("DELETE FROM runs")
+
+
+def test_events_of_older_agents_read_with_the_dotted_names(tmp_path):
+    db = tmp_path / "h.db"
+    with StoreWriter(db) as w:
+        w.add_event("gpu.xid", "error", "new xid", ts_ms=T0 + 2)
+        w.add_event("scrape_outage", "warning", "old name through the writer", ts_ms=T0 + 3)
+    c = sqlite3.connect(db)  # rows as an agent before the dotted names stored them
+    c.executemany("INSERT INTO events (ts_ms, kind, severity, message) VALUES (?, ?, ?, ?)",
+                  [(T0, "xid", "error", "old xid"), (T0 + 1, "sla_breach", "warning", "old breach"),
+                   (T0 + 4, "something_unknown", "info", "kept as stored")])
+    c.commit()
+    assert c.execute("SELECT kind FROM events WHERE ts_ms = ?", (T0 + 3,)).fetchone()[0] == "scrape.outage"
+    c.close()
+    r = StoreReader(db)
+    assert [(e["kind"], e["message"]) for e in r.events(since_ms=T0)] == [
+        ("gpu.xid", "old xid"), ("sla.breach", "old breach"), ("gpu.xid", "new xid"),
+        ("scrape.outage", "old name through the writer"), ("something_unknown", "kept as stored")]
+    assert [e["message"] for e in r.events(kinds=["gpu.xid"])] == ["old xid", "new xid"]
+    assert [e["message"] for e in r.events(kinds=["xid"])] == ["old xid", "new xid"]  # an old name still filters
+    assert [e["message"] for e in r.events(kinds=["sla.breach", "something_unknown"])] == [
+        "old breach", "kept as stored"]
+
+
+def test_record_takes_an_event(tmp_path):
+    db = tmp_path / "h.db"
+    with StoreWriter(db) as w:
+        w.record(Event(EventKind.SLA_RECOVERED, Severity.INFO, "back", {"window_s": 60}, ts_ms=T0))
+        with pytest.raises(ValueError, match="severity"):
+            w.record(Event(EventKind.SLA_BREACH, "loud", "x"))  # type: ignore[arg-type]
+    (e,) = StoreReader(db).events()
+    assert (e["kind"], e["severity"], e["message"], e["details"], e["ts_ms"]) == (
+        "sla.recovered", "info", "back", {"window_s": 60}, T0)
