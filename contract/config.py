@@ -215,25 +215,38 @@ def owned_flag_use(token: str) -> str | None:
     """
     if len(token) < 2 or token[0] != "-" or token == "--" or re.fullmatch(r"-\d*\.?\d+([eE][-+]?\d+)?", token):
         return None  # a value (or a negative number), not a flag
-    name = token.split("=", 1)[0]
-    if name.startswith("--"):
-        name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
+    written = token.split("=", 1)[0]
+    if written.startswith("--"):
+        name = "--" + written[2:].split(".", 1)[0].replace("_", "-")
         candidates = [f for f in OWNED_FLAGS if f.startswith("--")]
     else:
+        name = written
         candidates = [f for f in OWNED_FLAGS if not f.startswith("--")]
-        attached = [f for f in candidates if len(f) == 2 and name.startswith(f) and name != f]
+        attached = _attached_value(token, name, candidates)
         if attached:
-            return f"{token} is {attached[0]} {name[2:]} (value attached), owned by the typed key " \
-                   f"{OWNED_FLAGS[attached[0]]}"
+            return attached
     if name in OWNED_FLAGS:
-        how = "" if name == token.split("=", 1)[0] else f" (vLLM reads it as {name})"
+        how = "" if name == written else f" (vLLM reads it as {name})"
         return f"{token}{how} is owned by the typed key {OWNED_FLAGS[name]}"
+    return _prefix_use(token, name, candidates)
+
+
+def _attached_value(token: str, name: str, candidates: list[str]) -> str | None:
+    """`-qfp8` is `-q fp8`: a one-letter owned option with its value attached."""
+    attached = [f for f in candidates if len(f) == 2 and name.startswith(f) and name != f]
+    if not attached:
+        return None
+    return f"{token} is {attached[0]} {name[2:]} (value attached), owned by the typed key {OWNED_FLAGS[attached[0]]}"
+
+
+def _prefix_use(token: str, name: str, candidates: list[str]) -> str | None:
+    """vLLM expands an unambiguous prefix (`--hos`) to the whole flag; an ambiguous one only makes it exit."""
     hits = sorted(f for f in candidates if f.startswith(name))
-    if hits and len(name) > (2 if name.startswith("--") else 1):
-        keys = sorted({OWNED_FLAGS[f] for f in hits})
-        return (f"{token} is a prefix of {', '.join(hits)} (vLLM expands an unambiguous prefix to the whole flag), "
-                f"owned by the typed key{'s' if len(keys) > 1 else ''} {', '.join(keys)}")
-    return None
+    if not hits or len(name) <= (2 if name.startswith("--") else 1):
+        return None
+    keys = sorted({OWNED_FLAGS[f] for f in hits})
+    return (f"{token} is a prefix of {', '.join(hits)} (vLLM expands an unambiguous prefix to the whole flag), "
+            f"owned by the typed key{'s' if len(keys) > 1 else ''} {', '.join(keys)}")
 
 
 @dataclass(frozen=True)
@@ -498,11 +511,29 @@ def parse_config(text: str, source: str = "<config>", path: Path | None = None) 
     for key in data:
         if key not in known_top:
             chk.error(key, f"unknown section (known: {', '.join(sorted(known_top))})")
+    agent = _parse_agent(chk, _table_or_empty(chk, data, "agent", "expected a table [agent]"))
+    sla = SlaConfig(**chk.table(_table_or_empty(chk, data, "sla", "expected a table [sla]"), "sla", _SLA_SPEC))
+    profiles_raw = data.get("profile", [])
+    if not isinstance(profiles_raw, list):
+        chk.error("profile", "expected an array of tables [[profile]]")
+        profiles_raw = []
+    profiles, seen = _parse_profiles(chk, profiles_raw)
+    if agent.default_profile and agent.default_profile not in seen:
+        chk.error("agent.default_profile", f"no profile named {agent.default_profile!r}")
+    if chk.problems:
+        raise ConfigError(chk.problems)
+    return Config(path=path, agent=agent, sla=sla, profiles=tuple(profiles))
 
-    agent_raw = data.get("agent", {})
-    if not isinstance(agent_raw, dict):
-        chk.error("agent", "expected a table [agent]")
-        agent_raw = {}
+
+def _table_or_empty(chk: _Checker, data: dict[str, Any], key: str, expected: str) -> dict[str, Any]:
+    raw = data.get(key, {})
+    if not isinstance(raw, dict):
+        chk.error(key, expected)
+        return {}
+    return raw
+
+
+def _parse_agent(chk: _Checker, agent_raw: dict[str, Any]) -> AgentConfig:
     retention_raw = agent_raw.get("retention", {})
     agent_raw = {k: v for k, v in agent_raw.items() if k != "retention"}
     agent_vals = chk.table(agent_raw, "agent", _AGENT_SPEC)
@@ -520,18 +551,11 @@ def parse_config(text: str, source: str = "<config>", path: Path | None = None) 
         chk.error("agent.socket", problem + ("" if socket_from_file else " (the default; set [agent] socket)"))
     if agent_vals.get("backoff_max_s", 300.0) < agent_vals.get("backoff_initial_s", 5.0):
         chk.error("agent.backoff_max_s", "must be >= agent.backoff_initial_s")
-    agent = AgentConfig(retention=retention, **agent_vals)
+    return AgentConfig(retention=retention, **agent_vals)
 
-    sla_raw = data.get("sla", {})
-    if not isinstance(sla_raw, dict):
-        chk.error("sla", "expected a table [sla]")
-        sla_raw = {}
-    sla = SlaConfig(**chk.table(sla_raw, "sla", _SLA_SPEC))
 
-    profiles_raw = data.get("profile", [])
-    if not isinstance(profiles_raw, list):
-        chk.error("profile", "expected an array of tables [[profile]]")
-        profiles_raw = []
+def _parse_profiles(chk: _Checker, profiles_raw: list[Any]) -> tuple[list[Profile], dict[str, int]]:
+    """The valid profiles, and where each name was first seen (index)."""
     profiles: list[Profile] = []
     seen: dict[str, int] = {}
     for i, raw in enumerate(profiles_raw):
@@ -559,12 +583,7 @@ def parse_config(text: str, source: str = "<config>", path: Path | None = None) 
             chk.error(f"{label}.stop_grace_s", f"must be >= shutdown_timeout_s ({shutdown}) so draining can finish")
             continue
         profiles.append(Profile(**vals))
-
-    if agent.default_profile and agent.default_profile not in seen:
-        chk.error("agent.default_profile", f"no profile named {agent.default_profile!r}")
-    if chk.problems:
-        raise ConfigError(chk.problems)
-    return Config(path=path, agent=agent, sla=sla, profiles=tuple(profiles))
+    return profiles, seen
 
 
 def socket_path_problem(path: Path) -> str | None:
