@@ -114,43 +114,60 @@ def _silence_stdout() -> None:
         pass
 
 
+def _span_from_args(args: Namespace, now: int) -> tuple[int | None, int | None]:
+    """--from/--to as epoch ms; (None, None) with --run (the run's span is read from the database)."""
+    if args.run is not None:
+        if args.time_to:
+            raise ExportError("--to goes with --from, not with --run (a run has its own time span)")
+        return None, None
+    try:
+        start = parse_time(args.time_from, now)
+        end = parse_time(args.time_to, now) if args.time_to else now
+    except ValueError as exc:
+        raise ExportError(str(exc)) from None
+    if end <= start:
+        raise ExportError(f"--to ({iso(end)}) must be after --from ({iso(start)})")
+    return start, end
+
+
+def _run_span(reader: StoreReader, run_id: int, now: int) -> tuple[int, int]:
+    run = reader.run(run_id, summary=False)
+    if run is None:
+        raise ExportError(f"no run {run_id} in {reader.path} (see `lynxtop runs`)")
+    if run.get("started_ms") is None:
+        raise ExportError(f"run {run_id} has no start time recorded; use --from/--to")
+    return run["started_ms"], (run.get("ended_ms") or now) + 1
+
+
+def _write(reader: StoreReader, args: Namespace, start: int, end: int) -> None:
+    raw = bool(getattr(args, "raw", False))
+    out = Path(args.output).expanduser() if args.output else None
+    if args.table == "all" and out is not None:
+        counts = export_all(reader, args.resolution, start, end, out, args.force, raw=raw)
+        print(f"wrote {', '.join(f'{t}: {n} rows' for t, n in counts.items())} to {out}", file=sys.stderr)
+        return
+    n = export_table(reader, args.table, args.resolution, start, end, out, args.force, raw=raw)
+    if out is not None and n == 0:
+        print(f"note: no {args.table} rows between {iso(start)} and {iso(end)}", file=sys.stderr)
+
+
 def export(args: Namespace) -> int:
     now = int(time.time() * 1000)
-    start = end = None
-    if args.run is None:
-        try:
-            start = parse_time(args.time_from, now)
-            end = parse_time(args.time_to, now) if args.time_to else now
-        except ValueError as exc:
-            return _err("export", str(exc))
-        if end <= start:
-            return _err("export", f"--to ({iso(end)}) must be after --from ({iso(start)})")
-    elif args.time_to:
-        return _err("export", "--to goes with --from, not with --run (a run has its own time span)")
-    if args.table == "all" and not args.output:
-        return _err("export", "--table all writes one file per table: give a directory with -o DIR")
-    raw = bool(getattr(args, "raw", False))
+    try:
+        start, end = _span_from_args(args, now)
+        if args.table == "all" and not args.output:
+            raise ExportError("--table all writes one file per table: give a directory with -o DIR")
+    except ExportError as exc:
+        return _err("export", str(exc))
     reader = _open("export", args)
     if isinstance(reader, int):
         return reader
     try:
         if args.run is not None:
-            run = reader.run(args.run, summary=False)
-            if run is None:
-                return _err("export", f"no run {args.run} in {reader.path} (see `lynxtop runs`)")
-            if run.get("started_ms") is None:
-                return _err("export", f"run {args.run} has no start time recorded; use --from/--to")
-            start, end = run["started_ms"], (run.get("ended_ms") or now) + 1
+            start, end = _run_span(reader, args.run, now)
         if start is None or end is None:  # unreachable: argparse requires --run or --from
             return _err("export", "give --run N or --from T")
-        out = Path(args.output).expanduser() if args.output else None
-        if args.table == "all" and out is not None:
-            counts = export_all(reader, args.resolution, start, end, out, args.force, raw=raw)
-            print(f"wrote {', '.join(f'{t}: {n} rows' for t, n in counts.items())} to {out}", file=sys.stderr)
-        else:
-            n = export_table(reader, args.table, args.resolution, start, end, out, args.force, raw=raw)
-            if out is not None and n == 0:
-                print(f"note: no {args.table} rows between {iso(start)} and {iso(end)}", file=sys.stderr)
+        _write(reader, args, start, end)
     except OutputError as exc:
         _silence_stdout()
         print(f"lynxtop export: {exc}", file=sys.stderr)

@@ -13,6 +13,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -37,6 +38,31 @@ from lynxtop.store.schema import (
 SERIES_TABLES = ("gpu", "host", "serving")
 LATEST_TABLES = ("gpu", "nvlink", "host", "serving", "processes")
 RAW_SUMMARY_MAX_MS = 6 * 3_600_000  # longer runs are summarised from 1-minute rollups
+
+
+@dataclass(frozen=True)
+class _SeriesQuery:
+    """One series request, as the raw, rollup and tail queries share it."""
+
+    table: str
+    cols: list[str]
+    gpu: int | None  # a per-GPU table's one GPU; None: all of them
+
+    @property
+    def per_gpu(self) -> bool:
+        return SAMPLE_TABLES[self.table].per_gpu
+
+    @property
+    def key(self) -> str:
+        return "ts_ms, gpu" if self.per_gpu else "ts_ms"
+
+    @property
+    def gpu_sql(self) -> str:
+        return "" if self.gpu is None else " AND gpu = ?"
+
+    @property
+    def gpu_param(self) -> tuple:
+        return () if self.gpu is None else (self.gpu,)
 
 
 def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
@@ -250,41 +276,46 @@ class StoreReader:
         bad = [c for c in cols if c not in allowed]
         if bad:
             raise ValueError(f"unknown column(s) for {table} at {res}: {', '.join(bad)}")
-        per_gpu = t.per_gpu
-        gpu_sql = " AND gpu = ?" if per_gpu and gpu is not None else ""
-        gpu_param: tuple = (int(gpu),) if gpu_sql else ()
-        key = "ts_ms, gpu" if per_gpu else "ts_ms"
+        q = _SeriesQuery(table, cols, int(gpu) if t.per_gpu and gpu is not None else None)
         if res == "raw":
-            sql = (f"SELECT {key}, {', '.join(cols)} FROM {t.name} WHERE ts_ms >= ? AND ts_ms < ?{gpu_sql} "
-                   f"ORDER BY {key}")
-            return res, self._q(sql, (start_ms, end_ms, *gpu_param))
+            sql = (f"SELECT {q.key}, {', '.join(cols)} FROM {t.name} WHERE ts_ms >= ? AND ts_ms < ?{q.gpu_sql} "
+                   f"ORDER BY {q.key}")
+            return res, self._q(sql, (start_ms, end_ms, *q.gpu_param))
+        return res, self._rollup_series(q, res, start_ms, end_ms)
+
+    def _rollup_series(self, q: _SeriesQuery, res: str, start_ms: int, end_ms: int) -> list[dict[str, Any]]:
+        """Stored rollup rows up to the watermark, then the tail aggregated on the fly."""
         bucket = RESOLUTIONS[res]
         first = start_ms - start_ms % bucket
-        wm = self._watermark(table, res)
-        stats = ", ".join(f"{c}_min, {c}_avg, {c}_max" for c in cols)
+        wm = self._watermark(q.table, res)
+        stats = ", ".join(f"{c}_min, {c}_avg, {c}_max" for c in q.cols)
         rows: list[dict[str, Any]] = []
         if wm is not None and wm > first:
-            rows = self._q(f"SELECT {key}, samples, {stats} FROM {rollup_table(table, res)} "
-                           f"WHERE ts_ms >= ? AND ts_ms < ?{gpu_sql} ORDER BY {key}",
-                           (first, min(end_ms, wm), *gpu_param))
-        # The tail past the watermark: from 1-minute rows where they exist (hours), then from raw samples.
-        tail_from = max(first, wm) if wm is not None else first
+            rows = self._q(f"SELECT {q.key}, samples, {stats} FROM {rollup_table(q.table, res)} "
+                           f"WHERE ts_ms >= ? AND ts_ms < ?{q.gpu_sql} ORDER BY {q.key}",
+                           (first, min(end_ms, wm), *q.gpu_param))
+        tail = self._series_tail(q, res, max(first, wm) if wm is not None else first, end_ms)
+        return rows + tail
+
+    def _series_tail(self, q: _SeriesQuery, res: str, tail_from: int, end_ms: int) -> list[dict[str, Any]]:
+        """The tail past the watermark: from 1-minute rows where they exist (hours), then from raw samples."""
+        bucket = RESOLUTIONS[res]
         tail: list[dict[str, Any]] = []
         raw_from = tail_from
         if res == "1h":
-            wm_1m = self._watermark(table, "1m")
+            wm_1m = self._watermark(q.table, "1m")
             mid_end = min(end_ms, wm_1m) if wm_1m is not None else tail_from
             if mid_end > tail_from:
-                sql = aggregate_sql(table, cols, bucket, "1m").replace("{gpu_filter}", gpu_sql)
-                tail = self._q(sql, (tail_from, mid_end, *gpu_param))
+                sql = aggregate_sql(q.table, q.cols, bucket, "1m").replace("{gpu_filter}", q.gpu_sql)
+                tail = self._q(sql, (tail_from, mid_end, *q.gpu_param))
                 raw_from = mid_end
         if raw_from < end_ms:
-            sql = aggregate_sql(table, cols, bucket).replace("{gpu_filter}", gpu_sql)
-            tail = self._merge_tail(tail, self._q(sql, (raw_from, end_ms, *gpu_param)), cols, per_gpu)
+            sql = aggregate_sql(q.table, q.cols, bucket).replace("{gpu_filter}", q.gpu_sql)
+            tail = self._merge_tail(tail, self._q(sql, (raw_from, end_ms, *q.gpu_param)), q.cols, q.per_gpu)
         for r in tail:  # n served the exact merge; rows keep one shape
-            for c in cols:
+            for c in q.cols:
                 del r[f"{c}_n"]
-        return res, rows + tail
+        return tail
 
     @staticmethod
     def _merge_tail(a: list[dict[str, Any]], b: list[dict[str, Any]], cols: list[str],
