@@ -46,6 +46,9 @@ class EngineCore:
         self.state_dir = Path(args.state_dir)
         self.world = args.tp * args.pp
         self.gpus = self._visible_gpus()[rank * self.world:(rank + 1) * self.world]
+        straggler = args.failure.straggler_gpu
+        self.straggler = straggler if straggler in self.gpus else None  # a slow GPU slows its own group only
+        self.slowdown = args.params.straggler_slowdown if self.straggler is not None else 1.0
         self.workers: list[int] = []
         self.mem_per_gpu = 0
         self.phase = "loading weights"
@@ -129,7 +132,7 @@ class EngineCore:
             decode_frac=min(act["decode"] / span, 1.0) if active else 0.0,
             mean_batch=act["batch_s"] / act["busy"] if act["busy"] else 0.0,
             prompt_tokens_per_s=self._tokens["prompt"] / span, generation_tokens_per_s=self._tokens["gen"] / span,
-            updated_unix=time.time(),
+            straggler_gpu=self.straggler, straggler_slowdown=self.slowdown, updated_unix=time.time(),
         )
         try:
             write_state(self.state_dir, st)
@@ -269,6 +272,9 @@ class EngineCore:
             self.fail(f"ValueError: The number of required GPUs ({need}) exceeds the number of available GPUs "
                       f"({len(self._visible_gpus())}); check --tensor-parallel-size, --pipeline-parallel-size, "
                       f"--data-parallel-size and CUDA_VISIBLE_DEVICES.")
+        if self.straggler is not None:
+            self.log(f"[SIMULATED] GPU {self.straggler} is a straggler: thermally throttled, every step of this "
+                     f"engine takes {self.slowdown:g}x as long", "WARNING", src="sim")
         self.check_free_memory()
         self.start_workers()
         self.publish(force=True)
@@ -329,7 +335,7 @@ class EngineCore:
         self.engine = SimEngine(p, num_gpu_blocks=plan.num_gpu_blocks, block_size=plan.block_size,
                                 max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                                 enable_prefix_caching=a.enable_prefix_caching, spec_tokens=a.speculative_tokens,
-                                seed=a.seed)
+                                seed=a.seed, slowdown=self.slowdown)
         self.phase = "ready"
         self.send({"t": "ready", "num_gpu_blocks": plan.num_gpu_blocks, "block_size": plan.block_size,
                    "kv_tokens": plan.kv_tokens, "kv_bytes": plan.kv_bytes, "mem_per_gpu": self.mem_per_gpu})

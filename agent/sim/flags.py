@@ -14,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from lynxtop.agent.sim.model import SimParams, params_with
 from lynxtop.agent.sim.vllm_options import VLLM_SERVE_OPTIONS
@@ -25,6 +26,7 @@ ATTENTION_BACKENDS = (
     "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "TORCH_SDPA", "CPU_ATTN",
 )
 ENV_PREFIX = "LYNXTOP_SIM_"
+T = TypeVar("T")
 
 # vLLM flags the simulator accepts and ignores (value-taking), so real profiles' extra_args keep working.
 _IGNORED_VALUE_FLAGS = (
@@ -59,6 +61,7 @@ class Failure:
     oom: bool = False
     exit0_after_s: float | None = None
     hang_after_s: float | None = None
+    straggler_gpu: int | None = None  # this GPU of the node runs slow (thermal throttling): its TP group waits
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--sim-speed", type=_positive_float, help="clock speed-up factor (default 1)")
     sim.add_argument("--sim-vllm-version",
                      help=f"vLLM version to imitate (default {DEFAULT_VERSION}; 0.10 prints the old names)")
-    sim.add_argument("--sim-fail", action="append", help="oom | exit0-after=S | hang-after=S (repeatable)")
+    sim.add_argument("--sim-fail", action="append",
+                     help="oom | exit0-after=S | hang-after=S | straggler=GPU (repeatable)")
     sim.add_argument("--sim-seed", type=int)
     sim.add_argument("--sim-param", action="append", metavar="KEY=VALUE", help="override a model parameter")
     sim.add_argument("--sim-state-dir", help="where the EngineCore publishes GPU state")
@@ -228,9 +232,10 @@ def _apply_env(ns: argparse.Namespace, env: dict[str, str]) -> None:
         setattr(ns, dest, value)
 
 
-def _parse_failures(items: list[str]) -> Failure:
+def _parse_failures(items: list[str], node_gpus: int) -> Failure:
     oom = False
     exit0 = hang = None
+    straggler = None
     for item in items:
         key, _, val = item.partition("=")
         try:
@@ -240,14 +245,18 @@ def _parse_failures(items: list[str]) -> Failure:
                 exit0 = float(val)
             elif key == "hang-after":
                 hang = float(val)
+            elif key == "straggler":
+                straggler = int(val)
+                if not 0 <= straggler < node_gpus:
+                    raise ValueError
             else:
                 raise ValueError
             if (exit0 is not None and exit0 < 0) or (hang is not None and hang < 0):
                 raise ValueError
         except ValueError:
-            raise SimUsageError(f"--sim-fail {item!r}: expected oom, exit0-after=SECONDS or hang-after=SECONDS"
-                                ) from None
-    return Failure(oom=oom, exit0_after_s=exit0, hang_after_s=hang)
+            raise SimUsageError(f"--sim-fail {item!r}: expected oom, exit0-after=SECONDS, hang-after=SECONDS or "
+                                f"straggler=GPU (0..{node_gpus - 1})") from None
+    return Failure(oom=oom, exit0_after_s=exit0, hang_after_s=hang, straggler_gpu=straggler)
 
 
 def _spec_tokens(raw: str | None) -> int:
@@ -326,7 +335,18 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
     parser = build_parser()
     ns = parser.parse_args(_normalize(_expand_config(argv)))
     _apply_env(ns, env)
+    _check_sizes(parser, ns)
     model = ns.model_flag or ns.model_tag
+    params = _sim_params(ns.sim_param or [])
+    defaults = build_parser().parse_args([model])
+    non_default = {k: v for k, v in vars(ns).items()
+                   if not k.startswith("sim_") and k != "model_tag" and getattr(defaults, k, None) != v}
+    return ServeArgs(model=model, non_default=non_default, **_serve_fields(ns, model, params),
+                     **_sim_fields(ns, params))
+
+
+def _check_sizes(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Sizes vLLM's own parser refuses (argparse's message and status 2)."""
     for name, v in (("--tensor-parallel-size", ns.tensor_parallel_size), ("--pipeline-parallel-size",
                     ns.pipeline_parallel_size), ("--data-parallel-size", ns.data_parallel_size)):
         if v < 1:
@@ -337,40 +357,26 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
             parser.error(f"argument {name}: must be >= 1, got {v}")
     if not 0 < ns.port < 65536:
         parser.error(f"argument --port: {ns.port} is out of range 1..65535")
+
+
+def _sim_params(items: list[str]) -> SimParams:
     params_raw: dict[str, str] = {}
-    for item in ns.sim_param or []:
+    for item in items:
         key, eq, val = item.partition("=")
         if not eq:
             raise SimUsageError(f"--sim-param {item!r}: expected KEY=VALUE")
         params_raw[key.strip()] = val.strip()
     try:
-        params = params_with(params_raw)
+        return params_with(params_raw)
     except ValueError as exc:
         raise SimUsageError(f"--sim-param: {exc}") from None
-    version = ns.sim_vllm_version or DEFAULT_VERSION
-    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", version):
-        raise SimUsageError(f"--sim-vllm-version {version!r}: expected MAJOR.MINOR[.PATCH], e.g. 0.10 or 0.32.0")
-    if version.count(".") == 1:
-        version += ".0"
-    startup = ns.sim_startup_seconds if ns.sim_startup_seconds is not None else 10.0
-    if startup < 0:
-        raise SimUsageError(f"--sim-startup-seconds {startup:g}: must be >= 0")
-    for name, v in (("--sim-orphan-ttl", ns.sim_orphan_ttl), ("--sim-log-interval", ns.sim_log_interval)):
-        if v is not None and v < 0:
-            raise SimUsageError(f"{name} {v:g}: must be >= 0")
-    if ns.sim_speed is not None and not ns.sim_speed > 0:
-        raise SimUsageError(f"--sim-speed {ns.sim_speed:g}: must be > 0")
-    gpus = ns.sim_gpus if ns.sim_gpus is not None else 8
-    if not 1 <= gpus <= 64:
-        raise SimUsageError(f"--sim-gpus {gpus}: must be 1..64")
-    tp = ns.tensor_parallel_size
-    served = ns.served_model_name[0] if ns.served_model_name else model
-    defaults = build_parser().parse_args([model])
-    non_default = {k: v for k, v in vars(ns).items()
-                   if not k.startswith("sim_") and k != "model_tag" and getattr(defaults, k, None) != v}
-    return ServeArgs(
-        model=model, served_model_name=served, host=ns.host, port=ns.port, tp=tp,
-        pp=ns.pipeline_parallel_size, dp=ns.data_parallel_size,
+
+
+def _serve_fields(ns: argparse.Namespace, model: str, params: SimParams) -> dict[str, object]:
+    """ServeArgs' vLLM fields, with vLLM's defaults where a flag is absent."""
+    return dict(
+        served_model_name=ns.served_model_name[0] if ns.served_model_name else model, host=ns.host, port=ns.port,
+        tp=ns.tensor_parallel_size, pp=ns.pipeline_parallel_size, dp=ns.data_parallel_size,
         max_model_len=ns.max_model_len or params.default_max_model_len,
         max_num_seqs=ns.max_num_seqs or params.default_max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens or params.default_max_num_batched_tokens,
@@ -379,13 +385,40 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
         enable_prefix_caching=ns.enable_prefix_caching, enable_expert_parallel=ns.enable_expert_parallel,
         quantization=ns.quantization, shutdown_timeout_s=max(ns.shutdown_timeout, 0.0), api_key=ns.api_key,
         speculative_tokens=_spec_tokens(ns.speculative_config), server_load_tracking=ns.enable_server_load_tracking,
-        distributed_executor_backend=ns.distributed_executor_backend, non_default=non_default,
+        distributed_executor_backend=ns.distributed_executor_backend,
+    )
+
+
+def _or(value: T | None, default: T) -> T:
+    return default if value is None else value
+
+
+def _sim_version(raw: str | None) -> str:
+    version = raw or DEFAULT_VERSION
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", version):
+        raise SimUsageError(f"--sim-vllm-version {version!r}: expected MAJOR.MINOR[.PATCH], e.g. 0.10 or 0.32.0")
+    return version + ".0" if version.count(".") == 1 else version
+
+
+def _sim_fields(ns: argparse.Namespace, params: SimParams) -> dict[str, object]:
+    """ServeArgs' simulator switches, checked (SimUsageError names the bad one)."""
+    version = _sim_version(ns.sim_vllm_version)
+    startup = _or(ns.sim_startup_seconds, 10.0)
+    if startup < 0:
+        raise SimUsageError(f"--sim-startup-seconds {startup:g}: must be >= 0")
+    for name, v in (("--sim-orphan-ttl", ns.sim_orphan_ttl), ("--sim-log-interval", ns.sim_log_interval)):
+        if v is not None and v < 0:
+            raise SimUsageError(f"{name} {v:g}: must be >= 0")
+    if ns.sim_speed is not None and not ns.sim_speed > 0:
+        raise SimUsageError(f"--sim-speed {ns.sim_speed:g}: must be > 0")
+    gpus = _or(ns.sim_gpus, 8)
+    if not 1 <= gpus <= 64:
+        raise SimUsageError(f"--sim-gpus {gpus}: must be 1..64")
+    return dict(
         startup_s=startup, speed=ns.sim_speed or 1.0, vllm_version=version,
-        failure=_parse_failures(ns.sim_fail or []), seed=ns.sim_seed or 0, params=params,
+        failure=_parse_failures(ns.sim_fail or [], gpus), seed=ns.sim_seed or 0, params=params,
         state_dir=Path(ns.sim_state_dir) if ns.sim_state_dir else default_state_dir(),
-        workers=ns.sim_workers if ns.sim_workers is not None else tp * ns.pipeline_parallel_size > 1,
-        orphan=ns.sim_orphan if ns.sim_orphan is not None else True,
-        orphan_ttl_s=ns.sim_orphan_ttl or 0.0,
-        log_interval_s=ns.sim_log_interval if ns.sim_log_interval is not None else 10.0,
-        node_gpus=gpus,
+        workers=_or(ns.sim_workers, ns.tensor_parallel_size * ns.pipeline_parallel_size > 1),
+        orphan=_or(ns.sim_orphan, True), orphan_ttl_s=ns.sim_orphan_ttl or 0.0,
+        log_interval_s=_or(ns.sim_log_interval, 10.0), node_gpus=gpus,
     )

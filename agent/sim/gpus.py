@@ -4,15 +4,22 @@ With no simulated server running this is an idle 8×H200 node. Each live EngineC
 memory on the GPUs it uses and drives their activity: prefill is tensor-core heavy, decode DRAM-bandwidth
 heavy, both push NVLink all-reduce traffic; power follows activity and temperature follows power with a
 thermal lag. Memory disappears only when the processes that hold it are gone, as with a real driver.
+
+No two GPUs read alike (a fixed spread per GPU index, see `gpu_spread`), and an engine started with
+`--sim-fail straggler=K` has one slow GPU: hot, clock held down (SW thermal slowdown), while the rest of its
+group waits for it in the all-reduce with lower SM activity; that is what an operator hunting a straggler sees.
+
+This module imports nothing from the agent but the backend protocol (`lynxtop.agent.gpu.protocol`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lynxtop.agent.gpu.protocol import FakeGpuSpec, FakeGpuState
@@ -34,6 +41,42 @@ class _Thermal:
     temp_c: float
 
 
+@dataclass
+class _Load:
+    """What the engines on one GPU add up to at one look."""
+
+    mem: int = 0
+    procs: list[tuple[int, int]] = field(default_factory=list)
+    sm: float = 0.0
+    tensor: float = 0.0
+    dram: float = 0.0
+    busy: float = 0.0
+    link_rate: float = 0.0
+    pcie_rx: float = 0.0
+    hung: bool = False
+    straggler: bool = False  # this GPU is the slow one of its group
+    slowdown: float = 1.0
+
+
+def gpu_spread(index: int, p: SimParams) -> tuple[float, float, float]:
+    """(activity factor, power factor, temperature offset °C) of GPU `index`: fixed per index, never random
+    between runs, so a TP group never reads alike to the digit (as on a real board) and tests stay exact."""
+    rng = random.Random(0x5111A0 + index)
+    return (1.0 + p.gpu_spread * rng.uniform(-1, 1), 1.0 + p.gpu_spread * rng.uniform(-1, 1),
+            p.gpu_temp_spread_c * rng.uniform(-1, 1))
+
+
+def _sm_clock(active: bool, slowdown: float) -> int:
+    return round(BUSY_SM_CLOCK_MHZ / slowdown) if active else IDLE_SM_CLOCK_MHZ
+
+
+def _clock_reasons(active: bool, hot: bool, at_power_cap: bool) -> int:
+    """NVML's clock-event reasons: idle, SW power cap, SW thermal slowdown."""
+    if not active:
+        return 0x1
+    return (0x4 if at_power_cap else 0x0) | (0x20 if hot else 0x0)
+
+
 def sim_gpu_specs(n: int = 8) -> list[FakeGpuSpec]:
     return [FakeGpuSpec(index=i, name="NVIDIA H200", uuid=f"GPU-51m0000{i}-c0de-4a11-8b0b-00000000000{i}",
                         pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0") for i in range(n)]
@@ -50,6 +93,7 @@ class SimScenario:
         self._states: list[EngineState] = []
         self._read_at: float | None = None
         self._thermal: dict[int, _Thermal] = {}
+        self._spread = [gpu_spread(i, self.p) for i in range(gpus)]
 
     def driver_version(self) -> str:
         return DRIVER_VERSION
@@ -66,72 +110,81 @@ class SimScenario:
 
     def state(self, index: int, now: float) -> FakeGpuState:
         spec = self._specs[index]
+        ld = self._load(index, now)
+        act, power_f, temp_off = self._spread[index]
+        sm, tensor, dram = (min(x * act, 100.0) for x in (ld.sm, ld.tensor, ld.dram))
+        busy = min(ld.busy, 1.0)
+        util_gpu = 100.0 if ld.hung else 100.0 * busy
+        if ld.hung:
+            sm, dram = max(sm, 8.0), max(dram, 2.0)
+        activity = min(0.6 * sm / 100 + 0.25 * tensor / 100 + 0.15 * dram / 100, 1.0)
+        power = (self.p.idle_power_w + (self.p.max_power_w - self.p.idle_power_w) * activity) * power_f
+        if ld.mem:
+            power += 25.0  # resident contexts keep clocks and memory awake
+        if ld.hung:
+            power += 110.0
+        power = min(power, spec.power_limit_w)
+        active = util_gpu > 0 or ld.mem > 0
+        hot = ld.straggler and active  # the straggler: a thermally throttled GPU, its clock held down
+        temp = self._temperature(index, now, power, temp_off + (self.p.straggler_temp_rise_c if hot else 0.0))
+        links = spec.nvlink_count
+        per_link = ld.link_rate / links if links else 0.0
+        return FakeGpuState(
+            util_gpu_pct=util_gpu, util_mem_pct=dram * 0.8, sm_active_pct=sm, sm_occupancy_pct=sm * 0.45,
+            tensor_active_pct=tensor, dram_bw_pct=dram, fp16_active_pct=tensor * 0.08, fp32_active_pct=sm * 0.06,
+            pcie_tx_bytes_per_s=2e7 + (1.5e8 if busy else 0.0), pcie_rx_bytes_per_s=3e7 + ld.pcie_rx,
+            nvlink_tx_bytes_per_s=[per_link] * links, nvlink_rx_bytes_per_s=[per_link * 0.99] * links,
+            mem_used_bytes=min(ld.mem, spec.mem_total_bytes), power_w=power, temp_c=temp,
+            sm_clock_mhz=_sm_clock(active, ld.slowdown if hot else 1.0), mem_clock_mhz=MEM_CLOCK_MHZ,
+            throttle_reasons=_clock_reasons(active, hot, power >= 0.97 * spec.power_limit_w), processes=ld.procs,
+        )
+
+    def _load(self, index: int, now: float) -> _Load:
+        """What the live engines put on GPU `index`: memory, processes and the activity of their phases."""
+        ld = _Load()
         wall = time.time()
-        mem = 0
-        procs: list[tuple[int, int]] = []
-        sm = tensor = dram = busy = 0.0
-        link_rate = 0.0
-        pcie_rx = 0.0
-        hung = False
         for eng in self.engines(now):
             if index not in eng.gpus:
                 continue
             for h in eng.holders:
                 if h.gpu == index:
-                    mem += h.mem_bytes
-                    procs.append((h.pid, h.mem_bytes))
-            fresh = wall - eng.updated_unix < STALE_S
-            if not fresh or eng.phase in ("orphaned", "dead"):
-                continue
-            if eng.phase == "hung":
-                hung = True  # NCCL spin: the GPU looks 100 % "utilized" while nothing progresses
-                continue
-            if eng.phase == "loading weights":
-                pcie_rx += 4.5e9  # weights streaming in from host memory
-                sm += 3.0
-                busy += 0.05
-                continue
-            if eng.phase in ("kv cache", "cuda graphs"):
-                sm += 45.0
-                tensor += 30.0
-                dram += 25.0
-                busy += 0.6
-                continue
-            fill = min(eng.mean_batch / 16.0, 1.0)
-            pf, df = eng.prefill_frac, eng.decode_frac
-            sm += 100 * (0.95 * pf + (0.35 + 0.35 * fill) * df)
-            tensor += 100 * (0.85 * pf + (0.08 + 0.27 * fill) * df)
-            dram += 100 * (0.30 * pf + (0.70 + 0.15 * fill) * df)
-            busy += eng.busy_frac
-            link_rate += (eng.prompt_tokens_per_s + eng.generation_tokens_per_s) * self.p.nvlink_bytes_per_token
-        sm, tensor, dram, busy = min(sm, 100.0), min(tensor, 100.0), min(dram, 100.0), min(busy, 1.0)
-        util_gpu = 100.0 if hung else 100.0 * busy
-        if hung:
-            sm, dram = max(sm, 8.0), max(dram, 2.0)
-        activity = min(0.6 * sm / 100 + 0.25 * tensor / 100 + 0.15 * dram / 100, 1.0)
-        power = self.p.idle_power_w + (self.p.max_power_w - self.p.idle_power_w) * activity
-        if mem:
-            power += 25.0  # resident contexts keep clocks and memory awake
-        if hung:
-            power += 110.0
-        power = min(power, spec.power_limit_w)
-        temp = self._temperature(index, now, power)
-        links = spec.nvlink_count
-        per_link = link_rate / links if links else 0.0
-        active = util_gpu > 0 or mem > 0
-        throttle = 0x1 if not active else (0x4 if power >= 0.97 * spec.power_limit_w else 0x0)
-        return FakeGpuState(
-            util_gpu_pct=util_gpu, util_mem_pct=dram * 0.8, sm_active_pct=sm, sm_occupancy_pct=sm * 0.45,
-            tensor_active_pct=tensor, dram_bw_pct=dram, fp16_active_pct=tensor * 0.08, fp32_active_pct=sm * 0.06,
-            pcie_tx_bytes_per_s=2e7 + (1.5e8 if busy else 0.0), pcie_rx_bytes_per_s=3e7 + pcie_rx,
-            nvlink_tx_bytes_per_s=[per_link] * links, nvlink_rx_bytes_per_s=[per_link * 0.99] * links,
-            mem_used_bytes=min(mem, spec.mem_total_bytes), power_w=power, temp_c=temp,
-            sm_clock_mhz=BUSY_SM_CLOCK_MHZ if active else IDLE_SM_CLOCK_MHZ, mem_clock_mhz=MEM_CLOCK_MHZ,
-            throttle_reasons=throttle, processes=procs,
-        )
+                    ld.mem += h.mem_bytes
+                    ld.procs.append((h.pid, h.mem_bytes))
+            if wall - eng.updated_unix < STALE_S and eng.phase not in ("orphaned", "dead"):
+                self._add_activity(ld, eng, index)
+        return ld
 
-    def _temperature(self, index: int, now: float, power_w: float) -> float:
-        target = self.p.ambient_temp_c + self.p.temp_c_per_w * power_w
+    def _add_activity(self, ld: _Load, eng: EngineState, index: int) -> None:
+        if eng.phase == "hung":
+            ld.hung = True  # NCCL spin: the GPU looks 100 % "utilized" while nothing progresses
+            return
+        if eng.phase == "loading weights":
+            ld.pcie_rx += 4.5e9  # weights streaming in from host memory
+            ld.sm += 3.0
+            ld.busy += 0.05
+            return
+        if eng.phase in ("kv cache", "cuda graphs"):
+            ld.sm += 45.0
+            ld.tensor += 30.0
+            ld.dram += 25.0
+            ld.busy += 0.6
+            return
+        # the group steps at its straggler's pace: the others finish early and wait in the all-reduce
+        wait = 1.0
+        if eng.straggler_gpu is not None:
+            ld.straggler = ld.straggler or eng.straggler_gpu == index
+            ld.slowdown = max(ld.slowdown, eng.straggler_slowdown)
+            wait = 1.0 if eng.straggler_gpu == index else 1.0 / max(eng.straggler_slowdown, 1.0)
+        fill = min(eng.mean_batch / 16.0, 1.0)
+        pf, df = eng.prefill_frac, eng.decode_frac
+        ld.sm += wait * 100 * (0.95 * pf + (0.35 + 0.35 * fill) * df)
+        ld.tensor += wait * 100 * (0.85 * pf + (0.08 + 0.27 * fill) * df)
+        ld.dram += wait * 100 * (0.30 * pf + (0.70 + 0.15 * fill) * df)
+        ld.busy += eng.busy_frac
+        ld.link_rate += (eng.prompt_tokens_per_s + eng.generation_tokens_per_s) * self.p.nvlink_bytes_per_token
+
+    def _temperature(self, index: int, now: float, power_w: float, offset_c: float = 0.0) -> float:
+        target = self.p.ambient_temp_c + offset_c + self.p.temp_c_per_w * power_w
         with self._lock:
             th = self._thermal.get(index)
             if th is None:

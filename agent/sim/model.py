@@ -72,6 +72,11 @@ class SimParams:
     temp_time_constant_s: float = 20.0
     nvlink_bytes_per_token: float = 3.0e6  # all-reduce traffic per generated/prefilled token per GPU
     active_params: float = 37e9  # MoE parameters one token touches (~37B of 284B): vLLM's estimated_flops
+    # --- per-GPU spread and the straggler (--sim-fail straggler=GPU) ---
+    gpu_spread: float = 0.03  # GPU-to-GPU spread of activity and power (± share, fixed per GPU index)
+    gpu_temp_spread_c: float = 2.0  # ± °C per GPU (airflow: the GPUs of one board never read alike)
+    straggler_slowdown: float = 1.3  # a straggler's clock is this much slower; its whole TP group waits for it
+    straggler_temp_rise_c: float = 14.0  # how much hotter the straggler runs (the thermal throttling behind it)
 
     def kv_bytes_per_token_for(self, kv_cache_dtype: str | None) -> int:
         if kv_cache_dtype and kv_cache_dtype.startswith("fp8"):
@@ -219,8 +224,9 @@ class SimEngine:
 
     def __init__(self, params: SimParams, *, num_gpu_blocks: int, block_size: int, max_num_seqs: int,
                  max_num_batched_tokens: int, enable_prefix_caching: bool = True, spec_tokens: int = 0,
-                 seed: int = 0):
+                 seed: int = 0, slowdown: float = 1.0):
         self.p = params
+        self.slowdown = slowdown  # > 1: a straggler GPU in the group stretches every step
         self.num_gpu_blocks = num_gpu_blocks
         self.free_blocks = num_gpu_blocks
         self.block_size = block_size
@@ -268,11 +274,34 @@ class SimEngine:
     def step(self, now_s: float) -> StepResult:
         """Schedule and 'run' one iteration starting at simulated time now_s."""
         res = StepResult(duration_s=0.0)
-        budget = self.max_num_batched_tokens
         decoding: list[SimRequest] = []
         prefilling: list[tuple[SimRequest, int]] = []
+        budget = self._schedule_running(res, decoding, prefilling)
+        self._admit_waiting(res, budget, prefilling, now_s)
 
-        # running requests keep their place first; decode needs one slot, prefill a chunk
+        d = len(decoding)
+        prefill_tokens = sum(n for _, n in prefilling)
+        if d == 0 and prefill_tokens == 0:
+            return res
+        spec = self._spec_round(d) if d and self.spec_tokens else None
+        res.prefill_s = self.p.prefill_s_per_token * prefill_tokens * self.slowdown
+        res.duration_s = self.p.decode_step_s(d) * self.slowdown + res.prefill_s
+        end = now_s + res.duration_s
+        res.prefill_tokens = prefill_tokens
+        self._decode(decoding, spec, res, end)
+        self._prefill(prefilling, res, end)
+        for req in list(self.running):
+            if req.generated >= req.max_tokens:
+                self.running.remove(req)
+                self._free(req)
+                res.finished.append(self._finish(req, req.finish_reason_at_max, end))
+        return res
+
+    def _schedule_running(self, res: StepResult, decoding: list[SimRequest],
+                          prefilling: list[tuple[SimRequest, int]]) -> int:
+        """Running requests keep their place first; decode needs one slot, prefill a chunk. Returns the budget
+        left."""
+        budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running):
             req = self.running[i]
@@ -293,8 +322,11 @@ class SimEngine:
             else:
                 prefilling.append((req, want))
             i += 1
+        return budget
 
-        # then admit waiting requests while there is room
+    def _admit_waiting(self, res: StepResult, budget: int, prefilling: list[tuple[SimRequest, int]],
+                       now_s: float) -> None:
+        """Then waiting requests, FCFS, while there is room."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             if not req.counted_prefix:
@@ -309,16 +341,7 @@ class SimEngine:
             budget -= want
             prefilling.append((req, want))
 
-        d = len(decoding)
-        prefill_tokens = sum(n for _, n in prefilling)
-        if d == 0 and prefill_tokens == 0:
-            return res
-        spec = self._spec_round(d) if d and self.spec_tokens else None
-        res.prefill_s = self.p.prefill_s_per_token * prefill_tokens
-        res.duration_s = self.p.decode_step_s(d) + res.prefill_s
-        end = now_s + res.duration_s
-        res.prefill_tokens = prefill_tokens
-
+    def _decode(self, decoding: list[SimRequest], spec: list[int] | None, res: StepResult, end: float) -> None:
         for req in decoding:
             new = 1
             if spec is not None:
@@ -335,28 +358,25 @@ class SimEngine:
             gap = end - (req.last_token_s if req.last_token_s is not None else end)
             res.itl_s.extend([gap / new] * new)
             req.last_token_s = end
+
+    def _prefill(self, prefilling: list[tuple[SimRequest, int]], res: StepResult, end: float) -> None:
         for req, n in prefilling:
             req.computed += n
-            if req.to_compute <= 0:  # prefill done: this step samples a token
-                req.generated += 1
-                req.computed += 1
-                res.tokens.append((req.rid, 1))
-                res.decode_tokens += 0  # the first token is part of the prefill step
-                if req.first_token_s is None:
-                    req.first_token_s = end
-                    res.first_tokens.append((req.rid, end - req.arrival_s))
-                    res.prompt_tokens_done += req.prompt_tokens
-                    res.prompt_cached_done += min(req.cached_tokens, req.prompt_tokens)
-                    self._remember_prefix(req)
-                elif req.last_token_s is not None:  # resumed after preemption: one long gap
-                    res.itl_s.append(end - req.last_token_s)
-                req.last_token_s = end
-        for req in list(self.running):
-            if req.generated >= req.max_tokens:
-                self.running.remove(req)
-                self._free(req)
-                res.finished.append(self._finish(req, req.finish_reason_at_max, end))
-        return res
+            if req.to_compute > 0:
+                continue
+            # prefill done: this step samples a token (part of the prefill step, not a decode token)
+            req.generated += 1
+            req.computed += 1
+            res.tokens.append((req.rid, 1))
+            if req.first_token_s is None:
+                req.first_token_s = end
+                res.first_tokens.append((req.rid, end - req.arrival_s))
+                res.prompt_tokens_done += req.prompt_tokens
+                res.prompt_cached_done += min(req.cached_tokens, req.prompt_tokens)
+                self._remember_prefix(req)
+            elif req.last_token_s is not None:  # resumed after preemption: one long gap
+                res.itl_s.append(end - req.last_token_s)
+            req.last_token_s = end
 
     # -- helpers
 

@@ -271,6 +271,18 @@ class SimServer:
 
     def _parse(self, body: Any, chat: bool) -> tuple[int, list[int], int, str, bool, bool]:
         """(prompt tokens, block hashes, max tokens, finish reason at max, stream, include usage)."""
+        stream, include_usage = self._check_request(body)
+        prompt_tokens, hashes = self._chat_prompt(body) if chat else self._completion_prompt(body)
+        max_tokens, reason = self._max_tokens(body, prompt_tokens)
+        if prompt_tokens + max_tokens > self.a.max_model_len:
+            raise ApiError(400, f"This model's maximum context length is {self.a.max_model_len} tokens. However, "
+                                f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                                f"messages, {max_tokens} in the completion). Please reduce the length of the "
+                                f"messages or completion.")
+        return prompt_tokens, hashes, max_tokens, reason, stream, include_usage
+
+    def _check_request(self, body: Any) -> tuple[bool, bool]:
+        """The body's envelope: model, n, stream, stream_options. Returns (stream, include usage)."""
         if not isinstance(body, dict):
             raise ApiError(400, "request body must be a JSON object")
         model = body.get("model", self.a.served_model_name)
@@ -284,51 +296,44 @@ class SimServer:
         opts = body.get("stream_options") or {}
         if not isinstance(opts, dict):
             raise ApiError(400, "'stream_options' must be an object", param="stream_options")
-        include_usage = bool(opts.get("include_usage", False))
-        per_block = self.block_size
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-                raise ApiError(400, "'messages' must be a non-empty array of message objects", param="messages")
-            text = ""
-            for m in messages:
-                content = m.get("content") or ""
-                if isinstance(content, list):  # OpenAI content parts
-                    content = "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-                text += f"<|{m.get('role', 'user')}|>{content}"
-            text += "<|assistant|>"
-            prompt_tokens = count_text_tokens(text)
-            hashes = block_hashes(list(text), per_block * CHARS_PER_TOKEN)
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, str) and prompt:
-                prompt_tokens = count_text_tokens(prompt)
-                hashes = block_hashes(list(prompt), per_block * CHARS_PER_TOKEN)
-            elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                             for t in prompt):
-                prompt_tokens = len(prompt)
-                hashes = block_hashes(prompt, per_block)
-            else:
-                raise ApiError(400, "'prompt' must be a non-empty string or an array of token ids "
-                                    "(batched prompts are not supported by the simulator)", param="prompt")
+        return stream, bool(opts.get("include_usage", False))
+
+    def _chat_prompt(self, body: dict) -> tuple[int, list[int]]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise ApiError(400, "'messages' must be a non-empty array of message objects", param="messages")
+        text = ""
+        for m in messages:
+            content = m.get("content") or ""
+            if isinstance(content, list):  # OpenAI content parts
+                content = "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+            text += f"<|{m.get('role', 'user')}|>{content}"
+        text += "<|assistant|>"
+        return count_text_tokens(text), block_hashes(list(text), self.block_size * CHARS_PER_TOKEN)
+
+    def _completion_prompt(self, body: dict) -> tuple[int, list[int]]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str) and prompt:
+            return count_text_tokens(prompt), block_hashes(list(prompt), self.block_size * CHARS_PER_TOKEN)
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                       for t in prompt):
+            return len(prompt), block_hashes(prompt, self.block_size)
+        raise ApiError(400, "'prompt' must be a non-empty string or an array of token ids "
+                            "(batched prompts are not supported by the simulator)", param="prompt")
+
+    def _max_tokens(self, body: dict, prompt_tokens: int) -> tuple[int, str]:
+        """(max tokens, finish reason when reached): without a limit the "model" stops by itself after a seeded,
+        prompt-dependent length."""
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        reason = "length"
         if max_tokens is None:
-            # no limit given: the "model" stops by itself after a seeded, prompt-dependent length
             room = self.a.max_model_len - prompt_tokens
             lo, hi = self.a.params.default_output_tokens_min, self.a.params.default_output_tokens_max
             seed = int.from_bytes(hashlib.blake2b(f"{self.a.seed}:{prompt_tokens}:{len(self.pending)}".encode(),
                                                   digest_size=4).digest(), "big")
-            max_tokens = max(1, min(lo + seed % max(hi - lo, 1), room))
-            reason = "stop"
-        elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            return max(1, min(lo + seed % max(hi - lo, 1), room)), "stop"
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ApiError(400, "max_tokens must be at least 1, got " + json.dumps(max_tokens), param="max_tokens")
-        if prompt_tokens + max_tokens > self.a.max_model_len:
-            raise ApiError(400, f"This model's maximum context length is {self.a.max_model_len} tokens. However, "
-                                f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
-                                f"messages, {max_tokens} in the completion). Please reduce the length of the "
-                                f"messages or completion.")
-        return prompt_tokens, hashes, max_tokens, reason, stream, include_usage
+        return max_tokens, "length"
 
     def _text(self, rid: str, start: int, n: int) -> str:
         base = int.from_bytes(hashlib.blake2b(rid.encode(), digest_size=4).digest(), "big")

@@ -70,6 +70,8 @@ class EngineState:
     mean_batch: float = 0.0
     prompt_tokens_per_s: float = 0.0
     generation_tokens_per_s: float = 0.0
+    straggler_gpu: int | None = None  # the GPU of this engine that runs slow (--sim-fail straggler=GPU)
+    straggler_slowdown: float = 1.0  # how much slower; the group's other GPUs wait for it in the all-reduce
     updated_unix: float = 0.0
     version: int = STATE_VERSION
     simulated: bool = True

@@ -164,3 +164,13 @@ def test_owned_flags_are_vllm_flags_and_no_other_vllm_flag_is_refused():
     assert set(OWNED_FLAGS) <= set(VLLM_SERVE_OPTIONS)
     over = [f for f in VLLM_SERVE_OPTIONS if f not in OWNED_FLAGS and owned_flag_use(f)]
     assert over == []
+
+
+def test_straggler_failure_mode_names_a_gpu_of_the_node():
+    assert parse_serve_args(["m", "--sim-fail", "straggler=3"], env={}).failure.straggler_gpu == 3
+    a = parse_serve_args(["m"], env={"LYNXTOP_SIM_FAIL": "straggler=1,hang-after=9", "LYNXTOP_SIM_GPUS": "2"})
+    assert a.failure.straggler_gpu == 1 and a.failure.hang_after_s == 9.0
+    assert parse_serve_args(["m"], env={}).failure.straggler_gpu is None
+    for bad in ("straggler=8", "straggler=-1", "straggler=x", "straggler"):
+        with pytest.raises(SimUsageError, match=r"straggler=GPU \(0\.\.7\)"):
+            parse_serve_args(["m", "--sim-fail", bad], env={})

@@ -89,3 +89,33 @@ def test_broken_or_foreign_state_files_are_ignored(tmp_path):
     write_state(tmp_path, engine_state(os.getpid()))
     st = SimScenario(tmp_path).state(1, time.monotonic())
     assert st.processes == [(os.getpid(), 120 * 2**30)]
+
+
+def test_the_gpus_of_one_group_differ_slightly_and_always_the_same_way(tmp_path):
+    write_state(tmp_path, engine_state(os.getpid(), busy_frac=1.0, decode_frac=1.0, mean_batch=12,
+                                       generation_tokens_per_s=86.0))
+    now = time.monotonic()
+    states = [SimScenario(tmp_path).state(i, now) for i in range(8)]
+    again = [SimScenario(tmp_path).state(i, now) for i in range(8)]
+    for attr in ("sm_active_pct", "dram_bw_pct", "power_w", "temp_c"):
+        values = [getattr(st, attr) for st in states]
+        assert len({round(v, 3) for v in values}) == 8, attr  # never identical to the digit
+        mean = sum(values) / 8
+        assert max(abs(v - mean) for v in values) < 0.08 * mean, attr  # but only slightly apart
+        assert values == [getattr(st, attr) for st in again], attr  # fixed per GPU index, not random
+    assert {st.util_gpu_pct for st in states} == {100.0} and {st.mem_used_bytes for st in states} == {120 * 2**30}
+    assert {st.sm_clock_mhz for st in states} == {1980} and {st.throttle_reasons & 0x20 for st in states} == {0}
+
+
+def test_a_straggler_runs_hot_and_slow_while_its_group_waits(tmp_path):
+    write_state(tmp_path, engine_state(os.getpid(), busy_frac=1.0, decode_frac=1.0, mean_batch=12,
+                                       generation_tokens_per_s=66.0, straggler_gpu=3, straggler_slowdown=1.3))
+    now = time.monotonic()
+    scen = SimScenario(tmp_path)
+    states = [scen.state(i, now) for i in range(8)]
+    slow, others = states[3], states[:3] + states[4:]
+    assert slow.throttle_reasons & 0x20 and not any(st.throttle_reasons & 0x20 for st in others)  # SW thermal
+    assert slow.sm_clock_mhz == round(1980 / 1.3) and {st.sm_clock_mhz for st in others} == {1980}
+    assert slow.temp_c > max(st.temp_c for st in others) + 8
+    assert slow.sm_active_pct > 1.15 * max(st.sm_active_pct for st in others)  # the others idle in the all-reduce
+    assert {st.util_gpu_pct for st in states} == {100.0}  # utilization alone does not show it

@@ -124,3 +124,15 @@ def test_params_overrides_are_validated():
         params_with({"step_overhead_s": "fast"})
     with pytest.raises(ValueError, match=">= 0"):
         params_with({"step_overhead_s": "-1"})
+
+
+def test_a_straggler_slows_its_whole_group_by_its_factor():
+    def closed_loop(slowdown: float):
+        eng = default_engine()
+        eng.slowdown = slowdown
+        return run_closed_loop(eng, concurrency=4, requests=8, prompt_tokens=500, output_tokens=40)
+
+    fast, slow = closed_loop(1.0), closed_loop(1.3)
+    assert slow.steps == fast.steps  # the same schedule...
+    assert slow.duration_s == pytest.approx(1.3 * fast.duration_s)  # ...every step stretched
+    assert slow.generation_tokens_per_s == pytest.approx(fast.generation_tokens_per_s / 1.3)

@@ -299,3 +299,15 @@ def test_no_sim_orphan_makes_the_engine_follow_its_api_server(start_sim):
     sp.proc.wait(5)
     wait_for(lambda: not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE, what="engine exit")
     wait_for(lambda: SimScenario(sp.state_dir).state(0, time.monotonic()).mem_used_bytes == 0, what="release")
+
+
+def test_straggler_slows_the_engine_and_shows_on_its_gpu(start_sim, kit):
+    sp = start_sim("--sim-fail", "straggler=2", env={"LYNXTOP_SIM_SPEED": "5"})
+    sp.wait_ready()
+    assert "GPU 2 is a straggler" in sp.text()
+    assert kit.http(sp.url + "/v1/completions", {"prompt": "slow rank", "max_tokens": 20})[0] == 200
+    state = sp.engine_states()[0]
+    assert state["straggler_gpu"] == 2 and abs(state["straggler_slowdown"] - 1.3) < 1e-9
+    scen = SimScenario(sp.state_dir)
+    slow, other = scen.state(2, time.monotonic()), scen.state(5, time.monotonic())
+    assert slow.throttle_reasons & 0x20 and slow.sm_clock_mhz < other.sm_clock_mhz
