@@ -24,6 +24,7 @@ from lynxtop.tui.export_csv import ExportError, check_target
 from lynxtop.tui.history_series import points, span
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.plot import bar, bucketize, column_chart, sparkline
+from lynxtop.tui.window_stats import span_label, window_mean
 
 
 @pytest.mark.parametrize(("value", "text"), [
@@ -174,3 +175,33 @@ def test_cli_variants_of_the_shared_formatters():
     assert fmt_bytes(12.34 * 1024**3, decimals=1) == "12.3 GiB" and fmt_bytes(1536, decimals=1) == "1.5 KiB"
     assert fmt_bytes(2048 * 1024**4, decimals=1, largest="TiB") == "2048.0 TiB" and fmt_bytes(5, decimals=1) == "5 B"
     assert fmt_duration(None, na="-") == "-" and fmt_duration(None) == "N/A"
+
+
+def test_window_mean_of_a_per_tick_rate():
+    pts = [(0, 0.0), (1000, 2.0), (2000, None), (3000, 0.0)]
+    assert window_mean(pts) == (2.0 / 3, 4000)  # 3 readings; the span counts the first tick too
+    assert window_mean(pts, window_ms=2000) == (0.0, 1000)  # only the reading at 3000 is after 1000
+    assert window_mean(pts, end_ms=10 * 60_000) == (None, 0)  # nothing in the last 5 minutes
+    assert window_mean([]) == (None, 0)
+    assert span_label(4000) == "4s" and span_label(300_000) == "5m" and span_label(119_000) == "119s"
+
+
+async def test_chart_max_is_never_below_now():
+    """Columns are bucket averages; the header's max is the readings' max, so never below now."""
+    from textual.app import App
+
+    from lynxtop.contract.format import fmt_temp
+    from lynxtop.tui.widgets.time_chart import TimeChart
+
+    class One(App):
+        def compose(self):
+            yield TimeChart("Temperature", fmt_temp, agg="avg")
+
+    t0 = 1_796_220_000_000
+    app = One()
+    async with app.run_test(size=(80, 8)) as pilot:
+        chart = app.query_one(TimeChart)
+        chart.set_data([(t0 - 59_000 + i * 1000, 50.0) for i in range(59)] + [(t0, 56.0)], t0 - 900_000, t0)
+        await pilot.pause()
+        header = plain(chart.render()).splitlines()[0]
+        assert "now 56°C" in header and "max 56°C" in header, header

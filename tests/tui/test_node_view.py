@@ -7,8 +7,10 @@ from tui_fake_agent import gpu_row, make_status
 
 from lynxtop.tui.screens.node import NodeScreen
 from lynxtop.tui.widgets.gpu_table import GpuTable
+from lynxtop.tui.widgets.gpu_trends import GpuTrends
 from lynxtop.tui.widgets.node_header import NodeHeader
 from lynxtop.tui.widgets.outage_banner import OutageBanner
+from lynxtop.tui.widgets.recent_events import RecentEvents
 from lynxtop.tui.widgets.serving_panel import ServingPanel
 from lynxtop.tui.widgets.startup_phases import StartupPhases
 
@@ -157,3 +159,52 @@ async def test_refresh_never_doubles_the_poll_rate(agent):
         await pilot.pause(2.0)
         polls = sum(1 for m, p, _ in agent.requests if p == "/v1/status") - before
         assert 2 <= polls <= 6, polls  # about 4 at 0.5 s; a second timer chain would make it 8+
+
+
+async def test_request_rate_is_the_average_over_the_window(agent):
+    """Requests of 30+ s finish in few ticks: the tick's rate reads 0.00 while requests run; the panel shows
+    the mean over the last minutes and says so."""
+    agent.status["serving_metrics"]["requests_per_s"] = 0.0
+    t0 = agent.status["ts_ms"]
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        series = app.state.serving_series
+        await wait_for(pilot, lambda: series("requests_per_s")[-1:] == [(t0, 0.0)])
+        for k, finished in enumerate((0.0, 2.0, 0.0, 0.0)):
+            ts = t0 + 1000 * (k + 1)
+            agent.status = make_status(ts_ms=ts)
+            agent.status["serving_metrics"]["requests_per_s"] = finished
+            await wait_for(pilot, lambda ts=ts, v=finished: series("requests_per_s")[-1:] == [(ts, v)])
+        await pilot.pause(0.1)
+        stats = text_of(app.screen.query_one(ServingPanel)).splitlines()[0]
+        assert "req/s 0.40 avg 5s" in stats, stats  # 2 requests finished in 5 one-second ticks
+
+
+async def test_tall_terminal_shows_per_gpu_sparklines_and_recent_events(agent):
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        screen = app.screen
+        assert isinstance(screen, NodeScreen) and screen.has_class("-tall")
+        trends, events = screen.query_one(GpuTrends), screen.query_one(RecentEvents)
+        await wait_for(pilot, lambda: "SW thermal" in text_of(events))
+        assert trends.display and events.display
+        rows = text_of(trends).splitlines()
+        assert "SM act" in rows[0] and "Temp" in rows[0]
+        assert len(rows) == 9 and "550 W" in rows[1] and "67°C" in rows[8]  # one row per GPU
+        lines = text_of(events).splitlines()
+        assert "GPU 3 SW thermal slowdown" in lines[0] and "starting dsv41-tp8" in lines[2]  # newest first
+        # the events panel reaches down to the key bar: no empty rows left below
+        assert events.region.bottom == app.size.height - 1
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause(0.2)
+        assert not screen.has_class("-tall") and not trends.display and not events.display
+
+
+async def test_no_extra_panels_or_event_polls_below_tall(agent):
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.pause(0.3)
+        assert not app.screen.query_one(GpuTrends).display
+        assert not any(p == "/v1/events" for _, p, _ in agent.requests)

@@ -20,6 +20,8 @@ def _app(agent, db=None):
 
 async def _connected(pilot) -> None:
     await wait_for(pilot, lambda: pilot.app.state.connected)
+    if pilot.app.screen.has_class("-tall"):  # the node view's recent events come in a worker of their own
+        await wait_for(pilot, lambda: getattr(pilot.app.screen, "events", None) is not None)
     await pilot.pause(0.2)
 
 

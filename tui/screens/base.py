@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 COMPACT_WIDTH, COMPACT_HEIGHT = 150, 32
+TALL_HEIGHT = 44  # from here views may show more panels; 80x24 and 120x40 keep their layout
 
 
 class LiveScreen(Screen):
@@ -55,6 +56,7 @@ class LiveScreen(Screen):
         small = w < MIN_WIDTH or h < MIN_HEIGHT
         _set_class(self, small, "-too-small")
         _set_class(self, w < COMPACT_WIDTH or h < COMPACT_HEIGHT, "-compact")
+        _set_class(self, not small and h >= TALL_HEIGHT, "-tall")
         if small:
             self.query_one("#too-small", Static).update(Text(
                 f"lynxtop needs at least {MIN_WIDTH}×{MIN_HEIGHT} characters; this terminal is {w}×{h}.\n"

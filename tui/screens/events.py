@@ -18,10 +18,9 @@ from lynxtop.contract.format import fmt_clock, fmt_datetime
 from lynxtop.tui.client import AgentRefused, AgentUnreachable
 from lynxtop.tui.history_source import HistoryUnavailable
 from lynxtop.tui.screens.base import LiveScreen
+from lynxtop.tui.widgets.recent_events import SEVERITY_MARK
 
 SEVERITIES = ("info", "warning", "error", "critical")
-SEVERITY_MARK = {"info": ("·", ""), "warning": ("!", "yellow"), "error": ("✗", "bold red"),
-                 "critical": ("✗✗", "bold red reverse")}
 REFRESH_S = 5.0
 LOG_LINES = 2000
 

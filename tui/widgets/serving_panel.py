@@ -8,6 +8,7 @@ from lynxtop.contract.format import NA, fmt_int, fmt_ms, fmt_pct, fmt_si
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.plot import sparkline
 from lynxtop.tui.widgets.text_panel import TextPanel
+from lynxtop.tui.window_stats import RATE_WINDOW_MS, span_label, window_mean
 
 
 class ServingPanel(TextPanel):
@@ -22,27 +23,8 @@ class ServingPanel(TextPanel):
         sm = state.section("serving_metrics")
         sla = state.section("sla")
         width = max(8, self.size.width - 2)
-        stats = Text(no_wrap=True, overflow="ellipsis")
-
-        def stat(label: str, value: str, style: str = "") -> None:
-            stats.append(f"{label} ", style="dim")
-            stats.append(value, style=style or ("dim" if value == NA else "bold"))
-            stats.append("   ")
-
-        if sm and sm.get("scrape_ok") == 0:
-            stats.append("✗ /metrics not readable ", style="bold red")
-        short = width < 100
-        stat("req/s", fmt_si(sm.get("requests_per_s")))
-        stat("tok/s" if short else "gen tok/s", fmt_si(sm.get("generation_tokens_per_s")))
-        stat("r/w" if short else "run/wait",
-             f"{fmt_int(sm.get('requests_running'))}/{fmt_int(sm.get('requests_waiting'))}")
-        kv = sm.get("kv_cache_usage_pct")
-        stat("KV", fmt_pct(kv, 1), "bold red" if kv is not None and kv >= 95 else "")
-        pre = sm.get("preemptions")
-        stat("preempt", fmt_int(pre), "bold yellow" if pre else "")
-        stat("hit" if short else "prefix hit", fmt_pct(sm.get("prefix_cache_hit_pct"), 1))
         spark_w = max(4, width - 46)
-        lines = [stats]
+        lines = [_stats_line(state, sm, width < 100)]
         thresholds = {"ttft": sla.get("ttft_threshold_ms"), "tpot": sla.get("tpot_threshold_ms")}
         for series in ("ttft", "tpot", "itl"):
             p50, p99 = sm.get(f"{series}_p50_ms"), sm.get(f"{series}_p99_ms")
@@ -65,3 +47,36 @@ class ServingPanel(TextPanel):
         out = Text("\n", no_wrap=True, overflow="crop").join(lines)
         out.no_wrap, out.overflow = True, "crop"
         self.update(out)
+
+
+def _stats_line(state: LiveState, sm: dict, short: bool) -> Text:
+    """Throughput, queue, KV cache, preemptions and prefix hits; short labels below 100 columns."""
+    stats = Text(no_wrap=True, overflow="ellipsis")
+    gap = "  " if short else "   "
+
+    def stat(label: str, value: str, style: str = "", note: str = "") -> None:
+        stats.append(f"{label} ", style="dim")
+        stats.append(value, style=style or ("dim" if value == NA else "bold"))
+        if note:
+            stats.append(f" {note}", style="dim")
+        stats.append(gap)
+
+    if sm and sm.get("scrape_ok") == 0:
+        stats.append("✗ /metrics not readable ", style="bold red")
+    # Finished requests per tick read 0 for minutes when requests take longer than a tick: the mean
+    # over the last minutes is shown, and says so.
+    interval_ms = int(float(state.section("agent").get("sample_interval_s") or 1.0) * 1000)
+    end = (state.status or {}).get("ts_ms")
+    rate, span_ms = window_mean(state.serving_series("requests_per_s"), end, RATE_WINDOW_MS, interval_ms)
+    if not sm:
+        rate = None  # not serving: no rate, not the last run's
+    stat("req/s", fmt_si(rate), note=f"avg {span_label(span_ms)}" if rate is not None else "")
+    stat("tok/s" if short else "gen tok/s", fmt_si(sm.get("generation_tokens_per_s")))
+    stat("r/w" if short else "run/wait",
+         f"{fmt_int(sm.get('requests_running'))}/{fmt_int(sm.get('requests_waiting'))}")
+    kv = sm.get("kv_cache_usage_pct")
+    stat("KV", fmt_pct(kv, 1), "bold red" if kv is not None and kv >= 95 else "")
+    pre = sm.get("preemptions")
+    stat("preempt", fmt_int(pre), "bold yellow" if pre else "")
+    stat("hit" if short else "prefix hit", fmt_pct(sm.get("prefix_cache_hit_pct"), 1))
+    return stats

@@ -45,7 +45,7 @@ class TimeChart(Widget):
         plot_h = max(1, self.size.height - 2 - (1 if marks else 0))
         values = bucketize(self.points, self.start_ms, self.end_ms, plot_w, self.agg)
         chart = column_chart(values, plot_h, self.vmax, self.threshold, self.ascii_only)
-        out = self._title_line(values, chart)
+        out = self._title_line(chart)
         for i, row in enumerate(chart.rows):
             out.append(self._row_label(i, chart)[:LABEL_W].rjust(LABEL_W) + "│", style="dim")
             self._append_row(out, row, chart.breach)
@@ -60,15 +60,15 @@ class TimeChart(Widget):
         out.append(axis, style="dim")
         return out
 
-    def _title_line(self, values: list[float | None], chart: Chart) -> Text:
+    def _title_line(self, chart: Chart) -> Text:
         """Title, the last reading, the window's max, the threshold and how many columns breach it."""
         last = next((v for _, v in reversed(self.points) if v is not None), None)
         out = Text(no_wrap=True, overflow="crop")
         out.append(self.title, style="bold")
         out.append(f"  now {self.fmt(last)}" if last is not None else f"  now {NA}")
-        real = [v for v in values if v is not None]
-        if real:
-            out.append(f"  max {self.fmt(max(real))}", style="dim")
+        top = self._max_reading(last)
+        if top is not None:
+            out.append(f"  max {self.fmt(top)}", style="dim")
         if self.threshold is not None:
             n = sum(chart.breach)
             out.append(f"  limit {self.fmt(self.threshold)}", style="dim")
@@ -78,6 +78,14 @@ class TimeChart(Widget):
             out.append(f"  {self.note}", style="dim italic")
         out.append("\n")
         return out
+
+    def _max_reading(self, last: float | None) -> float | None:
+        """The highest reading in the window, the last one included: columns are bucket averages (or
+        minima), whose max is below the readings', and "now 56°C max 55°C" reads as a bug."""
+        real = [v for ts, v in self.points if v is not None and self.start_ms <= ts <= self.end_ms]
+        if last is not None:
+            real.append(last)
+        return max(real) if real else None
 
     def _row_label(self, i: int, chart: Chart) -> str:
         if i == 0:
