@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lynxtop.agent.api import ApiServer
 from lynxtop.agent.scrape import MetricsScraper, relevant_lines
-from lynxtop.ctl import AgentClient
+from lynxtop.client import AgentClient
+from lynxtop.contract.status import GPU_METRIC_NAMES, HOST_METRIC_NAMES, SERVING_METRIC_NAMES, Status
 
 LAT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560]
 TOK = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000]
@@ -79,10 +80,11 @@ def median_ms(fn, n: int) -> float:
 class _Ctl:
     """The smallest controller with a realistic status object size (8 GPUs, every column)."""
 
-    def status(self) -> dict:
-        return {"ts_ms": 0, "agent": {"simulated": True}, "serving": {"state": "ready"}, "sla": {},
-                "gpus": [{f"m{k}": k for k in range(40)} | {"index": i} for i in range(8)],
-                "host": {f"h{k}": k for k in range(25)}, "serving_metrics": {f"s{k}": k for k in range(35)}}
+    def status(self) -> Status:
+        return Status.from_json({"ts_ms": 0, "agent": {"simulated": True}, "serving": {"state": "ready"},
+                                 "gpus": [{k: 1 for k in GPU_METRIC_NAMES} | {"index": i} for i in range(8)],
+                                 "host": dict.fromkeys(HOST_METRIC_NAMES, 1),
+                                 "serving_metrics": dict.fromkeys(SERVING_METRIC_NAMES, 1)})
 
     def profiles(self) -> dict:
         return {"current": None, "profiles": []}

@@ -1,83 +1,38 @@
 """`lynxtop status|start|stop|restart|switch`: thin clients of the control API, made for humans and scripts.
 
-Plain http.client over AF_UNIX keeps these commands free of asyncio and fast to start. Exit codes (cli/parser.py):
-0 ok, 1 refused or failed, 2 usage/config, 3 agent unreachable, 4 busy. Anything that interrupts serving asks
-for confirmation on a terminal and demands --yes elsewhere, because a 284B model takes many minutes to reload.
+The blocking face of the one API client (lynxtop.client) keeps these commands free of asyncio and fast to
+start. Exit codes (cli/parser.py): 0 ok, 1 refused or failed, 2 usage/config, 3 agent unreachable, 4 busy.
+Anything that interrupts serving asks for confirmation on a terminal and demands --yes elsewhere, because a
+284B model takes many minutes to reload.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
 import sys
 import time
 from argparse import Namespace
-from datetime import datetime
 from typing import Any
 
+from lynxtop.client import AgentClient, AgentRefused, AgentUnreachable, parse_status
 from lynxtop.config_cli import load_or_exit
+from lynxtop.contract.format import fmt_bytes, fmt_datetime, fmt_duration, fmt_ms
+from lynxtop.contract.status import (
+    AgentStatus,
+    GpuStatus,
+    HostStatus,
+    ServingMetrics,
+    ServingState,
+    ServingStatus,
+    SlaStatus,
+    Status,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY = 0, 1, 2, 3, 4
 POLL_S = 1.0
-NOT_RUNNING = ("stopped", "crash-loop", "backoff")
-
-
-class Unreachable(Exception):
-    """The agent cannot be reached; the message says where and the likely reason."""
-
-
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-class AgentClient:
-    """One request per connection: the agent may restart between two polls of --wait."""
-
-    def __init__(self, path: str, timeout: float = 15.0):
-        self.path = path
-        self.timeout = timeout
-
-    def request(self, method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
-        conn = _UnixHTTPConnection(self.path, self.timeout)
-        try:
-            payload = json.dumps(body).encode() if body is not None else None
-            headers = {"Content-Type": "application/json"} if payload is not None else {}
-            conn.request(method, url, body=payload, headers=headers)
-            resp = conn.getresponse()
-            raw = resp.read()
-        except FileNotFoundError:
-            raise Unreachable(f"no agent socket at {self.path} (is lynxtop-agent running? "
-                              "systemctl status lynxtop-agent)") from None
-        except ConnectionRefusedError:
-            raise Unreachable(f"nothing answers on {self.path} (the agent is not running or is restarting)") from None
-        except PermissionError:
-            raise Unreachable(f"permission denied on {self.path}: join the agent's group "
-                              "(sudo usermod -aG lynxtop $USER, then log in again) or use sudo") from None
-        except TimeoutError:
-            raise Unreachable(f"the agent at {self.path} did not answer within {self.timeout:g} s") from None
-        except (OSError, http.client.HTTPException) as exc:
-            raise Unreachable(f"cannot talk to the agent at {self.path}: {exc}") from None
-        finally:
-            conn.close()
-        try:
-            data = json.loads(raw) if raw else {}
-        except ValueError:
-            raise Unreachable(f"the agent at {self.path} answered HTTP {resp.status} with something that is not "
-                              "JSON (is this a lynxtop agent socket?)") from None
-        return resp.status, data if isinstance(data, dict) else {"value": data}
+UNREACHABLE_GIVE_UP_S = 60.0
+NOT_RUNNING = (ServingState.STOPPED, ServingState.CRASH_LOOP, ServingState.BACKOFF)
+INDENT = " " * 9
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -97,157 +52,142 @@ def _client(args: Namespace) -> AgentClient | None:
     return AgentClient(str(path))
 
 
-def _exit_for(status: int, data: dict[str, Any]) -> int:
-    code = data.get("error")
-    if 200 <= status < 300:
-        return EXIT_OK
-    if status == 409 and code == "busy":
+def _exit_for(exc: AgentRefused) -> int:
+    if exc.status == 409 and exc.code == "busy":
         return EXIT_BUSY
-    if status in (400, 413) or (status == 404 and code == "unknown_profile"):
+    if exc.status in (400, 413) or (exc.status == 404 and exc.code == "unknown_profile"):
         return EXIT_USAGE
     return EXIT_FAILED
 
 
-def _report_error(status: int, data: dict[str, Any]) -> None:
-    message = data.get("message") or f"HTTP {status}"
-    _err(f"{data.get('error', 'error')}: {message}")
-    details = data.get("details") or {}
-    for reason in details.get("reasons", []) if isinstance(details, dict) else []:
+def _report_error(exc: AgentRefused) -> None:
+    _err(f"{exc.code}: {exc.message}")
+    reasons = exc.details.get("reasons") or []
+    for reason in reasons if isinstance(reasons, list) else []:
         print(f"  - {reason}", file=sys.stderr)
-    if status == 403:
+    if exc.status == 403:
         _err("control needs root, the agent's user or the agent's group; `lynxtop status` works for everyone")
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(max(0, seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
-
-
-def _fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "N/A"
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def _na(v: Any, fmt: str = "{}", unit: str = "") -> str:
     return "N/A" if v is None else fmt.format(v) + unit
 
 
+def _bytes(n: float | None) -> str:
+    return fmt_bytes(n, decimals=1, largest="TiB")
+
+
 def _ms(v: float | None) -> str:
-    if v is None:
-        return "N/A"
-    return f"{v / 1000:.2f} s" if v >= 1000 else f"{v:.0f} ms"
+    return fmt_ms(v, decimals=0)
 
 
 def _since(ms: int | None, now_ms: int | None) -> str:
     if not ms or not now_ms:
         return "-"
-    return fmt_duration((now_ms - ms) / 1000)
+    return fmt_duration((now_ms - ms) / 1000, na="-")
 
 
 def _clock(ms: int | None) -> str:
-    if not ms:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+    return fmt_datetime(ms, seconds=True) if ms else "-"
 
 
 # ---------------------------------------------------------------------------------------------- status
 
 
-def format_status(st: dict[str, Any]) -> str:
-    """The compact human summary of a status object; every missing value shows as N/A or '-'."""
-    now = st.get("ts_ms")
-    agent = st.get("agent") or {}
-    srv = st.get("serving") or {}
-    sla = st.get("sla") or {}
-    sm = st.get("serving_metrics") or {}
-    host = st.get("host") or {}
+def format_status(st: Status) -> str:
+    """The compact human summary of a status; every missing value shows as N/A or '-'."""
     lines: list[str] = []
-    if agent.get("simulated"):
+    if st.agent.simulated:
         lines.append("*** SIMULATED node: the GPUs and/or vLLM are simulated ***")
-    state = srv.get("state", "unknown")
-    head = f"serving  {state.upper()} for {_since(srv.get('state_since_ms'), now)}"
-    if srv.get("reason"):
-        head += f" ({srv['reason']})"
-    lines.append(head)
-    if state == "starting" and srv.get("phase"):
-        lines.append(f"         phase: {srv['phase']} for {_since(srv.get('phase_since_ms'), now)}, "
-                     f"starting for {_since(srv.get('started_ms'), now)}")
-    if state == "backoff" and srv.get("next_retry_ms"):
-        lines.append(f"         next retry in {fmt_duration((srv['next_retry_ms'] - (now or 0)) / 1000)}, "
-                     f"{srv.get('failures_in_window', 0)} failures in the window")
-    if state == "crash-loop":
-        lines.append("         gave up after repeated failures: fix the cause, then `lynxtop start`")
-    details = [f"profile {srv.get('profile') or '-'}", f"run {srv.get('run_id') or '-'}",
-               f"pid {srv.get('pid') or '-'}"]
-    if srv.get("model"):
-        details.append(f"model {srv['model']}")
-    if srv.get("vllm_version"):
-        details.append(f"vLLM {srv['vllm_version']}")
-    if srv.get("ready_ms") and state in ("ready", "degraded"):
-        details.append(f"up {_since(srv['ready_ms'], now)}")
-    if srv.get("adopted"):
-        details.append("adopted")
-    lines.append("         " + "  ".join(details))
-    if sla:
-        tp_label = "TPOT" if sla.get("tpot_source", "tpot") == "tpot" else "ITL"
-        lines.append(
-            f"SLA      {str(sla.get('state', 'unknown')).upper()}  p99 TTFT {_ms(sla.get('ttft_p99_ms'))} "
-            f"(<= {_ms(sla.get('ttft_threshold_ms'))})  p99 {tp_label} {_ms(sla.get('tpot_p99_ms'))} "
-            f"(<= {_ms(sla.get('tpot_threshold_ms'))})  window {_na(sla.get('window_s'), '{:g}', ' s')}")
-    if sm.get("scrape_ok") is not None:  # None: nothing scraped (not serving)
-        if sm.get("scrape_ok") == 0:
-            lines.append(f"traffic  metrics unreadable ({sm.get('scrape_errors')} failed scrapes)")
-        else:
-            lines.append(
-                f"traffic  {_na(sm.get('requests_per_s'), '{:.1f}', ' req/s')}  "
-                f"gen {_na(sm.get('generation_tokens_per_s'), '{:.0f}', ' tok/s')}  "
-                f"prompt {_na(sm.get('prompt_tokens_per_s'), '{:.0f}', ' tok/s')}  "
-                f"running {_na(sm.get('requests_running'))}  waiting {_na(sm.get('requests_waiting'))}  "
-                f"KV {_na(sm.get('kv_cache_usage_pct'), '{:.0f}', '%')}")
-    for g in st.get("gpus") or []:
-        lost = "  LOST" if g.get("lost") else ""
-        lines.append(
-            f"GPU {g.get('index', '?'):<4} {g.get('name') or '?'}  util {_na(g.get('util_gpu_pct'), '{}', '%')}  "
-            f"mem {_fmt_bytes(g.get('mem_used_bytes'))}/{_fmt_bytes(g.get('mem_total_bytes'))}  "
-            f"{_na(g.get('power_w'), '{}', ' W')}  {_na(g.get('temp_c'), '{}', ' C')}{lost}")
-    if host:
-        lines.append(
-            f"host     cpu {_na(host.get('cpu_pct'), '{:.0f}', '%')}  load {_na(host.get('load1'), '{:.2f}')}  "
-            f"mem {_fmt_bytes(host.get('mem_used_bytes'))}/{_fmt_bytes(host.get('mem_total_bytes'))}  "
-            f"disk free {_fmt_bytes(host.get('disk_free_bytes'))}")
-    nvml = agent.get("nvml") or {}
-    store = agent.get("store") or {}
-    health = "healthy" if agent.get("healthy", True) else "UNHEALTHY"
-    agent_line = (f"agent    {agent.get('host', '?')}  pid {agent.get('pid', '?')}  up "
-                  f"{fmt_duration(agent.get('uptime_s'))}  {health}  nvml {nvml.get('state', '?')}")
-    if nvml.get("message"):
-        agent_line += f" ({nvml['message']})"
-    if store.get("last_error"):
-        agent_line += f"  store error: {store['last_error']}"
-    if agent.get("missed_ticks"):
-        agent_line += f"  missed ticks {agent['missed_ticks']}"
-    lines.append(agent_line)
-    if store.get("wal_unlinked"):
-        state = "recovered" if store.get("wal_recovered") else "NOT RECOVERED, history at risk"
-        lines.append(f"store    WAL UNLINKED at {_clock(store.get('wal_unlinked_ms'))} ({state}): "
-                     f"{store['wal_unlinked']}")
-    action = agent.get("action")
-    if action:
-        lines.append(f"action   {action.get('action')} {action.get('profile') or ''} in progress since "
-                     f"{_clock(action.get('since_ms'))} by {action.get('by', '?')}")
+    lines += _serving_lines(st.serving, st.ts_ms)
+    lines.append(_sla_line(st.sla))
+    lines += _traffic_lines(st.serving_metrics)
+    lines += [_gpu_line(g) for g in st.gpus]
+    lines.append(_host_line(st.host))
+    lines += _agent_lines(st.agent)
     return "\n".join(lines)
+
+
+def _serving_lines(srv: ServingStatus, now: int | None) -> list[str]:
+    state = srv.state
+    head = f"serving  {state.upper()} for {_since(srv.state_since_ms, now)}"
+    lines = [head + (f" ({srv.reason})" if srv.reason else "")]
+    if state == ServingState.STARTING and srv.phase:
+        lines.append(f"{INDENT}phase: {srv.phase} for {_since(srv.phase_since_ms, now)}, "
+                     f"starting for {_since(srv.started_ms, now)}")
+    if state == ServingState.BACKOFF and srv.next_retry_ms:
+        lines.append(f"{INDENT}next retry in {fmt_duration((srv.next_retry_ms - (now or 0)) / 1000, na='-')}, "
+                     f"{srv.failures_in_window} failures in the window")
+    if state == ServingState.CRASH_LOOP:
+        lines.append(f"{INDENT}gave up after repeated failures: fix the cause, then `lynxtop start`")
+    details = [f"profile {srv.profile or '-'}", f"run {srv.run_id or '-'}", f"pid {srv.pid or '-'}"]
+    if srv.model:
+        details.append(f"model {srv.model}")
+    if srv.vllm_version:
+        details.append(f"vLLM {srv.vllm_version}")
+    if srv.ready_ms and state.serving:
+        details.append(f"up {_since(srv.ready_ms, now)}")
+    if srv.adopted:
+        details.append("adopted")
+    lines.append(INDENT + "  ".join(details))
+    return lines
+
+
+def _sla_line(sla: SlaStatus) -> str:
+    tp_label = "ITL" if sla.tpot_source == "itl" else "TPOT"
+    return (f"SLA      {sla.state.upper()}  p99 TTFT {_ms(sla.ttft_p99_ms)} (<= {_ms(sla.ttft_threshold_ms)})  "
+            f"p99 {tp_label} {_ms(sla.tpot_p99_ms)} (<= {_ms(sla.tpot_threshold_ms)})  "
+            f"window {_na(sla.window_s, '{:g}', ' s')}")
+
+
+def _traffic_lines(sm: ServingMetrics) -> list[str]:
+    m = sm.metric
+    if m("scrape_ok") is None:  # nothing scraped (not serving): no line of N/As
+        return []
+    if m("scrape_ok") == 0:
+        return [f"traffic  metrics unreadable ({m('scrape_errors')} failed scrapes)"]
+    return [f"traffic  {_na(m('requests_per_s'), '{:.1f}', ' req/s')}  "
+            f"gen {_na(m('generation_tokens_per_s'), '{:.0f}', ' tok/s')}  "
+            f"prompt {_na(m('prompt_tokens_per_s'), '{:.0f}', ' tok/s')}  "
+            f"running {_na(m('requests_running'))}  waiting {_na(m('requests_waiting'))}  "
+            f"KV {_na(m('kv_cache_usage_pct'), '{:.0f}', '%')}"]
+
+
+def _gpu_line(g: GpuStatus) -> str:
+    m = g.metric
+    index = "?" if g.index is None else g.index
+    return (f"GPU {index:<4} {g.name or '?'}  util {_na(m('util_gpu_pct'), '{}', '%')}  "
+            f"mem {_bytes(m('mem_used_bytes'))}/{_bytes(m('mem_total_bytes'))}  "
+            f"{_na(m('power_w'), '{}', ' W')}  {_na(m('temp_c'), '{}', ' C')}" + ("  LOST" if m("lost") else ""))
+
+
+def _host_line(host: HostStatus) -> str:
+    m = host.metric
+    return (f"host     cpu {_na(m('cpu_pct'), '{:.0f}', '%')}  load {_na(m('load1'), '{:.2f}')}  "
+            f"mem {_bytes(m('mem_used_bytes'))}/{_bytes(m('mem_total_bytes'))}  "
+            f"disk free {_bytes(m('disk_free_bytes'))}")
+
+
+def _agent_lines(agent: AgentStatus) -> list[str]:
+    nvml, store = agent.nvml, agent.store
+    line = (f"agent    {agent.host or '?'}  pid {'?' if agent.pid is None else agent.pid}  up "
+            f"{fmt_duration(agent.uptime_s, na='-')}  {'healthy' if agent.healthy else 'UNHEALTHY'}  "
+            f"nvml {nvml.state or '?'}")
+    if nvml.message:
+        line += f" ({nvml.message})"
+    if store.last_error:
+        line += f"  store error: {store.last_error}"
+    if agent.missed_ticks:
+        line += f"  missed ticks {agent.missed_ticks}"
+    lines = [line]
+    if store.wal_unlinked:
+        state = "recovered" if store.wal_recovered else "NOT RECOVERED, history at risk"
+        lines.append(f"store    WAL UNLINKED at {_clock(store.wal_unlinked_ms)} ({state}): {store.wal_unlinked}")
+    act = agent.action
+    if act:
+        lines.append(f"action   {act.action} {act.profile or ''} in progress since {_clock(act.since_ms)} by "
+                     f"{act.by or '?'}")
+    return lines
 
 
 def status(args: Namespace) -> int:
@@ -255,37 +195,34 @@ def status(args: Namespace) -> int:
     if client is None:
         return EXIT_USAGE
     try:
-        code, data = client.request("GET", "/v1/status")
-    except Unreachable as exc:
+        data = client.status_json()
+        text = json.dumps(data, indent=2, sort_keys=True) if getattr(args, "json", False) else \
+            format_status(parse_status(data, client.socket_path))
+    except AgentUnreachable as exc:
         _err(str(exc))
         return EXIT_UNREACHABLE
-    if code != 200:
-        _report_error(code, data)
-        return _exit_for(code, data)
-    if getattr(args, "json", False):
-        print(json.dumps(data, indent=2, sort_keys=True))
-    else:
-        print(format_status(data))
+    except AgentRefused as exc:
+        _report_error(exc)
+        return _exit_for(exc)
+    print(text)
     return EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------------- actions
 
 
-def _confirm(action: str, target: str | None, st: dict[str, Any], assume_yes: bool) -> int | None:
+def _confirm(action: str, target: str | None, st: Status, assume_yes: bool) -> int | None:
     """None to go ahead, else the exit code (aborted, or --yes missing without a terminal)."""
-    srv = st.get("serving") or {}
-    state = srv.get("state", "unknown")
-    if action == "stop" and state in NOT_RUNNING:
+    srv = st.serving
+    if action == "stop" and srv.state in NOT_RUNNING:
         return None  # nothing is serving: nothing to lose
     if assume_yes:
         return None
     what = {"stop": "This stops serving; the model must load again to serve (minutes).",
             "restart": "This restarts serving; the model reloads (minutes).",
             "switch": "This restarts serving; the model reloads (minutes)."}[action]
-    now = st.get("ts_ms")
-    current = (f"Now: {state} for {_since(srv.get('state_since_ms'), now)}, profile "
-               f"{srv.get('profile') or '-'}, run {srv.get('run_id') or '-'}.")
+    current = (f"Now: {srv.state} for {_since(srv.state_since_ms, st.ts_ms)}, profile "
+               f"{srv.profile or '-'}, run {srv.run_id or '-'}.")
     if not sys.stdin.isatty():
         _err(f"{action} interrupts serving and needs confirmation: pass --yes when not on a terminal")
         return EXIT_USAGE
@@ -307,79 +244,89 @@ def _act(args: Namespace, action: str, profile: str | None = None) -> int:
     if client is None:
         return EXIT_USAGE
     try:
-        code, before = client.request("GET", "/v1/status")
-        if code != 200:
-            _report_error(code, before)
-            return _exit_for(code, before)
+        before = client.status()
         if action in ("stop", "restart", "switch"):
             refused = _confirm(action, profile, before, getattr(args, "yes", False))
             if refused is not None:
                 return refused
-        body = {"profile": profile} if profile else {}
-        code, data = client.request("POST", f"/v1/{action}", body)
-    except Unreachable as exc:
+        data = client.action(action, profile)
+    except AgentUnreachable as exc:
         _err(str(exc))
         return EXIT_UNREACHABLE
-    if code != 202:
-        _report_error(code, data)
-        return _exit_for(code, data)
+    except AgentRefused as exc:
+        _report_error(exc)
+        return _exit_for(exc)
     print(data.get("message") or f"{action} accepted")
     if not getattr(args, "wait", False):
         return EXIT_OK
     return wait_for(client, action, before)
 
 
-def wait_for(client: AgentClient, action: str, before: dict[str, Any], poll_s: float | None = None) -> int:
-    """Poll status until the action is done: ready (a new run for restart/switch), stopped, or failed."""
-    poll = POLL_S if poll_s is None else poll_s
-    srv0 = before.get("serving") or {}
-    run0 = srv0.get("run_id")
-    was_running = srv0.get("state") not in NOT_RUNNING
-    tty = sys.stdout.isatty()
-    last_line = ""
-    seen_progress = False
+class _Progress:
+    """The state line while waiting: rewritten in place on a terminal, one line per state change elsewhere."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self.last = ""
+
+    def show(self, st: Status) -> None:
+        srv = st.serving
+        line = f"{srv.state}" + (f" ({srv.phase})" if srv.phase and srv.state == ServingState.STARTING else "")
+        line += f"  {_since(srv.state_since_ms, st.ts_ms)}  profile {srv.profile or '-'}"
+        if line == self.last and not self.tty:
+            return
+        if self.tty:
+            print(f"\r\033[K{line}", end="", flush=True)
+        elif line.split("  ")[0] != self.last.split("  ")[0]:
+            print(line, flush=True)
+        self.last = line
+
+    def done(self) -> None:
+        if self.tty:
+            print()
+
+
+def _poll(client: AgentClient, poll: float) -> Status | int:
+    """The next status, waiting out an agent restart (up to a minute); an exit code when giving up."""
     unreachable_since: float | None = None
     while True:
         time.sleep(poll)
         try:
-            code, st = client.request("GET", "/v1/status")
-            unreachable_since = None
-        except Unreachable as exc:
+            return client.status()
+        except AgentUnreachable as exc:
             unreachable_since = unreachable_since or time.monotonic()
-            if time.monotonic() - unreachable_since > 60:
+            if time.monotonic() - unreachable_since > UNREACHABLE_GIVE_UP_S:
                 _err(f"gave up waiting: {exc}")
                 return EXIT_UNREACHABLE
-            continue
-        if code != 200:
-            _report_error(code, st)
+        except AgentRefused as exc:
+            _report_error(exc)
             return EXIT_FAILED
-        srv = st.get("serving") or {}
-        state = srv.get("state")
-        in_action = bool((st.get("agent") or {}).get("action"))
-        new_run = srv.get("run_id") != run0 or not was_running
-        line = f"{state}"
-        if srv.get("phase") and state == "starting":
-            line += f" ({srv['phase']})"
-        line += f"  {_since(srv.get('state_since_ms'), st.get('ts_ms'))}  profile {srv.get('profile') or '-'}"
-        if line != last_line or tty:
-            if tty:
-                print(f"\r\033[K{line}", end="", flush=True)
-            elif line.split("  ")[0] != last_line.split("  ")[0]:
-                print(line, flush=True)
-            last_line = line
-        if state in ("starting", "stopping"):
-            seen_progress = True
-        done = _outcome(action, state, in_action, new_run, seen_progress)
+
+
+def wait_for(client: AgentClient, action: str, before: Status, poll_s: float | None = None) -> int:
+    """Poll status until the action is done: ready (a new run for restart/switch), stopped, or failed."""
+    poll = POLL_S if poll_s is None else poll_s
+    run0 = before.serving.run_id
+    was_running = before.serving.state not in NOT_RUNNING
+    progress = _Progress()
+    seen_progress = False
+    while True:
+        st = _poll(client, poll)
+        if isinstance(st, int):
+            return st
+        srv = st.serving
+        progress.show(st)
+        seen_progress = seen_progress or srv.state in (ServingState.STARTING, ServingState.STOPPING)
+        new_run = srv.run_id != run0 or not was_running
+        done = _outcome(action, srv.state, st.agent.action is not None, new_run, seen_progress)
         if done is None:
             continue
-        if tty:
-            print()
+        progress.done()
         ok, message = done
         if ok:
             print(message)
             return EXIT_OK
-        reason = srv.get("reason") or ""
-        _err(message + (f": {reason}" if reason else "") + " (see `lynxtop status` and the events)")
+        _err(message + (f": {srv.reason}" if srv.reason else "") + " (see `lynxtop status` and the events)")
         return EXIT_FAILED
 
 

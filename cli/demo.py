@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from lynxtop.agent.sim.loadgen import DEMO_PATTERN, LoadGenerator
-from lynxtop.agent.sim.uds import AgentUnreachable, call
+from lynxtop.client import AgentClient, AgentRefused, AgentUnreachable
+from lynxtop.contract.status import ServingState, Status
 
 BANNER = ("lynxtop demo: this node is SIMULATED: simulated vLLM serving DeepSeek-V4.1 on 8 simulated H200 GPUs.\n"
           "No GPU is used and no model is loaded; tokens are synthetic. q or Ctrl-C stops everything.")
@@ -255,10 +256,10 @@ class Demo:
                 raise RuntimeError(f"the agent exited with status {self.agent.returncode}; its log "
                                    f"({self.paths.agent_log}) ends with:\n{self.agent_log_tail()}")
             try:
-                status, _ = asyncio.run(call(str(self.paths.socket), "GET", "/v1/status", timeout_s=2.0))
-                if status == 200:
-                    return
-                last = f"HTTP {status}"
+                self.client(2.0).status()
+                return
+            except AgentRefused as exc:
+                last = f"HTTP {exc.status}"
             except AgentUnreachable as exc:
                 last = str(exc)
             time.sleep(0.2)
@@ -300,26 +301,25 @@ class Demo:
 
     # -- status
 
-    def status_line(self, st: dict[str, Any]) -> str:
-        srv = st.get("serving") or {}
-        sm = st.get("serving_metrics") or {}
-        gpus = st.get("gpus") or []
-        sla = st.get("sla") or {}
+    def client(self, timeout_s: float) -> AgentClient:
+        return AgentClient(self.paths.socket, timeout_s)
+
+    def status_line(self, st: Status) -> str:
+        srv, sm, gpus = st.serving, st.serving_metrics.metric, st.gpus
 
         def num(v: Any, fmt: str, unit: str = "") -> str:
             return "N/A" if v is None else f"{v:{fmt}}{unit}"
 
-        mem = sum(g.get("mem_used_bytes") or 0 for g in gpus) / 2**30
-        util = [g.get("util_gpu_pct") for g in gpus if g.get("util_gpu_pct") is not None]
-        power = sum(g.get("power_w") or 0 for g in gpus)
-        state = srv.get("state") or "?"
-        phase = f" ({srv['phase']})" if srv.get("phase") and state == "starting" else ""
+        mem = sum(g.metric("mem_used_bytes") or 0 for g in gpus) / 2**30
+        util = [g.metric("util_gpu_pct") for g in gpus if g.metric("util_gpu_pct") is not None]
+        power = sum(g.metric("power_w") or 0 for g in gpus)
+        phase = f" ({srv.phase})" if srv.phase and srv.state == ServingState.STARTING else ""
         traffic = self.loadgen.stats if self.loadgen else None
-        return (f"[SIMULATED] {time.strftime('%H:%M:%S')} serving={state}{phase} profile={srv.get('profile') or '-'} "
-                f"| run {num(sm.get('requests_running'), 'd')} wait {num(sm.get('requests_waiting'), 'd')} "
-                f"| gen {num(sm.get('generation_tokens_per_s'), '.1f', ' tok/s')} "
-                f"| TTFT p99 {num(sm.get('ttft_p99_ms'), '.0f', ' ms')} "
-                f"TPOT p99 {num(sm.get('tpot_p99_ms'), '.0f', ' ms')} SLA {sla.get('state', '?')} "
+        return (f"[SIMULATED] {time.strftime('%H:%M:%S')} serving={srv.state}{phase} profile={srv.profile or '-'} "
+                f"| run {num(sm('requests_running'), 'd')} wait {num(sm('requests_waiting'), 'd')} "
+                f"| gen {num(sm('generation_tokens_per_s'), '.1f', ' tok/s')} "
+                f"| TTFT p99 {num(sm('ttft_p99_ms'), '.0f', ' ms')} "
+                f"TPOT p99 {num(sm('tpot_p99_ms'), '.0f', ' ms')} SLA {st.sla.state} "
                 f"| GPUs {len(gpus)} util {num(sum(util) / len(util) if util else None, '.0f', '%')} "
                 f"mem {mem:.0f} GiB power {power:.0f} W "
                 f"| traffic {traffic.phase if traffic else '-'} done {traffic.completed if traffic else 0}")
@@ -327,9 +327,9 @@ class Demo:
     def print_status_until(self, deadline: float | None) -> None:
         while deadline is None or time.monotonic() < deadline:
             try:
-                code, st = asyncio.run(call(str(self.paths.socket), "GET", "/v1/status", timeout_s=2.0))
-                self.say(self.status_line(st) if code == 200 and isinstance(st, dict)
-                         else f"[SIMULATED] agent answered HTTP {code}")
+                self.say(self.status_line(self.client(2.0).status()))
+            except AgentRefused as exc:
+                self.say(f"[SIMULATED] agent answered HTTP {exc.status}")
             except AgentUnreachable as exc:
                 self.say(f"[SIMULATED] agent unreachable: {exc}")
             if self.agent is not None and self.agent.poll() is not None:
@@ -343,18 +343,20 @@ class Demo:
 
     def stop_serving(self, timeout_s: float = 30.0) -> None:
         """Ask the agent to stop vLLM (it would otherwise keep it alive across its own exit, by design)."""
-        sock = str(self.paths.socket)
         try:
-            asyncio.run(call(sock, "POST", "/v1/stop", {}, timeout_s=5.0))
+            self.client(5.0).action("stop")
+        except AgentRefused:
+            pass  # nothing to stop, or already stopping: wait for the state below
         except AgentUnreachable:
             return
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                code, st = asyncio.run(call(sock, "GET", "/v1/status", timeout_s=2.0))
+                if self.client(2.0).status().serving.state in (ServingState.STOPPED, ServingState.CRASH_LOOP):
+                    return
+            except AgentRefused:
+                pass
             except AgentUnreachable:
-                return
-            if code == 200 and (st.get("serving") or {}).get("state") in ("stopped", "crash-loop", None):
                 return
             time.sleep(0.2)
 

@@ -16,6 +16,7 @@ import pytest
 from lynxtop.agent.sim.flags import parse_serve_args
 from lynxtop.agent.sim.loadgen import LoadGenerator, Phase, bench
 from lynxtop.contract.config import parse_config
+from lynxtop.contract.status import Status
 from lynxtop.demo import PROFILES, Demo, DemoPaths, config_text, kill_all, processes_of, run
 
 
@@ -66,10 +67,11 @@ def test_kill_all_ends_every_process_naming_the_state_dir_and_nothing_else(tmp_p
 
 def test_status_line_says_simulated_and_shows_missing_values_as_na(tmp_path):
     demo = Demo(tmp_path, startup_seconds=1, keep=True)
-    line = demo.status_line({"serving": {"state": "starting", "phase": "loading weights", "profile": PROFILES[0]},
-                             "serving_metrics": {"requests_running": None, "generation_tokens_per_s": 12.345},
-                             "gpus": [{"util_gpu_pct": 40, "mem_used_bytes": 2**40, "power_w": 300}] * 8,
-                             "sla": {"state": "unknown"}})
+    line = demo.status_line(Status.from_json({
+        "serving": {"state": "starting", "phase": "loading weights", "profile": PROFILES[0]},
+        "serving_metrics": {"requests_running": None, "generation_tokens_per_s": 12.345},
+        "gpus": [{"util_gpu_pct": 40, "mem_used_bytes": 2**40, "power_w": 300}] * 8,
+        "sla": {"state": "unknown"}}))
     assert line.startswith("[SIMULATED]")
     assert "serving=starting (loading weights)" in line and "run N/A" in line and "gen 12.3 tok/s" in line
     assert "util 40%" in line and "mem 8192 GiB" in line and "power 2400 W" in line

@@ -1,0 +1,270 @@
+"""The one client of the control API (docs/api.md): JSON over HTTP/1.1 on the agent's unix socket.
+
+Two faces over one protocol: `AgentClient` (blocking, http.client: the CLI starts fast and needs no event
+loop) and `AsyncAgentClient` (asyncio streams: the dashboard and the demo; aiohttp's client would cost a
+quarter of a second of start-up, and the dashboard's first frame must come within one). One connection
+per request: a unix connect costs microseconds, and the agent may restart between two polls.
+
+Every failure is one of two exceptions, so callers never see the transport: `AgentUnreachable` (nothing
+answers, or the answer is not the API) and `AgentRefused` (the agent answered an HTTP error; `status`,
+`code`, `message` and `details` are the API's). `status()` answers the typed `Status`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from lynxtop.contract.status import Status
+
+if TYPE_CHECKING:  # the CLI never imports asyncio (40 ms of start-up); the async face imports it when used
+    import asyncio
+
+MUTATING_ACTIONS = ("start", "stop", "restart", "switch")
+MAX_BODY = 64 * 1024 * 1024  # a status or log answer is far smaller; more means something else answers
+CLI_TIMEOUT_S = 15.0
+DASHBOARD_TIMEOUT_S = 3.0
+
+
+class AgentUnreachable(Exception):
+    """The socket is absent, refuses connections, times out, or answers something that is not the API."""
+
+
+class AgentRefused(Exception):
+    """The agent answered with an HTTP error: `status` is the HTTP code, `code` the API's error code."""
+
+    def __init__(self, status: int, code: str, message: str, details: Mapping[str, Any] | None = None):
+        super().__init__(f"{message} ({status} {code})")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details: Mapping[str, Any] = details or {}
+
+
+# ---------------------------------------------------------------------------------------------- protocol
+
+
+def _target(path: str, params: Mapping[str, Any] | None) -> str:
+    query = urlencode({k: v for k, v in (params or {}).items() if v is not None})
+    return f"{path}?{query}" if query else path
+
+
+def _action_body(action: str, profile: str | None) -> dict[str, Any]:
+    if action not in MUTATING_ACTIONS:
+        raise ValueError(f"unknown action {action!r}")
+    return {"profile": profile} if profile else {}
+
+
+def unreachable(exc: BaseException, socket_path: str, timeout_s: float) -> AgentUnreachable:
+    """The transport error `exc` as the message an operator can act on."""
+    if isinstance(exc, FileNotFoundError):
+        return AgentUnreachable(f"no agent socket at {socket_path} (is lynxtop-agent running? "
+                                "systemctl status lynxtop-agent)")
+    if isinstance(exc, ConnectionRefusedError):
+        return AgentUnreachable(f"nothing answers on {socket_path} (the agent is not running or is restarting)")
+    if isinstance(exc, PermissionError):
+        return AgentUnreachable(f"permission denied on {socket_path}: join the agent's group "
+                                "(sudo usermod -aG lynxtop $USER, then log in again) or use sudo")
+    if isinstance(exc, TimeoutError):
+        return AgentUnreachable(f"the agent at {socket_path} did not answer within {timeout_s:g} s")
+    if type(exc).__name__ == "IncompleteReadError":  # asyncio's, without importing asyncio
+        return AgentUnreachable(f"cannot talk to the agent at {socket_path}: it closed the connection mid-answer")
+    return AgentUnreachable(f"cannot talk to the agent at {socket_path}: {exc or type(exc).__name__}")
+
+
+def decode(status: int, raw: bytes, socket_path: str) -> dict[str, Any]:
+    """The JSON object of an answer; raises AgentRefused for an HTTP error, AgentUnreachable for a non-API one."""
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except (ValueError, RecursionError):
+        raise AgentUnreachable(f"the agent at {socket_path} answered HTTP {status} with something that is not "
+                               "JSON (is this a lynxtop agent socket?)") from None
+    if not isinstance(data, dict):
+        raise AgentUnreachable(f"the agent at {socket_path} answered HTTP {status} with JSON that is not an "
+                               "object (is this a lynxtop agent socket?)")
+    if status >= 400:
+        details = data.get("details")
+        raise AgentRefused(status, str(data.get("error") or "error"), str(data.get("message") or f"HTTP {status}"),
+                           details if isinstance(details, dict) else None)
+    return data
+
+
+def parse_status(data: Mapping[str, Any], socket_path: str) -> Status:
+    if not isinstance(data.get("serving"), dict) and "agent" not in data:
+        raise AgentUnreachable(f"{socket_path}: answer is not a lynxtop status object")
+    return Status.from_json(data)
+
+
+# ---------------------------------------------------------------------------------------------- blocking
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class AgentClient:
+    """Blocking face, for the CLI."""
+
+    def __init__(self, socket_path: str | Path, timeout_s: float = CLI_TIMEOUT_S):
+        self.socket_path = str(socket_path)
+        self.timeout_s = timeout_s
+
+    def request(self, method: str, path: str, params: Mapping[str, Any] | None = None,
+                body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        conn = _UnixHTTPConnection(self.socket_path, self.timeout_s)
+        try:
+            payload = json.dumps(body).encode() if body is not None else None
+            headers = {"Content-Type": "application/json"} if payload is not None else {}
+            conn.request(method, _target(path, params), body=payload, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise unreachable(exc, self.socket_path, self.timeout_s) from None
+        finally:
+            conn.close()
+        return decode(resp.status, raw, self.socket_path)
+
+    def status_json(self) -> dict[str, Any]:
+        """The status as the agent sent it (`lynxtop status --json` prints every key, known or not)."""
+        return self.request("GET", "/v1/status")
+
+    def status(self) -> Status:
+        return parse_status(self.status_json(), self.socket_path)
+
+    def profiles(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/profiles")
+
+    def action(self, action: str, profile: str | None = None) -> dict[str, Any]:
+        """POST a mutating call; returns the 202 answer ({"accepted", "action", "message"})."""
+        return self.request("POST", f"/v1/{action}", body=_action_body(action, profile))
+
+
+# ---------------------------------------------------------------------------------------------- asyncio
+
+
+class AsyncAgentClient:
+    """asyncio face, for the dashboard and the demo."""
+
+    def __init__(self, socket_path: str | Path, timeout_s: float = DASHBOARD_TIMEOUT_S):
+        self.socket_path = str(socket_path)
+        self.timeout_s = timeout_s
+        self._closed = False
+
+    async def request(self, method: str, path: str, params: Mapping[str, Any] | None = None,
+                      body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        import asyncio
+
+        if self._closed:
+            raise AgentUnreachable(f"{self.socket_path}: client closed")
+        try:
+            status, raw = await asyncio.wait_for(self._exchange(method, _target(path, params), body), self.timeout_s)
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:  # TimeoutError is an OSError
+            raise unreachable(exc, self.socket_path, self.timeout_s) from None
+        return decode(status, raw, self.socket_path)
+
+    async def _exchange(self, method: str, target: str, body: Mapping[str, Any] | None) -> tuple[int, bytes]:
+        import asyncio
+
+        reader, writer = await asyncio.open_unix_connection(self.socket_path)
+        try:
+            payload = json.dumps(body).encode() if body is not None else b""
+            head = (f"{method} {target} HTTP/1.1\r\nHost: lynxtop-agent\r\nConnection: close\r\n"
+                    "Accept: application/json\r\n")
+            if body is not None:
+                head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+            writer.write(head.encode() + b"\r\n" + payload)
+            await writer.drain()
+            status = _status_code(await reader.readline())
+            headers = await _read_headers(reader)
+            return status, await _read_body(reader, headers)
+        finally:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass
+
+    async def status_json(self) -> dict[str, Any]:
+        return await self.request("GET", "/v1/status")
+
+    async def status(self) -> Status:
+        return parse_status(await self.status_json(), self.socket_path)
+
+    async def profiles(self) -> dict[str, Any]:
+        return await self.request("GET", "/v1/profiles")
+
+    async def runs(self, limit: int = 50) -> list[dict[str, Any]]:
+        return list((await self.request("GET", "/v1/runs", {"limit": limit})).get("runs", []))
+
+    async def events(self, since_ms: int | None = None, limit: int = 500) -> list[dict[str, Any]]:
+        data = await self.request("GET", "/v1/events", {"since": since_ms, "limit": limit})
+        return list(data.get("events", []))
+
+    async def logs(self, run_id: int | None = None, lines: int = 2000) -> dict[str, Any]:
+        return await self.request("GET", "/v1/logs", {"run": run_id, "lines": lines})
+
+    async def action(self, action: str, profile: str | None = None) -> dict[str, Any]:
+        """POST a mutating call; returns the 202 answer ({"accepted", "action", "message"})."""
+        return await self.request("POST", f"/v1/{action}", body=_action_body(action, profile))
+
+    async def close(self) -> None:
+        self._closed = True
+
+
+def _status_code(status_line: bytes) -> int:
+    parts = status_line.decode("latin-1").split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise ValueError(f"not an HTTP answer: {status_line[:60]!r}")
+    return int(parts[1])
+
+
+async def _read_headers(reader: asyncio.StreamReader) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b"\n", b""):
+            return headers
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: Mapping[str, str]) -> bytes:
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        return await _read_chunked(reader)
+    if "content-length" in headers:
+        length = int(headers["content-length"])
+        if length > MAX_BODY:
+            raise ValueError(f"answer of {length} bytes is too large")
+        return await reader.readexactly(length)
+    return await reader.read(MAX_BODY)
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    out = bytearray()
+    while True:
+        size_line = await reader.readline()
+        size = int(size_line.split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            await reader.readline()
+            return bytes(out)
+        out += await reader.readexactly(size)
+        await reader.readline()
+        if len(out) > MAX_BODY:
+            raise ValueError("answer is too large")
