@@ -98,27 +98,40 @@ def _query(request: web.Request, call: str) -> dict[str, int | None]:
 
 
 async def _body(request: web.Request, action: str, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> dict[str, Any]:
+    """The checked JSON body of a mutating call: read within the timeout, parsed, and matched to its spec."""
+    data = _parse_body(await _read_body(request, timeout_s))
+    _check_fields(data, action)
+    return data
+
+
+async def _read_body(request: web.Request, timeout_s: float) -> bytes:
     if request.content_length is not None and request.content_length > MAX_BODY:
         raise ApiError(413, "too_large", f"request body of {request.content_length} bytes exceeds {MAX_BODY} bytes")
     try:
         # a client that announces a body and sends it slowly (or never) must not hold the connection
-        raw = await asyncio.wait_for(request.read(), timeout_s)
+        return await asyncio.wait_for(request.read(), timeout_s)
     except web.HTTPRequestEntityTooLarge:
         raise ApiError(413, "too_large", f"request body exceeds {MAX_BODY} bytes") from None
     except TimeoutError:
         raise ApiError(408, "timeout", f"request body not received within {timeout_s:g} s "
                        "([agent] request_timeout_s)") from None
+
+
+def _parse_body(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
-        data: Any = {}
-    else:
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
-        except RecursionError:  # e.g. 30,000 nested '[': under the size limit, over the parser's stack
-            raise ApiError(400, "invalid_json", "request body is not valid JSON: nested too deeply") from None
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # e.g. 30,000 nested '[': under the size limit, over the parser's stack
+        raise ApiError(400, "invalid_json", "request body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "wrong_type", f"request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _check_fields(data: dict[str, Any], action: str) -> None:
     spec = _BODY_SPEC[action]
     for key in data:
         if key not in spec:
@@ -129,14 +142,16 @@ async def _body(request: web.Request, action: str, timeout_s: float = DEFAULT_RE
             if required:
                 raise ApiError(400, "missing_field", f"field {key!r} is required for {action}")
             continue
-        value = data[key]
-        if value is None and not required:
-            continue
-        if not isinstance(value, typ) or isinstance(value, bool):
-            raise ApiError(400, "wrong_type", f"field {key!r} must be a {typ.__name__}, got {type(value).__name__}")
-        if typ is str and not value:
-            raise ApiError(400, "wrong_type", f"field {key!r} must not be empty")
-    return data
+        _check_value(key, data[key], typ, required)
+
+
+def _check_value(key: str, value: Any, typ: type, required: bool) -> None:
+    if value is None and not required:
+        return
+    if not isinstance(value, typ) or isinstance(value, bool):
+        raise ApiError(400, "wrong_type", f"field {key!r} must be a {typ.__name__}, got {type(value).__name__}")
+    if typ is str and not value:
+        raise ApiError(400, "wrong_type", f"field {key!r} must not be empty")
 
 
 class ApiServer:
