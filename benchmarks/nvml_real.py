@@ -363,7 +363,9 @@ def main() -> int:
         print(f"event {severity}: {message}", flush=True)
 
     if args.fake:
-        fake = open_backend(args.fake)
+        from lynxtop.agent.sim.gpus import SimScenario  # "sim": the simulator's node is passed in
+
+        fake = open_backend(args.fake, scenario=SimScenario)
 
         def factory() -> Any:
             return fake
