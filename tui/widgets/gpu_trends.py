@@ -3,6 +3,7 @@ has room to show whether the GPUs move together or one of them lags (a straggler
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -56,7 +57,9 @@ class GpuTrends(TextPanel):
         line.append(f"{idx:>2}".ljust(INDEX_W), style="bold")
         for key, _, fmt in TREND_COLUMNS:
             points = state.gpu_series(idx, key)
-            values = bucketize(points, end_ms - TRENDS_WINDOW_MS, end_ms, spark_w, agg="avg")
+            start = end_ms - TRENDS_WINDOW_MS
+            # the live history holds 15 minutes: bucket only the last 5 (8 GPUs x 4 series every second)
+            values = bucketize(points[bisect_left(points, (start,)):], start, end_ms, spark_w, agg="avg")
             last = next((v for _, v in reversed(points) if v is not None), None)
             line.append(sparkline(values, spark_w, vmax=scales.get(key), ascii_only=self.ascii_only),
                         style="cyan")
