@@ -1,9 +1,10 @@
 """`lynxtop agent`: one asyncio process that wires the clock, the samplers, the supervisor, the store and the API.
 
 Data flows one way: samplers -> store writer -> SQLite; the supervisor writes runs and events; the API reads the
-status kept here and the history through a read-only StoreReader. NVML and SQLite calls run in threads, so a
-slow GPU or disk never stalls the control socket; a tick that is still running when the next is due makes the
-next one be skipped and counted, never queued.
+status kept here and the history through a read-only StoreReader. Each tick runs the samplers of
+agent/sampling.py (each gives rows and events) and writes their events through one function (`_record`).
+NVML and SQLite calls run in threads, so a slow GPU or disk never stalls the control socket; a tick that is still
+running when the next is due makes the next one be skipped and counted, never queued.
 """
 
 from __future__ import annotations
@@ -18,29 +19,38 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
-
-import aiohttp
 
 from lynxtop import __version__
 from lynxtop.agent import connguard, procs
 from lynxtop.agent.connguard import Episodes, FdPlan, install_loop_handler, is_resource_error, plan_descriptors
 from lynxtop.agent.control import ActionError
+from lynxtop.agent.health import HttpClient
 from lynxtop.agent.notify import Notifier
+from lynxtop.agent.sampling import (
+    EventCollector,
+    GpuSource,
+    HostSource,
+    Sampler,
+    ScrapeSource,
+    ScrapeTarget,
+    SlaSource,
+    Tick,
+    sample_stages,
+)
 from lynxtop.agent.startup import tail_lines
 from lynxtop.agent.supervisor import Supervisor, now_ms, server_url
 from lynxtop.contract.config import Config
+from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.status import (
     GPU_METRIC_NAMES,
-    ActionInfo,
     AgentStatus,
     GpuStatus,
     HostStatus,
     NvmlStatus,
     ServingMetrics,
-    ServingStatus,
     SlaStatus,
     Status,
     StoreStatus,
@@ -110,11 +120,6 @@ class Node:
         self.latest_gpu_rows: list[dict] = []
         self.latest_host: dict[str, Any] = {}
         self.latest_serving: dict[str, Any] | None = None
-        self.gpu_late = 0  # ticks written without GPU rows because NVML answered too slowly
-        self._gpu_pending: asyncio.Task | None = None
-        self._gpu_started: float | None = None
-        self._static_version: int | None = None
-        self._scrape_key: tuple[int | None, str] | None = None
         self._members: set[int] = set()
         self._members_key: str | None = None
         self._members_at = 0.0
@@ -124,14 +129,45 @@ class Node:
         self._cfg_mtime: float | None = None
         self._lock_fd: int | None = None
         self.writer: Any = None
-        self.sampler: Any = None
-        self.host_sampler: Any = None
-        self.scraper: Any = None
         self.sla: Any = None
         self.supervisor: Supervisor | None = None
         self.api: Any = None
         self.exporter: Any = None
-        self._session: aiohttp.ClientSession | None = None
+        self.http = HttpClient()  # the one session to vLLM: scrape, readiness, /health, /version
+        self._gpu_events = EventCollector()  # the GPU sampler's on_event; written by the tick
+        self._gpu_sampler: Any = None
+        self._host_sampler: Any = None
+        self.gpu_source: GpuSource | None = None
+        self.host_source: HostSource | None = None
+        self.scrape_source: ScrapeSource | None = None
+        self.stages: list[list[Sampler]] = []
+
+    # the samplers behind the tick's sources (a test may wrap one after _open_parts)
+
+    @property
+    def sampler(self) -> Any:
+        return self._gpu_sampler
+
+    @sampler.setter
+    def sampler(self, sampler: Any) -> None:
+        self._gpu_sampler = sampler
+        if self.gpu_source is not None:
+            self.gpu_source.sampler = sampler
+
+    @property
+    def host_sampler(self) -> Any:
+        return self._host_sampler
+
+    @host_sampler.setter
+    def host_sampler(self, sampler: Any) -> None:
+        self._host_sampler = sampler
+        if self.host_source is not None:
+            self.host_source.sampler = sampler
+
+    @property
+    def gpu_late(self) -> int:
+        """Ticks written without GPU rows because NVML answered too slowly."""
+        return self.gpu_source.late if self.gpu_source is not None else 0
 
     # ------------------------------------------------------------------------------------------ wiring
 
@@ -157,11 +193,29 @@ class Node:
                         a.database, self.writer.moved_aside)
         self.writer.start()
         fake, sim_dir = a.fake_nvml, self.sim_state_dir
-        self.sampler = GpuSampler(lambda: open_backend(fake, sim_dir), gpm_enabled=a.gpm, on_event=self._gpu_event)
+        from lynxtop.agent.sim.gpus import SimScenario  # the node composes: the GPU layer never imports the simulator
+
+        self.sampler = GpuSampler(lambda: open_backend(fake, sim_dir, SimScenario), gpm_enabled=a.gpm,
+                                  on_event=self._gpu_event)
         self.host_sampler = HostSampler(a.database)
         self.sla = SlaTracker(self.cfg.sla)
         self.supervisor = Supervisor(self.cfg, self.writer, self.gpu_view, state_path=a.database.parent / STATE_FILE,
-                                     host=self.host, simulated=self.simulated, on_change=self._on_change)
+                                     host=self.host, simulated=self.simulated, on_change=self._on_change,
+                                     http=self.http)
+        self._open_sources()
+
+    def _open_sources(self) -> None:
+        """The tick's samplers, in stages: host, then NVML and the scrape side by side, then the SLA."""
+        assert self.supervisor is not None
+        self.host_source = HostSource(self.host_sampler, self._run_members)
+        self.gpu_source = GpuSource(self.sampler, self.gpu_view, self._upsert_gpus, self._gpu_events)
+        # the scrape must fit in a tick: a slow server gives a failed row, not a late tick
+        self.scrape_source = ScrapeSource(self.http, self._scrape_target, window_s=self.cfg.sla.window_s,
+                                          timeout_s=max(0.1, min(2.0, self.interval * 0.8)),
+                                          hang_timeout_s=self.cfg.agent.hang_timeout_s,
+                                          on_new_run=self.sla.reset,  # a new run starts its own SLA window
+                                          on_verdict=self.supervisor.on_verdict)
+        self.stages = [[self.host_source], [self.gpu_source, self.scrape_source], [SlaSource(self.sla)]]
 
     def _lock_state_dir(self) -> None:
         """Hold an exclusive lock on the state directory for the agent's life.
@@ -190,14 +244,43 @@ class Node:
         self._lock_fd = fd  # held until the agent has closed everything (_close)
 
     def _gpu_event(self, kind: str, severity: str, message: str, details: dict | None = None) -> None:
+        """The GPU sampler's events (from its threads), kept for the next tick's one path into the store."""
+        self._gpu_events(kind, severity, message, details)
+
+    def _record(self, events: Iterable[Event]) -> None:
+        """Every event of the agent's samplers and of the node itself reaches the store here."""
+        for ev in events:
+            try:
+                self.writer.record(ev)
+            except Exception as exc:  # noqa: BLE001 - a store that refuses an event must not stop sampling
+                self.episodes.hit("event", f"events cannot be recorded: {type(exc).__name__}: {exc}")
+
+    def _upsert_gpus(self, static: list[dict]) -> None:
         with contextlib.suppress(Exception):
-            self.writer.add_event(kind, severity, message, details=details)
+            self.writer.upsert_gpus(static)
 
     def _on_change(self) -> None:
         self.notifier.status(self.status_line())
 
     async def main(self) -> int:
         loop = asyncio.get_running_loop()
+        self._open()
+        sup = self.supervisor
+        assert sup is not None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        await self._open_gpus()
+        try:
+            await self._start_listeners()
+            await self._take_over_serving(sup)
+            self.notifier.ready(self.status_line())
+            await self._serve_until_stopped(loop, sup)
+        finally:
+            await self._close()
+        return 0
+
+    def _open(self) -> None:
+        """Refuse a second agent, lock the state directory and open the store and the parts."""
         if _agent_answers(self.cfg.agent.socket):
             # checked before the store is opened or anything adopted: two supervisors of one vLLM is the worst case
             raise AgentStartError(f"another agent is already running on {self.cfg.agent.socket}; stop it first "
@@ -210,63 +293,60 @@ class Node:
                 os.close(self._lock_fd)
                 self._lock_fd = None
             raise
-        assert self.supervisor is not None
-        sup = self.supervisor
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
-        self._session = aiohttp.ClientSession()
+
+    async def _open_gpus(self) -> None:
         nvml = await asyncio.to_thread(self.sampler.open)
         static = self.sampler.static()
         self.gpu_view.update(time.monotonic(), [], nvml, static)
         if static:
-            with contextlib.suppress(Exception):
-                self.writer.upsert_gpus(static)
+            self._upsert_gpus(static)
         sim_note = " (SIMULATED GPUs)" if self.simulated else ""
         log.info("lynxtop agent %s on %s: NVML %s%s, %d GPU(s), database %s", __version__, self.host,
                  nvml.get("state"), sim_note, len(static), self.cfg.agent.database)
-        self.writer.add_event("agent.started", "info", f"agent {__version__} started (pid {os.getpid()}){sim_note}",
-                              details={"nvml": nvml, "gpus": len(static), "simulated": self.simulated})
+        self._record([*self._gpu_events.drain(),
+                      Event(EventKind.AGENT_STARTED, Severity.INFO,
+                            f"agent {__version__} started (pid {os.getpid()}){sim_note}",
+                            details={"nvml": nvml, "gpus": len(static), "simulated": self.simulated})])
+
+    async def _take_over_serving(self, sup: Supervisor) -> None:
+        """Adopt the server the previous agent left, or hold its recorded crash loop, or autostart."""
+        adopted = await sup.adopt_previous()
+        held = not adopted and sup.restore_crash_loop()
+        a = self.cfg.agent
+        if adopted or held or not (a.autostart and a.default_profile):
+            return
+        strays = await asyncio.to_thread(procs.runs_started_in, os.path.realpath(a.run_log_dir))
+        if strays:
+            # a server the previous agent left (its state file lost or unreadable): a second one on the
+            # same GPUs would fail or, worse, crowd the live one; an operator decides
+            self._record([Event(EventKind.AGENT_AUTOSTART_HELD, Severity.ERROR,
+                                f"autostart of {a.default_profile} held: processes of an earlier run are still alive "
+                                f"(pids {strays}) and could not be adopted; check them (ps -fp PID) and stop them; "
+                                "`lynxtop start` refuses while they live", details={"pids": strays})])
+            return
         try:
-            await self._start_listeners()
-            adopted = await sup.adopt_previous()
-            held = not adopted and sup.restore_crash_loop()
-            a = self.cfg.agent
-            strays: list[int] = []
-            if not adopted and not held and a.autostart and a.default_profile:
-                strays = await asyncio.to_thread(procs.runs_started_in, os.path.realpath(a.run_log_dir))
-            if strays:
-                # a server the previous agent left (its state file lost or unreadable): a second one on the
-                # same GPUs would fail or, worse, crowd the live one; an operator decides
-                self.writer.add_event("agent.autostart_held", "error",
-                                      f"autostart of {a.default_profile} held: processes of an earlier run are "
-                                      f"still alive (pids {strays}) and could not be adopted; check them (ps -fp PID) "
-                                      "and stop them; `lynxtop start` refuses while they live",
-                                      details={"pids": strays})
-            elif not adopted and not held and a.autostart and a.default_profile:
-                try:
-                    msg = await sup.start(a.default_profile, by="agent (autostart)")
-                    log.info("autostart: %s", msg)
-                except ActionError as exc:
-                    self.writer.add_event("agent.autostart_failed", "error",
-                                          f"autostart of {a.default_profile} refused: {exc.message}")
-            self.notifier.ready(self.status_line())
-            tasks = [loop.create_task(self._clock(), name="clock")]
-            if self.notifier.watchdog_interval_s:
-                tasks.append(loop.create_task(self._watchdog(), name="watchdog"))
-            await self._stop.wait()
-            log.info("stopping (live_restore %s: serving %s)", "on" if a.live_restore else "off",
-                     "keeps running" if a.live_restore else "is stopped first")
-            self.notifier.stopping("agent stopping" + (" (serving keeps running)" if a.live_restore else ""))
-            # the clock keeps sampling while serving stops: the GPU release check needs fresh samples
-            await sup.shutdown(stop_serving=not a.live_restore)
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
-        finally:
-            await self._close()
-        return 0
+            msg = await sup.start(a.default_profile, by="agent (autostart)")
+            log.info("autostart: %s", msg)
+        except ActionError as exc:
+            self._record([Event(EventKind.AGENT_AUTOSTART_FAILED, Severity.ERROR,
+                                f"autostart of {a.default_profile} refused: {exc.message}")])
+
+    async def _serve_until_stopped(self, loop: asyncio.AbstractEventLoop, sup: Supervisor) -> None:
+        a = self.cfg.agent
+        tasks = [loop.create_task(self._clock(), name="clock")]
+        if self.notifier.watchdog_interval_s:
+            tasks.append(loop.create_task(self._watchdog(), name="watchdog"))
+        await self._stop.wait()
+        log.info("stopping (live_restore %s: serving %s)", "on" if a.live_restore else "off",
+                 "keeps running" if a.live_restore else "is stopped first")
+        self.notifier.stopping("agent stopping" + (" (serving keeps running)" if a.live_restore else ""))
+        # the clock keeps sampling while serving stops: the GPU release check needs fresh samples
+        await sup.shutdown(stop_serving=not a.live_restore)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
 
     async def _start_listeners(self) -> None:
         from lynxtop.agent.api import ApiServer, ApiStartError
@@ -305,14 +385,13 @@ class Node:
             if part is not None:
                 with contextlib.suppress(Exception):
                     await part.stop()
-        if self._session is not None:
-            await self._session.close()
+        await self.http.close()
         if self.sampler is not None:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.sampler.close)
         if self.writer is not None:
-            with contextlib.suppress(Exception):
-                self.writer.add_event("agent.stopped", "info", f"agent stopped (pid {os.getpid()})")
+            self._record([*self._gpu_events.drain(),
+                          Event(EventKind.AGENT_STOPPED, Severity.INFO, f"agent stopped (pid {os.getpid()})")])
             await asyncio.to_thread(self.writer.close)
         if self._reader is not None:
             with contextlib.suppress(Exception):
@@ -347,38 +426,19 @@ class Node:
         sup = self.supervisor
         assert sup is not None
         t0 = time.monotonic()
-        ts_ms = now_ms()
-        root = sup.vllm_root_pid()
-
-        def host_part() -> tuple[set[int], dict]:
-            pids = self.host_sampler.vllm_pids(root)
-            return pids, self.host_sampler.sample(root)
-
+        # NVML gets the rest of the interval; a GPU that answers slowly makes this tick carry no GPU rows
+        # (counted) rather than holding host, serving and the store back
+        tick = Tick(ts_ms=now_ms(), t0=t0, deadline=t0 + self.interval * 0.9, root=sup.vllm_root_pid(),
+                    run_id=sup.run_id)
         try:
-            pids, host_row = await asyncio.to_thread(host_part)
-            if sup.proc is not None and root is not None:
-                pids = set(pids) | await self._run_members(sup)
-            serving_row = None
-            gpu_task = self._gpu_sample(pids)
-            if sup.state in ("ready", "degraded"):
-                serving_row = await self._scrape(t0)
-            # NVML gets the rest of the interval; a GPU that answers slowly makes this tick carry no GPU rows
-            # (counted) rather than holding host, serving and the store back
-            done, _ = await asyncio.wait({gpu_task}, timeout=max(0.05, self.interval * 0.9 - (time.monotonic() - t0)))
-            if gpu_task in done:
-                self._gpu_pending = None
-                gpu_tick = gpu_task.result()
-                gpu_ts = self._gpu_started
-            else:
-                self.gpu_late += 1
-                gpu_tick, gpu_ts = None, None
+            error = await sample_stages(self.stages, tick)
+            self._record(tick.events)
+            if error is None:
+                self._tick_finish(tick)  # the store part failing is the same: counted
         except Exception as exc:  # noqa: BLE001 - one bad tick must not stop the clock
-            self._tick_failed(exc)
-            return
-        try:
-            self._tick_finish(sup, ts_ms, gpu_tick, gpu_ts, host_row, serving_row)
-        except Exception as exc:  # noqa: BLE001 - the store or SLA part failed: the same, counted
-            self._tick_failed(exc)
+            error = exc
+        if error is not None:
+            self._tick_failed(error)
 
     def _tick_failed(self, exc: Exception) -> None:
         """A tick that raised is a missed tick (status and /metrics show it); the log says so once per episode."""
@@ -390,69 +450,39 @@ class Node:
         elif self.episodes.hit("tick", f"sampling ticks fail: {type(exc).__name__}: {exc}"):
             log.warning("first failed tick of this episode", exc_info=exc)  # one traceback, for the bug report
 
-    def _tick_finish(self, sup: Supervisor, ts_ms: int, gpu_tick: Any, gpu_ts: float | None, host_row: dict,
-                     serving_row: dict[str, Any] | None) -> None:
-        if gpu_tick is not None and gpu_ts is not None:
-            self.gpu_view.update(gpu_ts, gpu_tick.process_rows, self.sampler.status(), self.sampler.static())
-            if self.sampler.static_version != self._static_version:
-                self._static_version = self.sampler.static_version
-                with contextlib.suppress(Exception):
-                    self.writer.upsert_gpus(self.sampler.static())
-        for ev in self.sla.update(serving_row, ts_ms):
-            self.writer.add_event(ev["kind"], ev["severity"], ev["message"], details=ev.get("details"),
-                                  run_id=sup.run_id, ts_ms=ev.get("ts_ms"))
-        self.writer.submit_tick(ts_ms, gpu_rows=gpu_tick.gpu_rows if gpu_tick else [], host_row=host_row,
-                                serving_row=serving_row, nvlink_rows=gpu_tick.nvlink_rows if gpu_tick else [],
-                                process_rows=gpu_tick.process_rows if gpu_tick else [])
-        if gpu_tick is not None:
-            self.latest_gpu_rows = gpu_tick.gpu_rows or self.latest_gpu_rows
-        self.latest_host = host_row or {}
-        self.latest_serving = serving_row
+    def _tick_finish(self, tick: Tick) -> None:
+        rows = tick.rows
+        self.writer.submit_tick(tick.ts_ms, gpu_rows=rows.get("gpu_rows", []), host_row=rows.get("host_row"),
+                                serving_row=rows.get("serving_row"), nvlink_rows=rows.get("nvlink_rows", []),
+                                process_rows=rows.get("process_rows", []))
+        if "gpu_rows" in rows:
+            self.latest_gpu_rows = rows["gpu_rows"] or self.latest_gpu_rows
+        self.latest_host = rows.get("host_row") or {}
+        self.latest_serving = rows.get("serving_row")
         self.ticks += 1
         self.last_tick_done = time.monotonic()
         if "tick" in self.episodes.open:
             self.episodes.end("tick", f"sampling ticks failed ({self.failed_ticks} failed in all); sampling again")
         self.notifier.status(self.status_line())
 
-    async def _run_members(self, sup: Supervisor) -> set[int]:
+    async def _run_members(self) -> set[int]:
         """Processes of the run outside the leader's tree (a /proc scan: every 5 s, not every tick)."""
         now = time.monotonic()
-        proc = sup.proc
+        proc = self.supervisor.proc if self.supervisor is not None else None
         if proc is not None and (self._members_key != proc.record.token or now - self._members_at > 5.0):
             self._members = set(await asyncio.to_thread(proc.members))
             self._members_key, self._members_at = proc.record.token, now
         return self._members
 
-    def _gpu_sample(self, pids: set[int]) -> asyncio.Task:
-        """The running GPU sample, or a new one: never two NVML samples at once."""
-        if self._gpu_pending is None or self._gpu_pending.done():
-            self._gpu_started = time.monotonic()
-            self._gpu_pending = asyncio.get_running_loop().create_task(asyncio.to_thread(self.sampler.sample, pids))
-        return self._gpu_pending
-
-    async def _scrape(self, now: float) -> dict[str, Any] | None:
-        from lynxtop.agent.scrape import MetricsScraper
-
+    def _scrape_target(self) -> ScrapeTarget | None:
+        """The served vLLM while it serves (ready or degraded); None otherwise: nothing to scrape."""
         sup = self.supervisor
-        assert sup is not None and self._session is not None
-        url = sup.url()
+        if sup is None or sup.state not in ("ready", "degraded"):
+            return None
+        url, proc = sup.url(), sup.proc
         if url is None:
             return None
-        key = (sup.run_id, url)
-        if self.scraper is None or self._scrape_key != key:
-            # the scrape must fit in a tick: a slow server gives a failed row, not a late tick
-            self.scraper = MetricsScraper(url, window_s=self.cfg.sla.window_s,
-                                          timeout_s=max(0.1, min(2.0, self.interval * 0.8)))
-            self._scrape_key = key
-            self.sla.reset()  # a new run starts its own SLA window
-        row = await self.scraper.scrape(self._session, now)
-        row["run_id"] = sup.run_id
-        for ev in (self.scraper.outage_event(now), self.scraper.reset_event()):
-            if ev is not None:
-                self.writer.add_event(ev["kind"], ev["severity"], ev["message"], details=ev.get("details"),
-                                      run_id=sup.run_id)
-        sup.observe_progress(self.scraper.requests_running, self.scraper.generation_tokens_total, now)
-        return row
+        return ScrapeTarget(url, sup.run_id, proc.record.token if proc is not None else None)
 
     async def _watchdog(self) -> None:
         """WATCHDOG=1 at half of WatchdogSec, and only while the clock ticks and the writer thread lives."""
@@ -490,11 +520,11 @@ class Node:
         if sup is None:
             return "starting"
         s = sup.serving_status()
-        parts = [f"serving {s['state']}"]
-        if s["profile"]:
-            parts.append(f"profile {s['profile']}" + (f" run {s['run_id']}" if s["run_id"] else ""))
-        if s["phase"]:
-            parts.append(f"phase {s['phase']}")
+        parts = [f"serving {s.state}"]
+        if s.profile:
+            parts.append(f"profile {s.profile}" + (f" run {s.run_id}" if s.run_id else ""))
+        if s.phase:
+            parts.append(f"phase {s.phase}")
         parts.append(f"{len(self.gpu_view.static)} GPUs" + (" (SIMULATED)" if self.simulated else ""))
         if self.missed_ticks:
             parts.append(f"{self.missed_ticks} missed ticks" + (f" ({self.failed_ticks} failed)"
@@ -508,16 +538,15 @@ class Node:
     def status(self) -> Status:
         sup = self.supervisor
         assert sup is not None
-        sla = SlaStatus.from_json(self.sla.state()) if self.sla is not None else SlaStatus()
-        return Status(ts_ms=now_ms(), agent=self._agent_status(), serving=ServingStatus.from_json(sup.serving_status()),
-                      sla=sla, gpus=self._gpu_statuses(), host=HostStatus.from_json(self.latest_host),
+        sla = self.sla.state() if self.sla is not None else SlaStatus()
+        return Status(ts_ms=now_ms(), agent=self._agent_status(), serving=sup.serving_status(), sla=sla,
+                      gpus=self._gpu_statuses(), host=HostStatus.from_json(self.latest_host),
                       serving_metrics=ServingMetrics.from_json(self.latest_serving))
 
     def _agent_status(self) -> AgentStatus:
         sup = self.supervisor
         assert sup is not None
         ws = self.writer.stats() if self.writer is not None else {}
-        act = sup.action_status()
         return AgentStatus(
             version=__version__, pid=os.getpid(), host=self.host, started_ms=self.started_ms,
             uptime_s=round(time.monotonic() - self.started_mono, 1), simulated=self.simulated,
@@ -531,7 +560,7 @@ class Node:
             store=StoreStatus(path=str(self.cfg.agent.database), queued=ws.get("queued"), dropped=ws.get("dropped"),
                               last_error=ws.get("last_error"), wal_unlinked=ws.get("wal_unlinked"),
                               wal_unlinked_ms=ws.get("wal_unlinked_ms"), wal_recovered=ws.get("wal_recovered")),
-            action=ActionInfo(**act) if act else None,
+            action=sup.action_status(),
             live_restore=self.cfg.agent.live_restore,
         )
 

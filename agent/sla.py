@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from lynxtop.contract.config import SlaConfig
+from lynxtop.contract.events import Event, EventKind, Severity
+from lynxtop.contract.status import SlaState, SlaStatus
 
 
 def _fmt_ms(v: float) -> str:
@@ -45,7 +47,7 @@ class SlaTracker:
         self._breached, self._worst, self._breach_started_ms = [], {}, None
         self._last_data_ms = None
 
-    def update(self, serving_row: dict[str, Any] | None, ts_ms: int) -> list[dict[str, Any]]:
+    def update(self, serving_row: dict[str, Any] | None, ts_ms: int) -> list[Event]:
         row = serving_row or {}
         ttft = row.get("ttft_p99_ms")
         tpot = row.get("tpot_p99_ms")
@@ -65,14 +67,14 @@ class SlaTracker:
             breached.append("ttft")
         if tpot is not None and tpot > self.cfg.tpot_p99_ms:
             breached.append("tpot")
-        events: list[dict[str, Any]] = []
+        events: list[Event] = []
         if breached:
             if self._state != "breach":
                 self._state, self._since_ms, self._breach_started_ms = "breach", ts_ms, ts_ms
                 self._worst = {}
                 self._note_worst(ttft, tpot)
                 self._breached = breached
-                events.append(self._event("sla_breach", "warning", ts_ms, self._describe(breached)))
+                events.append(self._event(EventKind.SLA_BREACH, Severity.WARNING, ts_ms, self._describe(breached)))
             else:
                 self._note_worst(ttft, tpot)
                 self._breached = sorted(set(self._breached) | set(breached))
@@ -83,26 +85,20 @@ class SlaTracker:
             self._state, self._since_ms = "ok", ts_ms
         return events
 
-    def state(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "state": self._state,
-            "since_ms": self._since_ms,
-            "ttft_p99_ms": self._ttft,
-            "tpot_p99_ms": self._tpot,
-            "ttft_threshold_ms": self.cfg.ttft_p99_ms,
-            "tpot_threshold_ms": self.cfg.tpot_p99_ms,
-            "window_s": self.cfg.window_s,
-            "tpot_source": self._tpot_source,
-            "breached": list(self._breached) if self._state == "breach" else [],
-        }
-        if self._state == "breach":
-            out["worst_ttft_p99_ms"] = self._worst.get("ttft")
-            out["worst_tpot_p99_ms"] = self._worst.get("tpot")
-        return out
+    def state(self) -> SlaStatus:
+        breach = self._state == "breach"
+        return SlaStatus(
+            state=SlaState(self._state), since_ms=self._since_ms, ttft_p99_ms=self._ttft, tpot_p99_ms=self._tpot,
+            ttft_threshold_ms=self.cfg.ttft_p99_ms, tpot_threshold_ms=self.cfg.tpot_p99_ms,
+            window_s=self.cfg.window_s, tpot_source=self._tpot_source,
+            breached=tuple(self._breached) if breach else (),
+            worst_ttft_p99_ms=self._worst.get("ttft") if breach else None,
+            worst_tpot_p99_ms=self._worst.get("tpot") if breach else None,
+        )
 
     # ------------------------------------------------------------------------------------------ helpers
 
-    def _to_unknown(self, ts_ms: int) -> list[dict[str, Any]]:
+    def _to_unknown(self, ts_ms: int) -> list[Event]:
         events = []
         if self._state == "breach":
             events.append(self._recovery(ts_ms, "no latency data in the window (idle or unreachable)"))
@@ -126,32 +122,27 @@ class SlaTracker:
             parts.append(f"p99 {label} {_fmt_ms(value)} > {_fmt_ms(limit)}")
         return ", ".join(parts)
 
-    def _recovery(self, ts_ms: int, why: str) -> dict[str, Any]:
+    def _recovery(self, ts_ms: int, why: str) -> Event:
         lasted = (ts_ms - self._breach_started_ms) / 1000 if self._breach_started_ms is not None else None
         worst = self._describe(self._breached)
         msg = f"SLA breach ended ({why}) after {lasted:.0f} s; worst: {worst}" if lasted is not None else worst
-        ev = self._event("sla_recovered", "info", ts_ms, msg)
-        ev["details"]["duration_s"] = lasted
-        ev["details"]["reason"] = why
+        ev = self._event(EventKind.SLA_RECOVERED, Severity.INFO, ts_ms, msg, duration_s=lasted, reason=why)
         self._breached = []
         return ev
 
-    def _event(self, kind: str, severity: str, ts_ms: int, text: str) -> dict[str, Any]:
-        message = f"SLA breach: {text}" if kind == "sla_breach" else text
-        return {
-            "kind": kind,
-            "severity": severity,
-            "message": message,
-            "ts_ms": ts_ms,
-            "details": {
-                "breached": list(self._breached),
-                "worst_ttft_p99_ms": self._worst.get("ttft"),
-                "worst_tpot_p99_ms": self._worst.get("tpot"),
-                "ttft_p99_ms": self._ttft,
-                "tpot_p99_ms": self._tpot,
-                "ttft_threshold_ms": self.cfg.ttft_p99_ms,
-                "tpot_threshold_ms": self.cfg.tpot_p99_ms,
-                "window_s": self.cfg.window_s,
-                "tpot_source": self._tpot_source,
-            },
+    def _event(self, kind: EventKind, severity: Severity, ts_ms: int, text: str, **extra: Any) -> Event:
+        """One event (the run id is the caller's to add: agent/sampling.py)."""
+        message = f"SLA breach: {text}" if kind == EventKind.SLA_BREACH else text
+        details = {
+            "breached": list(self._breached),
+            "worst_ttft_p99_ms": self._worst.get("ttft"),
+            "worst_tpot_p99_ms": self._worst.get("tpot"),
+            "ttft_p99_ms": self._ttft,
+            "tpot_p99_ms": self._tpot,
+            "ttft_threshold_ms": self.cfg.ttft_p99_ms,
+            "tpot_threshold_ms": self.cfg.tpot_p99_ms,
+            "window_s": self.cfg.window_s,
+            "tpot_source": self._tpot_source,
+            **extra,
         }
+        return Event(kind, severity, message, details=details, ts_ms=ts_ms)

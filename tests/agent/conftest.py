@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sqlite3
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from support.agent_config import agent_toml, profile, sim_profile
+from support.ports import free_port
+from support.waits import wait_for_async as wait_for
 
 from lynxtop.agent import procs
 from lynxtop.agent.supervisor import Supervisor
@@ -20,70 +20,26 @@ from lynxtop.contract.config import load_config
 
 HERE = Path(__file__).resolve().parent
 STANDIN = HERE / "standin_vllm.py"
-SIM = Path(sys.executable).parent / "lynxtop-sim-vllm"  # the project's simulated vLLM
 
 
-def sim_profile(name: str, sim_args: str = "", tp: int = 8) -> str:
-    """A [[profile]] running the simulated vLLM; `sim_args` is a TOML list tail like ', "--sim-fail", "oom"'."""
-    return f"""
-[[profile]]
-name = "{name}"
-executable = "{SIM}"
-model = "deepseek-ai/DeepSeek-V4.1"
-port = {free_port()}
-tensor_parallel_size = {tp}
-extra_args = ["--sim-startup-seconds", "0.3"{sim_args}]
-readiness_timeout_s = 30
-stop_grace_s = 3
-shutdown_timeout_s = 1
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def standin_profile(name: str, port: int | None = None, tp: int | None = None, readiness_s: float = 20,
+                    model: str = "m", stop_grace_s: float = 3, **keys) -> str:
+    """A [[profile]] running the stand-in vLLM (tests/agent/standin_vllm.py)."""
+    return profile(name, STANDIN, model=model, port=port, tensor_parallel_size=tp, **keys,
+                   readiness_timeout_s=readiness_s, stop_grace_s=stop_grace_s, shutdown_timeout_s=1)
 
 
 def write_config(tmp_path: Path, agent: str = "", profiles: str | None = None, executable: Path = STANDIN) -> Path:
+    """The supervisor tests' config: two stand-in profiles unless `profiles`; `agent`: more [agent] lines."""
     if profiles is None:
-        p1, p2 = free_port(), free_port()
-        profiles = f"""
-[[profile]]
-name = "alpha"
-executable = "{executable}"
-model = "deepseek-ai/DeepSeek-V4.1"
-port = {p1}
-tensor_parallel_size = 8
-env = {{ VLLM_LOGGING_LEVEL = "INFO" }}
-readiness_timeout_s = 20
-stop_grace_s = 3
-shutdown_timeout_s = 1
-
-[[profile]]
-name = "beta"
-executable = "{executable}"
-model = "deepseek-ai/DeepSeek-V4.1"
-port = {p2}
-tensor_parallel_size = 4
-readiness_timeout_s = 20
-stop_grace_s = 3
-shutdown_timeout_s = 1
-"""
-    text = f"""
-[agent]
-database = "{tmp_path / 'state' / 'lynxtop.db'}"
-socket = "{tmp_path / 'run' / 'agent.sock'}"
-backoff_initial_s = 0.2
-backoff_max_s = 1
-crash_loop_failures = 3
-crash_loop_window_s = 60
-gpu_release_timeout_s = 5
-{agent}
-{profiles}
-"""
+        timeouts = {"readiness_timeout_s": 20, "stop_grace_s": 3, "shutdown_timeout_s": 1}
+        profiles = (profile("alpha", executable, tensor_parallel_size=8, env={"VLLM_LOGGING_LEVEL": "INFO"},
+                            **timeouts)
+                    + profile("beta", executable, tensor_parallel_size=4, **timeouts))
     path = tmp_path / "config.toml"
-    path.write_text(text)
+    path.write_text(agent_toml(tmp_path / "state" / "lynxtop.db", tmp_path / "run" / "agent.sock",
+                               backoff_initial_s=0.2, backoff_max_s=1, crash_loop_failures=3, crash_loop_window_s=60,
+                               gpu_release_timeout_s=5, extra=agent, profiles=profiles))
     return path
 
 
@@ -154,21 +110,12 @@ async def make_sup(tmp_path, store):
     yield make
     # never leave a server behind, whatever the test did
     for sup in made:
-        if sup._session is not None and not sup._session.closed:
-            await sup._session.close()
+        if not sup.http.closed:
+            await sup.http.close()
         if sup.proc is not None:
             for pid in procs.run_processes(sup.proc.record.token, sup.proc.record.pgid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-
-
-async def wait_for(pred, timeout: float = 10.0, step: float = 0.02, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await asyncio.sleep(step)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 class Helpers:
@@ -180,6 +127,7 @@ class Helpers:
     wait_for = staticmethod(wait_for)
     write_config = staticmethod(write_config)
     sim_profile = staticmethod(sim_profile)
+    standin_profile = staticmethod(standin_profile)
     free_port = staticmethod(free_port)
 
 

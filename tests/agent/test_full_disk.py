@@ -72,7 +72,7 @@ async def test_log_that_cannot_be_created_is_an_event_and_serving_starts(make_su
     ev = _events(store, "serving.log_unwritable")
     assert len(ev) == 1 and "cannot create the run's log" in ev[0]["message"] and ev[0]["run_id"] == a.run_id
     assert "serving goes on" in ev[0]["message"]
-    assert "cannot create" in a.serving_status()["log_problem"]
+    assert "cannot create" in a.serving_status().log_problem
     await a.shutdown(stop_serving=True)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from lynxtop.agent import procs
+from lynxtop.agent.health import HangDetector
 
 wait_for = db_rows = None  # bound from the `h` fixture (tests import only lynxtop.*)
 
@@ -190,17 +191,7 @@ async def test_two_agents_started_at_once_start_one_server(tmp_path, h, reaper):
 
 
 def _profile(h, name: str, port: int, readiness_s: float = 20) -> str:
-    return f"""
-[[profile]]
-name = "{name}"
-executable = "{h.STANDIN}"
-model = "deepseek-ai/DeepSeek-V4.1"
-port = {port}
-tensor_parallel_size = 8
-readiness_timeout_s = {readiness_s}
-stop_grace_s = 3
-shutdown_timeout_s = 1
-"""
+    return h.standin_profile(name, port, tp=8, readiness_s=readiness_s, model="deepseek-ai/DeepSeek-V4.1")
 
 
 async def test_adoption_mid_load_keeps_the_runs_own_readiness_timeout(make_sup, store, h, tmp_path, monkeypatch):
@@ -300,16 +291,23 @@ async def test_metrics_outage_then_first_request_is_not_a_hang(make_sup, store):
     sup = make_sup(agent="restart_on_hang = true\nhang_timeout_s = 60")
     await start_ready(sup)
     pid = sup.proc.pid
+    hang = HangDetector(sup.cfg.agent.hang_timeout_s)
+
+    def observe(running, tokens, now):  # the agent's tick: the detector's verdict goes to the supervisor
+        verdict = hang.observe(running, tokens, now=now)
+        if verdict is not None:
+            sup.on_verdict(verdict)
+
     t0 = 1000.0
-    sup.observe_progress(0, 500.0, now=t0)  # idle
+    observe(0, 500.0, now=t0)  # idle
     for i in range(1, 121):
-        sup.observe_progress(None, None, now=t0 + i)  # scrape outage (the scraper gives no readings)
-    sup.observe_progress(1, 500.0, now=t0 + 121)  # back: one request, still in prefill
+        observe(None, None, now=t0 + i)  # scrape outage (the scraper gives no readings)
+    observe(1, 500.0, now=t0 + 121)  # back: one request, still in prefill
     assert sup.state == "ready" and sup.action is None, (sup.state, sup.reason, sup.action)
     assert not events(store, "serving.degraded.hang")
-    sup.observe_progress(1, 500.0, now=t0 + 150)
+    observe(1, 500.0, now=t0 + 150)
     assert sup.state == "ready"
-    sup.observe_progress(1, 500.0, now=t0 + 182)  # a real stall, 61 s after the readings came back: still caught
+    observe(1, 500.0, now=t0 + 182)  # a real stall, 61 s after the readings came back: still caught
     assert events(store, "serving.degraded.hang")
     await wait_for(lambda: sup.action is None and sup.state == "ready", 20, what="restart after the real hang")
     assert sup.proc.pid != pid

@@ -14,6 +14,7 @@ import pytest
 
 from lynxtop.agent import procs
 from lynxtop.agent.control import ActionError
+from lynxtop.agent.health import HangDetector
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,7 +65,7 @@ async def test_start_ready_records_run_phases_and_clean_env(make_sup, store, mon
     assert run["vllm_version"] == "0.0.0-standin"
     assert json.loads(run["argv"])[1:3] == ["serve", "deepseek-ai/DeepSeek-V4.1"]
     assert run["gpu_count"] == 8 and json.loads(run["gpu_names"]) == ["NVIDIA H200"]
-    phases = [m["phase"] for m in sup.serving_status()["phases"]]
+    phases = [m.phase for m in sup.serving_status().phases]
     assert phases == ["loading weights", "kv cache", "cuda graphs", "api up"]
     # the log is a file (0640), not a pipe; the child's environment has the profile's env and no systemd vars
     log_path = sup.proc.record.log_path
@@ -113,7 +114,7 @@ async def test_sigkill_crash_detected_restarted_no_orphans(make_sup, store):
 async def test_exit_zero_unasked_is_a_crash(make_sup, store, h, tmp_path, monkeypatch):
     # the real simulator: its engine "dies" and the API server exits 0, as vLLM can
     monkeypatch.setenv("LYNXTOP_SIM_STATE_DIR", str(tmp_path / "sim"))
-    sup = make_sup(profiles=h.sim_profile("alpha", ', "--sim-fail", "exit0-after=1.5"'))
+    sup = make_sup(profiles=h.sim_profile("alpha", sim_args=("--sim-fail", "exit0-after=1.5")))
     await start_ready(sup)
     run_id = sup.run_id
     members = sup.proc.members()
@@ -128,10 +129,10 @@ async def test_exit_zero_unasked_is_a_crash(make_sup, store, h, tmp_path, monkey
 
 async def test_crash_loop_gives_up_and_operator_can_start_again(make_sup, store, h, tmp_path, monkeypatch):
     monkeypatch.setenv("LYNXTOP_SIM_STATE_DIR", str(tmp_path / "sim"))
-    sup = make_sup(profiles=h.sim_profile("oom", ', "--sim-fail", "oom"') + h.sim_profile("good"))
+    sup = make_sup(profiles=h.sim_profile("oom", sim_args=("--sim-fail", "oom")) + h.sim_profile("good"))
     await sup.start("oom", by="test")
     await wait_for(lambda: sup.state == "crash-loop", 40, what="crash loop")
-    assert sup.serving_status()["failures_in_window"] == 3
+    assert sup.serving_status().failures_in_window == 3
     assert sup.next_retry_ms is None
     assert len(db_rows(store.path, "SELECT id FROM runs")) == 3
     time_in_loop = time.monotonic()
@@ -141,39 +142,64 @@ async def test_crash_loop_gives_up_and_operator_can_start_again(make_sup, store,
     ev = events(store, "serving.crash_loop")[0]
     assert ev["severity"] == "critical" and "CUDA out of memory" in ev["details"]
     # an agent restart does not autostart the same failure again
-    again = make_sup(profiles=h.sim_profile("oom", ', "--sim-fail", "oom"') + h.sim_profile("good"))
+    again = make_sup(profiles=h.sim_profile("oom", sim_args=("--sim-fail", "oom")) + h.sim_profile("good"))
     assert not await again.adopt_previous() and again.restore_crash_loop()
     assert again.state == "crash-loop" and again.profile_name == "oom"
     await again.shutdown(stop_serving=True)
     await sup.switch("good", by="operator")  # an operator acts: the count starts over
     await wait_for(lambda: sup.state == "ready", 20, what="ready after switch")
-    assert sup.serving_status()["failures_in_window"] == 0
+    assert sup.serving_status().failures_in_window == 0
     assert not sup.restore_crash_loop()  # acknowledged by the switch: nothing held over any more
     await sup.shutdown(stop_serving=True)
+
+
+def progress(sup, hang: HangDetector, running, tokens, now, waiting=None) -> None:
+    """What the agent's tick does with the scraper's counters: a verdict, if any, goes to the supervisor."""
+    verdict = hang.observe(running, tokens, waiting, now=now)
+    if verdict is not None:
+        sup.on_verdict(verdict)
 
 
 async def test_hang_marks_degraded_and_recovers(make_sup, store):
     sup = make_sup('hang_timeout_s = 5')
     await start_ready(sup)
+    hang = HangDetector(sup.cfg.agent.hang_timeout_s)
     t = 1000.0
-    sup.observe_progress(3, 100, now=t)
-    sup.observe_progress(3, 100, now=t + 4)
+    progress(sup, hang, 3, 100, now=t)
+    progress(sup, hang, 3, 100, now=t + 4)
     assert sup.state == "ready"
-    sup.observe_progress(3, 100, now=t + 5.5)
+    progress(sup, hang, 3, 100, now=t + 5.5)
     assert sup.state == "degraded" and "hang" in sup.reason
     assert events(store, "serving.degraded.hang")
-    sup.observe_progress(3, 150, now=t + 6)
+    progress(sup, hang, 3, 150, now=t + 6)
     assert sup.state == "ready"
+    assert events(store, "serving.recovered.hang")
     assert sup.proc.leader_alive()  # restart_on_hang is off by default: nothing was restarted
+    await sup.shutdown(stop_serving=True)
+
+
+async def test_hang_with_requests_only_waiting(make_sup, store):
+    """An engine hung before it scheduled anything: 0 running, requests waiting, no token."""
+    sup = make_sup('hang_timeout_s = 5')
+    await start_ready(sup)
+    hang = HangDetector(sup.cfg.agent.hang_timeout_s)
+    progress(sup, hang, 0, 100, waiting=4, now=0)
+    progress(sup, hang, 0, 100, waiting=4, now=4)
+    assert sup.state == "ready"
+    progress(sup, hang, 0, 100, waiting=4, now=5.5)
+    assert sup.state == "degraded" and "0 requests running, 4 waiting" in sup.reason
+    progress(sup, hang, 0, 100, waiting=0, now=6)  # nothing asked any more: not hung
+    assert sup.state == "ready"
     await sup.shutdown(stop_serving=True)
 
 
 async def test_hang_restart_when_enabled(make_sup, store):
     sup = make_sup('hang_timeout_s = 5\nrestart_on_hang = true')
     await start_ready(sup)
+    hang = HangDetector(sup.cfg.agent.hang_timeout_s)
     first = sup.run_id
-    sup.observe_progress(2, 10, now=0)
-    sup.observe_progress(2, 10, now=6)
+    progress(sup, hang, 2, 10, now=0)
+    progress(sup, hang, 2, 10, now=6)
     await wait_for(lambda: sup.run_id != first and sup.state == "ready", 15, what="restart after hang")
     assert run_row(store, first)["end_reason"] == "restarted"
     await sup.shutdown(stop_serving=True)
@@ -281,7 +307,7 @@ async def test_stale_record_is_not_adopted_and_leftovers_are_killed(make_sup, st
 
 async def test_failed_switch_says_how_to_switch_back(make_sup, store, h, tmp_path, monkeypatch):
     monkeypatch.setenv("LYNXTOP_SIM_STATE_DIR", str(tmp_path / "sim"))
-    sup = make_sup(profiles=h.sim_profile("good") + h.sim_profile("bad", ', "--sim-fail", "oom"'))
+    sup = make_sup(profiles=h.sim_profile("good") + h.sim_profile("bad", sim_args=("--sim-fail", "oom")))
     await start_ready(sup, "good")
     await sup.switch("bad", by="uid 1000 (alice)")
     await wait_for(lambda: sup.action is None, 30, what="switch finished")
@@ -301,17 +327,7 @@ async def test_failed_switch_says_how_to_switch_back(make_sup, store, h, tmp_pat
 
 async def test_readiness_timeout_stops_the_run_and_backs_off(make_sup, store, h, monkeypatch):
     monkeypatch.setenv("STANDIN_STARTUP_S", "30")  # the port stays closed: "loading" forever
-    profile = f"""
-[[profile]]
-name = "slow"
-executable = "{h.STANDIN}"
-model = "m"
-port = {h.free_port()}
-readiness_timeout_s = 1
-stop_grace_s = 2
-shutdown_timeout_s = 1
-"""
-    sup = make_sup(profiles=profile)
+    sup = make_sup(profiles=h.standin_profile("slow", readiness_s=1, stop_grace_s=2))
     await sup.start("slow", by="test")
     await wait_for(lambda: sup.state == "starting" and sup.run_id is not None, 10, what="spawned")
     run_id = sup.run_id

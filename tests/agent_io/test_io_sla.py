@@ -1,4 +1,5 @@
-"""SLA: one event per breach and per recovery, with the worst values seen; state for the status object."""
+"""SLA: one event per breach and per recovery (`sla.breach`, `sla.recovered`), with the worst values seen; state
+for the status object."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from agent_io_helpers import VllmPage
 from lynxtop.agent.scrape import MetricsScraper
 from lynxtop.agent.sla import SlaTracker
 from lynxtop.contract.config import SlaConfig
+from lynxtop.contract.events import Event
 
 
 def row(ttft=None, tpot=None, itl=None):
@@ -15,56 +17,56 @@ def row(ttft=None, tpot=None, itl=None):
 
 def test_breach_and_recovery_events_carry_worst_values():
     sla = SlaTracker(SlaConfig(ttft_p99_ms=2000, tpot_p99_ms=150, window_s=60))
-    assert sla.state()["state"] == "unknown"
+    assert sla.state().state == "unknown"
     assert sla.update(row(500, 40), 1_000) == []
-    assert sla.state()["state"] == "ok" and sla.state()["since_ms"] == 1_000
+    assert sla.state().state == "ok" and sla.state().since_ms == 1_000
 
     events = sla.update(row(3200, 40), 2_000)
-    assert [e["kind"] for e in events] == ["sla_breach"]
-    assert events[0]["severity"] == "warning"
-    assert "TTFT 3.20 s > 2.00 s" in events[0]["message"]
-    assert events[0]["details"]["worst_ttft_p99_ms"] == 3200
+    assert [e.kind for e in events] == ["sla.breach"]
+    assert events[0].severity == "warning"
+    assert "TTFT 3.20 s > 2.00 s" in events[0].message
+    assert events[0].details["worst_ttft_p99_ms"] == 3200
 
     # still breached, worse, and TPOT joins: no new event, worst values tracked
     assert sla.update(row(5100, 180), 3_000) == []
     assert sla.update(row(4000, 160), 4_000) == []
     st = sla.state()
-    assert st["state"] == "breach" and st["since_ms"] == 2_000
-    assert st["breached"] == ["tpot", "ttft"]
-    assert st["worst_ttft_p99_ms"] == 5100 and st["worst_tpot_p99_ms"] == 180
-    assert st["ttft_p99_ms"] == 4000 and st["ttft_threshold_ms"] == 2000 and st["window_s"] == 60
+    assert st.state == "breach" and st.since_ms == 2_000
+    assert st.breached == ("tpot", "ttft")
+    assert st.worst_ttft_p99_ms == 5100 and st.worst_tpot_p99_ms == 180
+    assert st.ttft_p99_ms == 4000 and st.ttft_threshold_ms == 2000 and st.window_s == 60
 
     events = sla.update(row(900, 60), 9_000)
-    assert [e["kind"] for e in events] == ["sla_recovered"]
+    assert [e.kind for e in events] == ["sla.recovered"]
     ev = events[0]
-    assert ev["details"]["worst_ttft_p99_ms"] == 5100 and ev["details"]["worst_tpot_p99_ms"] == 180
-    assert ev["details"]["duration_s"] == 7.0
-    assert "5.10 s" in ev["message"] and "180 ms" in ev["message"]
-    assert sla.state()["state"] == "ok" and sla.state()["breached"] == []
+    assert ev.details["worst_ttft_p99_ms"] == 5100 and ev.details["worst_tpot_p99_ms"] == 180
+    assert ev.details["duration_s"] == 7.0
+    assert "5.10 s" in ev.message and "180 ms" in ev.message
+    assert sla.state().state == "ok" and sla.state().breached == ()
 
 
 def test_no_data_is_unknown_and_ends_an_open_breach():
     sla = SlaTracker(SlaConfig())
     sla.update(row(None, 500), 0)
-    assert sla.state()["state"] == "breach"
+    assert sla.state().state == "breach"
     events = sla.update(None, 60_000)
-    assert [e["kind"] for e in events] == ["sla_recovered"]
-    assert "no latency data" in events[0]["message"]
-    assert sla.state()["state"] == "unknown"
+    assert [e.kind for e in events] == ["sla.recovered"]
+    assert "no latency data" in events[0].message
+    assert sla.state().state == "unknown"
     assert sla.update(None, 61_000) == []
 
 
 def test_itl_stands_in_for_tpot_on_old_vllm():
     sla = SlaTracker(SlaConfig(tpot_p99_ms=100))
     events = sla.update(row(100, None, itl=250), 0)
-    assert events and "ITL (as TPOT) 250 ms > 100 ms" in events[0]["message"]
-    assert sla.state()["tpot_source"] == "itl" and sla.state()["tpot_p99_ms"] == 250
+    assert events and "ITL (as TPOT) 250 ms > 100 ms" in events[0].message
+    assert sla.state().tpot_source == "itl" and sla.state().tpot_p99_ms == 250
 
 
 def test_thresholds_from_config_are_respected():
     sla = SlaTracker(SlaConfig(ttft_p99_ms=5000, tpot_p99_ms=300))
     assert sla.update(row(4999, 299), 0) == []
-    assert sla.state()["state"] == "ok"
+    assert sla.state().state == "ok"
     assert sla.update(row(5001, 10), 1) != []
 
 
@@ -76,7 +78,7 @@ def test_breach_stays_open_across_a_counter_reset_until_the_slow_requests_leave_
     s = MetricsScraper("http://x:1", window_s=60)
     sla = SlaTracker(SlaConfig(ttft_p99_ms=2000, tpot_p99_ms=150, window_s=60))
     page = VllmPage(engines=2)
-    events: list[tuple[int, dict]] = []
+    events: list[tuple[int, Event]] = []
     for t in range(0, 150, 5):
         if t == 35:
             page = VllmPage(engines=2)  # restarted: every series from zero, nothing served yet
@@ -86,12 +88,12 @@ def test_breach_stays_open_across_a_counter_reset_until_the_slow_requests_leave_
                     page.ttft.labels(*page.lab(e)).observe(17.5 if t <= 30 and i < 4 else 0.05)
         events += [(t, ev) for ev in sla.update(s.parse_page(page.text(), now=float(t)), t * 1000)]
         if 5 <= t < 90:
-            assert sla.state()["state"] == "breach", t
+            assert sla.state().state == "breach", t
     assert s.resets == 1
-    assert [(t, ev["kind"]) for t, ev in events] == [(5, "sla_breach"), (90, "sla_recovered")]
-    assert events[1][1]["details"]["reason"] == "back within thresholds"
-    assert events[1][1]["details"]["duration_s"] == 85.0
-    assert sla.state()["state"] == "ok"
+    assert [(t, ev.kind) for t, ev in events] == [(5, "sla.breach"), (90, "sla.recovered")]
+    assert events[1][1].details["reason"] == "back within thresholds"
+    assert events[1][1].details["duration_s"] == 85.0
+    assert sla.state().state == "ok"
 
 
 def test_unreadable_page_while_vllm_restarts_holds_the_breach_for_one_window():
@@ -102,7 +104,7 @@ def test_unreadable_page_while_vllm_restarts_holds_the_breach_for_one_window():
     s = MetricsScraper("http://x:1", window_s=60)
     sla = SlaTracker(SlaConfig(ttft_p99_ms=2000, tpot_p99_ms=150, window_s=60))
     page = VllmPage(engines=2)
-    events: list[tuple[int, dict]] = []
+    events: list[tuple[int, Event]] = []
     for t in range(0, 150, 5):
         if 35 <= t <= 45:
             row = s.failed(float(t), "cannot read http://x:1/metrics: connection refused")
@@ -115,19 +117,19 @@ def test_unreadable_page_while_vllm_restarts_holds_the_breach_for_one_window():
             row = s.parse_page(page.text(), now=float(t))
         events += [(t, ev) for ev in sla.update(row, t * 1000)]
         if 5 <= t < 90:
-            assert sla.state()["state"] == "breach", t
+            assert sla.state().state == "breach", t
     assert s.resets == 1
-    assert [(t, ev["kind"]) for t, ev in events] == [(5, "sla_breach"), (90, "sla_recovered")]
-    assert events[1][1]["details"]["reason"] == "back within thresholds"
+    assert [(t, ev.kind) for t, ev in events] == [(5, "sla.breach"), (90, "sla.recovered")]
+    assert events[1][1].details["reason"] == "back within thresholds"
 
     # an outage that outlasts the window: the breach ends "no latency data" one window after the last reading
     sla = SlaTracker(SlaConfig(ttft_p99_ms=2000, window_s=60))
-    assert [e["kind"] for e in sla.update({"ttft_p99_ms": 9000.0}, 0)] == ["sla_breach"]
+    assert [e.kind for e in sla.update({"ttft_p99_ms": 9000.0}, 0)] == ["sla.breach"]
     failed = {"scrape_ok": 0, "ttft_p99_ms": None, "tpot_p99_ms": None}
     assert all(sla.update(failed, ms) == [] for ms in range(5_000, 60_000, 5_000))
-    assert sla.state()["state"] == "breach"
+    assert sla.state().state == "breach"
     events = sla.update(failed, 60_000)
-    assert [e["kind"] for e in events] == ["sla_recovered"] and "no latency data" in events[0]["message"]
+    assert [e.kind for e in events] == ["sla.recovered"] and "no latency data" in events[0].message
     # a missing row (serving not ready) still ends it at once, as before
     sla.update({"ttft_p99_ms": 9000.0}, 0)
-    assert [e["kind"] for e in sla.update(None, 1_000)] == ["sla_recovered"]
+    assert [e.kind for e in sla.update(None, 1_000)] == ["sla.recovered"]

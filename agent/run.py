@@ -1,0 +1,111 @@
+"""One run: a server start, spawned (`Run.launch`) or adopted from a previous agent (`Run.adopt`).
+
+Everything that begins and ends with one server lives here and is made new with it: the process, its run id,
+start and ready times, vLLM's version, the start-up phases, why it is degraded, whether its log can be written,
+and whether its end was recorded. The supervisor keeps what spans runs (state, failure window, backoff,
+the action), so a new run can never inherit a field that one of two hand-written resets forgot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from lynxtop.agent import launcher
+from lynxtop.agent.launcher import ServerProcess, ServerRecord
+from lynxtop.agent.startup import PhaseMark, PhaseTracker
+from lynxtop.contract.config import Profile
+
+LOG_SPACE_MIN_BYTES = 1 << 20  # below this on the log's file system, the run's output is being lost
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Run:
+    def __init__(self, proc: ServerProcess, *, run_id: int | None, started_ms: int, ready_ms: int | None,
+                 adopted: bool):
+        self.proc = proc
+        self.run_id = run_id
+        self.started_ms = started_ms
+        self.ready_ms = ready_ms
+        self.adopted = adopted
+        self.vllm_version: str | None = None
+        self.tracker = PhaseTracker(proc.record.log_path, started_ms)
+        self.degraded: dict[str, str] = {}  # condition ("hang", "health") -> why
+        self.log_problem: tuple[str, str] | None = None  # (kind, message) while the run's log cannot be written
+        self.finished = False  # its end is recorded (runs row, state file removed, pidfd closed)
+        self.crash_reason: str | None = None  # set when it crashed before a stop reached it
+        self.outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()  # ready (True) or failed
+        proc.watch()
+
+    @classmethod
+    def launch(cls, prof: Profile, log_dir: Path) -> Run:
+        """Spawn `prof` with its output in a new log under `log_dir` (OSError: it could not be started)."""
+        started = now_ms()
+        token = launcher.new_token()
+        stamp = datetime.fromtimestamp(started / 1000, UTC).strftime("%Y%m%dT%H%M%SZ")
+        log_path = log_dir / f"{stamp}_{prof.name}_{token[:8]}.log"
+        proc = launcher.spawn(prof.argv(), log_path, prof.env, prof.name, token=token, started_ms=started)
+        proc.record.readiness_timeout_s = prof.readiness_timeout_s
+        return cls(proc, run_id=None, started_ms=started, ready_ms=None, adopted=False)
+
+    @classmethod
+    def adopt(cls, proc: ServerProcess, record: ServerRecord) -> Run:
+        run = cls(proc, run_id=record.run_id, started_ms=record.started_ms, ready_ms=record.ready_ms, adopted=True)
+        run.tracker.poll(now_ms())  # catch up silently: those phases were reported by the previous agent
+        return run
+
+    @property
+    def log_path(self) -> str:
+        return self.proc.record.log_path
+
+    @property
+    def was_ready(self) -> bool:
+        """Adopted after it had become ready under the previous agent."""
+        return self.adopted and self.proc.record.ready_ms is not None
+
+    def new_phases(self) -> list[PhaseMark]:
+        return self.tracker.poll(now_ms())
+
+    def resolve(self, ok: bool) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result(ok)
+
+    # ------------------------------------------------------------------------------------- degraded
+
+    def mark_degraded(self, condition: str, reason: str) -> bool:
+        """Record why the run is degraded; True when this condition is new."""
+        new = condition not in self.degraded
+        self.degraded[condition] = reason
+        return new
+
+    def clear_degraded(self, condition: str) -> bool:
+        """True when the condition was there."""
+        return self.degraded.pop(condition, None) is not None
+
+    def degraded_reason(self) -> str:
+        return "; ".join(self.degraded.values())
+
+    # ------------------------------------------------------------------------------------- log
+
+    def check_log(self) -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
+        """(the problem now, the one before): a run whose output cannot be written is told once per episode."""
+        problem: tuple[str, str] | None = None
+        path = Path(self.log_path)
+        if self.proc.log_error:
+            problem = ("create", self.proc.log_error)
+        else:
+            try:
+                st = os.statvfs(path.parent)
+                free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+                if free < LOG_SPACE_MIN_BYTES:
+                    problem = ("space", f"the file system of the run's log {path} is full ({free} bytes free)")
+            except OSError as exc:
+                problem = ("stat", f"cannot check the run's log {path}: {exc.strerror or exc}")
+        was, self.log_problem = self.log_problem, problem
+        return problem, was

@@ -1,0 +1,220 @@
+"""The samplers of one tick behind one protocol: each returns `(rows, events)`.
+
+The tick (node.py) runs the samplers in stages, the samplers of one stage at once: the host first (it finds the
+vLLM processes the GPU sampler attributes memory to), then NVML and the `/metrics` scrape side by side (a slow
+GPU must not hold the scrape back), then the SLA over the scraped row. Rows are merged into the tick's
+`submit_tick` arguments; events of every sampler reach the store through the one function the node gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lynxtop.agent.health import HangDetector, HttpClient, Verdict
+from lynxtop.contract.events import Event, EventKind, Severity, canonical_kind
+
+Rows = dict[str, Any]  # keyword arguments of StoreWriter.submit_tick: host_row, gpu_rows, serving_row, ...
+
+
+@dataclass
+class Tick:
+    """What the samplers of one tick share."""
+
+    ts_ms: int
+    t0: float  # monotonic start of the tick
+    deadline: float  # monotonic time past which a slow sampler (NVML) is not waited for
+    root: int | None  # the vLLM API server's pid, when one runs
+    run_id: int | None
+    pids: set[int] = field(default_factory=set)  # the run's processes (set by the host sampler)
+    rows: Rows = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+
+
+class Sampler(Protocol):
+    async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]: ...
+
+
+async def sample_stages(stages: Sequence[Sequence[Sampler]], tick: Tick) -> Exception | None:
+    """Run the stages in order into `tick.rows` and `tick.events`; the first failure ends the tick.
+
+    The events of the samplers that did answer are kept in `tick.events` even then (an outage begins with one).
+    """
+    for stage in stages:
+        results = await asyncio.gather(*(s.sample(tick) for s in stage), return_exceptions=True)
+        error: BaseException | None = None
+        for res in results:
+            if isinstance(res, BaseException):
+                error = error or res
+                continue
+            rows, events = res
+            tick.rows.update(rows)
+            tick.events.extend(events)
+        if error is not None:
+            if not isinstance(error, Exception):
+                raise error
+            return error
+    return None
+
+
+def as_event(d: Mapping[str, Any], run_id: int | None = None, ts_ms: int | None = None) -> Event:
+    """An event dict of a sampler that speaks dicts (kind, severity, message, details), with the dotted kind."""
+    kind = canonical_kind(str(d["kind"]))
+    sev = str(d.get("severity", "info"))
+    return Event(EventKind(kind) if kind in EventKind._value2member_map_ else kind,  # type: ignore[arg-type]
+                 Severity(sev), str(d.get("message", "")), details=d.get("details"), run_id=run_id,
+                 ts_ms=d.get("ts_ms", ts_ms))
+
+
+class EventCollector:
+    """An `on_event(kind, severity, message, details)` sink that keeps the events for the next tick.
+
+    The GPU sampler reports from its own threads (NVML calls, the XID watcher): events are stamped when they
+    happen and written by the tick, so they take the same path into the store as every other sampler's.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[Event] = []
+
+    def __call__(self, kind: str, severity: str, message: str, details: dict | None = None) -> None:
+        ev = as_event({"kind": kind, "severity": severity, "message": message, "details": details},
+                      ts_ms=int(time.time() * 1000))
+        with self._lock:
+            self._events.append(ev)
+
+    def drain(self) -> list[Event]:
+        with self._lock:
+            out, self._events = self._events, []
+        return out
+
+
+class HostSource:
+    """psutil's host row, and the pids of the served run for the GPU sampler."""
+
+    def __init__(self, sampler: Any, members: Callable[[], Awaitable[set[int]]]):
+        self.sampler = sampler
+        self.members = members  # processes of the run outside the leader's tree
+
+    async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
+        root = tick.root
+
+        def host_part() -> tuple[set[int], dict]:
+            return self.sampler.vllm_pids(root), self.sampler.sample(root)
+
+        pids, row = await asyncio.to_thread(host_part)
+        if root is not None:
+            pids = set(pids) | await self.members()
+        tick.pids = set(pids)
+        return {"host_row": row}, []
+
+
+class GpuSource:
+    """NVML through the GPU sampler, one sample at a time, never waited for past the tick's deadline.
+
+    A GPU that answers slowly makes the tick carry no GPU rows (counted in `late`) rather than hold the host,
+    serving and store parts back; the sample still running is reused by the next tick, never doubled.
+    """
+
+    def __init__(self, sampler: Any, view: Any, on_static: Callable[[list[dict]], None],
+                 collector: EventCollector):
+        self.sampler = sampler
+        self.view = view  # node.NodeGpuView: what the supervisor reads about the GPUs
+        self.on_static = on_static  # the GPUs' static facts, when they changed (a re-initialisation)
+        self.collector = collector  # where the sampler's on_event puts its events
+        self.late = 0
+        self._pending: asyncio.Task | None = None
+        self._started: float | None = None
+        self._static_version: int | None = None
+
+    def _task(self, pids: set[int]) -> asyncio.Task:
+        """The running GPU sample, or a new one: never two NVML samples at once."""
+        if self._pending is None or self._pending.done():
+            self._started = time.monotonic()
+            self._pending = asyncio.get_running_loop().create_task(asyncio.to_thread(self.sampler.sample, pids))
+        return self._pending
+
+    async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
+        task = self._task(tick.pids)
+        done, _ = await asyncio.wait({task}, timeout=max(0.05, tick.deadline - time.monotonic()))
+        if task not in done:
+            self.late += 1
+            return {}, self.collector.drain()
+        self._pending = None
+        gpu_tick = task.result()
+        if self._started is not None:
+            self.view.update(self._started, gpu_tick.process_rows, self.sampler.status(), self.sampler.static())
+        if self.sampler.static_version != self._static_version:
+            self._static_version = self.sampler.static_version
+            self.on_static(self.sampler.static())
+        return ({"gpu_rows": gpu_tick.gpu_rows, "nvlink_rows": gpu_tick.nvlink_rows,
+                 "process_rows": gpu_tick.process_rows}, self.collector.drain())
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    url: str
+    run_id: int | None
+    run_token: str | None  # tells two runs apart even when the store could not give either an id
+
+
+class ScrapeSource:
+    """The served vLLM's `/metrics`: the serving row, outage and counter-reset events, and hang verdicts.
+
+    One scraper and one hang detector per run (a new run starts its own windows and its own hang clock).
+    """
+
+    def __init__(self, http: HttpClient, target: Callable[[], ScrapeTarget | None], *, window_s: float,
+                 timeout_s: float, hang_timeout_s: float, on_new_run: Callable[[], None],
+                 on_verdict: Callable[[Verdict], None]):
+        self.http = http
+        self.target = target  # None while nothing serves
+        self.window_s = window_s
+        self.timeout_s = timeout_s
+        self.hang_timeout_s = hang_timeout_s
+        self.on_new_run = on_new_run
+        self.on_verdict = on_verdict
+        self.scraper: Any = None
+        self.hang: HangDetector | None = None
+        self._key: ScrapeTarget | None = None
+
+    def _for(self, target: ScrapeTarget) -> tuple[Any, HangDetector]:
+        from lynxtop.agent.scrape import MetricsScraper
+
+        if self.scraper is None or self.hang is None or self._key != target:
+            self.scraper = MetricsScraper(target.url, window_s=self.window_s, timeout_s=self.timeout_s)
+            self.hang = HangDetector(self.hang_timeout_s)
+            self._key = target
+            self.on_new_run()
+        return self.scraper, self.hang
+
+    async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
+        target = self.target()
+        if target is None:
+            return {"serving_row": None}, []
+        scraper, hang = self._for(target)
+        row = await scraper.scrape(self.http.session(), tick.t0)
+        row["run_id"] = target.run_id
+        events = [as_event(ev, run_id=target.run_id)
+                  for ev in (scraper.outage_event(tick.t0), scraper.reset_event()) if ev is not None]
+        verdict = hang.observe(scraper.requests_running, scraper.generation_tokens_total,
+                               row.get("requests_waiting"), now=tick.t0)
+        if verdict is not None:
+            self.on_verdict(verdict)
+        return {"serving_row": row}, events
+
+
+class SlaSource:
+    """The SLA over the tick's serving row: breach and recovery events (the state is read by the status)."""
+
+    def __init__(self, tracker: Any):
+        self.tracker = tracker
+
+    async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
+        events = self.tracker.update(tick.rows.get("serving_row"), tick.ts_ms)
+        return {}, [dataclasses.replace(ev, run_id=tick.run_id) for ev in events]
