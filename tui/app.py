@@ -18,10 +18,10 @@ from textual import work
 from textual.app import App, ScreenStackError
 from textual.binding import Binding
 
+from lynxtop.client import AgentRefused, AgentUnreachable, AsyncAgentClient
 from lynxtop.contract.format import fmt_clock
 from lynxtop.tui import control_text
 from lynxtop.tui.backoff import Backoff
-from lynxtop.tui.client import AgentClient, AgentRefused, AgentUnreachable
 from lynxtop.tui.history_source import HistorySource, HistoryUnavailable
 from lynxtop.tui.live_state import GPU_KEYS, SERVING_KEYS, LiveState
 from lynxtop.tui.messages import AgentLost, LiveRefreshed, StatusArrived
@@ -84,7 +84,7 @@ class LynxtopApp(App):
         if ansi:
             self.theme = "ansi-dark"
         self.socket_path = Path(socket_path)
-        self.client = AgentClient(socket_path)
+        self.client = AsyncAgentClient(socket_path)
         self.history = HistorySource(database_path)
         self.readonly = readonly
         self.readonly_reason: str | None = "--readonly" if readonly else None
@@ -150,9 +150,7 @@ class LynxtopApp(App):
         """One poll; re-arms a one-shot timer when done so polls never overlap."""
         delay = self.poll_interval_s
         try:
-            status = await self.client.status()
-            if not isinstance(status.get("serving"), dict) and "agent" not in status:
-                raise AgentUnreachable(f"{self.socket_path}: answer is not a lynxtop status object")
+            status = await self.client.status()  # a Status; an answer that is not one raises AgentUnreachable
             self.backoff.reset()
             self.post_message(StatusArrived(status))
         except AgentUnreachable as exc:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lynxtop.contract.columns import GPU_METRICS, LATENCY_SERIES, LATENCY_STATS, SERVING_METRICS, names
+from lynxtop.contract.status import Status
 
 # 15 minutes at the default 1 s interval: what the GPU and Latency views show live.
 HISTORY_POINTS = 900
@@ -28,32 +29,32 @@ class Outage:
 
 @dataclass
 class LiveState:
-    status: dict[str, Any] | None = None
+    status: Status | None = None
     received_ms: int | None = None  # wall time of the last good status (for "age")
     outage: Outage | None = None
     serving_history: deque[tuple[int, dict[str, Any]]] = field(
         default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     gpu_history: dict[int, deque[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
     profiles: dict[str, Any] | None = None
+    _json: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ updates
-    def apply_status(self, status: dict[str, Any], now_ms: int) -> Outage | None:
+    def apply_status(self, status: Status, now_ms: int) -> Outage | None:
         """Take a fresh status; returns the outage that just ended, if any."""
         ended = self.outage
         self.outage = None
         self.status = status
+        self._json = status.to_json()
         self.received_ms = now_ms
-        ts = int(status.get("ts_ms") or now_ms)
-        sm = status.get("serving_metrics") or {}
-        if sm and (not self.serving_history or self.serving_history[-1][0] < ts):
-            self.serving_history.append((ts, {k: sm.get(k) for k in SERVING_KEYS}))
-        for gpu in status.get("gpus") or []:
-            idx = gpu.get("index")
-            if not isinstance(idx, int):
+        ts = int(status.ts_ms or now_ms)
+        if not self.serving_history or self.serving_history[-1][0] < ts:
+            self.serving_history.append((ts, {k: status.serving_metrics.metric(k) for k in SERVING_KEYS}))
+        for gpu in status.gpus:
+            if not isinstance(gpu.index, int):
                 continue
-            hist = self.gpu_history.setdefault(idx, deque(maxlen=HISTORY_POINTS))
+            hist = self.gpu_history.setdefault(gpu.index, deque(maxlen=HISTORY_POINTS))
             if not hist or hist[-1][0] < ts:
-                hist.append((ts, {k: gpu.get(k) for k in GPU_KEYS}))
+                hist.append((ts, {k: gpu.metric(k) for k in GPU_KEYS}))
         return ended
 
     def mark_lost(self, error: str, now_ms: int) -> bool:
@@ -89,16 +90,23 @@ class LiveState:
     def age_s(self, now_ms: int) -> float | None:
         return None if self.received_ms is None else max(0.0, (now_ms - self.received_ms) / 1000)
 
+    @property
+    def ts_ms(self) -> int | None:
+        """When the agent took the current status (its clock, not ours)."""
+        return self.status.ts_ms if self.status is not None else None
+
     def section(self, name: str) -> dict[str, Any]:
-        return dict((self.status or {}).get(name) or {})
+        """One section of the status in its JSON form (docs/api.md), for views that read it by key."""
+        return dict(self._json.get(name) or {})
 
     @property
     def gpus(self) -> list[dict[str, Any]]:
-        return list((self.status or {}).get("gpus") or [])
+        """The GPUs in their JSON form, for views that read them by key."""
+        return list(self._json.get("gpus") or [])
 
     @property
     def simulated(self) -> bool:
-        return bool(self.section("agent").get("simulated"))
+        return self.status is not None and self.status.agent.simulated
 
     def serving_series(self, key: str) -> list[tuple[int, float | None]]:
         return [(ts, row.get(key)) for ts, row in self.serving_history]

@@ -6,11 +6,13 @@ from typing import Any
 
 from textual.message import Message
 
+from lynxtop.contract.status import Status
+
 
 class StatusArrived(Message):
     """A fresh status object from the agent."""
 
-    def __init__(self, status: dict[str, Any]):
+    def __init__(self, status: Status):
         super().__init__()
         self.status = status
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from conftest import plain
 from tui_fake_agent import PROFILES, make_status
@@ -17,9 +15,9 @@ from lynxtop.contract.format import (
     fmt_si,
     throttle_words,
 )
+from lynxtop.contract.status import Status
 from lynxtop.tui import control_text
 from lynxtop.tui.backoff import Backoff
-from lynxtop.tui.client import AgentClient, AgentRefused, AgentUnreachable
 from lynxtop.tui.export_csv import ExportError, check_target
 from lynxtop.tui.history_series import points, span
 from lynxtop.tui.live_state import LiveState
@@ -95,11 +93,11 @@ def test_backoff_grows_and_caps():
 
 def test_one_outage_one_notice_and_history_kept():
     state = LiveState()
-    assert state.apply_status(make_status(ts_ms=1000), 1000) is None
+    assert state.apply_status(Status.from_json(make_status(ts_ms=1000)), 1000) is None
     assert state.mark_lost("refused", 2000) is True
     assert state.mark_lost("refused", 3000) is False
     assert state.stale and state.age_s(5000) == 4.0
-    ended = state.apply_status(make_status(ts_ms=6000), 6000)
+    ended = state.apply_status(Status.from_json(make_status(ts_ms=6000)), 6000)
     assert ended is not None and ended.since_ms == 2000 and state.connected
     assert [ts for ts, _ in state.serving_history] == [1000, 6000]
     # stored history goes before live samples, never replacing them
@@ -128,45 +126,6 @@ def test_export_target_checks(tmp_path):
     assert check_target(str(tmp_path / "new.csv")) == tmp_path / "new.csv"
 
 
-async def test_client_errors_are_named(agent, sock_dir):
-    client = AgentClient(sock_dir / "absent.sock", timeout_s=1)
-    with pytest.raises(AgentUnreachable, match="no such socket"):
-        await client.status()
-    await client.close()
-    client = AgentClient(agent.socket_path)
-    status = await client.status()
-    assert status["agent"]["host"] == "h200-node-07"
-    agent.post_answers["stop"] = (409, {"error": "busy", "message": "restart in progress since 09:00:00"})
-    with pytest.raises(AgentRefused) as info:
-        await client.action("stop")
-    assert info.value.status == 409 and info.value.code == "busy" and "since 09:00:00" in info.value.message
-    with pytest.raises(ValueError):
-        await client.action("reboot")
-    await client.close()
-    with pytest.raises(AgentUnreachable, match="closed"):
-        await client.status()
-
-
-async def test_client_rejects_non_api_answers(sock_dir):
-    from aiohttp import web
-
-    async def html(request):
-        return web.Response(text="<html>not the agent</html>", content_type="text/html")
-
-    app = web.Application()
-    app.router.add_get("/v1/status", html)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.UnixSite(runner, str(sock_dir / "other.sock"))
-    await site.start()
-    try:
-        client = AgentClient(sock_dir / "other.sock")
-        with pytest.raises(AgentUnreachable, match="not JSON"):
-            await client.status()
-        await client.close()
-    finally:
-        await runner.cleanup()
-    await asyncio.sleep(0)
 
 
 def test_cli_variants_of_the_shared_formatters():

@@ -90,7 +90,7 @@ async def test_agent_lost_then_back_one_notice_per_outage(agent):
         assert len(lost) == 1, notices
         assert app.screen.has_class("-stale")
         text = text_of(banner)
-        assert "agent unreachable since" in text and "no such socket" in text
+        assert "agent unreachable since" in text and "no agent socket" in text
         # last values are kept on screen
         assert app.screen.query_one(GpuTable).row_count == 8
         # controls are greyed while nothing can receive them

@@ -15,68 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from support.status import GIB, T0, gpu_row, serving_metrics, status_json
 
-from lynxtop.contract.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, names
+from lynxtop.contract.status import Status
 
-T0 = 1_796_220_000_000  # 2026-12-02 14:00:00 UTC: a fixed clock for deterministic screens
-GIB = 1024**3
+__all__ = ["GIB", "PROFILES", "T0", "FakeAgent", "gpu_row", "make_status", "serving_metrics"]
 
-
-def gpu_row(i: int, **over: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {k: None for k in names(GPU_METRICS)}
-    row.update(
-        index=i, name="NVIDIA H200", uuid=f"GPU-fake-{i:04d}", pci_bus_id=f"00000000:{0x18 + i:02X}:00.0",
-        arch="Hopper", gpm_supported=True, nvlink_count=18, lost=0, util_gpu_pct=100, util_mem_pct=40,
-        sm_active_pct=60 + i, sm_occupancy_pct=30, tensor_active_pct=40 + i, dram_bw_pct=55, fp16_active_pct=0,
-        fp32_active_pct=1, pcie_tx_bytes_per_s=1_000_000, pcie_rx_bytes_per_s=2_000_000,
-        nvlink_tx_bytes_per_s=120 * 10**9, nvlink_rx_bytes_per_s=118 * 10**9, mem_used_bytes=130 * GIB,
-        mem_total_bytes=141 * GIB, mem_reserved_bytes=GIB, power_w=550 + i, power_limit_w=700, energy_j=10**9,
-        temp_c=60 + i, sm_clock_mhz=1980, mem_clock_mhz=3201, throttle_reasons=0, ecc_corrected=0,
-        ecc_uncorrected=0, remapped_rows_pending=0, remapped_rows_failed=0,
-    )
-    row.update(over)
-    return row
-
-
-def serving_metrics(**over: Any) -> dict[str, Any]:
-    m: dict[str, Any] = {k: None for k in names(SERVING_METRICS)}
-    m.update(run_id=3, scrape_ok=1, scrape_errors=0, requests_per_s=4.2, prompt_tokens_per_s=9100.0,
-             generation_tokens_per_s=1234.5, requests_running=12, requests_waiting=2, kv_cache_usage_pct=37.5,
-             preemptions=0, prefix_cache_hit_pct=61.0, spec_decode_acceptance_pct=None)
-    for series, base in (("ttft", 300.0), ("itl", 40.0), ("tpot", 45.0), ("e2e", 9000.0), ("queue", 20.0)):
-        m.update({f"{series}_p50_ms": base, f"{series}_p90_ms": base * 1.8, f"{series}_p99_ms": base * 2.5,
-                  f"{series}_mean_ms": base * 1.1})
-    m.update(over)
-    return m
-
-
-def make_status(state: str = "ready", gpus: int = 8, simulated: bool = True, ts_ms: int = T0,
-                **serving_over: Any) -> dict[str, Any]:
-    host = {k: None for k in names(HOST_METRICS)}
-    host.update(cpu_pct=12.0, load1=3.0, mem_used_bytes=200 * GIB, mem_total_bytes=2000 * GIB)
-    serving = {
-        "state": state, "state_since_ms": ts_ms - 3_723_000, "reason": "", "phase": None,
-        "phase_since_ms": None, "phases": [], "profile": "dsv41-tp8", "run_id": 3, "pid": 4242,
-        "model": "deepseek-ai/DeepSeek-V4.1", "vllm_version": "0.11.0", "started_ms": ts_ms - 4_800_000,
-        "ready_ms": ts_ms - 3_723_000, "next_retry_ms": None, "failures_in_window": 0, "adopted": False,
-        "url": "http://127.0.0.1:8000",
-    }
-    serving.update(serving_over)
-    return {
-        "ts_ms": ts_ms,
-        "agent": {"version": "0.1.0", "pid": 100, "host": "h200-node-07", "started_ms": ts_ms - 86_400_000,
-                  "uptime_s": 86_400, "simulated": simulated, "healthy": True, "missed_ticks": 0,
-                  "sample_interval_s": 1.0,
-                  "nvml": {"state": "ok", "message": "", "driver_version": "570.86", "nvml_version": "12.570"},
-                  "store": {"path": "/tmp/x.db", "queued": 0, "dropped": 0, "last_error": None},
-                  "action": None},
-        "serving": serving,
-        "sla": {"state": "ok", "since_ms": ts_ms - 600_000, "ttft_p99_ms": 750.0, "tpot_p99_ms": 112.5,
-                "ttft_threshold_ms": 2000, "tpot_threshold_ms": 150, "window_s": 60},
-        "gpus": [gpu_row(i) for i in range(gpus)],
-        "host": host,
-        "serving_metrics": serving_metrics() if state in ("ready", "degraded") else {},
-    }
+# The status comes from the one factory; the fake serves its JSON form, which tests may edit in place.
+make_status = status_json
 
 
 PROFILES = {
@@ -97,7 +43,7 @@ PROFILES = {
 class FakeAgent:
     """Serve on `socket_path` until `stop()`. Mutate attributes from the test; they are read per request."""
 
-    def __init__(self, socket_path: Path, status: dict[str, Any] | None = None):
+    def __init__(self, socket_path: Path, status: dict[str, Any] | Status | None = None):
         self.socket_path = Path(socket_path)
         self.status = status if status is not None else make_status()
         self.profiles = copy.deepcopy(PROFILES)
@@ -180,7 +126,8 @@ class FakeAgent:
         return web.json_response(data, status=status)
 
     async def _status(self, request: web.Request) -> web.Response:
-        return self._json(request, self.status)
+        status = self.status
+        return self._json(request, status.to_json() if isinstance(status, Status) else status)
 
     async def _profiles(self, request: web.Request) -> web.Response:
         return self._json(request, self.profiles)

@@ -69,7 +69,7 @@ class GpuScreen(LiveScreen):
         count = len(state.gpus) or len(state.gpu_history)
         title.append(f"   ({count} GPUs; ←/→ to choose; last 15 min, {HISTORY_POINTS} samples max)", style="dim")
         self.query_one("#gpu-title", Static).update(title)
-        ref = state.status.get("ts_ms") if state.status else None
+        ref = state.ts_ms
         end = int(ref or now_ms)
         start = end - WINDOW_MS
         for cid, _, key, _, _ in CHARTS:

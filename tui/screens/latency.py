@@ -45,7 +45,7 @@ class LatencyScreen(LiveScreen):
                     f"{fmt_ms(sla.get('tpot_threshold_ms'))} over {sla.get('window_s', '?')} s windows;"
                     " ▲ marks a breach; last 15 min", style="dim")
         self.query_one("#sla-line", Static).update(line)
-        ref = state.status.get("ts_ms") if state.status else None
+        ref = state.ts_ms
         end = int(ref or now_ms)
         for series, stat, limit_key in CHARTS:
             chart = self.query_one(f"#chart-{series}-{stat}", TimeChart)

@@ -11,7 +11,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.widgets import Static
 
-from lynxtop.tui.client import AgentRefused, AgentUnreachable
+from lynxtop.client import AgentRefused, AgentUnreachable
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.gpu_table import UTIL_NOTE, GpuTable
 from lynxtop.tui.widgets.gpu_trends import GpuTrends
@@ -51,7 +51,7 @@ class NodeScreen(LiveScreen):
         self.query_one(ServingPanel).show(state)
         if self.has_class("-tall"):
             # The extra panels draw (and events are asked for) only where they are shown.
-            ref = state.status.get("ts_ms") if state.status else None
+            ref = state.ts_ms
             self.query_one(GpuTrends).show(state, int(ref or now_ms))
             if time.monotonic() - self._events_fetched > EVENTS_REFRESH_S:
                 self.fetch_events()

@@ -80,7 +80,7 @@ def _agent_health(t: Text, state: LiveState, agent: dict, now_ms: int) -> None:
         t.append("agent ✓", style="green")
     else:
         t.append("agent ✗ unhealthy", style="bold red")
-    ts = (state.status or {}).get("ts_ms")
+    ts = state.ts_ms
     interval = float(agent.get("sample_interval_s") or 1.0)
     if ts and state.outage is None and now_ms - ts > max(5000, 3000 * interval):
         # the agent answers but its sampling stalled: say so, or stale numbers look live

@@ -66,7 +66,7 @@ def _stats_line(state: LiveState, sm: dict, short: bool) -> Text:
     # Finished requests per tick read 0 for minutes when requests take longer than a tick: the mean
     # over the last minutes is shown, and says so.
     interval_ms = int(float(state.section("agent").get("sample_interval_s") or 1.0) * 1000)
-    end = (state.status or {}).get("ts_ms")
+    end = state.ts_ms
     rate, span_ms = window_mean(state.serving_series("requests_per_s"), end, RATE_WINDOW_MS, interval_ms)
     if not sm:
         rate = None  # not serving: no rate, not the last run's
