@@ -21,52 +21,23 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from support.agent_config import sim_profile, write_agent_config
 
 from lynxtop.agent import procs
 
 pytestmark = pytest.mark.timeout(90)
 
-SIM = Path(sys.executable).parent / "lynxtop-sim-vllm"
 PEER_PYTHON = "/usr/bin/python3"  # stdlib only; the venv's interpreter may not be readable by 'nobody'
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _config(tmp: Path, autostart: bool = True, extra_agent: str = "", sock: Path | None = None,
-            sim_args: str = "") -> Path:
-    ports = [_port(), _port()]
-    profiles = "".join(f"""
-[[profile]]
-name = "{name}"
-executable = "{SIM}"
-model = "deepseek-ai/DeepSeek-V4.1"
-port = {port}
-tensor_parallel_size = {tp}
-extra_args = ["--sim-startup-seconds", "0.5", "--sim-log-interval", "1"{sim_args}]
-readiness_timeout_s = 30
-stop_grace_s = 5
-shutdown_timeout_s = 1
-""" for name, port, tp in (("v4-tp8", ports[0], 8), ("v4-tp4", ports[1], 4)))
-    cfg = tmp / "config.toml"
-    cfg.write_text(f"""
-[agent]
-database = "{tmp / 'state' / 'lynxtop.db'}"
-socket = "{sock or tmp / 'run' / 'agent.sock'}"
-fake_nvml = "sim"
-sample_interval_s = 0.2
-default_profile = "v4-tp8"
-autostart = {'true' if autostart else 'false'}
-backoff_initial_s = 0.3
-backoff_max_s = 1
-gpu_release_timeout_s = 10
-{extra_agent}
-{profiles}
-""")
-    return cfg
+            sim_args: tuple[str, ...] = ()) -> Path:
+    profiles = [sim_profile(name, tp=tp, startup_s=0.5, sim_args=("--sim-log-interval", "1", *sim_args),
+                            stop_grace_s=5) for name, tp in (("v4-tp8", 8), ("v4-tp4", 4))]
+    return write_agent_config(tmp / "config.toml", tmp / "state" / "lynxtop.db", sock or tmp / "run" / "agent.sock",
+                              fake_nvml="sim", sample_interval_s=0.2, default_profile="v4-tp8", autostart=autostart,
+                              backoff_initial_s=0.3, backoff_max_s=1, gpu_release_timeout_s=10, extra=extra_agent,
+                              profiles=profiles)
 
 
 class Agent:
@@ -368,7 +339,7 @@ async def test_hang_with_requests_running_marks_degraded_without_restart(tmp_pat
     # the engine hangs 4 s after ready: the requests must be running by then (with 1 s, a loaded CI box sent them
     # after the hang, they stayed waiting with 0 running, and the detector, which watches running requests, saw
     # no hang); a failed scrape restarts the hang clock by design, so ticks of 0.5 s give the scrape 0.4 s
-    cfg = _config(tmp_path, extra_agent="hang_timeout_s = 5", sim_args=', "--sim-fail", "hang-after=4"')
+    cfg = _config(tmp_path, extra_agent="hang_timeout_s = 5", sim_args=("--sim-fail", "hang-after=4"))
     cfg.write_text(cfg.read_text().replace("sample_interval_s = 0.2", "sample_interval_s = 0.5"))
     a = Agent(tmp_path, cfg)
     cleanup.append(a)

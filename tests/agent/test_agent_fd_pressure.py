@@ -12,7 +12,6 @@ import contextlib
 import json
 import resource
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -21,16 +20,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from support.agent_config import write_agent_config
+from support.ports import free_port
 
 pytestmark = pytest.mark.timeout(90)
 
 LIMIT = 768
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _low_limit() -> None:
@@ -46,18 +41,11 @@ def _host_rows(db: Path) -> int:
 
 
 async def test_flood_of_slow_connections_leaves_sampling_and_status_alone(tmp_path):
-    sock = Path(f"/tmp/lxfd{_port()}.sock")  # AF_UNIX paths are short; tmp_path is long
-    port = _port()
+    sock = Path(f"/tmp/lxfd{free_port()}.sock")  # AF_UNIX paths are short; tmp_path is long
+    port = free_port()
     db = tmp_path / "state" / "lynxtop.db"
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(f"""
-[agent]
-database = "{db}"
-socket = "{sock}"
-fake_nvml = "h200x8"
-sample_interval_s = 0.2
-metrics_listen = "127.0.0.1:{port}"
-""")
+    cfg = write_agent_config(tmp_path / "config.toml", db, sock, fake_nvml="h200x8", sample_interval_s=0.2,
+                             metrics_listen=f"127.0.0.1:{port}")
     log_path = tmp_path / "agent.log"
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 1400:

@@ -144,17 +144,7 @@ async def test_sigkilled_server_orphans_are_named_stopped_and_their_files_remove
     for var, value in (("STANDIN_SHM", "1"), ("STANDIN_DIST", "1"), ("STANDIN_ENGINE_IGNORE_TERM", "1"),
                        ("STANDIN_SIGLOG", str(siglog))):
         monkeypatch.setenv(var, value)
-    profile = f"""
-[[profile]]
-name = "alpha"
-executable = "{h.STANDIN}"
-model = "m"
-port = {h.free_port()}
-readiness_timeout_s = 20
-stop_grace_s = 1
-shutdown_timeout_s = 1
-"""
-    sup = make_sup(profiles=profile)
+    sup = make_sup(profiles=h.standin_profile("alpha", stop_grace_s=1))
     decoy_shm, decoy_dist = _decoys(made)
     await start_ready(sup, h)
     leader, run_id, log_path = sup.proc.pid, sup.run_id, sup.proc.record.log_path

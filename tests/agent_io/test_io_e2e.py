@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,19 +13,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from agent_io_helpers import short_dir
 from prometheus_client.parser import text_string_to_metric_families
+from support.agent_config import sim_profile, write_agent_config
+from support.ports import free_port, short_dir
 
 from lynxtop.agent import procs
 
 pytestmark = pytest.mark.timeout(120)
-SIM = Path(sys.executable).parent / "lynxtop-sim-vllm"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sim_pids(sim_dir: Path) -> list[int]:
@@ -44,31 +37,13 @@ def _sim_pids(sim_dir: Path) -> list[int]:
 @pytest.fixture
 def node():
     with short_dir() as d:
-        metrics_port = _port()
-        profiles = "".join(f"""
-[[profile]]
-name = "{name}"
-executable = "{SIM}"
-model = "deepseek-ai/DeepSeek-V4.1"
-port = {_port()}
-tensor_parallel_size = {tp}
-extra_args = ["--sim-startup-seconds", "0.5"]
-readiness_timeout_s = 30
-stop_grace_s = 5
-shutdown_timeout_s = 1
-""" for name, tp in (("v4-tp8", 8), ("v4-tp4", 4)))
-        cfg = d / "config.toml"
-        cfg.write_text(f"""
-[agent]
-database = "{d / 'state' / 'lynxtop.db'}"
-socket = "{d / 'run' / 'agent.sock'}"
-fake_nvml = "sim"
-sample_interval_s = 0.2
-live_restore = false
-metrics_listen = "127.0.0.1:{metrics_port}"
-gpu_release_timeout_s = 10
-{profiles}
-""")
+        metrics_port = free_port()
+        profiles = [sim_profile(name, tp=tp, startup_s=0.5, stop_grace_s=5)
+                    for name, tp in (("v4-tp8", 8), ("v4-tp4", 4))]
+        cfg = write_agent_config(d / "config.toml", d / "state" / "lynxtop.db", d / "run" / "agent.sock",
+                                 fake_nvml="sim", sample_interval_s=0.2, live_restore=False,
+                                 metrics_listen=f"127.0.0.1:{metrics_port}", gpu_release_timeout_s=10,
+                                 profiles=profiles)
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
         env["LYNXTOP_SIM_STATE_DIR"] = str(d / "sim")
         log = open(d / "agent.log", "wb")  # noqa: SIM115 - closed below

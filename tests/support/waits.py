@@ -1,0 +1,45 @@
+"""Polling until a condition holds, with a failure that names what was awaited and the last value seen."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+
+def _timeout_message(timeout: float, what: str, last: Any) -> str:
+    return f"timed out after {timeout:g} s waiting for {what}; last seen: {last!r}"[:3000]
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition", interval: float = 0.05,
+             ignore: tuple[type[BaseException], ...] = ()) -> Any:
+    """Poll pred() until it is truthy and return its value; exceptions in `ignore` count as "not yet"."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = pred()
+        except ignore as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() > deadline:
+            raise AssertionError(_timeout_message(timeout, what, last))
+        time.sleep(interval)
+
+
+async def wait_for_async(pred: Callable[[], Any], timeout: float = 10.0, step: float = 0.02,
+                         what: str = "condition", sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> Any:
+    """The same inside an event loop: the loop keeps running between polls (`sleep`: e.g. a Textual pilot's
+    pause, so the app under test processes its messages)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = pred()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(_timeout_message(timeout, what, last))
+        await sleep(step)
