@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 STANDIN = HERE / "standin_vllm.py"
 
 
-def standin_profile(name: str, port: int | None = None, tp: int | None = None, readiness_s: float = 20,
+def standin_profile(name: str, port: int = 0, tp: int | None = None, readiness_s: float = 20,
                     model: str = "m", stop_grace_s: float = 3, **keys) -> str:
     """A [[profile]] running the stand-in vLLM (tests/agent/standin_vllm.py)."""
     return profile(name, STANDIN, model=model, port=port, tensor_parallel_size=tp, **keys,

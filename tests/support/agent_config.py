@@ -38,11 +38,11 @@ def _keys(values: Mapping[str, Any]) -> str:
     return "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items() if v is not None)
 
 
-def profile(name: str, executable: str | Path, *, model: str = MODEL, port: int | None = None,
-            **keys: Any) -> str:
-    """One [[profile]]; `port` defaults to a free one, the other keys are written in the order given."""
+def profile(name: str, executable: str | Path, *, model: str = MODEL, port: int | None = 0, **keys: Any) -> str:
+    """One [[profile]]; `port` 0 (the default) takes a free one, None leaves it out (the agent's default);
+    the other keys are written in the order given (a None value is left out)."""
     return "\n[[profile]]\n" + _keys({"name": name, "executable": executable, "model": model,
-                                      "port": free_port() if port is None else port, **keys})
+                                      "port": free_port() if port == 0 else port, **keys})
 
 
 def sim_profile(name: str, *, tp: int = 8, startup_s: float = 0.3, sim_args: Sequence[str] = (),
