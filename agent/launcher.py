@@ -35,6 +35,7 @@ from lynxtop.agent import procs
 from lynxtop.agent.notify import NOTIFY_VARS
 from lynxtop.agent.procs import RUN_TOKEN_ENV
 from lynxtop.agent.runfiles import RunFiles
+from lynxtop.contract.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -243,69 +244,26 @@ class ServerProcess:
 
     async def stop(self, grace_s: float, kill_wait_s: float = 10.0, poll_s: float = 0.05) -> StopResult:
         """SIGTERM the leader, then what it leaves behind, SIGKILL what is left after `grace_s`; clean files."""
-        titles: dict[int, str] = {}
-        sent: dict[int, int] = {}  # the last signal each process got from us
-        files = self.files
-        files.add_from_log(self.record.log_path, self.uid if self.uid is not None else os.getuid())
-
-        def look() -> list[int]:
-            now_alive = self.members()
-            for pid in now_alive:
-                if pid not in titles:
-                    titles[pid] = procs.title(pid)
-                    files.add_segments_of(pid, again=True)  # before any signal: a dead process's maps are gone
-            return now_alive
-
-        left = look()
-        leader_was_dead = not self.leader_alive()
-        orphans: list[int] | None = None
-        leader_gone_at: float | None = None
-        if not leader_was_dead and self._signal_leader(signal.SIGTERM):
-            sent[self.pid] = signal.SIGTERM
-        deadline = time.monotonic() + grace_s
-        while True:
-            if orphans is None and not self.leader_alive():
-                leader_gone_at = leader_gone_at or time.monotonic()
-                if leader_was_dead or time.monotonic() - leader_gone_at >= ORPHAN_SETTLE_S:
-                    orphans = []
-            if orphans is not None:  # the leader is gone: all that is left of the run is orphaned
-                for pid in left:
-                    if pid != self.pid and pid not in orphans:
-                        orphans.append(pid)
-                        with contextlib.suppress(ProcessLookupError, PermissionError):
-                            os.kill(pid, signal.SIGTERM)
-                            sent[pid] = signal.SIGTERM
-            if not left or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(poll_s)
-            left = look()
-        if orphans is None:  # the grace ended first: if the leader is gone, what it left behind is orphaned
-            orphans = [p for p in left if p != self.pid] if not self.leader_alive() else []
+        stop = _Stop(self)
+        left = stop.look()
+        stop.leader_was_dead = not self.leader_alive()
+        if not stop.leader_was_dead and self._signal_leader(signal.SIGTERM):
+            stop.sent[self.pid] = signal.SIGTERM
+        left = await stop.terminate(left, grace_s, poll_s)
         if left:
             log.warning("run %s: %d process(es) still alive after %.0f s grace, sending SIGKILL: %s",
                         self.record.run_id, len(left), grace_s, left)
-        kill_deadline = time.monotonic() + kill_wait_s
-        while left and time.monotonic() < kill_deadline:
-            self.signal_group(signal.SIGKILL)
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-                    sent[pid] = signal.SIGKILL
-            await asyncio.sleep(poll_s)
-            left = look()
+        left = await stop.kill(left, kill_wait_s, poll_s)
+        await self._reap()
+        return stop.result(left)
+
+    async def _reap(self) -> None:
         if not self.exited and self.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 await asyncio.to_thread(self.popen.wait, 2.0)
         # the pidfd callback may be queued behind us: make sure the exit is recorded
         if not self._exited.is_set() and not procs.alive(self.pid):
             self._on_exit_now()
-        result = StopResult(pids=sorted(set(titles) | {self.pid}), leader_was_dead=leader_was_dead,
-                            survivors=left)
-        for pid in orphans or []:
-            ended = "still alive" if pid in left else _signal_name(sent[pid]) if pid in sent else "exited by itself"
-            result.orphans.append(Orphan(pid, titles.get(pid, "?"), ended))
-        _clean_files(result, files)
-        return result
 
     def close(self) -> None:
         if self._pidfd is not None:
@@ -313,6 +271,81 @@ class ServerProcess:
                 self._loop.remove_reader(self._pidfd)
             os.close(self._pidfd)
             self._pidfd = None
+
+
+class _Stop:
+    """The bookkeeping of one stop: every process of the run seen (and its title), the last signal each got from
+    us, and the orphans (what was left once the leader was gone)."""
+
+    def __init__(self, proc: ServerProcess):
+        self.proc = proc
+        self.titles: dict[int, str] = {}
+        self.sent: dict[int, int] = {}
+        self.orphans: list[int] | None = None  # None: the leader is not known to be gone yet
+        self.files = proc.files
+        self.files.add_from_log(proc.record.log_path, proc.uid if proc.uid is not None else os.getuid())
+        self.leader_was_dead = False  # the API server had exited before the stop began (set by the caller)
+        self._leader_gone_at: float | None = None
+
+    def look(self) -> list[int]:
+        alive = self.proc.members()
+        for pid in alive:
+            if pid not in self.titles:
+                self.titles[pid] = procs.title(pid)
+                self.files.add_segments_of(pid, again=True)  # before any signal: a dead process's maps are gone
+        return alive
+
+    def signal(self, pid: int, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+            self.sent[pid] = sig
+
+    def _orphan_the_rest(self, left: list[int]) -> None:
+        """Once the leader is gone (its children had ORPHAN_SETTLE_S to follow it), all that is left is orphaned."""
+        if self.orphans is None and not self.proc.leader_alive():
+            self._leader_gone_at = self._leader_gone_at or time.monotonic()
+            if self.leader_was_dead or time.monotonic() - self._leader_gone_at >= ORPHAN_SETTLE_S:
+                self.orphans = []
+        if self.orphans is None:
+            return
+        for pid in left:
+            if pid != self.proc.pid and pid not in self.orphans:
+                self.orphans.append(pid)
+                self.signal(pid, signal.SIGTERM)
+
+    async def terminate(self, left: list[int], grace_s: float, poll_s: float) -> list[int]:
+        """Wait up to `grace_s` for the run to end, SIGTERMing orphans; returns what is still alive."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            self._orphan_the_rest(left)
+            if not left or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(poll_s)
+            left = self.look()
+        if self.orphans is None:  # the grace ended first: if the leader is gone, what it left behind is orphaned
+            self.orphans = [p for p in left if p != self.proc.pid] if not self.proc.leader_alive() else []
+        return left
+
+    async def kill(self, left: list[int], kill_wait_s: float, poll_s: float) -> list[int]:
+        """SIGKILL the group and every straggler until nothing is left or `kill_wait_s` passed."""
+        deadline = time.monotonic() + kill_wait_s
+        while left and time.monotonic() < deadline:
+            self.proc.signal_group(signal.SIGKILL)
+            for pid in left:
+                self.signal(pid, signal.SIGKILL)
+            await asyncio.sleep(poll_s)
+            left = self.look()
+        return left
+
+    def result(self, left: list[int]) -> StopResult:
+        result = StopResult(pids=sorted(set(self.titles) | {self.proc.pid}), leader_was_dead=self.leader_was_dead,
+                            survivors=left)
+        for pid in self.orphans or []:
+            ended = ("still alive" if pid in left else _signal_name(self.sent[pid]) if pid in self.sent
+                     else "exited by itself")
+            result.orphans.append(Orphan(pid, self.titles.get(pid, "?"), ended))
+        _clean_files(result, self.files)
+        return result
 
 
 def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profile: str,
@@ -432,13 +465,7 @@ def read_record(path: Path) -> tuple[ServerRecord | None, str | None]:
 def write_record(path: Path, record: ServerRecord) -> None:
     """Atomically (write + rename): a crash mid-write must not lose the record of a live 20-minute load."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(record.to_json())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, record.to_json(), mode=0o640)
 
 
 def remove_record(path: Path) -> None:

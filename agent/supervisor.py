@@ -34,6 +34,7 @@ from lynxtop.agent.run import Run, now_ms
 from lynxtop.agent.startup import PhaseTracker, tail_lines
 from lynxtop.contract.config import Config, ConfigError, Profile, load_config
 from lynxtop.contract.events import Event, EventKind, Severity
+from lynxtop.contract.files import atomic_write
 from lynxtop.contract.status import ActionInfo, PhaseMark, ServingState, ServingStatus
 
 log = logging.getLogger(__name__)
@@ -848,9 +849,8 @@ class Supervisor:
     def _save_crash_loop(self, profile: str, reason: str) -> None:
         """A crash loop outlives an agent restart: a new agent must not autostart the same failure again."""
         try:
-            tmp = self._crash_loop_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"profile": profile, "reason": reason, "since_ms": now_ms()}))
-            os.replace(tmp, self._crash_loop_path)
+            marker = {"profile": profile, "reason": reason, "since_ms": now_ms()}
+            atomic_write(self._crash_loop_path, json.dumps(marker))
         except OSError as exc:
             log.warning("cannot record the crash loop in %s: %s", self._crash_loop_path, exc)
 
