@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.agent_config import profile, write_agent_config
 
 from lynxtop.parser import build_parser
 
@@ -71,20 +72,8 @@ def test_relative_time_value_is_not_taken_for_an_option(tmp_path):
 # ---------------------------------------------------------------------------------------------- one validation
 
 def _config(tmp_path: Path, executable: str, socket: str | None = None, extra: str = "") -> Path:
-    state = tmp_path / "state"
-    path = tmp_path / "c.toml"
-    path.write_text(f"""
-[agent]
-database = "{state / 'lynxtop.db'}"
-socket = "{socket or (tmp_path / 'agent.sock')}"
-fake_nvml = "sim"
-{extra}
-[[profile]]
-name = "a"
-executable = "{executable}"
-model = "m"
-""")
-    return path
+    return write_agent_config(tmp_path / "c.toml", tmp_path / "state" / "lynxtop.db", socket or tmp_path / "agent.sock",
+                              fake_nvml="sim", extra=extra, profiles=profile("a", executable, model="m", port=None))
 
 
 def _agent_and_check(path: Path) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:

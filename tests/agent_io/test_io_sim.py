@@ -5,27 +5,21 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 import time
 
 import aiohttp
 import pytest
+from support.ports import free_port
 
 from lynxtop.agent.scrape import MetricsScraper
 
 MODEL = "deepseek-ai/DeepSeek-V4.1"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 async def sim_server(tmp_path):
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "lynxtop.agent.sim", "serve", MODEL, "-tp", "8", "--port", str(port),
             "--sim-startup-seconds", "0.3", "--sim-state-dir", str(tmp_path / "sim")]
     log = open(tmp_path / "sim.log", "wb")  # noqa: SIM115 - closed below

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support.ports import free_port
 
 MODEL = "deepseek-ai/DeepSeek-V4.1"
 
@@ -21,12 +21,6 @@ MODEL = "deepseek-ai/DeepSeek-V4.1"
 def sim_exe() -> list[str]:
     script = Path(sys.executable).parent / "lynxtop-sim-vllm"
     return [str(script)] if script.exists() else [sys.executable, "-m", "lynxtop.agent.sim"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(url: str, body: dict | None = None, headers: dict | None = None, timeout: float = 10.0

@@ -10,6 +10,7 @@ import threading
 import time
 
 import psutil
+from support.waits import wait_for
 
 from lynxtop.agent.sim.gpus import SimScenario
 
@@ -17,16 +18,6 @@ STARTUP_LINES = ["Loading weights took", "Available KV cache memory", "GPU KV ca
                  "Maximum concurrency for", "Graph capturing finished", "init engine (profile, create kv cache",
                  "Starting vLLM server on http://127.0.0.1:", "Available routes are:",
                  "Route: /v1/completions, Methods: POST", "Application startup complete."]
-
-
-def wait_for(cond, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def running(kit, sp) -> float:
