@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+from support.ports import short_dir
 
 
 @pytest.fixture(autouse=True)
@@ -12,3 +16,10 @@ def _isolated_env(monkeypatch, tmp_path):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg-run"))
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A directory with a short path for AF_UNIX sockets (107 bytes at most; pytest's tmp_path can be longer)."""
+    with short_dir() as d:
+        yield d
