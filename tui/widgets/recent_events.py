@@ -42,6 +42,6 @@ def _line(event: dict[str, Any], utc: bool) -> Text:
     line = Text(no_wrap=True, overflow="ellipsis")
     line.append(fmt_clock(event.get("ts_ms"), utc), style="dim")
     line.append(f"  {mark:<2} {severity:<8}", style=style)
-    line.append(f" {str(event.get('kind') or ''):<16}", style="dim")
+    line.append(f" {str(event.get('kind') or ''):<20}", style="dim")
     line.append(" " + str(event.get("message") or ""))
     return line
