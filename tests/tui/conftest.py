@@ -3,7 +3,6 @@ writer, and an app with a frozen clock and compressed poll intervals."""
 
 from __future__ import annotations
 
-import io
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -11,19 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rich.console import Console
 from tui_fake_agent import T0, FakeAgent, gpu_row, serving_metrics
-
-from lynxtop.tui.app import LynxtopApp
-from lynxtop.tui.backoff import Backoff
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    # Unix socket paths are limited to 107 bytes: pytest's tmp_path can be longer.
-    d = Path(tempfile.mkdtemp(prefix="lt-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
@@ -84,44 +71,3 @@ def history_db() -> Iterator[tuple[Path, dict[str, Any]]]:
     info = build_history(path)
     yield path, info
     shutil.rmtree(d, ignore_errors=True)
-
-
-def make_app(socket: Path, database: Path | None = None, **kw: Any) -> LynxtopApp:
-    kw.setdefault("poll_interval_s", 0.25)
-    kw.setdefault("backoff", Backoff(base_s=0.05, cap_s=0.2))
-    kw.setdefault("clock", lambda: T0 / 1000 + 2)
-    kw.setdefault("backfill", False)
-    return LynxtopApp(socket, database, **kw)
-
-
-def plain(renderable: Any, width: int = 200) -> str:
-    """A widget's content as plain text, as a user would read it."""
-    console = Console(width=width, file=io.StringIO(), color_system=None, force_terminal=False)
-    console.print(renderable)
-    return console.file.getvalue()
-
-
-def text_of(widget: Any) -> str:
-    from textual.widget import Widget
-
-    if not isinstance(widget, Widget):
-        return plain(widget)
-    return plain(widget.content if hasattr(widget, "content") else widget.render())
-
-
-async def wait_for(pilot: Any, predicate: Any, timeout_s: float = 5.0) -> None:
-    """Pause until predicate() is true; fails the test with a clear message on timeout."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await pilot.pause(0.03)
-    raise AssertionError(f"condition not met within {timeout_s} s")
-
-
-def screen_text(app: Any) -> str:
-    """The whole screen as plain text lines, as an operator sees it (modal layers included)."""
-    strips = app.screen._compositor.render_strips()
-    return "\n".join("".join(seg.text for seg in strip).rstrip() for strip in strips)

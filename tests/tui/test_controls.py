@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import make_app, plain, text_of, wait_for
+from support.tui import make_app, plain, text_of, wait_for
 from textual.widgets import Button, OptionList
 
 from lynxtop.tui.screens.confirm import ConfirmScreen

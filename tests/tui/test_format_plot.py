@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import plain
+from support.tui import plain
 from tui_fake_agent import PROFILES, make_status
 
 from lynxtop.contract.format import (

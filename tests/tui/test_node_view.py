@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import make_app, text_of, wait_for
+from support.tui import make_app, text_of, wait_for
 from tui_fake_agent import gpu_row, make_status
 
 from lynxtop.tui.screens.node import NodeScreen

@@ -7,7 +7,7 @@ Update after an intended change with `pytest tests/tui/test_snapshots.py --snaps
 from __future__ import annotations
 
 import pytest
-from conftest import make_app, wait_for
+from support.tui import make_app, wait_for
 
 from lynxtop.tui.screens.confirm import ConfirmScreen
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 
-from conftest import make_app, screen_text, text_of, wait_for
+from support.tui import make_app, screen_text, text_of, wait_for
 from textual.widgets import DataTable, Input, Log, Static
 
 from lynxtop.tui.screens.compare import CompareScreen
