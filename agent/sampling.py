@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from lynxtop.agent.health import HangDetector, HttpClient, Verdict
 from lynxtop.contract.events import Event, EventKind, Severity, canonical_kind
 
+_KINDS = frozenset(k.value for k in EventKind)
 Rows = dict[str, Any]  # keyword arguments of StoreWriter.submit_tick: host_row, gpu_rows, serving_row, ...
 
 
@@ -66,7 +67,7 @@ def as_event(d: Mapping[str, Any], run_id: int | None = None, ts_ms: int | None 
     """An event dict of a sampler that speaks dicts (kind, severity, message, details), with the dotted kind."""
     kind = canonical_kind(str(d["kind"]))
     sev = str(d.get("severity", "info"))
-    return Event(EventKind(kind) if kind in EventKind._value2member_map_ else kind,  # type: ignore[arg-type]
+    return Event(EventKind(kind) if kind in _KINDS else kind,  # type: ignore[arg-type]
                  Severity(sev), str(d.get("message", "")), details=d.get("details"), run_id=run_id,
                  ts_ms=d.get("ts_ms", ts_ms))
 

@@ -1,0 +1,105 @@
+"""Hang and /health verdicts (agent/health.py) and the samplers' one event path (agent/sampling.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp import web
+
+from lynxtop.agent.health import HangDetector, Health, HealthProbe, HttpClient
+from lynxtop.agent.sampling import EventCollector, SlaSource, Tick, as_event, sample_stages
+from lynxtop.agent.sla import SlaTracker
+from lynxtop.contract.config import SlaConfig
+from lynxtop.contract.events import EventKind, Severity
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_hang_needs_pending_requests_and_no_tokens_for_the_timeout():
+    hang = HangDetector(10)
+    assert hang.observe(2, 100.0, now=0).health is Health.PROGRESSING
+    assert hang.observe(2, 100.0, now=9.9) is None
+    v = hang.observe(2, 100.0, now=10)
+    assert v.health is Health.HUNG and v.bad and v.condition == "hang"
+    assert v.reason == "hang: 2 requests running and no token generated for 10 s"
+    assert hang.observe(2, 100.0, now=30) is None  # told once per hang
+    assert hang.observe(2, 101.0, now=31).health is Health.PROGRESSING
+
+
+def test_requests_only_waiting_are_a_hang_and_an_idle_server_is_not():
+    hang = HangDetector(10)
+    hang.observe(0, 5.0, waiting=3, now=0)
+    v = hang.observe(0, 5.0, waiting=3, now=10)
+    assert v is not None and v.health is Health.HUNG and "0 requests running, 3 waiting" in v.reason
+    idle = HangDetector(10)
+    idle.observe(0, 5.0, waiting=0, now=0)
+    assert idle.observe(0, 5.0, waiting=0, now=100).health is Health.PROGRESSING
+
+
+def test_a_gap_in_the_readings_restarts_the_hang_clock():
+    hang = HangDetector(10)
+    hang.observe(1, 5.0, now=0)
+    assert hang.observe(None, None, now=5) is None
+    hang.observe(1, 5.0, now=20)  # back: the clock starts here, not at 0
+    assert hang.observe(1, 5.0, now=29) is None
+    assert hang.observe(1, 5.0, now=30).health is Health.HUNG
+
+
+async def test_health_probe_is_unhealthy_after_the_threshold_and_healthy_again():
+    status = {"code": 503}
+
+    async def health(_request):
+        return web.Response(status=status["code"])
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    http = HttpClient()
+    try:
+        probe = HealthProbe(http, f"http://127.0.0.1:{port}", fail_threshold=2)
+        assert await probe.probe() is None
+        v = await probe.probe()
+        assert v.health is Health.UNHEALTHY and v.condition == "health" and "HTTP 503, 2 times" in v.reason
+        status["code"] = 200
+        assert (await probe.probe()).health is Health.HEALTHY and await probe.ok()
+    finally:
+        await http.close()
+        await runner.cleanup()
+
+
+def test_sampler_events_take_the_dotted_kinds():
+    collect = EventCollector()
+    collect("gpu_lost", "critical", "GPU 3 fell off the bus", {"gpu": 3})  # the GPU sampler's older names
+    collect("xid", "error", "XID 79", None)
+    events = collect.drain()
+    assert [(e.kind, e.severity) for e in events] == [(EventKind.GPU_LOST, Severity.CRITICAL),
+                                                      (EventKind.GPU_XID, Severity.ERROR)]
+    assert all(e.ts_ms is not None for e in events) and collect.drain() == []
+    ev = as_event({"kind": "scrape_outage", "severity": "warning", "message": "down", "details": {}}, run_id=7)
+    assert ev.kind is EventKind.SCRAPE_OUTAGE and ev.run_id == 7 and ev.ts_ms is None
+
+
+async def test_stages_keep_the_events_of_a_failed_tick_and_the_sla_sees_the_scraped_row():
+    class Scrape:
+        async def sample(self, tick):
+            return {"serving_row": {"ttft_p99_ms": 9000.0}}, [as_event({"kind": "scrape_recovered",
+                                                                         "severity": "info", "message": "up"})]
+
+    class Broken:
+        async def sample(self, tick):
+            await asyncio.sleep(0)
+            raise OSError("EMFILE")
+
+    tick = Tick(ts_ms=1000, t0=0.0, deadline=1.0, root=None, run_id=4)
+    sla = SlaSource(SlaTracker(SlaConfig(ttft_p99_ms=2000)))
+    assert await sample_stages([[Scrape()], [sla]], tick) is None
+    assert [e.kind for e in tick.events] == [EventKind.SCRAPE_RECOVERED, EventKind.SLA_BREACH]
+    assert tick.events[1].run_id == 4 and tick.events[1].ts_ms == 1000
+    tick = Tick(ts_ms=2000, t0=0.0, deadline=1.0, root=None, run_id=4)
+    err = await sample_stages([[Scrape(), Broken()], [sla]], tick)
+    assert isinstance(err, OSError) and [e.kind for e in tick.events] == [EventKind.SCRAPE_RECOVERED]
