@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -175,16 +171,6 @@ class FakeController:
 
     async def switch(self, profile: str, by: str) -> str:
         return await self._act("switch", profile, by)
-
-
-@contextmanager
-def short_dir() -> Iterator[Path]:
-    """A directory with a short path: AF_UNIX paths are limited to 107 bytes and pytest's tmp_path is long."""
-    d = Path(tempfile.mkdtemp(prefix="lxio", dir="/tmp"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 class ThreadedApi:

@@ -12,17 +12,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from agent_io_helpers import FakeController, short_dir
+from agent_io_helpers import FakeController
 
 from lynxtop.agent.api import ApiServer, ApiStartError
 
 TEST_GROUP = "users"  # a group that exists on Debian; the agent's operators' group in these tests
-
-
-@pytest.fixture
-def sock_dir():
-    with short_dir() as d:
-        yield d
 
 
 @pytest.fixture

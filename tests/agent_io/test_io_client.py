@@ -7,7 +7,8 @@ import socket
 import sys
 
 import pytest
-from agent_io_helpers import FakeController, ThreadedApi, short_dir
+from agent_io_helpers import FakeController, ThreadedApi
+from support.ports import short_dir
 
 from lynxtop.client import AgentClient, AgentRefused, AgentUnreachable, AsyncAgentClient
 from lynxtop.contract.status import ServingState, Status

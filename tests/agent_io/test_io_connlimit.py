@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import aiohttp
 import pytest
-from agent_io_helpers import FakeController, short_dir
+from agent_io_helpers import FakeController
 
 from lynxtop.agent.api import ApiServer
 from lynxtop.agent.connguard import Episodes
@@ -37,12 +37,6 @@ class GatedController(FakeController):
         self.waiting += 1
         await self.gate.wait()
         return super().status()
-
-
-@pytest.fixture
-def sock_dir():
-    with short_dir() as d:
-        yield d
 
 
 async def _api(sock_dir, ctl=None, **kw):

@@ -12,7 +12,8 @@ import time
 from dataclasses import replace
 
 import pytest
-from agent_io_helpers import FakeController, ThreadedApi, short_dir
+from agent_io_helpers import FakeController, ThreadedApi
+from support.ports import short_dir
 
 from lynxtop import ctl
 from lynxtop.__main__ import main
