@@ -30,7 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import _support  # noqa: F401 - puts tests/ on sys.path for `support`
 import slowloris
+from support.agent_config import sim_profile, write_agent_config
+from support.ports import free_port
 
 from lynxtop.agent import procs
 
@@ -65,12 +68,6 @@ def wait_ready(sock: str, not_run: int | None, timeout: float) -> dict:
     raise TimeoutError(f"no ready run within {timeout} s (last: {st and st['serving']})")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=20)
@@ -80,36 +77,14 @@ def main() -> int:
     args = ap.parse_args()
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="lynxtop-faults-"))
-    sim = Path(sys.executable).parent / "lynxtop-sim-vllm"
     sock = str(tmp / "agent.sock")
     db = tmp / "state" / "lynxtop.db"
-    cfg = tmp / "config.toml"
     metrics_port = free_port()
-    cfg.write_text(f"""
-[agent]
-database = "{db}"
-socket = "{sock}"
-metrics_listen = "127.0.0.1:{metrics_port}"
-fake_nvml = "sim"
-sample_interval_s = 0.2
-default_profile = "sim"
-autostart = true
-backoff_initial_s = 0.1
-backoff_max_s = 0.5
-crash_loop_failures = 1000
-gpu_release_timeout_s = 10
-
-[[profile]]
-name = "sim"
-executable = "{sim}"
-model = "deepseek-ai/DeepSeek-V4.1"
-port = {free_port()}
-tensor_parallel_size = 8
-extra_args = ["--sim-startup-seconds", "0.3"]
-readiness_timeout_s = 60
-stop_grace_s = 5
-shutdown_timeout_s = 1
-""")
+    cfg = write_agent_config(tmp / "config.toml", db, sock, metrics_listen=f"127.0.0.1:{metrics_port}",
+                             fake_nvml="sim", sample_interval_s=0.2, default_profile="sim", autostart=True,
+                             backoff_initial_s=0.1, backoff_max_s=0.5, crash_loop_failures=1000,
+                             gpu_release_timeout_s=10,
+                             profiles=sim_profile("sim", readiness_timeout_s=60, stop_grace_s=5))
     env = dict(os.environ, LYNXTOP_SIM_STATE_DIR=str(tmp / "sim-state"))
     env.pop("NOTIFY_SOCKET", None)
     log = open(tmp / "agent.log", "wb")  # noqa: SIM115

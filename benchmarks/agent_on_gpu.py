@@ -21,6 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import _support  # noqa: F401 - puts tests/ on sys.path for `support`
+from support.agent_config import write_agent_config
+
 
 def main() -> int:
     import torch
@@ -29,8 +32,7 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="lynxtop-agent-gpu-"))
     db, sock = tmp / "lynxtop.db", tmp / "agent.sock"
-    cfg = tmp / "config.toml"
-    cfg.write_text(f'[agent]\ndatabase = "{db}"\nsocket = "{sock}"\nsample_interval_s = 0.5\n')
+    cfg = write_agent_config(tmp / "config.toml", db, sock, sample_interval_s=0.5)
     log = open(tmp / "agent.log", "w")  # noqa: SIM115 - closed below
     agent = subprocess.Popen([sys.executable, "-m", "lynxtop", "agent", "--config", str(cfg)],
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

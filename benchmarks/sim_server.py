@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,14 +23,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import _support  # noqa: F401 - puts tests/ on sys.path for `support`
+from support.ports import free_port
+
 from lynxtop.agent.sim.loadgen import bench
 from lynxtop.agent.sim.model import TARGET_PLATEAU_TOKENS_PER_S, TARGET_PLATEAU_TPOT_S
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

@@ -35,6 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _support  # noqa: F401 - puts tests/ on sys.path for `support`
+from support.agent_config import sim_profile, write_agent_config
+from support.ports import free_port
+
 ATTACKER_ADDR = "127.0.0.2"  # all of 127/8 is loopback on Linux; Prometheus scrapes from 127.0.0.1
 HEADER = b"GET /v1/status HTTP/1.1\r\nHost: agent\r\nUser-Agent: slowloris\r\nX-a: " + b"b" * 4000
 AGENT_NOFILE = 1024
@@ -257,12 +261,6 @@ def agent_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (AGENT_NOFILE, AGENT_NOFILE))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=20.0)
@@ -270,31 +268,11 @@ def main() -> int:
     ap.add_argument("--tcp", type=int, default=1100)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="lynxtop-slowloris-"))
-    sim = Path(sys.executable).parent / "lynxtop-sim-vllm"
     sock = str(tmp / "agent.sock")
     port = free_port()
-    cfg = tmp / "config.toml"
-    cfg.write_text(f"""
-[agent]
-database = "{tmp / 'state' / 'lynxtop.db'}"
-socket = "{sock}"
-fake_nvml = "sim"
-sample_interval_s = 0.2
-metrics_listen = "127.0.0.1:{port}"
-default_profile = "sim"
-autostart = true
-
-[[profile]]
-name = "sim"
-executable = "{sim}"
-model = "deepseek-ai/DeepSeek-V4.1"
-port = {free_port()}
-tensor_parallel_size = 8
-extra_args = ["--sim-startup-seconds", "0.3"]
-readiness_timeout_s = 60
-stop_grace_s = 5
-shutdown_timeout_s = 1
-""")
+    cfg = write_agent_config(tmp / "config.toml", tmp / "state" / "lynxtop.db", sock, fake_nvml="sim",
+                             sample_interval_s=0.2, metrics_listen=f"127.0.0.1:{port}", default_profile="sim",
+                             autostart=True, profiles=sim_profile("sim", readiness_timeout_s=60, stop_grace_s=5))
     env = dict(os.environ, LYNXTOP_SIM_STATE_DIR=str(tmp / "sim-state"))
     env.pop("NOTIFY_SOCKET", None)
     log_path = tmp / "agent.log"
