@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from rv_support import PREPARE, Agent, describe, free_port, kill_tree, operators_group, vllm_processes
+from rv_support import PREPARE, Agent, describe, kill_tree, operators_group, vllm_processes
+from support.agent_config import agent_toml, profile
+from support.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -50,50 +52,23 @@ def prepared() -> Prepared:
                     model=Path(info["model"]))
 
 
-def _toml_str(s: str) -> str:
-    return json.dumps(s)  # a JSON string is a valid TOML basic string
-
-
 def agent_config(prepared: Prepared, state: Path, port: int) -> str:
     """Three profiles on one port: the main one, a switch target and one that vLLM rejects at start-up."""
-    env = "{ " + ", ".join(f"{k} = {_toml_str(v)}" for k, v in prepared.env().items()) + " }"
-    common = (f'executable = {_toml_str(str(prepared.vllm))}\nmodel = {_toml_str(str(prepared.model))}\n'
-              f'served_model_name = "tiny"\nport = {port}\nmax_model_len = 512\nshutdown_timeout_s = 10\n'
-              f'stop_grace_s = 40\nreadiness_timeout_s = 400\nenv = {env}\n')
-    return f"""
-[agent]
-database = {_toml_str(str(state / "lynxtop.db"))}
-socket = {_toml_str(str(state / "agent.sock"))}
-socket_group = {_toml_str(operators_group())}
-log_dir = {_toml_str(str(state / "logs"))}
-sample_interval_s = 1.0
-backoff_initial_s = 2
-backoff_max_s = 4
-crash_loop_failures = 4
-gpu_release_timeout_s = 30
-live_restore = true
+    flags = ["--dtype", "float32", "--enforce-eager"]
 
-[sla]
-window_s = 900
+    def tiny(name: str, description: str, **keys: object) -> str:
+        return profile(name, prepared.vllm, model=str(prepared.model), port=port, description=description,
+                       **keys, served_model_name="tiny", max_model_len=512, shutdown_timeout_s=10, stop_grace_s=40,
+                       readiness_timeout_s=400, env=prepared.env())
 
-[[profile]]
-name = "tiny"
-description = "tiny random Llama on vLLM's CPU build"
-max_num_seqs = 8
-extra_args = ["--dtype", "float32", "--enforce-eager"]
-{common}
-[[profile]]
-name = "tiny-b"
-description = "same model, fewer sequences: the switch target"
-max_num_seqs = 4
-extra_args = ["--dtype", "float32", "--enforce-eager"]
-{common}
-[[profile]]
-name = "badflag"
-description = "a flag vLLM rejects: must end in an event quoting vLLM and in backoff"
-extra_args = ["--dtype", "float32", "--enforce-eager", "--no-such-flag-lynxtop"]
-{common}
-"""
+    return agent_toml(
+        state / "lynxtop.db", state / "agent.sock", socket_group=operators_group(), log_dir=state / "logs",
+        sample_interval_s=1.0, backoff_initial_s=2, backoff_max_s=4, crash_loop_failures=4, gpu_release_timeout_s=30,
+        live_restore=True, sla={"window_s": 900},
+        profiles=[tiny("tiny", "tiny random Llama on vLLM's CPU build", max_num_seqs=8, extra_args=flags),
+                  tiny("tiny-b", "same model, fewer sequences: the switch target", max_num_seqs=4, extra_args=flags),
+                  tiny("badflag", "a flag vLLM rejects: must end in an event quoting vLLM and in backoff",
+                       extra_args=[*flags, "--no-such-flag-lynxtop"])])
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
+from support import waits
 
 HERE = Path(__file__).resolve().parent
 PREPARE = HERE / "prepare.py"
@@ -34,26 +35,8 @@ PREPARE = HERE / "prepare.py"
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:
-    """Poll until pred() is truthy; the failure names what we waited for and the last value seen."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = pred()
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}"[:3000])
-        time.sleep(interval)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """support.waits.wait_for, where a refused connection or a half answer only means "not yet"."""
+    return waits.wait_for(pred, timeout, what, interval, ignore=(OSError, http.client.HTTPException, ValueError))
 
 
 # ------------------------------------------------------------------------------------------ agent

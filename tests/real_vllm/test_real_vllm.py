@@ -28,7 +28,6 @@ from rv_support import (
     counter,
     exact_quantile,
     families,
-    free_port,
     histogram,
     histogram_mean,
     histogram_quantile,
@@ -39,6 +38,7 @@ from rv_support import (
     vllm_tree,
     wait_for,
 )
+from support.ports import free_port
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(1500)]  # the first test may build the cache
 
