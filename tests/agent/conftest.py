@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 from support.agent_config import agent_toml, profile, sim_profile
+from support.agent_proc import sim_processes
+from support.db import db_rows
 from support.ports import free_port
 from support.waits import wait_for_async as wait_for
 
@@ -86,15 +87,6 @@ def store(tmp_path):
     w.close()
 
 
-def db_rows(path: Path, sql: str, args=()) -> list[dict]:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql, args)]
-    finally:
-        conn.close()
-
-
 @pytest.fixture
 async def make_sup(tmp_path, store):
     made: list[Supervisor] = []
@@ -134,3 +126,17 @@ class Helpers:
 @pytest.fixture
 def h() -> type[Helpers]:
     return Helpers
+
+
+@pytest.fixture
+def cleanup(tmp_path):
+    """End-to-end tests append their support.agent_proc.Agent here: killed, with their servers, at teardown."""
+    agents: list = []
+    yield agents
+    for a in agents:
+        if a.proc.poll() is None:
+            a.proc.kill()
+            a.proc.wait(5)
+    for pid in sim_processes(tmp_path / "sim-state"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

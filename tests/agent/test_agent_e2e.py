@@ -11,8 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from support.agent_config import sim_profile, write_agent_config
+from support.agent_proc import Agent, e2e_config, sim_processes, state_db
 
 from lynxtop.agent import procs
 
@@ -30,125 +28,8 @@ pytestmark = pytest.mark.timeout(90)
 PEER_PYTHON = "/usr/bin/python3"  # stdlib only; the venv's interpreter may not be readable by 'nobody'
 
 
-def _config(tmp: Path, autostart: bool = True, extra_agent: str = "", sock: Path | None = None,
-            sim_args: tuple[str, ...] = ()) -> Path:
-    profiles = [sim_profile(name, tp=tp, startup_s=0.5, sim_args=("--sim-log-interval", "1", *sim_args),
-                            stop_grace_s=5) for name, tp in (("v4-tp8", 8), ("v4-tp4", 4))]
-    return write_agent_config(tmp / "config.toml", tmp / "state" / "lynxtop.db", sock or tmp / "run" / "agent.sock",
-                              fake_nvml="sim", sample_interval_s=0.2, default_profile="v4-tp8", autostart=autostart,
-                              backoff_initial_s=0.3, backoff_max_s=1, gpu_release_timeout_s=10, extra=extra_agent,
-                              profiles=profiles)
-
-
-class Agent:
-    """One agent process plus the notify socket it reports to."""
-
-    def __init__(self, tmp: Path, cfg: Path, name: str = "agent", sock: Path | None = None):
-        self.tmp, self.cfg = tmp, cfg
-        self.sock_path = str(sock or tmp / "run" / "agent.sock")
-        self.notify_path = str(tmp / f"{name}.notify")
-        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.notify.bind(self.notify_path)
-        self.notify.setblocking(False)
-        self.messages: list[str] = []
-        env = dict(os.environ, NOTIFY_SOCKET=self.notify_path, WATCHDOG_USEC="1000000",
-                   LYNXTOP_SIM_STATE_DIR=str(tmp / "sim-state"))
-        self.log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "lynxtop", "agent", "--config", str(cfg)],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
-
-    def drain(self) -> list[str]:
-        while True:
-            try:
-                self.messages.append(self.notify.recv(4096).decode())
-            except BlockingIOError:
-                return self.messages
-
-    async def wait_notify(self, text: str, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(text in m for m in self.drain()):
-                return
-            assert self.proc.poll() is None, f"agent exited {self.proc.returncode}: {self.output()}"
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"no {text} from the agent in {timeout} s: {self.messages}\n{self.output()}")
-
-    def output(self) -> str:
-        self.log.flush()
-        return (self.tmp / Path(self.log.name).name).read_text(errors="replace")[-3000:]
-
-    async def api(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-        conn = aiohttp.UnixConnector(path=self.sock_path)
-        async with aiohttp.ClientSession(connector=conn) as s, \
-                s.request(method, f"http://agent{path}", json=body) as r:
-            return r.status, await r.json()
-
-    async def status(self) -> dict:
-        return (await self.api("GET", "/v1/status"))[1]
-
-    async def wait_state(self, pred, timeout: float = 30, what: str = "state") -> dict:
-        await self.wait_notify("READY=1")
-        deadline = time.monotonic() + timeout
-        st: dict = {}
-        while time.monotonic() < deadline:
-            st = await self.status()
-            if pred(st["serving"]):
-                return st
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}: {st.get('serving')}\n{self.output()}")
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait(5)
-        self.drain()
-        self.notify.close()
-        self.log.close()
-        return rc
-
-
-def sim_processes(sim_dir: Path | None = None) -> list[int]:
-    """Live processes of simulated servers of this test (the agent's run token and this test's sim dir)."""
-    out = []
-    for pid in procs.all_pids():
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ours = f"LYNXTOP_SIM_STATE_DIR={sim_dir}".encode() in env
-        if ours and any(e.startswith(b"LYNXTOP_RUN_TOKEN=") for e in env) and procs.alive(pid):
-            out.append(pid)
-    return out
-
-
-@pytest.fixture
-def cleanup(tmp_path):
-    agents: list[Agent] = []
-    yield agents
-    for a in agents:
-        if a.proc.poll() is None:
-            a.proc.kill()
-            a.proc.wait(5)
-    for pid in sim_processes(tmp_path / "sim-state"):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def db(tmp: Path, sql: str, args=()) -> list[dict]:
-    conn = sqlite3.connect(f"file:{tmp / 'state' / 'lynxtop.db'}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql, args)]
-    finally:
-        conn.close()
-
-
 async def test_agent_ready_notify_then_sigkilled_agent_adopts_server(tmp_path, cleanup):
-    cfg = _config(tmp_path)
+    cfg = e2e_config(tmp_path)
     a = Agent(tmp_path, cfg, "a1")
     cleanup.append(a)
     await a.wait_notify("READY=1")
@@ -172,7 +53,7 @@ async def test_agent_ready_notify_then_sigkilled_agent_adopts_server(tmp_path, c
     st = await b.wait_state(lambda s: s["state"] == "ready", what="adopted ready")
     assert st["serving"]["adopted"] is True
     assert st["serving"]["run_id"] == run_id and st["serving"]["pid"] == pid
-    assert len(db(tmp_path, "SELECT id FROM runs")) == 1
+    assert len(state_db(tmp_path, "SELECT id FROM runs")) == 1
     # history and logs through the API
     code, body = await b.api("GET", "/v1/runs?limit=5")
     assert code == 200 and [r["id"] for r in body["runs"]] == [run_id]
@@ -189,14 +70,14 @@ async def test_agent_ready_notify_then_sigkilled_agent_adopts_server(tmp_path, c
     assert code == 202, body
     await b.wait_state(lambda s: s["state"] == "stopped", what="stopped")
     assert not sim_processes(tmp_path / "sim-state")
-    assert db(tmp_path, "SELECT end_reason FROM runs WHERE id = ?", (run_id,))[0]["end_reason"] == \
+    assert state_db(tmp_path, "SELECT end_reason FROM runs WHERE id = ?", (run_id,))[0]["end_reason"] == \
         "stopped by operator"
     assert b.stop(signal.SIGTERM) == 0
     assert any("STOPPING=1" in m for m in b.messages)
 
 
 async def test_sigkill_of_sim_server_restarts_and_leaves_no_engine(tmp_path, cleanup):
-    a = Agent(tmp_path, _config(tmp_path))
+    a = Agent(tmp_path, e2e_config(tmp_path))
     cleanup.append(a)
     await a.wait_notify("READY=1")
     st = await a.wait_state(lambda s: s["state"] == "ready", what="ready")
@@ -210,7 +91,8 @@ async def test_sigkill_of_sim_server_restarts_and_leaves_no_engine(tmp_path, cle
     assert time.monotonic() - t0 < 2.0
     st = await a.wait_state(lambda s: s["state"] == "ready" and s["run_id"] != run_id, what="restarted")
     assert all(not procs.alive(p) for p in old), "a process of the killed run survived (EngineCore?)"
-    ev = [e for e in db(tmp_path, "SELECT * FROM events WHERE run_id = ?", (run_id,)) if e["kind"] == "serving.crash"]
+    ev = [e for e in state_db(tmp_path, "SELECT * FROM events WHERE run_id = ?", (run_id,))
+          if e["kind"] == "serving.crash"]
     assert ev and "SIGKILL" in ev[0]["message"]
     assert a.stop() == 0
     # live restore: the new server outlived the agent
@@ -218,7 +100,7 @@ async def test_sigkill_of_sim_server_restarts_and_leaves_no_engine(tmp_path, cle
 
 
 async def test_switch_frees_sim_gpu_memory_before_new_run(tmp_path, cleanup):
-    a = Agent(tmp_path, _config(tmp_path))
+    a = Agent(tmp_path, e2e_config(tmp_path))
     cleanup.append(a)
     st = await a.wait_state(lambda s: s["state"] == "ready", what="ready")
     old_run, old_pid = st["serving"]["run_id"], st["serving"]["pid"]
@@ -229,20 +111,20 @@ async def test_switch_frees_sim_gpu_memory_before_new_run(tmp_path, cleanup):
     st = await a.wait_state(lambda s: s["state"] == "ready" and s["profile"] == "v4-tp4", what="switched")
     new_run = st["serving"]["run_id"]
     assert new_run != old_run
-    runs = {r["id"]: r for r in db(tmp_path, "SELECT * FROM runs")}
+    runs = {r["id"]: r for r in state_db(tmp_path, "SELECT * FROM runs")}
     assert runs[old_run]["end_reason"] == "switched to v4-tp4"
     started = runs[new_run]["started_ms"]
     # the last GPU sample before the new start shows no process of the old run holding memory
-    old_pids = set(json.loads(db(tmp_path, "SELECT details FROM events WHERE kind = 'serving.exited' AND run_id = ?",
-                                 (old_run,))[0]["details"])["pids"])
+    exited = "FROM events WHERE kind = 'serving.exited' AND run_id = ?"
+    old_pids = set(json.loads(state_db(tmp_path, f"SELECT details {exited}", (old_run,))[0]["details"])["pids"])
     assert old_pid in old_pids
-    exited_ms = db(tmp_path, "SELECT ts_ms FROM events WHERE kind = 'serving.exited' AND run_id = ?", (old_run,))[0]
-    last = db(tmp_path, "SELECT max(ts_ms) AS ts FROM gpu_samples WHERE ts_ms < ?", (started,))[0]["ts"]
+    exited_ms = state_db(tmp_path, f"SELECT ts_ms {exited}", (old_run,))[0]
+    last = state_db(tmp_path, "SELECT max(ts_ms) AS ts FROM gpu_samples WHERE ts_ms < ?", (started,))[0]["ts"]
     # a GPU sample was taken after the old run exited, before the new start (the same millisecond happens)
     assert last >= exited_ms["ts_ms"]
-    holders = {r["pid"] for r in db(tmp_path, "SELECT pid FROM gpu_processes WHERE ts_ms = ?", (last,))}
+    holders = {r["pid"] for r in state_db(tmp_path, "SELECT pid FROM gpu_processes WHERE ts_ms = ?", (last,))}
     assert not holders & old_pids
-    assert not [e for e in db(tmp_path, "SELECT kind FROM events") if e["kind"] == "serving.gpu_release_timeout"]
+    assert not [e for e in state_db(tmp_path, "SELECT kind FROM events") if e["kind"] == "serving.gpu_release_timeout"]
     # a profile that does not exist: 404, nothing changes
     code, body = await a.api("POST", "/v1/switch", {"profile": "nope"})
     assert code == 404
@@ -256,7 +138,7 @@ async def test_peer_outside_group_gets_403_and_changes_nothing(tmp_path, cleanup
     sock_dir = Path(tempfile.mkdtemp(prefix="lynxtop-e2e-"))  # pytest's tmp dirs are 0700: 'nobody' can't enter
     sock_dir.chmod(0o755)
     sock = sock_dir / "agent.sock"
-    a = Agent(tmp_path, _config(tmp_path, autostart=False, sock=sock), sock=sock)
+    a = Agent(tmp_path, e2e_config(tmp_path, autostart=False, sock=sock), sock=sock)
     cleanup.append(a)
     await a.wait_notify("READY=1")
     os.chmod(a.sock_path, 0o666)  # let 'nobody' reach the socket: the credential check must still hold
@@ -289,13 +171,13 @@ async def test_peer_outside_group_gets_403_and_changes_nothing(tmp_path, cleanup
                 body = await r.json()
                 assert r.status == want, (data[:40], r.status, body)
                 assert body["message"]
-    assert not db(tmp_path, "SELECT id FROM runs")
+    assert not state_db(tmp_path, "SELECT id FROM runs")
     assert a.stop() == 0
     shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 async def test_second_agent_on_the_same_socket_refuses_and_touches_nothing(tmp_path, cleanup):
-    cfg = _config(tmp_path)
+    cfg = e2e_config(tmp_path)
     a = Agent(tmp_path, cfg, "first")
     cleanup.append(a)
     st = await a.wait_state(lambda s: s["state"] == "ready", what="ready")
@@ -304,21 +186,21 @@ async def test_second_agent_on_the_same_socket_refuses_and_touches_nothing(tmp_p
     assert r.returncode == 1 and "another agent is already running" in r.stderr and "Traceback" not in r.stderr
     st2 = await a.status()
     assert st2["serving"]["pid"] == st["serving"]["pid"] and st2["serving"]["state"] == "ready"
-    assert not db(tmp_path, "SELECT id FROM events WHERE kind = 'serving.adopted'")
+    assert not state_db(tmp_path, "SELECT id FROM events WHERE kind = 'serving.adopted'")
     assert a.stop() == 0
 
 
 async def test_live_restore_off_stops_serving_with_the_agent(tmp_path, cleanup):
-    a = Agent(tmp_path, _config(tmp_path, extra_agent="live_restore = false"))
+    a = Agent(tmp_path, e2e_config(tmp_path, extra_agent="live_restore = false"))
     cleanup.append(a)
     st = await a.wait_state(lambda s: s["state"] == "ready", what="ready")
     pid = st["serving"]["pid"]
     assert a.stop() == 0
     assert not procs.alive(pid)
     assert not sim_processes(tmp_path / "sim-state")
-    run = db(tmp_path, "SELECT * FROM runs")[0]
+    run = state_db(tmp_path, "SELECT * FROM runs")[0]
     assert run["end_reason"] == "stopped with the agent" and run["ended_ms"]
-    kinds = [e["kind"] for e in db(tmp_path, "SELECT kind FROM events")]
+    kinds = [e["kind"] for e in state_db(tmp_path, "SELECT kind FROM events")]
     assert "serving.exited" in kinds and "serving.gpu_release_timeout" not in kinds
 
 
@@ -328,7 +210,7 @@ def test_agent_bad_config_and_unusable_paths_exit_with_a_message(tmp_path):
     assert r.returncode == 2 and "nope.toml" in r.stderr and "Traceback" not in r.stderr
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    cfg = _config(tmp_path, autostart=False)
+    cfg = e2e_config(tmp_path, autostart=False)
     r = subprocess.run([sys.executable, "-m", "lynxtop", "agent", "--config", str(cfg),
                         "--database", str(blocker / "sub" / "x.db")], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and "cannot create directory" in r.stderr and str(blocker) in r.stderr
@@ -339,7 +221,7 @@ async def test_hang_with_requests_running_marks_degraded_without_restart(tmp_pat
     # the engine hangs 4 s after ready: the requests must be running by then (with 1 s, a loaded CI box sent them
     # after the hang, they stayed waiting with 0 running, and the detector, which watches running requests, saw
     # no hang); a failed scrape restarts the hang clock by design, so ticks of 0.5 s give the scrape 0.4 s
-    cfg = _config(tmp_path, extra_agent="hang_timeout_s = 5", sim_args=("--sim-fail", "hang-after=4"))
+    cfg = e2e_config(tmp_path, extra_agent="hang_timeout_s = 5", sim_args=("--sim-fail", "hang-after=4"))
     cfg.write_text(cfg.read_text().replace("sample_interval_s = 0.2", "sample_interval_s = 0.5"))
     a = Agent(tmp_path, cfg)
     cleanup.append(a)
@@ -364,6 +246,6 @@ async def test_hang_with_requests_running_marks_degraded_without_restart(tmp_pat
             await asyncio.gather(*reqs, return_exceptions=True)
     assert "hang" in st["serving"]["reason"] and "no token generated" in st["serving"]["reason"]
     assert st["serving"]["pid"] == pid and procs.alive(pid)  # restart_on_hang is off: nothing restarted
-    ev = [e for e in db(tmp_path, "SELECT * FROM events") if e["kind"] == "serving.degraded.hang"]
+    ev = [e for e in state_db(tmp_path, "SELECT * FROM events") if e["kind"] == "serving.degraded.hang"]
     assert ev and ev[0]["severity"] == "error"
     assert a.stop() == 0

@@ -12,7 +12,6 @@ import contextlib
 import json
 import resource
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from support.agent_config import write_agent_config
+from support.db import db_rows
 from support.ports import free_port
 
 pytestmark = pytest.mark.timeout(90)
@@ -33,11 +33,7 @@ def _low_limit() -> None:
 
 
 def _host_rows(db: Path) -> int:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return conn.execute("SELECT count(*) FROM host_samples").fetchone()[0]
-    finally:
-        conn.close()
+    return db_rows(db, "SELECT count(*) AS n FROM host_samples")[0]["n"]
 
 
 async def test_flood_of_slow_connections_leaves_sampling_and_status_alone(tmp_path):

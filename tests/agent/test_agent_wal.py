@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_agent_e2e import Agent, _config, cleanup, db  # noqa: F401 - cleanup is a fixture
+from support.agent_proc import Agent, e2e_config, state_db
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,8 +61,8 @@ def deleted_fds(pid: int, path: Path) -> list[str]:
     return out
 
 
-async def test_outside_sqlite3_on_a_live_agent_loses_no_tick_across_a_restart(tmp_path, cleanup):  # noqa: F811
-    cfg = _config(tmp_path, autostart=False)  # sampling needs no server: host samples every 0.2 s
+async def test_outside_sqlite3_on_a_live_agent_loses_no_tick_across_a_restart(tmp_path, cleanup):
+    cfg = e2e_config(tmp_path, autostart=False)  # sampling needs no server: host samples every 0.2 s
     path = tmp_path / "state" / "lynxtop.db"
     a = Agent(tmp_path, cfg)
     cleanup.append(a)
@@ -87,8 +87,8 @@ async def test_outside_sqlite3_on_a_live_agent_loses_no_tick_across_a_restart(tm
     await asyncio.sleep(0.5)
     assert b.stop() == 0, b.output()
 
-    second = max(r["ts_ms"] for r in db(tmp_path, "SELECT ts_ms FROM events WHERE kind = 'agent.started'"))
-    ts = [r["ts_ms"] for r in db(tmp_path, "SELECT ts_ms FROM host_samples WHERE ts_ms < ? ORDER BY ts_ms",
+    second = max(r["ts_ms"] for r in state_db(tmp_path, "SELECT ts_ms FROM events WHERE kind = 'agent.started'"))
+    ts = [r["ts_ms"] for r in state_db(tmp_path, "SELECT ts_ms FROM host_samples WHERE ts_ms < ? ORDER BY ts_ms",
                                  (second,))]
     # every tick the agent took is there: the only holes are ticks its clock skipped (counted as missed)
     n = holes(ts, stop_ms)
@@ -99,12 +99,12 @@ async def test_outside_sqlite3_on_a_live_agent_loses_no_tick_across_a_restart(tm
     assert ts[-1] >= stop_ms - 2500, (f"the first agent's last surviving tick is {stop_ms - ts[-1]} ms before "
                                       f"it stopped ({ts[-1] - outside_ms} ms after the outside open)")
     assert ts[0] < outside_ms
-    assert db(tmp_path, "SELECT count(*) AS n FROM events WHERE kind = 'agent.stopped'")[0]["n"] == 2
+    assert state_db(tmp_path, "SELECT count(*) AS n FROM events WHERE kind = 'agent.stopped'")[0]["n"] == 2
 
 
-async def test_agent_notices_an_unlinked_wal_reports_it_and_keeps_every_tick(tmp_path, cleanup):  # noqa: F811
+async def test_agent_notices_an_unlinked_wal_reports_it_and_keeps_every_tick(tmp_path, cleanup):
     """An operator's `rm lynxtop.db-wal lynxtop.db-shm` on a live node: noticed, reported, nothing lost."""
-    cfg = _config(tmp_path, autostart=False)
+    cfg = e2e_config(tmp_path, autostart=False)
     path = tmp_path / "state" / "lynxtop.db"
     a = Agent(tmp_path, cfg)
     cleanup.append(a)
@@ -136,7 +136,7 @@ async def test_agent_notices_an_unlinked_wal_reports_it_and_keeps_every_tick(tmp
     missed = (await a.status())["agent"]["missed_ticks"] + 10  # the clock's own skips on a loaded box
     stop_ms = int(time.time() * 1000)
     assert a.stop() == 0, a.output()
-    ts = [r["ts_ms"] for r in db(tmp_path, "SELECT ts_ms FROM host_samples ORDER BY ts_ms")]
+    ts = [r["ts_ms"] for r in state_db(tmp_path, "SELECT ts_ms FROM host_samples ORDER BY ts_ms")]
     n = holes(ts, stop_ms)
     assert n <= missed, f"{n} ticks lost around the unlink at {unlinked_ms} (missed {missed - 10})"
     assert ts[0] < unlinked_ms - 500 and ts[-1] >= stop_ms - 2500

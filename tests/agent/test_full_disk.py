@@ -17,19 +17,15 @@ import time
 from pathlib import Path
 
 import pytest
-from test_agent_e2e import Agent, _config, cleanup, sim_processes  # noqa: F401 - cleanup is a fixture
+from support.agent_proc import Agent, e2e_config, sim_processes
+from support.db import db_rows
 
 from lynxtop.agent import procs
 
 
 def _events(store, kind: str) -> list[dict]:
     assert store.flush(10)
-    conn = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute("SELECT * FROM events WHERE kind = ? ORDER BY id", (kind,))]
-    finally:
-        conn.close()
+    return db_rows(store.path, "SELECT * FROM events WHERE kind = ? ORDER BY id", (kind,))
 
 
 async def test_adoption_restores_a_run_row_that_never_reached_the_file(make_sup, store, h):
@@ -107,9 +103,9 @@ def _fill(fs: Path) -> Path:
 
 
 @pytest.mark.timeout(150)
-async def test_restart_on_a_full_disk_records_the_run_and_keeps_serving(tmp_path, small_fs, cleanup):  # noqa: F811
+async def test_restart_on_a_full_disk_records_the_run_and_keeps_serving(tmp_path, small_fs, cleanup):
     db_path = small_fs / "lynxtop.db"
-    cfg = _config(tmp_path)
+    cfg = e2e_config(tmp_path)
     cfg.write_text(cfg.read_text().replace(str(tmp_path / "state" / "lynxtop.db"), str(db_path)))
     a = Agent(tmp_path, cfg)
     cleanup.append(a)

@@ -10,28 +10,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.agent_config import sim_profile, write_agent_config
+from support.agent_proc import sim_processes
 from support.ports import free_port, short_dir
 
-from lynxtop.agent import procs
-
 pytestmark = pytest.mark.timeout(120)
-
-
-def _sim_pids(sim_dir: Path) -> list[int]:
-    out = []
-    for pid in procs.all_pids():
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"LYNXTOP_SIM_STATE_DIR={sim_dir}".encode() in env and procs.alive(pid):
-            out.append(pid)
-    return out
 
 
 @pytest.fixture
@@ -70,7 +56,7 @@ def node():
                     agent.kill()
                     agent.wait(5)
             log.close()
-            for pid in _sim_pids(d / "sim"):
+            for pid in sim_processes(d / "sim", runs_only=False):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
