@@ -126,19 +126,8 @@ def main() -> int:
             time.sleep(1.0)
             flood = slowloris.measure(sock, metrics_port, tmp / "agent.log", args.slowloris_seconds)
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(30)
-        except subprocess.TimeoutExpired:
-            agent.kill()
+        slowloris.stop_agent(agent, tmp / "sim-state")
         log.close()
-        # the agent leaves serving running (live restore): stop what is left of this benchmark
-        for p in procs.all_pids():
-            if procs.environ_has(p, "LYNXTOP_SIM_STATE_DIR", str(tmp / "sim-state")):
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
     detect.sort()
     p99 = detect[min(len(detect) - 1, max(0, int(round(0.99 * len(detect))) - 1))] if detect else None
     print(json.dumps({

@@ -261,6 +261,21 @@ def agent_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (AGENT_NOFILE, AGENT_NOFILE))
 
 
+def stop_agent(agent: subprocess.Popen, sim_state: Path) -> None:
+    """SIGTERM the agent (killed after 30 s), then kill the simulated servers it leaves running (live restore)."""
+    from lynxtop.agent import procs
+
+    agent.send_signal(signal.SIGTERM)
+    try:
+        agent.wait(30)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+    for p in procs.all_pids():
+        if procs.environ_has(p, "LYNXTOP_SIM_STATE_DIR", str(sim_state)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=20.0)
@@ -294,18 +309,8 @@ def main() -> int:
         time.sleep(1.0)
         result = measure(sock, port, log_path, args.seconds, args.unix, args.tcp)
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(30)
-        except subprocess.TimeoutExpired:
-            agent.kill()
+        stop_agent(agent, tmp / "sim-state")
         log.close()
-        from lynxtop.agent import procs
-
-        for p in procs.all_pids():
-            if procs.environ_has(p, "LYNXTOP_SIM_STATE_DIR", str(tmp / "sim-state")):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p, signal.SIGKILL)
     result["agent_nofile"] = AGENT_NOFILE
     result["agent_log"] = str(log_path)
     print(json.dumps(result))
