@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def import_shim() -> Path:
-    """Make `import lynxtop.agent…` load this checkout: a temp `lynxtop` package linking agent/ and store/."""
+    """Make `import lynxtop.agent…` load this checkout: a temp `lynxtop` package linking agent/, store/ and contract/."""
     d = Path(tempfile.mkdtemp(prefix="lynxtop-shim-"))
     pkg = d / "lynxtop"
     pkg.mkdir()
     (pkg / "__init__.py").write_text('"""lynxtop, imported from a source checkout by benchmarks/nvml_real.py."""\n')
-    for name in ("agent", "store"):
+    for name in ("agent", "store", "contract"):
         (pkg / name).symlink_to(REPO / name, target_is_directory=True)
     sys.path.insert(0, str(d))
     for mod in [m for m in sys.modules if m == "lynxtop" or m.startswith("lynxtop.")]:
@@ -333,89 +334,104 @@ def nvlink_field_rate(nv: Any, handle: Any, links: int, fid: int) -> tuple[int, 
 # ---------------------------------------------------------------------------------------------- main
 
 
-def main() -> int:
+@dataclass
+class Bench:
+    """One run: the sampler under test, what was found, and the checks so far."""
+
+    args: argparse.Namespace
+    sampler: Any
+    static: list[dict]
+    checks: Checks
+    out: dict[str, Any]
+    events: list[tuple]
+    t_start: float
+
+    @property
+    def n(self) -> int:
+        return len(self.static)
+
+    def finish(self) -> int:
+        return finish(self.out, self.checks, self.sampler, self.events, self.t_start)
+
+
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fake", default="", help="run on a fake NVML scenario (e.g. h200x8) instead: no load phases")
     ap.add_argument("--rounds", type=int, default=200, help="ticks for the cost measurement (default 200)")
     ap.add_argument("--phase-s", type=float, default=5.0, help="seconds of each load window (default 5)")
     ap.add_argument("--self-check", action="store_true", help="only show where lynxtop is imported from")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    shim = import_shim()
-    from lynxtop.agent.gpu import sampler as sampler_mod
+
+def _backend(args: argparse.Namespace, pynvml: Any) -> tuple[Any, Any]:
+    """(factory of the NVML backend, what the raw calls are replayed on): the real NVML, or --fake's scenario."""
     from lynxtop.agent.gpu.backend import RealNvml, open_backend
 
-    if args.self_check:
-        print(json.dumps({"shim": str(shim), "sampler": str(Path(sampler_mod.__file__).resolve())}))
-        return 0
+    if not args.fake:
+        return RealNvml, pynvml
+    from lynxtop.agent.sim.gpus import SimScenario  # "sim": the simulator's node is passed in
 
-    try:
-        import pynvml
-    except ImportError:
-        print(json.dumps({"error": "nvidia-ml-py (pynvml) is not installed"}))
-        return 2
-    GpuSampler = sampler_mod.GpuSampler
+    fake = open_backend(args.fake, scenario=SimScenario)
+    return (lambda: fake), fake
 
+
+def _open(args: argparse.Namespace, gpu_sampler: Any, factory: Any) -> Bench | None:
+    """Open the sampler and print what it found; None (after printing why) when NVML cannot be sampled."""
     events: list[tuple] = []
 
     def on_event(kind: str, severity: str, message: str, details: dict | None = None) -> None:
         events.append((kind, severity, message))
         print(f"event {severity}: {message}", flush=True)
 
-    if args.fake:
-        from lynxtop.agent.sim.gpus import SimScenario  # "sim": the simulator's node is passed in
-
-        fake = open_backend(args.fake, scenario=SimScenario)
-
-        def factory() -> Any:
-            return fake
-        raw_target: Any = fake
-    else:
-        factory = RealNvml
-        raw_target = pynvml
-
     t_start = time.monotonic()
-    sampler = GpuSampler(factory, on_event=on_event)
+    sampler = gpu_sampler(factory, on_event=on_event)
     st = sampler.open()
     if st["state"] != "ok":
         print(f"cannot sample GPUs: {st['message']}", file=sys.stderr)
         print(json.dumps({"error": st["message"], "nvml": st, "checks": {}, "gpus": 0}))
-        return 2
+        return None
     static = sampler.static()
-    n = len(static)
-    print(f"NVML ok: driver {st['driver_version']}, NVML {st['nvml_version']}, {n} GPU(s)")
+    print(f"NVML ok: driver {st['driver_version']}, NVML {st['nvml_version']}, {len(static)} GPU(s)")
     for g in static:
         print("  " + json.dumps(g))
-    checks = Checks()
-    out: dict[str, Any] = {"gpus": n, "driver_version": st["driver_version"], "nvml_version": st["nvml_version"],
-                           "names": sorted({g["name"] for g in static}), "simulated": bool(args.fake)}
-
-    if n >= 2:
+    out: dict[str, Any] = {"gpus": len(static), "driver_version": st["driver_version"],
+                           "nvml_version": st["nvml_version"], "names": sorted({g["name"] for g in static}),
+                           "simulated": bool(args.fake)}
+    b = Bench(args, sampler, static, Checks(), out, events, t_start)
+    if b.n >= 2:
         for key in ("idx", "uuid", "pci_bus_id"):
             vals = [g[key] for g in static]
-            checks.check(f"distinct_{key}", vals, len(set(vals)) == n and all(v != "" for v in vals), "all distinct")
+            b.checks.check(f"distinct_{key}", vals, len(set(vals)) == b.n and all(v != "" for v in vals),
+                           "all distinct")
+    return b
 
-    # --- cost, while idle
+
+def _cost(b: Bench, gpu_sampler: Any, factory: Any, raw_target: Any, pynvml: Any) -> None:
+    """The sampler's own cost, while idle, against the raw NVML calls it makes."""
+    from lynxtop.agent.gpu.backend import RealNvml
+
+    args, n = b.args, b.n
     rec = Recorder(factory() if args.fake else RealNvml())
-    rec_sampler = GpuSampler(lambda: rec, xid_events=False)
+    rec_sampler = gpu_sampler(lambda: rec, xid_events=False)
     rec_sampler.open()
     # Three regimes. back_to_back (the headline keys): ticks and replays alternate with no pause, the way the
     # per-call figures in reference/nvml.md were measured. gap_5ms and after_idle_100ms: every call finds
     # colder caches, which is what a real 1 Hz tick pays; NVML's calls slow down as much as the Python does.
-    cost = measure_cost(sampler, rec_sampler, rec, raw_target, n, args.rounds, gap_s=0.0)
+    cost = measure_cost(b.sampler, rec_sampler, rec, raw_target, n, args.rounds, gap_s=0.0)
     for label, gap, rounds in (("gap_5ms", 0.005, args.rounds), ("after_idle_100ms", 0.1, max(args.rounds // 4, 10))):
-        c = measure_cost(sampler, rec_sampler, rec, raw_target, n, rounds, gap_s=gap)
+        c = measure_cost(b.sampler, rec_sampler, rec, raw_target, n, rounds, gap_s=gap)
         cost[label] = {k: c[k] for k in ("tick_cpu_ms_per_gpu", "tick_vs_raw_nvml_ratio", "tick_wall_ms",
                                          "raw_nvml_ms")}
     rec_sampler.close()
-    cost.update(measure_slow(GpuSampler, factory, n))
+    cost.update(measure_slow(gpu_sampler, factory, n))
     if not args.fake:
         cost["single_call_costs_gpu0"] = call_costs(pynvml)
         print("single NVML call costs on GPU 0:", json.dumps(cost["single_call_costs_gpu0"]), flush=True)
-        if static[0]["gpm_supported"]:
+        if b.static[0]["gpm_supported"]:
             cost["gpm_null_by_interval"] = gpm_nan_by_interval(RealNvml())
             print("GPM NULL answers by sample interval:", json.dumps(cost["gpm_null_by_interval"]), flush=True)
-    out.update(cost)
+    b.out.update(cost)
+    checks = b.checks
     checks.check("tick_cpu_ms_per_gpu", cost["tick_cpu_ms_per_gpu"], cost["tick_cpu_ms_per_gpu"] <= 0.25, "<= 0.25")
     ratio = cost["tick_vs_raw_nvml_ratio"]
     checks.check("tick_vs_raw_nvml_ratio", ratio, None if ratio is None else ratio <= 2.0, "<= 2.0")
@@ -423,103 +439,143 @@ def main() -> int:
         r2 = cost[label]["tick_vs_raw_nvml_ratio"]
         checks.check(f"tick_vs_raw_nvml_ratio_{label}", r2, None if r2 is None else r2 <= 2.0, "<= 2.0")
 
+
+def _idle(b: Bench, nvlinks: int) -> None:
+    idle = collect(b.sampler, 3.0)
+    for gi in range(b.n):
+        v = med(idle, gi, "sm_active_pct")
+        b.checks.check(f"idle_sm_active_gpu{gi}", v, None if v is None else v < 5, "< 5 %")
+    if nvlinks:
+        v = med(idle, 0, "nvlink_tx_bytes_per_s")
+        b.checks.check("idle_nvlink_tx_gpu0", v, None if v is None else v < 1e9, "about 0 (< 1 GB/s)")
+
+
+def _memory(b: Bench, load: Load) -> None:
+    """A known allocation on top of the context's own."""
+    before = collect(b.sampler, 1.0)
+    size = 8 << 30
+    load.send(f"alloc {size}")
+    load.expect("allocated", 60)
+    after = collect(b.sampler, 1.0)
+    m0, m1 = med(before, 0, "mem_used_bytes"), med(after, 0, "mem_used_bytes")
+    rise = None if m0 is None or m1 is None else m1 - m0
+    b.checks.check("memory_accounting", {"allocated": size, "rise": rise},
+                   None if rise is None else abs(rise - size) <= 0.05 * size, "rise within 5 % of allocated")
+
+
+_PHASE_COLS = ("util_gpu_pct", "sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct", "power_w")
+
+
+def _phase(b: Bench, load: Load, what: str, start_timeout: float = 30) -> list[list[dict]]:
+    """Run one load phase on the child and sample through it."""
+    load.send(f"{what} {b.args.phase_s + 1.5}")
+    load.expect("started", start_timeout)
+    time.sleep(0.7)
+    rows = collect(b.sampler, b.args.phase_s)
+    print("load:", load.expect("done", 60))
+    return rows
+
+
+def _matmul(b: Bench, load: Load, has_gpm: bool) -> None:
+    mm = _phase(b, load, "matmul")
+    sm, tc = med(mm, 0, "sm_active_pct"), med(mm, 0, "tensor_active_pct")
+    b.out["matmul_gpu0"] = {c: med(mm, 0, c) for c in _PHASE_COLS}
+    if has_gpm:
+        b.checks.check("matmul_sm_active", sm, None if sm is None else sm > 80, "> 80 %")
+        b.checks.check("matmul_tensor_active", tc, None if tc is None else tc > 80, "> 80 %")
+    else:
+        b.checks.set("matmul_sm_active", "ABSENT", sm, "GPM (Hopper+): SM columns are NULL here")
+    if b.n >= 2 and has_gpm:
+        v = med(mm, 1, "sm_active_pct")
+        b.checks.check("matmul_gpu1_stays_idle", v, None if v is None else v < 5, "< 5 % (load is on GPU 0)")
+
+
+def _copy(b: Bench, load: Load, has_gpm: bool) -> None:
+    """Device-to-device copy."""
+    cp = _phase(b, load, "copy")
+    b.out["copy_gpu0"] = {c: med(cp, 0, c) for c in _PHASE_COLS}
+    tc, bw = med(cp, 0, "tensor_active_pct"), med(cp, 0, "dram_bw_pct")
+    if has_gpm:
+        b.checks.check("copy_tensor_active", tc, None if tc is None else tc < 5, "< 5 %")
+        b.checks.check("copy_dram_bw", bw, None if bw is None else bw > 60, "> 60 %")
+
+
+def _nvlink(b: Bench, load: Load, pynvml: Any, nvlinks: int) -> None:
+    """Peer copy GPU 0 -> GPU 1, seen by GPM and by NVML's field counters."""
+    if b.n < 2 or nvlinks == 0:
+        b.checks.set("nvlink_p2p", "ABSENT", {"gpus": b.n, "nvlink_count": nvlinks},
+                     "NVLink needs >= 2 linked GPUs: absent here, not an error")
+        return
+    h0, h1 = pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlDeviceGetHandleByIndex(1)
+    tx_id, rx_id = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+
+    def fields() -> tuple:
+        return nvlink_field_rate(pynvml, h0, nvlinks, tx_id), nvlink_field_rate(pynvml, h1, nvlinks, rx_id)
+
+    load.send(f"p2p {b.args.phase_s + 1.5}")
+    load.expect("started", 60)
+    time.sleep(0.7)
+    f0 = fields()
+    pp = collect(b.sampler, b.args.phase_s)
+    f1 = fields()
+    print("load:", load.expect("done", 60))
+    tx0, rx1 = med(pp, 0, "nvlink_tx_bytes_per_s"), med(pp, 1, "nvlink_rx_bytes_per_s")
+    b.checks.check("p2p_gpu0_nvlink_tx_gpm", tx0, None if tx0 is None else tx0 > 10e9, "> 10 GB/s")
+    b.checks.check("p2p_gpu1_nvlink_rx_gpm", rx1, None if rx1 is None else rx1 > 10e9, "> 10 GB/s")
+    for label, a, z in (("p2p_gpu0_nvlink_tx_fields", f0[0], f1[0]), ("p2p_gpu1_nvlink_rx_fields", f0[1], f1[1])):
+        if a is None or z is None or z[1] <= a[1]:
+            b.checks.set(label, "ABSENT", None, "field counters unsupported on this driver")
+        else:
+            rate = (z[0] - a[0]) * 1024 * 1e6 / (z[1] - a[1])
+            b.checks.check(label, rate, rate > 10e9, "> 10 GB/s")
+
+
+def _load_phases(b: Bench, pynvml: Any) -> None:
+    g0 = b.static[0]
+    has_gpm = bool(g0["gpm_supported"])
+    nvlinks = int(g0["nvlink_count"] or 0)
+    _idle(b, nvlinks)
+    load = Load(0)
+    try:
+        _memory(b, load)
+        _matmul(b, load, has_gpm)
+        _copy(b, load, has_gpm)
+        _nvlink(b, load, pynvml, nvlinks)
+    finally:
+        load.close()
+
+
+def main() -> int:
+    args = _args()
+    shim = import_shim()
+    from lynxtop.agent.gpu import sampler as sampler_mod
+
+    if args.self_check:
+        print(json.dumps({"shim": str(shim), "sampler": str(Path(sampler_mod.__file__).resolve())}))
+        return 0
+    try:
+        import pynvml
+    except ImportError:
+        print(json.dumps({"error": "nvidia-ml-py (pynvml) is not installed"}))
+        return 2
+    factory, raw_target = _backend(args, pynvml)
+    b = _open(args, sampler_mod.GpuSampler, factory)
+    if b is None:
+        return 2
+    _cost(b, sampler_mod.GpuSampler, factory, raw_target, pynvml)
     if args.fake:
         for name in ("idle_sm_active", "matmul_sm_active", "matmul_tensor_active", "copy_tensor_active",
                      "copy_dram_bw", "memory_accounting"):
-            checks.set(name, "SKIP", None, "real GPU load (not with --fake)")
-        return finish(out, checks, sampler, events, t_start)
-
+            b.checks.set(name, "SKIP", None, "real GPU load (not with --fake)")
+        return b.finish()
     try:
         import torch  # noqa: F401  (only to fail early with a clear message; the load runs in a child)
     except ImportError:
         print("torch is not installed: only the cost was measured", file=sys.stderr)
-        out["error"] = "torch is not installed: load phases skipped"
-        return finish(out, checks, sampler, events, t_start)
-
-    g0 = static[0]
-    has_gpm = bool(g0["gpm_supported"])
-    nvlinks = int(g0["nvlink_count"] or 0)
-
-    # --- idle
-    idle = collect(sampler, 3.0)
-    for gi in range(n):
-        v = med(idle, gi, "sm_active_pct")
-        checks.check(f"idle_sm_active_gpu{gi}", v, None if v is None else v < 5, "< 5 %")
-    if nvlinks:
-        v = med(idle, 0, "nvlink_tx_bytes_per_s")
-        checks.check("idle_nvlink_tx_gpu0", v, None if v is None else v < 1e9, "about 0 (< 1 GB/s)")
-
-    load = Load(0)
-    try:
-        # --- memory accounting: a known allocation on top of the context's own
-        before = collect(sampler, 1.0)
-        size = 8 << 30
-        load.send(f"alloc {size}")
-        load.expect("allocated", 60)
-        after = collect(sampler, 1.0)
-        m0, m1 = med(before, 0, "mem_used_bytes"), med(after, 0, "mem_used_bytes")
-        rise = None if m0 is None or m1 is None else m1 - m0
-        checks.check("memory_accounting", {"allocated": size, "rise": rise},
-                     None if rise is None else abs(rise - size) <= 0.05 * size, "rise within 5 % of allocated")
-
-        # --- matmul
-        load.send(f"matmul {args.phase_s + 1.5}")
-        load.expect("started", 30)
-        time.sleep(0.7)
-        mm = collect(sampler, args.phase_s)
-        print("load:", load.expect("done", 60))
-        sm, tc = med(mm, 0, "sm_active_pct"), med(mm, 0, "tensor_active_pct")
-        out["matmul_gpu0"] = {c: med(mm, 0, c) for c in ("util_gpu_pct", "sm_active_pct", "sm_occupancy_pct",
-                                                           "tensor_active_pct", "dram_bw_pct", "power_w")}
-        if has_gpm:
-            checks.check("matmul_sm_active", sm, None if sm is None else sm > 80, "> 80 %")
-            checks.check("matmul_tensor_active", tc, None if tc is None else tc > 80, "> 80 %")
-        else:
-            checks.set("matmul_sm_active", "ABSENT", sm, "GPM (Hopper+): SM columns are NULL here")
-        if n >= 2 and has_gpm:
-            v = med(mm, 1, "sm_active_pct")
-            checks.check("matmul_gpu1_stays_idle", v, None if v is None else v < 5, "< 5 % (load is on GPU 0)")
-
-        # --- device-to-device copy
-        load.send(f"copy {args.phase_s + 1.5}")
-        load.expect("started", 30)
-        time.sleep(0.7)
-        cp = collect(sampler, args.phase_s)
-        print("load:", load.expect("done", 60))
-        out["copy_gpu0"] = {c: med(cp, 0, c) for c in ("util_gpu_pct", "sm_active_pct", "sm_occupancy_pct",
-                                                         "tensor_active_pct", "dram_bw_pct", "power_w")}
-        tc, bw = med(cp, 0, "tensor_active_pct"), med(cp, 0, "dram_bw_pct")
-        if has_gpm:
-            checks.check("copy_tensor_active", tc, None if tc is None else tc < 5, "< 5 %")
-            checks.check("copy_dram_bw", bw, None if bw is None else bw > 60, "> 60 %")
-
-        # --- NVLink: peer copy GPU 0 -> GPU 1
-        if n < 2 or nvlinks == 0:
-            checks.set("nvlink_p2p", "ABSENT", {"gpus": n, "nvlink_count": nvlinks},
-                       "NVLink needs >= 2 linked GPUs: absent here, not an error")
-        else:
-            h0, h1 = pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlDeviceGetHandleByIndex(1)
-            tx_id, rx_id = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
-            load.send(f"p2p {args.phase_s + 1.5}")
-            load.expect("started", 60)
-            time.sleep(0.7)
-            f0 = nvlink_field_rate(pynvml, h0, nvlinks, tx_id), nvlink_field_rate(pynvml, h1, nvlinks, rx_id)
-            pp = collect(sampler, args.phase_s)
-            f1 = nvlink_field_rate(pynvml, h0, nvlinks, tx_id), nvlink_field_rate(pynvml, h1, nvlinks, rx_id)
-            print("load:", load.expect("done", 60))
-            tx0, rx1 = med(pp, 0, "nvlink_tx_bytes_per_s"), med(pp, 1, "nvlink_rx_bytes_per_s")
-            checks.check("p2p_gpu0_nvlink_tx_gpm", tx0, None if tx0 is None else tx0 > 10e9, "> 10 GB/s")
-            checks.check("p2p_gpu1_nvlink_rx_gpm", rx1, None if rx1 is None else rx1 > 10e9, "> 10 GB/s")
-            pairs = (("p2p_gpu0_nvlink_tx_fields", f0[0], f1[0]), ("p2p_gpu1_nvlink_rx_fields", f0[1], f1[1]))
-            for label, a, b in pairs:
-                if a is None or b is None or b[1] <= a[1]:
-                    checks.set(label, "ABSENT", None, "field counters unsupported on this driver")
-                else:
-                    rate = (b[0] - a[0]) * 1024 * 1e6 / (b[1] - a[1])
-                    checks.check(label, rate, rate > 10e9, "> 10 GB/s")
-    finally:
-        load.close()
-    return finish(out, checks, sampler, events, t_start)
+        b.out["error"] = "torch is not installed: load phases skipped"
+        return b.finish()
+    _load_phases(b, pynvml)
+    return b.finish()
 
 
 def finish(out: dict, checks: Checks, sampler: Any, events: list, t_start: float) -> int:
