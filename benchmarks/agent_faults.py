@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import _support  # noqa: F401 - puts tests/ on sys.path for `support`
@@ -68,13 +69,74 @@ def wait_ready(sock: str, not_run: int | None, timeout: float) -> dict:
     raise TimeoutError(f"no ready run within {timeout} s (last: {st and st['serving']})")
 
 
-def main() -> int:
+@dataclass
+class Tally:
+    detect: list[float] = field(default_factory=list)  # seconds from SIGKILL to the serving.crash event
+    orphans: int = 0
+    restarts_ok: int = 0
+    all_old: set[int] = field(default_factory=set)
+
+
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=60.0, help="per restart")
     ap.add_argument("--slowloris-seconds", type=float, default=20.0, help="0 = no slowloris phase")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def _crash_ts(db: Path, run_id: int) -> int | None:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    row = conn.execute("SELECT ts_ms FROM events WHERE kind = 'serving.crash' AND run_id = ?", (run_id,)).fetchone()
+    conn.close()
+    return row[0] if row else None
+
+
+def _kill_once(sock: str, db: Path, st: dict, timeout: float, t: Tally) -> tuple[dict, str]:
+    """SIGKILL the serving leader, wait for the next ready run; returns its status and a line for the log."""
+    pid, run_id = st["serving"]["pid"], st["serving"]["run_id"]
+    old = set(procs.run_processes(None, pid, [pid]))
+    t.all_old |= old
+    killed_ms = time.time() * 1000
+    os.kill(pid, signal.SIGKILL)
+    try:
+        st = wait_ready(sock, run_id, timeout)
+        t.restarts_ok += 1
+    except TimeoutError as exc:
+        print(f"{exc}", file=sys.stderr)
+        st = wait_ready(sock, run_id, timeout)
+    left = [p for p in old if procs.alive(p)]
+    t.orphans += len(left)
+    crash = _crash_ts(db, run_id)
+    if crash is not None:
+        t.detect.append((crash - killed_ms) / 1000)
+    return st, (f"run {run_id} pid {pid} ({len(old)} processes) -> run {st['serving']['run_id']}; detected in "
+                f"{t.detect[-1] if crash is not None else float('nan'):.3f} s; left behind: {left}")
+
+
+def _report(args: argparse.Namespace, t: Tally, flood: dict) -> int:
+    detect = sorted(t.detect)
+    p99 = detect[min(len(detect) - 1, max(0, int(round(0.99 * len(detect))) - 1))] if detect else None
+    print(json.dumps({
+        "detect_p99_s": round(p99, 4) if p99 is not None else None,
+        "detect_median_s": round(statistics.median(detect), 4) if detect else None,
+        "detect_max_s": round(detect[-1], 4) if detect else None,
+        "orphans_left": t.orphans,
+        "restarts_ok": t.restarts_ok,
+        "kills": args.kills,
+        "processes_killed_runs": len(t.all_old),
+        "agent_nofile": slowloris.AGENT_NOFILE,
+        **{k: v for k, v in flood.items() if not k.startswith("agent_")},
+    }))
+    flood_ok = not flood or ((flood["status_p99_ms_under_slowloris"] or 1e9) <= 100
+                             and flood["ticks_missed_under_slowloris"] == 0
+                             and flood["log_bytes_under_slowloris"] <= 1 << 20)
+    return 0 if t.restarts_ok == args.kills and t.orphans == 0 and flood_ok else 1
+
+
+def main() -> int:
+    args = _args()
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="lynxtop-faults-"))
     sock = str(tmp / "agent.sock")
@@ -91,36 +153,13 @@ def main() -> int:
     agent = subprocess.Popen([sys.executable, "-m", "lynxtop", "agent", "--config", str(cfg)], stdout=log,
                              stderr=subprocess.STDOUT, env=env, preexec_fn=slowloris.agent_limit)
     flood: dict = {}
-    detect: list[float] = []
-    orphans = 0
-    restarts_ok = 0
-    all_old: set[int] = set()
+    tally = Tally()
     try:
         st = wait_ready(sock, None, args.timeout)
         for i in range(args.kills):
             time.sleep(rng.uniform(0.1, 1.0))  # a random moment in the serving life
-            pid, run_id = st["serving"]["pid"], st["serving"]["run_id"]
-            old = set(procs.run_processes(None, pid, [pid]))
-            all_old |= old
-            killed_ms = time.time() * 1000
-            os.kill(pid, signal.SIGKILL)
-            try:
-                st = wait_ready(sock, run_id, args.timeout)
-                restarts_ok += 1
-            except TimeoutError as exc:
-                print(f"kill {i + 1}: {exc}", file=sys.stderr)
-                st = wait_ready(sock, run_id, args.timeout)
-            left = [p for p in old if procs.alive(p)]
-            orphans += len(left)
-            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-            row = conn.execute("SELECT ts_ms FROM events WHERE kind = 'serving.crash' AND run_id = ?",
-                               (run_id,)).fetchone()
-            conn.close()
-            if row:
-                detect.append((row[0] - killed_ms) / 1000)
-            print(f"kill {i + 1}/{args.kills}: run {run_id} pid {pid} ({len(old)} processes) -> run "
-                  f"{st['serving']['run_id']}; detected in {detect[-1] if row else float('nan'):.3f} s; "
-                  f"left behind: {left}", file=sys.stderr)
+            st, line = _kill_once(sock, db, st, args.timeout, tally)
+            print(f"kill {i + 1}/{args.kills}: {line}", file=sys.stderr)
         if args.slowloris_seconds > 0:
             wait_ready(sock, None, args.timeout)
             time.sleep(1.0)
@@ -128,23 +167,7 @@ def main() -> int:
     finally:
         slowloris.stop_agent(agent, tmp / "sim-state")
         log.close()
-    detect.sort()
-    p99 = detect[min(len(detect) - 1, max(0, int(round(0.99 * len(detect))) - 1))] if detect else None
-    print(json.dumps({
-        "detect_p99_s": round(p99, 4) if p99 is not None else None,
-        "detect_median_s": round(statistics.median(detect), 4) if detect else None,
-        "detect_max_s": round(detect[-1], 4) if detect else None,
-        "orphans_left": orphans,
-        "restarts_ok": restarts_ok,
-        "kills": args.kills,
-        "processes_killed_runs": len(all_old),
-        "agent_nofile": slowloris.AGENT_NOFILE,
-        **{k: v for k, v in flood.items() if not k.startswith("agent_")},
-    }))
-    flood_ok = not flood or ((flood["status_p99_ms_under_slowloris"] or 1e9) <= 100
-                             and flood["ticks_missed_under_slowloris"] == 0
-                             and flood["log_bytes_under_slowloris"] <= 1 << 20)
-    return 0 if restarts_ok == args.kills and orphans == 0 and flood_ok else 1
+    return _report(args, tally, flood)
 
 
 if __name__ == "__main__":
