@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,64 +90,75 @@ def _p(values: list[float], q: float) -> float | None:
 # ---------------------------------------------------------------------------------------------- the attacker
 
 
-def _attacker(sock_path: str, port: int, n_unix: int, n_tcp: int, seconds: float, out: Any) -> None:
-    """Keeps n_unix + n_tcp connections open against the agent for `seconds`; reports what it saw."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, n_unix + n_tcp + 512)), hard))
-    sel = selectors.DefaultSelector()
-    conns: dict[socket.socket, dict[str, Any]] = {}
-    opened = closed_by_agent = connect_errors = refused_503 = 0
+class _Attack:
+    """The attacker's connections: opened again when the agent closes them, each unix one trickling a header."""
 
-    def open_one(kind: str) -> None:
-        nonlocal opened, connect_errors
-        try:
-            if kind == "unix":
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    def __init__(self, sock_path: str, port: int):
+        self.sock_path, self.port = sock_path, port
+        self.sel = selectors.DefaultSelector()
+        self.conns: dict[socket.socket, dict[str, Any]] = {}
+        self.opened = self.closed_by_agent = self.connect_errors = self.refused_503 = 0
+
+    def _connect(self, kind: str) -> socket.socket:
+        if kind == "unix":
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
                 s.setblocking(False)
-                s.connect(sock_path)
-            else:
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                s.bind((ATTACKER_ADDR, 0))  # another loopback address: the attacker is another host
-                s.setblocking(False)
-                with contextlib.suppress(BlockingIOError):
-                    s.connect(("127.0.0.1", port))
-        except OSError:
-            connect_errors += 1
-            with contextlib.suppress(Exception):
+                s.connect(self.sock_path)
+            except OSError:
                 s.close()
-            return
-        opened += 1
-        conns[s] = {"kind": kind, "sent": 0}
-        sel.register(s, selectors.EVENT_READ)
+                raise
+            return s
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind((ATTACKER_ADDR, 0))  # another loopback address: the attacker is another host
+            s.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                s.connect(("127.0.0.1", self.port))
+        except OSError:
+            s.close()
+            raise
+        return s
 
-    def drop(s: socket.socket) -> None:
-        sel.unregister(s)
-        conns.pop(s, None)
+    def open_one(self, kind: str) -> None:
+        try:
+            s = self._connect(kind)
+        except OSError:
+            self.connect_errors += 1
+            return
+        self.opened += 1
+        self.conns[s] = {"kind": kind, "sent": 0}
+        self.sel.register(s, selectors.EVENT_READ)
+
+    def drop(self, s: socket.socket) -> None:
+        self.sel.unregister(s)
+        self.conns.pop(s, None)
         s.close()
 
-    end = time.monotonic() + seconds
-    held_samples: list[int] = []
-    while time.monotonic() < end:
-        # one cycle a second, like slowloris (its default is 15 s): open again what the agent closed, then one
-        # more byte of a header that never ends on every unix connection, then watch for closes
-        for kind, want in (("unix", n_unix), ("tcp", n_tcp)):
-            have = sum(1 for c in conns.values() if c["kind"] == kind)
+    def top_up(self, wants: dict[str, int]) -> None:
+        for kind, want in wants.items():
+            have = sum(1 for c in self.conns.values() if c["kind"] == kind)
             for _ in range(want - have):
-                open_one(kind)
-        for s, c in list(conns.items()):
-            if c["kind"] == "unix" and c["sent"] < len(HEADER):
-                try:
-                    s.send(HEADER[c["sent"]:c["sent"] + 1])
-                    c["sent"] += 1
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    closed_by_agent += 1
-                    drop(s)
-        held_samples.append(len(conns))
-        cycle_end = min(end, time.monotonic() + 1.0)
-        while time.monotonic() < cycle_end:
-            for key, _ in sel.select(timeout=max(0.0, cycle_end - time.monotonic())):
+                self.open_one(kind)
+
+    def trickle(self) -> None:
+        """One more byte of a header that never ends, on every unix connection."""
+        for s, c in list(self.conns.items()):
+            if c["kind"] != "unix" or c["sent"] >= len(HEADER):
+                continue
+            try:
+                s.send(HEADER[c["sent"]:c["sent"] + 1])
+                c["sent"] += 1
+            except BlockingIOError:
+                pass
+            except OSError:
+                self.closed_by_agent += 1
+                self.drop(s)
+
+    def watch(self, until: float) -> None:
+        """Count the agent's answers (a 503) and closes until `until` (monotonic)."""
+        while time.monotonic() < until:
+            for key, _ in self.sel.select(timeout=max(0.0, until - time.monotonic())):
                 s = key.fileobj
                 try:
                     data = s.recv(65536)
@@ -155,28 +167,100 @@ def _attacker(sock_path: str, port: int, n_unix: int, n_tcp: int, seconds: float
                 except OSError:
                     data = b""
                 if data.startswith(b"HTTP/1.1 503"):
-                    refused_503 += 1
+                    self.refused_503 += 1
                 if not data:
-                    closed_by_agent += 1
-                    drop(s)
-    # what the agent still holds at the end: connections it has not closed
-    held = 0
-    for s in list(conns):
-        try:
-            held += s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-        except BlockingIOError:
-            held += 1
-        except OSError:
-            pass
-    for s in list(conns):
-        drop(s)
-    out.send({"opened": opened, "closed_by_agent": closed_by_agent, "connect_errors": connect_errors,
-              "refused_503": refused_503, "held_at_end": held, "client_open_median": statistics.median(held_samples)
-              if held_samples else 0})
+                    self.closed_by_agent += 1
+                    self.drop(s)
+
+    def held_at_end(self) -> int:
+        """Connections the agent has not closed."""
+        held = 0
+        for s in list(self.conns):
+            try:
+                held += s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+            except BlockingIOError:
+                held += 1
+            except OSError:
+                pass
+        return held
+
+
+def _attacker(sock_path: str, port: int, n_unix: int, n_tcp: int, seconds: float, out: Any) -> None:
+    """Keeps n_unix + n_tcp connections open against the agent for `seconds`; reports what it saw."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, n_unix + n_tcp + 512)), hard))
+    a = _Attack(sock_path, port)
+    end = time.monotonic() + seconds
+    held_samples: list[int] = []
+    while time.monotonic() < end:
+        # one cycle a second, like slowloris (its default is 15 s): open again what the agent closed, then one
+        # more byte of a header that never ends on every unix connection, then watch for closes
+        a.top_up({"unix": n_unix, "tcp": n_tcp})
+        a.trickle()
+        held_samples.append(len(a.conns))
+        a.watch(min(end, time.monotonic() + 1.0))
+    held = a.held_at_end()
+    for s in list(a.conns):
+        a.drop(s)
+    out.send({"opened": a.opened, "closed_by_agent": a.closed_by_agent, "connect_errors": a.connect_errors,
+              "refused_503": a.refused_503, "held_at_end": held,
+              "client_open_median": statistics.median(held_samples) if held_samples else 0})
     out.close()
 
 
 # ---------------------------------------------------------------------------------------------- measuring
+
+
+def _timed_ms(fn: Any, *args: Any) -> tuple[Any, float]:
+    """(what fn returned, milliseconds); a failed call (None or False) counts as 5 s (the client's timeout)."""
+    t0 = time.perf_counter()
+    got = fn(*args)
+    return got, (time.perf_counter() - t0) * 1000 if got is not None and got is not False else 5000.0
+
+
+def _baseline(sock: str, metrics_port: int, seconds: float) -> list[float]:
+    """/v1/status latencies before the flood: what this machine gives without it."""
+    base: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        base.append(_timed_ms(status, sock)[1])
+        _metrics_ok(metrics_port)
+        time.sleep(0.05)
+    return base
+
+
+@dataclass
+class _Probe:
+    """What an operator's client and a scraper saw while the flood went on."""
+
+    lat: list[float] = field(default_factory=list)
+    mlat: list[float] = field(default_factory=list)
+    failures: int = 0
+    mfailures: int = 0
+    held_by_agent: list[int] = field(default_factory=list)
+
+    def run(self, sock: str, metrics_port: int, until: float) -> None:
+        while time.monotonic() < until:
+            st, dt = _timed_ms(status, sock)
+            self.failures += st is None
+            if st is not None:
+                conns = st["agent"].get("connections") or {}
+                self.held_by_agent.append(sum(c.get("open", 0) for c in conns.values()))
+            self.lat.append(dt)
+            ok, dt = _timed_ms(_metrics_ok, metrics_port)
+            self.mlat.append(dt)
+            self.mfailures += not ok
+            time.sleep(0.05)
+
+
+def _ms(values: list[float], q: float | None = None) -> float | None:
+    if not values:
+        return None
+    return round(statistics.median(values) if q is None else _p(values, q), 1)
+
+
+def _delta(after: dict, before: dict, key: str) -> int | None:
+    return (after.get(key, 0) - before.get(key, 0)) if after else None
 
 
 def measure(sock: str, metrics_port: int, log_path: Path, seconds: float = 20.0, n_unix: int = 1500,
@@ -184,14 +268,7 @@ def measure(sock: str, metrics_port: int, log_path: Path, seconds: float = 20.0,
     """Attack a running agent for `seconds`; return the slowloris_* keys."""
     import psutil
 
-    base: list[float] = []  # the same calls before the flood: what this machine gives without it
-    end = time.monotonic() + min(10.0, seconds / 2)
-    while time.monotonic() < end:
-        t0 = time.perf_counter()
-        ok = status(sock) is not None
-        base.append((time.perf_counter() - t0) * 1000 if ok else 5000.0)
-        _metrics_ok(metrics_port)
-        time.sleep(0.05)
+    base = _baseline(sock, metrics_port, min(10.0, seconds / 2))
     before = status(sock) or {}
     agent = psutil.Process(before["agent"]["pid"]) if before else None
     cpu0 = agent.cpu_times() if agent else None
@@ -201,27 +278,8 @@ def measure(sock: str, metrics_port: int, log_path: Path, seconds: float = 20.0,
                                           daemon=True)
     proc.start()
     time.sleep(1.0)  # let the flood build up first
-    lat: list[float] = []
-    mlat: list[float] = []
-    failures = mfailures = 0
-    held_by_agent: list[int] = []
-    deadline = time.monotonic() + seconds - 1.5
-    while time.monotonic() < deadline:
-        t0 = time.perf_counter()
-        st = status(sock)
-        dt = (time.perf_counter() - t0) * 1000
-        if st is None:
-            failures += 1
-            dt = 5000.0
-        else:
-            conns = st["agent"].get("connections") or {}
-            held_by_agent.append(sum(c.get("open", 0) for c in conns.values()))
-        lat.append(dt)
-        t0 = time.perf_counter()
-        ok = _metrics_ok(metrics_port)
-        mlat.append((time.perf_counter() - t0) * 1000 if ok else 5000.0)
-        mfailures += not ok
-        time.sleep(0.05)
+    probe = _Probe()
+    probe.run(sock, metrics_port, time.monotonic() + seconds - 1.5)
     cpu1 = agent.cpu_times() if agent else None
     report = parent.recv() if parent.poll(seconds + 30) else {}
     proc.join(10)
@@ -230,18 +288,18 @@ def measure(sock: str, metrics_port: int, log_path: Path, seconds: float = 20.0,
     a0, a1 = before.get("agent", {}), after.get("agent", {})
     return {
         # the attacker's connections the agent holds at once (its own count; the cap bounds it)
-        "slowloris_conns_held": max(held_by_agent) if held_by_agent else None,
+        "slowloris_conns_held": max(probe.held_by_agent) if probe.held_by_agent else None,
         "slowloris_conns_held_at_end": report.get("held_at_end"),
-        "status_p99_ms_under_slowloris": round(_p(lat, 0.99), 1) if lat else None,
-        "status_median_ms_under_slowloris": round(statistics.median(lat), 1) if lat else None,
-        "status_failures_under_slowloris": failures,
-        "status_p99_ms_before_slowloris": round(_p(base, 0.99), 1) if base else None,
-        "status_median_ms_before_slowloris": round(statistics.median(base), 1) if base else None,
-        "status_calls_under_slowloris": len(lat),
-        "metrics_p99_ms_under_slowloris": round(_p(mlat, 0.99), 1) if mlat else None,
-        "metrics_failures_under_slowloris": mfailures,
-        "ticks_missed_under_slowloris": (a1.get("missed_ticks", 0) - a0.get("missed_ticks", 0)) if a1 else None,
-        "ticks_failed_under_slowloris": (a1.get("failed_ticks", 0) - a0.get("failed_ticks", 0)) if a1 else None,
+        "status_p99_ms_under_slowloris": _ms(probe.lat, 0.99),
+        "status_median_ms_under_slowloris": _ms(probe.lat),
+        "status_failures_under_slowloris": probe.failures,
+        "status_p99_ms_before_slowloris": _ms(base, 0.99),
+        "status_median_ms_before_slowloris": _ms(base),
+        "status_calls_under_slowloris": len(probe.lat),
+        "metrics_p99_ms_under_slowloris": _ms(probe.mlat, 0.99),
+        "metrics_failures_under_slowloris": probe.mfailures,
+        "ticks_missed_under_slowloris": _delta(a1, a0, "missed_ticks"),
+        "ticks_failed_under_slowloris": _delta(a1, a0, "failed_ticks"),
         "log_bytes_under_slowloris": log_path.stat().st_size - log0,
         "agent_cpu_pct_under_slowloris": round(100 * (cpu1.user + cpu1.system - cpu0.user - cpu0.system)
                                                / (seconds - 1.5), 1) if cpu0 and cpu1 else None,
@@ -249,7 +307,7 @@ def measure(sock: str, metrics_port: int, log_path: Path, seconds: float = 20.0,
         "slowloris_closed_by_agent": report.get("closed_by_agent"),
         "slowloris_connect_errors": report.get("connect_errors"),
         "slowloris_refused_503": report.get("refused_503"),
-            "slowloris_attack": {"unix": n_unix, "tcp": n_tcp, "seconds": seconds, "cycle_s": 1.0},
+        "slowloris_attack": {"unix": n_unix, "tcp": n_tcp, "seconds": seconds, "cycle_s": 1.0},
         "agent_connections_after": a1.get("connections"),
         "agent_descriptors_after": a1.get("descriptors"),
         "agent_healthy_after": a1.get("healthy"),
