@@ -140,140 +140,166 @@ def median_ms(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def main() -> int:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hours", type=float, default=24, help="hours of raw 1 Hz samples to write (default 24)")
     ap.add_argument("--nvlink", action="store_true", help="also write per-link NVLink rows every tick")
     ap.add_argument("--keep", metavar="DIR", help="keep the database in DIR")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    tmp = Path(args.keep or tempfile.mkdtemp(prefix="lynxtop-bench-store-"))
-    tmp.mkdir(parents=True, exist_ok=True)
+
+def _ingest(db: Path, raw_start: int, end: int, ticks: int, nvlink: bool) -> dict:
+    """Write `ticks` ticks in three timed parts; the median part is the ingest rate."""
+    pool = synthetic_gpu_rows(3600)
+    nvl = synthetic_nvlink_rows(600) if nvlink else None
+    hosts = [host_row(i) for i in range(60)]
+    servs = [serving_row(i) for i in range(60)]
+    # Three equal parts, each timed from its first submit until its last tick is committed; the median
+    # part is the ingest rate (the machine is shared and noisy). After each part the rollups catch up
+    # (timed separately, so one part's rollups do not land in the next part's time).
+    w = StoreWriter(db, queue_max=ticks + 10, clock=lambda: end / 1000)
+    w.start()
+    parts = [(k * ticks // 3, (k + 1) * ticks // 3) for k in range(3)]
+    rates = []
+    total_s = 0.0
+    for lo, hi in parts:
+        t = time.perf_counter()
+        for i in range(lo, hi):
+            w.submit_tick(raw_start + i * 1000, pool[i % 3600], hosts[i % 60], servs[i % 60],
+                          nvl[i % 600] if nvl else ())
+        while w.stats()["written_ticks"] < hi:  # every tick committed (durable)
+            time.sleep(0.02)  # coarse on purpose: a busy poll steals the GIL from the writer
+        rates.append((hi - lo) * GPUS / (time.perf_counter() - t))
+        if not w.flush(600):  # and the derived rollups caught up
+            raise SystemExit("writer did not finish within 600 s")
+        total_s += time.perf_counter() - t
+    st = w.stats()
+    w.close()
+    rows = ticks * GPUS
+    ingest = statistics.median(rates)
+    log(f"ingest: {rows} GPU rows, three parts at {', '.join(f'{r:,.0f}' for r in rates)} rows/s "
+        f"(median {ingest:,.0f}; {st['tick_commits']} commits, dropped {st['dropped']}); with rollups caught "
+        f"up {total_s:.2f} s = {rows / total_s:,.0f} rows/s end to end")
+    return {"ingest": ingest, "rows": rows, "total_s": total_s}
+
+
+def _count(db: Path, sql: str, args: tuple = ()) -> int:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(sql, args).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _storage(db: Path, raw_start: int, ticks: int, nvlink: bool) -> dict:
+    """Bytes per stored value: the raw table, plus the rollup bytes that come from this run's rows."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    raw_rows = _count(db, "SELECT count(*) FROM gpu_samples")
+    real_1m = _count(db, "SELECT count(*) FROM gpu_1m WHERE ts_ms >= ?", (raw_start,))
+    real_1h = _count(db, "SELECT count(*) FROM gpu_1h WHERE ts_ms >= ?", (raw_start,))
+    values = raw_rows * len(GPU_METRICS)
+    raw_bytes = table_bytes(db, ["gpu_samples"])
+    # rollup bytes attributable to this day: the tables' bytes pro rata to the rows that come from it
+    n1m, n1h = _count(db, "SELECT count(*) FROM gpu_1m"), _count(db, "SELECT count(*) FROM gpu_1h")
+    roll_bytes = (table_bytes(db, ["gpu_1m"]) * real_1m / max(1, n1m)
+                  + table_bytes(db, ["gpu_1h"]) * real_1h / max(1, n1h))
+    log(f"storage: gpu_samples {raw_bytes / values:.2f} B/value + rollups {roll_bytes / values:.2f} B/value "
+        f"({raw_rows} rows x {len(GPU_METRICS)} metrics); file {db.stat().st_size / 1e6:.0f} MB")
+    out = {"bpv": (raw_bytes + roll_bytes) / values, "raw_bpv": raw_bytes / values, "extra": {}}
+    if nvlink:
+        out["extra"]["nvlink_bytes_per_value"] = round(table_bytes(db, ["nvlink_samples"]) /
+                                                       (ticks * GPUS * len(NVLINK_METRICS)), 2)
+    return out
+
+
+def _queries(r: StoreReader, end: int) -> tuple[float, float]:
+    """Median time of the dashboard's 24-hour and 30-day GPU charts."""
+    res24, rows24 = r.series("gpu", CHART_COLUMNS, end - DAY_MS, end)
+    q24 = median_ms(lambda: r.series("gpu", CHART_COLUMNS, end - DAY_MS, end), 7)
+    res30, rows30 = r.series("gpu", CHART_COLUMNS, end - 30 * DAY_MS, end)
+    q30 = median_ms(lambda: r.series("gpu", CHART_COLUMNS, end - 30 * DAY_MS, end), 7)
+    log(f"query 24 h: {res24}, {len(rows24)} rows, median {q24:.1f} ms; "
+        f"30 d: {res30}, {len(rows30)} rows, median {q30:.1f} ms")
+    return q24, q30
+
+
+def _export(r: StoreReader, db: Path, tmp: Path, raw_start: int, end: int) -> tuple[float, bool]:
+    """The same SELECT through our exporter and through the sqlite3 shell: (speed ratio, identical output)."""
+    q = build_query("gpu", "raw", raw_start, end)
+    ours = tmp / "ours.csv"
+    t = time.perf_counter()
+    with open(os.devnull, "w") as devnull:
+        n_ours = export_table(r, "gpu", "raw", raw_start, end, ours, force=True, progress_stream=devnull)
+    ours_s = time.perf_counter() - t
+    sql = q.plain_sql.replace("?", str(raw_start), 1).replace("?", str(end), 1)
+    theirs = tmp / "sqlite3.csv"
+    sqlite3_bin = shutil.which("sqlite3") or "/usr/bin/sqlite3"
+    t = time.perf_counter()
+    with open(theirs, "w") as f:
+        subprocess.run([sqlite3_bin, "-readonly", "-csv", "-header", str(db), sql], stdout=f, check=True,
+                       timeout=600)
+    theirs_s = time.perf_counter() - t
+    with open(theirs, "rb") as f:
+        n_theirs = sum(1 for _ in f) - 1
+    ratio = (n_ours / ours_s) / (n_theirs / theirs_s)
+    same = ours.read_bytes() == theirs.read_bytes().replace(b"\r\n", b"\n")
+    log(f"export: ours {n_ours / ours_s:,.0f} rows/s, sqlite3 {n_theirs / theirs_s:,.0f} rows/s, "
+        f"ratio {ratio:.2f}; identical output: {same}")
+    return ratio, same
+
+
+def _run(args: argparse.Namespace, tmp: Path) -> dict:
     db = tmp / "bench.db"
     for p in tmp.glob("bench.db*"):
         p.unlink()
-    try:
-        ticks = int(args.hours * 3600)
-        now = int(time.time() * 1000)
-        now -= now % 1000
-        raw_start = now - ticks * 1000
-        raw_start -= raw_start % HOUR_MS  # hour-aligned so synthetic and real rollups meet cleanly
-        end = raw_start + ticks * 1000
+    ticks = int(args.hours * 3600)
+    now = int(time.time() * 1000)
+    now -= now % 1000
+    raw_start = now - ticks * 1000
+    raw_start -= raw_start % HOUR_MS  # hour-aligned so synthetic and real rollups meet cleanly
+    end = raw_start + ticks * 1000
 
-        StoreWriter(db).close()
-        t = time.perf_counter()
-        n_roll = generate_rollups(db, end - 30 * DAY_MS, raw_start)
-        with sqlite3.connect(db) as conn:  # start from a settled WAL, as a database in service would
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        log(f"generated {n_roll} synthetic rollup rows (29 days) in {time.perf_counter() - t:.1f} s")
-
-        pool = synthetic_gpu_rows(3600)
-        nvl = synthetic_nvlink_rows(600) if args.nvlink else None
-        hosts = [host_row(i) for i in range(60)]
-        servs = [serving_row(i) for i in range(60)]
-        # Three equal parts, each timed from its first submit until its last tick is committed; the median
-        # part is the ingest rate (the machine is shared and noisy). After each part the rollups catch up
-        # (timed separately, so one part's rollups do not land in the next part's time).
-        w = StoreWriter(db, queue_max=ticks + 10, clock=lambda: end / 1000)
-        w.start()
-        parts = [(k * ticks // 3, (k + 1) * ticks // 3) for k in range(3)]
-        rates = []
-        total_s = 0.0
-        for lo, hi in parts:
-            t = time.perf_counter()
-            for i in range(lo, hi):
-                w.submit_tick(raw_start + i * 1000, pool[i % 3600], hosts[i % 60], servs[i % 60],
-                              nvl[i % 600] if nvl else ())
-            while w.stats()["written_ticks"] < hi:  # every tick committed (durable)
-                time.sleep(0.02)  # coarse on purpose: a busy poll steals the GIL from the writer
-            rates.append((hi - lo) * GPUS / (time.perf_counter() - t))
-            if not w.flush(600):  # and the derived rollups caught up
-                raise SystemExit("writer did not finish within 600 s")
-            total_s += time.perf_counter() - t
-        st = w.stats()
-        w.close()
-        rows = ticks * GPUS
-        ingest = statistics.median(rates)
-        log(f"ingest: {rows} GPU rows, three parts at {', '.join(f'{r:,.0f}' for r in rates)} rows/s "
-            f"(median {ingest:,.0f}; {st['tick_commits']} commits, dropped {st['dropped']}); with rollups caught "
-            f"up {total_s:.2f} s = {rows / total_s:,.0f} rows/s end to end")
-
-        conn = sqlite3.connect(db)
+    StoreWriter(db).close()
+    t = time.perf_counter()
+    n_roll = generate_rollups(db, end - 30 * DAY_MS, raw_start)
+    with sqlite3.connect(db) as conn:  # start from a settled WAL, as a database in service would
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        raw_rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]
-        real_1m = conn.execute("SELECT count(*) FROM gpu_1m WHERE ts_ms >= ?", (raw_start,)).fetchone()[0]
-        real_1h = conn.execute("SELECT count(*) FROM gpu_1h WHERE ts_ms >= ?", (raw_start,)).fetchone()[0]
-        conn.close()
-        values = raw_rows * len(GPU_METRICS)
-        raw_bytes = table_bytes(db, ["gpu_samples"])
-        # rollup bytes attributable to this day: the tables' bytes pro rata to the rows that come from it
-        all_1m = table_bytes(db, ["gpu_1m"])
-        all_1h = table_bytes(db, ["gpu_1h"])
-        conn = sqlite3.connect(db)
-        n1m = conn.execute("SELECT count(*) FROM gpu_1m").fetchone()[0]
-        n1h = conn.execute("SELECT count(*) FROM gpu_1h").fetchone()[0]
-        conn.close()
-        roll_bytes = all_1m * real_1m / max(1, n1m) + all_1h * real_1h / max(1, n1h)
-        bpv = (raw_bytes + roll_bytes) / values
-        log(f"storage: gpu_samples {raw_bytes / values:.2f} B/value + rollups {roll_bytes / values:.2f} B/value "
-            f"({raw_rows} rows x {len(GPU_METRICS)} metrics); file {db.stat().st_size / 1e6:.0f} MB")
-        extra: dict = {}
-        if args.nvlink:
-            nvl_rows = ticks * GPUS
-            extra["nvlink_bytes_per_value"] = round(table_bytes(db, ["nvlink_samples"]) /
-                                                    (nvl_rows * len(NVLINK_METRICS)), 2)
+    log(f"generated {n_roll} synthetic rollup rows (29 days) in {time.perf_counter() - t:.1f} s")
+    ing = _ingest(db, raw_start, end, ticks, args.nvlink)
+    sto = _storage(db, raw_start, ticks, args.nvlink)
+    gc.collect()  # the generator's heap is not the dashboard's: keep GC passes out of the queries
+    r = StoreReader(db)
+    q24, q30 = _queries(r, end)
+    ratio, same = _export(r, db, tmp, raw_start, end)
+    r.close()
+    result = {
+        "ingest_rows_per_s": round(ing["ingest"]),
+        "bytes_per_value": round(sto["bpv"], 2),
+        "query_24h_ms": round(q24, 1),
+        "query_30d_ms": round(q30, 1),
+        "export_ratio_vs_sqlite3": round(ratio, 2),
+        **sto["extra"],
+        "raw_bytes_per_value": round(sto["raw_bpv"], 2),
+        "ingest_with_rollups_rows_per_s": round(ing["rows"] / ing["total_s"]),
+        "hours_raw": args.hours,
+        "gpu_rows": ing["rows"],
+        "export_identical_to_sqlite3": same,
+    }
+    result["meets_targets"] = (result["ingest_rows_per_s"] >= TARGETS["ingest_rows_per_s"]
+                               and result["bytes_per_value"] <= TARGETS["bytes_per_value"]
+                               and result["query_24h_ms"] <= TARGETS["query_24h_ms"]
+                               and result["query_30d_ms"] <= TARGETS["query_30d_ms"]
+                               and result["export_ratio_vs_sqlite3"] >= TARGETS["export_ratio_vs_sqlite3"])
+    return result
 
-        del pool, nvl, hosts, servs  # the generator's heap is not the dashboard's: keep GC passes out of it
-        gc.collect()
-        r = StoreReader(db)
-        res24, rows24 = r.series("gpu", CHART_COLUMNS, end - DAY_MS, end)
-        q24 = median_ms(lambda: r.series("gpu", CHART_COLUMNS, end - DAY_MS, end), 7)
-        res30, rows30 = r.series("gpu", CHART_COLUMNS, end - 30 * DAY_MS, end)
-        q30 = median_ms(lambda: r.series("gpu", CHART_COLUMNS, end - 30 * DAY_MS, end), 7)
-        log(f"query 24 h: {res24}, {len(rows24)} rows, median {q24:.1f} ms; "
-            f"30 d: {res30}, {len(rows30)} rows, median {q30:.1f} ms")
 
-        # export: the same SELECT through our exporter and through the sqlite3 shell
-        q = build_query("gpu", "raw", raw_start, end)
-        ours = tmp / "ours.csv"
-        t = time.perf_counter()
-        with open(os.devnull, "w") as devnull:
-            n_ours = export_table(r, "gpu", "raw", raw_start, end, ours, force=True, progress_stream=devnull)
-        ours_s = time.perf_counter() - t
-        r.close()
-        sql = q.plain_sql.replace("?", str(raw_start), 1).replace("?", str(end), 1)
-        theirs = tmp / "sqlite3.csv"
-        sqlite3_bin = shutil.which("sqlite3") or "/usr/bin/sqlite3"
-        t = time.perf_counter()
-        with open(theirs, "w") as f:
-            subprocess.run([sqlite3_bin, "-readonly", "-csv", "-header", str(db), sql], stdout=f, check=True,
-                           timeout=600)
-        theirs_s = time.perf_counter() - t
-        with open(theirs, "rb") as f:
-            n_theirs = sum(1 for _ in f) - 1
-        ratio = (n_ours / ours_s) / (n_theirs / theirs_s)
-        same = ours.read_bytes() == theirs.read_bytes().replace(b"\r\n", b"\n")
-        log(f"export: ours {n_ours / ours_s:,.0f} rows/s, sqlite3 {n_theirs / theirs_s:,.0f} rows/s, "
-            f"ratio {ratio:.2f}; identical output: {same}")
-
-        result = {
-            "ingest_rows_per_s": round(ingest),
-            "bytes_per_value": round(bpv, 2),
-            "query_24h_ms": round(q24, 1),
-            "query_30d_ms": round(q30, 1),
-            "export_ratio_vs_sqlite3": round(ratio, 2),
-            **extra,
-            "raw_bytes_per_value": round(raw_bytes / values, 2),
-            "ingest_with_rollups_rows_per_s": round(rows / total_s),
-            "hours_raw": args.hours,
-            "gpu_rows": rows,
-            "export_identical_to_sqlite3": same,
-        }
-        result["meets_targets"] = (result["ingest_rows_per_s"] >= TARGETS["ingest_rows_per_s"]
-                                   and result["bytes_per_value"] <= TARGETS["bytes_per_value"]
-                                   and result["query_24h_ms"] <= TARGETS["query_24h_ms"]
-                                   and result["query_30d_ms"] <= TARGETS["query_30d_ms"]
-                                   and result["export_ratio_vs_sqlite3"] >= TARGETS["export_ratio_vs_sqlite3"])
+def main() -> int:
+    args = _args()
+    tmp = Path(args.keep or tempfile.mkdtemp(prefix="lynxtop-bench-store-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        result = _run(args, tmp)
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
