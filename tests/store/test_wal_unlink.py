@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from lynxtop.contract.status import Status
 from lynxtop.ctl import format_status
 from lynxtop.store import inproc
 from lynxtop.store.reader import StoreReader
@@ -120,9 +121,10 @@ def test_unlinked_wal_is_detected_reported_and_recovered(tmp_path):
         assert [r["ts_ms"] for r in reader.latest("host", n=100)][::-1] == expected
         assert ticks_seen_by_another_process(db) == expected  # visible to other programs again
         # the status the agent shows carries it
-        text = format_status({"agent": {"store": {"wal_unlinked": st["wal_unlinked"],
-                                                  "wal_unlinked_ms": st["wal_unlinked_ms"],
-                                                  "wal_recovered": True}}, "serving": {}, "gpus": []})
+        text = format_status(Status.from_json({"agent": {"store": {"wal_unlinked": st["wal_unlinked"],
+                                                                   "wal_unlinked_ms": st["wal_unlinked_ms"],
+                                                                   "wal_recovered": True}},
+                                               "serving": {}, "gpus": []}))
         assert "WAL UNLINKED" in text and "recovered" in text
     finally:
         reader.close()
