@@ -1,6 +1,11 @@
-"""Helpers shared by the tests and the benchmarks (ports, waits, the agent's TOML, fake statuses, the dashboard).
+"""Helpers shared by the tests and the benchmarks, one copy each.
+
+ports (free_port, short_dir), waits (wait_for, wait_for_async), agent_config (the one writer of the agent's
+TOML), agent_proc (the agent as a real process for end-to-end tests), db (read-only queries), status (the fake
+node's Status), tui (the dashboard under test).
 
 Imported as `support.<module>`: pytest puts tests/ on sys.path (tests/conftest.py sits there, without an
-__init__.py); a benchmark adds the repository's tests/ to sys.path itself (see support/agent_config.py).
-Test modules import from here, never from a conftest.
+__init__.py); a benchmark does `import _support` first (benchmarks/_support.py adds tests/ to sys.path).
+Test modules import helpers from here (or from a helper module of their own folder), never from a conftest or
+from another test module.
 """
