@@ -16,9 +16,9 @@ from collections import deque
 from typing import Any
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from lynxtop.agent.histogram import HistogramSnapshot, SlidingHistogram
+from lynxtop.agent.promtext import SampleError, le_of, split_sample
 from lynxtop.contract.columns import LATENCY_SERIES, SERVING_METRICS, names
 from lynxtop.contract.events import EventKind
 
@@ -73,6 +73,7 @@ class ParsedPage:
         self.gauges: dict[str, float] = {}
         self.histograms: dict[str, HistogramSnapshot] = {}
         self.series: dict[tuple[str, str], dict[SeriesKey, str]] = {}
+        self.engines: dict[str, dict[str, float]] = {}  # engine label -> running / waiting / kv_usage
 
 
 _HIST_NAMES = frozenset(n for ns in HISTOGRAMS.values() for n in ns)
@@ -82,79 +83,117 @@ _COUNTER_NAMES = frozenset(n for ns in COUNTERS.values() for n in ns)
 _SERIES_NAMES = _COUNTER_NAMES | frozenset(h + s for h in _HIST_NAMES for s in ("_bucket", "_sum", "_count"))
 _FIRST = operator.itemgetter(0)
 _LE = re.compile(r'[{,]\s*le\s*=\s*"([^"]*)"')
+_ENGINE = re.compile(r'[{,]\s*engine\s*=\s*"([^"]*)"')
+_GAUGE_NAMES = frozenset(n for ns in (*GAUGES_SUM.values(), *GAUGES_MAX.values()) for n in ns)
 _WANTED_SAMPLES = _SUM_NAMES | _MAX_NAMES | frozenset(h + s for h in _HIST_NAMES for s in ("_bucket", "_sum", "_count"))
+_WANTED_LINE = re.compile(r"^(" + "|".join(re.escape(n) for n in sorted(_WANTED_SAMPLES, key=len, reverse=True))
+                          + r")(?=[{ \t]).*$", re.MULTILINE)
+
+
+def _name_end(line: str) -> int:
+    end = len(line)
+    for sep in ("{", " ", "\t"):
+        i = line.find(sep, 0, end)
+        if i >= 0:
+            end = i
+    return end
 
 
 def relevant_lines(text: str) -> tuple[str, bool]:
-    """The sample lines we use, and whether the page had any vllm: sample at all.
-
-    prometheus_client's parser costs ~50-150 us per line in pure Python, and a data-parallel vLLM page has
-    thousands of lines (process_*, http_*, a dozen histograms per engine we do not read). Feeding it only
-    the series we use keeps a tick's parse in the low milliseconds; comment lines are not needed because
-    everything is matched by exact sample name.
-    """
-    keep, seen, _ = _scan(text)
+    """The sample lines we use, and whether the page had any vllm: sample at all (for benchmarks/scale.py)."""
+    keep: list[str] = []
+    seen = False
+    for line in text.splitlines():
+        if line.startswith("vllm:"):
+            seen = True
+            if line[:_name_end(line)] in _WANTED_SAMPLES:
+                keep.append(line)
     return "\n".join(keep) + "\n", seen
 
 
-def _scan(text: str) -> tuple[list[str], bool, dict[str, dict[SeriesKey, str]]]:
-    """`relevant_lines`, plus each counter series' value text by sample name (string work only: keying series on
-    the parser's label dicts cost ~10 % of a DP=8 parse in allocations)."""
-    keep: list[str] = []
-    raw: dict[str, dict[SeriesKey, str]] = {}
-    seen = False
-    last_name, per = "", None  # a family's lines are contiguous: one dict lookup per family
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        seen = True
-        end = len(line)
-        for sep in ("{", " ", "\t"):
-            i = line.find(sep, 0, end)
-            if i >= 0:
-                end = i
-        name = line[:end]
-        if name in _WANTED_SAMPLES:
-            keep.append(line)
-            if name in _SERIES_NAMES:
-                if name != last_name:
-                    per = raw.get(name)
-                    if per is None:
-                        per = raw[name] = {}
-                    last_name = name
-                cut = line.rfind("}") + 1 or end
-                per[line[:cut]] = line[cut:]  # type: ignore[index]  # " value" as written; see _num
-    return keep, seen, raw
+class _Totals:
+    """The selected samples of one page, added up as Prometheus' `sum by ()` / `max by ()` would.
+
+    Lines are read by agent/promtext.py in page order, so every sum adds the same floats in the same order as
+    prometheus_client's parser did (same result to the last digit); NaN samples are skipped, as before.
+    """
+
+    __slots__ = ("sums", "maxes", "buckets", "raw", "engines", "_last", "_per")
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.maxes: dict[str, float] = {}
+        self.buckets: dict[str, dict[float, float]] = {}
+        self.raw: dict[str, dict[SeriesKey, str]] = {}  # counter and histogram series: value text by series
+        self.engines: dict[str, dict[str, float]] = {}  # engine label -> gauge sample name -> value
+        self._last = ""
+        self._per: dict[SeriesKey, str] | None = None
+
+    def add(self, name: str, line: str, end: int) -> None:
+        key, value = split_sample(line, end)
+        if name in _SERIES_NAMES:
+            if name != self._last:  # a family's lines are contiguous: one dict lookup per family
+                self._per = self.raw.setdefault(name, {})
+                self._last = name
+            self._per[key] = line[len(key):]  # type: ignore[index]  # " value" as written; see _num
+        if value != value:  # NaN
+            return
+        if name in _GAUGE_NAMES:
+            self._engine(key, name, value)
+        if name in _MAX_NAMES:
+            self.maxes[name] = max(self.maxes.get(name, -math.inf), value)
+        elif name not in _SUM_NAMES and name.endswith("_bucket"):
+            per = self.buckets.setdefault(name[:-7], {})
+            le = le_of(key, end)
+            per[le] = per.get(le, 0.0) + value
+        else:  # a summed counter or gauge, or a histogram's _sum or _count
+            self.sums[name] = self.sums.get(name, 0.0) + value
+
+    def _engine(self, key: SeriesKey, name: str, value: float) -> None:
+        m = _ENGINE.search(key)
+        per = self.engines.setdefault(m.group(1) if m else "", {})
+        per[name] = max(per[name], value) if name in per and name in _MAX_NAMES else per.get(name, 0.0) + value
+
+
+def _scan(text: str) -> tuple[bool, _Totals]:
+    """(whether the page had any vllm: sample, the selected samples added up); SampleError on a bad line.
+
+    One regular expression finds the wanted lines, so the lines we do not read cost no Python at all."""
+    totals = _Totals()
+    for m in _WANTED_LINE.finditer(text):
+        name = m.group(1)
+        totals.add(name, m.group(0), len(name))
+    return text.startswith("vllm:") or "\nvllm:" in text, totals
 
 
 def parse_text(text: str) -> ParsedPage:
-    """Parse exposition text with prometheus_client; raises PageError naming the problem. Thread-safe."""
-    keep, seen_vllm, raw = _scan(text)
-    relevant = "\n".join(keep) + "\n"
+    """Read the families lynxtop uses from exposition text; raises PageError naming the problem. Thread-safe.
+
+    Only the selected lines are parsed (agent/promtext.py), so the cost follows the families read, not the page:
+    a DP=8 page's ~3000 lines cost what its ~1000 selected lines cost.
+    """
+    try:
+        seen_vllm, t = _scan(text)
+    except SampleError as exc:
+        raise PageError(f"not Prometheus text: {exc}") from None
     if not seen_vllm:
         raise PageError("no vllm:* metrics on the page (is this a vLLM server?)")
-    try:
-        sums, maxes, buckets = _add_up(relevant)
-    except KeyError as exc:
-        raise PageError(f"histogram bucket without an 'le' label ({exc})") from None
-    except Exception as exc:  # the parser raises ValueError, IndexError, TypeError on garbage
-        raise PageError(f"not Prometheus text: {exc}") from None
-
     page = ParsedPage()
     for key, candidates in COUNTERS.items():
-        name = _present(candidates, sums)
+        name = _present(candidates, t.sums)
         if name is not None:
-            page.counters[key] = sums[name]
-            page.series[("counter", key)] = raw.get(name, {})
-    for table, values in ((GAUGES_SUM, sums), (GAUGES_MAX, maxes)):
+            page.counters[key] = t.sums[name]
+            page.series[("counter", key)] = t.raw.get(name, {})
+    for table, values in ((GAUGES_SUM, t.sums), (GAUGES_MAX, t.maxes)):
         for key, candidates in table.items():
             name = _present(candidates, values)
             if name is not None:
                 page.gauges[key] = values[name]
     for key, candidates in HISTOGRAMS.items():
-        name = _present(candidates, buckets)
+        name = _present(candidates, t.buckets)
         if name is not None:
-            _add_histogram(page, key, name, buckets[name], sums, raw)
+            _add_histogram(page, key, name, t.buckets[name], t.sums, t.raw)
+    page.engines = _engine_gauges(t.engines)
     return page
 
 
@@ -163,26 +202,16 @@ def _present(candidates: tuple[str, ...], values: dict[str, Any]) -> str | None:
     return next((n for n in candidates if n in values), None)
 
 
-def _add_up(relevant: str) -> tuple[dict[str, float], dict[str, float], dict[str, dict[float, float]]]:
-    """(sums over labels, maxima over labels, histogram name -> le -> summed bucket) of the relevant lines."""
-    sums: dict[str, float] = {}
-    maxes: dict[str, float] = {}
-    buckets: dict[str, dict[float, float]] = {}
-    for family in text_string_to_metric_families(relevant):
-        for s in family.samples:
-            name = s.name
-            value = float(s.value)
-            if math.isnan(value):
-                continue
-            if name in _MAX_NAMES:
-                maxes[name] = max(maxes.get(name, -math.inf), value)
-            elif name not in _SUM_NAMES and name.endswith("_bucket"):
-                le = float(s.labels["le"])  # KeyError/ValueError: malformed
-                per = buckets.setdefault(name[:-7], {})
-                per[le] = per.get(le, 0.0) + value
-            else:  # a summed counter or gauge, or a histogram's _sum or _count
-                sums[name] = sums.get(name, 0.0) + value
-    return sums, maxes, buckets
+def _engine_gauges(per: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per engine label: running, waiting and kv_usage, each from the newest name the page has (as the totals)."""
+    out: dict[str, dict[str, float]] = {}
+    for engine, vals in per.items():
+        out[engine] = {}
+        for key, candidates in (*GAUGES_SUM.items(), *GAUGES_MAX.items()):
+            name = _present(candidates, vals)
+            if name is not None:
+                out[engine][key] = vals[name]
+    return out
 
 
 def _add_histogram(page: ParsedPage, key: str, name: str, per_le: dict[float, float], sums: dict[str, float],

@@ -1,0 +1,201 @@
+"""The scraper's own line reader against prometheus_client, the reference parser: same numbers to the last digit.
+
+Pages: two captured from a real vLLM 0.32 (CPU build, the tiny model of the real-vLLM stage; one plain, one with
+`--data-parallel-size 2 --api-server-count 2`), a DP=8 page from the simulator's metric families, and a page with
+per-engine and per-model labels (two served models on one page). Every derived figure of a scrape sequence is
+compared too, with the reference parser swapped in.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from lynxtop.agent import scrape as scrape_mod
+from lynxtop.agent.histogram import HistogramSnapshot
+from lynxtop.agent.scrape import MetricsScraper, PageError, parse_text
+from lynxtop.agent.sim.metrics import VllmMetrics
+
+PAGES = Path(__file__).resolve().parent / "pages"
+
+
+def reference_parse(text: str) -> scrape_mod.ParsedPage:
+    """parse_text as it was: the selected lines through prometheus_client (the reference)."""
+    relevant, seen = scrape_mod.relevant_lines(text)
+    if not seen:
+        raise PageError("no vllm:* metrics on the page (is this a vLLM server?)")
+    sums: dict[str, float] = {}
+    maxes: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    raw: dict[str, dict[str, str]] = {}
+    try:
+        for family in text_string_to_metric_families(relevant):
+            for s in family.samples:
+                value = float(s.value)
+                if math.isnan(value):
+                    continue
+                if s.name in scrape_mod._MAX_NAMES:
+                    maxes[s.name] = max(maxes.get(s.name, -math.inf), value)
+                elif s.name not in scrape_mod._SUM_NAMES and s.name.endswith("_bucket"):
+                    per = buckets.setdefault(s.name[:-7], {})
+                    le = float(s.labels["le"])
+                    per[le] = per.get(le, 0.0) + value
+                else:
+                    sums[s.name] = sums.get(s.name, 0.0) + value
+    except Exception as exc:  # noqa: BLE001 - anything the reference refuses
+        raise PageError(f"not Prometheus text: {exc}") from None
+    for line in relevant.splitlines():  # each series' value text, split as the scraper did before (string work)
+        name = re.split(r"[{ \t]", line, maxsplit=1)[0]
+        if name in scrape_mod._SERIES_NAMES:
+            cut = line.rfind("}") + 1 or len(name)
+            raw.setdefault(name, {})[line[:cut]] = line[cut:]
+    page = scrape_mod.ParsedPage()
+    for key, cands in scrape_mod.COUNTERS.items():
+        name = next((n for n in cands if n in sums), None)
+        if name is not None:
+            page.counters[key] = sums[name]
+            page.series[("counter", key)] = raw.get(name, {})
+    for table, values in ((scrape_mod.GAUGES_SUM, sums), (scrape_mod.GAUGES_MAX, maxes)):
+        for key, cands in table.items():
+            name = next((n for n in cands if n in values), None)
+            if name is not None:
+                page.gauges[key] = values[name]
+    for key, cands in scrape_mod.HISTOGRAMS.items():
+        name = next((n for n in cands if n in buckets), None)
+        if name is not None:
+            bs = tuple(sorted(buckets[name].items()))
+            page.histograms[key] = HistogramSnapshot(buckets=bs, sum=sums.get(name + "_sum", 0.0),
+                                                     count=sums.get(name + "_count", bs[-1][1]))
+            page.series[("bucket", key)] = raw.get(name + "_bucket", {})
+            for part in ("sum", "count"):
+                if name + "_" + part in raw:
+                    page.series[(part, key)] = raw[name + "_" + part]
+    return page
+
+
+def sim_page(engines: int, seed: int, models: tuple[str, ...] = ("deepseek-ai/DeepSeek-V4.1",)) -> str:
+    """The simulator's vLLM 0.32 families after some random traffic on every engine (and every model)."""
+    rng = random.Random(seed)
+    out = []
+    for i, model in enumerate(models):
+        m = VllmMetrics(model_name=model, version=(0, 32), max_model_len=32768, spec_decode=True,
+                        cache_info={"block_size": "16"}, engines=engines)
+        for e in range(engines):
+            for _ in range(rng.randint(1, 6)):
+                m.on_step({"running": rng.randint(0, 16), "waiting": rng.randint(0, 9), "kv": rng.random(),
+                           "it": rng.randint(1, 512), "prompt": rng.randint(0, 4000), "gen": rng.randint(0, 64),
+                           "pq": 100, "ph": rng.randint(0, 100), "sd": 3, "sdt": 9, "sa": rng.randint(0, 9),
+                           "first": [(1, rng.uniform(0.01, 3.0))], "itl": [rng.uniform(0.005, 0.3) for _ in range(5)],
+                           "fin": [{"reason": "length", "e2e_s": rng.uniform(1, 60), "queue_s": rng.random(),
+                                    "inference_s": 2.0, "prefill_s": 0.3, "decode_s": 1.7, "prompt_tokens": 900,
+                                    "generation_tokens": 77, "max_tokens": 128, "tpot_s": rng.uniform(0.01, 0.2)}]},
+                          e)
+        text = generate_latest(m.registry).decode()
+        out.append(text if i == 0 else "\n".join(x for x in text.splitlines() if x.startswith("vllm:")) + "\n")
+    return "".join(out)
+
+
+def page_texts() -> dict[str, str]:
+    return {
+        "real-0.32": (PAGES / "vllm-0.32-cpu-tiny.txt").read_text(),
+        "real-0.32-dp2-api2": (PAGES / "vllm-0.32-cpu-tiny-dp2-api2.txt").read_text(),
+        "sim-dp8": sim_page(8, seed=1),
+        "sim-dp8-two-models": sim_page(8, seed=2, models=("deepseek-ai/DeepSeek-V4.1", "deepseek-v4-lora")),
+    }
+
+
+def same(a: scrape_mod.ParsedPage, b: scrape_mod.ParsedPage) -> None:
+    assert a.counters == b.counters  # floats compared exactly: same additions in the same order
+    assert a.gauges == b.gauges
+    assert a.histograms == b.histograms
+    assert a.series == b.series
+
+
+@pytest.mark.parametrize("name", list(page_texts()))
+def test_selected_lines_read_by_hand_equal_prometheus_client(name):
+    text = page_texts()[name]
+    ours, ref = parse_text(text), reference_parse(text)
+    same(ours, ref)
+    assert ref.counters and ref.histograms and ref.gauges  # the page has what we read: not a vacuous equality
+    assert {"ttft", "itl", "e2e", "queue"} <= set(ours.histograms)
+
+
+def test_real_dp_page_gives_one_engine_entry_per_engine_label():
+    page = parse_text((PAGES / "vllm-0.32-cpu-tiny-dp2-api2.txt").read_text())
+    assert sorted(page.engines) == ["0", "1"]
+    for vals in page.engines.values():
+        assert set(vals) == {"running", "waiting", "kv_usage"}
+    assert sum(v["running"] for v in page.engines.values()) == page.gauges["running"]
+
+
+def test_sim_dp8_engines_add_up_to_the_totals():
+    page = parse_text(sim_page(8, seed=3))
+    assert sorted(page.engines, key=int) == [str(e) for e in range(8)]
+    assert math.fsum(v["waiting"] for v in page.engines.values()) == page.gauges["waiting"]
+    assert max(v["kv_usage"] for v in page.engines.values()) == page.gauges["kv_usage"]
+
+
+def _perturb(text: str, rng: random.Random) -> str:
+    """The next page: every counter, bucket, sum and count of every engine grows (one engine restarts)."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^(vllm:\S+?(?:_total|_bucket|_sum|_count)(?:\{[^}]*\})?) (\S+)$", line)
+        if m and 'engine="3"' not in line:
+            out.append(f"{m.group(1)} {float(m.group(2)) + rng.randint(0, 40) * 0.5}")
+        elif m:
+            out.append(f"{m.group(1)} {float(m.group(2)) * 0.25}")  # engine 3 restarted: below before
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("name", list(page_texts()))
+def test_every_derived_figure_of_a_scrape_sequence_is_the_same(name, monkeypatch):
+    rng = random.Random(7)
+    pages = [page_texts()[name]]
+    for _ in range(5):
+        pages.append(_perturb(pages[-1], rng))
+    ours = MetricsScraper("http://x:1", window_s=60.0)
+    rows = [ours.parse_page(p, now=float(i)) for i, p in enumerate(pages)]
+    monkeypatch.setattr(scrape_mod, "parse_text", reference_parse)
+    ref = MetricsScraper("http://x:1", window_s=60.0)
+    ref_rows = [ref.parse_page(p, now=float(i)) for i, p in enumerate(pages)]
+    assert rows == ref_rows
+    assert ours.reset_event() is not None or name.startswith("real-0.32")  # engine 3's restarts were seen
+    assert any(v not in (None, 0, 0.0) for v in rows[-1].values())
+
+
+@pytest.mark.parametrize("line", [
+    "vllm:num_requests_running 1 2 3 x",
+    'vllm:num_requests_running{engine=0} 5',
+    'vllm:num_requests_running{engine="0" 3',
+    'vllm:num_requests_running{engine="0"}',
+    'vllm:num_requests_running{engine="0"} 1_000',
+    'vllm:num_requests_running{engine="0"} abc',
+    'vllm:time_to_first_token_seconds_bucket{le="abc"} 1',
+    'vllm:time_to_first_token_seconds_bucket{model_name="m"} 1',
+])
+def test_a_line_the_reference_refuses_is_refused(line):
+    text = f"{line}\n"
+    with pytest.raises(PageError):
+        reference_parse(text)
+    with pytest.raises(PageError, match="not Prometheus text"):
+        parse_text(text)
+
+
+@pytest.mark.parametrize("line", [
+    'vllm:num_requests_running{engine="0",model_name="a,b}c"} 4',
+    'vllm:num_requests_running{engine="0", model_name="x\\"y"} 4 1700000000000',
+    "vllm:num_requests_running 4e0",
+    'vllm:num_requests_running{engine="0",} +Inf',
+    "vllm:num_requests_running\t7",
+])
+def test_odd_but_valid_lines_read_the_same(line):
+    text = f"{line}\n"
+    assert parse_text(text).gauges == reference_parse(text).gauges
