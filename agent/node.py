@@ -47,6 +47,7 @@ from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.status import (
     GPU_METRIC_NAMES,
     AgentStatus,
+    EngineLoad,
     GpuStatus,
     HostStatus,
     NvmlStatus,
@@ -209,9 +210,11 @@ class Node:
         assert self.supervisor is not None
         self.host_source = HostSource(self.host_sampler, self._run_members)
         self.gpu_source = GpuSource(self.sampler, self.gpu_view, self._upsert_gpus, self._gpu_events)
-        # the scrape must fit in a tick: a slow server gives a failed row, not a late tick
+        # a scrape is cut off before the next is due: a slow server gives a failed row, never a late tick
+        every = max(self.interval, self.cfg.agent.scrape_interval_s)
         self.scrape_source = ScrapeSource(self.http, self._scrape_target, window_s=self.cfg.sla.window_s,
-                                          timeout_s=max(0.1, min(2.0, self.interval * 0.8)),
+                                          timeout_s=max(0.1, min(2.0, every * 0.8)),
+                                          interval_s=every if every > self.interval else 0.0,
                                           hang_timeout_s=self.cfg.agent.hang_timeout_s,
                                           on_new_run=self.sla.reset,  # a new run starts its own SLA window
                                           on_verdict=self.supervisor.on_verdict)
@@ -381,6 +384,8 @@ class Node:
                 raise AgentStartError(str(exc)) from None
 
     async def _close(self) -> None:
+        if self.scrape_source is not None:
+            self.scrape_source.close()
         for part in (self.exporter, self.api):
             if part is not None:
                 with contextlib.suppress(Exception):
@@ -458,7 +463,8 @@ class Node:
         if "gpu_rows" in rows:
             self.latest_gpu_rows = rows["gpu_rows"] or self.latest_gpu_rows
         self.latest_host = rows.get("host_row") or {}
-        self.latest_serving = rows.get("serving_row")
+        if "serving_row" in rows:  # a tick without a scrape (scraping slower than sampling) keeps the last page
+            self.latest_serving = rows["serving_row"]
         self.ticks += 1
         self.last_tick_done = time.monotonic()
         if "tick" in self.episodes.open:
@@ -541,7 +547,12 @@ class Node:
         sla = self.sla.state() if self.sla is not None else SlaStatus()
         return Status(ts_ms=now_ms(), agent=self._agent_status(), serving=sup.serving_status(), sla=sla,
                       gpus=self._gpu_statuses(), host=HostStatus.from_json(self.latest_host),
-                      serving_metrics=ServingMetrics.from_json(self.latest_serving))
+                      serving_metrics=ServingMetrics.from_json(self.latest_serving),
+                      engines=self._engines())
+
+    def _engines(self) -> tuple[EngineLoad, ...]:
+        src = self.scrape_source
+        return tuple(EngineLoad.from_json(e) for e in src.engines) if src is not None else ()
 
     def _agent_status(self) -> AgentStatus:
         sup = self.supervisor

@@ -167,22 +167,29 @@ class ScrapeTarget:
 class ScrapeSource:
     """The served vLLM's `/metrics`: the serving row, outage and counter-reset events, and hang verdicts.
 
-    One scraper and one hang detector per run (a new run starts its own windows and its own hang clock).
+    One scraper and one hang detector per run (a new run starts its own windows and its own hang clock). The
+    scrape runs every `interval_s` (a multiple of the tick at 10 Hz sampling) as a task of its own: a tick waits
+    for it only until the tick's deadline, and a page slower than that is collected by a later tick or cut off
+    at `timeout_s` (one outage event), so a slow or huge page never holds the GPU and host samples back.
     """
 
     def __init__(self, http: HttpClient, target: Callable[[], ScrapeTarget | None], *, window_s: float,
                  timeout_s: float, hang_timeout_s: float, on_new_run: Callable[[], None],
-                 on_verdict: Callable[[Verdict], None]):
+                 on_verdict: Callable[[Verdict], None], interval_s: float = 0.0):
         self.http = http
         self.target = target  # None while nothing serves
         self.window_s = window_s
         self.timeout_s = timeout_s
+        self.interval_s = interval_s  # 0: every tick
         self.hang_timeout_s = hang_timeout_s
         self.on_new_run = on_new_run
         self.on_verdict = on_verdict
         self.scraper: Any = None
         self.hang: HangDetector | None = None
+        self.engines: list[dict[str, Any]] = []  # per-engine load of the last page read
         self._key: ScrapeTarget | None = None
+        self._pending: asyncio.Task | None = None
+        self._next = 0.0
 
     def _for(self, target: ScrapeTarget) -> tuple[Any, HangDetector]:
         from lynxtop.agent.scrape import MetricsScraper
@@ -191,16 +198,29 @@ class ScrapeSource:
             self.scraper = MetricsScraper(target.url, window_s=self.window_s, timeout_s=self.timeout_s)
             self.hang = HangDetector(self.hang_timeout_s)
             self._key = target
+            self._pending = None  # a scrape of the previous run is not this run's
+            self._next = 0.0
             self.on_new_run()
         return self.scraper, self.hang
 
     async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
         target = self.target()
         if target is None:
+            self.engines = []
             return {"serving_row": None}, []
         scraper, hang = self._for(target)
-        row = await scraper.scrape(self.http.session(), tick.t0)
+        if self._pending is None:
+            if tick.t0 < self._next:
+                return {}, []  # not due: this tick carries no serving row
+            self._next = max(self._next + self.interval_s, tick.t0) if self._next else tick.t0 + self.interval_s
+            self._pending = asyncio.get_running_loop().create_task(scraper.scrape(self.http.session(), tick.t0))
+        done, _ = await asyncio.wait({self._pending}, timeout=max(0.05, tick.deadline - time.monotonic()))
+        if self._pending not in done:
+            return {}, []  # still reading: a later tick takes it (the scraper cuts it off at its timeout)
+        task, self._pending = self._pending, None
+        row = task.result()
         row["run_id"] = target.run_id
+        self.engines = list(scraper.engines)
         events = [as_event(ev, run_id=target.run_id)
                   for ev in (scraper.outage_event(tick.t0), scraper.reset_event()) if ev is not None]
         verdict = hang.observe(scraper.requests_running, scraper.generation_tokens_total,
@@ -208,6 +228,10 @@ class ScrapeSource:
         if verdict is not None:
             self.on_verdict(verdict)
         return {"serving_row": row}, events
+
+    def close(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
 
 
 class SlaSource:
@@ -217,5 +241,7 @@ class SlaSource:
         self.tracker = tracker
 
     async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
+        if "serving_row" not in tick.rows:
+            return {}, []  # no scrape this tick (scraping slower than sampling): the SLA waits for the next page
         events = self.tracker.update(tick.rows.get("serving_row"), tick.ts_ms)
         return {}, [dataclasses.replace(ev, run_id=tick.run_id) for ev in events]

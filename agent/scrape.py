@@ -23,7 +23,7 @@ from lynxtop.contract.columns import LATENCY_SERIES, SERVING_METRICS, names
 from lynxtop.contract.events import EventKind
 
 SERVING_COLUMNS = names(SERVING_METRICS)
-MAX_PAGE_BYTES = 32 * 1024 * 1024  # a real page is ~100 KiB; anything near this is not vLLM
+MAX_PAGE_BYTES = 8 * 1024 * 1024  # a DP=8 page with two API servers is ~0.5 MiB; past this it is cut off unread
 
 # Each entry: preferred (newest) name first, then older names vLLM used for the same thing.
 COUNTERS: dict[str, tuple[str, ...]] = {
@@ -195,6 +195,16 @@ def parse_text(text: str) -> ParsedPage:
             _add_histogram(page, key, name, t.buckets[name], t.sums, t.raw)
     page.engines = _engine_gauges(t.engines)
     return page
+
+
+def _engine_loads(per: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    """The status' per-engine load, engines in numeric order ("10" after "9")."""
+    def order(e: str) -> tuple[int, str]:
+        return (int(e), "") if e.isdigit() else (1 << 30, e)
+
+    return [{"engine": e, "running": _as_int(v.get("running")), "waiting": _as_int(v.get("waiting")),
+             "kv_cache_usage_pct": None if v.get("kv_usage") is None else 100.0 * v["kv_usage"]}
+            for e, v in sorted(per.items(), key=lambda kv: order(kv[0]))]
 
 
 def _present(candidates: tuple[str, ...], values: dict[str, Any]) -> str | None:
@@ -377,6 +387,7 @@ class MetricsScraper:
         self.reset_series: tuple[str, ...] = ()  # what went down on the last page read (empty: no reset)
         self.generation_tokens_total: float | None = None
         self.requests_running: int | None = None
+        self.engines: list[dict[str, Any]] = []  # per data-parallel engine: running, waiting, KV % of the last page
         self._counters: dict[str, _CounterWindow] = {}
         self._hists: dict[str, SlidingHistogram] = {}
         self._last_ok_t: float | None = None
@@ -406,16 +417,19 @@ class MetricsScraper:
             async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
                 if resp.status != 200:
                     return self.failed(now, f"HTTP {resp.status} from {self.url}")
+                if (resp.content_length or 0) > MAX_PAGE_BYTES:
+                    return self.failed(now, f"page cut off: {resp.content_length} bytes announced, over the "
+                                            f"{MAX_PAGE_BYTES} byte limit, at {self.url}")
                 chunks: list[bytes] = []
                 size = 0
                 async for chunk in resp.content.iter_chunked(1 << 16):  # read(n) may stop early: loop to EOF
                     size += len(chunk)
                     if size > MAX_PAGE_BYTES:
-                        return self.failed(now, f"page larger than {MAX_PAGE_BYTES} bytes at {self.url}")
+                        return self.failed(now, f"page cut off: larger than {MAX_PAGE_BYTES} bytes at {self.url}")
                     chunks.append(chunk)
                 body = b"".join(chunks)
         except TimeoutError:
-            return self.failed(now, f"timed out after {self.timeout_s:g} s reading {self.url}")
+            return self.failed(now, f"page cut off: timed out after {self.timeout_s:g} s reading {self.url}")
         except aiohttp.ClientError as exc:
             return self.failed(now, f"cannot read {self.url}: {exc or type(exc).__name__}")
         except OSError as exc:
@@ -454,6 +468,7 @@ class MetricsScraper:
             self.outage_since = now
         self.requests_running = None
         self.reset_series = ()
+        self.engines = []
         row = empty_row()
         row["scrape_ok"] = 0
         row["scrape_errors"] = self.scrape_errors
@@ -580,6 +595,7 @@ class MetricsScraper:
         row["requests_waiting"] = _as_int(page.gauges.get("waiting"))
         kv = page.gauges.get("kv_usage")
         row["kv_cache_usage_pct"] = None if kv is None else 100.0 * kv
+        self.engines = _engine_loads(page.engines)
 
         self._add_histograms(hists, now, went_down)
         # One restart shows on every series at once: count the page, not the series.

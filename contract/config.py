@@ -64,6 +64,7 @@ class AgentConfig:
     socket_group: str = "lynxtop"
     log_dir: Path | None = None  # per-run vLLM logs; default: <database dir>/logs
     sample_interval_s: float = 1.0
+    scrape_interval_s: float = 0.0  # /metrics: 0 = every sample, else at most this often (GPUs 10 Hz, scrape 1 Hz)
     gpm: bool = True  # GPM shares counters with DCGM profiling: turn off where dcgm-exporter profiles
     live_restore: bool = True  # serving survives an agent restart; stopping it is an explicit `lynxtop stop`
     metrics_listen: str = ""  # "host:port" for the read-only Prometheus endpoint; empty = off
@@ -444,6 +445,7 @@ _AGENT_SPEC: dict[str, Callable[[str, Any], Any]] = {
     "socket_group": _str(pattern=r"[a-z_][a-z0-9_\-]{0,31}", allow_empty=False),
     "log_dir": _path(absolute=True),
     "sample_interval_s": _float(0.1, 60),
+    "scrape_interval_s": _float(0, 600),
     "gpm": _bool,
     "live_restore": _bool,
     "metrics_listen": _listen,

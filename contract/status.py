@@ -260,6 +260,20 @@ class ServingMetrics:
 
 
 @dataclass(frozen=True)
+class EngineLoad:
+    """One data-parallel engine's load on the last page read: an engine falling behind is what DP operators hunt."""
+
+    engine: str
+    running: int | None = None
+    waiting: int | None = None
+    kv_cache_usage_pct: float | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> EngineLoad:
+        return _build(cls, {"engine": "", **d})
+
+
+@dataclass(frozen=True)
 class Status:
     ts_ms: int | None = None
     agent: AgentStatus = field(default_factory=AgentStatus)
@@ -268,6 +282,7 @@ class Status:
     gpus: tuple[GpuStatus, ...] = ()
     host: HostStatus = field(default_factory=HostStatus)
     serving_metrics: ServingMetrics = field(default_factory=ServingMetrics)
+    engines: tuple[EngineLoad, ...] = ()  # per data-parallel engine; the totals are in serving_metrics
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -278,6 +293,7 @@ class Status:
             "gpus": [g.to_json() for g in self.gpus],
             "host": self.host.to_json(),
             "serving_metrics": self.serving_metrics.to_json(),
+            "engines": [_plain(e) for e in self.engines],
         }
 
     @classmethod
@@ -288,7 +304,8 @@ class Status:
                    serving=ServingStatus.from_json(d.get("serving")), sla=SlaStatus.from_json(d.get("sla")),
                    gpus=tuple(GpuStatus.from_json(g) for g in d.get("gpus") or () if isinstance(g, Mapping)),
                    host=HostStatus.from_json(d.get("host")),
-                   serving_metrics=ServingMetrics.from_json(d.get("serving_metrics")))
+                   serving_metrics=ServingMetrics.from_json(d.get("serving_metrics")),
+                   engines=tuple(EngineLoad.from_json(e) for e in d.get("engines") or () if isinstance(e, Mapping)))
 
 
 @dataclass(frozen=True)

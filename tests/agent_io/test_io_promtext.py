@@ -14,13 +14,12 @@ import re
 from pathlib import Path
 
 import pytest
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support.vllm_pages import sim_page
 
 from lynxtop.agent import scrape as scrape_mod
 from lynxtop.agent.histogram import HistogramSnapshot
 from lynxtop.agent.scrape import MetricsScraper, PageError, parse_text
-from lynxtop.agent.sim.metrics import VllmMetrics
 
 PAGES = Path(__file__).resolve().parent / "pages"
 
@@ -77,28 +76,6 @@ def reference_parse(text: str) -> scrape_mod.ParsedPage:
                 if name + "_" + part in raw:
                     page.series[(part, key)] = raw[name + "_" + part]
     return page
-
-
-def sim_page(engines: int, seed: int, models: tuple[str, ...] = ("deepseek-ai/DeepSeek-V4.1",)) -> str:
-    """The simulator's vLLM 0.32 families after some random traffic on every engine (and every model)."""
-    rng = random.Random(seed)
-    out = []
-    for i, model in enumerate(models):
-        m = VllmMetrics(model_name=model, version=(0, 32), max_model_len=32768, spec_decode=True,
-                        cache_info={"block_size": "16"}, engines=engines)
-        for e in range(engines):
-            for _ in range(rng.randint(1, 6)):
-                m.on_step({"running": rng.randint(0, 16), "waiting": rng.randint(0, 9), "kv": rng.random(),
-                           "it": rng.randint(1, 512), "prompt": rng.randint(0, 4000), "gen": rng.randint(0, 64),
-                           "pq": 100, "ph": rng.randint(0, 100), "sd": 3, "sdt": 9, "sa": rng.randint(0, 9),
-                           "first": [(1, rng.uniform(0.01, 3.0))], "itl": [rng.uniform(0.005, 0.3) for _ in range(5)],
-                           "fin": [{"reason": "length", "e2e_s": rng.uniform(1, 60), "queue_s": rng.random(),
-                                    "inference_s": 2.0, "prefill_s": 0.3, "decode_s": 1.7, "prompt_tokens": 900,
-                                    "generation_tokens": 77, "max_tokens": 128, "tpot_s": rng.uniform(0.01, 0.2)}]},
-                          e)
-        text = generate_latest(m.registry).decode()
-        out.append(text if i == 0 else "\n".join(x for x in text.splitlines() if x.startswith("vllm:")) + "\n")
-    return "".join(out)
 
 
 def page_texts() -> dict[str, str]:

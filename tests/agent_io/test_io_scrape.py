@@ -426,7 +426,7 @@ async def test_large_page_read_to_the_end_and_oversized_page_refused(vllm_http, 
         assert s.generation_tokens_total == 7
         monkeypatch.setattr(scrape_mod, "MAX_PAGE_BYTES", 1 << 20)
         row = await s.scrape(session, now=1.0)
-        assert row["scrape_ok"] == 0 and "page larger than 1048576 bytes" in s.last_error
+        assert row["scrape_ok"] == 0 and "cut off: larger than 1048576 bytes" in s.last_error
 
 
 async def test_scrape_unreachable_server():
