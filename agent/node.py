@@ -483,7 +483,7 @@ class Node:
     def _scrape_target(self) -> ScrapeTarget | None:
         """The served vLLM while it serves (ready or degraded); None otherwise: nothing to scrape."""
         sup = self.supervisor
-        if sup is None or sup.state not in ("ready", "degraded"):
+        if sup is None or not sup.state.serving:
             return None
         url, proc = sup.url(), sup.proc
         if url is None:

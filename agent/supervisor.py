@@ -35,11 +35,11 @@ from lynxtop.agent.startup import PhaseTracker, tail_lines
 from lynxtop.contract.config import Config, ConfigError, Profile, load_config
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.files import atomic_write
-from lynxtop.contract.status import ActionInfo, PhaseMark, ServingState, ServingStatus
+from lynxtop.contract.status import ActionInfo, PhaseMark, ServingStatus
+from lynxtop.contract.status import ServingState as S  # noqa: N817 - read as a state name: S.READY
 
 log = logging.getLogger(__name__)
 
-STATES = ("stopped", "starting", "ready", "degraded", "stopping", "backoff", "crash-loop")
 LOG_TAIL_LINES = 20
 RUN_LOGS_KEPT = 200  # per-run vLLM logs kept in log_dir (the runs table keeps every run forever)
 # An adopted server whose profile was removed from the config is stopped with these defaults.
@@ -183,7 +183,7 @@ class Supervisor:
         self.http = http or HttpClient()  # the agent's session to vLLM (shared with the scraper under node.py)
         self._own_http = http is None
 
-        self.state = "stopped"
+        self.state: S = S.STOPPED
         self.state_since_ms = now_ms()
         self.reason = "agent started"
         self.profile: Profile | None = None
@@ -234,8 +234,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------------------------- helpers
 
-    def _set_state(self, state: str, reason: str) -> None:
-        assert state in STATES, state
+    def _set_state(self, state: S, reason: str) -> None:
         if state != self.state or reason != self.reason:
             log.info("serving: %s -> %s (%s)", self.state, state, reason)
         if state != self.state:
@@ -339,10 +338,10 @@ class Supervisor:
     # ------------------------------------------------------------------------------------- actions
 
     async def start(self, profile: str | None, by: str) -> str:
-        if self.state in ("starting", "ready", "degraded"):
+        if self.state in (S.STARTING, S.READY, S.DEGRADED):
             raise ActionError("state", f"serving is already {self.state} (profile {self.profile_name}); "
                                        "use restart or switch", 409)
-        if self.state == "stopping" or self.action is not None:
+        if self.state == S.STOPPING or self.action is not None:
             raise self._busy() if self.action else ActionError("state", "serving is stopping; try again", 409)
         prof = self._resolve_profile(profile)
         warnings = self._preflight_or_raise(prof)
@@ -357,10 +356,10 @@ class Supervisor:
         return f"starting profile {prof.name}" + "".join(f" (warning: {w})" for w in warnings)
 
     async def stop(self, by: str) -> str:
-        if self.state in ("stopped", "crash-loop") and self.action is None:
-            if self.state == "crash-loop":
+        if self.state in (S.STOPPED, S.CRASH_LOOP) and self.action is None:
+            if self.state == S.CRASH_LOOP:
                 self._clear_crash_loop()
-                self._set_state("stopped", f"stopped by {by} (was crash-loop)")
+                self._set_state(S.STOPPED, f"stopped by {by} (was crash-loop)")
                 self._event(EventKind.SERVING_STOPPED, Severity.INFO, f"crash loop acknowledged and cleared by {by}")
                 return "serving was in crash-loop; now stopped"
             raise ActionError("state", "serving is already stopped", 409)
@@ -411,7 +410,7 @@ class Supervisor:
     async def _do_stop(self, reason: str, end_reason: str) -> None:
         self._cancel_retry()
         await self._stop_current(reason, end_reason)
-        self._set_state("stopped", reason)
+        self._set_state(S.STOPPED, reason)
         self._event(EventKind.SERVING_STOPPED, Severity.INFO, f"serving stopped ({reason})", with_log=True)
 
     async def _do_restart(self, prof: Profile, reason: str) -> bool:
@@ -462,7 +461,7 @@ class Supervisor:
         except OSError as exc:
             argv = prof.argv()
             self.profile, self.profile_name = prof, prof.name
-            self._set_state("stopped", f"could not start {argv[0]}: {exc}")
+            self._set_state(S.STOPPED, f"could not start {argv[0]}: {exc}")
             self._event(EventKind.SERVING_START_FAILED, Severity.ERROR, f"could not start profile {prof.name}: {exc}",
                         argv=argv)
             self._resolve_outcome(False)
@@ -480,7 +479,7 @@ class Supervisor:
             simulated=self.simulated, flags=prof.flags())
         proc.record.run_id = run.run_id
         self._save_record()
-        self._set_state("starting", reason)
+        self._set_state(S.STARTING, reason)
         self._event(EventKind.SERVING_STARTING, Severity.INFO, f"run {run.run_id}: started profile {prof.name} "
                     f"(pid {proc.pid}): {reason}", pid=proc.pid, argv=proc.record.argv, log_path=run.log_path)
         self._check_log()
@@ -538,7 +537,7 @@ class Supervisor:
         why = f"not ready within {prof.readiness_timeout_s:g} s"
         self._event(EventKind.SERVING_READINESS_TIMEOUT, Severity.ERROR,
                     f"run {run.run_id}: {why} (phase: {run.tracker.phase}); stopping it", with_log=True)
-        self._set_state("stopping", why)
+        self._set_state(S.STOPPING, why)
         res = await run.proc.stop(prof.stop_grace_s, self.stop_kill_wait_s)
         self._report_stop(run.proc, res, files_in_caller_event=False)
         await self._wait_gpus_released(res.pids, time.monotonic())
@@ -582,7 +581,7 @@ class Supervisor:
             run.vllm_version = body["version"]
         if was_ready:
             self._save_record()  # with the segments seen now
-            self._set_state("ready", f"adopted run {run.run_id} answers GET /health 200")
+            self._set_state(S.READY, f"adopted run {run.run_id} answers GET /health 200")
             self._event(EventKind.SERVING_READY, Severity.INFO, f"run {run.run_id}: adopted and serving (ready since "
                         f"{_clock(ready_ms)})", adopted=True)
             self._resolve_outcome(True)
@@ -596,7 +595,7 @@ class Supervisor:
                                    gpu_count=len(gpus) or None)
         proc.record.ready_ms = ready_ms
         self._save_record()
-        self._set_state("ready", f"GET /health answered 200 after {load_s:.1f} s")
+        self._set_state(S.READY, f"GET /health answered 200 after {load_s:.1f} s")
         self._event(EventKind.SERVING_READY, Severity.INFO, f"run {run.run_id}: ready after {load_s:.1f} s "
                     f"(vLLM {run.vllm_version or 'version unknown'})", with_log=True, load_s=load_s)
         self._resolve_outcome(True)
@@ -648,7 +647,7 @@ class Supervisor:
         restarts it with `restart_on_hang`), healthy again clears that condition."""
         if self.run is None:
             return
-        if verdict.condition == "hang" and self.state not in ("ready", "degraded"):
+        if verdict.condition == "hang" and self.state not in (S.READY, S.DEGRADED):
             return  # counters of a run that is no longer serving (stopping, crashed) say nothing
         if not verdict.bad:
             self._clear_degraded(verdict.condition, verdict.reason)
@@ -662,8 +661,8 @@ class Supervisor:
     def _mark_degraded(self, key: str, reason: str) -> None:
         assert self.run is not None
         new = self.run.mark_degraded(key, reason)
-        if self.state in ("ready", "degraded"):
-            self._set_state("degraded", self.run.degraded_reason())
+        if self.state in (S.READY, S.DEGRADED):
+            self._set_state(S.DEGRADED, self.run.degraded_reason())
             if new:
                 self._event(_DEGRADED[key], Severity.ERROR, f"run {self.run_id}: degraded: {reason}", with_log=True)
 
@@ -671,11 +670,11 @@ class Supervisor:
         assert self.run is not None
         if not self.run.clear_degraded(key):
             return
-        if self.state == "degraded":
+        if self.state == S.DEGRADED:
             if self.run.degraded:
-                self._set_state("degraded", self.run.degraded_reason())
+                self._set_state(S.DEGRADED, self.run.degraded_reason())
             else:
-                self._set_state("ready", reason)
+                self._set_state(S.READY, reason)
             self._event(_RECOVERED[key], Severity.INFO, f"run {self.run_id}: {reason}", with_log=True)
 
     async def _finish_run(self, run: Run, end_reason: str) -> None:
@@ -701,7 +700,7 @@ class Supervisor:
         self._resolve_outcome(False)
         self._event(EventKind.SERVING_CRASH, Severity.ERROR, f"run {run.run_id}: {reason}", with_log=True,
                     exit_code=ex.exit_code, exit_signal=ex.exit_signal)
-        self._set_state("stopping", f"cleaning up after crash: {reason}")
+        self._set_state(S.STOPPING, f"cleaning up after crash: {reason}")
         res = await run.proc.stop(min(prof.stop_grace_s, 5.0), self.stop_kill_wait_s)
         self._report_stop(run.proc, res, files_in_caller_event=False)
         await self._wait_gpus_released(res.pids, time.monotonic())
@@ -720,7 +719,7 @@ class Supervisor:
             self.next_retry_ms = None
             msg = (f"crash loop: {len(self._failures)} failures within {window:g} s; not retrying until an "
                    f"operator acts (lynxtop start / restart / switch). Last: {reason}")
-            self._set_state("crash-loop", msg)
+            self._set_state(S.CRASH_LOOP, msg)
             self._save_crash_loop(prof.name, msg)
             self._event(EventKind.SERVING_CRASH_LOOP, Severity.CRITICAL, f"profile {prof.name}: {msg}", with_log=True,
                         failures=len(self._failures))
@@ -729,7 +728,7 @@ class Supervisor:
         base = min(a.backoff_initial_s * 2 ** (self._consecutive - 1), a.backoff_max_s)
         delay = min(base * self.rng.uniform(0.8, 1.2), a.backoff_max_s)
         self.next_retry_ms = now_ms() + int(delay * 1000)
-        self._set_state("backoff", f"{reason}; retry {self._consecutive} in {delay:.1f} s")
+        self._set_state(S.BACKOFF, f"{reason}; retry {self._consecutive} in {delay:.1f} s")
         self._event(EventKind.SERVING_BACKOFF, Severity.WARNING, f"profile {prof.name}: retry in {delay:.1f} s "
                     f"(failure {len(self._failures)} of {a.crash_loop_failures} allowed in {window:g} s)",
                     with_log=True, delay_s=delay, failures=len(self._failures))
@@ -737,14 +736,14 @@ class Supervisor:
 
     async def _retry_after(self, prof: Profile, delay: float) -> None:
         await asyncio.sleep(delay)
-        if self.action is not None or self.state != "backoff":
+        if self.action is not None or self.state != S.BACKOFF:
             return
         self._retry_task = None
         # the profile as configured now (an adopted run may have been started with older flags)
         current = self.cfg.profile(prof.name)
         if current is None:
             self.next_retry_ms = None
-            self._set_state("stopped", f"profile {prof.name} is no longer in the config; not restarted")
+            self._set_state(S.STOPPED, f"profile {prof.name} is no longer in the config; not restarted")
             self._event(EventKind.SERVING_STOPPED, Severity.ERROR,
                         f"not retrying: profile {prof.name} is no longer in the config")
             return
@@ -778,7 +777,7 @@ class Supervisor:
         if run.crash_reason and proc.exited:
             end_reason = run.crash_reason  # it crashed before this stop reached it
         grace = self.profile.stop_grace_s if self.profile else _FALLBACK_GRACE_S
-        self._set_state("stopping", reason)
+        self._set_state(S.STOPPING, reason)
         t0 = time.monotonic()
         res = await proc.stop(grace, self.stop_kill_wait_s)
         files = self._report_stop(proc, res, files_in_caller_event=True)
@@ -870,7 +869,7 @@ class Supervisor:
             return False
         self.profile_name = profile
         self.profile = self.cfg.profile(profile)
-        self._set_state("crash-loop", f"{reason} (recorded before the agent restarted)")
+        self._set_state(S.CRASH_LOOP, f"{reason} (recorded before the agent restarted)")
         self._event(EventKind.SERVING_CRASH_LOOP, Severity.WARNING, f"profile {profile} is still in crash-loop from "
                     "before the agent restarted; not starting it (lynxtop start / restart / switch / stop to act)")
         return True
@@ -893,7 +892,7 @@ class Supervisor:
             await self._restore_run_row(record)
         run = self.run = Run.adopt(proc, record)
         self.profile, self.profile_name = prof, record.profile
-        self._set_state("starting", f"adopted run {record.run_id} (pid {record.pid}) from the previous agent")
+        self._set_state(S.STARTING, f"adopted run {record.run_id} (pid {record.pid}) from the previous agent")
         self._event(EventKind.SERVING_ADOPTED, Severity.INFO, f"adopted run {record.run_id} (profile "
                     f"{record.profile}, pid {record.pid}) left running by the previous agent: no restart",
                     pid=record.pid)
@@ -966,7 +965,7 @@ class Supervisor:
                     await task
         if stop_serving and self.run is not None and not self.run.finished:
             await self._stop_current("agent shutting down (live_restore off)", "stopped with the agent")
-            self._set_state("stopped", "agent shut down")
+            self._set_state(S.STOPPED, "agent shut down")
         self._closing = True
         if self._lifecycle is not None:
             self._lifecycle.cancel()
@@ -986,10 +985,10 @@ class Supervisor:
 
     def serving_status(self) -> ServingStatus:
         run, proc = self.run, self.proc
-        alive = ServingState(self.state).alive
-        starting = run is not None and self.state == "starting"
+        alive = self.state.alive
+        starting = run is not None and self.state == S.STARTING
         return ServingStatus(
-            state=ServingState(self.state), state_since_ms=self.state_since_ms, reason=self.reason,
+            state=self.state, state_since_ms=self.state_since_ms, reason=self.reason,
             phase=run.tracker.phase if starting else None,  # type: ignore[union-attr]
             phase_since_ms=run.tracker.phase_since_ms if starting else None,  # type: ignore[union-attr]
             phases=tuple(PhaseMark(m.phase, m.ts_ms) for m in run.tracker.marks) if run is not None else (),

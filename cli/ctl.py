@@ -330,21 +330,21 @@ def wait_for(client: AgentClient, action: str, before: Status, poll_s: float | N
         return EXIT_FAILED
 
 
-def _outcome(action: str, state: str | None, in_action: bool, new_run: bool,
+def _outcome(action: str, state: ServingState | None, in_action: bool, new_run: bool,
              seen_progress: bool) -> tuple[bool, str] | None:
     if action == "stop":
-        if state == "stopped" and not in_action:
+        if state == ServingState.STOPPED and not in_action:
             return True, "stopped"
         return None
     if in_action:
         return None
-    if state == "ready" and new_run:
+    if state == ServingState.READY and new_run:
         return True, "ready"
-    if state == "degraded" and new_run:
+    if state == ServingState.DEGRADED and new_run:
         return False, "serving came up degraded"
-    if state in ("backoff", "crash-loop") and (seen_progress or new_run):
+    if state in (ServingState.BACKOFF, ServingState.CRASH_LOOP) and (seen_progress or new_run):
         return False, f"{action} failed (state {state})"
-    if state == "stopped" and seen_progress:
+    if state == ServingState.STOPPED and seen_progress:
         return False, f"{action} failed: serving stopped"
     return None
 

@@ -61,9 +61,6 @@ class EventKind(StrEnum):
     SERVING_DEGRADED_HEALTH = "serving.degraded.health"  # GET /health failing while serving
     SERVING_RECOVERED_HANG = "serving.recovered.hang"
     SERVING_RECOVERED_HEALTH = "serving.recovered.health"
-    SERVING_HUNG = "serving.hung"
-    SERVING_UNHEALTHY = "serving.unhealthy"
-    SERVING_HEALTHY = "serving.healthy"
     # GPUs and NVML
     GPU_LOST = "gpu.lost"
     GPU_RECOVERED = "gpu.recovered"
