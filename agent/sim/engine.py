@@ -24,7 +24,15 @@ from pathlib import Path
 
 from lynxtop.agent.sim import vlog
 from lynxtop.agent.sim.flags import ServeArgs, SimUsageError, parse_serve_args
-from lynxtop.agent.sim.model import GIB, MemoryPlan, SimEngine, SimRequest, StepResult, plan_memory
+from lynxtop.agent.sim.model import (
+    GIB,
+    MemoryPlan,
+    SimEngine,
+    SimRequest,
+    StepResult,
+    plan_memory,
+    weights_per_gpu,
+)
 from lynxtop.agent.sim.proctitle import die_with_parent, set_title
 from lynxtop.agent.sim.state import EngineState, Holder, process_identity, read_states, remove_state, write_state
 
@@ -45,6 +53,8 @@ class EngineCore:
         self.prefix = f"(EngineCore_DP{rank} pid={self.pid}) "
         self.state_dir = Path(args.state_dir)
         self.world = args.tp * args.pp
+        self.weights_per_gpu = weights_per_gpu(args.params, tp=args.tp, pp=args.pp, dp=args.dp,
+                                               expert_parallel=args.enable_expert_parallel)
         self.gpus = self._visible_gpus()[rank * self.world:(rank + 1) * self.world]
         straggler = args.failure.straggler_gpu
         self.straggler = straggler if straggler in self.gpus else None  # a slow GPU slows its own group only
@@ -279,7 +289,7 @@ class EngineCore:
         self.start_workers()
         self.publish(force=True)
         self.set_phase("loading weights")
-        weights = p.weights_bytes_total // self.world
+        weights = self.weights_per_gpu
         load_s = a.startup_s * p.startup_weights_share
         self.log(f"Starting to load model {a.model}...", src="gpu_model_runner.py:2338")
         steps = max(int(load_s / 0.2), 1)
@@ -299,7 +309,8 @@ class EngineCore:
             self.publish(force=True)
             self.fail(_oom_text(p.gpu_mem_bytes, self.mem_per_gpu))
         plan = plan_memory(p, tp=a.tp, pp=a.pp, gpu_memory_utilization=a.gpu_memory_utilization,
-                           block_size=a.block_size, kv_cache_dtype=a.kv_cache_dtype)
+                           block_size=a.block_size, kv_cache_dtype=a.kv_cache_dtype, dp=a.dp,
+                           expert_parallel=a.enable_expert_parallel)
         self.plan = plan
         if plan.kv_bytes <= 0:
             if plan.weights_bytes > p.gpu_mem_bytes * a.gpu_memory_utilization:
@@ -425,7 +436,7 @@ class EngineCore:
         kv = p.kv_bytes_per_token_for(self.a.kv_cache_dtype)
         context = sum(r.computed for r in self.engine.running)
         return {"fl": 2.0 * p.active_params * tokens / self.world,
-                "rb": p.weights_bytes_total / self.world + kv * context, "wb": float(kv * tokens)}
+                "rb": self.weights_per_gpu + kv * context, "wb": float(kv * tokens)}
 
     def send_step(self, res: StepResult) -> None:
         self.send({

@@ -36,7 +36,7 @@ _IGNORED_VALUE_FLAGS = (
     "--compilation-config", "--max-num-partial-prefills", "--long-prefill-token-threshold", "--root-path",
     "--allowed-local-media-path", "--limit-mm-per-prompt", "--mm-processor-kwargs", "--override-generation-config",
     "--data-parallel-size-local", "--data-parallel-address", "--data-parallel-rpc-port", "--data-parallel-backend",
-    "--nnodes", "--node-rank", "--master-addr", "--master-port", "--api-server-count", "--scheduling-policy",
+    "--nnodes", "--node-rank", "--master-addr", "--master-port", "--scheduling-policy",
     "--tokenizer-pool-size", "--code-revision", "--max-seq-len-to-capture", "--cuda-graph-sizes",
     "--ssl-keyfile", "--ssl-certfile", "--response-role", "--lora-modules", "--prefix-caching-hash-algo",
     "--calculate-kv-scales", "--collect-detailed-traces", "--otlp-traces-endpoint", "--expert-placement-strategy",
@@ -89,6 +89,7 @@ class ServeArgs:
     server_load_tracking: bool
     distributed_executor_backend: str | None
     non_default: dict[str, object]
+    api_server_count: int = 1
     # simulator switches
     startup_s: float = 10.0
     speed: float = 1.0
@@ -159,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distributed-executor-backend", choices=("mp", "ray", "uni", "external_launcher"))
     p.add_argument("--shutdown-timeout", type=float, default=0.0)
     p.add_argument("--api-key")
+    p.add_argument("--api-server-count", "-asc", type=int)  # default: the DP size, as in vLLM
     p.add_argument("--speculative-config")
     p.add_argument("--enable-server-load-tracking", action="store_true")
     for flag in _IGNORED_VALUE_FLAGS:
@@ -355,6 +357,8 @@ def _check_sizes(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> Non
                     ("--max-num-batched-tokens", ns.max_num_batched_tokens), ("--block-size", ns.block_size)):
         if v is not None and v < 1:
             parser.error(f"argument {name}: must be >= 1, got {v}")
+    if ns.api_server_count is not None and ns.api_server_count < 1:  # 0 = headless, not simulated
+        parser.error(f"argument --api-server-count: must be >= 1, got {ns.api_server_count}")
     if not 0 < ns.port < 65536:
         parser.error(f"argument --port: {ns.port} is out of range 1..65535")
 
@@ -386,6 +390,7 @@ def _serve_fields(ns: argparse.Namespace, model: str, params: SimParams) -> dict
         quantization=ns.quantization, shutdown_timeout_s=max(ns.shutdown_timeout, 0.0), api_key=ns.api_key,
         speculative_tokens=_spec_tokens(ns.speculative_config), server_load_tracking=ns.enable_server_load_tracking,
         distributed_executor_backend=ns.distributed_executor_backend,
+        api_server_count=_or(ns.api_server_count, ns.data_parallel_size),
     )
 
 

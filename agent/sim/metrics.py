@@ -19,9 +19,12 @@ from prometheus_client import (
     Gauge,
     Histogram,
     gc_collector,
+    generate_latest,
     platform_collector,
     process_collector,
 )
+
+from lynxtop.agent.sim.httpmetrics import HttpMetrics
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -31,7 +34,6 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
-HTTP_DURATION_BUCKETS = (0.1, 0.5, 1.0)
 FINISH_REASONS = ("stop", "length", "abort")
 FINISH_REASONS_032 = (*FINISH_REASONS, "error", "repetition")  # vLLM 0.32's FinishReason enum
 REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
@@ -87,114 +89,84 @@ def cache_config_labels(version: tuple[int, int], *, block_size: int, user_block
 
 
 class VllmMetrics:
-    """The engine families of one served model; one series per data-parallel engine (label engine="0", "1"…)."""
+    """The engine families of one served model; one series per data-parallel engine (label engine="0", "1"…).
+
+    Families are registered in vLLM 0.32's order (spec decode, perf, scheduler gauges, counters, histograms,
+    cache_config_info, then the HTTP instrumentator's), children value-major (every engine for one reason, then
+    the next reason), so the page reads like a real one line for line. With `page_registry` (a multiprocess
+    registry, see promdir.py) the page is rendered from it instead, as vLLM does with more than one API server:
+    no process/python families and no `_created` samples there.
+    """
 
     def __init__(self, *, model_name: str, version: tuple[int, int], max_model_len: int, spec_decode: bool,
-                 cache_info: dict[str, str], engines: int = 1):
+                 cache_info: dict[str, str], engines: int = 1, page_registry: CollectorRegistry | None = None):
         self.registry = CollectorRegistry(auto_describe=True)
-        process_collector.ProcessCollector(registry=self.registry)
-        gc_collector.GCCollector(registry=self.registry)
-        platform_collector.PlatformCollector(registry=self.registry)
+        if page_registry is None:  # a single API server: prometheus_client's default collectors, in its order
+            gc_collector.GCCollector(registry=self.registry)
+            platform_collector.PlatformCollector(registry=self.registry)
+            process_collector.ProcessCollector(registry=self.registry)
+        self.page_registry = page_registry or self.registry
         self.version = version
-        old = version < (0, 12)  # old cache names printed alongside the new ones until 0.12
         self.old_tpot = version < (0, 13)
         self.new_itl = version >= (0, 11)
-        new = version >= V032
-        labels = ("model_name", "engine")
-        ids = [str(e) for e in range(engines)]
-        reg = self.registry
-
-        # each helper returns the family's children, indexed by engine
-        def gauge(name: str, doc: str) -> list[Any]:
-            fam = Gauge(name, doc, labels, registry=reg, multiprocess_mode="mostrecent")
-            return [fam.labels(model_name, e) for e in ids]
-
-        def counter(name: str, doc: str) -> list[Any]:
-            fam = Counter(name, doc, labels, registry=reg)
-            return [fam.labels(model_name, e) for e in ids]
-
-        def hist(name: str, doc: str, buckets: Any) -> list[Any]:
-            fam = Histogram(name, doc, labels, buckets=buckets, registry=reg)
-            return [fam.labels(model_name, e) for e in ids]
-
-        def by(fam: Any, values: tuple[str, ...]) -> list[dict[str, Any]]:
-            return [{v: fam.labels(model_name, e, v) for v in values} for e in ids]
-
-        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.waiting_by_reason = None
-        if version >= (0, 12):
-            self.waiting_by_reason = by(Gauge("vllm:num_requests_waiting_by_reason",
-                                              "Number of requests waiting, by reason.", (*labels, "reason"),
-                                              registry=reg, multiprocess_mode="mostrecent"), ("capacity", "deferred"))
-        self.sleep_state = None
-        if version >= (0, 11):
-            self.sleep_state = by(Gauge("vllm:engine_sleep_state",
-                                        "Engine sleep state; awake = 0 means the engine is sleeping.",
-                                        (*labels, "sleep_state"), registry=reg, multiprocess_mode="mostrecent"),
-                                  SLEEP_STATES)
-            for per in self.sleep_state:
-                per["awake"].set(1)
-        self.kv_usage = [gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")]
-        if old:
-            self.kv_usage.append(gauge("vllm:gpu_cache_usage_perc",
-                                       "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: use "
-                                       "vllm:kv_cache_usage_perc."))
+        self._model = model_name
+        self._labels = ("model_name", "engine")
+        self._ids = [str(e) for e in range(engines)]
+        self._spec_and_perf(spec_decode)
+        self._gauges()
+        for e in range(engines):  # every engine's series from the start (an unset multiprocess gauge is not shown)
+            self.set_gauges(0, 0, 0.0, e)
+        self._counters()
+        self._histograms(max_model_len)
         info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                     (*sorted(cache_info), "engine"), registry=reg, multiprocess_mode="mostrecent")
-        for e in ids:
+                     (*sorted(cache_info), "engine"), registry=self.registry, multiprocess_mode="mostrecent")
+        for e in self._ids:
             info.labels(**cache_info, engine=e).set(1)
+        # not vLLM's: says on the page itself (and in Grafana) that this server is simulated
+        Gauge("lynxtop_simulated_info", "This vLLM server is SIMULATED by lynxtop: no model, no GPU.",
+              ("imitated_version",), registry=self.registry,
+              multiprocess_mode="mostrecent").labels(".".join(map(str, version))).set(1)
+        self.http = HttpMetrics(self.registry)
 
-        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        self.prompt_tokens_cached = None
-        if version >= (0, 12):
-            self.prompt_tokens_cached = counter("vllm:prompt_tokens_cached",
-                                                "Number of cached prompt tokens (local prefix cache hits).")
-        self.success = by(Counter("vllm:request_success", "Count of successfully processed requests.",
-                                  (*labels, "finished_reason"), registry=reg),
-                          FINISH_REASONS_032 if new else FINISH_REASONS)
-        self.prefix_queries = [counter("vllm:prefix_cache_queries",
-                                       "Prefix cache queries, in terms of number of queried tokens.")]
-        self.prefix_hits = [counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
-                                                              "tokens.")]
-        if old:
-            self.prefix_queries.append(counter("vllm:gpu_prefix_cache_queries",
-                                               "GPU prefix cache queries. DEPRECATED: use vllm:prefix_cache_queries."))
-            self.prefix_hits.append(counter("vllm:gpu_prefix_cache_hits",
-                                            "GPU prefix cache hits. DEPRECATED: use vllm:prefix_cache_hits."))
+    def render(self) -> bytes:
+        """The /metrics body."""
+        return generate_latest(self.page_registry)
+
+    # ------------------------------------------------------------------ family builders (children by engine)
+
+    def _gauge(self, name: str, doc: str) -> list[Any]:
+        fam = Gauge(name, doc, self._labels, registry=self.registry, multiprocess_mode="mostrecent")
+        return [fam.labels(self._model, e) for e in self._ids]
+
+    def _counter(self, name: str, doc: str) -> list[Any]:
+        fam = Counter(name, doc, self._labels, registry=self.registry)
+        return [fam.labels(self._model, e) for e in self._ids]
+
+    def _hist(self, name: str, doc: str, buckets: Any) -> list[Any]:
+        fam = Histogram(name, doc, self._labels, buckets=buckets, registry=self.registry)
+        return [fam.labels(self._model, e) for e in self._ids]
+
+    def _by(self, fam: Any, values: tuple[str, ...]) -> list[dict[str, Any]]:
+        """Children per engine and extra label value, created value-major as vLLM does."""
+        children = {(v, e): fam.labels(self._model, e, v) for v in values for e in self._ids}
+        return [{v: children[v, e] for v in values} for e in self._ids]
+
+    def _gauge_by(self, name: str, doc: str, label: str, values: tuple[str, ...]) -> list[dict[str, Any]]:
+        return self._by(Gauge(name, doc, (*self._labels, label), registry=self.registry,
+                              multiprocess_mode="mostrecent"), values)
+
+    def _counter_by(self, name: str, doc: str, label: str, values: tuple[str, ...]) -> list[dict[str, Any]]:
+        return self._by(Counter(name, doc, (*self._labels, label), registry=self.registry), values)
+
+    def _spec_and_perf(self, spec_decode: bool) -> None:
+        counter = self._counter
         self.spec = None
         if spec_decode:
             self.spec = (counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
                          counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
                          counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."))
-
-        # 0.32's families. The simulator has no KV connector, no multi-modal input, no offloading tier and no
-        # queue limit, so those series stay at 0 as they do on a real server configured the same way.
-        self.by_source = self.cached_by_source = self.perf = None
-        if new:
-            self.external_queries = counter("vllm:external_prefix_cache_queries",
-                                            "External prefix cache queries from KV connector cross-instance cache "
-                                            "sharing, in terms of number of queried tokens.")
-            self.external_hits = counter("vllm:external_prefix_cache_hits",
-                                         "External prefix cache hits from KV connector cross-instance cache "
-                                         "sharing, in terms of number of cached tokens.")
-            self.mm_queries = counter("vllm:mm_cache_queries",
-                                      "Multi-modal cache queries, in terms of number of queried items.")
-            self.mm_hits = counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.")
-            self.by_source = by(Counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
-                                        (*labels, "source"), registry=reg), PROMPT_SOURCES)
-            self.cached_by_source = by(Counter(
-                "vllm:prompt_tokens_cached_by_source",
-                "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded "
-                "to DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at "
-                "admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
-                (*labels, "source"), registry=reg), CACHE_HIT_SOURCES)
-            rejections = Counter("vllm:admission_rejections",
-                                 "Number of admission attempts rejected by a queue limit, by reason.",
-                                 ("model_name", "reason"), registry=reg)  # no engine label, as in vLLM
-            self.admission_rejections = {r: rejections.labels(model_name, r) for r in ADMISSION_REASONS}
+        self.perf = None
+        if self.version >= V032:
             self.perf = (
                 counter("vllm:estimated_flops_per_gpu",
                         "Estimated number of floating point operations per GPU (for Model Flops Utilization "
@@ -207,9 +179,98 @@ class VllmMetrics:
                         "calculations)."),
             )
 
+    def _gauges(self) -> None:
+        version, gauge = self.version, self._gauge
+        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.waiting_by_reason = None
+        if version >= (0, 12):
+            self.waiting_by_reason = self._gauge_by("vllm:num_requests_waiting_by_reason",
+                                                    "Number of waiting requests by reason. Reason labels: "
+                                                    "'capacity' = waiting for scheduling capacity; 'deferred' = "
+                                                    "deferred by transient constraints (LoRA budget, KV transfer, "
+                                                    "blocked status). Sum of all reasons equals "
+                                                    "vllm:num_requests_waiting.", "reason",
+                                                    ("capacity", "deferred"))
+        self.sleep_state = None
+        if version >= (0, 11):
+            self.sleep_state = self._gauge_by("vllm:engine_sleep_state",
+                                              "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 "
+                                              "means engine is awake; weights_offloaded = 1 means sleep level 1; "
+                                              "discard_all = 1 means sleep level 2.",
+                                              "sleep_state", SLEEP_STATES)
+            for per in self.sleep_state:  # every state set, as vLLM does (an unset multiprocess gauge is not shown)
+                for state, child in per.items():
+                    child.set(1 if state == "awake" else 0)
+        self.kv_usage = [gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")]
+        if version < (0, 12):  # old cache names printed alongside the new ones until 0.12
+            self.kv_usage.append(gauge("vllm:gpu_cache_usage_perc",
+                                       "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: use "
+                                       "vllm:kv_cache_usage_perc."))
+
+    def _counters(self) -> None:
+        """The cache counters, then the token and request counters. The simulator has no KV connector, no
+        multi-modal input, no offloading tier and no queue limit, so those series stay at 0 as they do on a
+        real server configured the same way."""
+        version, counter = self.version, self._counter
+        new = version >= V032
+        self.prefix_queries = [counter("vllm:prefix_cache_queries",
+                                       "Prefix cache queries, in terms of number of queried tokens.")]
+        self.prefix_hits = [counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
+                                                              "tokens.")]
+        if version < (0, 12):
+            self.prefix_queries.append(counter("vllm:gpu_prefix_cache_queries",
+                                               "GPU prefix cache queries. DEPRECATED: use vllm:prefix_cache_queries."))
+            self.prefix_hits.append(counter("vllm:gpu_prefix_cache_hits",
+                                            "GPU prefix cache hits. DEPRECATED: use vllm:prefix_cache_hits."))
+        if new:
+            self.external_queries = counter("vllm:external_prefix_cache_queries",
+                                            "External prefix cache queries from KV connector cross-instance cache "
+                                            "sharing, in terms of number of queried tokens.")
+            self.external_hits = counter("vllm:external_prefix_cache_hits",
+                                         "External prefix cache hits from KV connector cross-instance cache "
+                                         "sharing, in terms of number of cached tokens.")
+            self.mm_queries = counter("vllm:mm_cache_queries",
+                                      "Multi-modal cache queries, in terms of number of queried items.")
+            self.mm_hits = counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.")
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.by_source = self.cached_by_source = self.prompt_tokens_cached = None
+        if new:
+            self.by_source = self._counter_by("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                                              "source", PROMPT_SOURCES)
+        if version >= (0, 12):
+            self.prompt_tokens_cached = counter("vllm:prompt_tokens_cached",
+                                                "Number of cached prompt tokens (local + external).")
+        if new:
+            self.cached_by_source = self._counter_by(
+                "vllm:prompt_tokens_cached_by_source",
+                "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded "
+                "to DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at "
+                "admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
+                "source", CACHE_HIT_SOURCES)
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.success = self._counter_by("vllm:request_success", "Count of successfully processed requests.",
+                                        "finished_reason", FINISH_REASONS_032 if new else FINISH_REASONS)
+        if new:
+            rejections = Counter("vllm:admission_rejections",
+                                 "Number of admission attempts rejected by a queue limit, by reason.",
+                                 ("model_name", "reason"), registry=self.registry)  # no engine label, as in vLLM
+            self.admission_rejections = {r: rejections.labels(self._model, r) for r in ADMISSION_REASONS}
+
+    def _histograms(self, max_model_len: int) -> None:
+        hist = self._hist
         tokens_buckets = build_1_2_5_buckets(max_model_len)
+        self.req_prompt = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens_buckets)
+        self.req_gen = hist("vllm:request_generation_tokens", "Number of generation tokens processed.",
+                            tokens_buckets)
         self.iteration_tokens = hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
                                      ITERATION_TOKENS_BUCKETS)
+        self.req_max_gen = hist("vllm:request_max_num_generation_tokens",
+                                "Histogram of maximum number of requested generation tokens.", tokens_buckets)
+        self.params_n = hist("vllm:request_params_n", "Histogram of the n request parameter.", PARAMS_N_BUCKETS)
+        self.params_max_tokens = hist("vllm:request_params_max_tokens",
+                                      "Histogram of the max_tokens request parameter.", tokens_buckets)
         self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                          TTFT_BUCKETS)
         self.itl: list[list[Any]] = []
@@ -234,34 +295,14 @@ class VllmMetrics:
                             "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
         self.decode = hist("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
                            REQUEST_LATENCY_BUCKETS)
-        self.req_prompt = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens_buckets)
-        self.req_gen = hist("vllm:request_generation_tokens", "Number of generation tokens processed.",
-                            tokens_buckets)
-        self.req_max_gen = hist("vllm:request_max_num_generation_tokens",
-                                "Histogram of maximum number of requested generation tokens.", tokens_buckets)
-        self.params_n = hist("vllm:request_params_n", "Histogram of the n request parameter.", PARAMS_N_BUCKETS)
-        self.params_max_tokens = hist("vllm:request_params_max_tokens",
-                                      "Histogram of the max_tokens request parameter.", tokens_buckets)
         self.req_preemptions = self.req_prefill_computed = None
-        if new:
+        if self.version >= V032:
             self.req_preemptions = hist("vllm:request_num_preemptions",
                                         "Histogram of the number of times a request was preempted.",
                                         REQUEST_NUM_PREEMPTIONS_BUCKETS)
             self.req_prefill_computed = hist("vllm:request_prefill_kv_computed_tokens",
                                              "Histogram of new KV tokens computed during prefill (excluding cached "
                                              "tokens).", tokens_buckets)
-
-        # not vLLM's: says on the page itself (and in Grafana) that this server is simulated
-        Gauge("lynxtop_simulated_info", "This vLLM server is SIMULATED by lynxtop: no model, no GPU.",
-              ("imitated_version",), registry=reg).labels(".".join(map(str, version))).set(1)
-
-        # what prometheus-fastapi-instrumentator adds to vLLM's page
-        self.http_requests = Counter("http_requests", "Total number of requests by method, status and handler.",
-                                     ("handler", "method", "status"), registry=reg)
-        self.http_duration = Histogram("http_request_duration_seconds",
-                                       "Latency with only few buckets by handler. Made to be only used if "
-                                       "aggregation by handler is important.", ("handler", "method"),
-                                       buckets=HTTP_DURATION_BUCKETS, registry=reg)
 
     # ------------------------------------------------------------------ updates (e = data-parallel engine)
 

@@ -52,6 +52,7 @@ class SimParams:
     # --- memory (per GPU unless said otherwise) ---
     gpu_mem_bytes: int = 143771 * 1024 * 1024  # H200 as NVML reports it (same as FakeGpuSpec)
     weights_bytes_total: int = 296 * 10**9  # 284B params in FP8 + BF16 norms/embeddings; split over TP·PP
+    expert_weights_share: float = 0.95  # routed experts' share of the weights; EP spreads them over DP·TP
     activation_bytes: int = int(5.5 * GIB)  # peak activations + NCCL buffers found by the profiling run
     cuda_graph_bytes: int = int(0.9 * GIB)  # memory the captured graphs take
     kv_bytes_per_token: int = 70_272  # MLA latent (512+64) × 61 layers × 2 bytes, replicated on every TP rank
@@ -130,10 +131,21 @@ class MemoryPlan:
         return self.weights_bytes + self.activation_bytes + self.graph_bytes + max(self.kv_bytes, 0)
 
 
+def weights_per_gpu(p: SimParams, *, tp: int, pp: int, dp: int = 1, expert_parallel: bool = False) -> int:
+    """One GPU's share of the weights: TP·PP split them all; with --enable-expert-parallel the routed experts
+    are split over the whole expert-parallel group (DP·TP) instead, the dense layers stay replicated per DP rank
+    (so DP8 + EP with TP1 fits DeepSeek on 8 GPUs, DP8 alone does not)."""
+    shards = max(tp * pp, 1)
+    if not expert_parallel:
+        return p.weights_bytes_total // shards
+    experts = p.weights_bytes_total * p.expert_weights_share
+    return int((p.weights_bytes_total - experts) / shards + experts / (shards * max(dp, 1)))
+
+
 def plan_memory(p: SimParams, *, tp: int, pp: int, gpu_memory_utilization: float, block_size: int | None,
-                kv_cache_dtype: str | None) -> MemoryPlan:
+                kv_cache_dtype: str | None, dp: int = 1, expert_parallel: bool = False) -> MemoryPlan:
     requested = int(p.gpu_mem_bytes * gpu_memory_utilization)
-    weights = p.weights_bytes_total // max(tp * pp, 1)
+    weights = weights_per_gpu(p, tp=tp, pp=pp, dp=dp, expert_parallel=expert_parallel)
     kv = requested - weights - p.activation_bytes - p.cuda_graph_bytes
     bs = block_size or p.default_block_size
     per_block = bs * p.kv_bytes_per_token_for(kv_cache_dtype)

@@ -17,17 +17,20 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from lynxtop.agent.sim import vlog
 from lynxtop.agent.sim.flags import ServeArgs
+from lynxtop.agent.sim.frontends import helper_titles, start_helpers
 from lynxtop.agent.sim.metrics import V032, VllmMetrics, cache_config_labels
+from lynxtop.agent.sim.promdir import use_multiprocess_dir
 
 WORDS = ("the", "model", "is", "simulated", "by", "lynxtop", "and", "no", "GPU", "was", "harmed", "in",
          "making", "this", "token", "stream", "of", "plausible", "words", "for", "testing", ".", ",", "a")
@@ -101,6 +104,8 @@ class SimServer:
         self.draining = False
         self.block_size = args.block_size or args.params.default_block_size
         self.metrics: VllmMetrics | None = None
+        self.prom_dir: tempfile.TemporaryDirectory | None = None
+        self.helpers: list[subprocess.Popen] = []  # APIServer_<i>, DPCoordinator stand-ins
         self.created = int(time.time())
 
     @property
@@ -118,6 +123,7 @@ class SimServer:
             child.close()
             reader, writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 24)
             self.engines.append(EngineLink(rank, proc, reader, writer, loop.create_future()))
+        self.helpers = start_helpers(helper_titles(self.a.api_server_count, self.a.dp))
 
     async def send(self, eng: EngineLink, msg: dict) -> None:
         if eng.gone or self.engine_dead:
@@ -218,6 +224,7 @@ class SimServer:
     async def mw_metrics(self, request: web.Request, handler: Any) -> web.StreamResponse:
         t0 = time.perf_counter()
         status = 500
+        resp: web.StreamResponse | None = None
         try:
             resp = await handler(request)
             status = resp.status
@@ -226,10 +233,11 @@ class SimServer:
             status = exc.status
             raise
         finally:
-            if self.metrics is not None and request.match_info.route.resource is not None:
-                path = request.match_info.route.resource.canonical
-                self.metrics.http_requests.labels(path, request.method, f"{status // 100}xx").inc()
-                self.metrics.http_duration.labels(path, request.method).observe(time.perf_counter() - t0)
+            if self.metrics is not None:
+                resource = request.match_info.route.resource
+                self.metrics.http.observe(resource.canonical if resource is not None else None, request.method,
+                                          status, time.perf_counter() - t0, request.content_length or 0,
+                                          getattr(resp, "content_length", None) or 0)
 
     @web.middleware
     async def mw_auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -246,7 +254,7 @@ class SimServer:
 
     async def h_metrics(self, request: web.Request) -> web.Response:
         assert self.metrics is not None
-        body = generate_latest(self.metrics.registry)
+        body = self.metrics.render()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def h_load(self, request: web.Request) -> web.Response:
@@ -505,6 +513,23 @@ class SimServer:
         while self.pending and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
+    def build_metrics(self, info: dict) -> VllmMetrics:
+        """The /metrics families, once the engines reported their memory plan. With more than one API server
+        vLLM keeps its metrics in a Prometheus multiprocess directory and renders the page from there."""
+        a = self.a
+        page_registry = None
+        if a.api_server_count > 1:
+            self.prom_dir = tempfile.TemporaryDirectory(prefix="lynxtop-sim-prom-")
+            page_registry = use_multiprocess_dir(self.prom_dir.name)
+        return VllmMetrics(
+            model_name=a.served_model_name, version=a.version_tuple, max_model_len=a.max_model_len,
+            spec_decode=a.speculative_tokens > 0, engines=len(self.engines), page_registry=page_registry,
+            cache_info=cache_config_labels(
+                a.version_tuple, block_size=info["block_size"], user_block_size=a.block_size is not None,
+                cache_dtype=a.kv_cache_dtype, enable_prefix_caching=a.enable_prefix_caching,
+                gpu_memory_utilization=a.gpu_memory_utilization, num_gpu_blocks=info["num_gpu_blocks"],
+                kv_tokens=info["kv_tokens"], max_model_len=a.max_model_len))
+
     async def run(self) -> int:
         a = self.a
         loop = asyncio.get_running_loop()
@@ -514,6 +539,8 @@ class SimServer:
         log("THIS IS A SIMULATED vLLM SERVER (lynxtop): no model is loaded and no GPU is used; tokens are "
             "synthetic and timings follow lynxtop's DeepSeek-V4.1 TP8 model.", "WARNING")
         log(f"non-default args: {a.non_default}", src="utils.py:326")
+        if a.api_server_count > 1 and "api_server_count" not in a.non_default:
+            log(f"Defaulting api_server_count to data_parallel_size ({a.api_server_count}).", src="serve.py:126")
         await self.spawn_engines()
         readers = [asyncio.create_task(self.read_engine(e)) for e in self.engines]
         all_ready = asyncio.gather(*(e.ready for e in self.engines), return_exceptions=True)
@@ -532,15 +559,7 @@ class SimServer:
             vlog.raw("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
                      f"{{{procs}}}")
             return 1
-        info = results[0]
-        self.metrics = VllmMetrics(
-            model_name=a.served_model_name, version=a.version_tuple, max_model_len=a.max_model_len,
-            spec_decode=a.speculative_tokens > 0, engines=len(self.engines),
-            cache_info=cache_config_labels(
-                a.version_tuple, block_size=info["block_size"], user_block_size=a.block_size is not None,
-                cache_dtype=a.kv_cache_dtype, enable_prefix_caching=a.enable_prefix_caching,
-                gpu_memory_utilization=a.gpu_memory_utilization, num_gpu_blocks=info["num_gpu_blocks"],
-                kv_tokens=info["kv_tokens"], max_model_len=a.max_model_len))
+        self.metrics = self.build_metrics(results[0])
         url_host = f"[{a.host}]" if ":" in a.host else a.host
         if a.version_tuple >= V032:  # 0.32's wording (checked on a real server), then the route table
             log(f"Starting vLLM server on http://{url_host}:{a.port}", src="entry.py:140")
@@ -586,7 +605,7 @@ def serve(args: ServeArgs, serve_argv: list[str]) -> int:
     try:
         return asyncio.run(server.run())
     finally:
-        _end_engines([e.proc for e in server.engines])
+        _end_engines([e.proc for e in server.engines] + server.helpers)
 
 
 def _end_engines(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:

@@ -69,7 +69,7 @@ def test_sysusers_file_creates_user_and_group(tmp_path):
 def test_example_config_is_valid_and_its_profiles_fit_their_hardware():
     cfg = load_config(str(EXAMPLE))
     names = [p.name for p in cfg.profiles]
-    assert names == ["v4-tp8-h200", "v4-tp8pp2-ray", "v4-tp8-b200"]
+    assert names == ["v4-tp8-h200", "v4-tp8pp2-ray", "v4-tp8-b200", "v4-dp8ep-h200"]
     assert cfg.agent.live_restore and cfg.agent.default_profile == "v4-tp8-h200"
     real = {p.name: dataclasses.replace(p, executable=sys.executable) for p in cfg.profiles}
     # TP8 on 8xH200 with dense FlashMLA: nothing to say
@@ -77,6 +77,10 @@ def test_example_config_is_valid_and_its_profiles_fit_their_hardware():
     # TP8xPP2 through Ray: 8 of 16 GPUs here is a warning, not a refusal
     problems, warnings = preflight(real["v4-tp8pp2-ray"], H200)
     assert problems == [] and any("Ray cluster" in w for w in warnings)
+    # DP8 + EP, one engine per GPU: the 8 H200s, nothing to say; 4 GPUs are too few
+    assert preflight(real["v4-dp8ep-h200"], H200) == ([], [])
+    problems, _ = preflight(real["v4-dp8ep-h200"], H200[:4])
+    assert any("needs 8 GPUs" in x for x in problems)
     # the B200 profile fits B200s; dense FlashMLA would not
     assert preflight(real["v4-tp8-b200"], B200) == ([], [])
     _, warnings = preflight(real["v4-tp8-h200"], B200)

@@ -174,3 +174,23 @@ def test_straggler_failure_mode_names_a_gpu_of_the_node():
     for bad in ("straggler=8", "straggler=-1", "straggler=x", "straggler"):
         with pytest.raises(SimUsageError, match=r"straggler=GPU \(0\.\.7\)"):
             parse_serve_args(["m", "--sim-fail", bad], env={})
+
+
+def test_api_server_count_defaults_to_the_dp_size_as_in_vllm():
+    assert parse_serve_args(["m"], env={}).api_server_count == 1
+    assert parse_serve_args(["m", "--data-parallel-size", "8"], env={}).api_server_count == 8
+    a = parse_serve_args(["m", "-dp", "2", "--api-server-count", "1"], env={})
+    assert a.api_server_count == 1 and a.non_default["api_server_count"] == 1
+    assert parse_serve_args(["m", "-asc", "3"], env={}).api_server_count == 3
+    with pytest.raises(SystemExit) as exc:
+        parse_serve_args(["m", "--api-server-count", "0"], env={})  # headless: not simulated
+    assert exc.value.code == 2
+
+
+def test_helper_processes_follow_vllms_shape():
+    from lynxtop.agent.sim.frontends import helper_titles
+
+    assert helper_titles(1, 1) == []
+    assert helper_titles(1, 2) == ["VLLM::DPCoordinator"]
+    assert helper_titles(2, 2) == ["VLLM::DPCoordinator", "VLLM::APIServer_0", "VLLM::APIServer_1"]
+    assert helper_titles(2, 1) == ["VLLM::APIServer_0", "VLLM::APIServer_1"]

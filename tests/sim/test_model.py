@@ -18,6 +18,7 @@ from lynxtop.agent.sim.model import (
     params_with,
     plan_memory,
     run_closed_loop,
+    weights_per_gpu,
 )
 
 
@@ -114,6 +115,21 @@ def test_memory_plan_follows_the_flags():
     assert less.kv_tokens < base.kv_tokens
     assert tp4.kv_bytes < base.kv_bytes  # bigger weight shards leave less for the cache
     assert base.used_bytes <= base.requested_bytes
+
+
+def test_expert_parallelism_spreads_the_experts_over_the_dp_ranks():
+    """DP8 + EP with TP1 (DeepSeek's serving shape) fits on 8 H200s; DP8 without EP would need the whole
+    model on every GPU; with TP8 and no DP the experts are split by TP anyway."""
+    p = SimParams()
+    ep = plan_memory(p, tp=1, pp=1, dp=8, expert_parallel=True, gpu_memory_utilization=0.9, block_size=None,
+                     kv_cache_dtype="auto")
+    no_ep = plan_memory(p, tp=1, pp=1, dp=8, gpu_memory_utilization=0.9, block_size=None, kv_cache_dtype="auto")
+    assert no_ep.weights_bytes == p.weights_bytes_total and no_ep.kv_bytes <= 0
+    dense = p.weights_bytes_total * (1 - p.expert_weights_share)
+    assert ep.weights_bytes == pytest.approx(dense + (p.weights_bytes_total - dense) / 8, rel=1e-6)
+    assert ep.num_gpu_blocks > 0 and ep.kv_tokens > 163_840
+    assert weights_per_gpu(p, tp=8, pp=1, dp=1, expert_parallel=True) == pytest.approx(
+        weights_per_gpu(p, tp=8, pp=1), rel=1e-6)
 
 
 def test_params_overrides_are_validated():

@@ -264,7 +264,9 @@ def test_data_parallel_runs_one_engine_per_rank_with_its_own_series_and_gpus(sta
     sp = start_sim("-dp", "2", tp=4)
     sp.wait_ready()
     names = sorted(c.name() for c in psutil.Process(sp.proc.pid).children())
-    assert names == ["VLLM::EngineCore_DP0", "VLLM::EngineCore_DP1"]
+    # vLLM 0.32 defaults --api-server-count to the DP size and runs a DP coordinator beside the engines
+    assert names == ["VLLM::APIServer_0", "VLLM::APIServer_1", "VLLM::DPCoordinator", "VLLM::EngineCore_DP0",
+                     "VLLM::EngineCore_DP1"]
     for _ in range(4):
         assert kit.http(sp.url + "/v1/completions", {"prompt": "balance me", "max_tokens": 3})[0] == 200
     fams = families(kit.http(sp.url + "/metrics")[1].decode())
