@@ -315,8 +315,9 @@ class EngineCore:
         if plan.kv_bytes <= 0:
             if plan.weights_bytes > p.gpu_mem_bytes * a.gpu_memory_utilization:
                 self.log(f"[SIMULATED] the weights take {plan.weights_bytes / GIB:.2f} GiB per GPU with TP={a.tp}, "
-                         f"PP={a.pp}; the GPU has {p.gpu_mem_bytes / GIB:.2f} GiB: raise --tensor-parallel-size "
-                         f"(DeepSeek-V4.1 needs 8 H200s)", "WARNING", src="sim")
+                         f"PP={a.pp}, DP={a.dp}, EP={a.enable_expert_parallel}; the GPU has "
+                         f"{p.gpu_mem_bytes / GIB:.2f} GiB: raise --tensor-parallel-size, or add "
+                         f"--enable-expert-parallel to -dp (DeepSeek-V4.1 needs 8 H200s)", "WARNING", src="sim")
             self.fail("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
                       "when initializing the engine (this flag also controls CPU memory reservation on the CPU "
                       "backend, despite its name). See https://docs.vllm.ai/en/latest/configuration/"

@@ -112,3 +112,12 @@ def test_explicit_single_api_server_keeps_the_plain_page_with_dp2(start_sim, kit
     assert "_created" in page and "process_cpu_seconds_total" in page
     assert {v for e in ps.engines(page).values() for v in e} == {"0", "1"}
     assert child_titles(sp) == ["VLLM::DPCoordinator", "VLLM::EngineCore_DP0", "VLLM::EngineCore_DP1"]
+
+
+def test_dp8_without_expert_parallelism_does_not_fit(start_sim, kit):
+    """Without EP every DP rank would hold the whole model: start-up fails as `-tp 1` does, and says why."""
+    sp = start_sim("--data-parallel-size", "8", tp=1)
+    assert sp.wait_exit(60) == 1
+    text = sp.text()
+    assert "No available memory for the cache blocks" in text and "add --enable-expert-parallel to -dp" in text
+    assert kit.group_members(sp.pgid) == []  # the stand-ins went with the server
