@@ -20,7 +20,16 @@ from prometheus_client.registry import Collector
 
 from lynxtop.agent.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
 from lynxtop.contract.columns import LATENCY_SERIES
-from lynxtop.contract.status import AgentStatus, GpuStatus, ServingState, ServingStatus, SlaState, SlaStatus, Status
+from lynxtop.contract.status import (
+    AgentStatus,
+    EngineLoad,
+    GpuStatus,
+    ServingState,
+    ServingStatus,
+    SlaState,
+    SlaStatus,
+    Status,
+)
 
 _log = logging.getLogger("lynxtop.exporter")
 
@@ -86,6 +95,12 @@ _SERVING = (
      0.01),
     ("scrape_ok", "scrape_ok", "1 when the last scrape of vLLM's /metrics succeeded", 1),
 )
+# Per data-parallel engine, labelled `engine` as vLLM labels it: (EngineLoad field, metric suffix, help, scale)
+_ENGINE = (
+    ("running", "requests_running", "Requests running on one data-parallel engine", 1),
+    ("waiting", "requests_waiting", "Requests waiting on one data-parallel engine", 1),
+    ("kv_cache_usage_pct", "kv_cache_usage_ratio", "KV cache usage of one data-parallel engine", 0.01),
+)
 _SERIES_HELP = {"ttft": "Time to first token", "itl": "Inter-token latency", "tpot": "Time per output token "
                 "(per request)", "e2e": "End-to-end request latency", "queue": "Time requests waited in the queue"}
 
@@ -123,6 +138,7 @@ class SnapshotCollector(Collector):
         yield from self._gpus(st.gpus)
         yield from self._simple("host", _HOST, st.host.metrics)
         yield from self._serving(st.serving, st.serving_metrics.values)
+        yield from self._engines(st.engines)
         yield from self._sla(st.sla)
 
     def _agent(self, agent: AgentStatus) -> Iterator[Any]:
@@ -219,6 +235,17 @@ class SnapshotCollector(Collector):
                 yield _gauge(name, help_, v * scale)
         yield from self._simple("serving", _SERVING, sm)
         yield from self._latency(sm)
+
+    def _engines(self, engines: tuple[EngineLoad, ...]) -> Iterator[Any]:
+        """The load of each data-parallel engine (the totals above are their sum, KV their max)."""
+        for attr, suffix, help_, scale in _ENGINE:
+            fam = GaugeMetricFamily(f"lynxtop_serving_engine_{suffix}", help_, labels=["engine"])
+            values = [(e.engine, _num(getattr(e, attr))) for e in engines]
+            for engine, v in values:
+                if v is not None:
+                    fam.add_metric([engine], v * scale)
+            if any(v is not None for _, v in values):
+                yield fam
 
     def _latency(self, sm: Mapping[str, Any]) -> Iterator[Any]:
         v = _num(sm.get("scrape_errors"))

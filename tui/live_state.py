@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lynxtop.contract.columns import GPU_METRICS, LATENCY_SERIES, LATENCY_STATS, SERVING_METRICS, names
-from lynxtop.contract.status import Status
+from lynxtop.contract.status import EngineLoad, Status
 
 # 15 minutes at the default 1 s interval: what the GPU and Latency views show live.
 HISTORY_POINTS = 900
@@ -103,6 +103,11 @@ class LiveState:
     def gpus(self) -> list[dict[str, Any]]:
         """The GPUs in their JSON form, for views that read them by key."""
         return list(self._json.get("gpus") or [])
+
+    @property
+    def engines(self) -> tuple[EngineLoad, ...]:
+        """Each data-parallel engine's load on the last page read (empty when not serving)."""
+        return self.status.engines if self.status is not None else ()
 
     @property
     def simulated(self) -> bool:

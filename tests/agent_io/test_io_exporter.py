@@ -12,7 +12,7 @@ from agent_io_helpers import FakeController
 from prometheus_client.parser import text_string_to_metric_families
 
 from lynxtop.agent.exporter import MetricsExporter, is_loopback, parse_listen
-from lynxtop.contract.status import ServingState
+from lynxtop.contract.status import EngineLoad, ServingState
 
 
 @pytest.fixture
@@ -77,6 +77,35 @@ async def test_metrics_names_units_and_labels(exporter):
     assert any("Prometheus metrics on http://127.0.0.1:" in line for line in logs)
 
 
+async def test_per_engine_load_is_labelled_by_engine(exporter):
+    """DP deployments: each engine's running, waiting and KV usage, so an alert can name the engine that lags."""
+    get, state, _ = exporter
+    _, text = await get()
+    assert not any(name.startswith("lynxtop_serving_engine_") for name, _ in samples(text))  # none: no families
+    engines = (EngineLoad("0", 12, 0, 37.5), EngineLoad("1", 14, 9, 96.4), EngineLoad("10", None, None, None),
+               EngineLoad("2", 0, None, 12.0))
+    state["snapshot"] = replace(state["snapshot"], engines=engines)
+    _, text = await get()
+    s = samples(text)
+    e1 = (("engine", "1"),)
+    assert s[("lynxtop_serving_engine_requests_running", e1)] == 14
+    assert s[("lynxtop_serving_engine_requests_waiting", e1)] == 9
+    assert s[("lynxtop_serving_engine_kv_cache_usage_ratio", e1)] == pytest.approx(0.964)
+    assert s[("lynxtop_serving_engine_kv_cache_usage_ratio", (("engine", "0"),))] == pytest.approx(0.375)
+    assert s[("lynxtop_serving_engine_requests_running", (("engine", "2"),))] == 0  # a real 0 stays a 0
+    # a reading the page did not give is no sample, never 0
+    assert ("lynxtop_serving_engine_requests_waiting", (("engine", "2"),)) not in s
+    assert not [k for k in s if k[1] == (("engine", "10"),)]
+    # the totals keep their names and have no engine label
+    assert s[("lynxtop_serving_kv_cache_usage_ratio", ())] == pytest.approx(0.43)
+    engine_names = {name for name, lab in s if ("engine", "1") in lab}
+    assert engine_names == {"lynxtop_serving_engine_requests_running", "lynxtop_serving_engine_requests_waiting",
+                            "lynxtop_serving_engine_kv_cache_usage_ratio"}
+    assert {k for _, lab in s for k, _ in lab} <= {"gpu", "uuid", "state", "engine"}
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["lynxtop_serving_engine_requests_waiting"].type == "gauge"
+
+
 async def test_only_metrics_are_served_and_a_broken_snapshot_is_survived(exporter):
     get, state, _ = exporter
     code, _ = await get("/v1/stop", method="POST")
@@ -92,8 +121,10 @@ async def test_promtool_accepts_the_page(exporter):
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (apt-get install prometheus)")
-    get, _, _ = exporter
+    get, state, _ = exporter
+    state["snapshot"] = replace(state["snapshot"], engines=(EngineLoad("0", 3, 1, 20.0), EngineLoad("1", 4, 0, 25.0)))
     _, text = await get()
+    assert "lynxtop_serving_engine_requests_running" in text
     p = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stdout + p.stderr
 

@@ -50,7 +50,8 @@ def serving_metrics(**over: Any) -> dict[str, Any]:
 def status_json(state: str = "ready", gpus: int = 8, simulated: bool = True, ts_ms: int = T0, *,
                 agent: dict[str, Any] | None = None, sla: dict[str, Any] | None = None,
                 host: dict[str, Any] | None = None, metrics: dict[str, Any] | None = None,
-                gpu_rows: list[dict[str, Any]] | None = None, **serving_over: Any) -> dict[str, Any]:
+                gpu_rows: list[dict[str, Any]] | None = None, engines: list[dict[str, Any]] | None = None,
+                **serving_over: Any) -> dict[str, Any]:
     """The JSON of `make_status` (same arguments): what a fake agent answers on the wire."""
     serving = {
         "state": state, "state_since_ms": ts_ms - 3_723_000, "reason": "", "phase": None,
@@ -78,10 +79,20 @@ def status_json(state: str = "ready", gpus: int = 8, simulated: bool = True, ts_
         "gpus": gpu_rows if gpu_rows is not None else [gpu_row(i) for i in range(gpus)],
         "host": host_json,
         "serving_metrics": serving_metrics(**(metrics or {})) if busy or metrics else {},
+        "engines": list(engines or []),
     }
+
+
+def engine_loads(waiting: dict[int, int] | None = None, kv: dict[int, float] | None = None,
+                 running: dict[int, int] | None = None, n: int = 8) -> list[dict[str, Any]]:
+    """`n` data-parallel engines as JSON, even (12 running, 0 waiting, KV 37.5 %) except where overridden."""
+    waiting, kv, running = waiting or {}, kv or {}, running or {}
+    return [{"engine": str(i), "running": running.get(i, 12), "waiting": waiting.get(i, 0),
+             "kv_cache_usage_pct": kv.get(i, 37.5)} for i in range(n)]
 
 
 def make_status(state: str = "ready", gpus: int = 8, simulated: bool = True, ts_ms: int = T0, **over: Any) -> Status:
     """A `Status`; `agent`, `sla`, `host`, `metrics` (serving metrics) merge into their sections, `gpu_rows`
-    replaces the GPUs, and any other keyword is a field of the serving section (state, phase, run_id, ...)."""
+    replaces the GPUs, `engines` (JSON, see `engine_loads`) gives the per-engine load (default none), and any
+    other keyword is a field of the serving section (state, phase, run_id, ...)."""
     return Status.from_json(status_json(state, gpus, simulated, ts_ms, **over))

@@ -7,7 +7,9 @@ Update after an intended change with `pytest tests/tui/test_snapshots.py --snaps
 from __future__ import annotations
 
 import pytest
+from support.status import engine_loads
 from support.tui import make_app, wait_for
+from tui_fake_agent import make_status
 
 from lynxtop.tui.screens.confirm import ConfirmScreen
 
@@ -39,6 +41,20 @@ def test_restart_confirmation(snap_compare, agent, size):
         await pilot.pause(0.2)
 
     assert snap_compare(_app(agent), terminal_size=size, run_before=open_dialog)
+
+
+def test_node_view_per_engine_160x48(snap_compare, agent):
+    """DP8 with engine 5 queueing and its KV cache near full: `e` shows each engine, engine 5 marked."""
+    engines = engine_loads(waiting={5: 9}, kv={5: 96.4}, running={5: 14})
+    agent.status = make_status(engines=engines, metrics={"requests_running": 98, "requests_waiting": 9,
+                                                         "kv_cache_usage_pct": 96.4})
+
+    async def per_engine(pilot) -> None:
+        await _connected(pilot)
+        await pilot.press("e")
+        await pilot.pause(0.3)
+
+    assert snap_compare(_app(agent), terminal_size=(160, 48), run_before=per_engine)
 
 
 def test_latency_view_160x48(snap_compare, agent):

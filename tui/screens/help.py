@@ -10,6 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from lynxtop.tui.engine_lag import IDLE_BUSY_MEDIAN, KV_GAP_PCT, WAITING_MIN_GAP
 from lynxtop.tui.widgets.gpu_table import UTIL_NOTE
 
 THRESHOLDS = """\
@@ -17,6 +18,11 @@ Colours (always with a word or symbol too):
   SM/Tensor/DRAM bars: plain; memory yellow ≥ 95 %, red ≥ 99 %; temperature yellow ≥ 80 °C, red ≥ 88 °C
   KV cache red ≥ 95 %; latency p99 red with ✗ above the SLA limit; ▲ marks breaches in charts
   N/A = not readable (never shown as 0). Greyed panels = last values while the agent is unreachable.
+"""
+ENGINES = f"""\
+Engines (e, data parallel): ⚠ marks an engine that, against the others' median, has
+  ≥ {WAITING_MIN_GAP} more waiting (and at least twice it), KV cache ≥ {KV_GAP_PCT:.0f} points higher, or runs
+  nothing while it has a queue or the others run ≥ {IDLE_BUSY_MEDIAN}. Totals stay the default view.
 """
 
 
@@ -36,7 +42,7 @@ class HelpScreen(ModalScreen[None]):
             table.add_row(key, description)
         with VerticalScroll(id="dialog"):
             yield Static(table)
-            yield Static(Text(THRESHOLDS + "\n" + UTIL_NOTE))
+            yield Static(Text(THRESHOLDS + ENGINES + "\n" + UTIL_NOTE))
             yield Static(Text("Esc closes this help.", style="dim"))
 
     def action_close(self) -> None:

@@ -9,10 +9,12 @@ from typing import Any
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.widgets import Static
 
 from lynxtop.client import AgentRefused, AgentUnreachable
 from lynxtop.tui.screens.base import LiveScreen
+from lynxtop.tui.widgets.engine_table import EngineTable
 from lynxtop.tui.widgets.gpu_table import UTIL_NOTE, GpuTable
 from lynxtop.tui.widgets.gpu_trends import GpuTrends
 from lynxtop.tui.widgets.recent_events import RecentEvents
@@ -25,9 +27,12 @@ EVENTS_LIMIT = 40
 
 class NodeScreen(LiveScreen):
     VIEW_TITLE = "Node"
+    BINDINGS = [Binding("e", "toggle_engines", "Engines", id="node.engines",
+                        tooltip="Serving: totals, or each data-parallel engine (the lagging one marked)")]
 
     def __init__(self) -> None:
         super().__init__()
+        self.per_engine = False  # the Serving panel shows the totals until `e`
         self.events: list[dict[str, Any]] | None = None
         self.events_note = ""
         self._events_fetched = 0.0
@@ -37,6 +42,7 @@ class NodeScreen(LiveScreen):
         yield GpuTable(ascii_only=self.lynx.ascii_only, id="gpus")
         yield Static(Text(UTIL_NOTE, style="dim"), id="util-note")
         yield ServingPanel(ascii_only=self.lynx.ascii_only, id="serving")
+        yield EngineTable(ascii_only=self.lynx.ascii_only, id="engines")
         yield GpuTrends(ascii_only=self.lynx.ascii_only, id="gpu-trends")
         yield RecentEvents(id="recent-events")
 
@@ -48,7 +54,10 @@ class NodeScreen(LiveScreen):
         self.query_one(StartupPhases).show(state.section("serving"), now_ms)
         table = self.query_one(GpuTable)
         table.show(state.gpus)
-        self.query_one(ServingPanel).show(state)
+        if self.per_engine:
+            self.query_one(EngineTable).show(state)
+        else:
+            self.query_one(ServingPanel).show(state)
         if self.has_class("-tall"):
             # The extra panels draw (and events are asked for) only where they are shown.
             ref = state.ts_ms
@@ -69,6 +78,11 @@ class NodeScreen(LiveScreen):
             self.events_note = ""
         if self.has_class("-tall"):
             self.query_one(RecentEvents).show(self.events, self.lynx.utc, self.events_note)
+
+    def action_toggle_engines(self) -> None:
+        self.per_engine = not self.per_engine
+        self.set_class(self.per_engine, "-engines")
+        self.call_after_refresh(self.redraw)  # after the layout: the panel just shown has its width then
 
     def on_gpu_table_selected(self, event: GpuTable.Selected) -> None:
         # Enter on a GPU row opens its 15-minute view.

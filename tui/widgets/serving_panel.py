@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from lynxtop.contract.format import NA, fmt_int, fmt_ms, fmt_pct, fmt_si
+from lynxtop.tui.engine_lag import lagging, summary
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.plot import sparkline
 from lynxtop.tui.widgets.text_panel import TextPanel
@@ -24,7 +25,7 @@ class ServingPanel(TextPanel):
         sla = state.section("sla")
         width = max(8, self.size.width - 2)
         spark_w = max(4, width - 46)
-        lines = [_stats_line(state, sm, width < 100)]
+        lines = [stats_line(state, sm, width < 100)]
         thresholds = {"ttft": sla.get("ttft_threshold_ms"), "tpot": sla.get("tpot_threshold_ms")}
         for series in ("ttft", "tpot", "itl"):
             p50, p99 = sm.get(f"{series}_p50_ms"), sm.get(f"{series}_p99_ms")
@@ -46,10 +47,19 @@ class ServingPanel(TextPanel):
         lines.append(line)
         out = Text("\n", no_wrap=True, overflow="crop").join(lines)
         out.no_wrap, out.overflow = True, "crop"
+        self.border_subtitle = _engines_hint(state)
         self.update(out)
 
 
-def _stats_line(state: LiveState, sm: dict, short: bool) -> Text:
+def _engines_hint(state: LiveState) -> str:
+    """With data-parallel engines, the border says whether one lags even while the totals are shown."""
+    engines = state.engines
+    if len(engines) < 2:
+        return ""
+    return f"{summary(engines, lagging(engines))} · e shows each"
+
+
+def stats_line(state: LiveState, sm: dict, short: bool) -> Text:
     """Throughput, queue, KV cache, preemptions and prefix hits; short labels below 100 columns."""
     stats = Text(no_wrap=True, overflow="ellipsis")
     gap = "  " if short else "   "
