@@ -42,7 +42,7 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
 
 
 async def test_metrics_names_units_and_labels(exporter):
-    get, state, logs = exporter
+    get, _, _ = exporter
     code, text = await get()
     assert code == 200
     s = samples(text)
@@ -61,13 +61,19 @@ async def test_metrics_names_units_and_labels(exporter):
     assert s[("lynxtop_serving_state", (("state", "ready"),))] == 1
     assert s[("lynxtop_serving_state", (("state", "crash-loop"),))] == 0
     assert s[("lynxtop_serving_up", ())] == 1
+    labels = {k for _, lab in s for k, _ in lab}
+    assert labels <= {"gpu", "uuid", "state"}
+
+
+async def test_agent_and_sla_metrics_and_each_scrape_reads_the_snapshot(exporter):
+    get, state, logs = exporter
+    _, text = await get()
+    s = samples(text)
     assert s[("lynxtop_agent_simulated", ())] == 1  # simulated nodes say so on every surface
     assert s[("lynxtop_agent_missed_ticks_total", ())] == 3
     assert s[("lynxtop_store_dropped_ticks_total", ())] == 2
     assert s[("lynxtop_sla_breach", ())] == 0
     assert s[("lynxtop_sla_ttft_p99_threshold_seconds", ())] == 2.0
-    labels = {k for _, lab in s for k, _ in lab}
-    assert labels <= {"gpu", "uuid", "state"}
     # the snapshot is read at each scrape: a change shows at the next one
     state["snapshot"] = replace(state["snapshot"], serving=replace(state["snapshot"].serving,
                                                                   state=ServingState.CRASH_LOOP))
