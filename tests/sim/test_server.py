@@ -57,21 +57,39 @@ def families(text: str) -> dict:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
-def test_metrics_page_has_vllms_exact_families_types_labels_and_buckets(shared_sim, kit):
+@pytest.fixture
+def page_fams(shared_sim, kit) -> dict:
+    """The shared server's page after two more completions, parsed."""
     for _ in range(2):
         status, _ = kit.http(shared_sim.url + "/v1/completions", {"prompt": "x" * 400, "max_tokens": 8})
         assert status == 200
     status, body = kit.http(shared_sim.url + "/metrics")
     assert status == 200
-    fams = families(body.decode())
+    return families(body.decode())
+
+
+def value(fams: dict, name: str, suffix: str = "_total") -> float:
+    return next(s.value for s in fams[name].samples if s.name.endswith(suffix))
+
+
+def labelled(fams: dict, name: str, key: str) -> dict[str, float]:
+    return {s.labels[key]: s.value for s in fams[name].samples if s.name.endswith("_total")}
+
+
+def le(fams: dict, name: str) -> list[str]:
+    return [s.labels["le"] for s in fams[name].samples if s.name.endswith("_bucket")]
+
+
+def test_metrics_page_has_vllms_exact_families_and_types(page_fams):
+    fams = page_fams
     vllm = {name: f.type for name, f in fams.items() if name.startswith("vllm:")}
     assert vllm == EXPECTED_NEW
     assert {"process_cpu_seconds", "python_gc_objects_collected", "http_requests"} <= set(fams)
     assert fams["lynxtop_simulated_info"].samples[0].value == 1  # the page says it is simulated
 
-    def le(name: str) -> list[str]:
-        return [s.labels["le"] for s in fams[name].samples if s.name.endswith("_bucket")]
 
+def test_metrics_page_has_vllms_labels_and_cache_config(page_fams, kit):
+    fams = page_fams
     for name in [n for n in COUNTERS if n != "vllm:admission_rejections"] + HISTOGRAMS + GAUGES[:3] + GAUGES[4:5]:
         for s in fams[name].samples:
             assert s.labels["model_name"] == kit.MODEL and s.labels["engine"] == "0", (name, s)
@@ -80,44 +98,42 @@ def test_metrics_page_has_vllms_exact_families_types_labels_and_buckets(shared_s
     assert info["block_size"] == "64" and info["user_specified_block_size"] == "False"
     assert int(info["kv_cache_size_tokens"]) == int(info["num_gpu_blocks"]) * 64 > 32768
     assert float(info["kv_cache_max_concurrency"]) == pytest.approx(int(info["kv_cache_size_tokens"]) / 32768, 0.01)
-
-    def labelled(name: str, key: str) -> dict[str, float]:
-        return {s.labels[key]: s.value for s in fams[name].samples if s.name.endswith("_total")}
-
     rejections = [s for s in fams["vllm:admission_rejections"].samples if s.name.endswith("_total")]
     assert {s.labels["reason"] for s in rejections} == {"max_num_queued_reqs", "max_num_queued_tokens"}
     assert all(set(s.labels) == {"model_name", "reason"} for s in rejections)  # no engine label in vLLM 0.32
-    by_source = labelled("vllm:prompt_tokens_by_source", "source")
+
+
+def test_metrics_page_splits_prompt_tokens_by_source_and_estimates_perf(page_fams):
+    fams = page_fams
+    by_source = labelled(fams, "vllm:prompt_tokens_by_source", "source")
     assert set(by_source) == {"local_compute", "local_cache_hit", "external_kv_transfer"}
-    prompt = next(s.value for s in fams["vllm:prompt_tokens"].samples if s.name.endswith("_total"))
-    assert sum(by_source.values()) == prompt and by_source["external_kv_transfer"] == 0
-    cached = labelled("vllm:prompt_tokens_cached_by_source", "source")
+    assert sum(by_source.values()) == value(fams, "vllm:prompt_tokens") and by_source["external_kv_transfer"] == 0
+    cached = labelled(fams, "vllm:prompt_tokens_cached_by_source", "source")
     assert set(cached) == {"device", "host", "p2p", "disk", "external_unspecified"}
-    hits = next(s.value for s in fams["vllm:prefix_cache_hits"].samples if s.name.endswith("_total"))
+    hits = value(fams, "vllm:prefix_cache_hits")
     assert cached["device"] == hits and sum(cached.values()) == hits  # vLLM: sums to the hits
-    flops = next(s.value for s in fams["vllm:estimated_flops_per_gpu"].samples if s.name.endswith("_total"))
-    iteration = next(s.value for s in fams["vllm:iteration_tokens_total"].samples if s.name.endswith("_sum"))
-    assert flops == pytest.approx(2 * 37e9 * iteration / 8)  # 2 FLOPs per active parameter per token, TP 8
-    read = next(s.value for s in fams["vllm:estimated_read_bytes_per_gpu"].samples if s.name.endswith("_total"))
-    write = next(s.value for s in fams["vllm:estimated_write_bytes_per_gpu"].samples if s.name.endswith("_total"))
+    iteration = value(fams, "vllm:iteration_tokens_total", "_sum")
+    # 2 FLOPs per active parameter per token, TP 8
+    assert value(fams, "vllm:estimated_flops_per_gpu") == pytest.approx(2 * 37e9 * iteration / 8)
+    read = value(fams, "vllm:estimated_read_bytes_per_gpu")
+    write = value(fams, "vllm:estimated_write_bytes_per_gpu")
     assert read > 296e9 / 8 and 0 < write < read  # every step streams this rank's weights
-    assert le("vllm:request_num_preemptions") == ["1.0", "2.0", "3.0", "4.0", "5.0", "10.0", "20.0", "+Inf"]
-    assert le("vllm:request_prefill_kv_computed_tokens") == le("vllm:request_prompt_tokens")
-    computed = next(s.value for s in fams["vllm:request_prefill_kv_computed_tokens"].samples
-                    if s.name.endswith("_sum"))
+    computed = value(fams, "vllm:request_prefill_kv_computed_tokens", "_sum")
     assert 0 < computed <= by_source["local_compute"]
 
-    assert le("vllm:time_to_first_token_seconds") == TTFT_LE
-    assert le("vllm:inter_token_latency_seconds") == ITL_LE
-    assert le("vllm:e2e_request_latency_seconds") == E2E_LE
-    assert le("vllm:iteration_tokens_total")[:3] == ["1.0", "8.0", "16.0"]
-    gen = next(s.value for s in fams["vllm:generation_tokens"].samples if s.name.endswith("_total"))
-    assert gen >= 16
-    ok = {s.labels["finished_reason"]: s.value for s in fams["vllm:request_success"].samples
-          if s.name.endswith("_total")}
+
+def test_metrics_page_has_vllms_buckets_and_counts(page_fams):
+    fams = page_fams
+    assert le(fams, "vllm:request_num_preemptions") == ["1.0", "2.0", "3.0", "4.0", "5.0", "10.0", "20.0", "+Inf"]
+    assert le(fams, "vllm:request_prefill_kv_computed_tokens") == le(fams, "vllm:request_prompt_tokens")
+    assert le(fams, "vllm:time_to_first_token_seconds") == TTFT_LE
+    assert le(fams, "vllm:inter_token_latency_seconds") == ITL_LE
+    assert le(fams, "vllm:e2e_request_latency_seconds") == E2E_LE
+    assert le(fams, "vllm:iteration_tokens_total")[:3] == ["1.0", "8.0", "16.0"]
+    assert value(fams, "vllm:generation_tokens") >= 16
+    ok = labelled(fams, "vllm:request_success", "finished_reason")
     assert ok["length"] >= 2 and set(ok) == {"stop", "length", "abort", "error", "repetition"}
-    ttft_count = next(s.value for s in fams["vllm:time_to_first_token_seconds"].samples if s.name.endswith("_count"))
-    assert ttft_count >= 2
+    assert value(fams, "vllm:time_to_first_token_seconds", "_count") >= 2
 
 
 def test_old_version_prints_the_old_names(start_sim, kit):
