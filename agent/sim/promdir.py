@@ -10,10 +10,28 @@ look it up again for every child they create, so replacing it here affects the c
 
 from __future__ import annotations
 
+import glob
 import os
 
 from prometheus_client import CollectorRegistry, values
 from prometheus_client.multiprocess import MultiProcessCollector
+
+# The collector reads the .db files in directory order, so the families of one type stay together but the types
+# come in whatever order the file system lists the files. This is the order of the recorded real page.
+_TYPE_ORDER = ("histogram", "gauge", "summary", "counter")
+
+
+def _type_rank(path: str) -> int:
+    name = os.path.basename(path)
+    return next((i for i, t in enumerate(_TYPE_ORDER) if name.startswith(t)), len(_TYPE_ORDER))
+
+
+class _OrderedCollector(MultiProcessCollector):
+    """A MultiProcessCollector that reads the files in one fixed order: the same page on every file system."""
+
+    def collect(self):  # type: ignore[override]
+        files = sorted(glob.glob(os.path.join(self._path, "*.db")), key=lambda f: (_type_rank(f), f))
+        return self.merge(files, accumulate=True)
 
 
 def use_multiprocess_dir(path: str) -> CollectorRegistry:
@@ -21,5 +39,5 @@ def use_multiprocess_dir(path: str) -> CollectorRegistry:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = path  # read again whenever a new file is opened
     values.ValueClass = values.MultiProcessValue()
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path)
+    _OrderedCollector(registry, path)
     return registry

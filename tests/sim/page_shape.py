@@ -59,3 +59,19 @@ def family_order(text: str) -> list[tuple[str, str]]:
     """(name, type) of every `# TYPE` line, in page order."""
     return [(line.split()[2], line.split()[3]) for line in text.splitlines()
             if line.startswith("# TYPE ") and not line.split()[2].startswith(SIM_ONLY)]
+
+
+def skeleton(text: str) -> list[str]:
+    """The page line by line with the values left out: HELP and TYPE lines, then each sample's name and labels
+    (cache_config_info's and python_info's label values follow the model and the interpreter: names only)."""
+    out = []
+    for line in text.splitlines():
+        name = line.split(" ", 3)[2] if line.startswith(("# HELP ", "# TYPE ")) else line
+        if not line or name.startswith(SIM_ONLY):
+            continue
+        if not line.startswith("#"):
+            line = line.rsplit(" ", 1)[0]
+            if line.startswith(("vllm:cache_config_info{", "python_info{")):
+                line = line[:line.index("{")] + str(sorted(k for k, _ in _LABEL.findall(line)))
+        out.append(line)
+    return out
