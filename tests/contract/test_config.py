@@ -203,7 +203,7 @@ def test_config_check_bad_file_exit_2_without_traceback(tmp_path):
 
 
 def test_example_config_is_valid():
-    example = Path(__file__).resolve().parents[1] / "systemd" / "config.example.toml"
+    example = Path(__file__).resolve().parents[2] / "systemd" / "config.example.toml"
     if not example.exists():
         pytest.fail("systemd/config.example.toml is missing")
     cfg = load_config(str(example))

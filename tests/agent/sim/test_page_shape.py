@@ -18,10 +18,10 @@ import pytest
 
 from lynxtop.contract.config import load_config
 
-PAGES = Path(__file__).parent.parent / "agent_io" / "pages"
+PAGES = Path(__file__).parent.parent / "io" / "pages"
 PLAIN = PAGES / "vllm-0.32-cpu-tiny.txt"
 DP2_API2 = PAGES / "vllm-0.32-cpu-tiny-dp2-api2.txt"
-EXAMPLE = Path(__file__).parent.parent.parent / "systemd" / "config.example.toml"
+EXAMPLE = Path(__file__).parents[3] / "systemd" / "config.example.toml"
 SHAPE = ("--served-model-name", "tiny", "--max-num-seqs", "8")
 pytestmark = pytest.mark.timeout(300)
 
