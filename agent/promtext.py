@@ -3,7 +3,7 @@
 prometheus_client's parser costs 20-50 us a line in pure Python; a data-parallel page (8 engines) has about a
 thousand lines of the families lynxtop reads, so parsing them with it took 20-50 ms a tick. This reads the same
 grammar for sample lines (name, optional `{label="value",...}`, value, optional timestamp) and refuses what
-prometheus_client refuses, so the numbers are the same to the last digit (tests/agent_io/test_io_promtext.py
+prometheus_client refuses, so the numbers are the same to the last digit (tests/agent/io/test_io_promtext.py
 compares both on real vLLM pages). Comment lines never reach it: the scraper matches samples by exact name.
 """
 

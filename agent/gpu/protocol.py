@@ -2,7 +2,7 @@
 
 `GpuBackend` lists exactly the pynvml functions the sampler, the XID watcher, the GPM reader and the NVLink
 counters call, under pynvml's names, so the real library (`backend.RealNvml`), the scripted fake
-(`fake.FakeNvml`) and the simulator-coupled node are checked against one list (tests/gpu/test_gpu_protocol.py)
+(`fake.FakeNvml`) and the simulator-coupled node are checked against one list (tests/agent/gpu/test_gpu_protocol.py)
 instead of failing on a missing name at run time. Constants and structs still come from `pynvml` itself.
 
 A fake node is described by `Scenario`: static facts per GPU (`FakeGpuSpec`) and the state at a moment

@@ -6,7 +6,7 @@ engine here has no clock and no I/O: `SimEngine.step()` says how long one engine
 *simulated* seconds and what it produced. The EngineCore process runs it against the wall clock (divided
 by a speed factor); tests and benchmarks run it in virtual time, which is exact and takes milliseconds.
 
-Published figures the defaults reproduce (checked by tests/sim/test_model.py, within 10 %):
+Published figures the defaults reproduce (checked by tests/agent/sim/test_model.py, within 10 %):
   * one long-context stream (REF_LONG_PROMPT_TOKENS in, REF_LONG_OUTPUT_TOKENS out) runs at about
     TARGET_SINGLE_STREAM_TOKENS_PER_S end to end; prefill is ~90 % of its time;
   * aggregate generation throughput rises with concurrency to a plateau near TARGET_PLATEAU_TOKENS_PER_S,

@@ -1,7 +1,7 @@
 """The simulator's /metrics page has the structure of a real vLLM 0.32 page, for DP1, DP2 with two API
 servers, and DeepSeek's DP8 + expert parallelism.
 
-The reference pages were captured from real vLLM 0.32 servers (tests/agent_io/pages, CPU build, a tiny model,
+The reference pages were captured from real vLLM 0.32 servers (tests/agent/io/pages, CPU build, a tiny model,
 `--max-num-seqs 8`, then a few streamed completions): values differ, the structure must not (families and
 types, label names per sample, engine label values, `_created` samples or their absence, the order of families
 and of samples within them). With more than one API server vLLM renders the page from its Prometheus
