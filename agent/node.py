@@ -89,7 +89,9 @@ class NodeGpuView:
         if self.nvml.get("state") != "ok":
             return None
         return [{"index": g.get("idx"), "name": g.get("name"), "cc_major": g.get("cc_major"),
-                 "cc_minor": g.get("cc_minor")} for g in self.static]
+                 "cc_minor": g.get("cc_minor"), "mem_total_bytes": g.get("mem_total_bytes"),
+                 "nvlink_count": g.get("nvlink_count"), "driver_version": g.get("driver_version")}
+                for g in self.static]
 
     def compute_pids(self) -> tuple[float, set[int]] | None:
         if self.nvml.get("state") != "ok" or self.sample_ts is None:
@@ -672,6 +674,11 @@ class Node:
     async def switch(self, profile: str, by: str) -> str:
         assert self.supervisor is not None
         return await self.supervisor.switch(profile, by)
+
+    async def store_bench(self, result: dict[str, Any], by: str) -> str:
+        """One `lynxtop bench` level into bench_results (a thread: the writer's queue may be busy)."""
+        bid = await asyncio.to_thread(self.writer.add_bench_result, result)
+        return f"stored bench result {bid} (sweep {result.get('bench_id')}, by {by})"
 
 
 def _agent_answers(path: Path) -> bool:

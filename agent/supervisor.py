@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from lynxtop.agent import launcher, procs
+from lynxtop.agent import check, launcher, procs
 from lynxtop.agent.control import ActionError
 from lynxtop.agent.health import Health, HealthProbe, HttpClient, Verdict
 from lynxtop.agent.launcher import ExitInfo, ServerProcess
@@ -35,6 +35,7 @@ from lynxtop.agent.startup import PhaseTracker, tail_lines
 from lynxtop.contract.config import Config, ConfigError, Profile, load_config
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.files import atomic_write
+from lynxtop.contract.models import ModelSpec, find_model
 from lynxtop.contract.status import ActionInfo, PhaseMark, ServingStatus
 from lynxtop.contract.status import ServingState as S  # noqa: N817 - read as a state name: S.READY
 
@@ -44,14 +45,6 @@ LOG_TAIL_LINES = 20
 RUN_LOGS_KEPT = 200  # per-run vLLM logs kept in log_dir (the runs table keeps every run forever)
 # An adopted server whose profile was removed from the config is stopped with these defaults.
 _FALLBACK_GRACE_S = 60.0
-
-# Attention backends and the compute capabilities (major) they run on.
-_BACKEND_ARCH = {
-    "FLASHMLA": ((9,), "dense FlashMLA runs on SM90 (Hopper: H100/H200/H800/H20) only"),
-    "FLASHMLA_SPARSE": ((9, 10), "FlashMLA-sparse runs on SM90 and SM100 (B200/GB200/B300)"),
-    "CUTLASS_MLA": ((10,), "CUTLASS MLA runs on SM100 (Blackwell) only"),
-}
-
 
 class EventSink(Protocol):
     """The part of the store writer the supervisor uses (`lynxtop.store.writer.StoreWriter`)."""
@@ -67,7 +60,8 @@ class GpuView(Protocol):
     """What the supervisor needs to know about the GPUs (node.py answers from the sampler's latest tick)."""
 
     def gpu_info(self) -> list[dict[str, Any]] | None:
-        """[{index, name, cc_major, cc_minor}], or None when the GPUs cannot be read (NVML down)."""
+        """[{index, name, cc_major, cc_minor, mem_total_bytes, nvlink_count, driver_version}] (the last three may
+        be absent: then not checked), or None when the GPUs cannot be read (NVML down)."""
         ...
 
     def compute_pids(self) -> tuple[float, set[int]] | None:
@@ -90,8 +84,13 @@ def server_url(profile: Profile) -> str:
     return f"http://{host}:{profile.port}"
 
 
-def preflight(profile: Profile, gpus: list[dict[str, Any]] | None) -> tuple[list[str], list[str]]:
-    """(problems that forbid the start, warnings) for starting `profile` on this node."""
+def preflight(profile: Profile, gpus: list[dict[str, Any]] | None,
+              models: tuple[ModelSpec, ...] = ()) -> tuple[list[str], list[str]]:
+    """(problems that forbid the start, warnings) for starting `profile` on this node.
+
+    The GPU part is `lynxtop check` (agent/check.py): its blocking verdicts refuse, its warnings are reported;
+    what it could not check (GPU memory or the model unknown) is left unsaid here.
+    """
     problems: list[str] = []
     warnings: list[str] = []
     try:
@@ -103,30 +102,12 @@ def preflight(profile: Profile, gpus: list[dict[str, Any]] | None) -> tuple[list
         problems.append(f"executable {exe} does not exist")
     elif not exe.is_file() or not os.access(exe, os.X_OK):
         problems.append(f"executable {exe} is not an executable file")
-    needed = profile.tensor_parallel_size * profile.pipeline_parallel_size * profile.data_parallel_size
     if gpus is None:
         warnings.append("GPUs cannot be read (NVML unavailable): GPU count not checked")
-    else:
-        visible = len(gpus)
-        cvd = profile.env.get("CUDA_VISIBLE_DEVICES")
-        if cvd is not None:
-            visible = min(visible, len([d for d in cvd.split(",") if d.strip()]))
-        if visible < needed:
-            msg = (f"profile {profile.name} needs {needed} GPUs (tensor {profile.tensor_parallel_size} x "
-                   f"pipeline {profile.pipeline_parallel_size} x data {profile.data_parallel_size}); "
-                   f"{visible} visible on this node")
-            if profile.distributed_executor_backend == "ray":
-                warnings.append(msg + "; the rest must come from the Ray cluster")
-            else:
-                problems.append(msg)
-        backend = profile.attention_backend
-        if backend in _BACKEND_ARCH and gpus:
-            majors, fact = _BACKEND_ARCH[backend]
-            bad = sorted({f"{g.get('name', '?')} (SM{g.get('cc_major')}{g.get('cc_minor', 0)})" for g in gpus
-                          if g.get("cc_major") is not None and g["cc_major"] not in majors})
-            if bad:
-                warnings.append(f"attention backend {backend} does not fit {', '.join(bad)}: {fact}")
-    return problems, warnings
+        return problems, warnings
+    node = check.facts_from_info(gpus, ray_installed=check.ray_installed(profile.executable))
+    report = check.check_profile(profile, node, find_model(profile.model, models))
+    return problems + report.lines(check.Level.BLOCKING), warnings + report.lines(check.Level.WARNING)
 
 
 _DEGRADED = {"hang": EventKind.SERVING_DEGRADED_HANG, "health": EventKind.SERVING_DEGRADED_HEALTH}
@@ -323,11 +304,11 @@ class Supervisor:
                 raise ActionError("preflight", "the config file has errors; nothing was changed:\n"
                                   + "\n".join(exc.problems), 422, details={"reasons": exc.problems}) from None
             # only the profiles: [agent] settings (socket, database, policy) take effect on an agent restart
-            self.cfg = dataclasses.replace(self.cfg, profiles=fresh.profiles)
+            self.cfg = dataclasses.replace(self.cfg, profiles=fresh.profiles, models=fresh.models)
         return self.cfg.profile(name)
 
     def _preflight_or_raise(self, profile: Profile) -> list[str]:
-        problems, warnings = preflight(profile, self.gpus.gpu_info())
+        problems, warnings = preflight(profile, self.gpus.gpu_info(), self.cfg.models)
         if problems:
             raise ActionError("preflight", f"preflight of profile {profile.name!r} failed: " + "; ".join(problems),
                               422, details={"reasons": problems, "warnings": warnings})

@@ -128,12 +128,59 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write text cells verbatim (default: a text cell starting with = + - @ tab or CR gets a "
                         "leading ' so spreadsheets do not run it as a formula)")
 
+    p = _sub(subs, "check", "lynxtop.check_cmd:run", "preflight: GPU architecture, attention backend, memory fit",
+             "Check each profile (or --profile NAME) against this node's GPUs and the model's size: attention\n"
+             "backend vs architecture, memory per GPU, TP x PP x DP vs the GPUs, Ray for several nodes.\n"
+             "Exit 0 all good, 1 warnings, 2 blocking problems. See docs/check.md.")
+    p.add_argument("--profile", metavar="NAME", help="check this profile only (default: every profile)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    _bench(subs)
+
     p = _sub(subs, "config", "lynxtop.config_cli:check", "configuration tools")
     csubs = p.add_subparsers(title="config commands", metavar="ACTION", required=True)
     c = _sub(csubs, "check", "lynxtop.config_cli:check",
              "validate the config and print it with the exact argv of each profile")
     c.add_argument("--json", action="store_true", help="print JSON")
     return parser
+
+
+def _bench(subs) -> None:
+    """`lynxtop bench` (a sweep), `bench compare A B`, `bench list` (docs/bench.md)."""
+    p = _sub(subs, "bench", "lynxtop.bench:run", "measure throughput and latency against concurrency",
+             "Stream synthetic requests at the served model (the URL from the agent, or --url) at each level of a\n"
+             "sweep; print a table and a chart, store each level in the history (through the agent), and with\n"
+             "--json write `vllm bench serve --save-result` keys, one object per level. Ctrl-C keeps finished levels.")
+    _socket(p)
+    p.add_argument("--url", help="server base URL (default: the agent's serving URL)")
+    p.add_argument("--model", help="model name to request (default: the served model)")
+    p.add_argument("--api-key", help="bearer token for the server")
+    p.add_argument("--input-len", type=int, default=128, metavar="N", help="prompt tokens (default: %(default)s)")
+    p.add_argument("--output-len", type=int, default=128, metavar="N",
+                   help="output tokens, ignore_eos (default: %(default)s)")
+    p.add_argument("--prompts", metavar="FILE", help="text prompts: JSON lines with \"prompt\", or one a line")
+    lv = p.add_mutually_exclusive_group()
+    lv.add_argument("--concurrency", type=int, nargs="+", metavar="C",
+                    help="concurrency levels (default: 1 2 4 8 16 32 64)")
+    lv.add_argument("--request-rate", type=float, nargs="+", metavar="R", help="request rates per second instead")
+    p.add_argument("--max-concurrency", type=int, metavar="C", help="cap in flight with --request-rate")
+    p.add_argument("--requests", type=int, metavar="N", help="requests per level (default: 4 x concurrency, min 8)")
+    p.add_argument("--duration", type=float, metavar="S", help="run each level for S seconds instead")
+    p.add_argument("--warmup", type=int, default=2, metavar="N", help="warm-up requests (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="prompt seed (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per request (default: %(default)s)")
+    p.add_argument("--name", default="random", help="label stored with the sweep (default: %(default)s)")
+    p.add_argument("--json", metavar="FILE", help="write the levels as JSON (vllm bench serve keys)")
+    p.add_argument("--no-store", action="store_true", help="do not store the results in the history")
+    bsubs = p.add_subparsers(title="bench commands", metavar="ACTION")
+    c = _sub(bsubs, "compare", "lynxtop.bench:compare", "two stored sweeps side by side, per level, in percent")
+    _database(c)
+    c.add_argument("run_a", metavar="RUN_A", help="sweep id, or a run number (its newest sweep)")
+    c.add_argument("run_b", metavar="RUN_B", help="sweep id, or a run number (its newest sweep)")
+    c.add_argument("--json", action="store_true", help="print JSON")
+    c = _sub(bsubs, "list", "lynxtop.bench:list_sweeps", "the stored sweeps, newest first")
+    _database(c)
+    c.add_argument("--limit", type=int, default=20, metavar="N", help="show N sweeps (default: %(default)s)")
 
 
 def _dashboard_options(p: argparse.ArgumentParser) -> None:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from lynxtop.contract.models import BUILTIN_MODELS, GIB, ModelSpec
+
 DEFAULT_CONFIG_PATH = Path("/etc/lynxtop/config.toml")
 CONFIG_ENV = "LYNXTOP_CONFIG"
 
@@ -256,6 +258,7 @@ class Config:
     agent: AgentConfig
     sla: SlaConfig
     profiles: tuple[Profile, ...]
+    models: tuple[ModelSpec, ...] = ()  # `[[model]]`: descriptions for `lynxtop check`, before the built-in table
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)
@@ -459,7 +462,7 @@ _AGENT_SPEC: dict[str, Callable[[str, Any], Any]] = {
     "crash_loop_window_s": _float(1, 7 * 86400),
     "stable_after_s": _float(1, 7 * 86400),
     "gpu_release_timeout_s": _float(1, 3600),
-    "fake_nvml": _str(choices=("", "h200x8", "a100x8", "sim", "lost", "missing")),
+    "fake_nvml": _str(choices=("", "h200x8", "a100x8", "b200x8", "sim", "lost", "missing")),
     "api_max_connections": _int(1, 65536),
     "metrics_max_connections": _int(1, 65536),
     "request_timeout_s": _float(0.1, 3600),
@@ -509,7 +512,7 @@ def parse_config(text: str, source: str = "<config>", path: Path | None = None) 
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{source}: not valid TOML: {exc}"]) from None
-    known_top = {"agent", "sla", "profile"}
+    known_top = {"agent", "sla", "profile", "model"}
     for key in data:
         if key not in known_top:
             chk.error(key, f"unknown section (known: {', '.join(sorted(known_top))})")
@@ -522,9 +525,10 @@ def parse_config(text: str, source: str = "<config>", path: Path | None = None) 
     profiles, seen = _parse_profiles(chk, profiles_raw)
     if agent.default_profile and agent.default_profile not in seen:
         chk.error("agent.default_profile", f"no profile named {agent.default_profile!r}")
+    models = _parse_models(chk, data.get("model", []))
     if chk.problems:
         raise ConfigError(chk.problems)
-    return Config(path=path, agent=agent, sla=sla, profiles=tuple(profiles))
+    return Config(path=path, agent=agent, sla=sla, profiles=tuple(profiles), models=models)
 
 
 def _table_or_empty(chk: _Checker, data: dict[str, Any], key: str, expected: str) -> dict[str, Any]:
@@ -586,6 +590,77 @@ def _parse_profiles(chk: _Checker, profiles_raw: list[Any]) -> tuple[list[Profil
             continue
         profiles.append(Profile(**vals))
     return profiles, seen
+
+
+def _bytes_per_param(key: str, v: Any) -> dict[str, float]:
+    if not isinstance(v, dict) or not v:
+        raise _Bad(f"expected a table quantization = bytes per parameter, got {_describe(v)}")
+    number = _float(0, 8, lo_open=True)
+    return {str(q).lower(): number(f"{key}.{q}", b) for q, b in v.items()}
+
+
+_MODEL_SPEC: dict[str, Callable[[str, Any], Any]] = {
+    "name": _str(allow_empty=False),
+    "params_b": _float(0, 100_000, lo_open=True),
+    "active_params_b": _float(0, 100_000, lo_open=True),
+    "layers": _int(1, 10_000),
+    "attention_heads": _int(1, 100_000),
+    "context_window": _int(16, 16 * 1024 * 1024),
+    "native_quantization": _str(pattern=r"[A-Za-z0-9_\-]+", allow_empty=False),
+    "bytes_per_param": _bytes_per_param,
+    "mla_latent_dim": _int(0, 1_000_000),
+    "mla_fp8_bytes": _int(0, 1_000_000),
+    "kv_heads": _int(0, 100_000),
+    "head_dim": _int(0, 100_000),
+    "expert_share": _float(0, 1),
+    "overhead_gib": _float(0, 10_000),
+}
+_MODEL_REQUIRED = ("params_b", "layers", "attention_heads", "context_window", "native_quantization", "bytes_per_param")
+
+
+def _parse_models(chk: _Checker, raw: Any) -> tuple[ModelSpec, ...]:
+    """`[[model]]` tables: a name the built-in table knows overrides only the keys given; a new one needs its size,
+    its layers and its KV shape (mla_latent_dim, or kv_heads and head_dim)."""
+    if not isinstance(raw, list):
+        chk.error("model", "expected an array of tables [[model]]")
+        return ()
+    out: list[ModelSpec] = []
+    for i, table in enumerate(raw):
+        label = f"model[{i}]" + (f" ({table['name']})" if isinstance(table, dict) and "name" in table else "")
+        if not isinstance(table, dict):
+            chk.error(label, "expected a table")
+            continue
+        vals = chk.table(table, label, _MODEL_SPEC)
+        if len(vals) != len(table) or "name" not in vals:
+            if "name" not in table:
+                chk.error(f"{label}.name", "is required")
+            continue
+        spec = _model_from(chk, label, vals)
+        if spec is not None:
+            out.append(spec)
+    return tuple(out)
+
+
+def _model_from(chk: _Checker, label: str, vals: dict[str, Any]) -> ModelSpec | None:
+    if "overhead_gib" in vals:
+        vals["overhead_bytes"] = int(vals.pop("overhead_gib") * GIB)
+    base = next((m for m in BUILTIN_MODELS if m.matches(vals["name"])), None)
+    if base is not None:
+        merged = {f.name: getattr(base, f.name) for f in fields(ModelSpec)} | vals
+        merged["bytes_per_param"] = base.bytes_per_param | vals.get("bytes_per_param", {})
+        return ModelSpec(**merged)
+    missing = [k for k in _MODEL_REQUIRED if k not in vals]
+    if not vals.get("mla_latent_dim") and not (vals.get("kv_heads") and vals.get("head_dim")):
+        missing.append("mla_latent_dim (or kv_heads and head_dim)")
+    for k in missing:
+        chk.error(f"{label}.{k}", "is required for a model the built-in table does not know")
+    if missing:
+        return None
+    vals.setdefault("active_params_b", vals["params_b"])
+    if vals["native_quantization"].lower() not in vals["bytes_per_param"]:
+        chk.error(f"{label}.bytes_per_param", f"has no entry for native_quantization {vals['native_quantization']!r}")
+        return None
+    return ModelSpec(**vals)
 
 
 def socket_path_problem(path: Path) -> str | None:

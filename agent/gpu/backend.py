@@ -30,7 +30,7 @@ class RealNvml:
         return fn
 
 
-SCRIPTED_SCENARIOS = ("h200x8", "a100x8", "lost", "missing", "xid", "nodriver")
+SCRIPTED_SCENARIOS = ("h200x8", "a100x8", "b200x8", "lost", "missing", "xid", "nodriver")
 FAKE_SCENARIOS = (*SCRIPTED_SCENARIOS, "sim")
 
 _registered: dict[str, ScenarioFactory] = {}

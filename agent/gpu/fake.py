@@ -541,6 +541,14 @@ def a100_specs(n: int = 8, **overrides: Any) -> list[FakeGpuSpec]:
     return [FakeGpuSpec(index=i, **base) for i in range(n)]
 
 
+def b200_specs(n: int = 8, **overrides: Any) -> list[FakeGpuSpec]:
+    """HGX B200: Blackwell (SM100), 183,359 MiB as NVML reports it (~179 GiB of the 192 GB HBM3e), NVLink 5."""
+    base = dict(name="NVIDIA B200", cc=(10, 0), mem_total_bytes=183359 * MIB, power_limit_w=1000.0,
+                nvlink_count=18, gpm=True, nvlink_field_counters=True)
+    base.update(overrides)
+    return [FakeGpuSpec(index=i, **base) for i in range(n)]
+
+
 # an old driver: no GPM, no v2 memory info, no clock-event names (only the older throttle-reason call)
 MISSING_FUNCTIONS = frozenset({"nvmlGpmQueryDeviceSupport", "nvmlGpmSampleGet", "nvmlDeviceGetMemoryInfo_v2",
                                "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetRemappedRows"})
@@ -552,6 +560,8 @@ def scripted_scenario(name: str, **kwargs: Any) -> ScriptedNode:
         return ScriptedNode(h200_specs(), **kwargs)
     if name == "a100x8":
         return ScriptedNode(a100_specs(), driver="535.183.01", **kwargs)
+    if name == "b200x8":
+        return ScriptedNode(b200_specs(), driver="570.133.20", **kwargs)
     if name == "lost":
         kwargs.setdefault("lost", {3: 30.0})
         kwargs.setdefault("xids", [(29.0, 3, 79)])  # "fallen off the bus" comes first, as on real nodes
@@ -563,4 +573,4 @@ def scripted_scenario(name: str, **kwargs: Any) -> ScriptedNode:
     if name == "xid":
         kwargs.setdefault("xids", [(5.0, 1, 31), (10.0, 2, 48), (15.0, 0, 94)])
         return ScriptedNode(h200_specs(), **kwargs)
-    raise ValueError(f"unknown fake NVML scenario {name!r} (known: h200x8, a100x8, lost, missing, xid, sim)")
+    raise ValueError(f"unknown fake NVML scenario {name!r} (known: h200x8, a100x8, b200x8, lost, missing, xid, sim)")
