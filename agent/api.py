@@ -28,6 +28,7 @@ from aiohttp import web
 from lynxtop.agent.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
 from lynxtop.agent.control import ActionError, Controller
 from lynxtop.agent.peercred import Peer, group_gid, may_control, peer_of
+from lynxtop.store.schema import BENCH_COLUMNS
 
 MAX_BODY = 64 * 1024
 DEFAULT_MAX_CONNECTIONS = 256  # [agent] api_max_connections
@@ -64,6 +65,7 @@ _BODY_SPEC: dict[str, dict[str, tuple[type, bool]]] = {
     "stop": {},
     "restart": {},
     "switch": {"profile": (str, True)},
+    "bench": {"result": (dict, True)},  # one level of `lynxtop bench`, stored in bench_results
 }
 # Query parameters each read call accepts: name -> (min, max, default).
 _QUERY_SPEC: dict[str, dict[str, tuple[int, int, int | None]]] = {
@@ -340,9 +342,11 @@ class ApiServer:
             profile = data.get("profile")
             if profile is not None:
                 await self._check_profile(profile)
+            if action == "bench":
+                _check_bench(data["result"])
             started = time.monotonic()
             try:
-                message = await self._dispatch(action, profile, who, peer)
+                message = await self._dispatch(action, data, who, peer)
             except ActionError as exc:
                 self.log(f"refused: {who} asked {action}{_for(profile)}: {exc.code}: {exc.message}")
                 raise
@@ -358,8 +362,11 @@ class ApiServer:
         if name not in known:
             raise ApiError(404, "unknown_profile", f"no profile named {name!r} (known: {', '.join(known) or 'none'})")
 
-    async def _dispatch(self, action: str, profile: str | None, by: str, peer: Peer | None) -> str:
+    async def _dispatch(self, action: str, data: dict[str, Any], by: str, peer: Peer | None) -> str:
         c = self.controller
+        profile = data.get("profile")
+        if action == "bench":
+            return await c.store_bench(data["result"], by)
         if action == "start":
             return await c.start(profile, by)
         if action == "stop":
@@ -368,6 +375,20 @@ class ApiServer:
             return await c.restart(by)
         assert profile is not None  # _body made it required
         return await c.switch(profile, by)
+
+
+_BENCH_TYPES = {"INTEGER": (int,), "REAL": (int, float), "TEXT": (str,)}
+
+
+def _check_bench(result: dict[str, Any]) -> None:
+    """A bench level's columns must have their column's type (NULL allowed); other keys go to `details`."""
+    for name, typ in BENCH_COLUMNS:
+        value = result.get(name)
+        if value is None or name == "details":
+            continue
+        if isinstance(value, bool) or not isinstance(value, _BENCH_TYPES[typ]):
+            raise ApiError(400, "wrong_type", f"result field {name!r} must be {typ.lower()}, "
+                           f"got {type(value).__name__}")
 
 
 def _for(profile: str | None) -> str:

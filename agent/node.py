@@ -138,6 +138,7 @@ class Node:
         self.exporter: Any = None
         self.http = HttpClient()  # the one session to vLLM: scrape, readiness, /health, /version
         self._gpu_events = EventCollector()  # the GPU sampler's on_event; written by the tick
+        self._xid_errors: dict[int, int] = {}  # GPU index -> XIDs since start (one writer: the XID thread)
         self._gpu_sampler: Any = None
         self._host_sampler: Any = None
         self.gpu_source: GpuSource | None = None
@@ -250,6 +251,9 @@ class Node:
 
     def _gpu_event(self, kind: str, severity: str, message: str, details: dict | None = None) -> None:
         """The GPU sampler's events (from its threads), kept for the next tick's one path into the store."""
+        gpu = (details or {}).get("gpu")
+        if kind == EventKind.GPU_XID and isinstance(gpu, int):
+            self._xid_errors[gpu] = self._xid_errors.get(gpu, 0) + 1
         self._gpu_events(kind, severity, message, details)
 
     def _record(self, events: Iterable[Event]) -> None:
@@ -582,6 +586,7 @@ class Node:
         return tuple(
             GpuStatus(index=g.get("idx"), name=g.get("name"), uuid=g.get("uuid"), pci_bus_id=g.get("pci_bus_id"),
                       arch=g.get("arch"), gpm_supported=g.get("gpm_supported"), nvlink_count=g.get("nvlink_count"),
+                      xid_errors=self._xid_errors.get(g.get("idx"), 0),
                       metrics={k: by_idx.get(g.get("idx"), {}).get(k) for k in GPU_METRIC_NAMES})
             for g in self.gpu_view.static)
 

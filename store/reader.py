@@ -400,8 +400,10 @@ class StoreReader:
         """Static GPU facts, by index."""
         return self._q("SELECT * FROM gpus ORDER BY idx, uuid")
 
-    def bench_results(self, limit: int = 50) -> list[dict[str, Any]]:
-        rows = self._q("SELECT * FROM bench_results ORDER BY id DESC LIMIT ?", (int(limit),))
+    def bench_results(self, limit: int = 50, bench_id: str | None = None) -> list[dict[str, Any]]:
+        """Newest first; `bench_id` keeps one `lynxtop bench` sweep."""
+        where, args = ("WHERE bench_id = ? ", (bench_id,)) if bench_id is not None else ("", ())
+        rows = self._q(f"SELECT * FROM bench_results {where}ORDER BY id DESC LIMIT ?", (*args, int(limit)))
         for r in rows:
             if r.get("details"):
                 r["details"] = json.loads(r["details"])

@@ -99,6 +99,9 @@ BENCH_COLUMNS: tuple[tuple[str, str], ...] = (
     ("total_tokens_per_s", "REAL"), ("ttft_p50_ms", "REAL"), ("ttft_p99_ms", "REAL"), ("tpot_p50_ms", "REAL"),
     ("tpot_p99_ms", "REAL"), ("itl_p50_ms", "REAL"), ("itl_p99_ms", "REAL"), ("e2e_p50_ms", "REAL"),
     ("e2e_p99_ms", "REAL"), ("errors", "INTEGER"), ("simulated", "INTEGER"), ("details", "TEXT"),
+    # `lynxtop bench` (added in place to older files by _add_missing_columns): the sweep a level belongs to,
+    # whether it was cut short, the server's version, requests/s within the SLA
+    ("bench_id", "TEXT"), ("partial", "INTEGER"), ("vllm_version", "TEXT"), ("goodput_per_s", "REAL"),
 )
 
 EVENT_SEVERITIES = ("info", "warning", "error", "critical")

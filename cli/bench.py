@@ -1,0 +1,286 @@
+"""`lynxtop bench`, `lynxtop bench compare A B` and `lynxtop bench list` (docs/bench.md).
+
+The sweep talks to the served model directly (the URL from the agent's status, or --url); each finished level
+goes to the agent (`POST /v1/bench`), the database's one writer, tied to the run that served it. Reading the
+stored sweeps back (compare, list) opens the database read-only, like `lynxtop runs`.
+Exit codes: 0 every level complete without failures; 1 failures, a partial level or the server gone; 2 usage
+(no such model, a bad option); 3 neither the agent nor --url gives a server; 130 stopped by Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+from lynxtop import bench_view
+from lynxtop.bench_load import Level, ServerError, Workload, served_models, session
+from lynxtop.bench_stats import db_row, from_db_row
+from lynxtop.bench_sweep import ProgressLine, SweepResult, sweep
+from lynxtop.client import AgentClient, AgentRefused, AgentUnreachable
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+
+
+class BenchError(Exception):
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def _err(msg: str) -> None:
+    print(f"lynxtop bench: {msg}", file=sys.stderr)
+
+
+def _config(args: Namespace) -> Any:
+    from lynxtop.config_cli import load_or_exit
+
+    return load_or_exit(args)
+
+
+# ---------------------------------------------------------------------------------------------- the target
+
+def _agent(args: Namespace, cfg: Any) -> AgentClient | None:
+    path = getattr(args, "socket", None) or (str(cfg.agent.socket) if cfg else None)
+    return AgentClient(path) if path else None
+
+
+def _serving(client: AgentClient | None) -> dict[str, Any]:
+    """What the agent says serves now ({} without an agent): url, model, run id, profile, version, flags."""
+    if client is None:
+        return {}
+    try:
+        st = client.status()
+    except (AgentUnreachable, AgentRefused):
+        return {}
+    s = st.serving
+    meta: dict[str, Any] = {"url": s.url, "model": s.model, "run_id": s.run_id, "profile": s.profile,
+                            "vllm_version": s.vllm_version, "state": str(s.state)}
+    with contextlib.suppress(AgentUnreachable, AgentRefused, KeyError, TypeError):
+        runs = client.request("GET", "/v1/runs", {"limit": 5})["runs"]
+        run = next((r for r in runs if r.get("id") == s.run_id), {})
+        meta |= {"flags": run.get("flags"), "simulated": int(bool(run.get("simulated")))}
+    return meta
+
+
+def _target(args: Namespace, serving: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The base URL and the run facts that belong to it (none when --url points elsewhere)."""
+    url = (args.url or serving.get("url") or "").rstrip("/")
+    if not url:
+        why = "the agent serves nothing now" if serving else "the agent is unreachable"
+        raise BenchError(f"no server to benchmark: {why}; give --url http://HOST:PORT", EXIT_UNREACHABLE)
+    if args.url and serving.get("url") and args.url.rstrip("/") != serving["url"].rstrip("/"):
+        serving = {}
+    return url, serving
+
+
+async def _model(url: str, wanted: str | None, hint: str | None, api_key: str | None) -> str:
+    async with session(4, 30) as sess:
+        names = await served_models(sess, url, api_key)
+    if not names:
+        raise BenchError(f"{url}/v1/models lists no model", EXIT_FAILED)
+    if wanted and wanted not in names:
+        raise BenchError(f"model {wanted!r} is not served at {url} (served: {', '.join(names)})", EXIT_USAGE)
+    return wanted or (hint if hint in names else names[0])
+
+
+# ---------------------------------------------------------------------------------------------- the levels
+
+def levels_of(args: Namespace) -> list[Level]:
+    """The sweep: concurrency levels (closed loop), or request rates (open loop, capped by --max-concurrency)."""
+    if args.request_rate:
+        return [Level(concurrency=args.max_concurrency, rate=r, requests=0 if args.duration else args.requests or 64,
+                      duration_s=args.duration) for r in args.request_rate]
+    return [Level(concurrency=c, requests=0 if args.duration else (args.requests or max(4 * c, 8)),
+                  duration_s=args.duration) for c in args.concurrency or DEFAULT_CONCURRENCY]
+
+
+def _prompts(path: str | None) -> tuple[str, ...]:
+    """Text prompts from a file: JSON lines with "prompt" (vLLM's custom dataset) or one prompt a line."""
+    if not path:
+        return ()
+    out = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            out.append(str(json.loads(line)["prompt"]) if line.lstrip().startswith("{") else line)
+    if not out:
+        raise BenchError(f"{path} holds no prompt", EXIT_USAGE)
+    return tuple(out)
+
+
+def _check(args: Namespace) -> None:
+    bad = [f"{name} must be at least 1" for name, v in (("--input-len", args.input_len),
+                                                          ("--output-len", args.output_len)) if v < 1]
+    bad += ["--concurrency levels must be at least 1"] if any(c < 1 for c in args.concurrency or ()) else []
+    bad += ["--request-rate must be above 0"] if any(r <= 0 for r in args.request_rate or ()) else []
+    if bad:
+        raise BenchError("; ".join(bad), EXIT_USAGE)
+
+
+# ---------------------------------------------------------------------------------------------- storing
+
+class Store:
+    """Hands each level to the agent; remembers why not when it cannot (the results stay in --json)."""
+
+    def __init__(self, client: AgentClient | None, meta: dict[str, Any]):
+        self.client, self.meta = client, meta
+        self.stored, self.problem = 0, "" if client else "no agent (--no-store or no config)"
+
+    def __call__(self, summary: dict[str, Any]) -> None:
+        print(f"  {bench_view.level_label(summary)}: {summary['completed']} ok, {summary['failed']} failed, "
+              f"{summary['output_throughput']:.1f} output tok/s", file=sys.stderr)
+        if self.client is None or self.problem:
+            return
+        try:
+            self.client.request("POST", "/v1/bench", body={"result": db_row(summary, self.meta)})
+            self.stored += 1
+        except AgentUnreachable as exc:
+            self.problem = f"agent unreachable: {exc}"
+        except AgentRefused as exc:
+            self.problem = f"agent refused ({exc.code}): {exc.message}"
+
+
+def _json_levels(result: SweepResult, meta: dict[str, Any]) -> list[dict[str, Any]]:
+    head = {"date": time.strftime("%Y%m%d-%H%M%S"), "backend": "openai", "model_id": meta.get("model"),
+            "bench_id": meta["bench_id"], "input_len": meta["input_len"], "output_len": meta["output_len"]}
+    return [head | {"num_prompts": s["completed"] + s["failed"]} | s for s in result.levels]
+
+
+# ---------------------------------------------------------------------------------------------- run
+
+def run(args: Namespace) -> int:
+    cfg = _config(args) if not args.url or not args.no_store else None
+    client = None if args.no_store else _agent(args, cfg)
+    try:
+        _check(args)
+        url, serving = _target(args, _serving(client))
+        model = asyncio.run(_model(url, args.model, serving.get("model"), args.api_key))
+        wl = Workload(url, model, args.input_len, args.output_len, args.seed, args.api_key, _prompts(args.prompts))
+    except ServerError as exc:
+        _err(str(exc))
+        return EXIT_UNREACHABLE
+    except BenchError as exc:
+        _err(str(exc))
+        return exc.code
+    bench_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid() % 1000:03d}"
+    meta = serving | {"bench_id": bench_id, "model": model, "name": args.name, "input_len": args.input_len,
+                      "output_len": args.output_len}
+    sla = (cfg.sla.ttft_p99_ms, cfg.sla.tpot_p99_ms) if cfg else (None, None)
+    store = Store(client, meta)
+    print(f"lynxtop bench {bench_id}: {url} model {model}, input {args.input_len} / output {args.output_len} "
+          f"tokens" + (f", run {meta['run_id']} ({meta.get('profile')})" if meta.get("run_id") else ""),
+          file=sys.stderr)
+    result = asyncio.run(_sweep(wl, levels_of(args), args, store, sla))
+    return _report(result, meta, store, args)
+
+
+async def _sweep(wl: Workload, levels: list[Level], args: Namespace, store: Store,
+                 sla: tuple[float | None, float | None]) -> SweepResult:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    presses = {"n": 0}
+
+    def on_sigint() -> None:  # first: stop cleanly; second: cancel at once
+        presses["n"] += 1
+        if presses["n"] == 1:
+            print("\nstopping: Ctrl-C again to abort at once", file=sys.stderr)
+            stop.set()
+        elif main is not None:
+            main.cancel()
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    try:
+        return await sweep(wl, levels, warmup=args.warmup, stop=stop, sink=store, sla=sla,
+                           progress=ProgressLine(), timeout_s=args.timeout)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+def _report(result: SweepResult, meta: dict[str, Any], store: Store, args: Namespace) -> int:
+    if result.levels:
+        print(bench_view.table(result.levels))
+        print()
+        print(bench_view.chart(result.levels))
+    if args.json:
+        Path(args.json).write_text(json.dumps(_json_levels(result, meta), indent=2) + "\n")
+    where = f"stored as sweep {meta['bench_id']} ({store.stored} levels)" if store.stored else \
+        f"NOT stored: {store.problem}"
+    print(f"\n{where}" + (f"; JSON in {args.json}" if args.json else ""), file=sys.stderr)
+    if result.server_gone:
+        _err(f"the server stopped answering: {result.server_gone}; finished levels are kept")
+        return EXIT_FAILED
+    if result.interrupted:
+        _err("stopped by Ctrl-C; finished levels are kept, the last one is marked partial (*)")
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if any(s["failed"] or s.get("partial") for s in result.levels) else EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------- reading back
+
+def _reader(args: Namespace) -> Any:
+    from lynxtop.store_cli import _open
+
+    return _open("bench", args)
+
+
+def sweep_levels(reader: Any, ref: str) -> tuple[str, list[dict[str, Any]]]:
+    """A stored sweep by its id, or by a run number (`run:12` or `12`: that run's newest sweep)."""
+    rows = reader.bench_results(limit=10_000, bench_id=ref)
+    if not rows and ref.removeprefix("run:").isdigit():
+        run_id = int(ref.removeprefix("run:"))
+        mine = [r for r in reader.bench_results(limit=10_000) if r.get("run_id") == run_id and r.get("bench_id")]
+        if mine:
+            ref = mine[0]["bench_id"]
+            rows = [r for r in mine if r["bench_id"] == ref]
+    if not rows:
+        raise BenchError(f"no stored sweep {ref!r} (see `lynxtop bench list`)", EXIT_USAGE)
+    first = rows[-1]
+    name = f"{ref} (run {first.get('run_id')}, {first.get('profile')}, vLLM {first.get('vllm_version')})"
+    return name, [from_db_row(r) for r in reversed(rows)]
+
+
+def compare(args: Namespace) -> int:
+    reader = _reader(args)
+    if isinstance(reader, int):
+        return reader
+    try:
+        with contextlib.closing(reader):
+            name_a, a = sweep_levels(reader, args.run_a)
+            name_b, b = sweep_levels(reader, args.run_b)
+    except BenchError as exc:
+        _err(str(exc))
+        return exc.code
+    if args.json:
+        print(json.dumps({"a": {"name": name_a, "levels": a}, "b": {"name": name_b, "levels": b}}, indent=2))
+    else:
+        print(bench_view.compare(name_a, a, name_b, b))
+    return EXIT_OK
+
+
+def list_sweeps(args: Namespace) -> int:
+    reader = _reader(args)
+    if isinstance(reader, int):
+        return reader
+    with contextlib.closing(reader):
+        rows = [r for r in reader.bench_results(limit=10_000) if r.get("bench_id")]
+    seen: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        seen.setdefault(r["bench_id"], []).append(r)
+    for bid, levels in list(seen.items())[: args.limit]:
+        top = max((lv.get("output_tokens_per_s") or 0 for lv in levels), default=0)
+        partial = " (partial)" if any(lv.get("partial") for lv in levels) else ""
+        first = levels[-1]
+        print(f"{bid}  run {first.get('run_id') or '-'}  {first.get('profile') or '-'}  "
+              f"vLLM {first.get('vllm_version') or '-'}  {len(levels)} levels  max {top:.1f} out tok/s{partial}")
+    return EXIT_OK
