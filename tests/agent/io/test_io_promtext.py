@@ -1,7 +1,8 @@
 """The scraper's own line reader against prometheus_client, the reference parser: same numbers to the last digit.
 
 Pages: two captured from a real vLLM 0.32 (CPU build, the tiny model of the real-vLLM stage; one plain, one with
-`--data-parallel-size 2 --api-server-count 2`), a DP=8 page from the simulator's metric families, and a page with
+`--data-parallel-size 2 --api-server-count 2`), a DP=8 page from the simulator's metric families, one the simulator
+served with `-dp 8 --enable-expert-parallel` (eight API servers' multiprocess page, after 48 requests), and a page with
 per-engine and per-model labels (two served models on one page). Every derived figure of a scrape sequence is
 compared too, with the reference parser swapped in.
 """
@@ -83,6 +84,7 @@ def page_texts() -> dict[str, str]:
         "real-0.32": (PAGES / "vllm-0.32-cpu-tiny.txt").read_text(),
         "real-0.32-dp2-api2": (PAGES / "vllm-0.32-cpu-tiny-dp2-api2.txt").read_text(),
         "sim-dp8": sim_page(8, seed=1),
+        "sim-dp8-ep-served": (PAGES / "sim-0.32-dp8-ep.txt").read_text(),  # as the simulator serves DP8+EP
         "sim-dp8-two-models": sim_page(8, seed=2, models=("deepseek-ai/DeepSeek-V4.1", "deepseek-v4-lora")),
     }
 
