@@ -36,6 +36,7 @@ _log = logging.getLogger("lynxtop.exporter")
 DEFAULT_MAX_CONNECTIONS = 64  # [agent] metrics_max_connections: a few Prometheus servers and the odd curl
 
 SERVING_STATES = tuple(s.value for s in ServingState)
+DEGRADED_CONDITIONS = ("hang", "health")  # why a run is degraded (agent/health.py's verdict conditions)
 SLA_STATES = tuple(s.value for s in SlaState)
 _SIMULATED_HELP = "1 when any part of this node (GPUs or vLLM) is SIMULATED"
 
@@ -207,6 +208,18 @@ class SnapshotCollector(Collector):
                 any_value = True
             if any_value:
                 yield fam
+        yield from self._xids(gpus)
+
+    def _xids(self, gpus: tuple[GpuStatus, ...]) -> Iterator[Any]:
+        """A counter from 0 on every GPU, so `increase()` sees the first XID after a start."""
+        xid = CounterMetricFamily("lynxtop_gpu_xid_errors", "XID critical errors NVML reported since the agent "
+                                  "started", labels=["gpu", "uuid"])
+        for g in gpus:
+            v = _num(g.xid_errors)
+            if v is not None:
+                xid.add_metric([str(g.index), str(g.uuid or "")], v)
+        if xid.samples:
+            yield xid
 
     def _simple(self, prefix: str, spec: tuple, data: Mapping[str, Any]) -> Iterator[Any]:
         for key, suffix, help_, scale in spec:
@@ -233,8 +246,23 @@ class SnapshotCollector(Collector):
             v = _num(value)
             if v is not None:
                 yield _gauge(name, help_, v * scale)
+        yield from self._run(srv)
         yield from self._simple("serving", _SERVING, sm)
         yield from self._latency(sm)
+
+    def _run(self, srv: ServingStatus) -> Iterator[Any]:
+        """Which run the serving series belong to, as an info metric: joining on it gives them profile and run
+        labels without a new series of every gauge at each restart. And why a run is degraded (a hang alerts)."""
+        g = GaugeMetricFamily("lynxtop_serving_degraded", "1 while this condition holds the run degraded",
+                              labels=["condition"])
+        for cond in DEGRADED_CONDITIONS:
+            g.add_metric([cond], 1.0 if cond in srv.degraded else 0.0)
+        yield g
+        if srv.profile and srv.run_id is not None:
+            info = GaugeMetricFamily("lynxtop_serving_info", "The supervisor's current run: profile, run id, model",
+                                     labels=["profile", "run", "model"])
+            info.add_metric([srv.profile, str(srv.run_id), srv.model or ""], 1.0)
+            yield info
 
     def _engines(self, engines: tuple[EngineLoad, ...]) -> Iterator[Any]:
         """The load of each data-parallel engine (the totals above are their sum, KV their max)."""

@@ -978,6 +978,7 @@ class Supervisor:
             started_ms=self.started_ms, ready_ms=self.ready_ms, next_retry_ms=self.next_retry_ms,
             failures_in_window=len(self._failures), adopted=self.adopted, url=self.url(),
             log_problem=run.log_problem[1] if run is not None and run.log_problem and alive else None,
+            degraded=tuple(sorted(run.degraded)) if run is not None and self.state == S.DEGRADED else (),
         )
 
     def action_status(self) -> ActionInfo | None:

@@ -151,13 +151,15 @@ class ServingStatus:
     adopted: bool = False
     url: str | None = None
     log_problem: str | None = None
+    degraded: tuple[str, ...] = ()  # what holds the run degraded: "hang", "health" (alerts tell a hang apart)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> ServingStatus:
         d = d or {}
         state = str(d.get("state") or ServingState.STOPPED.value)
         return _build(cls, d, state=ServingState(state) if state in _STATES else ServingState.STOPPED,
-                      phases=tuple(_build(PhaseMark, p) for p in d.get("phases") or ()))
+                      phases=tuple(_build(PhaseMark, p) for p in d.get("phases") or ()),
+                      degraded=tuple(str(c) for c in d.get("degraded") or ()))
 
 
 _STATES = frozenset(s.value for s in ServingState)
@@ -208,6 +210,7 @@ class GpuStatus:
     arch: str | None = None
     gpm_supported: bool | None = None
     nvlink_count: int | None = None
+    xid_errors: int = 0  # XID critical errors NVML reported since the agent started (a counter for Prometheus)
     metrics: dict[str, Any] = field(default_factory=dict)
 
     def metric(self, name: str) -> Any:

@@ -170,9 +170,10 @@ async def test_hang_marks_degraded_and_recovers(make_sup, store):
     assert sup.state == "ready"
     progress(sup, hang, 3, 100, now=t + 5.5)
     assert sup.state == "degraded" and "hang" in sup.reason
+    assert sup.serving_status().degraded == ("hang",)  # what the hang alert reads (lynxtop_serving_degraded)
     assert events(store, "serving.degraded.hang")
     progress(sup, hang, 3, 150, now=t + 6)
-    assert sup.state == "ready"
+    assert sup.state == "ready" and sup.serving_status().degraded == ()
     assert events(store, "serving.recovered.hang")
     assert sup.proc.leader_alive()  # restart_on_hang is off by default: nothing was restarted
     await sup.shutdown(stop_serving=True)

@@ -61,8 +61,8 @@ async def test_metrics_names_units_and_labels(exporter):
     assert s[("lynxtop_serving_state", (("state", "ready"),))] == 1
     assert s[("lynxtop_serving_state", (("state", "crash-loop"),))] == 0
     assert s[("lynxtop_serving_up", ())] == 1
-    labels = {k for _, lab in s for k, _ in lab}
-    assert labels <= {"gpu", "uuid", "state"}
+    labels = {k for name, lab in s for k, _ in lab if name != "lynxtop_serving_info"}
+    assert labels <= {"gpu", "uuid", "state", "condition"}
 
 
 async def test_agent_and_sla_metrics_and_each_scrape_reads_the_snapshot(exporter):
@@ -107,9 +107,40 @@ async def test_per_engine_load_is_labelled_by_engine(exporter):
     engine_names = {name for name, lab in s if ("engine", "1") in lab}
     assert engine_names == {"lynxtop_serving_engine_requests_running", "lynxtop_serving_engine_requests_waiting",
                             "lynxtop_serving_engine_kv_cache_usage_ratio"}
-    assert {k for _, lab in s for k, _ in lab} <= {"gpu", "uuid", "state", "engine"}
+    assert {k for name, lab in s for k, _ in lab if name != "lynxtop_serving_info"} <= {"gpu", "uuid", "state",
+                                                                                       "condition", "engine"}
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["lynxtop_serving_engine_requests_waiting"].type == "gauge"
+
+
+async def test_run_info_hang_and_xid_for_the_alert_rules(exporter):
+    """contrib/prometheus: profile and run through one info series, a hang told apart from a failing /health,
+    and an XID counter that starts at 0 on every GPU (so increase() sees the first one)."""
+    get, state, _ = exporter
+    _, text = await get()
+    s = samples(text)
+    info = [lab for name, lab in s if name == "lynxtop_serving_info"]
+    assert info == [(("model", "deepseek-ai/DeepSeek-V4.1"), ("profile", "tp8"), ("run", "7"))]
+    assert s[("lynxtop_serving_info", info[0])] == 1
+    assert s[("lynxtop_serving_degraded", (("condition", "hang"),))] == 0
+    assert s[("lynxtop_serving_degraded", (("condition", "health"),))] == 0
+    assert s[("lynxtop_gpu_xid_errors_total", (("gpu", "0"), ("uuid", "GPU-0000")))] == 0
+    assert len([k for k in s if k[0] == "lynxtop_gpu_xid_errors_total"]) == len(state["snapshot"].gpus)
+    snap = state["snapshot"]
+    gpus = (replace(snap.gpus[0], xid_errors=2), *snap.gpus[1:])
+    state["snapshot"] = replace(snap, gpus=gpus, serving=replace(snap.serving, state=ServingState.DEGRADED,
+                                                                 degraded=("hang",)))
+    _, text = await get()
+    s = samples(text)
+    assert s[("lynxtop_gpu_xid_errors_total", (("gpu", "0"), ("uuid", "GPU-0000")))] == 2
+    assert s[("lynxtop_serving_degraded", (("condition", "hang"),))] == 1
+    assert s[("lynxtop_serving_degraded", (("condition", "health"),))] == 0
+    families = {f.name: f.type for f in text_string_to_metric_families(text)}
+    assert families["lynxtop_gpu_xid_errors"] == "counter" and families["lynxtop_serving_info"] == "gauge"
+    state["snapshot"] = replace(snap, serving=replace(snap.serving, state=ServingState.STOPPED, profile=None,
+                                                      run_id=None))
+    _, text = await get()
+    assert "lynxtop_serving_info" not in text  # no run, no info series
 
 
 async def test_only_metrics_are_served_and_a_broken_snapshot_is_survived(exporter):

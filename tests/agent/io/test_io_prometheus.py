@@ -1,0 +1,374 @@
+"""The agent under a real Prometheus: promtool on its page and on contrib/, a Prometheus server scraping a real agent
+(SIMULATED vLLM and GPUs) through contrib's own scrape config and rules, and the names contrib uses checked against
+what the agent exports.
+
+One agent serves the whole module (these machines are loaded). promtool and prometheus come from the Debian package
+`prometheus`; CI installs it, so the tests here skip only where it is missing, and say so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.agent_config import sim_profile, write_agent_config
+from support.agent_proc import sim_processes
+from support.ports import free_port, short_dir
+from support.waits import wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[3]
+CONTRIB = ROOT / "contrib"
+PROM_DIR = CONTRIB / "prometheus"
+RULES = PROM_DIR / "lynxtop-rules.yml"
+DASHBOARD = CONTRIB / "grafana" / "lynxtop-dashboard.json"
+PROMTOOL = shutil.which("promtool")
+PROMETHEUS = shutil.which("prometheus")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
+needs_prometheus = pytest.mark.skipif(PROMETHEUS is None,
+                                      reason="prometheus not installed (apt-get install prometheus)")
+PROFILE = "v4-tp8"
+# Names Prometheus makes itself for every target (never on the agent's page)
+SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_series_added"}
+
+
+# ------------------------------------------------------------------------------------------------ the agent
+
+
+@dataclass
+class Node:
+    metrics_port: int
+    vllm_port: int
+    dir: Path
+
+    def page(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+
+def _families(text: str) -> dict[str, list]:
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def _value(text: str, name: str) -> float | None:
+    samples = [s for fams in _families(text).values() for s in fams if s.name == name]
+    return samples[0].value if samples else None
+
+
+def _traffic(port: int, stop: threading.Event) -> None:
+    """A trickle of short completions, so latency and throughput have something to show while Prometheus scrapes."""
+    body = json.dumps({"model": "deepseek-ai/DeepSeek-V4.1", "prompt": "hello " * 40, "max_tokens": 24}).encode()
+    while not stop.is_set():
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(req, timeout=10).read()
+        stop.wait(0.2)
+
+
+def _start_agent(d: Path, metrics_port: int, vllm_port: int) -> subprocess.Popen:
+    profile = sim_profile(PROFILE, tp=8, startup_s=0.3, port=vllm_port, sim_args=("--sim-speed", "20"))
+    cfg = write_agent_config(d / "config.toml", d / "state" / "lynxtop.db", d / "run" / "agent.sock",
+                             fake_nvml="sim", sample_interval_s=0.5, live_restore=False, autostart=True,
+                             default_profile=PROFILE, metrics_listen=f"127.0.0.1:{metrics_port}",
+                             gpu_release_timeout_s=10, sla={"ttft_p99_ms": 2000, "tpot_p99_ms": 150, "window_s": 30},
+                             profiles=[profile])
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
+    env["LYNXTOP_SIM_STATE_DIR"] = str(d / "sim")
+    with open(d / "agent.log", "wb") as log:
+        return subprocess.Popen([sys.executable, "-m", "lynxtop", "agent", "--config", str(cfg)], stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _serving_page(node: Node) -> str | None:
+    """The page once vLLM serves and the agent has latency and throughput from it."""
+    try:
+        text = node.page()
+    except OSError:
+        return None
+    ttft, gen = _value(text, "lynxtop_serving_ttft_p99_seconds"), _value(text, "lynxtop_serving_generation_tokens_"
+                                                                         "per_second")
+    return text if ttft and gen else None
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Node]:
+    """A real agent serving the simulated vLLM on 8 simulated H200s, with traffic, for the whole module."""
+    with short_dir() as d:
+        n = Node(free_port(), free_port(), d)
+        agent = _start_agent(d, n.metrics_port, n.vllm_port)
+        stop = threading.Event()
+        load = threading.Thread(target=_traffic, args=(n.vllm_port, stop), daemon=True)
+        try:
+            wait_for(lambda: agent.poll() is not None or _value(n.page(), "lynxtop_serving_up") == 1, timeout=60,
+                     what="the agent serving", ignore=(OSError,))
+            assert agent.poll() is None, (d / "agent.log").read_text()[-3000:]
+            load.start()
+            wait_for(lambda: _serving_page(n), timeout=60, what="latency and throughput on the agent's page")
+            yield n
+        finally:
+            stop.set()
+            _stop(agent)
+            load.join(15)
+            for pid in sim_processes(d / "sim", runs_only=False):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------------------------ promtool
+
+
+def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    assert PROMTOOL is not None
+    return subprocess.run([PROMTOOL, *args], input=stdin, capture_output=True, text=True, timeout=60)
+
+
+@needs_promtool
+def test_promtool_accepts_the_live_agents_page(node):
+    text = node.page()
+    assert "lynxtop_gpu_sm_active_ratio" in text and "lynxtop_serving_ttft_p99_seconds" in text
+    p = promtool("check", "metrics", stdin=text)
+    assert p.returncode == 0 and not p.stdout.strip(), p.stdout + p.stderr  # lint findings print, even on rc 0
+
+
+@needs_promtool
+def test_contrib_config_and_rules_are_valid():
+    p = promtool("check", "config", str(PROM_DIR / "prometheus.yml"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "1 rule files found" in p.stdout
+    p = promtool("check", "rules", str(RULES))
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@needs_promtool
+def test_alert_rules_pass_their_unit_tests():
+    """contrib/prometheus/tests/: each alert fires on what it is for, not before its `for`, not on a flap."""
+    tests = sorted((PROM_DIR / "tests").glob("*.test.yml"))
+    assert tests
+    p = promtool("test", "rules", *map(str, tests))
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+# ------------------------------------------------------------------------------------------------ names used
+
+
+_DROP = (
+    re.compile(r'"(?:[^"\\]|\\.)*"'),  # strings (label values, $node)
+    re.compile(r"\{[^}]*\}"),  # label matchers
+    re.compile(r"\[[^\]]*\]"),  # ranges and subqueries
+    re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)"),  # label lists
+)
+_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left", "group_right",
+             "inf", "nan"}
+_IDENT = re.compile(r"(?<![\w.$:])([a-zA-Z_:][a-zA-Z0-9_:]*)(?![\w:])(?!\s*\()")
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads (functions, keywords, labels and strings left out)."""
+    for pattern in _DROP:
+        expr = pattern.sub(" ", expr)
+    return {m for m in _IDENT.findall(expr) if m.lower() not in _KEYWORDS}
+
+
+def rule_exprs() -> tuple[list[str], set[str]]:
+    """The rules file's expressions and the names of its recording rules (read as text: no YAML parser needed;
+    an expression goes on over the lines indented deeper than its `expr:`)."""
+    exprs, records = [], set()
+    lines = RULES.read_text().splitlines()
+    for i, line in enumerate(lines):
+        key, _, rest = line.strip().partition(":")
+        if key == "- record":
+            records.add(rest.strip())
+        if key != "expr":
+            continue
+        indent = len(line) - len(line.lstrip())
+        parts = [] if rest.strip() in (">-", ">", "|") else [rest.strip()]
+        for more in lines[i + 1:]:
+            if more.strip() and len(more) - len(more.lstrip()) <= indent:
+                break
+            parts.append(more.strip())
+        exprs.append(" ".join(parts))
+    return exprs, records
+
+
+def dashboard_exprs() -> list[str]:
+    dash = json.loads(DASHBOARD.read_text())
+    out = []
+
+    def walk(panels: list) -> None:
+        for p in panels:
+            out.extend(t["expr"] for t in p.get("targets", ()) if t.get("expr"))
+            walk(p.get("panels", ()))
+
+    walk(dash["panels"])
+    for var in dash["templating"]["list"]:
+        q = var.get("query")
+        q = q.get("query") if isinstance(q, dict) else q
+        m = re.match(r"label_values\((.*),\s*\w+\)\s*$", q or "")
+        if m:
+            out.append(m.group(1))
+    return out
+
+
+def test_metric_name_extraction():
+    assert metric_names('max by (node) (rate(lynxtop_a_total{node=~"$node", x="a b"}[$__rate_interval])) > 0.5 '
+                        "and on(job, instance) lynxtop_b == 1 or vector(0) * up offset 5m") == \
+        {"lynxtop_a_total", "lynxtop_b", "up"}
+    assert metric_names("lynxtop_x * on(job) group_left(profile, run) lynxtop_y_info unless lynxtop:z:by_run") == \
+        {"lynxtop_x", "lynxtop_y_info", "lynxtop:z:by_run"}
+    assert metric_names("histogram_quantile(0.99, sum by (le) (x_bucket)) / 1e3") == {"x_bucket"}
+
+
+def test_every_metric_contrib_names_is_exported(node):
+    """The rules and the dashboard read only what the agent exports (or rules record, or Prometheus adds)."""
+    exported = set()
+    for fam in text_string_to_metric_families(_serving_page(node) or node.page()):
+        exported |= {s.name for s in fam.samples}
+    exprs, records = rule_exprs()
+    assert len(exprs) >= 11 and records
+    dash = dashboard_exprs()
+    assert len(dash) >= 30
+    used = {name for e in exprs + dash for name in metric_names(e)}
+    assert {"lynxtop_sla_breach", "lynxtop_gpu_lost", "lynxtop_serving_state", "lynxtop_gpu_xid_errors_total",
+            "lynxtop_serving_degraded", "lynxtop_gpu_sm_active_ratio", "lynxtop_serving_ttft_p99_seconds"} <= used
+    missing = used - exported - records - SYNTHETIC
+    assert not missing, f"named in contrib/ but not exported by the agent: {sorted(missing)}"
+
+
+# ------------------------------------------------------------------------------------------------ Prometheus
+
+
+def _contrib_config(tmp: Path, target: str) -> Path:
+    """contrib's prometheus.yml, rules and file-SD layout, with the intervals cut to one second and one target
+    (which gives no node label: the relabelling must make one from the address)."""
+    text = (PROM_DIR / "prometheus.yml").read_text()
+    for old, new in (("evaluation_interval: 15s", "evaluation_interval: 1s"), ("scrape_interval: 5s",
+                     "scrape_interval: 1s"), ("scrape_timeout: 4s", "scrape_timeout: 1s")):
+        assert text.count(old) == 1, f"contrib/prometheus/prometheus.yml no longer says {old!r}: adapt this test"
+        text = text.replace(old, new)
+    (tmp / "targets").mkdir()
+    (tmp / "targets" / "test.yml").write_text(json.dumps([{"targets": [target], "labels": {"cluster": "test"}}]))
+    shutil.copy(RULES, tmp / RULES.name)
+    cfg = tmp / "prometheus.yml"
+    cfg.write_text(text)
+    return cfg
+
+
+class PromApi:
+    def __init__(self, port: int):
+        self.base = f"http://127.0.0.1:{port}"
+
+    def get(self, path: str, **params: str) -> dict:
+        url = f"{self.base}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return json.loads(r.read())
+
+    def query(self, expr: str) -> list[dict]:
+        body = self.get("/api/v1/query", query=expr)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base}/-/ready", timeout=5) as r:
+                return r.status == 200
+        except (OSError, urllib.error.HTTPError):
+            return False
+
+
+@pytest.fixture(scope="module")
+def prometheus(node) -> Iterator[PromApi]:
+    with short_dir("lxtprom") as d:
+        port = free_port()
+        cfg = _contrib_config(d, f"127.0.0.1:{node.metrics_port}")
+        with open(d / "prometheus.log", "wb") as log:
+            proc = subprocess.Popen([PROMETHEUS or "prometheus", f"--config.file={cfg}",
+                                     f"--storage.tsdb.path={d / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                                     "--log.level=warn"], stdout=log, stderr=subprocess.STDOUT, cwd=d)
+        api = PromApi(port)
+        try:
+            wait_for(lambda: proc.poll() is not None or api.ready(), timeout=60, what="Prometheus ready")
+            assert proc.poll() is None, (d / "prometheus.log").read_text()[-3000:]
+            # two scrapes of the agent, both up
+            wait_for(lambda: api.query('count_over_time(up{job="lynxtop"}[1m]) >= 2 and up{job="lynxtop"} == 1'),
+                     timeout=60, what="two scrapes of the agent")
+            yield api
+        finally:
+            _stop(proc)
+
+
+def _labels(result: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r["metric"].items()} for r in result]
+
+
+@needs_prometheus
+def test_prometheus_scrapes_gpus_with_node_gpu_and_uuid_labels(node, prometheus):
+    for name in ("lynxtop_gpu_sm_active_ratio", "lynxtop_gpu_memory_used_bytes"):
+        got = _labels(prometheus.query(name))
+        assert sorted(int(m["gpu"]) for m in got) == list(range(8)), got
+        for m in got:
+            assert m["node"] == "127.0.0.1"  # from the address: the target file gave no node label
+            assert m["job"] == "lynxtop" and m["cluster"] == "test"
+            assert re.fullmatch(r"GPU-[0-9a-z-]+", m["uuid"]), m
+        assert len({m["uuid"] for m in got}) == 8
+    used = prometheus.query('lynxtop_gpu_memory_used_bytes{gpu="0"}')
+    assert float(used[0]["value"][1]) > 2**30
+
+
+@needs_prometheus
+def test_prometheus_ties_serving_and_gpus_to_the_profile_and_run(node, prometheus):
+    run = str(int(_value(node.page(), "lynxtop_serving_run_id") or 0))
+    assert run != "0"
+    want = {"node": "127.0.0.1", "profile": PROFILE, "run": run}
+
+    def by_run(expr: str) -> list[dict]:
+        return prometheus.query(expr)
+
+    for record in ("lynxtop:serving_ttft_p99_seconds:by_run", "lynxtop:serving_generation_tokens_per_second:by_run"):
+        got = wait_for(lambda r=record: by_run(r), timeout=30, what=record)  # noqa: B023
+        assert len(got) == 1 and want.items() <= got[0]["metric"].items(), got
+        assert got[0]["metric"]["model"] == "deepseek-ai/DeepSeek-V4.1"
+    ttft = float(by_run("lynxtop:serving_ttft_p99_seconds:by_run")[0]["value"][1])
+    assert 0 < ttft < 60
+    gen = by_run("max_over_time(lynxtop:serving_generation_tokens_per_second:by_run[1m])")
+    assert float(gen[0]["value"][1]) > 0
+    # a GPU series joins the same run the same way (the dashboard and ad-hoc queries do this)
+    sm = by_run("lynxtop_gpu_sm_active_ratio * on(job, instance) group_left(profile, run) lynxtop_serving_info")
+    assert len(sm) == 8 and all(want.items() <= r["metric"].items() and r["metric"]["uuid"] for r in sm), sm
+
+
+@needs_prometheus
+def test_prometheus_loaded_every_contrib_rule_and_no_alert_fires(node, prometheus):
+    groups = prometheus.get("/api/v1/rules")["data"]["groups"]
+    rules = [r for g in groups for r in g["rules"]]
+    assert len(rules) >= 11 and all(r["health"] == "ok" for r in rules), [r for r in rules if r["health"] != "ok"]
+    alerts = {r["name"] for r in rules if r["type"] == "alerting"}
+    assert {"LynxtopSlaBreach", "LynxtopCrashLoop", "LynxtopGpuLost", "LynxtopServingHung", "LynxtopGpuXid"} <= alerts
+    firing = [a for a in prometheus.get("/api/v1/alerts")["data"]["alerts"] if a["state"] == "firing"]
+    assert not firing, firing  # a healthy simulated node raises nothing
