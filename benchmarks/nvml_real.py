@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def import_shim() -> Path:
-    """Make `import lynxtop.agent…` load this checkout: a temp `lynxtop` package linking agent/, store/ and contract/."""
+    """Make `import lynxtop.agent…` load this checkout: a temp `lynxtop` package linking agent/, store/, contract/."""
     d = Path(tempfile.mkdtemp(prefix="lynxtop-shim-"))
     pkg = d / "lynxtop"
     pkg.mkdir()
