@@ -372,3 +372,39 @@ def test_prometheus_loaded_every_contrib_rule_and_no_alert_fires(node, prometheu
     assert {"LynxtopSlaBreach", "LynxtopCrashLoop", "LynxtopGpuLost", "LynxtopServingHung", "LynxtopGpuXid"} <= alerts
     firing = [a for a in prometheus.get("/api/v1/alerts")["data"]["alerts"] if a["state"] == "firing"]
     assert not firing, firing  # a healthy simulated node raises nothing
+
+
+# ------------------------------------------------------------------------------------------------ the dashboard
+
+
+def test_dashboard_goes_node_then_gpus_then_serving_latency():
+    dash = json.loads(DASHBOARD.read_text())
+    rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
+    assert rows == ["Node", "GPUs", "Serving latency and throughput"]
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in dash["panels"]:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        if p["type"] != "row":
+            assert p["datasource"]["uid"] == "${datasource}" and p["targets"], p["title"]
+    names = [v["name"] for v in dash["templating"]["list"]]
+    assert names == ["datasource", "node", "gpu"]
+    gpu_panels = [p for p in dash["panels"] if any("lynxtop_gpu_" in t["expr"] for t in p.get("targets", ()))]
+    assert gpu_panels and all('gpu=~"$gpu"' in t["expr"] for p in gpu_panels for t in p["targets"])
+
+
+# Filters that are empty on a healthy node (no lost GPU, no data-parallel engines on TP8)
+_MAY_BE_EMPTY = ("== 1", "lynxtop_serving_engine_")
+
+
+@needs_prometheus
+def test_every_dashboard_query_runs_against_the_agent(node, prometheus):
+    """Each panel's PromQL with the variables set to "All": Prometheus accepts it and, where the node has the
+    reading, answers with data."""
+    empty = []
+    for expr in dashboard_exprs():
+        q = expr.replace("$node", ".*").replace("$gpu", ".*").replace("$__rate_interval", "1m")
+        if not any(m in q for m in _MAY_BE_EMPTY) and not prometheus.query(q):
+            empty.append(expr)
+    assert not empty, f"dashboard queries without data from a serving node: {empty}"
