@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
+from support.node import close_node, open_node, run_clock
 
 from lynxtop.agent.node import Node
-from lynxtop.agent.notify import Notifier
-from lynxtop.contract.config import load_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,20 +31,11 @@ class _Slow:
 
 
 def _node(tmp_path, h) -> Node:
-    cfg = load_config(str(h.write_config(tmp_path, 'sample_interval_s = 0.1\nfake_nvml = "h200x8"')))
-    node = Node(cfg, Notifier(None))
-    node._open_parts()
-    node.gpu_view.update(time.monotonic(), [], node.sampler.open(), node.sampler.static())
-    return node
+    return open_node(h.write_config(tmp_path, 'sample_interval_s = 0.1\nfake_nvml = "h200x8"'))
 
 
 async def _run_clock(node: Node, seconds: float) -> None:
-    task = asyncio.create_task(node._clock())
-    await asyncio.sleep(seconds)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await asyncio.sleep(0.6)  # let a straggling thread finish before the writer closes
+    await run_clock(node, seconds, settle_s=0.6)  # a straggling thread finishes before the writer closes
 
 
 async def test_slow_nvml_leaves_host_and_store_on_time(tmp_path, h):
@@ -64,7 +53,7 @@ async def test_slow_nvml_leaves_host_and_store_on_time(tmp_path, h):
         assert host >= 10 and 1 <= gpu_ticks <= 6, (host, gpu_ticks)
         assert node.healthy()
     finally:
-        node.writer.close()
+        close_node(node)
 
 
 async def test_slow_tick_is_skipped_and_counted_not_queued(tmp_path, h):
@@ -77,7 +66,7 @@ async def test_slow_tick_is_skipped_and_counted_not_queued(tmp_path, h):
         assert node.missed_ticks >= 8, node.missed_ticks
         assert node.ticks + node.missed_ticks <= 22
     finally:
-        node.writer.close()
+        close_node(node)
 
 
 async def test_watchdog_health_needs_recent_ticks_and_a_live_writer(tmp_path, h):

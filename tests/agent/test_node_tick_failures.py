@@ -9,14 +9,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import time
 
 import pytest
+from support.node import close_node, open_node
 
 from lynxtop.agent.connguard import Episodes, install_loop_handler
 from lynxtop.agent.node import Node
-from lynxtop.agent.notify import Notifier
-from lynxtop.contract.config import load_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,11 +35,7 @@ class _Failing:
 
 
 def _node(tmp_path, h) -> Node:
-    cfg = load_config(str(h.write_config(tmp_path, 'sample_interval_s = 0.1\nfake_nvml = "h200x8"')))
-    node = Node(cfg, Notifier(None))
-    node._open_parts()
-    node.gpu_view.update(time.monotonic(), [], node.sampler.open(), node.sampler.static())
-    return node
+    return open_node(h.write_config(tmp_path, 'sample_interval_s = 0.1\nfake_nvml = "h200x8"'))
 
 
 async def _clock_for(node: Node, seconds: float) -> asyncio.Task:
@@ -83,7 +77,7 @@ async def test_emfile_ticks_are_missed_counted_and_logged_once(tmp_path, h, capl
         ended = _lines(caplog, "ended after")
         assert len(ended) == 1 and f"{node.failed_ticks} failed" in ended[0].getMessage()
     finally:
-        node.writer.close()
+        close_node(node)
 
 
 async def test_a_bug_in_a_tick_logs_one_traceback_per_episode(tmp_path, h, caplog):
@@ -97,7 +91,7 @@ async def test_a_bug_in_a_tick_logs_one_traceback_per_episode(tmp_path, h, caplo
         assert len([r for r in caplog.records if r.exc_info]) == 1
         assert node.status().agent.missed_ticks >= node.failed_ticks
     finally:
-        node.writer.close()
+        close_node(node)
 
 
 async def test_accept_emfile_from_the_event_loop_is_one_line_per_episode(caplog):

@@ -5,20 +5,18 @@ carries each data-parallel engine's load."""
 from __future__ import annotations
 
 import asyncio
-import time
 import tracemalloc
 
 import aiohttp
 import pytest
 from aiohttp import web
+from support.node import close_node, open_node, run_clock
 from support.vllm_pages import sim_page
 
 from lynxtop.agent import scrape as scrape_mod
 from lynxtop.agent.node import Node
-from lynxtop.agent.notify import Notifier
 from lynxtop.agent.sampling import ScrapeTarget
 from lynxtop.agent.scrape import MetricsScraper
-from lynxtop.contract.config import load_config
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -73,23 +71,15 @@ class VllmStandIn:
 
 
 def _node(tmp_path, h, url: str, scrape_interval_s: float) -> Node:
-    cfg = load_config(str(h.write_config(tmp_path, f'sample_interval_s = 0.1\nscrape_interval_s = {scrape_interval_s}\n'
-                                                   'fake_nvml = "h200x8"')))
-    node = Node(cfg, Notifier(None))
-    node._open_parts()
-    node.gpu_view.update(time.monotonic(), [], node.sampler.open(), node.sampler.static())
+    node = open_node(h.write_config(tmp_path, f'sample_interval_s = 0.1\nscrape_interval_s = {scrape_interval_s}\n'
+                                              'fake_nvml = "h200x8"'))
     assert node.scrape_source is not None
     node.scrape_source.target = lambda: ScrapeTarget(url, None, "run-1")  # serving, as the supervisor would say
     return node
 
 
 async def _run_clock(node: Node, seconds: float) -> None:
-    task = asyncio.create_task(node._clock())
-    await asyncio.sleep(seconds)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await asyncio.sleep(0.3)
+    await run_clock(node, seconds)
 
 
 def _count(h, node: Node, sql: str) -> int:
@@ -113,7 +103,7 @@ async def test_gpus_at_10_hz_and_metrics_at_1_hz(tmp_path, h):
             assert max(e.kv_cache_usage_pct for e in st.engines) == st.serving_metrics.metric("kv_cache_usage_pct")
             assert st.to_json()["engines"][0].keys() == {"engine", "running", "waiting", "kv_cache_usage_pct"}
         finally:
-            node.writer.close()
+            close_node(node)
 
 
 async def test_page_slower_than_the_tick_is_cut_off_with_one_event_and_sampling_goes_on(tmp_path, h):
@@ -131,7 +121,7 @@ async def test_page_slower_than_the_tick_is_cut_off_with_one_event_and_sampling_
             assert 3 <= failed <= 7, failed
             assert node.status().engines == ()
         finally:
-            node.writer.close()
+            close_node(node)
 
 
 @pytest.mark.parametrize("mode", ["stream", "announced"])

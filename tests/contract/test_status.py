@@ -6,17 +6,12 @@ drops or renames would silently vanish from `lynxtop status --json`, the dashboa
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import time
 
 import pytest
+from support.node import close_node, open_node, run_clock
 from support.status import make_status, status_json
 
-from lynxtop.agent.node import Node
-from lynxtop.agent.notify import Notifier
-from lynxtop.contract.config import load_config
 from lynxtop.contract.status import ActionInfo, ServingState, SlaState, Status
 
 pytestmark = pytest.mark.timeout(60)
@@ -41,16 +36,9 @@ port = 18000
 
 
 async def test_a_real_status_round_trips(tmp_path):
-    node = Node(load_config(_config(tmp_path)), Notifier(None))
-    node._open_parts()
-    node.gpu_view.update(time.monotonic(), [], node.sampler.open(), node.sampler.static())
+    node = open_node(_config(tmp_path))
     try:
-        task = asyncio.create_task(node._clock())
-        await asyncio.sleep(0.5)  # a few ticks: GPU and host metrics are read
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await asyncio.sleep(0.3)
+        await run_clock(node, 0.5)  # a few ticks: GPU and host metrics are read
         st = node.status()
         wire = json.loads(json.dumps(st.to_json()))  # what `GET /v1/status` carries
         assert Status.from_json(wire).to_json() == wire
@@ -59,7 +47,7 @@ async def test_a_real_status_round_trips(tmp_path):
         assert wire["host"]["cpu_pct"] is not None and wire["agent"]["nvml"]["state"] == "ok"
         assert st.serving.state is ServingState.STOPPED and st.sla.state is SlaState.UNKNOWN
     finally:
-        node.writer.close()
+        close_node(node)  # the GPU sampler too: no XID thread left for the next module
 
 
 def test_the_test_factory_round_trips_and_reads_as_typed():
