@@ -16,6 +16,8 @@ Memory fit per GPU (what vLLM's start-up profiling finds, block rounding aside):
   KV/token/GPU = bytes per token and layer × ceil(layers / PP); MLA's latent is whole on every TP rank, KV heads
     are split by TP.
   weights/GPU + overhead + KV(max_model_len × max_num_seqs) <= gpu_memory_utilization × GPU memory.
+Unset keys take vLLM's defaults: gpu_memory_utilization 0.9, max_num_seqs 1024 on GPUs of 70 GiB or more (not
+A100) else 256, max_model_len the model's context window.
 One full-length sequence not fitting is blocking (vLLM refuses to start: the cache cannot hold max_model_len);
 the configured concurrency at full context not fitting is a warning (vLLM starts and queues the rest).
 """
@@ -33,7 +35,9 @@ from lynxtop.contract.config import Profile
 from lynxtop.contract.models import GIB, ModelSpec
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
-DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default (newer releases pick more on large GPUs: then this is the floor)
+# vLLM's default max_num_seqs (EngineArgs._set_default_args; its test_defaults_with_usage_context): 1024 on GPUs of
+# 70 GiB or more except A100, else 256
+LARGE_GPU_BYTES, LARGE_GPU_MAX_NUM_SEQS, DEFAULT_MAX_NUM_SEQS = 70 * GIB, 1024, 256
 BLACKWELL_MIN_DRIVER = 570  # CUDA 12.8, the first toolkit with SM100
 
 # Attention backends and the compute capabilities (major) they run on (reference/vllm.md).
@@ -303,7 +307,12 @@ def weights_per_gpu(total: int, *, tp: int, pp: int, dp: int, expert_parallel: b
     return round((total - experts) / shards + experts / (shards * max(dp, 1)))
 
 
-def memory_fit(profile: Profile, model: ModelSpec, gpu_bytes: int, *, tp: int | None = None) -> MemoryFit | None:
+def default_max_num_seqs(gpu: GpuFacts) -> int:
+    large = (gpu.mem_total_bytes or 0) >= LARGE_GPU_BYTES and "a100" not in gpu.name.lower()
+    return LARGE_GPU_MAX_NUM_SEQS if large else DEFAULT_MAX_NUM_SEQS
+
+
+def memory_fit(profile: Profile, model: ModelSpec, gpu: GpuFacts, *, tp: int | None = None) -> MemoryFit | None:
     """The budget of one GPU, or None when the model table has no size for the profile's quantization."""
     total = model.weights_bytes(profile.quantization)
     if total is None:
@@ -314,20 +323,22 @@ def memory_fit(profile: Profile, model: ModelSpec, gpu_bytes: int, *, tp: int | 
     weights = weights_per_gpu(total, tp=tp, pp=pp, dp=profile.data_parallel_size,
                               expert_parallel=profile.enable_expert_parallel, expert_share=model.expert_share)
     per_token = model.kv_bytes_per_token_layer(profile.kv_cache_dtype, tp) * math.ceil(model.layers / pp)
+    gpu_bytes = gpu.mem_total_bytes or 0
     return MemoryFit(gpu_bytes=gpu_bytes, budget=int(util * gpu_bytes), weights=weights,
                      overhead=model.overhead_bytes, kv_per_token=per_token,
                      context=profile.max_model_len or model.context_window,
-                     seqs=profile.max_num_seqs or DEFAULT_MAX_NUM_SEQS)
+                     seqs=profile.max_num_seqs or default_max_num_seqs(gpu))
 
 
 def _memory(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec | None) -> Verdict:
     if model is None:
         return Verdict("memory", Level.UNKNOWN, f"model {profile.model} is not in the model table: memory fit not "
                                                 "checked", "describe it in a [[model]] table of the config")
-    sizes = [g.mem_total_bytes for g in visible_gpus(profile, gpus) if g.mem_total_bytes]
-    if not sizes:
+    sized = [g for g in visible_gpus(profile, gpus) if g.mem_total_bytes]
+    if not sized:
         return Verdict("memory", Level.UNKNOWN, "GPU memory unknown: memory fit not checked")
-    fit = memory_fit(profile, model, min(sizes))
+    smallest = min(sized, key=lambda g: g.mem_total_bytes or 0)
+    fit = memory_fit(profile, model, smallest)
     if fit is None:
         return Verdict("memory", Level.UNKNOWN, f"no bytes per parameter for quantization {profile.quantization!r} "
                                                 f"of {model.name}: memory fit not checked",
@@ -336,7 +347,7 @@ def _memory(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec | Non
             f"({fit.seqs} x {fit.context} tokens) vs {gib(fit.budget)} "
             f"({profile.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION:g} x {gib(fit.gpu_bytes)})")
     if fit.kv_tokens < fit.context:
-        return _memory_blocking(profile, model, fit, head)
+        return _memory_blocking(profile, model, fit, head, smallest)
     numbers = fit.numbers()
     if fit.margin < 0:
         return Verdict("memory", Level.WARNING,
@@ -347,7 +358,7 @@ def _memory(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec | Non
     return Verdict("memory", Level.OK, f"{head}: fits with {gib(fit.margin)} to spare", numbers=numbers)
 
 
-def _memory_blocking(profile: Profile, model: ModelSpec, fit: MemoryFit, head: str) -> Verdict:
+def _memory_blocking(profile: Profile, model: ModelSpec, fit: MemoryFit, head: str, gpu: GpuFacts) -> Verdict:
     numbers = fit.numbers()
     if fit.kv_free <= 0:
         why = f"the weights and overhead alone exceed the budget by {gib(-fit.kv_free)}"
@@ -357,7 +368,7 @@ def _memory_blocking(profile: Profile, model: ModelSpec, fit: MemoryFit, head: s
     fixes = []
     if fit.kv_tokens >= 16:
         fixes.append(f"max_model_len = {fit.kv_tokens} (the largest context that fits)")
-    tp_needed = _tp_that_fits(profile, model, fit.gpu_bytes)
+    tp_needed = _tp_that_fits(profile, model, gpu)
     if tp_needed:
         gpus = tp_needed * profile.pipeline_parallel_size * profile.data_parallel_size
         numbers["gpus_needed_to_fit"] = gpus
@@ -367,11 +378,11 @@ def _memory_blocking(profile: Profile, model: ModelSpec, fit: MemoryFit, head: s
     return Verdict("memory", Level.BLOCKING, f"{head}: {why}", "; or ".join(fixes) or "more or larger GPUs", numbers)
 
 
-def _tp_that_fits(profile: Profile, model: ModelSpec, gpu_bytes: int) -> int | None:
+def _tp_that_fits(profile: Profile, model: ModelSpec, gpu: GpuFacts) -> int | None:
     """The smallest power-of-two TP, above the profile's, whose GPUs hold the weights and one full sequence."""
     tp = profile.tensor_parallel_size * 2
     while tp <= 1024:
-        fit = memory_fit(profile, model, gpu_bytes, tp=tp)
+        fit = memory_fit(profile, model, gpu, tp=tp)
         if fit is not None and fit.kv_tokens >= fit.context:
             return tp
         tp *= 2

@@ -87,6 +87,8 @@ def test_b200_profile_on_b200():
     assert n["budget_bytes"] == 176_884_579_041  # int(0.92 x 192,265,846,784)
     # 176,884,579,041 - 37,000,000,000 - 6,871,947,673 = 133,012,631,368; // 40,016 = 3,323,986 tokens
     assert n["kv_tokens"] == 3_323_986 and n["largest_concurrency"] == 25  # 3,323,986 // 131,072
+    assert n["seqs"] == 1024  # max_num_seqs unset: vLLM's default on a GPU of 70 GiB or more that is not an A100
+    assert verdict(run("v4-tp8-h200", A100, max_num_seqs=None), "memory").numbers["seqs"] == 256  # A100: 256
     assert r.exit_code == 1
     # FlashMLA-sparse runs on SM90 and SM100 alike
     for facts in (B200, H200):
