@@ -9,11 +9,15 @@ layers, fp8 MLA cache 656 bytes per token and layer, experts 95 % of W, overhead
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
+from support.db import db_rows
+from support.waits import wait_for_async as wait_for
 
 from lynxtop.agent.check import Level, NodeFacts, check_profile, facts_from_info
+from lynxtop.agent.control import ActionError
 from lynxtop.agent.gpu.fake import a100_specs, b200_specs, h200_specs
 from lynxtop.agent.supervisor import preflight
 from lynxtop.contract.config import ConfigError, load_config, parse_config
@@ -222,3 +226,36 @@ def test_config_model_tables_override_and_add():
     with pytest.raises(ConfigError) as exc:
         parse_config(base + '[[model]]\nname = "org/New"\nparams_b = 7\n')
     assert "mla_latent_dim (or kv_heads and head_dim)" in "\n".join(exc.value.problems)
+
+
+class _B200View:
+    """8 B200s as the node's gpu_info() reports them (memory, links, driver); nothing holds them."""
+
+    def gpu_info(self):
+        return [{"index": s.index, "name": s.name, "cc_major": 10, "cc_minor": 0, "mem_total_bytes": s.mem_total_bytes,
+                 "nvlink_count": 18, "driver_version": "570.133.20"} for s in b200_specs()]
+
+    def compute_pids(self):
+        return time.monotonic(), set()
+
+
+async def test_the_supervisor_refuses_before_anything_changes_and_records_warnings(make_sup, store, tmp_path):
+    from conftest import standin_profile  # tests/agent/conftest.py: the stand-in vLLM
+
+    profiles = (standin_profile("dense", tp=8, model="deepseek-ai/DeepSeek-V4.1", attention_backend="FLASHMLA")
+                + standin_profile("old-env", tp=8, env={"VLLM_ATTENTION_BACKEND": "CUTLASS_MLA"}))
+    sup = make_sup(gpus=_B200View(), profiles=profiles)
+    with pytest.raises(ActionError) as exc:
+        await sup.switch("dense", by="test")
+    assert exc.value.http_status == 422 and "FLASHMLA does not fit NVIDIA B200 (SM100)" in exc.value.message
+    assert "CUTLASS_MLA" in exc.value.details["reasons"][0]
+    assert sup.state == "stopped" and sup.proc is None and sup.action is None
+    answer = await sup.start("old-env", by="test")
+    assert "(warning: VLLM_ATTENTION_BACKEND is deprecated" in answer
+    store.flush()
+    kinds = [e["kind"] for e in db_rows(store.path, "SELECT kind FROM events ORDER BY id")]
+    assert "preflight.warning" in kinds
+    await wait_for(lambda: sup.action is None, 20, what="start finished")
+    await sup.stop(by="test")
+    await wait_for(lambda: sup.state == "stopped" and sup.action is None, 20, what="stopped")
+    await sup.shutdown(stop_serving=True)
