@@ -205,11 +205,12 @@ async def run_level(session: aiohttp.ClientSession, wl: Workload, level: Level, 
     bodies = wl.bodies(min(todo, 4096), offset)
     t0 = time.perf_counter()
 
-    async def one(i: int) -> None:
+    async def one(i: int) -> bool:
         res = await one_request(session, wl, bodies[i % len(bodies)])
         out.results.append(res)
         if progress:
             progress(len(out.results))
+        return not res.unreachable
 
     driver = _closed_loop(one, level, todo, deadline) if level.rate is None else \
         _open_loop(one, level, todo, deadline, wl.seed + offset)
@@ -232,7 +233,8 @@ async def _closed_loop(one: Callable, level: Level, todo: int, deadline: float |
         for i in left:
             if deadline is not None and time.perf_counter() >= deadline:
                 return
-            await one(i)
+            if not await one(i):
+                return  # refused: the server is gone, hammering it measures nothing
 
     await _gather_cancelling([worker() for _ in range(level.concurrency or 1)])
 

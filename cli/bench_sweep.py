@@ -99,6 +99,6 @@ async def sweep(wl: Workload, levels: Sequence[Level], *, warmup: int, stop: asy
 
 def _gone(run: LevelRun) -> str:
     """Why the server counts as gone after this level ('' while it answers)."""
-    if run.results and all(r.unreachable for r in run.results):
+    if run.results and run.results[-1].unreachable:  # workers stop at a refusal: the level ended on one
         return run.results[-1].error
     return ""
