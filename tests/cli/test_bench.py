@@ -13,7 +13,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.bench_env import FAST_SPEED, PLATEAU_SPEED, FlakyServer, bench, bench_popen, levels, start_agent, switch
+from support.bench_env import (
+    FAST_SPEED,
+    PLATEAU_SPEED,
+    FlakyServer,
+    bench,
+    bench_popen,
+    levels,
+    start_agent,
+    stop_agent,
+    switch,
+)
 from support.db import db_rows
 from support.ports import free_port
 
@@ -54,7 +64,7 @@ def node() -> Iterator[dict]:
     try:
         yield {"tmp": tmp, "agent": agent, "cfg": str(agent.cfg), "db": tmp / "state" / "lynxtop.db"}
     finally:
-        agent.stop()
+        stop_agent(agent, tmp)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -4,17 +4,20 @@ small misbehaving OpenAI-compatible server for the error paths."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import aiohttp
 from aiohttp import web
 
 from support.agent_config import sim_profile, write_agent_config
-from support.agent_proc import Agent
+from support.agent_proc import Agent, sim_processes
 from support.ports import free_port
 
 FAST_SPEED = 40.0  # a 138 ms step takes 3.5 ms: for the single long stream
@@ -36,6 +39,21 @@ def start_agent(tmp: Path) -> Agent:
     agent = Agent(tmp, bench_config(tmp))
     asyncio.run(agent.wait_state(lambda s: s["state"] == "ready", 60, "ready"))
     return agent
+
+
+def stop_agent(agent: Agent, tmp: Path) -> None:
+    """Stop serving, then the agent (live restore would leave the simulated server running), then sweep."""
+    async def stop_serving() -> None:
+        await agent.api("POST", "/v1/stop")
+        await agent.wait_state(lambda s: s["state"] == "stopped", 30, "stopped")
+
+    with contextlib.suppress(OSError, AssertionError, aiohttp.ClientError):
+        if agent.proc.poll() is None:
+            asyncio.run(stop_serving())
+    agent.stop()
+    for pid in sim_processes(tmp / "sim-state", runs_only=False):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def switch(agent: Agent, profile: str) -> dict:
