@@ -52,6 +52,15 @@ def _client(args: Namespace) -> AgentClient | None:
     return AgentClient(str(path))
 
 
+def _failed(exc: AgentUnreachable | AgentRefused) -> int:
+    """Say why a call failed; the exit code for it."""
+    if isinstance(exc, AgentUnreachable):
+        _err(str(exc))
+        return EXIT_UNREACHABLE
+    _report_error(exc)
+    return _exit_for(exc)
+
+
 def _exit_for(exc: AgentRefused) -> int:
     if exc.status == 409 and exc.code == "busy":
         return EXIT_BUSY
@@ -198,12 +207,8 @@ def status(args: Namespace) -> int:
         data = client.status_json()
         text = json.dumps(data, indent=2, sort_keys=True) if getattr(args, "json", False) else \
             format_status(parse_status(data, client.socket_path))
-    except AgentUnreachable as exc:
-        _err(str(exc))
-        return EXIT_UNREACHABLE
-    except AgentRefused as exc:
-        _report_error(exc)
-        return _exit_for(exc)
+    except (AgentUnreachable, AgentRefused) as exc:
+        return _failed(exc)
     print(text)
     return EXIT_OK
 
@@ -250,12 +255,8 @@ def _act(args: Namespace, action: str, profile: str | None = None) -> int:
             if refused is not None:
                 return refused
         data = client.action(action, profile)
-    except AgentUnreachable as exc:
-        _err(str(exc))
-        return EXIT_UNREACHABLE
-    except AgentRefused as exc:
-        _report_error(exc)
-        return _exit_for(exc)
+    except (AgentUnreachable, AgentRefused) as exc:
+        return _failed(exc)
     print(data.get("message") or f"{action} accepted")
     if not getattr(args, "wait", False):
         return EXIT_OK
