@@ -33,7 +33,7 @@ def read_gpus(fake_nvml: str) -> tuple[list[dict[str, Any]], str]:
     from lynxtop.agent.gpu.sampler import GpuSampler
     from lynxtop.agent.sim.gpus import SimScenario  # the command composes: a "sim" node is the simulator's
 
-    logging.getLogger("lynxtop.agent.gpu").addHandler(logging.NullHandler())  # the reason is printed once, below
+    logging.getLogger("lynxtop.gpu").addHandler(logging.NullHandler())  # the sampler logs it: say it once, below
     try:
         sampler = GpuSampler(lambda: open_backend(fake_nvml, None, SimScenario), gpm_enabled=False, xid_events=False)
     except ValueError as exc:
@@ -41,7 +41,8 @@ def read_gpus(fake_nvml: str) -> tuple[list[dict[str, Any]], str]:
     try:
         state = sampler.open()
         if state.get("state") != "ok":
-            raise GpuReadError(str(state.get("message", "NVML unavailable")).split("; next try")[0])
+            message = str(state.get("message", "NVML unavailable")).split("; next try")[0]
+            raise GpuReadError(message.split(": GPU metrics are off")[0])  # the agent's words, not this command's
         static = sampler.static()
     finally:
         sampler.close()

@@ -462,7 +462,7 @@ _AGENT_SPEC: dict[str, Callable[[str, Any], Any]] = {
     "crash_loop_window_s": _float(1, 7 * 86400),
     "stable_after_s": _float(1, 7 * 86400),
     "gpu_release_timeout_s": _float(1, 3600),
-    "fake_nvml": _str(choices=("", "h200x8", "a100x8", "b200x8", "sim", "lost", "missing")),
+    "fake_nvml": _str(choices=("", "h200x8", "a100x8", "b200x8", "sim", "lost", "missing", "nodriver")),
     "api_max_connections": _int(1, 65536),
     "metrics_max_connections": _int(1, 65536),
     "request_timeout_s": _float(0.1, 3600),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pynvml
@@ -114,3 +116,12 @@ def _failing() -> FakeNvml:
 def test_check_is_a_command():
     args = build_parser().parse_args(["check", "--profile", "x", "--json"])
     assert (args.handler, args.profile, args.json) == ("lynxtop.check_cmd:run", "x", True)
+
+
+def test_no_driver_as_a_process_prints_one_line(tmp_path):
+    # a process, so no test harness catches the sampler's log lines: the reason is said once, on stderr
+    r = subprocess.run([sys.executable, "-m", "lynxtop", "check", "--config", config(tmp_path, "nodriver")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == ("lynxtop check: no NVIDIA driver (nvmlInit failed: NVML_ERROR_LIBRARY_NOT_FOUND (NVML "
+                        "Shared Library Not Found))\n")
