@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.agent_config import profile
 from support.db import db_rows
 from support.waits import wait_for_async as wait_for
 
@@ -240,10 +241,10 @@ class _B200View:
 
 
 async def test_the_supervisor_refuses_before_anything_changes_and_records_warnings(make_sup, store, tmp_path):
-    from conftest import standin_profile  # tests/agent/conftest.py: the stand-in vLLM
-
-    profiles = (standin_profile("dense", tp=8, model="deepseek-ai/DeepSeek-V4.1", attention_backend="FLASHMLA")
-                + standin_profile("old-env", tp=8, env={"VLLM_ATTENTION_BACKEND": "CUTLASS_MLA"}))
+    standin = Path(__file__).resolve().parent / "standin_vllm.py"  # the stand-in vLLM of the supervisor tests
+    keys = {"tensor_parallel_size": 8, "readiness_timeout_s": 20, "stop_grace_s": 3, "shutdown_timeout_s": 1}
+    profiles = (profile("dense", standin, model="deepseek-ai/DeepSeek-V4.1", attention_backend="FLASHMLA", **keys)
+                + profile("old-env", standin, env={"VLLM_ATTENTION_BACKEND": "CUTLASS_MLA"}, **keys))
     sup = make_sup(gpus=_B200View(), profiles=profiles)
     with pytest.raises(ActionError) as exc:
         await sup.switch("dense", by="test")
