@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from support.tui import make_app, plain, text_of, wait_for
+from support.tui_keys import open_screen
 from textual.widgets import Button, OptionList
 
+from lynxtop.tui.app import LynxtopApp
 from lynxtop.tui.screens.confirm import ConfirmScreen
 from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
 
 
-def _spy_notices(app) -> list[tuple[str, str, str]]:
+def _app_with_notices(agent) -> tuple[LynxtopApp, list[tuple[str, str, str]]]:
+    """The app and every notification it shows, as (title, message, severity): the outcome of a control."""
+    app = make_app(agent.socket_path)
     notices: list[tuple[str, str, str]] = []
     original = app.notify
 
@@ -18,20 +22,23 @@ def _spy_notices(app) -> list[tuple[str, str, str]]:
         return original(message, *a, **kw)
 
     app.notify = spy
-    return notices
+    return app, notices
 
 
 def _dialog_text(screen: ConfirmScreen) -> str:
     return plain(screen.title_text) + plain(screen.body)
 
 
+async def _confirm(pilot, app, key: str) -> None:
+    """Tab first: the dialog opens with Cancel focused, so a bare Enter would send nothing."""
+    await open_screen(pilot, app, key, ConfirmScreen)
+    await pilot.press("tab", "enter")
+
+
 async def test_restart_cancel_is_default_and_sends_nothing(agent):
     app = make_app(agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.press("R")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
-        dialog = app.screen
+        dialog = await open_screen(pilot, app, "R", ConfirmScreen)
         assert app.focused is dialog.query_one("#cancel", Button)
         text = _dialog_text(dialog)
         assert "Restart serving?" in text and "dsv41-tp8" in text and "run 3" in text
@@ -44,13 +51,9 @@ async def test_restart_cancel_is_default_and_sends_nothing(agent):
 
 
 async def test_restart_confirmed_posts_once(agent):
-    app = make_app(agent.socket_path)
-    notices = _spy_notices(app)
+    app, notices = _app_with_notices(agent)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.press("R")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
-        await pilot.press("tab", "enter")
+        await _confirm(pilot, app, "R")
         await wait_for(pilot, lambda: agent.posts() != [])
         assert agent.posts() == [("/v1/restart", {})]
         await wait_for(pilot, lambda: any("restart accepted" in t for t, _, _ in notices))
@@ -73,10 +76,8 @@ async def test_escape_and_n_cancel_stop(agent):
 async def test_switch_shows_flag_differences_and_load_warning(agent):
     app = make_app(agent.socket_path)
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.press("P")
-        await wait_for(pilot, lambda: isinstance(app.screen, ProfilePickerScreen))
-        options = app.screen.query_one(OptionList)
+        picker = await open_screen(pilot, app, "P", ProfilePickerScreen)
+        options = picker.query_one(OptionList)
         current = options.get_option("dsv41-tp8")
         assert current.disabled  # the running profile cannot be chosen
         options.focus()
@@ -114,13 +115,9 @@ async def test_readonly_flag_hides_controls(agent):
 async def test_403_turns_dashboard_readonly_with_reason(agent):
     agent.post_answers["restart"] = (403, {"error": "forbidden",
                                            "message": "uid 1001 (bob) is not in group lynxtop"})
-    app = make_app(agent.socket_path)
-    notices = _spy_notices(app)
+    app, notices = _app_with_notices(agent)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.press("R")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
-        await pilot.press("tab", "enter")
+        await _confirm(pilot, app, "R")
         await wait_for(pilot, lambda: app.readonly_reason is not None)
         assert "not in group lynxtop" in app.readonly_reason
         await wait_for(pilot, lambda: "READ-ONLY" in text_of(app.screen.query_one("#header")))
@@ -137,19 +134,14 @@ async def test_409_busy_and_422_preflight_are_notified_and_change_nothing(agent)
                                         "message": "switch to dsv41-tp8-ep in progress since 09:18:02"})
     agent.post_answers["switch"] = (422, {"error": "preflight",
                                           "message": "preflight failed: model path missing"})
-    app = make_app(agent.socket_path)
-    notices = _spy_notices(app)
+    app, notices = _app_with_notices(agent)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.press("X")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
-        await pilot.press("tab", "enter")
+        await _confirm(pilot, app, "X")
         await wait_for(pilot, lambda: any("busy" in t for t, _, _ in notices))
         busy = next(n for n in notices if "busy" in n[0])
         assert busy[2] == "warning" and "in progress since 09:18:02" in busy[1]
         assert app.readonly_reason is None
-        await pilot.press("P")
-        await wait_for(pilot, lambda: isinstance(app.screen, ProfilePickerScreen))
+        await open_screen(pilot, app, "P", ProfilePickerScreen, connected=False)
         app.screen.query_one(OptionList).highlighted = 1
         app.screen.query_one(OptionList).focus()
         await pilot.press("enter")
@@ -164,10 +156,8 @@ async def test_start_when_stopped_uses_current_profile(agent):
     agent.status["serving"]["state"] = "stopped"
     app = make_app(agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.press("S")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
-        assert "Start serving dsv41-tp8" in _dialog_text(app.screen)
+        dialog = await open_screen(pilot, app, "S", ConfirmScreen)
+        assert "Start serving dsv41-tp8" in _dialog_text(dialog)
         await pilot.press("tab", "enter")
         await wait_for(pilot, lambda: agent.posts() != [])
         assert agent.posts() == [("/v1/start", {})]
