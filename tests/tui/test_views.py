@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 
 from support.tui import make_app, screen_text, text_of, wait_for
+from support.tui_keys import open_screen
 from textual.widgets import DataTable, Input, Log, Static
 
 from lynxtop.tui.screens.compare import CompareScreen
@@ -18,13 +19,35 @@ from lynxtop.tui.widgets.gpu_table import GpuTable
 from lynxtop.tui.widgets.time_chart import TimeChart
 
 
+async def _history_with_runs(pilot, app) -> HistoryScreen:
+    """The History view once both stored runs are listed: the keys tested there act on the selected run."""
+    screen = await open_screen(pilot, app, "4", HistoryScreen, connected=False)
+    await wait_for(pilot, lambda: len(screen.runs) == 2)
+    return screen
+
+
+async def _keys_on_runs(pilot, app, *keys: str) -> None:
+    """Keys pressed with the runs table focused: c (compare) and e (export) act on its selected run."""
+    screen = await _history_with_runs(pilot, app)
+    screen.query_one("#runs", DataTable).focus()
+    await pilot.press(*keys)
+
+
+async def _filter_by(pilot, table: DataTable, box: Input, text: str) -> None:
+    """/ on the focused table must give its filter box the focus, or the text typed would go to the keys."""
+    table.focus()
+    await pilot.press("slash")
+    assert box.has_focus
+    box.value = text
+    await pilot.press("enter")
+
+
 async def test_gpu_view_arrows_choose_gpu_and_charts_backfill(agent, history_db):
     db, _ = history_db
     app = make_app(agent.socket_path, db, backfill=True, utc=True)
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: app.state.connected and len(app.state.gpu_history.get(0, ())) > 50)
-        await pilot.press("2")
-        await wait_for(pilot, lambda: isinstance(app.screen, GpuScreen))
+        await open_screen(pilot, app, "2", GpuScreen, connected=False)
         await pilot.pause(0.1)
         assert "GPU 0" in text_of(app.screen.query_one("#gpu-title"))
         await pilot.press("right", "right")
@@ -56,8 +79,7 @@ async def test_latency_view_marks_breaches_against_sla(agent, history_db):
     app = make_app(agent.socket_path, db, backfill=True, utc=True)
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: len(app.state.serving_history) > 50)
-        await pilot.press("3")
-        await wait_for(pilot, lambda: isinstance(app.screen, LatencyScreen))
+        await open_screen(pilot, app, "3", LatencyScreen, connected=False)
         await pilot.pause(0.1)
         chart = app.screen.query_one("#chart-ttft-p99", TimeChart)
         assert chart.threshold == 2000
@@ -72,10 +94,8 @@ async def test_history_lists_runs_charts_ranges_and_works_without_agent(sock_dir
     db, info = history_db
     app = make_app(sock_dir / "absent.sock", db, utc=True)
     async with app.run_test(size=(120, 36)) as pilot:
-        await pilot.press("4")
-        await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen))
-        screen = app.screen
-        await wait_for(pilot, lambda: len(screen.runs) == 2 and screen.last_draw_ms is not None)
+        screen = await _history_with_runs(pilot, app)
+        await wait_for(pilot, lambda: screen.last_draw_ms is not None)
         table = screen.query_one("#runs", DataTable)
         assert [r.value for r in table.rows] == [str(info["run2"]), str(info["run1"])]
         chart = screen.query_one("#hchart-ttft", TimeChart)
@@ -91,12 +111,7 @@ async def test_history_lists_runs_charts_ranges_and_works_without_agent(sock_dir
         assert chart.start_ms == info["mid"]  # the whole of the running run
         # the agent is down, history still works
         assert app.state.outage is not None
-        table.focus()
-        await pilot.press("slash")
-        box = screen.query_one("#runs-filter", Input)
-        assert box.has_focus
-        box.value = "-ep"
-        await pilot.press("enter")
+        await _filter_by(pilot, table, screen.query_one("#runs-filter", Input), "-ep")
         assert [r.value for r in table.rows] == [str(info["run2"])]
         assert "1 of 2 runs" in text_of(screen.query_one("#history-status"))
         await pilot.press("escape")
@@ -107,11 +122,7 @@ async def test_history_compare_two_runs(sock_dir, history_db):
     db, _ = history_db
     app = make_app(sock_dir / "absent.sock", db, utc=True)
     async with app.run_test(size=(120, 36)) as pilot:
-        await pilot.press("4")
-        screen = app.screen
-        await wait_for(pilot, lambda: len(getattr(screen, "runs", [])) == 2)
-        screen.query_one("#runs", DataTable).focus()
-        await pilot.press("c", "down", "c")
+        await _keys_on_runs(pilot, app, "c", "down", "c")
         await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen))
         body = app.screen.query_one("#compare-body")
         await wait_for(pilot, lambda: "flag difference" in text_of(body))
@@ -130,11 +141,7 @@ async def test_history_export_writes_csv_and_refuses_overwrite(sock_dir, history
     app = make_app(sock_dir / "absent.sock", db, utc=True)
     target = tmp_path / "run.csv"
     async with app.run_test(size=(120, 36)) as pilot:
-        await pilot.press("4")
-        screen = app.screen
-        await wait_for(pilot, lambda: len(getattr(screen, "runs", [])) == 2)
-        screen.query_one("#runs", DataTable).focus()
-        await pilot.press("down", "e")  # run 1 (ended)
+        await _keys_on_runs(pilot, app, "down", "e")  # run 1 (ended)
         await wait_for(pilot, lambda: isinstance(app.screen, ExportPathScreen))
         box = app.screen.query_one("#export-path", Input)
         box.value = str(target)
@@ -176,9 +183,7 @@ async def test_events_filters_and_log_search(agent, history_db):
     db, _ = history_db
     app = make_app(agent.socket_path, db, utc=True)
     async with app.run_test(size=(120, 36)) as pilot:
-        await pilot.press("5")
-        await wait_for(pilot, lambda: isinstance(app.screen, EventsScreen))
-        screen = app.screen
+        screen = await open_screen(pilot, app, "5", EventsScreen, connected=False)
         table = screen.query_one("#events", DataTable)
         await wait_for(pilot, lambda: table.row_count == 4)
         assert "history database" in text_of(screen.query_one("#events-filters"))
@@ -192,12 +197,8 @@ async def test_events_filters_and_log_search(agent, history_db):
         assert screen.kind == "gpu" and table.row_count == 1
         await pilot.press("k", "k", "k")  # sla, serving, all
         assert screen.kind is None and table.row_count == 4
-        table.focus()
-        await pilot.press("slash")
         box = screen.query_one("#filter", Input)
-        assert box.has_focus
-        box.value = "xid"
-        await pilot.press("enter")
+        await _filter_by(pilot, table, box, "xid")
         assert table.row_count == 1
         await pilot.press("escape")
         assert table.row_count == 4
@@ -224,10 +225,8 @@ async def test_events_from_agent_when_no_database(agent, sock_dir):
 async def test_help_lists_every_key_and_utc_toggle(agent):
     app = make_app(agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.press("question_mark")
-        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
-        keys = {k for k, _ in app.screen.keys}
+        help_screen = await open_screen(pilot, app, "question_mark", HelpScreen)
+        keys = {k for k, _ in help_screen.keys}
         assert {"q", "?", "1", "2", "3", "4", "5", "R", "X", "S", "P", "u", "p", "r"} <= keys
         help_text = "".join(text_of(w) for w in app.screen.query(Static))
         assert "utilization.gpu" in help_text and "N/A = not readable" in help_text and "Restart" in help_text
@@ -254,10 +253,7 @@ async def test_typing_in_a_filter_box_never_triggers_keys(agent, history_db):
     db, _ = history_db
     app = make_app(agent.socket_path, db)
     async with app.run_test(size=(120, 36)) as pilot:
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.press("5")
-        await wait_for(pilot, lambda: isinstance(app.screen, EventsScreen))
-        screen = app.screen
+        screen = await open_screen(pilot, app, "5", EventsScreen)
         await pilot.press("slash")
         await pilot.press(*"qRXSP14")
         assert screen.query_one("#filter", Input).value == "qRXSP14"
