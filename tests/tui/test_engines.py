@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from support.status import engine_loads
 from support.tui import make_app, screen_text, text_of, wait_for
+from support.tui_keys import open_screen
 from textual.widgets import Static
 from tui_fake_agent import make_status
 
@@ -25,6 +26,15 @@ def dp8_status(**over):
 
 def row_text(table: EngineTable, key: str) -> str:
     return " ".join(" ".join(text_of(c) for c in table.get_row(key)).split())
+
+
+async def engine_rows(pilot, app, n: int) -> EngineTable:
+    """The per-engine table once it lists n engines: `e` before the first status would show no rows yet."""
+    await wait_for(pilot, lambda: app.state.connected)
+    await pilot.press("e")
+    table = app.screen.query_one(EngineTable)
+    await wait_for(pilot, lambda: table.row_count == n)
+    return table
 
 
 async def test_e_toggles_totals_and_per_engine_rows(agent):
@@ -62,10 +72,7 @@ async def test_engine_rows_follow_the_status_and_one_engine_is_said(agent):
     agent.status = dp8_status()
     app = make_app(agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.press("e")
-        table = app.screen.query_one(EngineTable)
-        await wait_for(pilot, lambda: table.row_count == 8)
+        table = await engine_rows(pilot, app, 8)
         # engine 5 drains; engine 2 stops running while the others are busy
         agent.status = make_status(engines=engine_loads(running={2: 0}, n=4))
         await wait_for(pilot, lambda: table.row_count == 4)
@@ -91,10 +98,7 @@ async def test_many_engines_go_side_by_side_and_fit_80x24(agent):
     agent.status = make_status(engines=engine_loads(waiting={11: 6}, n=16))
     app = make_app(agent.socket_path)
     async with app.run_test(size=(80, 24)) as pilot:
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.press("e")
-        table = app.screen.query_one(EngineTable)
-        await wait_for(pilot, lambda: table.row_count == 16)
+        table = await engine_rows(pilot, app, 16)
         await pilot.pause(0.1)
         lines = text_of(table).splitlines()
         assert len(lines) == 10  # totals, header, 8 rows of two engines
@@ -110,8 +114,7 @@ async def test_key_is_in_footer_and_help(agent):
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: app.state.connected)
         await wait_for(pilot, lambda: "e Engines" in text_of(app.screen.query_one("#keys")))
-        await pilot.press("question_mark")
-        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await open_screen(pilot, app, "question_mark", HelpScreen, connected=False)
         help_text = "".join(text_of(w) for w in app.screen.query(Static))
         assert "Engines" in help_text and "against the others' median" in help_text
         await pilot.press("escape")
