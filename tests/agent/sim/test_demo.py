@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lynxtop.agent.sim.flags import parse_serve_args
-from lynxtop.agent.sim.loadgen import LoadGenerator, Phase, bench
+from lynxtop.agent.sim.loadgen import LoadGenerator, Phase, Stats, bench
 from lynxtop.contract.config import parse_config
 from lynxtop.contract.status import Status
 from lynxtop.demo import PROFILES, Demo, DemoPaths, config_text, kill_all, processes_of, run
@@ -86,21 +86,22 @@ def test_bad_demo_arguments_are_refused_before_anything_starts(tmp_path, capsys)
     assert "is not a directory" in capsys.readouterr().err
 
 
+async def _drive(gen: LoadGenerator, seconds: float) -> Stats:
+    """Runs the generator for a while, then stops it the way the demo does and returns its stats."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(gen.run(stop))
+    await asyncio.sleep(seconds)
+    stop.set()
+    return await asyncio.wait_for(task, 10)
+
+
 def test_load_generator_drives_varied_traffic_and_bench_reports_vllm_keys(start_sim):
     sp = start_sim(speed=20.0)
     sp.wait_ready()
     pattern = (Phase("burst", 1.0, 6, (20, 60), (8, 16)), Phase("quiet", 0.5, 0, (1, 1), (1, 1)),
                Phase("single", 1.0, 1, (20, 60), (8, 16)))
     gen = LoadGenerator(sp.url, pattern=pattern, seed=3)
-
-    async def drive():
-        stop = asyncio.Event()
-        task = asyncio.create_task(gen.run(stop))
-        await asyncio.sleep(3.0)
-        stop.set()
-        return await asyncio.wait_for(task, 10)
-
-    stats = asyncio.run(drive())
+    stats = asyncio.run(_drive(gen, 3.0))
     assert stats.completed >= 6 and stats.failed == 0
     assert stats.phase in ("burst", "quiet", "single")
     assert min(stats.ttft_s) > 0 and len(stats.tpot_s) == stats.completed
@@ -113,15 +114,7 @@ def test_load_generator_drives_varied_traffic_and_bench_reports_vllm_keys(start_
 
 def test_load_generator_counts_an_absent_server_as_unavailable(kit):
     gen = LoadGenerator(f"http://127.0.0.1:{kit.free_port()}", pattern=(Phase("p", 1.0, 1, (5, 5), (2, 2)),))
-
-    async def drive():
-        stop = asyncio.Event()
-        task = asyncio.create_task(gen.run(stop))
-        await asyncio.sleep(1.2)
-        stop.set()
-        return await asyncio.wait_for(task, 10)
-
-    stats = asyncio.run(drive())
+    stats = asyncio.run(_drive(gen, 1.2))
     assert stats.unavailable >= 1 and stats.completed == 0 and stats.failed == 0
 
 
