@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from aiohttp import web
+from support.web_app import serving
 
 from lynxtop.agent.health import HangDetector, Health, HealthProbe, HttpClient
 from lynxtop.agent.sampling import EventCollector, SlaSource, Tick, as_event, sample_stages
@@ -54,22 +55,17 @@ async def test_health_probe_is_unhealthy_after_the_threshold_and_healthy_again()
 
     app = web.Application()
     app.router.add_get("/health", health)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    http = HttpClient()
-    try:
-        probe = HealthProbe(http, f"http://127.0.0.1:{port}", fail_threshold=2)
-        assert await probe.probe() is None
-        v = await probe.probe()
-        assert v.health is Health.UNHEALTHY and v.condition == "health" and "HTTP 503, 2 times" in v.reason
-        status["code"] = 200
-        assert (await probe.probe()).health is Health.HEALTHY and await probe.ok()
-    finally:
-        await http.close()
-        await runner.cleanup()
+    async with serving(app) as url:
+        http = HttpClient()
+        try:
+            probe = HealthProbe(http, url, fail_threshold=2)
+            assert await probe.probe() is None
+            v = await probe.probe()
+            assert v.health is Health.UNHEALTHY and v.condition == "health" and "HTTP 503, 2 times" in v.reason
+            status["code"] = 200
+            assert (await probe.probe()).health is Health.HEALTHY and await probe.ok()
+        finally:
+            await http.close()
 
 
 def test_sampler_events_take_the_dotted_kinds():
