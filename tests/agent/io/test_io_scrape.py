@@ -10,6 +10,7 @@ import pytest
 from agent_io_helpers import VllmPage
 from aiohttp import web
 from prom_reference import Series, increase
+from support.web_app import serving
 
 from lynxtop.agent import scrape as scrape_mod
 from lynxtop.agent.histogram import bucket_quantile
@@ -137,6 +138,17 @@ def test_counter_going_down_is_a_restart_not_a_negative_rate():
         assert not (isinstance(v, (int, float)) and v < 0), col
 
 
+def assert_window_matches_reference(s: MetricsScraper, ref: Series, row: dict, t: int) -> None:
+    """The 60 s window figures against Prometheus' own functions over the same pages (`t` names the tick)."""
+    gen_window = s._counters["generation_tokens"].window_delta()
+    assert gen_window == ref.increase("vllm:generation_tokens_total", t - 60, t), t
+    hits = ref.increase("vllm:prefix_cache_hits_total", t - 60, t)
+    queries = ref.increase("vllm:prefix_cache_queries_total", t - 60, t)
+    assert row["prefix_cache_hit_pct"] == pytest.approx(100 * hits / queries), t
+    p99 = ref.histogram_quantile(0.99, "vllm:time_to_first_token_seconds", t - 60, t)
+    assert row["ttft_p99_ms"] == pytest.approx(1000 * p99), t
+
+
 def test_restarts_inside_the_window_give_prometheus_increases():
     """vLLM restarts twice behind the agent (t=45 and t=80, every series from zero, as pages from fresh real
     registries). Every figure is what Prometheus' counter-corrected increase() gives over the raw per-engine
@@ -166,13 +178,7 @@ def test_restarts_inside_the_window_give_prometheus_increases():
         step = ref.increase("vllm:generation_tokens_total", t - 5, t)
         assert row["generation_tokens"] == step, t
         assert row["generation_tokens_per_s"] == pytest.approx(step / 5), t
-        gen_window = s._counters["generation_tokens"].window_delta()
-        assert gen_window == ref.increase("vllm:generation_tokens_total", t - 60, t), t
-        hits = ref.increase("vllm:prefix_cache_hits_total", t - 60, t)
-        queries = ref.increase("vllm:prefix_cache_queries_total", t - 60, t)
-        assert row["prefix_cache_hit_pct"] == pytest.approx(100 * hits / queries), t
-        p99 = ref.histogram_quantile(0.99, "vllm:time_to_first_token_seconds", t - 60, t)
-        assert row["ttft_p99_ms"] == pytest.approx(1000 * p99), t
+        assert_window_matches_reference(s, ref, row, t)
         assert row["ttft_p99_ms"] > 10_000 if t < 100 else row["ttft_p99_ms"] < 100, t  # slow until t=40 left
         for col, v in row.items():
             assert not (isinstance(v, (int, float)) and v < 0), (t, col)
@@ -207,13 +213,7 @@ def test_one_engine_restarting_or_leaving_is_corrected_per_engine():
         if t == 0:
             continue
         assert row["generation_tokens"] == ref.increase("vllm:generation_tokens_total", t - 5, t), t
-        gen_window = s._counters["generation_tokens"].window_delta()
-        assert gen_window == ref.increase("vllm:generation_tokens_total", t - 60, t), t
-        hits = ref.increase("vllm:prefix_cache_hits_total", t - 60, t)
-        queries = ref.increase("vllm:prefix_cache_queries_total", t - 60, t)
-        assert row["prefix_cache_hit_pct"] == pytest.approx(100 * hits / queries), t
-        p99 = ref.histogram_quantile(0.99, "vllm:time_to_first_token_seconds", t - 60, t)
-        assert row["ttft_p99_ms"] == pytest.approx(1000 * p99), t
+        assert_window_matches_reference(s, ref, row, t)
     assert s.resets == 1  # the restart; a series leaving is not a reset
 
 
@@ -385,13 +385,8 @@ async def vllm_http():
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/version", version)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", page, state
-    await runner.cleanup()
+    async with serving(app) as url:
+        yield url, page, state
 
 
 async def test_scrape_over_http_and_failures(vllm_http):
