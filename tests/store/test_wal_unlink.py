@@ -64,6 +64,29 @@ def ticks_seen_by_another_process(db: Path) -> list[int]:
     return [int(v) for v in out.stdout.split()]
 
 
+def open_store(db: Path, wal_check_interval_s: float) -> tuple[StoreWriter, StoreReader]:
+    """The agent's pair: its writer started first, then the in-process reader its API answers from."""
+    w = StoreWriter(db, wal_check_interval_s=wal_check_interval_s)
+    w.start()
+    return w, StoreReader(db)
+
+
+def unlink_wal(db: Path) -> None:
+    """The unlink on purpose: the old bug's open()+close() in this process (its header check read 16 bytes)
+    drops the process's locks, then the outside open believes itself the last user."""
+    with open(db, "rb") as f:
+        f.read(16)
+    outside_rw_open(db)
+
+
+def wait_recovered(w: StoreWriter, timeout_s: float) -> dict:
+    """The writer's stats once it has renewed the WAL, or at the timeout (the caller asserts on them)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not w.stats()["wal_recovered"]:
+        time.sleep(0.05)
+    return w.stats()
+
+
 def test_outside_sqlite3_after_in_process_reader_loses_no_tick(tmp_path):
     db = tmp_path / "lynxtop.db"
     w = StoreWriter(db)
@@ -91,24 +114,16 @@ def test_outside_sqlite3_after_in_process_reader_loses_no_tick(tmp_path):
 
 def test_unlinked_wal_is_detected_reported_and_recovered(tmp_path):
     db = tmp_path / "lynxtop.db"
-    w = StoreWriter(db, wal_check_interval_s=0.1)
-    w.start()
-    reader = StoreReader(db)
+    w, reader = open_store(db, wal_check_interval_s=0.1)
     try:
         expected = submit(w, 10, gpus=2)
         assert w.flush()
         assert len(reader.latest("host", n=100)) == 10
-        # Reproduce the unlink on purpose: the old bug's open()+close() in this process, then the outside open.
-        with open(db, "rb") as f:
-            f.read(16)
-        outside_rw_open(db)
+        unlink_wal(db)
         assert inproc.unlinked_files(db), "the reproduction did not unlink the WAL"
         expected += submit(w, 10, start_i=10, gpus=2)  # written into the deleted WAL before detection
         assert w.flush()
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and not w.stats()["wal_recovered"]:
-            time.sleep(0.05)
-        st = w.stats()
+        st = wait_recovered(w, 15)
         assert st["wal_recovered"] is True, st
         assert "unlinked" in st["wal_unlinked"] and "recovered" in st["wal_unlinked"], st["wal_unlinked"]
         assert st["wal_unlinked_ms"] is not None
@@ -141,15 +156,11 @@ def test_unlinked_wal_is_detected_reported_and_recovered(tmp_path):
 def test_close_saves_an_unlinked_wal_not_yet_noticed(tmp_path):
     """An unlink between two checks: close() copies the deleted WAL's frames into the file first."""
     db = tmp_path / "lynxtop.db"
-    w = StoreWriter(db, wal_check_interval_s=3600)
-    w.start()
-    reader = StoreReader(db)
+    w, reader = open_store(db, wal_check_interval_s=3600)
     expected = submit(w, 5, gpus=1)
     assert w.flush()
     reader.runs()
-    with open(db, "rb"):
-        pass
-    outside_rw_open(db)
+    unlink_wal(db)
     expected += submit(w, 5, start_i=5, gpus=1)
     assert w.flush()
     assert w.stats()["wal_unlinked"] is None  # not noticed yet
@@ -163,9 +174,7 @@ def test_recovery_while_an_in_process_reader_is_busy(tmp_path):
     import threading
 
     db = tmp_path / "lynxtop.db"
-    w = StoreWriter(db, wal_check_interval_s=0.1)
-    w.start()
-    reader = StoreReader(db)
+    w, reader = open_store(db, wal_check_interval_s=0.1)
     errors: list[BaseException] = []
     stop = threading.Event()
 
@@ -183,16 +192,12 @@ def test_recovery_while_an_in_process_reader_is_busy(tmp_path):
     try:
         expected = submit(w, 10, gpus=1)
         assert w.flush()
-        with open(db, "rb"):
-            pass
-        outside_rw_open(db)
+        unlink_wal(db)
         for i in range(10, 40):  # ticks keep coming while it is noticed and renewed
             expected += submit(w, 1, start_i=i, gpus=1)
             time.sleep(0.05)
         assert w.flush()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not w.stats()["wal_recovered"]:
-            time.sleep(0.05)
+        wait_recovered(w, 20)
         assert w.stats()["wal_recovered"] is True, w.stats()["wal_unlinked"]
     finally:
         stop.set()
