@@ -65,9 +65,9 @@ class Workload:
                 prompt: Any = self.prompts[(offset + i) % len(self.prompts)]
             else:
                 prompt = [rng.randint(100, 30_000) for _ in range(self.input_len)]
+            # the body `vllm bench serve` sends (server-default sampling), so both load the server alike
             out.append({"model": self.model, "prompt": prompt, "max_tokens": self.output_len, "stream": True,
-                        "ignore_eos": True, "temperature": 0.0,
-                        "stream_options": {"include_usage": True}})
+                        "ignore_eos": True, "stream_options": {"include_usage": True}})
         return out
 
 

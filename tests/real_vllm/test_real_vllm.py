@@ -508,3 +508,68 @@ def test_a_flag_vllm_rejects_ends_in_an_event_quoting_vllm_and_backoff(agent):
     code, body = agent.post("/v1/stop")
     assert code == 202, (code, body)
     agent.wait_state({"stopped"}, 60)
+
+
+# ---------------------------------------------------------------------------------------------------- bench
+# `lynxtop bench` against vLLM's own client (`vllm bench serve`, from the same venv as the server) on the same
+# prompts, lengths and concurrency. Added at the end: it only needs "tiny" ready (ensure_ready starts it).
+
+BENCH_PROMPTS, BENCH_OUTPUT, BENCH_CONCURRENCY = 24, 32, 1
+BENCH_COMPARED = ("mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms")
+
+
+def _bench_prompts(out: Path) -> tuple[Path, Path]:
+    """The same prompts twice: JSON lines for `lynxtop bench --prompts`, ShareGPT JSON for `vllm bench serve`
+    (its custom dataset needs pandas, which the CPU venv lacks)."""
+    words = ("node", "vllm", "serves", "tokens", "latency", "queue", "batch", "cache", "stream", "agent")
+    prompts = [" ".join(words[(i * 3 + k) % len(words)] for k in range(24 + i % 5)) for i in range(BENCH_PROMPTS)]
+    ours, theirs = out / "prompts.jsonl", out / "prompts.sharegpt.json"
+    ours.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    theirs.write_text(json.dumps([{"conversations": [{"from": "human", "value": p}, {"from": "gpt", "value": p}]}
+                                  for p in prompts]))
+    return ours, theirs
+
+
+def _vllm_bench(prepared, port: int, prompts: Path, out: Path) -> dict:
+    argv = [str(prepared.vllm), "bench", "serve", "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}",
+            "--model", str(prepared.model), "--tokenizer", str(prepared.model), "--served-model-name", MODEL,
+            "--dataset-name", "sharegpt", "--dataset-path", str(prompts), "--sharegpt-output-len", str(BENCH_OUTPUT),
+            "--disable-shuffle", "--num-prompts", str(BENCH_PROMPTS),
+            "--max-concurrency", str(BENCH_CONCURRENCY), "--ignore-eos", "--num-warmups", "2",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+            "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, **prepared.env()})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_lynxtop_bench_agrees_with_vllm_bench_serve(agent, prepared):
+    ensure_ready(agent, "tiny")
+    out = prepared.root / "bench-compare"
+    out.mkdir(exist_ok=True)
+    prompts, sharegpt = _bench_prompts(out)
+    theirs = _vllm_bench(prepared, agent.port, sharegpt, out / "vllm.json")  # first: it warms the server too
+    ours_path = out / "lynxtop.json"
+    proc = subprocess.run([sys.executable, "-m", "lynxtop", "bench", "--config", str(agent.config),
+                           "--prompts", str(prompts), "--output-len", str(BENCH_OUTPUT), "--concurrency",
+                           str(BENCH_CONCURRENCY), "--requests", str(BENCH_PROMPTS), "--warmup", "2",
+                           "--json", str(ours_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ours = json.loads(ours_path.read_text())[0]
+    side = {k: {"lynxtop": ours.get(k), "vllm": theirs.get(k)} for k in
+            ("completed", "failed", "total_output_tokens", "request_throughput", "output_throughput",
+             *BENCH_COMPARED, "p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "mean_e2el_ms")}
+    (out / "side_by_side.json").write_text(json.dumps(side, indent=2) + "\n")
+    print(f"\nlynxtop bench vs vllm bench serve ({out}):\n" + json.dumps(side, indent=1))
+    assert ours["completed"] == theirs["completed"] == BENCH_PROMPTS and ours["failed"] == theirs["failed"] == 0
+    assert ours["total_output_tokens"] == theirs["total_output_tokens"] == BENCH_PROMPTS * BENCH_OUTPUT
+    for key in BENCH_COMPARED:
+        a, b = ours[key], theirs[key]
+        assert abs(a - b) <= max(0.10 * b, 5.0), f"{key}: lynxtop {a:.2f} ms, vllm {b:.2f} ms\n{side}"
+    from support.db import db_rows
+
+    stored = agent.request("GET", "/v1/status")[1]["serving"]
+    rows = db_rows(agent.database, "SELECT run_id, vllm_version, partial FROM bench_results WHERE bench_id = ?",
+                      (ours["bench_id"],))
+    assert rows and rows[0]["run_id"] == stored["run_id"] and rows[0]["vllm_version"] == stored["vllm_version"]
+    assert rows[0]["partial"] == 0
