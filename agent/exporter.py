@@ -138,7 +138,7 @@ class SnapshotCollector(Collector):
         yield from self._agent(st.agent)
         yield from self._gpus(st.gpus)
         yield from self._simple("host", _HOST, st.host.metrics)
-        yield from self._serving(st.serving, st.serving_metrics.values)
+        yield from self._serving(st.serving, st.serving_metrics.metrics)
         yield from self._engines(st.engines)
         yield from self._sla(st.sla)
 

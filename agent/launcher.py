@@ -181,11 +181,7 @@ class ServerProcess:
             self._loop.add_reader(self._pidfd, self._on_exit_now)
 
     def _on_exit_now(self) -> None:
-        if self._pidfd is not None:
-            if self._loop is not None:
-                self._loop.remove_reader(self._pidfd)
-            os.close(self._pidfd)
-            self._pidfd = None
+        self.close()
         if self.popen is not None:
             code = self.popen.poll()
             if code is None:  # the pidfd fired, so it exited: reap it
@@ -266,6 +262,7 @@ class ServerProcess:
             self._on_exit_now()
 
     def close(self) -> None:
+        """Stop watching the exit: the pidfd leaves the loop and is closed (again: nothing)."""
         if self._pidfd is not None:
             if self._loop is not None:
                 self._loop.remove_reader(self._pidfd)

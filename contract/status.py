@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from lynxtop.contract.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, names
 
@@ -227,39 +227,40 @@ class GpuStatus:
 
 
 @dataclass(frozen=True)
-class HostStatus:
-    """Every HOST_METRICS column of the latest tick."""
+class _MetricRow:
+    """One tick's row of metric columns, every column present (None: not read); flat in the JSON."""
 
-    metrics: dict[str, Any] = field(default_factory=lambda: dict.fromkeys(HOST_METRIC_NAMES))
+    NAMES: ClassVar[tuple[str, ...]] = ()
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if set(self.metrics) != set(self.NAMES):  # frozen: complete the row once, here
+            object.__setattr__(self, "metrics", {k: self.metrics.get(k) for k in self.NAMES})
 
     def metric(self, name: str) -> Any:
         return self.metrics.get(name)
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> HostStatus:
+    def from_json(cls, d: Mapping[str, Any] | None) -> Self:
         d = d or {}
-        return cls(metrics={k: d.get(k) for k in HOST_METRIC_NAMES})
+        return cls(metrics={k: d.get(k) for k in cls.NAMES})
 
     def to_json(self) -> dict[str, Any]:
-        return {k: self.metrics.get(k) for k in HOST_METRIC_NAMES}
+        return {k: self.metrics.get(k) for k in self.NAMES}
 
 
 @dataclass(frozen=True)
-class ServingMetrics:
+class HostStatus(_MetricRow):
+    """Every HOST_METRICS column of the latest tick."""
+
+    NAMES: ClassVar[tuple[str, ...]] = HOST_METRIC_NAMES
+
+
+@dataclass(frozen=True)
+class ServingMetrics(_MetricRow):
     """Every SERVING_METRICS column of the latest scrape (all None while nothing is scraped)."""
 
-    values: dict[str, Any] = field(default_factory=lambda: dict.fromkeys(SERVING_METRIC_NAMES))
-
-    def metric(self, name: str) -> Any:
-        return self.values.get(name)
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> ServingMetrics:
-        d = d or {}
-        return cls(values={k: d.get(k) for k in SERVING_METRIC_NAMES})
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: self.values.get(k) for k in SERVING_METRIC_NAMES}
+    NAMES: ClassVar[tuple[str, ...]] = SERVING_METRIC_NAMES
 
 
 @dataclass(frozen=True)

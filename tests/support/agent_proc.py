@@ -93,17 +93,22 @@ class Agent:
         raise AssertionError(f"timed out waiting for {what}: {st.get('serving')}\n{self.output()}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait(5)
+        rc = terminate(self.proc, sig, timeout)
         self.drain()
         self.notify.close()
         self.log.close()
         return rc
+
+
+def terminate(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+    """Signal a process (SIGTERM: the agent's clean stop), kill it after `timeout`; its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait(5)
 
 
 def sim_processes(sim_dir: Path | None = None, runs_only: bool = True) -> list[int]:

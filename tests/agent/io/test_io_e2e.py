@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.agent_config import sim_profile, write_agent_config
-from support.agent_proc import sim_processes
+from support.agent_proc import sim_processes, terminate
 from support.ports import free_port, short_dir
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,13 +48,7 @@ def node():
 
             yield cli, metrics_port, d
         finally:
-            if agent.poll() is None:
-                agent.send_signal(signal.SIGTERM)
-                try:
-                    agent.wait(30)
-                except subprocess.TimeoutExpired:
-                    agent.kill()
-                    agent.wait(5)
+            terminate(agent)
             log.close()
             for pid in sim_processes(d / "sim", runs_only=False):
                 with contextlib.suppress(ProcessLookupError):

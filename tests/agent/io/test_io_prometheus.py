@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.agent_config import sim_profile, write_agent_config
-from support.agent_proc import sim_processes
+from support.agent_proc import sim_processes, terminate
 from support.ports import free_port, short_dir
 from support.waits import wait_for
 
@@ -96,16 +96,6 @@ def _start_agent(d: Path, metrics_port: int, vllm_port: int) -> subprocess.Popen
                                 stderr=subprocess.STDOUT, env=env)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
 def _serving_page(node: Node) -> str | None:
     """The page once vLLM serves and the agent has latency and throughput from it."""
     try:
@@ -134,7 +124,7 @@ def node() -> Iterator[Node]:
             yield n
         finally:
             stop.set()
-            _stop(agent)
+            terminate(agent)
             load.join(15)
             for pid in sim_processes(d / "sim", runs_only=False):
                 with contextlib.suppress(ProcessLookupError):
@@ -320,7 +310,7 @@ def prometheus(node) -> Iterator[PromApi]:
                      timeout=60, what="two scrapes of the agent")
             yield api
         finally:
-            _stop(proc)
+            terminate(proc)
 
 
 def _labels(result: list[dict]) -> list[dict]:
