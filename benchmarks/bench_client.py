@@ -34,7 +34,7 @@ import psutil
 from support.ports import free_port
 
 from lynxtop.agent.sim.model import SimParams
-from lynxtop.bench_load import Level, Workload, run_level, session
+from lynxtop.bench_load import Level, Workload, run_level, run_loop, session
 from lynxtop.bench_stats import summarize
 
 MODEL = "deepseek-ai/DeepSeek-V4.1"
@@ -130,7 +130,7 @@ def main() -> None:
     try:
         tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         cpu0, scpu0 = time.process_time(), sum(_cpu(p) for p in tree)
-        s = asyncio.run(measure(url, opts.streams, opts.requests, opts.output_len))
+        s = run_loop(measure(url, opts.streams, opts.requests, opts.output_len))
         client_cpu, server_cpu = time.process_time() - cpu0, sum(_cpu(p) for p in tree) - scpu0
         server_mean, server_p99 = server_itl(url)
     finally:

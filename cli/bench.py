@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lynxtop import bench_view
-from lynxtop.bench_load import Level, ServerError, Workload, served_models, session
+from lynxtop.bench_load import Level, ServerError, Workload, run_loop, served_models, session
 from lynxtop.bench_stats import db_row, from_db_row
 from lynxtop.bench_sweep import ProgressLine, SweepResult, sweep
 from lynxtop.client import AgentClient, AgentRefused, AgentUnreachable
@@ -178,7 +178,7 @@ def run(args: Namespace) -> int:
     print(f"lynxtop bench {bench_id}: {url} model {model}, input {args.input_len} / output {args.output_len} "
           f"tokens" + (f", run {meta['run_id']} ({meta.get('profile')})" if meta.get("run_id") else ""),
           file=sys.stderr)
-    result = asyncio.run(_sweep(wl, levels_of(args), args, store, sla))
+    result = run_loop(_sweep(wl, levels_of(args), args, store, sla))
     return _report(result, meta, store, args)
 
 
