@@ -10,11 +10,8 @@ from typing import Any
 
 from lynxtop.contract.config import SlaConfig
 from lynxtop.contract.events import Event, EventKind, Severity
+from lynxtop.contract.format import fmt_ms
 from lynxtop.contract.status import SlaState, SlaStatus
-
-
-def _fmt_ms(v: float) -> str:
-    return f"{v / 1000:.2f} s" if v >= 1000 else f"{v:.0f} ms"
 
 
 class SlaTracker:
@@ -119,7 +116,7 @@ class SlaTracker:
                 continue
             limit = self.cfg.ttft_p99_ms if key == "ttft" else self.cfg.tpot_p99_ms
             label = "TTFT" if key == "ttft" else ("TPOT" if self._tpot_source == "tpot" else "ITL (as TPOT)")
-            parts.append(f"p99 {label} {_fmt_ms(value)} > {_fmt_ms(limit)}")
+            parts.append(f"p99 {label} {fmt_ms(value, decimals=0)} > {fmt_ms(limit, decimals=0)}")
         return ", ".join(parts)
 
     def _recovery(self, ts_ms: int, why: str) -> Event:

@@ -15,6 +15,7 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
+from lynxtop.contract.format import fmt_duration
 from lynxtop.store.errors import StoreError
 from lynxtop.store.export import ExportError, OutputError, export_all, export_table
 from lynxtop.store.reader import StoreReader
@@ -43,17 +44,6 @@ def _open(cmd: str, args: Namespace) -> StoreReader | int:
         return StoreReader(path)
     except StoreError as exc:
         return _err(cmd, str(exc))
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s >= 86400:
-        return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 60}m{s % 60:02d}s"
 
 
 def _outcome(r: dict) -> str:
@@ -96,7 +86,7 @@ def runs(args: Namespace) -> int:
         dur = ((r.get("ended_ms") or now) - start) / 1000 if start else None
         model = (r.get("model") or "") + (" (simulated)" if r.get("simulated") else "")
         table.append((str(r["id"]), r.get("profile") or "", model, iso(start)[:19].replace("T", " "),
-                      _duration(load), _duration(dur), _outcome(r)))
+                      fmt_duration(load, na="-"), fmt_duration(dur, na="-"), _outcome(r)))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
