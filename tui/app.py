@@ -20,6 +20,7 @@ from textual.binding import Binding
 
 from lynxtop.client import AgentRefused, AgentUnreachable, AsyncAgentClient
 from lynxtop.contract.format import fmt_clock
+from lynxtop.contract.status import ServingStatus
 from lynxtop.tui import control_text
 from lynxtop.tui.backoff import Backoff
 from lynxtop.tui.history_source import HistorySource, HistoryUnavailable
@@ -278,8 +279,7 @@ class LynxtopApp(App):
         if self.readonly_reason:
             self.notify(f"read-only: {self.readonly_reason}", severity="warning")
             return
-        serving = self.state.section("serving")
-        metrics = self.state.section("serving_metrics")
+        serving, metrics = self.state.serving, self.state.serving_metrics
         try:
             choice = await self._choose_profile(action, serving)
             if choice is None:
@@ -298,16 +298,16 @@ class LynxtopApp(App):
         except AgentUnreachable as exc:
             self.notify(f"{action} not sent: {exc}", title="Agent unreachable", severity="error")
 
-    async def _choose_profile(self, action: str, serving: dict[str, Any]) -> tuple[str | None, Any, Any] | None:
+    async def _choose_profile(self, action: str, serving: ServingStatus) -> tuple[str | None, Any, Any] | None:
         """(profile, current, target) for the action; None when there is nothing to pick or the picker was closed.
 
         Only switch, and start without a known profile, ask which profile.
         """
-        if action != "switch" and not (action == "start" and not serving.get("profile")):
+        if action != "switch" and not (action == "start" and not serving.profile):
             return None, None, None
         listing = await self.client.profiles()
         profiles = list(listing.get("profiles") or [])
-        current_name = listing.get("current") or serving.get("profile")
+        current_name = listing.get("current") or serving.profile
         if not [p for p in profiles if p.get("name") != current_name or action == "start"]:
             self.notify("no other profile to switch to (see `lynxtop config check`)", severity="warning")
             return None

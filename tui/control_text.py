@@ -1,6 +1,6 @@
 """What each control action will do, in words, for its confirmation dialog; and profile flag differences.
 
-Pure functions of the status and profiles JSON, so the wording an operator reads at 3 a.m. is tested
+Pure functions of the typed status and the profiles JSON, so the wording an operator reads at 3 a.m. is tested
 without a terminal.
 """
 
@@ -13,66 +13,66 @@ from rich.table import Table
 from rich.text import Text
 
 from lynxtop.contract.format import fmt_duration
+from lynxtop.contract.status import ServingMetrics, ServingStatus
 
 LOAD_WARNING = "The model loads again: this takes minutes (a 284B model: 10-30 min); nothing is served meanwhile."
 
 
-def last_load_s(serving: dict[str, Any]) -> float | None:
-    started, ready = serving.get("started_ms"), serving.get("ready_ms")
+def last_load_s(serving: ServingStatus) -> float | None:
+    started, ready = serving.started_ms, serving.ready_ms
     if started and ready and ready >= started:
         return (ready - started) / 1000
     return None
 
 
-def _what_runs(serving: dict[str, Any]) -> str:
-    state = serving.get("state") or "unknown"
-    profile = serving.get("profile") or "no profile"
-    parts = [f"profile {profile}", f"state {state}"]
-    if serving.get("run_id"):
-        parts.append(f"run {serving['run_id']}")
-    if serving.get("pid"):
-        parts.append(f"pid {serving['pid']}")
-    if serving.get("model"):
-        parts.append(f"model {serving['model']}")
+def _what_runs(serving: ServingStatus) -> str:
+    profile = serving.profile or "no profile"
+    parts = [f"profile {profile}", f"state {serving.state}"]
+    if serving.run_id:
+        parts.append(f"run {serving.run_id}")
+    if serving.pid:
+        parts.append(f"pid {serving.pid}")
+    if serving.model:
+        parts.append(f"model {serving.model}")
     return ", ".join(parts)
 
 
-def _load_line(serving: dict[str, Any]) -> str:
+def _load_line(serving: ServingStatus) -> str:
     load = last_load_s(serving)
     return LOAD_WARNING + (f" The last load took {fmt_duration(load)}." if load else "")
 
 
-def _busy_lines(serving: dict[str, Any], running: dict[str, Any] | None) -> list[Text]:
+def _busy_lines(metrics: ServingMetrics | None) -> list[Text]:
     out = []
-    if serving.get("requests_running") or (running or {}).get("requests_running"):
-        n = (running or {}).get("requests_running")
+    n = metrics.metric("requests_running") if metrics is not None else None
+    if n:
         out.append(Text(f"{n} request(s) are running now: they get vLLM's shutdown timeout to finish, and "
                         "whatever is still running then fails; new requests fail until serving is ready again.",
                         style="bold red"))
     return out
 
 
-def restart_text(serving: dict[str, Any], metrics: dict[str, Any] | None = None) -> RenderableType:
+def restart_text(serving: ServingStatus, metrics: ServingMetrics | None = None) -> RenderableType:
     return Group(
         Text(f"Now: {_what_runs(serving)}."),
         Text("vLLM is stopped (in-flight requests drain for the profile's shutdown timeout) and started again "
              "with the same profile as a new run."),
-        *_busy_lines(serving, metrics),
+        *_busy_lines(metrics),
         Text(_load_line(serving), style="bold yellow"),
     )
 
 
-def stop_text(serving: dict[str, Any], metrics: dict[str, Any] | None = None) -> RenderableType:
+def stop_text(serving: ServingStatus, metrics: ServingMetrics | None = None) -> RenderableType:
     return Group(
         Text(f"Now: {_what_runs(serving)}."),
         Text("vLLM is stopped and stays stopped: the node serves nothing until someone starts it."),
-        *_busy_lines(serving, metrics),
+        *_busy_lines(metrics),
         Text("To serve again the model must load again: minutes (a 284B model: 10-30 min).", style="bold yellow"),
     )
 
 
-def start_text(serving: dict[str, Any], profile: str | None) -> RenderableType:
-    name = profile or serving.get("profile") or "the default profile"
+def start_text(serving: ServingStatus, profile: str | None) -> RenderableType:
+    name = profile or serving.profile or "the default profile"
     return Group(
         Text(f"Now: {_what_runs(serving)}."),
         Text(f"Start serving {name} as a new run."),
@@ -93,7 +93,7 @@ def flag_diff(current: dict[str, Any] | None, target: dict[str, Any]) -> list[tu
     return rows
 
 
-def switch_text(serving: dict[str, Any], current: dict[str, Any] | None, target: dict[str, Any]) -> RenderableType:
+def switch_text(serving: ServingStatus, current: dict[str, Any] | None, target: dict[str, Any]) -> RenderableType:
     diff = flag_diff(current, target)
     table = Table(title=None, show_header=True, header_style="bold", expand=False, box=None, padding=(0, 1))
     table.add_column("flag")
@@ -115,7 +115,7 @@ def switch_text(serving: dict[str, Any], current: dict[str, Any] | None, target:
     return Group(*parts)
 
 
-def confirmation(action: str, serving: dict[str, Any], metrics: dict[str, Any] | None, profile: str | None,
+def confirmation(action: str, serving: ServingStatus, metrics: ServingMetrics | None, profile: str | None,
                  current: dict[str, Any] | None = None,
                  target: dict[str, Any] | None = None) -> tuple[str, RenderableType, str]:
     """Title, body and button label of the dialog that confirms `action`."""

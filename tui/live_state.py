@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lynxtop.contract.columns import GPU_METRICS, LATENCY_SERIES, LATENCY_STATS, SERVING_METRICS, names
-from lynxtop.contract.status import EngineLoad, Status
+from lynxtop.contract.status import (
+    AgentStatus,
+    EngineLoad,
+    GpuStatus,
+    ServingMetrics,
+    ServingStatus,
+    SlaStatus,
+    Status,
+)
 
 # 15 minutes at the default 1 s interval: what the GPU and Latency views show live.
 HISTORY_POINTS = 900
@@ -36,7 +44,6 @@ class LiveState:
         default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     gpu_history: dict[int, deque[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
     profiles: dict[str, Any] | None = None
-    _json: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ updates
     def apply_status(self, status: Status, now_ms: int) -> Outage | None:
@@ -44,7 +51,6 @@ class LiveState:
         ended = self.outage
         self.outage = None
         self.status = status
-        self._json = status.to_json()
         self.received_ms = now_ms
         ts = int(status.ts_ms or now_ms)
         if not self.serving_history or self.serving_history[-1][0] < ts:
@@ -95,14 +101,26 @@ class LiveState:
         """When the agent took the current status (its clock, not ours)."""
         return self.status.ts_ms if self.status is not None else None
 
-    def section(self, name: str) -> dict[str, Any]:
-        """One section of the status in its JSON form (docs/api.md), for views that read it by key."""
-        return dict(self._json.get(name) or {})
+    # Before the first status every part reads as its empty default (no host, no GPUs, nothing measured).
+    @property
+    def agent(self) -> AgentStatus:
+        return self.status.agent if self.status is not None else AgentStatus()
 
     @property
-    def gpus(self) -> list[dict[str, Any]]:
-        """The GPUs in their JSON form, for views that read them by key."""
-        return list(self._json.get("gpus") or [])
+    def serving(self) -> ServingStatus:
+        return self.status.serving if self.status is not None else ServingStatus()
+
+    @property
+    def sla(self) -> SlaStatus:
+        return self.status.sla if self.status is not None else SlaStatus()
+
+    @property
+    def serving_metrics(self) -> ServingMetrics:
+        return self.status.serving_metrics if self.status is not None else ServingMetrics()
+
+    @property
+    def gpus(self) -> tuple[GpuStatus, ...]:
+        return self.status.gpus if self.status is not None else ()
 
     @property
     def engines(self) -> tuple[EngineLoad, ...]:

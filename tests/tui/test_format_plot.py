@@ -15,7 +15,7 @@ from lynxtop.contract.format import (
     fmt_si,
     throttle_words,
 )
-from lynxtop.contract.status import Status
+from lynxtop.contract.status import ServingState, SlaState, Status
 from lynxtop.tui import control_text
 from lynxtop.tui.backoff import Backoff
 from lynxtop.tui.export_csv import ExportError, check_target
@@ -71,8 +71,8 @@ def test_chart_gaps_threshold_and_breaches():
 
 
 def test_confirmation_texts_say_what_happens():
-    status = make_status()
-    serving, metrics = status["serving"], status["serving_metrics"]
+    status = Status.from_json(make_status())
+    serving, metrics = status.serving, status.serving_metrics
     text = plain(control_text.restart_text(serving, metrics))
     assert "dsv41-tp8" in text and "new run" in text and "17m57s" in text and "12 request(s)" in text
     current, target = PROFILES["profiles"]
@@ -104,6 +104,19 @@ def test_one_outage_one_notice_and_history_kept():
     state.backfill([{"ts_ms": 500, "ttft_p99_ms": 1.0}, {"ts_ms": 6000, "ttft_p99_ms": 99.0}], [])
     assert [ts for ts, _ in state.serving_history] == [500, 1000, 6000]
     assert state.serving_history[-1][1]["ttft_p99_ms"] == 750.0
+
+
+def test_live_state_reads_the_typed_status():
+    state = LiveState()
+    # before the first status: empty defaults, not errors
+    assert state.serving.state == ServingState.STOPPED and state.sla.state == SlaState.UNKNOWN
+    assert state.gpus == () and state.agent.host == "" and state.serving_metrics.metric("ttft_p99_ms") is None
+    status = Status.from_json(make_status(ts_ms=1000))
+    state.apply_status(status, 1000)
+    # the views read the status's own objects (no JSON copy kept beside them)
+    assert state.serving is status.serving and state.sla is status.sla and state.agent is status.agent
+    assert state.gpus is status.gpus and state.serving_metrics is status.serving_metrics
+    assert not hasattr(state, "section")
 
 
 def test_history_points_average_gpus_and_pick_rollup_stat():

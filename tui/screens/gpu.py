@@ -44,7 +44,7 @@ class GpuScreen(LiveScreen):
                                 id=f"chart-{cid}", classes="gpu-chart")
 
     def action_gpu(self, step: int) -> None:
-        indices = sorted(g["index"] for g in self.lynx.state.gpus if isinstance(g.get("index"), int))
+        indices = sorted(g.index for g in self.lynx.state.gpus if isinstance(g.index, int))
         indices = indices or sorted(self.lynx.state.gpu_history)
         if not indices:
             return
@@ -57,14 +57,14 @@ class GpuScreen(LiveScreen):
         app = self.lynx
         state = app.state
         idx = app.gpu_index
-        gpu = next((g for g in state.gpus if g.get("index") == idx), {})
+        gpu = next((g for g in state.gpus if g.index == idx), None)
         title = Text(f"GPU {idx}", style="bold")
-        if gpu:
-            title.append(f"  {gpu.get('name', '')}  {gpu.get('pci_bus_id', '')}  {gpu.get('uuid', '')}", style="dim")
-            words = throttle_words(gpu.get("throttle_reasons"))
+        if gpu is not None:
+            title.append(f"  {gpu.name}  {gpu.pci_bus_id}  {gpu.uuid}", style="dim")
+            words = throttle_words(gpu.metric("throttle_reasons"))
             if words:
                 title.append("  throttle: " + ", ".join(words), style="yellow")
-            if gpu.get("lost"):
+            if gpu.metric("lost"):
                 title.append("  ✗ LOST", style="bold red")
         count = len(state.gpus) or len(state.gpu_history)
         title.append(f"   ({count} GPUs; ←/→ to choose; last 15 min, {HISTORY_POINTS} samples max)", style="dim")

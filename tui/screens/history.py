@@ -19,17 +19,18 @@ from lynxtop.tui.history_source import HistoryUnavailable
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.screens.compare import CompareScreen
 from lynxtop.tui.screens.export_path import ExportPathScreen
+from lynxtop.tui.widgets.node_header import sla_limit
 from lynxtop.tui.widgets.time_chart import TimeChart
 
 GPU_COLS = ("sm_active_pct", "tensor_active_pct", "dram_bw_pct")
 SERVING_COLS = ("generation_tokens_per_s", "ttft_p99_ms", "tpot_p99_ms")
-# (chart id, title, table, column, aggregate, formatter, vmax, SLA key)
+# (chart id, title, table, column, aggregate, formatter, vmax, latency series whose SLA limit is drawn)
 CHARTS = (
     ("sm", "SM activity (avg of GPUs)", "gpu", "sm_active_pct", "avg", fmt_pct, 100.0, None),
     ("tc", "Tensor activity (avg of GPUs)", "gpu", "tensor_active_pct", "avg", fmt_pct, 100.0, None),
     ("tok", "Generation tokens/s", "serving", "generation_tokens_per_s", "avg", fmt_si, None, None),
-    ("ttft", "TTFT p99 (worst)", "serving", "ttft_p99_ms", "max", fmt_ms, None, "ttft_threshold_ms"),
-    ("tpot", "TPOT p99 (worst)", "serving", "tpot_p99_ms", "max", fmt_ms, None, "tpot_threshold_ms"),
+    ("ttft", "TTFT p99 (worst)", "serving", "ttft_p99_ms", "max", fmt_ms, None, "ttft"),
+    ("tpot", "TPOT p99 (worst)", "serving", "tpot_p99_ms", "max", fmt_ms, None, "tpot"),
 )
 
 
@@ -158,11 +159,11 @@ class HistoryScreen(LiveScreen):
         self.app.call_from_thread(self._show_charts, series, start, end, f"{res_g}/{res_s}", t0)
 
     def _show_charts(self, series: dict[str, list], start: int, end: int, resolution: str, t0: float) -> None:
-        sla = self.lynx.state.section("sla")
-        for cid, _, _, _, _, _, _, sla_key in CHARTS:
+        sla = self.lynx.state.sla
+        for cid, _, _, _, _, _, _, sla_series in CHARTS:
             self.query_one(f"#hchart-{cid}", TimeChart).set_data(
-                series[cid], start, end, threshold=sla.get(sla_key) if sla_key else None, utc=self.lynx.utc,
-                note=f"resolution {resolution}")
+                series[cid], start, end, threshold=sla_limit(sla, sla_series) if sla_series else None,
+                utc=self.lynx.utc, note=f"resolution {resolution}")
         self.last_draw_ms = (time.perf_counter() - t0) * 1000
         self._draw_status()
 

@@ -9,20 +9,20 @@ from textual.widgets import Static
 
 from lynxtop.contract.format import fmt_ms
 from lynxtop.tui.screens.base import LiveScreen
-from lynxtop.tui.widgets.node_header import sla_badge
+from lynxtop.tui.widgets.node_header import sla_badge, sla_limit
 from lynxtop.tui.widgets.time_chart import TimeChart
 
 WINDOW_MS = 15 * 60 * 1000
-# (series, stat, SLA threshold key)
+# (series, stat, whether the chart draws the SLA's limit for the series)
 CHARTS = (
-    ("ttft", "p99", "ttft_threshold_ms"),
-    ("tpot", "p99", "tpot_threshold_ms"),
-    ("ttft", "p50", None),
-    ("itl", "p99", None),
-    ("e2e", "p99", None),
-    ("queue", "p99", None),
-    ("tpot", "p50", None),
-    ("itl", "p50", None),
+    ("ttft", "p99", True),
+    ("tpot", "p99", True),
+    ("ttft", "p50", False),
+    ("itl", "p99", False),
+    ("e2e", "p99", False),
+    ("queue", "p99", False),
+    ("tpot", "p50", False),
+    ("itl", "p50", False),
 )
 
 
@@ -38,16 +38,16 @@ class LatencyScreen(LiveScreen):
 
     def draw(self, now_ms: int) -> None:
         state = self.lynx.state
-        sla = state.section("sla")
+        sla = state.sla
         line = Text("SLA: ")
         line.append_text(sla_badge(sla))
-        line.append(f"   TTFT p99 ≤ {fmt_ms(sla.get('ttft_threshold_ms'))}, TPOT p99 ≤ "
-                    f"{fmt_ms(sla.get('tpot_threshold_ms'))} over {sla.get('window_s', '?')} s windows;"
+        line.append(f"   TTFT p99 ≤ {fmt_ms(sla.ttft_threshold_ms)}, TPOT p99 ≤ "
+                    f"{fmt_ms(sla.tpot_threshold_ms)} over {sla.window_s} s windows;"
                     " ▲ marks a breach; last 15 min", style="dim")
         self.query_one("#sla-line", Static).update(line)
         ref = state.ts_ms
         end = int(ref or now_ms)
-        for series, stat, limit_key in CHARTS:
+        for series, stat, limited in CHARTS:
             chart = self.query_one(f"#chart-{series}-{stat}", TimeChart)
             chart.set_data(state.serving_series(f"{series}_{stat}_ms"), end - WINDOW_MS, end,
-                           threshold=sla.get(limit_key) if limit_key else None, utc=self.lynx.utc)
+                           threshold=sla_limit(sla, series) if limited else None, utc=self.lynx.utc)

@@ -52,7 +52,7 @@ class EngineTable(TextPanel):
         self.lags = lagging(engines)
         bar_w = 10 if width >= 100 else 6
         self.rows = {e.engine: self._cells(e, bar_w) for e in engines}
-        lines = [stats_line(state, state.section("serving_metrics"), width < 100)]
+        lines = [stats_line(state, width < 100)]
         notes = False
         if len(engines) < 2:
             lines.append(Text(ONE_ENGINE if engines else NO_ENGINES, style="dim"))

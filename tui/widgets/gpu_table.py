@@ -3,6 +3,7 @@ throttle reasons in words and lost/error state."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.text import Text
@@ -19,6 +20,7 @@ from lynxtop.contract.format import (
     fmt_watts,
     throttle_words,
 )
+from lynxtop.contract.status import GpuStatus
 from lynxtop.tui.plot import bar
 
 UTIL_NOTE = "util* = NVML utilization.gpu: share of time any kernel ran (coarse; SM/TC/DRAM are the real load)"
@@ -87,12 +89,12 @@ class GpuTable(Widget, can_focus=True):
     def get_row(self, key: str) -> list[Text]:
         return list(self.rows[key].values())
 
-    def show(self, gpus: list[dict[str, Any]]) -> None:
+    def show(self, gpus: Sequence[GpuStatus]) -> None:
         width = 3 if self.compact else 10
         rows: dict[str, dict[str, Text]] = {}
-        for gpu in sorted(gpus, key=lambda g: g.get("index") if isinstance(g.get("index"), int) else 1 << 30):
-            if isinstance(gpu.get("index"), int):
-                rows[str(gpu["index"])] = self._cells(gpu, width)
+        for gpu in sorted(gpus, key=lambda g: g.index if isinstance(g.index, int) else 1 << 30):
+            if isinstance(gpu.index, int):
+                rows[str(gpu.index)] = self._cells(gpu, width)
         self.rows = rows
         self.cursor = min(self.cursor, max(0, len(rows) - 1))
         self._text = self._layout()
@@ -143,49 +145,49 @@ class GpuTable(Widget, can_focus=True):
         if self.rows:
             self.post_message(self.Selected(int(list(self.rows)[self.cursor])))
 
-    def _cells(self, g: dict[str, Any], width: int) -> dict[str, Any]:
-        lost = bool(g.get("lost"))
-        mem_used, mem_total = g.get("mem_used_bytes"), g.get("mem_total_bytes")
+    def _cells(self, g: GpuStatus, width: int) -> dict[str, Any]:
+        lost = bool(g.metric("lost"))
+        mem_used, mem_total = g.metric("mem_used_bytes"), g.metric("mem_total_bytes")
         mem_pct = mem_used / mem_total * 100 if mem_used is not None and mem_total else None
         if self.compact:
             gib = 1024**3
             mem_text = (NA if mem_used is None or mem_total is None
                         else f"{mem_used / gib:.0f}/{mem_total / gib:.0f}G")
-            pw = g.get("power_w")
+            pw = g.metric("power_w")
             power_text = NA if pw is None else f"{pw:.0f}W"
         else:
             mem_text = f"{fmt_bytes(mem_used)}/{fmt_bytes(mem_total)}"
-            power_text = f"{fmt_watts(g.get('power_w'))}/{fmt_watts(g.get('power_limit_w'))}"
+            power_text = f"{fmt_watts(g.metric('power_w'))}/{fmt_watts(g.metric('power_limit_w'))}"
         mem = Text(mem_text, style=level_style(mem_pct, 95, 99))
         power = Text(power_text)
-        temp = g.get("temp_c")
+        temp = g.metric("temp_c")
         temp_cell = Text(fmt_temp(temp), style=level_style(temp, 80, 88) or ("dim" if temp is None else ""))
         problems: list[str] = []
         if lost:
             problems.append("✗ LOST")
-        if g.get("ecc_uncorrected"):
-            problems.append(f"✗ ECC uncorr {g['ecc_uncorrected']}")
-        if g.get("remapped_rows_failed"):
+        if g.metric("ecc_uncorrected"):
+            problems.append(f"✗ ECC uncorr {g.metric('ecc_uncorrected')}")
+        if g.metric("remapped_rows_failed"):
             problems.append("✗ row remap failed")
-        elif g.get("remapped_rows_pending"):
+        elif g.metric("remapped_rows_pending"):
             problems.append("! row remap pending")
-        words = throttle_words(g.get("throttle_reasons"))
+        words = throttle_words(g.metric("throttle_reasons"))
         state_style = "bold red" if problems else ("yellow" if words and words != [NA] else "dim")
         state = Text(", ".join(problems + words) or "ok", style=state_style)
-        name = f"{g['index']}" + ("" if self.compact else f" {_short_name(g.get('name'))}")
+        name = f"{g.index}" + ("" if self.compact else f" {_short_name(g.name)}")
         cells: dict[str, Any] = {
             "gpu": Text(name, style="bold red" if lost else "bold"),
-            "sm": _bar_cell(g.get("sm_active_pct"), width, self.ascii_only),
-            "tc": _bar_cell(g.get("tensor_active_pct"), width, self.ascii_only),
-            "dram": _bar_cell(g.get("dram_bw_pct"), width, self.ascii_only),
-            "util": Text(fmt_pct(g.get("util_gpu_pct")).rjust(5), style="dim"),
+            "sm": _bar_cell(g.metric("sm_active_pct"), width, self.ascii_only),
+            "tc": _bar_cell(g.metric("tensor_active_pct"), width, self.ascii_only),
+            "dram": _bar_cell(g.metric("dram_bw_pct"), width, self.ascii_only),
+            "util": Text(fmt_pct(g.metric("util_gpu_pct")).rjust(5), style="dim"),
             "mem": mem,
             "power": power,
             "temp": temp_cell,
         }
         if not self.compact:
-            cells["nvlink"] = Text(f"{fmt_rate(g.get('nvlink_tx_bytes_per_s'))} / "
-                                   f"{fmt_rate(g.get('nvlink_rx_bytes_per_s'))}")
+            cells["nvlink"] = Text(f"{fmt_rate(g.metric('nvlink_tx_bytes_per_s'))} / "
+                                   f"{fmt_rate(g.metric('nvlink_rx_bytes_per_s'))}")
         cells["state"] = state
         return cells
 

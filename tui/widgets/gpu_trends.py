@@ -10,6 +10,7 @@ from typing import Any
 from rich.text import Text
 
 from lynxtop.contract.format import NA, fmt_pct, fmt_temp, fmt_watts
+from lynxtop.contract.status import GpuStatus
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.plot import bucketize, sparkline
 from lynxtop.tui.widgets.text_panel import TextPanel
@@ -37,7 +38,7 @@ class GpuTrends(TextPanel):
         self.border_title = "Per GPU, last 5 min"
 
     def show(self, state: LiveState, end_ms: int) -> None:
-        indices = sorted({g["index"] for g in state.gpus if isinstance(g.get("index"), int)} | set(state.gpu_history))
+        indices = sorted({g.index for g in state.gpus if isinstance(g.index, int)} | set(state.gpu_history))
         width = max(20, self.size.width - 4)
         spark_w = max(4, (width - INDEX_W) // len(TREND_COLUMNS) - VALUE_W - 4)
         scales = _scales(state.gpus)
@@ -76,7 +77,7 @@ def _header(spark_w: int) -> Text:
     return head
 
 
-def _scales(gpus: Sequence[dict[str, Any]]) -> dict[str, float | None]:
-    limits = [float(g["power_limit_w"]) for g in gpus if g.get("power_limit_w")]
+def _scales(gpus: Sequence[GpuStatus]) -> dict[str, float | None]:
+    limits = [float(g.metric("power_limit_w")) for g in gpus if g.metric("power_limit_w")]
     return {"sm_active_pct": 100.0, "tensor_active_pct": 100.0, "power_w": max(limits) if limits else None,
             "temp_c": TEMP_SCALE_C}

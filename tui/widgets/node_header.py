@@ -5,90 +5,93 @@ from __future__ import annotations
 from rich.text import Text
 
 from lynxtop.contract.format import fmt_duration
+from lynxtop.contract.status import AgentStatus, ServingState, ServingStatus, SlaState, SlaStatus
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.widgets.text_panel import TextPanel
 
 # Words first, colour second: every state reads without colour.
 STATE_STYLE = {
-    "ready": ("READY", "bold green"),
-    "starting": ("STARTING", "bold yellow"),
-    "degraded": ("DEGRADED", "bold yellow"),
-    "stopping": ("STOPPING", "bold yellow"),
-    "stopped": ("STOPPED", "bold"),
-    "backoff": ("BACKOFF", "bold red"),
-    "crash-loop": ("CRASH-LOOP", "bold red reverse"),
+    ServingState.READY: ("READY", "bold green"),
+    ServingState.STARTING: ("STARTING", "bold yellow"),
+    ServingState.DEGRADED: ("DEGRADED", "bold yellow"),
+    ServingState.STOPPING: ("STOPPING", "bold yellow"),
+    ServingState.STOPPED: ("STOPPED", "bold"),
+    ServingState.BACKOFF: ("BACKOFF", "bold red"),
+    ServingState.CRASH_LOOP: ("CRASH-LOOP", "bold red reverse"),
 }
 
 
-def sla_badge(sla: dict) -> Text:
-    state = sla.get("state") or "unknown"
-    if state == "ok":
+def sla_badge(sla: SlaStatus) -> Text:
+    if sla.state == SlaState.OK:
         return Text("SLA ✓ ok", style="green")
-    if state == "breach":
+    if sla.state == SlaState.BREACH:
         return Text("SLA ✗ BREACH", style="bold red reverse")
     return Text("SLA ? unknown", style="dim")
+
+
+def sla_limit(sla: SlaStatus, series: str) -> float | None:
+    """The SLA's p99 limit for a latency series ("ttft", "tpot"); None for a series the SLA does not bound."""
+    return {"ttft": sla.ttft_threshold_ms, "tpot": sla.tpot_threshold_ms}.get(series)
 
 
 class NodeHeader(TextPanel):
     DEFAULT_CSS = "NodeHeader { height: 1; }"
 
     def show(self, state: LiveState, now_ms: int, flags: list[tuple[str, str]]) -> None:
-        agent = state.section("agent")
-        serving = state.section("serving")
+        agent, serving = state.agent, state.serving
         t = Text(no_wrap=True, overflow="ellipsis")
         if state.simulated:
             t.append(" SIMULATED ", style="bold black on magenta")
             t.append(" ")
-        t.append(agent.get("host") or "?", style="bold")
+        t.append(agent.host or "?", style="bold")
         if state.status is None:
             t.append("  waiting for the agent…", style="dim")
         else:
             _serving_state(t, serving, now_ms)
             t.append("  ")
-            t.append_text(sla_badge(state.section("sla")))
+            t.append_text(sla_badge(state.sla))
             _agent_health(t, state, agent, now_ms)
         for text, style in flags:
             t.append(f"  {text}", style=style)
         # Least important last: a narrow terminal cuts these first.
-        if serving.get("vllm_version"):
-            t.append(f"  vLLM {serving['vllm_version']}", style="dim")
-        if agent.get("uptime_s") is not None:
-            t.append(f"  agent up {fmt_duration(agent['uptime_s'])}", style="dim")
+        if serving.vllm_version:
+            t.append(f"  vLLM {serving.vllm_version}", style="dim")
+        if agent.uptime_s is not None:
+            t.append(f"  agent up {fmt_duration(agent.uptime_s)}", style="dim")
         self.update(t)
 
 
-def _serving_state(t: Text, serving: dict, now_ms: int) -> None:
+def _serving_state(t: Text, serving: ServingStatus, now_ms: int) -> None:
     """Profile, state word and how long; the start-up phase; the next retry."""
-    t.append("  " + (serving.get("profile") or "no profile"))
-    word, style = STATE_STYLE.get(serving.get("state") or "", ((serving.get("state") or "?").upper(), ""))
+    t.append("  " + (serving.profile or "no profile"))
+    word, style = STATE_STYLE.get(serving.state, (serving.state.upper(), ""))
     t.append("  ")
     t.append(word, style=style)
-    since = serving.get("state_since_ms")
+    since = serving.state_since_ms
     if since:
         t.append(f" {fmt_duration((now_ms - since) / 1000)}")
-    if serving.get("state") == "starting" and serving.get("phase"):
-        phase_since = serving.get("phase_since_ms") or since
-        t.append(f" ({serving['phase']} {fmt_duration((now_ms - (phase_since or now_ms)) / 1000)})")
-    if serving.get("next_retry_ms"):
-        t.append(f" retry in {fmt_duration((serving['next_retry_ms'] - now_ms) / 1000)}", style="yellow")
+    if serving.state == ServingState.STARTING and serving.phase:
+        phase_since = serving.phase_since_ms or since
+        t.append(f" ({serving.phase} {fmt_duration((now_ms - (phase_since or now_ms)) / 1000)})")
+    if serving.next_retry_ms:
+        t.append(f" retry in {fmt_duration((serving.next_retry_ms - now_ms) / 1000)}", style="yellow")
 
 
-def _agent_health(t: Text, state: LiveState, agent: dict, now_ms: int) -> None:
+def _agent_health(t: Text, state: LiveState, agent: AgentStatus, now_ms: int) -> None:
     """Whether to trust the numbers: agent health, stalled sampling, NVML, an action under way."""
     t.append("  ")
-    if agent.get("healthy", True):
+    if agent.healthy:
         t.append("agent ✓", style="green")
     else:
         t.append("agent ✗ unhealthy", style="bold red")
     ts = state.ts_ms
-    interval = float(agent.get("sample_interval_s") or 1.0)
+    interval = float(agent.sample_interval_s or 1.0)
     if ts and state.outage is None and now_ms - ts > max(5000, 3000 * interval):
         # the agent answers but its sampling stalled: say so, or stale numbers look live
         t.append(f"  ⚠ samples {fmt_duration((now_ms - ts) / 1000)} old", style="bold yellow")
-    nvml = agent.get("nvml") or {}
-    if nvml.get("state") and nvml.get("state") != "ok":
-        t.append(f"  NVML {nvml['state']}", style="bold red")
-    action = agent.get("action")
+    if agent.nvml.state and agent.nvml.state != "ok":
+        t.append(f"  NVML {agent.nvml.state}", style="bold red")
+    action = agent.action
     if action:
-        t.append(f"  ⟳ {action.get('action')} {action.get('profile') or ''} by {action.get('by', '?')}",
+        t.append(f"  ⟳ {action.action} {action.profile or ''} by {action.by}",
                  style="yellow")

@@ -8,6 +8,7 @@ from lynxtop.contract.format import NA, fmt_int, fmt_ms, fmt_pct, fmt_si
 from lynxtop.tui.engine_lag import lagging, summary
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.plot import sparkline
+from lynxtop.tui.widgets.node_header import sla_limit
 from lynxtop.tui.widgets.text_panel import TextPanel
 from lynxtop.tui.window_stats import RATE_WINDOW_MS, span_label, window_mean
 
@@ -21,15 +22,13 @@ class ServingPanel(TextPanel):
         self.border_title = "Serving"
 
     def show(self, state: LiveState) -> None:
-        sm = state.section("serving_metrics")
-        sla = state.section("sla")
+        sm = state.serving_metrics
         width = max(8, self.size.width - 2)
         spark_w = max(4, width - 46)
-        lines = [stats_line(state, sm, width < 100)]
-        thresholds = {"ttft": sla.get("ttft_threshold_ms"), "tpot": sla.get("tpot_threshold_ms")}
+        lines = [stats_line(state, width < 100)]
         for series in ("ttft", "tpot", "itl"):
-            p50, p99 = sm.get(f"{series}_p50_ms"), sm.get(f"{series}_p99_ms")
-            limit = thresholds.get(series)
+            p50, p99 = sm.metric(f"{series}_p50_ms"), sm.metric(f"{series}_p99_ms")
+            limit = sla_limit(state.sla, series)
             over = limit is not None and p99 is not None and p99 > limit
             line = Text(no_wrap=True, overflow="crop")
             line.append(f"{series.upper():<5}", style="bold")
@@ -42,7 +41,7 @@ class ServingPanel(TextPanel):
         tok = [v for _, v in state.serving_series("generation_tokens_per_s")]
         line = Text(no_wrap=True, overflow="crop")
         line.append(f"{'tok/s':<5}", style="bold")
-        line.append(f" {fmt_si(sm.get('generation_tokens_per_s')):>12}{'':>25} ")
+        line.append(f" {fmt_si(sm.metric('generation_tokens_per_s')):>12}{'':>25} ")
         line.append(sparkline(tok, spark_w, ascii_only=self.ascii_only), style="green")
         lines.append(line)
         out = Text("\n", no_wrap=True, overflow="crop").join(lines)
@@ -59,8 +58,9 @@ def _engines_hint(state: LiveState) -> str:
     return f"{summary(engines, lagging(engines))} · e shows each"
 
 
-def stats_line(state: LiveState, sm: dict, short: bool) -> Text:
+def stats_line(state: LiveState, short: bool) -> Text:
     """Throughput, queue, KV cache, preemptions and prefix hits; short labels below 100 columns."""
+    sm = state.serving_metrics
     stats = Text(no_wrap=True, overflow="ellipsis")
     gap = "  " if short else "   "
 
@@ -71,22 +71,22 @@ def stats_line(state: LiveState, sm: dict, short: bool) -> Text:
             stats.append(f" {note}", style="dim")
         stats.append(gap)
 
-    if sm and sm.get("scrape_ok") == 0:
+    if sm.metric("scrape_ok") == 0:
         stats.append("✗ /metrics not readable ", style="bold red")
     # Finished requests per tick read 0 for minutes when requests take longer than a tick: the mean
     # over the last minutes is shown, and says so.
-    interval_ms = int(float(state.section("agent").get("sample_interval_s") or 1.0) * 1000)
+    interval_ms = int(float(state.agent.sample_interval_s or 1.0) * 1000)
     end = state.ts_ms
     rate, span_ms = window_mean(state.serving_series("requests_per_s"), end, RATE_WINDOW_MS, interval_ms)
-    if not sm:
-        rate = None  # not serving: no rate, not the last run's
+    if state.status is None:
+        rate = None  # no status yet: no rate
     stat("req/s", fmt_si(rate), note=f"avg {span_label(span_ms)}" if rate is not None else "")
-    stat("tok/s" if short else "gen tok/s", fmt_si(sm.get("generation_tokens_per_s")))
+    stat("tok/s" if short else "gen tok/s", fmt_si(sm.metric("generation_tokens_per_s")))
     stat("r/w" if short else "run/wait",
-         f"{fmt_int(sm.get('requests_running'))}/{fmt_int(sm.get('requests_waiting'))}")
-    kv = sm.get("kv_cache_usage_pct")
+         f"{fmt_int(sm.metric('requests_running'))}/{fmt_int(sm.metric('requests_waiting'))}")
+    kv = sm.metric("kv_cache_usage_pct")
     stat("KV", fmt_pct(kv, 1), "bold red" if kv is not None and kv >= 95 else "")
-    pre = sm.get("preemptions")
+    pre = sm.metric("preemptions")
     stat("preempt", fmt_int(pre), "bold yellow" if pre else "")
-    stat("hit" if short else "prefix hit", fmt_pct(sm.get("prefix_cache_hit_pct"), 1))
+    stat("hit" if short else "prefix hit", fmt_pct(sm.metric("prefix_cache_hit_pct"), 1))
     return stats

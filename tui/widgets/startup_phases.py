@@ -6,10 +6,11 @@ from __future__ import annotations
 from rich.text import Text
 
 from lynxtop.contract.format import fmt_duration
+from lynxtop.contract.status import ServingState, ServingStatus
 from lynxtop.tui.widgets.text_panel import TextPanel
 
 PHASES = ("loading weights", "kv cache", "cuda graphs", "api up")
-TROUBLE_STATES = ("backoff", "crash-loop", "degraded")
+TROUBLE_STATES = (ServingState.BACKOFF, ServingState.CRASH_LOOP, ServingState.DEGRADED)
 
 
 class StartupPhases(TextPanel):
@@ -18,14 +19,14 @@ class StartupPhases(TextPanel):
     StartupPhases.-visible { display: block; }
     """
 
-    def show(self, serving: dict, now_ms: int) -> None:
-        state = serving.get("state")
-        trouble = state in TROUBLE_STATES and bool(serving.get("reason"))
-        visible = state == "starting" or trouble
+    def show(self, serving: ServingStatus, now_ms: int) -> None:
+        state = serving.state
+        trouble = state in TROUBLE_STATES and bool(serving.reason)
+        visible = state == ServingState.STARTING or trouble
         if self.has_class("-visible") != visible:
             self.set_class(visible, "-visible")
         if trouble:
-            t = Text(f"✗ {state}: {serving['reason']}", style="bold red", no_wrap=True, overflow="ellipsis")
+            t = Text(f"✗ {state}: {serving.reason}", style="bold red", no_wrap=True, overflow="ellipsis")
             self.update(t)
             return
         if not visible:
@@ -33,11 +34,11 @@ class StartupPhases(TextPanel):
         self.update(_progress(serving, now_ms))
 
 
-def _progress(serving: dict, now_ms: int) -> Text:
+def _progress(serving: ServingStatus, now_ms: int) -> Text:
     """Each phase done (with its duration), the one under way (with its time so far), the ones to come."""
-    seen = {p.get("phase"): p.get("ts_ms") for p in serving.get("phases") or [] if p.get("phase")}
-    current = serving.get("phase")
-    started = serving.get("started_ms") or serving.get("state_since_ms") or now_ms
+    seen = {p.phase: p.ts_ms for p in serving.phases if p.phase}
+    current = serving.phase
+    started = serving.started_ms or serving.state_since_ms or now_ms
     t = Text("start-up: ", style="bold yellow", no_wrap=True, overflow="ellipsis")
     t.append(f"{fmt_duration((now_ms - started) / 1000)} ")
     order = list(PHASES) + [p for p in seen if p not in PHASES]
