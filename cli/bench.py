@@ -99,8 +99,14 @@ def levels_of(args: Namespace) -> list[Level]:
     if args.request_rate:
         return [Level(concurrency=args.max_concurrency, rate=r, requests=0 if args.duration else args.requests or 64,
                       duration_s=args.duration) for r in args.request_rate]
-    return [Level(concurrency=c, requests=0 if args.duration else (args.requests or max(4 * c, 8)),
-                  duration_s=args.duration) for c in args.concurrency or DEFAULT_CONCURRENCY]
+    return [Level(concurrency=c, requests=0 if args.duration else _requests(args, c), duration_s=args.duration)
+            for c in args.concurrency or DEFAULT_CONCURRENCY]
+
+
+def _requests(args: Namespace, concurrency: int) -> int:
+    if args.requests:
+        return args.requests
+    return args.rounds * concurrency if args.rounds else max(4 * concurrency, 8)
 
 
 def _prompts(path: str | None) -> tuple[str, ...]:
@@ -119,6 +125,7 @@ def _prompts(path: str | None) -> tuple[str, ...]:
 def _check(args: Namespace) -> None:
     bad = [f"{name} must be at least 1" for name, v in (("--input-len", args.input_len),
                                                           ("--output-len", args.output_len)) if v < 1]
+    bad += ["--rounds must be at least 1"] if args.rounds is not None and args.rounds < 1 else []
     bad += ["--concurrency levels must be at least 1"] if any(c < 1 for c in args.concurrency or ()) else []
     bad += ["--request-rate must be above 0"] if any(r <= 0 for r in args.request_rate or ()) else []
     if bad:

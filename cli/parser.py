@@ -165,6 +165,7 @@ def _bench(subs) -> None:
     lv.add_argument("--request-rate", type=float, nargs="+", metavar="R", help="request rates per second instead")
     p.add_argument("--max-concurrency", type=int, metavar="C", help="cap in flight with --request-rate")
     p.add_argument("--requests", type=int, metavar="N", help="requests per level (default: 4 x concurrency, min 8)")
+    p.add_argument("--rounds", type=int, metavar="K", help="instead of --requests: K requests per stream of a level")
     p.add_argument("--duration", type=float, metavar="S", help="run each level for S seconds instead")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="warm-up requests (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="prompt seed (default: %(default)s)")

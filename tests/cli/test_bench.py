@@ -108,7 +108,7 @@ def test_curve_shape_matches_the_simulators_documented_targets(node, tmp_path):
     switch(node["agent"], "plateau")
     curve = tmp_path / "curve.json"
     r = bench("--config", node["cfg"], "--concurrency", "1", "4", "16", "32", "--input-len", "16",
-              "--output-len", "80", "--requests", "32", "--json", str(curve))
+              "--output-len", "80", "--rounds", "1", "--json", str(curve))  # one request per stream
     assert r.returncode == 0, r.stderr
     by_c = {d["max_concurrency"]: d for d in levels(curve)}
     tput = {c: d["output_throughput"] / PLATEAU_SPEED for c, d in by_c.items()}
