@@ -178,6 +178,13 @@ async def test_request_rate_is_the_average_over_the_window(agent):
         await pilot.pause(0.1)
         stats = text_of(app.screen.query_one(ServingPanel)).splitlines()[0]
         assert "req/s 0.40 avg 5s" in stats, stats  # 2 requests finished in 5 one-second ticks
+        # serving stops: the last run's average is not a rate of this moment
+        agent.status = make_status(ts_ms=t0 + 6000)
+        agent.status["serving"]["state"] = "stopped"
+        await wait_for(pilot, lambda: app.state.serving.state == "stopped")
+        await pilot.pause(0.1)
+        stats = text_of(app.screen.query_one(ServingPanel)).splitlines()[0]
+        assert "req/s N/A" in stats and "avg" not in stats.split("req/s", 1)[1].split("tok/s", 1)[0], stats
 
 
 async def test_tall_terminal_shows_per_gpu_sparklines_and_recent_events(agent):

@@ -60,7 +60,7 @@ class GpuScreen(LiveScreen):
         gpu = next((g for g in state.gpus if g.index == idx), None)
         title = Text(f"GPU {idx}", style="bold")
         if gpu is not None:
-            title.append(f"  {gpu.name}  {gpu.pci_bus_id}  {gpu.uuid}", style="dim")
+            title.append("  " + "  ".join(str(x) for x in (gpu.name, gpu.pci_bus_id, gpu.uuid) if x), style="dim")
             words = throttle_words(gpu.metric("throttle_reasons"))
             if words:
                 title.append("  throttle: " + ", ".join(words), style="yellow")

@@ -41,8 +41,9 @@ class LatencyScreen(LiveScreen):
         sla = state.sla
         line = Text("SLA: ")
         line.append_text(sla_badge(sla))
+        window = f"{sla.window_s:g} s windows" if sla.window_s is not None else "the SLA window"
         line.append(f"   TTFT p99 ≤ {fmt_ms(sla.ttft_threshold_ms)}, TPOT p99 ≤ "
-                    f"{fmt_ms(sla.tpot_threshold_ms)} over {sla.window_s} s windows;"
+                    f"{fmt_ms(sla.tpot_threshold_ms)} over {window};"
                     " ▲ marks a breach; last 15 min", style="dim")
         self.query_one("#sla-line", Static).update(line)
         ref = state.ts_ms

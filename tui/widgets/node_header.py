@@ -93,5 +93,5 @@ def _agent_health(t: Text, state: LiveState, agent: AgentStatus, now_ms: int) ->
         t.append(f"  NVML {agent.nvml.state}", style="bold red")
     action = agent.action
     if action:
-        t.append(f"  ⟳ {action.action} {action.profile or ''} by {action.by}",
+        t.append(f"  ⟳ {action.action} {action.profile or ''} by {action.by or '?'}",
                  style="yellow")

@@ -78,8 +78,8 @@ def stats_line(state: LiveState, short: bool) -> Text:
     interval_ms = int(float(state.agent.sample_interval_s or 1.0) * 1000)
     end = state.ts_ms
     rate, span_ms = window_mean(state.serving_series("requests_per_s"), end, RATE_WINDOW_MS, interval_ms)
-    if state.status is None:
-        rate = None  # no status yet: no rate
+    if state.status is None or not state.serving.state.serving:
+        rate = None  # nothing serves: the last run's average is not this moment's rate
     stat("req/s", fmt_si(rate), note=f"avg {span_label(span_ms)}" if rate is not None else "")
     stat("tok/s" if short else "gen tok/s", fmt_si(sm.metric("generation_tokens_per_s")))
     stat("r/w" if short else "run/wait",
