@@ -127,10 +127,13 @@ def test_q_quits_cleanly(demo_node):
     try:
         subprocess.run([TMUX, "-L", server, "set-option", "-t", "dash", "remain-on-exit", "on"], timeout=10)
         _wait_screen(server, "util*", timeout_s=40)
+        pid = int(_tmux(server, "display-message", "-p", "-t", "dash", "#{pane_pid}").strip())
         _tmux(server, "send-keys", "-t", "dash", "q")
-        # tmux marks the pane dead at the pty's EOF and learns the exit status a moment later (SIGCHLD):
-        # wait for both, or a loaded machine reads a dead pane without its status
-        deadline = time.monotonic() + 10
+        # tmux marks the pane dead at the pty's EOF and learns the exit status once the process is reaped
+        # (SIGCHLD): wait for both; on a loaded machine the interpreter's teardown after the terminal is
+        # restored can take seconds, so the wait is long and the failure says whether the process still lived
+        t0 = time.monotonic()
+        deadline = t0 + 30
         status: list[str] = []
         while time.monotonic() < deadline:
             status = _tmux(server, "display-message", "-p", "-t", "dash",
@@ -138,6 +141,8 @@ def test_q_quits_cleanly(demo_node):
             if status[:1] == ["1"] and len(status) > 1:
                 break
             time.sleep(0.2)
-        assert status == ["1", "0"], status
+        lingering = Path(f"/proc/{pid}").exists()
+        assert status == ["1", "0"], (status, f"process {pid} alive: {lingering}",
+                                      f"{time.monotonic() - t0:.1f} s after q")
     finally:
         subprocess.run([TMUX, "-L", server, "kill-server"], capture_output=True, timeout=10)
