@@ -521,7 +521,7 @@ def test_a_flag_vllm_rejects_ends_in_an_event_quoting_vllm_and_backoff(agent):
 BENCH_PROMPTS, BENCH_OUTPUT, BENCH_CONCURRENCY = 128, 16, 1  # ~290-token prompts: TTFT well above the jitter
 # vLLM's warm-up outlasts our client's start-up (a second of a full core): that start-up must not fall into
 # vLLM's measured window while ours has none of vLLM's in its own
-BENCH_VLLM_WARMUPS = 24
+BENCH_VLLM_WARMUPS = 64  # ~3 s: our client is up (~1.5 s of a core) before vLLM measures
 BENCH_COMPARED = ("mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms")
 
 
