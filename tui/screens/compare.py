@@ -95,21 +95,34 @@ def compare_table(a: dict[str, Any], b: dict[str, Any]) -> Table:
 
 
 def bench_table(a: dict[str, Any], b: dict[str, Any], bench: list[dict[str, Any]]) -> Table:
-    """Benchmark curves side by side: throughput and latency per concurrency, with a bar for throughput."""
+    """Benchmark curves side by side: throughput and latency per concurrency, with a bar for throughput and
+    the second run's throughput against the first's in percent (as `lynxtop bench compare` prints it). Rows come newest
+    first; a run with several sweeps shows its newest."""
     table = Table(title="benchmark curves (lynxtop bench)", show_header=True, header_style="bold", expand=False)
     table.add_column("concurrency", justify="right")
     top = max((r.get("output_tokens_per_s") or 0 for r in bench), default=0) or 1
-    by_key: dict[tuple[int, int], dict[str, Any]] = {(r["run_id"], r.get("concurrency") or 0): r for r in bench}
+    newest: dict[int, Any] = {}
+    by_key: dict[tuple[int, int], dict[str, Any]] = {}
+    for r in bench:
+        sweep = newest.setdefault(r["run_id"], r.get("bench_id"))
+        if r.get("bench_id") == sweep:
+            by_key.setdefault((r["run_id"], r.get("concurrency") or 0), r)
     for run in (a, b):
         table.add_column(f"run {run.get('id')} out tok/s", justify="right")
         table.add_column("", no_wrap=True)
         table.add_column("TTFT p99", justify="right")
+    table.add_column(f"run {b.get('id')} vs {a.get('id')}", justify="right")
     for conc in sorted({c for _, c in by_key}):
         cells: list[Any] = [str(conc)]
+        toks = []
         for run in (a, b):
             r = by_key.get((run.get("id"), conc), {})
             tok = r.get("output_tokens_per_s")
-            cells += [fmt_si(tok), Text("█" * int((tok or 0) / top * 12), style="cyan"), fmt_ms(r.get("ttft_p99_ms"))]
+            toks.append(tok)
+            mark = " *" if r.get("partial") else ""
+            cells += [fmt_si(tok) + mark, Text("█" * int((tok or 0) / top * 12), style="cyan"),
+                      fmt_ms(r.get("ttft_p99_ms"))]
+        cells.append(f"{(toks[1] - toks[0]) / toks[0] * 100:+.1f}%" if toks[0] and toks[1] is not None else NA)
         table.add_row(*cells)
     return table
 
