@@ -14,7 +14,7 @@ from support.agent_config import profile, write_agent_config
 from lynxtop.parser import build_parser
 
 COMMANDS = ["dashboard", "demo", "agent", "status", "start", "stop", "restart", "switch", "runs", "export",
-            "config"]
+            "config", "check", "bench"]
 
 
 def _lynxtop(*args: str) -> subprocess.CompletedProcess:
