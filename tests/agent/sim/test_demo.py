@@ -172,16 +172,19 @@ def test_ctrl_c_stops_the_demo_and_leaves_no_process_behind(tmp_path):
     root = tmp_path / "demo-ctrl-c"
     proc, seen = _demo_until_ready(root)
     try:
-        assert b"serving=ready" in seen, seen.decode(errors="replace")
-        proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal delivers
-        rest, _ = proc.communicate(timeout=60)
+        try:
+            assert b"serving=ready" in seen, seen.decode(errors="replace")
+            proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal delivers
+            rest, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, (seen + rest).decode(errors="replace")
+        assert b"stopped; database, config and logs kept" in rest
+        assert processes_of(root) == []
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, (seen + rest).decode(errors="replace")
-    assert b"stopped; database, config and logs kept" in rest
-    assert processes_of(root) == []
+        kill_all(root, grace_s=1.0)  # checked above; a failed run must not leave its agent and servers either
 
 
 def test_terminal_gone_sighup_still_leaves_no_process_behind(tmp_path):
@@ -191,12 +194,15 @@ def test_terminal_gone_sighup_still_leaves_no_process_behind(tmp_path):
     root = tmp_path / "demo-hup"
     proc, seen = _demo_until_ready(root)
     try:
-        assert b"serving=ready" in seen, seen.decode(errors="replace")
-        proc.stdout.close()  # the terminal is gone: the demo's writes now fail with EPIPE
-        proc.send_signal(signal.SIGHUP)
-        proc.wait(timeout=60)
+        try:
+            assert b"serving=ready" in seen, seen.decode(errors="replace")
+            proc.stdout.close()  # the terminal is gone: the demo's writes now fail with EPIPE
+            proc.send_signal(signal.SIGHUP)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert processes_of(root) == []
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert processes_of(root) == []
+        kill_all(root, grace_s=1.0)
