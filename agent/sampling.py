@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lynxtop.agent.health import HangDetector, HttpClient, Verdict
-from lynxtop.contract.events import Event, EventKind, Severity, canonical_kind
+from lynxtop.contract.events import Event
 
-_KINDS = frozenset(k.value for k in EventKind)
 Rows = dict[str, Any]  # keyword arguments of StoreWriter.submit_tick: host_row, gpu_rows, serving_row, ...
 
 
@@ -65,11 +64,7 @@ async def sample_stages(stages: Sequence[Sequence[Sampler]], tick: Tick) -> Exce
 
 def as_event(d: Mapping[str, Any], run_id: int | None = None, ts_ms: int | None = None) -> Event:
     """An event dict of a sampler that speaks dicts (kind, severity, message, details), with the dotted kind."""
-    kind = canonical_kind(str(d["kind"]))
-    sev = str(d.get("severity", "info"))
-    return Event(EventKind(kind) if kind in _KINDS else kind,  # type: ignore[arg-type]
-                 Severity(sev), str(d.get("message", "")), details=d.get("details"), run_id=run_id,
-                 ts_ms=d.get("ts_ms", ts_ms))
+    return Event.from_json({**d, "run_id": run_id, "ts_ms": d.get("ts_ms", ts_ms)})  # the one mapping of kinds
 
 
 class EventCollector:
