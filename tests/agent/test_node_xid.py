@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from support.node import close_node, open_node
 
-from lynxtop.agent.node import Node
-from lynxtop.agent.notify import Notifier
-from lynxtop.contract.config import load_config
 from lynxtop.contract.status import GpuStatus
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def test_xid_events_are_counted_per_gpu(tmp_path, h):
-    cfg = load_config(str(h.write_config(tmp_path, 'fake_nvml = "h200x8"')))
-    node = Node(cfg, Notifier(None))
-    node._open_parts()
+    node = open_node(h.write_config(tmp_path, 'fake_nvml = "h200x8"'))
     try:
-        node.gpu_view.update(time.monotonic(), [], node.sampler.open(), node.sampler.static())
         assert [g.xid_errors for g in node._gpu_statuses()] == [0] * 8
         for details in ({"gpu": 3, "xid": 79}, {"gpu": 3, "xid": 48}, {"gpu": 5, "xid": 13},
                         {"gpu": None, "xid": 31}):  # a GPU NVML could not name counts nowhere
@@ -30,4 +23,4 @@ def test_xid_events_are_counted_per_gpu(tmp_path, h):
         assert GpuStatus.from_json(gpus[3].to_json()).xid_errors == 2  # on the wire too
         assert len(node._gpu_events.drain()) == 5  # every event still goes to the store
     finally:
-        node.writer.close()
+        close_node(node)  # the GPU sampler too: no XID thread left for the next module
