@@ -144,7 +144,9 @@ class GpuSource:
         self._pending = None
         gpu_tick = task.result()
         if self._started is not None:
-            self.view.update(self._started, gpu_tick.process_rows, self.sampler.status(), self.sampler.static())
+            # the rows are stored under the tick's time: the view must not claim a later one
+            seen = min(self._started, tick.t0)
+            self.view.update(seen, gpu_tick.process_rows, self.sampler.status(), self.sampler.static())
         if self.sampler.static_version != self._static_version:
             self._static_version = self.sampler.static_version
             self.on_static(self.sampler.static())
