@@ -62,10 +62,13 @@ async def _maybe_await(value: Any) -> Any:
 # Fields each mutating call accepts: name -> (type, required).
 _BODY_SPEC: dict[str, dict[str, tuple[type, bool]]] = {
     "start": {"profile": (str, False)},
-    "stop": {},
+    "stop": {"cluster": (bool, False)},  # cluster: on a head, the workers' Ray and its own too
     "restart": {},
     "switch": {"profile": (str, True)},
     "bench": {"result": (dict, True)},  # one level of `lynxtop bench`, stored in bench_results
+    # this node's Ray (head and worker roles); a head's cluster stop asks each worker this way, through Ray
+    "ray/start": {},
+    "ray/stop": {"reason": (str, False)},
 }
 # Query parameters each read call accepts: name -> (min, max, default).
 _QUERY_SPEC: dict[str, dict[str, tuple[int, int, int | None]]] = {
@@ -150,7 +153,7 @@ def _check_fields(data: dict[str, Any], action: str) -> None:
 def _check_value(key: str, value: Any, typ: type, required: bool) -> None:
     if value is None and not required:
         return
-    if not isinstance(value, typ) or isinstance(value, bool):
+    if not isinstance(value, typ) or (isinstance(value, bool) and typ is not bool):
         raise ApiError(400, "wrong_type", f"field {key!r} must be a {typ.__name__}, got {type(value).__name__}")
     if typ is str and not value:
         raise ApiError(400, "wrong_type", f"field {key!r} must not be empty")
@@ -370,7 +373,11 @@ class ApiServer:
         if action == "start":
             return await c.start(profile, by)
         if action == "stop":
-            return await c.stop(by)
+            return await (c.stop(by, cluster=True) if data.get("cluster") else c.stop(by))
+        if action == "ray/start":
+            return await c.ray_start(by)
+        if action == "ray/stop":
+            return await c.ray_stop(by, data.get("reason"))
         if action == "restart":
             return await c.restart(by)
         assert profile is not None  # _body made it required

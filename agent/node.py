@@ -47,11 +47,13 @@ from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.status import (
     GPU_METRIC_NAMES,
     AgentStatus,
+    ClusterStatus,
     EngineLoad,
     GpuStatus,
     HostStatus,
     NvmlStatus,
     ServingMetrics,
+    ServingState,
     SlaStatus,
     Status,
     StoreStatus,
@@ -134,6 +136,7 @@ class Node:
         self.writer: Any = None
         self.sla: Any = None
         self.supervisor: Supervisor | None = None
+        self.cluster: Any = None  # roles.ClusterPart on a head or worker node: its Ray and the cluster
         self.api: Any = None
         self.exporter: Any = None
         self.http = HttpClient()  # the one session to vLLM: scrape, readiness, /health, /version
@@ -203,9 +206,14 @@ class Node:
                                   on_event=self._gpu_event)
         self.host_sampler = HostSampler(a.database)
         self.sla = SlaTracker(self.cfg.sla)
+        if a.role != "single":
+            from lynxtop.agent.roles import ClusterPart
+
+            self.cluster = ClusterPart(self.cfg, lambda ev: self._record([ev]), state_dir=a.database.parent,
+                                       session=self.http.session, on_change=self._on_change)
         self.supervisor = Supervisor(self.cfg, self.writer, self.gpu_view, state_path=a.database.parent / STATE_FILE,
                                      host=self.host, simulated=self.simulated, on_change=self._on_change,
-                                     http=self.http)
+                                     http=self.http, cluster=self.cluster.watch if self.cluster else None)
         self._open_sources()
 
     def _open_sources(self) -> None:
@@ -281,6 +289,8 @@ class Node:
         await self._open_gpus()
         try:
             await self._start_listeners()
+            if self.cluster is not None:  # a head's Ray comes first: serving waits for its cluster
+                await self.cluster.boot()
             await self._take_over_serving(sup)
             self.notifier.ready(self.status_line())
             await self._serve_until_stopped(loop, sup)
@@ -351,6 +361,8 @@ class Node:
         self.notifier.stopping("agent stopping" + (" (serving keeps running)" if a.live_restore else ""))
         # the clock keeps sampling while serving stops: the GPU release check needs fresh samples
         await sup.shutdown(stop_serving=not a.live_restore)
+        if self.cluster is not None:
+            await self.cluster.shutdown(stop_ray=not a.live_restore)
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -538,6 +550,8 @@ class Node:
         if s.phase:
             parts.append(f"phase {s.phase}")
         parts.append(f"{len(self.gpu_view.static)} GPUs" + (" (SIMULATED)" if self.simulated else ""))
+        if self.cluster is not None:
+            parts.append(f"{self.cluster.role}, Ray {self.cluster.ray.state}")
         if self.missed_ticks:
             parts.append(f"{self.missed_ticks} missed ticks" + (f" ({self.failed_ticks} failed)"
                                                                  if self.failed_ticks else ""))
@@ -554,7 +568,13 @@ class Node:
         return Status(ts_ms=now_ms(), agent=self._agent_status(), serving=sup.serving_status(), sla=sla,
                       gpus=self._gpu_statuses(), host=HostStatus.from_json(self.latest_host),
                       serving_metrics=ServingMetrics.from_json(self.latest_serving),
-                      engines=self._engines())
+                      engines=self._engines(), cluster=self._cluster_status())
+
+    def _cluster_status(self) -> ClusterStatus:
+        if self.cluster is None:
+            return ClusterStatus()
+        prof = self.supervisor.profile if self.supervisor is not None else None
+        return self.cluster.status(prof.gpus_needed if prof is not None and prof.uses_ray else None)
 
     def _engines(self) -> tuple[EngineLoad, ...]:
         src = self.scrape_source
@@ -666,11 +686,44 @@ class Node:
 
     async def start(self, profile: str | None, by: str) -> str:
         assert self.supervisor is not None
+        if self.cfg.agent.role == "worker":
+            if profile:
+                raise ActionError("role", f"this node is a Ray worker: it serves no vLLM (profile {profile!r} runs "
+                                          f"on the head, {self.cfg.ray.head_address}); `lynxtop start` here starts Ray",
+                                  409)
+            return await self.ray_start(by)
         return await self.supervisor.start(profile, by)
 
-    async def stop(self, by: str) -> str:
+    async def stop(self, by: str, cluster: bool = False) -> str:
         assert self.supervisor is not None
+        if cluster:
+            if self.cluster is None:
+                raise ActionError("role", "this node runs no Ray cluster (agent.role = \"single\")", 409)
+            return await self.cluster.stop_cluster(by, lambda: self._stop_serving(by))
+        if self.cfg.agent.role == "worker":
+            return await self.ray_stop(by, None)
         return await self.supervisor.stop(by)
+
+    async def _stop_serving(self, by: str) -> None:
+        """Until serving is stopped (a cluster stop's first step); an action in progress is waited for."""
+        sup = self.supervisor
+        assert sup is not None
+        idle = (ServingState.STOPPED, ServingState.CRASH_LOOP)
+        while sup.action is not None or sup.state not in idle:
+            if sup.action is None or sup.action.get("action") != "stop":
+                with contextlib.suppress(ActionError):
+                    await sup.stop(by)
+            await asyncio.sleep(0.2)
+
+    async def ray_start(self, by: str) -> str:
+        if self.cluster is None:
+            raise ActionError("role", "this node runs no Ray (agent.role = \"single\")", 409)
+        return await self.cluster.ray_start(by)
+
+    async def ray_stop(self, by: str, reason: str | None) -> str:
+        if self.cluster is None:
+            raise ActionError("role", "this node runs no Ray (agent.role = \"single\")", 409)
+        return await self.cluster.ray_stop(by, reason)
 
     async def restart(self, by: str) -> str:
         assert self.supervisor is not None

@@ -20,13 +20,13 @@ import logging
 import os
 import random
 import time
-from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from lynxtop.agent import check, launcher, procs
+from lynxtop.agent.backoff import FailureWindow
 from lynxtop.agent.control import ActionError
 from lynxtop.agent.health import Health, HealthProbe, HttpClient, Verdict
 from lynxtop.agent.launcher import ExitInfo, ServerProcess
@@ -67,6 +67,14 @@ class GpuView(Protocol):
     def compute_pids(self) -> tuple[float, set[int]] | None:
         """(monotonic time of the latest sample, pids holding GPU memory), or None when unknown."""
         ...
+
+
+class ClusterGate(Protocol):
+    """On a head: whether Ray reports the GPUs a profile needs (agent/cluster.py)."""
+
+    def missing(self, prof: Profile) -> str | None: ...
+
+    async def wait_change(self, timeout_s: float) -> None: ...
 
 
 def _clock(ms: int) -> str:
@@ -149,7 +157,8 @@ class Supervisor:
     def __init__(self, cfg: Config, store: EventSink, gpus: GpuView, *, state_path: Path, host: str,
                  simulated: bool = False, health_poll_s: float = 1.0, health_fail_threshold: int = 3,
                  stop_kill_wait_s: float = 15.0, rng: random.Random | None = None,
-                 on_change: Callable[[], None] | None = None, http: HttpClient | None = None):
+                 on_change: Callable[[], None] | None = None, http: HttpClient | None = None,
+                 cluster: ClusterGate | None = None):
         self.cfg = cfg
         self.store = store
         self.gpus = gpus
@@ -163,6 +172,8 @@ class Supervisor:
         self.on_change = on_change
         self.http = http or HttpClient()  # the agent's session to vLLM (shared with the scraper under node.py)
         self._own_http = http is None
+        self.cluster = cluster  # a head's Ray cluster: Ray profiles start once it has their GPUs
+        self._gate_task: asyncio.Task | None = None  # the start or retry waiting at that gate
 
         self.state: S = S.STOPPED
         self.state_since_ms = now_ms()
@@ -173,8 +184,7 @@ class Supervisor:
         self.next_retry_ms: int | None = None
         self.crashes = 0
         self.restarts = 0
-        self._failures: deque[float] = deque()
-        self._consecutive = 0
+        self._failures = FailureWindow(cfg.agent, self.rng)
 
         self.action: dict[str, Any] | None = None
         self._action_preemptible = False
@@ -346,8 +356,8 @@ class Supervisor:
             raise ActionError("state", "serving is already stopped", 409)
         if self.action is not None and (self.action.get("action") == "stop" or not self._action_preemptible):
             raise self._busy()
-        old = self._action_task
-        if old is not None:  # a start/switch that was only waiting for readiness: abort it
+        # a start/switch only waiting for readiness, or a start or retry waiting for the cluster: abort it
+        for old in {t for t in (self._action_task, self._gate_task) if t is not None}:
             old.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await old
@@ -381,8 +391,7 @@ class Supervisor:
     async def _do_start(self, prof: Profile, reason: str, reset_failures: bool) -> bool:
         self._cancel_retry()
         if reset_failures:
-            self._failures.clear()
-            self._consecutive = 0
+            self._failures.reset()
         ok = await self._launch(prof, reason)
         if not ok:
             return False
@@ -397,8 +406,7 @@ class Supervisor:
     async def _do_restart(self, prof: Profile, reason: str) -> bool:
         self._cancel_retry()
         await self._stop_current(reason, "restarted")
-        self._failures.clear()
-        self._consecutive = 0
+        self._failures.reset()
         self.restarts += 1
         if not await self._launch(prof, reason):
             return False
@@ -407,8 +415,7 @@ class Supervisor:
     async def _do_switch(self, prof: Profile, old: str | None, by: str) -> None:
         self._cancel_retry()
         await self._stop_current(f"switching to {prof.name} (by {by})", f"switched to {prof.name}")
-        self._failures.clear()
-        self._consecutive = 0
+        self._failures.reset()
         ok = await self._launch(prof, f"switched from {old} by {by}")
         ok = ok and await self._await_outcome()
         if ok:
@@ -432,8 +439,35 @@ class Supervisor:
 
     # ------------------------------------------------------------------------------------- runs
 
+    async def _await_cluster(self, prof: Profile) -> None:
+        """A head starts a Ray profile only once Ray reports the GPUs it needs, saying what is missing meanwhile.
+
+        The wait is not a failure (no backoff, no crash-loop count) and a stop ends it."""
+        missing = self.cluster.missing(prof) if self.cluster is not None and prof.uses_ray else None
+        if missing is None or self.cluster is None:
+            return
+        self.profile, self.profile_name = prof, prof.name
+        self.next_retry_ms = None
+        self._set_state(S.WAITING, missing)
+        self._event(EventKind.CLUSTER_WAITING, Severity.WARNING, f"profile {prof.name}: {missing}",
+                    gpus_needed=prof.gpus_needed)
+        preemptible, self._action_preemptible = self._action_preemptible, True
+        self._gate_task = asyncio.current_task()
+        try:
+            while missing is not None:
+                await self.cluster.wait_change(5.0)
+                missing = self.cluster.missing(prof)
+                if missing is not None and missing != self.reason:
+                    self._set_state(S.WAITING, missing)
+        finally:
+            self._action_preemptible = preemptible
+            self._gate_task = None
+        self._event(EventKind.CLUSTER_WHOLE, Severity.INFO, f"profile {prof.name}: Ray reports the "
+                    f"{prof.gpus_needed} GPUs it needs; starting vLLM")
+
     async def _launch(self, prof: Profile, reason: str) -> bool:
         """Spawn a new run of `prof` (the GPUs were freed by whoever stopped the previous run)."""
+        await self._await_cluster(prof)
         protect = {self.proc.record.log_path} if self.proc is not None else set()
         for old in launcher.prune_logs(self.cfg.agent.run_log_dir, RUN_LOGS_KEPT, protect):
             log.info("removed old run log %s (keeping the newest %d)", old, RUN_LOGS_KEPT)
@@ -616,10 +650,9 @@ class Supervisor:
             exit_wait.cancel()
 
     def _stable(self) -> None:
-        if self._consecutive or self._failures:
+        if self._failures:
             log.info("run %s stable for %.0f s: failure count reset", self.run_id, self.cfg.agent.stable_after_s)
-        self._failures.clear()
-        self._consecutive = 0
+        self._failures.reset()
 
     # ------------------------------------------------------------------------------------- health verdicts
 
@@ -690,13 +723,9 @@ class Supervisor:
 
     async def _count_failure(self, prof: Profile, reason: str) -> None:
         self._resolve_outcome(False)
-        now = time.monotonic()
         window = self.cfg.agent.crash_loop_window_s
-        self._failures.append(now)
-        while self._failures and now - self._failures[0] > window:
-            self._failures.popleft()
-        self._consecutive += 1
-        if len(self._failures) >= self.cfg.agent.crash_loop_failures:
+        delay = self._failures.fail()
+        if delay is None:
             self.next_retry_ms = None
             msg = (f"crash loop: {len(self._failures)} failures within {window:g} s; not retrying until an "
                    f"operator acts (lynxtop start / restart / switch). Last: {reason}")
@@ -706,10 +735,8 @@ class Supervisor:
                         failures=len(self._failures))
             return
         a = self.cfg.agent
-        base = min(a.backoff_initial_s * 2 ** (self._consecutive - 1), a.backoff_max_s)
-        delay = min(base * self.rng.uniform(0.8, 1.2), a.backoff_max_s)
         self.next_retry_ms = now_ms() + int(delay * 1000)
-        self._set_state(S.BACKOFF, f"{reason}; retry {self._consecutive} in {delay:.1f} s")
+        self._set_state(S.BACKOFF, f"{reason}; retry {self._failures.consecutive} in {delay:.1f} s")
         self._event(EventKind.SERVING_BACKOFF, Severity.WARNING, f"profile {prof.name}: retry in {delay:.1f} s "
                     f"(failure {len(self._failures)} of {a.crash_loop_failures} allowed in {window:g} s)",
                     with_log=True, delay_s=delay, failures=len(self._failures))
@@ -730,7 +757,7 @@ class Supervisor:
             return
         self.action = {"action": "retry", "profile": prof.name, "since_ms": now_ms(), "by": "agent (backoff)"}
         try:
-            await self._launch(current, f"retry {self._consecutive} after failure")
+            await self._launch(current, f"retry {self._failures.consecutive} after failure")
         finally:
             if self.action and self.action.get("action") == "retry":
                 self.action = None

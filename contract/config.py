@@ -10,7 +10,9 @@ import math
 import os
 import pwd
 import re
+import shutil
 import stat
+import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -42,6 +44,10 @@ ATTENTION_BACKENDS = (
     "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "TORCH_SDPA", "CPU_ATTN",
 )
 EXECUTOR_BACKENDS = ("mp", "ray", "uni")
+ROLES = ("single", "head", "worker")
+# `ray start` options the typed [ray] keys own (and --block, which supervision needs): not in ray.extra_args
+RAY_OWNED_FLAGS = ("--head", "--address", "--port", "--block", "--node-ip-address", "--num-gpus", "--num-cpus",
+                   "--dashboard-host", "--dashboard-port", "--include-dashboard", "--temp-dir")
 
 
 class ConfigError(Exception):
@@ -80,6 +86,7 @@ class AgentConfig:
     crash_loop_window_s: float = 1800.0
     stable_after_s: float = 600.0
     gpu_release_timeout_s: float = 60.0
+    role: str = "single"  # single | head (runs Ray's head and vllm serve) | worker (runs only a Ray worker)
     fake_nvml: str = ""  # scenario name of the simulated GPUs ("h200x8", "a100x8", "sim"); empty = real NVML
     api_max_connections: int = 256  # control socket: open connections at most (idle ones give way)
     metrics_max_connections: int = 64  # metrics_listen: the same
@@ -89,6 +96,24 @@ class AgentConfig:
     @property
     def run_log_dir(self) -> Path:
         return self.log_dir if self.log_dir is not None else self.database.parent / "logs"
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """`[ray]`: the node's `ray start --block`, supervised by the agent on the head and worker roles."""
+
+    executable: str = ""  # the `ray` CLI; empty: the one beside the agent's Python, else the first on PATH
+    head_address: str = ""  # worker: the head's GCS address, host:port
+    port: int = 6379  # head: the GCS port workers join
+    node_ip_address: str = ""  # this node's address as the cluster sees it; empty: Ray picks one
+    num_gpus: int | None = None  # declared to Ray; unset: Ray counts the node's GPUs
+    num_cpus: int | None = None
+    dashboard_port: int = 8265  # head: Ray's dashboard and state API, bound to 127.0.0.1 only
+    temp_dir: Path | None = None  # Ray's session files; unset: Ray's default (/tmp/ray)
+    view_interval_s: float = 2.0  # head: how often Ray's view of the nodes is read
+    stop_grace_s: float = 45.0  # Ray drains for up to 30 s on SIGTERM before it stops its processes
+    env: dict[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,6 +152,15 @@ class Profile:
     readiness_timeout_s: float = 1800.0
     stop_grace_s: float = 60.0
     description: str = ""
+
+    @property
+    def gpus_needed(self) -> int:
+        """GPUs the profile occupies: one per tensor x pipeline x data parallel rank."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
+    @property
+    def uses_ray(self) -> bool:
+        return self.distributed_executor_backend == "ray"
 
     def argv(self) -> list[str]:
         """The exact argv of `vllm serve` for this profile; no shell ever sees it."""
@@ -259,6 +293,7 @@ class Config:
     sla: SlaConfig
     profiles: tuple[Profile, ...]
     models: tuple[ModelSpec, ...] = ()  # `[[model]]`: descriptions for `lynxtop check`, before the built-in table
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)
@@ -462,10 +497,45 @@ _AGENT_SPEC: dict[str, Callable[[str, Any], Any]] = {
     "crash_loop_window_s": _float(1, 7 * 86400),
     "stable_after_s": _float(1, 7 * 86400),
     "gpu_release_timeout_s": _float(1, 3600),
+    "role": _str(choices=ROLES),
     "fake_nvml": _str(choices=("", "h200x8", "a100x8", "b200x8", "sim", "lost", "missing", "nodriver")),
     "api_max_connections": _int(1, 65536),
     "metrics_max_connections": _int(1, 65536),
     "request_timeout_s": _float(0.1, 3600),
+}
+
+def _address(key: str, v: Any) -> str:
+    s = _listen(key, v)
+    if s and s.rsplit(":", 1)[0] in ("0.0.0.0", "[::]", "localhost"):
+        raise _Bad(f"{s!r} names no particular host: give the head's address as the workers reach it")
+    return s
+
+
+def _ray_extra_args(key: str, v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(a, str) for a in v):
+        raise _Bad(f"expected an array of strings, got {_describe(v)}")
+    for a in v:
+        if not a or any(c in a for c in "\0\n\r"):
+            raise _Bad(f"argument {a!r} is empty or holds a NUL or newline")
+        name = a.split("=", 1)[0].replace("_", "-")
+        if name in RAY_OWNED_FLAGS:
+            raise _Bad(f"{a} is set by the agent or by a typed [ray] key; use the key instead of extra_args")
+    return tuple(v)
+
+
+_RAY_SPEC: dict[str, Callable[[str, Any], Any]] = {
+    "executable": _path(absolute=True),
+    "head_address": _address,
+    "port": _int(1, 65535),
+    "node_ip_address": _str(pattern=r"[0-9a-fA-F.:]+"),
+    "num_gpus": _int(0, 1024),
+    "num_cpus": _int(0, 65536),
+    "dashboard_port": _int(1, 65535),
+    "temp_dir": _path(absolute=True),
+    "view_interval_s": _float(0.2, 600),
+    "stop_grace_s": _float(1, 3600),
+    "env": _env,
+    "extra_args": _ray_extra_args,
 }
 
 _SLA_SPEC = {
@@ -512,7 +582,7 @@ def parse_config(text: str, source: str = "<config>", path: Path | None = None) 
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{source}: not valid TOML: {exc}"]) from None
-    known_top = {"agent", "sla", "profile", "model"}
+    known_top = {"agent", "sla", "profile", "model", "ray"}
     for key in data:
         if key not in known_top:
             chk.error(key, f"unknown section (known: {', '.join(sorted(known_top))})")
@@ -526,9 +596,24 @@ def parse_config(text: str, source: str = "<config>", path: Path | None = None) 
     if agent.default_profile and agent.default_profile not in seen:
         chk.error("agent.default_profile", f"no profile named {agent.default_profile!r}")
     models = _parse_models(chk, data.get("model", []))
+    ray = _parse_ray(chk, _table_or_empty(chk, data, "ray", "expected a table [ray]"), agent)
     if chk.problems:
         raise ConfigError(chk.problems)
-    return Config(path=path, agent=agent, sla=sla, profiles=tuple(profiles), models=models)
+    return Config(path=path, agent=agent, sla=sla, profiles=tuple(profiles), models=models, ray=ray)
+
+
+def _parse_ray(chk: _Checker, raw: dict[str, Any], agent: AgentConfig) -> RayConfig:
+    vals = chk.table(raw, "ray", _RAY_SPEC)
+    if "executable" in vals:
+        vals["executable"] = str(vals["executable"])
+    if agent.role == "worker":
+        if not vals.get("head_address"):
+            chk.error("ray.head_address", "is required on a worker (agent.role = \"worker\"): the head's host:port")
+        if agent.default_profile or agent.autostart:
+            chk.error("agent.role", "a worker serves no vLLM (the head does): remove default_profile and autostart")
+    elif agent.role == "head" and vals.get("head_address"):
+        chk.error("ray.head_address", "is for workers; the head's own address is ray.node_ip_address and ray.port")
+    return RayConfig(**vals)
 
 
 def _table_or_empty(chk: _Checker, data: dict[str, Any], key: str, expected: str) -> dict[str, Any]:
@@ -714,7 +799,26 @@ def host_problems(cfg: Config) -> list[str]:
         problem = executable_problem(prof.executable)
         if problem:
             out.append(f"{source}: profile[{i}] ({prof.name}).executable: {problem}")
+    if cfg.agent.role != "single":
+        ray, why = ray_executable(cfg.ray)
+        problem = why or executable_problem(ray)
+        if problem:
+            out.append(f"{source}: ray.executable: {problem} (agent.role = {cfg.agent.role!r} supervises Ray; "
+                       "install lynxtop[ray])")
     return out
+
+
+def ray_executable(ray: RayConfig) -> tuple[str, str | None]:
+    """The `ray` CLI to run, and why there is none: the configured one, the one beside this Python, or PATH's."""
+    if ray.executable:
+        return ray.executable, None
+    beside = Path(sys.executable).parent / "ray"
+    if beside.exists():
+        return str(beside), None
+    found = shutil.which("ray")
+    if found:
+        return found, None
+    return "ray", f"no `ray` beside {sys.executable} nor on PATH (set ray.executable)"
 
 
 def load_config(cli_value: str | None = None) -> Config:
@@ -746,4 +850,5 @@ def config_as_dict(cfg: Config) -> dict[str, Any]:
         return obj
 
     return {"path": str(cfg.path) if cfg.path else None, "agent": conv(cfg.agent), "sla": conv(cfg.sla),
+            "ray": conv(cfg.ray),
             "profiles": [conv(p) | {"argv": p.argv()} for p in cfg.profiles]}

@@ -61,6 +61,21 @@ class EventKind(StrEnum):
     SERVING_DEGRADED_HEALTH = "serving.degraded.health"  # GET /health failing while serving
     SERVING_RECOVERED_HANG = "serving.recovered.hang"
     SERVING_RECOVERED_HEALTH = "serving.recovered.health"
+    # multi-node: the node's Ray (head or worker) and, on the head, the cluster as Ray sees it
+    RAY_STARTING = "ray.starting"
+    RAY_RUNNING = "ray.running"
+    RAY_EXITED = "ray.exited"
+    RAY_BACKOFF = "ray.backoff"
+    RAY_CRASH_LOOP = "ray.crash_loop"
+    RAY_STOPPED = "ray.stopped"
+    RAY_ADOPTED = "ray.adopted"
+    CLUSTER_NODE_LOST = "cluster.node_lost"
+    CLUSTER_NODE_JOINED = "cluster.node_joined"
+    CLUSTER_WAITING = "cluster.waiting"  # serving waits for Ray to report the GPUs the profile needs
+    CLUSTER_WHOLE = "cluster.whole"
+    CLUSTER_VIEW_FAILED = "cluster.view_failed"
+    CLUSTER_VIEW_RESTORED = "cluster.view_restored"
+    CLUSTER_STOP = "cluster.stop"  # `lynxtop stop --cluster`: what each node answered
     # GPUs and NVML
     GPU_LOST = "gpu.lost"
     GPU_RECOVERED = "gpu.recovered"

@@ -26,6 +26,7 @@ class ServingState(StrEnum):
     STOPPING = "stopping"
     BACKOFF = "backoff"
     CRASH_LOOP = "crash-loop"
+    WAITING = "waiting"  # a head: the profile starts once Ray reports the GPUs it needs (TPxPPxDP)
 
     @property
     def serving(self) -> bool:
@@ -36,6 +37,26 @@ class ServingState(StrEnum):
     def alive(self) -> bool:
         """A server process is meant to be alive."""
         return self in (ServingState.STARTING, ServingState.READY, ServingState.DEGRADED, ServingState.STOPPING)
+
+
+class Role(StrEnum):
+    """What a node is in a serving deployment: alone, the Ray head that runs `vllm serve`, or a Ray worker."""
+
+    SINGLE = "single"
+    HEAD = "head"
+    WORKER = "worker"
+
+
+class RayState(StrEnum):
+    """The node's own `ray start --block`, as the agent supervises it (OFF on a single node)."""
+
+    OFF = "off"
+    STOPPED = "stopped"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    BACKOFF = "backoff"
+    CRASH_LOOP = "crash-loop"
 
 
 class SlaState(StrEnum):
@@ -278,6 +299,63 @@ class EngineLoad:
 
 
 @dataclass(frozen=True)
+class ClusterNode:
+    """One node as Ray's state API reports it (the head reads it; a node lost stays listed, not alive)."""
+
+    node_id: str
+    ip: str = ""
+    name: str = ""
+    head: bool = False
+    alive: bool = True
+    gpus: float = 0.0
+    state_message: str | None = None  # Ray's reason for a dead node
+    start_ms: int | None = None
+    end_ms: int | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ClusterNode:
+        return _build(cls, {"node_id": "", **d})
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """The node's role, its Ray, and on the head the cluster as Ray sees it."""
+
+    role: Role = Role.SINGLE
+    ray_state: RayState = RayState.OFF
+    ray_reason: str = ""
+    ray_since_ms: int | None = None
+    ray_pid: int | None = None
+    ray_next_retry_ms: int | None = None
+    ray_failures: int = 0  # failures in the crash-loop window
+    address: str = ""  # the head's GCS address (host:port)
+    nodes: tuple[ClusterNode, ...] = ()  # head only
+    view_ms: int | None = None  # when Ray's view was last read
+    view_error: str | None = None  # why it could not be read, while it cannot
+    gpus_needed: int | None = None  # what the profile being started or served needs (TPxPPxDP)
+
+    @property
+    def alive_nodes(self) -> tuple[ClusterNode, ...]:
+        return tuple(n for n in self.nodes if n.alive)
+
+    @property
+    def gpus_alive(self) -> float:
+        return sum(n.gpus for n in self.alive_nodes)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> ClusterStatus:
+        d = d or {}
+        role, ray = str(d.get("role") or "single"), str(d.get("ray_state") or "off")
+        return _build(cls, d, role=Role(role) if role in _ROLES else Role.SINGLE,
+                      ray_state=RayState(ray) if ray in _RAY_STATES else RayState.OFF,
+                      nodes=tuple(ClusterNode.from_json(n) for n in d.get("nodes") or () if isinstance(n, Mapping)))
+
+
+_ROLES = frozenset(r.value for r in Role)
+_RAY_STATES = frozenset(s.value for s in RayState)
+
+
+@dataclass(frozen=True)
 class Status:
     ts_ms: int | None = None
     agent: AgentStatus = field(default_factory=AgentStatus)
@@ -287,9 +365,11 @@ class Status:
     host: HostStatus = field(default_factory=HostStatus)
     serving_metrics: ServingMetrics = field(default_factory=ServingMetrics)
     engines: tuple[EngineLoad, ...] = ()  # per data-parallel engine; the totals are in serving_metrics
+    cluster: ClusterStatus = field(default_factory=ClusterStatus)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "cluster": _plain(self.cluster),
             "ts_ms": self.ts_ms,
             "agent": _plain(self.agent),
             "serving": _plain(self.serving),
@@ -309,7 +389,8 @@ class Status:
                    gpus=tuple(GpuStatus.from_json(g) for g in d.get("gpus") or () if isinstance(g, Mapping)),
                    host=HostStatus.from_json(d.get("host")),
                    serving_metrics=ServingMetrics.from_json(d.get("serving_metrics")),
-                   engines=tuple(EngineLoad.from_json(e) for e in d.get("engines") or () if isinstance(e, Mapping)))
+                   engines=tuple(EngineLoad.from_json(e) for e in d.get("engines") or () if isinstance(e, Mapping)),
+                   cluster=ClusterStatus.from_json(d.get("cluster")))
 
 
 @dataclass(frozen=True)

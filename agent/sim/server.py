@@ -3,7 +3,8 @@
 Behaves like `vllm serve` from the outside: the port refuses connections until the engine is ready, SIGTERM
 drains for --shutdown-timeout seconds and exits 0, a start-up failure exits 1 with vLLM's error text, and an
 engine death after readiness ends the server with status 0 (vLLM's open bug). Everything it prints and
-serves says it is SIMULATED.
+serves says it is SIMULATED. With --distributed-executor-backend ray it also holds a real Ray placement group
+(raygroup.py): a lost Ray worker ends it like an engine death, but with status 1 (vLLM's Ray path raises).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -31,6 +32,9 @@ from lynxtop.agent.sim.flags import ServeArgs
 from lynxtop.agent.sim.frontends import helper_titles, start_helpers
 from lynxtop.agent.sim.metrics import V032, VllmMetrics, cache_config_labels
 from lynxtop.agent.sim.promdir import use_multiprocess_dir
+
+if TYPE_CHECKING:
+    from lynxtop.agent.sim.raygroup import RayGroup
 
 WORDS = ("the", "model", "is", "simulated", "by", "lynxtop", "and", "no", "GPU", "was", "harmed", "in",
          "making", "this", "token", "stream", "of", "plausible", "words", "for", "testing", ".", ",", "a")
@@ -107,6 +111,8 @@ class SimServer:
         self.prom_dir: tempfile.TemporaryDirectory | None = None
         self.helpers: list[subprocess.Popen] = []  # APIServer_<i>, DPCoordinator stand-ins
         self.created = int(time.time())
+        self.ray: RayGroup | None = None  # --distributed-executor-backend ray only
+        self.ray_lost = False
 
     @property
     def engine_gone(self) -> bool:
@@ -206,6 +212,17 @@ class SimServer:
             p.queue.put_nowait(("error", "EngineCore encountered an issue. See stack trace (above) for the root "
                                          "cause."))
         self.stop_event.set()
+
+    def on_ray_lost(self) -> None:
+        """A Ray worker is gone: vLLM's EngineCore dies of it, so ours is told to stop (send() is shut once the
+        engine is dead) and the server goes the engine-death way."""
+        if self.stop_event.is_set():  # our own shutdown taking the actors down
+            return
+        self.ray_lost = True
+        for eng in self.engines:
+            with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+                eng.writer.write(b'{"t":"shutdown"}\n')
+        self.on_engine_death()
 
     # ------------------------------------------------------------------ HTTP
 
@@ -541,6 +558,15 @@ class SimServer:
         log(f"non-default args: {a.non_default}", src="utils.py:326")
         if a.api_server_count > 1 and "api_server_count" not in a.non_default:
             log(f"Defaulting api_server_count to data_parallel_size ({a.api_server_count}).", src="serve.py:126")
+        if a.distributed_executor_backend == "ray":  # vLLM reserves the GPUs before it loads anything
+            from lynxtop.agent.sim.raygroup import RayGroup
+
+            self.ray = RayGroup(a)
+            code = await self.ray.start(self.stop_event)
+            if code is not None:
+                if code == 0:
+                    log("Shutting down during start-up (signal received).", src="api_server.py:1990")
+                return code
         await self.spawn_engines()
         readers = [asyncio.create_task(self.read_engine(e)) for e in self.engines]
         all_ready = asyncio.gather(*(e.ready for e in self.engines), return_exceptions=True)
@@ -583,6 +609,8 @@ class SimServer:
         log("Waiting for application startup.", src="on.py:48")
         log("Application startup complete.", src="on.py:62")
         stats_task = asyncio.create_task(self.stats_logger())
+        if self.ray is not None:
+            self.ray.watch(self.on_ray_lost)
         await self.stop_event.wait()
         died = self.engine_dead
         if not died:
@@ -595,6 +623,8 @@ class SimServer:
         await self.stop_engines()
         for t in readers:
             t.cancel()
+        if self.ray_lost:
+            return 1
         return 0  # also after an engine death: vLLM exits 0 there (the supervisor must not trust the code)
 
 
@@ -605,6 +635,8 @@ def serve(args: ServeArgs, serve_argv: list[str]) -> int:
     try:
         return asyncio.run(server.run())
     finally:
+        if server.ray is not None:
+            server.ray.close()  # the placement group goes back to the cluster
         _end_engines([e.proc for e in server.engines] + server.helpers)
 
 

@@ -1,0 +1,304 @@
+"""This node's Ray, on the head and worker roles: `ray start --block`, supervised like vLLM is.
+
+`--block` keeps one process in the foreground for as long as the node's Ray runs: it exits when any Ray process
+of the node dies (a killed raylet ends it), and on SIGTERM it drains the node and stops every Ray process (measured
+with Ray 2.60). So the agent spawns it as it spawns vLLM (own session, log file, pidfd; `launcher`), restarts it
+with the same backoff and crash-loop rules (`backoff.FailureWindow`), and adopts it after an agent restart (live
+restore) from its own record file. An operator's stop is remembered in a marker file, so a restarted agent does
+not bring back a Ray that was stopped on purpose (`lynxtop stop --cluster` on the head stops workers this way).
+
+Ray's processes inherit LYNXTOP_SOCKET: a task that Ray runs on this node can reach this agent (cluster stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lynxtop.agent import launcher
+from lynxtop.agent.backoff import FailureWindow
+from lynxtop.agent.control import ActionError
+from lynxtop.agent.launcher import ServerProcess
+from lynxtop.agent.run import now_ms
+from lynxtop.agent.startup import tail_lines
+from lynxtop.contract.config import Config, ray_executable
+from lynxtop.contract.events import Event, EventKind, Severity
+from lynxtop.contract.files import atomic_write
+from lynxtop.contract.status import RayState
+
+log = logging.getLogger(__name__)
+
+SOCKET_ENV = "LYNXTOP_SOCKET"
+RAY_LOGS_KEPT = 10
+# what `ray start` prints once the node's processes are up (both roles, Ray 2.x)
+STARTED_LINE = "Ray runtime started."
+START_TIMEOUT_S = 180.0  # a worker retries the head for a while before it gives up by itself
+LOG_TAIL_LINES = 20
+
+
+def ray_argv(cfg: Config) -> list[str]:
+    """The exact argv of `ray start` for this node's role; no shell ever sees it."""
+    r = cfg.ray
+    exe, _ = ray_executable(r)
+    argv = [exe, "start", "--block", "--disable-usage-stats"]
+    if cfg.agent.role == "head":
+        # the state API the head's agent reads is served by the dashboard: on loopback only
+        argv += ["--head", "--port", str(r.port), "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+                 "--dashboard-port", str(r.dashboard_port)]
+    else:
+        argv += ["--address", r.head_address]
+    if r.node_ip_address:
+        argv += ["--node-ip-address", r.node_ip_address]
+    if r.num_gpus is not None:
+        argv += ["--num-gpus", str(r.num_gpus)]
+    if r.num_cpus is not None:
+        argv += ["--num-cpus", str(r.num_cpus)]
+    if r.temp_dir is not None:
+        argv += ["--temp-dir", str(r.temp_dir)]
+    return argv + list(r.extra_args)
+
+
+class RayNode:
+    """The state machine of this node's `ray start --block`: stopped, starting, running, backoff, crash-loop."""
+
+    def __init__(self, cfg: Config, record: Callable[[Event], None], *, state_dir: Path,
+                 on_change: Callable[[], None] | None = None, start_timeout_s: float = START_TIMEOUT_S):
+        self.cfg = cfg
+        self._record = record
+        self.state_dir = state_dir
+        self.on_change = on_change
+        self.start_timeout_s = start_timeout_s
+        self.state = RayState.STOPPED
+        self.reason = "agent started"
+        self.since_ms = now_ms()
+        self.proc: ServerProcess | None = None
+        self.next_retry_ms: int | None = None
+        self.failures = FailureWindow(cfg.agent)
+        self._watch: asyncio.Task | None = None
+        self._retry: asyncio.Task | None = None
+        self._stopping = False
+        self._closing = False
+
+    # ------------------------------------------------------------------------------------- files
+
+    @property
+    def record_path(self) -> Path:
+        return self.state_dir / "ray.json"
+
+    @property
+    def held_path(self) -> Path:
+        return self.state_dir / "ray-stopped.json"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.cfg.agent.run_log_dir / "ray"
+
+    @property
+    def address(self) -> str:
+        r = self.cfg.ray
+        if self.cfg.agent.role == "worker":
+            return r.head_address
+        return f"{r.node_ip_address or '127.0.0.1'}:{r.port}"
+
+    def _set(self, state: RayState, reason: str) -> None:
+        if state != self.state:
+            self.since_ms = now_ms()
+            log.info("ray: %s -> %s (%s)", self.state, state, reason)
+        self.state, self.reason = state, reason
+        if self.on_change:
+            self.on_change()
+
+    def _event(self, kind: EventKind, severity: Severity, message: str, with_log: bool = False, **details: Any) -> None:
+        details.setdefault("role", self.cfg.agent.role)
+        if with_log and self.proc is not None:
+            details["log_path"] = self.proc.record.log_path
+            details["log_tail"] = tail_lines(self.proc.record.log_path, LOG_TAIL_LINES)
+        self._record(Event(kind, severity, message, details=details))
+
+    # ------------------------------------------------------------------------------------- boot and exit
+
+    async def boot(self) -> None:
+        """Agent start: adopt the Ray a previous agent left running, else start it (unless stopped on purpose)."""
+        record, err = launcher.read_record(self.record_path)
+        if err:
+            self._event(EventKind.AGENT_STATE_FILE, Severity.WARNING, err)
+        if record is not None:
+            proc, why = launcher.adopt(record)
+            if proc is not None:
+                self.proc = proc
+                proc.watch()
+                self._set(RayState.RUNNING, f"adopted from the previous agent (pid {proc.pid})")
+                self._event(EventKind.RAY_ADOPTED, Severity.INFO, f"Ray (pid {proc.pid}) left running by the "
+                            "previous agent adopted: no restart", pid=proc.pid)
+                self._watch = asyncio.get_running_loop().create_task(self._watch_exit(proc), name="ray-watch")
+                return
+            res = await launcher.kill_leftovers(record)
+            log.info("previous Ray not adopted (%s); %d leftover process(es) killed", why, len(res.pids))
+            launcher.remove_record(self.record_path)
+        held = self._held()
+        if held:
+            self._set(RayState.STOPPED, f"{held} (kept stopped across agent restarts; lynxtop start to start it)")
+            return
+        await self._launch("agent started")
+
+    def _held(self) -> str | None:
+        try:
+            return str(json.loads(self.held_path.read_text())["reason"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring unreadable %s: %s", self.held_path, exc)
+            return None
+
+    async def shutdown(self, stop_ray: bool) -> None:
+        """Agent exit: with live restore Ray keeps running (its record stays for the next agent)."""
+        self._closing = True
+        self._cancel_retry()
+        if stop_ray and self.proc is not None and not self.proc.exited:
+            await self._stop_proc("agent shutting down (live_restore off)")
+        for task in (self._watch,):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self.proc is not None:
+            self.proc.close()
+
+    # ------------------------------------------------------------------------------------- operator actions
+
+    async def start(self, by: str) -> str:
+        if self.state in (RayState.STARTING, RayState.RUNNING, RayState.STOPPING):
+            raise ActionError("state", f"Ray is already {self.state} on this node", 409)
+        with contextlib.suppress(OSError):
+            self.held_path.unlink()
+        self._cancel_retry()
+        self.failures.reset()
+        self._event(EventKind.ACTION_START, Severity.INFO, f"start of Ray requested by {by}", by=by)
+        await self._launch(f"started by {by}")
+        return "starting Ray on this node"
+
+    async def stop(self, by: str, hold: bool = True) -> str:
+        """Stop this node's Ray; `hold`: keep it stopped across agent restarts until an operator starts it."""
+        if self.state == RayState.STOPPING:
+            raise ActionError("busy", "Ray is already stopping on this node", 409)
+        self._cancel_retry()
+        if hold:
+            with contextlib.suppress(OSError):
+                atomic_write(self.held_path, json.dumps({"reason": f"stopped by {by}", "since_ms": now_ms()}))
+        if self.proc is None or self.proc.exited:
+            self._set(RayState.STOPPED, f"stopped by {by}")
+            return "Ray was not running; it stays stopped"
+        self._event(EventKind.ACTION_STOP, Severity.INFO, f"stop of Ray requested by {by}", by=by)
+        await self._stop_proc(f"stopped by {by}")
+        return "Ray stopped on this node"
+
+    async def _stop_proc(self, reason: str) -> None:
+        proc = self.proc
+        assert proc is not None
+        self._stopping = True
+        self._set(RayState.STOPPING, reason)
+        t0 = time.monotonic()
+        try:
+            res = await proc.stop(self.cfg.ray.stop_grace_s, 15.0)
+        finally:
+            self._stopping = False
+        launcher.remove_record(self.record_path)
+        left = f"; still alive after SIGKILL: {res.survivors}" if res.survivors else ""
+        self._set(RayState.STOPPED, reason)
+        self._event(EventKind.RAY_STOPPED, Severity.WARNING if res.survivors else Severity.INFO,
+                    f"Ray stopped in {time.monotonic() - t0:.1f} s ({reason}){left}", pids=res.pids)
+
+    # ------------------------------------------------------------------------------------- runs
+
+    async def _launch(self, reason: str) -> None:
+        exe, why = ray_executable(self.cfg.ray)
+        if why:
+            self._set(RayState.STOPPED, f"cannot start Ray: {why}")
+            self._event(EventKind.RAY_EXITED, Severity.ERROR, f"cannot start Ray: {why}")
+            return
+        argv = ray_argv(self.cfg)
+        log_path = self.log_dir / time.strftime(f"ray-%Y%m%d-%H%M%S-{int(time.time() * 1000) % 1000:03d}.log")
+        for old in launcher.prune_logs(self.log_dir, RAY_LOGS_KEPT):
+            log.info("removed old Ray log %s", old)
+        env = dict(self.cfg.ray.env) | {SOCKET_ENV: str(self.cfg.agent.socket), "RAY_USAGE_STATS_ENABLED": "0"}
+        try:
+            proc = await asyncio.to_thread(launcher.spawn, argv, log_path, env, "ray")
+        except OSError as exc:
+            self._set(RayState.STOPPED, f"could not start {exe}: {exc}")
+            self._event(EventKind.RAY_EXITED, Severity.ERROR, f"could not start Ray: {exc}", argv=argv)
+            return
+        self.proc = proc
+        proc.watch()
+        with contextlib.suppress(OSError):
+            launcher.write_record(self.record_path, proc.record)
+        self.next_retry_ms = None
+        self._set(RayState.STARTING, reason)
+        self._event(EventKind.RAY_STARTING, Severity.INFO, f"Ray starting as {self.cfg.agent.role} "
+                    f"({'GCS on ' if self.cfg.agent.role == 'head' else 'joining '}{self.address}), pid {proc.pid}: "
+                    f"{reason}", pid=proc.pid, argv=argv, log_path=str(log_path))
+        self._watch = asyncio.get_running_loop().create_task(self._watch_exit(proc), name="ray-watch")
+
+    async def _watch_exit(self, proc: ServerProcess) -> None:
+        """Running once `ray start` says so; then wait for the exit, and back off and restart on a failure."""
+        if self.state == RayState.STARTING:
+            await self._await_started(proc)
+        stable = asyncio.get_running_loop().call_later(self.cfg.agent.stable_after_s, self.failures.reset)
+        try:
+            ex = await proc.wait()
+        finally:
+            stable.cancel()
+        if self._stopping or self._closing or self.proc is not proc:
+            return
+        launcher.remove_record(self.record_path)
+        what = "before it was up" if self.state == RayState.STARTING else "while running"
+        reason = f"Ray {ex.describe()} {what} (not requested by anyone)"
+        self._event(EventKind.RAY_EXITED, Severity.ERROR, reason, with_log=True, exit_code=ex.exit_code,
+                    exit_signal=ex.exit_signal)
+        leftovers = await proc.stop(5.0, 10.0)  # whatever of the node's Ray outlived `ray start`
+        if leftovers.pids:
+            log.info("ray: stopped %d leftover process(es) after the exit", len(leftovers.pids))
+        delay = self.failures.fail()
+        if delay is None:
+            window = self.cfg.agent.crash_loop_window_s
+            self._set(RayState.CRASH_LOOP, f"crash loop: {len(self.failures)} failures within {window:g} s; not "
+                      f"retrying until an operator acts (lynxtop start). Last: {reason}")
+            self._event(EventKind.RAY_CRASH_LOOP, Severity.CRITICAL, self.reason, failures=len(self.failures))
+            return
+        self.next_retry_ms = now_ms() + int(delay * 1000)
+        self._set(RayState.BACKOFF, f"{reason}; retry {self.failures.consecutive} in {delay:.1f} s")
+        self._event(EventKind.RAY_BACKOFF, Severity.WARNING, f"Ray: retry in {delay:.1f} s (failure "
+                    f"{len(self.failures)} of {self.cfg.agent.crash_loop_failures} allowed in "
+                    f"{self.cfg.agent.crash_loop_window_s:g} s)", delay_s=delay, failures=len(self.failures))
+        self._retry = asyncio.get_running_loop().create_task(self._retry_after(delay), name="ray-retry")
+
+    async def _await_started(self, proc: ServerProcess) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while not proc.exited and time.monotonic() < deadline:
+            if any(STARTED_LINE in line for line in tail_lines(proc.record.log_path, 60)):
+                self._set(RayState.RUNNING, f"running as {self.cfg.agent.role} ({self.address})")
+                self._event(EventKind.RAY_RUNNING, Severity.INFO, f"Ray is up as {self.cfg.agent.role} "
+                            f"({self.address}), pid {proc.pid}", pid=proc.pid)
+                return
+            await asyncio.sleep(0.25)
+
+    async def _retry_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self._retry = None
+        if self.state == RayState.BACKOFF:
+            await self._launch(f"retry {self.failures.consecutive} after failure")
+
+    def _cancel_retry(self) -> None:
+        if self._retry is not None and self._retry is not asyncio.current_task():
+            self._retry.cancel()
+        self._retry = None
+        self.next_retry_ms = None
+
+    @property
+    def running(self) -> bool:
+        return self.state == RayState.RUNNING
