@@ -93,8 +93,10 @@ class ClusterWatch:
     """Reads Ray's view every `interval_s` (head only); records nodes lost and joined; gates serving."""
 
     def __init__(self, source: NodeSource, record: Callable[[Event], None], *, interval_s: float,
-                 ray_running: Callable[[], str | None], on_change: Callable[[], None] | None = None):
+                 ray_running: Callable[[], str | None], address: str = "",
+                 on_change: Callable[[], None] | None = None):
         self.source = source
+        self.address = address  # the head's GCS, handed to vLLM as RAY_ADDRESS
         self._record = record
         self.interval_s = interval_s
         self.ray_running = ray_running  # None when this node's Ray is up, else why not

@@ -42,7 +42,7 @@ class ClusterPart:
         if self.role == Role.HEAD:
             self.watch = ClusterWatch(RayStateApi(session, cfg.ray.dashboard_port), record,
                                       interval_s=cfg.ray.view_interval_s, ray_running=self._ray_not_running,
-                                      on_change=on_change)
+                                      address=self.ray.address, on_change=on_change)
         self._tasks: list[asyncio.Task] = []
         self.stopping_cluster = False
 

@@ -70,7 +70,9 @@ class GpuView(Protocol):
 
 
 class ClusterGate(Protocol):
-    """On a head: whether Ray reports the GPUs a profile needs (agent/cluster.py)."""
+    """On a head: whether Ray reports the GPUs a profile needs (agent/cluster.py), and where Ray's GCS is."""
+
+    address: str
 
     def missing(self, prof: Profile) -> str | None: ...
 
@@ -471,8 +473,12 @@ class Supervisor:
         protect = {self.proc.record.log_path} if self.proc is not None else set()
         for old in launcher.prune_logs(self.cfg.agent.run_log_dir, RUN_LOGS_KEPT, protect):
             log.info("removed old run log %s (keeping the newest %d)", old, RUN_LOGS_KEPT)
+        spawned = prof
+        if self.cluster is not None and prof.uses_ray and "RAY_ADDRESS" not in prof.env:
+            # the cluster this agent runs, by name: ray.init("auto") takes whichever Ray started last on the host
+            spawned = dataclasses.replace(prof, env={**prof.env, "RAY_ADDRESS": self.cluster.address})
         try:
-            run = Run.launch(prof, self.cfg.agent.run_log_dir)
+            run = Run.launch(spawned, self.cfg.agent.run_log_dir)
         except OSError as exc:
             argv = prof.argv()
             self.profile, self.profile_name = prof, prof.name

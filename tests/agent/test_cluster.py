@@ -154,6 +154,8 @@ async def test_missing_says_what_the_profile_needs_and_which_node_is_lost():
 
 
 class Gate:
+    address = "10.0.0.1:6379"
+
     def __init__(self, text: str | None):
         self.text = text
         self.changed = asyncio.Event()
@@ -194,6 +196,8 @@ async def test_a_ray_profile_waits_for_the_cluster_then_starts(make_sup, h, stor
     kinds = [e["kind"] for e in h.db_rows(store.path, "SELECT kind FROM events ORDER BY id")]
     assert kinds.index("cluster.waiting") < kinds.index("cluster.whole") < kinds.index("serving.starting")
     assert "serving.backoff" not in kinds  # waiting is not a failure
+    env = Path(f"/proc/{sup.proc.pid}/environ").read_bytes().split(b"\0")
+    assert b"RAY_ADDRESS=10.0.0.1:6379" in env  # vLLM joins this cluster, not whichever Ray started last
     await sup.stop("test")
     await wait_for(lambda: sup.state == ServingState.STOPPED and sup.action is None, 15, what="stopped")
 

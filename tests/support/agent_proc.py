@@ -38,7 +38,9 @@ def state_db(tmp: Path, sql: str, args: tuple | list = ()) -> list[dict]:
 class Agent:
     """One agent process plus the notify socket it reports to."""
 
-    def __init__(self, tmp: Path, cfg: Path, name: str = "agent", sock: Path | None = None):
+    def __init__(self, tmp: Path, cfg: Path, name: str = "agent", sock: Path | None = None,
+                 prefix: tuple[str, ...] = (), env: dict[str, str] | None = None):
+        """`prefix`: what the agent runs under (`ip netns exec NS` makes it another host)."""
         self.tmp, self.cfg = tmp, cfg
         self.sock_path = str(sock or tmp / "run" / "agent.sock")
         self.notify_path = str(tmp / f"{name}.notify")
@@ -47,9 +49,9 @@ class Agent:
         self.notify.setblocking(False)
         self.messages: list[str] = []
         env = dict(os.environ, NOTIFY_SOCKET=self.notify_path, WATCHDOG_USEC="1000000",
-                   LYNXTOP_SIM_STATE_DIR=str(tmp / "sim-state"))
+                   LYNXTOP_SIM_STATE_DIR=str(tmp / "sim-state"), **(env or {}))
         self.log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "lynxtop", "agent", "--config", str(cfg)],
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "lynxtop", "agent", "--config", str(cfg)],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
     def drain(self) -> list[str]:
