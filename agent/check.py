@@ -33,6 +33,7 @@ from typing import Any
 
 from lynxtop.contract.config import Profile
 from lynxtop.contract.models import GIB, ModelSpec
+from lynxtop.contract.status import ClusterNode
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 # vLLM's default max_num_seqs (EngineArgs._set_default_args; its test_defaults_with_usage_context): 1024 on GPUs of
@@ -82,10 +83,39 @@ class GpuFacts:
 
 
 @dataclass(frozen=True)
+class ClusterFacts:
+    """Ray's view of the cluster, read on a head from its state API (agent/cluster.py's parse_nodes)."""
+
+    nodes: tuple[ClusterNode, ...] = ()
+    error: str | None = None  # why the view could not be read; then `nodes` says nothing
+
+    @property
+    def alive(self) -> tuple[ClusterNode, ...]:
+        return tuple(n for n in self.nodes if n.alive)
+
+    @property
+    def lost(self) -> tuple[ClusterNode, ...]:
+        """Dead nodes with no live node of their kind (head or worker) at their address: a rejoined node's old
+        entry stays in Ray's view, DEAD, and is history."""
+        alive = {(n.ip, n.head) for n in self.alive}
+        return tuple(n for n in self.nodes if not n.alive and (n.ip, n.head) not in alive)
+
+    @property
+    def gpus_alive(self) -> float:
+        return sum(n.gpus for n in self.alive)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": self.error, "gpus_alive": self.gpus_alive, "nodes_alive": len(self.alive),
+                "nodes": [{"node_id": n.node_id, "ip": n.ip, "name": n.name, "head": n.head, "alive": n.alive,
+                           "gpus": n.gpus, "state_message": n.state_message} for n in self.nodes]}
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     gpus: tuple[GpuFacts, ...]
     driver_version: str = ""
     ray_installed: bool | None = None  # beside the profile's executable; None: not looked
+    cluster: ClusterFacts | None = None  # a head's view of its Ray cluster; None: a single node, or not looked
 
 
 @dataclass(frozen=True)
@@ -137,7 +167,8 @@ def gib(n: float) -> str:
 
 
 def check_profile(profile: Profile, node: NodeFacts, model: ModelSpec | None) -> Report:
-    verdicts = [*_flags(profile), *_attention(profile, node.gpus), *_parallelism(profile, node.gpus, model),
+    verdicts = [*_flags(profile), *_attention(profile, node.gpus),
+                *_parallelism(profile, node.gpus, model, node.cluster),
                 *_ray(profile, node), *_driver(node), *_nvlink(profile, node.gpus), _memory(profile, node.gpus, model)]
     return Report(profile=profile.name, model=profile.model, verdicts=tuple(verdicts))
 
@@ -188,7 +219,8 @@ def _attention(profile: Profile, gpus: tuple[GpuFacts, ...]) -> list[Verdict]:
                     f"attention_backend = {instead} (vLLM's --attention-backend)")]
 
 
-def _parallelism(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec | None) -> list[Verdict]:
+def _parallelism(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec | None,
+                 cluster: ClusterFacts | None = None) -> list[Verdict]:
     tp, pp, dp = profile.tensor_parallel_size, profile.pipeline_parallel_size, profile.data_parallel_size
     needed, visible = tp * pp * dp, len(visible_gpus(profile, gpus))
     shape = f"tensor {tp} x pipeline {pp} x data {dp}"
@@ -199,6 +231,9 @@ def _parallelism(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec 
                            "divide them (vLLM refuses)", "a tensor_parallel_size that divides the heads"))
     nodes = math.ceil(needed / visible) if visible else 0
     numbers = {"gpus_needed": needed, "gpus_visible": visible, "nodes_needed": nodes}
+    if cluster is not None and profile.distributed_executor_backend == "ray":
+        out.append(_cluster_verdict(profile, needed, shape, cluster, numbers))
+        return out
     if visible >= needed:
         out.append(Verdict("parallelism", Level.OK, f"profile {profile.name} needs {needed} GPUs ({shape}); "
                                                     f"{visible} visible on this node", numbers=numbers))
@@ -216,6 +251,34 @@ def _parallelism(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec 
     return out
 
 
+def _describe(n: ClusterNode) -> str:
+    gpus = f"{n.gpus:g} GPU" + ("" if n.gpus == 1 else "s")
+    return f"{n.ip or n.name or n.node_id[:12]} ({gpus}{', head' if n.head else ''})"
+
+
+def _cluster_verdict(profile: Profile, needed: int, shape: str, cluster: ClusterFacts,
+                     numbers: dict[str, Any]) -> Verdict:
+    """A Ray profile on a head: Ray's own count of the cluster's GPUs decides (vLLM places its workers there)."""
+    msg = f"profile {profile.name} needs {needed} GPUs ({shape})"
+    if cluster.error is not None:
+        return Verdict("parallelism", Level.UNKNOWN,
+                       f"{msg}; Ray's view of the cluster cannot be read: {cluster.error}",
+                       "is this head's Ray running? `lynxtop status` shows it, `lynxtop ray start` starts it", numbers)
+    alive, have = cluster.alive, cluster.gpus_alive
+    numbers = numbers | {"gpus_cluster": have, "nodes_alive": len(alive), "nodes_lost": len(cluster.lost)}
+    if have >= needed:
+        return Verdict("parallelism", Level.OK, f"{msg}; Ray reports {have:g} GPUs on {len(alive)} node"
+                                                f"{'' if len(alive) == 1 else 's'}", numbers=numbers)
+    text = (f"{msg}; Ray reports {have:g} on {len(alive)} node(s) [{', '.join(map(_describe, alive))}]: "
+            f"{needed - have:g} missing")
+    if cluster.lost:
+        text += "; lost: " + ", ".join(f"{_describe(n)}: {n.state_message or 'dead'}" for n in cluster.lost)
+    return Verdict("parallelism", Level.WARNING, text,
+                   "run the agent with agent.role = \"worker\" and ray.head_address = this head on the missing "
+                   "nodes (`lynxtop start` there if their Ray is stopped); the head holds the profile, waiting, "
+                   "until Ray has the GPUs", numbers)
+
+
 def _ray(profile: Profile, node: NodeFacts) -> list[Verdict]:
     needed = profile.tensor_parallel_size * profile.pipeline_parallel_size * profile.data_parallel_size
     if profile.distributed_executor_backend != "ray" and needed <= len(visible_gpus(profile, node.gpus)):
@@ -226,7 +289,9 @@ def _ray(profile: Profile, node: NodeFacts) -> list[Verdict]:
         return [Verdict("ray", Level.WARNING, f"a multi-node profile needs Ray; none found beside {profile.executable}",
                         "pip install 'ray[default]' into the vLLM environment, then `ray start --head --port 6379` "
                         "here and `ray start --address HEAD:6379` on the other nodes")]
-    return [Verdict("ray", Level.OK, "Ray is installed in the vLLM environment (start it on every node first)")]
+    where = ("the agent runs it on this head and each worker (agent.role)" if node.cluster is not None
+             else "start it on every node first")
+    return [Verdict("ray", Level.OK, f"Ray is installed in the vLLM environment ({where})")]
 
 
 def _driver(node: NodeFacts) -> list[Verdict]:

@@ -22,8 +22,11 @@ from lynxtop.agent.connguard import ConnectionGuard, Episodes, GuardedSite, hand
 from lynxtop.contract.columns import LATENCY_SERIES
 from lynxtop.contract.status import (
     AgentStatus,
+    ClusterStatus,
     EngineLoad,
     GpuStatus,
+    RayState,
+    Role,
     ServingState,
     ServingStatus,
     SlaState,
@@ -38,6 +41,7 @@ DEFAULT_MAX_CONNECTIONS = 64  # [agent] metrics_max_connections: a few Prometheu
 SERVING_STATES = tuple(s.value for s in ServingState)
 DEGRADED_CONDITIONS = ("hang", "health")  # why a run is degraded (agent/health.py's verdict conditions)
 SLA_STATES = tuple(s.value for s in SlaState)
+RAY_STATES = tuple(s.value for s in RayState if s != RayState.OFF)  # OFF is a single node's: no Ray series there
 _SIMULATED_HELP = "1 when any part of this node (GPUs or vLLM) is SIMULATED"
 
 # (status column, metric suffix, help, scale to base units, counter?)
@@ -141,6 +145,7 @@ class SnapshotCollector(Collector):
         yield from self._serving(st.serving, st.serving_metrics.metrics)
         yield from self._engines(st.engines)
         yield from self._sla(st.sla)
+        yield from self._cluster(st.cluster)
 
     def _agent(self, agent: AgentStatus) -> Iterator[Any]:
         yield _gauge("lynxtop_agent_simulated", _SIMULATED_HELP, 1.0 if agent.simulated else 0.0)
@@ -298,6 +303,57 @@ class SnapshotCollector(Collector):
             v = _num(value)
             if v is not None:
                 yield _gauge(name, help_, v / 1000)
+
+
+    def _cluster(self, cl: ClusterStatus) -> Iterator[Any]:
+        """This node's Ray (head or worker) and, on a head, the cluster as Ray reports it. A single node exports
+        none of it: its page stays as it was."""
+        if cl.role == Role.SINGLE:
+            return
+        info = GaugeMetricFamily("lynxtop_ray_info", "This node's part in a Ray cluster: its role and the head's GCS "
+                                 "address", labels=["role", "address"])
+        info.add_metric([cl.role.value, cl.address], 1.0)
+        yield info
+        yield _gauge("lynxtop_ray_up", "1 when this node's Ray runs (the agent's ray start --block)",
+                     1.0 if cl.ray_state == RayState.RUNNING else 0.0)
+        g = GaugeMetricFamily("lynxtop_ray_state", "1 for the agent's current state of this node's Ray",
+                              labels=["state"])
+        for s in RAY_STATES:
+            g.add_metric([s], 1.0 if s == cl.ray_state else 0.0)
+        yield g
+        yield _gauge("lynxtop_ray_failures_in_window", "Ray failures counted toward crash-loop", float(cl.ray_failures))
+        if cl.ray_since_ms is not None:
+            yield _gauge("lynxtop_ray_state_since_seconds", "When Ray's current state began, Unix time",
+                         cl.ray_since_ms / 1000)
+        if cl.role == Role.HEAD:
+            yield from self._cluster_view(cl)
+
+    def _cluster_view(self, cl: ClusterStatus) -> Iterator[Any]:
+        yield _gauge("lynxtop_cluster_view_ok", "1 when the last read of Ray's view of the cluster succeeded",
+                     0.0 if cl.view_error else 1.0)
+        if cl.gpus_needed is not None:
+            yield _gauge("lynxtop_cluster_gpus_needed", "GPUs the head's Ray profile needs (TP x PP x DP)",
+                         float(cl.gpus_needed))
+        if not cl.nodes:  # not read (yet), or unreadable for a while: unknown, never 0
+            return
+        alive = cl.alive_nodes
+        keys = {(n.ip, n.head) for n in alive}
+        lost = [n for n in cl.nodes if not n.alive and (n.ip, n.head) not in keys]  # not a rejoined node's old entry
+        nodes = GaugeMetricFamily("lynxtop_cluster_nodes", "Nodes in Ray's view: alive, or dead with no live node "
+                                  "of their kind at their address", labels=["state"])
+        nodes.add_metric(["alive"], float(len(alive)))
+        nodes.add_metric(["dead"], float(len(lost)))
+        yield nodes
+        yield _gauge("lynxtop_cluster_gpus", "GPUs of the alive nodes, as Ray reports them", float(cl.gpus_alive))
+        up = GaugeMetricFamily("lynxtop_cluster_node_up", "1 for a node Ray reports alive, 0 for one lost",
+                               labels=["ip", "kind"])
+        by_key: dict[tuple[str, str], float] = {}
+        for n in (*alive, *lost):  # one series per address and kind: two workers on one host (tests) are one
+            key = (n.ip or n.name or n.node_id, "head" if n.head else "worker")
+            by_key[key] = max(by_key.get(key, 0.0), 1.0 if n.alive else 0.0)
+        for key, v in sorted(by_key.items()):
+            up.add_metric(list(key), v)
+        yield up
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

@@ -2,23 +2,39 @@
 
 The command opens NVML itself (read-only, the static facts only) rather than asking the agent: NVML serves any
 number of processes, and the check must work where the agent is down or not installed yet. A config's
-`fake_nvml` node is read the same way, so the command can be tried without a GPU.
+`fake_nvml` node is read the same way, so the command can be tried without a GPU. On a Ray head (agent.role =
+"head") a Ray profile is judged against the GPUs Ray reports for the whole cluster, read from Ray's state API on
+loopback, again without the agent.
 Exit codes: 0 all good, 1 warnings (or something could not be checked), 2 blocking problems or an error.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import logging
 import sys
+import urllib.error
+import urllib.request
 from argparse import Namespace
 from typing import Any
 
-from lynxtop.agent.check import Level, NodeFacts, Report, check_profile, facts_from_info, gib, ray_installed
+from lynxtop.agent.check import (
+    ClusterFacts,
+    Level,
+    NodeFacts,
+    Report,
+    check_profile,
+    facts_from_info,
+    gib,
+    ray_installed,
+)
 from lynxtop.config_cli import load_or_exit
 from lynxtop.contract.config import Config
 from lynxtop.contract.models import find_model
+
+RAY_TIMEOUT_S = 3.0
 
 _MARK = {Level.OK: "ok", Level.WARNING: "WARNING", Level.BLOCKING: "BLOCKING", Level.UNKNOWN: "unknown"}
 
@@ -51,6 +67,27 @@ def read_gpus(fake_nvml: str) -> tuple[list[dict[str, Any]], str]:
     return static, str(state.get("driver_version") or "")
 
 
+def read_cluster(port: int, timeout_s: float = RAY_TIMEOUT_S) -> ClusterFacts:
+    """Ray's view of the cluster from the head's state API on 127.0.0.1:`port`; the error in words otherwise."""
+    from lynxtop.agent.cluster import NODES_PATH, ClusterViewError, parse_nodes
+
+    url = f"http://127.0.0.1:{port}{NODES_PATH}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
+    try:
+        with opener.open(url, timeout=timeout_s) as resp:
+            body = json.loads(resp.read())
+        return ClusterFacts(nodes=tuple(parse_nodes(body)))
+    except urllib.error.HTTPError as exc:
+        return ClusterFacts(error=f"Ray's state API at {url} answered HTTP {exc.code}")
+    except (OSError, http.client.HTTPException) as exc:  # refused, timed out, cut off
+        why = getattr(exc, "reason", None) or exc or "timeout"
+        return ClusterFacts(error=f"Ray's state API at {url} did not answer ({why})")
+    except ValueError:
+        return ClusterFacts(error=f"Ray's state API at {url} answered something that is not JSON")
+    except ClusterViewError as exc:
+        return ClusterFacts(error=str(exc))
+
+
 def _profiles(cfg: Config, name: str | None) -> list:
     if name is None:
         return list(cfg.profiles)
@@ -74,14 +111,20 @@ def run(args: Namespace) -> int:
         print(f"lynxtop check: {exc}", file=sys.stderr)
         return 2
     node = facts_from_info(static, driver)
+    role = cfg.agent.role
+    if role == "head" and any(p.uses_ray for p in profiles):  # the agent may be down: ask Ray itself
+        node = dataclasses.replace(node, cluster=read_cluster(cfg.ray.dashboard_port))
     reports = [check_profile(p, dataclasses.replace(node, ray_installed=ray_installed(p.executable)),
                              find_model(p.model, cfg.models)) for p in profiles]
     code = max(r.exit_code for r in reports)
     if args.json:
-        print(json.dumps({"gpus": static, "driver_version": driver, "exit_code": code,
-                          "reports": [r.to_json() for r in reports]}, indent=2))
+        print(json.dumps({"gpus": static, "driver_version": driver, "role": role,
+                          "cluster": node.cluster.to_json() if node.cluster is not None else None,
+                          "exit_code": code, "reports": [r.to_json() for r in reports]}, indent=2))
     else:
         print(node_line(node, simulated=bool(cfg.agent.fake_nvml)))
+        if role != "single":
+            print(role_line(cfg, node.cluster))
         for r in reports:
             print_report(r)
         print(f"\nresult: exit {code} ({('all good', 'warnings', 'blocking problems')[code]})")
@@ -97,6 +140,23 @@ def node_line(node: NodeFacts, simulated: bool) -> str:
         kinds[key] = kinds.get(key, 0) + 1
     gpus = ", ".join(f"{n} x {k}" for k, n in kinds.items())
     return f"node: {gpus}; driver {node.driver_version or '?'}" + (" (simulated node)" if simulated else "")
+
+
+def role_line(cfg: Config, cluster: ClusterFacts | None) -> str:
+    """The node's part in a Ray cluster and, on a head, the cluster as Ray reports it."""
+    r = cfg.ray
+    if cfg.agent.role == "worker":
+        return f"role: Ray worker of {r.head_address} (serves no vLLM: its profiles run on the head)"
+    line = f"role: Ray head (GCS {r.node_ip_address or '127.0.0.1'}:{r.port}, state API 127.0.0.1:{r.dashboard_port})"
+    if cluster is None:
+        return line
+    if cluster.error is not None:
+        return f"{line}\ncluster: unknown: {cluster.error}"
+    nodes = ", ".join(f"{n.ip or n.name} ({n.gpus:g} GPUs{', head' if n.head else ''})" for n in cluster.alive)
+    line += f"\ncluster: Ray reports {cluster.gpus_alive:g} GPUs on {len(cluster.alive)} node(s): {nodes or 'none'}"
+    for n in cluster.lost:
+        line += f"\n  lost: {n.ip or n.name} ({n.gpus:g} GPUs): {n.state_message or 'dead'}"
+    return line
 
 
 def print_report(report: Report) -> None:

@@ -25,7 +25,7 @@ from lynxtop.contract.status import Status
 if TYPE_CHECKING:  # the CLI never imports asyncio (40 ms of start-up); the async face imports it when used
     import asyncio
 
-MUTATING_ACTIONS = ("start", "stop", "restart", "switch")
+MUTATING_ACTIONS = ("start", "stop", "restart", "switch", "ray/start", "ray/stop")
 MAX_BODY = 64 * 1024 * 1024  # a status or log answer is far smaller; more means something else answers
 CLI_TIMEOUT_S = 15.0
 DASHBOARD_TIMEOUT_S = 3.0
@@ -54,10 +54,12 @@ def _target(path: str, params: Mapping[str, Any] | None) -> str:
     return f"{path}?{query}" if query else path
 
 
-def _action_body(action: str, profile: str | None) -> dict[str, Any]:
+def _action_body(action: str, profile: str | None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The body of a mutating call; `extra` holds its other fields (stop's `cluster`, ray/stop's `reason`)."""
     if action not in MUTATING_ACTIONS:
         raise ValueError(f"unknown action {action!r}")
-    return {"profile": profile} if profile else {}
+    body: dict[str, Any] = {"profile": profile} if profile else {}
+    return body | {k: v for k, v in (extra or {}).items() if v is not None}
 
 
 def unreachable(exc: BaseException, socket_path: str, timeout_s: float) -> AgentUnreachable:
@@ -151,9 +153,9 @@ class AgentClient:
     def profiles(self) -> dict[str, Any]:
         return self.request("GET", "/v1/profiles")
 
-    def action(self, action: str, profile: str | None = None) -> dict[str, Any]:
+    def action(self, action: str, profile: str | None = None, **extra: Any) -> dict[str, Any]:
         """POST a mutating call; returns the 202 answer ({"accepted", "action", "message"})."""
-        return self.request("POST", f"/v1/{action}", body=_action_body(action, profile))
+        return self.request("POST", f"/v1/{action}", body=_action_body(action, profile, extra))
 
 
 # ---------------------------------------------------------------------------------------------- asyncio
@@ -220,9 +222,9 @@ class AsyncAgentClient:
     async def logs(self, run_id: int | None = None, lines: int = 2000) -> dict[str, Any]:
         return await self.request("GET", "/v1/logs", {"run": run_id, "lines": lines})
 
-    async def action(self, action: str, profile: str | None = None) -> dict[str, Any]:
+    async def action(self, action: str, profile: str | None = None, **extra: Any) -> dict[str, Any]:
         """POST a mutating call; returns the 202 answer ({"accepted", "action", "message"})."""
-        return await self.request("POST", f"/v1/{action}", body=_action_body(action, profile))
+        return await self.request("POST", f"/v1/{action}", body=_action_body(action, profile, extra))
 
     async def close(self) -> None:
         self._closed = True

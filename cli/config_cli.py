@@ -14,6 +14,7 @@ from lynxtop.contract.config import (
     config_as_dict,
     host_problems,
     load_config,
+    ray_executable,
     socket_path_problem,
 )
 
@@ -62,8 +63,12 @@ def check(args: Namespace) -> int:
     print("\n[sla]")
     for k, v in data["sla"].items():
         print(f"  {k} = {v:g}")
+    if cfg.agent.role != "single":
+        _print_ray(cfg)
     if not cfg.profiles:
-        print("\n(no profiles: the agent will sample the node but serve nothing)")
+        why = ("a Ray worker runs no vLLM; the head's profile uses its GPUs through Ray" if cfg.agent.role == "worker"
+               else "the agent will sample the node but serve nothing")
+        print(f"\n(no profiles: {why})")
     for p in cfg.profiles:
         print(f"\n[[profile]] {p.name}" + (f" — {p.description}" if p.description else ""))
         print(f"  argv: {shlex.join(p.argv())}")
@@ -71,3 +76,19 @@ def check(args: Namespace) -> int:
             print("  env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(p.env.items())))
         print(f"  readiness timeout {p.readiness_timeout_s:g} s, stop grace {p.stop_grace_s:g} s")
     return 0
+
+
+def _print_ray(cfg: Config) -> None:
+    """The [ray] table with what the agent will run: `ray start`'s exact argv, as for a profile."""
+    from lynxtop.agent.raynode import ray_argv  # agent code only for a head or worker config
+
+    data = config_as_dict(cfg)["ray"]
+    print(f"\n[ray] (agent.role = {cfg.agent.role!r}: the agent supervises this node's Ray)")
+    for k, v in data.items():
+        if k not in ("env", "extra_args"):
+            print(f"  {k} = {v!r}")
+    exe, why = ray_executable(cfg.ray)
+    print(f"  ray: {exe}" + (f" ({why})" if why else ""))
+    print(f"  argv: {shlex.join(ray_argv(cfg))}")
+    if cfg.ray.env:
+        print("  env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(cfg.ray.env.items())))

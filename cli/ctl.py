@@ -1,14 +1,16 @@
-"""`lynxtop status|start|stop|restart|switch`: thin clients of the control API, made for humans and scripts.
+"""`lynxtop status|start|stop|restart|switch|ray`: thin clients of the control API, made for humans and scripts.
 
 The blocking face of the one API client (lynxtop.client) keeps these commands free of asyncio and fast to
 start. Exit codes (cli/parser.py): 0 ok, 1 refused or failed, 2 usage/config, 3 agent unreachable, 4 busy.
 Anything that interrupts serving asks for confirmation on a terminal and demands --yes elsewhere, because a
-284B model takes many minutes to reload.
+284B model takes many minutes to reload. On a Ray worker (agent.role = "worker") there is no vLLM: the agent
+turns start and stop into its Ray's, and so does --wait here; `stop --cluster` on a head stops the whole cluster.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from argparse import Namespace
@@ -19,8 +21,12 @@ from lynxtop.config_cli import load_or_exit
 from lynxtop.contract.format import fmt_bytes, fmt_datetime, fmt_duration, fmt_ms
 from lynxtop.contract.status import (
     AgentStatus,
+    ClusterNode,
+    ClusterStatus,
     GpuStatus,
     HostStatus,
+    RayState,
+    Role,
     ServingMetrics,
     ServingState,
     ServingStatus,
@@ -31,7 +37,9 @@ from lynxtop.contract.status import (
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY = 0, 1, 2, 3, 4
 POLL_S = 1.0
 UNREACHABLE_GIVE_UP_S = 60.0
-NOT_RUNNING = (ServingState.STOPPED, ServingState.CRASH_LOOP, ServingState.BACKOFF)
+# nothing serves (a head WAITING for its cluster has loaded nothing yet): stopping it loses nothing
+NOT_RUNNING = (ServingState.STOPPED, ServingState.CRASH_LOOP, ServingState.BACKOFF, ServingState.WAITING)
+RAY_UP = (RayState.STARTING, RayState.RUNNING, RayState.STOPPING)
 INDENT = " " * 9
 
 
@@ -108,7 +116,11 @@ def format_status(st: Status) -> str:
     lines: list[str] = []
     if st.agent.simulated:
         lines.append("*** SIMULATED node: the GPUs and/or vLLM are simulated ***")
-    lines += _serving_lines(st.serving, st.ts_ms)
+    if _idle_worker(st):
+        lines.append(f"serving  none on this node: a Ray worker (vLLM runs on the head, {st.cluster.address or '?'})")
+    else:
+        lines += _serving_lines(st.serving, st.ts_ms)
+    lines += cluster_lines(st.cluster, st.ts_ms)
     lines.append(_sla_line(st.sla))
     lines += _traffic_lines(st.serving_metrics)
     lines += [_gpu_line(g) for g in st.gpus]
@@ -139,6 +151,68 @@ def _serving_lines(srv: ServingStatus, now: int | None) -> list[str]:
     if srv.adopted:
         details.append("adopted")
     lines.append(INDENT + "  ".join(details))
+    return lines
+
+
+def _idle_worker(st: Status) -> bool:
+    return st.cluster.role == Role.WORKER and st.serving.state == ServingState.STOPPED and not st.serving.profile
+
+
+def lost_nodes(cl: ClusterStatus) -> tuple[ClusterNode, ...]:
+    """Dead nodes with no live node of their kind (head or worker) at their address: Ray keeps a restarted node's
+    old entry, DEAD, beside the new one for as long as its GCS lives, and that one is history, not a node missing
+    now. (A worker beside the head on one host, as in tests, is told apart by its kind.)"""
+    alive = {(n.ip, n.head) for n in cl.alive_nodes}
+    return tuple(n for n in cl.nodes if not n.alive and (n.ip, n.head) not in alive)
+
+
+def _gpus(n: float) -> str:
+    return f"{n:g} GPU" + ("" if n == 1 else "s")
+
+
+def cluster_lines(cl: ClusterStatus, now: int | None) -> list[str]:
+    """This node's Ray and, on a head, the cluster as Ray reports it; nothing on a single node."""
+    if cl.role == Role.SINGLE:
+        return []
+    state = cl.ray_state
+    where = f"head {cl.address}" if cl.role == Role.HEAD else f"worker of {cl.address or '?'}"
+    line = f"ray      {state.upper()} {where}" + (f" pid {cl.ray_pid}" if cl.ray_pid else "")
+    line += f" for {_since(cl.ray_since_ms, now)}"
+    lines = [line + (f" ({cl.ray_reason})" if cl.ray_reason and state != RayState.RUNNING else "")]
+    if state == RayState.BACKOFF and cl.ray_next_retry_ms:
+        lines.append(f"{INDENT}next retry in {fmt_duration((cl.ray_next_retry_ms - (now or 0)) / 1000, na='-')}, "
+                     f"{cl.ray_failures} failures in the window")
+    if state in (RayState.STOPPED, RayState.CRASH_LOOP):
+        how = "`lynxtop ray start`" + (" (or `lynxtop start`)" if cl.role == Role.WORKER else "")
+        lines.append(f"{INDENT}" + ("gave up after repeated failures: fix the cause, then " if
+                                     state == RayState.CRASH_LOOP else "start it with ") + how)
+    if cl.role == Role.HEAD:
+        lines += _cluster_view_lines(cl)
+    return lines
+
+
+def _cluster_view_lines(cl: ClusterStatus) -> list[str]:
+    alive, lost = cl.alive_nodes, lost_nodes(cl)
+    needs = ""
+    if cl.gpus_needed is not None:
+        short = cl.gpus_needed - cl.gpus_alive
+        needs = f" (needs {cl.gpus_needed}" + (f": {short:g} missing" if short > 0 and cl.nodes else "") + ")"
+    if not cl.nodes:
+        return [f"cluster  unknown: {cl.view_error or 'not read yet'}" + needs]
+    count = f"{len(alive)} of {len(alive) + len(lost)} nodes alive" if lost else f"{len(alive)} nodes"
+    lines = [f"cluster  {count}, {_gpus(cl.gpus_alive)}{needs}"
+             + (f"  (last view; now unreadable: {cl.view_error})" if cl.view_error else "")]
+    for n in (*alive, *lost):
+        label = n.ip or n.name or n.node_id[:12]
+        if n.name and n.name != label:
+            label += f" ({n.name})"
+        line = f"{INDENT}{label:<15}  {_gpus(n.gpus):>7}  {'head  ' if n.head else 'worker'}  "
+        if n.alive:
+            line += "ALIVE"
+        else:
+            line += "DEAD" + (f" since {_clock(n.end_ms)}" if n.end_ms else "")
+            line += f" ({n.state_message})" if n.state_message else ""
+        lines.append(line)
     return lines
 
 
@@ -216,20 +290,41 @@ def status(args: Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- actions
 
 
-def _confirm(action: str, target: str | None, st: Status, assume_yes: bool) -> int | None:
-    """None to go ahead, else the exit code (aborted, or --yes missing without a terminal)."""
-    srv = st.serving
-    if action == "stop" and srv.state in NOT_RUNNING:
-        return None  # nothing is serving: nothing to lose
-    if assume_yes:
-        return None
+def _interruption(action: str, st: Status, cluster: bool) -> tuple[str, str] | None:
+    """(what the action interrupts, the node's state now) for the confirmation; None when nothing runs that it
+    would stop (nothing to lose, nothing to ask)."""
+    srv, cl = st.serving, st.cluster
+    ray_now = f"Now: Ray {cl.ray_state} for {_since(cl.ray_since_ms, st.ts_ms)} on this {cl.role} ({cl.address})."
+    if cluster:
+        if srv.state in NOT_RUNNING and cl.ray_state not in RAY_UP:
+            return None
+        return ("This stops serving, then Ray on every worker, then on this head; each node's Ray must then be "
+                "started again (`lynxtop ray start` here, `lynxtop start` on each worker) and the model load again "
+                "(minutes).", ray_now)
+    if cl.role == Role.WORKER and action in ("stop", "ray/stop"):
+        if cl.ray_state not in RAY_UP:
+            return None
+        return (f"This stops Ray on this worker: a model the head ({cl.address}) serves across the cluster loses "
+                "this node's GPUs and fails.", ray_now)
+    if action == "ray/stop" or (action == "stop" and srv.state in NOT_RUNNING):
+        return None  # nothing is serving: nothing to lose (a head refuses ray/stop by itself)
     what = {"stop": "This stops serving; the model must load again to serve (minutes).",
             "restart": "This restarts serving; the model reloads (minutes).",
             "switch": "This restarts serving; the model reloads (minutes)."}[action]
-    current = (f"Now: {srv.state} for {_since(srv.state_since_ms, st.ts_ms)}, profile "
-               f"{srv.profile or '-'}, run {srv.run_id or '-'}.")
+    return what, (f"Now: {srv.state} for {_since(srv.state_since_ms, st.ts_ms)}, profile "
+                  f"{srv.profile or '-'}, run {srv.run_id or '-'}.")
+
+
+def _confirm(action: str, target: str | None, st: Status, assume_yes: bool, cluster: bool = False) -> int | None:
+    """None to go ahead, else the exit code (aborted, or --yes missing without a terminal)."""
+    found = _interruption(action, st, cluster)
+    if found is None or assume_yes:
+        return None
+    what, current = found
     if not sys.stdin.isatty():
-        _err(f"{action} interrupts serving and needs confirmation: pass --yes when not on a terminal")
+        name = "stop --cluster" if cluster else action.replace("/", " ")
+        _err(f"{name} interrupts {'Ray' if st.cluster.role == Role.WORKER or cluster else 'serving'} and needs "
+             "confirmation: pass --yes when not on a terminal")
         return EXIT_USAGE
     expected = target if action == "switch" else "y"
     prompt = f"Type the profile name ({target})" if action == "switch" else "Type y"
@@ -244,23 +339,48 @@ def _confirm(action: str, target: str | None, st: Status, assume_yes: bool) -> i
     return None
 
 
-def _act(args: Namespace, action: str, profile: str | None = None) -> int:
+def _ray_goal(action: str, before: Status, cluster: bool) -> str | None:
+    """What --wait waits for when the action acts on Ray: "running" or "stopped"; None for serving actions."""
+    if cluster or action == "ray/stop" or (action == "stop" and before.cluster.role == Role.WORKER):
+        return "stopped"
+    if action == "ray/start" or (action == "start" and before.cluster.role == Role.WORKER):
+        return "running"
+    return None
+
+
+def _act(args: Namespace, action: str, profile: str | None = None, cluster: bool = False,
+         reason: str | None = None) -> int:
     client = _client(args)
     if client is None:
         return EXIT_USAGE
+    extra = {"cluster": True} if cluster else {}
+    if reason:
+        extra["reason"] = reason
     try:
         before = client.status()
-        if action in ("stop", "restart", "switch"):
-            refused = _confirm(action, profile, before, getattr(args, "yes", False))
+        if before.cluster.role == Role.WORKER and profile and action in ("start", "switch"):
+            # said here: the agent's API would first answer that the worker's config has no such profile
+            _err(f"role: this node is a Ray worker: it serves no vLLM (profile {profile!r} runs on the head, "
+                 f"{before.cluster.address}); `lynxtop start` here, with no profile, starts its Ray")
+            return EXIT_FAILED
+        if action in ("stop", "restart", "switch", "ray/stop"):
+            refused = _confirm(action, profile, before, getattr(args, "yes", False), cluster)
             if refused is not None:
                 return refused
-        data = client.action(action, profile)
+        sent_ms = int(time.time() * 1000)
+        data = client.action(action, profile, **extra)
     except (AgentUnreachable, AgentRefused) as exc:
         return _failed(exc)
     print(data.get("message") or f"{action} accepted")
     if not getattr(args, "wait", False):
         return EXIT_OK
-    return wait_for(client, action, before)
+    goal = _ray_goal(action, before, cluster)
+    if goal is None:
+        return wait_for(client, action, before)
+    code = wait_for_ray(client, goal, cluster)
+    if cluster and code == EXIT_OK:
+        _print_cluster_stop(client, sent_ms)
+    return code
 
 
 class _Progress:
@@ -273,11 +393,18 @@ class _Progress:
     def show(self, st: Status) -> None:
         srv = st.serving
         line = f"{srv.state}" + (f" ({srv.phase})" if srv.phase and srv.state == ServingState.STARTING else "")
+        if srv.state == ServingState.WAITING and srv.reason:  # what the head still waits for, as it changes
+            line += f" ({srv.reason})"
         line += f"  {_since(srv.state_since_ms, st.ts_ms)}  profile {srv.profile or '-'}"
+        self.show_line(line)
+
+    def show_line(self, line: str) -> None:
+        """`line`: its first field (up to two spaces) is the state; the rest (a duration) changes every poll."""
         if line == self.last and not self.tty:
             return
-        if self.tty:
-            print(f"\r\033[K{line}", end="", flush=True)
+        if self.tty:  # one screen line, or \r rewrites only its last part
+            width = shutil.get_terminal_size().columns - 1
+            print(f"\r\033[K{line[:width]}", end="", flush=True)
         elif line.split("  ")[0] != self.last.split("  ")[0]:
             print(line, flush=True)
         self.last = line
@@ -350,12 +477,70 @@ def _outcome(action: str, state: ServingState | None, in_action: bool, new_run: 
     return None
 
 
+def _ray_line(st: Status, cluster: bool) -> str:
+    cl = st.cluster
+    line = f"ray {cl.ray_state}" + (f" ({cl.ray_reason})" if cl.ray_state in (RayState.BACKOFF,) else "")
+    if cluster:
+        line = f"serving {st.serving.state}, {line}"
+    return line + f"  {_since(cl.ray_since_ms, st.ts_ms)}"
+
+
+def _ray_outcome(goal: str, st: Status, cluster: bool) -> tuple[bool, str] | None:
+    cl = st.cluster
+    if goal == "running":
+        if cl.ray_state == RayState.RUNNING:
+            return True, f"Ray running ({cl.role}, {cl.address})"
+        if cl.ray_state in (RayState.CRASH_LOOP, RayState.STOPPED):  # start set STARTING before it answered
+            return False, f"Ray did not start (state {cl.ray_state})"
+        return None  # starting, or backoff: it retries by itself
+    if cl.ray_state in RAY_UP:
+        return None
+    if cluster and (st.serving.state not in (ServingState.STOPPED, ServingState.CRASH_LOOP)
+                    or st.agent.action is not None):
+        return None
+    return True, "cluster stopped" if cluster else "Ray stopped"
+
+
+def wait_for_ray(client: AgentClient, goal: str, cluster: bool = False, poll_s: float | None = None) -> int:
+    """Poll status until this node's Ray is running or stopped (a cluster stop: serving stopped too)."""
+    poll = POLL_S if poll_s is None else poll_s
+    progress = _Progress()
+    while True:
+        st = _poll(client, poll)
+        if isinstance(st, int):
+            return st
+        progress.show_line(_ray_line(st, cluster))
+        done = _ray_outcome(goal, st, cluster)
+        if done is None:
+            continue
+        progress.done()
+        ok, message = done
+        if ok:
+            print(message)
+            return EXIT_OK
+        reason = st.cluster.ray_reason
+        _err(message + (f": {reason}" if reason else "") + " (see `lynxtop status` and the events)")
+        return EXIT_FAILED
+
+
+def _print_cluster_stop(client: AgentClient, since_ms: int) -> None:
+    """What each worker answered: the head records it in a cluster.stop event (best effort: the history may be
+    unavailable, and the stop is done anyway)."""
+    try:
+        events = client.request("GET", "/v1/events", {"since": since_ms - 1, "limit": 1000}).get("events") or []
+    except (AgentUnreachable, AgentRefused):
+        return
+    for ev in events:
+        if isinstance(ev, dict) and ev.get("kind") == "cluster.stop" and "nodes" in (ev.get("details") or {}):
+            print(ev.get("message", ""))
+
+
 def start(args: Namespace) -> int:
     return _act(args, "start", getattr(args, "profile", None))
 
 
 def stop(args: Namespace) -> int:
-    return _act(args, "stop")
+    return _act(args, "stop", cluster=getattr(args, "cluster", False))
 
 
 def restart(args: Namespace) -> int:
@@ -364,3 +549,11 @@ def restart(args: Namespace) -> int:
 
 def switch(args: Namespace) -> int:
     return _act(args, "switch", args.profile)
+
+
+def ray_start(args: Namespace) -> int:
+    return _act(args, "ray/start")
+
+
+def ray_stop(args: Namespace) -> int:
+    return _act(args, "ray/stop", reason=getattr(args, "reason", None))

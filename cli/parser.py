@@ -94,7 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
         p = _sub(subs, name, f"lynxtop.ctl:{name}", help_)
         _socket(p)
         if name == "start":
-            p.add_argument("profile", nargs="?", help="profile to start (default: the current or default profile)")
+            p.add_argument("profile", nargs="?", help="profile to start (default: the current or default profile; "
+                                                      "none on a Ray worker, where start starts its Ray)")
+        if name == "stop":
+            p.add_argument("--cluster", action="store_true",
+                           help="on a Ray head: stop serving, then every worker's Ray, then this head's Ray")
         p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
         p.add_argument("--wait", action="store_true", help="wait until the action finishes (ready, or stopped)")
 
@@ -104,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("profile", help="name of the profile to switch to")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--wait", action="store_true", help="wait until the new run is ready or has failed")
+
+    _ray(subs)
 
     p = _sub(subs, "runs", "lynxtop.store_cli:runs", "list the recorded runs (one per server start)")
     _database(p)
@@ -143,6 +149,22 @@ def build_parser() -> argparse.ArgumentParser:
              "validate the config and print it with the exact argv of each profile")
     c.add_argument("--json", action="store_true", help="print JSON")
     return parser
+
+
+def _ray(subs) -> None:
+    """`lynxtop ray start|stop`: this node's Ray on the head and worker roles (docs/api.md, multi-node)."""
+    p = _sub(subs, "ray", "lynxtop.ctl:ray_start", "this node's Ray (agent.role head or worker)",
+             "Start or stop the Ray the agent supervises on this node. On a worker, `lynxtop start`/`stop` do the\n"
+             "same; a head's Ray stops only with `lynxtop stop --cluster` (serving first, then the workers).")
+    rsubs = p.add_subparsers(title="ray commands", metavar="ACTION", required=True)
+    for name, help_ in (("start", "start this node's Ray (also after a crash loop or a cluster stop)"),
+                        ("stop", "stop this node's Ray (a worker; kept stopped until started again)")):
+        c = _sub(rsubs, name, f"lynxtop.ctl:ray_{name}", help_)
+        _socket(c)
+        if name == "stop":
+            c.add_argument("--reason", help="why, for the agent's events")
+            c.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+        c.add_argument("--wait", action="store_true", help="wait until Ray is running, or stopped")
 
 
 def _bench(subs) -> None:

@@ -5,7 +5,17 @@ from __future__ import annotations
 from rich.text import Text
 
 from lynxtop.contract.format import fmt_duration
-from lynxtop.contract.status import AgentStatus, ServingState, ServingStatus, SlaState, SlaStatus
+from lynxtop.contract.status import (
+    AgentStatus,
+    ClusterNode,
+    ClusterStatus,
+    RayState,
+    Role,
+    ServingState,
+    ServingStatus,
+    SlaState,
+    SlaStatus,
+)
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.widgets.text_panel import TextPanel
 
@@ -18,6 +28,15 @@ STATE_STYLE = {
     ServingState.STOPPED: ("STOPPED", "bold"),
     ServingState.BACKOFF: ("BACKOFF", "bold red"),
     ServingState.CRASH_LOOP: ("CRASH-LOOP", "bold red reverse"),
+    ServingState.WAITING: ("WAITING", "bold yellow"),  # a head holding its profile until Ray has the GPUs
+}
+RAY_STYLE = {
+    RayState.RUNNING: "green",
+    RayState.STARTING: "yellow",
+    RayState.STOPPING: "yellow",
+    RayState.STOPPED: "bold",
+    RayState.BACKOFF: "bold red",
+    RayState.CRASH_LOOP: "bold red reverse",
 }
 
 
@@ -47,9 +66,15 @@ class NodeHeader(TextPanel):
         if state.status is None:
             t.append("  waiting for the agent…", style="dim")
         else:
-            _serving_state(t, serving, now_ms)
-            t.append("  ")
-            t.append_text(sla_badge(state.sla))
+            cluster = state.status.cluster
+            if cluster.role == Role.WORKER and serving.state == ServingState.STOPPED and not serving.profile:
+                _worker(t, cluster, now_ms)  # no vLLM here: its Ray is what it runs (and no SLA to judge)
+            else:
+                _serving_state(t, serving, now_ms)
+                if cluster.role == Role.HEAD:
+                    _head(t, cluster)
+                t.append("  ")
+                t.append_text(sla_badge(state.sla))
             _agent_health(t, state, agent, now_ms)
         for text, style in flags:
             t.append(f"  {text}", style=style)
@@ -75,6 +100,45 @@ def _serving_state(t: Text, serving: ServingStatus, now_ms: int) -> None:
         t.append(f" ({serving.phase} {fmt_duration((now_ms - (phase_since or now_ms)) / 1000)})")
     if serving.next_retry_ms:
         t.append(f" retry in {fmt_duration((serving.next_retry_ms - now_ms) / 1000)}", style="yellow")
+
+
+def _ray_word(t: Text, cluster: ClusterStatus) -> None:
+    """`Ray ✓` while it runs (as `agent ✓`: a head line must fit 80 columns), else the state in words."""
+    word = "Ray ✓" if cluster.ray_state == RayState.RUNNING else f"Ray {cluster.ray_state.upper()}"
+    t.append(word, style=RAY_STYLE.get(cluster.ray_state, ""))
+
+
+def _worker(t: Text, cluster: ClusterStatus, now_ms: int) -> None:
+    """`worker of HEAD  Ray ✓ 2m`: what a worker node does, in the place of serving."""
+    t.append(f"  worker of {cluster.address or '?'}  ")
+    _ray_word(t, cluster)
+    if cluster.ray_since_ms:
+        t.append(f" {fmt_duration((now_ms - cluster.ray_since_ms) / 1000)}")
+    if cluster.ray_next_retry_ms:
+        t.append(f" retry in {fmt_duration((cluster.ray_next_retry_ms - now_ms) / 1000)}", style="yellow")
+
+
+def lost_nodes(cluster: ClusterStatus) -> tuple[ClusterNode, ...]:
+    """Dead nodes with no live node of their kind at their address (a rejoined node's old entry stays in Ray's
+    view, DEAD): lynxtop.ctl.lost_nodes."""
+    alive = {(n.ip, n.head) for n in cluster.alive_nodes}
+    return tuple(n for n in cluster.nodes if not n.alive and (n.ip, n.head) not in alive)
+
+
+def _head(t: Text, cluster: ClusterStatus) -> None:
+    """`head Ray ✓  2/2 nodes, 16/16 GPUs`: red with a node lost, yellow short of the profile's GPUs."""
+    t.append("  head ", style="dim")
+    _ray_word(t, cluster)
+    if not cluster.nodes:
+        t.append("  nodes ?", style="bold yellow" if cluster.ray_state == RayState.RUNNING else "dim")
+        return
+    alive, lost = cluster.alive_nodes, lost_nodes(cluster)
+    need = cluster.gpus_needed
+    gpus = f"{cluster.gpus_alive:g}" + (f"/{need}" if need is not None else "")
+    style = "bold red" if lost else "bold yellow" if need is not None and cluster.gpus_alive < need else "green"
+    t.append(f"  {len(alive)}/{len(alive) + len(lost)} nodes, {gpus} GPUs", style=style)
+    if cluster.view_error:  # the numbers are the last view read
+        t.append(" (stale)", style="bold yellow")
 
 
 def _agent_health(t: Text, state: LiveState, agent: AgentStatus, now_ms: int) -> None:

@@ -1,5 +1,6 @@
 """The serving line under the header: start-up progress phase by phase (a 284B model spends minutes in
-each, and operators want to see which), or why serving is in trouble (backoff, crash loop, degraded)."""
+each, and operators want to see which), why serving is in trouble (backoff, crash loop, degraded), or what a
+Ray head still waits for before it starts vLLM (waiting: the GPUs Ray does not report yet)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,13 @@ class StartupPhases(TextPanel):
     def show(self, serving: ServingStatus, now_ms: int) -> None:
         state = serving.state
         trouble = state in TROUBLE_STATES and bool(serving.reason)
-        visible = state == ServingState.STARTING or trouble
+        waiting = state == ServingState.WAITING and bool(serving.reason)
+        visible = state == ServingState.STARTING or trouble or waiting
         if self.has_class("-visible") != visible:
             self.set_class(visible, "-visible")
+        if waiting:
+            self.update(Text(f"⧗ {serving.reason}", style="bold yellow", no_wrap=True, overflow="ellipsis"))
+            return
         if trouble:
             t = Text(f"✗ {state}: {serving.reason}", style="bold red", no_wrap=True, overflow="ellipsis")
             self.update(t)
