@@ -33,7 +33,7 @@ from typing import Any
 
 from lynxtop.contract.config import Profile
 from lynxtop.contract.models import GIB, ModelSpec
-from lynxtop.contract.status import ClusterNode
+from lynxtop.contract.status import ClusterNode, lost_nodes
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 # vLLM's default max_num_seqs (EngineArgs._set_default_args; its test_defaults_with_usage_context): 1024 on GPUs of
@@ -95,10 +95,7 @@ class ClusterFacts:
 
     @property
     def lost(self) -> tuple[ClusterNode, ...]:
-        """Dead nodes with no live node of their kind (head or worker) at their address: a rejoined node's old
-        entry stays in Ray's view, DEAD, and is history."""
-        alive = {(n.ip, n.head) for n in self.alive}
-        return tuple(n for n in self.nodes if not n.alive and (n.ip, n.head) not in alive)
+        return lost_nodes(self.nodes)
 
     @property
     def gpus_alive(self) -> float:

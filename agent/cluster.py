@@ -21,7 +21,7 @@ import aiohttp
 from lynxtop.agent.run import now_ms
 from lynxtop.contract.config import Profile
 from lynxtop.contract.events import Event, EventKind, Severity
-from lynxtop.contract.status import ClusterNode
+from lynxtop.contract.status import ClusterNode, lost_nodes
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +202,7 @@ class ClusterWatch:
         have = sum(n.gpus for n in alive)
         if have >= need:
             return None
-        alive_ips = {n.ip for n in alive}
-        lost = [n for n in self.nodes if not n.alive and n.ip not in alive_ips]
+        lost = lost_nodes(self.nodes)
         text = (f"waiting for Ray to report {_gpus(need)} ({shape}): it has {have:g} on {len(alive)} node(s) "
                 f"[{', '.join(describe(n) for n in alive)}]; {need - have:g} missing")
         if lost:

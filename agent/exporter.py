@@ -337,8 +337,7 @@ class SnapshotCollector(Collector):
         if not cl.nodes:  # not read (yet), or unreadable for a while: unknown, never 0
             return
         alive = cl.alive_nodes
-        keys = {(n.ip, n.head) for n in alive}
-        lost = [n for n in cl.nodes if not n.alive and (n.ip, n.head) not in keys]  # not a rejoined node's old entry
+        lost = cl.lost_nodes  # not a rejoined node's old entry
         nodes = GaugeMetricFamily("lynxtop_cluster_nodes", "Nodes in Ray's view: alive, or dead with no live node "
                                   "of their kind at their address", labels=["state"])
         nodes.add_metric(["alive"], float(len(alive)))

@@ -21,7 +21,6 @@ from lynxtop.config_cli import load_or_exit
 from lynxtop.contract.format import fmt_bytes, fmt_datetime, fmt_duration, fmt_ms
 from lynxtop.contract.status import (
     AgentStatus,
-    ClusterNode,
     ClusterStatus,
     GpuStatus,
     HostStatus,
@@ -158,14 +157,6 @@ def _idle_worker(st: Status) -> bool:
     return st.cluster.role == Role.WORKER and st.serving.state == ServingState.STOPPED and not st.serving.profile
 
 
-def lost_nodes(cl: ClusterStatus) -> tuple[ClusterNode, ...]:
-    """Dead nodes with no live node of their kind (head or worker) at their address: Ray keeps a restarted node's
-    old entry, DEAD, beside the new one for as long as its GCS lives, and that one is history, not a node missing
-    now. (A worker beside the head on one host, as in tests, is told apart by its kind.)"""
-    alive = {(n.ip, n.head) for n in cl.alive_nodes}
-    return tuple(n for n in cl.nodes if not n.alive and (n.ip, n.head) not in alive)
-
-
 def _gpus(n: float) -> str:
     return f"{n:g} GPU" + ("" if n == 1 else "s")
 
@@ -192,7 +183,7 @@ def cluster_lines(cl: ClusterStatus, now: int | None) -> list[str]:
 
 
 def _cluster_view_lines(cl: ClusterStatus) -> list[str]:
-    alive, lost = cl.alive_nodes, lost_nodes(cl)
+    alive, lost = cl.alive_nodes, cl.lost_nodes
     needs = ""
     if cl.gpus_needed is not None:
         short = cl.gpus_needed - cl.gpus_alive

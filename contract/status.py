@@ -10,7 +10,7 @@ The metric parts (`GpuStatus.metrics`, `HostStatus.metrics`, `ServingMetrics.val
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Self, TypeVar
@@ -317,6 +317,17 @@ class ClusterNode:
         return _build(cls, {"node_id": "", **d})
 
 
+def lost_nodes(nodes: Iterable[ClusterNode]) -> tuple[ClusterNode, ...]:
+    """Dead nodes with no live node of their kind (head or worker) at their address.
+
+    Ray keeps a restarted node's old entry, DEAD, beside the new one for as long as its GCS lives: that entry is
+    history, not a node missing now. (A worker beside the head on one host, as in tests, is told apart by kind.)
+    """
+    nodes = tuple(nodes)
+    alive = {(n.ip, n.head) for n in nodes if n.alive}
+    return tuple(n for n in nodes if not n.alive and (n.ip, n.head) not in alive)
+
+
 @dataclass(frozen=True)
 class ClusterStatus:
     """The node's role, its Ray, and on the head the cluster as Ray sees it."""
@@ -337,6 +348,10 @@ class ClusterStatus:
     @property
     def alive_nodes(self) -> tuple[ClusterNode, ...]:
         return tuple(n for n in self.nodes if n.alive)
+
+    @property
+    def lost_nodes(self) -> tuple[ClusterNode, ...]:
+        return lost_nodes(self.nodes)
 
     @property
     def gpus_alive(self) -> float:

@@ -7,7 +7,6 @@ from rich.text import Text
 from lynxtop.contract.format import fmt_duration
 from lynxtop.contract.status import (
     AgentStatus,
-    ClusterNode,
     ClusterStatus,
     RayState,
     Role,
@@ -118,13 +117,6 @@ def _worker(t: Text, cluster: ClusterStatus, now_ms: int) -> None:
         t.append(f" retry in {fmt_duration((cluster.ray_next_retry_ms - now_ms) / 1000)}", style="yellow")
 
 
-def lost_nodes(cluster: ClusterStatus) -> tuple[ClusterNode, ...]:
-    """Dead nodes with no live node of their kind at their address (a rejoined node's old entry stays in Ray's
-    view, DEAD): lynxtop.ctl.lost_nodes."""
-    alive = {(n.ip, n.head) for n in cluster.alive_nodes}
-    return tuple(n for n in cluster.nodes if not n.alive and (n.ip, n.head) not in alive)
-
-
 def _head(t: Text, cluster: ClusterStatus) -> None:
     """`head Ray ✓  2/2 nodes, 16/16 GPUs`: red with a node lost, yellow short of the profile's GPUs."""
     t.append("  head ", style="dim")
@@ -132,7 +124,7 @@ def _head(t: Text, cluster: ClusterStatus) -> None:
     if not cluster.nodes:
         t.append("  nodes ?", style="bold yellow" if cluster.ray_state == RayState.RUNNING else "dim")
         return
-    alive, lost = cluster.alive_nodes, lost_nodes(cluster)
+    alive, lost = cluster.alive_nodes, cluster.lost_nodes
     need = cluster.gpus_needed
     gpus = f"{cluster.gpus_alive:g}" + (f"/{need}" if need is not None else "")
     style = "bold red" if lost else "bold yellow" if need is not None and cluster.gpus_alive < need else "green"
