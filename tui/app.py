@@ -20,7 +20,7 @@ from textual.binding import Binding
 
 from lynxtop.client import AgentRefused, AgentUnreachable, AsyncAgentClient
 from lynxtop.contract.format import fmt_clock
-from lynxtop.contract.status import ServingStatus
+from lynxtop.contract.status import ClusterStatus, Role, ServingStatus
 from lynxtop.tui import control_text
 from lynxtop.tui.backoff import Backoff
 from lynxtop.tui.history_source import HistorySource, HistoryUnavailable
@@ -280,19 +280,40 @@ class LynxtopApp(App):
             self.notify(f"read-only: {self.readonly_reason}", severity="warning")
             return
         serving, metrics = self.state.serving, self.state.serving_metrics
+        cluster = self.state.status.cluster if self.state.status is not None else None
+        if cluster is not None and cluster.role == Role.WORKER:
+            await self._worker_control(action, cluster)
+            return
         try:
             choice = await self._choose_profile(action, serving)
             if choice is None:
                 return
             profile, current, target = choice
             title, body, label = control_text.confirmation(action, serving, metrics, profile, current, target)
-            confirmed = await self.push_screen_wait(ConfirmScreen(title, body, label))
-            if not confirmed:
-                self.notify(f"{action}: cancelled, nothing changed")
-                return
-            answer = await self.client.action(action, profile)
-            self.notify(str(answer.get("message") or f"{action} accepted"), title=f"{action} accepted")
-            self.action_refresh_now()
+            await self._confirm_and_send(action, profile, ConfirmScreen(title, body, label))
+        except AgentRefused as exc:
+            self._refused(action, exc)
+        except AgentUnreachable as exc:
+            self.notify(f"{action} not sent: {exc}", title="Agent unreachable", severity="error")
+
+    async def _confirm_and_send(self, action: str, profile: str | None, dialog: ConfirmScreen) -> None:
+        if not await self.push_screen_wait(dialog):
+            self.notify(f"{action}: cancelled, nothing changed")
+            return
+        answer = await self.client.action(action, profile)
+        self.notify(str(answer.get("message") or f"{action} accepted"), title=f"{action} accepted")
+        self.action_refresh_now()
+
+    async def _worker_control(self, action: str, cluster: ClusterStatus) -> None:
+        """A Ray worker serves no vLLM: start and stop act on its Ray (said so), restart and switch belong to the
+        head."""
+        if action not in ("start", "stop"):
+            self.notify(f"this node is a Ray worker: {action} serving on the head ({cluster.address})",
+                        severity="warning")
+            return
+        title, body, label = control_text.worker_ray_text(action, cluster)
+        try:
+            await self._confirm_and_send(action, None, ConfirmScreen(title, body, label))
         except AgentRefused as exc:
             self._refused(action, exc)
         except AgentUnreachable as exc:

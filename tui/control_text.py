@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lynxtop.contract.format import fmt_duration
-from lynxtop.contract.status import ServingMetrics, ServingStatus
+from lynxtop.contract.status import ClusterStatus, ServingMetrics, ServingStatus
 
 LOAD_WARNING = "The model loads again: this takes minutes (a 284B model: 10-30 min); nothing is served meanwhile."
 
@@ -113,6 +113,23 @@ def switch_text(serving: ServingStatus, current: dict[str, Any] | None, target: 
         parts.append(Text(f"{target['name']}: {target['description']}", style="dim"))
     parts.append(Text(_load_line(serving), style="bold yellow"))
     return Group(*parts)
+
+
+def worker_ray_text(action: str, cluster: ClusterStatus) -> tuple[str, RenderableType, str]:
+    """On a Ray worker the controls act on this node's Ray: what that does to the head's serving."""
+    head = cluster.address or "the head"
+    if action == "stop":
+        return "Stop this node's Ray?", Group(
+            Text(f"This node is a Ray worker of {head}; its Ray is {cluster.ray_state}."),
+            Text("vLLM on the head loses its ranks on this node: serving there fails, and waits until this "
+                 "node's Ray is back.", style="bold yellow"),
+            Text("Ray stays stopped, across agent restarts too, until someone starts it here."),
+        ), "Stop Ray"
+    return "Start this node's Ray?", Group(
+        Text(f"This node is a Ray worker of {head}; its Ray is {cluster.ray_state}."),
+        Text("It joins the cluster; the head starts serving by itself once Ray reports every GPU its profile "
+             "needs."),
+    ), "Start Ray"
 
 
 def confirmation(action: str, serving: ServingStatus, metrics: ServingMetrics | None, profile: str | None,

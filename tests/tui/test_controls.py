@@ -161,3 +161,32 @@ async def test_start_when_stopped_uses_current_profile(agent):
         await pilot.press("tab", "enter")
         await wait_for(pilot, lambda: agent.posts() != [])
         assert agent.posts() == [("/v1/start", {})]
+
+
+def _worker(agent) -> None:
+    agent.status["cluster"] = {"role": "worker", "ray_state": "running", "address": "10.0.0.1:6379"}
+    agent.status["serving"] = {**agent.status["serving"], "state": "stopped", "profile": None, "run_id": None}
+
+
+async def test_stop_on_a_ray_worker_says_it_stops_ray_and_what_the_head_loses(agent):
+    _worker(agent)
+    app, notices = _app_with_notices(agent)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        dialog = await open_screen(pilot, app, "X", ConfirmScreen)
+        text = _dialog_text(dialog)
+        assert "Stop this node's Ray?" in text and "Ray worker of 10.0.0.1:6379" in text
+        assert "serving there fails" in text and "Stop serving?" not in text
+        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: agent.posts() != [])
+        assert agent.posts() == [("/v1/stop", {})]
+
+
+async def test_restart_on_a_ray_worker_is_refused_locally(agent):
+    _worker(agent)
+    app, notices = _app_with_notices(agent)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.press("R")
+        await wait_for(pilot, lambda: any("Ray worker" in m for _, m, _ in notices))
+        assert not isinstance(app.screen, ConfirmScreen) and agent.posts() == []
