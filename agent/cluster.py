@@ -113,8 +113,16 @@ class ClusterWatch:
         return sum(n.gpus for n in self.nodes if n.alive)
 
     async def run(self) -> None:
+        failing = False
         while True:
-            await self.poll()
+            try:
+                await self.poll()
+                failing = False
+            except Exception as exc:  # noqa: BLE001 - a bug in one read must not end the watch for good
+                if not failing:
+                    log.exception("reading Ray's view of the cluster failed: %s", exc)
+                failing = True
+                self._set_view(self.nodes, None, f"internal error: {type(exc).__name__}: {exc}")
             await asyncio.sleep(self.interval_s)
 
     async def poll(self) -> None:

@@ -368,3 +368,22 @@ async def test_ray_that_keeps_dying_is_a_crash_loop(tmp_path, fake_ray, monkeypa
     exited = [e for e in events if e.kind == EventKind.RAY_EXITED]
     assert len(exited) == 3 and "before it was up" in exited[0].message
     assert "cannot reach the GCS" in "\n".join(exited[0].details["log_tail"])
+
+
+async def test_the_watch_outlives_a_bug_in_one_read_and_logs_it_once(caplog):
+    calls = []
+
+    class Flaky:
+        async def nodes(self):
+            calls.append(1)
+            if len(calls) <= 3:
+                raise RuntimeError("boom")
+            return [node(1, head=True)]
+
+    w = ClusterWatch(Flaky(), [].append, interval_s=0.01, ray_running=lambda: None)
+    task = asyncio.create_task(w.run())
+    try:
+        await wait_for(lambda: w.nodes and w.view_error is None, 5, what="recovered")
+    finally:
+        task.cancel()
+    assert len([r for r in caplog.records if "reading Ray's view" in r.getMessage()]) == 1
