@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import os
 import signal
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -163,8 +164,11 @@ async def test_two_hosts_serve_lose_a_worker_recover_and_stop_the_cluster(tmp_pa
             assert (await head.status())["cluster"]["ray_state"] == "running"
 
             # the cluster stop: every worker's Ray, then the head's
-            code, body = await head.api("POST", "/v1/stop", {"cluster": True})
-            assert code == 202 and "cluster" in body["message"], body
+            cli = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "lynxtop", "stop", "--cluster", "--yes", "--socket", str(run / "head.sock"),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            out = (await asyncio.wait_for(cli.communicate(), 60))[0].decode()
+            assert cli.returncode == 0 and "stopping the cluster" in out, out
             wst = await wait_status(worker, lambda s: s["cluster"]["ray_state"] == "stopped", 120,
                                     "the worker's Ray stopped by the head")
             assert "stop --cluster" in wst["cluster"]["ray_reason"]
