@@ -206,10 +206,12 @@ async def _sweep(wl: Workload, levels: list[Level], args: Namespace, store: Stor
 
     loop.add_signal_handler(signal.SIGINT, on_sigint)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+    progress = ProgressLine()
     try:
         return await sweep(wl, levels, warmup=args.warmup, stop=stop, sink=store, sla=sla,
-                           progress=ProgressLine(), timeout_s=args.timeout)
+                           progress=progress, timeout_s=args.timeout)
     finally:
+        progress.close()  # however the sweep ends (a second Ctrl-C too): the terminal clean, every row kept
         loop.remove_signal_handler(signal.SIGINT)
         loop.remove_signal_handler(signal.SIGTERM)
 
