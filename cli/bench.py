@@ -185,7 +185,13 @@ def run(args: Namespace) -> int:
     print(f"lynxtop bench {bench_id}: {url} model {model}, input {args.input_len} / output {args.output_len} "
           f"tokens" + (f", run {meta['run_id']} ({meta.get('profile')})" if meta.get("run_id") else ""),
           file=sys.stderr)
-    result = run_loop(_sweep(wl, levels_of(args), args, store, sla))
+    try:
+        result = run_loop(_sweep(wl, levels_of(args), args, store, sla))
+    except asyncio.CancelledError:  # a second Ctrl-C: the level in flight is dropped, the finished ones stay
+        kept = f"{store.stored} finished level(s) stored as sweep {meta['bench_id']}" if store.stored else \
+            "no level had finished"
+        print(f"lynxtop bench: aborted; {kept}", file=sys.stderr)
+        return 130
     return _report(result, meta, store, args)
 
 

@@ -217,3 +217,15 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_levels(node, tmp_path):
                    (data[0]["bench_id"],))
     assert [(x["concurrency"], x["partial"]) for x in rows] == [(2, 0), (4, 1)]
     assert "Traceback" not in err
+
+
+def test_a_second_ctrl_c_aborts_at_once_without_a_traceback(node, tmp_path):
+    proc = bench_popen("--config", node["cfg"], "--concurrency", "2", "4", "--duration", "6", "--warmup", "0",
+                       "--input-len", "8", "--output-len", "16")
+    wait_line(proc, "level 2/2")
+    proc.send_signal(signal.SIGINT)
+    wait_line(proc, "Ctrl-C again")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "aborted; 1 finished level(s) stored as sweep" in err and "Traceback" not in err
