@@ -60,12 +60,15 @@ def two_hosts() -> Iterator[Hosts]:
 
 
 def _make(names: tuple[str, str], addrs: tuple[str, str], tag: str, made: list[str]) -> str | None:
+    ends = (f"{tag}x", f"{tag}y")
+    for ns in names:  # left by an earlier run killed before its clean-up (a pid is reused)
+        _ip("netns", "del", ns)
+    _ip("link", "del", ends[0])
     for ns in names:
         r = _ip("netns", "add", ns)
         if r.returncode != 0:
             return f"ip netns add failed: {r.stderr.strip()}"
         made.append(ns)
-    ends = (f"{tag}x", f"{tag}y")
     steps = [("link", "add", ends[0], "type", "veth", "peer", "name", ends[1])]
     for ns, end, addr in zip(names, ends, addrs, strict=True):
         steps += [("link", "set", end, "netns", ns), ("-n", ns, "addr", "add", f"{addr}/24", "dev", end),
