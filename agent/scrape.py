@@ -86,8 +86,10 @@ _LE = re.compile(r'[{,]\s*le\s*=\s*"([^"]*)"')
 _ENGINE = re.compile(r'[{,]\s*engine\s*=\s*"([^"]*)"')
 _GAUGE_NAMES = frozenset(n for ns in (*GAUGES_SUM.values(), *GAUGES_MAX.values()) for n in ns)
 _WANTED_SAMPLES = _SUM_NAMES | _MAX_NAMES | frozenset(h + s for h in _HIST_NAMES for s in ("_bucket", "_sum", "_count"))
-_WANTED_LINE = re.compile(r"^(" + "|".join(re.escape(n) for n in sorted(_WANTED_SAMPLES, key=len, reverse=True))
-                          + r")(?=[{ \t]).*$", re.MULTILINE)
+# A wanted sample line: the newline before it, its name, the rest of the line. Led by a literal "\n" rather than
+# a MULTILINE "^", so the regex engine skips from newline to newline in C: a third of the time on a DP8 page.
+_WANTED_LINE = re.compile(r"\n((" + "|".join(re.escape(n) for n in sorted(_WANTED_SAMPLES, key=len, reverse=True))
+                          + r")(?=[{ \t])[^\n]*)")
 
 
 def _name_end(line: str) -> int:
@@ -160,9 +162,9 @@ def _scan(text: str) -> tuple[bool, _Totals]:
 
     One regular expression finds the wanted lines, so the lines we do not read cost no Python at all."""
     totals = _Totals()
-    for m in _WANTED_LINE.finditer(text):
-        name = m.group(1)
-        totals.add(name, m.group(0), len(name))
+    for m in _WANTED_LINE.finditer("\n" + text):
+        line, name = m.groups()
+        totals.add(name, line, len(name))
     return text.startswith("vllm:") or "\nvllm:" in text, totals
 
 
