@@ -260,9 +260,15 @@ async def _open_loop(one: Callable, level: Level, todo: int, deadline: float | N
             await asyncio.sleep(rng.expovariate(level.rate or 1.0))
         await asyncio.gather(*tasks)
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel_all(tasks)
+
+
+async def _cancel_all(tasks: list[asyncio.Future]) -> None:
+    """Cancel the level's requests and collect every end. Shielded: when this task is cancelled again (an abort
+    cancels whatever is left), the gather still collects them, so none is "Task exception was never retrieved"."""
+    for t in tasks:
+        t.cancel()
+    await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
 
 
 async def _gather_cancelling(coros: list) -> None:
@@ -270,9 +276,7 @@ async def _gather_cancelling(coros: list) -> None:
     try:
         await asyncio.gather(*tasks)
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel_all(tasks)
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:

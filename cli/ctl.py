@@ -45,6 +45,17 @@ INDENT = " " * 9
 # ---------------------------------------------------------------------------------------------- helpers
 
 
+def _finish(progress: Any, done: tuple[bool, str], reason: str) -> int:
+    """A waited-for action's end: its message, or the failure with the agent's reason."""
+    progress.done()
+    ok, message = done
+    if ok:
+        print(message)
+        return EXIT_OK
+    _err(message + (f": {reason}" if reason else "") + " (see `lynxtop status` and the events)")
+    return EXIT_FAILED
+
+
 def _err(msg: str) -> None:
     print(f"lynxtop: {msg}", file=sys.stderr)
 
@@ -438,15 +449,8 @@ def wait_for(client: AgentClient, action: str, before: Status, poll_s: float | N
         seen_progress = seen_progress or srv.state in (ServingState.STARTING, ServingState.STOPPING)
         new_run = srv.run_id != run0 or not was_running
         done = _outcome(action, srv.state, st.agent.action is not None, new_run, seen_progress)
-        if done is None:
-            continue
-        progress.done()
-        ok, message = done
-        if ok:
-            print(message)
-            return EXIT_OK
-        _err(message + (f": {srv.reason}" if srv.reason else "") + " (see `lynxtop status` and the events)")
-        return EXIT_FAILED
+        if done is not None:
+            return _finish(progress, done, srv.reason)
 
 
 def _outcome(action: str, state: ServingState | None, in_action: bool, new_run: bool,
@@ -502,16 +506,8 @@ def wait_for_ray(client: AgentClient, goal: str, cluster: bool = False, poll_s: 
             return st
         progress.show_line(_ray_line(st, cluster))
         done = _ray_outcome(goal, st, cluster)
-        if done is None:
-            continue
-        progress.done()
-        ok, message = done
-        if ok:
-            print(message)
-            return EXIT_OK
-        reason = st.cluster.ray_reason
-        _err(message + (f": {reason}" if reason else "") + " (see `lynxtop status` and the events)")
-        return EXIT_FAILED
+        if done is not None:
+            return _finish(progress, done, st.cluster.ray_reason)
 
 
 def _print_cluster_stop(client: AgentClient, since_ms: int) -> None:
