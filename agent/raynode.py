@@ -162,11 +162,10 @@ class RayNode:
         self._cancel_retry()
         if stop_ray and self.proc is not None and not self.proc.exited:
             await self._stop_proc("agent shutting down (live_restore off)")
-        for task in (self._watch,):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch
         if self.proc is not None:
             self.proc.close()
 

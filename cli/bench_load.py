@@ -217,12 +217,11 @@ async def run_level(session: aiohttp.ClientSession, wl: Workload, level: Level, 
         _open_loop(one, level, todo, deadline, wl.seed + offset)
     task = asyncio.ensure_future(driver)
     stopper = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    if not task.done():
-        out.interrupted = True
-        task.cancel()
-    stopper.cancel()
-    await asyncio.gather(task, stopper, return_exceptions=True)
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        out.interrupted = not task.done()
+    finally:  # also when the sweep is aborted: no request outlives its level (nor the session it reads from)
+        await _cancel_all([task, stopper])
     out.duration_s = time.perf_counter() - t0
     return out
 

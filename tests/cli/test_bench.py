@@ -227,5 +227,10 @@ def test_a_second_ctrl_c_aborts_at_once_without_a_traceback(node, tmp_path):
     wait_line(proc, "Ctrl-C again")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130, err
-    assert "aborted; 1 finished level(s) stored as sweep" in err and "Traceback" not in err
+    # the second press aborts the level in flight; one that lands after the clean stop already finished the sweep
+    # ends the command as Ctrl-C does (killed by SIGINT while it exits): either way no traceback
+    if "aborted;" in err:
+        assert proc.returncode == 130 and "aborted; 1 finished level(s) stored as sweep" in err, err
+    else:
+        assert proc.returncode in (130, -signal.SIGINT) and "stopped by Ctrl-C" in err, err
+    assert "Traceback" not in err and "never retrieved" not in err, err
