@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 
+from lynxtop.agent import procs
 from lynxtop.contract.columns import HOST_METRICS, names
 
 HOST_COLUMNS = names(HOST_METRICS)
@@ -101,7 +102,7 @@ class HostSampler:
         self._prev_net: tuple[int, int] | None = None
         self._tree_root: int | None = None
         self._tree_at = 0.0
-        self._procs: dict[int, psutil.Process] = {}
+        self._procs: dict[int, int] = {}  # pid -> start ticks: a reused pid is another process
         self._roles: dict[int, str] = {}
         self._prev_proc_cpu: dict[int, float] = {}
 
@@ -113,30 +114,43 @@ class HostSampler:
             self._tree_root = None
             self._procs.clear()
             return set()
+        return set(self._members(root_pid))
+
+    def _members(self, root_pid: int) -> dict[int, procs.ProcUsage]:
+        """The tree's live members with their usage, one /proc read each; a member gone re-walks the tree."""
         now = self._clock()
-        stale = (root_pid != self._tree_root or now - self._tree_at >= self.tree_refresh_s
-                 or not all(map(_alive, self._procs.values())))
-        if stale:
+        if root_pid != self._tree_root or now - self._tree_at >= self.tree_refresh_s:
             self._refresh_tree(root_pid, now)
-        return set(self._procs)
+        usage = self._usage()
+        if len(usage) < len(self._procs):
+            self._refresh_tree(root_pid, now)
+            usage = self._usage()
+        return usage
+
+    def _usage(self) -> dict[int, procs.ProcUsage]:
+        out = {}
+        for pid, start in self._procs.items():
+            u = procs.usage(pid)
+            if u is not None and u.start_ticks == start and u.state not in ("Z", "X"):
+                out[pid] = u
+        return out
 
     def _refresh_tree(self, root_pid: int, now: float) -> None:
         self._tree_root, self._tree_at = root_pid, now
         try:
-            root = self._procs.get(root_pid) or psutil.Process(root_pid)
+            root = psutil.Process(root_pid)
             members = [p for p in (root, *root.children(recursive=True)) if _alive(p)]
         except (psutil.Error, OSError):
             members = []
-        old = self._procs
-        # keep the same Process objects: they carry the create time that guards against pid reuse
-        self._procs = {p.pid: old.get(p.pid, p) for p in members}
+        starts = {p.pid: st.start_ticks for p in members if (st := procs.stat(p.pid)) is not None}
         for pid in list(self._roles):
-            if pid not in self._procs:
+            if starts.get(pid) != self._procs.get(pid):  # gone, or the pid now names another process
                 del self._roles[pid]
                 self._prev_proc_cpu.pop(pid, None)
-        for pid, p in self._procs.items():
-            if pid not in self._roles:
-                self._roles[pid] = role_of(_title(p))
+        self._procs = starts
+        for p in members:
+            if p.pid in starts and p.pid not in self._roles:
+                self._roles[p.pid] = role_of(_title(p))
 
     # ------------------------------------------------------------------ one tick
 
@@ -200,32 +214,24 @@ class HostSampler:
         return row
 
     def _sample_tree(self, root_pid: int | None, dt: float | None, row: dict) -> None:
-        pids = self.vllm_pids(root_pid)
         if root_pid is None:
+            self.vllm_pids(None)
             self._prev_proc_cpu.clear()
             return
+        members = self._members(root_pid)
         cpu = dict.fromkeys(ROLES, 0.0)
         rss = dict.fromkeys(ROLES, 0)
         # the tree's first tick has no previous CPU times: its rates are unknown (None), not zero
         have_rate = dt is not None and dt > 0 and bool(self._prev_proc_cpu)
-        alive = 0
-        for pid in pids:
-            p = self._procs[pid]
-            try:
-                with p.oneshot():
-                    t = p.cpu_times()
-                    mem = p.memory_info().rss
-            except (psutil.Error, OSError):
-                continue
-            alive += 1
-            used = t.user + t.system
+        for pid, u in members.items():
+            used = u.cpu_s
             role = self._roles.get(pid, "api")
-            rss[role] += mem
+            rss[role] += u.rss_bytes
             prev = self._prev_proc_cpu.get(pid)
             if prev is not None and have_rate:  # a process born this tick counts from the next one
                 cpu[role] += 100.0 * max(0.0, used - prev) / dt  # type: ignore[operator]
             self._prev_proc_cpu[pid] = used
-        row["vllm_procs"] = alive
+        row["vllm_procs"] = len(members)
         row["vllm_rss_bytes"] = sum(rss.values())
         for role in ROLES:
             row[f"vllm_{role}_rss_bytes"] = rss[role]

@@ -46,6 +46,36 @@ def stat(pid: int) -> ProcStat | None:
         return None
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class ProcUsage:
+    start_ticks: int
+    state: str
+    cpu_s: float  # user + system, as psutil's cpu_times() gives them
+    rss_bytes: int  # psutil's memory_info().rss reads statm: the same counters, a few pages apart at most
+
+
+def usage(pid: int) -> ProcUsage | None:
+    """Identity, state, CPU time and RSS of a process from one read of /proc/<pid>/stat (None: gone).
+
+    The vLLM tree is read every tick; psutil needs four reads a process for the same (is_running, status,
+    cpu_times, memory_info)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    rest = raw[raw.rfind(b")") + 2:].split()
+    try:
+        return ProcUsage(start_ticks=int(rest[19]), state=rest[0].decode(),
+                         cpu_s=(int(rest[11]) + int(rest[12])) / _CLK_TCK, rss_bytes=int(rest[21]) * _PAGE)
+    except (IndexError, ValueError):
+        return None
+
+
 def alive(pid: int) -> bool:
     """True for a running process; a zombie holds no memory and counts as gone."""
     st = stat(pid)
