@@ -53,7 +53,7 @@ def test_old_version_logs_the_old_api_server_line_and_the_agent_reads_both(start
     from lynxtop.agent import startup
 
     old = start_sim("--sim-vllm-version", "0.10")
-    new = start_sim()
+    new = start_sim(state_dir=tmp_path / "other-node")  # its own GPUs: on shared ones the later load finds them full
     old.wait_ready()
     new.wait_ready()
     assert f"Starting vLLM API server 0 on http://127.0.0.1:{old.port}" in old.text()
