@@ -136,6 +136,17 @@ async def test_two_hosts_serve_lose_a_worker_recover_and_stop_the_cluster(tmp_pa
             assert wst["cluster"]["role"] == "worker" and wst["cluster"]["ray_state"] == "running"
             assert wst["serving"]["state"] == "stopped"  # a worker serves no vLLM
 
+            # the head's agent restarts (an upgrade): Ray and vLLM keep running, adopted, never restarted
+            ray_pid, vllm_pid = st["cluster"]["ray_pid"], serving(st)["pid"]
+            assert head.stop() == 0
+            head = Agent(tmp_path, head_cfg, name="head2", sock=run / "head.sock", prefix=hosts.prefix(0), env=env)
+            st = await wait_status(head, lambda s: serving(s)["state"] == "ready" and s["cluster"]["nodes"], 60,
+                                   "the new head agent adopting Ray and vLLM")
+            assert st["cluster"]["ray_pid"] == ray_pid and serving(st)["pid"] == vllm_pid
+            assert serving(st)["run_id"] == first_run and serving(st)["adopted"]
+            kinds = [e["kind"] for e in await events(head, "ray.adopted", "serving.adopted")]
+            assert "serving.crash" not in kinds and kinds.count("ray.starting") == 1
+
             # the worker's Ray dies
             [raylet] = ray_pids(run / "rw", "raylet")
             os.kill(raylet, signal.SIGKILL)
