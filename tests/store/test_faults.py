@@ -23,7 +23,8 @@ CHILD = r"""
 import sys, time
 from lynxtop.store.writer import StoreWriter
 sys.path.insert(0, sys.argv[2])
-from helpers import T0, gpu_row, host_row
+from helpers import gpu_row, host_row
+T0 = int(sys.argv[3])  # the parent's: helpers' T0 moves to the next hour if an hour turns between the two imports
 w = StoreWriter(sys.argv[1], queue_max=100_000)
 w.start()
 rows = [gpu_row(g, 0) for g in range(8)]
@@ -45,7 +46,7 @@ while True:
 
 def test_sigkill_mid_write_keeps_every_committed_tick(tmp_path):
     db = tmp_path / "k.db"
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(db), os.path.dirname(__file__)],
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(db), os.path.dirname(__file__), str(T0)],
                             stdout=subprocess.PIPE, text=True)
     committed = None
     try:
