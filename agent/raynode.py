@@ -82,7 +82,7 @@ class RayNode:
         self.failures = FailureWindow(cfg.agent)
         self._watch: asyncio.Task | None = None
         self._retry: asyncio.Task | None = None
-        self._stopping = False
+        self._stopped: ServerProcess | None = None  # the Ray an operator or the agent stopped: its exit is expected
         self._closing = False
 
     # ------------------------------------------------------------------------------------- files
@@ -200,13 +200,10 @@ class RayNode:
     async def _stop_proc(self, reason: str) -> None:
         proc = self.proc
         assert proc is not None
-        self._stopping = True
+        self._stopped = proc
         self._set(RayState.STOPPING, reason)
         t0 = time.monotonic()
-        try:
-            res = await proc.stop(self.cfg.ray.stop_grace_s, 15.0)
-        finally:
-            self._stopping = False
+        res = await proc.stop(self.cfg.ray.stop_grace_s, 15.0)
         launcher.remove_record(self.record_path)
         left = f"; still alive after SIGKILL: {res.survivors}" if res.survivors else ""
         self._set(RayState.STOPPED, reason)
@@ -252,7 +249,7 @@ class RayNode:
             ex = await proc.wait()
         finally:
             stable.cancel()
-        if self._stopping or self._closing or self.proc is not proc:
+        if self._stopped is proc or self._closing or self.proc is not proc:
             return
         launcher.remove_record(self.record_path)
         what = "before it was up" if self.state == RayState.STARTING else "while running"
