@@ -89,6 +89,33 @@ def describe(n: ClusterNode) -> str:
     return f"{n.ip or n.name or n.node_id[:8]} ({_gpus(n.gpus)}{', head' if n.head else ''})"
 
 
+def _head_id(nodes: tuple[ClusterNode, ...] | list[ClusterNode]) -> str | None:
+    return next((n.node_id for n in nodes if n.head), None)
+
+
+def _changes(before: dict[str, ClusterNode], nodes: list[ClusterNode]) -> list[Event]:
+    """Lost: alive in the last view and not now. Joined: alive now and not in the last view."""
+    alive = [n for n in nodes if n.alive]
+    size = f"{len(alive)} node(s), {_gpus(sum(n.gpus for n in alive))}"
+    now = {n.node_id: n for n in nodes}
+    out = [_lost(old, now.get(node_id), size) for node_id, old in before.items()
+           if node_id not in now or not now[node_id].alive]
+    out += [Event(EventKind.CLUSTER_NODE_JOINED, Severity.INFO, f"node {describe(n)} joined the Ray cluster: {size}",
+                  details={"node_id": n.node_id, "ip": n.ip, "name": n.name, "gpus": n.gpus})
+            for n in alive if n.node_id not in before]
+    return out
+
+
+def _lost(old: ClusterNode, now: ClusterNode | None, size: str) -> Event:
+    """A node alive in the last view and not now: dead in Ray's view (`now`, with Ray's reason) or absent."""
+    gone = now or old
+    why = (now.state_message if now is not None else None) or "no longer in Ray's view"
+    return Event(EventKind.CLUSTER_NODE_LOST, Severity.ERROR,
+                 f"Ray lost node {describe(gone)}: {why}; the cluster has {size} left",
+                 details={"node_id": gone.node_id, "ip": gone.ip, "name": gone.name, "gpus": gone.gpus,
+                          "state_message": why, "end_ms": now.end_ms if now is not None else None})
+
+
 class ClusterWatch:
     """Reads Ray's view every `interval_s` (head only); records nodes lost and joined; gates serving."""
 
@@ -165,34 +192,12 @@ class ClusterWatch:
         """Events for what changed since the last view; the first view (or a new head: a new cluster) sets the
         baseline without events, since what happened before it was not seen."""
         before = {n.node_id: n for n in self.nodes if n.alive}
-        head_before = next((n.node_id for n in self.nodes if n.head), None)
-        head_now = next((n.node_id for n in nodes if n.head), None)
-        if not before or head_before != head_now:
+        if not before or _head_id(self.nodes) != _head_id(nodes):
             if nodes:
                 log.info("Ray's cluster: %s", ", ".join(describe(n) for n in nodes if n.alive))
             return
-        now = {n.node_id: n for n in nodes}
-        for node_id, old in before.items():
-            cur = now.get(node_id)
-            if cur is not None and cur.alive:
-                continue
-            gone = cur or old
-            why = (cur.state_message if cur is not None else None) or "no longer in Ray's view"
-            left = [n for n in nodes if n.alive]
-            self._record(Event(
-                EventKind.CLUSTER_NODE_LOST, Severity.ERROR,
-                f"Ray lost node {describe(gone)}: {why}; the cluster has {len(left)} node(s), "
-                f"{_gpus(sum(n.gpus for n in left))} left",
-                details={"node_id": gone.node_id, "ip": gone.ip, "name": gone.name, "gpus": gone.gpus,
-                         "state_message": why, "end_ms": cur.end_ms if cur else None}))
-        for n in nodes:
-            if n.alive and n.node_id not in before:
-                alive = [m for m in nodes if m.alive]
-                self._record(Event(
-                    EventKind.CLUSTER_NODE_JOINED, Severity.INFO,
-                    f"node {describe(n)} joined the Ray cluster: {len(alive)} node(s), "
-                    f"{_gpus(sum(m.gpus for m in alive))}",
-                    details={"node_id": n.node_id, "ip": n.ip, "name": n.name, "gpus": n.gpus}))
+        for ev in _changes(before, nodes):
+            self._record(ev)
 
     # ------------------------------------------------------------------------------------- the serving gate
 

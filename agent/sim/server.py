@@ -548,27 +548,50 @@ class SimServer:
                 kv_tokens=info["kv_tokens"], max_model_len=a.max_model_len))
 
     async def run(self) -> int:
-        a = self.a
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
+        self._announce()
+        code = await self._reserve_ray()
+        if code is not None:
+            return code
+        readers: list[asyncio.Task] = []
+        code = await self._start_engines(readers)
+        if code is not None:
+            return code
+        self._log_routes()
+        # handlers all end within the drain; never let a stuck client hold the exit for aiohttp's default 60 s
+        runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False, shutdown_timeout=3.0)
+        await runner.setup()
+        if not await self._bind(runner):
+            return 1
+        return await self._serve(runner, readers)
+
+    def _announce(self) -> None:
+        a = self.a
         log(f"vLLM API server version {a.version_string}")
         log("THIS IS A SIMULATED vLLM SERVER (lynxtop): no model is loaded and no GPU is used; tokens are "
             "synthetic and timings follow lynxtop's DeepSeek-V4.1 TP8 model.", "WARNING")
         log(f"non-default args: {a.non_default}", src="utils.py:326")
         if a.api_server_count > 1 and "api_server_count" not in a.non_default:
             log(f"Defaulting api_server_count to data_parallel_size ({a.api_server_count}).", src="serve.py:126")
-        if a.distributed_executor_backend == "ray":  # vLLM reserves the GPUs before it loads anything
-            from lynxtop.agent.sim.raygroup import RayGroup
 
-            self.ray = RayGroup(a)
-            code = await self.ray.start(self.stop_event)
-            if code is not None:
-                if code == 0:
-                    log("Shutting down during start-up (signal received).", src="api_server.py:1990")
-                return code
+    async def _reserve_ray(self) -> int | None:
+        """With the Ray backend vLLM reserves the GPUs before it loads anything; an exit code when it cannot."""
+        if self.a.distributed_executor_backend != "ray":
+            return None
+        from lynxtop.agent.sim.raygroup import RayGroup
+
+        self.ray = RayGroup(self.a)
+        code = await self.ray.start(self.stop_event)
+        if code == 0:
+            log("Shutting down during start-up (signal received).", src="api_server.py:1990")
+        return code
+
+    async def _start_engines(self, readers: list[asyncio.Task]) -> int | None:
+        """The EngineCores up (None), or the exit code of a start-up that ended (a signal, a failed core)."""
         await self.spawn_engines()
-        readers = [asyncio.create_task(self.read_engine(e)) for e in self.engines]
+        readers.extend(asyncio.create_task(self.read_engine(e)) for e in self.engines)
         all_ready = asyncio.gather(*(e.ready for e in self.engines), return_exceptions=True)
         stop_wait = asyncio.create_task(self.stop_event.wait())
         await asyncio.wait({all_ready, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
@@ -586,6 +609,10 @@ class SimServer:
                      f"{{{procs}}}")
             return 1
         self.metrics = self.build_metrics(results[0])
+        return None
+
+    def _log_routes(self) -> None:
+        a = self.a
         url_host = f"[{a.host}]" if ":" in a.host else a.host
         if a.version_tuple >= V032:  # 0.32's wording (checked on a real server), then the route table
             log(f"Starting vLLM server on http://{url_host}:{a.port}", src="entry.py:140")
@@ -594,9 +621,9 @@ class SimServer:
                 log(f"Route: {route}, Methods: {methods}", src="launcher.py:196")
         else:
             log(f"Starting vLLM API server 0 on http://{url_host}:{a.port}", src="launcher.py:29")
-        # handlers all end within the drain; never let a stuck client hold the exit for aiohttp's default 60 s
-        runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False, shutdown_timeout=3.0)
-        await runner.setup()
+
+    async def _bind(self, runner: web.AppRunner) -> bool:
+        a = self.a
         try:
             await web.TCPSite(runner, a.host, a.port, reuse_address=True).start()
         except OSError as exc:
@@ -604,7 +631,10 @@ class SimServer:
                      f"({a.host!r}, {a.port}): {exc.strerror}")
             await runner.cleanup()
             await self.stop_engines()
-            return 1
+            return False
+        return True
+
+    async def _serve(self, runner: web.AppRunner, readers: list[asyncio.Task]) -> int:
         log(f"Started server process [{os.getpid()}]", src="server.py:84")
         log("Waiting for application startup.", src="on.py:48")
         log("Application startup complete.", src="on.py:62")
@@ -612,8 +642,7 @@ class SimServer:
         if self.ray is not None:
             self.ray.watch(self.on_ray_lost)
         await self.stop_event.wait()
-        died = self.engine_dead
-        if not died:
+        if not self.engine_dead:
             await self.drain()
         log("Shutting down FastAPI HTTP server.", src="launcher.py:99")
         stats_task.cancel()
@@ -623,9 +652,8 @@ class SimServer:
         await self.stop_engines()
         for t in readers:
             t.cancel()
-        if self.ray_lost:
-            return 1
-        return 0  # also after an engine death: vLLM exits 0 there (the supervisor must not trust the code)
+        # after an engine death vLLM exits 0 (the supervisor must not trust the code); a lost Ray worker raises
+        return 1 if self.ray_lost else 0
 
 
 def serve(args: ServeArgs, serve_argv: list[str]) -> int:
