@@ -80,15 +80,15 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]] | tuple[tuple[f
     +Inf bucket returns the upper bound of the last finite bucket; the first bucket's lower bound is 0 unless
     its upper bound is <= 0, in which case that upper bound is returned.
     """
-    if math.isnan(q):
-        return math.nan
-    if q < 0:
-        return -math.inf
-    if q > 1:
-        return math.inf
+    return quantile_of(q, prepared(buckets))
+
+
+def prepared(buckets: list[tuple[float, float]] | tuple[tuple[float, float], ...]) -> list[list[float]] | None:
+    """The buckets as bucketQuantile reads them (sorted, coalesced, monotonic); None where every quantile is NaN.
+    Several quantiles of one histogram share this work."""
     bs = sorted(buckets, key=lambda b: b[0])
     if not bs or not math.isinf(bs[-1][0]) or bs[-1][0] < 0:
-        return math.nan
+        return None
     # coalesceBuckets: the same bound twice (after summing label sets) counts once, with the counts added.
     merged: list[list[float]] = []
     for le, c in bs:
@@ -101,12 +101,22 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]] | tuple[tuple[f
     for b in merged:
         running = max(running, b[1])
         b[1] = running
-    if len(merged) < 2:
+    if len(merged) < 2 or merged[-1][1] == 0:
+        return None
+    return merged
+
+
+def quantile_of(q: float, merged: list[list[float]] | None) -> float:
+    """bucketQuantile's answer for q over `prepared` buckets."""
+    if math.isnan(q):
         return math.nan
-    observations = merged[-1][1]
-    if observations == 0:
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    if merged is None:
         return math.nan
-    rank = q * observations
+    rank = q * merged[-1][1]
     # sort.Search over all but the +Inf bucket: the first bucket whose count reaches the rank.
     b = next((i for i in range(len(merged) - 1) if merged[i][1] >= rank), len(merged) - 1)
     if b == len(merged) - 1:
@@ -142,10 +152,13 @@ class SlidingHistogram:
         self._snaps: deque[tuple[float, HistogramSnapshot]] = deque()
         self._last: HistogramSnapshot | None = None  # the newest raw snapshot, to detect the next reset
         self._correction: HistogramSnapshot | None = None  # sum of reset corrections so far; None: no reset yet
+        self._window: tuple[HistogramSnapshot | None] | None = None  # window() since the last add (a row asks 4x)
+        self._prepared: tuple[list[list[float]] | None] | None = None  # its buckets, prepared for quantiles
 
     def add(self, now: float, snap: HistogramSnapshot) -> bool:
         """Record a scrape; returns True when a series went down (the server behind the page restarted)."""
         reset = False
+        self._window = self._prepared = None
         last = self._last
         if last is not None:
             if not snap.same_layout(last):
@@ -171,19 +184,22 @@ class SlidingHistogram:
     def clear(self) -> None:
         self._snaps.clear()
         self._last = self._correction = None
+        self._window = self._prepared = None
 
     def window(self) -> HistogramSnapshot | None:
         """Observations over the window (from the baseline to the newest scrape); None before two scrapes."""
-        if len(self._snaps) < 2:
-            return None
-        return self._snaps[-1][1].minus(self._snaps[0][1])
+        if self._window is None:
+            self._window = (self._snaps[-1][1].minus(self._snaps[0][1]) if len(self._snaps) >= 2 else None,)
+        return self._window[0]
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile over the window, in the histogram's unit; None for an empty window."""
         delta = self.window()
         if delta is None:
             return None
-        value = bucket_quantile(q, delta.buckets)
+        if self._prepared is None:
+            self._prepared = (prepared(delta.buckets),)
+        value = quantile_of(q, self._prepared[0])
         return None if math.isnan(value) else value
 
     def mean(self) -> float | None:

@@ -105,6 +105,9 @@ class HostSampler:
         self._procs: dict[int, int] = {}  # pid -> start ticks: a reused pid is another process
         self._roles: dict[int, str] = {}
         self._prev_proc_cpu: dict[int, float] = {}
+        self.tree_pids: frozenset[int] = frozenset()  # the tree's members as the last `sample` read them
+        self._stat_files = procs.StatFiles()
+        self._disk: str | None = None  # the database file, once it exists (its filesystem is the one to watch)
 
     # ------------------------------------------------------------------ the vLLM tree
 
@@ -113,6 +116,7 @@ class HostSampler:
         if root_pid is None:
             self._tree_root = None
             self._procs.clear()
+            self._stat_files.close()
             return set()
         return set(self._members(root_pid))
 
@@ -130,7 +134,7 @@ class HostSampler:
     def _usage(self) -> dict[int, procs.ProcUsage]:
         out = {}
         for pid, start in self._procs.items():
-            u = procs.usage(pid)
+            u = self._stat_files.usage(pid)
             if u is not None and u.start_ticks == start and u.state not in ("Z", "X"):
                 out[pid] = u
         return out
@@ -148,6 +152,7 @@ class HostSampler:
                 del self._roles[pid]
                 self._prev_proc_cpu.pop(pid, None)
         self._procs = starts
+        self._stat_files.keep_only(starts)
         for p in members:
             if p.pid in starts and p.pid not in self._roles:
                 self._roles[p.pid] = role_of(_title(p))
@@ -191,10 +196,13 @@ class HostSampler:
         row["mem_used_bytes"] = total - avail  # what `free` users mean by "in use"
         row["swap_used_bytes"], row["swap_total_bytes"] = swap_total - swap_free, swap_total
         try:
-            du = shutil.disk_usage(_disk_path(self.db_path))
+            path = self._disk or _disk_path(self.db_path)
+            du = shutil.disk_usage(path)
+            if path == str(Path(self.db_path).absolute()):
+                self._disk = path  # the database itself: no need to look again (before it exists, look each tick)
             row["disk_free_bytes"], row["disk_total_bytes"] = du.free, du.total
         except OSError:
-            pass
+            self._disk = None  # the directory went away: look for the nearest one again next tick
 
         rx = tx = 0
         try:
@@ -217,8 +225,10 @@ class HostSampler:
         if root_pid is None:
             self.vllm_pids(None)
             self._prev_proc_cpu.clear()
+            self.tree_pids = frozenset()
             return
         members = self._members(root_pid)
+        self.tree_pids = frozenset(members)
         cpu = dict.fromkeys(ROLES, 0.0)
         rss = dict.fromkeys(ROLES, 0)
         # the tree's first tick has no previous CPU times: its rates are unknown (None), not zero

@@ -27,13 +27,26 @@ class ProcStat:
     start_ticks: int  # clock ticks after boot: with the pid, identifies one process for its whole life
 
 
-def stat(pid: int) -> ProcStat | None:
-    """Parsed /proc/<pid>/stat, or None when the process is gone or unreadable."""
+def _read_stat(pid: int) -> bytes | None:
+    """/proc/<pid>/stat in one read (under 1 KiB), without Python's buffered file: a scan reads hundreds."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode("utf-8", "replace")
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def stat(pid: int) -> ProcStat | None:
+    """Parsed /proc/<pid>/stat, or None when the process is gone or unreadable."""
+    data = _read_stat(pid)
+    if not data:
+        return None
+    raw = data.decode("utf-8", "replace")
     # comm may hold spaces and parentheses: it ends at the last ')'
     lpar, rpar = raw.find("("), raw.rfind(")")
     if lpar < 0 or rpar < 0:
@@ -63,17 +76,55 @@ def usage(pid: int) -> ProcUsage | None:
 
     The vLLM tree is read every tick; psutil needs four reads a process for the same (is_running, status,
     cpu_times, memory_info)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
+    raw = _read_stat(pid)
+    return None if not raw else _usage_of(raw)
+
+
+def _usage_of(raw: bytes) -> ProcUsage | None:
     rest = raw[raw.rfind(b")") + 2:].split()
     try:
         return ProcUsage(start_ticks=int(rest[19]), state=rest[0].decode(),
                          cpu_s=(int(rest[11]) + int(rest[12])) / _CLK_TCK, rss_bytes=int(rest[21]) * _PAGE)
     except (IndexError, ValueError):
         return None
+
+
+class StatFiles:
+    """/proc/<pid>/stat kept open for processes read every tick: one pread instead of an open, a read and a
+    close (a third of the cost). A descriptor stays bound to the process it was opened on: once that process
+    is reaped the read fails (ESRCH), even when its pid was reused, and the descriptor is dropped."""
+
+    def __init__(self) -> None:
+        self._fds: dict[int, int] = {}
+
+    def usage(self, pid: int) -> ProcUsage | None:
+        fd = self._fds.get(pid)
+        if fd is None:
+            try:
+                fd = self._fds[pid] = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+        try:
+            raw = os.pread(fd, 4096, 0)
+        except OSError:
+            raw = b""
+        if not raw:
+            self._drop(pid)
+            return None
+        return _usage_of(raw)
+
+    def keep_only(self, pids: Iterable[int]) -> None:
+        keep = set(pids)
+        for pid in [p for p in self._fds if p not in keep]:
+            self._drop(pid)
+
+    def close(self) -> None:
+        self.keep_only(())
+
+    def _drop(self, pid: int) -> None:
+        fd = self._fds.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
 
 
 def alive(pid: int) -> bool:

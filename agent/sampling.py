@@ -100,8 +100,9 @@ class HostSource:
     async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
         root = tick.root
 
-        def host_part() -> tuple[set[int], dict]:
-            return self.sampler.vllm_pids(root), self.sampler.sample(root)
+        def host_part() -> tuple[frozenset[int], dict]:
+            row = self.sampler.sample(root)
+            return self.sampler.tree_pids, row  # the members that row read: /proc once per process a tick
 
         pids, row = await asyncio.to_thread(host_part)
         if root is not None:

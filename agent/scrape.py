@@ -113,14 +113,33 @@ def relevant_lines(text: str) -> tuple[str, bool]:
     return "\n".join(keep) + "\n", seen
 
 
+# What a known series (name and labels exactly as a page spelled them) adds to: its kind, name, `le`, engine.
+_GAUGE_SUM, _GAUGE_MAX, _COUNTER, _BUCKET, _PART = range(5)
+_SeriesInfo = tuple[int, str, float, str]
+_KNOWN: dict[SeriesKey, _SeriesInfo] = {}
+_KNOWN_MAX = 200_000  # as promtext's label cache: a server inventing label sets cannot grow this further
+
+
+def _kind(name: str) -> int:
+    if name in _MAX_NAMES:
+        return _GAUGE_MAX
+    if name in _GAUGE_NAMES:
+        return _GAUGE_SUM
+    if name in _COUNTER_NAMES:
+        return _COUNTER
+    return _BUCKET if name.endswith("_bucket") else _PART
+
+
 class _Totals:
     """The selected samples of one page, added up as Prometheus' `sum by ()` / `max by ()` would.
 
-    Lines are read by agent/promtext.py in page order, so every sum adds the same floats in the same order as
-    prometheus_client's parser did (same result to the last digit); NaN samples are skipped, as before.
+    Lines are read in page order, so every sum adds the same floats in the same order as prometheus_client's
+    parser did (same result to the last digit); NaN samples are skipped, as before. A line of a series seen
+    before (`name{labels} value`, the same labels) costs a split and a float: its labels were checked when it
+    was first seen (agent/promtext.py), and what it adds to is remembered. Any other line takes that full path.
     """
 
-    __slots__ = ("sums", "maxes", "buckets", "raw", "engines", "_last", "_per")
+    __slots__ = ("sums", "maxes", "buckets", "raw", "engines")
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
@@ -128,33 +147,85 @@ class _Totals:
         self.buckets: dict[str, dict[float, float]] = {}
         self.raw: dict[str, dict[SeriesKey, str]] = {}  # counter and histogram series: value text by series
         self.engines: dict[str, dict[str, float]] = {}  # engine label -> gauge sample name -> value
-        self._last = ""
-        self._per: dict[SeriesKey, str] | None = None
 
-    def add(self, name: str, line: str, end: int) -> None:
+    def add_lines(self, found: list[tuple[str, str]]) -> None:
+        """Add the (line, sample name) pairs of a page, in page order."""
+        known, raw, sums, buckets = _KNOWN, self.raw, self.sums, self.buckets
+        last = ""  # a family's lines are contiguous: its dicts are looked up once per family
+        per: dict[SeriesKey, str] = {}
+        per_le: dict[float, float] = {}
+        for line, name in found:
+            key, _, v = line.rpartition(" ")
+            info = known.get(key)
+            if info is None or "_" in v:
+                self._add_checked(name, line)
+                last = ""
+                continue
+            try:
+                value = float(v)
+            except ValueError:
+                self._add_checked(name, line)
+                last = ""
+                continue
+            kind = info[0]
+            if kind < _COUNTER:
+                if value == value:
+                    self._gauge(kind, name, info[3], value)
+                continue
+            if name != last:
+                per = raw.setdefault(name, {})
+                if kind == _BUCKET:
+                    per_le = buckets.setdefault(name[:-7], {})
+                last = name
+            per[key] = " " + v  # as written after the series (line[len(key):])
+            if value != value:  # NaN
+                continue
+            if kind == _BUCKET:
+                le = info[2]
+                per_le[le] = per_le.get(le, 0.0) + value
+            else:
+                sums[name] = sums.get(name, 0.0) + value
+        for hist in [h for h, les in buckets.items() if not les]:  # every bucket NaN: no histogram, as before
+            del buckets[hist]
+
+    def _add_checked(self, name: str, line: str) -> None:
+        """One line through the full grammar (SampleError when it is not Prometheus text); remembers its series."""
+        end = len(name)
         key, value = split_sample(line, end)
-        if name in _SERIES_NAMES:
-            if name != self._last:  # a family's lines are contiguous: one dict lookup per family
-                self._per = self.raw.setdefault(name, {})
-                self._last = name
-            self._per[key] = line[len(key):]  # type: ignore[index]  # " value" as written; see _num
+        kind = _kind(name)
+        le = le_of(key, end) if kind == _BUCKET else math.nan
+        m = _ENGINE.search(key) if kind < _COUNTER else None
+        if line.rpartition(" ")[0] == key:  # the plain `series value` form: the fast path can take it next time
+            if len(_KNOWN) >= _KNOWN_MAX:
+                _KNOWN.clear()
+            _KNOWN[key] = (kind, name, le, m.group(1) if m else "")
+        if kind >= _COUNTER:
+            self.raw.setdefault(name, {})[key] = line[len(key):]
         if value != value:  # NaN
             return
-        if name in _GAUGE_NAMES:
-            self._engine(key, name, value)
-        if name in _MAX_NAMES:
-            self.maxes[name] = max(self.maxes.get(name, -math.inf), value)
-        elif name not in _SUM_NAMES and name.endswith("_bucket"):
-            per = self.buckets.setdefault(name[:-7], {})
-            le = le_of(key, end)
-            per[le] = per.get(le, 0.0) + value
-        else:  # a summed counter or gauge, or a histogram's _sum or _count
+        if kind == _BUCKET:
+            self._bucket(name, le, value)
+        elif kind >= _COUNTER:
             self.sums[name] = self.sums.get(name, 0.0) + value
+        else:
+            self._gauge(kind, name, m.group(1) if m else "", value)
 
-    def _engine(self, key: SeriesKey, name: str, value: float) -> None:
-        m = _ENGINE.search(key)
-        per = self.engines.setdefault(m.group(1) if m else "", {})
-        per[name] = max(per[name], value) if name in per and name in _MAX_NAMES else per.get(name, 0.0) + value
+    def _bucket(self, name: str, le: float, value: float) -> None:
+        per = self.buckets.get(name[:-7])
+        if per is None:
+            per = self.buckets[name[:-7]] = {}
+        per[le] = per.get(le, 0.0) + value
+
+    def _gauge(self, kind: int, name: str, engine: str, value: float) -> None:
+        per = self.engines.get(engine)
+        if per is None:
+            per = self.engines[engine] = {}
+        if kind == _GAUGE_MAX:
+            self.maxes[name] = max(self.maxes.get(name, -math.inf), value)
+            per[name] = max(per[name], value) if name in per else value
+        else:
+            self.sums[name] = self.sums.get(name, 0.0) + value
+            per[name] = per.get(name, 0.0) + value
 
 
 def _scan(text: str) -> tuple[bool, _Totals]:
@@ -162,9 +233,7 @@ def _scan(text: str) -> tuple[bool, _Totals]:
 
     One regular expression finds the wanted lines, so the lines we do not read cost no Python at all."""
     totals = _Totals()
-    for m in _WANTED_LINE.finditer("\n" + text):
-        line, name = m.groups()
-        totals.add(name, line, len(name))
+    totals.add_lines(_WANTED_LINE.findall("\n" + text))
     return text.startswith("vllm:") or "\nvllm:" in text, totals
 
 

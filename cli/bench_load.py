@@ -13,6 +13,7 @@ streams and 20,000 tokens/s a `json.loads` per token would cost the loop more th
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import random
 import time
@@ -204,6 +205,8 @@ async def run_level(session: aiohttp.ClientSession, wl: Workload, level: Level, 
     deadline = time.perf_counter() + level.duration_s if level.duration_s else None
     todo = level.requests or 10**9
     bodies = wl.bodies(min(todo, 4096), offset)
+    gc.collect()
+    gc.freeze()  # what exists now is never scanned again during the level: no long collection pause mid-stream
     t0 = time.perf_counter()
 
     async def one(i: int) -> bool:
@@ -222,6 +225,7 @@ async def run_level(session: aiohttp.ClientSession, wl: Workload, level: Level, 
         out.interrupted = not task.done()
     finally:  # also when the sweep is aborted: no request outlives its level (nor the session it reads from)
         await _cancel_all([task, stopper])
+        gc.unfreeze()
     out.duration_s = time.perf_counter() - t0
     return out
 

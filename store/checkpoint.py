@@ -1,18 +1,21 @@
 """A background WAL checkpointer, so the writer thread never pays for copying pages and fsyncing the file.
 
 SQLite's automatic checkpoint runs inside the committing connection: with a backlog it cost the writer
-about a fifth of its throughput (measured on an 8-GPU synthetic load). Here a second connection runs
-PASSIVE checkpoints (they never block the writer or readers) about once a second, in parallel because
-SQLite releases the GIL. If this thread cannot keep up or fails, the writer's own autocheckpoint comes
+about a fifth of its throughput (measured on an 8-GPU synthetic load). Here a second connection, kept open,
+runs PASSIVE checkpoints (they never block the writer or readers) about once a second while commits come, in
+parallel because SQLite releases the GIL. If this thread cannot keep up or fails, the writer's own autocheckpoint comes
 back at a larger WAL size as a safety net, so the WAL cannot grow without bound.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -62,28 +65,64 @@ class Checkpointer:
         return self._unlinked
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.interval_s)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            if self._wal_unlinked():
-                # The -wal/-shm were unlinked under this process: a new connection would pair the old
-                # (deleted) wal-index with a new -wal file. The writer copies its frames and renews.
-                self._stop.wait(self.interval_s)
-                continue
-            try:
-                # A fresh connection each time: cheap, and it follows the file if the writer replaced it.
-                conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=rw", uri=True,
-                                       isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
-                try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                    self.runs += 1
-                    self.last_error = None
-                finally:
-                    conn.close()
-            except sqlite3.Error as exc:  # full disk, busy: the next round tries again
-                if self.last_error != str(exc):
-                    log.warning("%s: background checkpoint failed: %s", self.path, exc)
-                self.last_error = str(exc)
-            self._stop.wait(self.interval_s / 4)  # at most a few checkpoints a second
+        conn: _Kept | None = None
+        try:
+            while not self._stop.is_set():
+                poked = self._wake.wait(self.interval_s)
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
+                if self._wal_unlinked():
+                    # The -wal/-shm were unlinked under this process: this connection must not checkpoint the
+                    # old (deleted) files into the main one. The writer copies its frames, stops this thread
+                    # (the connection closes with it) and starts a new one on the new files.
+                    conn = _Kept.close(conn)
+                    self._stop.wait(self.interval_s)
+                    continue
+                if not poked and self.runs:
+                    continue  # nothing was committed since the last checkpoint
+                conn = self._checkpoint(conn)
+                self._stop.wait(self.interval_s / 4)  # at most a few checkpoints a second
+        finally:
+            _Kept.close(conn)
+
+    def _checkpoint(self, conn: _Kept | None) -> _Kept | None:
+        """One PASSIVE checkpoint on the kept connection (a new one when the file was replaced); the
+        connection to keep, None after an error (the next round connects again)."""
+        try:
+            conn = _Kept.current(conn, self.path)
+            conn.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            self.runs += 1
+            self.last_error = None
+            return conn
+        except (sqlite3.Error, OSError) as exc:  # full disk, busy, file gone: the next round tries again
+            if self.last_error != str(exc):
+                log.warning("%s: background checkpoint failed: %s", self.path, exc)
+            self.last_error = str(exc)
+            return _Kept.close(conn)
+
+
+@dataclass
+class _Kept:
+    """The checkpointer's connection and the file it was opened on. Kept between rounds (a connection a second
+    cost more than the checkpoint); os.stat, which never opens the file, tells when the writer replaced it."""
+
+    conn: sqlite3.Connection
+    ident: tuple[int, int]
+
+    @staticmethod
+    def current(kept: _Kept | None, path: Path) -> _Kept:
+        st = os.stat(path)
+        ident = (st.st_dev, st.st_ino)
+        if kept is not None and kept.ident == ident:
+            return kept
+        _Kept.close(kept)
+        conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=rw", uri=True, isolation_level=None,
+                               timeout=BUSY_TIMEOUT_MS / 1000)
+        return _Kept(conn, ident)
+
+    @staticmethod
+    def close(kept: _Kept | None) -> None:
+        if kept is not None:
+            with contextlib.suppress(sqlite3.Error):
+                kept.conn.close()

@@ -156,7 +156,7 @@ def plan_memory(p: SimParams, *, tp: int, pp: int, gpu_memory_utilization: float
 # ---------------------------------------------------------------------------------------------- engine
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself: list membership and removal by identity (512 running: O(n) each)
 class SimRequest:
     rid: str
     prompt_tokens: int
@@ -302,11 +302,15 @@ class SimEngine:
         res.prefill_tokens = prefill_tokens
         self._decode(decoding, spec, res, end)
         self._prefill(prefilling, res, end)
-        for req in list(self.running):
-            if req.generated >= req.max_tokens:
-                self.running.remove(req)
-                self._free(req)
-                res.finished.append(self._finish(req, req.finish_reason_at_max, end))
+        if any(req.generated >= req.max_tokens for req in self.running):
+            still: list[SimRequest] = []
+            for req in self.running:
+                if req.generated >= req.max_tokens:
+                    self._free(req)
+                    res.finished.append(self._finish(req, req.finish_reason_at_max, end))
+                else:
+                    still.append(req)
+            self.running[:] = still
         return res
 
     def _schedule_running(self, res: StepResult, decoding: list[SimRequest],
@@ -321,12 +325,14 @@ class SimEngine:
             if want <= 0:
                 i += 1
                 continue
+            preempted = False
             while not self._grow(req, want):
                 victim = self.running[-1]
                 self._preempt(victim, res)
                 if victim is req:
+                    preempted = True
                     break
-            if req not in self.running:
+            if preempted:
                 continue
             budget -= want
             if req.to_compute <= 0:

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,11 @@ class Pending:
     prompt_tokens: int
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # int tokens, then ("end", reason) / ("error", msg)
     generated: int = 0
+
+    @property
+    def words(self) -> int:
+        """Where this request's words start in WORDS (its text is fixed by its id)."""
+        return int.from_bytes(hashlib.blake2b(self.rid.encode(), digest_size=4).digest(), "big")
 
 
 def log(msg: str, level: str = "INFO", src: str = "api_server.py:1870") -> None:
@@ -360,8 +366,8 @@ class SimServer:
             raise ApiError(400, "max_tokens must be at least 1, got " + json.dumps(max_tokens), param="max_tokens")
         return max_tokens, "length"
 
-    def _text(self, rid: str, start: int, n: int) -> str:
-        base = int.from_bytes(hashlib.blake2b(rid.encode(), digest_size=4).digest(), "big")
+    @staticmethod
+    def _text(base: int, start: int, n: int) -> str:
         return "".join(" " + WORDS[(base + i * 7) % len(WORDS)] for i in range(start, start + n))
 
     async def completion(self, request: web.Request, chat: bool) -> web.StreamResponse:
@@ -407,7 +413,7 @@ class SimServer:
             while True:
                 item = await p.queue.get()
                 if isinstance(item, int):
-                    text += self._text(p.rid, p.generated, item)
+                    text += self._text(p.words, p.generated, item)
                     p.generated += item
                     continue
                 kind, detail = item
@@ -453,6 +459,10 @@ class SimServer:
                 c["stop_reason"] = None
             return c
 
+        # A token's event is this one with its text put in: built once, so a token costs one string encoding
+        marker = "\x00lynxtop-token\x00"
+        head, tail = (x.encode() for x in chunk([choice(marker, None)]).decode().split(json.dumps(marker), 1))
+        words = p.words
         try:
             if chat:
                 await resp.write(chunk([choice(None, None, role=True)]))
@@ -460,7 +470,8 @@ class SimServer:
                 item = await p.queue.get()
                 if isinstance(item, int):
                     for _ in range(item):  # one SSE event per token, as vLLM sends them
-                        await resp.write(chunk([choice(self._text(p.rid, p.generated, 1), None)]))
+                        text = json.dumps(self._text(words, p.generated, 1))
+                        await resp.write(b"".join((head, text.encode(), tail)))
                         p.generated += 1
                     continue
                 kind, detail = item
@@ -656,12 +667,23 @@ class SimServer:
         return 1 if self.ray_lost else 0
 
 
+def _run(main: Coroutine[Any, Any, int]) -> int:
+    """On uvloop where installed, as vLLM's API server runs (`uvloop.run`): its socket writes in C are most of
+    what a streamed token costs the server."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
+
+
 def serve(args: ServeArgs, serve_argv: list[str]) -> int:
     """Run the server; however it ends (short of SIGKILL), its EngineCores end with it, as vLLM's process
     manager sees to. Only a SIGKILL of this process leaves them orphaned."""
     server = SimServer(args, serve_argv)
     try:
-        return asyncio.run(server.run())
+        return _run(server.run())
     finally:
         if server.ray is not None:
             server.ray.close()  # the placement group goes back to the cluster

@@ -17,6 +17,7 @@ import time
 import psutil
 import pytest
 
+from lynxtop.agent import procs
 from lynxtop.agent.host import HOST_COLUMNS, HostSampler, role_of
 
 ENGINE = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"  # burns one core
@@ -83,6 +84,7 @@ def test_vllm_tree_cpu_and_rss_by_role(tmp_path, vllm_tree):
     assert len(pids) == 3 and vllm_tree.pid in pids
     first = h.sample(vllm_tree.pid)
     assert first["vllm_procs"] == 3 and first["vllm_engine_cpu_pct"] is None  # no previous CPU reading
+    assert h.tree_pids == pids  # what the GPU sampler attributes memory to: the members this row read
     time.sleep(1.0)
     row = h.sample(vllm_tree.pid)
     assert row["vllm_procs"] == 3
@@ -141,3 +143,32 @@ def test_one_proc_read_gives_what_psutil_gives():
         child.kill()
         child.wait()
     assert procs.usage(2**22 + 1) is None  # past pid_max: no such process
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_kept_stat_files_read_fresh_values_and_let_go_of_a_reaped_process():
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    files = procs.StatFiles()
+    try:
+        before = _open_fds()
+        first = files.usage(spin.pid)
+        assert first is not None and first.state in ("R", "S")
+        assert _open_fds() == before + 1
+        time.sleep(0.5)
+        later = files.usage(spin.pid)
+        assert later is not None and later.cpu_s > first.cpu_s  # read again, not cached
+        assert later.start_ticks == procs.stat(spin.pid).start_ticks
+        spin.kill()
+        spin.wait()
+        assert files.usage(spin.pid) is None  # reaped: the kept descriptor says so
+        assert _open_fds() == before  # and was closed
+        assert files.usage(os.getpid()) is not None
+        files.keep_only(())
+        assert _open_fds() == before
+    finally:
+        spin.kill()
+        spin.wait()
+        files.close()

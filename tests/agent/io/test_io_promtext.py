@@ -168,6 +168,25 @@ def test_a_line_the_reference_refuses_is_refused(line):
         parse_text(text)
 
 
+@pytest.mark.parametrize("value", ["1_000", "abc", "1 2 3 x", "", "0x10"])
+def test_a_known_series_with_a_bad_value_is_still_refused(value):
+    parse_text('vllm:num_requests_running{engine="0"} 5\n')  # the series is known: its next line takes the short path
+    text = f'vllm:num_requests_running{{engine="0"}} {value}\n'
+    with pytest.raises(PageError):
+        reference_parse(text)
+    with pytest.raises(PageError, match="not Prometheus text"):
+        parse_text(text)
+
+
+def test_a_histogram_whose_buckets_are_all_nan_is_absent_as_in_the_reference():
+    good = 'vllm:time_to_first_token_seconds_bucket{le="1.0"} 1\nvllm:time_to_first_token_seconds_bucket{le="+Inf"} 2\n'
+    parse_text(good)  # known series: the NaN page below takes the short path
+    text = good.replace(" 1\n", " NaN\n").replace(" 2\n", " NaN\n") + "vllm:num_requests_running 1\n"
+    ours, ref = parse_text(text), reference_parse(text)
+    same(ours, ref)
+    assert "ttft" not in ours.histograms and ours.gauges == {"running": 1.0}
+
+
 @pytest.mark.parametrize("line", [
     'vllm:num_requests_running{engine="0",model_name="a,b}c"} 4',
     'vllm:num_requests_running{engine="0", model_name="x\\"y"} 4 1700000000000',
