@@ -34,7 +34,7 @@ import psutil
 from support.ports import free_port
 
 from lynxtop.agent.sim.model import SimParams
-from lynxtop.bench_load import Level, Workload, run_level, run_loop, session
+from lynxtop.bench_load import Level, Workload, run_level, run_loop, streams
 from lynxtop.bench_stats import summarize
 
 MODEL = "deepseek-ai/DeepSeek-V4.1"
@@ -98,12 +98,12 @@ def _quantile(buckets: list[tuple[float, float]], rank: float) -> float | None:
     return None
 
 
-async def measure(url: str, streams: int, requests: int, output_len: int) -> dict:
+async def measure(url: str, concurrency: int, requests: int, output_len: int) -> dict:
     wl = Workload(url, MODEL, input_len=8, output_len=output_len)
     stop = asyncio.Event()
-    async with session(streams + 8, 300) as sess:
-        await run_level(sess, wl, Level(concurrency=32, requests=32), stop)  # warm-up: connections, the loop
-        run = await run_level(sess, wl, Level(concurrency=streams, requests=requests), stop, offset=1)
+    async with streams(url, 300) as pool:
+        await run_level(pool, wl, Level(concurrency=32, requests=32), stop)  # warm-up: connections, the loop
+        run = await run_level(pool, wl, Level(concurrency=concurrency, requests=requests), stop, offset=1)
     s = summarize(run)
     s["elapsed_s"] = run.duration_s
     return s

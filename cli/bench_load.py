@@ -13,15 +13,17 @@ streams and 20,000 tokens/s a `json.loads` per token would cost the loop more th
 from __future__ import annotations
 
 import asyncio
-import gc
+import contextlib
 import json
 import random
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiohttp
+
+from lynxtop.bench_http import ConnectFailed, ProtocolError, StreamPool
 
 NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
 T = TypeVar("T")
@@ -92,6 +94,12 @@ class _Events:
                     self._event(line[5:].strip(), now)
 
     def _event(self, payload: bytes, now: float) -> None:
+        if b'"finish_reason":null' in payload or b'"finish_reason": null' in payload:
+            # a token, found with one search: error, usage-only and closing events have no null finish_reason
+            if b'"usage":{' in payload or b'"usage": {' in payload:  # continuous usage stats
+                self.usage_tokens = (json.loads(payload).get("usage") or {}).get("completion_tokens")
+            self._token(now)
+            return
         if payload == b"[DONE]":
             self.done = True
             return
@@ -100,8 +108,10 @@ class _Events:
             raise StreamError(str(err.get("message", err) if isinstance(err, dict) else err))
         if b'"usage":{' in payload or b'"usage": {' in payload:
             self.usage_tokens = (json.loads(payload).get("usage") or {}).get("completion_tokens")
-        if not _carries_token(payload):
-            return
+        if _carries_token(payload):
+            self._token(now)
+
+    def _token(self, now: float) -> None:
         if self.tokens == 0:
             self.res.ttft = now - self.t0
         else:
@@ -123,27 +133,33 @@ class StreamError(Exception):
     """The server reported an error inside the stream."""
 
 
-async def one_request(session: aiohttp.ClientSession, wl: Workload, body: dict[str, Any]) -> RequestResult:
+async def one_request(pool: StreamPool, wl: Workload, body: dict[str, Any]) -> RequestResult:
     """POST one streamed completion and time it; never raises for a server or network problem."""
     res = RequestResult(prompt_tokens=wl.input_len)
     headers = {"Authorization": f"Bearer {wl.api_key}"} if wl.api_key else None
+    payload = json.dumps(body).encode()
     t0 = time.perf_counter()
     ev = _Events(res, t0)
     try:
-        async with session.post(wl.url + "/v1/completions", json=body, headers=headers) as r:
-            if r.status != 200:
-                res.error = f"HTTP {r.status}: {_message(await r.text())}"
-                return res
-            async for data in r.content.iter_any():
-                ev.feed(data, time.perf_counter())
+        answer = await pool.post("/v1/completions", payload, headers, ev.feed)  # tokens timed as they are read
     except StreamError as exc:
         res.error = f"error in stream: {exc}"[:300]
         return res
-    except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+    except ConnectFailed as exc:
         res.error, res.unreachable = f"cannot connect: {exc}"[:300], True
         return res
-    except NETWORK_ERRORS as exc:
-        res.error = f"{'stream cut' if ev.tokens else 'no answer'}: {type(exc).__name__}: {exc}"[:300]
+    except ProtocolError as exc:
+        res.error = f"bad answer: {exc}"[:300]
+        return res
+    except (OSError, TimeoutError) as exc:
+        if str(exc):
+            what = f"{type(exc).__name__}: {exc}"
+        else:
+            what = f"timed out after {pool.timeout_s:g} s" if isinstance(exc, TimeoutError) else type(exc).__name__
+        res.error = f"{'stream cut' if ev.tokens else 'no answer'}: {what}"[:300]
+        return res
+    if answer.status != 200:
+        res.error = f"HTTP {answer.status}: {_message(answer.body.decode('utf-8', 'replace'))}"
         return res
     return _finish(res, ev)
 
@@ -198,19 +214,17 @@ class LevelRun:
 Progress = Callable[[int], None]  # called with the count of finished requests
 
 
-async def run_level(session: aiohttp.ClientSession, wl: Workload, level: Level, stop: asyncio.Event,
+async def run_level(pool: StreamPool, wl: Workload, level: Level, stop: asyncio.Event,
                     progress: Progress | None = None, offset: int = 0) -> LevelRun:
     """Run one level to its end (or until `stop` is set: then in-flight requests are cancelled)."""
     out = LevelRun(level)
     deadline = time.perf_counter() + level.duration_s if level.duration_s else None
     todo = level.requests or 10**9
     bodies = wl.bodies(min(todo, 4096), offset)
-    gc.collect()
-    gc.freeze()  # what exists now is never scanned again during the level: no long collection pause mid-stream
     t0 = time.perf_counter()
 
     async def one(i: int) -> bool:
-        res = await one_request(session, wl, bodies[i % len(bodies)])
+        res = await one_request(pool, wl, bodies[i % len(bodies)])
         out.results.append(res)
         if progress:
             progress(len(out.results))
@@ -225,7 +239,6 @@ async def run_level(session: aiohttp.ClientSession, wl: Workload, level: Level, 
         out.interrupted = not task.done()
     finally:  # also when the sweep is aborted: no request outlives its level (nor the session it reads from)
         await _cancel_all([task, stopper])
-        gc.unfreeze()
     out.duration_s = time.perf_counter() - t0
     return out
 
@@ -293,8 +306,18 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
         return runner.run(main)
 
 
+@contextlib.asynccontextmanager
+async def streams(url: str, timeout_s: float) -> AsyncIterator[StreamPool]:
+    """The connections a sweep streams its requests over (closed at the end however it ends)."""
+    pool = StreamPool(url, timeout_s)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
 def session(limit: int, timeout_s: float) -> aiohttp.ClientSession:
-    """One session for the sweep: enough connections for the highest level, no per-host cap."""
+    """A session for the server's other questions (its models)."""
     conn = aiohttp.TCPConnector(limit=limit, limit_per_host=0, force_close=False)
     return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=5))
 

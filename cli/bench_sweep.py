@@ -29,7 +29,7 @@ from rich.progress import (
 from rich.progress_bar import ProgressBar
 from rich.text import Text
 
-from lynxtop.bench_load import Level, LevelRun, Workload, run_level, session
+from lynxtop.bench_load import Level, LevelRun, Workload, run_level, streams
 from lynxtop.bench_stats import summarize
 
 Sink = Callable[[dict[str, Any]], None]  # called with each finished level's summary
@@ -166,16 +166,16 @@ async def sweep(wl: Workload, levels: Sequence[Level], *, warmup: int, stop: asy
     """Run `levels` in order; each summary goes to `sink` as soon as its level ends."""
     out = SweepResult()
     top = max((lv.concurrency or 0) for lv in levels) or 256
-    async with session(top + 8, timeout_s) as sess:
+    async with streams(wl.url, timeout_s) as pool:
         if warmup:
-            await run_level(sess, wl, Level(concurrency=min(warmup, top), requests=warmup), stop, offset=10**7)
+            await run_level(pool, wl, Level(concurrency=min(warmup, top), requests=warmup), stop, offset=10**7)
         for i, level in enumerate(levels, 1):
             if stop.is_set():
                 out.interrupted = True
                 break
             if progress:
                 progress.start(level, i, len(levels))
-            run = await run_level(sess, wl, level, stop, progress, offset=i * 100_000)
+            run = await run_level(pool, wl, level, stop, progress, offset=i * 100_000)
             if progress:
                 progress.end()
             summary = summarize(run, *sla)
