@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -292,6 +293,8 @@ class Node:
             if self.cluster is not None:  # a head's Ray comes first: serving waits for its cluster
                 await self.cluster.boot()
             await self._take_over_serving(sup)
+            gc.collect()
+            gc.freeze()  # startup's objects live as long as the agent: later full collections need not walk them
             self.notifier.ready(self.status_line())
             await self._serve_until_stopped(loop, sup)
         finally:

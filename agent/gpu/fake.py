@@ -452,8 +452,8 @@ class FakeNvml:
                 if left <= 0:
                     raise _err(pynvml.NVML_ERROR_TIMEOUT)
                 # injected XIDs and those the sampler's looks fire wake this at once; otherwise the
-                # scenario is looked at every 250 ms at most (cheap, like a real wait sleeping in the driver)
-                self._xid_ready.wait(min(left, 0.25))
+                # scenario is looked at once a second at most (a real wait sleeps in the driver)
+                self._xid_ready.wait(min(left, 1.0))
 
     def nvmlEventSetFree(self, event_set: Any) -> None:
         self._system("nvmlEventSetFree")
