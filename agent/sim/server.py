@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import hashlib
 import json
 import os
@@ -278,7 +279,11 @@ class SimServer:
     async def h_metrics(self, request: web.Request) -> web.Response:
         assert self.metrics is not None
         body = self.metrics.render()
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        headers = {"Content-Type": CONTENT_TYPE_LATEST}
+        if "gzip" in request.headers.get("Accept-Encoding", ""):  # as prometheus_client's ASGI app answers
+            body = gzip.compress(body)
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(body=body, headers=headers)
 
     async def h_load(self, request: web.Request) -> web.Response:
         return web.json_response({"server_load": len(self.pending)})

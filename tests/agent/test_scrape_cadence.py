@@ -29,11 +29,13 @@ class VllmStandIn:
         self.delay_s = 0.0
         self.huge: str | None = None  # "stream": chunks until the client hangs up; "announced": Content-Length only
         self.hits = 0
+        self.encodings: list[str] = []  # the Accept-Encoding of each scrape
         self.runner: web.AppRunner | None = None
         self.url = ""
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:
         self.hits += 1
+        self.encodings.append(request.headers.get("Accept-Encoding", ""))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.huge == "announced":
@@ -122,6 +124,13 @@ async def test_page_slower_than_the_tick_is_cut_off_with_one_event_and_sampling_
             assert node.status().engines == ()
         finally:
             close_node(node)
+
+
+async def test_the_page_is_asked_for_uncompressed():
+    async with VllmStandIn() as srv, aiohttp.ClientSession() as session:
+        s = MetricsScraper(srv.url)
+        assert (await s.scrape(session, now=0.0))["scrape_ok"] == 1
+        assert srv.encodings == ["identity"]  # vLLM would otherwise gzip ~0.3 MB a tick on its event loop
 
 
 @pytest.mark.parametrize("mode", ["stream", "announced"])

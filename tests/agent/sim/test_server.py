@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
+import urllib.request
 
 import aiohttp
 import pytest
@@ -300,3 +302,16 @@ def test_more_gpus_than_the_node_has_fails_startup(start_sim):
     sp = start_sim("-dp", "2", tp=8)
     assert sp.wait_exit(20) == 1
     assert "The number of required GPUs (16) exceeds the number of available GPUs (8)" in sp.text()
+
+
+def test_metrics_are_gzipped_when_asked_as_prometheus_client_does(shared_sim):
+    def get(encoding: str) -> tuple[str | None, bytes]:
+        req = urllib.request.Request(shared_sim.url + "/metrics", headers={"Accept-Encoding": encoding})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.headers.get("Content-Encoding"), r.read()
+
+    enc, zipped = get("gzip, deflate")
+    assert enc == "gzip"
+    plain_enc, plain = get("identity")
+    assert plain_enc is None and plain.startswith(b"# HELP")
+    assert set(families(gzip.decompress(zipped).decode())) == set(families(plain.decode()))
