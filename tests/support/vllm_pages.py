@@ -13,7 +13,7 @@ def sim_page(engines: int, seed: int, models: tuple[str, ...] = ("deepseek-ai/De
     """The simulator's vLLM 0.32 families after some random traffic on every engine (and every model)."""
     rng = random.Random(seed)
     out = []
-    for i, model in enumerate(models):
+    for model in models:
         m = VllmMetrics(model_name=model, version=(0, 32), max_model_len=32768, spec_decode=True,
                         cache_info={"block_size": "16"}, engines=engines)
         for e in range(engines):
@@ -26,6 +26,21 @@ def sim_page(engines: int, seed: int, models: tuple[str, ...] = ("deepseek-ai/De
                                     "inference_s": 2.0, "prefill_s": 0.3, "decode_s": 1.7, "prompt_tokens": 900,
                                     "generation_tokens": 77, "max_tokens": 128, "tpot_s": rng.uniform(0.01, 0.2)}]},
                           e)
-        text = generate_latest(m.registry).decode()
-        out.append(text if i == 0 else "\n".join(x for x in text.splitlines() if x.startswith("vllm:")) + "\n")
-    return "".join(out)
+        out.append(_families(generate_latest(m.registry).decode()))
+    # one page, as one registry with a model_name label writes it: each family once, every model's samples in it
+    page = out[0]
+    for other in out[1:]:
+        for name, lines in other.items():
+            page[name] += [x for x in lines if not x.startswith("#")]
+    return "".join(line + "\n" for lines in page.values() for line in lines)
+
+
+def _families(text: str) -> dict[str, list[str]]:
+    """The page's lines by family (a family starts at its HELP line), in page order."""
+    fams: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            current = fams.setdefault(line.split()[2], [])
+        current.append(line)
+    return fams

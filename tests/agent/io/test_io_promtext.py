@@ -197,3 +197,21 @@ def test_a_histogram_whose_buckets_are_all_nan_is_absent_as_in_the_reference():
 def test_odd_but_valid_lines_read_the_same(line):
     text = f"{line}\n"
     assert parse_text(text).gauges == reference_parse(text).gauges
+
+
+@pytest.mark.parametrize("shape", ["no comment lines", "samples before the first TYPE", "two pages one after the other"])
+def test_only_the_families_read_are_scanned_and_odd_layouts_still_read_the_same(shape):
+    page = sim_page(8, seed=4)
+    if shape == "no comment lines":
+        text = "".join(x + "\n" for x in page.splitlines() if not x.startswith("#"))
+    elif shape == "samples before the first TYPE":
+        text = 'vllm:num_requests_running{engine="9"} 3\n' + page
+    else:  # a proxy that concatenates two servers' pages: every family twice, each with its TYPE line
+        text = page + sim_page(8, seed=5).replace('engine="', 'engine="1')
+    same(parse_text(text), reference_parse(text))
+    spans = scrape_mod._wanted_spans("\n" + text)
+    covered = sum(end - start for start, end in spans)
+    if shape == "no comment lines":
+        assert spans == [(0, len(text) + 1)]
+    else:
+        assert covered < 0.5 * len(text)  # the regular expression never sees most of the page
