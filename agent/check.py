@@ -33,7 +33,7 @@ from typing import Any
 
 from lynxtop.contract.config import Profile
 from lynxtop.contract.models import GIB, ModelSpec
-from lynxtop.contract.status import ClusterNode, lost_nodes
+from lynxtop.contract.status import NodeSet
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 # vLLM's default max_num_seqs (EngineArgs._set_default_args; its test_defaults_with_usage_context): 1024 on GPUs of
@@ -83,23 +83,11 @@ class GpuFacts:
 
 
 @dataclass(frozen=True)
-class ClusterFacts:
-    """Ray's view of the cluster, read on a head from its state API (agent/cluster.py's parse_nodes)."""
+class ClusterFacts(NodeSet):
+    """Ray's view of the cluster, read on a head from its state API (agent/cluster.py's parse_nodes); alive, lost,
+    gpus_alive and shortfall are NodeSet's, as the head's serving gate counts them."""
 
-    nodes: tuple[ClusterNode, ...] = ()
     error: str | None = None  # why the view could not be read; then `nodes` says nothing
-
-    @property
-    def alive(self) -> tuple[ClusterNode, ...]:
-        return tuple(n for n in self.nodes if n.alive)
-
-    @property
-    def lost(self) -> tuple[ClusterNode, ...]:
-        return lost_nodes(self.nodes)
-
-    @property
-    def gpus_alive(self) -> float:
-        return sum(n.gpus for n in self.alive)
 
     def to_json(self) -> dict[str, Any]:
         return {"error": self.error, "gpus_alive": self.gpus_alive, "nodes_alive": len(self.alive),
@@ -248,11 +236,6 @@ def _parallelism(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec 
     return out
 
 
-def _describe(n: ClusterNode) -> str:
-    gpus = f"{n.gpus:g} GPU" + ("" if n.gpus == 1 else "s")
-    return f"{n.ip or n.name or n.node_id[:12]} ({gpus}{', head' if n.head else ''})"
-
-
 def _cluster_verdict(profile: Profile, needed: int, shape: str, cluster: ClusterFacts,
                      numbers: dict[str, Any]) -> Verdict:
     """A Ray profile on a head: Ray's own count of the cluster's GPUs decides (vLLM places its workers there)."""
@@ -263,14 +246,11 @@ def _cluster_verdict(profile: Profile, needed: int, shape: str, cluster: Cluster
                        "is this head's Ray running? `lynxtop status` shows it, `lynxtop ray start` starts it", numbers)
     alive, have = cluster.alive, cluster.gpus_alive
     numbers = numbers | {"gpus_cluster": have, "nodes_alive": len(alive), "nodes_lost": len(cluster.lost)}
-    if have >= needed:
+    shortfall = cluster.shortfall(needed)  # the serving gate's words (agent/cluster.py's ClusterWatch.missing)
+    if shortfall is None:
         return Verdict("parallelism", Level.OK, f"{msg}; Ray reports {have:g} GPUs on {len(alive)} node"
                                                 f"{'' if len(alive) == 1 else 's'}", numbers=numbers)
-    text = (f"{msg}; Ray reports {have:g} on {len(alive)} node(s) [{', '.join(map(_describe, alive))}]: "
-            f"{needed - have:g} missing")
-    if cluster.lost:
-        text += "; lost: " + ", ".join(f"{_describe(n)}: {n.state_message or 'dead'}" for n in cluster.lost)
-    return Verdict("parallelism", Level.WARNING, text,
+    return Verdict("parallelism", Level.WARNING, f"{msg}; Ray reports {shortfall}",
                    "run the agent with agent.role = \"worker\" and ray.head_address = this head on the missing "
                    "nodes (`lynxtop start` there if their Ray is stopped); the head holds the profile, waiting, "
                    "until Ray has the GPUs", numbers)

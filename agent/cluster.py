@@ -21,7 +21,7 @@ import aiohttp
 from lynxtop.agent.run import now_ms
 from lynxtop.contract.config import Profile
 from lynxtop.contract.events import Event, EventKind, Severity
-from lynxtop.contract.status import ClusterNode, lost_nodes
+from lynxtop.contract.status import ClusterNode, NodeSet, describe_node, gpus_text
 
 log = logging.getLogger(__name__)
 
@@ -81,26 +81,20 @@ class RayStateApi:
             raise ClusterViewError(f"Ray's state API at {self.url} answered something that is not JSON") from None
 
 
-def _gpus(n: float) -> str:
-    return f"{n:g} GPU" + ("" if n == 1 else "s")
-
-
-def describe(n: ClusterNode) -> str:
-    return f"{n.ip or n.name or n.node_id[:8]} ({_gpus(n.gpus)}{', head' if n.head else ''})"
-
-
 def _head_id(nodes: tuple[ClusterNode, ...] | list[ClusterNode]) -> str | None:
     return next((n.node_id for n in nodes if n.head), None)
 
 
 def _changes(before: dict[str, ClusterNode], nodes: list[ClusterNode]) -> list[Event]:
     """Lost: alive in the last view and not now. Joined: alive now and not in the last view."""
-    alive = [n for n in nodes if n.alive]
-    size = f"{len(alive)} node(s), {_gpus(sum(n.gpus for n in alive))}"
+    view = NodeSet(tuple(nodes))
+    alive = view.alive
+    size = f"{len(alive)} node(s), {gpus_text(view.gpus_alive)}"
     now = {n.node_id: n for n in nodes}
     out = [_lost(old, now.get(node_id), size) for node_id, old in before.items()
            if node_id not in now or not now[node_id].alive]
-    out += [Event(EventKind.CLUSTER_NODE_JOINED, Severity.INFO, f"node {describe(n)} joined the Ray cluster: {size}",
+    out += [Event(EventKind.CLUSTER_NODE_JOINED, Severity.INFO,
+                  f"node {describe_node(n)} joined the Ray cluster: {size}",
                   details={"node_id": n.node_id, "ip": n.ip, "name": n.name, "gpus": n.gpus})
             for n in alive if n.node_id not in before]
     return out
@@ -111,7 +105,7 @@ def _lost(old: ClusterNode, now: ClusterNode | None, size: str) -> Event:
     gone = now or old
     why = (now.state_message if now is not None else None) or "no longer in Ray's view"
     return Event(EventKind.CLUSTER_NODE_LOST, Severity.ERROR,
-                 f"Ray lost node {describe(gone)}: {why}; the cluster has {size} left",
+                 f"Ray lost node {describe_node(gone)}: {why}; the cluster has {size} left",
                  details={"node_id": gone.node_id, "ip": gone.ip, "name": gone.name, "gpus": gone.gpus,
                           "state_message": why, "end_ms": now.end_ms if now is not None else None})
 
@@ -136,8 +130,13 @@ class ClusterWatch:
         self._changed = asyncio.Event()
 
     @property
+    def view(self) -> NodeSet:
+        """The last view's nodes, for their arithmetic (alive, lost, GPUs alive, what a profile lacks)."""
+        return NodeSet(self.nodes)
+
+    @property
     def gpus_alive(self) -> float:
-        return sum(n.gpus for n in self.nodes if n.alive)
+        return self.view.gpus_alive
 
     async def run(self) -> None:
         failing = False
@@ -194,7 +193,7 @@ class ClusterWatch:
         before = {n.node_id: n for n in self.nodes if n.alive}
         if not before or _head_id(self.nodes) != _head_id(nodes):
             if nodes:
-                log.info("Ray's cluster: %s", ", ".join(describe(n) for n in nodes if n.alive))
+                log.info("Ray's cluster: %s", ", ".join(describe_node(n) for n in nodes if n.alive))
             return
         for ev in _changes(before, nodes):
             self._record(ev)
@@ -211,16 +210,10 @@ class ClusterWatch:
             return f"waiting for this node's Ray ({why_not}) before {need} GPUs ({shape}) can be counted"
         if self.view_error is not None or self.view_ms is None:
             return f"waiting for Ray's view of the cluster ({self.view_error or 'not read yet'})"
-        alive = [n for n in self.nodes if n.alive]
-        have = sum(n.gpus for n in alive)
-        if have >= need:
+        shortfall = self.view.shortfall(need)  # in `lynxtop check`'s words too (agent/check.py)
+        if shortfall is None:
             return None
-        lost = lost_nodes(self.nodes)
-        text = (f"waiting for Ray to report {_gpus(need)} ({shape}): it has {have:g} on {len(alive)} node(s) "
-                f"[{', '.join(describe(n) for n in alive)}]; {need - have:g} missing")
-        if lost:
-            text += "; lost: " + ", ".join(f"{describe(n)}: {n.state_message or 'dead'}" for n in lost)
-        return text
+        return f"waiting for Ray to report {gpus_text(need)} ({shape}): it has {shortfall}"
 
     async def wait_change(self, timeout_s: float) -> None:
         """Until the view changes (or `timeout_s`): the gate looks again then."""

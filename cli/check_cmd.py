@@ -33,6 +33,7 @@ from lynxtop.agent.check import (
 from lynxtop.config_cli import load_or_exit
 from lynxtop.contract.config import Config
 from lynxtop.contract.models import find_model
+from lynxtop.contract.status import describe_node
 
 RAY_TIMEOUT_S = 3.0
 
@@ -152,10 +153,10 @@ def role_line(cfg: Config, cluster: ClusterFacts | None) -> str:
         return line
     if cluster.error is not None:
         return f"{line}\ncluster: unknown: {cluster.error}"
-    nodes = ", ".join(f"{n.ip or n.name} ({n.gpus:g} GPUs{', head' if n.head else ''})" for n in cluster.alive)
+    nodes = ", ".join(map(describe_node, cluster.alive))
     line += f"\ncluster: Ray reports {cluster.gpus_alive:g} GPUs on {len(cluster.alive)} node(s): {nodes or 'none'}"
     for n in cluster.lost:
-        line += f"\n  lost: {n.ip or n.name} ({n.gpus:g} GPUs): {n.state_message or 'dead'}"
+        line += f"\n  lost: {describe_node(n)}: {n.state_message or 'dead'}"
     return line
 
 

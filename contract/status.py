@@ -10,7 +10,7 @@ The metric parts (`GpuStatus.metrics`, `HostStatus.metrics`, `ServingMetrics.val
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Self, TypeVar
@@ -317,15 +317,59 @@ class ClusterNode:
         return _build(cls, {"node_id": "", **d})
 
 
-def lost_nodes(nodes: Iterable[ClusterNode]) -> tuple[ClusterNode, ...]:
-    """Dead nodes with no live node of their kind (head or worker) at their address.
+def gpus_text(n: float) -> str:
+    """A GPU count in words: "1 GPU", "8 GPUs", "0.5 GPUs"."""
+    return f"{n:g} GPU" + ("" if n == 1 else "s")
 
-    Ray keeps a restarted node's old entry, DEAD, beside the new one for as long as its GCS lives: that entry is
-    history, not a node missing now. (A worker beside the head on one host, as in tests, is told apart by kind.)
-    """
-    nodes = tuple(nodes)
-    alive = {(n.ip, n.head) for n in nodes if n.alive}
-    return tuple(n for n in nodes if not n.alive and (n.ip, n.head) not in alive)
+
+def describe_node(n: ClusterNode) -> str:
+    """One node for an operator: its address (else its name, else its id's start), its GPUs, the head marked."""
+    return f"{n.ip or n.name or n.node_id[:8]} ({gpus_text(n.gpus)}{', head' if n.head else ''})"
+
+
+@dataclass(frozen=True)
+class NodeSet:
+    """Ray's view of the cluster as a set of nodes: which are alive, which were lost, the GPUs alive, and what a
+    profile still lacks. The one place of this arithmetic: the status (ClusterStatus), `lynxtop check` and the
+    head's serving gate all read it here, so they count and word it alike."""
+
+    nodes: tuple[ClusterNode, ...] = ()
+
+    @property
+    def alive(self) -> tuple[ClusterNode, ...]:
+        return tuple(n for n in self.nodes if n.alive)
+
+    @property
+    def lost(self) -> tuple[ClusterNode, ...]:
+        """Dead nodes with no live node of their kind (head or worker) at their address.
+
+        Ray keeps a restarted node's old entry, DEAD, beside the new one for as long as its GCS lives: that entry is
+        history, not a node missing now. (A worker beside the head on one host, as in tests, is told apart by kind.)
+        """
+        alive = {(n.ip, n.head) for n in self.nodes if n.alive}
+        return tuple(n for n in self.nodes if not n.alive and (n.ip, n.head) not in alive)
+
+    @property
+    def gpus_alive(self) -> float:
+        return sum(n.gpus for n in self.nodes if n.alive)
+
+    def gpus_missing(self, needed: float) -> float:
+        """GPUs the alive nodes lack for `needed` (0 when they have enough)."""
+        return max(needed - self.gpus_alive, 0)
+
+    def shortfall(self, needed: float) -> str | None:
+        """None when the alive nodes have `needed` GPUs; else, in words, what Ray has and what is missing, e.g.
+        "8 on 1 node(s) [10.0.0.1 (8 GPUs, head)]; 8 missing; lost: 10.0.0.2 (8 GPUs): <Ray's reason>"
+        (the caller says whose count it is: "it has ...", "Ray reports ...")."""
+        missing = self.gpus_missing(needed)
+        if not missing:
+            return None
+        alive = self.alive
+        text = (f"{self.gpus_alive:g} on {len(alive)} node(s) [{', '.join(map(describe_node, alive))}]; "
+                f"{missing:g} missing")
+        if lost := self.lost:
+            text += "; lost: " + ", ".join(f"{describe_node(n)}: {n.state_message or 'dead'}" for n in lost)
+        return text
 
 
 @dataclass(frozen=True)
@@ -346,16 +390,20 @@ class ClusterStatus:
     gpus_needed: int | None = None  # what the profile being started or served needs (TPxPPxDP)
 
     @property
+    def node_set(self) -> NodeSet:
+        return NodeSet(self.nodes)
+
+    @property
     def alive_nodes(self) -> tuple[ClusterNode, ...]:
-        return tuple(n for n in self.nodes if n.alive)
+        return self.node_set.alive
 
     @property
     def lost_nodes(self) -> tuple[ClusterNode, ...]:
-        return lost_nodes(self.nodes)
+        return self.node_set.lost
 
     @property
     def gpus_alive(self) -> float:
-        return sum(n.gpus for n in self.alive_nodes)
+        return self.node_set.gpus_alive
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> ClusterStatus:

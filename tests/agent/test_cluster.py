@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from support.agent_config import agent_toml, profile
 from support.waits import wait_for_async as wait_for
 
 from lynxtop.agent import raynode
+from lynxtop.agent.check import ClusterFacts, Level, check_profile, facts_from_info
 from lynxtop.agent.cluster import ClusterViewError, ClusterWatch, parse_nodes
 from lynxtop.agent.raynode import RayNode, ray_argv
 from lynxtop.contract.config import ConfigError, parse_config
@@ -148,6 +150,23 @@ async def test_missing_says_what_the_profile_needs_and_which_node_is_lost():
     src.answer = [node(1, head=True), node(3)]
     await w.poll()
     assert w.missing(prof) is None
+
+
+async def test_the_gate_and_lynxtop_check_say_what_is_missing_in_the_same_words():
+    nodes = [node(1, head=True), node(2, alive=False, msg="health check failed")]
+    w, *_ = make_watch(nodes)
+    await w.poll()
+    prof = pp2()
+    gate = w.missing(prof)
+    assert gate == ("waiting for Ray to report 16 GPUs (TP 8 x PP 2 x DP 1): it has 8 on 1 node(s) "
+                    "[10.0.0.1 (8 GPUs, head)]; 8 missing; lost: 10.0.0.2 (8 GPUs): health check failed")  # docs/api.md
+    facts = facts_from_info([{"index": i, "name": "NVIDIA H200", "cc_major": 9} for i in range(8)], "570.86",
+                            ray_installed=True)
+    report = check_profile(prof, replace(facts, cluster=ClusterFacts(tuple(nodes))), None)
+    [par] = [v for v in report.verdicts if v.check == "parallelism"]
+    shortfall = gate.split(": it has ", 1)[1]
+    assert par.level == Level.WARNING and par.reason.endswith(f"; Ray reports {shortfall}"), par.reason
+    assert w.gpus_alive == ClusterFacts(tuple(nodes)).gpus_alive == 8
 
 
 # ------------------------------------------------------------------------------------------ the gate

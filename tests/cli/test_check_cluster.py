@@ -123,7 +123,7 @@ def test_a_lost_worker_is_a_warning_naming_what_is_missing(tmp_path, capsys, ray
     ray.page = one_dead()
     rc, out, _ = check(capsys, "--config", config(tmp_path, "head", ray.port))
     assert rc == 1
-    assert "WARNING  parallelism" in out and "Ray reports 8 on 1 node(s) [192.0.2.2 (8 GPUs, head)]: 8 missing" in out
+    assert "WARNING  parallelism" in out and "Ray reports 8 on 1 node(s) [192.0.2.2 (8 GPUs, head)]; 8 missing" in out
     assert f"lost: 192.0.2.2 (8 GPUs): {LOST}" in out  # the worker beside the head on one host, as captured
     assert 'agent.role = "worker"' in out  # the fix
 
