@@ -74,6 +74,65 @@ def _meminfo() -> tuple[int, int, int, int] | None:
     return vals[0], vals[1], vals[2], vals[3]
 
 
+def _read(path: str) -> bytes | None:
+    """A /proc file in one go, without Python's buffered file objects (read every tick)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        parts = []
+        while chunk := os.read(fd, 65536):
+            parts.append(chunk)
+        return b"".join(parts)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _per_core() -> list[tuple[float, float]]:
+    """(busy, total) time of each core, as psutil's cpu_times(percpu=True) adds them, from one read of /proc/stat."""
+    data = _read("/proc/stat")
+    if data is None:  # not Linux
+        out = []
+        for c in psutil.cpu_times(percpu=True):
+            total = sum(c) - getattr(c, "guest", 0.0) - getattr(c, "guest_nice", 0.0)
+            out.append((total - c.idle - getattr(c, "iowait", 0.0), total))
+        return out
+    out = []
+    for line in data.split(b"\n"):
+        if not line.startswith(b"cpu") or line.startswith(b"cpu "):
+            continue
+        v = [int(x) for x in line.split()[1:]] + [0] * 10  # user nice system idle iowait irq softirq steal guest ...
+        # guest time is already inside user on Linux; counting it twice would exceed 100 %
+        total = float(sum(v[:8]))
+        out.append((total - v[3] - v[4], total))
+    return out
+
+
+def _net_bytes() -> tuple[int, int] | None:
+    """Bytes received and sent by every interface but loopback, from one read of /proc/net/dev."""
+    data = _read("/proc/net/dev")
+    if data is None:
+        try:
+            counters = psutil.net_io_counters(pernic=True)
+        except (OSError, RuntimeError):
+            return None
+        return (sum(c.bytes_recv for n, c in counters.items() if n != "lo"),
+                sum(c.bytes_sent for n, c in counters.items() if n != "lo"))
+    rx = tx = 0
+    for line in data.split(b"\n")[2:]:
+        name, sep, rest = line.partition(b":")
+        if not sep or name.strip() == b"lo":
+            continue
+        f = rest.split()
+        if len(f) >= 9:
+            rx += int(f[0])
+            tx += int(f[8])
+    return rx, tx
+
+
 def _alive(p: psutil.Process) -> bool:
     """Running and not a zombie: a killed worker stays a zombie until its parent reaps it."""
     try:
@@ -165,13 +224,7 @@ class HostSampler:
         self._prev_t = now
         row: dict = dict.fromkeys(HOST_COLUMNS)
 
-        per_core = []
-        for c in psutil.cpu_times(percpu=True):
-            idle = c.idle + getattr(c, "iowait", 0.0)
-            total = sum(c)
-            # guest time is already inside user on Linux; counting it twice would exceed 100 %
-            total -= getattr(c, "guest", 0.0) + getattr(c, "guest_nice", 0.0)
-            per_core.append((total - idle, total))
+        per_core = _per_core()
         if self._prev_cpu is not None and len(self._prev_cpu) == len(per_core):
             pcts = []
             busy_sum = total_sum = 0.0
@@ -204,15 +257,7 @@ class HostSampler:
         except OSError:
             self._disk = None  # the directory went away: look for the nearest one again next tick
 
-        rx = tx = 0
-        try:
-            for nic, c in psutil.net_io_counters(pernic=True).items():
-                if nic != "lo":
-                    rx += c.bytes_recv
-                    tx += c.bytes_sent
-            net: tuple[int, int] | None = (rx, tx)
-        except (OSError, RuntimeError):
-            net = None
+        net = _net_bytes()
         if net is not None and self._prev_net is not None and dt:
             row["net_rx_bytes_per_s"] = max(0, round((net[0] - self._prev_net[0]) / dt))
             row["net_tx_bytes_per_s"] = max(0, round((net[1] - self._prev_net[1]) / dt))
