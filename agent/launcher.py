@@ -212,7 +212,7 @@ class ServerProcess:
     def members(self) -> list[int]:
         """Live pids of this run (leader, group, descendants, token)."""
         roots = [self.pid] if not self.exited else []
-        return procs.run_processes(self.record.token, self.record.pgid, roots)
+        return procs.run_processes(self.record.token, self.record.pgid, roots, self.record.start_ticks)
 
     def note_files(self) -> None:
         """Record the segments the run has mapped now (at readiness: a run SIGKILLed as a whole leaves no
@@ -417,7 +417,7 @@ def leftovers(record: ServerRecord) -> list[int]:
 
     By token only: the recorded pid (and so the process group id) may belong to someone else by now.
     """
-    return procs.run_processes(record.token, None, ())
+    return procs.run_processes(record.token, None, (), record.start_ticks)
 
 
 async def kill_leftovers(record: ServerRecord, wait_s: float = 10.0, poll_s: float = 0.05) -> StopResult:

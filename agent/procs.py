@@ -197,15 +197,19 @@ def all_pids() -> list[int]:
         return []
 
 
-def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = ()) -> list[int]:
-    """Live pids of one run: same process group, descendants of `roots` or of group members, or the token."""
+def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = (), since_ticks: int = 0) -> list[int]:
+    """Live pids of one run: same process group, descendants of `roots` or of group members, or the token.
+
+    `since_ticks`: when the run's leader started; only processes started since then can carry its token, so only
+    their environments are read (a node's hundreds of older processes cost a stat each, not two reads)."""
     me = os.getpid()
     stats = {s.pid: s for s in (stat(p) for p in all_pids()) if s is not None and s.state not in ("Z", "X")}
     members = {pid for pid in roots if pid in stats}
     for s in stats.values():
         if s.pid == me:
             continue
-        if pgid is not None and s.pgid == pgid or token and environ_has(s.pid, RUN_TOKEN_ENV, token):
+        if pgid is not None and s.pgid == pgid or token and s.start_ticks >= since_ticks \
+                and environ_has(s.pid, RUN_TOKEN_ENV, token):
             members.add(s.pid)
     # close over descendants: a child that called setsid is still a child
     children: dict[int, list[int]] = {}
