@@ -27,7 +27,7 @@ SYSTEM_PROMPTS = (
 @dataclass(frozen=True)
 class Phase:
     name: str
-    duration_s: float
+    duration_s: float  # 0: until the generator is stopped
     concurrency: int
     prompt_tokens: tuple[int, int]
     output_tokens: tuple[int, int]
@@ -200,8 +200,10 @@ class LoadGenerator:
                     for phase in self.pattern:
                         current["phase"] = phase
                         self.stats.phase = phase.name
+                        # a phase of no length lasts until stop: waiting 0 s in a loop would spin a core
+                        length = phase.duration_s * self.time_scale if phase.duration_s > 0 else None
                         try:
-                            await asyncio.wait_for(stop.wait(), phase.duration_s * self.time_scale)
+                            await asyncio.wait_for(stop.wait(), length)
                         except TimeoutError:
                             pass
                         if stop.is_set():

@@ -206,3 +206,12 @@ def test_terminal_gone_sighup_still_leaves_no_process_behind(tmp_path):
         assert processes_of(root) == []
     finally:
         kill_all(root, grace_s=1.0)
+
+
+async def test_a_phase_of_no_length_lasts_until_stop_without_spinning():
+    gen = LoadGenerator("http://127.0.0.1:9", pattern=(Phase("forever", 0, 0, (1, 1), (1, 1)),))
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(1.0, stop.set)
+    cpu = time.process_time()
+    await gen.run(stop)
+    assert time.process_time() - cpu < 0.3  # waited for stop; before, it looped on a 0 s timeout for the whole second
