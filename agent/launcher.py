@@ -417,7 +417,7 @@ def leftovers(record: ServerRecord) -> list[int]:
 
     By token only: the recorded pid (and so the process group id) may belong to someone else by now.
     """
-    return procs.run_processes(record.token, None, (), record.start_ticks)
+    return procs.run_processes(record.token, None, ())  # every process: rare, and a record may be wrong
 
 
 async def kill_leftovers(record: ServerRecord, wait_s: float = 10.0, poll_s: float = 0.05) -> StopResult:
