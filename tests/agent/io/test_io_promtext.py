@@ -199,7 +199,7 @@ def test_odd_but_valid_lines_read_the_same(line):
     assert parse_text(text).gauges == reference_parse(text).gauges
 
 
-@pytest.mark.parametrize("shape", ["no comment lines", "samples before the first TYPE", "two pages one after the other"])
+@pytest.mark.parametrize("shape", ["no comment lines", "samples before the first TYPE", "two pages in a row"])
 def test_only_the_families_read_are_scanned_and_odd_layouts_still_read_the_same(shape):
     page = sim_page(8, seed=4)
     if shape == "no comment lines":
