@@ -259,11 +259,10 @@ def _wanted_spans(text: str) -> list[tuple[int, int]]:
     i = find("\n# TYPE ")
     spans = [(0, len(text) if i < 0 else i + 1)]
     while i >= 0:
-        name_end = find(" ", i + 8)
+        eol = find("\n", i + 8)
         nxt = find("\n# TYPE ", i + 8)
-        if name_end < 0:
-            break
-        if text[i + 8:name_end] in _TYPED_FAMILIES:
+        name = text[i + 8:len(text) if eol < 0 else eol].split(" ", 1)[0]
+        if name in _TYPED_FAMILIES:
             spans.append((i, len(text) if nxt < 0 else nxt + 1))
         i = nxt
     return spans

@@ -199,13 +199,16 @@ def test_odd_but_valid_lines_read_the_same(line):
     assert parse_text(text).gauges == reference_parse(text).gauges
 
 
-@pytest.mark.parametrize("shape", ["no comment lines", "samples before the first TYPE", "two pages in a row"])
+@pytest.mark.parametrize("shape", ["no comment lines", "samples before the first TYPE", "two pages in a row",
+                                   "a TYPE line without its type"])
 def test_only_the_families_read_are_scanned_and_odd_layouts_still_read_the_same(shape):
     page = sim_page(8, seed=4)
     if shape == "no comment lines":
         text = "".join(x + "\n" for x in page.splitlines() if not x.startswith("#"))
     elif shape == "samples before the first TYPE":
         text = 'vllm:num_requests_running{engine="9"} 3\n' + page
+    elif shape == "a TYPE line without its type":
+        text = page.replace("# TYPE vllm:num_requests_running gauge", "# TYPE vllm:num_requests_running")
     else:  # a proxy that concatenates two servers' pages: every family twice, each with its TYPE line
         text = page + sim_page(8, seed=5).replace('engine="', 'engine="1')
     same(parse_text(text), reference_parse(text))
