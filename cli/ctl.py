@@ -31,6 +31,7 @@ from lynxtop.contract.status import (
     ServingStatus,
     SlaStatus,
     Status,
+    gpus_text,
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY = 0, 1, 2, 3, 4
@@ -168,10 +169,6 @@ def _idle_worker(st: Status) -> bool:
     return st.cluster.role == Role.WORKER and st.serving.state == ServingState.STOPPED and not st.serving.profile
 
 
-def _gpus(n: float) -> str:
-    return f"{n:g} GPU" + ("" if n == 1 else "s")
-
-
 def cluster_lines(cl: ClusterStatus, now: int | None) -> list[str]:
     """This node's Ray and, on a head, the cluster as Ray reports it; nothing on a single node."""
     if cl.role == Role.SINGLE:
@@ -197,18 +194,18 @@ def _cluster_view_lines(cl: ClusterStatus) -> list[str]:
     alive, lost = cl.alive_nodes, cl.lost_nodes
     needs = ""
     if cl.gpus_needed is not None:
-        short = cl.gpus_needed - cl.gpus_alive
-        needs = f" (needs {cl.gpus_needed}" + (f": {short:g} missing" if short > 0 and cl.nodes else "") + ")"
+        short = cl.node_set.gpus_missing(cl.gpus_needed)
+        needs = f" (needs {cl.gpus_needed}" + (f": {short:g} missing" if short and cl.nodes else "") + ")"
     if not cl.nodes:
         return [f"cluster  unknown: {cl.view_error or 'not read yet'}" + needs]
     count = f"{len(alive)} of {len(alive) + len(lost)} nodes alive" if lost else f"{len(alive)} nodes"
-    lines = [f"cluster  {count}, {_gpus(cl.gpus_alive)}{needs}"
+    lines = [f"cluster  {count}, {gpus_text(cl.gpus_alive)}{needs}"
              + (f"  (last view; now unreadable: {cl.view_error})" if cl.view_error else "")]
     for n in (*alive, *lost):
         label = n.ip or n.name or n.node_id[:12]
         if n.name and n.name != label:
             label += f" ({n.name})"
-        line = f"{INDENT}{label:<15}  {_gpus(n.gpus):>7}  {'head  ' if n.head else 'worker'}  "
+        line = f"{INDENT}{label:<15}  {gpus_text(n.gpus):>7}  {'head  ' if n.head else 'worker'}  "
         if n.alive:
             line += "ALIVE"
         else:
