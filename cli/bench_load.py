@@ -151,6 +151,9 @@ async def one_request(pool: StreamPool, wl: Workload, body: dict[str, Any]) -> R
     except ProtocolError as exc:
         res.error = f"bad answer: {exc}"[:300]
         return res
+    except ValueError as exc:  # an error or usage event that is not JSON
+        res.error = f"bad event in the stream: {exc}"[:300]
+        return res
     except (OSError, TimeoutError) as exc:
         if str(exc):
             what = f"{type(exc).__name__}: {exc}"

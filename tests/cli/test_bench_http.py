@@ -8,6 +8,7 @@ import pytest
 from support.ports import free_port
 
 from lynxtop.bench_http import ConnectFailed, ProtocolError, StreamPool, _Reply
+from lynxtop.bench_load import Workload, one_request
 
 CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
            b"d\r\ndata: one\r\n\r\n\r\n" b"D;ext=1\r\ndata: two\r\n\r\n\r\n" b"0\r\nX-Trailer: t\r\n\r\n")
@@ -161,3 +162,15 @@ async def test_timeout_refused_and_a_raising_reader():
 def test_only_http_urls():
     with pytest.raises(ValueError, match="not an http"):
         StreamPool("ftp://x/", 1)
+
+
+async def test_a_malformed_event_fails_the_request_with_a_reason_not_the_level():
+    bad = b'data: {"choices":[],"usage":{oops}\n\n'
+    body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(bad), bad)
+    async with Scripted([(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body, False)]) as srv:
+        pool = StreamPool(f"http://127.0.0.1:{srv.port}", timeout_s=5)
+        try:
+            res = await one_request(pool, Workload(f"http://127.0.0.1:{srv.port}", "m", 4, 4), {"prompt": [1]})
+        finally:
+            await pool.close()
+    assert not res.ok and res.error.startswith("bad event in the stream")
