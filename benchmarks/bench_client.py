@@ -36,8 +36,9 @@ import psutil
 from support.ports import free_port
 
 from lynxtop.agent.sim.model import SimParams
-from lynxtop.bench_load import Level, Workload, run_level, run_loop, streams
+from lynxtop.bench_load import Level, Workload, run_level, streams
 from lynxtop.bench_stats import summarize
+from lynxtop.contract.loop import run_loop
 
 MODEL = "deepseek-ai/DeepSeek-V4.1"
 PARAMS = {"step_overhead_s": 0.02, "decode_s_per_seq": 0.0, "max_decode_tokens_per_s": 1e9,

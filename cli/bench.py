@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from lynxtop import bench_view
-from lynxtop.bench_load import Level, ServerError, Workload, run_loop, served_models, session
+from lynxtop.bench_load import Level, ServerError, Workload, served_models, session
 from lynxtop.bench_stats import db_row, from_db_row
 from lynxtop.bench_sweep import ProgressLine, SweepResult, sweep
 from lynxtop.client import AgentClient, AgentRefused, AgentUnreachable
+from lynxtop.contract.loop import run_loop
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)

@@ -17,16 +17,15 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 
 from lynxtop.bench_http import ConnectFailed, ProtocolError, StreamPool
 
 NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
-T = TypeVar("T")
 
 
 @dataclass
@@ -296,17 +295,6 @@ async def _gather_cancelling(coros: list) -> None:
         await asyncio.gather(*tasks)
     finally:
         await _cancel_all(tasks)
-
-
-def run_loop(main: Coroutine[Any, Any, T]) -> T:
-    """asyncio.run on uvloop where installed: its loop and socket reads in C halve the client's CPU per token
-    (a client that shares the cores with the server it measures must cost as little as possible)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main)
 
 
 @contextlib.asynccontextmanager

@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +33,7 @@ from lynxtop.agent.sim.flags import ServeArgs
 from lynxtop.agent.sim.frontends import helper_titles, start_helpers
 from lynxtop.agent.sim.metrics import V032, VllmMetrics, cache_config_labels
 from lynxtop.agent.sim.promdir import use_multiprocess_dir
+from lynxtop.contract.loop import run_loop
 
 if TYPE_CHECKING:
     from lynxtop.agent.sim.raygroup import RayGroup
@@ -672,23 +672,12 @@ class SimServer:
         return 1 if self.ray_lost else 0
 
 
-def _run(main: Coroutine[Any, Any, int]) -> int:
-    """On uvloop where installed, as vLLM's API server runs (`uvloop.run`): its socket writes in C are most of
-    what a streamed token costs the server."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main)
-
-
 def serve(args: ServeArgs, serve_argv: list[str]) -> int:
     """Run the server; however it ends (short of SIGKILL), its EngineCores end with it, as vLLM's process
     manager sees to. Only a SIGKILL of this process leaves them orphaned."""
     server = SimServer(args, serve_argv)
     try:
-        return _run(server.run())
+        return run_loop(server.run())  # on uvloop, as vLLM's API server runs
     finally:
         if server.ray is not None:
             server.ray.close()  # the placement group goes back to the cluster
