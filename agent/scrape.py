@@ -9,11 +9,14 @@ labels (max for the KV-cache gauge), and percentiles come from bucket difference
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import operator
 import re
+import time
 from collections import deque
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 
@@ -21,6 +24,8 @@ from lynxtop.agent.histogram import HistogramSnapshot, SlidingHistogram
 from lynxtop.agent.promtext import SampleError, le_of, split_sample
 from lynxtop.contract.columns import LATENCY_SERIES, SERVING_METRICS, names
 from lynxtop.contract.events import EventKind
+
+log = logging.getLogger("lynxtop.scrape")
 
 SERVING_COLUMNS = names(SERVING_METRICS)
 # vLLM's /metrics (prometheus_client's ASGI app) gzips when asked, and aiohttp asks by default: on loopback that
@@ -97,6 +102,10 @@ _WANTED_SAMPLES = _SUM_NAMES | _MAX_NAMES | frozenset(h + s for h in _HIST_NAMES
 # a MULTILINE "^", so the regex engine skips from newline to newline in C: a third of the time on a DP8 page.
 _WANTED_LINE = re.compile(r"\n((" + "|".join(re.escape(n) for n in sorted(_WANTED_SAMPLES, key=len, reverse=True))
                           + r")(?=[{ \t])[^\n]*)")
+
+
+# prometheus_client's exposition (vLLM's /metrics) renders only the sample names given as `name[]`
+SELECTION = urlencode([("name[]", n) for n in sorted(_WANTED_SAMPLES)])
 
 
 def _name_end(line: str) -> int:
@@ -466,6 +475,10 @@ def empty_row() -> dict[str, Any]:
     return {c: None for c in SERVING_COLUMNS}
 
 
+class _Refused(str):
+    """The server answered with an error status (it is there, but would not give this page)."""
+
+
 class MetricsScraper:
     """Scrapes one vLLM server. After each call: `outage_started`/`outage_ended` (one event per outage),
     `reset_series` (the counters that went down on this page: one event per such page), `generation_tokens_total`
@@ -477,6 +490,9 @@ class MetricsScraper:
             base = base[: -len("/metrics")]
         self.base_url = base
         self.url = base + "/metrics"
+        # only the samples we read, selected by the server (prometheus_client's `name[]`): a third of a DP=8 page
+        self.filtered_url = self.url + "?" + SELECTION
+        self.filtered = True  # False once the server answered a selection without vLLM's samples
         self.window_s = window_s
         self.timeout_s = timeout_s
         self.scrape_errors = 0
@@ -515,34 +531,52 @@ class MetricsScraper:
 
     async def scrape(self, session: aiohttp.ClientSession, now: float) -> dict[str, Any]:
         """GET /metrics and return the tick's serving row (run_id left None for the caller)."""
-        try:
-            async with session.get(self.url, headers=_PLAIN,
-                                   timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
-                if resp.status != 200:
-                    return self.failed(now, f"HTTP {resp.status} from {self.url}")
-                if (resp.content_length or 0) > MAX_PAGE_BYTES:
-                    return self.failed(now, f"page cut off: {resp.content_length} bytes announced, over the "
-                                            f"{MAX_PAGE_BYTES} byte limit, at {self.url}")
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in resp.content.iter_chunked(1 << 16):  # read(n) may stop early: loop to EOF
-                    size += len(chunk)
-                    if size > MAX_PAGE_BYTES:
-                        return self.failed(now, f"page cut off: larger than {MAX_PAGE_BYTES} bytes at {self.url}")
-                    chunks.append(chunk)
-                body = b"".join(chunks)
-        except TimeoutError:
-            return self.failed(now, f"page cut off: timed out after {self.timeout_s:g} s reading {self.url}")
-        except aiohttp.ClientError as exc:
-            return self.failed(now, f"cannot read {self.url}: {exc or type(exc).__name__}")
-        except OSError as exc:
-            return self.failed(now, f"cannot read {self.url}: {exc}")
+        deadline = time.monotonic() + self.timeout_s
+        body = await self._get(session, self.filtered_url if self.filtered else self.url, deadline)
+        if self.filtered and (isinstance(body, bytes) and b"\nvllm:" not in b"\n" + body
+                              or isinstance(body, _Refused)):
+            # A server that cannot select: vLLM with several API servers renders from its multiprocess directory,
+            # where prometheus_client's name[] selects nothing; a proxy may refuse the query. The whole page
+            # decides: when it has vLLM's samples, it is what this scraper reads from now on.
+            body = await self._get(session, self.url, deadline)
+            if isinstance(body, bytes) and b"\nvllm:" in b"\n" + body:
+                self.filtered = False
+                log.info("%s does not answer name[] selections with vLLM's samples: reading the whole page",
+                         self.url)
+        if not isinstance(body, bytes):
+            return self.failed(now, str(body))
         text = body.decode("utf-8", errors="replace")
         try:
             page = await asyncio.to_thread(parse_text, text)  # CPU-heavy: keep the event loop free
         except PageError as exc:
             return self.failed(now, f"malformed page at {self.url}: {exc}")
         return self._accept(page, now)
+
+    async def _get(self, session: aiohttp.ClientSession, url: str, deadline: float) -> bytes | str:
+        """The page's bytes, or why it could not be read (the failed row's error; `_Refused`: an HTTP status)."""
+        try:
+            async with session.get(url, headers=_PLAIN,
+                                   timeout=aiohttp.ClientTimeout(total=max(deadline - time.monotonic(), 0.01))
+                                   ) as resp:
+                if resp.status != 200:
+                    return _Refused(f"HTTP {resp.status} from {self.url}")
+                if (resp.content_length or 0) > MAX_PAGE_BYTES:
+                    return (f"page cut off: {resp.content_length} bytes announced, over the {MAX_PAGE_BYTES} "
+                            f"byte limit, at {self.url}")
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_chunked(1 << 16):  # read(n) may stop early: loop to EOF
+                    size += len(chunk)
+                    if size > MAX_PAGE_BYTES:
+                        return f"page cut off: larger than {MAX_PAGE_BYTES} bytes at {self.url}"
+                    chunks.append(chunk)
+                return b"".join(chunks)
+        except TimeoutError:
+            return f"page cut off: timed out after {self.timeout_s:g} s reading {self.url}"
+        except aiohttp.ClientError as exc:
+            return f"cannot read {self.url}: {exc or type(exc).__name__}"
+        except OSError as exc:
+            return f"cannot read {self.url}: {exc}"
 
     async def fetch_version(self, session: aiohttp.ClientSession) -> str | None:
         """vLLM's version from GET /version, or None when it cannot be read."""

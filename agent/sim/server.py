@@ -278,7 +278,7 @@ class SimServer:
 
     async def h_metrics(self, request: web.Request) -> web.Response:
         assert self.metrics is not None
-        body = self.metrics.render()
+        body = self.metrics.render([n for n in request.query.getall("name[]", []) if n])
         headers = {"Content-Type": CONTENT_TYPE_LATEST}
         if "gzip" in request.headers.get("Accept-Encoding", ""):  # as prometheus_client's ASGI app answers
             body = gzip.compress(body)
