@@ -63,32 +63,62 @@ def detach_readers(path: Path, timeout: float) -> tuple[int, int]:
     return done, left
 
 
-def unlinked_files(path: Path) -> list[str]:
+# realpath of a database -> (when /proc/self/fd was last listed, the fd links that named its -wal/-shm then)
+_wal_fds: dict[str, tuple[float, list[str]]] = {}
+FULL_SCAN_S = 30.0  # the whole descriptor table is listed at least this often (new connections' descriptors)
+
+
+def unlinked_files(path: Path, full: bool = False) -> list[str]:
     """The -wal/-shm of `path` that this process still has open although they were unlinked.
 
     Reads /proc/self/fd links and stats them (stat follows the link without opening the file: opening
-    and closing it would itself drop SQLite's locks). Empty where /proc is not available.
+    and closing it would itself drop SQLite's locks). Empty where /proc is not available. Between full
+    listings only the descriptors that named those files are looked at: an unlinked file is one inode, and the
+    writer's connection keeps its descriptors on it; any of them naming something else lists the table again.
     """
     base = key(path)
     wanted = {f"{base}-wal", f"{base}-shm"}
-    out: list[str] = []
+    now = time.monotonic()
+    cached = None if full else _wal_fds.get(base)
+    if cached is not None and now - cached[0] < FULL_SCAN_S:
+        out = _unlinked_among(cached[1], wanted)
+        if out is not None:
+            return out
     try:
         fds = os.listdir("/proc/self/fd")
     except OSError:
-        return out
+        return []
+    links = []
     for fd in fds:
         link = f"/proc/self/fd/{fd}"
         try:
             target = os.readlink(link)
         except OSError:
             continue  # closed meanwhile (the listing's own fd, for one)
+        if target.removesuffix(" (deleted)") in wanted:
+            links.append(link)
+    if links:
+        _wal_fds[base] = (now, links)
+    else:
+        _wal_fds.pop(base, None)  # nothing open yet: list again next time
+    return _unlinked_among(links, wanted) or []
+
+
+def _unlinked_among(links: list[str], wanted: set[str]) -> list[str] | None:
+    """The wanted files these descriptor links show unlinked; None when one of them names another file now."""
+    out: list[str] = []
+    for link in links:
+        try:
+            target = os.readlink(link)
+        except OSError:
+            return None
         name = target.removesuffix(" (deleted)")
         if name not in wanted:
-            continue
+            return None
         try:
             st = os.stat(link)
         except OSError:
-            continue
+            return None
         if st.st_nlink == 0 or target.endswith(" (deleted)"):
             out.append(name)
             continue

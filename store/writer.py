@@ -388,7 +388,7 @@ class StoreWriter:
             lost = len(self._ticks)
         if lost:
             log.error("%s: %d queued ticks were not written before shutdown", self.path, lost)
-        if not self._conn_lost and inproc.unlinked_files(self.path):
+        if not self._conn_lost and inproc.unlinked_files(self.path, full=True):
             # the frames in a deleted WAL vanish with the last descriptor: copy them into the file first
             self._checkpoint_into_file()
         try:
@@ -752,7 +752,7 @@ class StoreWriter:
             if self._thread is not None and self._checkpointer is None and not self._conn_lost:
                 self._checkpointer = Checkpointer(self.path)
                 self._checkpointer.start()
-        left = inproc.unlinked_files(self.path)
+        left = inproc.unlinked_files(self.path, full=True)
         if left:
             return False, f"reconnected, but {', '.join(left)} still open deleted in this process; retrying"
         return True, (f"recovered: the WAL's frames were copied into the main file and the agent reconnected "
