@@ -104,6 +104,7 @@ class FakeNvml:
         self._acc: dict[int, _GpuAcc] = {}
         self._gpm: dict[int, _GpmRecord | None] = {}  # sample buffer address -> record
         self._gpm_buffers: dict[int, Any] = {}
+        self._views: dict[int, tuple[Any, list[Any]]] = {}  # id(metrics struct) -> (struct, its entries)
         self._pending_xids: list[tuple[int, int]] = []
         self._event_sets: dict[int, set[int]] = {}
 
@@ -136,6 +137,10 @@ class FakeNvml:
         Instantaneous readings reuse a look younger than `resolution_s`; counters (`force`) always integrate
         up to now, so two GPM samples or field reads never share a timestamp.
         """
+        if not force:  # an instantaneous reading of a fresh look: no integration, no lock
+            acc = self._acc.get(index)
+            if acc is not None and 0.0 < (now := self.clock()) - acc.last_t < self.resolution_s:
+                return acc.last_state
         with self._lock:
             now = self.clock()
             acc = self._acc.get(index)
@@ -397,9 +402,7 @@ class FakeNvml:
         if a is None or b is None or a.gpu != b.gpu or b.t <= a.t:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         dt = b.t - a.t
-        metrics = mg.metrics  # one view of the array, not one per element
-        for i in range(mg.numMetrics):
-            m = metrics[i]
+        for m in self._metric_views(mg):
             mid = m.metricId
             m.nvmlReturn = pynvml.NVML_SUCCESS
             k = _SCALAR_POS.get(mid)
@@ -417,6 +420,16 @@ class FakeNvml:
                 m.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
                 m.value = 0.0
         return mg
+
+    def _metric_views(self, mg: Any) -> list[Any]:
+        """The struct's first numMetrics entries as ctypes views, made once per struct (the sampler reuses its
+        struct every tick, as with the real library; a view costs as much as the rest of the call)."""
+        n = mg.numMetrics
+        cached = self._views.get(id(mg))
+        if cached is None or cached[0] is not mg or len(cached[1]) != n:
+            metrics = mg.metrics
+            cached = self._views[id(mg)] = (mg, [metrics[i] for i in range(n)])
+        return cached[1]
 
     # ------------------------------------------------------------------ events
 

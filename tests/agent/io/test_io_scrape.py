@@ -430,3 +430,24 @@ async def test_scrape_unreachable_server():
         row = await s.scrape(session, now=0.0)
         assert row["scrape_ok"] == 0 and "cannot read http://127.0.0.1:9/metrics" in s.last_error
         assert await s.fetch_version(session) is None
+
+
+async def test_a_small_page_is_parsed_on_the_loop_a_huge_one_in_a_worker_thread(vllm_http, monkeypatch):
+    import threading
+
+    url, page, state = vllm_http
+    threads: list[int] = []
+    real = scrape_mod.parse_text
+
+    def recording(text: str):
+        threads.append(threading.get_ident())
+        return real(text)
+
+    monkeypatch.setattr(scrape_mod, "parse_text", recording)
+    s = MetricsScraper(url, timeout_s=10)
+    async with aiohttp.ClientSession() as session:
+        assert (await s.scrape(session, now=0.0))["scrape_ok"] == 1
+        monkeypatch.setattr(scrape_mod, "INLINE_PARSE_CHARS", 100)  # every page is "huge" now
+        assert (await s.scrape(session, now=1.0))["scrape_ok"] == 1
+    loop_thread = threading.get_ident()
+    assert threads[0] == loop_thread and threads[1] != loop_thread
