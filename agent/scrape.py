@@ -567,6 +567,8 @@ class MetricsScraper:
                 if (resp.content_length or 0) > MAX_PAGE_BYTES:
                     return (f"page cut off: {resp.content_length} bytes announced, over the {MAX_PAGE_BYTES} "
                             f"byte limit, at {self.url}")
+                if resp.content_length is not None:  # announced within the limit, and the parser keeps to it
+                    return await resp.read()
                 chunks: list[bytes] = []
                 size = 0
                 async for chunk in resp.content.iter_chunked(1 << 16):  # read(n) may stop early: loop to EOF

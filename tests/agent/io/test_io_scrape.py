@@ -451,3 +451,24 @@ async def test_a_small_page_is_parsed_on_the_loop_a_huge_one_in_a_worker_thread(
         assert (await s.scrape(session, now=1.0))["scrape_ok"] == 1
     loop_thread = threading.get_ident()
     assert threads[0] == loop_thread and threads[1] != loop_thread
+
+
+async def test_a_page_shorter_than_announced_is_a_failed_scrape_not_a_crash():
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100000\r\n\r\n"
+                     b"vllm:num_requests_running{engine=\"0\"} 1.0\n")
+        await writer.drain()
+        writer.close()  # the server dies mid-page
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        s = MetricsScraper(f"http://127.0.0.1:{port}", timeout_s=5)
+        async with aiohttp.ClientSession() as session:
+            row = await s.scrape(session, now=0.0)
+        assert row["scrape_ok"] == 0 and s.last_error.startswith(f"cannot read http://127.0.0.1:{port}/metrics")
+        assert s.outage_started
+    finally:
+        server.close()
+        await server.wait_closed()
