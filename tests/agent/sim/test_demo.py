@@ -175,7 +175,14 @@ def test_ctrl_c_stops_the_demo_and_leaves_no_process_behind(tmp_path):
         try:
             assert b"serving=ready" in seen, seen.decode(errors="replace")
             proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal delivers
-            rest, _ = proc.communicate(timeout=60)
+            try:
+                rest, _ = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired as exc:  # say where it hung: the demo's lines, the agent's log
+                log = root / "agent.log"
+                tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no agent log)"
+                alive = processes_of(root)
+                pytest.fail(f"the demo did not stop within 60 s of SIGINT; still running: {alive}\n--- demo output:\n"
+                            f"{(exc.output or b'')[-3000:].decode(errors='replace')}\n--- agent log:\n{tail}")
         finally:
             if proc.poll() is None:
                 proc.kill()
