@@ -9,14 +9,11 @@ labels (max for the KV-cache gauge), and percentiles come from bucket difference
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import operator
 import re
-import time
 from collections import deque
 from typing import Any
-from urllib.parse import urlencode
 
 import aiohttp
 
@@ -25,11 +22,9 @@ from lynxtop.agent.promtext import SampleError, le_of, split_sample
 from lynxtop.contract.columns import LATENCY_SERIES, SERVING_METRICS, names
 from lynxtop.contract.events import EventKind
 
-log = logging.getLogger("lynxtop.scrape")
-
 SERVING_COLUMNS = names(SERVING_METRICS)
-# vLLM's /metrics (prometheus_client's ASGI app) gzips when asked, and aiohttp asks by default: on loopback that
-# only costs the API server's event loop the compression of a DP=8 page (~0.3 MB) and the agent its inflation.
+# aiohttp asks for gzip by default; a server that honours it (prometheus_client's own ASGI app does; vLLM 0.32's
+# instrumentator handler does not) would compress a DP=8 page (~0.3 MB) on its event loop for the agent to inflate.
 _PLAIN = {"Accept-Encoding": "identity"}
 INLINE_PARSE_CHARS = 1024 * 1024  # larger pages are parsed in a worker thread
 MAX_PAGE_BYTES = 8 * 1024 * 1024  # a DP=8 page with two API servers is ~0.5 MiB; past this it is cut off unread
@@ -74,14 +69,14 @@ class ParsedPage:
 
     `series` keeps each counter series behind those sums (per engine, per `le`), keyed by ("counter", key),
     ("bucket" | "sum" | "count", histogram key): Prometheus detects a counter reset per series, before summing.
-    Values are kept as the page's text (compared as text first: most series do not move between two ticks).
+    Values are the floats the page's lines were read as (NaN included: never below anything, so never a reset).
     """
 
     def __init__(self) -> None:
         self.counters: dict[str, float] = {}
         self.gauges: dict[str, float] = {}
         self.histograms: dict[str, HistogramSnapshot] = {}
-        self.series: dict[tuple[str, str], dict[SeriesKey, str]] = {}
+        self.series: dict[tuple[str, str], dict[SeriesKey, float]] = {}
         self.engines: dict[str, dict[str, float]] = {}  # engine label -> running / waiting / kv_usage
 
 
@@ -103,10 +98,6 @@ _WANTED_SAMPLES = _SUM_NAMES | _MAX_NAMES | frozenset(h + s for h in _HIST_NAMES
 # a MULTILINE "^", so the regex engine skips from newline to newline in C: a third of the time on a DP8 page.
 _WANTED_LINE = re.compile(r"\n((" + "|".join(re.escape(n) for n in sorted(_WANTED_SAMPLES, key=len, reverse=True))
                           + r")(?=[{ \t])[^\n]*)")
-
-
-# prometheus_client's exposition (vLLM's /metrics) renders only the sample names given as `name[]`
-SELECTION = urlencode([("name[]", n) for n in sorted(_WANTED_SAMPLES)])
 
 
 def _name_end(line: str) -> int:
@@ -162,14 +153,14 @@ class _Totals:
         self.sums: dict[str, float] = {}
         self.maxes: dict[str, float] = {}
         self.buckets: dict[str, dict[float, float]] = {}
-        self.raw: dict[str, dict[SeriesKey, str]] = {}  # counter and histogram series: value text by series
+        self.raw: dict[str, dict[SeriesKey, float]] = {}  # counter and histogram series: value by series
         self.engines: dict[str, dict[str, float]] = {}  # engine label -> gauge sample name -> value
 
     def add_lines(self, found: list[tuple[str, str]]) -> None:
         """Add the (line, sample name) pairs of a page, in page order."""
         known, raw, sums, buckets = _KNOWN, self.raw, self.sums, self.buckets
         last = ""  # a family's lines are contiguous: its dicts are looked up once per family
-        per: dict[SeriesKey, str] = {}
+        per: dict[SeriesKey, float] = {}
         per_le: dict[float, float] = {}
         for line, name in found:
             key, _, v = line.rpartition(" ")
@@ -194,7 +185,7 @@ class _Totals:
                 if kind == _BUCKET:
                     per_le = buckets.setdefault(name[:-7], {})
                 last = name
-            per[key] = " " + v  # as written after the series (line[len(key):])
+            per[key] = value
             if value != value:  # NaN
                 continue
             if kind == _BUCKET:
@@ -217,7 +208,7 @@ class _Totals:
                 _KNOWN.clear()
             _KNOWN[key] = (kind, name, le, m.group(1) if m else "")
         if kind >= _COUNTER:
-            self.raw.setdefault(name, {})[key] = line[len(key):]
+            self.raw.setdefault(name, {})[key] = value
         if value != value:  # NaN
             return
         if kind == _BUCKET:
@@ -337,7 +328,7 @@ def _engine_gauges(per: dict[str, dict[str, float]]) -> dict[str, dict[str, floa
 
 
 def _add_histogram(page: ParsedPage, key: str, name: str, per_le: dict[float, float], sums: dict[str, float],
-                   raw: dict[str, dict[SeriesKey, str]]) -> None:
+                   raw: dict[str, dict[SeriesKey, float]]) -> None:
     bs = tuple(sorted(per_le.items()))
     if not math.isinf(bs[-1][0]):
         raise PageError(f"histogram {name} has no +Inf bucket")
@@ -367,13 +358,10 @@ class _SeriesCorrection:
         self._vals: list[float] = []
         self._gone: dict[SeriesKey, float] = {}
 
-    def update(self, cur: dict[SeriesKey, str]) -> tuple[dict[SeriesKey, float] | None, bool]:
+    def update(self, cur: dict[SeriesKey, float]) -> tuple[dict[SeriesKey, float] | None, bool]:
         """({series: correction} or None when nothing to correct, whether a series went down)."""
         keys = list(cur)
-        try:
-            vals = list(map(float, cur.values()))
-        except ValueError:  # a timestamp after a value, or garbage: the slow way
-            vals = [_num(v) for v in cur.values()]
+        vals = list(cur.values())
         prev_keys, prev_vals = self._keys, self._vals
         self._keys, self._vals = keys, vals
         if prev_keys is None:
@@ -406,15 +394,11 @@ class _SeriesCorrection:
 
 
 def _num(text: str) -> float:
-    """A sample value as the page wrote it (" 12.0", maybe followed by a timestamp); NaN where it is not a number
-    (NaN is never below anything, so never a reset)."""
+    """A label's number as written ("0.5", "+Inf"); NaN where it is not one."""
     try:
         return float(text)
     except ValueError:
-        try:
-            return float(text.split()[0])
-        except (ValueError, IndexError):
-            return math.nan
+        return math.nan
 
 
 def _le(series: SeriesKey) -> float:
@@ -476,10 +460,6 @@ def empty_row() -> dict[str, Any]:
     return {c: None for c in SERVING_COLUMNS}
 
 
-class _Refused(str):
-    """The server answered with an error status (it is there, but would not give this page)."""
-
-
 class MetricsScraper:
     """Scrapes one vLLM server. After each call: `outage_started`/`outage_ended` (one event per outage),
     `reset_series` (the counters that went down on this page: one event per such page), `generation_tokens_total`
@@ -491,9 +471,6 @@ class MetricsScraper:
             base = base[: -len("/metrics")]
         self.base_url = base
         self.url = base + "/metrics"
-        # only the samples we read, selected by the server (prometheus_client's `name[]`): a third of a DP=8 page
-        self.filtered_url = self.url + "?" + SELECTION
-        self.filtered = True  # False once the server answered a selection without vLLM's samples
         self.window_s = window_s
         self.timeout_s = timeout_s
         self.scrape_errors = 0
@@ -532,20 +509,9 @@ class MetricsScraper:
 
     async def scrape(self, session: aiohttp.ClientSession, now: float) -> dict[str, Any]:
         """GET /metrics and return the tick's serving row (run_id left None for the caller)."""
-        deadline = time.monotonic() + self.timeout_s
-        body = await self._get(session, self.filtered_url if self.filtered else self.url, deadline)
-        if self.filtered and (isinstance(body, bytes) and b"\nvllm:" not in b"\n" + body
-                              or isinstance(body, _Refused)):
-            # A server that cannot select: vLLM with several API servers renders from its multiprocess directory,
-            # where prometheus_client's name[] selects nothing; a proxy may refuse the query. The whole page
-            # decides: when it has vLLM's samples, it is what this scraper reads from now on.
-            body = await self._get(session, self.url, deadline)
-            if isinstance(body, bytes) and b"\nvllm:" in b"\n" + body:
-                self.filtered = False
-                log.info("%s does not answer name[] selections with vLLM's samples: reading the whole page",
-                         self.url)
-        if not isinstance(body, bytes):
-            return self.failed(now, str(body))
+        body = await self._get(session)
+        if isinstance(body, str):
+            return self.failed(now, body)
         text = body.decode("utf-8", errors="replace")
         try:
             if len(text) <= INLINE_PARSE_CHARS:
@@ -556,14 +522,13 @@ class MetricsScraper:
             return self.failed(now, f"malformed page at {self.url}: {exc}")
         return self._accept(page, now)
 
-    async def _get(self, session: aiohttp.ClientSession, url: str, deadline: float) -> bytes | str:
-        """The page's bytes, or why it could not be read (the failed row's error; `_Refused`: an HTTP status)."""
+    async def _get(self, session: aiohttp.ClientSession) -> bytes | str:
+        """The page's bytes, or why it could not be read (the failed row's error)."""
         try:
-            async with session.get(url, headers=_PLAIN,
-                                   timeout=aiohttp.ClientTimeout(total=max(deadline - time.monotonic(), 0.01))
-                                   ) as resp:
+            async with session.get(self.url, headers=_PLAIN,
+                                   timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
                 if resp.status != 200:
-                    return _Refused(f"HTTP {resp.status} from {self.url}")
+                    return f"HTTP {resp.status} from {self.url}"
                 if (resp.content_length or 0) > MAX_PAGE_BYTES:
                     return (f"page cut off: {resp.content_length} bytes announced, over the {MAX_PAGE_BYTES} "
                             f"byte limit, at {self.url}")

@@ -43,6 +43,24 @@ _SCALAR_POS = {mid: k for k, mid in enumerate(_GPM_SCALAR)}
 _N_INTEGRALS = len(_GPM_SCALAR) + 2  # scalars, nvlink total rx, nvlink total tx (per-link kept apart)
 
 
+_SLOTS: dict[int, dict[int, tuple[int, float]]] = {}
+
+
+def _slots(links: int) -> dict[int, tuple[int, float]]:
+    """GPM metric id -> (index into a record's `flat`, scale), for a GPU with `links` NVLinks; index -1: a link
+    the GPU does not have (reads 0). Ids missing here are not supported."""
+    table = _SLOTS.get(links)
+    if table is None:
+        table = {mid: (k, 1.0) for mid, k in _SCALAR_POS.items()}
+        table[_GPM_NVL_TOTAL_RX] = (_N_INTEGRALS - 2, 1.0)
+        table[_GPM_NVL_TOTAL_TX] = (_N_INTEGRALS - 1, 1.0)
+        for mid in range(_GPM_NVL_FIRST, _GPM_NVL_LAST + 1):
+            link, is_tx = divmod(mid - _GPM_NVL_FIRST, 2)
+            table[mid] = ((_N_INTEGRALS + links * is_tx + link) if link < links else -1, 1.0 / MIB)
+        table = _SLOTS.setdefault(links, table)
+    return table
+
+
 def _err(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
@@ -75,6 +93,7 @@ class _GpmRecord:
     integrals: tuple[float, ...]
     link_rx: tuple[float, ...]
     link_tx: tuple[float, ...]
+    flat: tuple[float, ...]  # integrals, then link rx, then link tx: what `_slots` indexes
 
 
 class FakeNvml:
@@ -390,7 +409,8 @@ class FakeNvml:
             if addr not in self._gpm:
                 raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
             self._gpm[addr] = _GpmRecord(handle.index, acc.last_t, tuple(acc.integrals),
-                                         tuple(acc.link_rx), tuple(acc.link_tx))
+                                         tuple(acc.link_rx), tuple(acc.link_tx),
+                                         (*acc.integrals, *acc.link_rx, *acc.link_tx))
         return sample
 
     def nvmlGpmMetricsGet(self, mg: Any) -> Any:
@@ -402,23 +422,17 @@ class FakeNvml:
         if a is None or b is None or a.gpu != b.gpu or b.t <= a.t:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         dt = b.t - a.t
+        slots = _slots(len(b.link_rx))
+        fa, fb = a.flat, b.flat
         for m in self._metric_views(mg):
-            mid = m.metricId
-            m.nvmlReturn = pynvml.NVML_SUCCESS
-            k = _SCALAR_POS.get(mid)
-            if k is not None:
-                m.value = (b.integrals[k] - a.integrals[k]) / dt
-            elif mid == _GPM_NVL_TOTAL_RX:
-                m.value = (b.integrals[-2] - a.integrals[-2]) / dt
-            elif mid == _GPM_NVL_TOTAL_TX:
-                m.value = (b.integrals[-1] - a.integrals[-1]) / dt
-            elif _GPM_NVL_FIRST <= mid <= _GPM_NVL_LAST:
-                link, is_tx = divmod(mid - _GPM_NVL_FIRST, 2)
-                series_a, series_b = (a.link_tx, b.link_tx) if is_tx else (a.link_rx, b.link_rx)
-                m.value = 0.0 if link >= len(series_b) else (series_b[link] - series_a[link]) / MIB / dt
-            else:
+            slot = slots.get(m.metricId)
+            if slot is None:
                 m.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
                 m.value = 0.0
+                continue
+            m.nvmlReturn = pynvml.NVML_SUCCESS
+            i, scale = slot
+            m.value = 0.0 if i < 0 else (fb[i] - fa[i]) * scale / dt
         return mg
 
     def _metric_views(self, mg: Any) -> list[Any]:

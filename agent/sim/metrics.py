@@ -128,11 +128,8 @@ class VllmMetrics:
               multiprocess_mode="mostrecent").labels(".".join(map(str, version))).set(1)
         self.http = HttpMetrics(self.registry)
 
-    def render(self, names: list[str] | None = None) -> bytes:
-        """The /metrics body; `names` (the request's `name[]`) selects samples by name, as prometheus_client's
-        exposition does: from a multiprocess registry, whose collector names nothing, that selects nothing."""
-        if names:
-            return generate_latest(self.page_registry.restricted_registry(names))
+    def render(self) -> bytes:
+        """The /metrics body."""
         return generate_latest(self.page_registry)
 
     # ------------------------------------------------------------------ family builders (children by engine)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
 import hashlib
 import json
 import os
@@ -278,12 +277,9 @@ class SimServer:
 
     async def h_metrics(self, request: web.Request) -> web.Response:
         assert self.metrics is not None
-        body = self.metrics.render([n for n in request.query.getall("name[]", []) if n])
-        headers = {"Content-Type": CONTENT_TYPE_LATEST}
-        if "gzip" in request.headers.get("Accept-Encoding", ""):  # as prometheus_client's ASGI app answers
-            body = gzip.compress(body)
-            headers["Content-Encoding"] = "gzip"
-        return web.Response(body=body, headers=headers)
+        # vLLM 0.32 answers /metrics with prometheus-fastapi-instrumentator's handler (its route comes before the
+        # prometheus_client mount): never gzipped, whatever the client accepts, and `name[]` is ignored
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def h_load(self, request: web.Request) -> web.Response:
         return web.json_response({"server_load": len(self.pending)})

@@ -130,7 +130,7 @@ async def test_the_page_is_asked_for_uncompressed():
     async with VllmStandIn() as srv, aiohttp.ClientSession() as session:
         s = MetricsScraper(srv.url)
         assert (await s.scrape(session, now=0.0))["scrape_ok"] == 1
-        assert srv.encodings == ["identity"]  # vLLM would otherwise gzip ~0.3 MB a tick on its event loop
+        assert srv.encodings == ["identity"]  # a server honouring gzip would compress ~0.3 MB a tick
 
 
 @pytest.mark.parametrize("mode", ["stream", "announced"])

@@ -33,7 +33,7 @@ def reference_parse(text: str) -> scrape_mod.ParsedPage:
     sums: dict[str, float] = {}
     maxes: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}
-    raw: dict[str, dict[str, str]] = {}
+    raw: dict[str, dict[str, float]] = {}
     try:
         for family in text_string_to_metric_families(relevant):
             for s in family.samples:
@@ -50,11 +50,11 @@ def reference_parse(text: str) -> scrape_mod.ParsedPage:
                     sums[s.name] = sums.get(s.name, 0.0) + value
     except Exception as exc:  # noqa: BLE001 - anything the reference refuses
         raise PageError(f"not Prometheus text: {exc}") from None
-    for line in relevant.splitlines():  # each series' value text, split as the scraper did before (string work)
+    for line in relevant.splitlines():  # each series' value, by its key as the page wrote it (string work)
         name = re.split(r"[{ \t]", line, maxsplit=1)[0]
         if name in scrape_mod._SERIES_NAMES:
             cut = line.rfind("}") + 1 or len(name)
-            raw.setdefault(name, {})[line[:cut]] = line[cut:]
+            raw.setdefault(name, {})[line[:cut]] = float(line[cut:].split()[0])
     page = scrape_mod.ParsedPage()
     for key, cands in scrape_mod.COUNTERS.items():
         name = next((n for n in cands if n in sums), None)
@@ -93,7 +93,10 @@ def same(a: scrape_mod.ParsedPage, b: scrape_mod.ParsedPage) -> None:
     assert a.counters == b.counters  # floats compared exactly: same additions in the same order
     assert a.gauges == b.gauges
     assert a.histograms == b.histograms
-    assert a.series == b.series
+    assert a.series.keys() == b.series.keys()
+    for k, series in a.series.items():  # NaN equals NaN here: the same value read from the same text
+        assert list(series) == list(b.series[k])
+        assert [repr(v) for v in series.values()] == [repr(v) for v in b.series[k].values()]
 
 
 @pytest.mark.parametrize("name", list(page_texts()))

@@ -103,26 +103,6 @@ def test_dp8_with_expert_parallelism_serves_eight_engines(start_sim, kit):
     assert "Defaulting api_server_count to data_parallel_size (8)." in sp.text()
 
 
-def test_name_selection_is_prometheus_clients_one_and_multiprocess_pages_select_nothing(start_sim, kit):
-    """vLLM's /metrics is prometheus_client's ASGI app: `name[]` selects samples by name (the agent's scrape asks
-    so); rendered from the multiprocess directory of several API servers, the selection is empty, as on vLLM."""
-    from lynxtop.agent.scrape import SELECTION
-
-    names = {kv.split("=", 1)[1].replace("%3A", ":") for kv in SELECTION.split("&")}
-    one = start_sim(*SHAPE, "--data-parallel-size", "2", "--api-server-count", "1", tp=4, max_model_len=1000)
-    whole = served_page(one, kit, requests=2)
-    status, body = kit.http(one.url + "/metrics?" + SELECTION)
-    assert status == 200
-    samples = [x for x in body.decode().splitlines() if not x.startswith("#")]
-    read = [x for x in whole.splitlines() if x.split("{")[0].split(" ")[0] in names]
-    assert sorted(samples) == sorted(read) and len(read) > 100  # an idle server: nothing moved in between
-    one.stop()  # its engines hold all 8 simulated GPUs
-    two = start_sim(*SHAPE, "--data-parallel-size", "2", "--api-server-count", "2", tp=4, max_model_len=1000)
-    served_page(two, kit, requests=2)
-    status, body = kit.http(two.url + "/metrics?" + SELECTION)
-    assert status == 200 and body == b""
-
-
 def test_explicit_single_api_server_keeps_the_plain_page_with_dp2(start_sim, kit):
     sp = start_sim(*SHAPE, "--data-parallel-size", "2", "--api-server-count", "1", tp=4, max_model_len=1000)
     page = served_page(sp, kit, requests=2)
