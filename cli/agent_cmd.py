@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
@@ -14,6 +13,7 @@ from typing import Any
 from lynxtop.agent.node import AgentStartError, Node
 from lynxtop.agent.notify import Notifier
 from lynxtop.config_cli import load_or_exit
+from lynxtop.contract.loop import run_loop
 
 
 def _setup_logging() -> None:
@@ -40,7 +40,7 @@ def run(args: Namespace) -> int:
     notifier = Notifier.from_env()  # also removes the variables: no child inherits them
     node = Node(cfg, notifier)
     try:
-        return asyncio.run(node.main())
+        return run_loop(node.main())
     except AgentStartError as exc:
         print(f"lynxtop agent: {exc}", file=sys.stderr)
         notifier.stopping(f"failed to start: {exc}")

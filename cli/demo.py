@@ -431,6 +431,9 @@ def run(args: Namespace) -> int:
     deadline = time.monotonic() + duration if duration else None
     previous_term = signal.signal(signal.SIGTERM, _term_as_interrupt)
     previous_hup = signal.signal(signal.SIGHUP, _term_as_interrupt)  # the SSH session went away
+    # Ctrl-C is how the demo is stopped: an "ignore" inherited from whatever started it (a harness, a script's
+    # background job) would leave a foreground demo that only SIGTERM can end
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     code = 0
     try:
         demo.start_agent()
@@ -451,7 +454,7 @@ def run(args: Namespace) -> int:
         code = 1
     finally:
         # finish the clean-up even if asked twice: an interrupted teardown is what leaves orphans behind
-        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         try:

@@ -150,12 +150,17 @@ def test_demo_end_to_end_leaves_no_process_behind(tmp_path):
 
 
 @pytest.mark.skipif(not _agent_importable(), reason="lynxtop.agent.node cannot be imported in this build")
-def _demo_until_ready(root) -> tuple[subprocess.Popen, bytes]:
+def _demo_until_ready(root, inherit_ignored_sigint: bool = False) -> tuple[subprocess.Popen, bytes]:
     """Start `lynxtop demo --no-tui` and read its output until serving is ready."""
     import selectors
+    import signal
+
+    def ignore_sigint() -> None:  # as a parent that ignores SIGINT leaves it to its children
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     proc = subprocess.Popen([sys.executable, "-m", "lynxtop", "demo", "--no-tui", "--state-dir", str(root),
-                             "--startup-seconds", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             "--startup-seconds", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=ignore_sigint if inherit_ignored_sigint else None)
     seen = b""
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
@@ -166,11 +171,13 @@ def _demo_until_ready(root) -> tuple[subprocess.Popen, bytes]:
     return proc, seen
 
 
-def test_ctrl_c_stops_the_demo_and_leaves_no_process_behind(tmp_path):
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_ctrl_c_stops_the_demo_and_leaves_no_process_behind(tmp_path, inherited):
+    """Also when SIGINT came in ignored (a harness or a script's background job): Ctrl-C is how a demo ends."""
     import signal
 
     root = tmp_path / "demo-ctrl-c"
-    proc, seen = _demo_until_ready(root)
+    proc, seen = _demo_until_ready(root, inherit_ignored_sigint=inherited == "ignored")
     try:
         try:
             assert b"serving=ready" in seen, seen.decode(errors="replace")
