@@ -1,4 +1,4 @@
-"""The event loop the project's socket-heavy processes run on: uvloop where installed, as vLLM's API server does.
+"""The event loop the agent, bench and the simulator run on: uvloop where installed, as vLLM's API server does.
 
 Its socket reads and writes are in C: half the CPU per streamed token for `lynxtop bench`'s client (which shares
 the cores with the server it measures) and for the simulator's API server. asyncio's own loop otherwise.
