@@ -90,10 +90,8 @@ class _Handle:
 class _GpmRecord:
     gpu: int
     t: float
-    integrals: tuple[float, ...]
-    link_rx: tuple[float, ...]
-    link_tx: tuple[float, ...]
-    flat: tuple[float, ...]  # integrals, then link rx, then link tx: what `_slots` indexes
+    flat: tuple[float, ...]  # the integrals, then each link's rx, then each link's tx: what `_slots` indexes
+    links: int
 
 
 class FakeNvml:
@@ -408,9 +406,8 @@ class FakeNvml:
         with self._lock:
             if addr not in self._gpm:
                 raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-            self._gpm[addr] = _GpmRecord(handle.index, acc.last_t, tuple(acc.integrals),
-                                         tuple(acc.link_rx), tuple(acc.link_tx),
-                                         (*acc.integrals, *acc.link_rx, *acc.link_tx))
+            self._gpm[addr] = _GpmRecord(handle.index, acc.last_t, (*acc.integrals, *acc.link_rx, *acc.link_tx),
+                                         len(acc.link_rx))
         return sample
 
     def nvmlGpmMetricsGet(self, mg: Any) -> Any:
@@ -422,7 +419,7 @@ class FakeNvml:
         if a is None or b is None or a.gpu != b.gpu or b.t <= a.t:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         dt = b.t - a.t
-        slots = _slots(len(b.link_rx))
+        slots = _slots(b.links)
         fa, fb = a.flat, b.flat
         for m in self._metric_views(mg):
             slot = slots.get(m.metricId)
