@@ -6,8 +6,8 @@ first call has no previous reading, so its rates are None (NULL), not 0.
 
 The vLLM tree is split by process title: vLLM names its processes with setproctitle (`VLLM::EngineCore`,
 `VLLM::Worker_TP0`, ...); anything else in the tree (the `vllm serve` API server, its helpers) counts as API.
-Walking the whole process table costs ~10 µs per process, so the tree is re-walked every `tree_refresh_s`
-(and at once when a known member dies), not every tick.
+The tree is re-walked every `tree_refresh_s` (and at once when a known member dies) through the node's kept
+process table (agent/proctable.py), which reads only the processes it has not seen before.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from lynxtop.agent import procs
+from lynxtop.agent.proctable import ProcTable
 from lynxtop.contract.columns import HOST_METRICS, names
 
 HOST_COLUMNS = names(HOST_METRICS)
@@ -37,18 +38,12 @@ def role_of(title: str) -> str:
     return "api"
 
 
-def _title(p: psutil.Process) -> str:
+def _title(s: procs.ProcStat) -> str:
     """setproctitle rewrites argv; comm (15 chars) is the fallback where argv is unreadable or empty."""
-    try:
-        argv = p.cmdline()
-        if argv and argv[0].startswith("VLLM::"):
-            return argv[0]
-    except (psutil.Error, OSError):
-        pass
-    try:
-        return p.name()
-    except (psutil.Error, OSError):
-        return ""
+    argv = procs.cmdline(s.pid)
+    if argv and argv[0].startswith("VLLM::"):
+        return argv[0]
+    return s.comm
 
 
 _MEMINFO_KEYS = {b"MemTotal:": 0, b"MemAvailable:": 1, b"SwapTotal:": 2, b"SwapFree:": 3}
@@ -133,14 +128,6 @@ def _net_bytes() -> tuple[int, int] | None:
     return rx, tx
 
 
-def _alive(p: psutil.Process) -> bool:
-    """Running and not a zombie: a killed worker stays a zombie until its parent reaps it."""
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except (psutil.Error, OSError):
-        return False
-
-
 def _disk_path(db_path: str | os.PathLike) -> str:
     """The nearest existing directory of the database: the file may not exist yet on a first start."""
     p = Path(db_path).absolute()
@@ -152,9 +139,10 @@ def _disk_path(db_path: str | os.PathLike) -> str:
 
 class HostSampler:
     def __init__(self, db_path: str | os.PathLike, tree_refresh_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, table: ProcTable | None = None):
         self.db_path = db_path
         self.tree_refresh_s = tree_refresh_s
+        self._table = table or ProcTable()  # the node shares its table with the run's member lookup
         self._clock = clock
         self._prev_t: float | None = None
         self._prev_cpu: list[tuple[float, float]] | None = None  # (busy, total) per core
@@ -200,21 +188,17 @@ class HostSampler:
 
     def _refresh_tree(self, root_pid: int, now: float) -> None:
         self._tree_root, self._tree_at = root_pid, now
-        try:
-            root = psutil.Process(root_pid)
-            members = [p for p in (root, *root.children(recursive=True)) if _alive(p)]
-        except (psutil.Error, OSError):
-            members = []
-        starts = {p.pid: st.start_ticks for p in members if (st := procs.stat(p.pid)) is not None}
+        members = self._table.tree(root_pid)  # live ones only: a killed worker stays a zombie until reaped
+        starts = {s.pid: s.start_ticks for s in members}
         for pid in list(self._roles):
             if starts.get(pid) != self._procs.get(pid):  # gone, or the pid now names another process
                 del self._roles[pid]
                 self._prev_proc_cpu.pop(pid, None)
         self._procs = starts
         self._stat_files.keep_only(starts)
-        for p in members:
-            if p.pid in starts and p.pid not in self._roles:
-                self._roles[p.pid] = role_of(_title(p))
+        for s in members:
+            if s.pid not in self._roles:
+                self._roles[s.pid] = role_of(_title(s))
 
     # ------------------------------------------------------------------ one tick
 

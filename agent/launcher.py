@@ -34,6 +34,7 @@ from pathlib import Path
 from lynxtop.agent import procs
 from lynxtop.agent.notify import NOTIFY_VARS
 from lynxtop.agent.procs import RUN_TOKEN_ENV
+from lynxtop.agent.proctable import ProcTable
 from lynxtop.agent.runfiles import RunFiles
 from lynxtop.contract.files import atomic_write
 
@@ -209,10 +210,12 @@ class ServerProcess:
     def leader_alive(self) -> bool:
         return not self.exited and procs.alive(self.pid)
 
-    def members(self) -> list[int]:
-        """Live pids of this run (leader, group, descendants, token)."""
+    def members(self, table: ProcTable | None = None) -> list[int]:
+        """Live pids of this run (leader, group, descendants, token): from the node's kept `table` when
+        sampling, from a fresh look at every process otherwise (deciding whether the run is gone)."""
         roots = [self.pid] if not self.exited else []
-        return procs.run_processes(self.record.token, self.record.pgid, roots, self.record.start_ticks)
+        find = table.members if table is not None else procs.run_processes
+        return find(self.record.token, self.record.pgid, roots, self.record.start_ticks)
 
     def note_files(self) -> None:
         """Record the segments the run has mapped now (at readiness: a run SIGKILLed as a whole leaves no

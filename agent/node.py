@@ -30,6 +30,7 @@ from lynxtop.agent.connguard import Episodes, FdPlan, install_loop_handler, is_r
 from lynxtop.agent.control import ActionError
 from lynxtop.agent.health import HttpClient
 from lynxtop.agent.notify import Notifier
+from lynxtop.agent.proctable import ProcTable
 from lynxtop.agent.sampling import (
     EventCollector,
     GpuSource,
@@ -130,6 +131,7 @@ class Node:
         self._members: set[int] = set()
         self._members_key: str | None = None
         self._members_at = 0.0
+        self.proc_table = ProcTable()  # the host tree and the run's members, read between looks
         self._stop = asyncio.Event()
         self._reader: Any = None
         self._reader_lock = threading.Lock()
@@ -206,7 +208,7 @@ class Node:
 
         self.sampler = GpuSampler(lambda: open_backend(fake, sim_dir, SimScenario), gpm_enabled=a.gpm,
                                   on_event=self._gpu_event)
-        self.host_sampler = HostSampler(a.database)
+        self.host_sampler = HostSampler(a.database, table=self.proc_table)
         self.sla = SlaTracker(self.cfg.sla)
         if a.role != "single":
             from lynxtop.agent.roles import ClusterPart
@@ -501,7 +503,7 @@ class Node:
         now = time.monotonic()
         proc = self.supervisor.proc if self.supervisor is not None else None
         if proc is not None and (self._members_key != proc.record.token or now - self._members_at > 5.0):
-            self._members = set(await asyncio.to_thread(proc.members))
+            self._members = set(await asyncio.to_thread(proc.members, self.proc_table))
             self._members_key, self._members_at = proc.record.token, now
         return self._members
 

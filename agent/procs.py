@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 RUN_TOKEN_ENV = "LYNXTOP_RUN_TOKEN"
@@ -143,12 +143,21 @@ def cmdline(pid: int) -> list[str] | None:
 
 
 def environ_has(pid: int, key: str, value: str) -> bool:
+    return environ_value(pid, key) == value
+
+
+def environ_value(pid: int, key: str) -> str | None:
+    """The value of `key` in the environment `pid` was started with (None: unset, or the process is gone)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             raw = f.read()
     except OSError:
-        return False
-    return f"{key}={value}".encode() in raw.split(b"\0")
+        return None
+    prefix = f"{key}=".encode()
+    for entry in raw.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode("utf-8", "surrogateescape")
+    return None
 
 
 def uid(pid: int) -> int | None:
@@ -202,14 +211,20 @@ def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = ()
 
     `since_ticks`: when the run's leader started; only processes started since then can carry its token, so only
     their environments are read (a node's hundreds of older processes cost a stat each, not two reads)."""
-    me = os.getpid()
     stats = {s.pid: s for s in (stat(p) for p in all_pids()) if s is not None and s.state not in ("Z", "X")}
+    return members_in(stats, token, pgid, roots, since_ticks,
+                      lambda s: token is not None and environ_has(s.pid, RUN_TOKEN_ENV, token))
+
+
+def members_in(stats: dict[int, ProcStat], token: str | None, pgid: int | None, roots: Iterable[int],
+               since_ticks: int, carries_token: Callable[[ProcStat], bool]) -> list[int]:
+    """`run_processes` over a given table of live processes; `carries_token(stat)` reads the environment."""
+    me = os.getpid()
     members = {pid for pid in roots if pid in stats}
     for s in stats.values():
         if s.pid == me:
             continue
-        if pgid is not None and s.pgid == pgid or token and s.start_ticks >= since_ticks \
-                and environ_has(s.pid, RUN_TOKEN_ENV, token):
+        if pgid is not None and s.pgid == pgid or token and s.start_ticks >= since_ticks and carries_token(s):
             members.add(s.pid)
     # close over descendants: a child that called setsid is still a child
     children: dict[int, list[int]] = {}

@@ -13,6 +13,8 @@ import math
 import operator
 import re
 from collections import deque
+from collections.abc import Callable, Sequence
+from functools import reduce
 from typing import Any
 
 import aiohttp
@@ -90,6 +92,7 @@ _SERIES_NAMES = _COUNTER_NAMES | frozenset(h + s for h in _HIST_NAMES for s in (
 _TYPED_FAMILIES = _HIST_NAMES | _SUM_NAMES | _MAX_NAMES | frozenset(n[:-6] for n in _COUNTER_NAMES
                                                                    if n.endswith("_total"))
 _FIRST = operator.itemgetter(0)
+_THIRD = operator.itemgetter(2)
 _LE = re.compile(r'[{,]\s*le\s*=\s*"([^"]*)"')
 _ENGINE = re.compile(r'[{,]\s*engine\s*=\s*"([^"]*)"')
 _GAUGE_NAMES = frozenset(n for ns in (*GAUGES_SUM.values(), *GAUGES_MAX.values()) for n in ns)
@@ -236,18 +239,99 @@ class _Totals:
             per[name] = per.get(name, 0.0) + value
 
 
+def _one(i: int) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    return lambda seq: (seq[i],)
+
+
+def _picker(idx: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """The items at `idx` of a sequence, as a tuple, gathered in C."""
+    return operator.itemgetter(*idx) if len(idx) > 1 else _one(idx[0])
+
+
+class _Plan:
+    """Where each line of one page layout goes: the same series in the same order, every page of a steady server.
+
+    Built once from the series `_Totals` has checked; a later page with that layout is added up without a Python
+    step per line: its values are read with one `map(float)` and each total is one `reduce(add)` over its lines'
+    values in page order, so the result is what `_Totals.add_lines` gives to the last digit (the tests compare
+    both with prometheus_client). A page with a NaN, an odd value or any other layout takes `add_lines`.
+    """
+
+    __slots__ = ("sums", "maxes", "buckets", "raw", "engines")
+
+    def __init__(self, keys: Sequence[SeriesKey]) -> None:
+        sums: dict[str, list[int]] = {}
+        maxes: dict[str, list[int]] = {}
+        buckets: dict[str, dict[float, list[int]]] = {}
+        raw: dict[str, list[int]] = {}
+        engines: dict[str, dict[str, tuple[int, list[int]]]] = {}
+        for i, key in enumerate(keys):
+            kind, name, le, engine = _KNOWN[key]
+            if kind < _COUNTER:
+                (maxes if kind == _GAUGE_MAX else sums).setdefault(name, []).append(i)
+                engines.setdefault(engine, {}).setdefault(name, (kind, []))[1].append(i)
+                continue
+            raw.setdefault(name, []).append(i)
+            if kind == _BUCKET:
+                buckets.setdefault(name[:-7], {}).setdefault(le, []).append(i)
+            else:
+                sums.setdefault(name, []).append(i)
+        self.sums = [(n, _picker(ix)) for n, ix in sums.items()]
+        self.maxes = [(n, _picker(ix)) for n, ix in maxes.items()]
+        self.buckets = [(h, [(le, _picker(ix)) for le, ix in per.items()]) for h, per in buckets.items()]
+        self.raw = [(n, _picker(ix)) for n, ix in raw.items()]
+        self.engines = [(e, [(n, kind == _GAUGE_MAX, _picker(ix)) for n, (kind, ix) in per.items()])
+                        for e, per in engines.items()]
+
+    def totals(self, keys: Sequence[SeriesKey], values: list[float]) -> _Totals:
+        t = _Totals()
+        t.sums = {n: reduce(operator.add, pick(values), 0.0) for n, pick in self.sums}
+        t.maxes = {n: max(pick(values)) for n, pick in self.maxes}
+        t.buckets = {h: {le: reduce(operator.add, pick(values), 0.0) for le, pick in per} for h, per in self.buckets}
+        t.raw = {n: dict(zip(pick(keys), pick(values), strict=True)) for n, pick in self.raw}
+        t.engines = {e: {n: max(pick(values)) if is_max else reduce(operator.add, pick(values), 0.0)
+                         for n, is_max, pick in per} for e, per in self.engines}
+        return t
+
+
+_PLANS: dict[tuple[SeriesKey, ...], _Plan] = {}
+_PLANS_MAX = 8  # layouts of the servers this process reads (one per run; a few while a run changes shape)
+
+
 def _scan(text: str) -> tuple[bool, _Totals]:
     """(whether the page had any vllm: sample, the selected samples added up); SampleError on a bad line.
 
     One regular expression finds the wanted lines, so the lines we do not read cost no Python at all; it runs
-    only over the families we read (`_wanted_spans`), two thirds of a DP=8 page are never looked at."""
-    totals = _Totals()
+    only over the families we read (`_wanted_spans`), two thirds of a DP=8 page are never looked at. A page laid
+    out as one read before is added up through that layout's `_Plan`."""
     text = "\n" + text
     found: list[tuple[str, str]] = []
     for start, end in _wanted_spans(text):
         found += _WANTED_LINE.findall(text, start, end)
+    seen_vllm = "\nvllm:" in text
+    split = [line.rpartition(" ") for line, _ in found]
+    keys = tuple(map(_FIRST, split))
+    plan = _PLANS.get(keys)
+    if plan is not None:
+        vals = list(map(_THIRD, split))
+        if "_" not in "".join(vals):  # Python's float reads "1_0"; Prometheus text does not
+            try:
+                values = list(map(float, vals))
+            except ValueError:
+                values = []
+            if values and not any(map(math.isnan, values)):
+                return seen_vllm, plan.totals(keys, values)
+    totals = _Totals()
     totals.add_lines(found)
-    return "\nvllm:" in text, totals
+    if plan is None and keys and all(map(_KNOWN.__contains__, keys)):  # every line in the plain `series value` form
+        try:
+            plan = _Plan(keys)
+        except KeyError:  # another thread's page just cleared the full cache: plan the next page
+            return seen_vllm, totals
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[keys] = plan
+    return seen_vllm, totals
 
 
 def _wanted_spans(text: str) -> list[tuple[int, int]]:

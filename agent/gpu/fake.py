@@ -69,8 +69,9 @@ def _err(code: int) -> pynvml.NVMLError:
 class _GpuAcc:
     """What the fake driver accumulates for one GPU since 'driver load'."""
 
-    last_t: float
+    last_t: float  # counters are integrated up to here
     last_state: FakeGpuState
+    state_t: float  # when last_state was read from the scenario
     energy_mj: float = 0.0
     integrals: list[float] = field(default_factory=lambda: [0.0] * _N_INTEGRALS)
     link_tx: list[float] = field(default_factory=list)  # bytes, per link
@@ -151,25 +152,26 @@ class FakeNvml:
     def _state(self, index: int, force: bool = False) -> FakeGpuState:
         """The state now, after integrating the rates since the last look (left Riemann sum).
 
-        Instantaneous readings reuse a look younger than `resolution_s`; counters (`force`) always integrate
+        The scenario is read again once its last look is `resolution_s` old; counters (`force`) always integrate
         up to now, so two GPM samples or field reads never share a timestamp.
         """
         if not force:  # an instantaneous reading of a fresh look: no integration, no lock
             acc = self._acc.get(index)
-            if acc is not None and 0.0 < (now := self.clock()) - acc.last_t < self.resolution_s:
+            if acc is not None and 0.0 < (now := self.clock()) - acc.state_t < self.resolution_s:
                 return acc.last_state
         with self._lock:
             now = self.clock()
             acc = self._acc.get(index)
             if acc is None:
                 st = self.scenario.state(index, now)
-                acc = self._acc[index] = _GpuAcc(last_t=now, last_state=st)
+                acc = self._acc[index] = _GpuAcc(last_t=now, last_state=st, state_t=now)
                 n = self._specs[index].nvlink_count
                 acc.link_tx, acc.link_rx = [0.0] * n, [0.0] * n
                 acc.prev_xids = list(st.xid_events)
                 self._queue_xids(index, st.xid_events)
                 return st
-            if now - acc.last_t < (0.0 if force else self.resolution_s) or now == acc.last_t:
+            fresh = 0.0 <= now - acc.state_t < self.resolution_s
+            if now <= acc.last_t or fresh and not force:
                 return acc.last_state
             dt = now - acc.last_t
             st = acc.last_state
@@ -185,6 +187,9 @@ class FakeNvml:
                 acc.link_rx = [a + r * dt for a, r in zip(acc.link_rx, rx, strict=True)]
                 ints[-2] += sum(rx) / MIB * dt
                 ints[-1] += sum(tx) / MIB * dt
+            acc.last_t = now
+            if fresh:
+                return st
             new = self.scenario.state(index, now)
             # XIDs "fire at this moment": deliver each one that was not already pending at the last look
             fresh = list(new.xid_events)
@@ -193,7 +198,7 @@ class FakeNvml:
                     fresh.remove(x)
             self._queue_xids(index, fresh)
             acc.prev_xids = list(new.xid_events)
-            acc.last_t, acc.last_state = now, new
+            acc.state_t, acc.last_state = now, new
             return new
 
     def _queue_xids(self, index: int, xids: list[int]) -> None:
@@ -463,7 +468,7 @@ class FakeNvml:
             now = self.clock()
             for i in watched:
                 acc = self._acc.get(i)
-                if acc is None or now - acc.last_t >= 1.0:
+                if acc is None or now - acc.state_t >= 1.0:
                     self._state(i)  # nobody looked for a while: advance the scenario, which may fire XIDs
             with self._xid_ready:
                 for k, (gpu, xid) in enumerate(self._pending_xids):

@@ -19,15 +19,26 @@ from lynxtop.contract.files import atomic_write
 STATE_VERSION = 1
 
 
+def _read(path: str) -> bytes:
+    """A small file in one go, without Python's buffered file objects (the simulated GPUs read these every tick)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        parts = []
+        while chunk := os.read(fd, 65536):
+            parts.append(chunk)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
 def _start_ticks(pid: int) -> int | None:
     """Start time of pid in clock ticks after boot (field 22 of /proc/PID/stat); None if gone or a zombie."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode("ascii", "replace")
+        raw = _read(f"/proc/{pid}/stat")
     except OSError:
         return None
-    rest = raw[raw.rfind(")") + 2:].split()
-    if not rest or rest[0] in ("Z", "X"):
+    rest = raw[raw.rfind(b")") + 2:].split()
+    if not rest or rest[0] in (b"Z", b"X"):
         return None
     try:
         return int(rest[19])
@@ -116,11 +127,11 @@ def read_states(state_dir: Path) -> list[EngineState]:
     for name in names:
         if not (name.startswith("engine-") and name.endswith(".json")):
             continue
+        path = os.path.join(state_dir, name)
         try:
-            if me != 0 and os.stat(state_dir / name).st_uid != me:
+            if me != 0 and os.stat(path).st_uid != me:
                 continue  # another user's file: never let it invent GPU memory on our node
-            with open(state_dir / name, encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(_read(path))
             if not isinstance(data, dict):
                 continue
             st = _from_dict(data)

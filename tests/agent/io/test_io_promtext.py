@@ -221,3 +221,42 @@ def test_only_the_families_read_are_scanned_and_odd_layouts_still_read_the_same(
         assert spans == [(0, len(text) + 1)]
     else:
         assert covered < 0.5 * len(text)  # the regular expression never sees most of the page
+
+
+@pytest.mark.parametrize("name", list(page_texts()))
+def test_a_page_laid_out_as_the_last_is_added_up_by_its_plan_to_the_last_digit(name, monkeypatch):
+    first = page_texts()[name]
+    scrape_mod._PLANS.clear()
+    parse_text(first)  # line by line; its layout is planned
+    assert len(scrape_mod._PLANS) == 1
+    nxt = _perturb(first, random.Random(11))
+
+    def no_line_by_line(self, found):
+        raise AssertionError("a page of a planned layout was read line by line")
+
+    with monkeypatch.context() as m:
+        m.setattr(scrape_mod._Totals, "add_lines", no_line_by_line)
+        ours = parse_text(nxt)
+    same(ours, reference_parse(nxt))
+    scrape_mod._PLANS.clear()
+    by_line = parse_text(nxt)
+    same(ours, by_line)
+    assert ours.engines == by_line.engines and ours.engines  # the per-engine gauges too (the reference has none)
+    assert ours.counters != parse_text(first).counters  # the values moved: not the first page's totals again
+
+
+@pytest.mark.parametrize("value", ["NaN", "1_000", "abc", "+Inf"])
+def test_a_planned_layout_with_an_odd_value_reads_as_the_reference_does(value):
+    page = sim_page(8, seed=6)
+    scrape_mod._PLANS.clear()
+    parse_text(page)
+    assert scrape_mod._PLANS
+    line = next(x for x in page.splitlines() if x.startswith("vllm:e2e_request_latency_seconds_sum{"))
+    text = page.replace(line, f"{line.rpartition(' ')[0]} {value}")
+    try:
+        ref = reference_parse(text)
+    except PageError:
+        with pytest.raises(PageError, match="not Prometheus text"):
+            parse_text(text)
+        return
+    same(parse_text(text), ref)

@@ -1,0 +1,117 @@
+"""The node's process table between looks: who is in the served run and in its tree, for sampling.
+
+Finding a run's processes means looking at every process on the node (procs.run_processes). Done afresh, a node's
+~1 000 processes and kernel threads cost a /proc read each, twice every few seconds (the host tree and the run's
+members), about half a percent of a core on its own. This table reads a process' stat once, when its pid first
+shows up in /proc; a look lists /proc and reads only the new pids. Every `full_every_s` it reads them all again,
+for what a kept entry can miss: a pid reused between two looks, a process that moved to another group.
+
+What the table answers is checked against a fresh read of each process it names (a handful), so a stale entry
+can leave a process out until the next full look but never puts a gone or reused pid in. Decisions about
+stopping a run (is it gone, what is left) still scan afresh: they are rare and must not be a minute late.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from lynxtop.agent import procs
+
+_DEAD = ("Z", "X")
+
+
+class ProcTable:
+    """Thread-safe: the host sampler and the run's member lookup read it from worker threads."""
+
+    def __init__(self, full_every_s: float = 60.0, reuse_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.full_every_s = full_every_s
+        self.reuse_s = reuse_s  # a look this young is answered again (both readers look in the same tick)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._stats: dict[int, procs.ProcStat] = {}
+        self._tokens: dict[tuple[int, int], str | None] = {}  # (pid, start ticks) -> its run token, read once
+        self._full_at: float | None = None
+        self._look_at: float | None = None
+        self.reads = 0  # stat reads of looks, for tests and benchmarks
+
+    def look(self) -> dict[int, procs.ProcStat]:
+        """The processes now (as last read): new pids are read, vanished ones dropped."""
+        with self._lock:
+            return dict(self._look())
+
+    def _look(self) -> dict[int, procs.ProcStat]:
+        now = self._clock()
+        if self._look_at is not None and 0 <= now - self._look_at < self.reuse_s:
+            return self._stats
+        full = self._full_at is None or not 0 <= now - self._full_at < self.full_every_s
+        if full:
+            self._full_at = now
+        kept = {} if full else self._stats
+        table: dict[int, procs.ProcStat] = {}
+        for pid in procs.all_pids():
+            s = kept.get(pid)
+            if s is None:
+                self.reads += 1
+                s = procs.stat(pid)
+                if s is None:
+                    continue
+            table[pid] = s
+        self._stats, self._look_at = table, now
+        self._tokens = {k: v for k, v in self._tokens.items() if k[0] in table and table[k[0]].start_ticks == k[1]}
+        return table
+
+    def _fresh(self, pid: int) -> procs.ProcStat | None:
+        """A live process' stat read now (and kept); None when it is gone or a zombie."""
+        s = procs.stat(pid)
+        if s is None or s.state in _DEAD:
+            self._stats.pop(pid, None)
+            return None
+        self._stats[pid] = s
+        return s
+
+    def members(self, token: str | None, pgid: int | None, roots: Iterable[int] = (),
+                since_ticks: int = 0) -> list[int]:
+        """procs.run_processes over the kept table; each pid named is alive now and the process looked at."""
+        with self._lock:
+            table = self._look()
+            live = {pid: s for pid, s in table.items() if s.state not in _DEAD}
+            found = procs.members_in(live, token, pgid, roots, since_ticks, lambda s: self._token(s) == token)
+            out = []
+            for pid in found:
+                kept = table[pid].start_ticks
+                s = self._fresh(pid)
+                if s is not None and s.start_ticks == kept:
+                    out.append(pid)
+            return out
+
+    def _token(self, s: procs.ProcStat) -> str | None:
+        key = (s.pid, s.start_ticks)
+        if key not in self._tokens:
+            self._tokens[key] = procs.environ_value(s.pid, procs.RUN_TOKEN_ENV)
+        return self._tokens[key]
+
+    def tree(self, root: int) -> list[procs.ProcStat]:
+        """`root` and its live descendants, each read now (root first); empty when `root` is gone.
+
+        Children are found through the kept parents and confirmed by the fresh read: a process that is not a
+        child of its tree member any more (reparented, or a reused pid) is left out with its subtree."""
+        with self._lock:
+            children: dict[int, list[int]] = {}
+            for s in self._look().values():
+                children.setdefault(s.ppid, []).append(s.pid)
+            top = self._fresh(root)
+            if top is None:
+                return []
+            out, todo, seen = [top], [top], {root}
+            while todo:
+                parent = todo.pop()
+                for pid in children.get(parent.pid, ()):
+                    s = None if pid in seen else self._fresh(pid)
+                    if s is not None and s.ppid == parent.pid:
+                        seen.add(pid)
+                        out.append(s)
+                        todo.append(s)
+            return out

@@ -1,0 +1,147 @@
+"""The kept process table against real processes: the same answers as a fresh look, for a fraction of the reads."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from lynxtop.agent import procs
+from lynxtop.agent.proctable import ProcTable
+
+# a leader that starts a child, which starts a grandchild; all sleep
+_TREE = """
+import subprocess, sys, time
+code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "time.sleep(60)")
+subprocess.Popen([sys.executable, "-c", code])
+time.sleep(60)
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _wait_for(pred, what: str, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def tree():
+    token = f"table-{os.getpid()}-{time.monotonic_ns()}"
+    env = dict(os.environ, **{procs.RUN_TOKEN_ENV: token})
+    leader = subprocess.Popen([sys.executable, "-c", _TREE], env=env, start_new_session=True)
+    _wait_for(lambda: len(psutil.Process(leader.pid).children(recursive=True)) == 2, "the stand-in tree")
+    yield leader, token
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(leader.pid, signal.SIGKILL)
+    leader.wait()
+
+
+def _psutil_tree(pid: int) -> set[int]:
+    root = psutil.Process(pid)
+    return {pid, *(p.pid for p in root.children(recursive=True))}
+
+
+def test_tree_and_members_equal_a_fresh_look(tree):
+    leader, token = tree
+    table = ProcTable()
+    assert {s.pid for s in table.tree(leader.pid)} == _psutil_tree(leader.pid)
+    assert table.tree(leader.pid)[0].pid == leader.pid  # root first
+    start = procs.stat(leader.pid).start_ticks
+    assert sorted(table.members(token, leader.pid, [leader.pid], start)) == \
+        procs.run_processes(token, leader.pid, [leader.pid], start)
+    assert table.tree(2 ** 22 + 12345) == []  # no such process
+
+
+def test_a_look_reads_only_the_pids_it_has_not_seen(tree):
+    leader, _ = tree
+    clock = Clock()
+    table = ProcTable(full_every_s=60.0, clock=clock)
+    table.look()
+    first = table.reads
+    assert first >= len(procs.all_pids()) - 5  # the first look reads every process
+    clock.t += 5
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        seen = table.look()
+        assert child.pid in seen and seen[child.pid].ppid == os.getpid()
+        assert table.reads - first < 10  # the new pid (and any other newcomer), not the whole table
+        clock.t += 0.5
+        before = table.reads
+        table.look()
+        assert table.reads == before  # a look younger than reuse_s is answered again
+        clock.t += 60
+        table.look()
+        assert table.reads - before >= len(procs.all_pids()) - 5  # the full look reads everything again
+    finally:
+        child.kill()
+        child.wait()
+    clock.t += 5
+    assert child.pid not in table.look()
+
+
+def test_a_new_member_is_found_at_the_next_look(tree):
+    leader, _ = tree
+    clock = Clock()
+    table = ProcTable(clock=clock)
+    before = {s.pid for s in table.tree(leader.pid)}
+    grandchild = max(before)
+    extra = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        clock.t += 0.5
+        assert extra.pid not in table.look()  # reused: the look is younger than reuse_s
+        clock.t += 5
+        mine = {s.pid for s in table.tree(os.getpid())}
+        assert extra.pid in mine and leader.pid in mine  # a new session does not change the parent
+    finally:
+        extra.kill()
+        extra.wait()
+    assert grandchild in {s.pid for s in table.tree(leader.pid)}
+
+
+def test_a_zombie_or_a_stale_entry_is_never_named(tree):
+    leader, token = tree
+    clock = Clock()
+    table = ProcTable(clock=clock)
+    members = {s.pid for s in table.tree(leader.pid)}
+    child = next(p for p in psutil.Process(leader.pid).children())
+    # the child is killed but its parent (the leader, asleep) does not reap it: a zombie holds no memory
+    os.kill(child.pid, signal.SIGKILL)
+    _wait_for(lambda: procs.stat(child.pid).state == "Z", "the zombie")
+    got = {s.pid for s in table.tree(leader.pid)}  # the same look: the kept entry still says "sleeping"
+    assert child.pid not in got and leader.pid in got and got < members
+    start = procs.stat(leader.pid).start_ticks
+    assert child.pid not in table.members(token, leader.pid, [leader.pid], start)
+    # a kept entry that no longer matches the process (a pid reused between looks) is not trusted
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        clock.t += 5
+        table.look()
+        st = procs.stat(stranger.pid)
+        table._stats[stranger.pid] = dataclasses.replace(st, ppid=leader.pid, pgid=leader.pid,
+                                                         start_ticks=st.start_ticks - 1)
+        assert stranger.pid not in {s.pid for s in table.tree(leader.pid)}
+        table._stats[stranger.pid] = dataclasses.replace(st, pgid=leader.pid, start_ticks=st.start_ticks - 1)
+        assert stranger.pid not in table.members(token, leader.pid, [leader.pid], start)
+    finally:
+        stranger.kill()
+        stranger.wait()
