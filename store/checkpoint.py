@@ -8,8 +8,8 @@ back at a larger WAL size as a safety net, so the WAL cannot grow without bound.
 
 Every 5 s, not after every commit: a 1 Hz tick rewrites the same few pages (each table's last leaf and its
 indexes), and one checkpoint copies a page once however often it changed (the checkpoint cost half a
-millisecond a tick at 8 GPUs). The WAL holds 5 s of ticks (~100 pages); with `synchronous = NORMAL` a power
-loss may cost the commits since the last checkpoint, which the kernel's own write-back delay bounds anyway.
+millisecond a tick at 8 GPUs). The WAL holds 5 s of ticks (~100 frames); with `synchronous = NORMAL` a power
+loss may cost the commits since the last checkpoint: up to 5 s of history, not 1 s.
 """
 
 from __future__ import annotations

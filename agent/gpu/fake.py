@@ -170,8 +170,8 @@ class FakeNvml:
                 acc.prev_xids = list(st.xid_events)
                 self._queue_xids(index, st.xid_events)
                 return st
-            fresh = 0.0 <= now - acc.state_t < self.resolution_s
-            if now <= acc.last_t or fresh and not force:
+            recent = 0.0 <= now - acc.state_t < self.resolution_s
+            if now <= acc.last_t or recent and not force:
                 return acc.last_state
             dt = now - acc.last_t
             st = acc.last_state
@@ -188,7 +188,7 @@ class FakeNvml:
                 ints[-2] += sum(rx) / MIB * dt
                 ints[-1] += sum(tx) / MIB * dt
             acc.last_t = now
-            if fresh:
+            if recent:  # counters integrated; the scenario is not read again within its resolution
                 return st
             new = self.scenario.state(index, now)
             # XIDs "fire at this moment": deliver each one that was not already pending at the last look
