@@ -24,6 +24,7 @@ import psutil
 from lynxtop.agent import procs
 from lynxtop.agent.proctable import ProcTable
 from lynxtop.contract.columns import HOST_METRICS, names
+from lynxtop.contract.files import read_all
 
 HOST_COLUMNS = names(HOST_METRICS)
 ROLES = ("api", "engine", "workers")
@@ -70,20 +71,11 @@ def _meminfo() -> tuple[int, int, int, int] | None:
 
 
 def _read(path: str) -> bytes | None:
-    """A /proc file in one go, without Python's buffered file objects (read every tick)."""
+    """A /proc file read every tick; None where there is none (not Linux)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return read_all(path)
     except OSError:
         return None
-    try:
-        parts = []
-        while chunk := os.read(fd, 65536):
-            parts.append(chunk)
-        return b"".join(parts)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _per_core() -> list[tuple[float, float]]:

@@ -1,4 +1,5 @@
-"""Atomic file replacement, the one way the project writes a file that a reader or a crash may catch mid-write.
+"""Atomic file replacement, the one way the project writes a file that a reader or a crash may catch mid-write;
+and the one way it reads a small file it reads every tick (`read_all`).
 
 A reader sees the old file or the new one, never half of one: the data goes to a hidden temporary file in the
 same directory (a rename is only atomic within one file system), which is fsynced, renamed over the target,
@@ -75,3 +76,15 @@ def atomic_write(path: Path | str, data: str | bytes | Callable[[TextIO], T], *,
         _fsync_dir(path.parent)
     return result
 
+
+def read_all(path: str) -> bytes:
+    """A small file (a /proc file, a state file) in one go, without Python's buffered file objects: for a file
+    read every tick they cost more than the read. Raises OSError as os.open and os.read do."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        parts = []
+        while chunk := os.read(fd, 65536):
+            parts.append(chunk)
+        return b"".join(parts)
+    finally:
+        os.close(fd)

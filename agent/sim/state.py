@@ -14,27 +14,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lynxtop.contract.files import atomic_write
+from lynxtop.contract.files import atomic_write, read_all
 
 STATE_VERSION = 1
-
-
-def _read(path: str) -> bytes:
-    """A small file in one go, without Python's buffered file objects (the simulated GPUs read these every tick)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        parts = []
-        while chunk := os.read(fd, 65536):
-            parts.append(chunk)
-        return b"".join(parts)
-    finally:
-        os.close(fd)
 
 
 def _start_ticks(pid: int) -> int | None:
     """Start time of pid in clock ticks after boot (field 22 of /proc/PID/stat); None if gone or a zombie."""
     try:
-        raw = _read(f"/proc/{pid}/stat")
+        raw = read_all(f"/proc/{pid}/stat")
     except OSError:
         return None
     rest = raw[raw.rfind(b")") + 2:].split()
@@ -131,7 +119,7 @@ def read_states(state_dir: Path) -> list[EngineState]:
         try:
             if me != 0 and os.stat(path).st_uid != me:
                 continue  # another user's file: never let it invent GPU memory on our node
-            data = json.loads(_read(path))
+            data = json.loads(read_all(path))
             if not isinstance(data, dict):
                 continue
             st = _from_dict(data)
