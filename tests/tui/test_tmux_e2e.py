@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from lynxtop.agent import procs
+
 TMUX = "/usr/bin/tmux"
 MISSING = [m for m in ("lynxtop.agent.node", "lynxtop.agent.sim") if importlib.util.find_spec(m) is None]
 pytestmark = [
@@ -48,10 +50,8 @@ def _wait_screen(server: str, needle: str, timeout_s: float = 30) -> str:
 
 def _proc_state(pid: int) -> str | None:
     """The process's state letter (Z: exited, waiting to be reaped), or None once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    s = procs.stat(pid)
+    return s.state if s is not None else None
 
 
 def _wait_gone(server: str, needle: str, timeout_s: float = 10) -> None:
