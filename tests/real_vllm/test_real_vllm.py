@@ -542,6 +542,7 @@ BENCH_PROMPTS, BENCH_OUTPUT, BENCH_CONCURRENCY = 128, 16, 1  # ~290-token prompt
 # vLLM's warm-up outlasts our client's start-up (a second of a full core): that start-up must not fall into
 # vLLM's measured window while ours has none of vLLM's in its own
 BENCH_VLLM_WARMUPS = 64  # ~3 s: our client is up (~1.5 s of a core) before vLLM measures
+BUNCHED_ITL_MS = 0.1  # a client whose median token gap is below this got the tokens in one read, not streamed
 BENCH_COMPARED = ("mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms")
 
 
@@ -624,4 +625,11 @@ def test_lynxtop_bench_agrees_with_vllm_bench_serve(agent, prepared):
                                                                             theirs["median_ttft_ms"])
         if stalls:
             pytest.xfail(f"TTFT disagrees under server stalls (p99 >> median): {off}")
+        # A client starved of a core reads each stream whole once it runs again: its ITL is ~0 and its "first
+        # token" is the last (TTFT = E2EL). A CI run saw vLLM's client at a median ITL of 0.004 ms, TTFT 43 ms
+        # against ours 7.5 ms; earlier runs saw the same of ours. Decoding a token takes ~1.5 ms on this server.
+        bunched = [name for name, r in (("lynxtop", ours), ("vllm", theirs)) if r["median_itl_ms"] < BUNCHED_ITL_MS]
+        if bunched:
+            pytest.xfail(f"TTFT disagrees: {', '.join(bunched)} read its streams whole (median ITL < "
+                         f"{BUNCHED_ITL_MS} ms): {off}")
         raise AssertionError(f"TTFT disagrees without server stalls: {off}\n{side}")
