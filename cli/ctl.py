@@ -33,6 +33,7 @@ from lynxtop.contract.status import (
     Status,
     gpus_text,
 )
+from lynxtop.contract.terminal import terminal_safe, terminal_safe_json
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY = 0, 1, 2, 3, 4
 POLL_S = 1.0
@@ -51,14 +52,14 @@ def _finish(progress: Any, done: tuple[bool, str], reason: str) -> int:
     progress.done()
     ok, message = done
     if ok:
-        print(message)
+        print(terminal_safe(message, lines=True))
         return EXIT_OK
-    _err(message + (f": {reason}" if reason else "") + " (see `lynxtop status` and the events)")
+    _err(message + (f": {terminal_safe(reason)}" if reason else "") + " (see `lynxtop status` and the events)")
     return EXIT_FAILED
 
 
 def _err(msg: str) -> None:
-    print(f"lynxtop: {msg}", file=sys.stderr)
+    print(terminal_safe(f"lynxtop: {msg}", lines=True), file=sys.stderr)
 
 
 def _client(args: Namespace) -> AgentClient | None:
@@ -92,7 +93,7 @@ def _report_error(exc: AgentRefused) -> None:
     _err(f"{exc.code}: {exc.message}")
     reasons = exc.details.get("reasons") or []
     for reason in reasons if isinstance(reasons, list) else []:
-        print(f"  - {reason}", file=sys.stderr)
+        print(f"  - {terminal_safe(reason)}", file=sys.stderr)
     if exc.status == 403:
         _err("control needs root, the agent's user or the agent's group; `lynxtop status` works for everyone")
 
@@ -279,10 +280,10 @@ def status(args: Namespace) -> int:
     try:
         data = client.status_json()
         text = json.dumps(data, indent=2, sort_keys=True) if getattr(args, "json", False) else \
-            format_status(parse_status(data, client.socket_path))
+            format_status(parse_status(terminal_safe_json(data), client.socket_path))  # each field escaped
     except (AgentUnreachable, AgentRefused) as exc:
         return _failed(exc)
-    print(text)
+    print(terminal_safe(text, lines=True))
     return EXIT_OK
 
 
@@ -327,7 +328,7 @@ def _confirm(action: str, target: str | None, st: Status, assume_yes: bool, clus
         return EXIT_USAGE
     expected = target if action == "switch" else "y"
     prompt = f"Type the profile name ({target})" if action == "switch" else "Type y"
-    print(f"{current}\n{what}")
+    print(f"{terminal_safe(current)}\n{what}")  # `current` quotes the agent's status
     try:
         answer = input(f"{prompt} to confirm: ").strip()
     except EOFError:
@@ -370,7 +371,7 @@ def _act(args: Namespace, action: str, profile: str | None = None, cluster: bool
         data = client.action(action, profile, **extra)
     except (AgentUnreachable, AgentRefused) as exc:
         return _failed(exc)
-    print(data.get("message") or f"{action} accepted")
+    print(terminal_safe(data.get("message") or f"{action} accepted", lines=True))
     if not getattr(args, "wait", False):
         return EXIT_OK
     goal = _ray_goal(action, before, cluster)
@@ -399,6 +400,7 @@ class _Progress:
 
     def show_line(self, line: str) -> None:
         """`line`: its first field (up to two spaces) is the state; the rest (a duration) changes every poll."""
+        line = terminal_safe(line)  # the agent's words: only the \r and erase below reach the terminal as such
         if line == self.last and not self.tty:
             return
         if self.tty:  # one screen line, or \r rewrites only its last part
@@ -516,7 +518,7 @@ def _print_cluster_stop(client: AgentClient, since_ms: int) -> None:
         return
     for ev in events:
         if isinstance(ev, dict) and ev.get("kind") == "cluster.stop" and "nodes" in (ev.get("details") or {}):
-            print(ev.get("message", ""))
+            print(terminal_safe(ev.get("message", ""), lines=True))
 
 
 def start(args: Namespace) -> int:
