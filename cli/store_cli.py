@@ -16,6 +16,7 @@ from argparse import Namespace
 from pathlib import Path
 
 from lynxtop.contract.format import fmt_duration
+from lynxtop.contract.terminal import terminal_safe
 from lynxtop.store.errors import StoreError
 from lynxtop.store.export import ExportError, OutputError, export_all, export_table
 from lynxtop.store.reader import StoreReader
@@ -23,7 +24,7 @@ from lynxtop.store.times import iso, parse_time
 
 
 def _err(cmd: str, msg: str) -> int:
-    print(f"lynxtop {cmd}: {msg}", file=sys.stderr)
+    print(terminal_safe(f"lynxtop {cmd}: {msg}", lines=True), file=sys.stderr)
     return 2
 
 
@@ -85,8 +86,9 @@ def runs(args: Namespace) -> int:
         load = (r["ready_ms"] - start) / 1000 if r.get("ready_ms") and start else None
         dur = ((r.get("ended_ms") or now) - start) / 1000 if start else None
         model = (r.get("model") or "") + (" (simulated)" if r.get("simulated") else "")
-        table.append((str(r["id"]), r.get("profile") or "", model, iso(start)[:19].replace("T", " "),
-                      fmt_duration(load, na="-"), fmt_duration(dur, na="-"), _outcome(r)))
+        cells = (str(r["id"]), r.get("profile") or "", model, iso(start)[:19].replace("T", " "),
+                 fmt_duration(load, na="-"), fmt_duration(dur, na="-"), _outcome(r))
+        table.append(tuple(map(terminal_safe, cells)))  # the database's words: escaped, then measured
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())

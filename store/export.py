@@ -19,6 +19,7 @@ from typing import TextIO
 
 from lynxtop.contract.events import LEGACY_KINDS
 from lynxtop.contract.files import atomic_write
+from lynxtop.contract.terminal import terminal_safe
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.schema import RESOLUTIONS, RUN_COLUMNS, SAMPLE_TABLES, rollup_columns, rollup_table
 
@@ -150,6 +151,17 @@ def write_csv(reader: StoreReader, q: Query, out: TextIO, progress: Progress | N
     return n
 
 
+class _Terminal:
+    """stdout when it is a terminal: the database's text (a model name, an event message) is shown escaped, so it
+    cannot act on the terminal; a file or a pipe gets the exact bytes."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(terminal_safe(text, lines=True))
+
+
 class OutputError(Exception):
     """The output could not be written (a full disk, /dev/full): exit 1 with a line naming it."""
 
@@ -165,7 +177,7 @@ def export_table(reader: StoreReader, table: str, resolution: str, start_ms: int
     q = build_query(table, resolution, start_ms, end_ms, raw)
     if output is None:
         try:
-            n = write_csv(reader, q, sys.stdout)
+            n = write_csv(reader, q, _Terminal(sys.stdout) if sys.stdout.isatty() else sys.stdout)
             sys.stdout.flush()  # a full disk shows here, not at exit where nothing can name the output
         except BrokenPipeError:
             raise
