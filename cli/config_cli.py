@@ -17,6 +17,7 @@ from lynxtop.contract.config import (
     ray_executable,
     socket_path_problem,
 )
+from lynxtop.contract.terminal import terminal_safe
 
 # Commands that also check this node (each profile's executable exists and is executable): the agent, and
 # `config check`, which must give the agent's verdict word for word. Clients (status, stop, the dashboard) only
@@ -42,8 +43,13 @@ def load_or_exit(args: Namespace, host: bool | None = None) -> Config | None:
     except ConfigError as exc:
         problems = exc.problems
     for line in problems:
-        print(f"lynxtop: config error: {line}", file=sys.stderr)
+        print(terminal_safe(f"lynxtop: config error: {line}"), file=sys.stderr)  # it may quote the file
     return None if problems else cfg
+
+
+def _say(text: str = "") -> None:
+    """What `config check` prints, escaped: it quotes the file (a path, a name, a key the TOML made up)."""
+    print(terminal_safe(text, lines=True))
 
 
 def check(args: Namespace) -> int:
@@ -52,29 +58,29 @@ def check(args: Namespace) -> int:
         return 2
     data = config_as_dict(cfg)
     if args.json:
-        print(json.dumps(data, indent=2))
+        _say(json.dumps(data, indent=2))
         return 0
-    print(f"config: {data['path'] or '(no file: built-in defaults)'} — valid")
-    print("\n[agent]")
+    _say(f"config: {data['path'] or '(no file: built-in defaults)'} — valid")
+    _say("\n[agent]")
     for k, v in data["agent"].items():
         if k != "retention":
-            print(f"  {k} = {v!r}")
-    print("  retention = " + ", ".join(f"{k}={v:g}" for k, v in data["agent"]["retention"].items()))
-    print("\n[sla]")
+            _say(f"  {k} = {v!r}")
+    _say("  retention = " + ", ".join(f"{k}={v:g}" for k, v in data["agent"]["retention"].items()))
+    _say("\n[sla]")
     for k, v in data["sla"].items():
-        print(f"  {k} = {v:g}")
+        _say(f"  {k} = {v:g}")
     if cfg.agent.role != "single":
         _print_ray(cfg)
     if not cfg.profiles:
         why = ("a Ray worker runs no vLLM; the head's profile uses its GPUs through Ray" if cfg.agent.role == "worker"
                else "the agent will sample the node but serve nothing")
-        print(f"\n(no profiles: {why})")
+        _say(f"\n(no profiles: {why})")
     for p in cfg.profiles:
-        print(f"\n[[profile]] {p.name}" + (f" — {p.description}" if p.description else ""))
-        print(f"  argv: {shlex.join(p.argv())}")
+        _say(f"\n[[profile]] {p.name}" + (f" — {p.description}" if p.description else ""))
+        _say(f"  argv: {shlex.join(p.argv())}")
         if p.env:
-            print("  env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(p.env.items())))
-        print(f"  readiness timeout {p.readiness_timeout_s:g} s, stop grace {p.stop_grace_s:g} s")
+            _say("  env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(p.env.items())))
+        _say(f"  readiness timeout {p.readiness_timeout_s:g} s, stop grace {p.stop_grace_s:g} s")
     return 0
 
 
@@ -83,12 +89,12 @@ def _print_ray(cfg: Config) -> None:
     from lynxtop.agent.raynode import ray_argv  # agent code only for a head or worker config
 
     data = config_as_dict(cfg)["ray"]
-    print(f"\n[ray] (agent.role = {cfg.agent.role!r}: the agent supervises this node's Ray)")
+    _say(f"\n[ray] (agent.role = {cfg.agent.role!r}: the agent supervises this node's Ray)")
     for k, v in data.items():
         if k not in ("env", "extra_args"):
-            print(f"  {k} = {v!r}")
+            _say(f"  {k} = {v!r}")
     exe, why = ray_executable(cfg.ray)
-    print(f"  ray: {exe}" + (f" ({why})" if why else ""))
-    print(f"  argv: {shlex.join(ray_argv(cfg))}")
+    _say(f"  ray: {exe}" + (f" ({why})" if why else ""))
+    _say(f"  argv: {shlex.join(ray_argv(cfg))}")
     if cfg.ray.env:
-        print("  env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(cfg.ray.env.items())))
+        _say("  env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(cfg.ray.env.items())))

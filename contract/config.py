@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lynxtop.contract.models import BUILTIN_MODELS, GIB, ModelSpec
+from lynxtop.contract.terminal import first_control, terminal_safe
 
 DEFAULT_CONFIG_PATH = Path("/etc/lynxtop/config.toml")
 CONFIG_ENV = "LYNXTOP_CONFIG"
@@ -338,7 +339,8 @@ class _Checker:
         self.problems: list[str] = []
 
     def error(self, key: str, problem: str) -> None:
-        self.problems.append(f"{self.source}: {key}: {problem}")
+        # a key, a label or a value may come from the file: the message shows its control characters escaped
+        self.problems.append(terminal_safe(f"{self.source}: {key}: {problem}"))
 
     def table(self, data: dict[str, Any], prefix: str, spec: dict[str, Callable[[str, Any], Any]]) -> dict:
         out: dict[str, Any] = {}
@@ -398,6 +400,14 @@ def _bool(key: str, v: Any) -> bool:
     return v
 
 
+def _no_control(what: str, v: str) -> None:
+    """Control characters (C0, DEL, C1, bidi controls) are refused in every string: argv cannot carry a NUL,
+    and a name or description is printed by `config check`, `lynxtop status` and the dashboard."""
+    found = first_control(v)
+    if found:
+        raise _Bad(f"{what}holds the control character {found}; control characters are refused")
+
+
 def _str(pattern: str | None = None, choices: tuple[str, ...] | None = None, allow_empty: bool = True,
          flag_safe: bool = True):
     def conv(key: str, v: Any) -> str:
@@ -407,8 +417,7 @@ def _str(pattern: str | None = None, choices: tuple[str, ...] | None = None, all
             raise _Bad("must not be empty")
         if flag_safe and v.startswith("-"):
             raise _Bad(f"{v!r} starts with '-' and would be read by vLLM as a flag")
-        if any(c in v for c in "\0\n\r"):
-            raise _Bad("contains a NUL or newline character")
+        _no_control("", v)
         if choices is not None and v not in choices:
             raise _Bad(f"{v!r} is not one of: {', '.join(choices)}")
         if pattern is not None and v and not re.fullmatch(pattern, v):
@@ -444,8 +453,9 @@ def _extra_args(key: str, v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(a, str) for a in v):
         raise _Bad(f"expected an array of strings, got {_describe(v)}")
     for a in v:
-        if not a or any(c in a for c in "\0\n\r"):
-            raise _Bad(f"argument {a!r} is empty or holds a NUL or newline")
+        if not a:
+            raise _Bad("an argument is empty")
+        _no_control(f"argument {a!r} ", a)
         why = owned_flag_use(a)
         if why:
             raise _Bad(f"{why}; use the typed key instead of extra_args")
@@ -465,8 +475,7 @@ def _env(key: str, v: Any) -> dict[str, str]:
                        f"and names starting with {', '.join(ENV_ALLOWED_PREFIXES)})")
         if not isinstance(value, (str, int)) or isinstance(value, bool):
             raise _Bad(f"value of {name} must be a string, got {_describe(value)}")
-        if "\0" in str(value):
-            raise _Bad(f"value of {name} contains a NUL character (an environment value cannot hold one)")
+        _no_control(f"the value of {name} ", str(value))  # the value itself is never quoted: it may be a secret
         out[name] = str(value)
     return out
 
@@ -515,8 +524,9 @@ def _ray_extra_args(key: str, v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(a, str) for a in v):
         raise _Bad(f"expected an array of strings, got {_describe(v)}")
     for a in v:
-        if not a or any(c in a for c in "\0\n\r"):
-            raise _Bad(f"argument {a!r} is empty or holds a NUL or newline")
+        if not a:
+            raise _Bad("an argument is empty")
+        _no_control(f"argument {a!r} ", a)
         name = a.split("=", 1)[0].replace("_", "-")
         if name in RAY_OWNED_FLAGS:
             raise _Bad(f"{a} is set by the agent or by a typed [ray] key; use the key instead of extra_args")

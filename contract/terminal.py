@@ -48,3 +48,9 @@ def terminal_safe_json(data: Any) -> Any:
     if isinstance(data, (list, tuple)):
         return [terminal_safe_json(v) for v in data]
     return data
+
+
+def first_control(text: str) -> str | None:
+    """The first character of `text` that `terminal_safe` escapes, as it shows it (`\\x1b`); None if none."""
+    match = _UNSAFE.search(text)
+    return None if match is None else _escape(match)

@@ -317,7 +317,7 @@ def test_unowned_flags_and_values_stay_accepted():
         ('{ "VLLM_A=B" = "x" }', "'VLLM_A=B' is not a valid environment variable name"),
         ('{ "VLLM_A\\u0000B" = "x" }', "'VLLM_A\\x00B' is not a valid environment variable name"),
         ('{ "" = "x" }', "'' is not a valid environment variable name"),
-        ('{ VLLM_A = "x\\u0000y" }', "value of VLLM_A contains a NUL character"),
+        ('{ VLLM_A = "x\\u0000y" }', "the value of VLLM_A holds the control character \\x00"),
     ],
 )
 def test_env_names_and_values_that_cannot_reach_execve_are_refused(env, words):
