@@ -34,6 +34,7 @@ from lynxtop.config_cli import load_or_exit
 from lynxtop.contract.config import Config
 from lynxtop.contract.models import find_model
 from lynxtop.contract.status import describe_node
+from lynxtop.contract.terminal import terminal_safe
 
 RAY_TIMEOUT_S = 3.0
 
@@ -109,7 +110,7 @@ def run(args: Namespace) -> int:
             raise LookupError("the config has no [[profile]] to check")
         static, driver = read_gpus(cfg.agent.fake_nvml)
     except (LookupError, GpuReadError) as exc:
-        print(f"lynxtop check: {exc}", file=sys.stderr)
+        print(terminal_safe(f"lynxtop check: {exc}"), file=sys.stderr)
         return 2
     node = facts_from_info(static, driver)
     role = cfg.agent.role
@@ -123,13 +124,17 @@ def run(args: Namespace) -> int:
                           "cluster": node.cluster.to_json() if node.cluster is not None else None,
                           "exit_code": code, "reports": [r.to_json() for r in reports]}, indent=2))
     else:
-        print(node_line(node, simulated=bool(cfg.agent.fake_nvml)))
+        _say(node_line(node, simulated=bool(cfg.agent.fake_nvml)))  # NVML's words
         if role != "single":
-            print(role_line(cfg, node.cluster))
+            _say(role_line(cfg, node.cluster))  # Ray's words
         for r in reports:
             print_report(r)
-        print(f"\nresult: exit {code} ({('all good', 'warnings', 'blocking problems')[code]})")
+        _say(f"\nresult: exit {code} ({('all good', 'warnings', 'blocking problems')[code]})")
     return code
+
+
+def _say(text: str) -> None:
+    print(terminal_safe(text, lines=True))
 
 
 def node_line(node: NodeFacts, simulated: bool) -> str:
@@ -137,7 +142,7 @@ def node_line(node: NodeFacts, simulated: bool) -> str:
     for g in node.gpus:
         cc = f"SM{g.cc[0]}{g.cc[1]}" if g.cc else "SM?"
         mem = gib(g.mem_total_bytes) if g.mem_total_bytes else "memory ?"
-        key = f"{g.name} ({cc}, {mem})"
+        key = f"{terminal_safe(g.name)} ({cc}, {mem})"
         kinds[key] = kinds.get(key, 0) + 1
     gpus = ", ".join(f"{n} x {k}" for k, n in kinds.items())
     return f"node: {gpus}; driver {node.driver_version or '?'}" + (" (simulated node)" if simulated else "")
@@ -152,17 +157,17 @@ def role_line(cfg: Config, cluster: ClusterFacts | None) -> str:
     if cluster is None:
         return line
     if cluster.error is not None:
-        return f"{line}\ncluster: unknown: {cluster.error}"
-    nodes = ", ".join(map(describe_node, cluster.alive))
+        return f"{line}\ncluster: unknown: {terminal_safe(cluster.error)}"
+    nodes = ", ".join(terminal_safe(describe_node(n)) for n in cluster.alive)  # Ray's words, one line each
     line += f"\ncluster: Ray reports {cluster.gpus_alive:g} GPUs on {len(cluster.alive)} node(s): {nodes or 'none'}"
     for n in cluster.lost:
-        line += f"\n  lost: {describe_node(n)}: {n.state_message or 'dead'}"
+        line += f"\n  lost: {terminal_safe(describe_node(n))}: {terminal_safe(n.state_message or 'dead')}"
     return line
 
 
 def print_report(report: Report) -> None:
-    print(f"\nprofile {report.profile} ({report.model}):")
+    _say(f"\nprofile {report.profile} ({report.model}):")
     for v in report.verdicts:
-        print(f"  {_MARK[v.level]:<9}{v.check:<12}{v.reason}")
+        _say(f"  {_MARK[v.level]:<9}{v.check:<12}{terminal_safe(v.reason)}")  # it may quote Ray or NVML
         if v.fix and v.level != Level.OK:
-            print(f"  {'':<21}fix: {v.fix}")
+            _say(f"  {'':<21}fix: {terminal_safe(v.fix)}")

@@ -167,3 +167,18 @@ def test_verdict_from_parsed_nodes_and_cluster_none_is_unchanged():
     ok = {v.check: v for v in check_profile(prof, replace(node, cluster=ClusterFacts(tuple(parse_nodes(whole())))),
                                             None).verdicts}
     assert ok["parallelism"].level == Level.OK and "head" in ok["ray"].reason
+
+
+def test_rays_words_reach_the_terminal_escaped(tmp_path, capsys, ray):
+    """Issue 25.3: a node name and a state message from Ray's page are printed escaped, one line each."""
+    evil = "\x1b[2J\x1b]0;owned\x07\u202e\nforged: line"
+    ray.page = one_dead()
+    nodes = ray.page["data"]["result"]["result"]
+    dead = next(r for r in nodes if not r["is_head_node"])
+    dead["state_message"] = "lost" + evil
+    next(r for r in nodes if r["is_head_node"])["node_name"] = "head" + evil
+    rc, out, err = check(capsys, "--config", config(tmp_path, "head", ray.port))
+    assert rc == 1 and "Traceback" not in err
+    assert not any(c in out for c in "\x1b\x07\u202e"), repr(out)
+    assert out.count("\\x1b[2J\\x1b]0;owned\\x07\\u202e\\nforged: line") >= 2
+    assert not any(line.startswith("forged") for line in out.splitlines())
