@@ -351,7 +351,9 @@ class ApiServer:
             try:
                 message = await self._dispatch(action, data, who, peer)
             except ActionError as exc:
-                self.log(f"refused: {who} asked {action}{_for(profile)}: {exc.code}: {exc.message}")
+                # once per episode, with its count when it ends: 10,000 refused restarts once wrote 10,000 lines
+                self.guard.episodes.hit(f"refused.{action}.{exc.code}", f"refused: {who} asked "
+                                        f"{action}{_for(profile)}: {exc.code}: {exc.message}", quiet_single=True)
                 raise
             self.log(f"accepted: {who} asked {action}{_for(profile)} ({(time.monotonic() - started) * 1000:.0f} ms): "
                      f"{message}")

@@ -68,12 +68,14 @@ class Episodes:
         self.open: dict[str, list[Any]] = {}  # key -> [first, last, count, message]
         self.total: dict[str, int] = {}
 
-    def hit(self, key: str, message: str) -> bool:
+    def hit(self, key: str, message: str, quiet_single: bool = False) -> bool:
+        """Count one occurrence; True when it opened an episode (and was logged). With `quiet_single`, an
+        episode of one occurrence ends without a summary line (a one-off refusal is said once, not twice)."""
         now = self.clock()
         self.total[key] = self.total.get(key, 0) + 1
         ep = self.open.get(key)
         if ep is None:
-            self.open[key] = [now, now, 1, message]
+            self.open[key] = [now, now, 1, message, quiet_single]
             self.log(f"{message} (further occurrences are counted and summarised when it ends)")
             return True
         ep[1] = now
@@ -83,7 +85,9 @@ class Episodes:
     def end(self, key: str, what: str = "") -> None:
         ep = self.open.pop(key, None)
         if ep is not None:
-            first, _last, count, message = ep
+            first, _last, count, message, quiet_single = ep
+            if count == 1 and quiet_single:
+                return
             self.log(f"ended after {self.clock() - first:.1f} s, {count} occurrence(s): {what or message}")
 
     def poll(self) -> None:

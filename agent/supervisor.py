@@ -264,16 +264,49 @@ class Supervisor:
         return server_url(self.profile) if self.profile else None
 
     def _busy(self) -> ActionError:
+        """The 409 for a second action: what runs, since when, and when it ends at the latest."""
         a = self.action or {}
         what = a.get("action", "?") + (f" to {a['profile']!r}" if a.get("profile") else "")
-        return ActionError("busy", f"busy: {what} in progress since {_clock(a.get('since_ms', now_ms()))} "
-                                   f"(by {a.get('by', '?')})", 409, details={"action": a})
+        now = now_ms()
+        since = a.get("since_ms", now)
+        if a.get("deadline_ms") is None:  # an action the agent began itself (a retry): bounded the same way
+            expected_s, why = self._expected_s(a.get("action", "?"), a.get("profile"))
+            deadline = since + int(expected_s * 1000)
+        else:
+            deadline, why = a["deadline_ms"], a.get("deadline_from", "")
+        elapsed_s = max(0.0, (now - since) / 1000)
+        left_s = max(0.0, (deadline - now) / 1000)
+        return ActionError("busy", f"busy: {what} in progress since {_clock(since)} (by {a.get('by', '?')}), "
+                                   f"{elapsed_s:.0f} s so far; it ends by {_clock(deadline)} at the latest "
+                                   f"({left_s:.0f} s from now: {why}); try again then or watch `lynxtop status`",
+                           409, details={"action": a, "elapsed_s": round(elapsed_s, 1), "deadline_ms": deadline,
+                                         "retry_after_s": round(left_s, 1)})
+
+    def _expected_s(self, name: str, profile: str | None) -> tuple[float, str]:
+        """The longest `name` can take from now (its timeouts added up), and the sum in words."""
+        a = self.cfg.agent
+        parts: list[tuple[str, float]] = []
+        if name in ("stop", "restart", "switch") and self.run is not None and not self.run.finished:
+            grace = self.profile.stop_grace_s if self.profile else _FALLBACK_GRACE_S
+            parts += [("stop_grace_s", grace), ("kill wait", self.stop_kill_wait_s),
+                      ("gpu_release_timeout_s", a.gpu_release_timeout_s)]
+        target = self.cfg.profile(profile) if profile and name != "stop" else None
+        if target is not None:
+            parts.append(("readiness_timeout_s", target.readiness_timeout_s))
+        total = sum(v for _, v in parts)
+        words = " + ".join(f"{k} {v:g} s" for k, v in parts) or "no timeout applies"
+        if target is not None and self.cluster is not None and target.uses_ray:
+            words += ", after Ray reports the GPUs"
+        return total, words
 
     def _begin(self, name: str, by: str, profile: str | None) -> None:
         if self.action is not None:
             raise self._busy()
         self._clear_crash_loop()  # someone acted: the crash loop is acknowledged
-        self.action = {"action": name, "profile": profile, "since_ms": now_ms(), "by": by}
+        since = now_ms()
+        expected_s, why = self._expected_s(name, profile)
+        self.action = {"action": name, "profile": profile, "since_ms": since, "by": by,
+                       "deadline_ms": since + int(expected_s * 1000), "deadline_from": why}
         self._action_preemptible = False
 
     def _run_action(self, coro: Any) -> None:
