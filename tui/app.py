@@ -17,12 +17,15 @@ from typing import Any
 from textual import work
 from textual.app import App, ScreenStackError
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 
-from lynxtop.client import AgentRefused, AgentUnreachable, AsyncAgentClient
+from lynxtop.client import AgentRefused, AgentUnreachable
 from lynxtop.contract.format import fmt_clock
 from lynxtop.contract.status import ClusterStatus, Role, ServingStatus
+from lynxtop.contract.terminal import terminal_safe
 from lynxtop.tui import control_text
 from lynxtop.tui.backoff import Backoff
+from lynxtop.tui.foreign import DisplayClient
 from lynxtop.tui.history_source import HistorySource, HistoryUnavailable
 from lynxtop.tui.live_state import GPU_KEYS, SERVING_KEYS, LiveState
 from lynxtop.tui.messages import AgentLost, LiveRefreshed, StatusArrived
@@ -85,7 +88,7 @@ class LynxtopApp(App):
         if ansi:
             self.theme = "ansi-dark"
         self.socket_path = Path(socket_path)
-        self.client = AsyncAgentClient(socket_path)
+        self.client = DisplayClient(socket_path)  # every answer's strings escaped for the screen
         self.history = HistorySource(database_path)
         self.readonly = readonly
         self.readonly_reason: str | None = "--readonly" if readonly else None
@@ -101,6 +104,13 @@ class LynxtopApp(App):
         self._next_poll_at: float | None = None
         self._poll_timer = None
         self.gpu_index = 0
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Every notification is plain text, whatever a caller asks: its message quotes the agent, vLLM or a
+        path (a '[/]' in it would raise MarkupError), with its control characters escaped."""
+        super().notify(terminal_safe(message, lines=True), title=terminal_safe(title), severity=severity,
+                       timeout=timeout, markup=False)
 
     # ------------------------------------------------------------------ helpers used by screens
     def now_ms(self) -> int:

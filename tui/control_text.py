@@ -96,11 +96,11 @@ def flag_diff(current: dict[str, Any] | None, target: dict[str, Any]) -> list[tu
 def switch_text(serving: ServingStatus, current: dict[str, Any] | None, target: dict[str, Any]) -> RenderableType:
     diff = flag_diff(current, target)
     table = Table(title=None, show_header=True, header_style="bold", expand=False, box=None, padding=(0, 1))
-    table.add_column("flag")
-    table.add_column(f"now: {(current or {}).get('name', 'none')}")
-    table.add_column(f"new: {target['name']}")
+    table.add_column("flag")  # every cell and header as Text: a str would be parsed as markup (a '[/]' in a value)
+    table.add_column(Text(f"now: {(current or {}).get('name', 'none')}"))
+    table.add_column(Text(f"new: {target['name']}"))
     for flag, va, vb in diff:
-        table.add_row(flag, Text(va, style="red"), Text(vb, style="green"))
+        table.add_row(Text(flag), Text(va, style="red"), Text(vb, style="green"))
     parts: list[RenderableType] = [
         Text(f"Now: {_what_runs(serving)}."),
         Text(f"Preflight {target['name']}, stop the current run, wait for the GPUs to be freed, "

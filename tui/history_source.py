@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lynxtop.tui.foreign import DisplayReader
+
 
 class HistoryUnavailable(Exception):
     """The database cannot be read; the message names the path and the reason, for a banner."""
@@ -35,6 +37,6 @@ class HistorySource:
         except Exception as exc:  # the reader's own message names the path and the fault
             raise HistoryUnavailable(str(exc) or f"{self.path}: cannot open ({type(exc).__name__})") from exc
         try:
-            yield reader
+            yield DisplayReader(reader)  # its text reads escaped for the screen
         finally:
             reader.close()

@@ -170,11 +170,11 @@ class CompareScreen(ModalScreen[None]):
 
         diff = flag_diff({"flags": a.get("flags") or {}}, {"flags": b.get("flags") or {}})
         flags = Table(show_header=True, header_style="bold", box=None)
-        flags.add_column("flag")
-        flags.add_column(f"run {a.get('id')} ({a.get('profile')})")
-        flags.add_column(f"run {b.get('id')} ({b.get('profile')})")
+        flags.add_column("flag")  # the database's words as Text: a str cell or header would be parsed as markup
+        flags.add_column(Text(f"run {a.get('id')} ({a.get('profile')})"))
+        flags.add_column(Text(f"run {b.get('id')} ({b.get('profile')})"))
         for flag, va, vb in diff:
-            flags.add_row(flag, va, vb)
+            flags.add_row(Text(flag), Text(va), Text(vb))
         head = Text(f"{len(diff)} flag difference(s)" if diff else "same flags", style="bold")
         parts = [head, flags, Text(""), compare_table(a, b)]
         if bench:

@@ -1,0 +1,150 @@
+"""Issue 25.3 on the dashboard: labels that look like markup ('[/]', '[bold') and control sequences, from the
+agent (status, profiles, events, logs, a refusal) and from the history database (runs, flags), are shown as
+text: no MarkupError, no style, and no control character reaches the terminal's segments. Driven by Pilot."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from support.tui import make_app, plain, screen_text, wait_for
+from support.tui_keys import open_screen
+from textual.widgets import DataTable, Log
+from textual.widgets._toast import Toast
+from tui_fake_agent import T0, make_status
+
+from lynxtop.store.writer import StoreWriter
+from lynxtop.tui.screens.compare import CompareScreen
+from lynxtop.tui.screens.confirm import ConfirmScreen
+from lynxtop.tui.screens.events import EventsScreen
+from lynxtop.tui.screens.history import HistoryScreen
+from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
+
+# markup that would crash ([/]) or style ([bold]) if parsed, a screen clear, a retitle, a C1 CSI, a bidi override
+EVIL = "[/][bold]\x1b[2J\x1b]0;owned\x07\x9b31m\u202e"
+SHOWN = "[/][bold]\\x1b[2J\\x1b]0;owned\\x07\\x9b31m\\u202e"
+CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def raw_controls(app) -> list[str]:
+    """Every segment on screen (modal layers included) that holds a control character: what the terminal gets."""
+    strips = app.screen._compositor.render_strips()
+    return [seg.text for strip in strips for seg in strip if CONTROLS.search(seg.text)]
+
+
+def shown_text(app) -> str:
+    return screen_text(app).replace("\n", "")
+
+
+@pytest.fixture
+def hostile_db():
+    d = Path(tempfile.mkdtemp(prefix="lt-evil-", dir="/tmp"))
+    path = d / "history.db"
+    w = StoreWriter(path, clock=lambda: T0 / 1000)
+    w.start()
+    for i, value in enumerate(("1" + EVIL, "2")):
+        run = w.create_run(profile=f"p{i}", argv=["vllm", "serve", "m"], model="model" + EVIL, host="h",
+                           started_ms=T0 - (2 - i) * 600_000, pid=10 + i, log_path="", simulated=True,
+                           flags={"--chat-template": value})
+        w.update_run(run, ready_ms=T0 - (2 - i) * 600_000 + 60_000, ended_ms=T0 - (1 - i) * 600_000 - 1000,
+                     exit_code=0, end_reason="stopped" + EVIL)
+    w.close()
+    yield path
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _hostile_agent(agent) -> None:
+    agent.status = make_status(model="m" + EVIL, vllm_version="0.99" + EVIL, profile="dsv41-tp8", reason="r" + EVIL,
+                               agent={"host": "h" + EVIL})
+    agent.events[0]["message"] = "event" + EVIL
+    agent.log_lines.append("log line" + EVIL)
+    target = agent.profiles["profiles"][1]
+    target["description"] = "d" + EVIL
+    target["flags"]["--chat-template"] = "tpl" + EVIL
+
+
+async def test_node_and_events_views_show_foreign_text_escaped(agent):
+    _hostile_agent(agent)
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(200, 48)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected and "0.99" in screen_text(app))
+        await pilot.pause(0.2)
+        assert raw_controls(app) == []
+        text = shown_text(app)
+        assert f"0.99{SHOWN}" in text and f"h{SHOWN}" in text
+        screen = await open_screen(pilot, app, "5", EventsScreen)
+        await wait_for(pilot, lambda: screen.query_one("#events", DataTable).row_count == 3
+                       and screen.query_one("#log", Log).line_count > 40)
+        await pilot.pause(0.2)
+        assert raw_controls(app) == []
+        text = shown_text(app)
+        assert f"event{SHOWN}" in text and f"log line{SHOWN}" in text
+
+
+async def test_switch_dialog_and_refusal_show_foreign_text_as_text(agent):
+    _hostile_agent(agent)
+    agent.post_answers["switch"] = (422, {"error": "preflight", "message": "preflight failed: " + EVIL})
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(200, 48), notifications=True) as pilot:
+        await open_screen(pilot, app, "P", ProfilePickerScreen)
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.pause(0.2)
+        assert raw_controls(app) == []
+        text = plain(app.screen.body, width=400)
+        assert f"tpl{SHOWN}" in text and f"d{SHOWN}" in text  # the flag difference and the description
+        await pilot.press("tab", "enter")  # confirm: the agent refuses, quoting the foreign text
+        await wait_for(pilot, lambda: any("preflight failed" in n.message for n in app._notifications))
+        await pilot.pause(0.3)  # the toast drawn
+        assert raw_controls(app) == []
+        assert [n.message for n in app._notifications if n.message.startswith("preflight")] == \
+            [f"preflight failed: {SHOWN}"]
+
+
+async def test_history_and_compare_show_the_databases_words_as_text(sock_dir, hostile_db):
+    app = make_app(sock_dir / "absent.sock", hostile_db, utc=True)
+    async with app.run_test(size=(200, 48)) as pilot:
+        screen = await open_screen(pilot, app, "4", HistoryScreen, connected=False)
+        await wait_for(pilot, lambda: len(screen.runs) == 2)
+        await pilot.pause(0.2)
+        assert raw_controls(app) == []
+        assert "stopped[/][bold]\\x1" in shown_text(app)  # the end reason, shown (its column cuts it)
+        assert str(screen.query_one("#runs", DataTable).get_row_at(0)[4]) == f"stopped{SHOWN}"
+        screen.query_one("#runs", DataTable).focus()
+        await pilot.press("c", "down", "c")
+        await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen))
+        await wait_for(pilot, lambda: "flag difference" in shown_text(app))
+        await pilot.pause(0.2)
+        assert raw_controls(app) == []
+        assert f"1{SHOWN}" in shown_text(app)  # the flag's value, not parsed as markup
+
+
+MARKUP = "[/] [bold]not bold [link=x]"
+
+
+async def test_markup_like_labels_are_shown_not_parsed(agent, hostile_db):
+    """Markup alone (no control character): a flag's name in the switch dialog and a refusal's message would
+    raise MarkupError, and the database's flags in the compare dialog too, if handed over as markup."""
+    agent.profiles["profiles"][1]["flags"]["--x" + MARKUP] = "1"  # a flag's name, from extra_args
+    agent.post_answers["switch"] = (422, {"error": "preflight", "message": MARKUP})
+    app = make_app(agent.socket_path, hostile_db)
+    async with app.run_test(size=(200, 48), notifications=True) as pilot:  # toasts drawn, as on a terminal
+        await open_screen(pilot, app, "P", ProfilePickerScreen)
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert f"--x{MARKUP}" in plain(app.screen.body, width=400)
+        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: any(n.message == MARKUP for n in app._notifications))
+        await pilot.pause(0.3)  # the toast mounted
+        toasts = [plain(t.render(), width=400) for t in app.screen.query(Toast)]  # markup would raise here
+        assert any(MARKUP in t for t in toasts), toasts
+        screen = await open_screen(pilot, app, "4", HistoryScreen)
+        await wait_for(pilot, lambda: len(screen.runs) == 2)
+        screen.query_one("#runs", DataTable).focus()
+        await pilot.press("c", "down", "c")
+        await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen))
+        await wait_for(pilot, lambda: "flag difference" in shown_text(app))
+        assert "[/][bold]" in plain(app.screen.query_one("#compare-body").content, width=400)

@@ -1,0 +1,55 @@
+"""Foreign text on the dashboard: everything the agent answers and the history database holds reaches the
+widgets with its control characters escaped (contract/terminal.py), and as Text, never as markup.
+
+The screen's segments are written to the terminal as they are: a vLLM version or a log line holding
+`\\x1b[2J` would clear it, and a bidi override would reverse what follows. Escaping at the two doors the
+text comes in by (the agent's socket, the database) keeps every widget safe, present and future; the
+widgets themselves hand strings to Textual only as Text or with markup off, so `[/]` in a model name is
+shown, not parsed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lynxtop.client import AgentRefused, AsyncAgentClient
+from lynxtop.contract.terminal import terminal_safe, terminal_safe_json
+
+# StoreReader methods whose rows carry text (names, models, messages, flags); series are numbers only.
+TEXT_READS = frozenset({"runs", "run", "events", "bench_results"})
+
+
+class DisplayClient(AsyncAgentClient):
+    """The dashboard's agent client: every answer (status, profiles, runs, events, logs, a refusal) comes back
+    with its strings escaped. Profile names the agent accepts hold no control characters (the config refuses them), so
+    a name sent back in a switch is the one the agent knows."""
+
+    async def request(self, method: str, path: str, params: Mapping[str, Any] | None = None,
+                      body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        try:
+            return terminal_safe_json(await super().request(method, path, params, body))
+        except AgentRefused as exc:  # a refusal's words are shown too: in a notification, in the header
+            raise AgentRefused(exc.status, terminal_safe(exc.code), terminal_safe(exc.message),
+                               terminal_safe_json(dict(exc.details))) from None
+
+
+class DisplayReader:
+    """A history reader whose text reads come back escaped; everything else (series, the CSV export's
+    stream, close) is the reader's own, so an export still writes the stored text exactly."""
+
+    def __init__(self, reader: Any):
+        self._reader = reader
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._reader, name)
+        if name not in TEXT_READS:
+            return attr
+        return _escaped(attr)
+
+
+def _escaped(read: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return terminal_safe_json(read(*args, **kwargs))
+
+    return call
