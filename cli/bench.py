@@ -26,6 +26,7 @@ from lynxtop.bench_stats import db_row, from_db_row
 from lynxtop.bench_sweep import ProgressLine, SweepResult, sweep
 from lynxtop.client import AgentClient, AgentRefused, AgentUnreachable
 from lynxtop.contract.loop import run_loop
+from lynxtop.contract.terminal import terminal_safe
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
@@ -38,7 +39,7 @@ class BenchError(Exception):
 
 
 def _err(msg: str) -> None:
-    print(f"lynxtop bench: {msg}", file=sys.stderr)
+    print(terminal_safe(f"lynxtop bench: {msg}", lines=True), file=sys.stderr)
 
 
 def _config(args: Namespace) -> Any:
@@ -183,8 +184,9 @@ def run(args: Namespace) -> int:
                       "output_len": args.output_len}
     sla = (cfg.sla.ttft_p99_ms, cfg.sla.tpot_p99_ms) if cfg else (None, None)
     store = Store(client, meta)
-    print(f"lynxtop bench {bench_id}: {url} model {model}, input {args.input_len} / output {args.output_len} "
-          f"tokens" + (f", run {meta['run_id']} ({meta.get('profile')})" if meta.get("run_id") else ""),
+    print(terminal_safe(f"lynxtop bench {bench_id}: {url} model {model}, input {args.input_len} / output "  # served
+                        f"{args.output_len} tokens" + (f", run {meta['run_id']} ({meta.get('profile')})"
+                                                       if meta.get("run_id") else "")),
           file=sys.stderr)
     try:
         result = run_loop(_sweep(wl, levels_of(args), args, store, sla))
@@ -297,6 +299,7 @@ def list_sweeps(args: Namespace) -> int:
         top = max((lv.get("output_tokens_per_s") or 0 for lv in levels), default=0)
         partial = " (partial)" if any(lv.get("partial") for lv in levels) else ""
         first = levels[-1]
-        print(f"{bid}  run {first.get('run_id') or '-'}  {first.get('profile') or '-'}  "
-              f"vLLM {first.get('vllm_version') or '-'}  {len(levels)} levels  max {top:.1f} out tok/s{partial}")
+        print(terminal_safe(f"{bid}  run {first.get('run_id') or '-'}  {first.get('profile') or '-'}  "  # stored
+                            f"vLLM {first.get('vllm_version') or '-'}  {len(levels)} levels  max {top:.1f} out tok/s"
+                            f"{partial}"))
     return EXIT_OK

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lynxtop.contract.format import fmt_ms
+from lynxtop.contract.terminal import terminal_safe
 
 COLUMNS = (  # header, key, format
     ("level", "level", "{}"), ("ok", "completed", "{}"), ("fail", "failed", "{}"),
@@ -47,7 +48,7 @@ def table(levels: Sequence[dict[str, Any]]) -> str:
     out = _grid([h for h, _, _ in COLUMNS], rows)
     for s in levels:
         for reason, n in (s.get("failures") or {}).items():
-            out.append(f"  {level_label(s)}: {n} failed: {reason}")
+            out.append(f"  {level_label(s)}: {n} failed: {terminal_safe(reason)}")  # the server's words
     if any(s.get("partial") for s in levels):
         out.append("  * partial: the level was stopped before it finished")
     return "\n".join(out)
@@ -104,6 +105,6 @@ def compare(name_a: str, a: Sequence[dict[str, Any]], name_b: str, b: Sequence[d
         for _, key, _ in COMPARE_KEYS:
             row += [_num(sa.get(key), key), _num(sb.get(key), key), pct(sa.get(key), sb.get(key))]
         rows.append(row)
-    lines = [f"A = {name_a}", f"B = {name_b}", "", *_grid(head, rows)]
+    lines = [f"A = {terminal_safe(name_a)}", f"B = {terminal_safe(name_b)}", "", *_grid(head, rows)]
     lines.append("diff: B against A (throughput: + is better; latency: - is better); * a partial level")
     return "\n".join(lines)
