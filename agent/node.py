@@ -29,7 +29,7 @@ from lynxtop.agent import connguard, procs
 from lynxtop.agent.connguard import Episodes, FdPlan, install_loop_handler, is_resource_error, plan_descriptors
 from lynxtop.agent.control import ActionError
 from lynxtop.agent.health import HttpClient
-from lynxtop.agent.notify import Notifier
+from lynxtop.agent.notify import Notifier, WatchdogThread
 from lynxtop.agent.proctable import ProcTable
 from lynxtop.agent.sampling import (
     EventCollector,
@@ -124,6 +124,7 @@ class Node:
         self.episodes = Episodes(lambda m: log.warning("%s", m))
         self.fd_plan: FdPlan | None = None
         self.last_tick_done: float | None = None
+        self._resumed_mono: float | None = None  # when the watchdog found the process had been stopped
         self.gpu_view = NodeGpuView()
         self.latest_gpu_rows: list[dict] = []
         self.latest_host: dict[str, Any] = {}
@@ -362,9 +363,15 @@ class Node:
     async def _serve_until_stopped(self, loop: asyncio.AbstractEventLoop, sup: Supervisor) -> None:
         a = self.cfg.agent
         tasks = [loop.create_task(self._clock(), name="clock")]
+        watchdog = None
         if self.notifier.watchdog_interval_s:
-            tasks.append(loop.create_task(self._watchdog(), name="watchdog"))
+            # a thread, not a task: after SIGSTOP/SIGCONT the keep-alive must not wait behind the loop's backlog
+            watchdog = WatchdogThread(self.notifier, self.healthy, self.notifier.watchdog_interval_s,
+                                      on_resume=self._resumed, on_unhealthy=self._log_unhealthy)
+            watchdog.start()
         await self._stop.wait()
+        if watchdog is not None:
+            watchdog.stop()
         log.info("stopping (live_restore %s: serving %s)", "on" if a.live_restore else "off",
                  "keeps running" if a.live_restore else "is stopped first")
         self.notifier.stopping("agent stopping" + (" (serving keeps running)" if a.live_restore else ""))
@@ -517,16 +524,14 @@ class Node:
             return None
         return ScrapeTarget(url, sup.run_id, proc.record.token if proc is not None else None)
 
-    async def _watchdog(self) -> None:
-        """WATCHDOG=1 at half of WatchdogSec, and only while the clock ticks and the writer thread lives."""
-        interval = self.notifier.watchdog_interval_s or 10.0
-        while True:
-            if self.healthy():
-                self.notifier.watchdog()
-            else:
-                log.error("health check failed (last tick %s s ago, writer alive %s): not pinging the watchdog",
-                          self._tick_age(), self._writer_alive())
-            await asyncio.sleep(interval)
+    def _resumed(self, now: float) -> None:
+        """The process was stopped (SIGSTOP, a VM pause) and runs again: its ticks get a fresh grace."""
+        self._resumed_mono = now
+        log.warning("the agent was not running for a while (stopped or paused); ticks resume now")
+
+    def _log_unhealthy(self) -> None:
+        log.error("health check failed (last tick %s s ago, writer alive %s): not pinging the watchdog",
+                  self._tick_age(), self._writer_alive())
 
     def _tick_age(self) -> float | None:
         return None if self.last_tick_done is None else round(time.monotonic() - self.last_tick_done, 1)
@@ -539,6 +544,8 @@ class Node:
         age = self._tick_age()
         if age is None:  # not ticked yet: healthy during the first `limit` seconds only
             age = time.monotonic() - self.started_mono
+        if self._resumed_mono is not None:  # stopped and continued: judged from the resume, not the pause
+            age = min(age, time.monotonic() - self._resumed_mono)
         return age < limit and self._writer_alive() and not self._wal_at_risk()
 
     def _wal_at_risk(self) -> bool:

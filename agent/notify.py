@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import MutableMapping
+import threading
+import time
+from collections.abc import Callable, MutableMapping
 
 log = logging.getLogger(__name__)
 
@@ -94,3 +96,60 @@ class Notifier:
 
     def stopping(self, status: str = "") -> bool:
         return self.send("STOPPING=1", *([f"STATUS={status}"] if status else []))
+
+
+class WatchdogThread:
+    """WATCHDOG=1 every `interval_s` while `healthy()`, sent from a thread of its own.
+
+    Why a thread: on the event loop the keep-alive waited behind whatever was due when the agent resumed after a
+    SIGSTOP or a VM pause (a backlog of ticks, connections and probes), and the stale tick age made the first
+    check after the pause fail, so the next ping came a whole interval later: a 37 s gap for WatchdogSec=30, and
+    systemd would have killed a healthy agent. This thread wakes every `step_s`; a wake much later than asked
+    means the process was stopped, and `on_resume` tells the agent so (its ticks get a fresh grace) and the
+    keep-alive goes out at once, if the agent was healthy when it was stopped. Health is still the agent's:
+    a loop that really hangs stops its ticks, and the pings stop with them.
+    """
+
+    def __init__(self, notifier: Notifier, healthy: Callable[[], bool], interval_s: float,
+                 on_resume: Callable[[float], None] | None = None, on_unhealthy: Callable[[], None] | None = None,
+                 step_s: float | None = None, clock: Callable[[], float] = time.monotonic):
+        self.notifier, self.healthy, self.interval_s = notifier, healthy, interval_s
+        self.on_resume, self.on_unhealthy, self.clock = on_resume, on_unhealthy, clock
+        self.step_s = step_s if step_s is not None else max(0.05, min(1.0, interval_s / 4))
+        self.resumes = 0  # times the thread found it had been stopped
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        last_wake = self.clock()
+        next_ping = last_wake  # the first keep-alive at once
+        was_healthy = True
+        late_s = self.step_s + 2.0  # a wake later than this means the process did not run meanwhile
+        while not self._stop.wait(self.step_s):
+            now = self.clock()
+            if now - last_wake > late_s:
+                self.resumes += 1
+                if was_healthy:  # a hung agent stopped and continued stays hung: no grace for it
+                    if self.on_resume is not None:
+                        self.on_resume(now)
+                    next_ping = now
+            last_wake = now
+            try:
+                ok = self.healthy()
+            except Exception:  # noqa: BLE001 - a failing check is an unhealthy agent, not a dead watchdog
+                log.exception("the watchdog's health check failed")
+                ok = False
+            if not ok and was_healthy and self.on_unhealthy is not None:
+                self.on_unhealthy()  # said once per episode, not once per interval
+            was_healthy = ok
+            if ok and now >= next_ping:
+                self.notifier.watchdog()
+                next_ping = now + self.interval_s
