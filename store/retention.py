@@ -3,6 +3,10 @@
 Small chunks keep each delete transaction short so ticks keep flowing and readers see no stall; freed
 pages are reused by new rows, so steady state needs no VACUUM. Raw rows are never deleted before they
 are rolled up (the cut-off never passes a rollup watermark). Runs and bench results are never deleted.
+
+Ages are measured from the newest stored sample, never from the wall clock alone: a clock stepped 8 days
+forward (an NTP step after a bad RTC, a snapshot restored, `date -s`) must not make a week of history look
+expired. A row newer than (newest stored sample - limit) is never deleted (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -20,6 +24,18 @@ class RetentionPolicy(Protocol):
     raw_days: float
     minute_days: float
     hour_days: float
+
+
+def reference_ms(conn: sqlite3.Connection, now_ms: int) -> int:
+    """The time ages are measured from: `now_ms`, but never later than the newest stored sample.
+
+    A wall clock that jumped ahead of the data would otherwise expire rows that are, by the data's own
+    timeline, recent. One max() per sample table: each is keyed by ts_ms first, so it is an index lookup.
+    """
+    newest = [conn.execute(f"SELECT max(ts_ms) FROM {t}").fetchone()[0]
+              for t in (*(t.name for t in SAMPLE_TABLES.values()), "gpu_processes")]
+    known = [n for n in newest if n is not None]
+    return min(now_ms, max(known)) if known else now_ms
 
 
 def cutoffs(policy: RetentionPolicy, now_ms: int,
@@ -66,9 +82,9 @@ def delete_chunk(conn: sqlite3.Connection, table: str, before_ms: int, chunk: in
 
 def step(conn: sqlite3.Connection, policy: RetentionPolicy, now_ms: int,
          watermarks: dict[tuple[str, str], int | None], chunk: int = CHUNK_ROWS) -> tuple[int, bool]:
-    """One chunk per table; returns (rows deleted, more remain)."""
+    """One chunk per table; returns (rows deleted, more remain). `now_ms` is held to the newest sample."""
     total, more = 0, False
-    for table, before in cutoffs(policy, now_ms, watermarks).items():
+    for table, before in cutoffs(policy, reference_ms(conn, now_ms), watermarks).items():
         n, m = delete_chunk(conn, table, before, chunk)
         total += n
         more = more or m

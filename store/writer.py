@@ -179,7 +179,8 @@ class StoreWriter:
         self._checkpointer: Checkpointer | None = None
 
         self._dropped = 0
-        self._failed = 0
+        self._failed = 0  # ticks the database refused (a bad value): dropped, and the agent is unhealthy
+        self._last_rejected: float | None = None  # monotonic time of the last refused tick
         self._written = 0
         self._commits = 0
         self._last_error: str | None = None
@@ -340,8 +341,11 @@ class StoreWriter:
             return {
                 "path": str(self.path),
                 "queued": len(self._ticks) + len(self._ops),
-                "dropped": self._dropped,
+                "dropped": self._dropped + self._failed,  # a refused tick is as lost as an overflowed one
                 "failed": self._failed,
+                "rejected": self._failed,
+                "rejected_age_s": (None if self._last_rejected is None
+                                   else round(time.monotonic() - self._last_rejected, 1)),
                 "written_ticks": self._written,
                 "tick_commits": self._commits,
                 "last_error": self._last_error,
@@ -513,23 +517,29 @@ class StoreWriter:
             return True
         try:
             results = self._transaction(lambda c: [op.fn(c) for op in ops])
-        except sqlite3.Error as exc:
-            if self._transient_or_damaged(exc, ops=ops):
+        except Exception as exc:  # not only sqlite3.Error: a huge int raises OverflowError in the driver
+            if isinstance(exc, sqlite3.Error) and self._transient_or_damaged(exc, ops=ops):
                 return False
-            results = []
-            for op in ops:  # isolate the bad one; the others still get written
-                try:
-                    results.append(self._transaction(op.fn))
-                except sqlite3.Error as one:
-                    op.future.set_exception(StoreError(f"{self.path}: write failed: {one}"))
-                    self._note_error(f"a write failed: {one}")
-                    results.append(None)
-                    continue
-            for op, res in zip(ops, results, strict=True):
-                if not op.future.done():
-                    op.future.set_result(res)
-            return True
+            return self._write_ops_alone(ops)
         for op, res in zip(ops, results, strict=True):
+            op.future.set_result(res)
+        return True
+
+    def _write_ops_alone(self, ops: list[_Op]) -> bool:
+        """One transaction per op: a bad op fails its own future only; every other op is written.
+
+        Whatever the bad op raises, the ops drained with it (an operator's `agent.stop`, a run's row) must
+        not be lost with it. A disk that fails part-way keeps the ops not yet written for the retry.
+        """
+        for i, op in enumerate(ops):
+            try:
+                res = self._transaction(op.fn)
+            except Exception as one:
+                if isinstance(one, sqlite3.Error) and self._transient_or_damaged(one, ops=ops[i:]):
+                    return False
+                op.future.set_exception(StoreError(f"{self.path}: write refused: {type(one).__name__}: {one}"))
+                self._note_error(f"a write was refused and dropped: {type(one).__name__}: {one}")
+                continue
             op.future.set_result(res)
         return True
 
@@ -549,6 +559,7 @@ class StoreWriter:
                 except Exception as one:
                     with self._cv:
                         self._failed += 1
+                        self._last_rejected = time.monotonic()
                     self._note_error(f"tick at {t.ts_ms} was rejected and dropped: {one}")
             ticks = good
         self._committed(ticks)

@@ -30,6 +30,7 @@ def test_retention_per_resolution_keeps_runs(tmp_path):
     w.add_event("serving", "info", "old event", ts_ms=T0)
     w.add_event("serving", "info", "recent event", ts_ms=T0 + 110 * 60_000)
     _fill(w, 2)
+    w.submit_tick(T0 + 2 * HOUR, [gpu_row(g, 720) for g in range(2)], {"cpu_pct": 1.0})  # newest sample: now
     w.start()
     assert w.flush(20)
     c = sqlite3.connect(db)
@@ -39,7 +40,7 @@ def test_retention_per_resolution_keeps_runs(tmp_path):
         time.sleep(0.05)
     w.close()
     assert c.execute("SELECT min(ts_ms) FROM gpu_samples").fetchone()[0] == T0 + HOUR
-    assert c.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == 360 * 2
+    assert c.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == 361 * 2
     assert c.execute("SELECT min(ts_ms) FROM host_samples").fetchone()[0] == T0 + HOUR
     assert c.execute("SELECT min(ts_ms) FROM gpu_1m").fetchone()[0] == T0 + HOUR // 2
     assert c.execute("SELECT min(ts_ms) FROM gpu_1h").fetchone()[0] == T0
