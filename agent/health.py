@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -108,13 +109,23 @@ class HangDetector:
 
 
 class HealthProbe:
-    """`GET /health` of one run: unhealthy after `fail_threshold` failures in a row, healthy on a 200."""
+    """`GET /health` of one run: unhealthy after `fail_threshold` failures in a row, healthy on a 200.
 
-    def __init__(self, http: HttpClient, url: str, fail_threshold: int):
+    With `hang_timeout_s`, a server that gives no answer at all for that long is hung too: a frozen server
+    (SIGSTOP, a wedged API process) generates no token, but its counters cannot be read either, so the
+    counters' hang clock never ran and `restart_on_hang` did nothing for it.
+    """
+
+    def __init__(self, http: HttpClient, url: str, fail_threshold: int, hang_timeout_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.http = http
         self.url = url.rstrip("/") + "/health"
         self.fail_threshold = fail_threshold
+        self.hang_timeout_s = hang_timeout_s
+        self.clock = clock
         self.fails = 0
+        self.hung = False
+        self.answered_at = clock()  # probing starts on a server that has just answered (it became ready)
 
     async def ok(self) -> bool:
         """One probe that only says whether it answered 200 (readiness)."""
@@ -123,10 +134,21 @@ class HealthProbe:
 
     async def probe(self) -> Verdict | None:
         status, _ = await self.http.get(self.url)
+        now = self.clock()
+        if status is not None:
+            self.answered_at = now
         if status == 200:
             self.fails = 0
+            if self.hung:  # the "health" condition is cleared by the next probe's HEALTHY
+                self.hung = False
+                return Verdict(Health.PROGRESSING, "GET /health answers again")
             return Verdict(Health.HEALTHY, "GET /health answers 200 again")
         self.fails += 1
+        silent = now - self.answered_at
+        if self.hang_timeout_s is not None and status is None and not self.hung and silent >= self.hang_timeout_s:
+            self.hung = True
+            return Verdict(Health.HUNG, f"hang: GET /health unanswered for {silent:.0f} s (hang_timeout_s "
+                                        f"{self.hang_timeout_s:g}): the server is frozen")
         if self.fails < self.fail_threshold:
             return None
         what = f"HTTP {status}" if status else "no answer"

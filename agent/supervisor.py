@@ -668,7 +668,8 @@ class Supervisor:
     async def _watch_ready(self, run: Run) -> None:
         """While serving: wait for the exit, probe /health now and then, reset failures after a stable period."""
         proc = run.proc
-        probe = HealthProbe(self.http, self.url() or "", self.health_fail_threshold)
+        probe = HealthProbe(self.http, self.url() or "", self.health_fail_threshold,
+                            hang_timeout_s=self.cfg.agent.hang_timeout_s)  # a frozen server is hung too
         stable_at: float | None = time.monotonic() + self.cfg.agent.stable_after_s
         period = max(self.health_poll_s * 5, 1.0)
         exit_wait = asyncio.ensure_future(proc.wait())
