@@ -14,6 +14,7 @@ import errno
 import inspect
 import json
 import logging
+import math
 import os
 import socket
 import stat
@@ -31,6 +32,7 @@ from lynxtop.agent.peercred import Peer, group_gid, may_control, peer_of
 from lynxtop.store.schema import BENCH_COLUMNS
 
 MAX_BODY = 64 * 1024
+INT64 = (-(2**63), 2**63 - 1)  # what an SQLite INTEGER holds: a body's integers must fit it
 DEFAULT_MAX_CONNECTIONS = 256  # [agent] api_max_connections
 DEFAULT_REQUEST_TIMEOUT_S = 10.0  # [agent] request_timeout_s
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the NUL
@@ -106,6 +108,7 @@ async def _body(request: web.Request, action: str, timeout_s: float = DEFAULT_RE
     """The checked JSON body of a mutating call: read within the timeout, parsed, and matched to its spec."""
     data = _parse_body(await _read_body(request, timeout_s))
     _check_fields(data, action)
+    check_numbers(data)
     return data
 
 
@@ -134,6 +137,33 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ApiError(400, "wrong_type", f"request body must be a JSON object, got {type(data).__name__}")
     return data
+
+
+def check_numbers(data: dict[str, Any]) -> None:
+    """Every number in a body, at any depth, must be one the history database can store faithfully.
+
+    The one check for every JSON body that may reach the store: an integer outside int64 makes the SQLite
+    driver raise (and once cost a whole batch of writes), and NaN, Infinity or 1e400 (parsed as infinity)
+    would be stored as rows no reader can use. Refused with the field's path, before anything is changed.
+    Iterative: a body nested as deep as the JSON parser allows must not overflow this walk's stack.
+    """
+    todo: list[tuple[str, Any]] = [(k, v) for k, v in data.items()]
+    while todo:
+        where, value = todo.pop()
+        if isinstance(value, dict):
+            todo += [(f"{where}.{k}", v) for k, v in value.items()]
+        elif isinstance(value, list):
+            todo += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, bool):
+            continue
+        elif isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
+            digits = len(str(abs(value)))
+            raise ApiError(400, "out_of_range", f"field {where!r}: the integer of {digits} digits is outside the "
+                           f"64-bit range the history database stores ({INT64[0]}..{INT64[1]})",
+                           {"field": where})
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ApiError(400, "not_finite", f"field {where!r} is {value!r}: numbers must be finite (NaN, "
+                           "Infinity and values beyond 1.8e308 are refused)", {"field": where})
 
 
 def _check_fields(data: dict[str, Any], action: str) -> None:
