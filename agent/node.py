@@ -26,6 +26,7 @@ from typing import Any
 
 from lynxtop import __version__
 from lynxtop.agent import connguard, procs
+from lynxtop.agent.clock import Timeline, describe, span
 from lynxtop.agent.connguard import Episodes, FdPlan, install_loop_handler, is_resource_error, plan_descriptors
 from lynxtop.agent.control import ActionError
 from lynxtop.agent.health import HttpClient
@@ -114,6 +115,7 @@ class Node:
         self.host = socket.gethostname()
         self.started_ms = now_ms()
         self.started_mono = time.monotonic()
+        self.timeline = Timeline()  # every stored timestamp: never jumps when the wall clock is stepped
         self.simulated = bool(cfg.agent.fake_nvml)
         self.interval = cfg.agent.sample_interval_s
         self.missed_ticks = 0  # ticks skipped (one ran late) plus ticks that failed
@@ -197,7 +199,7 @@ class Node:
             except OSError as exc:
                 raise AgentStartError(f"cannot create directory {d}: {exc.strerror or exc}") from None
         try:
-            self.writer = StoreWriter(a.database, retention=a.retention)
+            self.writer = StoreWriter(a.database, retention=a.retention, clock=self.timeline.time)
         except Exception as exc:  # noqa: BLE001 - StoreError and sqlite errors alike: say where
             raise AgentStartError(f"cannot open the history database {a.database}: {exc}") from None
         if self.writer.moved_aside:
@@ -465,9 +467,10 @@ class Node:
         sup = self.supervisor
         assert sup is not None
         t0 = time.monotonic()
+        self._check_clock()
         # NVML gets the rest of the interval; a GPU that answers slowly makes this tick carry no GPU rows
         # (counted) rather than holding host, serving and the store back
-        tick = Tick(ts_ms=now_ms(), t0=t0, deadline=t0 + self.interval * 0.9, root=sup.vllm_root_pid(),
+        tick = Tick(ts_ms=self.timeline.now_ms(), t0=t0, deadline=t0 + self.interval * 0.9, root=sup.vllm_root_pid(),
                     run_id=sup.run_id)
         try:
             error = await sample_stages(self.stages, tick)
@@ -478,6 +481,20 @@ class Node:
             error = exc
         if error is not None:
             self._tick_failed(error)
+
+    def _check_clock(self) -> None:
+        """A stepped wall clock becomes an event and a status field; the samples' timeline goes on unmoved."""
+        step = self.timeline.check()
+        if step is None:
+            return
+        off = self.timeline.offset_ms
+        msg = (f"{describe(step)}; sample timestamps go on from the agent's own timeline (the wall clock is now "
+               f"{span(off)} {'ahead of' if off >= 0 else 'behind'} it), so no history is mislabeled or expired; "
+               "a restart of the agent adopts the wall clock")
+        log.warning("%s", msg)
+        self._record([Event(EventKind.AGENT_CLOCK_STEP, Severity.WARNING, msg, ts_ms=step.ts_ms,
+                            details={"step_ms": step.step_ms, "wall_ms": step.wall_ms, "ts_ms": step.ts_ms,
+                                     "offset_ms": self.timeline.offset_ms})])
 
     def _tick_failed(self, exc: Exception) -> None:
         """A tick that raised is a missed tick (status and /metrics show it); the log says so once per episode."""
@@ -546,7 +563,12 @@ class Node:
             age = time.monotonic() - self.started_mono
         if self._resumed_mono is not None:  # stopped and continued: judged from the resume, not the pause
             age = min(age, time.monotonic() - self._resumed_mono)
-        return age < limit and self._writer_alive() and not self._wal_at_risk()
+        return age < limit and self._writer_alive() and not self._wal_at_risk() and not self._ticks_rejected(limit)
+
+    def _ticks_rejected(self, within_s: float) -> bool:
+        """The store refused a tick lately (a value it cannot hold): those samples are lost, so not healthy."""
+        age = (self.writer.stats() if self.writer is not None else {}).get("rejected_age_s")
+        return age is not None and age < within_s
 
     def _wal_at_risk(self) -> bool:
         """The history's WAL was unlinked under the agent and the writer has not recovered from it yet."""
@@ -610,7 +632,10 @@ class Node:
             descriptors={"open": connguard.open_fds(), "limit": self.fd_plan.soft if self.fd_plan else None},
             nvml=NvmlStatus(**{k: self.gpu_view.nvml.get(k, "") for k in ("state", "message", "driver_version",
                                                                           "nvml_version")}),
+            clock_steps=self.timeline.steps, clock_offset_ms=self.timeline.offset_ms,
+            last_clock_step_ms=self.timeline.last_step.step_ms if self.timeline.last_step else None,
             store=StoreStatus(path=str(self.cfg.agent.database), queued=ws.get("queued"), dropped=ws.get("dropped"),
+                              rejected=ws.get("rejected"),
                               last_error=ws.get("last_error"), wal_unlinked=ws.get("wal_unlinked"),
                               wal_unlinked_ms=ws.get("wal_unlinked_ms"), wal_recovered=ws.get("wal_recovered")),
             action=sup.action_status(),

@@ -26,6 +26,7 @@ class EventKind(StrEnum):
     AGENT_AUTOSTART_HELD = "agent.autostart_held"
     AGENT_AUTOSTART_FAILED = "agent.autostart_failed"
     AGENT_STATE_FILE = "agent.state_file"
+    AGENT_CLOCK_STEP = "agent.clock_step"  # the wall clock was stepped; the samples' timeline was not
     # operator actions
     ACTION_START = "action.start"
     ACTION_STOP = "action.stop"

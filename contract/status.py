@@ -100,7 +100,8 @@ class NvmlStatus:
 class StoreStatus:
     path: str = ""
     queued: int | None = None
-    dropped: int | None = None
+    dropped: int | None = None  # ticks lost: the queue overflowed, or the database refused them (`rejected`)
+    rejected: int | None = None
     last_error: str | None = None
     wal_unlinked: bool | None = None
     wal_unlinked_ms: int | None = None
@@ -131,6 +132,9 @@ class AgentStatus:
     gpu_late_ticks: int = 0
     failed_ticks: int = 0
     last_tick_error: str | None = None
+    clock_steps: int = 0  # wall-clock steps seen (events agent.clock_step); samples keep the agent's timeline
+    clock_offset_ms: int = 0  # wall clock minus the samples' timeline
+    last_clock_step_ms: int | None = None  # the last step's size, positive forward
     connections: dict[str, dict[str, Any]] = field(default_factory=dict)
     descriptors: dict[str, Any] = field(default_factory=dict)
     nvml: NvmlStatus = field(default_factory=NvmlStatus)
