@@ -342,6 +342,8 @@ class Node:
     async def _take_over_serving(self, sup: Supervisor) -> None:
         """Adopt the server the previous agent left, or hold its recorded crash loop, or autostart."""
         adopted = await sup.adopt_previous()
+        if await sup.resume_switch():  # a switch the previous agent did not finish (killed mid-switch)
+            return
         held = not adopted and sup.restore_crash_loop()
         a = self.cfg.agent
         if adopted or held or not (a.autostart and a.default_profile):
@@ -593,7 +595,12 @@ class Node:
         if self.missed_ticks:
             parts.append(f"{self.missed_ticks} missed ticks" + (f" ({self.failed_ticks} failed)"
                                                                  if self.failed_ticks else ""))
+        if self.timeline.steps:
+            off = self.timeline.offset_ms
+            parts.append(f"wall clock stepped ({span(off)} {'ahead of' if off >= 0 else 'behind'} the samples)")
         ws = self.writer.stats() if self.writer is not None else {}
+        if ws.get("rejected"):
+            parts.append(f"{ws['rejected']} ticks refused by the store")
         if ws.get("wal_unlinked"):
             parts.append("history WAL was unlinked: " + ("recovered" if ws.get("wal_recovered")
                                                          else "NOT recovered, history at risk"))

@@ -27,6 +27,7 @@ async def test_wall_clock_steps_keep_every_sample_and_become_events(tmp_path, h,
         await run_clock(node, 1.0)
         assert node.writer.flush(10)
         agent = node.status().agent
+        line = node.status_line()
         healthy = node.healthy()
     finally:
         close_node(node)
@@ -46,3 +47,4 @@ async def test_wall_clock_steps_keep_every_sample_and_become_events(tmp_path, h,
     assert agent.clock_steps == 2 and abs(agent.clock_offset_ms - 7 * DAY_MS) < 60_000
     assert abs(agent.last_clock_step_ms + DAY_MS) < 60_000
     assert healthy and agent.store.dropped == 0
+    assert "wall clock stepped (7 d 0 h 0 min 0 s ahead of the samples)" in line, line

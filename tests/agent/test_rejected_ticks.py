@@ -49,6 +49,7 @@ async def test_refused_ticks_count_as_dropped_and_make_the_agent_unhealthy(tmp_p
         assert "rejected" in st.store.last_error
         assert not node.healthy() and st.healthy is False
         assert _healthy_gauge(node) == "lynxtop_agent_healthy 0.0"
+        assert "ticks refused by the store" in node.status_line()  # systemd's STATUS= line says it too
         assert node.status().to_json()["agent"]["store"]["rejected"] == st.store.rejected  # served as JSON too
     finally:
         close_node(node)
