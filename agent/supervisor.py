@@ -396,6 +396,7 @@ class Supervisor:
             old.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await old
+        self._clear_switch()  # a switch this stop preempted is not to be finished by a later agent
         self._begin("stop", by, self.profile_name)
         self._event(EventKind.ACTION_STOP, Severity.INFO, f"stop requested by {by}", by=by)
         self._run_action(self._do_stop(f"stopped by {by}", "stopped by operator"))
@@ -418,6 +419,7 @@ class Supervisor:
         warnings = self._preflight_or_raise(prof)
         old = self.profile_name
         self._begin("switch", by, prof.name)
+        self._save_switch(prof.name, old, by)  # before anything is stopped: an agent killed mid-switch resumes it
         self._event(EventKind.ACTION_SWITCH, Severity.INFO, f"switch from {old} to {prof.name} requested by {by}",
                     by=by, old_profile=old, new_profile=prof.name)
         self._run_action(self._do_switch(prof, old, by))
@@ -448,6 +450,16 @@ class Supervisor:
         return await self._await_outcome()
 
     async def _do_switch(self, prof: Profile, old: str | None, by: str) -> None:
+        try:
+            await self._switch_steps(prof, old, by)
+        except asyncio.CancelledError:
+            raise  # a stop preempting it drops the intent itself; the agent stopping leaves it for the next one
+        except BaseException:
+            self._clear_switch()
+            raise
+        self._clear_switch()
+
+    async def _switch_steps(self, prof: Profile, old: str | None, by: str) -> None:
         self._cancel_retry()
         await self._stop_current(f"switching to {prof.name} (by {by})", f"switched to {prof.name}")
         self._failures.reset()
@@ -922,6 +934,59 @@ class Supervisor:
                     "before the agent restarted; not starting it (lynxtop start / restart / switch / stop to act)")
         return True
 
+    # ------------------------------------------------------------------------------------- switch intent
+
+    @property
+    def _switch_path(self) -> Path:
+        return self.state_path.with_name("switch.json")
+
+    def _save_switch(self, profile: str, old: str | None, by: str) -> None:
+        """The target of a switch, on disk until the switch ends: SIGKILL of the agent between stopping the old
+        run and starting the new one once lost it (the next agent adopted nothing and autostarted the default)."""
+        try:
+            atomic_write(self._switch_path, json.dumps({"profile": profile, "from": old, "by": by,
+                                                        "since_ms": now_ms()}))
+        except OSError as exc:
+            self._event(EventKind.AGENT_STATE_FILE, Severity.WARNING, f"cannot write {self._switch_path}: {exc}; "
+                        "if the agent dies during this switch, a restarted agent will not finish it")
+
+    def _clear_switch(self) -> None:
+        with contextlib.suppress(OSError):
+            self._switch_path.unlink()
+
+    async def resume_switch(self) -> bool:
+        """At agent start, after adoption: finish a switch the previous agent began and did not end (it was
+        killed), saying so in `action.switch.interrupted`. True when serving is taken care of (no autostart)."""
+        try:
+            data = json.loads(self._switch_path.read_text())
+            target, old, by = str(data["profile"]), data.get("from"), str(data.get("by", "?"))
+            since = _clock(int(data.get("since_ms") or now_ms()))
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            self._event(EventKind.AGENT_STATE_FILE, Severity.WARNING, f"ignoring unreadable {self._switch_path}: "
+                        f"{exc}; an interrupted switch (if any) is not finished")
+            self._clear_switch()
+            return False
+        asked = f"the switch from {old or '(nothing)'} to {target} asked by {by} at {since}"
+        details = {"old_profile": old, "new_profile": target, "by": by}
+        if self.profile_name == target and self.run is not None and not self.run.finished:
+            self._clear_switch()  # the new run had started: adopted, and watched until ready like any other
+            self._event(EventKind.ACTION_SWITCH_INTERRUPTED, Severity.WARNING, f"{asked} was interrupted by the "
+                        f"agent's end after its new run {self.run_id} started; that run was adopted", resumed=False,
+                        **details)
+            return True
+        self._event(EventKind.ACTION_SWITCH_INTERRUPTED, Severity.WARNING, f"{asked} was interrupted by the "
+                    "agent's end before its new run started; finishing it now", resumed=True, **details)
+        try:
+            await self.switch(target, f"agent (finishing the interrupted switch asked by {by})")
+        except ActionError as exc:
+            self._clear_switch()
+            self._event(EventKind.ACTION_SWITCH_FAILED, Severity.ERROR, f"the interrupted switch to {target} cannot "
+                        f"be finished: {exc.message}", old_profile=old, new_profile=target)
+            return False
+        return True
+
     # ------------------------------------------------------------------------------------- adoption
 
     async def adopt_previous(self) -> bool:
@@ -1011,6 +1076,8 @@ class Supervisor:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+        if stop_serving:
+            self._clear_switch()  # serving stops with the agent: nothing is to be switched to
         if stop_serving and self.run is not None and not self.run.finished:
             await self._stop_current("agent shutting down (live_restore off)", "stopped with the agent")
             self._set_state(S.STOPPED, "agent shut down")
