@@ -28,6 +28,7 @@ from aiohttp import web
 
 from lynxtop.agent.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
 from lynxtop.agent.control import ActionError, Controller
+from lynxtop.agent.logtail import LogTail
 from lynxtop.agent.peercred import Peer, group_gid, may_control, peer_of
 from lynxtop.store.schema import BENCH_COLUMNS
 
@@ -356,9 +357,13 @@ class ApiServer:
         events = await _maybe_await(self.controller.events(q["since"], q["limit"]))
         return web.json_response({"events": events})
 
-    async def _logs(self, request: web.Request) -> web.Response:
+    async def _logs(self, request: web.Request) -> web.StreamResponse:
         q = _query(request, "logs")
-        return web.json_response(await _maybe_await(self.controller.logs(q["run"], q["lines"])))
+        result = await _maybe_await(self.controller.logs(q["run"], q["lines"]))
+        tail = result.get("lines")
+        if not isinstance(tail, LogTail):
+            return web.json_response(result)
+        return await _stream_log(request, result, tail)
 
     # ------------------------------------------------------------------------------------------ mutating
 
@@ -414,6 +419,26 @@ class ApiServer:
             return await c.restart(by)
         assert profile is not None  # _body made it required
         return await c.switch(profile, by)
+
+
+async def _stream_log(request: web.Request, result: dict[str, Any], tail: LogTail) -> web.StreamResponse:
+    """The same JSON as a whole answer, written a block at a time, each once the client took the previous ones:
+    a client that never reads holds one block here (and the guard drops it), never the whole tail."""
+    resp = web.StreamResponse(headers={"Content-Type": "application/json; charset=utf-8"})
+    head = json.dumps({k: v for k, v in result.items() if k != "lines"})
+    pieces = tail.reader()
+    try:
+        await resp.prepare(request)
+        await resp.write((head[:-1] + (", " if len(head) > 2 else "") + '"lines": [').encode())
+        while (piece := await asyncio.to_thread(next, pieces, None)) is not None:
+            await resp.write(piece.encode())
+        await resp.write(b"]}")
+        await resp.write_eof()
+    except ConnectionError:
+        pass  # the client went away, or was dropped as a slow reader: nobody is left to tell
+    finally:
+        pieces.close()
+    return resp
 
 
 _BENCH_TYPES = {"INTEGER": (int,), "REAL": (int, float), "TEXT": (str,)}

@@ -13,6 +13,9 @@ Each listener accepts in its own loop (GuardedSite) and admits every connection 
 - a refusal is a short 503 written at accept and a close, before any transport, task or HTTP parser exists.
 - a connection that has not sent a complete request `request_timeout_s` after it opened or after its last
   answer (slowloris, idle keep-alive) is closed; a slow body is bounded by the API's own read timeout.
+- a slow reader is dropped: each connection buffers at most WRITE_BUFFER_HIGH bytes of its answers (a writer
+  waits for the client past that), and one whose client has taken nothing for `request_timeout_s` is aborted,
+  its buffer freed. 50 log streams opened and never read once held 1.9 GB, busy (so never timed out) forever.
 - descriptors: the soft RLIMIT_NOFILE is raised and the caps fitted under it with a reserve (plan_descriptors),
   and running out anyway is logged once per episode (Episodes), never per event.
 """
@@ -50,6 +53,7 @@ ACCEPT_BURST = 2 * ACCEPT_BACKLOG
 LISTEN_QUEUE = 4096  # the kernel clamps it to net.core.somaxconn
 REFUSAL_TEXTS_PER_S = 20  # refusals written out per second and listener; past that a flood's are just closed
 MIN_CAP = 8
+WRITE_BUFFER_HIGH = 64 * 1024  # bytes of answers kept per connection before the writer waits for the client
 
 
 def is_resource_error(exc: BaseException | None) -> bool:
@@ -104,6 +108,7 @@ class _Conn:
     transport: asyncio.BaseTransport | None = None  # None until asyncio has made the transport
     requests: int = 0
     busy: int = 0  # requests being handled now
+    stalled_since: float | None = None  # its write buffer is full and the client has not read since
 
 
 class ConnectionGuard:
@@ -136,7 +141,7 @@ class ConnectionGuard:
         self._by_handler: dict[Any, _Conn] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self._refusals: dict[str, bytes] = {}  # the 503 for each reason, built once
-        self.accepted = self.refused = self.evicted = self.timed_out = 0
+        self.accepted = self.refused = self.evicted = self.timed_out = self.dropped_slow = 0
 
     # ------------------------------------------------------------------------------------------ wiring
 
@@ -167,7 +172,7 @@ class ConnectionGuard:
     def stats(self) -> dict[str, Any]:
         return {"open": len(self.conns), "max": self.max_connections, "per_client": self.per_client,
                 "accepted": self.accepted, "refused": self.refused, "evicted": self.evicted,
-                "timed_out": self.timed_out}
+                "timed_out": self.timed_out, "dropped_slow": self.dropped_slow}
 
     # ------------------------------------------------------------------------------------------ policy
 
@@ -245,8 +250,14 @@ class ConnectionGuard:
 
     def _close(self, conn: _Conn) -> None:
         self.forget(conn)
-        if conn.transport is not None:
-            conn.transport.close()
+        t = conn.transport
+        if t is None:
+            return
+        # close() keeps the socket until its buffer is sent, i.e. forever for a client that does not read
+        if isinstance(t, asyncio.WriteTransport) and t.get_write_buffer_size() > 0:
+            t.abort()
+        else:
+            t.close()
 
     def _schedule(self) -> None:
         loop = asyncio.get_running_loop()
@@ -254,10 +265,18 @@ class ConnectionGuard:
         self._sweeper = loop.call_later(step, self._sweep)
 
     def _sweep(self) -> None:
-        """Close connections that have waited on their client longer than request_timeout_s."""
+        """Close connections that have waited on their client longer than request_timeout_s: to send a request,
+        or (busy or not) to read what was written to it."""
         now = self.clock()
         for conn in list(self.conns):
-            if not conn.busy and conn.transport is not None and now - conn.since > self.request_timeout_s:
+            if conn.transport is None:
+                continue
+            if conn.stalled_since is not None and now - conn.stalled_since > self.request_timeout_s:
+                self.dropped_slow += 1
+                self.episodes.hit(f"{self.name}.slow", f"{self.name}: dropping clients that read nothing of their "
+                                  f"answer for {self.request_timeout_s:g} s ([agent] request_timeout_s)")
+                self._close(conn)
+            elif not conn.busy and now - conn.since > self.request_timeout_s:
                 self.timed_out += 1
                 self._close(conn)
         self.episodes.poll()
@@ -295,6 +314,8 @@ class GuardedProtocol(asyncio.Protocol):
             return
         self.inner = self.factory()
         self.guard.bind_handler(self.conn, transport, self.inner)
+        if isinstance(transport, asyncio.WriteTransport):
+            transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -305,10 +326,13 @@ class GuardedProtocol(asyncio.Protocol):
         return self.inner.eof_received() if self.inner is not None else None
 
     def pause_writing(self) -> None:
+        if self.conn.stalled_since is None:
+            self.conn.stalled_since = self.guard.clock()
         if self.inner is not None:
             self.inner.pause_writing()
 
     def resume_writing(self) -> None:
+        self.conn.stalled_since = None  # the client reads: not a slow reader (yet)
         if self.inner is not None:
             self.inner.resume_writing()
 

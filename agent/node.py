@@ -30,6 +30,7 @@ from lynxtop.agent.clock import Timeline, describe, span
 from lynxtop.agent.connguard import Episodes, FdPlan, install_loop_handler, is_resource_error, plan_descriptors
 from lynxtop.agent.control import ActionError
 from lynxtop.agent.health import HttpClient
+from lynxtop.agent.logtail import LogTail
 from lynxtop.agent.notify import Notifier, WatchdogThread
 from lynxtop.agent.proctable import ProcTable
 from lynxtop.agent.sampling import (
@@ -43,7 +44,6 @@ from lynxtop.agent.sampling import (
     Tick,
     sample_stages,
 )
-from lynxtop.agent.startup import tail_lines
 from lynxtop.agent.supervisor import Supervisor, now_ms, server_url
 from lynxtop.contract.config import Config
 from lynxtop.contract.events import Event, EventKind, Severity
@@ -729,7 +729,8 @@ class Node:
             if run is None:
                 raise ActionError("unknown_run", f"no run {run_id}", 404)
             path = run.get("log_path")
-        tail = await asyncio.to_thread(tail_lines, path, lines, 4 << 20)
+        tail = LogTail(path, lines, 4 << 20)  # streamed by the API a block at a time, never built whole
+        await asyncio.to_thread(tail.locate)
         return {"run_id": run_id, "path": path, "lines": tail}
 
     async def start(self, profile: str | None, by: str) -> str:

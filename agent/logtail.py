@@ -1,0 +1,121 @@
+"""The tail of a run's log, read in bounded blocks: `GET /v1/logs` streams it rather than building it whole.
+
+Why: the answer used to be built in memory (the lines, the JSON text, its bytes, and the transport's copy of
+them: about 20 MB for a 4 MB tail) and held until the client read it; 50 clients that opened the stream and
+never read took the agent from 54 MB to 1.9 GB. Here each connection holds one block and one line at a time,
+and the API writes each block only once the client has taken the previous ones.
+
+The lines are those of `startup.tail_lines`: the last `n` non-blank lines within the last `max_bytes`, the
+first (cut) line dropped when the file is longer, decoded as UTF-8 with replacement, '\\r' stripped. A line
+longer than LINE_CAP is cut there and says how much was left out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+BLOCK = 64 * 1024  # read and written at a time
+LINE_CAP = 64 * 1024  # a longer line is cut: one connection never holds more than this of one line
+
+
+def _lines(f: object, start: int, end: int, skip_first: bool) -> Iterator[tuple[int, bytes, int]]:
+    """(offset, line, bytes cut) of every line in [start, end) of an open binary file, in order."""
+    pos = start
+    line_at, carry, cut = start, bytearray(), 0
+    skipping = skip_first
+    f.seek(start)  # type: ignore[attr-defined]
+    while pos < end:
+        block = f.read(min(BLOCK, end - pos))  # type: ignore[attr-defined]
+        if not block:
+            break
+        i = 0
+        while i < len(block):
+            nl = block.find(b"\n", i)
+            stop = len(block) if nl < 0 else nl
+            if not skipping:
+                room = LINE_CAP - len(carry)
+                piece = block[i:stop]
+                carry += piece[:room]
+                cut += max(0, len(piece) - room)
+            if nl < 0:
+                break
+            if skipping:
+                skipping = False
+            else:
+                yield line_at, bytes(carry), cut
+            carry, cut = bytearray(), 0
+            i = nl + 1
+            line_at = pos + i
+        pos += len(block)
+    if carry and not skipping:
+        yield line_at, bytes(carry), cut
+
+
+def _text(line: bytes, cut: int) -> str | None:
+    """The line as served, or None for a blank one (not counted, not served)."""
+    text = line.decode("utf-8", "replace")
+    if not text.strip():
+        return None
+    text = text.rstrip("\r")
+    return f"{text} [... {cut} more bytes of this line not shown]" if cut else text
+
+
+@dataclass
+class LogTail:
+    """The last `lines` non-blank lines of `path` within its last `max_bytes`, found by `locate()` and then
+    read by `blocks()` as JSON-encoded pieces of the answer's array (both in a thread: the disk may be slow)."""
+
+    path: str | None
+    lines: int
+    max_bytes: int
+    start: int = 0
+    end: int = 0
+    skip_first: bool = False
+
+    def locate(self) -> None:
+        """Find where the tail starts, keeping offsets only (one int per wanted line)."""
+        self.start = self.end = 0
+        if self.path is None or self.lines <= 0:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                end = f.seek(0, os.SEEK_END)
+                first = max(0, end - self.max_bytes)
+                starts: deque[int] = deque(maxlen=self.lines)
+                for at, line, cut in _lines(f, first, end, skip_first=first > 0):
+                    if _text(line, cut) is not None:
+                        starts.append(at)
+        except OSError:
+            return
+        if starts:
+            self.start, self.end = starts[0], end
+
+    def reader(self) -> Iterator[str]:
+        """JSON pieces of the array's items (", "-joined, each at most about one BLOCK); call from a thread,
+        one `next()` at a time. An unreadable file ends the array early."""
+        if self.end <= self.start or self.path is None:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                piece: list[str] = []
+                size = 0
+                first = True
+                for _at, line, cut in _lines(f, self.start, self.end, skip_first=False):
+                    text = _text(line, cut)
+                    if text is None:
+                        continue
+                    item = json.dumps(text)
+                    piece.append(item if first else ", " + item)
+                    first = False
+                    size += len(item)
+                    if size >= BLOCK:
+                        yield "".join(piece)
+                        piece, size = [], 0
+                if piece:
+                    yield "".join(piece)
+        except OSError:
+            return
