@@ -15,10 +15,12 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from lynxtop.agent.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
+from lynxtop.agent.lifetime import ModelTotals
 from lynxtop.contract.columns import LATENCY_SERIES
 from lynxtop.contract.status import (
     AgentStatus,
@@ -106,6 +108,12 @@ _ENGINE = (
     ("waiting", "requests_waiting", "Requests waiting on one data-parallel engine", 1),
     ("kv_cache_usage_pct", "kv_cache_usage_ratio", "KV cache usage of one data-parallel engine", 0.01),
 )
+# Agent-lifetime counters (agent/lifetime.py), labelled model_name as vLLM's: (key, metric name, help)
+_TOTALS = (
+    ("prompt_tokens", "lynxtop_serving_prompt_tokens", "Prefill tokens vLLM processed since the agent started"),
+    ("generation_tokens", "lynxtop_serving_generation_tokens", "Tokens vLLM generated since the agent started"),
+    ("preemptions", "lynxtop_serving_preemptions", "Requests vLLM preempted since the agent started"),
+)
 _SERIES_HELP = {"ttft": "Time to first token", "itl": "Inter-token latency", "tpot": "Time per output token "
                 "(per request)", "e2e": "End-to-end request latency", "queue": "Time requests waited in the queue"}
 
@@ -125,10 +133,13 @@ def _gauge(name: str, help_: str, value: float) -> GaugeMetricFamily:
 
 
 class SnapshotCollector(Collector):
-    """Yields families from `snapshot()` (the agent's `Status`); a missing value is no sample."""
+    """Yields families from `snapshot()` (the agent's `Status`) and `totals()` (agent/lifetime.py's sums per model);
+    a missing value is no sample."""
 
-    def __init__(self, snapshot: Callable[[], Status | None]):
+    def __init__(self, snapshot: Callable[[], Status | None],
+                 totals: Callable[[], Mapping[str, ModelTotals] | None] | None = None):
         self.snapshot = snapshot
+        self.totals = totals
 
     def collect(self) -> Iterator[Any]:
         try:
@@ -143,6 +154,7 @@ class SnapshotCollector(Collector):
         yield from self._gpus(st.gpus)
         yield from self._simple("host", _HOST, st.host.metrics)
         yield from self._serving(st.serving, st.serving_metrics.metrics)
+        yield from self._lifetime()
         yield from self._engines(st.engines)
         yield from self._sla(st.sla)
         yield from self._cluster(st.cluster)
@@ -293,6 +305,41 @@ class SnapshotCollector(Collector):
                     yield _gauge(f"lynxtop_serving_{series}_{stat}_seconds",
                                  f"{_SERIES_HELP[series]}, {stat} over the sliding window", v / 1000)
 
+    def _lifetime(self) -> Iterator[Any]:
+        """Counters and histograms that a fleet can add up and re-window: they grow across vLLM restarts and
+        start over only with the agent (agent/lifetime.py). The percentile gauges above stay for the TUI."""
+        try:
+            models = self.totals() if self.totals is not None else None
+        except Exception as exc:  # as with the snapshot: the rest of the page is still served
+            _log.warning("metrics totals failed: %r", exc)
+            models = None
+        if not models:
+            return
+        ordered = sorted(models.items())
+        for key, name, help_ in _TOTALS:
+            fam = CounterMetricFamily(name, help_, labels=["model_name"])
+            for model, m in ordered:
+                if key in m.counters:
+                    fam.add_metric([model], m.counters[key])
+            if fam.samples:
+                yield fam
+        fam = CounterMetricFamily("lynxtop_serving_requests", "Requests vLLM finished since the agent started, by "
+                                  "finish reason", labels=["model_name", "finished_reason"])
+        for model, m in ordered:
+            for reason, v in sorted(m.finished.items()):
+                fam.add_metric([model, reason], v)
+        if fam.samples:
+            yield fam
+        for series in LATENCY_SERIES:
+            h = HistogramMetricFamily(f"lynxtop_serving_{series}_seconds", f"{_SERIES_HELP[series]} since the agent "
+                                      "started, with vLLM's buckets", labels=["model_name"])
+            for model, m in ordered:
+                snap = m.histograms.get(series)
+                if snap is not None:
+                    h.add_metric([model], [(floatToGoString(le), c) for le, c in snap.buckets], snap.sum)
+            if h.samples:
+                yield h
+
     def _sla(self, sla: SlaStatus) -> Iterator[Any]:
         yield _gauge("lynxtop_sla_breach", "1 while p99 TTFT or TPOT is over its threshold",
                      1.0 if sla.state == SlaState.BREACH else 0.0)
@@ -384,7 +431,8 @@ class MetricsExporter:
 
     def __init__(self, listen: str, snapshot: Callable[[], Status | None],
                  log: Callable[[str], None] | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 request_timeout_s: float = 10.0, episodes: Episodes | None = None):
+                 request_timeout_s: float = 10.0, episodes: Episodes | None = None,
+                 totals: Callable[[], Mapping[str, ModelTotals] | None] | None = None):
         self.host, self.port = parse_listen(listen)
         self.listen = listen
         self.log = log or _log.info
@@ -392,7 +440,7 @@ class MetricsExporter:
         self.guard = ConnectionGuard("metrics endpoint", max_connections, request_timeout_s,
                                      "metrics_max_connections", json_refusal=False, log=self.log, episodes=episodes)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(snapshot))
+        self.registry.register(SnapshotCollector(snapshot, totals))
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
 

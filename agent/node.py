@@ -414,7 +414,8 @@ class Node:
 
             self.exporter = MetricsExporter(a.metrics_listen, self.status, log=lambda m: log.info("%s", m),
                                             max_connections=self.fd_plan.caps["metrics"],
-                                            request_timeout_s=a.request_timeout_s, episodes=self.episodes)
+                                            request_timeout_s=a.request_timeout_s, episodes=self.episodes,
+                                            totals=self._serving_totals)
             try:
                 await self.exporter.start()
             except (RuntimeError, OSError) as exc:
@@ -614,6 +615,11 @@ class Node:
                       gpus=self._gpu_statuses(), host=HostStatus.from_json(self.latest_host),
                       serving_metrics=ServingMetrics.from_json(self.latest_serving),
                       engines=self._engines(), cluster=self._cluster_status())
+
+    def _serving_totals(self) -> Any:
+        """Every run's serving counts since the agent started (agent/lifetime.py), per model: the exporter's."""
+        totals = self.scrape_source.totals if self.scrape_source is not None else None
+        return totals.models if totals is not None else None
 
     def _cluster_status(self) -> ClusterStatus:
         if self.cluster is None:

@@ -185,13 +185,17 @@ class ScrapeSource:
         self.scraper: Any = None
         self.hang: HangDetector | None = None
         self.engines: list[dict[str, Any]] = []  # per-engine load of the last page read
+        self.totals: Any = None  # agent/lifetime.ServingTotals: every run's counts, for the exporter
         self._key: ScrapeTarget | None = None
         self._pending: asyncio.Task | None = None
         self._next = 0.0
 
     def _for(self, target: ScrapeTarget) -> tuple[Any, HangDetector]:
+        from lynxtop.agent.lifetime import ServingTotals
         from lynxtop.agent.scrape import MetricsScraper
 
+        if self.totals is None:
+            self.totals = ServingTotals()
         if self.scraper is None or self.hang is None or self._key != target:
             self.scraper = MetricsScraper(target.url, window_s=self.window_s, timeout_s=self.timeout_s)
             self.hang = HangDetector(self.hang_timeout_s)
@@ -217,6 +221,7 @@ class ScrapeSource:
             return {}, []  # still reading: a later tick takes it (the scraper cuts it off at its timeout)
         task, self._pending = self._pending, None
         row = task.result()
+        self.totals.observe(scraper)
         row["run_id"] = target.run_id
         self.engines = list(scraper.engines)
         events = [as_event(ev, run_id=target.run_id)

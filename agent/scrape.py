@@ -566,6 +566,8 @@ class MetricsScraper:
         self.generation_tokens_total: float | None = None
         self.requests_running: int | None = None
         self.engines: list[dict[str, Any]] = []  # per data-parallel engine: running, waiting, KV % of the last page
+        # the last page read and its sums corrected for resets: what agent/lifetime.py adds up over runs
+        self.totals: tuple[ParsedPage, dict[str, float], dict[str, HistogramSnapshot]] | None = None
         self._counters: dict[str, _CounterWindow] = {}
         self._hists: dict[str, SlidingHistogram] = {}
         self._last_ok_t: float | None = None
@@ -770,6 +772,7 @@ class MetricsScraper:
         row["scrape_ok"] = 1
         row["scrape_errors"] = self.scrape_errors
         counters, hists, went_down = self._corrected(page)
+        self.totals = (page, counters, hists)
         self._add_counters(counters, now, went_down)
         row["requests_per_s"] = self._rate("requests")
         row["prompt_tokens_per_s"] = self._rate("prompt_tokens")

@@ -1,0 +1,161 @@
+"""Serving counters and latency histograms over the agent's life: what the exporter's `_total` and `_bucket` count.
+
+vLLM's counters start over whenever vLLM does, so a fleet's `sum(rate(vllm:...))` loses what a restarted server
+had counted since its last scrape, and a per-run gauge cannot be aggregated at all. The agent outlives the server:
+it adds up the increases it sees page after page, per `model_name`, and those sums only start over when the agent
+does. Prometheus then sees no counter reset at a vLLM restart, and `histogram_quantile` over the buckets is the
+fleet's real percentile.
+
+Nothing is corrected twice: each page's sums come from the scraper already corrected for resets within one run
+(agent/scrape.py, per series before summing, as Prometheus does); here only the step from one run to the next is
+added. A new run's first page is counted whole, since the supervisor started that process after the agent's
+previous run (everything it counted is new). The first run the agent sees may be adopted from a previous agent:
+its first page only sets the baseline, as a scraper's first page does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from lynxtop.agent.histogram import HistogramSnapshot
+from lynxtop.agent.scrape import ParsedPage, SeriesKey, _SeriesCorrection
+
+COUNTERS = ("prompt_tokens", "generation_tokens", "preemptions")  # keys of agent/scrape.py's COUNTERS
+MAX_MODELS = 32  # model names kept: a node serves a few over the agent's life; the oldest goes past this
+_MODEL = re.compile(r'[{,]\s*model_name\s*=\s*"((?:[^"\\]|\\.)*)"')
+_REASON = re.compile(r'[{,]\s*finished_reason\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+@dataclass
+class ModelTotals:
+    """One model's sums since the agent started: counters by agent/scrape.py's keys, finished requests by
+    `finished_reason`, histograms by latency series (cumulative buckets with vLLM's bounds)."""
+
+    counters: dict[str, float] = field(default_factory=dict)
+    finished: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, HistogramSnapshot] = field(default_factory=dict)
+
+
+def _increase(prev: float, cur: float) -> float:
+    """What a corrected sum grew by. It goes down only when the scraper started a sum over (new bucket bounds, a
+    family back after vanishing): counted from zero then, as the scraper's windows do. An ulp lower (float sums
+    added in another order) is no increase; NaN is none either."""
+    d = cur - prev
+    if d >= 0:
+        return d
+    if d != d:  # NaN
+        return 0.0
+    return max(cur, 0.0) if -d > 1e-9 * max(1.0, abs(prev)) else 0.0
+
+
+def _hist_increase(prev: HistogramSnapshot | None, cur: HistogramSnapshot) -> HistogramSnapshot:
+    """Observations between two corrected snapshots; all of `cur` when there is no comparable previous one."""
+    if prev is None or not cur.same_layout(prev):
+        return cur
+    return HistogramSnapshot(tuple((le, _increase(p, c)) for (le, c), (_, p) in zip(cur.buckets, prev.buckets,
+                                                                                       strict=True)),
+                             _increase(prev.sum, cur.sum), _increase(prev.count, cur.count))
+
+
+class ServingTotals:
+    """Fed with each scraper after its pages (`observe`); read by the exporter (`models`). One per agent."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, ModelTotals] = {}
+        self._source: Any = None  # the scraper read last: another one is another run
+        self._seen_run = False  # a run was read before: a new run's first page counts whole
+        self._page: ParsedPage | None = None  # the page last added (a scraper keeps its last page between scrapes)
+        self._counters: dict[str, float] = {}
+        self._hists: dict[str, HistogramSnapshot] = {}
+        self._reasons = _SeriesCorrection()
+        self._reason_vals: dict[SeriesKey, float] = {}
+        self._reason_of: dict[SeriesKey, str] = {}
+        self._model = ""
+
+    def observe(self, scraper: Any) -> None:
+        """Add what `scraper`'s last page (its `totals`) counted since the page added before; calling again
+        without a new page adds nothing."""
+        totals = getattr(scraper, "totals", None)
+        if totals is None:
+            return
+        page, counters, hists = totals
+        if page is self._page:
+            return
+        if scraper is not self._source:  # a new run: its first page counts from zero, unless it is the first
+            fresh = self._seen_run
+            self._source, self._seen_run = scraper, True
+            self._model = _model_of(page)
+            self._reasons = _SeriesCorrection()
+            if fresh:
+                self._counters, self._hists, self._reason_vals = {}, {}, {}
+            else:
+                self._counters, self._hists = dict(counters), dict(hists)
+                self._reason_vals = dict(_finished_series(page))
+                self._reasons.update(self._reason_vals)
+        self._page = page
+        m = self._totals(self._model)
+        for key in COUNTERS:
+            if key not in counters:
+                continue
+            m.counters[key] = m.counters.get(key, 0.0) + _increase(self._counters.get(key, 0.0), counters[key])
+        for key, snap in hists.items():
+            self._add_histogram(m, key, _hist_increase(self._hists.get(key), snap))
+        self._add_finished(m, page)
+        self._counters, self._hists = dict(counters), dict(hists)
+
+    def _totals(self, model: str) -> ModelTotals:
+        m = self.models.get(model)
+        if m is None:
+            if len(self.models) >= MAX_MODELS:
+                del self.models[next(iter(self.models))]
+            m = self.models[model] = ModelTotals()
+        return m
+
+    @staticmethod
+    def _add_histogram(m: ModelTotals, key: str, inc: HistogramSnapshot) -> None:
+        acc = m.histograms.get(key)
+        if acc is None or not acc.same_layout(inc):
+            # other bucket bounds (another vLLM version): this histogram starts over; Prometheus sees a reset
+            acc = HistogramSnapshot.zero_like(inc)
+        m.histograms[key] = acc.plus(inc)
+
+    def _add_finished(self, m: ModelTotals, page: ParsedPage) -> None:
+        """Finished requests per `finished_reason`: per series, with the scraper's own reset correction."""
+        cur = _finished_series(page)
+        if not cur and not self._reason_vals:
+            return
+        fix, _ = self._reasons.update(cur)
+        prev, fix = self._reason_vals, fix or {}
+        for key in cur.keys() | prev.keys():
+            inc = cur.get(key, 0.0) - prev.get(key, 0.0) + fix.get(key, 0.0)
+            if not inc > 0:  # NaN, nothing, or float noise
+                continue
+            reason = self._reason(key)
+            m.finished[reason] = m.finished.get(reason, 0.0) + inc
+        self._reason_vals = dict(cur)
+
+    def _reason(self, key: SeriesKey) -> str:
+        r = self._reason_of.get(key)
+        if r is None:
+            if len(self._reason_of) >= 10_000:  # a server inventing label sets cannot grow this further
+                self._reason_of.clear()
+            match = _REASON.search(key)
+            r = self._reason_of[key] = match.group(1) if match else ""
+        return r
+
+
+def _finished_series(page: ParsedPage) -> dict[SeriesKey, float]:
+    """vllm:request_success_total, series by series (engine, finished_reason)."""
+    return page.series.get(("counter", "requests"), {})
+
+
+def _model_of(page: ParsedPage) -> str:
+    """The `model_name` label vLLM puts on its series ("" on a page without one)."""
+    for series in page.series.values():
+        for key in series:
+            match = _MODEL.search(key)
+            if match:
+                return match.group(1)
+    return ""
