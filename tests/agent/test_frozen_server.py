@@ -7,6 +7,7 @@ import os
 import signal
 
 import pytest
+from support.agent_proc import Agent, e2e_config, state_db
 
 from lynxtop.agent import procs
 
@@ -42,3 +43,26 @@ async def test_frozen_server_is_restarted_with_restart_on_hang(make_sup, store):
     assert old["end_reason"] == "restarted"
     assert not procs.alive(pid)
     await sup.shutdown(stop_serving=True)
+
+
+@pytest.mark.timeout(120)
+async def test_agent_restarts_a_frozen_simulated_vllm(tmp_path, cleanup):
+    """The same on a real agent and the project's simulated vLLM: the SIGSTOPped server is replaced by a new
+    run, and the hang event says /health went unanswered."""
+    a = Agent(tmp_path, e2e_config(tmp_path, extra_agent="hang_timeout_s = 5\nrestart_on_hang = true"), "a1")
+    cleanup.append(a)
+    st = await a.wait_state(lambda s: s["state"] == "ready", what="ready")
+    first, pid = st["serving"]["run_id"], st["serving"]["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await a.wait_state(lambda s: s["state"] == "ready" and s["run_id"] != first, timeout=60,
+                           what="a new run after the frozen one")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    hangs = state_db(tmp_path, "SELECT message FROM events WHERE kind = 'serving.degraded.hang' AND run_id = ?",
+                     (first,))
+    assert len(hangs) == 1 and "GET /health unanswered" in hangs[0]["message"], hangs
+    assert state_db(tmp_path, "SELECT end_reason FROM runs WHERE id = ?", (first,))[0]["end_reason"] == "restarted"
+    assert not procs.alive(pid)
+    assert a.stop() == 0
