@@ -195,6 +195,8 @@ class SnapshotCollector(Collector):
              "Idle or half-sent connections closed to make room"),
             ("timed_out", CounterMetricFamily, "lynxtop_agent_connections_timed_out",
              "Connections closed because no complete request came within request_timeout_s"),
+            ("dropped_slow", CounterMetricFamily, "lynxtop_agent_connections_dropped_slow",
+             "Connections dropped because the client read nothing of its answer for request_timeout_s"),
         ):
             fam = cls(name, help_, labels=["listener"])
             values = [(listener, _num(st.get(key))) for listener, st in sorted(conns.items())]

@@ -11,8 +11,10 @@ import socket
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 from support.agent_proc import Agent, e2e_config
+from support.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,7 +53,9 @@ def ended(s: socket.socket) -> bool:
 
 
 async def test_fifty_stalled_log_readers_keep_the_agent_small(tmp_path, cleanup):
-    a = Agent(tmp_path, e2e_config(tmp_path, extra_agent=f"request_timeout_s = {TIMEOUT_S}"), "a1")
+    port = free_port()
+    a = Agent(tmp_path, e2e_config(tmp_path, extra_agent=f"request_timeout_s = {TIMEOUT_S}\n"
+                                                     f'metrics_listen = "127.0.0.1:{port}"'), "a1")
     cleanup.append(a)
     await a.wait_state(lambda s: s["state"] == "ready", what="ready")
     code, body = await a.api("GET", "/v1/logs?lines=1")
@@ -82,6 +86,9 @@ async def test_fifty_stalled_log_readers_keep_the_agent_small(tmp_path, cleanup)
     finally:
         for s in readers:
             s.close()
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
+        page = await r.text()
+    assert 'lynxtop_agent_connections_dropped_slow_total{listener="api"} 50.0' in page
     code, body = await a.api("GET", "/v1/logs?lines=3")
     assert code == 200 and body["lines"] == wanted[-3:]
     assert a.stop() == 0
