@@ -372,6 +372,7 @@ def _act(args: Namespace, action: str, profile: str | None = None, cluster: bool
     except (AgentUnreachable, AgentRefused) as exc:
         return _failed(exc)
     print(terminal_safe(data.get("message") or f"{action} accepted", lines=True))
+    print(terminal_safe(_acted_on(client, before, action, profile)))
     if not getattr(args, "wait", False):
         return EXIT_OK
     goal = _ray_goal(action, before, cluster)
@@ -381,6 +382,14 @@ def _act(args: Namespace, action: str, profile: str | None = None, cluster: bool
     if cluster and code == EXIT_OK:
         _print_cluster_stop(client, sent_ms)
     return code
+
+
+def _acted_on(client: AgentClient, before: Status, action: str, profile: str | None) -> str:
+    """Which agent a mutating command reached, so a --socket or --config that went astray shows at once."""
+    line = f"agent: {client.socket_path}, node {before.agent.host or '?'}"
+    if not action.startswith("ray/"):
+        line += f", profile {profile or before.serving.profile or '(the default)'}"
+    return line
 
 
 class _Progress:

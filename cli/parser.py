@@ -7,6 +7,8 @@ pays for Textual and `lynxtop agent` never imports the dashboard.
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 
 from lynxtop import __version__
 
@@ -27,45 +29,129 @@ exit codes:
 Try `lynxtop demo` for a simulated node (no GPU needed)."""
 
 
+INT64_MAX = 2**63 - 1  # SQLite's INTEGER: a run id or a LIMIT beyond it cannot even be asked for
+
+
+def _int(lo: int, hi: int) -> Callable[[str], int]:
+    """An integer argument within [lo, hi]: anything else is argparse's usage error (exit 2), never a traceback
+    further in (SQLite's OverflowError, a year out of range)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {lo} to {hi} (got {text})")
+        return value
+    return parse
+
+
+def _float(lo: float, hi: float, *, above: bool = False) -> Callable[[str], float]:
+    """A finite number within [lo, hi] (or (lo, hi] when `above`): nan, inf and 1e400 are refused here."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+        if not math.isfinite(value) or value > hi or value < lo or (above and value == lo):
+            low = f"above {lo:g}" if above else f"from {lo:g}"
+            raise argparse.ArgumentTypeError(f"must be a number {low} to {hi:g} (got {text})")
+        return value
+    return parse
+
+
+_SECONDS = _float(0, 10**7, above=True)  # over 100 days: more is a typo, and a timer that far overflows
+_COUNT = _int(1, 10**9)  # rows to show, requests to send
+_TOKENS = _int(1, 10**7)
+_CONCURRENCY = _int(1, 10**6)
+
+
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     def __init__(self, prog: str) -> None:
         super().__init__(prog, max_help_position=32, width=100)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE",
-                   help="config file (default: $LYNXTOP_CONFIG or /etc/lynxtop/config.toml)")
+# The options that say which agent, config or database a command works on, and the commands each applies to.
+# Every parser (the top, each command, each action) accepts all three, so one can be written before or after
+# the command; each level stores into a dest of its own ("socket@1") and _resolve() merges them afterwards:
+# argparse would otherwise let a subcommand's absent option (default None) overwrite the top level's value,
+# which is how `lynxtop --socket A stop` once stopped the agent of the default config.
+_TARGETS = {"config": "FILE", "socket": "PATH", "database": "PATH"}
+_TARGET_HELP = {"config": "config file (default: $LYNXTOP_CONFIG or /etc/lynxtop/config.toml)",
+                "socket": "agent control socket (default: [agent] socket from the config)",
+                "database": "history database (default: [agent] database from the config)"}
+_C, _CS, _CD, _CSD = ("config",), ("config", "socket"), ("config", "database"), ("config", "socket", "database")
+TAKES: dict[str, tuple[str, ...]] = {
+    "lynxtop.dashboard_cmd:run": _CSD, "lynxtop.demo:run": (), "lynxtop.agent_cmd:run": _CSD,
+    "lynxtop.ctl:status": _CS, "lynxtop.ctl:start": _CS, "lynxtop.ctl:stop": _CS, "lynxtop.ctl:restart": _CS,
+    "lynxtop.ctl:switch": _CS, "lynxtop.ctl:ray_start": _CS, "lynxtop.ctl:ray_stop": _CS,
+    "lynxtop.store_cli:runs": _CD, "lynxtop.store_cli:export": _CD, "lynxtop.check_cmd:run": _C,
+    "lynxtop.bench:run": _CS, "lynxtop.bench:compare": _CD, "lynxtop.bench:list_sweeps": _CD,
+    "lynxtop.config_cli:check": _C,
+}
 
 
-def _socket(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--socket", metavar="PATH", help="agent control socket (default: [agent] socket from the config)")
+def _targets(p: argparse.ArgumentParser, depth: int, handler: str) -> None:
+    """--config/--socket/--database on one parser; help shown only for those its own command takes."""
+    for name, metavar in _TARGETS.items():
+        p.add_argument(f"--{name}", dest=f"{name}@{depth}", metavar=metavar, default=argparse.SUPPRESS,
+                       help=_TARGET_HELP[name] if name in TAKES[handler] else argparse.SUPPRESS)
 
 
-def _database(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--database", metavar="PATH", help="history database (default: [agent] database from the config)")
-
-
-def _sub(subs, name: str, handler: str, help_: str, description: str | None = None) -> argparse.ArgumentParser:
+def _sub(subs, name: str, handler: str, help_: str, description: str | None = None,
+         parent: str | None = None) -> argparse.ArgumentParser:
+    """A command (or, under `parent`, one of its actions) with its handler and the target options."""
     p = subs.add_parser(name, help=help_, description=description or help_, formatter_class=_Formatter)
-    p.set_defaults(handler=handler)
-    _common(p)
+    p.set_defaults(handler=handler, command=f"{parent} {name}" if parent else name)
+    _targets(p, 2 if parent else 1, handler)
     return p
 
 
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser: after parsing, merges the target options of every level (see _TARGETS)."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, rest = super().parse_known_args(args, namespace)
+        _resolve(self, ns)
+        return ns, rest
+
+
+def _refuse(parser: argparse.ArgumentParser, command: str, msg: str) -> None:
+    """A usage error (exit 2) in one line: the top-level usage would list every command."""
+    parser.exit(2, f"lynxtop {command}: error: {msg}\n")
+
+
+def _resolve(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """One value per target option, wherever it was written; refused (exit 2) where the command does not take
+    it, or when two positions give different values."""
+    command = getattr(ns, "command", None) or "dashboard"
+    takes = TAKES.get(ns.handler, _CSD)
+    for name in _TARGETS:
+        given = {}
+        for depth in range(3):
+            value = vars(ns).pop(f"{name}@{depth}", None)
+            if value is not None:
+                given[depth] = value
+        if given and name not in takes:
+            _refuse(parser, command, f"--{name} does not apply to `lynxtop {command}` ("
+                    + (f"it takes {', '.join('--' + t for t in takes)})" if takes else
+                       "it takes none of --config, --socket, --database)"))
+        if len(set(given.values())) > 1:
+            shown = " and ".join(repr(v) for v in given.values())
+            _refuse(parser, command, f"--{name} given twice with different values ({shown}); give it once")
+        setattr(ns, name, next(iter(given.values())) if given else None)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lynxtop", description=DESCRIPTION, epilog=EPILOG, formatter_class=_Formatter)
+    parser = _Parser(prog="lynxtop", description=DESCRIPTION, epilog=EPILOG, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"lynxtop {__version__}")
-    _common(parser)
-    _socket(parser)
-    _database(parser)
+    _targets(parser, 0, "lynxtop.dashboard_cmd:run")
     _dashboard_options(parser)
     parser.set_defaults(handler="lynxtop.dashboard_cmd:run")
-    subs = parser.add_subparsers(title="commands", metavar="COMMAND")
+    subs = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=argparse.ArgumentParser)
 
     p = _sub(subs, "dashboard", "lynxtop.dashboard_cmd:run",
              "open the dashboard (the default when no command is given)")
-    _socket(p)
-    _database(p)
     _dashboard_options(p)
 
     p = _sub(subs, "demo", "lynxtop.demo:run",
@@ -74,25 +160,21 @@ def build_parser() -> argparse.ArgumentParser:
              "(DeepSeek-V4.1 on 8 simulated H200s), drive varied traffic, and open the dashboard.\n"
              "Nothing here touches a GPU. q or Ctrl-C stops everything.")
     p.add_argument("--no-tui", action="store_true", help="print status lines instead of opening the dashboard")
-    p.add_argument("--duration", type=float, metavar="SECONDS", help="stop by itself after SECONDS")
+    p.add_argument("--duration", type=_SECONDS, metavar="SECONDS", help="stop by itself after SECONDS")
     p.add_argument("--state-dir", metavar="DIR", help="keep the demo's database and logs in DIR (default: a temp dir)")
-    p.add_argument("--startup-seconds", type=float, default=8.0, metavar="S",
+    p.add_argument("--startup-seconds", type=_float(0, 3600), default=8.0, metavar="S",
                    help="simulated model load time (default: %(default)s)")
 
     p = _sub(subs, "agent", "lynxtop.agent_cmd:run", "run the node agent (what systemd starts)",
              "Run the node agent in the foreground: sampling, vLLM supervision, history, control socket.")
-    _socket(p)
-    _database(p)
 
     p = _sub(subs, "status", "lynxtop.ctl:status", "show the agent's view of the node")
-    _socket(p)
     p.add_argument("--json", action="store_true", help="print the raw JSON status")
 
     for name, help_ in (("start", "start serving (the current profile, or PROFILE)"),
                         ("stop", "stop serving (the model must load again to serve)"),
                         ("restart", "restart serving (the model loads again: minutes for a large model)")):
         p = _sub(subs, name, f"lynxtop.ctl:{name}", help_)
-        _socket(p)
         if name == "start":
             p.add_argument("profile", nargs="?", help="profile to start (default: the current or default profile; "
                                                       "none on a Ray worker, where start starts its Ray)")
@@ -104,7 +186,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _sub(subs, "switch", "lynxtop.ctl:switch", "stop the current profile and start another",
              "Preflight PROFILE, stop the current run, wait for the GPUs to be freed, start PROFILE as a new run.")
-    _socket(p)
     p.add_argument("profile", help="name of the profile to switch to")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--wait", action="store_true", help="wait until the new run is ready or has failed")
@@ -112,17 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
     _ray(subs)
 
     p = _sub(subs, "runs", "lynxtop.store_cli:runs", "list the recorded runs (one per server start)")
-    _database(p)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--limit", type=int, default=50, metavar="N", help="show the newest N runs (default: %(default)s)")
+    p.add_argument("--limit", type=_COUNT, default=50, metavar="N",
+                   help="show the newest N runs (default: %(default)s)")
 
     p = _sub(subs, "export", "lynxtop.store_cli:export", "export history to CSV",
              "Export history as CSV (header row, ISO-8601 UTC time and epoch ms, empty for missing readings).\n"
              "Choose a run or a time range. Times are ISO-8601 (2026-12-01T10:00, UTC unless an offset is given)\n"
              "or epoch milliseconds.")
-    _database(p)
     sel = p.add_mutually_exclusive_group(required=True)
-    sel.add_argument("--run", type=int, metavar="N", help="export the time span of run N")
+    sel.add_argument("--run", type=_int(1, INT64_MAX), metavar="N", help="export the time span of run N")
     sel.add_argument("--from", dest="time_from", metavar="T", help="start of the range")
     p.add_argument("--to", dest="time_to", metavar="T", help="end of the range (default: now)")
     p.add_argument("--table", choices=("gpu", "host", "serving", "events", "runs", "all"), default="gpu",
@@ -146,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _sub(subs, "config", "lynxtop.config_cli:check", "configuration tools")
     csubs = p.add_subparsers(title="config commands", metavar="ACTION", required=True)
     c = _sub(csubs, "check", "lynxtop.config_cli:check",
-             "validate the config and print it with the exact argv of each profile")
+             "validate the config and print it with the exact argv of each profile", parent="config")
     c.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
@@ -159,8 +239,7 @@ def _ray(subs) -> None:
     rsubs = p.add_subparsers(title="ray commands", metavar="ACTION", required=True)
     for name, help_ in (("start", "start this node's Ray (also after a crash loop or a cluster stop)"),
                         ("stop", "stop this node's Ray (a worker; kept stopped until started again)")):
-        c = _sub(rsubs, name, f"lynxtop.ctl:ray_{name}", help_)
-        _socket(c)
+        c = _sub(rsubs, name, f"lynxtop.ctl:ray_{name}", help_, parent="ray")
         if name == "stop":
             c.add_argument("--reason", help="why, for the agent's events")
             c.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
@@ -173,37 +252,37 @@ def _bench(subs) -> None:
              "Stream synthetic requests at the served model (the URL from the agent, or --url) at each level of a\n"
              "sweep; print a table and a chart, store each level in the history (through the agent), and with\n"
              "--json write `vllm bench serve --save-result` keys, one object per level. Ctrl-C keeps finished levels.")
-    _socket(p)
     p.add_argument("--url", help="server base URL (default: the agent's serving URL)")
     p.add_argument("--model", help="model name to request (default: the served model)")
     p.add_argument("--api-key", help="bearer token for the server")
-    p.add_argument("--input-len", type=int, default=128, metavar="N", help="prompt tokens (default: %(default)s)")
-    p.add_argument("--output-len", type=int, default=128, metavar="N",
+    p.add_argument("--input-len", type=_TOKENS, default=128, metavar="N", help="prompt tokens (default: %(default)s)")
+    p.add_argument("--output-len", type=_TOKENS, default=128, metavar="N",
                    help="output tokens, ignore_eos (default: %(default)s)")
     p.add_argument("--prompts", metavar="FILE", help="text prompts: JSON lines with \"prompt\", or one a line")
     lv = p.add_mutually_exclusive_group()
-    lv.add_argument("--concurrency", type=int, nargs="+", metavar="C",
+    lv.add_argument("--concurrency", type=_CONCURRENCY, nargs="+", metavar="C",
                     help="concurrency levels (default: 1 2 4 8 16 32 64)")
-    lv.add_argument("--request-rate", type=float, nargs="+", metavar="R", help="request rates per second instead")
-    p.add_argument("--max-concurrency", type=int, metavar="C", help="cap in flight with --request-rate")
-    p.add_argument("--requests", type=int, metavar="N", help="requests per level (default: 4 x concurrency, min 8)")
-    p.add_argument("--rounds", type=int, metavar="K", help="instead of --requests: K requests per stream of a level")
-    p.add_argument("--duration", type=float, metavar="S", help="run each level for S seconds instead")
-    p.add_argument("--warmup", type=int, default=2, metavar="N", help="warm-up requests (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="prompt seed (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per request (default: %(default)s)")
+    lv.add_argument("--request-rate", type=_float(0, 10**6, above=True), nargs="+", metavar="R",
+                    help="request rates per second instead")
+    p.add_argument("--max-concurrency", type=_CONCURRENCY, metavar="C", help="cap in flight with --request-rate")
+    p.add_argument("--requests", type=_COUNT, metavar="N", help="requests per level (default: 4 x concurrency, min 8)")
+    p.add_argument("--rounds", type=_COUNT, metavar="K", help="instead of --requests: K requests per stream of a level")
+    p.add_argument("--duration", type=_SECONDS, metavar="S", help="run each level for S seconds instead")
+    p.add_argument("--warmup", type=_int(0, 10**9), default=2, metavar="N",
+                   help="warm-up requests (default: %(default)s)")
+    p.add_argument("--seed", type=_int(0, INT64_MAX), default=0, help="prompt seed (default: %(default)s)")
+    p.add_argument("--timeout", type=_SECONDS, default=600.0, metavar="S", help="per request (default: %(default)s)")
     p.add_argument("--name", default="random", help="label stored with the sweep (default: %(default)s)")
     p.add_argument("--json", metavar="FILE", help="write the levels as JSON (vllm bench serve keys)")
     p.add_argument("--no-store", action="store_true", help="do not store the results in the history")
     bsubs = p.add_subparsers(title="bench commands", metavar="ACTION")
-    c = _sub(bsubs, "compare", "lynxtop.bench:compare", "two stored sweeps side by side, per level, in percent")
-    _database(c)
+    c = _sub(bsubs, "compare", "lynxtop.bench:compare", "two stored sweeps side by side, per level, in percent",
+             parent="bench")
     c.add_argument("run_a", metavar="RUN_A", help="sweep id, or a run number (its newest sweep)")
     c.add_argument("run_b", metavar="RUN_B", help="sweep id, or a run number (its newest sweep)")
     c.add_argument("--json", action="store_true", help="print JSON")
-    c = _sub(bsubs, "list", "lynxtop.bench:list_sweeps", "the stored sweeps, newest first")
-    _database(c)
-    c.add_argument("--limit", type=int, default=20, metavar="N", help="show N sweeps (default: %(default)s)")
+    c = _sub(bsubs, "list", "lynxtop.bench:list_sweeps", "the stored sweeps, newest first", parent="bench")
+    c.add_argument("--limit", type=_COUNT, default=20, metavar="N", help="show N sweeps (default: %(default)s)")
 
 
 def _dashboard_options(p: argparse.ArgumentParser) -> None:

@@ -112,11 +112,13 @@ def _span_from_args(args: Namespace, now: int) -> tuple[int | None, int | None]:
         if args.time_to:
             raise ExportError("--to goes with --from, not with --run (a run has its own time span)")
         return None, None
-    try:
-        start = parse_time(args.time_from, now)
-        end = parse_time(args.time_to, now) if args.time_to else now
-    except ValueError as exc:
-        raise ExportError(str(exc)) from None
+    times = {}
+    for option, text in (("--from", args.time_from), ("--to", args.time_to)):
+        try:
+            times[option] = parse_time(text, now) if text is not None else now
+        except ValueError as exc:  # out of range too: never a traceback from iso() further in
+            raise ExportError(f"{option}: {exc}") from None
+    start, end = times["--from"], times["--to"]
     if end <= start:
         raise ExportError(f"--to ({iso(end)}) must be after --from ({iso(start)})")
     return start, end

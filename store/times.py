@@ -10,6 +10,14 @@ from datetime import UTC, datetime
 _REL = re.compile(r"-(\d+(?:\.\d+)?)([smhd])")
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 MIN_MS = 946_684_800_000  # 2000-01-01: an epoch value below this is almost surely seconds, not ms
+MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: the last time Python (and so iso()) can write
+
+
+def _in_range(text: str, value: int) -> int:
+    """ValueError for a time before 1970 or after 9999 (a typo, not a request: it would fail deeper in)."""
+    if not 0 <= value <= MAX_MS:
+        raise ValueError(f"{text!r} is out of range (times from 1970-01-01 to 9999-12-31 UTC)")
+    return value
 
 
 def parse_time(text: str, now_ms: int | None = None) -> int:
@@ -20,13 +28,14 @@ def parse_time(text: str, now_ms: int | None = None) -> int:
         return now
     m = _REL.fullmatch(s)
     if m:
-        return now - int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+        ago = float(m.group(1)) * _UNIT_MS[m.group(2)]  # inf for 400 digits: refused below, not int(inf)
+        return _in_range(text, now - int(ago)) if ago <= now else _in_range(text, -1)
     if s.isdigit():
         value = int(s)
         if value < MIN_MS:
             raise ValueError(f"{text!r} looks like epoch seconds or a typo; give epoch milliseconds "
                              f"(13 digits) or an ISO-8601 time")
-        return value
+        return _in_range(text, value)
     try:
         dt = datetime.fromisoformat(s.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
@@ -34,7 +43,7 @@ def parse_time(text: str, now_ms: int | None = None) -> int:
                          "epoch milliseconds, 'now', or a relative time like -24h, -30m, -7d)") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
-    return int(dt.timestamp() * 1000)
+    return _in_range(text, int(dt.timestamp() * 1000))  # 9999-12-31T23:59-01:00 is past year 9999 in UTC
 
 
 def iso(ms: int | None) -> str:
