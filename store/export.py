@@ -6,13 +6,17 @@ Injection") get a leading single quote unless `raw` is asked for; numeric column
 SQLite renders each row as one CSV line (ISO time, empty NULLs, quoting of text) and Python only writes
 those lines in chunks: memory stays constant and the speed stays at the sqlite3 shell's. A file is written
 to a temporary name beside the target and renamed at the end: an interrupted export never leaves a half
-file under the name.
+file under the name. A FIFO or a character device (`-o >(gzip > x)`, /dev/stdout) is written into as it is:
+--force replaces regular files only.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -184,19 +188,56 @@ def export_table(reader: StoreReader, table: str, resolution: str, start_ms: int
         except OSError as exc:
             raise OutputError(f"cannot write to stdout: {exc.strerror or exc}") from None
         return n
-    if output.exists() and not force:
-        raise ExportError(f"{output} already exists; use --force to overwrite it")
-    if output.is_dir():
-        raise ExportError(f"{output} is a directory; give a file name (or use --table all for a directory)")
-    if not output.parent.is_dir():
-        raise ExportError(f"{output.parent} does not exist")
+    kind = _special_kind(output)
+    if kind is None:
+        if output.exists() and not force:
+            raise ExportError(f"{output} already exists; use --force to overwrite it")
+        if output.is_dir():
+            raise ExportError(f"{output} is a directory; give a file name (or use --table all for a directory)")
+        if not output.parent.is_dir():
+            raise ExportError(f"{output.parent} does not exist")
+    elif kind not in _WRITTEN_AS_IS:
+        raise ExportError(f"{output} is a {kind}: export writes a regular file, a FIFO or a character device")
     total = reader.stream(q.count_sql, q.params)[1].fetchone()[0]
     prog = Progress(progress_stream or sys.stderr, total, f"{output.name}")
     try:
+        if kind is not None:
+            return _write_special(output, lambda f: write_csv(reader, q, f, prog))
         n = atomic_write(output, lambda f: write_csv(reader, q, f, prog))
     except OSError as exc:
         raise OutputError(f"cannot write to {output}: {exc.strerror or exc}") from None
     return n or 0
+
+
+_WRITTEN_AS_IS = ("FIFO", "character device")
+
+
+def _special_kind(path: Path) -> str | None:
+    """What `path` is when it is neither absent, a directory nor a regular file (after symlinks): a FIFO (`-o
+    >(gzip > x)`), a character device (/dev/stdout, /dev/null) or something export must not write."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return {stat.S_IFIFO: "FIFO", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
+            stat.S_IFSOCK: "socket"}.get(stat.S_IFMT(mode), "special file")
+
+
+def _write_special(path: Path, write: Callable[[TextIO], int]) -> int:
+    """Write into a FIFO or a character device as it is: replacing it with a regular file (what --force does to
+    a file) would, as root, turn a node in /dev into a file. Opened without O_CREAT and checked again after
+    opening, so a path swapped for a regular file in between is not written through."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        kind = stat.S_IFMT(os.fstat(fd).st_mode)
+        if kind not in (stat.S_IFIFO, stat.S_IFCHR):
+            raise ExportError(f"{path} changed while being opened (it is no longer a FIFO or character device)")
+        with open(fd, "w", encoding="utf-8", newline="", closefd=False) as f:
+            return write(f)
+    finally:
+        os.close(fd)
 
 
 def export_all(reader: StoreReader, resolution: str, start_ms: int, end_ms: int, directory: Path,
@@ -208,7 +249,7 @@ def export_all(reader: StoreReader, resolution: str, start_ms: int, end_ms: int,
         return f"{t}.csv" if t in ("events", "runs") or resolution == "raw" else f"{t}_{resolution}.csv"
 
     targets = {t: directory / name(t) for t in TABLES}
-    existing = [str(p) for p in targets.values() if p.exists()]
+    existing = [str(p) for p in targets.values() if p.exists() and _special_kind(p) is None]  # FIFOs: as-is
     if existing and not force:
         raise ExportError(f"{', '.join(existing)} already exist(s); use --force to overwrite")
     directory.mkdir(parents=True, exist_ok=True)

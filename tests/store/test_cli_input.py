@@ -45,3 +45,71 @@ def test_numbers_and_times_out_of_range_are_a_clear_usage_error(db, argv, said):
     assert r.returncode == 2, r.stderr
     assert said in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert r.stdout == "" and db.read_bytes() == before
+
+
+# ---------------------------------------------------------------------------------------------- special outputs
+
+def _read_fifo_in_background(path):
+    """A reader on the FIFO, as `-o >(gzip > x)` has: returns a function giving what it read."""
+    import threading
+
+    got: list[bytes] = []
+
+    def drain() -> None:
+        with open(path, "rb") as f:
+            got.append(f.read())
+
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+
+    def result() -> bytes:
+        t.join(30)
+        return got[0] if got else b""
+    return result
+
+
+@pytest.mark.parametrize("force", [True, False])
+def test_export_into_a_fifo_writes_through_it_and_leaves_it_a_fifo(db, tmp_path, force):
+    import os
+    import stat
+
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    read = _read_fifo_in_background(fifo)
+    r = _lynxtop("export", "--database", str(db), "--run", "1", "--table", "runs", "-o", str(fifo),
+                 *(["--force"] if force else []))
+    assert r.returncode == 0, r.stderr
+    data = read().decode()
+    assert data.startswith("time_utc,ts_ms,id,") and ",p1," in data
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # before: --force replaced it with a regular file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.fifo", "state"]  # no temporary file left
+
+
+def test_export_force_into_a_character_device_keeps_the_device(db, tmp_path):
+    import os
+    import stat
+
+    dev = tmp_path / "null"  # a node like /dev/null, made here so a regression cannot break the real one
+    try:
+        os.mknod(dev, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("mknod needs root (CAP_MKNOD)")
+    r = _lynxtop("export", "--database", str(db), "--run", "1", "-o", str(dev), "--force")
+    assert r.returncode == 0, r.stderr
+    st = os.lstat(dev)
+    assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)
+
+
+def test_export_refuses_a_block_device_or_socket_even_with_force(db, tmp_path):
+    import socket
+    import stat
+
+    sock_path = tmp_path / "s"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock_path))
+    try:
+        r = _lynxtop("export", "--database", str(db), "--run", "1", "-o", str(sock_path), "--force")
+    finally:
+        s.close()
+    assert r.returncode == 2 and f"{sock_path} is a socket: export writes a regular file" in r.stderr
+    assert stat.S_ISSOCK(sock_path.lstat().st_mode)
