@@ -42,9 +42,12 @@ def _open(cmd: str, args: Namespace) -> StoreReader | int:
     if path is None:
         return 2
     try:
-        return StoreReader(path)
+        reader = StoreReader(path)
     except StoreError as exc:
         return _err(cmd, str(exc))
+    if reader.note:  # a read-only directory: read anyway, and say how
+        print(terminal_safe(f"lynxtop {cmd}: note: {reader.note}", lines=True), file=sys.stderr)
+    return reader
 
 
 def _outcome(r: dict) -> str:

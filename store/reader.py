@@ -20,18 +20,20 @@ from urllib.parse import quote
 
 from lynxtop.contract.events import canonical_kind, stored_kinds
 from lynxtop.store import inproc
-from lynxtop.store.errors import NotOurDatabase, StoreError
+from lynxtop.store.errors import NotOurDatabase, StoreAccessError, StoreError
 from lynxtop.store.rollup import aggregate_sql, merge_rows
 from lynxtop.store.schema import (
     BUSY_TIMEOUT_MS,
     RESOLUTIONS,
     RUN_JSON_COLUMNS,
     SAMPLE_TABLES,
+    access_problem,
     check_identity,
     open_error,
     rollup_metrics,
     rollup_table,
     schema_version,
+    sidecar_problem,
     tune,
 )
 
@@ -92,14 +94,38 @@ class StoreReader:
             raise StoreError(f"{self.path}: no history database here (the agent creates it when it starts; "
                              "check --database or [agent] database)")
         self._lock = threading.RLock()  # held while the connection is in use; detach() waits for it
+        self.note: str | None = None  # how the file had to be opened, for the user (read-only directory)
         self._conn: sqlite3.Connection | None = self._connect()
         inproc.register(self.path, self)
 
     def _connect(self) -> sqlite3.Connection:
+        problem = sidecar_problem(self.path)
+        if problem:
+            raise StoreError(f"{self.path}: cannot open the history database: {problem}")
+        try:
+            return self._open_uri("mode=ro")
+        except StoreAccessError as exc:
+            refused = exc
+        # A clean database (no -wal with content) in a directory this process may not write: `mode=ro` still
+        # needs to create the -wal and -shm of a WAL database, and fails. Nothing can be writing it (a writer
+        # keeps a -wal while open), so it is read as an immutable file, and the caller says so (self.note).
+        wal = Path(f"{self.path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise refused
+        try:
+            conn = self._open_uri("mode=ro&immutable=1")
+        except StoreError:
+            raise refused from None
+        why = access_problem(self.path) or "SQLite cannot create its -wal and -shm beside it"
+        self.note = (f"{self.path}: opened read-only as an immutable file ({why}); "
+                     "what a writer adds from now on is not seen")
+        return conn
+
+    def _open_uri(self, params: str) -> sqlite3.Connection:
         # Through SQLite only: a plain open()+close() of the file here would drop the POSIX locks of every
         # connection in this process, the agent's writer included (SQLite's "How To Corrupt", 2.2).
         try:
-            conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro", uri=True,
+            conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?{params}", uri=True,
                                    check_same_thread=False)
         except sqlite3.Error as exc:
             raise open_error(exc, self.path) from None

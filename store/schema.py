@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,6 +279,34 @@ def access_problem(path: Path) -> str | None:
     return None
 
 
+_SIDECAR_ROLE = {"-wal": "write-ahead log", "-shm": "shared-memory index"}
+_FILE_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+               stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+def sidecar_problem(path: Path) -> str | None:
+    """What is wrong with `path`-wal or -shm when one exists and is not a regular file, else None.
+
+    SQLite keeps its log and index there; a directory of that name gave "disk I/O error" (and, for a new
+    database, left a 0-byte file) or "permission denied", which say nothing of the cause. Only stat calls.
+    """
+    for suffix, role in _SIDECAR_ROLE.items():
+        side = Path(f"{path}{suffix}")
+        try:
+            mode = side.stat().st_mode
+        except FileNotFoundError:
+            if side.is_symlink():
+                return f"{side} is a symbolic link to nothing; SQLite keeps the database's {role} there: remove it"
+            continue
+        except OSError as exc:
+            return f"{side}: {exc.strerror}; SQLite keeps the database's {role} there"
+        if not stat.S_ISREG(mode):
+            kind = _FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+            return (f"{side} is {kind}, not a regular file; SQLite keeps the database's {role} there: "
+                    "move it away (nothing was opened or created)")
+    return None
+
+
 def open_error(exc: sqlite3.Error, path: Path, doing: str = "open") -> StoreError:
     """The StoreError for an SQLite failure while opening: NotOurDatabase only for real damage.
 
@@ -342,6 +371,9 @@ def connect_rw(path: Path, *, integrity: bool = True) -> sqlite3.Connection:
     first read. A file this process cannot write raises StoreAccessError ("permission denied") and is not
     touched; only real damage raises NotOurDatabase (which the writer moves aside).
     """
+    problem = sidecar_problem(path)
+    if problem:  # before create_file: a new database is not even created
+        raise StoreError(f"{path}: cannot open the history database: {problem}")
     create_file(path)  # O_EXCL: opens nothing when the file exists
     try:
         conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)

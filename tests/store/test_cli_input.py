@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +114,61 @@ def test_export_refuses_a_block_device_or_socket_even_with_force(db, tmp_path):
         s.close()
     assert r.returncode == 2 and f"{sock_path} is a socket: export writes a regular file" in r.stderr
     assert stat.S_ISSOCK(sock_path.lstat().st_mode)
+
+
+# ---------------------------------------------------------------------------------------------- read-only directory
+
+def _immutable(path):
+    """`chattr +i` (root ignores chmod): the directory cannot get new entries, not even from root."""
+    import shutil
+
+    chattr = shutil.which("chattr")
+    if chattr is None:
+        pytest.skip("chattr not installed: cannot make a directory read-only for root")
+    r = subprocess.run([chattr, "+i", str(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"chattr +i not possible here ({r.stderr.strip()})")
+    return lambda: subprocess.run([chattr, "-i", str(path)], check=True)
+
+
+@pytest.mark.parametrize("argv", [["runs"], ["export", "--run", "1", "--table", "runs"]])
+def test_a_clean_database_in_a_read_only_directory_is_read_and_says_how(db, argv):
+    assert sorted(p.name for p in db.parent.iterdir()) == ["h.db"]  # clean: no -wal, no -shm
+    undo = _immutable(db.parent)
+    try:
+        r = _lynxtop(*argv, "--database", str(db))
+    finally:
+        undo()
+    assert r.returncode == 0, r.stderr  # before: "permission denied ... SQLite needs to create h.db-wal"
+    assert "p1" in r.stdout
+    assert f"note: {db}: opened read-only as an immutable file (the directory {db.parent} is not writable" in r.stderr
+    assert sorted(p.name for p in db.parent.iterdir()) == ["h.db"]
+
+
+# ---------------------------------------------------------------------------------------------- -wal / -shm
+
+@pytest.mark.parametrize("side", ["-wal", "-shm"])
+def test_a_directory_named_like_the_wal_or_shm_is_named_by_readers(db, side):
+    (db.parent / f"h.db{side}").mkdir()
+    before = db.read_bytes()
+    r = _lynxtop("runs", "--database", str(db))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"{db}{side} is a directory, not a regular file" in r.stderr
+    assert db.read_bytes() == before and (db.parent / f"h.db{side}").is_dir()
+
+
+@pytest.mark.parametrize("side", ["-wal", "-shm"])
+@pytest.mark.parametrize("existing", [True, False])
+def test_a_directory_named_like_the_wal_or_shm_is_named_by_the_writer(tmp_path, db, side, existing):
+    """The agent's writer: a new database is not even created (before: "disk I/O error" and a 0-byte file)."""
+    from lynxtop.store.errors import NotOurDatabase, StoreError
+
+    path = db if existing else tmp_path / "new" / "h.db"
+    path.parent.mkdir(exist_ok=True)
+    Path(f"{path}{side}").mkdir()
+    before = sorted(p.name for p in path.parent.iterdir())
+    with pytest.raises(StoreError) as exc:
+        StoreWriter(path)
+    assert not isinstance(exc.value, NotOurDatabase)  # a healthy file is never moved aside for this
+    assert f"{path}{side} is a directory, not a regular file" in str(exc.value)
+    assert sorted(p.name for p in path.parent.iterdir()) == before
