@@ -9,19 +9,22 @@ One agent serves the whole module (these machines are loaded). promtool and prom
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -58,6 +61,7 @@ class Node:
     metrics_port: int
     vllm_port: int
     dir: Path
+    quiet: threading.Event = field(default_factory=threading.Event)  # set: the module's trickle pauses
 
     def page(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
@@ -73,10 +77,13 @@ def _value(text: str, name: str) -> float | None:
     return samples[0].value if samples else None
 
 
-def _traffic(port: int, stop: threading.Event) -> None:
+def _traffic(port: int, stop: threading.Event, quiet: threading.Event) -> None:
     """A trickle of short completions, so latency and throughput have something to show while Prometheus scrapes."""
     body = json.dumps({"model": "deepseek-ai/DeepSeek-V4.1", "prompt": "hello " * 40, "max_tokens": 24}).encode()
     while not stop.is_set():
+        if quiet.is_set():
+            stop.wait(0.1)
+            continue
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
         with contextlib.suppress(OSError):
@@ -116,7 +123,7 @@ def node() -> Iterator[Node]:
         n = Node(free_port(), free_port(), d)
         agent = _start_agent(d, n.metrics_port, n.vllm_port)
         stop = threading.Event()
-        load = threading.Thread(target=_traffic, args=(n.vllm_port, stop), daemon=True)
+        load = threading.Thread(target=_traffic, args=(n.vllm_port, stop, n.quiet), daemon=True)
         try:
             wait_for(lambda: agent.poll() is not None or _value(n.page(), "lynxtop_serving_up") == 1, timeout=60,
                      what="the agent serving", ignore=(OSError,))
@@ -400,3 +407,126 @@ def test_every_dashboard_query_runs_against_the_agent(node, prometheus):
         if not any(m in q for m in _MAY_BE_EMPTY) and not prometheus.query(q):
             empty.append(expr)
     assert not empty, f"dashboard queries without data from a serving node: {empty}"
+
+
+# ------------------------------------------------------------------------------------------------ histograms
+
+
+class _UnixHTTP(http.client.HTTPConnection):
+    """HTTP over the agent's control socket."""
+
+    def __init__(self, path: Path):
+        super().__init__("agent", timeout=30)
+        self.sock_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(str(self.sock_path))
+
+
+def _api(node: Node, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    conn = _UnixHTTP(node.dir / "run" / "agent.sock")
+    try:
+        conn.request(method, path, body=None if body is None else json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"{}")
+    finally:
+        conn.close()
+
+
+_TTFT = 'lynxtop_serving_ttft_seconds_count{model_name="deepseek-ai/DeepSeek-V4.1"}'
+
+
+def _mixed_requests(port: int, tag: str, n: int) -> int:
+    """`n` completions of prompts from a few words to a few thousand tokens (TTFT from tens of ms to over a
+    second, several buckets), two at a time; every prompt unique, so no prefix-cache hit. Returns how many
+    finished."""
+    sizes = (4, 40, 150, 500, 1500)
+    done = []
+
+    def worker(k: int) -> None:
+        for i in range(k, n, 2):
+            prompt = f"{tag} {i} " + "hello " * sizes[i % len(sizes)]
+            body = json.dumps({"model": "deepseek-ai/DeepSeek-V4.1", "prompt": prompt, "max_tokens": 4}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                r.read()
+            done.append(i)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return len(done)
+
+
+def _settled(node: Node, prometheus: PromApi, want: float | None = None) -> float | None:
+    """The agent's TTFT count once Prometheus holds the same value (and it is `want`, when given)."""
+    got = _value(node.page(), "lynxtop_serving_ttft_seconds_count")
+    prom = prometheus.query(_TTFT)
+    if got is None or not prom or float(prom[0]["value"][1]) != got or (want is not None and got != want):
+        return None
+    return got
+
+
+def _steady(node: Node, prometheus: PromApi) -> float | None:
+    """The TTFT count once it stayed the same for 3 s, on the agent's page and in Prometheus."""
+    first = _settled(node, prometheus)
+    time.sleep(3)
+    return first if first is not None and _settled(node, prometheus) == first else None
+
+
+@needs_prometheus
+def test_fleet_p99_from_the_histograms_matches_the_agents_own_across_a_vllm_restart(node, prometheus):
+    """Prometheus' histogram_quantile over the agent's exported buckets gives the agent's own p99 TTFT (its status,
+    the TUI's figure) on the same observations, with a restart of vLLM inside the window; and at that restart the
+    agent's lifetime counters neither drop (no reset for Prometheus) nor count anything twice.
+
+    The module's trickle pauses first, so the window [T-W, T] holds: pre-restart samples with nothing new, the
+    restart, and the new run's requests, which are exactly what the agent's own window (a new run starts its own)
+    holds."""
+    try:
+        _mixed_requests(node.vllm_port, "warm", 20)  # every bucket the test uses counts something before its window
+        node.quiet.set()
+        before = wait_for(lambda: _steady(node, prometheus), timeout=60, what="the TTFT count steady",
+                          ignore=(OSError,))
+        quiet_from = time.time()
+        old_run = _api(node, "GET", "/v1/status")[1]["serving"]["run_id"]
+        time.sleep(3)  # the restart comes well inside the window
+        code, body = _api(node, "POST", "/v1/restart", {})
+        assert code in (200, 202), body
+
+        def new_run_scraped() -> bool:
+            st = _api(node, "GET", "/v1/status")[1]
+            return (st["serving"]["state"] == "ready" and st["serving"]["run_id"] != old_run
+                    and st["serving_metrics"].get("scrape_ok") == 1)
+
+        wait_for(new_run_scraped, timeout=90, what="vLLM restarted as a new run and scraped", interval=0.2)
+        sent = _mixed_requests(node.vllm_port, "after", 60)
+        assert sent == 60
+        after = wait_for(lambda: _settled(node, prometheus, before + sent), timeout=30,
+                         what=f"the agent and Prometheus counting {before} + {sent} requests", ignore=(OSError,))
+        assert after == before + sent  # no drop at the restart, nothing counted twice
+        status = _api(node, "GET", "/v1/status")[1]
+        window = int(time.time() - quiet_from) - 1
+        assert window <= 60, "too slow: the restart took most of a minute"
+        own = status["serving_metrics"]["ttft_p99_ms"] / 1000
+        res = prometheus.query("histogram_quantile(0.99, sum by (le) "
+                               f"(rate(lynxtop_serving_ttft_seconds_bucket[{window}s])))")
+        assert len(res) == 1, res
+        fleet = float(res[0]["value"][1])
+        assert abs(fleet - own) <= 0.05 * own, (fleet, own)
+        assert own > 0.1  # the window holds the long prompts too: a quantile over several buckets
+        for expr in ("lynxtop_serving_ttft_seconds_bucket", "lynxtop_serving_ttft_seconds_count",
+                     "lynxtop_serving_requests_total", "lynxtop_serving_generation_tokens_total",
+                     "lynxtop_serving_prompt_tokens_total"):
+            resets = prometheus.query(f"max(resets({expr}[{window + 30}s]))")
+            assert resets and float(resets[0]["value"][1]) == 0, (expr, resets)
+        finished = prometheus.query(f"sum(increase(lynxtop_serving_requests_total[{window}s]))")
+        assert float(finished[0]["value"][1]) >= sent
+    finally:
+        node.quiet.clear()
