@@ -2,8 +2,9 @@
 
 The demo owns everything it starts and must leave nothing behind: the agent runs in its own process group,
 and because the agent deliberately keeps vLLM alive across its own restarts (live restore), the demo first
-asks it to stop serving (POST /v1/stop), then stops the agent, then kills whatever still carries the demo's
-state directory in its environment or command line (an orphaned EngineCore, say).
+asks it to stop serving (POST /v1/stop), then stops the agent, then kills whatever it started that is still
+there (an orphaned EngineCore, say): the processes carrying the demo's random token in their environment,
+never one that merely names the state directory (an operator's `tail -f DIR/agent.log`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import grp
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -37,6 +39,7 @@ MODEL = "deepseek-ai/DeepSeek-V4.1"
 SERVED = "deepseek-v4.1"
 STATUS_EVERY_S = 2.0
 ORPHAN_TTL_S = 900  # a safety net should the demo itself be SIGKILLed: its orphans end by themselves
+DEMO_TOKEN_ENV = "LYNXTOP_DEMO_TOKEN"
 
 
 @dataclass
@@ -160,48 +163,66 @@ def _ancestors() -> set[int]:
     return out
 
 
+def _live(pid: int) -> bool:
+    """Not a zombie (a zombie's /proc entries stay until its parent reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("ascii", "replace")
+    except OSError:
+        return False
+    return raw[raw.rfind(")") + 2:].split()[:1] not in (["Z"], ["X"])
+
+
+def _pids(spare: set[int]) -> list[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) not in spare]
+
+
 def processes_of(root: Path) -> list[int]:
-    """Live processes (not zombies) whose command line or environment names the demo's state directory.
+    """Live processes whose command line or environment names the demo's state directory: for checks that the
+    demo left nothing behind, never for choosing what to kill (an operator's `tail -f DIR/agent.log` names it too).
 
     The demo itself and its ancestors (a shell that ran `lynxtop demo --state-dir DIR`) are never included.
     """
-    spare = _ancestors()
     needle = str(root).rstrip("/") + "/"
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in spare:
-            continue
-        pid = int(name)
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                raw = f.read().decode("ascii", "replace")
-        except OSError:
-            continue
-        if raw[raw.rfind(")") + 2:].split()[:1] in (["Z"], ["X"]):
-            continue
-        if _proc_mentions(pid, needle):
-            out.append(pid)
-    return out
+    return [pid for pid in _pids(_ancestors()) if _live(pid) and _proc_mentions(pid, needle)]
 
 
-def kill_all(root: Path, grace_s: float = 5.0) -> list[int]:
-    """SIGTERM, then SIGKILL, every process (and its group) tied to `root`; returns the pids that needed it."""
-    victims = processes_of(root)
+def _has_token(pid: int, token: str) -> bool:
+    """`pid`'s environment holds this demo's token: it was started by the demo or by what the demo started (the
+    agent, vLLM, its workers inherit the environment). Nobody types a random token by accident."""
+    entry = f"{DEMO_TOKEN_ENV}={token}".encode()
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return entry in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def processes_started_by(token: str) -> list[int]:
+    """Live processes carrying the demo's token (`Demo.token`) in their environment."""
+    return [pid for pid in _pids(_ancestors()) if _live(pid) and _has_token(pid, token)]
+
+
+def kill_all(token: str, grace_s: float = 5.0) -> list[int]:
+    """SIGTERM, then SIGKILL, every process the demo started (its token in their environment), and the process
+    group of one that leads a group it made; returns the pids that needed it. A process that merely names the
+    state directory (`tail -f DIR/agent.log`, `watch sqlite3 DIR/lynxtop.db`) and its shell are left alone."""
+    victims = processes_started_by(token)
     if not victims:
         return []
     own_group = os.getpgrp()
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in processes_of(root):
+        for pid in processes_started_by(token):
             with contextlib.suppress(OSError):
                 pgid = os.getpgid(pid)
-                if pgid != own_group and pgid == pid:
+                if pgid != own_group and pgid == pid:  # a leader with the token: its group is the demo's
                     os.killpg(pgid, sig)
                 else:
                     os.kill(pid, sig)
         deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 2.0)
-        while processes_of(root) and time.monotonic() < deadline:
+        while processes_started_by(token) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if not processes_of(root):
+        if not processes_started_by(token):
             break
     return victims
 
@@ -213,6 +234,7 @@ class Demo:
         self.keep = keep
         self.out = out or sys.stdout
         self.port = free_port()
+        self.token = secrets.token_hex(16)  # in the environment of everything the demo starts: see kill_all
         self.agent: subprocess.Popen | None = None
         self._agent_log = None
         self._traffic_stop: asyncio.Event | None = None
@@ -239,6 +261,7 @@ class Demo:
         env = dict(os.environ)
         env["LYNXTOP_SIM_STATE_DIR"] = str(self.paths.sim_state)  # the agent's fake NVML reads it
         env["LYNXTOP_SIM_ORPHAN_TTL"] = str(ORPHAN_TTL_S)
+        env[DEMO_TOKEN_ENV] = self.token
         env.pop("LYNXTOP_CONFIG", None)
         return env
 
@@ -379,7 +402,7 @@ class Demo:
         self.stop_traffic()
         self.stop_serving()
         self.stop_agent()
-        leftovers = kill_all(self.paths.root)
+        leftovers = kill_all(self.token)
         if self._agent_log is not None:
             self._agent_log.close()
         if not self.keep:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import os
 import subprocess
@@ -17,7 +18,17 @@ from lynxtop.agent.sim.flags import parse_serve_args
 from lynxtop.agent.sim.loadgen import LoadGenerator, Phase, Stats, bench
 from lynxtop.contract.config import parse_config
 from lynxtop.contract.status import Status
-from lynxtop.demo import PROFILES, Demo, DemoPaths, config_text, kill_all, processes_of, run
+from lynxtop.demo import (
+    DEMO_TOKEN_ENV,
+    PROFILES,
+    Demo,
+    DemoPaths,
+    config_text,
+    kill_all,
+    processes_of,
+    processes_started_by,
+    run,
+)
 
 
 def test_config_is_valid_and_its_profiles_run_the_simulator(tmp_path):
@@ -37,29 +48,40 @@ def test_config_is_valid_and_its_profiles_run_the_simulator(tmp_path):
     assert {p.kv_cache_dtype for p in cfg.profiles} == {"auto", "fp8"}
 
 
-def test_kill_all_ends_every_process_naming_the_state_dir_and_nothing_else(tmp_path):
+def _kill_leftovers(root: Path) -> None:
+    """A failed test's clean-up: what still names the state dir (only the test's own processes do here)."""
+    for pid in processes_of(root):
+        with contextlib.suppress(OSError):
+            os.kill(pid, 9)
+
+
+def test_kill_all_ends_what_the_demo_started_and_nothing_else(tmp_path):
     root = tmp_path / "demo"
     root.mkdir()
-    env = {**os.environ, "LYNXTOP_SIM_STATE_DIR": str(root / "sim")}
+    token = "0123456789abcdef0123456789abcdef"
+    env = {**os.environ, DEMO_TOKEN_ENV: token}
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     in_env = subprocess.Popen(sleeper, env=env, start_new_session=True)
     ignores_term = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
-                                     "signal.SIG_IGN); print('armed', flush=True); time.sleep(60)",
-                                     str(root / "config.toml")], stdout=subprocess.PIPE)
+                                     "signal.SIG_IGN); print('armed', flush=True); time.sleep(60)"],
+                                    env=env, stdout=subprocess.PIPE)
     assert ignores_term.stdout.readline() == b"armed\n"  # SIGTERM is ignored from here on
-    bystander = subprocess.Popen(sleeper)
+    # names the state dir in its argv and environment, leads its own group, and even has a similar token
+    names_dir = subprocess.Popen([*sleeper, str(root / "config.toml")], start_new_session=True,
+                                 env={**os.environ, "LYNXTOP_SIM_STATE_DIR": str(root / "sim"),
+                                      DEMO_TOKEN_ENV: token + "0"})
     try:
         deadline = time.monotonic() + 5
-        while len(processes_of(root)) < 2 and time.monotonic() < deadline:
+        while len(processes_started_by(token)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert set(processes_of(root)) == {in_env.pid, ignores_term.pid}
-        victims = kill_all(root, grace_s=0.5)
+        assert set(processes_started_by(token)) == {in_env.pid, ignores_term.pid}
+        victims = kill_all(token, grace_s=0.5)
         assert set(victims) == {in_env.pid, ignores_term.pid}
         assert in_env.wait(5) is not None and ignores_term.wait(5) == -9
-        assert bystander.poll() is None
-        assert processes_of(root) == []
+        assert names_dir.poll() is None  # before: killed (with its group) for naming the state dir
+        assert processes_started_by(token) == []
     finally:
-        for p in (in_env, ignores_term, bystander):
+        for p in (in_env, ignores_term, names_dir):
             p.kill()
             p.wait()
         ignores_term.stdout.close()
@@ -150,6 +172,35 @@ def test_demo_end_to_end_leaves_no_process_behind(tmp_path):
 
 
 @pytest.mark.skipif(not _agent_importable(), reason="lynxtop.agent.node cannot be imported in this build")
+def test_the_demo_leaves_an_operators_processes_naming_its_state_dir_alone(tmp_path):
+    """A `sleep` whose argv names the state dir (leading its own group) and a `tail -f DIR/agent.log` outlive the
+    demo; before, its shutdown SIGTERMed and SIGKILLed both, with their process groups."""
+    import shutil
+
+    root = tmp_path / "demo-bystanders"
+    root.mkdir()
+    (root / "agent.log").touch()
+    sleep, tail = shutil.which("sleep"), shutil.which("tail")
+    assert sleep and tail
+    bystanders = [subprocess.Popen([str(root / "logs" / "watching"), "300"], executable=sleep,
+                                   start_new_session=True, env={**os.environ, "WATCH": str(root)}),
+                  subprocess.Popen([tail, "-f", str(root / "agent.log")], stdout=subprocess.DEVNULL)]
+    try:
+        proc = subprocess.run([sys.executable, "-m", "lynxtop", "demo", "--no-tui", "--duration", "6",
+                               "--state-dir", str(root), "--startup-seconds", "0.5"],
+                              capture_output=True, text=True, timeout=90)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "serving=" in proc.stdout  # it did run: the agent answered
+        assert [b.poll() for b in bystanders] == [None, None]
+        assert set(processes_of(root)) == {b.pid for b in bystanders}  # and nothing of the demo is left
+    finally:
+        for b in bystanders:
+            b.kill()
+            b.wait()
+        _kill_leftovers(root)
+
+
+@pytest.mark.skipif(not _agent_importable(), reason="lynxtop.agent.node cannot be imported in this build")
 def _demo_until_ready(root, inherit_ignored_sigint: bool = False) -> tuple[subprocess.Popen, bytes]:
     """Start `lynxtop demo --no-tui` and read its output until serving is ready."""
     import selectors
@@ -198,7 +249,7 @@ def test_ctrl_c_stops_the_demo_and_leaves_no_process_behind(tmp_path, inherited)
         assert b"stopped; database, config and logs kept" in rest
         assert processes_of(root) == []
     finally:
-        kill_all(root, grace_s=1.0)  # checked above; a failed run must not leave its agent and servers either
+        _kill_leftovers(root)  # checked above; a failed run must not leave its agent and servers either
 
 
 def test_terminal_gone_sighup_still_leaves_no_process_behind(tmp_path):
@@ -219,7 +270,7 @@ def test_terminal_gone_sighup_still_leaves_no_process_behind(tmp_path):
                 proc.wait()
         assert processes_of(root) == []
     finally:
-        kill_all(root, grace_s=1.0)
+        _kill_leftovers(root)
 
 
 async def test_a_phase_of_no_length_lasts_until_stop_without_spinning():
