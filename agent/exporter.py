@@ -22,6 +22,7 @@ from prometheus_client.utils import floatToGoString
 from lynxtop.agent.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
 from lynxtop.agent.lifetime import ModelTotals
 from lynxtop.contract.columns import LATENCY_SERIES
+from lynxtop.contract.format import THROTTLE_REASONS
 from lynxtop.contract.status import (
     AgentStatus,
     ClusterStatus,
@@ -44,6 +45,9 @@ SERVING_STATES = tuple(s.value for s in ServingState)
 DEGRADED_CONDITIONS = ("hang", "health")  # why a run is degraded (agent/health.py's verdict conditions)
 SLA_STATES = tuple(s.value for s in SlaState)
 RAY_STATES = tuple(s.value for s in RayState if s != RayState.OFF)  # OFF is a single node's: no Ray series there
+# NVML's clock event (throttle) reasons as `reason` label values, dcgm-exporter's DCGM_FI_DEV_CLOCK_THROTTLE_REASONS
+# bits one series each; "other" holds any bit this table does not name
+_THROTTLE = tuple((bit, name.replace(" ", "_").lower()) for bit, name, _ in THROTTLE_REASONS)
 _SIMULATED_HELP = "1 when any part of this node (GPUs or vLLM) is SIMULATED"
 
 # (status column, metric suffix, help, scale to base units, counter?)
@@ -228,6 +232,7 @@ class SnapshotCollector(Collector):
             if any_value:
                 yield fam
         yield from self._xids(gpus)
+        yield from self._throttle(gpus)
 
     def _xids(self, gpus: tuple[GpuStatus, ...]) -> Iterator[Any]:
         """A counter from 0 on every GPU, so `increase()` sees the first XID after a start."""
@@ -239,6 +244,26 @@ class SnapshotCollector(Collector):
                 xid.add_metric([str(g.index), str(g.uuid or "")], v)
         if xid.samples:
             yield xid
+
+    def _throttle(self, gpus: tuple[GpuStatus, ...]) -> Iterator[Any]:
+        """1 for each reason NVML gives for the clocks being held down now (idle and sync boost cost nothing)."""
+        fam = GaugeMetricFamily("lynxtop_gpu_clock_throttle_reasons", "1 while NVML reports this reason for the "
+                                "GPU's clocks being lowered (its clock event reasons)",
+                                labels=["gpu", "uuid", "reason"])
+        known = 0
+        for bit, _ in _THROTTLE:
+            known |= bit
+        for g in gpus:
+            v = _num(g.metric("throttle_reasons"))
+            if v is None or not 0 <= v < 2**63:  # not read (NULL): no series, never "no reason"
+                continue
+            mask = int(v)
+            labels = [str(g.index), str(g.uuid or "")]
+            for bit, reason in _THROTTLE:
+                fam.add_metric([*labels, reason], 1.0 if mask & bit else 0.0)
+            fam.add_metric([*labels, "other"], 1.0 if mask & ~known else 0.0)
+        if fam.samples:
+            yield fam
 
     def _simple(self, prefix: str, spec: tuple, data: Mapping[str, Any]) -> Iterator[Any]:
         for key, suffix, help_, scale in spec:

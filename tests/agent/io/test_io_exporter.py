@@ -62,7 +62,7 @@ async def test_metrics_names_units_and_labels(exporter):
     assert s[("lynxtop_serving_state", (("state", "crash-loop"),))] == 0
     assert s[("lynxtop_serving_up", ())] == 1
     labels = {k for name, lab in s for k, _ in lab if name != "lynxtop_serving_info"}
-    assert labels <= {"gpu", "uuid", "state", "condition"}
+    assert labels <= {"gpu", "uuid", "state", "condition", "reason"}
 
 
 async def test_agent_and_sla_metrics_and_each_scrape_reads_the_snapshot(exporter):
@@ -108,7 +108,8 @@ async def test_per_engine_load_is_labelled_by_engine(exporter):
     assert engine_names == {"lynxtop_serving_engine_requests_running", "lynxtop_serving_engine_requests_waiting",
                             "lynxtop_serving_engine_kv_cache_usage_ratio"}
     assert {k for name, lab in s for k, _ in lab if name != "lynxtop_serving_info"} <= {"gpu", "uuid", "state",
-                                                                                       "condition", "engine"}
+                                                                                       "condition", "engine",
+                                                                                           "reason"}
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["lynxtop_serving_engine_requests_waiting"].type == "gauge"
 
@@ -196,3 +197,21 @@ async def test_port_in_use_is_a_clear_error(exporter):
             await second.start()
     finally:
         await first.stop()
+
+
+async def test_throttle_reasons_one_series_per_reason_per_gpu(exporter):
+    """dcgm-exporter's DCGM_FI_DEV_CLOCK_THROTTLE_REASONS as a `reason` label: 1 for each bit NVML set, an unknown
+    bit as "other", and no series for a GPU whose reasons were not read (never "nothing throttles")."""
+    get, state, _ = exporter
+    snap = state["snapshot"]
+    g0 = replace(snap.gpus[0], metrics={**snap.gpus[0].metrics, "throttle_reasons": 0x4 | 0x40 | 0x1000})
+    g1 = replace(snap.gpus[1], metrics={**snap.gpus[1].metrics, "throttle_reasons": None})
+    state["snapshot"] = replace(snap, gpus=(g0, g1, *snap.gpus[2:]))
+    _, text = await get()
+    s = samples(text)
+    reasons = {dict(lab)["reason"]: v for (name, lab), v in s.items()
+               if name == "lynxtop_gpu_clock_throttle_reasons" and dict(lab)["gpu"] == "0"}
+    assert {r for r, v in reasons.items() if v == 1} == {"sw_power_cap", "hw_thermal", "other"}
+    assert reasons["idle"] == 0 and reasons["hw_slowdown"] == 0 and len(reasons) == 10
+    assert not [k for k in s if k[0] == "lynxtop_gpu_clock_throttle_reasons" and dict(k[1])["gpu"] == "1"]
+    assert s[("lynxtop_gpu_clock_throttle_reasons", (("gpu", "2"), ("reason", "idle"), ("uuid", "GPU-0002")))] == 0
