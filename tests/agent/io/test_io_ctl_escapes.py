@@ -89,4 +89,4 @@ def test_refusals_and_wait_show_served_strings_escaped(agent, capsys, monkeypatc
     monkeypatch.setattr(sys, "stdin", _Tty("y\n"))  # the confirmation quotes the served profile
     code, out, _ = run(capsys, "stop", "--socket", path)
     assert code == 0 and "Now: ready" in out
-    assert_shown_escaped(out, 1)
+    assert_shown_escaped(out, 2)  # the confirmation, and the `agent: ..., profile P` line once it acted
