@@ -420,13 +420,24 @@ class SnapshotCollector(Collector):
         yield _gauge("lynxtop_cluster_gpus", "GPUs of the alive nodes, as Ray reports them", float(cl.gpus_alive))
         up = GaugeMetricFamily("lynxtop_cluster_node_up", "1 for a node Ray reports alive, 0 for one lost",
                                labels=["ip", "kind"])
-        by_key: dict[tuple[str, str], float] = {}
+        present = GaugeMetricFamily("lynxtop_cluster_node_gpus", "GPUs Ray reports on the node while it is alive "
+                                    "(0 once lost)", labels=["ip", "kind"])
+        expected = GaugeMetricFamily("lynxtop_cluster_node_gpus_expected", "GPUs Ray listed for the node, a lost "
+                                     "node's included: what the cluster expects back", labels=["ip", "kind"])
+        by_key: dict[tuple[str, str], list[float]] = {}  # (ip, kind) -> [up, GPUs present, GPUs expected]
         for n in (*alive, *lost):  # one series per address and kind: two workers on one host (tests) are one
             key = (n.ip or n.name or n.node_id, "head" if n.head else "worker")
-            by_key[key] = max(by_key.get(key, 0.0), 1.0 if n.alive else 0.0)
-        for key, v in sorted(by_key.items()):
-            up.add_metric(list(key), v)
+            v = by_key.setdefault(key, [0.0, 0.0, 0.0])
+            v[0] = max(v[0], 1.0 if n.alive else 0.0)
+            v[1] += n.gpus if n.alive else 0.0
+            v[2] += n.gpus
+        for key, (is_up, gpus, want) in sorted(by_key.items()):
+            up.add_metric(list(key), is_up)
+            present.add_metric(list(key), gpus)
+            expected.add_metric(list(key), want)
         yield up
+        yield present
+        yield expected
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

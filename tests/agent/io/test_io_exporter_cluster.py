@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from agent_io_helpers import FakeController
 from prometheus_client.parser import text_string_to_metric_families
+from support.real import PROMETHEUS_HINT, unavailable
 
 from lynxtop.agent.cluster import parse_nodes
 from lynxtop.agent.exporter import MetricsExporter
@@ -73,6 +74,12 @@ async def test_head_exports_ray_and_the_cluster(exporter):
     assert s[("lynxtop_cluster_view_ok", ())] == 1
     assert s[("lynxtop_cluster_node_up", (("ip", "192.0.2.2"), ("kind", "worker")))] == 0
     assert s[("lynxtop_cluster_node_up", (("ip", "192.0.2.3"), ("kind", "worker")))] == 1
+    # per node: GPUs present (a lost node none) against GPUs expected (what Ray listed for it)
+    gpus = {k[1]: v for k, v in s.items() if k[0] == "lynxtop_cluster_node_gpus"}
+    expected = {k[1]: v for k, v in s.items() if k[0] == "lynxtop_cluster_node_gpus_expected"}
+    worker2, worker3 = (("ip", "192.0.2.2"), ("kind", "worker")), (("ip", "192.0.2.3"), ("kind", "worker"))
+    assert gpus == {(("ip", "192.0.2.2"), ("kind", "head")): 8, worker2: 0, worker3: 8}
+    assert expected == {(("ip", "192.0.2.2"), ("kind", "head")): 8, worker2: 8, worker3: 8}
 
 
 async def test_an_unread_view_is_no_sample_and_a_worker_has_no_cluster(exporter):
@@ -94,7 +101,7 @@ async def test_an_unread_view_is_no_sample_and_a_worker_has_no_cluster(exporter)
 async def test_promtool_accepts_a_heads_page(exporter):
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool not installed (apt-get install prometheus)")
+        unavailable(f"promtool not installed ({PROMETHEUS_HINT})")
     page, state = exporter
     state["snapshot"] = replace(state["snapshot"], cluster=head())
     text = await page()
