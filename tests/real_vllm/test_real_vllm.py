@@ -39,6 +39,7 @@ from rv_support import (
     wait_for,
 )
 from support.ports import free_port
+from support.real import unavailable
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(1500)]  # the first test may build the cache
 
@@ -241,7 +242,7 @@ def _sim_log_and_page(tmp: Path) -> tuple[str, str]:
     """Run the simulated vLLM the agent's tests use, once, and read its log and /metrics."""
     exe = Path(sys.executable).parent / "lynxtop-sim-vllm"
     if not exe.exists():
-        pytest.skip("the simulated vLLM (lynxtop-sim-vllm) is not installed")
+        unavailable("the simulated vLLM (lynxtop-sim-vllm) is not installed")
     port = free_port()
     log = tmp / "sim.log"
     with log.open("w") as fh:

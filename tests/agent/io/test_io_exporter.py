@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from agent_io_helpers import FakeController
 from prometheus_client.parser import text_string_to_metric_families
+from support.real import PROMETHEUS_HINT, unavailable
 
 from lynxtop.agent.exporter import MetricsExporter, is_loopback, parse_listen
 from lynxtop.contract.status import EngineLoad, ServingState
@@ -158,7 +159,7 @@ async def test_only_metrics_are_served_and_a_broken_snapshot_is_survived(exporte
 async def test_promtool_accepts_the_page(exporter):
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool not installed (apt-get install prometheus)")
+        unavailable(f"promtool not installed ({PROMETHEUS_HINT})")
     get, state, _ = exporter
     state["snapshot"] = replace(state["snapshot"], engines=(EngineLoad("0", 3, 1, 20.0), EngineLoad("1", 4, 0, 25.0)))
     _, text = await get()

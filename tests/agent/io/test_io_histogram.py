@@ -5,12 +5,12 @@ from __future__ import annotations
 import bisect
 import math
 import random
-import shutil
 
 import pytest
 from agent_io_helpers import TTFT_BUCKETS
 from prom_reference import Series, promtool_eval
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from support.real import needs_tools
 
 from lynxtop.agent.histogram import HistogramSnapshot, SlidingHistogram, bucket_quantile
 from lynxtop.agent.scrape import parse_text
@@ -215,7 +215,7 @@ def test_corrected_window_never_takes_float_noise_for_a_reset():
     assert plain.add(1.0, b) is True
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="needs Prometheus' promtool (Debian: prometheus)")
+@needs_tools("promtool")
 def test_reset_figures_match_a_real_prometheus():
     """The same pages evaluated by a real Prometheus (promtool): histogram_quantile over rate() per series.
     Evaluated where the range starts on a sample, so Prometheus does not extrapolate."""

@@ -3,7 +3,8 @@
 what the agent exports.
 
 One agent serves the whole module (these machines are loaded). promtool and prometheus come from the Debian package
-`prometheus`; CI installs it, so the tests here skip only where it is missing, and say so.
+`prometheus`; CI installs it and sets LYNXTOP_REQUIRE_REAL=1, so a missing one fails there (support/real.py);
+elsewhere the tests that need it skip and say so.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.agent_config import sim_profile, write_agent_config
 from support.agent_proc import sim_processes, terminate
 from support.ports import free_port, short_dir
+from support.real import needs_tools
 from support.waits import wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -43,9 +45,8 @@ RULES = PROM_DIR / "lynxtop-rules.yml"
 DASHBOARD = CONTRIB / "grafana" / "lynxtop-dashboard.json"
 PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
-needs_prometheus = pytest.mark.skipif(PROMETHEUS is None,
-                                      reason="prometheus not installed (apt-get install prometheus)")
+needs_promtool = needs_tools("promtool")
+needs_prometheus = needs_tools("prometheus")
 PROFILE = "v4-tp8"
 # Names Prometheus makes itself for every target (never on the agent's page)
 SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_series_added"}
