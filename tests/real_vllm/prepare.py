@@ -152,13 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rebuild", action="store_true", help="delete the cache and build from scratch")
     args = ap.parse_args(argv)
     root = cache_dir()
-    if args.rebuild and root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True, exist_ok=True)
     p = paths(root)
     t0 = time.monotonic()
     warm = _marker_ok(p["venv_ok"]) and _marker_ok(p["model_ok"])
-    try:
+    try:  # an unusable cache path is a failure to report like any other, not a traceback
+        if args.rebuild and root.exists():
+            shutil.rmtree(root)
+        root.mkdir(parents=True, exist_ok=True)
         build_venv(p)
         build_model(p)
     except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
