@@ -27,7 +27,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -37,6 +37,7 @@ from lynxtop.agent.procs import RUN_TOKEN_ENV
 from lynxtop.agent.proctable import ProcTable
 from lynxtop.agent.runfiles import RunFiles
 from lynxtop.contract.files import atomic_write
+from lynxtop.contract.redact import redact_env
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class ServerRecord:
     log_path: str
     started_ms: int
     ready_ms: int | None = None
-    env: dict[str, str] = field(default_factory=dict)  # the profile's env (not the agent's)
+    env: dict[str, str] = field(default_factory=dict)  # the profile's env (not the agent's), secrets masked
     shm_segments: list[str] = field(default_factory=list)  # /dev/shm files the run had mapped when it got ready
     # the profile's when the run started: an edit of the config applies to the next run, not to a load under way
     readiness_timeout_s: float | None = None
@@ -349,8 +350,13 @@ class _Stop:
 
 
 def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profile: str,
-          run_id: int | None = None, token: str | None = None, started_ms: int | None = None) -> ServerProcess:
+          run_id: int | None = None, token: str | None = None, started_ms: int | None = None,
+          secret_names: Collection[str] = ()) -> ServerProcess:
     """Start `argv` (no shell) in its own session with output to `log_path` (created 0640).
+
+    `profile_env` reaches the server as it is; the record (kept in the state file) holds it with every secret
+    value masked (`secret_names` beyond contract/redact's patterns): the server's /proc/PID/environ is the one
+    place a secret is kept while it runs.
 
     A log that cannot be created (full disk, permissions) does not stop serving: the output goes to
     /dev/null and `log_error` on the result says why, for the caller's event.
@@ -375,7 +381,8 @@ def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profi
     record = ServerRecord(
         run_id=run_id, profile=profile, pid=popen.pid, pgid=popen.pid, start_ticks=st.start_ticks if st else 0,
         argv=list(argv), token=token, log_path=str(log_path),
-        started_ms=started_ms if started_ms is not None else int(time.time() * 1000), env=dict(profile_env),
+        started_ms=started_ms if started_ms is not None else int(time.time() * 1000),
+        env=redact_env(profile_env, secret_names),
     )
     proc = ServerProcess(record, popen, adopted=False)
     proc.log_error = log_error

@@ -670,7 +670,7 @@ class Node:
         cfg = self._current_config()
         return {"current": sup.profile_name,
                 "profiles": [{"name": p.name, "description": p.description, "argv": p.argv(), "flags": p.flags(),
-                              "env": dict(p.env)} for p in cfg.profiles]}
+                              "env": p.shown_env()} for p in cfg.profiles]}  # secret values masked
 
     def _current_config(self) -> Config:
         """The supervisor's config, re-read when the file changed, so a new profile shows without a restart."""
@@ -690,7 +690,7 @@ class Node:
         elif mtime != self._cfg_mtime:
             self._cfg_mtime = mtime
             try:
-                sup.cfg = dataclasses.replace(sup.cfg, profiles=load_config(str(path)).profiles)
+                sup.cfg = dataclasses.replace(sup.cfg, profiles=load_config(str(path), secrets=True).profiles)
             except ConfigError as exc:
                 log.warning("config %s changed but has errors; keeping the previous profiles: %s", path,
                             "; ".join(exc.problems))

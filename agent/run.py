@@ -50,7 +50,8 @@ class Run:
         token = launcher.new_token()
         stamp = datetime.fromtimestamp(started / 1000, UTC).strftime("%Y%m%dT%H%M%SZ")
         log_path = log_dir / f"{stamp}_{prof.name}_{token[:8]}.log"
-        proc = launcher.spawn(prof.argv(), log_path, prof.env, prof.name, token=token, started_ms=started)
+        proc = launcher.spawn(prof.argv(), log_path, prof.env, prof.name, token=token, started_ms=started,
+                              secret_names=prof.secret_env)
         proc.record.readiness_timeout_s = prof.readiness_timeout_s
         return cls(proc, run_id=None, started_ms=started, ready_ms=None, adopted=False)
 

@@ -344,7 +344,7 @@ class Supervisor:
         """The profile as the config file says now, so an edit is picked up by the next start or switch."""
         if self.cfg.path is not None:
             try:
-                fresh = load_config(str(self.cfg.path))
+                fresh = load_config(str(self.cfg.path), secrets=True)  # the env_file and credentials as now
             except ConfigError as exc:
                 raise ActionError("preflight", "the config file has errors; nothing was changed:\n"
                                   + "\n".join(exc.problems), 422, details={"reasons": exc.problems}) from None

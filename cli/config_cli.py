@@ -28,13 +28,13 @@ _HOST_CHECKED = ("lynxtop.agent_cmd:run", "lynxtop.config_cli:check")
 def load_or_exit(args: Namespace, host: bool | None = None) -> Config | None:
     """The config for a command, or None after printing every problem (the caller exits 2).
 
-    One validation for `config check` and `lynxtop agent`: both get parse_config's checks plus host_problems,
-    printed the same way.
+    One validation for `config check` and `lynxtop agent`: both get parse_config's checks, the env_files and
+    credentials read (read_secret_env) and host_problems, printed the same way.
     """
+    if host is None:
+        host = getattr(args, "handler", None) in _HOST_CHECKED
     try:
-        cfg = load_config(getattr(args, "config", None))
-        if host is None:
-            host = getattr(args, "handler", None) in _HOST_CHECKED
+        cfg = load_config(getattr(args, "config", None), secrets=host)  # env_file and credentials: host only
         problems = host_problems(cfg) if host else []
         override = getattr(args, "socket", None)
         if host and override:  # `lynxtop agent --socket PATH` replaces [agent] socket: the same check applies
@@ -78,8 +78,12 @@ def check(args: Namespace) -> int:
     for p in cfg.profiles:
         _say(f"\n[[profile]] {p.name}" + (f" — {p.description}" if p.description else ""))
         _say(f"  argv: {shlex.join(p.argv())}")
-        if p.env:
-            _say("  env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(p.env.items())))
+        if p.env:  # secret values masked (***<short hash>): this output gets pasted into tickets
+            _say("  env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(p.shown_env().items())))
+        if p.env_file is not None or p.env_credentials:
+            _say("  secrets from: " + ", ".join(
+                ([f"env_file {p.env_file}"] if p.env_file is not None else [])
+                + [f"{k} from credential {c}" for k, c in sorted(p.env_credentials.items())]))
         _say(f"  readiness timeout {p.readiness_timeout_s:g} s, stop grace {p.stop_grace_s:g} s")
     return 0
 
@@ -97,4 +101,4 @@ def _print_ray(cfg: Config) -> None:
     _say(f"  ray: {exe}" + (f" ({why})" if why else ""))
     _say(f"  argv: {shlex.join(ray_argv(cfg))}")
     if cfg.ray.env:
-        _say("  env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(cfg.ray.env.items())))
+        _say("  env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(data["env"].items())))

@@ -15,11 +15,12 @@ import stat
 import sys
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from lynxtop.contract.models import BUILTIN_MODELS, GIB, ModelSpec
+from lynxtop.contract.redact import redact_env
 from lynxtop.contract.terminal import first_control, terminal_safe
 
 DEFAULT_CONFIG_PATH = Path("/etc/lynxtop/config.toml")
@@ -92,6 +93,8 @@ class AgentConfig:
     api_max_connections: int = 256  # control socket: open connections at most (idle ones give way)
     metrics_max_connections: int = 64  # metrics_listen: the same
     request_timeout_s: float = 10.0  # both listeners: a request's header or body, or an idle connection
+    # env names whose values are secret besides *TOKEN*, *KEY*, *SECRET*, *PASSWORD*, *CREDENTIAL* (contract/redact)
+    secret_env: tuple[str, ...] = ()
     retention: Retention = field(default_factory=Retention)
 
     @property
@@ -149,7 +152,10 @@ class Profile:
     distributed_executor_backend: str | None = None
     shutdown_timeout_s: int = 30
     extra_args: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # after read_secret_env: env_file's and credentials' too
+    env_file: Path | None = None  # KEY=VALUE lines kept out of the config (mode 0600/0640; read_env_file)
+    env_credentials: dict[str, str] = field(default_factory=dict)  # env name -> systemd credential name
+    secret_env: tuple[str, ...] = ()  # names masked beyond the patterns: [agent] secret_env, env_file, credentials
     readiness_timeout_s: float = 1800.0
     stop_grace_s: float = 60.0
     description: str = ""
@@ -210,9 +216,13 @@ class Profile:
                 i += 1
         out["executable"] = self.executable
         out["model"] = self.model
-        for k, v in sorted(self.env.items()):
+        for k, v in sorted(self.shown_env().items()):
             out[f"env {k}"] = v
         return out
+
+    def shown_env(self) -> dict[str, str]:
+        """The env as it may be served, printed or stored: every secret value masked (`***<short hash>`)."""
+        return redact_env(self.env, self.secret_env)
 
 
 _INT_FLAGS = (
@@ -462,17 +472,50 @@ def _extra_args(key: str, v: Any) -> tuple[str, ...]:
     return tuple(v)
 
 
+def env_name_problem(name: str) -> str | None:
+    """Why `name` cannot be set in a profile's env (inline, env_file or credential), or None."""
+    if not ENV_NAME.fullmatch(name):
+        return (f"variable name {name!r} is not a valid environment variable name (letters, digits and _, "
+                "not starting with a digit; no '=' or NUL)")
+    if name in ENV_FORBIDDEN or not (name in ENV_ALLOWED_EXACT or name.startswith(ENV_ALLOWED_PREFIXES)):
+        return (f"variable {name} is not allowed (allowed: {', '.join(sorted(ENV_ALLOWED_EXACT))} "
+                f"and names starting with {', '.join(ENV_ALLOWED_PREFIXES)})")
+    return None
+
+
+def _secret_env(key: str, v: Any) -> tuple[str, ...]:
+    """[agent] secret_env: more names whose values are never served, printed, logged or stored."""
+    if not isinstance(v, list) or not all(isinstance(n, str) for n in v):
+        raise _Bad(f"expected an array of environment variable names, got {_describe(v)}")
+    for name in v:
+        if not ENV_NAME.fullmatch(name):
+            raise _Bad(f"{name!r} is not a valid environment variable name (letters, digits and _, "
+                       "not starting with a digit)")
+    return tuple(dict.fromkeys(v))
+
+
+def _env_credentials(key: str, v: Any) -> dict[str, str]:
+    """env name -> the name of a systemd credential (LoadCredential=NAME:PATH), read from $CREDENTIALS_DIRECTORY."""
+    if not isinstance(v, dict):
+        raise _Bad(f"expected a table NAME = \"credential name\", got {_describe(v)}")
+    for name, cred in v.items():
+        problem = env_name_problem(name)
+        if problem:
+            raise _Bad(problem)
+        if not isinstance(cred, str) or not re.fullmatch(r"[A-Za-z0-9_.@\-]{1,255}", cred) or cred in (".", ".."):
+            raise _Bad(f"the credential of {name} must be a systemd credential name (letters, digits, . _ - @; "
+                       f"no '/'), got {_describe(cred)}")
+    return dict(v)
+
+
 def _env(key: str, v: Any) -> dict[str, str]:
     if not isinstance(v, dict):
         raise _Bad(f"expected a table, got {_describe(v)}")
     out: dict[str, str] = {}
     for name, value in v.items():
-        if not ENV_NAME.fullmatch(name):
-            raise _Bad(f"variable name {name!r} is not a valid environment variable name (letters, digits and _, "
-                       "not starting with a digit; no '=' or NUL)")
-        if name in ENV_FORBIDDEN or not (name in ENV_ALLOWED_EXACT or name.startswith(ENV_ALLOWED_PREFIXES)):
-            raise _Bad(f"variable {name} is not allowed (allowed: {', '.join(sorted(ENV_ALLOWED_EXACT))} "
-                       f"and names starting with {', '.join(ENV_ALLOWED_PREFIXES)})")
+        problem = env_name_problem(name)
+        if problem:
+            raise _Bad(problem)
         if not isinstance(value, (str, int)) or isinstance(value, bool):
             raise _Bad(f"value of {name} must be a string, got {_describe(value)}")
         _no_control(f"the value of {name} ", str(value))  # the value itself is never quoted: it may be a secret
@@ -511,6 +554,7 @@ _AGENT_SPEC: dict[str, Callable[[str, Any], Any]] = {
     "api_max_connections": _int(1, 65536),
     "metrics_max_connections": _int(1, 65536),
     "request_timeout_s": _float(0.1, 3600),
+    "secret_env": _secret_env,
 }
 
 def _address(key: str, v: Any) -> str:
@@ -580,6 +624,8 @@ _PROFILE_SPEC: dict[str, Callable[[str, Any], Any]] = {
     "shutdown_timeout_s": _int(0, 3600),
     "extra_args": _extra_args,
     "env": _env,
+    "env_file": _path(absolute=True),
+    "env_credentials": _env_credentials,
     "readiness_timeout_s": _float(1, 7 * 86400),
     "stop_grace_s": _float(1, 7200),
 }
@@ -602,7 +648,7 @@ def parse_config(text: str, source: str = "<config>", path: Path | None = None) 
     if not isinstance(profiles_raw, list):
         chk.error("profile", "expected an array of tables [[profile]]")
         profiles_raw = []
-    profiles, seen = _parse_profiles(chk, profiles_raw)
+    profiles, seen = _parse_profiles(chk, profiles_raw, agent.secret_env)
     if agent.default_profile and agent.default_profile not in seen:
         chk.error("agent.default_profile", f"no profile named {agent.default_profile!r}")
     models = _parse_models(chk, data.get("model", []))
@@ -655,8 +701,9 @@ def _parse_agent(chk: _Checker, agent_raw: dict[str, Any]) -> AgentConfig:
     return AgentConfig(retention=retention, **agent_vals)
 
 
-def _parse_profiles(chk: _Checker, profiles_raw: list[Any]) -> tuple[list[Profile], dict[str, int]]:
-    """The valid profiles, and where each name was first seen (index)."""
+def _parse_profiles(chk: _Checker, profiles_raw: list[Any],
+                    secret_env: tuple[str, ...] = ()) -> tuple[list[Profile], dict[str, int]]:
+    """The valid profiles, and where each name was first seen (index); `secret_env`: [agent] secret_env."""
     profiles: list[Profile] = []
     seen: dict[str, int] = {}
     for i, raw in enumerate(profiles_raw):
@@ -683,6 +730,11 @@ def _parse_profiles(chk: _Checker, profiles_raw: list[Any]) -> tuple[list[Profil
         if vals["stop_grace_s"] < shutdown:
             chk.error(f"{label}.stop_grace_s", f"must be >= shutdown_timeout_s ({shutdown}) so draining can finish")
             continue
+        both = sorted(set(vals.get("env", {})) & set(vals.get("env_credentials", {})))
+        if both:
+            chk.error(f"{label}.env_credentials", f"{', '.join(both)} is also set in env: give a variable one source")
+            continue
+        vals["secret_env"] = tuple(dict.fromkeys([*secret_env, *vals.get("env_credentials", {})]))
         profiles.append(Profile(**vals))
     return profiles, seen
 
@@ -831,8 +883,153 @@ def ray_executable(ray: RayConfig) -> tuple[str, str | None]:
     return "ray", f"no `ray` beside {sys.executable} nor on PATH (set ray.executable)"
 
 
-def load_config(cli_value: str | None = None) -> Config:
-    """Load from --config, $LYNXTOP_CONFIG or the default path; a missing default file means defaults."""
+ENV_FILE_MODES = (0o600, 0o640)
+SECRET_FILE_MAX_BYTES = 1 << 16  # an env_file or a credential: far more than any token
+CREDENTIALS_ENV = "CREDENTIALS_DIRECTORY"  # systemd's LoadCredential= directory (systemd.exec(5), "Credentials")
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _read_secret_file(path: Path) -> tuple[os.stat_result | None, bytes, str | None]:
+    """(its stat, its bytes, why it cannot be used): opened once and checked on that open file, never a FIFO's
+    endless wait; never more than SECRET_FILE_MAX_BYTES read."""
+    try:
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY), "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return st, b"", "is not a regular file"
+            data = f.read(SECRET_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        return None, b"", f"cannot be read: {exc.strerror or exc}"
+    if len(data) > SECRET_FILE_MAX_BYTES:
+        return st, b"", f"is larger than {SECRET_FILE_MAX_BYTES} bytes"
+    return st, data, None
+
+
+def read_env_file(path: Path) -> tuple[dict[str, str], list[str]]:
+    """An env_file's variables, and its problems ('PATH: problem' or 'PATH:LINE: problem').
+
+    It holds secrets, so it is refused unless it is a regular file of mode 0600 or 0640 owned by the agent's
+    user (this process's) or root. Accepted lines: `NAME=VALUE` (NAME as a profile's env allows, from the first
+    column; VALUE verbatim to the end of the line, one pair of enclosing '…' or "…" removed; no escapes, no
+    $expansion, no `export`), blank lines and lines starting with `#`; a CRLF line end is read as LF. A problem
+    never shows a value, nor a line that is not NAME=VALUE: it may hold the secret.
+    """
+    st, data, why = _read_secret_file(path)
+    if st is not None and why is None:
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid not in (os.geteuid(), 0):
+            why = (f"is owned by {_user(st.st_uid)}; an env_file must be owned by the agent's user "
+                   f"({_user(os.geteuid())}) or root")
+        elif mode not in ENV_FILE_MODES:
+            why = f"has mode {mode:04o}; an env_file holds secrets: give it mode 0600 or 0640 (chmod 600 {path})"
+    if why is None:
+        try:
+            return _env_lines(path, data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            why = f"is not UTF-8 text (byte {exc.start})"
+    return {}, [f"{path}: {why}"]
+
+
+def _env_lines(path: Path, text: str) -> tuple[dict[str, str], list[str]]:
+    out: dict[str, str] = {}
+    first: dict[str, int] = {}
+    problems: list[str] = []
+    for n, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, eq, value = line.partition("=")
+        problem = None
+        if not eq:
+            problem = "expected NAME=VALUE; this line has no '=' (it is not shown: it may hold a secret)"
+        elif not ENV_NAME.fullmatch(name):
+            problem = ("the text before '=' is not an environment variable name (letters, digits and _ from the "
+                       "first column, not starting with a digit; no spaces, no `export`)")
+        elif env_name_problem(name):
+            problem = env_name_problem(name)
+        elif name in first:
+            problem = f"{name} is set again (first on line {first[name]})"
+        else:
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            found = first_control(value)
+            if found:
+                problem = f"the value of {name} holds the control character {found}; control characters are refused"
+        if problem:
+            problems.append(f"{path}:{n}: {problem}")
+            continue
+        first[name] = n
+        out[name] = value
+    return out, problems
+
+
+def read_credential(name: str) -> tuple[str, str | None]:
+    """A systemd credential's value (LoadCredential=NAME:PATH puts it in $CREDENTIALS_DIRECTORY/NAME, readable by
+    the service alone), and why it cannot be used. One trailing newline is dropped, as `echo` and editors add it."""
+    directory = os.environ.get(CREDENTIALS_ENV)
+    if not directory:
+        return "", (f"${CREDENTIALS_ENV} is not set: systemd sets it for the agent's unit when the unit has "
+                    f"LoadCredential={name}:PATH (see systemd/lynxtop-agent.service); run the agent, or this check, "
+                    "under that unit, or use env_file")
+    path = Path(directory) / name
+    _, data, why = _read_secret_file(path)
+    if why is None:
+        try:
+            value = data.decode("utf-8").removesuffix("\n").removesuffix("\r")
+        except UnicodeDecodeError as exc:
+            why = f"is not UTF-8 text (byte {exc.start})"
+        else:
+            found = first_control(value)
+            if not found:
+                return value, None
+            why = f"holds the control character {found}; control characters are refused"
+    return "", f"credential {name} ({path}) {why}"
+
+
+def read_secret_env(cfg: Config) -> Config:
+    """`cfg` with each profile's env_file and env_credentials read into its env, their names masked everywhere.
+
+    The agent (start-up, and each start or switch that re-reads the config) and `config check` call it through
+    load_config(secrets=True), so they give the same verdict; clients never read the secrets. ConfigError lists
+    every problem, as parse_config's do.
+    """
+    source = str(cfg.path) if cfg.path else "<config>"
+    problems: list[str] = []
+    profiles = []
+    for i, prof in enumerate(cfg.profiles):
+        label = f"{source}: profile[{i}] ({prof.name})"
+        env, secret = dict(prof.env), list(prof.secret_env)
+        if prof.env_file is not None:
+            values, bad = read_env_file(prof.env_file)
+            problems += [f"{label}.env_file: {p}" for p in bad]
+            both = sorted(set(values) & (set(prof.env) | set(prof.env_credentials)))
+            if both:
+                problems.append(f"{label}.env_file: {prof.env_file}: {', '.join(both)} is also set in env or "
+                                "env_credentials: give a variable one source")
+            env |= values
+            secret += values
+        for name, cred in prof.env_credentials.items():
+            value, why = read_credential(cred)
+            if why:
+                problems.append(f"{label}.env_credentials.{name}: {why}")
+            env[name] = value
+        profiles.append(replace(prof, env=env, secret_env=tuple(dict.fromkeys(secret))))
+    if problems:
+        raise ConfigError([terminal_safe(p) for p in problems])
+    return replace(cfg, profiles=tuple(profiles))
+
+
+def load_config(cli_value: str | None = None, secrets: bool = False) -> Config:
+    """Load from --config, $LYNXTOP_CONFIG or the default path; a missing default file means defaults.
+
+    `secrets`: read each profile's env_file and credentials too (read_secret_env): the agent and `config check`
+    do; a client (status, the dashboard) needs only the socket and may not be allowed to read them."""
     path, named = resolve_config_path(cli_value)
     try:
         text = path.read_text(encoding="utf-8")
@@ -842,7 +1039,8 @@ def load_config(cli_value: str | None = None) -> Config:
         return parse_config("", source=f"{path} (absent, defaults)", path=None)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([f"{path}: cannot read config file: {exc}"]) from None
-    return parse_config(text, source=str(path), path=path)
+    cfg = parse_config(text, source=str(path), path=path)
+    return read_secret_env(cfg) if secrets else cfg
 
 
 def config_as_dict(cfg: Config) -> dict[str, Any]:
@@ -859,6 +1057,8 @@ def config_as_dict(cfg: Config) -> dict[str, Any]:
             return {k: conv(v) for k, v in obj.items()}
         return obj
 
+    # every env as shown_env: a secret value is masked here for `config check --json` and everything after
+    ray = conv(cfg.ray) | {"env": redact_env(cfg.ray.env, cfg.agent.secret_env)}
     return {"path": str(cfg.path) if cfg.path else None, "agent": conv(cfg.agent), "sla": conv(cfg.sla),
-            "ray": conv(cfg.ray),
-            "profiles": [conv(p) | {"argv": p.argv()} for p in cfg.profiles]}
+            "ray": ray,
+            "profiles": [conv(p) | {"argv": p.argv(), "env": p.shown_env()} for p in cfg.profiles]}

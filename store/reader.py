@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from lynxtop.contract.events import canonical_kind, stored_kinds
+from lynxtop.contract.redact import redact_flags
 from lynxtop.store import inproc
 from lynxtop.store.errors import NotOurDatabase, StoreAccessError, StoreError
 from lynxtop.store.rollup import aggregate_sql, merge_rows
@@ -81,6 +82,8 @@ def _decode_run(row: dict[str, Any]) -> dict[str, Any]:
                 pass
     if row.get("simulated") is not None:
         row["simulated"] = bool(row["simulated"])
+    if "flags" in row:  # a row written before secret env values were masked is served masked
+        row["flags"] = redact_flags(row["flags"])
     return row
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from lynxtop.contract.config import Retention
 from lynxtop.contract.events import Event, EventKind, Severity, canonical_kind
+from lynxtop.contract.redact import redact_flags
 from lynxtop.store import inproc
 from lynxtop.store import retention as retention_mod
 from lynxtop.store.checkpoint import FALLBACK_AUTOCHECKPOINT_PAGES, Checkpointer
@@ -461,6 +462,8 @@ class StoreWriter:
             with self._cv:
                 while not (self._ticks or self._ops or self._stopping):
                     now = time.monotonic()
+            if k == "flags":  # a secret-looking env value never reaches the file (nor a backup of it)
+                v = redact_flags(v)
                     wait = min(self._next_maintenance, self._next_wal_check) - now
                     if self._maintenance_more or wait <= 0:
                         break

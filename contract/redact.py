@@ -1,0 +1,52 @@
+"""Secret environment values, shown as `***<short hash>` wherever a profile's env is served, printed or stored.
+
+A profile's env reaches vLLM as written (HF_TOKEN for gated weights, VLLM_API_KEY for `--api-key`), but anyone
+who can read the control socket, a backup of the database or `config check`'s output must not learn it. A masked
+value still tells two values apart (a switch diff shows that the token changed), and an unchanged value keeps
+its mask across runs. The hash is SHA-256 of the value, cut to 8 hex digits: it confirms a guess of a short
+password, so a secret should be a random token, as HF and API keys are. Imports nothing else of the project.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Collection, Mapping
+from typing import Any
+
+# A name holding one of these (any case) is secret; `[agent] secret_env` names more, and every variable read from
+# an env_file or a systemd credential is secret too.
+SECRET_NAME_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
+MASK_PREFIX = "***"
+_MASKED = re.compile(r"\*\*\*[0-9a-f]{8}")
+FLAG_ENV_PREFIX = "env "  # Profile.flags() shows env variables as "env NAME"
+
+
+def is_secret_name(name: str, secret_names: Collection[str] = ()) -> bool:
+    upper = name.upper()
+    return name in secret_names or any(part in upper for part in SECRET_NAME_PARTS)
+
+
+def mask(value: str) -> str:
+    """`***` and 8 hex digits of the value's SHA-256; a value already masked is returned as it is."""
+    if _MASKED.fullmatch(value):
+        return value
+    return MASK_PREFIX + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+
+
+def redact_env(env: Mapping[str, str], secret_names: Collection[str] = ()) -> dict[str, str]:
+    """`env` with the value of every secret name masked: what may be served, printed, logged or stored."""
+    return {k: mask(v) if is_secret_name(k, secret_names) else v for k, v in env.items()}
+
+
+def redact_flags(flags: Any, secret_names: Collection[str] = ()) -> Any:
+    """Profile.flags()-shaped data with its secret "env NAME" values masked (anything else as it is): for what
+    reaches the runs table, and for rows written before values were masked."""
+    if not isinstance(flags, dict):
+        return flags
+    out = dict(flags)
+    for key, value in flags.items():
+        if (isinstance(key, str) and key.startswith(FLAG_ENV_PREFIX) and isinstance(value, str)
+                and is_secret_name(key[len(FLAG_ENV_PREFIX):], secret_names)):
+            out[key] = mask(value)
+    return out
