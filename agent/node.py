@@ -199,7 +199,9 @@ class Node:
             except OSError as exc:
                 raise AgentStartError(f"cannot create directory {d}: {exc.strerror or exc}") from None
         try:
-            self.writer = StoreWriter(a.database, retention=a.retention, clock=self.timeline.time)
+            # lock=True: the database file itself is locked, so a second agent reaching it by another path (a
+            # symlink, a hard link, a bind mount) is refused before it writes anything
+            self.writer = StoreWriter(a.database, retention=a.retention, clock=self.timeline.time, lock=True)
         except Exception as exc:  # noqa: BLE001 - StoreError and sqlite errors alike: say where
             raise AgentStartError(f"cannot open the history database {a.database}: {exc}") from None
         if self.writer.moved_aside:
@@ -605,6 +607,8 @@ class Node:
         if ws.get("wal_unlinked"):
             parts.append("history WAL was unlinked: " + ("recovered" if ws.get("wal_recovered")
                                                          else "NOT recovered, history at risk"))
+        if ws.get("db_swapped"):
+            parts.append("history database file was deleted or replaced under the agent (see status)")
         return "; ".join(parts)
 
     def status(self) -> Status:
@@ -650,7 +654,8 @@ class Node:
             store=StoreStatus(path=str(self.cfg.agent.database), queued=ws.get("queued"), dropped=ws.get("dropped"),
                               rejected=ws.get("rejected"),
                               last_error=ws.get("last_error"), wal_unlinked=ws.get("wal_unlinked"),
-                              wal_unlinked_ms=ws.get("wal_unlinked_ms"), wal_recovered=ws.get("wal_recovered")),
+                              wal_unlinked_ms=ws.get("wal_unlinked_ms"), wal_recovered=ws.get("wal_recovered"),
+                              db_swapped=ws.get("db_swapped"), db_swapped_ms=ws.get("db_swapped_ms")),
             action=sup.action_status(),
             live_restore=self.cfg.agent.live_restore,
         )

@@ -266,6 +266,8 @@ def _agent_lines(agent: AgentStatus) -> list[str]:
     if store.wal_unlinked:
         state = "recovered" if store.wal_recovered else "NOT RECOVERED, history at risk"
         lines.append(f"store    WAL UNLINKED at {_clock(store.wal_unlinked_ms)} ({state}): {store.wal_unlinked}")
+    if store.db_swapped:
+        lines.append(f"store    DATABASE FILE SWAPPED at {_clock(store.db_swapped_ms)}: {store.db_swapped}")
     act = agent.action
     if act:
         lines.append(f"action   {act.action} {act.profile or ''} in progress since {_clock(act.since_ms)} by "

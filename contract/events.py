@@ -91,6 +91,8 @@ class EventKind(StrEnum):
     SCRAPE_OUTAGE = "scrape.outage"
     SCRAPE_RECOVERED = "scrape.recovered"
     SCRAPE_COUNTER_RESET = "scrape.counter_reset"
+    SCRAPE_BAD_VALUE = "scrape.bad_value"  # values on the page that are no reading (NaN, infinite, out of range)
+    SCRAPE_OVER_LIMIT = "scrape.over_limit"  # a part of the page over a cap was left out (docs/sampling.md)
     SLA_BREACH = "sla.breach"
     SLA_RECOVERED = "sla.recovered"
     # the history store
@@ -99,6 +101,8 @@ class EventKind(StrEnum):
     STORE_MOVED_ASIDE = "store.moved_aside"  # a damaged or foreign file was moved aside; a fresh one started
     STORE_WRITE_FAILED = "store.write_failed"  # writes fail (full disk, I/O error): ticks wait in memory
     STORE_WRITES_RESUMED = "store.writes_resumed"
+    STORE_DB_UNLINKED = "store.db_unlinked"  # the database path lost the writer's file (rm, mv): a fresh one
+    STORE_DB_REPLACED = "store.db_replaced"  # the path names another file (a restored backup): written from now
 
 
 # kinds stored by agents before the dotted scheme; read as their new name

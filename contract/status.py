@@ -106,6 +106,8 @@ class StoreStatus:
     wal_unlinked: bool | None = None
     wal_unlinked_ms: int | None = None
     wal_recovered: bool | None = None
+    db_swapped: str | None = None  # the database path lost or changed its file under the agent: what was done
+    db_swapped_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -132,3 +132,46 @@ def _unlinked_among(links: list[str], wanted: set[str]) -> list[str] | None:
         if (cur.st_dev, cur.st_ino) != (st.st_dev, st.st_ino):  # replaced by another file of the same name
             out.append(name)
     return sorted(set(out))
+
+
+# ---------------------------------------------------------------------------------------------- the main file
+
+def lock_holders(st: os.stat_result) -> list[int]:
+    """Pids holding a lock on the file `st` describes, from /proc/locks (empty where it cannot be read)."""
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    pids = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 6 or parts[1] == "->":  # "->" marks a waiter, not a holder
+            continue
+        try:
+            major, minor, ino = parts[5].split(":")
+            if (int(major, 16), int(minor, 16), int(ino)) == want:
+                pids.append(int(parts[4]))
+        except ValueError:
+            continue
+    return sorted(set(pids))
+
+
+def main_file_change(path: Path, fd: int) -> str | None:
+    """How the file at `path` differs from the one open on `fd` (the writer's own descriptor on its database).
+
+    None: the path still names it. "unlinked": it was deleted (no name left: nlink 0). "moved": it was renamed
+    away and nothing took its place. "replaced": the path names another file now (a backup restored by mv).
+    Only stat calls: opening the database again would drop SQLite's locks (see above).
+    """
+    mine = os.fstat(fd)
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return "unlinked" if mine.st_nlink == 0 else "moved"
+    except OSError:
+        return None  # unreadable directory, say: not a swap; the writes themselves will tell
+    if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+        return None
+    return "replaced"

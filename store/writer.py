@@ -16,6 +16,8 @@ on its own connection) and reconnects every connection of this process to the fi
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import logging
@@ -35,7 +37,7 @@ from typing import Any
 from lynxtop.contract.config import Retention
 from lynxtop.contract.events import Event, EventKind, Severity, canonical_kind
 from lynxtop.contract.redact import redact_flags
-from lynxtop.store import inproc
+from lynxtop.store import inproc, swap
 from lynxtop.store import retention as retention_mod
 from lynxtop.store.checkpoint import FALLBACK_AUTOCHECKPOINT_PAGES, Checkpointer
 from lynxtop.store.errors import NotOurDatabase, StoreError
@@ -49,8 +51,10 @@ from lynxtop.store.schema import (
     RUN_JSON_COLUMNS,
     SAMPLE_TABLES,
     connect_rw,
+    create_file,
     rollback,
     sidecar_paths,
+    sidecar_problem,
 )
 
 log = logging.getLogger(__name__)
@@ -158,7 +162,7 @@ class StoreWriter:
                  clock: Callable[[], float] = time.time, retry_interval_s: float = 1.0,
                  maintenance_interval_s: float = 60.0, batch_max_ticks: int = 1000,
                  retention_chunk: int = retention_mod.CHUNK_ROWS, integrity_check: bool = True,
-                 wal_check_interval_s: float = WAL_CHECK_S):
+                 wal_check_interval_s: float = WAL_CHECK_S, lock: bool = False):
         self.path = Path(path)
         self.retention = retention if retention is not None else Retention()  # the config's defaults
         self.queue_max = max(1, int(queue_max))
@@ -198,8 +202,19 @@ class StoreWriter:
         self._wal_unlinked_ms: int | None = None
         self._wal_recovered: bool | None = None
         self._conn_lost = False  # the connection was closed for a renewal and could not be reopened yet
+        # a descriptor on the database file itself: its identity for the swap watch (rm, mv) and, with
+        # `lock` (the agent), an exclusive flock: a second agent reaching the file by any path is refused
+        self._lock = lock
+        self._db_fd: int | None = None
+        self._carried: swap.Carried | None = None  # rows to write into the file the path names now
+        self._db_swapped: str | None = None  # what the last swap was, kept for status
+        self._db_swapped_ms: int | None = None
 
+        self._hold_file()  # before anything is written: a locked file is not even migrated
         self.conn = self._open(integrity_check)
+        if self.moved_aside is not None:
+            self._hold_file()  # the path names the fresh file now
+        self._marks = swap.Marks.take(self.conn, None)
         self.rollups = Rollups(self.conn)
         self._next_run_id = 1 + (self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0] or 0)
 
@@ -218,6 +233,32 @@ class StoreWriter:
         self.record(Event(EventKind.STORE_MOVED_ASIDE, Severity.ERROR, msg,
                           {"path": str(self.path), "moved_to": str(aside)}))
         return conn
+
+    def _hold_file(self) -> None:
+        """Open (creating it, as SQLite would) the database file and keep it open; lock it for the agent."""
+        problem = sidecar_problem(self.path)
+        if problem:
+            raise StoreError(f"{self.path}: cannot open the history database: {problem}")
+        create_file(self.path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot open the history database: {exc.strerror}") from None
+        if self._lock:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holders = inproc.lock_holders(os.fstat(fd))
+                os.close(fd)  # this process has no connection on it: no SQLite lock is dropped
+                real = os.path.realpath(self.path)
+                via = f" (reached through {self.path})" if real != os.path.abspath(self.path) else ""
+                who = f"pid {', '.join(map(str, holders))}" if holders else "another process"
+                raise StoreError(f"{real}{via}: the history database is locked by {who}, another lynxtop agent "
+                                 "writing it; two agents must never write one database (their run ids "
+                                 "collide): stop that agent or point [agent] database at another file") from None
+        old, self._db_fd = self._db_fd, fd
+        if old is not None:
+            os.close(old)
 
     def _move_aside(self) -> Path:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -358,6 +399,8 @@ class StoreWriter:
                 "wal_unlinked": self._wal_unlinked,
                 "wal_unlinked_ms": self._wal_unlinked_ms,
                 "wal_recovered": self._wal_recovered,
+                "db_swapped": self._db_swapped,
+                "db_swapped_ms": self._db_swapped_ms,
             }
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -400,6 +443,9 @@ class StoreWriter:
             self.conn.close()
         except sqlite3.Error:
             pass
+        if self._db_fd is not None:
+            os.close(self._db_fd)  # last: closing it earlier would drop SQLite's locks on the file
+            self._db_fd = None
 
     def __enter__(self) -> StoreWriter:
         self.start()
@@ -473,7 +519,8 @@ class StoreWriter:
             try:
                 if time.monotonic() >= self._next_wal_check:
                     self._next_wal_check = time.monotonic() + self.wal_check_interval_s
-                    self._watch_wal()
+                    if not self._watch_db():  # a swapped file comes first: its -wal goes with it
+                        self._watch_wal()
                 self._drain_once()
             except Exception as exc:  # never let the writer thread die
                 log.exception("store writer: unexpected error")
@@ -683,6 +730,8 @@ class StoreWriter:
 
     def _reconnect(self) -> bool:
         """Open the writer's connection again after a renewal or a move aside that could not reopen it."""
+        if self._db_fd is None:  # the database path was swapped and the file there could not be opened yet
+            return self._reopen_swapped()
         try:
             conn = connect_rw(self.path, integrity=False)
         except StoreError as exc:
@@ -692,6 +741,98 @@ class StoreWriter:
         self.conn = conn
         self.rollups.conn = conn
         self._conn_lost = False
+        return True
+
+    # ------------------------------------------------------------------------------------------ the file watch
+
+    def _watch_db(self) -> bool:
+        """Notice the database path no longer naming the writer's file (rm, mv) and move to the file there."""
+        if self._conn_lost or self._db_fd is None:
+            return False
+        change = inproc.main_file_change(self.path, self._db_fd)
+        if change is None:
+            with contextlib.suppress(sqlite3.Error):  # what "since" means if the file is swapped later
+                self._marks = swap.Marks.take(self.conn, self._last_tick_ts)
+            return False
+        self._swap(change)
+        return True
+
+    def _swap(self, change: str) -> None:
+        """Carry what was written since the last check into the file the path names now (fresh or restored).
+
+        The old file's WAL frames are checkpointed into it and its -wal emptied before anything opens the path
+        again: frames of one database replayed onto another file are what made a restored backup "malformed".
+        """
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            self._checkpointer = None
+        inproc.detach_readers(self.path, DETACH_TIMEOUT_S)  # they reconnect to the path by themselves
+        try:
+            self._carried = swap.read_since(self.conn, self._marks)
+        except sqlite3.Error as exc:
+            self._carried = None
+            self._note_error(f"cannot read what was written since the database was swapped: {exc}")
+        with contextlib.suppress(sqlite3.Error):
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        with contextlib.suppress(sqlite3.Error):
+            self.conn.close()
+        if self._db_fd is not None:
+            os.close(self._db_fd)
+            self._db_fd = None
+        self._conn_lost = True
+        carried = self._carried.count() if self._carried is not None else 0
+        how, lost = {"replaced": ("was replaced by another file (a backup restored with mv?)", ""),
+                     "moved": ("was moved away", "; its history up to then lives on under its new name"),
+                     "unlinked": ("was deleted (no name left: nlink 0)", "; its history up to then is gone")}[change]
+        reopened = self._reopen_swapped()
+        if change == "replaced":
+            then = ("the agent closed the old file, checked the new one and writes into it" if reopened
+                    else "the new file cannot be opened yet; writes are kept in memory and retried")
+        else:
+            then = (f"the agent started a fresh database at {self.path}" if reopened
+                    else f"a fresh database cannot be created at {self.path} yet; writes are kept in memory and "
+                         "retried")
+        msg = (f"{self.path} {how} while the agent had it open{lost}; {then}; the {carried} row(s) written since "
+               "the agent last saw the file were carried over, nothing from then on is lost")
+        (log.critical if change == "unlinked" else log.warning)("%s", msg)
+        with self._cv:
+            self._db_swapped, self._db_swapped_ms = msg, _now_ms(self.clock)
+        kind = EventKind.STORE_DB_REPLACED if change == "replaced" else EventKind.STORE_DB_UNLINKED
+        self.record(Event(kind, Severity.CRITICAL if change == "unlinked" else Severity.WARNING, msg,
+                          {"path": str(self.path), "change": change, "carried_rows": carried,
+                           "reopened": reopened}))
+
+    def _reopen_swapped(self) -> bool:
+        """Open (and lock, and check) the file the path names now, and write the carried rows into it."""
+        aside = self.moved_aside
+        try:
+            self._hold_file()
+            conn = self._open(integrity_check=True)  # damaged: moved aside (an event), a fresh one started
+            if self.moved_aside is not aside:
+                self._hold_file()
+        except StoreError as exc:
+            if self._db_fd is not None:
+                os.close(self._db_fd)
+                self._db_fd = None
+            self._note_error(f"cannot reopen the history database: {exc}")
+            return False
+        conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_AUTOCHECKPOINT_PAGES}")
+        if self._carried is not None:
+            try:
+                swap.write(conn, self._carried)
+            except sqlite3.Error as exc:
+                self._note_error(f"the rows written since the database was swapped could not be carried over: {exc}")
+            self._carried = None
+        self.conn = conn
+        self.rollups = Rollups(conn)
+        with self._cv:
+            top = conn.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0] or 0
+            self._next_run_id = max(self._next_run_id, top + 1)
+        self._conn_lost = False
+        self._marks = swap.Marks.take(conn, self._last_tick_ts)
+        if self._thread is not None and self._checkpointer is None:
+            self._checkpointer = Checkpointer(self.path)
+            self._checkpointer.start()
         return True
 
     # ------------------------------------------------------------------------------------------ the WAL watch
