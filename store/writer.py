@@ -462,6 +462,8 @@ class StoreWriter:
             raise ValueError(f"unknown run field(s): {', '.join(sorted(unknown))}")
         out = {}
         for k, v in fields.items():
+            if k == "flags":  # a secret-looking env value never reaches the file (nor a backup of it)
+                v = redact_flags(v)
             if k in RUN_JSON_COLUMNS and v is not None:
                 v = json.dumps(list(v) if isinstance(v, tuple) else v, default=str)
             elif isinstance(v, bool):
@@ -508,8 +510,6 @@ class StoreWriter:
             with self._cv:
                 while not (self._ticks or self._ops or self._stopping):
                     now = time.monotonic()
-            if k == "flags":  # a secret-looking env value never reaches the file (nor a backup of it)
-                v = redact_flags(v)
                     wait = min(self._next_maintenance, self._next_wal_check) - now
                     if self._maintenance_more or wait <= 0:
                         break
