@@ -56,6 +56,7 @@ from lynxtop.store.schema import (
     sidecar_paths,
     sidecar_problem,
 )
+from lynxtop.store.scrub import mask_run_flags
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +217,7 @@ class StoreWriter:
             self._hold_file()  # the path names the fresh file now
         self._marks = swap.Marks.take(self.conn, None)
         self.rollups = Rollups(self.conn)
+        mask_run_flags(self.conn)  # secret env values an older agent stored in runs.flags (issue 24.3)
         self._next_run_id = 1 + (self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0] or 0)
 
     # ------------------------------------------------------------------------------------------ opening

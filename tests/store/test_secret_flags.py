@@ -40,3 +40,20 @@ def test_reader_masks_a_row_written_before_values_were_masked(tmp_path):
     r = StoreReader(db)
     assert r.runs()[0]["flags"] == {"env VLLM_API_KEY": mask(TOKEN)}
     assert r.run(rid)["flags"] == {"env VLLM_API_KEY": mask(TOKEN)}
+
+
+def test_opening_a_database_an_older_agent_wrote_masks_its_stored_secrets(tmp_path):
+    db = tmp_path / "l.db"
+    with StoreWriter(db) as w:
+        rid = w.create_run(profile="p", argv=["/x/vllm"], model="m", host="n", started_ms=T0, flags={})
+        assert w.flush(10)
+    with sqlite3.connect(db) as c:  # as an older agent wrote it
+        c.execute("UPDATE runs SET flags = ? WHERE id = ?",
+                  (json.dumps({"env HF_TOKEN": TOKEN, "env NCCL_DEBUG": "INFO"}), rid))
+    assert TOKEN.encode() in db.read_bytes() + (tmp_path / "l.db-wal").read_bytes()
+    with StoreWriter(db) as w:  # the next agent
+        assert w.flush(10)
+    stored = json.loads(sqlite3.connect(db).execute("SELECT flags FROM runs").fetchone()[0])
+    assert stored == {"env HF_TOKEN": mask(TOKEN), "env NCCL_DEBUG": "INFO"}
+    files = b"".join(f.read_bytes() for f in tmp_path.iterdir() if f.name.startswith("l.db"))
+    assert TOKEN.encode() not in files  # not in the page's free space nor in a -wal either
