@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import inspect
 import json
 import logging
@@ -51,11 +52,35 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.details = status, code, message, details
 
 
+def _finite(v: Any) -> Any:
+    """`v` with every non-finite float made None (JSON's null), walking dicts, lists and tuples."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
+def _dumps(data: Any) -> str:
+    """Every answer's JSON, strict (RFC 8259): `Infinity` or `NaN` would make it unreadable to strict parsers.
+    Sources give finite values (agent/scrape.py checks every value of a page); one that still slipped through
+    is sent as null, never as a token a client cannot parse."""
+    try:
+        return json.dumps(data, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(data), allow_nan=False)
+
+
+_json = functools.partial(web.json_response, dumps=_dumps)  # the one way answers are serialised
+
+
 def _error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> web.Response:
     body: dict[str, Any] = {"error": code, "message": message}
     if details:
         body["details"] = details
-    return web.json_response(body, status=status)
+    return _json(body, status=status)
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -342,27 +367,27 @@ class ApiServer:
     async def _status(self, request: web.Request) -> web.Response:
         _query(request, "status")
         status = await _maybe_await(self.controller.status())
-        return web.json_response(status.to_json())
+        return _json(status.to_json())
 
     async def _profiles(self, request: web.Request) -> web.Response:
         _query(request, "profiles")
-        return web.json_response(await _maybe_await(self.controller.profiles()))
+        return _json(await _maybe_await(self.controller.profiles()))
 
     async def _runs(self, request: web.Request) -> web.Response:
         q = _query(request, "runs")
-        return web.json_response({"runs": await _maybe_await(self.controller.runs(q["limit"]))})
+        return _json({"runs": await _maybe_await(self.controller.runs(q["limit"]))})
 
     async def _events(self, request: web.Request) -> web.Response:
         q = _query(request, "events")
         events = await _maybe_await(self.controller.events(q["since"], q["limit"]))
-        return web.json_response({"events": events})
+        return _json({"events": events})
 
     async def _logs(self, request: web.Request) -> web.StreamResponse:
         q = _query(request, "logs")
         result = await _maybe_await(self.controller.logs(q["run"], q["lines"]))
         tail = result.get("lines")
         if not isinstance(tail, LogTail):
-            return web.json_response(result)
+            return _json(result)
         return await _stream_log(request, result, tail)
 
     # ------------------------------------------------------------------------------------------ mutating
@@ -392,7 +417,7 @@ class ApiServer:
                 raise
             self.log(f"accepted: {who} asked {action}{_for(profile)} ({(time.monotonic() - started) * 1000:.0f} ms): "
                      f"{message}")
-            return web.json_response({"accepted": True, "action": action, "message": message}, status=202)
+            return _json({"accepted": True, "action": action, "message": message}, status=202)
 
         return handler
 
@@ -425,7 +450,7 @@ async def _stream_log(request: web.Request, result: dict[str, Any], tail: LogTai
     """The same JSON as a whole answer, written a block at a time, each once the client took the previous ones:
     a client that never reads holds one block here (and the guard drops it), never the whole tail."""
     resp = web.StreamResponse(headers={"Content-Type": "application/json; charset=utf-8"})
-    head = json.dumps({k: v for k, v in result.items() if k != "lines"})
+    head = _dumps({k: v for k, v in result.items() if k != "lines"})
     pieces = tail.reader()
     try:
         await resp.prepare(request)

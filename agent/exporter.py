@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -123,10 +124,12 @@ _SERIES_HELP = {"ttft": "Time to first token", "itl": "Inter-token latency", "tp
 
 
 def _num(v: Any) -> float | None:
+    """A reading as a sample value; None (no sample) for none, or one that is not finite (issue 25.1)."""
     if isinstance(v, bool):
         return float(v)
     if isinstance(v, (int, float)):
-        return float(v)
+        f = float(v)
+        return f if math.isfinite(f) else None
     return None
 
 

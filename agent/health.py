@@ -9,6 +9,7 @@ probes and `/version`.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,14 +18,48 @@ from typing import Any
 
 import aiohttp
 
+from lynxtop.agent.coalesce import Recurring
+
 PROBE_TIMEOUT_S = 3.0
+# What vLLM answers to /version ({"version": "0.11.0"}) and /health (empty) is a few bytes; a body past this is
+# not read at all (docs/sampling.md, Caps): a 20 MB /version once ended up in the run, its event and every status.
+MAX_BODY_BYTES = 64 * 1024
+MAX_VERSION_CHARS = 128  # "0.11.1rc2.dev123+g0123abcd.cu128" is 32
+_REFUSAL_QUIET_S = 60.0  # a body over the cap is told once per episode (agent/coalesce.py)
+
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int = MAX_BODY_BYTES) -> bytes | None:
+    """The body of an answer, or None when it is (or announces itself) larger than `limit` bytes."""
+    if (resp.content_length or 0) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(1 << 14):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def version_of(body: Any) -> str | None:
+    """vLLM's version from a /version answer: a short printable string, or None (nothing else is kept)."""
+    version = body.get("version") if isinstance(body, dict) else None
+    if not isinstance(version, str) or not version or len(version) > MAX_VERSION_CHARS or not version.isprintable():
+        return None
+    return version
 
 
 class HttpClient:
-    """The agent's one HTTP session to the served engine, opened on first use (it needs the running loop)."""
+    """The agent's one HTTP session to the served engine, opened on first use (it needs the running loop).
+
+    Bodies are read up to MAX_BODY_BYTES; a larger one is refused, and `drain_events` gives one
+    `scrape.over_limit` event per episode of such answers (the scrape source records them with its own)."""
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
+        self._refusals: dict[str, Recurring] = {}  # per path (/version, /health)
+        self._events: list[dict[str, Any]] = []
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -37,11 +72,32 @@ class HttpClient:
             async with self.session().get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 body: Any = None
                 if resp.content_type == "application/json":
-                    with contextlib.suppress(ValueError, aiohttp.ContentTypeError):
-                        body = await resp.json()
+                    raw = await read_capped(resp)
+                    if raw is None:
+                        self._refused(url)
+                    else:
+                        with contextlib.suppress(ValueError):
+                            body = json.loads(raw)
                 return resp.status, body
         except (TimeoutError, aiohttp.ClientError, OSError):
             return None, None
+
+    def _refused(self, url: str) -> None:
+        path = "/" + url.split("://", 1)[-1].partition("/")[2]
+        ep = self._refusals.setdefault(path, Recurring(_REFUSAL_QUIET_S))
+        now = time.monotonic()
+        for other in self._refusals.values():
+            other.close(now)
+        if ep.hit(now):
+            self._events.append({"kind": "scrape.over_limit", "severity": "warning",
+                                 "message": f"GET {path} answered more than {MAX_BODY_BYTES} bytes: not read "
+                                            "(docs/sampling.md, Caps); told once while it goes on",
+                                 "details": {"url": url, "limit_bytes": MAX_BODY_BYTES}})
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        """Events of refused answers since the last call (event dicts: kind, severity, message, details)."""
+        out, self._events = self._events, []
+        return out
 
     @property
     def closed(self) -> bool:

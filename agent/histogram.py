@@ -181,6 +181,11 @@ class SlidingHistogram:
             self._snaps.popleft()
         return reset
 
+    @property
+    def last(self) -> HistogramSnapshot | None:
+        """The newest snapshot as given (held by the scraper on a page where it is no reading)."""
+        return self._last
+
     def clear(self) -> None:
         self._snaps.clear()
         self._last = self._correction = None

@@ -22,6 +22,8 @@ class SampleError(ValueError):
 
 _VALID: dict[str, float | None] = {}  # label blocks already checked -> their `le` (None: none or not a number)
 _VALID_MAX = 200_000  # a page's series are a few thousand; a server inventing labels cannot grow this further
+_VALID_CHARS_MAX = 16 << 20  # nor can long label blocks (agent/scrape.py caps each at MAX_LABELS_CHARS)
+_valid_chars = [0]  # characters of the blocks in _VALID
 
 
 def split_sample(line: str, name_end: int) -> tuple[str, float]:
@@ -33,9 +35,11 @@ def split_sample(line: str, name_end: int) -> tuple[str, float]:
             m = _LABELS.fullmatch(block)
             if m is None:
                 raise SampleError(f"bad labels in {line[:120]!r}")
-            if len(_VALID) >= _VALID_MAX:
+            if len(_VALID) >= _VALID_MAX or _valid_chars[0] >= _VALID_CHARS_MAX:
                 _VALID.clear()
+                _valid_chars[0] = 0
             _VALID[block] = _le_text(block)
+            _valid_chars[0] += len(block)
     else:
         cut = name_end
     rest = line[cut:].split()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 from lynxtop.agent.health import HangDetector, HttpClient, Verdict
 from lynxtop.contract.events import Event
 
+log = logging.getLogger("lynxtop.agent")
 Rows = dict[str, Any]  # keyword arguments of StoreWriter.submit_tick: host_row, gpu_rows, serving_row, ...
 
 
@@ -207,9 +209,18 @@ class ScrapeSource:
 
     async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
         target = self.target()
+        refused = [as_event(ev, run_id=target.run_id if target else None) for ev in self._http_events()]
         if target is None:
             self.engines = []
-            return {"serving_row": None}, []
+            return {"serving_row": None}, refused
+        rows, events = await self._sample(tick, target)
+        return rows, refused + events
+
+    def _http_events(self) -> list[dict[str, Any]]:
+        drain = getattr(self.http, "drain_events", None)  # /version and /health answers over the cap
+        return drain() if drain is not None else []
+
+    async def _sample(self, tick: Tick, target: ScrapeTarget) -> tuple[Rows, list[Event]]:
         scraper, hang = self._for(target)
         if self._pending is None:
             if tick.t0 < self._next:
@@ -220,12 +231,16 @@ class ScrapeSource:
         if self._pending not in done:
             return {}, []  # still reading: a later tick takes it (the scraper cuts it off at its timeout)
         task, self._pending = self._pending, None
-        row = task.result()
-        self.totals.observe(scraper)
+        try:
+            row = task.result()
+            self.totals.observe(scraper)
+        except Exception as exc:  # noqa: BLE001 - a scrape problem never costs the tick its GPU and host rows
+            if not scraper.in_outage:
+                log.warning("reading %s failed", scraper.url, exc_info=exc)  # once per outage: for the bug report
+            row = scraper.failed(tick.t0, f"cannot read the page at {scraper.url}: {type(exc).__name__}: {exc}")
         row["run_id"] = target.run_id
         self.engines = list(scraper.engines)
-        events = [as_event(ev, run_id=target.run_id)
-                  for ev in (scraper.outage_event(tick.t0), scraper.reset_event()) if ev is not None]
+        events = [as_event(ev, run_id=target.run_id) for ev in scraper.events(tick.t0)]
         verdict = hang.observe(scraper.requests_running, scraper.generation_tokens_total,
                                row.get("requests_waiting"), now=tick.t0)
         if verdict is not None:

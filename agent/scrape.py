@@ -9,6 +9,7 @@ labels (max for the KV-cache gauge), and percentiles come from bucket difference
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import operator
 import re
@@ -19,6 +20,8 @@ from typing import Any
 
 import aiohttp
 
+from lynxtop.agent.coalesce import Recurring
+from lynxtop.agent.health import read_capped, version_of
 from lynxtop.agent.histogram import HistogramSnapshot, SlidingHistogram
 from lynxtop.agent.promtext import SampleError, le_of, split_sample
 from lynxtop.contract.columns import LATENCY_SERIES, SERVING_METRICS, names
@@ -30,6 +33,16 @@ SERVING_COLUMNS = names(SERVING_METRICS)
 _PLAIN = {"Accept-Encoding": "identity"}
 INLINE_PARSE_CHARS = 1024 * 1024  # larger pages are parsed in a worker thread
 MAX_PAGE_BYTES = 8 * 1024 * 1024  # a DP=8 page with two API servers is ~0.5 MiB; past this it is cut off unread
+# Caps on what one page may hold, far above any real deployment (docs/sampling.md "Caps"): a server over one is
+# refused, never followed into unbounded memory. A page over the first three gives no reading (an outage).
+MAX_ENGINES = 1024  # distinct `engine` label values (vLLM's data-parallel ranks: 8-64 in practice)
+MAX_SERIES = 65_536  # series of one family (engines x finished reasons, engines x buckets: ~300 at DP=8)
+MAX_LABELS_CHARS = 2048  # one series' labels as written (vLLM's longest: ~200, with a long model path)
+MAX_BUCKETS = 1000  # bucket bounds of one histogram (vLLM's have 10-30): over it that histogram is left out
+MAX_GONE = 4096  # vanished series remembered per family (a server inventing label sets cannot grow this further)
+_HUGE = float(2 ** 63)  # a sample at or past this (or not finite) is no reading: no count a page gives gets there
+SETTLE_S = 10.0  # an outage ends once the page has been readable this long: a flapping page is one episode
+QUIET_S = 60.0  # a counter reset, bad values or a refused part: repeats within this are the same episode
 
 # Each entry: preferred (newest) name first, then older names vLLM used for the same thing.
 COUNTERS: dict[str, tuple[str, ...]] = {
@@ -80,6 +93,10 @@ class ParsedPage:
         self.histograms: dict[str, HistogramSnapshot] = {}
         self.series: dict[tuple[str, str], dict[SeriesKey, float]] = {}
         self.engines: dict[str, dict[str, float]] = {}  # engine label -> running / waiting / kv_usage
+        self.bad_values = 0  # samples that were no reading (NaN, infinite, past 2**63): left out like NaN
+        self.bad_example = ""  # the first of them, as the page wrote it (cut short)
+        self.refused: list[str] = []  # parts left out over a cap (a histogram with too many buckets)
+        self.stale: set[str] = set()  # counters and histograms with a bad sample: this page adds nothing to them
 
 
 _HIST_NAMES = frozenset(n for ns in HISTOGRAMS.values() for n in ns)
@@ -130,6 +147,8 @@ _GAUGE_SUM, _GAUGE_MAX, _COUNTER, _BUCKET, _PART = range(5)
 _SeriesInfo = tuple[int, str, float, str]
 _KNOWN: dict[SeriesKey, _SeriesInfo] = {}
 _KNOWN_MAX = 200_000  # as promtext's label cache: a server inventing label sets cannot grow this further
+_KNOWN_CHARS_MAX = 16 << 20  # nor can long label sets (each up to MAX_LABELS_CHARS)
+_known_chars = [0]  # characters of the keys in _KNOWN (a list: updated from the parsing thread too)
 
 
 def _kind(name: str) -> int:
@@ -151,7 +170,7 @@ class _Totals:
     was first seen (agent/promtext.py), and what it adds to is remembered. Any other line takes that full path.
     """
 
-    __slots__ = ("sums", "maxes", "buckets", "raw", "engines")
+    __slots__ = ("sums", "maxes", "buckets", "raw", "engines", "bad", "bad_example", "bad_names")
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
@@ -159,6 +178,17 @@ class _Totals:
         self.buckets: dict[str, dict[float, float]] = {}
         self.raw: dict[str, dict[SeriesKey, float]] = {}  # counter and histogram series: value by series
         self.engines: dict[str, dict[str, float]] = {}  # engine label -> gauge sample name -> value
+        self.bad = 0  # samples that are no reading (NaN, infinite, past 2**63)
+        self.bad_example = ""
+        self.bad_names: set[str] = set()  # the sample names they had: those sums are no reading on this page
+
+    def _no_reading(self, key: SeriesKey, value: float) -> float:
+        """Count a sample that is no reading; NaN stands for it from here on (skipped by every sum)."""
+        if not self.bad:
+            self.bad_example = f"{key[:120]} {value!r}"
+        self.bad += 1
+        self.bad_names.add(key[:_name_end(key)])
+        return math.nan
 
     def add_lines(self, found: list[str]) -> None:
         """Add the wanted sample lines of a page, in page order."""
@@ -180,6 +210,8 @@ class _Totals:
                 last = ""
                 continue
             kind, name = info[0], info[1]
+            if not -_HUGE < value < _HUGE:  # NaN, infinite or past any count: no reading (counted)
+                value = self._no_reading(key, value)
             if kind < _COUNTER:
                 if value == value:
                     self._gauge(kind, name, info[3], value)
@@ -205,13 +237,17 @@ class _Totals:
         end = _name_end(line)
         name = line[:end]
         key, value = split_sample(line, end)
+        if not -_HUGE < value < _HUGE:
+            value = self._no_reading(key, value)
         kind = _kind(name)
         le = le_of(key, end) if kind == _BUCKET else math.nan
         m = _ENGINE.search(key) if kind < _COUNTER else None
         if line.rpartition(" ")[0] == key:  # the plain `series value` form: the fast path can take it next time
-            if len(_KNOWN) >= _KNOWN_MAX:
+            if len(_KNOWN) >= _KNOWN_MAX or _known_chars[0] >= _KNOWN_CHARS_MAX:
                 _KNOWN.clear()
+                _known_chars[0] = 0
             _KNOWN[key] = (kind, name, le, m.group(1) if m else "")
+            _known_chars[0] += len(key)
         if kind >= _COUNTER:
             self.raw.setdefault(name, {})[key] = value
         if value != value:  # NaN
@@ -298,6 +334,7 @@ class _Plan:
 
 _PLANS: dict[tuple[SeriesKey, ...], _Plan] = {}
 _PLANS_MAX = 8  # layouts of the servers this process reads (one per run; a few while a run changes shape)
+_PLAN_LINES_MAX = 50_000  # a DP=8 page has ~1000 lines we read; a larger one is read without a plan
 
 
 def _scan(text: str) -> tuple[bool, _Totals]:
@@ -314,7 +351,11 @@ def _scan(text: str) -> tuple[bool, _Totals]:
     seen_vllm = "\nvllm:" in text
     split = [line.rpartition(" ") for line in found]
     keys = tuple(map(_FIRST, split))
-    plan = _PLANS.get(keys)
+    longest = max(map(len, keys), default=0)
+    if longest > MAX_LABELS_CHARS:  # checked before any cache keeps such a key
+        raise PageError(f"a series' name and labels are {longest} characters, over the cap of {MAX_LABELS_CHARS}: "
+                        f"{keys[[len(k) for k in keys].index(longest)][:80]!r}...")
+    plan = _PLANS.get(keys)  # a layout is planned only within the caps: a known one needs no checks
     if plan is not None:
         vals = list(map(_THIRD, split))
         if "_" not in "".join(vals):  # Python's float reads "1_0"; Prometheus text does not
@@ -322,11 +363,13 @@ def _scan(text: str) -> tuple[bool, _Totals]:
                 values = list(map(float, vals))
             except ValueError:
                 values = []
-            if values and not any(map(math.isnan, values)):
+            if values and not any(map(math.isnan, values)) and min(values) > -_HUGE and max(values) < _HUGE:
                 return seen_vllm, plan.totals(keys, values)
     totals = _Totals()
     totals.add_lines(found)
-    if plan is None and keys and all(map(_KNOWN.__contains__, keys)):  # every line in the plain `series value` form
+    _check_caps(totals)
+    if (plan is None and keys and len(keys) <= _PLAN_LINES_MAX
+            and all(map(_KNOWN.__contains__, keys))):  # every line in the plain `series value` form
         try:
             plan = _Plan(keys)
         except KeyError:  # another thread's page just cleared the full cache: plan the next page
@@ -335,6 +378,15 @@ def _scan(text: str) -> tuple[bool, _Totals]:
             _PLANS.clear()
         _PLANS[keys] = plan
     return seen_vllm, totals
+
+
+def _check_caps(t: _Totals) -> None:
+    """PageError when a page has more engines, or more series in one family, than any real deployment."""
+    if len(t.engines) > MAX_ENGINES:
+        raise PageError(f"{len(t.engines)} engine label values, over the cap of {MAX_ENGINES}")
+    for name, per in t.raw.items():
+        if len(per) > MAX_SERIES:
+            raise PageError(f"{len(per)} series of {name}, over the cap of {MAX_SERIES}")
 
 
 def _wanted_spans(text: str) -> list[tuple[int, int]]:
@@ -364,32 +416,50 @@ def parse_text(text: str) -> ParsedPage:
     if not seen_vllm:
         raise PageError("no vllm:* metrics on the page (is this a vLLM server?)")
     page = ParsedPage()
+    bad = t.bad_names
     for key, candidates in COUNTERS.items():
-        name = _present(candidates, t.sums)
+        name = _present(candidates, t.sums)  # every sample no reading: absent, as a family of NaN always was
         if name is not None:
             page.counters[key] = t.sums[name]
             page.series[("counter", key)] = t.raw.get(name, {})
+            if name in bad:
+                page.stale.add(key)
     for table, values in ((GAUGES_SUM, t.sums), (GAUGES_MAX, t.maxes)):
         for key, candidates in table.items():
             name = _present(candidates, values)
-            if name is not None:
+            if name is not None and name not in bad:  # one engine's bad gauge: the sum is no reading either
                 page.gauges[key] = values[name]
     for key, candidates in HISTOGRAMS.items():
         name = _present(candidates, t.buckets)
-        if name is not None:
-            _add_histogram(page, key, name, t.buckets[name], t.sums, t.raw)
+        if name is None:
+            continue
+        if len(t.buckets[name]) > MAX_BUCKETS:  # its window would hold every bucket of every scrape
+            page.refused.append(f"histogram {name} has {len(t.buckets[name])} buckets, over the cap of "
+                                f"{MAX_BUCKETS}: its latency columns stay empty")
+            continue
+        _add_histogram(page, key, name, t.buckets[name], t.sums, t.raw)
+        if bad and any(name + part in bad for part in ("_bucket", "_sum", "_count")):
+            page.stale.add(key)
     page.engines = _engine_gauges(t.engines)
+    page.bad_values, page.bad_example = t.bad, t.bad_example
     return page
 
 
-def _engine_loads(per: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
-    """The status' per-engine load, engines in numeric order ("10" after "9")."""
+def _engine_loads(per: dict[str, dict[str, float]]) -> tuple[list[dict[str, Any]], int]:
+    """The status' per-engine load, engines in numeric order ("10" after "9"), each value checked as its column
+    is (`_checked`); and how many were no reading."""
     def order(e: str) -> tuple[int, str]:
-        return (int(e), "") if e.isdigit() else (1 << 30, e)
+        return (int(e[:18]), e) if e.isdigit() else (1 << 63, e)
 
-    return [{"engine": e, "running": _as_int(v.get("running")), "waiting": _as_int(v.get("waiting")),
-             "kv_cache_usage_pct": None if v.get("kv_usage") is None else 100.0 * v["kv_usage"]}
-            for e, v in sorted(per.items(), key=lambda kv: order(kv[0]))]
+    out: list[dict[str, Any]] = []
+    bad = 0
+    for e, v in sorted(per.items(), key=lambda kv: order(kv[0])):
+        row = {"requests_running": v.get("running"), "requests_waiting": v.get("waiting"),
+               "kv_cache_usage_pct": None if v.get("kv_usage") is None else 100.0 * v["kv_usage"]}
+        bad += len(_checked(row))
+        out.append({"engine": e, "running": row["requests_running"], "waiting": row["requests_waiting"],
+                    "kv_cache_usage_pct": row["kv_cache_usage_pct"]})
+    return out, bad
 
 
 def _present(candidates: tuple[str, ...], values: dict[str, Any]) -> str | None:
@@ -472,6 +542,8 @@ class _SeriesCorrection:
         for k, p in prev.items():  # vanished: what it counted stays counted
             gone[k] = p
             fix[k] = p
+        while len(gone) > MAX_GONE:  # labels that change every scrape: forget the oldest (it comes back as new)
+            del gone[next(iter(gone))]
         return fix or None, reset
 
 
@@ -507,6 +579,7 @@ class _CounterWindow:
         self._correction = 0.0  # sum of the values lost at resets so far
         self.last_delta: float | None = None
         self.last_dt: float | None = None
+        self.last_value: float | None = None  # the newest value as given (held on a page where it is no reading)
 
     def add(self, now: float, value: float) -> bool:
         """Record a reading; returns True when the counter went down (the server restarted)."""
@@ -523,6 +596,7 @@ class _CounterWindow:
             self.last_delta = self.last_dt = None
         self._raw = value
         self._points.append((now, value + self._correction))
+        self.last_value = value
         while len(self._points) >= 2 and self._points[1][0] <= now - self.window_s:
             self._points.popleft()
         return reset
@@ -543,11 +617,14 @@ def empty_row() -> dict[str, Any]:
 
 
 class MetricsScraper:
-    """Scrapes one vLLM server. After each call: `outage_started`/`outage_ended` (one event per outage),
-    `reset_series` (the counters that went down on this page: one event per such page), `generation_tokens_total`
-    and `requests_running` (for hang detection), `last_error`."""
+    """Scrapes one vLLM server. After each call: `outage_started`/`outage_ended` (one event per outage episode),
+    `reset_series` (the counters that went down on this page), `generation_tokens_total` and `requests_running`
+    (for hang detection), `last_error`; `events(now)` gives what to record, each trouble once per episode.
 
-    def __init__(self, url: str, window_s: float = 60.0, timeout_s: float = 2.0):
+    An outage ends once the page has been readable for `settle_s`: a page that flaps (500, 200, 500) is one
+    outage and one recovery, with the count of failed scrapes, not an event per scrape."""
+
+    def __init__(self, url: str, window_s: float = 60.0, timeout_s: float = 2.0, settle_s: float = SETTLE_S):
         base = url.rstrip("/")
         if base.endswith("/metrics"):
             base = base[: -len("/metrics")]
@@ -556,11 +633,21 @@ class MetricsScraper:
         self.window_s = window_s
         self.timeout_s = timeout_s
         self.scrape_errors = 0
+        self.bad_values = 0  # values of read pages that were no reading, since this scraper started
         self.last_error: str | None = None
         self.in_outage = False
         self.outage_started = False
         self.outage_ended = False
         self.outage_since: float | None = None
+        self.settle_s = settle_s
+        self._readable_since: float | None = None  # first readable page of an outage not over yet
+        self._outage_failures = 0  # failed scrapes of the open outage episode
+        self._outage_flaps = 0  # times the page came back and failed again within that episode
+        self._reset_ep = Recurring(QUIET_S)
+        self._reset_opened = False  # the last page opened a reset episode: its event is due
+        self._bad_ep = Recurring(QUIET_S)
+        self._refused_ep: dict[str, Recurring] = {}  # per refused part
+        self._notes: list[dict[str, Any]] = []  # events due besides the outage and reset ones
         self.resets = 0  # pages on which counters went down (server restarts behind the same URL), once per page
         self.reset_series: tuple[str, ...] = ()  # what went down on the last page read (empty: no reset)
         self.generation_tokens_total: float | None = None
@@ -571,6 +658,7 @@ class MetricsScraper:
         self._counters: dict[str, _CounterWindow] = {}
         self._hists: dict[str, SlidingHistogram] = {}
         self._last_ok_t: float | None = None
+        self._stale: set[str] = set()  # counters and histograms the page being read adds nothing to
         self._init_corrections()
 
     def _init_corrections(self) -> None:
@@ -634,18 +722,18 @@ class MetricsScraper:
             return f"cannot read {self.url}: {exc}"
 
     async def fetch_version(self, session: aiohttp.ClientSession) -> str | None:
-        """vLLM's version from GET /version, or None when it cannot be read."""
+        """vLLM's version from GET /version, or None when it cannot be read (or is not one: agent/health.py)."""
         try:
             async with session.get(
                 self.base_url + "/version", timeout=aiohttp.ClientTimeout(total=self.timeout_s)
             ) as resp:
                 if resp.status != 200:
                     return None
-                data = await resp.json(content_type=None)
+                body = await read_capped(resp)
+            data = None if body is None else json.loads(body)
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
             return None
-        version = data.get("version") if isinstance(data, dict) else None
-        return version if isinstance(version, str) and version else None
+        return version_of(data)
 
     # ------------------------------------------------------------------------------------------ rows
 
@@ -658,6 +746,13 @@ class MetricsScraper:
         if not self.in_outage:
             self.in_outage = True
             self.outage_since = now
+            self._outage_failures = self._outage_flaps = 0
+        elif self._readable_since is not None:  # back for a while, failing again: the same episode
+            self._outage_flaps += 1
+        self._readable_since = None
+        self._outage_failures += 1
+        self._close_episodes(now)
+        self._reset_opened = False
         self.requests_running = None
         self.reset_series = ()
         self.engines = []
@@ -675,11 +770,54 @@ class MetricsScraper:
         return self._accept(page, now)
 
     def _accept(self, page: ParsedPage, now: float) -> dict[str, Any]:
-        self.outage_ended = self.in_outage
-        self.outage_started = False
-        self.in_outage = False
+        self.outage_started = self.outage_ended = False
+        if self.in_outage:
+            if self._readable_since is None:
+                self._readable_since = now
+            if now - self._readable_since >= self.settle_s:  # readable long enough: the episode is over
+                self.in_outage = False
+                self.outage_ended = True
         self.last_error = None
+        self._close_episodes(now)
+        for what in page.refused:
+            ep = self._refused_ep.setdefault(what.split(" has ")[0], Recurring(QUIET_S))
+            if ep.hit(now):
+                self._notes.append({"kind": EventKind.SCRAPE_OVER_LIMIT, "severity": "warning",
+                                    "message": f"vLLM page at {self.url}: {what} (docs/sampling.md, Caps)",
+                                    "details": {"url": self.url, "refused": what}})
         return self._row(page, now)
+
+    def _close_episodes(self, now: float) -> None:
+        """The closing event of each repeated trouble whose episode just ended (nothing for a single one)."""
+        done = self._reset_ep.close(now)
+        if done is not None:
+            self._notes.append({"kind": EventKind.SCRAPE_COUNTER_RESET, "severity": "warning",
+                                "message": f"vLLM counters went down on {done.times} pages in {done.span_s:g} s at "
+                                           f"{self.url}: a proxy alternating between backends, or a server "
+                                           "restarting over and over; one event for the episode",
+                                "details": {"url": self.url, "pages": done.times, "resets": self.resets,
+                                            "span_s": done.span_s}})
+        done = self._bad_ep.close(now)
+        if done is not None:
+            self._notes.append(self._bad_event(f"{done.items} values on {done.times} pages in {done.span_s:g} s "
+                                               "were no reading", {"pages": done.times, "values": done.items,
+                                                                    "span_s": done.span_s}))
+        for ep in self._refused_ep.values():
+            ep.close(now)  # a refusal is told once per episode; its repeats need no second event
+
+    def _bad_event(self, what: str, details: dict[str, Any]) -> dict[str, Any]:
+        return {"kind": EventKind.SCRAPE_BAD_VALUE, "severity": "warning",
+                "message": f"vLLM page at {self.url}: {what} (not finite, or outside their column's range); "
+                           f"stored as no reading, {self.bad_values} in all",
+                "details": {"url": self.url, "bad_values": self.bad_values, **details}}
+
+    def events(self, now: float) -> list[dict[str, Any]]:
+        """What the last call gave to record: outage or recovery, counter reset, bad values, refused parts, and
+        the closing count of an episode that repeated; each trouble once per episode."""
+        out = [ev for ev in (self.outage_event(now), self.reset_event()) if ev is not None]
+        out += self._notes
+        self._notes = []
+        return out
 
     def outage_event(self, now: float | None = None) -> dict[str, Any] | None:
         """An event dict (kind, severity, message, details) when the last call began or ended an outage."""
@@ -688,16 +826,22 @@ class MetricsScraper:
                     "message": f"vLLM metrics unreadable: {self.last_error}",
                     "details": {"url": self.url, "error": self.last_error}}
         if self.outage_ended:
-            lasted = None if now is None or self.outage_since is None else round(now - self.outage_since, 1)
+            end = self._readable_since if self._readable_since is not None else now
+            lasted = None if end is None or self.outage_since is None else round(end - self.outage_since, 1)
             msg = "vLLM metrics readable again" + (f" after {lasted:g} s" if lasted is not None else "")
+            if self._outage_flaps:
+                msg += (f"; the page flapped: {self._outage_failures} failed scrapes, back and failing again "
+                        f"{self._outage_flaps} times")
             return {"kind": EventKind.SCRAPE_RECOVERED, "severity": "info", "message": msg,
-                    "details": {"url": self.url, "outage_s": lasted}}
+                    "details": {"url": self.url, "outage_s": lasted, "failed_scrapes": self._outage_failures,
+                                "flaps": self._outage_flaps}}
         return None
 
     def reset_event(self) -> dict[str, Any] | None:
-        """An event dict when the last page showed a counter reset: one per page, however many series went down
-        (a restart resets every series at once), so the event log says "restarted" once, not thirteen times."""
-        if not self.reset_series:
+        """An event dict when the last page showed a counter reset and opened an episode: one per page, however
+        many series went down (a restart resets every series at once), and none for the repeats of an episode
+        (a proxy alternating between backends): those are counted in the episode's closing event."""
+        if not self.reset_series or not self._reset_opened:
             return None
         n = len(self.reset_series)
         return {"kind": EventKind.SCRAPE_COUNTER_RESET, "severity": "warning",
@@ -772,39 +916,79 @@ class MetricsScraper:
         row["scrape_ok"] = 1
         row["scrape_errors"] = self.scrape_errors
         counters, hists, went_down = self._corrected(page)
+        self._stale = page.stale
+        if page.stale:
+            counters, hists = self._held(page.stale, counters, hists)
         self.totals = (page, counters, hists)
         self._add_counters(counters, now, went_down)
         row["requests_per_s"] = self._rate("requests")
         row["prompt_tokens_per_s"] = self._rate("prompt_tokens")
         row["generation_tokens_per_s"] = self._rate("generation_tokens")
-        row["requests_finished"] = _as_int(self._delta("requests"))
-        row["prompt_tokens"] = _as_int(self._delta("prompt_tokens"))
-        row["generation_tokens"] = _as_int(self._delta("generation_tokens"))
-        row["preemptions"] = _as_int(self._delta("preemptions"))
+        row["requests_finished"] = self._delta("requests")  # INTEGER columns: made ints by _checked
+        row["prompt_tokens"] = self._delta("prompt_tokens")
+        row["generation_tokens"] = self._delta("generation_tokens")
+        row["preemptions"] = self._delta("preemptions")
         row["prefix_cache_hit_pct"] = self._ratio_pct("prefix_hits", "prefix_queries")
         row["spec_decode_acceptance_pct"] = self._ratio_pct("spec_accepted", "spec_drafted")
-        running = page.gauges.get("running")
-        row["requests_running"] = _as_int(running)
-        row["requests_waiting"] = _as_int(page.gauges.get("waiting"))
+        row["requests_running"] = page.gauges.get("running")
+        row["requests_waiting"] = page.gauges.get("waiting")
         kv = page.gauges.get("kv_usage")
         row["kv_cache_usage_pct"] = None if kv is None else 100.0 * kv
-        self.engines = _engine_loads(page.engines)
+        self.engines, bad_engines = _engine_loads(page.engines)
 
         self._add_histograms(hists, now, went_down)
         # One restart shows on every series at once: count the page, not the series.
         self.reset_series = tuple(went_down)
+        self._reset_opened = False
         if went_down:
             self.resets += 1
+            self._reset_opened = self._reset_ep.hit(now)
         self._latency_columns(row)
+        bad_columns = _checked(row)
+        self._count_bad(page, bad_columns, bad_engines, now)
         self.generation_tokens_total = page.counters.get("generation_tokens")
-        self.requests_running = _as_int(running)
+        self.requests_running = row["requests_running"]
         self._last_ok_t = now
         return row
+
+    def _count_bad(self, page: ParsedPage, columns: list[str], engines: int, now: float) -> None:
+        """Bad values of this page (samples, row columns, per-engine loads): counted, and told once per episode."""
+        n = page.bad_values + len(columns) + engines
+        if not n:
+            return
+        self.bad_values += n
+        if self._bad_ep.hit(now, n):
+            what = [f"sample {page.bad_example}"] if page.bad_values else []
+            what += [f"column {c}" for c in columns[:3]] + ([f"{engines} per-engine values"] if engines else [])
+            self._notes.append(self._bad_event(f"{n} values were no reading ({', '.join(what)})",
+                                               {"values": n, "example": page.bad_example or None,
+                                                "columns": columns}))
+
+    def _held(self, stale: set[str], counters: dict[str, float], hists: dict[str, HistogramSnapshot]
+              ) -> tuple[dict[str, float], dict[str, HistogramSnapshot]]:
+        """A counter or histogram with a bad sample on this page holds its last value: no increase is made up
+        (an engine's series left out of the sum would look like a drop, then a jump), and the window stays."""
+        counters, hists = dict(counters), dict(hists)
+        for key in stale:
+            cw, sh = self._counters.get(key), self._hists.get(key)
+            if key in counters:
+                if cw is not None and cw.last_value is not None:
+                    counters[key] = cw.last_value
+                else:
+                    del counters[key]
+            if key in hists:
+                if sh is not None and sh.last is not None:
+                    hists[key] = sh.last
+                else:
+                    del hists[key]
+        return counters, hists
 
     def _add_counters(self, counters: dict[str, float], now: float, went_down: list[str]) -> None:
         # A series that appears on a page we read before started from zero since then (vLLM creates some
         # label sets lazily); on the first page there is no baseline at all.
         for key, value in counters.items():
+            if key in self._stale:
+                continue  # held at its last value: nothing to add
             cw = self._counters.get(key)
             if cw is None:
                 cw = self._counters[key] = _CounterWindow(self.window_s, corrected=True)
@@ -817,6 +1001,8 @@ class MetricsScraper:
 
     def _add_histograms(self, hists: dict[str, HistogramSnapshot], now: float, went_down: list[str]) -> None:
         for key, snap in hists.items():
+            if key in self._stale:
+                continue
             sh = self._hists.get(key)
             if sh is None:
                 sh = self._hists[key] = SlidingHistogram(self.window_s, corrected=True)
@@ -837,11 +1023,11 @@ class MetricsScraper:
             row[f"{series}_mean_ms"] = None if mean is None else mean * 1000.0
 
     def _delta(self, key: str) -> float | None:
-        cw = self._counters.get(key)
+        cw = None if key in self._stale else self._counters.get(key)
         return None if cw is None else cw.last_delta
 
     def _rate(self, key: str) -> float | None:
-        cw = self._counters.get(key)
+        cw = None if key in self._stale else self._counters.get(key)
         return None if cw is None else cw.rate()
 
     def _ratio_pct(self, num: str, den: str) -> float | None:
@@ -855,4 +1041,30 @@ class MetricsScraper:
 
 
 def _as_int(v: float | None) -> int | None:
-    return None if v is None else int(round(v))
+    """A count as the store keeps it (INTEGER: int64); None for no reading, a non-finite or out-of-range one."""
+    if v is None or not 0.0 <= v < _HUGE:  # NaN fails the comparison too
+        return None
+    return int(round(v))
+
+
+_OURS = frozenset(("run_id", "scrape_ok", "scrape_errors"))  # the agent's own columns, not the page's
+_INT_COLUMNS = frozenset(n for n, typ, _ in SERVING_METRICS if typ == "INTEGER")
+
+
+def _checked(row: dict[str, Any]) -> list[str]:
+    """Make a row's page values fit their columns (contract/columns.py): an INTEGER one a count in int64, a
+    REAL one finite, a percentage 0-100; any other becomes NULL. Returns the columns that did not fit."""
+    bad: list[str] = []
+    for col, v in row.items():
+        if v is None or col in _OURS:
+            continue
+        if col in _INT_COLUMNS:
+            row[col] = _as_int(v)
+            ok = row[col] is not None
+        else:
+            ok = math.isfinite(v) and (not col.endswith("_pct") or 0.0 <= v <= 100.0)
+            if not ok:
+                row[col] = None
+        if not ok:
+            bad.append(col)
+    return bad

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from lynxtop.agent import check, launcher, procs
 from lynxtop.agent.backoff import FailureWindow
 from lynxtop.agent.control import ActionError
-from lynxtop.agent.health import Health, HealthProbe, HttpClient, Verdict
+from lynxtop.agent.health import Health, HealthProbe, HttpClient, Verdict, version_of
 from lynxtop.agent.launcher import ExitInfo, ServerProcess
 from lynxtop.agent.run import Run, now_ms
 from lynxtop.agent.startup import PhaseTracker, tail_lines
@@ -642,9 +642,8 @@ class Supervisor:
         ready_ms = proc.record.ready_ms if was_ready else now_ms()
         assert ready_ms is not None
         run.ready_ms = ready_ms
-        _, body = await self.http.get(url + "/version")
-        if isinstance(body, dict) and isinstance(body.get("version"), str):
-            run.vllm_version = body["version"]
+        _, body = await self.http.get(url + "/version")  # capped in size (agent/health.py)
+        run.vllm_version = version_of(body) or run.vllm_version
         if was_ready:
             self._save_record()  # with the segments seen now
             self._set_state(S.READY, f"adopted run {run.run_id} answers GET /health 200")

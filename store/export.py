@@ -49,11 +49,12 @@ def _field(col: str, typ: str, raw: bool = False, expr: str | None = None) -> st
     """SQL for one field: text quoted when it holds a comma, quote or newline (printf's %s makes NULL empty).
 
     Unless `raw`, a text cell starting like a formula gets a leading ' (spreadsheets then show it as text);
-    INTEGER/REAL columns are written as they are, so numbers, negative ones too, stay numbers.
+    INTEGER/REAL columns are written as they are, so numbers, negative ones too, stay numbers; an infinite one
+    (stored by an older agent) is an empty cell, no reading, as NULL is: "Inf" is no number to a spreadsheet.
     """
     col = expr or col
     if typ != "TEXT":
-        return col
+        return f"CASE WHEN abs({col}) >= 9e999 THEN NULL ELSE {col} END"  # 9e999: SQLite's +Inf
     val = col if raw else f"(CASE WHEN substr({col}, 1, 1) IN ({_FORMULA_START}) THEN '''' || {col} ELSE {col} END)"
     return (f"CASE WHEN {col} GLOB '*[,\"'||char(10)||char(13)||']*' "
             f"THEN '\"'||replace({val}, '\"', '\"\"')||'\"' ELSE {val} END")

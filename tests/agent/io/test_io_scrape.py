@@ -288,10 +288,10 @@ def test_a_restart_is_one_reset_and_one_event_per_page():
     assert s.reset_event() is None and s.resets == 1
     s.failed(4.0, "connection refused")
     assert s.reset_event() is None
-    again = VllmPage(engines=2)  # restarted once more; only the token counter had moved
+    again = VllmPage(engines=2)  # restarted once more, a while later; only the token counter had moved
     for e in (0, 1):
         again.tpot.labels(*again.lab(e))
-    s.parse_page(again.text(), now=5.0)
+    s.parse_page(again.text(), now=5.0 + scrape_mod.QUIET_S)  # sooner is the same episode: test_pathological_peer.py
     assert s.resets == 2
     ev = s.reset_event()
     assert ev is not None and ev["details"]["series"] == ["generation_tokens"]
@@ -331,7 +331,9 @@ def test_malformed_page_gives_null_row_and_one_outage(text, why):
     assert s.outage_event(2.0) is None and s.scrape_errors == 2
     back = s.parse_page(VllmPage().text(), now=5.0)
     assert back["scrape_ok"] == 1 and back["scrape_errors"] == 2  # cumulative since the agent started
-    ev = s.outage_event(5.0)
+    assert s.outage_event(5.0) is None  # readable again, not yet for SETTLE_S: a flapping page is one episode
+    s.parse_page(VllmPage().text(), now=5.0 + scrape_mod.SETTLE_S)
+    ev = s.outage_event(5.0 + scrape_mod.SETTLE_S)
     assert ev["kind"] == "scrape.recovered" and ev["details"]["outage_s"] == pytest.approx(4.0)
 
 
@@ -391,7 +393,7 @@ async def vllm_http():
 
 async def test_scrape_over_http_and_failures(vllm_http):
     url, page, state = vllm_http
-    s = MetricsScraper(url, timeout_s=0.3)
+    s = MetricsScraper(url, timeout_s=0.3, settle_s=0.0)  # an outage ends at the first page read
     async with aiohttp.ClientSession() as session:
         assert await s.fetch_version(session) == "0.31.0"
         row = await s.scrape(session, now=0.0)
