@@ -279,6 +279,25 @@ def owned_flag_use(token: str) -> str | None:
     return _prefix_use(token, name, candidates)
 
 
+# vLLM flags whose value is a secret, and the variable vLLM reads it from instead: in argv it would be in every
+# `ps`, in the runs' argv and in the API (the env is masked: contract/redact.py).
+SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
+
+
+def secret_flag_use(token: str) -> str | None:
+    """Why `token` (one extra_args item) would put a secret in vLLM's argv, or None; the token is not quoted when it
+    carries the value (`--api-key=...`)."""
+    if not token.startswith("--"):
+        return None
+    name = "--" + token.split("=", 1)[0][2:].split(".", 1)[0].replace("_", "-")
+    hits = [f for f in SECRET_FLAGS if f.startswith(name) and len(name) > len("--") + 2]
+    if not hits:
+        return None
+    return (f"{name} (vLLM reads it as {hits[0]}) would put a secret in vLLM's command line, which every user "
+            f"sees in ps and lynxtop serves and stores; set {SECRET_FLAGS[hits[0]]} in env, env_file or "
+            "env_credentials instead (its value is masked)")
+
+
 def _attached_value(token: str, name: str, candidates: list[str]) -> str | None:
     """`-qfp8` is `-q fp8`: a one-letter owned option with its value attached."""
     attached = [f for f in candidates if len(f) == 2 and name.startswith(f) and name != f]
@@ -469,6 +488,9 @@ def _extra_args(key: str, v: Any) -> tuple[str, ...]:
         why = owned_flag_use(a)
         if why:
             raise _Bad(f"{why}; use the typed key instead of extra_args")
+        why = secret_flag_use(a)
+        if why:
+            raise _Bad(why)
     return tuple(v)
 
 

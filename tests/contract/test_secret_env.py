@@ -186,3 +186,15 @@ def test_config_check_masks_secrets_and_refuses_a_bad_env_file_like_the_agent(tm
                            capture_output=True, text=True, timeout=60, check=False)
         assert r.returncode == 2 and "Traceback" not in r.stderr
         assert f"lynxtop: config error: {path}: profile[0] (p).env_file: {env_file}: has mode 0644" in r.stderr
+
+
+@pytest.mark.parametrize("arg", ["--api-key", f"--api-key={KEY}", f"--api_key={KEY}", "--api-k", "--hf-token",
+                                 f"--hf_token={TOKEN}"])
+def test_a_secret_flag_in_extra_args_is_refused_for_its_variable(arg):
+    with pytest.raises(ConfigError) as exc:
+        parse_config(_profile(extra_args=json.dumps([arg, "x"])))
+    (problem,) = exc.value.problems
+    var = "VLLM_API_KEY" if "api" in arg else "HF_TOKEN"
+    assert problem.startswith("<config>: profile[0] (p).extra_args: --") and f"set {var} in env" in problem
+    assert TOKEN not in problem and KEY not in problem
+    parse_config(_profile(extra_args='["--api-server-count", "2"]'))  # another flag of the same start is fine
