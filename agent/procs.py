@@ -8,6 +8,7 @@ the run's token in its environment (it escaped the group with setsid but inherit
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -262,3 +263,121 @@ def runs_started_in(cwd: str, exclude: Iterable[int] = ()) -> list[int]:
         if any(e.startswith(marker) for e in env):
             found.append(pid)
     return sorted(found)
+
+
+# ---------------------------------------------------------------------------------------------- listening sockets
+
+_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's st column
+
+
+def _addr(hexaddr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """/proc/net/tcp{,6}'s local address: 32-bit words in host (little-endian) order."""
+    raw = bytes.fromhex(hexaddr)
+    return ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+
+
+def listeners(port: int) -> dict[int, str] | None:
+    """Listening TCP sockets on `port` (any address) of this network namespace: socket inode -> "addr:port".
+
+    None when neither /proc/net/tcp nor /proc/net/tcp6 can be read (nothing can be said either way)."""
+    found: dict[int, str] = {}
+    read_any = False
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/net/{name}", encoding="ascii") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        read_any = True
+        for line in lines:
+            parts = line.split()
+            if len(parts) < 10 or parts[3] != _LISTEN:
+                continue
+            addr, _, hexport = parts[1].partition(":")
+            try:
+                if int(hexport, 16) != port:
+                    continue
+                ip = _addr(addr)
+                found[int(parts[9])] = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+            except ValueError:
+                continue
+    return found if read_any else None
+
+
+def conflicts(host: str, bound: str) -> bool:
+    """Whether a listener on `bound` ("addr:port") keeps a server from binding `host` on the same port.
+
+    Only two different specific addresses leave each other alone; a wildcard, or a host name, is taken to
+    collide with everything (a name may resolve to any address of the node)."""
+    mine = host.strip("[]")
+    other = bound.rpartition(":")[0].strip("[]")
+    try:
+        a, b = ipaddress.ip_address(mine or "0.0.0.0"), ipaddress.ip_address(other)
+    except ValueError:
+        return True
+    if a.is_unspecified or b.is_unspecified:
+        return True
+    if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped:
+        a = a.ipv4_mapped
+    if isinstance(b, ipaddress.IPv6Address) and b.ipv4_mapped:
+        b = b.ipv4_mapped
+    return a == b
+
+
+def socket_owners(inodes: Iterable[int], pids: Iterable[int] | None = None) -> list[int]:
+    """The processes (among `pids`, or every one) holding a descriptor on one of the socket `inodes`."""
+    wanted = {f"socket:[{i}]" for i in inodes}
+    if not wanted:
+        return []
+    owners = []
+    for pid in all_pids() if pids is None else pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # gone, or another user's (the agent runs as root on a node: it sees them all)
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                    owners.append(pid)
+                    break
+            except OSError:
+                continue
+    return sorted(owners)
+
+
+@dataclass(frozen=True)
+class PortHolder:
+    """A listening socket in the way of a server's host:port, and who holds it (pids empty: not visible)."""
+
+    address: str
+    pids: tuple[int, ...]
+
+    def describe(self) -> str:
+        if not self.pids:
+            return f"{self.address} (held by a process this agent cannot see)"
+        return f"{self.address} held by " + ", ".join(f"pid {p} ({title(p)[:80] or '?'})" for p in self.pids)
+
+
+def port_holders(host: str, port: int) -> list[PortHolder]:
+    """Who listens where a server on `host`:`port` would have to bind (empty: the port is free)."""
+    if not port:
+        return []  # port 0: the server picks one itself
+    socks = listeners(port) or {}
+    out = []
+    for inode, bound in sorted(socks.items()):
+        if conflicts(host, bound):
+            out.append(PortHolder(bound, tuple(socket_owners([inode]))))
+    return out
+
+
+def listener_is_ours(port: int, members: Iterable[int]) -> tuple[bool | None, list[PortHolder]]:
+    """Whether a process of the run (`members`) holds a socket listening on `port`.
+
+    (True, []): yes. (False, holders): no, and who holds the listeners there. (None, []): nothing can be
+    said (/proc/net unreadable), so the caller goes by the answer alone."""
+    socks = listeners(port)
+    if socks is None:
+        return None, []
+    if socket_owners(socks, members):
+        return True, []
+    return False, [PortHolder(bound, tuple(socket_owners([inode]))) for inode, bound in sorted(socks.items())]

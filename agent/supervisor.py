@@ -134,6 +134,13 @@ def _files_text(res: launcher.StopResult) -> str:
     return text
 
 
+def _port_taken(prof: Profile, holders: list[procs.PortHolder]) -> str:
+    """Why `prof` cannot start while `holders` listen where it would bind."""
+    return (f"port {prof.port} is already in use: {'; '.join(h.describe() for h in holders)}; a second server "
+            f"there would fail to bind while the one answering /health is not this agent's (ps -fp PID; stop it, "
+            f"or give profile {prof.name} another port)")
+
+
 def _with_address_of(prof: Profile, argv: list[str]) -> Profile:
     """`prof` with the host and port the recorded argv really used (the config may have changed since)."""
     changes: dict[str, Any] = {}
@@ -194,6 +201,7 @@ class Supervisor:
         self._lifecycle: asyncio.Task | None = None
         self._retry_task: asyncio.Task | None = None
         self._closing = False
+        self._record_unsaved = False  # the last write of the state file failed: retried while the run lives
 
     # ------------------------------------------------------------------------------------- the current run
 
@@ -376,6 +384,10 @@ class Supervisor:
             raise ActionError("strays", f"processes of an earlier run are still alive (pids {strays}) and could not "
                                         "be adopted; check them (ps -fp PID) and stop them before starting serving",
                               409, details={"pids": strays})
+        taken = await asyncio.to_thread(procs.port_holders, prof.host, prof.port)
+        if taken:  # an orphan of a lost state dir, say: refused here, with its pid, not found out at readiness
+            raise ActionError("port_in_use", _port_taken(prof, taken), 409,
+                              details={"pids": sorted({p for h in taken for p in h.pids}), "port": prof.port})
         self._begin("start", by, prof.name)
         self._event(EventKind.ACTION_START, Severity.INFO, f"start of profile {prof.name} requested by {by}", by=by)
         self._run_action(self._do_start(prof, f"started by {by}", reset_failures=True))
@@ -522,6 +534,15 @@ class Supervisor:
         if self.cluster is not None and prof.uses_ray and "RAY_ADDRESS" not in prof.env:
             # the cluster this agent runs, by name: ray.init("auto") takes whichever Ray started last on the host
             spawned = dataclasses.replace(prof, env={**prof.env, "RAY_ADDRESS": self.cluster.address})
+        taken = await asyncio.to_thread(procs.port_holders, prof.host, prof.port)
+        if taken:  # every start (restart, switch, retry) checks the port once the previous run is gone
+            self.profile, self.profile_name = prof, prof.name
+            why = _port_taken(prof, taken)
+            self._set_state(S.STOPPED, why)
+            self._event(EventKind.SERVING_PORT_IN_USE, Severity.ERROR, f"could not start profile {prof.name}: {why}",
+                        pids=sorted({p for h in taken for p in h.pids}), port=prof.port)
+            self._resolve_outcome(False)
+            return False
         try:
             run = Run.launch(spawned, self.cfg.agent.run_log_dir)
         except OSError as exc:
@@ -559,8 +580,20 @@ class Supervisor:
         try:
             launcher.write_record(self.state_path, self.proc.record)
         except OSError as exc:
-            self._event(EventKind.AGENT_STATE_FILE, Severity.WARNING, f"cannot write {self.state_path}: {exc}; "
-                        "a restarted agent will not be able to adopt this run")
+            if not self._record_unsaved:  # retried until written (a full disk): one event per episode
+                self._event(EventKind.AGENT_STATE_FILE, Severity.WARNING, f"cannot write {self.state_path}: {exc}; "
+                            "a restarted agent will not be able to adopt this run; retrying until it is written")
+            self._record_unsaved = True
+            return
+        if self._record_unsaved:
+            self._record_unsaved = False
+            self._event(EventKind.AGENT_STATE_FILE, Severity.INFO, f"{self.state_path} written again: a restarted "
+                        "agent can adopt this run")
+
+    def _resave_record(self) -> None:
+        """The state file a failed write left stale or missing, written again once the disk takes it."""
+        if self._record_unsaved:
+            self._save_record()
 
     async def _run_lifecycle(self, run: Run, prof: Profile) -> None:
         proc = run.proc
@@ -582,13 +615,24 @@ class Supervisor:
         url = server_url(prof)
         probe = HealthProbe(self.http, url, self.health_fail_threshold)
         exit_wait = asyncio.ensure_future(proc.wait())
+        told = False
         try:
             while not proc.exited:
                 self._poll_phases()
                 self._check_log()
+                self._resave_record()
                 if await probe.ok() and not proc.exited:
-                    await self._on_ready(run, url)
-                    return "ready"
+                    others = await asyncio.to_thread(self._others_listening, proc, prof)
+                    if not others:
+                        await self._on_ready(run, url)
+                        return "ready"
+                    if not told:  # once per run: it may answer for the whole readiness timeout
+                        told = True
+                        self._event(EventKind.SERVING_PORT_IN_USE, Severity.ERROR,
+                                    f"run {run.run_id}: GET /health on {url} answered, but not from this run: "
+                                    f"{'; '.join(h.describe() for h in others)}; not ready until the run's own "
+                                    "server answers", pids=sorted({p for h in others for p in h.pids}),
+                                    port=prof.port)
                 if time.monotonic() >= deadline:
                     await self._readiness_timeout(run, prof)
                     return "timeout"
@@ -598,6 +642,13 @@ class Supervisor:
             return "exited"
         finally:
             exit_wait.cancel()
+
+    @staticmethod
+    def _others_listening(proc: ServerProcess, prof: Profile) -> list[procs.PortHolder]:
+        """Who listens on the profile's port when no process of the run does ([]: the run does, or /proc/net
+        cannot say): a 200 from /health proves the run is ready only if its own process answered it."""
+        ours, holders = procs.listener_is_ours(prof.port, proc.members())
+        return holders if ours is False else []
 
     async def _readiness_timeout(self, run: Run, prof: Profile) -> None:
         why = f"not ready within {prof.readiness_timeout_s:g} s"
@@ -691,6 +742,7 @@ class Supervisor:
                 if proc.exited:
                     break
                 self._check_log()
+                self._resave_record()
                 if stable_at is not None and time.monotonic() >= stable_at:
                     self._stable()
                     stable_at = None

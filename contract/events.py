@@ -55,6 +55,7 @@ class EventKind(StrEnum):
     SERVING_NOT_ADOPTED = "serving.not_adopted"
     SERVING_ADOPTED_UNKNOWN_PROFILE = "serving.adopted_unknown_profile"
     SERVING_ADOPTED_PROFILE_CHANGED = "serving.adopted_profile_changed"
+    SERVING_PORT_IN_USE = "serving.port_in_use"  # another process listens on the profile's port: no start, not ready
     SERVING_GPU_RELEASE_TIMEOUT = "serving.gpu_release_timeout"
     SERVING_GPU_RELEASE_UNKNOWN = "serving.gpu_release_unknown"
     SERVING_LOG_UNWRITABLE = "serving.log_unwritable"
