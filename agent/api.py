@@ -239,6 +239,9 @@ class ApiServer:
                                      json_refusal=True, log=self.log, episodes=episodes)
         self._runner: web.AppRunner | None = None
         self._inode: int | None = None
+        self._ident: tuple[int, int] | None = None  # (device, inode) of the socket file this agent listens on
+        self._site: GuardedSite | None = None
+        self._told: tuple[int, int] | None = None  # a file in the socket's place already reported as not ours
         self.app = self._make_app()
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -270,8 +273,10 @@ class ApiServer:
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
                                      **handler_args(self.request_timeout_s))
         await self._runner.setup()
-        await GuardedSite(self._runner, self.guard, sock=sock).start()
-        self._inode = path.stat().st_ino
+        self._site = GuardedSite(self._runner, self.guard, sock=sock)
+        await self._site.start()
+        st = path.stat()
+        self._inode, self._ident = st.st_ino, (st.st_dev, st.st_ino)
         mode = stat.S_IMODE(path.stat().st_mode)
         who = f"group {self.group!r}" if gid is not None else f"root and uid {self.agent_uid} only (group " \
             f"{self.group!r} does not exist)"
@@ -286,6 +291,39 @@ class ApiServer:
             if self._inode is not None and self.socket_path.stat().st_ino == self._inode:
                 self.socket_path.unlink()
         self._inode = None
+
+    def check_socket(self) -> tuple[bool, str] | None:
+        """Re-create the control socket when its path no longer names it (a tmpfiles clean of /run, an `rm`).
+
+        Returns (re-created, what happened) for the caller's event, None while the path is this agent's (or a
+        file in its place was already reported). A live socket of someone else, or a file that is not a
+        socket, is left alone and reported once. Connections already accepted go on.
+        """
+        if self._site is None or self._ident is None:
+            return None
+        path = self.socket_path
+        try:
+            st: os.stat_result | None = path.lstat()
+        except FileNotFoundError:
+            st = None
+        except OSError:
+            return None
+        ident = (st.st_dev, st.st_ino) if st is not None else None
+        if ident == self._ident or (ident is not None and ident == self._told):
+            return None
+        what = f"control socket {path} " + ("was removed" if st is None else "was replaced by another file")
+        try:
+            if st is not None:
+                self._clear_stale(path)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+            sock = self._bind(path, group_gid(self.group))
+        except (ApiStartError, OSError) as exc:
+            self._told = ident
+            return False, f"{what}; not re-created: {exc}"
+        self._site.replace_socket(sock)
+        st = path.stat()
+        self._inode, self._ident, self._told = st.st_ino, (st.st_dev, st.st_ino), None
+        return True, f"{what}; re-created it (mode {stat.S_IMODE(st.st_mode):o}): `lynxtop` reaches the agent again"
 
     def _clear_stale(self, path: Path) -> None:
         try:

@@ -412,6 +412,19 @@ class GuardedSite(web.BaseSite):
             loop.add_reader(s.fileno(), self._accept, s)
         self.guard.start()
 
+    def replace_socket(self, sock: socket.socket) -> None:
+        """Accept on `sock` from now on, closing the old listener (a control socket re-created after its path was
+        removed); connections already accepted go on."""
+        loop = asyncio.get_running_loop()
+        for s in self._socks:
+            with contextlib.suppress(Exception):
+                loop.remove_reader(s.fileno())
+            s.close()
+        self._socks = [sock]
+        sock.setblocking(False)
+        sock.listen(LISTEN_QUEUE)
+        loop.add_reader(sock.fileno(), self._accept, sock)
+
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
         for s in self._socks:

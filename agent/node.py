@@ -68,6 +68,7 @@ GC_YOUNG_THRESHOLD = 20_000
 STATE_FILE = "serving.json"
 LOCK_FILE = "agent.lock"
 MAX_LOG_LINES = 5000
+SOCKET_CHECK_S = 5.0  # how often the control socket's path is checked (a tmpfiles clean of /run removes it)
 
 
 class AgentStartError(Exception):
@@ -140,6 +141,7 @@ class Node:
         self._reader_lock = threading.Lock()
         self._cfg_mtime: float | None = None
         self._lock_fd: int | None = None
+        self._socket_check_at = 0.0  # monotonic time of the next look at the control socket's path
         self.writer: Any = None
         self.sla: Any = None
         self.supervisor: Supervisor | None = None
@@ -463,6 +465,9 @@ class Node:
                 next_t += behind * self.interval
             next_t += self.interval
             self.episodes.poll()
+            if now >= self._socket_check_at:
+                self._socket_check_at = now + SOCKET_CHECK_S
+                self._check_socket()
             if running is not None and not running.done():
                 self.missed_ticks += 1
                 continue
@@ -486,6 +491,23 @@ class Node:
             error = exc
         if error is not None:
             self._tick_failed(error)
+
+    def _check_socket(self) -> None:
+        """The control socket removed or replaced under the agent is bound again; either way an event."""
+        if self.api is None:
+            return
+        try:
+            found = self.api.check_socket()
+        except Exception as exc:  # noqa: BLE001 - a failed look must not stop the clock
+            self.episodes.hit("socket", f"cannot check the control socket: {type(exc).__name__}: {exc}")
+            return
+        if found is None:
+            return
+        rebound, msg = found
+        (log.warning if rebound else log.error)("%s", msg)
+        self._record([Event(EventKind.AGENT_SOCKET_RECREATED if rebound else EventKind.AGENT_SOCKET_LOST,
+                            Severity.WARNING if rebound else Severity.ERROR, msg,
+                            details={"socket": str(self.cfg.agent.socket)})])
 
     def _check_clock(self) -> None:
         """A stepped wall clock becomes an event and a status field; the samples' timeline goes on unmoved."""

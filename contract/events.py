@@ -26,6 +26,8 @@ class EventKind(StrEnum):
     AGENT_AUTOSTART_HELD = "agent.autostart_held"
     AGENT_AUTOSTART_FAILED = "agent.autostart_failed"
     AGENT_STATE_FILE = "agent.state_file"
+    AGENT_SOCKET_RECREATED = "agent.socket_recreated"  # the control socket's path was removed or replaced: bound again
+    AGENT_SOCKET_LOST = "agent.socket_lost"  # ... and could not be bound again (a file or another agent is there)
     AGENT_CLOCK_STEP = "agent.clock_step"  # the wall clock was stepped; the samples' timeline was not
     # operator actions
     ACTION_START = "action.start"

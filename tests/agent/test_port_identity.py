@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -201,4 +202,62 @@ async def test_second_agent_with_a_symlink_to_the_live_database_is_refused(tmp_p
     assert f"locked by pid {a.proc.pid}" in out and f"reached through {other / 'lynxtop.db'}" in out, out
     assert "Traceback" not in out, out
     assert (await a.status())["agent"]["healthy"]  # the first agent is untouched
+    a.stop()
+
+
+async def events_of(agent: Agent, kind: str) -> list[dict]:
+    evs = (await agent.api("GET", "/v1/events?since=0&limit=1000"))[1].get("events", [])
+    return [e for e in evs if e["kind"] == kind]
+
+
+def answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX) as c:
+        try:
+            c.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+async def wait_socket(path: Path, what: str) -> None:
+    """Until something listens on `path` again: the agent's maintenance pass re-created its socket."""
+    for _ in range(300):
+        if answers(path):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{path} not re-created: {what}")
+
+
+async def test_control_socket_removed_or_replaced_is_bound_again(tmp_path, cleanup):
+    cfg = e2e_config(tmp_path, autostart=False)
+    a = Agent(tmp_path, cfg)
+    cleanup.append(a)
+    await a.wait_notify("READY=1")
+    sock = Path(a.sock_path)
+    shutil.rmtree(sock.parent)  # a tmpfiles clean of /run: the directory and the socket in it
+    await wait_socket(sock, "after the directory was removed")
+    assert (await a.status())["agent"]["pid"] == a.proc.pid  # `lynxtop` reaches the agent again
+    sock.unlink()
+    dead = socket.socket(socket.AF_UNIX)  # replaced by a socket nobody listens on any more
+    dead.bind(str(sock))
+    dead.close()
+    assert not answers(sock)
+    await wait_socket(sock, "after it was replaced by a dead socket")
+    assert (await a.status())["agent"]["pid"] == a.proc.pid
+    rebound = await events_of(a, "agent.socket_recreated")
+    assert len(rebound) == 2, rebound
+    assert "was removed" in rebound[0]["message"] and "replaced by another file" in rebound[1]["message"]
+    # a regular file in its place is not ours to remove: reported once, left as it is
+    sock.unlink()
+    sock.write_text("someone's file\n")
+    for _ in range(300):
+        if a.proc.poll() is not None or "not re-created" in a.output():
+            break
+        await asyncio.sleep(0.05)
+    assert "not re-created" in a.output() and "is not a socket" in a.output(), a.output()
+    assert sock.read_text() == "someone's file\n"
+    sock.unlink()  # gone again: re-created, and the agent still answers
+    await wait_socket(sock, "after the file was removed")
+    lost = await events_of(a, "agent.socket_lost")
+    assert len(lost) == 1 and "is not a socket" in lost[0]["message"], lost
     a.stop()
