@@ -170,7 +170,7 @@ class _Totals:
     was first seen (agent/promtext.py), and what it adds to is remembered. Any other line takes that full path.
     """
 
-    __slots__ = ("sums", "maxes", "buckets", "raw", "engines", "bad", "bad_example", "bad_names")
+    __slots__ = ("sums", "maxes", "buckets", "raw", "engines", "bad", "bad_example", "bad_names", "refused")
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
@@ -181,6 +181,7 @@ class _Totals:
         self.bad = 0  # samples that are no reading (NaN, infinite, past 2**63)
         self.bad_example = ""
         self.bad_names: set[str] = set()  # the sample names they had: those sums are no reading on this page
+        self.refused: list[str] = []  # families left out over a cap before they were read
 
     def _no_reading(self, key: SeriesKey, value: float) -> float:
         """Count a sample that is no reading; NaN stands for it from here on (skipped by every sum)."""
@@ -346,8 +347,13 @@ def _scan(text: str) -> tuple[bool, _Totals]:
     if not text.startswith("#"):  # the lines are found by the newline before them: the first one too
         text = "\n" + text
     found: list[str] = []
-    for start, end in _wanted_spans(text):
-        found += _WANTED_LINE.findall(text, start, end)
+    spans = _wanted_spans(text)
+    if text.count("engine") > MAX_ENGINES:  # only then can there be too many: count them before any line is read
+        _check_engines(text, spans)
+    refused: list[str] = []
+    for start, end in spans:
+        lines = _WANTED_LINE.findall(text, start, end)
+        found += _without_wide_histograms(lines, refused) if len(lines) > MAX_BUCKETS else lines
     seen_vllm = "\nvllm:" in text
     split = [line.rpartition(" ") for line in found]
     keys = tuple(map(_FIRST, split))
@@ -364,8 +370,11 @@ def _scan(text: str) -> tuple[bool, _Totals]:
             except ValueError:
                 values = []
             if values and not any(map(math.isnan, values)) and min(values) > -_HUGE and max(values) < _HUGE:
-                return seen_vllm, plan.totals(keys, values)
+                t = plan.totals(keys, values)
+                t.refused = refused
+                return seen_vllm, t
     totals = _Totals()
+    totals.refused = refused
     totals.add_lines(found)
     _check_caps(totals)
     if (plan is None and keys and len(keys) <= _PLAN_LINES_MAX
@@ -378,6 +387,35 @@ def _scan(text: str) -> tuple[bool, _Totals]:
             _PLANS.clear()
         _PLANS[keys] = plan
     return seen_vllm, totals
+
+
+def _check_engines(text: str, spans: list[tuple[int, int]]) -> None:
+    """PageError past MAX_ENGINES distinct `engine` label values (100k once took the agent to 290 MiB)."""
+    seen: set[str] = set()
+    for start, end in spans:
+        for m in _ENGINE.finditer(text, start, end):
+            seen.add(m.group(1))
+            if len(seen) > MAX_ENGINES:
+                raise PageError(f"more than {MAX_ENGINES} engine label values, over the cap of {MAX_ENGINES}")
+
+
+def _without_wide_histograms(lines: list[str], refused: list[str]) -> list[str]:
+    """`lines` less those of a histogram with more bucket bounds than MAX_BUCKETS (each named in `refused`), left
+    out before any line is split or cached: 60k buckets once grew the window to ~925 MiB."""
+    les: dict[str, set[str]] = {}
+    for line in lines:
+        cut = line.find("_bucket")
+        if cut > 0:
+            m = _LE.search(line, cut)
+            if m:
+                les.setdefault(line[:cut], set()).add(m.group(1))
+    wide = [h for h, bounds in les.items() if len(bounds) > MAX_BUCKETS]
+    if not wide:
+        return lines
+    refused += [f"histogram {h} has {len(les[h])} buckets, over the cap of {MAX_BUCKETS}: its latency columns "
+                "stay empty" for h in wide]
+    parts = tuple(h + part for h in wide for part in ("_bucket", "_sum", "_count"))
+    return [line for line in lines if not line.startswith(parts)]
 
 
 def _check_caps(t: _Totals) -> None:
@@ -416,6 +454,7 @@ def parse_text(text: str) -> ParsedPage:
     if not seen_vllm:
         raise PageError("no vllm:* metrics on the page (is this a vLLM server?)")
     page = ParsedPage()
+    page.refused = list(t.refused)
     bad = t.bad_names
     for key, candidates in COUNTERS.items():
         name = _present(candidates, t.sums)  # every sample no reading: absent, as a family of NaN always was

@@ -7,6 +7,9 @@ and host rows stopped too; a page flapping between 500 and 200 wrote an outage a
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -105,3 +108,21 @@ async def test_a_flapping_page_writes_one_outage_event_not_one_per_scrape(tmp_pa
             assert node.failed_ticks == 0
         finally:
             close_node(node)
+
+
+@pytest.mark.timeout(600)
+def test_memory_under_a_pathological_peer_stays_within_twice_the_normal_rss():
+    """benchmarks/peer_memory.py: each peer in its own process, peak RSS against a normal DP=8 page's (issue 25.2)."""
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "peer_memory.py"
+    out = subprocess.run([sys.executable, str(bench), "--scrapes", "25"], capture_output=True, text=True,
+                         timeout=580, check=True)
+    lines = [json.loads(x) for x in out.stdout.strip().splitlines()]
+    per = {r["mode"]: r for r in lines[:-1]}
+    summary = lines[-1]
+    print(summary)  # the report: pytest -s shows it
+    assert set(per) == {"normal", "engines", "buckets", "churn", "inf", "version"}
+    assert per["normal"]["ok_scrapes"] == 25 and per["inf"]["ok_scrapes"] == 25  # read, bad values left out
+    assert per["engines"]["ok_scrapes"] == 0 and "over the cap" in per["engines"]["last_error"]
+    assert per["buckets"]["events"] == ["scrape.over_limit"] and per["version"]["events"] == ["scrape.over_limit"]
+    assert per["inf"]["events"] == ["scrape.bad_value"]
+    assert summary["worst_ratio"] <= 2.0, summary
