@@ -9,6 +9,7 @@ elsewhere the tests that need it skip and say so.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -25,16 +26,21 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
+from agent_io_helpers import FakeController
 from prometheus_client.parser import text_string_to_metric_families
 from support.agent_config import sim_profile, write_agent_config
 from support.agent_proc import sim_processes, terminate
 from support.ports import free_port, short_dir
 from support.real import needs_tools
 from support.waits import wait_for
+
+from lynxtop.agent.cluster import parse_nodes
+from lynxtop.agent.exporter import MetricsExporter
+from lynxtop.contract.status import ClusterNode, ClusterStatus, RayState, Role, ServingState, Status
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -50,8 +56,12 @@ needs_prometheus = needs_tools("prometheus")
 PROFILE = "v4-tp8"
 # Names Prometheus makes itself for every target (never on the agent's page)
 SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_series_added"}
-# exported only on a Ray head (agent.role = "head"); tests/agent/io/test_io_exporter_cluster.py checks them there
-HEAD_ONLY = {"lynxtop_cluster_gpus", "lynxtop_cluster_gpus_needed"}
+# exported only on a Ray head (lynxtop_cluster_*) or on any Ray node (lynxtop_ray_*), never on a single node:
+# tests/agent/io/test_io_exporter_cluster.py checks them there, and the dashboard's cluster row runs on a head's page
+# (test_every_cluster_row_query_returns_data_from_a_ray_heads_page)
+HEAD_ONLY = {"lynxtop_cluster_gpus", "lynxtop_cluster_gpus_needed", "lynxtop_cluster_nodes", "lynxtop_cluster_node_up",
+             "lynxtop_cluster_node_gpus", "lynxtop_cluster_node_gpus_expected", "lynxtop_ray_info", "lynxtop_ray_state"}
+CLUSTER_ROW = "Cluster (Ray)"
 
 
 # ------------------------------------------------------------------------------------------------ the agent
@@ -135,7 +145,8 @@ def node() -> Iterator[Node]:
         finally:
             stop.set()
             terminate(agent)
-            load.join(15)
+            if load.ident is not None:  # the agent may have died before the traffic started: its error stands
+                load.join(15)
             for pid in sim_processes(d / "sim", runs_only=False):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -264,16 +275,16 @@ def test_every_metric_contrib_names_is_exported(node):
 # ------------------------------------------------------------------------------------------------ Prometheus
 
 
-def _contrib_config(tmp: Path, target: str) -> Path:
-    """contrib's prometheus.yml, rules and file-SD layout, with the intervals cut to one second and one target
-    (which gives no node label: the relabelling must make one from the address)."""
+def _contrib_config(tmp: Path, groups: list[dict]) -> Path:
+    """contrib's prometheus.yml, rules and file-SD layout, with the intervals cut to one second and `groups` as the
+    target file (a group without a node label: the relabelling must make one from the address)."""
     text = (PROM_DIR / "prometheus.yml").read_text()
     for old, new in (("evaluation_interval: 15s", "evaluation_interval: 1s"), ("scrape_interval: 5s",
                      "scrape_interval: 1s"), ("scrape_timeout: 4s", "scrape_timeout: 1s")):
         assert text.count(old) == 1, f"contrib/prometheus/prometheus.yml no longer says {old!r}: adapt this test"
         text = text.replace(old, new)
     (tmp / "targets").mkdir()
-    (tmp / "targets" / "test.yml").write_text(json.dumps([{"targets": [target], "labels": {"cluster": "test"}}]))
+    (tmp / "targets" / "test.yml").write_text(json.dumps(groups))
     shutil.copy(RULES, tmp / RULES.name)
     cfg = tmp / "prometheus.yml"
     cfg.write_text(text)
@@ -302,11 +313,12 @@ class PromApi:
             return False
 
 
-@pytest.fixture(scope="module")
-def prometheus(node) -> Iterator[PromApi]:
+@contextlib.contextmanager
+def _prometheus(groups: list[dict]) -> Iterator[PromApi]:
+    """A real Prometheus with contrib's configuration scraping the target `groups`, after two scrapes of each."""
     with short_dir("lxtprom") as d:
         port = free_port()
-        cfg = _contrib_config(d, f"127.0.0.1:{node.metrics_port}")
+        cfg = _contrib_config(d, groups)
         with open(d / "prometheus.log", "wb") as log:
             proc = subprocess.Popen([PROMETHEUS or "prometheus", f"--config.file={cfg}",
                                      f"--storage.tsdb.path={d / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
@@ -315,12 +327,19 @@ def prometheus(node) -> Iterator[PromApi]:
         try:
             wait_for(lambda: proc.poll() is not None or api.ready(), timeout=60, what="Prometheus ready")
             assert proc.poll() is None, (d / "prometheus.log").read_text()[-3000:]
-            # two scrapes of the agent, both up
-            wait_for(lambda: api.query('count_over_time(up{job="lynxtop"}[1m]) >= 2 and up{job="lynxtop"} == 1'),
-                     timeout=60, what="two scrapes of the agent")
+            # two scrapes of each target, all up
+            want = sum(len(g["targets"]) for g in groups)
+            wait_for(lambda: len(api.query('count_over_time(up{job="lynxtop"}[1m]) >= 2 and up{job="lynxtop"} == 1'))
+                     == want, timeout=60, what="two scrapes of every target")
             yield api
         finally:
             terminate(proc)
+
+
+@pytest.fixture(scope="module")
+def prometheus(node) -> Iterator[PromApi]:
+    with _prometheus([{"targets": [f"127.0.0.1:{node.metrics_port}"], "labels": {"cluster": "test"}}]) as api:
+        yield api
 
 
 def _labels(result: list[dict]) -> list[dict]:
@@ -380,7 +399,7 @@ def test_prometheus_loaded_every_contrib_rule_and_no_alert_fires(node, prometheu
 def test_dashboard_goes_node_then_gpus_then_serving_latency():
     dash = json.loads(DASHBOARD.read_text())
     rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
-    assert rows == ["Node", "GPUs", "Serving latency and throughput"]
+    assert rows == ["Node", "GPUs", "Serving latency and throughput", CLUSTER_ROW]
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     for p in dash["panels"]:
@@ -407,6 +426,8 @@ def test_dashboard_has_the_fields_grafana_import_needs():
     assert dash["templating"]["list"][0] == {**dash["templating"]["list"][0], "type": "datasource",
                                              "name": "datasource", "query": "prometheus"}
     panels = [p for top in dash["panels"] for p in (top, *top.get("panels", ()))]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), "panel ids repeat (a collapsed row's panels included)"
     for p in panels:
         assert p["type"] in _PANEL_TYPES and isinstance(p["id"], int), p
         g = p["gridPos"]
@@ -423,19 +444,22 @@ def test_dashboard_has_the_fields_grafana_import_needs():
 EMPTY_ON_A_HEALTHY_NODE = {
     ("GPU errors", "C"): "lynxtop_gpu_lost == 1 selects lost GPUs only; none is lost here",
 }
+# Every query of the cluster row is empty on a single node: it reads what only a Ray head (lynxtop_cluster_*) or a
+# Ray node (lynxtop_ray_*) exports. test_every_cluster_row_query_returns_data_from_a_ray_heads_page runs them there.
+EMPTY_ON_A_SINGLE_NODE = f"the {CLUSTER_ROW!r} row reads series only a Ray head or worker exports"
 
 
-def dashboard_targets() -> list[tuple[str, str, str]]:
-    """(panel title, refId, expr) of every query of every panel, rows' nested panels included."""
+def dashboard_targets() -> list[tuple[str, str, str, str]]:
+    """(row title, panel title, refId, expr) of every query of every panel, rows' nested (collapsed) panels
+    included; a panel's row is the last row above it."""
     out = []
-
-    def walk(panels: list) -> None:
-        for p in panels:
-            out.extend((p.get("title", ""), t.get("refId", ""), t["expr"]) for t in p.get("targets", ())
+    row = ""
+    for top in json.loads(DASHBOARD.read_text())["panels"]:
+        if top["type"] == "row":
+            row = top.get("title", "")
+        for p in (top, *top.get("panels", ())):
+            out.extend((row, p.get("title", ""), t.get("refId", ""), t["expr"]) for t in p.get("targets", ())
                        if t.get("expr"))
-            walk(p.get("panels", ()))
-
-    walk(json.loads(DASHBOARD.read_text())["panels"])
     return out
 
 
@@ -456,23 +480,24 @@ def _answer(prometheus: PromApi, expr: str) -> tuple[str | None, list[dict]]:
         return f"HTTP {exc.code}: {body}", []
 
 
-@needs_prometheus
-def test_every_dashboard_panel_query_returns_data_from_a_serving_node(node, prometheus):
-    """Every panel's PromQL, with the variables substituted as Grafana does for "All" (node and gpu from their own
-    label_values queries, $__rate_interval as Grafana's default 15 s scrape interval makes it), runs on the real
-    Prometheus scraping a serving node with traffic: no query is refused, and each answers at least one series with a
-    number, except the few listed in EMPTY_ON_A_HEALTHY_NODE with their reason."""
-    nodes = [v for v in prometheus.get("/api/v1/label/node/values", **{"match[]": "lynxtop_agent_simulated"})["data"]]
+def _variables(prometheus: PromApi, gpus: int) -> dict[str, str]:
+    """The dashboard's variables as Grafana substitutes them for "All": node and gpu from their own label_values
+    queries (`gpus` GPUs expected), $__rate_interval as Grafana's default 15 s scrape interval makes it."""
+    nodes = prometheus.get("/api/v1/label/node/values", **{"match[]": "lynxtop_agent_simulated"})["data"]
     assert nodes, "the node variable's query (label_values(lynxtop_agent_simulated, node)) answers nothing"
     node_re = _grafana_all(nodes)
-    gpus = prometheus.get("/api/v1/label/gpu/values",
-                          **{"match[]": f'lynxtop_gpu_memory_total_bytes{{node=~"{node_re}"}}'})["data"]
-    assert len(gpus) == 8, gpus
-    subs = {"$node": node_re, "$gpu": _grafana_all(gpus), "$__rate_interval": "1m"}
-    targets = dashboard_targets()
-    assert {(t, r) for t, r, _ in targets} >= set(EMPTY_ON_A_HEALTHY_NODE), "a listed exception names no query"
+    gpu = prometheus.get("/api/v1/label/gpu/values",
+                         **{"match[]": f'lynxtop_gpu_memory_total_bytes{{node=~"{node_re}"}}'})["data"]
+    assert len(gpu) == gpus, gpu
+    return {"$node": node_re, "$gpu": _grafana_all(gpu), "$__rate_interval": "1m"}
+
+
+def _run_panel_queries(prometheus: PromApi, targets: list[tuple[str, str, str, str]], subs: dict[str, str],
+                       empty_ok: dict[tuple[str, str], str]) -> None:
+    """Each query of `targets`, variables substituted, on `prometheus`: none refused, each answers a series with a
+    number, except those of `empty_ok` (panel title, refId), which must answer none."""
     refused, blank, filled = [], [], []
-    for title, ref, expr in targets:
+    for _, title, ref, expr in targets:
         q = expr
         for var, value in subs.items():
             q = q.replace(var, value)
@@ -481,14 +506,126 @@ def test_every_dashboard_panel_query_returns_data_from_a_serving_node(node, prom
         has_data = any(r["value"][1] not in ("NaN", "+Inf", "-Inf") for r in result)
         if error:
             refused.append(f"{title} {ref}: {error}\n    {q}")
-        elif (title, ref) in EMPTY_ON_A_HEALTHY_NODE:
+        elif (title, ref) in empty_ok:
             if has_data:
                 filled.append(f"{title} {ref}")
         elif not has_data:
             blank.append(f"{title} {ref}: {len(result)} series, none with a number\n    {q}")
     assert not refused, "Prometheus refuses dashboard queries:\n" + "\n".join(refused)
-    assert not blank, "dashboard queries without data from a serving node:\n" + "\n".join(blank)
-    assert not filled, f"listed as empty on a healthy node, yet answered: {filled} (update EMPTY_ON_A_HEALTHY_NODE)"
+    assert not blank, "dashboard queries without data:\n" + "\n".join(blank)
+    assert not filled, f"listed as empty, yet answered: {filled} (update the list of exceptions)"
+
+
+@needs_prometheus
+def test_every_dashboard_panel_query_returns_data_from_a_serving_node(node, prometheus):
+    """Every panel's PromQL, with the variables substituted as Grafana does for "All", runs on the real Prometheus
+    scraping a serving node with traffic: no query is refused, and each answers at least one series with a number,
+    except the few listed in EMPTY_ON_A_HEALTHY_NODE with their reason, and the cluster row (EMPTY_ON_A_SINGLE_NODE),
+    which the next test runs on a Ray head's page."""
+    targets = dashboard_targets()
+    assert {(t, r) for _, t, r, _ in targets} >= set(EMPTY_ON_A_HEALTHY_NODE), "a listed exception names no query"
+    single = [t for t in targets if t[0] != CLUSTER_ROW]
+    assert len(single) > len(targets) - 12, f"more than the cluster row left out: {EMPTY_ON_A_SINGLE_NODE}"
+    _run_panel_queries(prometheus, single, _variables(prometheus, 8), EMPTY_ON_A_HEALTHY_NODE)
+
+
+@contextlib.contextmanager
+def _exporter(snapshot: Status) -> Iterator[int]:
+    """The agent's own metrics endpoint (agent/exporter.py) serving `snapshot`, on a loopback port, its event loop
+    in a thread of its own while Prometheus scrapes it; yields the port."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    exp = MetricsExporter("127.0.0.1:0", lambda: snapshot, log=lambda _: None)
+    try:
+        asyncio.run_coroutine_threadsafe(exp.start(), loop).result(30)
+        assert exp.bound_port
+        yield exp.bound_port
+    finally:
+        asyncio.run_coroutine_threadsafe(exp.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def _ray_nodes() -> tuple[Status, Status]:
+    """A head short of GPUs (Ray 2.60's captured page: its worker DEAD, plus a second worker alive; 16 of the 24
+    GPUs the profile needs), waiting to serve, and a worker whose Ray runs."""
+    page = json.loads((Path(__file__).resolve().parent / "pages" / "ray-2.60-nodes-one-dead.json").read_text())
+    base = FakeController().status()
+    head = replace(base, serving=replace(base.serving, state=ServingState.WAITING), cluster=ClusterStatus(
+        role=Role.HEAD, ray_state=RayState.RUNNING, address="192.0.2.2:6379", gpus_needed=24,
+        nodes=(*parse_nodes(page), ClusterNode("e" * 56, ip="192.0.2.3", gpus=8.0)), view_ms=base.ts_ms))
+    worker = replace(base, serving=replace(base.serving, state=ServingState.STOPPED), cluster=ClusterStatus(
+        role=Role.WORKER, ray_state=RayState.RUNNING, address="192.0.2.2:6379"))
+    return head, worker
+
+
+@needs_prometheus
+def test_every_cluster_row_query_returns_data_from_a_ray_heads_page():
+    """The cluster row's queries, which a single node leaves empty, on a real Prometheus scraping the agent's
+    exporter on a Ray head (one worker lost, GPUs short) and on a worker: none refused, each answers a number; the
+    GPUs short and the per-node states are what those pages say."""
+    targets = [t for t in dashboard_targets() if t[0] == CLUSTER_ROW]
+    assert len(targets) >= 5, "the dashboard has no cluster row"
+    head, worker = _ray_nodes()
+    with _exporter(head) as head_port, _exporter(worker) as worker_port, _prometheus([
+            {"targets": [f"127.0.0.1:{head_port}"], "labels": {"cluster": "ray", "node": "head-1"}},
+            {"targets": [f"127.0.0.1:{worker_port}"], "labels": {"cluster": "ray", "node": "worker-1"}}]) as prom:
+        subs = _variables(prom, 8)  # the same 8 GPU indexes on both nodes
+        _run_panel_queries(prom, targets, subs, {})
+        by_title = {(title, ref): expr for _, title, ref, expr in targets}
+
+        def answer(title: str, ref: str = "A") -> dict[str, float]:
+            q = by_title[(title, ref)]
+            for var, value in subs.items():
+                q = q.replace(var, value)
+            return {" ".join(r["metric"][k] for k in ("node", "role", "state") if k in r["metric"]):
+                    float(r["value"][1]) for r in prom.query(q)}
+
+        assert answer("GPUs short") == {"head-1": 8}
+        assert answer("Serving and Ray state per node", "A") == {"head-1 head waiting": 1, "worker-1 worker stopped": 1}
+        assert answer("Serving and Ray state per node", "B") == {"head-1 head running": 1,
+                                                                  "worker-1 worker running": 1}
+        assert answer("Ray nodes") == {"head-1 alive": 2, "head-1 dead": 1}
+
+
+_QUANTILES = {"0.5", "0.9", "0.95", "0.99"}
+
+
+def test_dashboard_has_what_the_vllm_and_dcgm_dashboards_have():
+    """Parity with vLLM's example dashboard (P50/P90/P95/P99 latency, TTFT and ITL heatmaps, finish reason, prefill
+    and decode time, preemptions, prefix-cache hit rate) and dcgm-exporter's (SM clock, throttle reasons), plus the
+    cluster row: each found by the series its queries read, so a renamed title does not hide a lost panel."""
+    dash = json.loads(DASHBOARD.read_text())
+    panels = [p for top in dash["panels"] for p in (top, *top.get("panels", ()))]
+
+    def reading(fragment: str, kind: str | None = None) -> list[dict]:
+        return [p for p in panels if any(fragment in t["expr"] for t in p.get("targets", ()))
+                and (kind is None or p["type"] == kind)]
+
+    for series in ("ttft", "tpot", "itl", "e2e"):
+        qs = {m for p in reading(f"lynxtop_serving_{series}_seconds_bucket", "timeseries") for t in p["targets"]
+              for m in re.findall(r"histogram_quantile\(([0-9.]+),", t["expr"])}
+        assert qs >= _QUANTILES, f"{series}: quantiles {sorted(qs)}"
+    for series in ("ttft", "itl"):
+        heat = reading(f"lynxtop_serving_{series}_seconds_bucket", "heatmap")
+        assert heat, f"no {series} heatmap"
+        for t in heat[0]["targets"]:  # Grafana reads buckets as a heatmap only so: per `le`, format heatmap
+            assert t["format"] == "heatmap" and t["legendFormat"] == "{{le}}" and "sum by (le)" in t["expr"], t
+        assert heat[0]["options"]["calculate"] is False  # the buckets are already a histogram
+    assert reading("finished_reason") and reading("lynxtop_serving_preemptions_total")
+    assert reading("lynxtop_serving_prefix_cache_hit_ratio")
+    phases = reading("lynxtop_serving_queue_seconds_sum")
+    assert phases and {t["legendFormat"].split()[-1] for t in phases[0]["targets"]} >= {"prefill", "decode"}
+    assert reading('lynxtop_gpu_sm_clock_hertz{node=~"$node", gpu=~"$gpu"}')
+    assert reading("sum by (node, reason) (lynxtop_gpu_clock_throttle_reasons")
+    row = [p for p in dash["panels"] if p["type"] == "row" and p["title"] == CLUSTER_ROW]
+    assert row and row[0]["collapsed"] and row[0]["panels"], "the cluster row, collapsed for single nodes"
+    cluster = {name for p in row[0]["panels"] for t in p["targets"] for name in metric_names(t["expr"])}
+    assert {"lynxtop_cluster_nodes", "lynxtop_cluster_gpus", "lynxtop_cluster_gpus_needed",
+            "lynxtop_cluster_node_gpus", "lynxtop_cluster_node_gpus_expected", "lynxtop_serving_state",
+            "lynxtop_ray_state"} <= cluster
 
 
 # ------------------------------------------------------------------------------------------------ histograms
