@@ -20,7 +20,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from lynxtop import bench_view
+from lynxtop import bench_result, bench_view
 from lynxtop.bench_load import Level, ServerError, Workload, served_models, session
 from lynxtop.bench_stats import db_row, from_db_row
 from lynxtop.bench_sweep import ProgressLine, SweepResult, sweep
@@ -84,14 +84,16 @@ def _target(args: Namespace, serving: dict[str, Any]) -> tuple[str, dict[str, An
     return url, serving
 
 
-async def _model(url: str, wanted: str | None, hint: str | None, api_key: str | None) -> str:
+async def _model(url: str, wanted: str | None, hint: str | None, api_key: str | None) -> tuple[str, str]:
+    """The model to request and its root (vLLM's model_id in --save-result files)."""
     async with session(4, 30) as sess:
         names = await served_models(sess, url, api_key)
     if not names:
         raise BenchError(f"{url}/v1/models lists no model", EXIT_FAILED)
     if wanted and wanted not in names:
         raise BenchError(f"model {wanted!r} is not served at {url} (served: {', '.join(names)})", EXIT_USAGE)
-    return wanted or (hint if hint in names else names[0])
+    name = wanted or (hint if hint in names else next(iter(names)))
+    return name, names[name]
 
 
 # ---------------------------------------------------------------------------------------------- the levels
@@ -130,8 +132,22 @@ def _check(args: Namespace) -> None:
     bad += ["--rounds must be at least 1"] if args.rounds is not None and args.rounds < 1 else []
     bad += ["--concurrency levels must be at least 1"] if any(c < 1 for c in args.concurrency or ()) else []
     bad += ["--request-rate must be above 0"] if any(r <= 0 for r in args.request_rate or ()) else []
+    if args.save_result:
+        bad += _result_dir_problem(Path(args.result_dir or "."))
+    elif args.result_dir or args.label:
+        bad.append("--result-dir and --label go with --save-result")
     if bad:
         raise BenchError("; ".join(bad), EXIT_USAGE)
+
+
+def _result_dir_problem(d: Path) -> list[str]:
+    """Why --save-result could not write into `d` (checked before the sweep, not after its first level)."""
+    if d.exists() and not d.is_dir():
+        return [f"--result-dir {d} is not a directory"]
+    parent = d if d.exists() else next((p for p in d.parents if p.exists()), Path("."))
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        return [f"--result-dir {d}: {parent} is not writable"]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------- storing
@@ -158,9 +174,9 @@ class Store:
 
 
 def _json_levels(result: SweepResult, meta: dict[str, Any]) -> list[dict[str, Any]]:
-    head = {"date": time.strftime("%Y%m%d-%H%M%S"), "backend": "openai", "model_id": meta.get("model"),
-            "bench_id": meta["bench_id"], "input_len": meta["input_len"], "output_len": meta["output_len"]}
-    return [head | {"num_prompts": s["completed"] + s["failed"]} | s for s in result.levels]
+    """--json: one object a level with vLLM's set-up and metric keys and types (bench_result.level_json)."""
+    date = bench_result.now()
+    return [bench_result.level_json(s, meta, date) for s in result.levels]
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -171,8 +187,9 @@ def run(args: Namespace) -> int:
     try:
         _check(args)
         url, serving = _target(args, _serving(client))
-        model = asyncio.run(_model(url, args.model, serving.get("model"), args.api_key))
-        wl = Workload(url, model, args.input_len, args.output_len, args.seed, args.api_key, _prompts(args.prompts))
+        model, model_id = asyncio.run(_model(url, args.model, serving.get("model"), args.api_key))
+        wl = Workload(url, model, args.input_len, args.output_len, args.seed, args.api_key, _prompts(args.prompts),
+                      keep_text=bool(args.save_result))
     except ServerError as exc:
         _err(str(exc))
         return EXIT_UNREACHABLE
@@ -180,26 +197,27 @@ def run(args: Namespace) -> int:
         _err(str(exc))
         return exc.code
     bench_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid() % 1000:03d}"
-    meta = serving | {"bench_id": bench_id, "model": model, "name": args.name, "input_len": args.input_len,
-                      "output_len": args.output_len}
+    meta = serving | {"bench_id": bench_id, "model": model, "model_id": model_id, "name": args.name,
+                      "label": args.label, "input_len": args.input_len, "output_len": args.output_len}
     sla = (cfg.sla.ttft_p99_ms, cfg.sla.tpot_p99_ms) if cfg else (None, None)
     store = Store(client, meta)
+    saver = bench_result.Saver(url, Path(args.result_dir or "."), meta) if args.save_result else None
     print(terminal_safe(f"lynxtop bench {bench_id}: {url} model {model}, input {args.input_len} / output "  # served
                         f"{args.output_len} tokens" + (f", run {meta['run_id']} ({meta.get('profile')})"
                                                        if meta.get("run_id") else "")),
           file=sys.stderr)
     try:
-        result = run_loop(_sweep(wl, levels_of(args), args, store, sla))
+        result = run_loop(_sweep(wl, levels_of(args), args, store, sla, saver))
     except asyncio.CancelledError:  # a second Ctrl-C: the level in flight is dropped, the finished ones stay
         kept = f"{store.stored} finished level(s) stored as sweep {meta['bench_id']}" if store.stored else \
             "no level had finished"
         print(f"lynxtop bench: aborted; {kept}", file=sys.stderr)
         return 130
-    return _report(result, meta, store, args)
+    return _report(result, meta, store, args, saver)
 
 
 async def _sweep(wl: Workload, levels: list[Level], args: Namespace, store: Store,
-                 sla: tuple[float | None, float | None]) -> SweepResult:
+                 sla: tuple[float | None, float | None], saver: bench_result.Saver | None) -> SweepResult:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -218,14 +236,15 @@ async def _sweep(wl: Workload, levels: list[Level], args: Namespace, store: Stor
     progress = ProgressLine()
     try:
         return await sweep(wl, levels, warmup=args.warmup, stop=stop, sink=store, sla=sla,
-                           progress=progress, timeout_s=args.timeout)
+                           progress=progress, timeout_s=args.timeout, hook=saver)
     finally:
         progress.close()  # however the sweep ends (a second Ctrl-C too): the terminal clean, every row kept
         loop.remove_signal_handler(signal.SIGINT)
         loop.remove_signal_handler(signal.SIGTERM)
 
 
-def _report(result: SweepResult, meta: dict[str, Any], store: Store, args: Namespace) -> int:
+def _report(result: SweepResult, meta: dict[str, Any], store: Store, args: Namespace,
+            saver: bench_result.Saver | None = None) -> int:
     if result.levels:
         print(bench_view.table(result.levels))
         print()
@@ -235,6 +254,12 @@ def _report(result: SweepResult, meta: dict[str, Any], store: Store, args: Names
     where = f"stored as sweep {meta['bench_id']} ({store.stored} levels)" if store.stored else \
         f"NOT stored: {store.problem}"
     print(f"\n{where}" + (f"; JSON in {args.json}" if args.json else ""), file=sys.stderr)
+    if saver is not None:
+        print(terminal_safe(f"{len(saver.paths)} vllm --save-result file(s) in {saver.directory}: "  # file names
+                            + ", ".join(p.name for p in saver.paths), lines=True), file=sys.stderr)
+    if saver is not None and saver.problem:
+        _err(saver.problem)
+        return EXIT_FAILED
     if result.server_gone:
         _err(f"the server stopped answering: {result.server_gone}; finished levels are kept")
         return EXIT_FAILED

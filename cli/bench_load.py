@@ -40,6 +40,18 @@ class RequestResult:
     itl: list[float] = field(default_factory=list)
     error: str = ""
     unreachable: bool = False  # connection refused or reset before an answer: the server is gone
+    start: float = 0.0  # perf_counter just before the POST (vLLM's start_times)
+    queued: float = 0.0  # from its arrival to its POST (vLLM's client_queue_time)
+    chunks: list[bytes] | None = None  # the token events, kept whole only when the text is wanted
+
+    @property
+    def text(self) -> str:
+        """The generated text, decoded from the kept events (after the level: no JSON is parsed while timing)."""
+        out = []
+        for payload in self.chunks or ():
+            with contextlib.suppress(ValueError, LookupError, TypeError, AttributeError):
+                out.append(str(json.loads(payload)["choices"][0].get("text") or ""))
+        return "".join(out)
 
     @property
     def tpot(self) -> float | None:
@@ -58,6 +70,7 @@ class Workload:
     seed: int = 0
     api_key: str | None = None
     prompts: tuple[str, ...] = ()  # text prompts (else random token ids of input_len)
+    keep_text: bool = False  # keep each token event for the generated text (--save-result files)
 
     def bodies(self, n: int, offset: int = 0) -> list[dict[str, Any]]:
         """`n` request bodies; the same seed and offset give the same prompts."""
@@ -77,12 +90,14 @@ class Workload:
 class _Events:
     """Splits a byte stream into SSE `data:` payloads and times each event that carries a token."""
 
-    def __init__(self, res: RequestResult, t0: float):
+    def __init__(self, res: RequestResult, t0: float, keep: bool = False):
         self.res, self.t0, self.last = res, t0, t0
         self.buf = b""
         self.tokens = 0
         self.usage_tokens: int | None = None
+        self.usage_prompt: int | None = None
         self.done = False
+        self.kept: list[bytes] | None = [] if keep else None
 
     def feed(self, data: bytes, now: float) -> None:
         self.buf += data
@@ -96,8 +111,8 @@ class _Events:
         if b'"finish_reason":null' in payload or b'"finish_reason": null' in payload:
             # a token, found with one search: error, usage-only and closing events have no null finish_reason
             if b'"usage":{' in payload or b'"usage": {' in payload:  # continuous usage stats
-                self.usage_tokens = (json.loads(payload).get("usage") or {}).get("completion_tokens")
-            self._token(now)
+                self._usage(payload)
+            self._token(now, payload)
             return
         if payload == b"[DONE]":
             self.done = True
@@ -106,11 +121,18 @@ class _Events:
             err = json.loads(payload).get("error")
             raise StreamError(str(err.get("message", err) if isinstance(err, dict) else err))
         if b'"usage":{' in payload or b'"usage": {' in payload:
-            self.usage_tokens = (json.loads(payload).get("usage") or {}).get("completion_tokens")
+            self._usage(payload)
         if _carries_token(payload):
-            self._token(now)
+            self._token(now, payload)
 
-    def _token(self, now: float) -> None:
+    def _usage(self, payload: bytes) -> None:
+        usage = json.loads(payload).get("usage") or {}
+        self.usage_tokens = usage.get("completion_tokens")
+        self.usage_prompt = usage.get("prompt_tokens")
+
+    def _token(self, now: float, payload: bytes) -> None:
+        if self.kept is not None:
+            self.kept.append(payload)
         if self.tokens == 0:
             self.res.ttft = now - self.t0
         else:
@@ -137,8 +159,9 @@ async def one_request(pool: StreamPool, wl: Workload, body: dict[str, Any]) -> R
     res = RequestResult(prompt_tokens=wl.input_len)
     headers = {"Authorization": f"Bearer {wl.api_key}"} if wl.api_key else None
     payload = json.dumps(body).encode()
-    t0 = time.perf_counter()
-    ev = _Events(res, t0)
+    t0 = res.start = time.perf_counter()
+    ev = _Events(res, t0, wl.keep_text)
+    res.chunks = ev.kept
     try:
         answer = await pool.post("/v1/completions", payload, headers, ev.feed)  # tokens timed as they are read
     except StreamError as exc:
@@ -175,6 +198,8 @@ def _finish(res: RequestResult, ev: _Events) -> RequestResult:
         return res
     res.ok = True
     res.output_tokens = ev.usage_tokens if ev.usage_tokens else ev.tokens
+    if isinstance(ev.usage_prompt, int) and ev.usage_prompt > 0:  # the server's count: text prompts too
+        res.prompt_tokens = ev.usage_prompt
     res.e2e = ev.last - ev.t0
     return res
 
@@ -225,8 +250,11 @@ async def run_level(pool: StreamPool, wl: Workload, level: Level, stop: asyncio.
     bodies = wl.bodies(min(todo, 4096), offset)
     t0 = time.perf_counter()
 
-    async def one(i: int) -> bool:
+    async def one(i: int, arrived: float | None = None) -> bool:
+        # queue time as vLLM's client counts it: a closed loop's requests all arrive at the start (rate inf),
+        # an open loop's at their Poisson arrival
         res = await one_request(pool, wl, bodies[i % len(bodies)])
+        res.queued = max(0.0, res.start - (t0 if arrived is None else arrived))
         out.results.append(res)
         if progress:
             progress(len(out.results))
@@ -263,18 +291,18 @@ async def _open_loop(one: Callable, level: Level, todo: int, deadline: float | N
     limit = asyncio.Semaphore(level.concurrency) if level.concurrency else None
     tasks = []
 
-    async def limited(i: int) -> None:
+    async def limited(i: int, arrived: float) -> None:
         if limit is None:
-            await one(i)
+            await one(i, arrived)
             return
         async with limit:
-            await one(i)
+            await one(i, arrived)
 
     try:
         for i in range(todo):
             if deadline is not None and time.perf_counter() >= deadline:
                 break
-            tasks.append(asyncio.ensure_future(limited(i)))
+            tasks.append(asyncio.ensure_future(limited(i, time.perf_counter())))
             await asyncio.sleep(rng.expovariate(level.rate or 1.0))
         await asyncio.gather(*tasks)
     finally:
@@ -313,8 +341,9 @@ def session(limit: int, timeout_s: float) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=5))
 
 
-async def served_models(sess: aiohttp.ClientSession, url: str, api_key: str | None = None) -> list[str]:
-    """The model names the server serves; raises ServerError with a clear message when it cannot say."""
+async def served_models(sess: aiohttp.ClientSession, url: str, api_key: str | None = None) -> dict[str, str]:
+    """The model names the server serves, each with its `root` (the path it was loaded from, vLLM's model_id;
+    the name where the server gives none); raises ServerError with a clear message when it cannot say."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     try:
         async with sess.get(url + "/v1/models", headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as r:
@@ -325,7 +354,8 @@ async def served_models(sess: aiohttp.ClientSession, url: str, api_key: str | No
         raise ServerError(f"cannot reach the server at {url}: {exc or type(exc).__name__}") from None
     except ValueError as exc:
         raise ServerError(f"{url}/v1/models is not JSON: {exc}") from None
-    return [str(m.get("id")) for m in data.get("data") or [] if isinstance(m, dict)]
+    models = data.get("data") if isinstance(data, dict) else None
+    return {str(m.get("id")): str(m.get("root") or m.get("id")) for m in models or [] if isinstance(m, dict)}
 
 
 class ServerError(Exception):

@@ -19,7 +19,8 @@ METRICS = ("ttft", "tpot", "itl", "e2el")
 VLLM_KEYS = (
     "duration", "completed", "failed", "max_concurrency", "request_rate", "request_throughput",
     "output_throughput", "total_token_throughput", "total_input_tokens", "total_output_tokens",
-    "request_goodput", *(f"{s}_{m}_ms" for m in METRICS for s in ("mean", "median", "std", "p90", "p99")),
+    "request_goodput", "max_output_tokens_per_s", "max_concurrent_requests",
+    *(f"{s}_{m}_ms" for m in METRICS for s in ("mean", "median", "std", "p90", "p99")),
 )
 
 
@@ -62,6 +63,7 @@ def summarize(run: LevelRun, sla_ttft_ms: float | None = None, sla_tpot_ms: floa
         "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
         "request_goodput": good / dur if sla_ttft_ms or sla_tpot_ms else None,
     }
+    out["max_output_tokens_per_s"], out["max_concurrent_requests"] = peaks(ok)
     out |= describe("ttft", [r.ttft for r in ok])
     out |= describe("tpot", tpots)
     out |= describe("itl", [g for r in ok for g in r.itl])
@@ -69,6 +71,26 @@ def summarize(run: LevelRun, sla_ttft_ms: float | None = None, sla_tpot_ms: floa
     out["partial"] = run.interrupted
     out["failures"] = dict(Counter(_reason(r.error) for r in failed).most_common(10))
     return out
+
+
+def peaks(ok: Sequence[Any]) -> tuple[float, int]:
+    """The busiest second of output tokens and of requests in flight, as vLLM's calculate_metrics counts them:
+    one-second buckets from the first start, each token at start + ttft + its gaps, each request in every bucket
+    from its start's to its end's."""
+    if not ok:
+        return 0.0, 0
+    first = min(r.start for r in ok)
+    n = int(math.ceil(max(r.start + r.e2e for r in ok) - first)) + 1
+    tokens, running = [0] * n, [0] * n
+    for r in ok:
+        t = r.start + r.ttft
+        for gap in (0.0, *r.itl):
+            t += gap
+            if 0 <= (b := int(t - first)) < n:
+                tokens[b] += 1
+        for b in range(int(r.start - first), min(int(r.start + r.e2e - first), n - 1) + 1):
+            running[b] += 1
+    return float(max(tokens)), max(running)
 
 
 def _meets(r: Any, ttft_ms: float | None, tpot_ms: float | None) -> bool:

@@ -35,6 +35,17 @@ from lynxtop.bench_stats import summarize
 Sink = Callable[[dict[str, Any]], None]  # called with each finished level's summary
 
 
+class LevelHook:
+    """Work around each level outside its timed window (the --save-result files): `before` runs just before
+    the level starts, `after` once it is summarized, with its requests."""
+
+    async def before(self) -> None:
+        return None
+
+    async def after(self, run: LevelRun, summary: dict[str, Any]) -> None:
+        return None
+
+
 @dataclass
 class SweepResult:
     levels: list[dict[str, Any]] = field(default_factory=list)
@@ -162,7 +173,7 @@ def _bar(done: int, total: int, width: int = 20) -> str:
 
 async def sweep(wl: Workload, levels: Sequence[Level], *, warmup: int, stop: asyncio.Event, sink: Sink,
                 sla: tuple[float | None, float | None] = (None, None), progress: ProgressLine | None = None,
-                timeout_s: float = 600.0) -> SweepResult:
+                timeout_s: float = 600.0, hook: LevelHook | None = None) -> SweepResult:
     """Run `levels` in order; each summary goes to `sink` as soon as its level ends."""
     out = SweepResult()
     top = max((lv.concurrency or 0) for lv in levels) or 256
@@ -173,6 +184,8 @@ async def sweep(wl: Workload, levels: Sequence[Level], *, warmup: int, stop: asy
             if stop.is_set():
                 out.interrupted = True
                 break
+            if hook:
+                await hook.before()
             if progress:
                 progress.start(level, i, len(levels))
             run = await run_level(pool, wl, level, stop, progress, offset=i * 100_000)
@@ -184,6 +197,8 @@ async def sweep(wl: Workload, levels: Sequence[Level], *, warmup: int, stop: asy
             summary["partial"] = bool(run.interrupted or out.server_gone)
             out.levels.append(summary)
             sink(summary)
+            if hook:
+                await hook.after(run, summary)
             if out.interrupted or out.server_gone:
                 break
     return out

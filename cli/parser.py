@@ -251,7 +251,7 @@ def _bench(subs) -> None:
     p = _sub(subs, "bench", "lynxtop.bench:run", "measure throughput and latency against concurrency",
              "Stream synthetic requests at the served model (the URL from the agent, or --url) at each level of a\n"
              "sweep; print a table and a chart, store each level in the history (through the agent), and with\n"
-             "--json write `vllm bench serve --save-result` keys, one object per level. Ctrl-C keeps finished levels.")
+             "--save-result write one `vllm bench serve --save-result` file per level. Ctrl-C keeps finished levels.")
     p.add_argument("--url", help="server base URL (default: the agent's serving URL)")
     p.add_argument("--model", help="model name to request (default: the served model)")
     p.add_argument("--api-key", help="bearer token for the server")
@@ -273,7 +273,11 @@ def _bench(subs) -> None:
     p.add_argument("--seed", type=_int(0, INT64_MAX), default=0, help="prompt seed (default: %(default)s)")
     p.add_argument("--timeout", type=_SECONDS, default=600.0, metavar="S", help="per request (default: %(default)s)")
     p.add_argument("--name", default="random", help="label stored with the sweep (default: %(default)s)")
-    p.add_argument("--json", metavar="FILE", help="write the levels as JSON (vllm bench serve keys)")
+    p.add_argument("--json", metavar="FILE", help="write the levels as a JSON array (vllm bench serve keys)")
+    p.add_argument("--save-result", action="store_true",
+                   help="write one `vllm bench serve --save-result` file per level (vLLM's keys and names)")
+    p.add_argument("--result-dir", metavar="DIR", help="where --save-result writes (default: the current directory)")
+    p.add_argument("--label", help="--save-result: the files' label and name prefix (default: openai)")
     p.add_argument("--no-store", action="store_true", help="do not store the results in the history")
     bsubs = p.add_subparsers(title="bench commands", metavar="ACTION")
     c = _sub(bsubs, "compare", "lynxtop.bench:compare", "two stored sweeps side by side, per level, in percent",
