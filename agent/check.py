@@ -20,6 +20,10 @@ Unset keys take vLLM's defaults: gpu_memory_utilization 0.9, max_num_seqs 1024 o
 A100) else 256, max_model_len the model's context window.
 One full-length sequence not fitting is blocking (vLLM refuses to start: the cache cannot hold max_model_len);
 the configured concurrency at full context not fitting is a warning (vLLM starts and queues the rest).
+Decode context parallel (-dcp D in extra_args) shards the KV cache over D of the TP ranks: KV/token/GPU / D.
+Speculative decoding with the checkpoint's own draft layers (--speculative-config, method "mtp" or "dspark") adds
+the draft's weights (its parameters at the profile's bytes per parameter, / TP) and one KV layer per draft layer,
+and each sequence holds num_speculative_tokens more tokens of cache: max_model_len + k per sequence.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from lynxtop.agent.vllm_options import ExtraOptions, extra_options
 from lynxtop.contract.config import Profile
 from lynxtop.contract.models import GIB, ModelSpec
 from lynxtop.contract.status import NodeSet
@@ -52,6 +57,42 @@ BACKEND_ARCH: dict[str, tuple[tuple[int, ...], str]] = {
 # What to use instead, by compute capability major
 _BACKEND_FOR = {9: "FLASHMLA (or FLASHMLA_SPARSE)", 10: "CUTLASS_MLA (or FLASHMLA_SPARSE for sparse attention)"}
 
+# Weight formats and compute capability (as major*10+minor): (the least vLLM's gate accepts, the first with native
+# kernels, what runs between). The gate is vllm/config/vllm.py's `capability < quant_config.get_min_capability()`
+# with each QuantizationConfig's get_min_capability() (vllm/model_executor/layers/quantization/, v0.30): fp8 75,
+# modelopt (FP8) 80, modelopt_fp4 75, modelopt_mixed 89, mxfp4 80, awq 75, gptq 60, the Marlin ones 75.
+QUANT_ARCH: dict[str, tuple[int, int, str]] = {
+    "fp8": (75, 89, "FP8 W8A8 runs on SM89 and newer (Ada, Hopper, Blackwell); SM75-86 run the FP8 weights through "
+                    "Marlin W8A16 (weight-only, slower), and vLLM before v0.30 needs SM80 for fp8"),
+    "modelopt": (80, 89, "ModelOpt FP8 runs natively on SM89 and newer; vLLM before v0.30 refuses it below SM89"),
+    "modelopt_fp4": (75, 100, "FP4 tensor cores are SM100 and newer (Blackwell); SM75-90 run NVFP4 weights through "
+                              "Marlin W4A16 (weight-only, slower), and older vLLM releases refuse them below SM100"),
+    "modelopt_mixed": (89, 89, "ModelOpt mixed precision (FP8 + NVFP4) needs SM89 or newer, with no fallback"),
+    "mxfp4": (80, 100, "MXFP4 runs natively on SM100 and newer; SM80-90 dequantize it (slower)"),
+    "awq": (75, 75, "AWQ needs SM75 or newer"),
+    "awq_marlin": (75, 75, "Marlin kernels need SM75 or newer"),
+    "gptq_marlin": (75, 75, "Marlin kernels need SM75 or newer"),
+    "gptq": (60, 60, "GPTQ needs SM60 or newer"),
+}
+# --quantization's choices in vLLM (vllm/model_executor/layers/quantization/__init__.py QuantizationMethods)
+VLLM_QUANT_METHODS = frozenset(QUANT_ARCH) | {
+    "fbgemm_fp8", "fp_quant", "modelopt_mxfp8", "gguf", "humming", "compressed-tensors", "bitsandbytes",
+    "experts_int8", "quark", "moe_wna16", "torchao", "inc", "gpt_oss_mxfp4", "deepseek_v4_fp8", "cpu_awq", "online",
+    "fp8_per_tensor", "fp8_per_block", "int8_per_channel_weight_only", "mxfp8", "marlin", "auto_awq", "auto_gptq",
+}
+# Weight formats the model table names that are not --quantization choices: dtypes, and NVFP4 (ModelOpt's format)
+_NOT_METHODS = {"bf16": "it is a dtype: --dtype bfloat16", "bfloat16": "it is a dtype", "fp16": "it is a dtype: "
+                "--dtype float16", "float16": "it is a dtype", "half": "it is a dtype", "fp32": "it is a dtype",
+                "float32": "it is a dtype", "nvfp4": "vLLM's method for ModelOpt NVFP4 checkpoints is modelopt_fp4"}
+# Checkpoint formats and the --quantization values vLLM accepts for them (its override_quantization_method)
+_SAME_FORMAT = {"awq": {"awq", "awq_marlin", "marlin"}, "gptq": {"gptq", "gptq_marlin", "marlin"},
+                "nvfp4": {"modelopt_fp4"}, "modelopt_fp4": {"modelopt_fp4"}}
+_SPEC_WITHOUT_DRAFT = {"ngram", "ngram_gpu", "suffix"}  # proposers that load no weights
+# DCP needs the attention backend to return the softmax LSE for decode (the model runner asserts
+# `need_to_return_lse_for_decode`); these have `can_return_lse_for_decode = True` in every release read, others
+# only in newer ones (CUTLASS_MLA, FLASHINFER_MLA, FLASHMLA_SPARSE) or not at all
+DCP_BACKENDS = frozenset({"FLASHMLA", "TRITON_MLA"})
+
 
 class Level(StrEnum):
     OK = "ok"
@@ -62,7 +103,7 @@ class Level(StrEnum):
 
 @dataclass(frozen=True)
 class Verdict:
-    check: str  # attention, flags, memory, parallelism, ray, driver, nvlink
+    check: str  # attention, flags, memory, parallelism, ray, driver, nvlink, dcp, speculative, quantization
     level: Level
     reason: str
     fix: str = ""
@@ -152,8 +193,10 @@ def gib(n: float) -> str:
 
 
 def check_profile(profile: Profile, node: NodeFacts, model: ModelSpec | None) -> Report:
+    opts = extra_options(profile.extra_args)
     verdicts = [*_flags(profile), *_attention(profile, node.gpus),
-                *_parallelism(profile, node.gpus, model, node.cluster),
+                *_parallelism(profile, node.gpus, model, node.cluster), *_dcp(profile, model, opts),
+                *_speculative(profile, model, opts), *_quantization(profile, visible_gpus(profile, node.gpus), model),
                 *_ray(profile, node), *_driver(node), *_nvlink(profile, node.gpus), _memory(profile, node.gpus, model)]
     return Report(profile=profile.name, model=profile.model, verdicts=tuple(verdicts))
 
@@ -302,6 +345,182 @@ def _nvlink(profile: Profile, gpus: tuple[GpuFacts, ...]) -> list[Verdict]:
     return [Verdict("nvlink", Level.OK, f"NVLink: {links} active links per GPU")]
 
 
+# ---------------------------------------------------------------------------------------------- extra_args options
+
+
+def _dcp(profile: Profile, model: ModelSpec | None, opts: ExtraOptions) -> list[Verdict]:
+    """Decode context parallel reuses the TP ranks (vllm/config/parallel.py: `tp % dcp`), and for GQA shards only
+    the KV heads' duplicates (docs/serving/context_parallel_deployment.md: dcp in [1, tp / kv heads])."""
+    if opts.dcp_error:
+        return [Verdict("dcp", Level.BLOCKING, opts.dcp_error,
+                        "-dcp N with N dividing tensor_parallel_size, or drop it")]
+    dcp, tp = opts.dcp, profile.tensor_parallel_size
+    if dcp == 1:
+        return []
+    if opts.pcp != 1:
+        return [Verdict("dcp", Level.UNKNOWN, f"{opts.dcp_token} with prefill context parallel {opts.pcp}: vLLM's DCP "
+                                              "rule is then different (1, PCP or TP x PCP); not checked")]
+    divisors = [d for d in range(1, tp + 1) if tp % d == 0]
+    if tp % dcp:
+        return [Verdict("dcp", Level.BLOCKING,
+                        f"decode context parallel {dcp} ({opts.dcp_token}) does not divide tensor parallel {tp}: DCP "
+                        f"shards the KV cache over the TP ranks, and vLLM refuses ('tp_size={tp} must be divisible "
+                        f"by dcp_size={dcp}')", f"-dcp one of {', '.join(map(str, divisors))}")]
+    if model is not None and not model.mla_latent_dim and model.kv_heads:
+        heads = model.kv_heads
+        if tp <= heads:
+            return [Verdict("dcp", Level.BLOCKING,
+                            f"{model.name} has {heads} KV heads and tensor parallel {tp} splits them without copies: "
+                            f"DCP has nothing to shard, and vLLM refuses ('tensor parallel size {tp} must be greater "
+                            f"than total num kv heads {heads} when enable decode context parallel')",
+                            f"drop {opts.dcp_token}, or tensor_parallel_size above {heads}")]
+        if dcp > tp // heads:
+            return [Verdict("dcp", Level.BLOCKING,
+                            f"decode context parallel {dcp} is above tensor parallel {tp} / {heads} KV heads = "
+                            f"{tp // heads}, vLLM's bound for a GQA model", f"-dcp {tp // heads} or less")]
+    backend = profile.attention_backend
+    if backend and backend not in DCP_BACKENDS:
+        return [Verdict("dcp", Level.WARNING,
+                        f"decode context parallel {dcp} with attention backend {backend}: DCP needs a backend that "
+                        "returns the softmax LSE for decode, and vLLM releases differ for this one (older ones "
+                        "refuse: 'DCP requires attention impls to return the softmax lse for decode')",
+                        f"attention_backend = {' or '.join(sorted(DCP_BACKENDS))}, or a vLLM whose {backend} has it")]
+    return [Verdict("dcp", Level.OK, f"decode context parallel {dcp}: the KV cache is sharded over {dcp} of the {tp} "
+                                     f"TP ranks, each GPU holds 1/{dcp} of it", numbers={"dcp": dcp})]
+
+
+def _method(spec: dict[str, Any]) -> str:
+    """The speculative method as vLLM names it: unnamed is "draft_model", and every "<model>_mtp" of its
+    MTPModelTypes is an alias of "mtp" (vllm/config/speculative.py)."""
+    method = str(spec.get("method") or "draft_model")
+    return "mtp" if method.endswith("_mtp") else method
+
+
+def own_draft(profile: Profile, model: ModelSpec | None, opts: ExtraOptions) -> tuple[int, int] | None:
+    """(draft layers, speculative tokens) when the profile drafts with the checkpoint's own draft layers as the model
+    table describes them (memory counts them); None otherwise."""
+    spec = opts.spec
+    if spec is None or opts.spec_error or model is None or not model.draft_method or spec.get("model"):
+        return None
+    if _method(spec) != model.draft_method:
+        return None
+    k = spec.get("num_speculative_tokens", model.draft_block)
+    return (model.draft_layers, k) if isinstance(k, int) and not isinstance(k, bool) and k > 0 else None
+
+
+def _speculative(profile: Profile, model: ModelSpec | None, opts: ExtraOptions) -> list[Verdict]:
+    """vllm/config/speculative.py: SpeculativeConfig.__post_init__ and _verify_args, as they refuse a config."""
+    if opts.spec_error:
+        return [Verdict("speculative", Level.BLOCKING, opts.spec_error,
+                        '--speculative-config \'{"method": "...", "num_speculative_tokens": N}\'')]
+    spec = opts.spec
+    if spec is None:
+        return []
+    tp, method, k = profile.tensor_parallel_size, _method(spec), spec.get("num_speculative_tokens")
+    if "tensor_parallel_size" in spec:
+        return [Verdict("speculative", Level.BLOCKING, "--speculative-config has tensor_parallel_size, which vLLM "
+                                                       "refuses there", "draft_tensor_parallel_size (1 or the TP)")]
+    if spec.get("draft_tensor_parallel_size") not in (None, 1, tp):
+        return [Verdict("speculative", Level.BLOCKING,
+                        f"draft_tensor_parallel_size {spec['draft_tensor_parallel_size']!r}: vLLM takes only 1 or the "
+                        f"target's tensor parallel size {tp}",
+                        f"draft_tensor_parallel_size 1 or {tp}, or leave it out")]
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        return [Verdict("speculative", Level.BLOCKING, f"num_speculative_tokens {k!r}: vLLM takes a whole number "
+                                                       "above 0", '"num_speculative_tokens": 1 or more')]
+    if method in _SPEC_WITHOUT_DRAFT:
+        return [Verdict("speculative", Level.OK, f"speculative decoding by {method}: no draft weights to load")]
+    if spec.get("model"):
+        return [Verdict("speculative", Level.UNKNOWN, f"speculative decoding by {method} with draft "
+                                                      f"{spec['model']}: not in the model table, its memory is not "
+                                                      "counted")]
+    if method not in ("mtp", "dspark"):
+        return [Verdict("speculative", Level.BLOCKING,
+                        f"speculative method {method} without a draft model: vLLM refuses ('num_speculative_tokens was "
+                        "provided but without speculative model')",
+                        'name the draft ("model"), or the checkpoint\'s own draft layers ("method": "mtp" or '
+                        '"dspark"), or "method": "ngram"')]
+    if model is None:
+        return [Verdict("speculative", Level.UNKNOWN,
+                        f"speculative method {method}: {profile.model} is not in the model table, whether its "
+                        "checkpoint has such draft layers is not checked", "describe it in a [[model]] table")]
+    return [_own_draft_verdict(model, spec, method, k)]
+
+
+def _own_draft_verdict(model: ModelSpec, spec: dict[str, Any], method: str, k: int | None) -> Verdict:
+    written = spec.get("method")
+    if not model.draft_method:
+        return Verdict("speculative", Level.BLOCKING, f"{model.name} ships no draft layers: method {written} has "
+                                                      "nothing to load", '"method": "ngram", or a separate draft '
+                                                                         'model, or no --speculative-config')
+    if method != model.draft_method:
+        return Verdict("speculative", Level.BLOCKING,
+                       f"{model.name}'s draft layers are {model.draft_method}, not {method}: vLLM refuses method "
+                       f"{written!r} for this architecture", f'"method": "{model.draft_method}"')
+    block = model.draft_block
+    k = block if k is None else k
+    if block and k > block and k % block:
+        return Verdict("speculative", Level.BLOCKING,
+                       f"num_speculative_tokens {k}: one {method} round drafts {block} tokens, and above that vLLM "
+                       f"needs a multiple of it ('num_speculative_tokens:{k} must be divisible by n_predict={block}')",
+                       f'"num_speculative_tokens": {block * (k // block)} or {block * (k // block + 1)}')
+    return Verdict("speculative", Level.OK,
+                   f"speculative decoding by {method}: {k} tokens a step from the checkpoint's {model.draft_layers} "
+                   f"draft layers ({model.draft_params_b:g}B parameters, counted in memory)",
+                   numbers={"num_speculative_tokens": k, "draft_layers": model.draft_layers})
+
+
+def _quantization(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec | None) -> list[Verdict]:
+    """The weight format against the checkpoint and each GPU's compute capability (vLLM's gate, QUANT_ARCH)."""
+    asked = (profile.quantization or "").lower()
+    native = model.native_quantization.lower() if model is not None else ""
+    if asked in _NOT_METHODS:
+        fix = (f"leave quantization unset: vLLM reads the checkpoint's own format ({native})" if native
+               else "leave quantization unset: vLLM reads the checkpoint's own format")
+        return [Verdict("quantization", Level.BLOCKING,
+                        f"quantization {profile.quantization!r} is not a --quantization choice of vLLM "
+                        f"({_NOT_METHODS[asked]}): it exits with 'invalid choice'",
+                        fix + ("; --quantization modelopt_fp4 for an NVFP4 checkpoint" if asked == "nvfp4" else ""))]
+    out = []
+    if asked and asked not in VLLM_QUANT_METHODS:
+        out.append(Verdict("quantization", Level.WARNING, f"quantization {profile.quantization!r} is not among vLLM's "
+                                                          "--quantization choices this check knows: vLLM exits with "
+                                                          "'invalid choice' unless your version has it"))
+    checkpoint = native if native not in _NOT_METHODS or native == "nvfp4" else ""
+    if asked and checkpoint and asked not in _SAME_FORMAT.get(checkpoint, {checkpoint}):
+        official = model is not None and profile.model.rstrip("/").lower() == model.name.lower()
+        out.append(Verdict("quantization", Level.BLOCKING if official else Level.WARNING,
+                           f"{profile.model} ships {checkpoint} weights; vLLM refuses another --quantization "
+                           f"('Quantization method specified in the model config ({checkpoint}) does not match the "
+                           f"quantization method specified in the `quantization` argument ({asked})')"
+                           + ("" if official else " if this checkpoint is the table's"),
+                           f"leave quantization unset (the checkpoint's {checkpoint}), or point model at a "
+                           f"checkpoint quantized with {asked}"))
+    method = asked or {"nvfp4": "modelopt_fp4"}.get(checkpoint, checkpoint)
+    if method in QUANT_ARCH:
+        out.append(_quant_arch(method, "" if asked else " (as shipped)", gpus))
+    return out
+
+
+def _quant_arch(method: str, how: str, gpus: tuple[GpuFacts, ...]) -> Verdict:
+    least, native, fact = QUANT_ARCH[method]
+    known = [g for g in gpus if g.cc is not None]
+    if not known:
+        return Verdict("quantization", Level.UNKNOWN, f"{method} weights{how}: GPU architecture unknown; {fact}")
+    names = sorted({f"{g.name} (SM{g.cc[0]}{g.cc[1]})" for g in known if g.cc})
+    low = min(g.cc[0] * 10 + g.cc[1] for g in known if g.cc)
+    if low < least:
+        return Verdict("quantization", Level.BLOCKING,
+                       f"{method} weights{how} on {', '.join(names)}: vLLM refuses ('The quantization method {method} "
+                       f"is not supported for the current GPU. Minimum capability: {least}. Current capability: "
+                       f"{low}.'); {fact}", "a checkpoint in bf16 or a format these GPUs run, or newer GPUs")
+    if low < native:
+        return Verdict("quantization", Level.WARNING, f"{method} weights{how} on {', '.join(names)}: no native "
+                                                      f"kernels below SM{native}; {fact}",
+                       f"expect lower throughput than on SM{native}+, or a format these GPUs run natively")
+    return Verdict("quantization", Level.OK, f"{method} weights{how} run natively on {', '.join(names)}")
+
+
 # ---------------------------------------------------------------------------------------------- memory
 
 
@@ -316,6 +535,11 @@ class MemoryFit:
     kv_per_token: int  # this GPU's bytes per token (all its layers)
     context: int
     seqs: int
+    lookahead: int = 0  # speculative tokens each sequence holds beyond its context
+
+    @property
+    def per_seq(self) -> int:
+        return self.context + self.lookahead
 
     @property
     def kv_free(self) -> int:
@@ -323,7 +547,7 @@ class MemoryFit:
 
     @property
     def kv_needed(self) -> int:
-        return self.kv_per_token * self.context * self.seqs
+        return self.kv_per_token * self.per_seq * self.seqs
 
     @property
     def kv_tokens(self) -> int:
@@ -337,8 +561,9 @@ class MemoryFit:
         return {"gpu_bytes": self.gpu_bytes, "budget_bytes": self.budget, "weights_bytes": self.weights,
                 "overhead_bytes": self.overhead, "kv_bytes_per_token": self.kv_per_token,
                 "kv_needed_bytes": self.kv_needed, "kv_free_bytes": self.kv_free, "margin_bytes": self.margin,
-                "kv_tokens": self.kv_tokens, "largest_context": self.kv_tokens,
-                "largest_concurrency": self.kv_tokens // self.context, "context": self.context, "seqs": self.seqs}
+                "kv_tokens": self.kv_tokens, "largest_context": max(self.kv_tokens - self.lookahead, 0),
+                "largest_concurrency": self.kv_tokens // self.per_seq, "context": self.context, "seqs": self.seqs,
+                "lookahead": self.lookahead}
 
 
 def weights_per_gpu(total: int, *, tp: int, pp: int, dp: int, expert_parallel: bool, expert_share: float) -> int:
@@ -361,15 +586,25 @@ def memory_fit(profile: Profile, model: ModelSpec, gpu: GpuFacts, *, tp: int | N
         return None
     tp = tp or profile.tensor_parallel_size
     pp = profile.pipeline_parallel_size
+    opts = extra_options(profile.extra_args)
+    dcp = opts.dcp if not opts.dcp_error and opts.pcp == 1 and tp % opts.dcp == 0 else 1  # else blocking elsewhere
     util = profile.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
     weights = weights_per_gpu(total, tp=tp, pp=pp, dp=profile.data_parallel_size,
                               expert_parallel=profile.enable_expert_parallel, expert_share=model.expert_share)
-    per_token = model.kv_bytes_per_token_layer(profile.kv_cache_dtype, tp) * math.ceil(model.layers / pp)
+    layer_bytes = model.kv_bytes_per_token_layer(profile.kv_cache_dtype, tp)
+    per_token = -(-layer_bytes * math.ceil(model.layers / pp) // dcp)  # DCP: each rank 1/dcp of the tokens
+    lookahead = 0
+    draft = own_draft(profile, model, opts)
+    if draft is not None:  # on the last pipeline stage; counted on every GPU, as the smallest may hold it
+        layers, lookahead = draft
+        draft_tp = (opts.spec or {}).get("draft_tensor_parallel_size") or tp
+        weights += round(model.draft_params_b * 1e9 * total / (model.params_b * 1e9) / draft_tp)
+        per_token += layer_bytes * layers
     gpu_bytes = gpu.mem_total_bytes or 0
     return MemoryFit(gpu_bytes=gpu_bytes, budget=int(util * gpu_bytes), weights=weights,
                      overhead=model.overhead_bytes, kv_per_token=per_token,
                      context=profile.max_model_len or model.context_window,
-                     seqs=profile.max_num_seqs or default_max_num_seqs(gpu))
+                     seqs=profile.max_num_seqs or default_max_num_seqs(gpu), lookahead=lookahead)
 
 
 def _memory(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec | None) -> Verdict:
@@ -385,10 +620,11 @@ def _memory(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec | Non
         return Verdict("memory", Level.UNKNOWN, f"no bytes per parameter for quantization {profile.quantization!r} "
                                                 f"of {model.name}: memory fit not checked",
                        "add it to bytes_per_param in a [[model]] table")
+    extra = f" + {fit.lookahead} speculative" if fit.lookahead else ""
     head = (f"per GPU: weights {gib(fit.weights)} + overhead {gib(fit.overhead)} + KV cache {gib(fit.kv_needed)} "
-            f"({fit.seqs} x {fit.context} tokens) vs {gib(fit.budget)} "
+            f"({fit.seqs} x {fit.context}{extra} tokens) vs {gib(fit.budget)} "
             f"({profile.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION:g} x {gib(fit.gpu_bytes)})")
-    if fit.kv_tokens < fit.context:
+    if fit.kv_tokens < fit.per_seq:
         return _memory_blocking(profile, model, fit, head, smallest)
     numbers = fit.numbers()
     if fit.margin < 0:
@@ -396,7 +632,7 @@ def _memory(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec | Non
                        f"{head}: {gib(-fit.margin)} short; at full context {numbers['largest_concurrency']} of "
                        f"{fit.seqs} sequences fit at once, vLLM queues the rest",
                        f"max_num_seqs = {numbers['largest_concurrency']} for full-context requests, or max_model_len "
-                       f"= {fit.kv_tokens // fit.seqs} for {fit.seqs} at once; or more GPUs", numbers)
+                       f"= {fit.kv_tokens // fit.seqs - fit.lookahead} for {fit.seqs} at once; or more GPUs", numbers)
     return Verdict("memory", Level.OK, f"{head}: fits with {gib(fit.margin)} to spare", numbers=numbers)
 
 
@@ -405,11 +641,11 @@ def _memory_blocking(profile: Profile, model: ModelSpec, fit: MemoryFit, head: s
     if fit.kv_free <= 0:
         why = f"the weights and overhead alone exceed the budget by {gib(-fit.kv_free)}"
     else:
-        why = (f"one sequence of max_model_len {fit.context} needs {gib(fit.kv_per_token * fit.context)} of KV cache, "
+        why = (f"one sequence of max_model_len {fit.context} needs {gib(fit.kv_per_token * fit.per_seq)} of KV cache, "
                f"{gib(fit.kv_free)} is left: vLLM refuses to start")
     fixes = []
-    if fit.kv_tokens >= 16:
-        fixes.append(f"max_model_len = {fit.kv_tokens} (the largest context that fits)")
+    if numbers["largest_context"] >= 16:
+        fixes.append(f"max_model_len = {numbers['largest_context']} (the largest context that fits)")
     tp_needed = _tp_that_fits(profile, model, gpu)
     if tp_needed:
         gpus = tp_needed * profile.pipeline_parallel_size * profile.data_parallel_size
@@ -425,7 +661,7 @@ def _tp_that_fits(profile: Profile, model: ModelSpec, gpu: GpuFacts) -> int | No
     tp = profile.tensor_parallel_size * 2
     while tp <= 1024:
         fit = memory_fit(profile, model, gpu, tp=tp)
-        if fit is not None and fit.kv_tokens >= fit.context:
+        if fit is not None and fit.kv_tokens >= fit.per_seq:
             return tp
         tp *= 2
     return None

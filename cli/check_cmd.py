@@ -168,6 +168,6 @@ def role_line(cfg: Config, cluster: ClusterFacts | None) -> str:
 def print_report(report: Report) -> None:
     _say(f"\nprofile {report.profile} ({report.model}):")
     for v in report.verdicts:
-        _say(f"  {_MARK[v.level]:<9}{v.check:<12}{terminal_safe(v.reason)}")  # it may quote Ray or NVML
+        _say(f"  {_MARK[v.level]:<9}{v.check:<11} {terminal_safe(v.reason)}")  # it may quote Ray or NVML
         if v.fix and v.level != Level.OK:
             _say(f"  {'':<21}fix: {terminal_safe(v.fix)}")

@@ -18,6 +18,11 @@ with, so the check and the simulated node agree, and they follow the DeepSeek-V3
   DP x TP ranks instead of the TP x PP ones.
 - Overhead per GPU: 5.5 GiB of activations and NCCL buffers (the profiling run's peak) plus 0.9 GiB of CUDA graphs.
 - Context window 163,840 tokens (vLLM's default max_model_len for it).
+- Speculative decoding: the checkpoint's draft stages are DSpark, not classic MTP. vLLM (vllm/config/speculative.py)
+  refuses method "mtp" (and its aliases such as "deepseek_mtp") for model_type deepseek_v41 and takes "dspark",
+  whose round drafts dspark_block_size = 5 tokens (n_predict): num_speculative_tokens above 5 must be a multiple of
+  it. Three stages (num_nextn_predict_layers); their size is an estimate, about one decoder layer each (284B / 61
+  layers = 4.7B): 14B, loaded beside the target, with one KV cache layer per stage.
 """
 
 from __future__ import annotations
@@ -44,6 +49,11 @@ class ModelSpec:
     head_dim: int = 0
     expert_share: float = 0.0  # routed experts' share of the weights (0: dense)
     overhead_bytes: int = 0  # per GPU: activations, NCCL buffers, CUDA graphs
+    # speculative decoding with the checkpoint's own draft layers (vLLM's --speculative-config)
+    draft_method: str = ""  # the method vLLM takes for them ("mtp", "dspark"); "": the checkpoint has none
+    draft_block: int = 0  # tokens one draft round proposes (vLLM's n_predict)
+    draft_layers: int = 0  # draft layers, each with its own KV cache layer
+    draft_params_b: float = 0.0  # their parameters, billions, loaded beside the target's
 
     def matches(self, model: str) -> bool:
         want = model.rstrip("/").lower()
@@ -77,6 +87,10 @@ DEEPSEEK_V41 = ModelSpec(
     mla_fp8_bytes=656,
     expert_share=0.95,
     overhead_bytes=int(5.5 * GIB) + int(0.9 * GIB),
+    draft_method="dspark",
+    draft_block=5,
+    draft_layers=3,
+    draft_params_b=14.0,
 )
 
 BUILTIN_MODELS: tuple[ModelSpec, ...] = (DEEPSEEK_V41,)

@@ -9,6 +9,7 @@ layers, fp8 MLA cache 656 bytes per token and layer, experts 95 % of W, overhead
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -260,3 +261,149 @@ async def test_the_supervisor_refuses_before_anything_changes_and_records_warnin
     await sup.stop(by="test")
     await wait_for(lambda: sup.state == "stopped" and sup.action is None, 20, what="stopped")
     await sup.shutdown(stop_serving=True)
+
+
+# ---------------------------------------------------------------------------------------------- DeepSeek-V4.1's options
+# decode context parallel (-dcp in extra_args), speculative decoding (--speculative-config), the weight format vs SM
+
+DENSE = dataclasses.replace(DEEPSEEK_V41, name="org/Dense-70B", params_b=70, active_params_b=70, layers=80,
+                            attention_heads=64, native_quantization="bf16", bytes_per_param={"bf16": 2.0, "fp8": 1.0,
+                            "modelopt_fp4": 0.5625}, mla_latent_dim=0, mla_fp8_bytes=0, kv_heads=8, head_dim=128,
+                            expert_share=0.0, draft_method="", draft_block=0, draft_layers=0, draft_params_b=0.0)
+V100 = facts_from_info([{"index": i, "name": "Tesla V100-SXM2-32GB", "cc_major": 7, "cc_minor": 0,
+                         "mem_total_bytes": 32 * 1024**3} for i in range(8)])
+
+
+def with_model(model, facts, **changes):
+    prof = dataclasses.replace(PROFILES["v4-tp8-h200"], model=model.name, attention_backend=None, **changes)
+    return check_profile(prof, facts, model)
+
+
+def test_dcp_must_divide_tp_and_shards_the_kv_cache_per_gpu():
+    r = run("v4-tp8-h200", H200, max_num_seqs=16, extra_args=("-dcp", "3"))
+    d = verdict(r, "dcp")
+    assert d.level == Level.BLOCKING and "tp_size=8 must be divisible by dcp_size=3" in d.reason
+    assert "-dcp 3" in d.reason and d.fix == "-dcp one of 1, 2, 4, 8" and r.exit_code == 2
+    # -dcp 8: each GPU holds 1/8 of the MLA cache: 40,016 / 8 = 5,002 bytes a token; 94,822,486,815 // 5,002 =
+    # 18,956,914 tokens, 144 full-context sequences at once instead of 18 (the 256 above)
+    r = run("v4-tp8-h200", H200, extra_args=("--decode-context-parallel-size=8",))
+    assert verdict(r, "dcp").level == Level.OK
+    n = verdict(r, "memory").numbers
+    assert (n["kv_bytes_per_token"], n["kv_tokens"], n["largest_concurrency"]) == (5_002, 18_956_914, 144)
+    assert verdict(run("v4-tp8-h200", H200, max_num_seqs=144, extra_args=("-dcp", "8")), "memory").level == Level.OK
+    # vLLM's spelling with underscores is the same flag; the last use wins
+    r = run("v4-tp8-h200", H200, extra_args=("-dcp", "2", "--decode_context_parallel_size", "4"))
+    assert verdict(r, "memory").numbers["kv_bytes_per_token"] == 10_004  # 40,016 / 4
+    for bad in (("-dcp", "0"), ("-dcp", "two"), ("-dcp",)):
+        d = verdict(run("v4-tp8-h200", H200, extra_args=bad), "dcp")
+        assert d.level == Level.BLOCKING and " ".join(bad) in d.reason and "whole number" in d.reason
+
+
+def test_dcp_on_a_gqa_model_needs_tp_above_the_kv_heads_and_a_backend_that_returns_the_lse():
+    d = verdict(with_model(DENSE, H200, extra_args=("-dcp", "2")), "dcp")  # TP8, 8 KV heads: no copies to shard
+    assert d.level == Level.BLOCKING and "must be greater than total num kv heads 8" in d.reason
+    d = verdict(with_model(DENSE, H200, tensor_parallel_size=16, extra_args=("-dcp", "4")), "dcp")
+    assert d.level == Level.BLOCKING and "16 / 8 KV heads = 2" in d.reason and d.fix == "-dcp 2 or less"
+    assert verdict(with_model(DENSE, H200, tensor_parallel_size=16, extra_args=("-dcp", "2")), "dcp").level == Level.OK
+    # a backend whose LSE support depends on the vLLM release is a warning; FLASHMLA has it in every one read
+    d = verdict(run("v4-tp8-b200", B200, extra_args=("-dcp", "8")), "dcp")
+    assert d.level == Level.WARNING and "CUTLASS_MLA" in d.reason and "FLASHMLA" in d.fix
+    assert verdict(run("v4-tp8-h200", H200, extra_args=("-dcp", "8")), "dcp").level == Level.OK
+
+
+def spec(**keys):
+    return ("--speculative-config", json.dumps(keys))
+
+
+def test_speculative_method_must_match_the_checkpoints_draft_layers():
+    # DeepSeek-V4.1's draft stages are DSpark: vLLM refuses "mtp" and its aliases for deepseek_v41
+    for method in ("mtp", "deepseek_mtp"):
+        s = verdict(run("v4-tp8-h200", H200, extra_args=spec(method=method, num_speculative_tokens=1)), "speculative")
+        assert s.level == Level.BLOCKING and "draft layers are dspark, not mtp" in s.reason
+        assert s.fix == '"method": "dspark"'
+    # a dspark round drafts 5 tokens: above 5, a multiple of 5
+    s = verdict(run("v4-tp8-h200", H200, extra_args=spec(method="dspark", num_speculative_tokens=7)), "speculative")
+    assert s.level == Level.BLOCKING and "must be divisible by n_predict=5" in s.reason
+    assert s.fix == '"num_speculative_tokens": 5 or 10'
+    for k in (3, 5, 10):
+        assert verdict(run("v4-tp8-h200", H200, extra_args=spec(method="dspark", num_speculative_tokens=k)),
+                       "speculative").level == Level.OK
+    # vLLM's dotted form is the same config
+    dotted = ("--speculative-config.method", "dspark", "--speculative_config.num_speculative_tokens", "7")
+    assert "n_predict=5" in verdict(run("v4-tp8-h200", H200, extra_args=dotted), "speculative").reason
+    # a model without draft layers, or not in the table
+    s = verdict(with_model(DENSE, H200, extra_args=spec(method="mtp", num_speculative_tokens=1)), "speculative")
+    assert s.level == Level.BLOCKING and "ships no draft layers" in s.reason
+    r = run("v4-tp8-h200", H200, model="someone/Other-7B", extra_args=spec(method="mtp"))
+    assert verdict(r, "speculative").level == Level.UNKNOWN
+
+
+def test_speculative_config_mistakes_vllm_refuses():
+    cases = [(("--speculative-config", '{"method": "dspark"'), "is not JSON"),
+             (("--speculative-config", "[5]"), "not an object"),
+             (("--speculative-config",), "has no value"),
+             (spec(method="dspark", num_speculative_tokens=0), "whole number above 0"),
+             (spec(method="dspark", tensor_parallel_size=8), "draft_tensor_parallel_size"),
+             (spec(method="dspark", draft_tensor_parallel_size=2), "only 1 or the target's tensor parallel size 8"),
+             (spec(method="eagle", num_speculative_tokens=2), "without speculative model")]
+    for args, words in cases:
+        s = verdict(run("v4-tp8-h200", H200, extra_args=args), "speculative")
+        assert s.level == Level.BLOCKING and words in s.reason + s.fix, args
+    assert verdict(run("v4-tp8-h200", H200, extra_args=spec(method="ngram", num_speculative_tokens=4)),
+                   "speculative").level == Level.OK
+    s = verdict(run("v4-tp8-h200", H200, extra_args=spec(method="eagle", model="org/eagle-head")), "speculative")
+    assert s.level == Level.UNKNOWN and "not counted" in s.reason
+
+
+def test_speculative_decoding_changes_the_memory_fit():
+    r = run("v4-tp8-h200", H200, max_num_seqs=16, extra_args=spec(method="dspark", num_speculative_tokens=5))
+    n = verdict(r, "memory").numbers
+    # the draft: 14e9 params x 296/284 bytes / TP8 = 518e9 / 284 = 1,823,943,661.97 -> 37e9 + 1,823,943,662
+    assert n["weights_bytes"] == 38_823_943_662
+    assert n["kv_bytes_per_token"] == 41_984  # 656 x (61 + 3 draft layers)
+    # 138,694,434,488 - 38,823,943,662 - 6,871,947,673 = 92,998,543,153; each sequence 131,072 + 5 tokens
+    assert (n["kv_free_bytes"], n["lookahead"]) == (92_998_543_153, 5)
+    assert n["kv_needed_bytes"] == 41_984 * 131_077 * 16 and n["margin_bytes"] == 4_948_354_865
+    assert verdict(r, "memory").level == Level.OK and r.exit_code == 0
+    # 10,902,852,383 to spare without it (test_tp8_on_h200_with_16_sequences_is_all_good)
+    assert verdict(run("v4-tp8-h200", H200, max_num_seqs=16), "memory").numbers["margin_bytes"] == 10_902_852_383
+
+
+def test_quantization_against_the_checkpoint_and_the_gpu_architecture():
+    q = verdict(run("v4-tp8-h200", H200), "quantization")
+    assert q.level == Level.OK and "fp8 weights (as shipped) run natively on NVIDIA H200 (SM90)" in q.reason
+    q = verdict(run("v4-tp8-h200", A100, attention_backend=None), "quantization")
+    assert q.level == Level.WARNING and "Marlin W8A16" in q.reason  # FP8 tensor cores are SM89+
+    q = verdict(run("v4-tp8-h200", V100, attention_backend=None), "quantization")
+    assert q.level == Level.BLOCKING and "Minimum capability: 75. Current capability: 70." in q.reason
+    # FP4: Blackwell natively, Hopper through Marlin; a bf16 checkpoint quantized online to fp8
+    assert verdict(with_model(DENSE, B200, quantization="modelopt_fp4"), "quantization").level == Level.OK
+    assert verdict(with_model(DENSE, H200, quantization="modelopt_fp4"), "quantization").level == Level.WARNING
+    assert verdict(with_model(DENSE, H200, quantization="fp8"), "quantization").level == Level.OK
+    assert [v for v in with_model(DENSE, H200).verdicts if v.check == "quantization"] == []  # bf16 as shipped
+    # another format than the FP8 checkpoint's: vLLM refuses; a path that may hold another copy: a warning
+    r = run("v4-tp8-h200", H200, quantization="awq")
+    [mismatch] = [v for v in r.verdicts if v.check == "quantization" and v.level == Level.BLOCKING]
+    assert "model config (fp8) does not match" in mismatch.reason and r.exit_code == 2
+    r = run("v4-tp8-h200", H200, quantization="awq", model="/models/DeepSeek-V4.1")
+    assert {v.level for v in r.verdicts if v.check == "quantization"} == {Level.WARNING, Level.OK}
+    # not --quantization choices at all
+    for name, words in (("bf16", "--dtype bfloat16"), ("nvfp4", "modelopt_fp4")):
+        q = verdict(run("v4-tp8-h200", H200, quantization=name), "quantization")
+        assert q.level == Level.BLOCKING and "invalid choice" in q.reason and words in q.reason + q.fix
+    q = [v for v in run("v4-tp8-h200", H200, quantization="int3").verdicts if v.check == "quantization"]
+    assert q[0].level == Level.WARNING and "choices this check knows" in q[0].reason
+
+
+def test_the_agent_preflight_refuses_what_vllm_would(tmp_path):
+    exe = tmp_path / "vllm"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    gpus = [{"index": s.index, "name": s.name, "cc_major": 9, "cc_minor": 0, "mem_total_bytes": s.mem_total_bytes,
+             "nvlink_count": 18} for s in h200_specs()]
+    prof = dataclasses.replace(PROFILES["v4-tp8-h200"], executable=str(exe), max_num_seqs=16,
+                               extra_args=("-dcp", "3", *spec(method="deepseek_mtp")))
+    problems, _ = preflight(prof, gpus)
+    assert any("dcp_size=3" in p for p in problems) and any("not mtp" in p for p in problems)
+    problems, warnings = preflight(dataclasses.replace(prof, extra_args=("-dcp", "8", *spec(method="dspark"))), gpus)
+    assert problems == [] and warnings == []

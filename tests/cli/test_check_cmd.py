@@ -125,3 +125,20 @@ def test_no_driver_as_a_process_prints_one_line(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == ("lynxtop check: no NVIDIA driver (nvmlInit failed: NVML_ERROR_LIBRARY_NOT_FOUND (NVML "
                         "Shared Library Not Found))\n")
+
+
+def test_deepseek_options_from_extra_args_are_checked(tmp_path, capsys):
+    # -dcp 3 does not divide TP8, and DeepSeek-V4.1's draft layers are DSpark, not MTP: vLLM refuses both
+    path = Path(config(tmp_path, "h200x8"))
+    path.write_text(path.read_text().replace(
+        "max_num_seqs = 256", 'max_num_seqs = 256\nextra_args = ["-dcp", "3", "--speculative-config", '
+                              '"{\\"method\\": \\"deepseek_mtp\\", \\"num_speculative_tokens\\": 1}"]', 1))
+    rc, out, err = check(capsys, "--config", str(path), "--profile", "v4-tp8-h200")
+    assert rc == 2 and err == ""
+    assert "  BLOCKING dcp         decode context parallel 3 (-dcp 3) does not divide tensor parallel 8" in out
+    assert "fix: -dcp one of 1, 2, 4, 8" in out
+    assert "  BLOCKING speculative deepseek-ai/DeepSeek-V4.1's draft layers are dspark, not mtp" in out
+    assert "  ok       quantization fp8 weights (as shipped) run natively on NVIDIA H200 (simulated) (SM90)" in out
+    rc, out, _ = check(capsys, "--config", str(path), "--profile", "v4-tp8-h200", "--json")
+    levels = {v["check"]: v["level"] for v in json.loads(out)["reports"][0]["verdicts"]}
+    assert (levels["dcp"], levels["speculative"], levels["quantization"]) == ("blocking", "blocking", "ok")
