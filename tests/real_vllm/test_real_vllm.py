@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -634,3 +635,66 @@ def test_lynxtop_bench_agrees_with_vllm_bench_serve(agent, prepared):
             pytest.xfail(f"TTFT disagrees: {', '.join(bunched)} read its streams whole (median ITL < "
                          f"{BUNCHED_ITL_MS} ms): {off}")
         raise AssertionError(f"TTFT disagrees without server stalls: {off}\n{side}")
+
+
+# `lynxtop bench --save-result` against a file vLLM's own client wrote (`vllm bench serve --save-result
+# --save-detailed`, every optional metric asked for) on the same tiny server: lynxtop's file must have every key
+# of vLLM's, with the same type (lists: the same element type), and vLLM's file name. The two run one after the
+# other: only shapes and counts are compared, no timings.
+SAVE_PROMPTS, SAVE_OUTPUT, SAVE_CONCURRENCY = 8, 8, 2
+
+
+def _shape(v: object) -> object:
+    """A value's JSON type; a list's carries its first element's (an empty list matches any list)."""
+    if isinstance(v, list):
+        return ("list", _shape(v[0])) if v else ("list",)
+    return type(v).__name__
+
+
+def _same_shape(ours: object, theirs: object) -> bool:
+    a, b = _shape(ours), _shape(theirs)
+    return a == b or (isinstance(a, tuple) and isinstance(b, tuple) and (len(a) == 1 or len(b) == 1))
+
+
+def test_save_result_has_every_key_of_vllms_own_file_with_its_types(agent, prepared):
+    ensure_ready(agent, "tiny")
+    out = prepared.root / "bench-save-result"
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "vllm").mkdir(parents=True)
+    prompts, sharegpt = _bench_prompts(out)
+    # no --model: vLLM's client asks the server (model_id = the served model's root, as lynxtop's); the SLA is
+    # the agent's [sla] defaults, so both compute goodput
+    argv = [str(prepared.vllm), "bench", "serve", "--backend", "openai", "--base-url", f"http://127.0.0.1:{agent.port}",
+            "--tokenizer", str(prepared.model), "--dataset-name", "sharegpt", "--dataset-path", str(sharegpt),
+            "--sharegpt-output-len", str(SAVE_OUTPUT), "--disable-shuffle", "--num-prompts", str(SAVE_PROMPTS),
+            "--ready-check-timeout-sec", "0", "--disable-tqdm", "--max-concurrency", str(SAVE_CONCURRENCY),
+            "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el,client_queue_time",
+            "--metric-percentiles", "50,90,99", "--goodput", "ttft:2000", "tpot:150",
+            "--save-result", "--save-detailed", "--result-dir", str(out / "vllm")]
+    quiet = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    theirs_proc = subprocess.run(argv, capture_output=True, text=True, timeout=600,
+                                 env={**os.environ, **prepared.env(), **quiet})
+    assert theirs_proc.returncode == 0, (theirs_proc.stdout + theirs_proc.stderr)[-3000:]
+    ours_proc = subprocess.run([sys.executable, "-m", "lynxtop", "bench", "--config", str(agent.config),
+                                "--prompts", str(prompts), "--output-len", str(SAVE_OUTPUT), "--concurrency",
+                                str(SAVE_CONCURRENCY), "--requests", str(SAVE_PROMPTS), "--warmup", "0",
+                                "--save-result", "--result-dir", str(out / "lynxtop")],
+                               capture_output=True, text=True, timeout=600)
+    assert ours_proc.returncode == 0, ours_proc.stdout + ours_proc.stderr
+    (theirs_file,) = [p for p in (out / "vllm").glob("*.json") if not p.name.endswith(".pytorch.json")]
+    (ours_file,) = (out / "lynxtop").glob("*.json")
+    date = re.compile(r"-\d{8}-\d{6}\.json$")
+    assert date.sub("", ours_file.name) == date.sub("", theirs_file.name), (ours_file.name, theirs_file.name)
+    theirs, ours = json.loads(theirs_file.read_text()), json.loads(ours_file.read_text())
+    missing = sorted(set(theirs) - set(ours))
+    differ = {k: (_shape(ours[k]), _shape(theirs[k])) for k in theirs if k in ours
+              and not _same_shape(ours[k], theirs[k])}
+    print(f"\nvLLM's keys: {len(theirs)}, lynxtop's: {len(ours)}, lynxtop's own: {sorted(set(ours) - set(theirs))}")
+    assert not missing and not differ, f"missing: {missing}; other types (lynxtop, vLLM): {differ}"
+    itls = [g for gaps in ours["itls"] + theirs["itls"] for g in gaps]
+    assert itls and all(isinstance(g, float) for g in itls)
+    for k in ("num_prompts", "completed", "failed", "total_output_tokens", "max_concurrency", "request_rate",
+              "backend", "label", "model_id"):
+        assert ours[k] == theirs[k], (k, ours[k], theirs[k])
+    assert ours["output_lens"] == theirs["output_lens"] == [SAVE_OUTPUT] * SAVE_PROMPTS
+    assert len(ours["generated_texts"]) == SAVE_PROMPTS and all(ours["generated_texts"])
