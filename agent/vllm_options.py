@@ -4,7 +4,8 @@ The typed profile keys own the common flags (contract/config.py OWNED_FLAGS); de
 speculative decoding have no typed key, so the check reads them from extra_args. vLLM's FlexibleArgumentParser
 (vllm/utils/argparse_utils.py) turns `_` into `-` in a long flag's name (up to the first `.`), splits
 `--flag=value`, reads `--flag.key v` as `--flag '{"key": v}'` (merged into the JSON), and argparse keeps the last
-use of a flag. Pure functions: nothing is started or read.
+use of a flag and, with allow_abbrev on, expands an unambiguous prefix (`--decode-context 8`). Pure functions:
+nothing is started or read.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from typing import Any
 DCP_FLAGS = ("--decode-context-parallel-size", "-dcp")
 PCP_FLAGS = ("--prefill-context-parallel-size", "-pcp")
 SPEC_FLAG = "--speculative-config"
+# the shortest prefix taken for each long flag: past its first word, where no other vLLM flag shares it
+_SHORTEST = {"--decode-context-parallel-size": "--decode-c", "--prefill-context-parallel-size": "--prefill-c",
+             SPEC_FLAG: "--speculative-c"}
 
 
 @dataclass(frozen=True)
@@ -40,13 +44,18 @@ def _name(token: str) -> str:
     return "--" + head.replace("_", "-") + dot + rest
 
 
+def _is(name: str, names: Sequence[str]) -> bool:
+    """`name` is one of `names`, or a prefix argparse expands to one of the long ones."""
+    return name in names or any(n.startswith(name) and name.startswith(_SHORTEST.get(n, n)) for n in names)
+
+
 def flag_values(args: Sequence[str], names: Sequence[str]) -> list[tuple[str, str | None]]:
     """(the token as written, its value) for each use of one of `names` in `args`; value None: none follows."""
     out: list[tuple[str, str | None]] = []
     i = 0
     while i < len(args):
         tok = args[i]
-        if _name(tok) in names:
+        if _is(_name(tok), names):
             if "=" in tok:
                 out.append((tok, tok.split("=", 1)[1]))
                 i += 1

@@ -294,6 +294,8 @@ def test_dcp_must_divide_tp_and_shards_the_kv_cache_per_gpu():
     # vLLM's spelling with underscores is the same flag; the last use wins
     r = run("v4-tp8-h200", H200, extra_args=("-dcp", "2", "--decode_context_parallel_size", "4"))
     assert verdict(r, "memory").numbers["kv_bytes_per_token"] == 10_004  # 40,016 / 4
+    # and argparse expands an unambiguous prefix
+    assert "dcp_size=3" in verdict(run("v4-tp8-h200", H200, extra_args=("--decode-context", "3")), "dcp").reason
     for bad in (("-dcp", "0"), ("-dcp", "two"), ("-dcp",)):
         d = verdict(run("v4-tp8-h200", H200, extra_args=bad), "dcp")
         assert d.level == Level.BLOCKING and " ".join(bad) in d.reason and "whole number" in d.reason
