@@ -172,6 +172,16 @@ def test_a_result_dir_that_cannot_be_written_is_refused_before_the_sweep(tmp_pat
         r = bench("--url", srv.url, "--no-store", "--concurrency", "1", "--label", "x")
         assert r.returncode == 2 and "go with --save-result" in r.stderr
         assert srv.count == 0  # nothing was sent
+        # sysfs takes no new file, though root passes its access check: then the sweep runs, the failure is
+        # reported (once by the level, once at the end), the levels are still measured and shown, exit 1
+        r = bench("--url", srv.url, "--no-store", "--concurrency", "1", "1", "--requests", "1", "--warmup", "0",
+                  "--output-len", "4", "--save-result", "--result-dir", "/sys/kernel")
+        if os.access("/sys/kernel", os.W_OK | os.X_OK):  # root
+            assert r.returncode == 1 and r.stderr.count("cannot write a result file in /sys/kernel") == 2, r.stderr
+            assert "0 vllm --save-result file(s)" in r.stderr and "out tok/s" in r.stdout
+        else:
+            assert r.returncode == 2 and "/sys/kernel is not writable" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
     finally:
         srv.close()
 
