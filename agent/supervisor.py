@@ -622,7 +622,9 @@ class Supervisor:
                 self._check_log()
                 self._resave_record()
                 if await probe.ok() and not proc.exited:
-                    others = await asyncio.to_thread(self._others_listening, proc, prof)
+                    # inline, once per answered probe (a few ms of /proc reads): in a worker thread each of its
+                    # syscalls waited for the GIL behind a busy loop, and readiness came seconds late
+                    others = self._others_listening(proc, prof)
                     if not others:
                         await self._on_ready(run, url)
                         return "ready"
