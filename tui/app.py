@@ -65,6 +65,9 @@ class LynxtopApp(App):
     }
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit"),
+        # An operator's Ctrl-C means quit (as in htop, k9s), not Textual's "press ctrl+q" hint; a dialog's own
+        # ctrl+c binding (cancel) comes first, being nearer the focus.
+        Binding("ctrl+c", "quit", "Quit", show=False, id="app.ctrl_c"),
         Binding("question_mark", "help", "Help", key_display="?", id="app.help"),
         Binding("1", "view('node')", "Node view", id="view.node", group=VIEW_KEYS),
         Binding("2", "view('gpu')", "GPU view", id="view.gpu", group=VIEW_KEYS),

@@ -190,3 +190,25 @@ async def test_restart_on_a_ray_worker_is_refused_locally(agent):
         await pilot.press("R")
         await wait_for(pilot, lambda: any("Ray worker" in m for _, m, _ in notices))
         assert not isinstance(app.screen, ConfirmScreen) and agent.posts() == []
+
+
+async def test_ctrl_c_quits_the_app(agent):
+    """Ctrl-C leaves, as in htop and k9s, instead of Textual's 'press ctrl+q to quit' hint (issue 28.1)."""
+    app, notices = _app_with_notices(agent)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.status is not None)
+        await pilot.press("ctrl+c")
+        await pilot.pause(0.2)
+        assert not app.is_running
+    assert not any("ctrl+q" in m for _, m, _ in notices)
+
+
+async def test_ctrl_c_in_a_confirm_dialog_cancels(agent):
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_screen(pilot, app, "R", ConfirmScreen)
+        await pilot.press("ctrl+c")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+        await pilot.pause(0.1)
+        assert app.is_running
+        assert agent.posts() == []

@@ -12,7 +12,7 @@ from textual.widgets import Button, Static
 
 class ConfirmScreen(ModalScreen[bool]):
     BINDINGS = [
-        Binding("escape,n", "cancel", "Cancel", id="confirm.cancel"),
+        Binding("escape,n,ctrl+c", "cancel", "Cancel", id="confirm.cancel"),
         Binding("left,right", "toggle_focus", "Move", show=False, id="confirm.move"),
     ]
 

@@ -12,7 +12,7 @@ from lynxtop.tui.export_csv import ExportError, check_target
 
 
 class ExportPathScreen(ModalScreen[str | None]):
-    BINDINGS = [Binding("escape", "cancel", "Cancel", id="export.cancel")]
+    BINDINGS = [Binding("escape,ctrl+c", "cancel", "Cancel", id="export.cancel")]
 
     def __init__(self, title: str, default_path: str):
         super().__init__()

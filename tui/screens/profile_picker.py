@@ -12,7 +12,7 @@ from textual.widgets.option_list import Option
 
 
 class ProfilePickerScreen(ModalScreen[str | None]):
-    BINDINGS = [Binding("escape", "cancel", "Cancel", id="picker.cancel")]
+    BINDINGS = [Binding("escape,ctrl+c", "cancel", "Cancel", id="picker.cancel")]
 
     def __init__(self, title: str, profiles: list[dict], current: str | None):
         super().__init__()
