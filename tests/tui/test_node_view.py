@@ -215,3 +215,27 @@ async def test_no_extra_panels_or_event_polls_below_tall(agent):
         await pilot.pause(0.3)
         assert not app.screen.query_one(GpuTrends).display
         assert not any(p == "/v1/events" for _, p, _ in agent.requests)
+
+
+async def test_header_agrees_with_the_banner_and_freezes_timers_when_unreachable(agent):
+    """Header and banner read one staleness rule: no `agent ✓` under an 'unreachable' banner, and a STOPPING
+    timer stops at the last answer instead of counting on past a stop that may have finished (issue 28.1)."""
+    from support.status import T0, status_json
+
+    agent.status = status_json("stopping", state_since_ms=T0 - 5_000)
+    now = {"s": T0 / 1000}
+    app = make_app(agent.socket_path, clock=lambda: now["s"])
+    async with app.run_test(size=(160, 48)) as pilot:
+        header = app.screen.query_one(NodeHeader)
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.pause(0.1)
+        assert "STOPPING 5s" in text_of(header) and "agent ✓" in text_of(header)
+        agent.stop()
+        banner = app.screen.query_one(OutageBanner)
+        await wait_for(pilot, lambda: banner.has_class("-visible"))
+        now["s"] += 600
+        await wait_for(pilot, lambda: app.backoff.failures >= 3)
+        await pilot.pause(0.1)
+        text = text_of(header)
+        assert "agent ✓" not in text and "agent ✗ unreachable" in text
+        assert "STOPPING 5s" in text, text

@@ -57,6 +57,10 @@ class NodeHeader(TextPanel):
 
     def show(self, state: LiveState, now_ms: int, flags: list[tuple[str, str]]) -> None:
         agent, serving = state.agent, state.serving
+        if state.outage is not None and state.received_ms is not None:
+            # One staleness rule with the banner: an unreachable agent's snapshot is frozen at its last answer,
+            # so a STOPPING timer does not keep counting for a stop that may long have finished.
+            now_ms = state.received_ms
         t = Text(no_wrap=True, overflow="ellipsis")
         if state.simulated:
             t.append(" SIMULATED ", style="bold black on magenta")
@@ -136,7 +140,9 @@ def _head(t: Text, cluster: ClusterStatus) -> None:
 def _agent_health(t: Text, state: LiveState, agent: AgentStatus, now_ms: int) -> None:
     """Whether to trust the numbers: agent health, stalled sampling, NVML, an action under way."""
     t.append("  ")
-    if agent.healthy:
+    if state.outage is not None:  # the banner's fact, not the last snapshot's `agent ✓`
+        t.append("agent ✗ unreachable", style="bold red")
+    elif agent.healthy:
         t.append("agent ✓", style="green")
     else:
         t.append("agent ✗ unhealthy", style="bold red")
