@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from rich.text import Text
 from textual.widget import Widget
 
-from lynxtop.contract.format import NA, fmt_clock, fmt_datetime
+from lynxtop.contract.format import NA, fmt_clock, fmt_datetime, fmt_duration
 from lynxtop.tui.plot import Chart, breach_marks, bucketize, column_chart
 
 LABEL_W = 9  # the y-axis labels' width
@@ -70,10 +70,12 @@ class TimeChart(Widget):
         if top is not None:
             out.append(f"  max {self.fmt(top)}", style="dim")
         if self.threshold is not None:
-            n = sum(chart.breach)
+            n = breach_episodes(self.points, self.threshold, self.start_ms, self.end_ms)
             out.append(f"  limit {self.fmt(self.threshold)}", style="dim")
             if n:
-                out.append(f"  ▲ {n} breach{'es' if n != 1 else ''}", style="bold red")
+                # episodes, as the agent's sla.breach events count them, not chart columns above the line
+                span = fmt_duration((self.end_ms - self.start_ms) / 1000)
+                out.append(f"  ▲ {n} breach episode{'s' if n != 1 else ''} in {span}", style="bold red")
         if self.note:
             out.append(f"  {self.note}", style="dim italic")
         out.append("\n")
@@ -108,3 +110,17 @@ class TimeChart(Widget):
         if run_style is not None:
             out.append(row[run_start:], style=run_style)
         out.append("\n")
+
+
+def breach_episodes(points: Sequence[tuple[int, float | None]], threshold: float, start_ms: int, end_ms: int
+                    ) -> int:
+    """How many times the series went above the threshold within [start, end]: one long breach is one episode,
+    however many samples or chart columns it spans. A gap (None) does not end an episode."""
+    episodes, above = 0, False
+    for ts, v in points:
+        if v is None or not start_ms <= ts <= end_ms:
+            continue
+        if v > threshold and not above:
+            episodes += 1
+        above = v > threshold
+    return episodes
