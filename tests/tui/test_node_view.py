@@ -239,3 +239,17 @@ async def test_header_agrees_with_the_banner_and_freezes_timers_when_unreachable
         text = text_of(header)
         assert "agent ✓" not in text and "agent ✗ unreachable" in text
         assert "STOPPING 5s" in text, text
+
+
+async def test_sla_breach_says_which_p99_and_the_window_the_serving_panel_uses(agent):
+    """A BREACH badge over a panel whose TTFT p99 is under its limit names the p99 that is over, and both say
+    the window they are computed over, so they never read as a contradiction (issue 28.1)."""
+    from support.status import status_json
+
+    agent.status = status_json(sla={"state": "breach", "ttft_p99_ms": 498.0, "tpot_p99_ms": 3100.0})
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(200, 48)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.pause(0.1)
+        assert "SLA ✗ BREACH TPOT 3.10 s p99/60s" in text_of(app.screen.query_one(NodeHeader))
+        assert "over 60s" in str(app.screen.query_one(ServingPanel).border_title)

@@ -25,8 +25,8 @@ async def test_one_long_breach_is_one_episode_not_one_per_column():
         chart.set_data(points, T0, T0 + 120_000, threshold=2000)
         await pilot.pause()
         title = plain(chart.render()).splitlines()[0]
-        assert "▲ 1 breach episode in 2m" in title, title
+        assert "▲ 1 breach in 2m00s" in title, title
         # a second spike is a second episode
         chart.set_data([*points, (T0 + 121_000, 2500.0)], T0, T0 + 122_000, threshold=2000)
         await pilot.pause()
-        assert "▲ 2 breach episodes" in plain(chart.render()).splitlines()[0]
+        assert "▲ 2 breaches in 2m02s" in plain(chart.render()).splitlines()[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from lynxtop.contract.format import fmt_duration
+from lynxtop.contract.format import fmt_duration, fmt_ms
 from lynxtop.contract.status import (
     AgentStatus,
     ClusterStatus,
@@ -43,7 +43,15 @@ def sla_badge(sla: SlaStatus) -> Text:
     if sla.state == SlaState.OK:
         return Text("SLA ✓ ok", style="green")
     if sla.state == SlaState.BREACH:
-        return Text("SLA ✗ BREACH", style="bold red reverse")
+        # Say which p99 and over what window: the Serving panel's figures must be checkable against it.
+        over = [f"{name} {fmt_ms(v)}" for name, v, limit in (
+            ("TTFT", sla.ttft_p99_ms, sla.ttft_threshold_ms), ("TPOT", sla.tpot_p99_ms, sla.tpot_threshold_ms))
+            if v is not None and limit is not None and v > limit]
+        badge = Text("SLA ✗ BREACH", style="bold red reverse")
+        if over:
+            window = f"/{sla.window_s:g}s" if sla.window_s is not None else ""
+            badge.append(f" {', '.join(over)} p99{window}", style="bold red")
+        return badge
     return Text("SLA ? unknown", style="dim")
 
 

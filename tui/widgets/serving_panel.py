@@ -46,6 +46,9 @@ class ServingPanel(TextPanel):
         lines.append(line)
         out = Text("\n", no_wrap=True, overflow="crop").join(lines)
         out.no_wrap, out.overflow = True, "crop"
+        window = state.sla.window_s
+        # The SLA badge judges p99 over this same window: say it, so the two figures can be compared.
+        self.border_title = f"Serving · p50/p99 over {window:g}s" if window is not None else "Serving"
         self.border_subtitle = _engines_hint(state)
         self.update(out)
 

@@ -75,7 +75,7 @@ class TimeChart(Widget):
             if n:
                 # episodes, as the agent's sla.breach events count them, not chart columns above the line
                 span = fmt_duration((self.end_ms - self.start_ms) / 1000)
-                out.append(f"  ▲ {n} breach episode{'s' if n != 1 else ''} in {span}", style="bold red")
+                out.append(f"  ▲ {n} breach{'es' if n != 1 else ''} in {span}", style="bold red")
         if self.note:
             out.append(f"  {self.note}", style="dim italic")
         out.append("\n")
