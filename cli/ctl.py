@@ -14,11 +14,12 @@ import shutil
 import sys
 import time
 from argparse import Namespace
+from pathlib import Path
 from typing import Any
 
 from lynxtop.client import AgentClient, AgentRefused, AgentUnreachable, parse_status
 from lynxtop.config_cli import load_or_exit
-from lynxtop.contract.format import fmt_bytes, fmt_datetime, fmt_duration, fmt_ms
+from lynxtop.contract.format import fmt_bytes, fmt_clock, fmt_datetime, fmt_duration, fmt_ms
 from lynxtop.contract.status import (
     AgentStatus,
     ClusterStatus,
@@ -123,8 +124,12 @@ def _clock(ms: int | None) -> str:
 # ---------------------------------------------------------------------------------------------- status
 
 
-def format_status(st: Status) -> str:
-    """The compact human summary of a status; every missing value shows as N/A or '-'."""
+def format_status(st: Status, rate: tuple[float, int] | None = None) -> str:
+    """The compact human summary of a status; every missing value shows as N/A or '-'.
+
+    `rate` is the finished-request rate averaged over the last minutes and the ms it covers (from the store):
+    the status's own figure is per tick, and reads 0.0 for minutes while long requests run.
+    """
     lines: list[str] = []
     if st.agent.simulated:
         lines.append("*** SIMULATED node: the GPUs and/or vLLM are simulated ***")
@@ -134,7 +139,7 @@ def format_status(st: Status) -> str:
         lines += _serving_lines(st.serving, st.ts_ms)
     lines += cluster_lines(st.cluster, st.ts_ms)
     lines.append(_sla_line(st.sla))
-    lines += _traffic_lines(st.serving_metrics)
+    lines += _traffic_lines(st.serving_metrics, rate)
     lines += [_gpu_line(g) for g in st.gpus]
     lines.append(_host_line(st.host))
     lines += _agent_lines(st.agent)
@@ -153,7 +158,7 @@ def _serving_lines(srv: ServingStatus, now: int | None) -> list[str]:
                      f"{srv.failures_in_window} failures in the window")
     if state == ServingState.CRASH_LOOP:
         lines.append(f"{INDENT}gave up after repeated failures: fix the cause, then `lynxtop start`")
-    details = [f"profile {srv.profile or '-'}", f"run {srv.run_id or '-'}", f"pid {srv.pid or '-'}"]
+    details = [_run_text(srv), f"pid {srv.pid or '-'}"]
     if srv.model:
         details.append(f"model {srv.model}")
     if srv.vllm_version:
@@ -164,6 +169,14 @@ def _serving_lines(srv: ServingStatus, now: int | None) -> list[str]:
         details.append("adopted")
     lines.append(INDENT + "  ".join(details))
     return lines
+
+
+def _run_text(srv: ServingStatus) -> str:
+    """`run 12 (started 14:02, profile v4-tp8-h200)`: a run is one launch of vLLM; its number alone says nothing."""
+    if srv.run_id is None:
+        return f"profile {srv.profile or '-'}  run -"
+    started = f"started {fmt_clock(srv.started_ms, False)}, " if srv.started_ms else ""
+    return f"run {srv.run_id} ({started}profile {srv.profile or '-'})"
 
 
 def _idle_worker(st: Status) -> bool:
@@ -223,13 +236,17 @@ def _sla_line(sla: SlaStatus) -> str:
             f"window {_na(sla.window_s, '{:g}', ' s')}")
 
 
-def _traffic_lines(sm: ServingMetrics) -> list[str]:
+def _traffic_lines(sm: ServingMetrics, rate: tuple[float, int] | None = None) -> list[str]:
     m = sm.metric
     if m("scrape_ok") is None:  # nothing scraped (not serving): no line of N/As
         return []
     if m("scrape_ok") == 0:
         return [f"traffic  metrics unreadable ({m('scrape_errors')} failed scrapes)"]
-    return [f"traffic  {_na(m('requests_per_s'), '{:.1f}', ' req/s')}  "
+    if rate is not None:
+        req = f"{rate[0]:.2f} req/s (finished, mean of {fmt_duration(rate[1] / 1000)})"
+    else:  # no stored history to average: say the figure is one tick's, not a rate to trust
+        req = _na(m('requests_per_s'), '{:.1f}', ' req/s finished in the last tick')
+    return [f"traffic  {req}  "
             f"gen {_na(m('generation_tokens_per_s'), '{:.0f}', ' tok/s')}  "
             f"prompt {_na(m('prompt_tokens_per_s'), '{:.0f}', ' tok/s')}  "
             f"running {_na(m('requests_running'))}  waiting {_na(m('requests_waiting'))}  "
@@ -275,14 +292,44 @@ def _agent_lines(agent: AgentStatus) -> list[str]:
     return lines
 
 
+def _stored_rate(args: Namespace, st: Status) -> tuple[float, int] | None:
+    """The finished-request rate over the last 5 minutes from the history database, as the dashboard shows it;
+    None when there is no database to read (the line then says its figure is one tick's)."""
+    from lynxtop.tui.window_stats import RATE_WINDOW_MS, window_mean
+
+    path = getattr(args, "database", None)
+    if not path and not getattr(args, "socket", None):
+        cfg = load_or_exit(args)  # read once already, by _client: it loads
+        path = cfg.agent.database if cfg is not None else None
+    if not path or not Path(path).exists() or not st.ts_ms:
+        return None
+    try:
+        from lynxtop.store.reader import StoreReader
+
+        reader = StoreReader(Path(path))
+        try:
+            _, rows = reader.series("serving", ["requests_per_s"], st.ts_ms - RATE_WINDOW_MS, st.ts_ms + 1,
+                                    resolution="raw")
+        finally:
+            reader.close()
+    except Exception:  # a database we cannot read costs this one figure, never the status
+        return None
+    mean, span = window_mean([(int(r["ts_ms"]), r.get("requests_per_s")) for r in rows], st.ts_ms,
+                             interval_ms=int(1000 * float(st.agent.sample_interval_s or 1.0)))
+    return None if mean is None else (mean, span)
+
+
 def status(args: Namespace) -> int:
     client = _client(args)
     if client is None:
         return EXIT_USAGE
     try:
         data = client.status_json()
-        text = json.dumps(data, indent=2, sort_keys=True) if getattr(args, "json", False) else \
-            format_status(parse_status(terminal_safe_json(data), client.socket_path))  # each field escaped
+        if getattr(args, "json", False):
+            text = json.dumps(data, indent=2, sort_keys=True)
+        else:
+            st = parse_status(terminal_safe_json(data), client.socket_path)  # each field escaped
+            text = format_status(st, _stored_rate(args, st))
     except (AgentUnreachable, AgentRefused) as exc:
         return _failed(exc)
     print(terminal_safe(text, lines=True))
