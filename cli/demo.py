@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lynxtop.agent.sim.loadgen import DEMO_PATTERN, LoadGenerator
+from lynxtop.agent.sim.loadgen import DEMO_CALM, DEMO_PATTERN, LoadGenerator
 from lynxtop.client import AgentClient, AgentRefused, AgentUnreachable
 from lynxtop.contract.status import ServingState, Status
 
@@ -123,7 +123,7 @@ gpu_release_timeout_s = 30
 [[profile]]
 name = "{PROFILES[0]}"
 description = "SIMULATED DeepSeek-V4.1 (284B MoE), TP8 on 8×H200, BF16 KV cache"
-max_num_seqs = 16
+max_num_seqs = 8
 kv_cache_dtype = "auto"
 {common}
 
@@ -297,7 +297,9 @@ class Demo:
     # -- traffic
 
     def start_traffic(self, time_scale: float = 1.0) -> None:
-        self.loadgen = LoadGenerator(f"http://127.0.0.1:{self.port}", pattern=DEMO_PATTERN, time_scale=time_scale)
+        # A healthy node first; the dashboard's load key raises it to the pattern that breaches the SLA.
+        self.loadgen = LoadGenerator(f"http://127.0.0.1:{self.port}", pattern=DEMO_CALM, time_scale=time_scale)
+        self.loadgen.raised_pattern = DEMO_PATTERN
         ready = threading.Event()
 
         def main() -> None:
@@ -314,6 +316,14 @@ class Demo:
         self._traffic_thread = threading.Thread(target=main, name="demo-traffic", daemon=True)
         self._traffic_thread.start()
         ready.wait(5)
+
+    def toggle_load(self) -> str:
+        """The dashboard's load key (demo only): raise the simulated load until the SLA breaches, or lower it."""
+        if self.loadgen is None:
+            return "no simulated traffic running"
+        self.loadgen.set_raised(not self.loadgen.raised)
+        return ("load raised: bursts of 20 and a long context; expect an SLA breach" if self.loadgen.raised
+                else "load lowered to the healthy default")
 
     def stop_traffic(self) -> None:
         if self._traffic_loop is not None and self._traffic_stop is not None:
@@ -495,7 +505,7 @@ def _term_as_interrupt(signum: int, frame: object) -> None:
 
 def _run_dashboard(app_cls: Any, demo: Demo, duration: float | None) -> None:
     app = app_cls(socket_path=str(demo.paths.socket), database_path=str(demo.paths.database), readonly=False,
-                  utc=False)
+                  utc=False, demo_load=demo.toggle_load)
     timer = None
     if duration:
         timer = threading.Timer(duration, lambda: app.call_from_thread(app.exit))

@@ -81,11 +81,13 @@ class LynxtopApp(App):
         Binding("r", "refresh_now", "Refresh", show=False, id="app.refresh"),
         Binding("p", "pause", "Pause", show=False, id="app.pause"),
         Binding("u", "toggle_utc", "UTC/local", show=False, id="app.utc"),
+        Binding("L", "demo_load", "Load ±", key_display="L", id="demo.load"),  # `lynxtop demo` only
     ]
 
     def __init__(self, socket_path: str | Path, database_path: str | Path | None, readonly: bool = False,
                  utc: bool = False, *, poll_interval_s: float = 1.0, clock: Callable[[], float] | None = None,
-                 backoff: Backoff | None = None, ascii_only: bool | None = None, backfill: bool = True):
+                 backoff: Backoff | None = None, ascii_only: bool | None = None, backfill: bool = True,
+                 demo_load: Callable[[], str] | None = None):
         ansi = _ansi_terminal()
         super().__init__(ansi_color=ansi)
         if ansi:
@@ -107,6 +109,7 @@ class LynxtopApp(App):
         self._next_poll_at: float | None = None
         self._poll_timer = None
         self.gpu_index = 0
+        self.demo_load = demo_load  # `lynxtop demo`'s raise/lower of its simulated load; None elsewhere
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
@@ -275,7 +278,13 @@ class LynxtopApp(App):
         if isinstance(self.screen, LiveScreen):
             self.screen.redraw()
 
+    def action_demo_load(self) -> None:
+        if self.demo_load is not None:
+            self.notify(self.demo_load(), title="demo load")
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "demo_load":
+            return self.demo_load is not None  # hidden outside the demo
         if action == "control":
             if self.readonly_reason:
                 return False  # hidden: read-only

@@ -37,6 +37,13 @@ class Phase:
 # One cycle of demo traffic (about 2 minutes at time scale 1), repeated.
 # Prompts stay short because this node prefills at ~620 tokens/s: a burst of 20 x 300 tokens already
 # queues for ~10 s (the SLA breach the dashboard should show), and the long-context phase takes a minute.
+# The demo's default load: a healthy node first (short prompts, at most 3 at once, well under the SLA).
+DEMO_CALM: tuple[Phase, ...] = (
+    Phase("warm-up", 20, 2, (60, 200), (32, 96)),
+    Phase("steady", 40, 3, (60, 250), (48, 128)),
+    Phase("quiet", 10, 1, (40, 120), (32, 64)),
+)
+# The raised load (the demo's load key): bursts and a long context that breach the SLA.
 DEMO_PATTERN: tuple[Phase, ...] = (
     Phase("warm-up", 15, 2, (60, 250), (32, 96)),
     Phase("burst", 25, 20, (80, 400), (64, 200)),
@@ -94,6 +101,8 @@ class LoadGenerator:
                  api_key: str | None = None, time_scale: float = 1.0, request_timeout_s: float = 600.0):
         self.base_url = base_url.rstrip("/")
         self.pattern = pattern
+        self.raised_pattern: tuple[Phase, ...] | None = None  # set_raised() switches to it, and back
+        self.raised = False
         self.rng = random.Random(seed)
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.time_scale = time_scale
@@ -180,9 +189,16 @@ class LoadGenerator:
         finally:
             st.in_flight -= 1
 
+    def active_pattern(self) -> tuple[Phase, ...]:
+        return self.raised_pattern if self.raised and self.raised_pattern else self.pattern
+
+    def set_raised(self, raised: bool) -> None:
+        """Switch between the pattern and the raised one; the running cycle ends at its current phase."""
+        self.raised = raised
+
     async def run(self, stop: asyncio.Event) -> Stats:
-        """Cycle through the pattern until `stop` is set."""
-        max_workers = max(p.concurrency for p in self.pattern)
+        """Cycle through the (active) pattern until `stop` is set."""
+        max_workers = max(p.concurrency for p in (*self.pattern, *(self.raised_pattern or ())))
         current: dict[str, Phase] = {"phase": self.pattern[0]}
 
         async def worker(k: int, session: aiohttp.ClientSession) -> None:
@@ -197,7 +213,10 @@ class LoadGenerator:
             tasks = [asyncio.create_task(worker(k, session)) for k in range(max_workers)]
             try:
                 while not stop.is_set():
-                    for phase in self.pattern:
+                    pattern, raised = self.active_pattern(), self.raised
+                    for phase in pattern:
+                        if self.raised != raised:
+                            break  # the load key was pressed: start the other pattern now
                         current["phase"] = phase
                         self.stats.phase = phase.name
                         # a phase of no length lasts until stop: waiting 0 s in a loop would spin a core

@@ -212,3 +212,24 @@ async def test_ctrl_c_in_a_confirm_dialog_cancels(agent):
         await pilot.pause(0.1)
         assert app.is_running
         assert agent.posts() == []
+
+
+async def test_load_key_only_in_demo_mode(agent):
+    calls: list[int] = []
+
+    def toggle() -> str:
+        calls.append(1)
+        return "load raised"
+
+    app = make_app(agent.socket_path, demo_load=toggle)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.press("L")
+        await wait_for(pilot, lambda: calls == [1])
+    plain = make_app(agent.socket_path)
+    async with plain.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: plain.state.connected)
+        assert plain.check_action("demo_load", ()) is False
+        await pilot.press("L")
+        await pilot.pause(0.1)
+        assert plain.is_running

@@ -1,0 +1,33 @@
+"""`lynxtop demo`: its default profile passes its own preflight, its default load is the calm one, and the
+dashboard's load key (demo only) raises and lowers it (issue 28.1)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from lynxtop import demo
+from lynxtop.agent.sim.loadgen import DEMO_CALM, DEMO_PATTERN, LoadGenerator
+
+
+def test_demo_default_profile_passes_the_demos_own_preflight(tmp_path: Path):
+    config = tmp_path / "config.toml"
+    config.write_text(demo.config_text(demo.DemoPaths.under(tmp_path), port=demo.free_port(), startup_seconds=8,
+                                       executable=demo.sim_executable()))
+    # the same check the agent's preflight runs before autostart: exit 1 means a preflight.warning event
+    done = subprocess.run([sys.executable, "-m", "lynxtop", "check", "--config", str(config),
+                           "--profile", demo.PROFILES[0]], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_demo_load_starts_calm_and_the_key_switches_patterns():
+    gen = LoadGenerator("http://127.0.0.1:1", pattern=DEMO_CALM)
+    gen.raised_pattern = DEMO_PATTERN
+    assert gen.active_pattern() is DEMO_CALM
+    assert max(p.concurrency for p in DEMO_CALM) <= 3  # no queue at ~620 prefill tokens/s: TTFT under 2 s
+    gen.set_raised(True)
+    assert gen.active_pattern() is DEMO_PATTERN
+    gen.set_raised(False)
+    assert gen.active_pattern() is DEMO_CALM
+
