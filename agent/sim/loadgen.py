@@ -196,6 +196,19 @@ class LoadGenerator:
         """Switch between the pattern and the raised one; the running cycle ends at its current phase."""
         self.raised = raised
 
+    async def _hold(self, stop: asyncio.Event, length: float | None, raised: bool) -> None:
+        """Wait out a phase (None: until stop), in slices of a second, so the load key acts within one."""
+        loop = asyncio.get_running_loop()
+        end = None if length is None else loop.time() + length
+        while not stop.is_set() and self.raised == raised:
+            left = 1.0 if end is None else min(1.0, end - loop.time())
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(stop.wait(), left)
+            except TimeoutError:
+                pass
+
     async def run(self, stop: asyncio.Event) -> Stats:
         """Cycle through the (active) pattern until `stop` is set."""
         max_workers = max(p.concurrency for p in (*self.pattern, *(self.raised_pattern or ())))
@@ -221,10 +234,7 @@ class LoadGenerator:
                         self.stats.phase = phase.name
                         # a phase of no length lasts until stop: waiting 0 s in a loop would spin a core
                         length = phase.duration_s * self.time_scale if phase.duration_s > 0 else None
-                        try:
-                            await asyncio.wait_for(stop.wait(), length)
-                        except TimeoutError:
-                            pass
+                        await self._hold(stop, length, raised)
                         if stop.is_set():
                             break
             finally:

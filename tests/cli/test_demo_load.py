@@ -31,3 +31,29 @@ def test_demo_load_starts_calm_and_the_key_switches_patterns():
     gen.set_raised(False)
     assert gen.active_pattern() is DEMO_CALM
 
+
+
+async def test_raising_the_load_acts_within_the_running_phase():
+    """The key must not wait out a 10-minute phase: the raised pattern starts while the calm one still runs."""
+    import asyncio
+
+    from lynxtop.agent.sim.loadgen import Phase
+
+    gen = LoadGenerator("http://127.0.0.1:1", pattern=(Phase("calm", 600, 0, (1, 1), (1, 1)),))
+    gen.raised_pattern = (Phase("hot", 600, 0, (1, 1), (1, 1)),)
+    stop = asyncio.Event()
+    task = asyncio.create_task(gen.run(stop))
+    try:
+        for _ in range(100):
+            if gen.stats.phase == "calm":
+                break
+            await asyncio.sleep(0.05)
+        gen.set_raised(True)
+        for _ in range(600):  # generous: a loaded machine; the old code waited the whole 600 s phase
+            if gen.stats.phase == "hot":
+                break
+            await asyncio.sleep(0.05)
+        assert gen.stats.phase == "hot"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
