@@ -353,8 +353,8 @@ class Demo:
                 f"| gen {num(sm('generation_tokens_per_s'), '.1f', ' tok/s')} "
                 f"| TTFT p99 {num(sm('ttft_p99_ms'), '.0f', ' ms')} "
                 f"TPOT p99 {num(sm('tpot_p99_ms'), '.0f', ' ms')} SLA {st.sla.state} "
-                f"| GPUs {len(gpus)} util {num(sum(util) / len(util) if util else None, '.0f', '%')} "
-                f"mem {mem:.0f} GiB power {power:.0f} W "
+                f"| GPUs {len(gpus)} util {num(sum(util) / len(util) if util else None, '.0f', '%')} (avg) "
+                f"mem {mem:.0f} GiB power {power:.0f} W (sums over {len(gpus)} GPUs) "
                 f"| traffic {traffic.phase if traffic else '-'} done {traffic.completed if traffic else 0}")
 
     def print_status_until(self, deadline: float | None) -> None:

@@ -57,3 +57,10 @@ async def test_raising_the_load_acts_within_the_running_phase():
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+def test_demo_status_line_labels_summed_memory_and_power(tmp_path: Path):
+    from support.status import make_status
+
+    line = demo.Demo(tmp_path, startup_seconds=1, keep=False).status_line(make_status(gpus=8))
+    assert "(sums over 8 GPUs)" in line and "(avg)" in line, line
