@@ -233,7 +233,9 @@ async def _sweep(wl: Workload, levels: list[Level], args: Namespace, store: Stor
 
     loop.add_signal_handler(signal.SIGINT, on_sigint)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    progress = ProgressLine()
+    # redraws only when both streams are a terminal: `bench > log` (stderr still a terminal) or `2>&1` to a
+    # file would otherwise fill the log with the bar's redraws; off a terminal, plain lines
+    progress = ProgressLine(tty=sys.stdout.isatty() and sys.stderr.isatty())
     try:
         return await sweep(wl, levels, warmup=args.warmup, stop=stop, sink=store, sla=sla,
                            progress=progress, timeout_s=args.timeout, hook=saver)

@@ -62,9 +62,10 @@ class ProgressLine:
     """
 
     def __init__(self, out: TextIO = sys.stderr, every_s: float = 5.0, console: Console | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, tty: bool | None = None):
         self.out, self.every_s, self.clock = out, every_s, clock  # clock: a test's, to see 12 s of 30 at once
-        self.tty = console.is_terminal if console is not None else out.isatty()
+        # tty: the caller's say (bench: stdout AND stderr are terminals; `bench > log` must get no redraws)
+        self.tty = tty if tty is not None else console.is_terminal if console is not None else out.isatty()
         self.level, self.total, self.t0, self.last = "", 0, 0.0, 0.0
         self.duration: float | None = None
         self._console = console

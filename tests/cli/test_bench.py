@@ -234,3 +234,40 @@ def test_a_second_ctrl_c_aborts_at_once_without_a_traceback(node, tmp_path):
     else:
         assert proc.returncode in (130, -signal.SIGINT) and "stopped by Ctrl-C" in err, err
     assert "Traceback" not in err and "never retrieved" not in err, err
+
+
+def test_stdout_to_a_file_gets_plain_progress_lines_not_redraws(node, tmp_path):
+    """`lynxtop bench > log` with stderr still a terminal: the progress is plain lines, no bar redraws
+    (no carriage return, no escape code), in the log or on the terminal."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    import termios
+
+    master, slave = pty.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[1] &= ~termios.OPOST  # the terminal passes bytes as written ("\n" stays "\n")
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    log = tmp_path / "log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "lynxtop", "bench", "--config", node["cfg"],
+                                 "--concurrency", "1", "2", "--input-len", "16", "--output-len", "16"],
+                                stdout=out, stderr=slave, env=dict(os.environ, COLUMNS="200"))
+    os.close(slave)
+    raw = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the command closed its end
+            break
+        if not chunk:
+            break
+        raw += chunk
+    os.close(master)
+    assert proc.wait(timeout=240) == 0, raw.decode()
+    err, text = raw.decode(), log.read_text()
+    assert "level 2/2 c=2" in err and "8/8" in err  # the plain line: level and done/total
+    for stream in (err, text):
+        assert "\r" not in stream and "\x1b" not in stream, repr(stream)
+    assert "out tok/s" in text
