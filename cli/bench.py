@@ -20,7 +20,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from lynxtop import bench_result, bench_view
+from lynxtop import bench_result, bench_traffic, bench_view
 from lynxtop.bench_load import Level, ServerError, Workload, served_models, session
 from lynxtop.bench_stats import db_row, from_db_row
 from lynxtop.bench_sweep import ProgressLine, SweepResult, sweep
@@ -237,8 +237,10 @@ async def _sweep(wl: Workload, levels: list[Level], args: Namespace, store: Stor
     # file would otherwise fill the log with the bar's redraws; off a terminal, plain lines
     progress = ProgressLine(tty=sys.stdout.isatty() and sys.stderr.isatty())
     try:
+        watch = bench_traffic.TrafficWatch(wl.url, wl.api_key)  # first: the level's key goes in its file too
+        hook = bench_traffic.Hooks([watch] + ([saver] if saver else []))
         return await sweep(wl, levels, warmup=args.warmup, stop=stop, sink=store, sla=sla,
-                           progress=progress, timeout_s=args.timeout, hook=saver)
+                           progress=progress, timeout_s=args.timeout, hook=hook)
     finally:
         progress.close()  # however the sweep ends (a second Ctrl-C too): the terminal clean, every row kept
         loop.remove_signal_handler(signal.SIGINT)
@@ -249,6 +251,8 @@ def _report(result: SweepResult, meta: dict[str, Any], store: Store, args: Names
             saver: bench_result.Saver | None = None) -> int:
     if result.levels:
         print(bench_view.table(result.levels))
+        for line in bench_traffic.warnings(result.levels):  # under the table: its numbers are not bench's alone
+            print(line)
         print()
         print(bench_view.chart(result.levels))
     if args.json:

@@ -271,3 +271,52 @@ def test_stdout_to_a_file_gets_plain_progress_lines_not_redraws(node, tmp_path):
     for stream in (err, text):
         assert "\r" not in stream and "\x1b" not in stream, repr(stream)
     assert "out tok/s" in text
+
+
+def _foreign_client(url: str, stop, done: list) -> None:
+    """Another user of the server: plain completions one after another until `stop` is set."""
+    import json
+    import urllib.request
+
+    model = json.loads(urllib.request.urlopen(url + "/v1/models", timeout=30).read())["data"][0]["id"]
+    body = json.dumps({"model": model, "prompt": "hello " * 16, "max_tokens": 32}).encode()
+    while not stop.is_set():
+        req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=60).read()
+        done.append(1)
+
+
+def test_foreign_traffic_during_a_level_is_warned_with_its_count(node, tmp_path):
+    import threading
+
+    url = asyncio.run(node["agent"].status())["serving"]["url"].rstrip("/")
+    stop, done = threading.Event(), []
+    clients = [threading.Thread(target=_foreign_client, args=(url, stop, done), daemon=True) for _ in range(3)]
+    for t in clients:
+        t.start()
+    deadline = time.monotonic() + 60
+    while not done and time.monotonic() < deadline:  # the other client is really running before bench starts
+        time.sleep(0.05)
+    out = tmp_path / "bench.json"
+    try:
+        r = bench("--config", node["cfg"], "--concurrency", "2", "--requests", "24", "--input-len", "16",
+                  "--output-len", "32", "--json", str(out))
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(timeout=60)
+    assert r.returncode == 0, r.stderr
+    (level,) = levels(out)
+    n = level["foreign_requests"]
+    assert n >= 2, level  # 3 clients running at the level's start, more finished during it
+    assert f"2: WARNING {n} request(s) from other clients" in r.stdout, r.stdout
+
+
+def test_no_foreign_traffic_no_warning(node, tmp_path):
+    out = tmp_path / "bench.json"
+    r = bench("--config", node["cfg"], "--concurrency", "2", "--requests", "24", "--input-len", "16",
+              "--output-len", "32", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    (level,) = levels(out)
+    assert level["foreign_requests"] == 0, level
+    assert "WARNING" not in r.stdout and "other clients" not in r.stdout

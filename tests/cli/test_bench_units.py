@@ -99,3 +99,21 @@ def test_table_marks_partial_levels_and_lists_reasons():
     text = table([s])
     assert "8 *" in text and "1 failed: stream cut: x" in text and "partial" in text
     assert "#" in chart([s])
+
+
+def test_request_counters_sum_reasons_and_engines_and_foreign_is_the_larger_excess() -> None:
+    from lynxtop.bench_traffic import foreign, request_counters
+
+    page = "\n".join([
+        "# HELP vllm:request_success_total Count of successfully processed requests.",
+        'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 10.0',
+        'vllm:request_success_total{engine="1",finished_reason="length",model_name="m"} 5.0',
+        'vllm:request_success_created{engine="0",finished_reason="stop",model_name="m"} 1.7e9',
+        'vllm:num_requests_running{engine="0",model_name="m"} 2.0',
+        'vllm:num_requests_running{engine="1",model_name="m"} 1.0'])
+    assert request_counters(page) == (15.0, 3.0)
+    assert request_counters("vllm:num_requests_running 2.0") is None  # no success counter: no count, no guess
+    assert foreign((15.0, 0.0), (39.0, 0.0), 24) == 0
+    assert foreign((15.0, 0.0), (45.0, 0.0), 24) == 6  # finished beyond bench's own
+    assert foreign((15.0, 3.0), (40.0, 0.0), 24) == 3  # running before bench sent any
+    assert foreign(None, (40.0, 0.0), 24) is None

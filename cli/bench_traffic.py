@@ -1,0 +1,96 @@
+"""Foreign traffic during a bench level: the server's own request counters on /metrics, read just before and
+just after each level, against the requests bench itself sent.
+
+A level's numbers are only the server's capacity when bench is its only client; another client's load makes
+them look worse (and bench would not say so). vLLM counts every finished request in
+`vllm:request_success_total` (each finished_reason, each engine) and shows those in flight in
+`vllm:num_requests_running`: finished beyond bench's own, or running before bench sent anything, are someone
+else's. A server without /metrics gives no count (None), never a guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lynxtop.bench_load import NETWORK_ERRORS, LevelRun, session
+from lynxtop.bench_sweep import LevelHook
+
+SUCCESS, RUNNING = "vllm:request_success_total", "vllm:num_requests_running"
+
+
+def request_counters(page: str) -> tuple[float, float] | None:
+    """(finished requests, running requests) summed over labels and engines; None without the success counter."""
+    done = running = 0.0
+    seen = False
+    for line in page.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name not in (SUCCESS, RUNNING):
+            continue
+        try:
+            value = float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        if name == SUCCESS:
+            done, seen = done + value, True
+        else:
+            running += value
+    return (done, running) if seen else None
+
+
+def foreign(before: tuple[float, float] | None, after: tuple[float, float] | None, sent: int) -> int | None:
+    """Requests the server handled during the level that bench did not send (None: no counters to tell)."""
+    if before is None or after is None:
+        return None
+    finished_extra = (after[0] - before[0]) - sent
+    return int(max(0.0, finished_extra, before[1]))
+
+
+def material(n: int | None, sent: int) -> bool:
+    """Worth a warning: beyond one stray request and 2% of bench's own (a scrape racing a request's end)."""
+    return n is not None and n > max(1, sent // 50)
+
+
+class TrafficWatch(LevelHook):
+    """Reads the counters around each level; sets the level's `foreign_requests` (None when unknown)."""
+
+    def __init__(self, url: str, api_key: str | None = None):
+        self.url, self.api_key = url, api_key
+        self._before: tuple[float, float] | None = None
+
+    async def _counters(self) -> tuple[float, float] | None:
+        try:
+            async with session(2, 10) as sess, sess.get(self.url + "/metrics") as r:
+                return request_counters(await r.text(errors="replace")) if r.status == 200 else None
+        except NETWORK_ERRORS:
+            return None
+
+    async def before(self) -> None:
+        self._before = await self._counters()
+
+    async def after(self, run: LevelRun, summary: dict[str, Any]) -> None:
+        summary["foreign_requests"] = foreign(self._before, await self._counters(), len(run.results))
+
+
+class Hooks(LevelHook):
+    """Several hooks around each level, in order."""
+
+    def __init__(self, hooks: Sequence[LevelHook]):
+        self.hooks = list(hooks)
+
+    async def before(self) -> None:
+        for h in self.hooks:
+            await h.before()
+
+    async def after(self, run: LevelRun, summary: dict[str, Any]) -> None:
+        for h in self.hooks:
+            await h.after(run, summary)
+
+
+def warnings(levels: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per level that saw material foreign traffic, for the table."""
+    from lynxtop.bench_view import level_label
+
+    return [f"  {level_label(s)}: WARNING {s['foreign_requests']} request(s) from other clients hit the server "
+            f"during this level; its numbers include their load" for s in levels
+            if material(s.get("foreign_requests"), int(s.get("completed", 0)) + int(s.get("failed", 0)))]
