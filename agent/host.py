@@ -7,7 +7,7 @@ first call has no previous reading, so its rates are None (NULL), not 0.
 The vLLM tree is split by process title: vLLM names its processes with setproctitle (`VLLM::EngineCore`,
 `VLLM::Worker_TP0`, ...); anything else in the tree (the `vllm serve` API server, its helpers) counts as API.
 The tree is re-walked every `tree_refresh_s` (and at once when a known member dies) through the node's kept
-process table (agent/proctable.py), which reads only the processes it has not seen before.
+process table (agent/serving/proctable.py), which reads only the processes it has not seen before.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from lynxtop.agent import procs
-from lynxtop.agent.proctable import ProcTable
+from lynxtop.agent.serving import procs
+from lynxtop.agent.serving.proctable import ProcTable
 from lynxtop.contract.columns import HOST_METRICS, names
 from lynxtop.contract.files import read_all
 

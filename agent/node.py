@@ -25,14 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from lynxtop import __version__
-from lynxtop.agent import connguard, procs
+from lynxtop.agent.api import connguard
+from lynxtop.agent.api.connguard import Episodes, FdPlan, install_loop_handler, is_resource_error, plan_descriptors
+from lynxtop.agent.api.control import ActionError
+from lynxtop.agent.api.logtail import LogTail
 from lynxtop.agent.clock import Timeline, describe, span
-from lynxtop.agent.connguard import Episodes, FdPlan, install_loop_handler, is_resource_error, plan_descriptors
-from lynxtop.agent.control import ActionError
-from lynxtop.agent.health import HttpClient
-from lynxtop.agent.logtail import LogTail
 from lynxtop.agent.notify import Notifier, WatchdogThread
-from lynxtop.agent.proctable import ProcTable
 from lynxtop.agent.sampling import (
     EventCollector,
     GpuSource,
@@ -44,7 +42,10 @@ from lynxtop.agent.sampling import (
     Tick,
     sample_stages,
 )
-from lynxtop.agent.supervisor import Supervisor, now_ms, server_url
+from lynxtop.agent.serving import procs
+from lynxtop.agent.serving.health import HttpClient
+from lynxtop.agent.serving.proctable import ProcTable
+from lynxtop.agent.serving.supervisor import Supervisor, now_ms, server_url
 from lynxtop.contract.config import Config
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.status import (
@@ -107,7 +108,7 @@ class NodeGpuView:
 
 
 class Node:
-    """The agent. Implements the control API's `Controller` protocol (agent/control.py)."""
+    """The agent. Implements the control API's `Controller` protocol (agent/api/control.py)."""
 
     def __init__(self, cfg: Config, notifier: Notifier, sim_state_dir: str | None = None):
         self.cfg = cfg
@@ -191,7 +192,7 @@ class Node:
         from lynxtop.agent.gpu.backend import open_backend
         from lynxtop.agent.gpu.sampler import GpuSampler
         from lynxtop.agent.host import HostSampler
-        from lynxtop.agent.sla import SlaTracker
+        from lynxtop.agent.metrics.sla import SlaTracker
         from lynxtop.store.writer import StoreWriter
 
         a = self.cfg.agent
@@ -211,14 +212,14 @@ class Node:
                         a.database, self.writer.moved_aside)
         self.writer.start()
         fake, sim_dir = a.fake_nvml, self.sim_state_dir
-        from lynxtop.agent.sim.gpus import SimScenario  # the node composes: the GPU layer never imports the simulator
+        from lynxtop.sim.gpus import SimScenario  # the node composes: the GPU layer never imports the simulator
 
         self.sampler = GpuSampler(lambda: open_backend(fake, sim_dir, SimScenario), gpm_enabled=a.gpm,
                                   on_event=self._gpu_event)
         self.host_sampler = HostSampler(a.database, table=self.proc_table)
         self.sla = SlaTracker(self.cfg.sla)
         if a.role != "single":
-            from lynxtop.agent.roles import ClusterPart
+            from lynxtop.agent.cluster.roles import ClusterPart
 
             self.cluster = ClusterPart(self.cfg, lambda ev: self._record([ev]), state_dir=a.database.parent,
                                        session=self.http.session, on_change=self._on_change)
@@ -394,7 +395,7 @@ class Node:
                 await t
 
     async def _start_listeners(self) -> None:
-        from lynxtop.agent.api import ApiServer, ApiStartError
+        from lynxtop.agent.api.routes import ApiServer, ApiStartError
 
         a = self.cfg.agent
         install_loop_handler(asyncio.get_running_loop(), self.episodes)
@@ -414,7 +415,7 @@ class Node:
             self.api = None
             raise AgentStartError(f"control socket {a.socket}: {exc}") from None
         if a.metrics_listen:
-            from lynxtop.agent.exporter import MetricsExporter
+            from lynxtop.agent.metrics.exporter import MetricsExporter
 
             self.exporter = MetricsExporter(a.metrics_listen, self.status, log=lambda m: log.info("%s", m),
                                             max_connections=self.fd_plan.caps["metrics"],
@@ -643,7 +644,7 @@ class Node:
                       engines=self._engines(), cluster=self._cluster_status())
 
     def _serving_totals(self) -> Any:
-        """Every run's serving counts since the agent started (agent/lifetime.py), per model: the exporter's."""
+        """Every run's serving counts since the agent started (agent/metrics/lifetime.py), per model: the exporter's."""
         totals = self.scrape_source.totals if self.scrape_source is not None else None
         return totals.models if totals is not None else None
 

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from lynxtop.agent.health import HangDetector, HttpClient, Verdict
+from lynxtop.agent.serving.health import HangDetector, HttpClient, Verdict
 from lynxtop.contract.events import Event
 
 log = logging.getLogger("lynxtop.agent")
@@ -193,8 +193,8 @@ class ScrapeSource:
         self._next = 0.0
 
     def _for(self, target: ScrapeTarget) -> tuple[Any, HangDetector]:
-        from lynxtop.agent.lifetime import ServingTotals
-        from lynxtop.agent.scrape import MetricsScraper
+        from lynxtop.agent.metrics.lifetime import ServingTotals
+        from lynxtop.agent.metrics.scrape import MetricsScraper
 
         if self.totals is None:
             self.totals = ServingTotals()

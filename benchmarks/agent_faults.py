@@ -36,7 +36,7 @@ import slowloris
 from support.agent_config import sim_profile, write_agent_config
 from support.ports import free_port
 
-from lynxtop.agent import procs
+from lynxtop.agent.serving import procs
 
 
 class _Unix(http.client.HTTPConnection):

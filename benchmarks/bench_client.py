@@ -35,10 +35,10 @@ import _support  # noqa: F401 - puts tests/ on sys.path for `support`
 import psutil
 from support.ports import free_port
 
-from lynxtop.agent.sim.model import SimParams
-from lynxtop.bench_load import Level, Workload, run_level, streams
-from lynxtop.bench_stats import summarize
+from lynxtop.cli.bench_load import Level, Workload, run_level, streams
+from lynxtop.cli.bench_stats import summarize
 from lynxtop.contract.loop import run_loop
+from lynxtop.sim.model import SimParams
 
 MODEL = "deepseek-ai/DeepSeek-V4.1"
 PARAMS = {"step_overhead_s": 0.02, "decode_s_per_seq": 0.0, "max_decode_tokens_per_s": 1e9,

@@ -369,7 +369,7 @@ def _backend(args: argparse.Namespace, pynvml: Any) -> tuple[Any, Any]:
 
     if not args.fake:
         return RealNvml, pynvml
-    from lynxtop.agent.sim.gpus import SimScenario  # "sim": the simulator's node is passed in
+    from lynxtop.sim.gpus import SimScenario  # "sim": the simulator's node is passed in
 
     fake = open_backend(args.fake, scenario=SimScenario)
     return (lambda: fake), fake

@@ -89,9 +89,9 @@ def serve(mode: str) -> None:
 
 
 async def _scrape(url: str, scrapes: int) -> dict[str, object]:
-    from lynxtop.agent.health import HttpClient
-    from lynxtop.agent.lifetime import ServingTotals
-    from lynxtop.agent.scrape import MetricsScraper
+    from lynxtop.agent.metrics.lifetime import ServingTotals
+    from lynxtop.agent.metrics.scrape import MetricsScraper
+    from lynxtop.agent.serving.health import HttpClient
 
     http = HttpClient()
     s = MetricsScraper(url, timeout_s=30)

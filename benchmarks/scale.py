@@ -35,9 +35,9 @@ from slowloris import stop_agent
 from support.agent_config import sim_profile, write_agent_config
 from support.vllm_pages import sim_page
 
-from lynxtop.agent.scrape import MetricsScraper
-from lynxtop.agent.sim.loadgen import LoadGenerator, Phase
-from lynxtop.client import AgentClient, AgentUnreachable
+from lynxtop.agent.metrics.scrape import MetricsScraper
+from lynxtop.contract.client import AgentClient, AgentUnreachable
+from lynxtop.sim.loadgen import LoadGenerator, Phase
 
 _COUNTER = re.compile(r"^(vllm:\S+?(?:_total|_bucket|_sum|_count)(?:\{[^}]*\})?) (\S+)$", re.MULTILINE)
 

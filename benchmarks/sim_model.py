@@ -14,7 +14,7 @@ import json
 import statistics
 import time
 
-from lynxtop.agent.sim import model as m
+from lynxtop.sim import model as m
 
 
 def main() -> None:

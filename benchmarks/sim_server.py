@@ -26,8 +26,8 @@ from pathlib import Path
 import _support  # noqa: F401 - puts tests/ on sys.path for `support`
 from support.ports import free_port
 
-from lynxtop.agent.sim.loadgen import bench
-from lynxtop.agent.sim.model import TARGET_PLATEAU_TOKENS_PER_S, TARGET_PLATEAU_TPOT_S
+from lynxtop.sim.loadgen import bench
+from lynxtop.sim.model import TARGET_PLATEAU_TOKENS_PER_S, TARGET_PLATEAU_TPOT_S
 
 
 def main() -> None:

@@ -321,7 +321,7 @@ def agent_limit() -> None:
 
 def stop_agent(agent: subprocess.Popen, sim_state: Path) -> None:
     """SIGTERM the agent (killed after 30 s), then kill the simulated servers it leaves running (live restore)."""
-    from lynxtop.agent import procs
+    from lynxtop.agent.serving import procs
 
     agent.send_signal(signal.SIGTERM)
     try:

@@ -1,3 +1,1 @@
-"""lynxtop: node agent and terminal dashboard for GPU nodes serving vLLM."""
-
-__version__ = "0.1.0"
+"""The `lynxtop` commands: argument parsing and one module per command. Nothing below this package imports it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from lynxtop.parser import build_parser
+from lynxtop.cli.parser import build_parser
 
 
 def _join_relative_times(argv: list[str]) -> list[str]:

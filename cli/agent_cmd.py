@@ -12,7 +12,7 @@ from typing import Any
 
 from lynxtop.agent.node import AgentStartError, Node
 from lynxtop.agent.notify import Notifier
-from lynxtop.config_cli import load_or_exit
+from lynxtop.cli.config_cli import load_or_exit
 from lynxtop.contract.loop import run_loop
 
 

@@ -20,11 +20,11 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from lynxtop import bench_result, bench_traffic, bench_view
-from lynxtop.bench_load import Level, ServerError, Workload, served_models, session
-from lynxtop.bench_stats import db_row, from_db_row
-from lynxtop.bench_sweep import ProgressLine, SweepResult, sweep
-from lynxtop.client import AgentClient, AgentRefused, AgentUnreachable
+from lynxtop.cli import bench_result, bench_traffic, bench_view
+from lynxtop.cli.bench_load import Level, ServerError, Workload, served_models, session
+from lynxtop.cli.bench_stats import db_row, from_db_row
+from lynxtop.cli.bench_sweep import ProgressLine, SweepResult, sweep
+from lynxtop.contract.client import AgentClient, AgentRefused, AgentUnreachable
 from lynxtop.contract.loop import run_loop
 from lynxtop.contract.terminal import terminal_safe
 
@@ -43,7 +43,7 @@ def _err(msg: str) -> None:
 
 
 def _config(args: Namespace) -> Any:
-    from lynxtop.config_cli import load_or_exit
+    from lynxtop.cli.config_cli import load_or_exit
 
     return load_or_exit(args)
 
@@ -278,7 +278,7 @@ def _report(result: SweepResult, meta: dict[str, Any], store: Store, args: Names
 # ---------------------------------------------------------------------------------------------- reading back
 
 def _reader(args: Namespace) -> Any:
-    from lynxtop.store_cli import _open
+    from lynxtop.cli.store_cli import _open
 
     return _open("bench", args)
 

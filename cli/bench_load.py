@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from lynxtop.bench_http import ConnectFailed, ProtocolError, StreamPool
+from lynxtop.cli.bench_http import ConnectFailed, ProtocolError, StreamPool
 
 NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
 

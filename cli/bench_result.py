@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lynxtop.bench_load import NETWORK_ERRORS, LevelRun, session
-from lynxtop.bench_stats import METRICS, percentile
-from lynxtop.bench_sweep import LevelHook
+from lynxtop.cli.bench_load import NETWORK_ERRORS, LevelRun, session
+from lynxtop.cli.bench_stats import METRICS, percentile
+from lynxtop.cli.bench_sweep import LevelHook
 
 PERCENTILES = (50, 90, 99)  # vLLM writes the ones asked with --metric-percentiles (default 99): a superset
 LYNXTOP_KEYS = ("bench_id", "name", "input_len", "output_len", "partial", "failures")

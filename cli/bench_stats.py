@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from lynxtop.bench_load import LevelRun
+from lynxtop.cli.bench_load import LevelRun
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 # the keys `vllm bench serve --save-result` writes for a level (the list, and the medians)

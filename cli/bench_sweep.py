@@ -29,8 +29,8 @@ from rich.progress import (
 from rich.progress_bar import ProgressBar
 from rich.text import Text
 
-from lynxtop.bench_load import Level, LevelRun, Workload, run_level, streams
-from lynxtop.bench_stats import summarize
+from lynxtop.cli.bench_load import Level, LevelRun, Workload, run_level, streams
+from lynxtop.cli.bench_stats import summarize
 
 Sink = Callable[[dict[str, Any]], None]  # called with each finished level's summary
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lynxtop.bench_load import NETWORK_ERRORS, LevelRun, session
-from lynxtop.bench_sweep import LevelHook
+from lynxtop.cli.bench_load import NETWORK_ERRORS, LevelRun, session
+from lynxtop.cli.bench_sweep import LevelHook
 
 SUCCESS, RUNNING = "vllm:request_success_total", "vllm:num_requests_running"
 
@@ -89,7 +89,7 @@ class Hooks(LevelHook):
 
 def warnings(levels: Sequence[dict[str, Any]]) -> list[str]:
     """One line per level that saw material foreign traffic, for the table."""
-    from lynxtop.bench_view import level_label
+    from lynxtop.cli.bench_view import level_label
 
     return [f"  {level_label(s)}: WARNING {s['foreign_requests']} request(s) from other clients hit the server "
             f"during this level; its numbers include their load" for s in levels

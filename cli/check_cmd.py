@@ -1,4 +1,4 @@
-"""`lynxtop check [--profile NAME] [--json]`: the preflight verdicts of agent/check.py, before anything starts.
+"""`lynxtop check [--profile NAME] [--json]`: the preflight verdicts of agent/serving/check.py, before anything starts.
 
 The command opens NVML itself (read-only, the static facts only) rather than asking the agent: NVML serves any
 number of processes, and the check must work where the agent is down or not installed yet. A config's
@@ -20,7 +20,7 @@ import urllib.request
 from argparse import Namespace
 from typing import Any
 
-from lynxtop.agent.check import (
+from lynxtop.agent.serving.check import (
     ClusterFacts,
     Level,
     NodeFacts,
@@ -30,7 +30,7 @@ from lynxtop.agent.check import (
     gib,
     ray_installed,
 )
-from lynxtop.config_cli import load_or_exit
+from lynxtop.cli.config_cli import load_or_exit
 from lynxtop.contract.config import Config
 from lynxtop.contract.models import find_model
 from lynxtop.contract.status import describe_node
@@ -49,7 +49,7 @@ def read_gpus(fake_nvml: str) -> tuple[list[dict[str, Any]], str]:
     """(the sampler's static rows, driver version), or GpuReadError with the reason in words."""
     from lynxtop.agent.gpu.backend import open_backend
     from lynxtop.agent.gpu.sampler import GpuSampler
-    from lynxtop.agent.sim.gpus import SimScenario  # the command composes: a "sim" node is the simulator's
+    from lynxtop.sim.gpus import SimScenario  # the command composes: a "sim" node is the simulator's
 
     logging.getLogger("lynxtop.gpu").addHandler(logging.NullHandler())  # the sampler logs it: say it once, below
     try:
@@ -71,7 +71,7 @@ def read_gpus(fake_nvml: str) -> tuple[list[dict[str, Any]], str]:
 
 def read_cluster(port: int, timeout_s: float = RAY_TIMEOUT_S) -> ClusterFacts:
     """Ray's view of the cluster from the head's state API on 127.0.0.1:`port`; the error in words otherwise."""
-    from lynxtop.agent.cluster import NODES_PATH, ClusterViewError, parse_nodes
+    from lynxtop.agent.cluster.view import NODES_PATH, ClusterViewError, parse_nodes
 
     url = f"http://127.0.0.1:{port}{NODES_PATH}"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy

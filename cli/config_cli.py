@@ -22,7 +22,7 @@ from lynxtop.contract.terminal import terminal_safe
 # Commands that also check this node (each profile's executable exists and is executable): the agent, and
 # `config check`, which must give the agent's verdict word for word. Clients (status, stop, the dashboard) only
 # need the socket path, and may run where vLLM is not installed.
-_HOST_CHECKED = ("lynxtop.agent_cmd:run", "lynxtop.config_cli:check")
+_HOST_CHECKED = ("lynxtop.cli.agent_cmd:run", "lynxtop.cli.config_cli:check")
 
 
 def load_or_exit(args: Namespace, host: bool | None = None) -> Config | None:
@@ -90,7 +90,7 @@ def check(args: Namespace) -> int:
 
 def _print_ray(cfg: Config) -> None:
     """The [ray] table with what the agent will run: `ray start`'s exact argv, as for a profile."""
-    from lynxtop.agent.raynode import ray_argv  # agent code only for a head or worker config
+    from lynxtop.agent.cluster.raynode import ray_argv  # agent code only for a head or worker config
 
     data = config_as_dict(cfg)["ray"]
     _say(f"\n[ray] (agent.role = {cfg.agent.role!r}: the agent supervises this node's Ray)")

@@ -1,6 +1,6 @@
 """`lynxtop status|start|stop|restart|switch|ray`: thin clients of the control API, made for humans and scripts.
 
-The blocking face of the one API client (lynxtop.client) keeps these commands free of asyncio and fast to
+The blocking face of the one API client (lynxtop.contract.client) keeps these commands free of asyncio and fast to
 start. Exit codes (cli/parser.py): 0 ok, 1 refused or failed, 2 usage/config, 3 agent unreachable, 4 busy.
 Anything that interrupts serving asks for confirmation on a terminal and demands --yes elsewhere, because a
 284B model takes many minutes to reload. On a Ray worker (agent.role = "worker") there is no vLLM: the agent
@@ -17,8 +17,8 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from lynxtop.client import AgentClient, AgentRefused, AgentUnreachable, parse_status
-from lynxtop.config_cli import load_or_exit
+from lynxtop.cli.config_cli import load_or_exit
+from lynxtop.contract.client import AgentClient, AgentRefused, AgentUnreachable, parse_status
 from lynxtop.contract.format import fmt_bytes, fmt_clock, fmt_datetime, fmt_duration, fmt_ms
 from lynxtop.contract.status import (
     AgentStatus,

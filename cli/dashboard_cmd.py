@@ -6,7 +6,7 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
-from lynxtop.config_cli import load_or_exit
+from lynxtop.cli.config_cli import load_or_exit
 from lynxtop.tui.app import LynxtopApp
 
 

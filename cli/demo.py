@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lynxtop.agent.sim.loadgen import DEMO_CALM, DEMO_PATTERN, LoadGenerator
-from lynxtop.client import AgentClient, AgentRefused, AgentUnreachable
+from lynxtop.contract.client import AgentClient, AgentRefused, AgentUnreachable
 from lynxtop.contract.status import ServingState, Status
+from lynxtop.sim.loadgen import DEMO_CALM, DEMO_PATTERN, LoadGenerator
 
 BANNER = ("lynxtop demo: this node is SIMULATED: simulated vLLM serving DeepSeek-V4.1 on 8 simulated H200 GPUs.\n"
           "No GPU is used and no model is loaded; tokens are synthetic. q or Ctrl-C stops everything.")

@@ -82,12 +82,13 @@ _TARGET_HELP = {"config": "config file (default: $LYNXTOP_CONFIG or /etc/lynxtop
                 "database": "history database (default: [agent] database from the config)"}
 _C, _CS, _CD, _CSD = ("config",), ("config", "socket"), ("config", "database"), ("config", "socket", "database")
 TAKES: dict[str, tuple[str, ...]] = {
-    "lynxtop.dashboard_cmd:run": _CSD, "lynxtop.demo:run": (), "lynxtop.agent_cmd:run": _CSD,
-    "lynxtop.ctl:status": _CS, "lynxtop.ctl:start": _CS, "lynxtop.ctl:stop": _CS, "lynxtop.ctl:restart": _CS,
-    "lynxtop.ctl:switch": _CS, "lynxtop.ctl:ray_start": _CS, "lynxtop.ctl:ray_stop": _CS,
-    "lynxtop.store_cli:runs": _CD, "lynxtop.store_cli:export": _CD, "lynxtop.check_cmd:run": _C,
-    "lynxtop.bench:run": _CS, "lynxtop.bench:compare": _CD, "lynxtop.bench:list_sweeps": _CD,
-    "lynxtop.config_cli:check": _C,
+    "lynxtop.cli.dashboard_cmd:run": _CSD, "lynxtop.cli.demo:run": (), "lynxtop.cli.agent_cmd:run": _CSD,
+    "lynxtop.cli.ctl:status": _CS, "lynxtop.cli.ctl:start": _CS, "lynxtop.cli.ctl:stop": _CS,
+    "lynxtop.cli.ctl:restart": _CS,
+    "lynxtop.cli.ctl:switch": _CS, "lynxtop.cli.ctl:ray_start": _CS, "lynxtop.cli.ctl:ray_stop": _CS,
+    "lynxtop.cli.store_cli:runs": _CD, "lynxtop.cli.store_cli:export": _CD, "lynxtop.cli.check_cmd:run": _C,
+    "lynxtop.cli.bench:run": _CS, "lynxtop.cli.bench:compare": _CD, "lynxtop.cli.bench:list_sweeps": _CD,
+    "lynxtop.cli.config_cli:check": _C,
 }
 
 
@@ -145,16 +146,16 @@ def _resolve(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lynxtop", description=DESCRIPTION, epilog=EPILOG, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"lynxtop {__version__}")
-    _targets(parser, 0, "lynxtop.dashboard_cmd:run")
+    _targets(parser, 0, "lynxtop.cli.dashboard_cmd:run")
     _dashboard_options(parser)
-    parser.set_defaults(handler="lynxtop.dashboard_cmd:run")
+    parser.set_defaults(handler="lynxtop.cli.dashboard_cmd:run")
     subs = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=argparse.ArgumentParser)
 
-    p = _sub(subs, "dashboard", "lynxtop.dashboard_cmd:run",
+    p = _sub(subs, "dashboard", "lynxtop.cli.dashboard_cmd:run",
              "open the dashboard (the default when no command is given)")
     _dashboard_options(p)
 
-    p = _sub(subs, "demo", "lynxtop.demo:run",
+    p = _sub(subs, "demo", "lynxtop.cli.demo:run",
              "run a SIMULATED node: agent, simulated vLLM and GPUs, traffic, and the dashboard",
              "Start the agent on a temporary state directory with profiles that run the simulated vLLM server\n"
              "(DeepSeek-V4.1 on 8 simulated H200s), drive varied traffic, and open the dashboard.\n"
@@ -165,16 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-seconds", type=_float(0, 3600), default=8.0, metavar="S",
                    help="simulated model load time (default: %(default)s)")
 
-    p = _sub(subs, "agent", "lynxtop.agent_cmd:run", "run the node agent (what systemd starts)",
+    p = _sub(subs, "agent", "lynxtop.cli.agent_cmd:run", "run the node agent (what systemd starts)",
              "Run the node agent in the foreground: sampling, vLLM supervision, history, control socket.")
 
-    p = _sub(subs, "status", "lynxtop.ctl:status", "show the agent's view of the node")
+    p = _sub(subs, "status", "lynxtop.cli.ctl:status", "show the agent's view of the node")
     p.add_argument("--json", action="store_true", help="print the raw JSON status")
 
     for name, help_ in (("start", "start serving (the current profile, or PROFILE)"),
                         ("stop", "stop serving (the model must load again to serve)"),
                         ("restart", "restart serving (the model loads again: minutes for a large model)")):
-        p = _sub(subs, name, f"lynxtop.ctl:{name}", help_)
+        p = _sub(subs, name, f"lynxtop.cli.ctl:{name}", help_)
         if name == "start":
             p.add_argument("profile", nargs="?", help="profile to start (default: the current or default profile; "
                                                       "none on a Ray worker, where start starts its Ray)")
@@ -184,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
         p.add_argument("--wait", action="store_true", help="wait until the action finishes (ready, or stopped)")
 
-    p = _sub(subs, "switch", "lynxtop.ctl:switch", "stop the current profile and start another",
+    p = _sub(subs, "switch", "lynxtop.cli.ctl:switch", "stop the current profile and start another",
              "Preflight PROFILE, stop the current run, wait for the GPUs to be freed, start PROFILE as a new run.")
     p.add_argument("profile", help="name of the profile to switch to")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
@@ -192,12 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _ray(subs)
 
-    p = _sub(subs, "runs", "lynxtop.store_cli:runs", "list the recorded runs (one per server start)")
+    p = _sub(subs, "runs", "lynxtop.cli.store_cli:runs", "list the recorded runs (one per server start)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--limit", type=_COUNT, default=50, metavar="N",
                    help="show the newest N runs (default: %(default)s)")
 
-    p = _sub(subs, "export", "lynxtop.store_cli:export", "export history to CSV",
+    p = _sub(subs, "export", "lynxtop.cli.store_cli:export", "export history to CSV",
              "Export history as CSV (header row, ISO-8601 UTC time and epoch ms, empty for missing readings).\n"
              "Choose a run or a time range. Times are ISO-8601 (2026-12-01T10:00, UTC unless an offset is given)\n"
              "or epoch milliseconds.")
@@ -214,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write text cells verbatim (default: a text cell starting with = + - @ tab or CR gets a "
                         "leading ' so spreadsheets do not run it as a formula)")
 
-    p = _sub(subs, "check", "lynxtop.check_cmd:run", "preflight: GPU architecture, attention backend, memory fit",
+    p = _sub(subs, "check", "lynxtop.cli.check_cmd:run", "preflight: GPU architecture, attention backend, memory fit",
              "Check each profile (or --profile NAME) against this node's GPUs and the model's size: attention\n"
              "backend vs architecture, memory per GPU, TP x PP x DP vs the GPUs, Ray for several nodes.\n"
              "Exit 0 all good, 1 warnings, 2 blocking problems. See docs/check.md.")
@@ -223,9 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench(subs)
 
-    p = _sub(subs, "config", "lynxtop.config_cli:check", "configuration tools")
+    p = _sub(subs, "config", "lynxtop.cli.config_cli:check", "configuration tools")
     csubs = p.add_subparsers(title="config commands", metavar="ACTION", required=True)
-    c = _sub(csubs, "check", "lynxtop.config_cli:check",
+    c = _sub(csubs, "check", "lynxtop.cli.config_cli:check",
              "validate the config and print it with the exact argv of each profile", parent="config")
     c.add_argument("--json", action="store_true", help="print JSON")
     return parser
@@ -233,13 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _ray(subs) -> None:
     """`lynxtop ray start|stop`: this node's Ray on the head and worker roles (docs/api.md, multi-node)."""
-    p = _sub(subs, "ray", "lynxtop.ctl:ray_start", "this node's Ray (agent.role head or worker)",
+    p = _sub(subs, "ray", "lynxtop.cli.ctl:ray_start", "this node's Ray (agent.role head or worker)",
              "Start or stop the Ray the agent supervises on this node. On a worker, `lynxtop start`/`stop` do the\n"
              "same; a head's Ray stops only with `lynxtop stop --cluster` (serving first, then the workers).")
     rsubs = p.add_subparsers(title="ray commands", metavar="ACTION", required=True)
     for name, help_ in (("start", "start this node's Ray (also after a crash loop or a cluster stop)"),
                         ("stop", "stop this node's Ray (a worker; kept stopped until started again)")):
-        c = _sub(rsubs, name, f"lynxtop.ctl:ray_{name}", help_, parent="ray")
+        c = _sub(rsubs, name, f"lynxtop.cli.ctl:ray_{name}", help_, parent="ray")
         if name == "stop":
             c.add_argument("--reason", help="why, for the agent's events")
             c.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
@@ -248,7 +249,7 @@ def _ray(subs) -> None:
 
 def _bench(subs) -> None:
     """`lynxtop bench` (a sweep), `bench compare A B`, `bench list` (docs/bench.md)."""
-    p = _sub(subs, "bench", "lynxtop.bench:run", "measure throughput and latency against concurrency",
+    p = _sub(subs, "bench", "lynxtop.cli.bench:run", "measure throughput and latency against concurrency",
              "Stream synthetic requests at the served model (the URL from the agent, or --url) at each level of a\n"
              "sweep; print a table and a chart, store each level in the history (through the agent), and with\n"
              "--save-result write one `vllm bench serve --save-result` file per level. Ctrl-C keeps finished levels.")
@@ -280,12 +281,12 @@ def _bench(subs) -> None:
     p.add_argument("--label", help="--save-result: the files' label and name prefix (default: openai)")
     p.add_argument("--no-store", action="store_true", help="do not store the results in the history")
     bsubs = p.add_subparsers(title="bench commands", metavar="ACTION")
-    c = _sub(bsubs, "compare", "lynxtop.bench:compare", "two stored sweeps side by side, per level, in percent",
+    c = _sub(bsubs, "compare", "lynxtop.cli.bench:compare", "two stored sweeps side by side, per level, in percent",
              parent="bench")
     c.add_argument("run_a", metavar="RUN_A", help="sweep id, or a run number (its newest sweep)")
     c.add_argument("run_b", metavar="RUN_B", help="sweep id, or a run number (its newest sweep)")
     c.add_argument("--json", action="store_true", help="print JSON")
-    c = _sub(bsubs, "list", "lynxtop.bench:list_sweeps", "the stored sweeps, newest first", parent="bench")
+    c = _sub(bsubs, "list", "lynxtop.cli.bench:list_sweeps", "the stored sweeps, newest first", parent="bench")
     c.add_argument("--limit", type=_COUNT, default=20, metavar="N", help="show N sweeps (default: %(default)s)")
 
 

@@ -31,7 +31,7 @@ def _err(cmd: str, msg: str) -> int:
 def _database(args: Namespace) -> Path | None:
     if getattr(args, "database", None):
         return Path(args.database).expanduser()
-    from lynxtop.config_cli import load_or_exit
+    from lynxtop.cli.config_cli import load_or_exit
 
     cfg = load_or_exit(args)
     return cfg.agent.database if cfg else None

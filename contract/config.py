@@ -35,7 +35,7 @@ ENV_FORBIDDEN = {"LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "P
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # sockaddr_un.sun_path holds 107 bytes plus the NUL, and the agent first binds a temporary name beside the
-# socket (".NAME.PID", agent/api.py) and renames it into place: that name is 2 + up to 7 (pid_max 4194304)
+# socket (".NAME.PID", agent/api/routes.py) and renames it into place: that name is 2 + up to 7 (pid_max 4194304)
 # bytes longer, so the configured path may have at most 107 - 9 bytes.
 SUN_PATH_MAX = 107
 SOCKET_PATH_MAX = SUN_PATH_MAX - len("..") - len(str(4194304))

@@ -4,7 +4,7 @@ Only what a memory and parallelism check needs: parameter counts, layer count, t
 heads TP must divide, and the bytes one parameter takes per quantization. Sizes are bytes, counts are plain
 numbers (params_b in billions).
 
-DeepSeek-V4.1 (284B MoE): the numbers are the ones the simulator (agent/sim/model.py, SimParams) is calibrated
+DeepSeek-V4.1 (284B MoE): the numbers are the ones the simulator (sim/model.py, SimParams) is calibrated
 with, so the check and the simulated node agree, and they follow the DeepSeek-V3 family's config.json:
 - 284B parameters in all, ~37B active per token (vLLM's estimated_flops basis). MoE sparsity saves compute, not
   memory: every expert stays resident, so the weights count in full.

@@ -19,7 +19,7 @@ from textual.app import App, ScreenStackError
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
 
-from lynxtop.client import AgentRefused, AgentUnreachable
+from lynxtop.contract.client import AgentRefused, AgentUnreachable
 from lynxtop.contract.format import fmt_clock
 from lynxtop.contract.status import ClusterStatus, Role, ServingStatus
 from lynxtop.contract.terminal import terminal_safe

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lynxtop.client import AgentRefused, AsyncAgentClient
+from lynxtop.contract.client import AgentRefused, AsyncAgentClient
 from lynxtop.contract.terminal import terminal_safe, terminal_safe_json
 
 # StoreReader methods whose rows carry text (names, models, messages, flags); series are numbers only.

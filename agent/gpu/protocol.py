@@ -6,7 +6,7 @@ counters call, under pynvml's names, so the real library (`backend.RealNvml`), t
 instead of failing on a missing name at run time. Constants and structs still come from `pynvml` itself.
 
 A fake node is described by `Scenario`: static facts per GPU (`FakeGpuSpec`) and the state at a moment
-(`FakeGpuState`). Scripted test nodes and the simulator's coupled node (`lynxtop.agent.sim.gpus`) implement
+(`FakeGpuState`). Scripted test nodes and the simulator's coupled node (`lynxtop.sim.gpus`) implement
 it; the fake NVML turns it into pynvml-shaped answers.
 """
 

@@ -15,8 +15,8 @@ from support.db import db_rows
 from support.ports import free_port
 from support.waits import wait_for_async as wait_for
 
-from lynxtop.agent import procs
-from lynxtop.agent.supervisor import Supervisor
+from lynxtop.agent.serving import procs
+from lynxtop.agent.serving.supervisor import Supervisor
 from lynxtop.contract.config import load_config
 
 HERE = Path(__file__).resolve().parent

@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from support.agent_proc import Agent, e2e_config, sim_processes, state_db
 
-from lynxtop.agent import procs
+from lynxtop.agent.serving import procs
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -1,6 +1,6 @@
 """`lynxtop check`'s verdicts for the shipped profiles on the fake 8xH200, 8xB200 and 8xA100 nodes.
 
-Every expected number is worked out by hand in the comments from the formulas of agent/check.py and the model
+Every expected number is worked out by hand in the comments from the formulas of agent/serving/check.py and the model
 table (contract/models.py: DeepSeek-V4.1 W = 284e9 params x 296/284 bytes = 296e9 bytes as shipped (fp8), 61
 layers, fp8 MLA cache 656 bytes per token and layer, experts 95 % of W, overhead int(5.5 GiB) + int(0.9 GiB) =
 5,905,580,032 + 966,367,641 = 6,871,947,673 bytes per GPU).
@@ -18,10 +18,10 @@ from support.agent_config import profile
 from support.db import db_rows
 from support.waits import wait_for_async as wait_for
 
-from lynxtop.agent.check import Level, NodeFacts, check_profile, facts_from_info
-from lynxtop.agent.control import ActionError
+from lynxtop.agent.api.control import ActionError
 from lynxtop.agent.gpu.fake import a100_specs, b200_specs, h200_specs
-from lynxtop.agent.supervisor import preflight
+from lynxtop.agent.serving.check import Level, NodeFacts, check_profile, facts_from_info
+from lynxtop.agent.serving.supervisor import preflight
 from lynxtop.contract.config import ConfigError, load_config, parse_config
 from lynxtop.contract.models import DEEPSEEK_V41, find_model
 

@@ -19,10 +19,10 @@ import pytest
 from support.agent_config import agent_toml, profile
 from support.waits import wait_for_async as wait_for
 
-from lynxtop.agent import raynode
-from lynxtop.agent.check import ClusterFacts, Level, check_profile, facts_from_info
-from lynxtop.agent.cluster import ClusterViewError, ClusterWatch, parse_nodes
-from lynxtop.agent.raynode import RayNode, ray_argv
+from lynxtop.agent.cluster import raynode
+from lynxtop.agent.cluster.raynode import RayNode, ray_argv
+from lynxtop.agent.cluster.view import ClusterViewError, ClusterWatch, parse_nodes
+from lynxtop.agent.serving.check import ClusterFacts, Level, check_profile, facts_from_info
 from lynxtop.contract.config import ConfigError, parse_config
 from lynxtop.contract.events import EventKind
 from lynxtop.contract.status import ClusterNode, RayState, Role, ServingState, Status

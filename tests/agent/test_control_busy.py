@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lynxtop.agent.control import ActionError
+from lynxtop.agent.api.control import ActionError
 
 wait_for = None  # bound from the `h` fixture (tests import only lynxtop.*)
 

@@ -9,7 +9,7 @@ import signal
 import pytest
 from support.agent_proc import Agent, e2e_config, state_db
 
-from lynxtop.agent import procs
+from lynxtop.agent.serving import procs
 
 wait_for = db_rows = None  # bound from the `h` fixture (tests import only lynxtop.*)
 

@@ -20,7 +20,7 @@ import pytest
 from support.agent_proc import Agent, e2e_config, sim_processes
 from support.db import db_rows
 
-from lynxtop.agent import procs
+from lynxtop.agent.serving import procs
 
 
 def _events(store, kind: str) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Hang and /health verdicts (agent/health.py) and the samplers' one event path (agent/sampling.py)."""
+"""Hang and /health verdicts (agent/serving/health.py) and the samplers' one event path (agent/sampling.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from aiohttp import web
 from support.web_app import serving
 
-from lynxtop.agent.health import HangDetector, Health, HealthProbe, HttpClient
+from lynxtop.agent.metrics.sla import SlaTracker
 from lynxtop.agent.sampling import EventCollector, SlaSource, Tick, as_event, sample_stages
-from lynxtop.agent.sla import SlaTracker
+from lynxtop.agent.serving.health import HangDetector, Health, HealthProbe, HttpClient
 from lynxtop.contract.config import SlaConfig
 from lynxtop.contract.events import EventKind, Severity
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from lynxtop.agent import logtail
-from lynxtop.agent.logtail import LogTail
-from lynxtop.agent.startup import tail_lines
+from lynxtop.agent.api import logtail
+from lynxtop.agent.api.logtail import LogTail
+from lynxtop.agent.serving.startup import tail_lines
 
 CASES = {
     "plain": b"one\ntwo\nthree\n",

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from lynxtop.agent import procs
-from lynxtop.agent.health import HangDetector
+from lynxtop.agent.serving import procs
+from lynxtop.agent.serving.health import HangDetector
 
 wait_for = db_rows = None  # bound from the `h` fixture (tests import only lynxtop.*)
 

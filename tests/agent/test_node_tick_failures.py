@@ -13,7 +13,7 @@ import logging
 import pytest
 from support.node import close_node, open_node
 
-from lynxtop.agent.connguard import Episodes, install_loop_handler
+from lynxtop.agent.api.connguard import Episodes, install_loop_handler
 from lynxtop.agent.node import Node
 
 pytestmark = pytest.mark.timeout(60)

@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from lynxtop.agent.launcher import child_env, prune_logs
 from lynxtop.agent.notify import Notifier
-from lynxtop.agent.startup import PhaseTracker, tail_lines
+from lynxtop.agent.serving.launcher import child_env, prune_logs
+from lynxtop.agent.serving.startup import PhaseTracker, tail_lines
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ import pytest
 from support.agent_proc import Agent, e2e_config, sim_processes
 from support.db import db_rows
 
-from lynxtop.agent import launcher, procs
-from lynxtop.agent.control import ActionError
+from lynxtop.agent.api.control import ActionError
+from lynxtop.agent.serving import launcher, procs
 
 pytestmark = pytest.mark.timeout(120)
 

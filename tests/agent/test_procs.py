@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from lynxtop.agent import procs
+from lynxtop.agent.serving import procs
 
 
 def _sleeper(token: str) -> subprocess.Popen:

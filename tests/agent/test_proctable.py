@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
-from lynxtop.agent import procs
-from lynxtop.agent.proctable import ProcTable
+from lynxtop.agent.serving import procs
+from lynxtop.agent.serving.proctable import ProcTable
 
 # a leader that starts a child, which starts a grandchild; all sleep
 _TREE = """

@@ -26,7 +26,7 @@ from support.agent_proc import Agent
 from support.netns import two_hosts
 from support.ports import free_port, short_dir
 
-from lynxtop.agent import procs
+from lynxtop.agent.serving import procs
 
 pytestmark = [pytest.mark.timeout(420),
               pytest.mark.skipif(importlib.util.find_spec("ray") is None,

@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from support.node import close_node, open_node, run_clock
 
-from lynxtop.agent.exporter import SnapshotCollector
+from lynxtop.agent.metrics.exporter import SnapshotCollector
 
 pytestmark = pytest.mark.timeout(60)
 

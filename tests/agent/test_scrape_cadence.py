@@ -13,10 +13,10 @@ from aiohttp import web
 from support.node import close_node, open_node, run_clock
 from support.vllm_pages import sim_page
 
-from lynxtop.agent import scrape as scrape_mod
+from lynxtop.agent.metrics import scrape as scrape_mod
+from lynxtop.agent.metrics.scrape import MetricsScraper
 from lynxtop.agent.node import Node
 from lynxtop.agent.sampling import ScrapeTarget
-from lynxtop.agent.scrape import MetricsScraper
 
 pytestmark = pytest.mark.timeout(90)
 

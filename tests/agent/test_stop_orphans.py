@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from lynxtop.agent import procs
-from lynxtop.agent.runfiles import RunFiles, dist_files_in_log
+from lynxtop.agent.serving import procs
+from lynxtop.agent.serving.runfiles import RunFiles, dist_files_in_log
 
 pytestmark = pytest.mark.timeout(60)
 

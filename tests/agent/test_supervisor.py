@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lynxtop.agent import procs
-from lynxtop.agent.control import ActionError
-from lynxtop.agent.health import HangDetector
+from lynxtop.agent.api.control import ActionError
+from lynxtop.agent.serving import procs
+from lynxtop.agent.serving.health import HangDetector
 
 pytestmark = pytest.mark.timeout(60)
 

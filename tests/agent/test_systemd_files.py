@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lynxtop.agent.supervisor import preflight
+from lynxtop.agent.serving.supervisor import preflight
 from lynxtop.contract.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,6 +5,7 @@ errors, partial results kept and marked, Ctrl-C)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import signal
 import tempfile
@@ -27,15 +28,15 @@ from support.bench_env import (
 from support.db import db_rows
 from support.ports import free_port
 
-from lynxtop.agent.sim.model import (
+from lynxtop.cli.bench_stats import VLLM_KEYS
+from lynxtop.cli.bench_view import compare, pct
+from lynxtop.sim.model import (
     REF_LONG_OUTPUT_TOKENS,
     REF_LONG_PROMPT_TOKENS,
     TARGET_PLATEAU_TOKENS_PER_S,
     TARGET_PLATEAU_TPOT_S,
     TARGET_SINGLE_STREAM_TOKENS_PER_S,
 )
-from lynxtop.bench_stats import VLLM_KEYS
-from lynxtop.bench_view import compare, pct
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -230,7 +231,8 @@ def test_a_second_ctrl_c_aborts_at_once_without_a_traceback(node, tmp_path):
     # the second press aborts the level in flight; one that lands after the clean stop already finished the sweep
     # ends the command as Ctrl-C does (killed by SIGINT while it exits): either way no traceback
     if "aborted;" in err:
-        assert proc.returncode == 130 and "aborted; 1 finished level(s) stored as sweep" in err, err
+        # on a loaded machine level 2 may finish between the two presses: then both levels are stored
+        assert proc.returncode == 130 and re.search(r"aborted; [12] finished level\(s\) stored as sweep", err), err
     else:
         assert proc.returncode in (130, -signal.SIGINT) and "stopped by Ctrl-C" in err, err
     assert "Traceback" not in err and "never retrieved" not in err, err

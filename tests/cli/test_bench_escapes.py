@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 
 from lynxtop.__main__ import main
-from lynxtop.bench_load import Level, LevelRun, RequestResult
-from lynxtop.bench_stats import summarize
-from lynxtop.bench_view import table
+from lynxtop.cli.bench_load import Level, LevelRun, RequestResult
+from lynxtop.cli.bench_stats import summarize
+from lynxtop.cli.bench_view import table
 from lynxtop.store.writer import StoreWriter
 
 EVIL = "\x1b[2J\x1b]0;owned\x07\u202e\nforged line"

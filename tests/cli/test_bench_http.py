@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from support.ports import free_port
 
-from lynxtop.bench_http import ConnectFailed, ProtocolError, StreamPool, _Reply
-from lynxtop.bench_load import Workload, one_request
+from lynxtop.cli.bench_http import ConnectFailed, ProtocolError, StreamPool, _Reply
+from lynxtop.cli.bench_load import Workload, one_request
 
 CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
            b"d\r\ndata: one\r\n\r\n\r\n" b"D;ext=1\r\ndata: two\r\n\r\n\r\n" b"0\r\nX-Trailer: t\r\n\r\n")

@@ -8,8 +8,8 @@ import re
 
 from rich.console import Console
 
-from lynxtop.bench_load import Level
-from lynxtop.bench_sweep import ProgressLine
+from lynxtop.cli.bench_load import Level
+from lynxtop.cli.bench_sweep import ProgressLine
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 HIDE, SHOW = "\x1b[?25l", "\x1b[?25h"

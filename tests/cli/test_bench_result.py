@@ -20,9 +20,9 @@ from support.agent_config import SIM
 from support.bench_env import FlakyServer, bench
 from support.ports import free_port
 
-from lynxtop.bench_load import RequestResult
-from lynxtop.bench_result import spec_counters, spec_keys
-from lynxtop.bench_stats import peaks
+from lynxtop.cli.bench_load import RequestResult
+from lynxtop.cli.bench_result import spec_counters, spec_keys
+from lynxtop.cli.bench_stats import peaks
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -73,7 +73,7 @@ def mtp_sim(tmp_path) -> Iterator[str]:
     port = free_port()
     log = (tmp_path / "sim.log").open("wb")
     proc = subprocess.Popen([str(SIM) if SIM.exists() else sys.executable, *([] if SIM.exists() else
-                             ["-m", "lynxtop.agent.sim"]), "serve", MODEL, "--host", "127.0.0.1", "--port", str(port),
+                             ["-m", "lynxtop.sim"]), "serve", MODEL, "--host", "127.0.0.1", "--port", str(port),
                              "-tp", "8", "--max-model-len", "4096", "--sim-startup-seconds", "0.2", "--sim-speed", "40",
                              "--sim-state-dir", str(tmp_path / "simstate"), "--no-sim-workers", "--sim-log-interval",
                              "0", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}'],

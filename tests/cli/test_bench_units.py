@@ -7,11 +7,11 @@ import argparse
 
 import pytest
 
-from lynxtop.bench import DEFAULT_CONCURRENCY, levels_of
-from lynxtop.bench_load import Level, LevelRun, RequestResult, StreamError, _Events, _finish
-from lynxtop.bench_stats import VLLM_KEYS, db_row, from_db_row, percentile, summarize
-from lynxtop.bench_view import chart, table
-from lynxtop.parser import build_parser
+from lynxtop.cli.bench import DEFAULT_CONCURRENCY, levels_of
+from lynxtop.cli.bench_load import Level, LevelRun, RequestResult, StreamError, _Events, _finish
+from lynxtop.cli.bench_stats import VLLM_KEYS, db_row, from_db_row, percentile, summarize
+from lynxtop.cli.bench_view import chart, table
+from lynxtop.cli.parser import build_parser
 from lynxtop.store.schema import BENCH_COLUMNS
 
 
@@ -88,7 +88,7 @@ def test_levels_of_the_command_line():
     assert [(lv.rate, lv.concurrency, lv.duration_s, lv.requests) for lv in levels_of(args)] == \
         [(0.5, 8, 30.0, 0), (2.0, 8, 30.0, 0)]
     args = p.parse_args(["bench", "compare", "a", "run:3"])
-    assert (args.run_a, args.run_b, args.handler) == ("a", "run:3", "lynxtop.bench:compare")
+    assert (args.run_a, args.run_b, args.handler) == ("a", "run:3", "lynxtop.cli.bench:compare")
     assert isinstance(args, argparse.Namespace)
 
 
@@ -102,7 +102,7 @@ def test_table_marks_partial_levels_and_lists_reasons():
 
 
 def test_request_counters_sum_reasons_and_engines_and_foreign_is_the_larger_excess() -> None:
-    from lynxtop.bench_traffic import foreign, request_counters
+    from lynxtop.cli.bench_traffic import foreign, request_counters
 
     page = "\n".join([
         "# HELP vllm:request_success_total Count of successfully processed requests.",

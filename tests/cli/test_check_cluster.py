@@ -16,8 +16,8 @@ import pytest
 from support.ports import free_port
 
 from lynxtop.__main__ import main
-from lynxtop.agent.check import ClusterFacts, Level, check_profile, facts_from_info
-from lynxtop.agent.cluster import parse_nodes
+from lynxtop.agent.cluster.view import parse_nodes
+from lynxtop.agent.serving.check import ClusterFacts, Level, check_profile, facts_from_info
 from lynxtop.contract.config import parse_config
 
 PAGE = Path(__file__).resolve().parents[1] / "agent" / "io" / "pages" / "ray-2.60-nodes-one-dead.json"

@@ -13,7 +13,7 @@ import pytest
 from lynxtop.__main__ import main
 from lynxtop.agent.gpu import backend
 from lynxtop.agent.gpu.fake import FakeNvml, ScriptedNode, scripted_scenario
-from lynxtop.parser import build_parser
+from lynxtop.cli.parser import build_parser
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "systemd" / "config.example.toml"
 
@@ -115,7 +115,7 @@ def _failing() -> FakeNvml:
 
 def test_check_is_a_command():
     args = build_parser().parse_args(["check", "--profile", "x", "--json"])
-    assert (args.handler, args.profile, args.json) == ("lynxtop.check_cmd:run", "x", True)
+    assert (args.handler, args.profile, args.json) == ("lynxtop.cli.check_cmd:run", "x", True)
 
 
 def test_no_driver_as_a_process_prints_one_line(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support.agent_config import profile, write_agent_config
 
-from lynxtop.parser import build_parser
+from lynxtop.cli.parser import build_parser
 
 COMMANDS = ["dashboard", "demo", "agent", "status", "start", "stop", "restart", "switch", "runs", "export",
             "config", "check", "bench"]

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lynxtop import demo
-from lynxtop.agent.sim.loadgen import DEMO_CALM, DEMO_PATTERN, LoadGenerator
+from lynxtop.cli import demo
+from lynxtop.sim.loadgen import DEMO_CALM, DEMO_PATTERN, LoadGenerator
 
 
 def test_demo_default_profile_passes_the_demos_own_preflight(tmp_path: Path):
@@ -37,7 +37,7 @@ async def test_raising_the_load_acts_within_the_running_phase():
     """The key must not wait out a 10-minute phase: the raised pattern starts while the calm one still runs."""
     import asyncio
 
-    from lynxtop.agent.sim.loadgen import Phase
+    from lynxtop.sim.loadgen import Phase
 
     gen = LoadGenerator("http://127.0.0.1:1", pattern=(Phase("calm", 600, 0, (1, 1), (1, 1)),))
     gen.raised_pattern = (Phase("hot", 600, 0, (1, 1), (1, 1)),)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from support.status import T0, make_status, serving_metrics
 
-from lynxtop import ctl
+from lynxtop.cli import ctl
 from lynxtop.contract.format import fmt_clock
 
 

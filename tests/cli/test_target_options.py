@@ -11,27 +11,27 @@ import argparse
 
 import pytest
 
-from lynxtop.parser import TAKES, build_parser
+from lynxtop.cli.parser import TAKES, build_parser
 
 # every command (as argv, where the target options go after it), and the handler argparse must pick
 COMMANDS = {
-    "dashboard": (["dashboard"], "lynxtop.dashboard_cmd:run"),
-    "demo": (["demo"], "lynxtop.demo:run"),
-    "agent": (["agent"], "lynxtop.agent_cmd:run"),
-    "status": (["status"], "lynxtop.ctl:status"),
-    "start": (["start"], "lynxtop.ctl:start"),
-    "stop": (["stop", "-y"], "lynxtop.ctl:stop"),
-    "restart": (["restart", "-y"], "lynxtop.ctl:restart"),
-    "switch": (["switch", "p2", "-y"], "lynxtop.ctl:switch"),
-    "ray start": (["ray", "start"], "lynxtop.ctl:ray_start"),
-    "ray stop": (["ray", "stop", "-y"], "lynxtop.ctl:ray_stop"),
-    "runs": (["runs"], "lynxtop.store_cli:runs"),
-    "export": (["export", "--run", "1"], "lynxtop.store_cli:export"),
-    "check": (["check"], "lynxtop.check_cmd:run"),
-    "bench": (["bench"], "lynxtop.bench:run"),
-    "bench compare": (["bench", "compare", "a", "b"], "lynxtop.bench:compare"),
-    "bench list": (["bench", "list"], "lynxtop.bench:list_sweeps"),
-    "config check": (["config", "check"], "lynxtop.config_cli:check"),
+    "dashboard": (["dashboard"], "lynxtop.cli.dashboard_cmd:run"),
+    "demo": (["demo"], "lynxtop.cli.demo:run"),
+    "agent": (["agent"], "lynxtop.cli.agent_cmd:run"),
+    "status": (["status"], "lynxtop.cli.ctl:status"),
+    "start": (["start"], "lynxtop.cli.ctl:start"),
+    "stop": (["stop", "-y"], "lynxtop.cli.ctl:stop"),
+    "restart": (["restart", "-y"], "lynxtop.cli.ctl:restart"),
+    "switch": (["switch", "p2", "-y"], "lynxtop.cli.ctl:switch"),
+    "ray start": (["ray", "start"], "lynxtop.cli.ctl:ray_start"),
+    "ray stop": (["ray", "stop", "-y"], "lynxtop.cli.ctl:ray_stop"),
+    "runs": (["runs"], "lynxtop.cli.store_cli:runs"),
+    "export": (["export", "--run", "1"], "lynxtop.cli.store_cli:export"),
+    "check": (["check"], "lynxtop.cli.check_cmd:run"),
+    "bench": (["bench"], "lynxtop.cli.bench:run"),
+    "bench compare": (["bench", "compare", "a", "b"], "lynxtop.cli.bench:compare"),
+    "bench list": (["bench", "list"], "lynxtop.cli.bench:list_sweeps"),
+    "config check": (["config", "check"], "lynxtop.cli.config_cli:check"),
 }
 OPTIONS = ("config", "socket", "database")
 
@@ -80,7 +80,8 @@ def test_an_option_is_honoured_in_every_position_or_refused(cmd, handler, name, 
 
 def test_no_command_is_the_dashboard_and_takes_all_three():
     args = build_parser().parse_args(["--socket", "/s", "--database", "/d", "--config", "/c"])
-    assert (args.handler, args.socket, args.database, args.config) == ("lynxtop.dashboard_cmd:run", "/s", "/d", "/c")
+    assert (args.handler, args.socket, args.database, args.config) == (
+        "lynxtop.cli.dashboard_cmd:run", "/s", "/d", "/c")
 
 
 def test_the_same_option_twice_with_different_values_is_refused(capsys):

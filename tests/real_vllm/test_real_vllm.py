@@ -272,7 +272,7 @@ def _sim_log_and_page(tmp: Path) -> tuple[str, str]:
 
 
 def test_simulator_matches_the_real_metrics_page_and_startup_log(agent, tmp_path):
-    from lynxtop.agent import startup
+    from lynxtop.agent.serving import startup
 
     s = ensure_ready(agent)
     _, real_page = http_get(agent.port, "/metrics")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from lynxtop.cli.ctl import format_status
 from lynxtop.contract.status import Status
-from lynxtop.ctl import format_status
 from lynxtop.store.errors import StoreError
 from lynxtop.store.writer import StoreWriter
 

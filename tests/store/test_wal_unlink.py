@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from lynxtop.cli.ctl import format_status
 from lynxtop.contract.status import Status
-from lynxtop.ctl import format_status
 from lynxtop.store import inproc
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.writer import StoreWriter

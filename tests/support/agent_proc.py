@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
-from lynxtop.agent import procs
+from lynxtop.agent.serving import procs
 from support.agent_config import sim_profile, write_agent_config
 from support.db import db_rows
 

@@ -6,7 +6,7 @@ import random
 
 from prometheus_client import generate_latest
 
-from lynxtop.agent.sim.metrics import VllmMetrics
+from lynxtop.sim.metrics import VllmMetrics
 
 
 def sim_page(engines: int, seed: int, models: tuple[str, ...] = ("deepseek-ai/DeepSeek-V4.1",)) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from lynxtop.dashboard_cmd import run
-from lynxtop.parser import build_parser
+from lynxtop.cli.dashboard_cmd import run
+from lynxtop.cli.parser import build_parser
 
 
 def test_no_terminal_is_explained(capsys, sock_dir):

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from lynxtop.agent import procs
+from lynxtop.agent.serving import procs
 
 TMUX = "/usr/bin/tmux"
-MISSING = [m for m in ("lynxtop.agent.node", "lynxtop.agent.sim") if importlib.util.find_spec(m) is None]
+MISSING = [m for m in ("lynxtop.agent.node", "lynxtop.sim") if importlib.util.find_spec(m) is None]
 pytestmark = [
     pytest.mark.skipif(bool(MISSING), reason=f"agent or simulator not in this build yet: {', '.join(MISSING)}"),
     pytest.mark.skipif(not os.path.exists(TMUX), reason=f"{TMUX} not installed"),

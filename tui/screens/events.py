@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Input, Log, Static
 
-from lynxtop.client import AgentRefused, AgentUnreachable
+from lynxtop.contract.client import AgentRefused, AgentUnreachable
 from lynxtop.contract.format import fmt_clock, fmt_datetime
 from lynxtop.tui.history_source import HistoryUnavailable
 from lynxtop.tui.screens.base import LiveScreen

@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Static
 
-from lynxtop.client import AgentRefused, AgentUnreachable
+from lynxtop.contract.client import AgentRefused, AgentUnreachable
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.engine_table import EngineTable
 from lynxtop.tui.widgets.gpu_table import UTIL_NOTE, GpuTable

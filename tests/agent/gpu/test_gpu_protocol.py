@@ -21,8 +21,8 @@ from lynxtop.agent.gpu.backend import SCRIPTED_SCENARIOS, RealNvml, open_backend
 from lynxtop.agent.gpu.fake import FakeNvml, ScriptedNode, h200_specs, scripted_scenario
 from lynxtop.agent.gpu.protocol import GpuBackend, Scenario, backend_members
 from lynxtop.agent.gpu.sampler import GpuSampler
-from lynxtop.agent.sim.gpus import SimScenario
 from lynxtop.contract.events import EventKind
+from lynxtop.sim.gpus import SimScenario
 
 MEMBERS = backend_members()
 FUNCTIONS = sorted(n for n in MEMBERS if n.startswith("nvml"))

@@ -399,7 +399,7 @@ def test_scripted_xid_then_lost_gpu_through_the_watcher_thread(clock, events):
 
 
 def test_simulator_backend_opens_as_simulated(tmp_path):
-    from lynxtop.agent.sim.gpus import SimScenario
+    from lynxtop.sim.gpus import SimScenario
 
     s = GpuSampler(lambda: open_backend("sim", str(tmp_path), SimScenario), xid_events=False)
     try:

@@ -17,8 +17,8 @@ import time
 import psutil
 import pytest
 
-from lynxtop.agent import procs
 from lynxtop.agent.host import HOST_COLUMNS, HostSampler, role_of
+from lynxtop.agent.serving import procs
 
 ENGINE = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"  # burns one core
 WORKER = (
@@ -121,7 +121,7 @@ def test_a_gone_root_reads_zero_processes(tmp_path):
 
 def test_one_proc_read_gives_what_psutil_gives():
     """The tree is read with one /proc/<pid>/stat read a process; it must say what psutil's four reads say."""
-    from lynxtop.agent import procs
+    from lynxtop.agent.serving import procs
 
     code = "import sys, time\nx = bytearray(48 << 20)\nprint('ready', flush=True)\ntime.sleep(30)\n"
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

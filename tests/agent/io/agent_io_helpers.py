@@ -13,8 +13,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from support.status import gpu_row, make_status
 
-from lynxtop.agent.api import ApiServer
-from lynxtop.agent.control import ActionError
+from lynxtop.agent.api.control import ActionError
+from lynxtop.agent.api.routes import ApiServer
 from lynxtop.contract.status import Status
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80,

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from agent_io_helpers import FakeController
 
-from lynxtop.agent.api import ApiServer, ApiStartError
+from lynxtop.agent.api.routes import ApiServer, ApiStartError
 
 TEST_GROUP = "users"  # a group that exists on Debian; the agent's operators' group in these tests
 

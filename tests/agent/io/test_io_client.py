@@ -1,4 +1,4 @@
-"""The one API client (lynxtop.client), both faces, against the real API server: typed status, named errors."""
+"""The one API client (lynxtop.contract.client), both faces, against the real API server: typed status, named errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from agent_io_helpers import FakeController, ThreadedApi
 from support.ports import short_dir
 
-from lynxtop.client import AgentClient, AgentRefused, AgentUnreachable, AsyncAgentClient
+from lynxtop.contract.client import AgentClient, AgentRefused, AgentUnreachable, AsyncAgentClient
 from lynxtop.contract.status import ServingState, Status
 
 
@@ -103,6 +103,6 @@ async def test_answers_that_are_not_the_api_are_unreachable():
 def test_the_cli_face_does_not_import_asyncio():
     import subprocess
 
-    code = "import sys, lynxtop.client, lynxtop.ctl; print('asyncio' in sys.modules)"
+    code = "import sys, lynxtop.contract.client, lynxtop.cli.ctl; print('asyncio' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

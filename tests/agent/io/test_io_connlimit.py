@@ -2,7 +2,7 @@
 
 Issue 11 §2: 1,500 half-sent requests on the control socket (or 1,100 idle TCP connections to metrics_listen)
 took every descriptor of the agent. Here small caps and timeouts stand in for the defaults, so the tests are fast;
-the policy is the same (agent/connguard.py). Also §3: deeply nested JSON is a 400, not a 500 with a traceback.
+the policy is the same (agent/api/connguard.py). Also §3: deeply nested JSON is a 400, not a 500 with a traceback.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 from agent_io_helpers import FakeController
 
-from lynxtop.agent.api import ApiServer
-from lynxtop.agent.connguard import Episodes
-from lynxtop.agent.exporter import MetricsExporter
+from lynxtop.agent.api.connguard import Episodes
+from lynxtop.agent.api.routes import ApiServer
+from lynxtop.agent.metrics.exporter import MetricsExporter
 
 pytestmark = pytest.mark.timeout(60)
 

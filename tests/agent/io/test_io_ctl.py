@@ -15,8 +15,8 @@ import pytest
 from agent_io_helpers import FakeController, ThreadedApi
 from support.ports import short_dir
 
-from lynxtop import ctl
 from lynxtop.__main__ import main
+from lynxtop.cli import ctl
 from lynxtop.contract.status import ServingMetrics
 
 

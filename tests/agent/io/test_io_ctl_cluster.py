@@ -14,9 +14,9 @@ from agent_io_helpers import FakeController, ThreadedApi
 from support.ports import short_dir
 from support.status import T0, make_status
 
-from lynxtop import ctl
 from lynxtop.__main__ import main
-from lynxtop.agent.control import ActionError
+from lynxtop.agent.api.control import ActionError
+from lynxtop.cli import ctl
 from lynxtop.contract.status import ClusterNode, ClusterStatus, RayState, Role
 
 LOST = "Unexpected termination: health check failed due to missing too many heartbeats"

@@ -12,8 +12,8 @@ import pytest
 from agent_io_helpers import FakeController, ThreadedApi
 from support.ports import short_dir
 
-from lynxtop import ctl
 from lynxtop.__main__ import main
+from lynxtop.cli import ctl
 
 # clears the screen, retitles the window, a C1 CSI, a bidi override, and a line that forges a status line
 EVIL = "\x1b[2J\x1b]0;owned\x07\x9b31m\u202e\nserving  READY"

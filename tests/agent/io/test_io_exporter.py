@@ -12,7 +12,7 @@ from agent_io_helpers import FakeController
 from prometheus_client.parser import text_string_to_metric_families
 from support.real import PROMETHEUS_HINT, unavailable
 
-from lynxtop.agent.exporter import MetricsExporter, is_loopback, parse_listen
+from lynxtop.agent.metrics.exporter import MetricsExporter, is_loopback, parse_listen
 from lynxtop.contract.status import EngineLoad, ServingState
 
 

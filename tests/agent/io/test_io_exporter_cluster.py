@@ -15,8 +15,8 @@ from agent_io_helpers import FakeController
 from prometheus_client.parser import text_string_to_metric_families
 from support.real import PROMETHEUS_HINT, unavailable
 
-from lynxtop.agent.cluster import parse_nodes
-from lynxtop.agent.exporter import MetricsExporter
+from lynxtop.agent.cluster.view import parse_nodes
+from lynxtop.agent.metrics.exporter import MetricsExporter
 from lynxtop.contract.status import ClusterNode, ClusterStatus, RayState, Role
 
 PAGE = Path(__file__).resolve().parent / "pages" / "ray-2.60-nodes-one-dead.json"

@@ -12,8 +12,8 @@ from prom_reference import Series, promtool_eval
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from support.real import needs_tools
 
-from lynxtop.agent.histogram import HistogramSnapshot, SlidingHistogram, bucket_quantile
-from lynxtop.agent.scrape import parse_text
+from lynxtop.agent.metrics.histogram import HistogramSnapshot, SlidingHistogram, bucket_quantile
+from lynxtop.agent.metrics.scrape import parse_text
 
 INF = math.inf
 B = [(0.1, 10.0), (0.5, 30.0), (1.0, 40.0), (INF, 40.0)]

@@ -1,5 +1,6 @@
-"""The exporter's agent-lifetime counters and histograms (agent/lifetime.py) across vLLM restarts and new runs, read
-back from the page the exporter serves, against the observations made on real prometheus_client registries."""
+"""The exporter's agent-lifetime counters and histograms (agent/metrics/lifetime.py) across vLLM restarts and new
+runs, read back from the page the exporter serves, against the observations made on real prometheus_client
+registries."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from agent_io_helpers import TTFT_BUCKETS, FakeController, VllmPage
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lynxtop.agent.exporter import SnapshotCollector
-from lynxtop.agent.lifetime import ServingTotals
-from lynxtop.agent.scrape import MetricsScraper
+from lynxtop.agent.metrics.exporter import SnapshotCollector
+from lynxtop.agent.metrics.lifetime import ServingTotals
+from lynxtop.agent.metrics.scrape import MetricsScraper
 
 MODEL = "deepseek-ai/DeepSeek-V4.1"
 

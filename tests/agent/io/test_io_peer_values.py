@@ -18,10 +18,10 @@ from agent_io_helpers import FakeController, VllmPage
 from aiohttp import web
 from support.web_app import serving
 
-from lynxtop.agent import scrape as scrape_mod
-from lynxtop.agent.api import ApiServer
-from lynxtop.agent.health import MAX_BODY_BYTES, HttpClient
-from lynxtop.agent.scrape import MetricsScraper
+from lynxtop.agent.api.routes import ApiServer
+from lynxtop.agent.metrics import scrape as scrape_mod
+from lynxtop.agent.metrics.scrape import MetricsScraper
+from lynxtop.agent.serving.health import MAX_BODY_BYTES, HttpClient
 from lynxtop.store.export import build_query, write_csv
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.writer import StoreWriter

@@ -38,8 +38,8 @@ from support.ports import free_port, short_dir
 from support.real import needs_tools
 from support.waits import wait_for
 
-from lynxtop.agent.cluster import parse_nodes
-from lynxtop.agent.exporter import MetricsExporter
+from lynxtop.agent.cluster.view import parse_nodes
+from lynxtop.agent.metrics.exporter import MetricsExporter
 from lynxtop.contract.status import ClusterNode, ClusterStatus, RayState, Role, ServingState, Status
 
 pytestmark = pytest.mark.timeout(180)
@@ -531,8 +531,8 @@ def test_every_dashboard_panel_query_returns_data_from_a_serving_node(node, prom
 
 @contextlib.contextmanager
 def _exporter(snapshot: Status) -> Iterator[int]:
-    """The agent's own metrics endpoint (agent/exporter.py) serving `snapshot`, on a loopback port, its event loop
-    in a thread of its own while Prometheus scrapes it; yields the port."""
+    """The agent's own metrics endpoint (agent/metrics/exporter.py) serving `snapshot`, on a loopback port, its event
+    loop in a thread of its own while Prometheus scrapes it; yields the port."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()

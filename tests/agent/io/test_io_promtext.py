@@ -18,9 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.vllm_pages import sim_page
 
-from lynxtop.agent import scrape as scrape_mod
-from lynxtop.agent.histogram import HistogramSnapshot
-from lynxtop.agent.scrape import MetricsScraper, PageError, parse_text
+from lynxtop.agent.metrics import scrape as scrape_mod
+from lynxtop.agent.metrics.histogram import HistogramSnapshot
+from lynxtop.agent.metrics.scrape import MetricsScraper, PageError, parse_text
 
 PAGES = Path(__file__).resolve().parent / "pages"
 

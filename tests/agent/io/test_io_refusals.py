@@ -8,8 +8,8 @@ import time
 import aiohttp
 from agent_io_helpers import FakeController
 
-from lynxtop.agent.api import ApiServer
-from lynxtop.agent.connguard import Episodes
+from lynxtop.agent.api.connguard import Episodes
+from lynxtop.agent.api.routes import ApiServer
 
 
 async def test_a_flood_of_refused_requests_is_one_line_and_a_count(sock_dir):

@@ -12,9 +12,9 @@ from aiohttp import web
 from prom_reference import Series, increase
 from support.web_app import serving
 
-from lynxtop.agent import scrape as scrape_mod
-from lynxtop.agent.histogram import bucket_quantile
-from lynxtop.agent.scrape import MetricsScraper, parse_text
+from lynxtop.agent.metrics import scrape as scrape_mod
+from lynxtop.agent.metrics.histogram import bucket_quantile
+from lynxtop.agent.metrics.scrape import MetricsScraper, parse_text
 from lynxtop.contract.columns import SERVING_METRICS, names
 
 

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from support.ports import free_port
 
-from lynxtop.agent.scrape import MetricsScraper
+from lynxtop.agent.metrics.scrape import MetricsScraper
 
 MODEL = "deepseek-ai/DeepSeek-V4.1"
 
@@ -20,7 +20,7 @@ MODEL = "deepseek-ai/DeepSeek-V4.1"
 @pytest.fixture
 async def sim_server(tmp_path):
     port = free_port()
-    argv = [sys.executable, "-m", "lynxtop.agent.sim", "serve", MODEL, "-tp", "8", "--port", str(port),
+    argv = [sys.executable, "-m", "lynxtop.sim", "serve", MODEL, "-tp", "8", "--port", str(port),
             "--sim-startup-seconds", "0.3", "--sim-state-dir", str(tmp_path / "sim")]
     log = open(tmp_path / "sim.log", "wb")  # noqa: SIM115 - closed below
     proc = await asyncio.create_subprocess_exec(*argv, stdout=log, stderr=log, start_new_session=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from agent_io_helpers import VllmPage
 
-from lynxtop.agent.scrape import MetricsScraper
-from lynxtop.agent.sla import SlaTracker
+from lynxtop.agent.metrics.scrape import MetricsScraper
+from lynxtop.agent.metrics.sla import SlaTracker
 from lynxtop.contract.config import SlaConfig
 from lynxtop.contract.events import Event
 

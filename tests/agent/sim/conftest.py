@@ -20,7 +20,7 @@ MODEL = "deepseek-ai/DeepSeek-V4.1"
 
 def sim_exe() -> list[str]:
     script = Path(sys.executable).parent / "lynxtop-sim-vllm"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "lynxtop.agent.sim"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "lynxtop.sim"]
 
 
 def http(url: str, body: dict | None = None, headers: dict | None = None, timeout: float = 10.0

@@ -14,11 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lynxtop.agent.sim.flags import parse_serve_args
-from lynxtop.agent.sim.loadgen import LoadGenerator, Phase, Stats, bench
-from lynxtop.contract.config import parse_config
-from lynxtop.contract.status import Status
-from lynxtop.demo import (
+from lynxtop.cli.demo import (
     DEMO_TOKEN_ENV,
     PROFILES,
     Demo,
@@ -29,6 +25,10 @@ from lynxtop.demo import (
     processes_started_by,
     run,
 )
+from lynxtop.contract.config import parse_config
+from lynxtop.contract.status import Status
+from lynxtop.sim.flags import parse_serve_args
+from lynxtop.sim.loadgen import LoadGenerator, Phase, Stats, bench
 
 
 def test_config_is_valid_and_its_profiles_run_the_simulator(tmp_path):

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from lynxtop.agent.sim.flags import SimUsageError, parse_serve_args
-from lynxtop.agent.sim.vllm_options import VLLM_SERVE_OPTIONS
 from lynxtop.contract.config import OWNED_FLAGS, ConfigError, Profile, owned_flag_use, parse_config
+from lynxtop.sim.flags import SimUsageError, parse_serve_args
+from lynxtop.sim.vllm_options import VLLM_SERVE_OPTIONS
 
 
 def test_every_flag_a_profile_can_emit_is_accepted():
@@ -73,7 +73,7 @@ def test_underscore_flags_are_accepted():
 
 
 def test_module_entry_point_has_the_same_cli():
-    proc = subprocess.run([sys.executable, "-m", "lynxtop.agent.sim", "bogus"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "lynxtop.sim", "bogus"], capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode == 2 and "usage: lynxtop-sim-vllm serve MODEL" in proc.stderr
 
@@ -188,7 +188,7 @@ def test_api_server_count_defaults_to_the_dp_size_as_in_vllm():
 
 
 def test_helper_processes_follow_vllms_shape():
-    from lynxtop.agent.sim.frontends import helper_titles
+    from lynxtop.sim.frontends import helper_titles
 
     assert helper_titles(1, 1) == []
     assert helper_titles(1, 2) == ["VLLM::DPCoordinator"]

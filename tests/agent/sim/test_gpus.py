@@ -8,8 +8,8 @@ import sys
 import time
 
 from lynxtop.agent.gpu.backend import open_backend
-from lynxtop.agent.sim.gpus import SimScenario
-from lynxtop.agent.sim.state import EngineState, Holder, process_identity, write_state
+from lynxtop.sim.gpus import SimScenario
+from lynxtop.sim.state import EngineState, Holder, process_identity, write_state
 
 
 def engine_state(pid: int, phase: str = "ready", **kw) -> EngineState:

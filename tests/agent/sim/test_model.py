@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lynxtop.agent.sim.model import (
+from lynxtop.sim.model import (
     PLATEAU_CONCURRENCY,
     REF_LONG_OUTPUT_TOKENS,
     REF_LONG_PROMPT_TOKENS,

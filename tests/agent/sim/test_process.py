@@ -12,7 +12,7 @@ import time
 import psutil
 from support.waits import wait_for
 
-from lynxtop.agent.sim.gpus import SimScenario
+from lynxtop.sim.gpus import SimScenario
 
 STARTUP_LINES = ["Loading weights took", "Available KV cache memory", "GPU KV cache size",
                  "Maximum concurrency for", "Graph capturing finished", "init engine (profile, create kv cache",
@@ -50,7 +50,7 @@ def test_startup_refuses_connections_until_ready_and_logs_vllms_milestones(start
 
 
 def test_old_version_logs_the_old_api_server_line_and_the_agent_reads_both(start_sim, tmp_path):
-    from lynxtop.agent import startup
+    from lynxtop.agent.serving import startup
 
     old = start_sim("--sim-vllm-version", "0.10")
     new = start_sim(state_dir=tmp_path / "other-node")  # its own GPUs: on shared ones the later load finds them full

@@ -276,7 +276,7 @@ def test_api_key_guards_only_v1_and_mtp_adds_spec_decode_counters(start_sim, kit
 def test_data_parallel_runs_one_engine_per_rank_with_its_own_series_and_gpus(start_sim, kit):
     import psutil
 
-    from lynxtop.agent.sim.gpus import SimScenario
+    from lynxtop.sim.gpus import SimScenario
 
     sp = start_sim("-dp", "2", tp=4)
     sp.wait_ready()

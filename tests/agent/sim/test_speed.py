@@ -7,8 +7,8 @@ import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from lynxtop.agent.sim import model as sim_model
-from lynxtop.agent.sim.loadgen import bench
+from lynxtop.sim import model as sim_model
+from lynxtop.sim.loadgen import bench
 
 
 def within(value: float, target: float, tol: float = 0.10) -> bool:

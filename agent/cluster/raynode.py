@@ -21,12 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lynxtop.agent import launcher
-from lynxtop.agent.backoff import FailureWindow
-from lynxtop.agent.control import ActionError
-from lynxtop.agent.launcher import ServerProcess
-from lynxtop.agent.run import now_ms
-from lynxtop.agent.startup import tail_lines
+from lynxtop.agent.api.control import ActionError
+from lynxtop.agent.serving import launcher
+from lynxtop.agent.serving.backoff import FailureWindow
+from lynxtop.agent.serving.launcher import ServerProcess
+from lynxtop.agent.serving.run import now_ms
+from lynxtop.agent.serving.startup import tail_lines
 from lynxtop.contract.config import Config, ray_executable
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.files import atomic_write

@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from lynxtop.agent.sim import vlog
-from lynxtop.agent.sim.flags import ServeArgs
-from lynxtop.agent.sim.frontends import helper_titles, start_helpers
-from lynxtop.agent.sim.metrics import V032, VllmMetrics, cache_config_labels
-from lynxtop.agent.sim.promdir import use_multiprocess_dir
 from lynxtop.contract.loop import run_loop
+from lynxtop.sim import vlog
+from lynxtop.sim.flags import ServeArgs
+from lynxtop.sim.frontends import helper_titles, start_helpers
+from lynxtop.sim.metrics import V032, VllmMetrics, cache_config_labels
+from lynxtop.sim.promdir import use_multiprocess_dir
 
 if TYPE_CHECKING:
-    from lynxtop.agent.sim.raygroup import RayGroup
+    from lynxtop.sim.raygroup import RayGroup
 
 WORDS = ("the", "model", "is", "simulated", "by", "lynxtop", "and", "no", "GPU", "was", "harmed", "in",
          "making", "this", "token", "stream", "of", "plausible", "words", "for", "testing", ".", ",", "a")
@@ -130,7 +130,7 @@ class SimServer:
         loop = asyncio.get_running_loop()
         for rank in range(self.a.dp):
             parent, child = socket.socketpair()
-            cmd = [sys.executable, "-m", "lynxtop.agent.sim.engine", str(child.fileno()), str(rank), "--", *self.argv]
+            cmd = [sys.executable, "-m", "lynxtop.sim.engine", str(child.fileno()), str(rank), "--", *self.argv]
             proc = subprocess.Popen(cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
             child.close()
             reader, writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 24)
@@ -592,7 +592,7 @@ class SimServer:
         """With the Ray backend vLLM reserves the GPUs before it loads anything; an exit code when it cannot."""
         if self.a.distributed_executor_backend != "ray":
             return None
-        from lynxtop.agent.sim.raygroup import RayGroup
+        from lynxtop.sim.raygroup import RayGroup
 
         self.ray = RayGroup(self.a)
         code = await self.ray.start(self.stop_event)

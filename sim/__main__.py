@@ -1,4 +1,4 @@
-"""`lynxtop-sim-vllm serve MODEL [vllm flags]` / `python -m lynxtop.agent.sim serve ...`: the simulated vLLM.
+"""`lynxtop-sim-vllm serve MODEL [vllm flags]` / `python -m lynxtop.sim serve ...`: the simulated vLLM.
 
 A profile whose executable is this script behaves like `vllm serve` (argv = [exe, "serve", MODEL, flags…]).
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from lynxtop.agent.sim.flags import DEFAULT_VERSION, SimUsageError, parse_serve_args
+from lynxtop.sim.flags import DEFAULT_VERSION, SimUsageError, parse_serve_args
 
 USAGE = ("usage: lynxtop-sim-vllm serve MODEL [vllm serve flags] [--sim-* switches]\n"
          "A SIMULATED vLLM server (no GPU, synthetic tokens). `lynxtop-sim-vllm serve x --help` lists the flags.")
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     except SimUsageError as exc:
         print(f"vllm serve: error: {exc}", file=sys.stderr)
         return 2
-    from lynxtop.agent.sim.server import serve  # aiohttp only once the flags are good
+    from lynxtop.sim.server import serve  # aiohttp only once the flags are good
 
     return serve(args, argv[1:])
 

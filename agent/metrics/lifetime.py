@@ -7,7 +7,7 @@ does. Prometheus then sees no counter reset at a vLLM restart, and `histogram_qu
 fleet's real percentile.
 
 Nothing is corrected twice: each page's sums come from the scraper already corrected for resets within one run
-(agent/scrape.py, per series before summing, as Prometheus does); here only the step from one run to the next is
+(agent/metrics/scrape.py, per series before summing, as Prometheus does); here only the step from one run to the next is
 added. A new run's first page is counted whole, since the supervisor started that process after the agent's
 previous run (everything it counted is new). The first run the agent sees may be adopted from a previous agent:
 its first page only sets the baseline, as a scraper's first page does.
@@ -19,10 +19,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from lynxtop.agent.histogram import HistogramSnapshot
-from lynxtop.agent.scrape import ParsedPage, SeriesKey, _SeriesCorrection
+from lynxtop.agent.metrics.histogram import HistogramSnapshot
+from lynxtop.agent.metrics.scrape import ParsedPage, SeriesKey, _SeriesCorrection
 
-COUNTERS = ("prompt_tokens", "generation_tokens", "preemptions")  # keys of agent/scrape.py's COUNTERS
+COUNTERS = ("prompt_tokens", "generation_tokens", "preemptions")  # keys of agent/metrics/scrape.py's COUNTERS
 MAX_MODELS = 32  # model names kept: a node serves a few over the agent's life; the oldest goes past this
 _MODEL = re.compile(r'[{,]\s*model_name\s*=\s*"((?:[^"\\]|\\.)*)"')
 _REASON = re.compile(r'[{,]\s*finished_reason\s*=\s*"((?:[^"\\]|\\.)*)"')
@@ -30,7 +30,7 @@ _REASON = re.compile(r'[{,]\s*finished_reason\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 @dataclass
 class ModelTotals:
-    """One model's sums since the agent started: counters by agent/scrape.py's keys, finished requests by
+    """One model's sums since the agent started: counters by agent/metrics/scrape.py's keys, finished requests by
     `finished_reason`, histograms by latency series (cumulative buckets with vLLM's bounds)."""
 
     counters: dict[str, float] = field(default_factory=dict)

@@ -1,6 +1,6 @@
 """The control API: JSON over a unix socket (docs/contracts.md, docs/api.md).
 
-This layer parses, authorizes and maps errors to HTTP; the controller (agent/control.py) owns state and
+This layer parses, authorizes and maps errors to HTTP; the controller (agent/api/control.py) owns state and
 policy. Everything a request could get wrong is checked before the controller is called, so a bad request
 changes nothing. The socket is the security boundary: mode 0660 with the operators' group, and mutating
 calls re-check the peer's kernel credentials (a socket file with looser permissions still refuses them).
@@ -27,10 +27,10 @@ from typing import Any
 
 from aiohttp import web
 
-from lynxtop.agent.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
-from lynxtop.agent.control import ActionError, Controller
-from lynxtop.agent.logtail import LogTail
-from lynxtop.agent.peercred import Peer, group_gid, may_control, peer_of
+from lynxtop.agent.api.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
+from lynxtop.agent.api.control import ActionError, Controller
+from lynxtop.agent.api.logtail import LogTail
+from lynxtop.agent.api.peercred import Peer, group_gid, may_control, peer_of
 from lynxtop.store.schema import BENCH_COLUMNS
 
 MAX_BODY = 64 * 1024
@@ -65,7 +65,7 @@ def _finite(v: Any) -> Any:
 
 def _dumps(data: Any) -> str:
     """Every answer's JSON, strict (RFC 8259): `Infinity` or `NaN` would make it unreadable to strict parsers.
-    Sources give finite values (agent/scrape.py checks every value of a page); one that still slipped through
+    Sources give finite values (agent/metrics/scrape.py checks every value of a page); one that still slipped through
     is sent as null, never as a token a client cannot parse."""
     try:
         return json.dumps(data, allow_nan=False)

@@ -20,8 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from lynxtop.agent.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
-from lynxtop.agent.lifetime import ModelTotals
+from lynxtop.agent.api.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
+from lynxtop.agent.metrics.lifetime import ModelTotals
 from lynxtop.contract.columns import LATENCY_SERIES
 from lynxtop.contract.format import THROTTLE_REASONS
 from lynxtop.contract.status import (
@@ -43,7 +43,7 @@ _log = logging.getLogger("lynxtop.exporter")
 DEFAULT_MAX_CONNECTIONS = 64  # [agent] metrics_max_connections: a few Prometheus servers and the odd curl
 
 SERVING_STATES = tuple(s.value for s in ServingState)
-DEGRADED_CONDITIONS = ("hang", "health")  # why a run is degraded (agent/health.py's verdict conditions)
+DEGRADED_CONDITIONS = ("hang", "health")  # why a run is degraded (agent/serving/health.py's verdict conditions)
 SLA_STATES = tuple(s.value for s in SlaState)
 RAY_STATES = tuple(s.value for s in RayState if s != RayState.OFF)  # OFF is a single node's: no Ray series there
 # NVML's clock event (throttle) reasons as `reason` label values, dcgm-exporter's DCGM_FI_DEV_CLOCK_THROTTLE_REASONS
@@ -113,7 +113,7 @@ _ENGINE = (
     ("waiting", "requests_waiting", "Requests waiting on one data-parallel engine", 1),
     ("kv_cache_usage_pct", "kv_cache_usage_ratio", "KV cache usage of one data-parallel engine", 0.01),
 )
-# Agent-lifetime counters (agent/lifetime.py), labelled model_name as vLLM's: (key, metric name, help)
+# Agent-lifetime counters (agent/metrics/lifetime.py), labelled model_name as vLLM's: (key, metric name, help)
 _TOTALS = (
     ("prompt_tokens", "lynxtop_serving_prompt_tokens", "Prefill tokens vLLM processed since the agent started"),
     ("generation_tokens", "lynxtop_serving_generation_tokens", "Tokens vLLM generated since the agent started"),
@@ -140,7 +140,8 @@ def _gauge(name: str, help_: str, value: float) -> GaugeMetricFamily:
 
 
 class SnapshotCollector(Collector):
-    """Yields families from `snapshot()` (the agent's `Status`) and `totals()` (agent/lifetime.py's sums per model);
+    """Yields families from `snapshot()` (the agent's `Status`) and `totals()`
+    (agent/metrics/lifetime.py's sums per model);
     a missing value is no sample."""
 
     def __init__(self, snapshot: Callable[[], Status | None],
@@ -337,7 +338,7 @@ class SnapshotCollector(Collector):
 
     def _lifetime(self) -> Iterator[Any]:
         """Counters and histograms that a fleet can add up and re-window: they grow across vLLM restarts and
-        start over only with the agent (agent/lifetime.py). The percentile gauges above stay for the TUI."""
+        start over only with the agent (agent/metrics/lifetime.py). The percentile gauges above stay for the TUI."""
         try:
             models = self.totals() if self.totals is not None else None
         except Exception as exc:  # as with the snapshot: the rest of the page is still served

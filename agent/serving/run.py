@@ -14,9 +14,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from lynxtop.agent import launcher
-from lynxtop.agent.launcher import ServerProcess, ServerRecord
-from lynxtop.agent.startup import PhaseMark, PhaseTracker
+from lynxtop.agent.serving import launcher
+from lynxtop.agent.serving.launcher import ServerProcess, ServerRecord
+from lynxtop.agent.serving.startup import PhaseMark, PhaseTracker
 from lynxtop.contract.config import Profile
 
 LOG_SPACE_MIN_BYTES = 1 << 20  # below this on the log's file system, the run's output is being lost

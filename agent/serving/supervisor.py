@@ -25,13 +25,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from lynxtop.agent import check, launcher, procs
-from lynxtop.agent.backoff import FailureWindow
-from lynxtop.agent.control import ActionError
-from lynxtop.agent.health import Health, HealthProbe, HttpClient, Verdict, version_of
-from lynxtop.agent.launcher import ExitInfo, ServerProcess
-from lynxtop.agent.run import Run, now_ms
-from lynxtop.agent.startup import PhaseTracker, tail_lines
+from lynxtop.agent.api.control import ActionError
+from lynxtop.agent.serving import check, launcher, procs
+from lynxtop.agent.serving.backoff import FailureWindow
+from lynxtop.agent.serving.health import Health, HealthProbe, HttpClient, Verdict, version_of
+from lynxtop.agent.serving.launcher import ExitInfo, ServerProcess
+from lynxtop.agent.serving.run import Run, now_ms
+from lynxtop.agent.serving.startup import PhaseTracker, tail_lines
 from lynxtop.contract.config import Config, ConfigError, Profile, load_config
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.files import atomic_write
@@ -70,7 +70,7 @@ class GpuView(Protocol):
 
 
 class ClusterGate(Protocol):
-    """On a head: whether Ray reports the GPUs a profile needs (agent/cluster.py), and where Ray's GCS is."""
+    """On a head: whether Ray reports the GPUs a profile needs (agent/cluster/view.py), and where Ray's GCS is."""
 
     address: str
 
@@ -98,7 +98,7 @@ def preflight(profile: Profile, gpus: list[dict[str, Any]] | None,
               models: tuple[ModelSpec, ...] = ()) -> tuple[list[str], list[str]]:
     """(problems that forbid the start, warnings) for starting `profile` on this node.
 
-    The GPU part is `lynxtop check` (agent/check.py): its blocking verdicts refuse, its warnings are reported;
+    The GPU part is `lynxtop check` (agent/serving/check.py): its blocking verdicts refuse, its warnings are reported;
     what it could not check (GPU memory or the model unknown) is left unsaid here.
     """
     problems: list[str] = []
@@ -160,7 +160,7 @@ class Supervisor:
     """The serving state machine over the current `Run` (None before the first start or adoption).
 
     The supervisor keeps what spans runs: the state, the current profile, the failure window and backoff, and the
-    operator action; everything of one server start is in `self.run` (agent/run.py), made new by each start.
+    operator action; everything of one server start is in `self.run` (agent/serving/run.py), made new by each start.
     """
 
     def __init__(self, cfg: Config, store: EventSink, gpus: GpuView, *, state_path: Path, host: str,
@@ -695,7 +695,7 @@ class Supervisor:
         ready_ms = proc.record.ready_ms if was_ready else now_ms()
         assert ready_ms is not None
         run.ready_ms = ready_ms
-        _, body = await self.http.get(url + "/version")  # capped in size (agent/health.py)
+        _, body = await self.http.get(url + "/version")  # capped in size (agent/serving/health.py)
         run.vllm_version = version_of(body) or run.vllm_version
         if was_ready:
             self._save_record()  # with the segments seen now
@@ -762,7 +762,7 @@ class Supervisor:
     # ------------------------------------------------------------------------------------- health verdicts
 
     def on_verdict(self, verdict: Verdict) -> None:
-        """A verdict on the current run from agent/health.py: hung or unhealthy marks it degraded (and a hang
+        """A verdict on the current run from agent/serving/health.py: hung or unhealthy marks it degraded (and a hang
         restarts it with `restart_on_hang`), healthy again clears that condition."""
         if self.run is None:
             return

@@ -35,7 +35,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from lynxtop.agent.vllm_options import ExtraOptions, extra_options
+from lynxtop.agent.serving.vllm_options import ExtraOptions, extra_options
 from lynxtop.contract.config import Profile
 from lynxtop.contract.models import GIB, ModelSpec
 from lynxtop.contract.status import NodeSet
@@ -125,7 +125,7 @@ class GpuFacts:
 
 @dataclass(frozen=True)
 class ClusterFacts(NodeSet):
-    """Ray's view of the cluster, read on a head from its state API (agent/cluster.py's parse_nodes); alive, lost,
+    """Ray's view of the cluster, read on a head from its state API (agent/cluster/view.py's parse_nodes); alive, lost,
     gpus_alive and shortfall are NodeSet's, as the head's serving gate counts them."""
 
     error: str | None = None  # why the view could not be read; then `nodes` says nothing
@@ -289,7 +289,7 @@ def _cluster_verdict(profile: Profile, needed: int, shape: str, cluster: Cluster
                        "is this head's Ray running? `lynxtop status` shows it, `lynxtop ray start` starts it", numbers)
     alive, have = cluster.alive, cluster.gpus_alive
     numbers = numbers | {"gpus_cluster": have, "nodes_alive": len(alive), "nodes_lost": len(cluster.lost)}
-    shortfall = cluster.shortfall(needed)  # the serving gate's words (agent/cluster.py's ClusterWatch.missing)
+    shortfall = cluster.shortfall(needed)  # the serving gate's words (agent/cluster/view.py's ClusterWatch.missing)
     if shortfall is None:
         return Verdict("parallelism", Level.OK, f"{msg}; Ray reports {have:g} GPUs on {len(alive)} node"
                                                 f"{'' if len(alive) == 1 else 's'}", numbers=numbers)

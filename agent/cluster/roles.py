@@ -18,10 +18,10 @@ from typing import Any
 
 import aiohttp
 
-from lynxtop.agent import cluster_stop
-from lynxtop.agent.cluster import ClusterWatch, RayStateApi
-from lynxtop.agent.control import ActionError
-from lynxtop.agent.raynode import SOCKET_ENV, RayNode
+from lynxtop.agent.api.control import ActionError
+from lynxtop.agent.cluster import stop as cluster_stop
+from lynxtop.agent.cluster.raynode import SOCKET_ENV, RayNode
+from lynxtop.agent.cluster.view import ClusterWatch, RayStateApi
 from lynxtop.contract.config import Config, ray_executable
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.status import ClusterStatus, Role

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from lynxtop.agent import procs
+from lynxtop.agent.serving import procs
 
 _DEAD = ("Z", "X")
 

@@ -31,11 +31,11 @@ from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from lynxtop.agent import procs
 from lynxtop.agent.notify import NOTIFY_VARS
-from lynxtop.agent.procs import RUN_TOKEN_ENV
-from lynxtop.agent.proctable import ProcTable
-from lynxtop.agent.runfiles import RunFiles
+from lynxtop.agent.serving import procs
+from lynxtop.agent.serving.procs import RUN_TOKEN_ENV
+from lynxtop.agent.serving.proctable import ProcTable
+from lynxtop.agent.serving.runfiles import RunFiles
 from lynxtop.contract.files import atomic_write
 from lynxtop.contract.redact import redact_env
 

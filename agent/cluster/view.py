@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from lynxtop.agent.run import now_ms
+from lynxtop.agent.serving.run import now_ms
 from lynxtop.contract.config import Profile
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.status import ClusterNode, NodeSet, describe_node, gpus_text
@@ -210,7 +210,7 @@ class ClusterWatch:
             return f"waiting for this node's Ray ({why_not}) before {need} GPUs ({shape}) can be counted"
         if self.view_error is not None or self.view_ms is None:
             return f"waiting for Ray's view of the cluster ({self.view_error or 'not read yet'})"
-        shortfall = self.view.shortfall(need)  # in `lynxtop check`'s words too (agent/check.py)
+        shortfall = self.view.shortfall(need)  # in `lynxtop check`'s words too (agent/serving/check.py)
         if shortfall is None:
             return None
         return f"waiting for Ray to report {gpus_text(need)} ({shape}): it has {shortfall}"

@@ -3,7 +3,7 @@
 vLLM's page changes between versions (0.10 prints old and new names, later versions drop the old ones) and
 carries one series per data-parallel engine, so everything is matched by exact sample name, summed over
 labels (max for the KV-cache gauge), and percentiles come from bucket differences over a sliding window
-(agent/histogram.py). The scraper keeps state between calls; the caller owns the clock (`now`, monotonic s).
+(agent/metrics/histogram.py). The scraper keeps state between calls; the caller owns the clock (`now`, monotonic s).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 import aiohttp
 
 from lynxtop.agent.coalesce import Recurring
-from lynxtop.agent.health import read_capped, version_of
-from lynxtop.agent.histogram import HistogramSnapshot, SlidingHistogram
-from lynxtop.agent.promtext import SampleError, le_of, split_sample
+from lynxtop.agent.metrics.histogram import HistogramSnapshot, SlidingHistogram
+from lynxtop.agent.metrics.promtext import SampleError, le_of, split_sample
+from lynxtop.agent.serving.health import read_capped, version_of
 from lynxtop.contract.columns import LATENCY_SERIES, SERVING_METRICS, names
 from lynxtop.contract.events import EventKind
 
@@ -167,7 +167,7 @@ class _Totals:
     Lines are read in page order, so every sum adds the same floats in the same order as prometheus_client's
     parser did (same result to the last digit); NaN samples are skipped, as before. A line of a series seen
     before (`name{labels} value`, the same labels) costs a split and a float: its labels were checked when it
-    was first seen (agent/promtext.py), and what it adds to is remembered. Any other line takes that full path.
+    was first seen (agent/metrics/promtext.py), and what it adds to is remembered. Any other line takes that full path.
     """
 
     __slots__ = ("sums", "maxes", "buckets", "raw", "engines", "bad", "bad_example", "bad_names", "refused")
@@ -444,7 +444,7 @@ def _wanted_spans(text: str) -> list[tuple[int, int]]:
 def parse_text(text: str) -> ParsedPage:
     """Read the families lynxtop uses from exposition text; raises PageError naming the problem. Thread-safe.
 
-    Only the selected lines are parsed (agent/promtext.py), so the cost follows the families read, not the page:
+    Only the selected lines are parsed (agent/metrics/promtext.py), so the cost follows the families read, not the page:
     a DP=8 page's ~3000 lines cost what its ~1000 selected lines cost.
     """
     try:
@@ -692,7 +692,7 @@ class MetricsScraper:
         self.generation_tokens_total: float | None = None
         self.requests_running: int | None = None
         self.engines: list[dict[str, Any]] = []  # per data-parallel engine: running, waiting, KV % of the last page
-        # the last page read and its sums corrected for resets: what agent/lifetime.py adds up over runs
+        # the last page read and its sums corrected for resets: what agent/metrics/lifetime.py adds up over runs
         self.totals: tuple[ParsedPage, dict[str, float], dict[str, HistogramSnapshot]] | None = None
         self._counters: dict[str, _CounterWindow] = {}
         self._hists: dict[str, SlidingHistogram] = {}
@@ -761,7 +761,7 @@ class MetricsScraper:
             return f"cannot read {self.url}: {exc}"
 
     async def fetch_version(self, session: aiohttp.ClientSession) -> str | None:
-        """vLLM's version from GET /version, or None when it cannot be read (or is not one: agent/health.py)."""
+        """vLLM's version from GET /version, or None when it cannot be read (or is not one: agent/serving/health.py)."""
         try:
             async with session.get(
                 self.base_url + "/version", timeout=aiohttp.ClientTimeout(total=self.timeout_s)

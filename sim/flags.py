@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from lynxtop.agent.sim.model import SimParams, params_with
-from lynxtop.agent.sim.vllm_options import VLLM_SERVE_OPTIONS
+from lynxtop.sim.model import SimParams, params_with
+from lynxtop.sim.vllm_options import VLLM_SERVE_OPTIONS
 
 DEFAULT_VERSION = "0.32.0"
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "bfloat16")

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 
-from lynxtop.agent.sim.proctitle import die_with_parent, set_title
+from lynxtop.sim.proctitle import die_with_parent, set_title
 
 
 def helper_titles(api_servers: int, dp: int) -> list[str]:
@@ -26,7 +26,7 @@ def helper_titles(api_servers: int, dp: int) -> list[str]:
 
 
 def start_helpers(titles: list[str]) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-m", "lynxtop.agent.sim.frontends", title, str(os.getpid())],
+    return [subprocess.Popen([sys.executable, "-m", "lynxtop.sim.frontends", title, str(os.getpid())],
                              stdin=subprocess.DEVNULL) for title in titles]
 
 

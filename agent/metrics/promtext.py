@@ -22,7 +22,7 @@ class SampleError(ValueError):
 
 _VALID: dict[str, float | None] = {}  # label blocks already checked -> their `le` (None: none or not a number)
 _VALID_MAX = 200_000  # a page's series are a few thousand; a server inventing labels cannot grow this further
-_VALID_CHARS_MAX = 16 << 20  # nor can long label blocks (agent/scrape.py caps each at MAX_LABELS_CHARS)
+_VALID_CHARS_MAX = 16 << 20  # nor can long label blocks (agent/metrics/scrape.py caps each at MAX_LABELS_CHARS)
 _valid_chars = [0]  # characters of the blocks in _VALID
 
 

@@ -16,7 +16,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-from lynxtop.agent import procs
+from lynxtop.agent.serving import procs
 
 # vLLM: distributed_init_method = f"file://{tempfile.mktemp(prefix='vllm_dist_')}" style names, <32 hex> here;
 # TMPDIR may move it out of /tmp, so any absolute directory is accepted, but only this basename.

@@ -1,6 +1,6 @@
 """The simulated `VLLM::EngineCore` process: start-up phases, the scheduling loop, and the "GPU memory" it holds.
 
-It runs as a child of the API server (`python -m lynxtop.agent.sim.engine FD DP-RANK -- SERVE-ARGS`), renames
+It runs as a child of the API server (`python -m lynxtop.sim.engine FD DP-RANK -- SERVE-ARGS`), renames
 itself `VLLM::EngineCore` (`VLLM::EngineCore_DP<r>` with data parallelism), optionally forks
 `VLLM::Worker_TP<k>` processes, and talks to the API server over a socketpair with JSON lines. Like real
 vLLM it does NOT die when the API server is SIGKILLed: it keeps its memory (published in the state file)
@@ -22,9 +22,9 @@ import time
 from collections import deque
 from pathlib import Path
 
-from lynxtop.agent.sim import vlog
-from lynxtop.agent.sim.flags import ServeArgs, SimUsageError, parse_serve_args
-from lynxtop.agent.sim.model import (
+from lynxtop.sim import vlog
+from lynxtop.sim.flags import ServeArgs, SimUsageError, parse_serve_args
+from lynxtop.sim.model import (
     GIB,
     MemoryPlan,
     SimEngine,
@@ -33,8 +33,8 @@ from lynxtop.agent.sim.model import (
     plan_memory,
     weights_per_gpu,
 )
-from lynxtop.agent.sim.proctitle import die_with_parent, set_title
-from lynxtop.agent.sim.state import EngineState, Holder, process_identity, read_states, remove_state, write_state
+from lynxtop.sim.proctitle import die_with_parent, set_title
+from lynxtop.sim.state import EngineState, Holder, process_identity, read_states, remove_state, write_state
 
 STATE_INTERVAL_S = 0.5
 
@@ -520,7 +520,7 @@ def _raise_stop(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 3 or argv[2] != "--" or not argv[0].isdigit() or not argv[1].isdigit():
-        print("usage: python -m lynxtop.agent.sim.engine FD DP-RANK -- SERVE-ARGS (started by the simulated API "
+        print("usage: python -m lynxtop.sim.engine FD DP-RANK -- SERVE-ARGS (started by the simulated API "
               "server)", file=sys.stderr)
         return 2
     fd, rank = int(argv[0]), int(argv[1])

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lynxtop.agent.gpu.protocol import FakeGpuSpec, FakeGpuState
-from lynxtop.agent.sim.flags import default_state_dir
-from lynxtop.agent.sim.model import SimParams
-from lynxtop.agent.sim.state import EngineState, read_states
+from lynxtop.sim.flags import default_state_dir
+from lynxtop.sim.model import SimParams
+from lynxtop.sim.state import EngineState, read_states
 
 DRIVER_VERSION = "580.95.05"
 REREAD_S = 0.2  # the state directory is listed at most this often (8 GPUs ask once per tick each)

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lynxtop.agent.sim import vlog
-from lynxtop.agent.sim.flags import ServeArgs
+from lynxtop.sim import vlog
+from lynxtop.sim.flags import ServeArgs
 
 PG_TIMEOUT_ENV = "LYNXTOP_SIM_RAY_PG_TIMEOUT_S"
 PG_WAIT_TIMEOUT_S = 1800.0  # vLLM's PG_WAIT_TIMEOUT
