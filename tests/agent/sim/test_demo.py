@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import os
 import subprocess
 import sys
@@ -140,15 +139,6 @@ def test_load_generator_counts_an_absent_server_as_unavailable(kit):
     assert stats.unavailable >= 1 and stats.completed == 0 and stats.failed == 0
 
 
-def _agent_importable() -> bool:
-    try:
-        importlib.import_module("lynxtop.agent.node")
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _agent_importable(), reason="lynxtop.agent.node cannot be imported in this build")
 def test_demo_end_to_end_leaves_no_process_behind(tmp_path):
     root = tmp_path / "demo-state"
     proc = subprocess.run([sys.executable, "-m", "lynxtop", "demo", "--no-tui", "--duration", "14",
@@ -171,7 +161,6 @@ def test_demo_end_to_end_leaves_no_process_behind(tmp_path):
             assert str(root).encode() not in env, name
 
 
-@pytest.mark.skipif(not _agent_importable(), reason="lynxtop.agent.node cannot be imported in this build")
 def test_the_demo_leaves_an_operators_processes_naming_its_state_dir_alone(tmp_path):
     """A `sleep` whose argv names the state dir (leading its own group) and a `tail -f DIR/agent.log` outlive the
     demo; before, its shutdown SIGTERMed and SIGKILLed both, with their process groups."""
@@ -200,7 +189,6 @@ def test_the_demo_leaves_an_operators_processes_naming_its_state_dir_alone(tmp_p
         _kill_leftovers(root)
 
 
-@pytest.mark.skipif(not _agent_importable(), reason="lynxtop.agent.node cannot be imported in this build")
 def _demo_until_ready(root, inherit_ignored_sigint: bool = False) -> tuple[subprocess.Popen, bytes]:
     """Start `lynxtop demo --no-tui` and read its output until serving is ready."""
     import selectors
