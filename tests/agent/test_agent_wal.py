@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from support.agent_proc import Agent, e2e_config, state_db
+from support.waits import wait_for_async
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,7 +85,8 @@ async def test_outside_sqlite3_on_a_live_agent_loses_no_tick_across_a_restart(tm
     b = Agent(tmp_path, cfg, name="agent2")  # the restart
     cleanup.append(b)
     await b.wait_notify("READY=1")
-    await asyncio.sleep(0.5)
+    await wait_for_async(lambda: len(state_db(tmp_path, "SELECT 1 FROM events WHERE kind = 'agent.started'")) >= 2,
+                         10, what="the restarted agent's start event stored")
     assert b.stop() == 0, b.output()
 
     second = max(r["ts_ms"] for r in state_db(tmp_path, "SELECT ts_ms FROM events WHERE kind = 'agent.started'"))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.agent_config import agent_toml, profile
+from support.waits import holds_async
 from support.waits import wait_for_async as wait_for
 
 from lynxtop.agent.cluster import raynode
@@ -229,8 +230,8 @@ async def test_stop_ends_the_wait_and_nothing_starts(make_sup, h):
     assert "stopping" in await sup.stop("test")
     await wait_for(lambda: sup.state == ServingState.STOPPED and sup.action is None, 5, what="stopped")
     gate.set(None)
-    await asyncio.sleep(0.3)
-    assert sup.proc is None and sup.state == ServingState.STOPPED
+    await holds_async(lambda: sup.proc is None and sup.state == ServingState.STOPPED, 0.3,
+                      what="a stopped run staying stopped when the cluster gate opens")
 
 
 async def test_a_profile_without_ray_never_waits(make_sup):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from support.agent_proc import Agent, e2e_config, sim_processes
 from support.db import db_rows
+from support.waits import holds_async
 
 from lynxtop.agent.serving import procs
 
@@ -123,8 +124,7 @@ async def test_restart_on_a_full_disk_records_the_run_and_keeps_serving(tmp_path
     st = await a.wait_state(lambda s: s["state"] == "ready", timeout=30, what="the new run ready on a full disk")
     assert st["serving"]["run_id"] == run2 and st["serving"]["pid"] == pid2
     assert st["serving"]["log_problem"] and "full" in st["serving"]["log_problem"]
-    await asyncio.sleep(2)  # serving goes on while its log cannot be written
-    assert procs.alive(pid2)
+    await holds_async(lambda: procs.alive(pid2), 2, what="serving going on while its log cannot be written")
     assert (await a.status())["serving"]["state"] == "ready"
 
     filler.unlink()  # space returns: everything kept in memory reaches the file

@@ -26,6 +26,7 @@ from support.agent_proc import Agent
 from support.netns import two_hosts
 from support.ports import free_port, short_dir
 from support.real import unavailable
+from support.waits import holds_async
 
 from lynxtop.agent.serving import procs
 
@@ -176,8 +177,11 @@ async def test_two_hosts_serve_lose_a_worker_recover_and_stop_the_cluster(tmp_pa
             assert code == 202, body
             await wait_status(head, lambda s: serving(s)["state"] == "stopped" and not s["agent"]["action"], 60,
                               "serving stopped")
-            await asyncio.sleep(1.0)
-            assert (await worker.status())["cluster"]["ray_state"] == "running"
+
+            async def worker_ray_running() -> bool:
+                return (await worker.status())["cluster"]["ray_state"] == "running"
+
+            await holds_async(worker_ray_running, 1.0, what="the worker's Ray running after a plain stop")
             assert (await head.status())["cluster"]["ray_state"] == "running"
 
             # the cluster stop: every worker's Ray, then the head's

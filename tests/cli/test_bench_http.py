@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from support.ports import free_port
+from support.waits import wait_for_async
 
 from lynxtop.cli.bench_http import ConnectFailed, ProtocolError, StreamPool, _Reply
 from lynxtop.cli.bench_load import Workload, one_request
@@ -55,6 +56,7 @@ class Scripted:
     def __init__(self, steps: list[tuple[bytes | None, bool]]):
         self.steps = steps
         self.connections = 0
+        self.closed = 0  # connections this server has closed
         self.requests: list[bytes] = []
         self.port = free_port()
 
@@ -84,6 +86,7 @@ class Scripted:
             pass
         finally:
             writer.close()
+            self.closed += 1
 
 
 async def _post(pool: StreamPool) -> tuple[int, bytes, bytes]:
@@ -112,7 +115,7 @@ async def test_an_idle_connection_the_server_closed_is_retried_once_on_a_new_one
         pool = StreamPool(f"http://127.0.0.1:{srv.port}", timeout_s=5)
         try:
             await _post(pool)
-            await asyncio.sleep(0.1)  # the close has arrived while the connection sat idle
+            await wait_for_async(lambda: srv.closed == 1, 5, what="the server closing the idle connection")
             assert (await _post(pool))[0] == 200
         finally:
             await pool.close()

@@ -43,3 +43,35 @@ async def wait_for_async(pred: Callable[[], Any], timeout: float = 10.0, step: f
         if time.monotonic() > deadline:
             raise AssertionError(_timeout_message(timeout, what, last))
         await sleep(step)
+
+
+def _holds_message(duration: float, what: str, after: float, last: Any) -> str:
+    return f"{what} stopped holding after {after:.2f} s of the {duration:g} s it must hold; last seen: {last!r}"[:3000]
+
+
+def holds(pred: Callable[[], Any], duration: float, what: str = "condition", interval: float = 0.05) -> None:
+    """Check that pred() stays truthy for `duration` seconds, polling throughout: the form of "nothing happens"
+    checks (a process stays up, a counter stays flat) that fails at the first lapse, not only at the end."""
+    start = time.monotonic()
+    while True:
+        last = pred()
+        if not last:
+            raise AssertionError(_holds_message(duration, what, time.monotonic() - start, last))
+        if time.monotonic() - start >= duration:
+            return
+        time.sleep(interval)
+
+
+async def holds_async(pred: Callable[[], Any], duration: float, what: str = "condition", step: float = 0.05,
+                      sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
+    """`holds` inside an event loop; pred may return an awaitable (e.g. an agent's status call)."""
+    start = time.monotonic()
+    while True:
+        last = pred()
+        if asyncio.iscoroutine(last) or isinstance(last, asyncio.Future):
+            last = await last
+        if not last:
+            raise AssertionError(_holds_message(duration, what, time.monotonic() - start, last))
+        if time.monotonic() - start >= duration:
+            return
+        await sleep(step)

@@ -10,7 +10,7 @@ import threading
 import time
 
 import psutil
-from support.waits import wait_for
+from support.waits import holds, wait_for
 
 from lynxtop.sim.gpus import SimScenario
 
@@ -80,8 +80,8 @@ def test_sigkill_of_api_server_orphans_enginecore_holding_memory(start_sim):
 
     os.kill(sp.proc.pid, signal.SIGKILL)
     sp.proc.wait(timeout=5)
-    time.sleep(0.5)
-    assert engine.is_running() and engine.status() != psutil.STATUS_ZOMBIE
+    holds(lambda: engine.is_running() and engine.status() != psutil.STATUS_ZOMBIE, 0.5,
+          what="the EngineCore outliving its killed API server")
     held = SimScenario(sp.state_dir).state(3, time.monotonic() + 1)
     assert held.mem_used_bytes == before.mem_used_bytes  # the orphan still holds its memory
     assert json.loads(next(sp.state_dir.glob("engine-*.json")).read_text())["phase"] == "orphaned"
@@ -162,7 +162,7 @@ def test_hang_keeps_health_200_but_produces_no_tokens(start_sim, kit):
 
     wait_for(lambda: gen_tokens()[1] >= 1, what="request queued")
     first = gen_tokens()
-    time.sleep(1.0)
+    holds(lambda: gen_tokens() == first, 1.0, what="tokens flat while requests are in flight")
     assert kit.http(sp.url + "/health")[0] == 200
     assert gen_tokens() == first  # requests in flight, tokens flat: only a progress check can tell
     st = SimScenario(sp.state_dir).state(0, time.monotonic())
