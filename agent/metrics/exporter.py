@@ -23,6 +23,7 @@ from prometheus_client.utils import floatToGoString
 from lynxtop.agent.api.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
 from lynxtop.agent.metrics.lifetime import ModelTotals
 from lynxtop.contract.columns import LATENCY_SERIES
+from lynxtop.contract.exported import Exported, exported
 from lynxtop.contract.format import THROTTLE_REASONS
 from lynxtop.contract.status import (
     AgentStatus,
@@ -51,62 +52,10 @@ RAY_STATES = tuple(s.value for s in RayState if s != RayState.OFF)  # OFF is a s
 _THROTTLE = tuple((bit, name.replace(" ", "_").lower()) for bit, name, _ in THROTTLE_REASONS)
 _SIMULATED_HELP = "1 when any part of this node (GPUs or vLLM) is SIMULATED"
 
-# (status column, metric suffix, help, scale to base units, counter?)
-_GPU = (
-    ("util_gpu_pct", "utilization_ratio", "Share of time any kernel ran (NVML utilization.gpu)", 0.01, False),
-    ("util_mem_pct", "memory_utilization_ratio", "Share of time device memory was read or written", 0.01, False),
-    ("sm_active_pct", "sm_active_ratio", "SM activity (GPM)", 0.01, False),
-    ("sm_occupancy_pct", "sm_occupancy_ratio", "SM occupancy (GPM)", 0.01, False),
-    ("tensor_active_pct", "tensor_active_ratio", "Tensor core activity (GPM)", 0.01, False),
-    ("dram_bw_pct", "dram_bandwidth_ratio", "DRAM bandwidth utilization (GPM)", 0.01, False),
-    ("pcie_tx_bytes_per_s", "pcie_tx_bytes_per_second", "PCIe transmit rate", 1, False),
-    ("pcie_rx_bytes_per_s", "pcie_rx_bytes_per_second", "PCIe receive rate", 1, False),
-    ("nvlink_tx_bytes_per_s", "nvlink_tx_bytes_per_second", "NVLink transmit rate, all links", 1, False),
-    ("nvlink_rx_bytes_per_s", "nvlink_rx_bytes_per_second", "NVLink receive rate, all links", 1, False),
-    ("mem_used_bytes", "memory_used_bytes", "Device memory used", 1, False),
-    ("mem_total_bytes", "memory_total_bytes", "Device memory total", 1, False),
-    ("power_w", "power_watts", "Power draw", 1, False),
-    ("power_limit_w", "power_limit_watts", "Enforced power limit", 1, False),
-    ("energy_j", "energy_joules_total", "Energy consumed since the driver loaded", 1, True),
-    ("temp_c", "temperature_celsius", "GPU temperature", 1, False),
-    ("sm_clock_mhz", "sm_clock_hertz", "SM clock", 1e6, False),
-    ("mem_clock_mhz", "memory_clock_hertz", "Memory clock", 1e6, False),
-    ("ecc_corrected", "ecc_corrected_errors_total", "Volatile corrected ECC errors", 1, True),
-    ("ecc_uncorrected", "ecc_uncorrected_errors_total", "Volatile uncorrected ECC errors", 1, True),
-    ("remapped_rows_pending", "remapped_rows_pending", "1 when a row remap is pending", 1, False),
-    ("remapped_rows_failed", "remapped_rows_failed", "1 when a row remap failed", 1, False),
-    ("lost", "lost", "1 when NVML reported the GPU lost", 1, False),
-)
-_HOST = (
-    ("cpu_pct", "cpu_utilization_ratio", "CPU utilization, all cores", 0.01),
-    ("load1", "load1", "1-minute load average", 1),
-    ("load5", "load5", "5-minute load average", 1),
-    ("load15", "load15", "15-minute load average", 1),
-    ("mem_used_bytes", "memory_used_bytes", "Host memory used", 1),
-    ("mem_available_bytes", "memory_available_bytes", "Host memory available", 1),
-    ("mem_total_bytes", "memory_total_bytes", "Host memory total", 1),
-    ("swap_used_bytes", "swap_used_bytes", "Swap used", 1),
-    ("swap_total_bytes", "swap_total_bytes", "Swap total", 1),
-    ("disk_free_bytes", "disk_free_bytes", "Free space on the database volume", 1),
-    ("disk_total_bytes", "disk_total_bytes", "Size of the database volume", 1),
-    ("net_rx_bytes_per_s", "network_receive_bytes_per_second", "Network receive rate, all but loopback", 1),
-    ("net_tx_bytes_per_s", "network_transmit_bytes_per_second", "Network transmit rate, all but loopback", 1),
-    ("vllm_procs", "vllm_processes", "Processes in the supervised vLLM tree", 1),
-    ("vllm_cpu_pct", "vllm_cpu_cores", "CPU used by the vLLM tree, in cores", 0.01),
-    ("vllm_rss_bytes", "vllm_resident_memory_bytes", "Resident memory of the vLLM tree", 1),
-)
-_SERVING = (
-    ("requests_per_s", "requests_per_second", "Finished requests per second", 1),
-    ("prompt_tokens_per_s", "prompt_tokens_per_second", "Prefill tokens per second", 1),
-    ("generation_tokens_per_s", "generation_tokens_per_second", "Generated tokens per second", 1),
-    ("requests_running", "requests_running", "Requests running", 1),
-    ("requests_waiting", "requests_waiting", "Requests waiting", 1),
-    ("kv_cache_usage_pct", "kv_cache_usage_ratio", "KV cache usage", 0.01),
-    ("prefix_cache_hit_pct", "prefix_cache_hit_ratio", "Prefix cache hits per query over the window", 0.01),
-    ("spec_decode_acceptance_pct", "spec_decode_acceptance_ratio", "Accepted per drafted tokens over the window",
-     0.01),
-    ("scrape_ok", "scrape_ok", "1 when the last scrape of vLLM's /metrics succeeded", 1),
-)
+# The plain per-column families, derived from the column contract (contract/exported.py)
+_GPU = exported("gpu")
+_HOST = exported("host")
+_SERVING = exported("serving")
 # Per data-parallel engine, labelled `engine` as vLLM labels it: (EngineLoad field, metric suffix, help, scale)
 _ENGINE = (
     ("running", "requests_running", "Requests running on one data-parallel engine", 1),
@@ -160,7 +109,7 @@ class SnapshotCollector(Collector):
             return
         yield from self._agent(st.agent)
         yield from self._gpus(st.gpus)
-        yield from self._simple("host", _HOST, st.host.metrics)
+        yield from self._simple(_HOST, st.host.metrics)
         yield from self._serving(st.serving, st.serving_metrics.metrics)
         yield from self._lifetime()
         yield from self._engines(st.engines)
@@ -220,18 +169,17 @@ class SnapshotCollector(Collector):
                 yield _gauge(name, help_, v)
 
     def _gpus(self, gpus: tuple[GpuStatus, ...]) -> Iterator[Any]:
-        for key, suffix, help_, scale, counter in _GPU:
-            name = f"lynxtop_gpu_{suffix}"
-            if counter:
-                fam: Any = CounterMetricFamily(name[: -len("_total")], help_, labels=["gpu", "uuid"])
+        for col in _GPU:
+            if col.counter:
+                fam: Any = CounterMetricFamily(col.name[: -len("_total")], col.help, labels=["gpu", "uuid"])
             else:
-                fam = GaugeMetricFamily(name, help_, labels=["gpu", "uuid"])
+                fam = GaugeMetricFamily(col.name, col.help, labels=["gpu", "uuid"])
             any_value = False
             for g in gpus:
-                v = _num(g.metric(key))
+                v = _num(g.metric(col.column))
                 if v is None:
                     continue
-                fam.add_metric([str(g.index), str(g.uuid or "")], v * scale)
+                fam.add_metric([str(g.index), str(g.uuid or "")], v * col.scale)
                 any_value = True
             if any_value:
                 yield fam
@@ -269,11 +217,17 @@ class SnapshotCollector(Collector):
         if fam.samples:
             yield fam
 
-    def _simple(self, prefix: str, spec: tuple, data: Mapping[str, Any]) -> Iterator[Any]:
-        for key, suffix, help_, scale in spec:
-            v = _num(data.get(key))
-            if v is not None:
-                yield _gauge(f"lynxtop_{prefix}_{suffix}", help_, v * scale)
+    def _simple(self, spec: tuple[Exported, ...], data: Mapping[str, Any]) -> Iterator[Any]:
+        for col in spec:
+            v = _num(data.get(col.column))
+            if v is None:
+                continue
+            if col.counter:  # prometheus_client adds `_total` to a counter family's samples
+                fam: Any = CounterMetricFamily(col.name[: -len("_total")], col.help)
+                fam.add_metric([], v * col.scale)
+                yield fam
+            else:
+                yield _gauge(col.name, col.help, v * col.scale)
 
     def _serving(self, srv: ServingStatus, sm: Mapping[str, Any]) -> Iterator[Any]:
         g = GaugeMetricFamily("lynxtop_serving_state", "1 for the supervisor's current state of vLLM",
@@ -295,7 +249,7 @@ class SnapshotCollector(Collector):
             if v is not None:
                 yield _gauge(name, help_, v * scale)
         yield from self._run(srv)
-        yield from self._simple("serving", _SERVING, sm)
+        yield from self._simple(_SERVING, sm)
         yield from self._latency(sm)
 
     def _run(self, srv: ServingStatus) -> Iterator[Any]:
