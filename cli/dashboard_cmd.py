@@ -1,4 +1,5 @@
-"""`lynxtop` / `lynxtop dashboard`: load the config, check for a terminal, run the dashboard app."""
+"""`lynxtop` / `lynxtop dashboard`: load the config, check for a terminal, run the dashboard app (or serve it to a
+browser with --web, cli/web.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
+from lynxtop.cli import web
 from lynxtop.cli.config_cli import load_or_exit
-from lynxtop.tui.app import LynxtopApp
 
 
 def run(args: Namespace) -> int:
@@ -15,13 +16,23 @@ def run(args: Namespace) -> int:
     cfg = load_or_exit(args)
     if cfg is None:
         return 2
-    if not (sys.stdin.isatty() and sys.__stderr__ is not None and sys.__stderr__.isatty()):
+    socket_path = Path(args.socket) if getattr(args, "socket", None) else cfg.agent.socket
+    database = Path(args.database) if getattr(args, "database", None) else cfg.agent.database
+    if getattr(args, "web", None) or getattr(args, "web_listen", None):
+        return web.serve(args, socket_path, database, cfg.agent.socket_group)
+    if getattr(args, "web_control", False):
+        print("lynxtop dashboard: error: --web-control applies only with --web or --web-listen", file=sys.stderr)
+        return 2
+    in_browser = web.served_by_web()  # textual-serve started this one: the browser is the terminal
+    if not in_browser and not (sys.stdin.isatty() and sys.__stderr__ is not None and sys.__stderr__.isatty()):
         print("lynxtop: the dashboard needs a terminal (stdin and stderr); for plain text use "
               "`lynxtop status` or `lynxtop runs`", file=sys.stderr)
         return 2
-    socket_path = Path(args.socket) if getattr(args, "socket", None) else cfg.agent.socket
-    database = Path(args.database) if getattr(args, "database", None) else cfg.agent.database
-    app = LynxtopApp(socket_path, database, readonly=bool(getattr(args, "readonly", False)),
-                     utc=bool(getattr(args, "utc", False)))
+    from lynxtop.tui.app import LynxtopApp
+
+    readonly = bool(getattr(args, "readonly", False))
+    app = LynxtopApp(socket_path, database, readonly=readonly, utc=bool(getattr(args, "utc", False)))
+    if in_browser and readonly:
+        app.readonly_reason = web.READONLY_REASON
     app.run()
     return int(app.return_code or 0)

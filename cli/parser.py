@@ -293,3 +293,11 @@ def _bench(subs) -> None:
 def _dashboard_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--readonly", action="store_true", help="dashboard: hide and refuse start/stop/restart/switch")
     p.add_argument("--utc", action="store_true", help="dashboard: show times in UTC instead of local time")
+    web = p.add_mutually_exclusive_group()
+    web.add_argument("--web", metavar="HOST:PORT",
+                     help="dashboard: serve it to a browser on a loopback HOST:PORT instead (textual-serve; reach "
+                          "it over `ssh -L`), read-only unless --web-control")
+    web.add_argument("--web-listen", metavar="HOST:PORT",
+                     help="as --web, on any address (not only loopback): anyone who reaches it sees this node")
+    p.add_argument("--web-control", action="store_true",
+                   help="--web: let the browser start/stop/restart/switch (only if you may control the agent)")

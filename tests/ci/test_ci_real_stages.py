@@ -66,21 +66,24 @@ def _run_install(tmp_path: Path, name: str, present: tuple[str, ...], apt_rc: in
     return p.stdout, calls
 
 
-@pytest.mark.parametrize("missing", ["promtool", "prometheus", "sqlite3"])
-def test_the_test_command_installs_sqlite3_and_prometheus_where_one_is_absent(tmp_path, missing):
-    present = tuple(t for t in ("sqlite3", "promtool", "prometheus") if t != missing)
+TOOLS = ("sqlite3", "promtool", "prometheus", "chromium")  # chromium: the --web dashboard's browser test
+
+
+@pytest.mark.parametrize("missing", TOOLS)
+def test_the_test_command_installs_sqlite3_prometheus_and_chromium_where_one_is_absent(tmp_path, missing):
+    present = tuple(t for t in TOOLS if t != missing)
     _, calls = _run_install(tmp_path, "bin", present)
-    assert calls == ["install -y -q --no-install-recommends sqlite3 prometheus"]
+    assert calls == ["install -y -q --no-install-recommends sqlite3 prometheus chromium"]
 
 
 def test_the_test_command_installs_nothing_where_all_are_present(tmp_path):
-    _, calls = _run_install(tmp_path, "bin", ("sqlite3", "promtool", "prometheus"))
+    _, calls = _run_install(tmp_path, "bin", TOOLS)
     assert calls == []
 
 
 def test_a_failed_install_says_what_is_missing_and_the_suite_still_runs(tmp_path):
     out, calls = _run_install(tmp_path, "bin", ("sqlite3",), apt_rc=100)
-    assert calls and "could not install sqlite3, prometheus" in out
+    assert calls and "could not install sqlite3, prometheus, chromium" in out
 
 
 def _ci_part(*, upto: str, then: list[str]) -> str:
