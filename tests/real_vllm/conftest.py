@@ -26,6 +26,7 @@ class Prepared:
     root: Path
     python: Path
     vllm: Path
+    ray: Path  # Ray in vLLM's venv (test_real_vllm_ray.py)
     model: Path
 
     def env(self) -> dict[str, str]:
@@ -51,7 +52,7 @@ def prepared() -> Prepared:
         unavailable(f"real vLLM: could not build the vLLM CPU venv or model (prepare.py exited {proc.returncode}): "
                     f"{info.get('error')} (log: {info.get('log')})")
     return Prepared(root=Path(info["root"]), python=Path(info["python"]), vllm=Path(info["vllm"]),
-                    model=Path(info["model"]))
+                    ray=Path(info["ray"]), model=Path(info["model"]))
 
 
 def agent_config(prepared: Prepared, state: Path, port: int) -> str:

