@@ -1,82 +1,185 @@
-"""SVG snapshots at 80×24 and 160×48 (pytest-textual-snapshot; textual pinned exactly in pyproject).
+"""SVG snapshots of every screen at 80×24, 120×40 and 200x60 (pytest-textual-snapshot; textual pinned exactly).
 
-Data and clock are frozen: the fake agent serves one fixed status, the app's clock is fixed, times are UTC.
-Update after an intended change with `pytest tests/tui/test_snapshots.py --snapshot-update` and review the SVGs.
+Data and clock are frozen: the fake agent serves one fixed status, the history database is built at fixed
+timestamps (and named by a relative path), the app's clock is fixed, times are UTC, the agent is polled once,
+live charts are backfilled from the database before the shot, and toasts are cleared (their timeouts run on the
+wall clock). Update after an intended change with `pytest tests/tui/test_snapshots.py --snapshot-update` and
+review the SVGs (snapshot_report.html shows each next to the old one).
+
+Adding a screen (other test files may do the same with the fixtures below):
+
+    async def _open_mine(pilot) -> None:      # from the Node view, connected and backfilled
+        await pilot.press("x")
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, MyScreen))
+
+    SCREENS["mine"] = _open_mine              # here: snapshots at the three sizes, and its key bar checked
+
+or, in a test file of your own:
+
+    @three_sizes
+    def test_my_screen(snap_screen, size):
+        assert snap_screen(_open_mine, size)
+
+`snap_screen(open, size, status=None)` sets the fake agent's status when given, starts the app, waits for it to
+settle, runs `open` and settles again. Keep an opener deterministic: wait on conditions, never on time alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import pytest
 from support.status import engine_loads
-from support.tui import make_app, wait_for
+from support.tui import make_app, screen_text, wait_for
+from textual.widgets import DataTable, Log
 from tui_fake_agent import make_status
 
+from lynxtop.tui.screens.base import LiveScreen
+from lynxtop.tui.screens.compare import CompareScreen
 from lynxtop.tui.screens.confirm import ConfirmScreen
+from lynxtop.tui.screens.export_path import ExportPathScreen
+from lynxtop.tui.screens.help import HelpScreen
+from lynxtop.tui.screens.history import HistoryScreen
+from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
 
-SIZES = [(80, 24), (160, 48)]
+SIZES = [(80, 24), (120, 40), (200, 60)]
+Opener = Callable[[Any], Awaitable[None]]
+three_sizes = pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 
 
 def _app(agent, db=None):
-    return make_app(agent.socket_path, db, utc=True, poll_interval_s=0.5)
+    # One poll only (at start): each poll adds a point to the live series, so more polls, another picture.
+    return make_app(agent.socket_path, db, utc=True, poll_interval_s=3600, backfill=db is not None)
 
 
-async def _connected(pilot) -> None:
-    await wait_for(pilot, lambda: pilot.app.state.connected)
-    if pilot.app.screen.has_class("-tall"):  # the node view's recent events come in a worker of their own
-        await wait_for(pilot, lambda: getattr(pilot.app.screen, "events", None) is not None)
+async def settle(pilot) -> None:
+    """Wait until what the screen shows no longer depends on when the shot is taken."""
+    app = pilot.app
+    await wait_for(pilot, lambda: app.state.connected)
+    if app.history.path is not None:  # the live charts' backfill (a thread) has landed
+        await wait_for(pilot, lambda: len(app.state.gpu_history.get(0, ())) > 50)
+    screen = app.screen
+    if isinstance(screen, LiveScreen):
+        screen.redraw()  # with the backfilled series, without waiting for a poll
+    if isinstance(screen, LiveScreen) and screen.has_class("-tall") and hasattr(screen, "fetch_events"):
+        await wait_for(pilot, lambda: getattr(screen, "events", None) is not None)  # its own worker
+    if isinstance(screen, HistoryScreen):
+        await wait_for(pilot, lambda: screen.last_draw_ms is not None)
     await pilot.pause(0.2)
+    app.clear_notifications()
+    await pilot.pause(0.1)
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_node_view(snap_compare, agent, size):
-    assert snap_compare(_app(agent), terminal_size=size, run_before=_connected)
+@pytest.fixture
+def snap_screen(snap_compare, agent, history_db, monkeypatch) -> Callable[..., bool]:
+    """Snapshot one screen: `snap_screen(open, size)`; `status` replaces the fake agent's status first."""
+    db, _ = history_db
+    monkeypatch.chdir(db.parent)  # views that name the database show "history.db", not a random temp path
+    db = type(db)(db.name)
+
+    def snap(open_screen: Opener | None, size: tuple[int, int], status: dict[str, Any] | None = None) -> bool:
+        if status is not None:
+            agent.status = status
+
+        async def run_before(pilot) -> None:
+            await settle(pilot)
+            if open_screen is not None:
+                await open_screen(pilot)
+                await settle(pilot)
+
+        return snap_compare(_app(agent, db), terminal_size=size, run_before=run_before)
+
+    return snap
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_restart_confirmation(snap_compare, agent, size):
-    async def open_dialog(pilot) -> None:
-        await _connected(pilot)
-        await pilot.press("R")
-        await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen))
-        await pilot.pause(0.2)
-
-    assert snap_compare(_app(agent), terminal_size=size, run_before=open_dialog)
+# ---------------------------------------------------------------------------------------------- the screens
+def _key(key: str, screen: type) -> Opener:
+    async def open_it(pilot) -> None:
+        await pilot.press(key)
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, screen))
+    return open_it
 
 
-def test_node_view_per_engine_160x48(snap_compare, agent):
+def _view(key: str) -> Opener:
+    async def open_it(pilot) -> None:
+        before = pilot.app.current_mode
+        await pilot.press(key)
+        await wait_for(pilot, lambda: pilot.app.current_mode != before)
+    return open_it
+
+
+async def _history(pilot) -> HistoryScreen:
+    await _view("4")(pilot)
+    screen = pilot.app.screen
+    await wait_for(pilot, lambda: len(screen.runs) == 2 and screen.last_draw_ms is not None)
+    screen.query_one("#runs", DataTable).focus()
+    return screen
+
+
+async def _events(pilot) -> None:
+    await _view("5")(pilot)
+    screen = pilot.app.screen
+    log = screen.query_one("#log", Log)
+    await wait_for(pilot, lambda: screen.events and screen.source and log.line_count == len(screen.log_lines) > 0)
+
+
+async def _compare(pilot) -> None:
+    await _history(pilot)
+    pilot.app.push_screen(CompareScreen(1, 2))
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, CompareScreen))
+    await wait_for(pilot, lambda: "run 1" in screen_text(pilot.app) and "run 2" in screen_text(pilot.app))
+
+
+async def _export(pilot) -> None:
+    await _history(pilot)
+    await pilot.press("e")
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ExportPathScreen))
+
+
+async def _switch_confirm(pilot) -> None:
+    await _key("P", ProfilePickerScreen)(pilot)
+    await pilot.press("down", "enter")
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen))
+
+
+SCREENS: dict[str, Opener | None] = {
+    "node": None,
+    "gpu": _view("2"),
+    "latency": _view("3"),
+    "history": _history,
+    "events": _events,
+    "help": _key("question_mark", HelpScreen),
+    "restart_confirm": _key("R", ConfirmScreen),
+    "profile_picker": _key("P", ProfilePickerScreen),
+    "switch_confirm": _switch_confirm,
+    "compare": _compare,
+    "export_path": _export,
+}
+
+
+@three_sizes
+@pytest.mark.parametrize("name", list(SCREENS))
+def test_screen(snap_screen, name, size):
+    assert snap_screen(SCREENS[name], size)
+
+
+def test_node_view_per_engine_120x40(snap_screen):
     """DP8 with engine 5 queueing and its KV cache near full: `e` shows each engine, engine 5 marked."""
     engines = engine_loads(waiting={5: 9}, kv={5: 96.4}, running={5: 14})
-    agent.status = make_status(engines=engines, metrics={"requests_running": 98, "requests_waiting": 9,
-                                                         "kv_cache_usage_pct": 96.4})
+    status = make_status(engines=engines, metrics={"requests_running": 98, "requests_waiting": 9,
+                                                   "kv_cache_usage_pct": 96.4})
 
     async def per_engine(pilot) -> None:
-        await _connected(pilot)
         await pilot.press("e")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: pilot.app.screen.has_class("-engines"))
 
-    assert snap_compare(_app(agent), terminal_size=(160, 48), run_before=per_engine)
-
-
-def test_latency_view_160x48(snap_compare, agent):
-    async def latency(pilot) -> None:
-        await _connected(pilot)
-        await pilot.press("3")
-        await pilot.pause(0.3)
-
-    assert snap_compare(_app(agent), terminal_size=(160, 48), run_before=latency)
-
-
-def test_history_view_160x48(snap_compare, agent, history_db):
-    db, _ = history_db
-
-    async def history(pilot) -> None:
-        await _connected(pilot)
-        await pilot.press("4")
-        await wait_for(pilot, lambda: getattr(pilot.app.screen, "last_draw_ms", None) is not None)
-        await pilot.pause(0.3)
-
-    assert snap_compare(_app(agent, db), terminal_size=(160, 48), run_before=history)
+    assert snap_screen(per_engine, (120, 40), status=status)
 
 
 def test_too_small_60x20(snap_compare, agent):
-    assert snap_compare(_app(agent), terminal_size=(60, 20), run_before=_connected)
+    async def connected(pilot) -> None:
+        await wait_for(pilot, lambda: pilot.app.state.connected)
+        await pilot.pause(0.2)
+
+    assert snap_compare(_app(agent), terminal_size=(60, 20), run_before=connected)
