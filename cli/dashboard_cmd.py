@@ -31,8 +31,18 @@ def run(args: Namespace) -> int:
     from lynxtop.tui.app import LynxtopApp
 
     readonly = bool(getattr(args, "readonly", False))
-    app = LynxtopApp(socket_path, database, readonly=readonly, utc=bool(getattr(args, "utc", False)))
+    app = LynxtopApp(socket_path, database, readonly=readonly, utc=bool(getattr(args, "utc", False)),
+                     node_port=node_port(args, cfg.agent.metrics_listen))
     if in_browser and readonly:
         app.readonly_reason = web.READONLY_REASON
     app.run()
     return int(app.return_code or 0)
+
+
+def node_port(args: Namespace, metrics_listen: str) -> int | None:
+    """Where the cluster view reads other nodes: --node-port, else the port of this config's metrics_listen (a
+    fleet shares one config), else nowhere (the view says how to set it)."""
+    if getattr(args, "node_port", None):
+        return int(args.node_port)
+    port = metrics_listen.rpartition(":")[2]
+    return int(port) if port.isdigit() else None

@@ -299,5 +299,8 @@ def _dashboard_options(p: argparse.ArgumentParser) -> None:
                           "it over `ssh -L`), read-only unless --web-control")
     web.add_argument("--web-listen", metavar="HOST:PORT",
                      help="as --web, on any address (not only loopback): anyone who reaches it sees this node")
+    p.add_argument("--node-port", type=_int(1, 65535), metavar="PORT",
+                   help="dashboard on a Ray head: the port of the other nodes' read-only endpoint (default: the port "
+                        "of this config's [agent] metrics_listen)")
     p.add_argument("--web-control", action="store_true",
                    help="--web: let the browser start/stop/restart/switch (only if you may control the agent)")

@@ -89,6 +89,8 @@ def dashboard_argv(args: Namespace, socket_path: Path, database: Path, *, contro
         argv += ["--config", str(args.config)]
     if getattr(args, "utc", False):
         argv.append("--utc")
+    if getattr(args, "node_port", None):
+        argv += ["--node-port", str(args.node_port)]
     if not control:
         argv.append("--readonly")
     return argv

@@ -49,6 +49,19 @@ class AgentRefused(Exception):
 # ---------------------------------------------------------------------------------------------- protocol
 
 
+TCP_SCHEME = "http://"  # an agent's read-only TCP endpoint ([agent] metrics_listen), written http://HOST:PORT
+
+
+def tcp_address(target: str) -> tuple[str, int] | None:
+    """(host, port) of a read-only TCP endpoint `http://HOST:PORT` (IPv6 in brackets); None for a socket path."""
+    if not target.startswith(TCP_SCHEME):
+        return None
+    host, _, port = target[len(TCP_SCHEME):].rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"{target!r} is not http://HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
 def _target(path: str, params: Mapping[str, Any] | None) -> str:
     query = urlencode({k: v for k, v in (params or {}).items() if v is not None})
     return f"{path}?{query}" if query else path
@@ -162,7 +175,8 @@ class AgentClient:
 
 
 class AsyncAgentClient:
-    """asyncio face, for the dashboard and the demo."""
+    """asyncio face, for the dashboard and the demo. `socket_path` may also be another node's read-only TCP
+    endpoint, `http://HOST:PORT` (it serves GET /v1/status only)."""
 
     def __init__(self, socket_path: str | Path, timeout_s: float = DASHBOARD_TIMEOUT_S):
         self.socket_path = str(socket_path)
@@ -184,7 +198,11 @@ class AsyncAgentClient:
     async def _exchange(self, method: str, target: str, body: Mapping[str, Any] | None) -> tuple[int, bytes]:
         import asyncio
 
-        reader, writer = await asyncio.open_unix_connection(self.socket_path)
+        tcp = tcp_address(self.socket_path)  # another node's read-only endpoint (the cluster view); else the socket
+        if tcp is not None:
+            reader, writer = await asyncio.open_connection(*tcp)
+        else:
+            reader, writer = await asyncio.open_unix_connection(self.socket_path)
         try:
             payload = json.dumps(body).encode() if body is not None else b""
             head = (f"{method} {target} HTTP/1.1\r\nHost: lynxtop-agent\r\nConnection: close\r\n"

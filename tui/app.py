@@ -35,7 +35,7 @@ from lynxtop.tui.screens.help import HelpScreen
 from lynxtop.tui.screens.node import NodeScreen
 from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
 
-VIEWS = ("node", "gpu", "latency", "history", "events")
+VIEWS = ("node", "gpu", "latency", "history", "events", "cluster")
 CONTROL_ACTIONS = {"restart", "stop", "start", "switch"}
 BACKFILL_S = 15 * 60
 
@@ -62,6 +62,7 @@ class LynxtopApp(App):
         "latency": lambda: _view("latency", "LatencyScreen"),
         "history": lambda: _view("history", "HistoryScreen"),
         "events": lambda: _view("events", "EventsScreen"),
+        "cluster": lambda: _view("cluster", "ClusterScreen"),
     }
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit"),
@@ -74,6 +75,8 @@ class LynxtopApp(App):
         Binding("3", "view('latency')", "Latency view", id="view.latency", group=VIEW_KEYS),
         Binding("4", "view('history')", "History view", id="view.history", group=VIEW_KEYS),
         Binding("5", "view('events')", "Events view", id="view.events", group=VIEW_KEYS),
+        Binding("N", "view('cluster')", "Cluster view", key_display="N", id="view.cluster",
+                group=VIEW_KEYS),  # a Ray head's fleet: shown beside 1-5 as "12345N views"
         Binding("R", "control('restart')", "Restart", key_display="R", id="control.restart"),
         Binding("X", "control('stop')", "Stop", key_display="X", id="control.stop"),
         Binding("S", "control('start')", "Start", key_display="S", id="control.start"),
@@ -87,7 +90,7 @@ class LynxtopApp(App):
     def __init__(self, socket_path: str | Path, database_path: str | Path | None, readonly: bool = False,
                  utc: bool = False, *, poll_interval_s: float = 1.0, clock: Callable[[], float] | None = None,
                  backoff: Backoff | None = None, ascii_only: bool | None = None, backfill: bool = True,
-                 demo_load: Callable[[], str] | None = None):
+                 demo_load: Callable[[], str] | None = None, node_port: int | None = None):
         ansi = _ansi_terminal()
         super().__init__(ansi_color=ansi)
         if ansi:
@@ -110,6 +113,12 @@ class LynxtopApp(App):
         self._poll_timer = None
         self.gpu_index = 0
         self.demo_load = demo_load  # `lynxtop demo`'s raise/lower of its simulated load; None elsewhere
+        # The cluster view (tui/screens/cluster.py): other nodes' agents are read at http://IP:node_port; while one
+        # is open, `viewing_node` names it and the dashboard is read-only. `home_*` is this node's own source.
+        self.node_port = node_port
+        self.viewing_node: str | None = None
+        self.home_socket = str(socket_path)
+        self._home = (database_path, self.readonly_reason)
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
@@ -127,9 +136,13 @@ class LynxtopApp(App):
             return None
         return max(0.0, self._next_poll_at - time.monotonic())
 
+    def header_lead(self) -> list[tuple[str, str]]:
+        """First in the header, never cut: another node's screens are open (the cluster view)."""
+        return [(f"viewing node {self.viewing_node} (read-only)", "bold white on blue")] if self.viewing_node else []
+
     def header_flags(self) -> list[tuple[str, str]]:
         flags = []
-        if self.readonly_reason:
+        if self.readonly_reason and not self.viewing_node:  # the lead says it while another node is open
             flags.append((f"READ-ONLY ({self.readonly_reason})", "bold yellow"))
         if self.paused:
             flags.append(("⏸ PAUSED (p resumes)", "bold yellow"))
@@ -166,8 +179,11 @@ class LynxtopApp(App):
     async def poll(self) -> None:
         """One poll; re-arms a one-shot timer when done so polls never overlap."""
         delay = self.poll_interval_s
+        client = self.client
         try:
-            status = await self.client.status()  # a Status; an answer that is not one raises AgentUnreachable
+            status = await client.status()  # a Status; an answer that is not one raises AgentUnreachable
+            if client is not self.client:
+                return  # the dashboard was pointed at another node meanwhile: this answer is not its
             self.backoff.reset()
             self.post_message(StatusArrived(status))
         except AgentUnreachable as exc:
@@ -285,6 +301,9 @@ class LynxtopApp(App):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "demo_load":
             return self.demo_load is not None  # hidden outside the demo
+        if action == "view" and parameters == ("cluster",):
+            head = self.state.status is not None and self.state.status.cluster.role == Role.HEAD
+            return head or self.viewing_node is not None  # a fleet to list: on a Ray head (or back to it)
         if action == "control":
             if self.readonly_reason:
                 return False  # hidden: read-only
@@ -362,6 +381,24 @@ class LynxtopApp(App):
         target = next(p for p in profiles if p.get("name") == profile)
         current = next((p for p in profiles if p.get("name") == current_name), None)
         return profile, current, target
+
+    def view_node(self, label: str | None, endpoint: str | None) -> None:
+        """Point the dashboard at another node's agent, read-only (`endpoint` http://IP:PORT), or back at this
+        node's own socket (`label` None). Its live state starts afresh; its history is not here."""
+        if label is None or endpoint is None:
+            database, self.readonly_reason = self._home
+            endpoint, self.history = self.home_socket, HistorySource(database)
+        else:
+            self.readonly_reason = f"viewing node {label}"  # its endpoint has no control route either
+            self.history = HistorySource(None)
+        self.viewing_node = label
+        self.client = DisplayClient(endpoint)
+        self.state = LiveState()
+        self.backoff.reset()
+        self.refresh_bindings()
+        self.switch_mode("node")
+        self.action_refresh_now()
+        self.notify(f"viewing node {label} (read-only)" if label else "back on this node", title="Cluster")
 
     def _refused(self, action: str, exc: AgentRefused) -> None:
         if exc.status == 403:

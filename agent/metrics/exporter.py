@@ -423,7 +423,8 @@ def is_loopback(host: str) -> bool:
 
 
 class MetricsExporter:
-    """GET /metrics on `listen` (host:port from `[agent] metrics_listen`); nothing else is served there."""
+    """GET /metrics and GET /v1/status on `listen` (host:port from `[agent] metrics_listen`); nothing else, and no
+    control route, is served there."""
 
     def __init__(self, listen: str, snapshot: Callable[[], Status | None],
                  log: Callable[[str], None] | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
@@ -437,6 +438,7 @@ class MetricsExporter:
                                      "metrics_max_connections", json_refusal=False, log=self.log, episodes=episodes)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(snapshot, totals))
+        self._snapshot = snapshot
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
 
@@ -446,6 +448,7 @@ class MetricsExporter:
                      "(read-only; [agent] metrics_listen sets it)")
         app = web.Application(middlewares=[self.guard.middleware])
         app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
+        app.router.add_get("/v1/status", self._status)  # the head's cluster view reads other nodes here (read-only)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      **handler_args(self.request_timeout_s))
         await self._runner.setup()
@@ -464,3 +467,10 @@ class MetricsExporter:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def _status(self, request: web.Request) -> web.Response:
+        """The socket's `GET /v1/status` JSON from the same cached snapshot (no I/O; secrets are never in it)."""
+        status = self._snapshot()
+        if status is None:
+            return web.json_response({"error": "not_ready", "message": "the agent has no status yet"}, status=503)
+        return web.json_response(status.to_json())

@@ -72,7 +72,7 @@ class LiveScreen(Screen):
     def redraw(self) -> None:
         app = self.lynx
         now = app.now_ms()
-        self.query_one(NodeHeader).show(app.state, now, app.header_flags())
+        self.query_one(NodeHeader).show(app.state, now, app.header_flags(), app.header_lead())
         self.query_one(OutageBanner).show(app.state, now, app.utc, app.retry_in_s())
         _set_class(self, app.state.stale, "-stale")
         self.draw(now)

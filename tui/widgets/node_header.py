@@ -63,13 +63,18 @@ def sla_limit(sla: SlaStatus, series: str) -> float | None:
 class NodeHeader(TextPanel):
     DEFAULT_CSS = "NodeHeader { height: 1; }"
 
-    def show(self, state: LiveState, now_ms: int, flags: list[tuple[str, str]]) -> None:
+    def show(self, state: LiveState, now_ms: int, flags: list[tuple[str, str]],
+             lead: list[tuple[str, str]] | None = None) -> None:
+        """`lead`: what must never be cut, before everything (whose node this is, when not this one's)."""
         agent, serving = state.agent, state.serving
         if state.outage is not None and state.received_ms is not None:
             # One staleness rule with the banner: an unreachable agent's snapshot is frozen at its last answer,
             # so a STOPPING timer does not keep counting for a stop that may long have finished.
             now_ms = state.received_ms
         t = Text(no_wrap=True, overflow="ellipsis")
+        for text, style in lead or ():
+            t.append(f" {text} ", style=style)
+            t.append(" ")
         if state.simulated:
             t.append(" SIMULATED ", style="bold black on magenta")
             t.append(" ")

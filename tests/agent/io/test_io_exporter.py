@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from dataclasses import replace
@@ -145,13 +146,21 @@ async def test_run_info_hang_and_xid_for_the_alert_rules(exporter):
     assert "lynxtop_serving_info" not in text  # no run, no info series
 
 
-async def test_only_metrics_are_served_and_a_broken_snapshot_is_survived(exporter):
+async def test_only_metrics_and_the_status_are_served_and_a_broken_snapshot_is_survived(exporter):
+    """Read-only: /metrics and the socket's GET /v1/status (the head's cluster view opens a node with it); no
+    control route, nothing else."""
     get, state, _ = exporter
-    code, _ = await get("/v1/stop", method="POST")
-    assert code in (404, 405)
-    code, _ = await get("/v1/status")
-    assert code == 404
+    for action in ("stop", "start", "restart", "switch"):
+        code, _ = await get(f"/v1/{action}", method="POST")
+        assert code in (404, 405)
+    for other in ("/v1/profiles", "/v1/events", "/v1/logs", "/v1/runs"):
+        code, _ = await get(other)
+        assert code == 404
+    code, text = await get("/v1/status")
+    assert code == 200 and json.loads(text) == state["snapshot"].to_json()
     state["snapshot"] = None  # the agent has no snapshot yet
+    code, text = await get("/v1/status")
+    assert code == 503 and json.loads(text)["error"] == "not_ready"
     code, text = await get()
     assert code == 200 and samples(text)[("lynxtop_agent_simulated", ())] == 0
 
