@@ -389,8 +389,10 @@ class LynxtopApp(App):
             database, self.readonly_reason = self._home
             endpoint, self.history = self.home_socket, HistorySource(database)
         else:
+            from lynxtop.tui.cluster_source import ElsewhereHistory
+
             self.readonly_reason = f"viewing node {label}"  # its endpoint has no control route either
-            self.history = HistorySource(None)
+            self.history = ElsewhereHistory(label)
         self.viewing_node = label
         self.client = DisplayClient(endpoint)
         self.state = LiveState()

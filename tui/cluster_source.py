@@ -10,12 +10,16 @@ each with a short timeout, so a node that does not answer costs its own row, nev
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lynxtop.contract.client import AgentRefused, AgentUnreachable
 from lynxtop.contract.status import ClusterNode, Role, Status
 from lynxtop.tui.foreign import DisplayClient
+from lynxtop.tui.history_source import HistorySource, HistoryUnavailable
 
 NODE_TIMEOUT_S = 2.0  # one node's status; the list redraws when all have answered or timed out
 
@@ -68,6 +72,20 @@ async def _read(endpoint: str) -> Status:
         return await client.status()
     finally:
         await client.close()
+
+
+class ElsewhereHistory(HistorySource):
+    """Another node's history: its database is on that node, so every view that reads history says where."""
+
+    def __init__(self, label: str):
+        super().__init__(None)
+        self.why = (f"node {label}'s history database is on that node (its read-only endpoint serves live status "
+                    "only): open a dashboard there for its history, events and logs")
+
+    @contextmanager
+    def reader(self) -> Iterator[Any]:
+        raise HistoryUnavailable(self.why)
+        yield  # a generator, as the context manager needs
 
 
 class ClusterSource:

@@ -94,6 +94,10 @@ async def test_head_lists_every_node_and_opens_another_read_only_over_its_tcp_en
         await pilot.press("R", "X")
         await pilot.pause(0.3)
         assert not agent.posts() and (await proc.status())["serving"]["state"] == "stopped"
+        # its history is on that node: the History and Events views say so instead of showing the head's
+        await pilot.press("4")
+        await wait_for(pilot, lambda: "gpu-2's history database is on that node" in screen_text(app))
+        assert "h200-node-07" not in screen_text(app)  # nothing of the head's own history
 
         # back to the head: its own state, controls again
         await pilot.press("N")

@@ -30,7 +30,8 @@ from support.ports import free_port, short_dir
 from support.real import needs_tools
 from support.waits import wait_for_async
 
-from lynxtop.cli.web import WebUsageError, control_refusal, make_server, parse_address
+from lynxtop.cli.parser import build_parser
+from lynxtop.cli.web import WebUsageError, control_refusal, dashboard_argv, make_server, parse_address
 
 CHROMIUM_HINT = "apt-get install -y -q --no-install-recommends chromium (Debian)"
 BROWSER_WAIT_S = 60.0  # a loaded 2-core machine: chromium's start and the dashboard's first frame take seconds
@@ -110,6 +111,19 @@ def test_web_on_a_port_in_use_exits_1_saying_so_and_never_claims_to_serve(tmp_pa
     assert "serving" not in out
 
 
+def test_the_served_dashboard_is_read_only_unless_control_was_granted():
+    args = build_parser().parse_args(["dashboard", "--web", "127.0.0.1:8765", "--config", "/etc/l x.toml", "--utc",
+                                      "--node-port", "9464"])
+    argv = dashboard_argv(args, Path("/run/a.sock"), Path("/var/h.db"), control=False)
+    assert argv[:4] == [sys.executable, "-m", "lynxtop", "dashboard"] and argv[-1] == "--readonly"
+    for pair in (["--socket", "/run/a.sock"], ["--database", "/var/h.db"], ["--config", "/etc/l x.toml"],
+                 ["--node-port", "9464"]):
+        i = argv.index(pair[0])
+        assert argv[i:i + 2] == pair
+    assert "--utc" in argv
+    assert "--readonly" not in dashboard_argv(args, Path("/run/a.sock"), Path("/var/h.db"), control=True)
+
+
 def test_web_control_only_with_web(tmp_path):
     proc = _lynxtop("dashboard", "--config", str(_config(tmp_path)), "--web-control")
     _, err = proc.communicate(timeout=60)
@@ -140,6 +154,26 @@ async def test_the_served_app_is_an_argv_started_without_a_shell(tmp_path):
         await runner.cleanup()
     assert json.loads(seen.read_text()) == [str(seen), f"a b; touch {marker}", "$(touch x)"]
     assert not marker.exists()
+
+
+async def test_the_page_reaches_back_through_the_address_the_browser_used(tmp_path):
+    """Over `ssh -L 9000:127.0.0.1:8765` the browser asks localhost:9000: the page's websocket must go there, not to
+    the server's own 127.0.0.1:8765 (textual-serve's default), which the laptop cannot reach."""
+    port = free_port()
+    server = make_server([sys.executable, "-c", "pass"], "127.0.0.1", port)
+    runner = aiohttp.web.AppRunner(await server._make_app())
+    await runner.setup()
+    await aiohttp.web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/", headers={"Host": "localhost:9000"}) as resp:
+                page = await resp.text()
+            async with session.get(f"http://127.0.0.1:{port}/") as resp:
+                direct = await resp.text()
+    finally:
+        await runner.cleanup()
+    assert "ws://localhost:9000/ws" in page and f"127.0.0.1:{port}" not in page
+    assert f"ws://127.0.0.1:{port}/ws" in direct
 
 
 # ---------------------------------------------------------------------------------------------- the browser
