@@ -145,7 +145,14 @@ def make_server(argv: list[str], host: str, port: int, title: str = "lynxtop") -
                 await runner.cleanup()
 
         async def on_startup(self, app: Any) -> None:
-            pass  # textual-serve's banner
+            self.sockets: set[Any] = set()  # textual-serve's banner is not printed
+
+        async def on_shutdown(self, app: Any) -> None:
+            # Open tabs end now (each then stops its dashboard), not after aiohttp's minute of grace.
+            from aiohttp import WSCloseCode
+
+            for ws in list(self.sockets):
+                await ws.close(code=WSCloseCode.GOING_AWAY, message=b"lynxtop dashboard server stopping")
 
         async def handle_websocket(self, request: Any) -> Any:
             # textual-serve's handler with ArgvAppService in place of AppService (it has no hook for the class)
@@ -156,6 +163,7 @@ def make_server(argv: list[str], host: str, port: int, title: str = "lynxtop") -
             width = to_int(request.query.get("width", "80"), 80)
             height = to_int(request.query.get("height", "24"), 24)
             service: ArgvAppService | None = None
+            self.sockets.add(websocket)
             try:
                 await websocket.prepare(request)
                 service = ArgvAppService(shlex.join(argv), write_bytes=websocket.send_bytes,
@@ -168,6 +176,7 @@ def make_server(argv: list[str], host: str, port: int, title: str = "lynxtop") -
             except Exception as exc:  # noqa: BLE001 - one tab's failure is logged, the server goes on
                 print(f"lynxtop: web session ended: {type(exc).__name__}: {exc}", file=sys.stderr)
             finally:
+                self.sockets.discard(websocket)
                 if service is not None:
                     await service.stop()
             return websocket

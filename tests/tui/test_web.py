@@ -339,12 +339,14 @@ async def test_web_dashboard_loads_in_headless_chromium_and_shows_the_gpu_table(
         assert cmd[:4] == [sys.executable, "-m", "lynxtop", "dashboard"] and "--readonly" in cmd, cmd
         assert any(p == "/v1/status" for _, p, _ in agent.requests)
         assert not agent.posts()
+        pids = [c.pid for c in psutil.Process(server.pid).children(recursive=True)]
+        server.send_signal(signal.SIGTERM)  # with the tab still open: the server ends it and its dashboard
+        await asyncio.to_thread(server.wait, 30)
     finally:
-        _stop(chrome)
-        pids = [p.pid for p in psutil.Process(server.pid).children(recursive=True)] if server.poll() is None else []
         if server.poll() is None:
-            server.send_signal(signal.SIGTERM)
-        server.wait(30)
+            server.kill()
+            server.wait(10)
+        _stop(chrome)
     assert server.returncode == 0, server.stderr.read()
     await wait_for_async(lambda: not [p for p in pids if _alive(p)], timeout=30, what="the dashboard processes to end")
 
