@@ -81,11 +81,11 @@ def test_web_control_is_refused_for_a_user_who_may_not_control_the_agent():
         path = d / "agent.sock"
         sock.bind(str(path))  # owned by root: the agent's user here
         assert control_refusal(path, "lynxtop-no-such-group") is None  # root may
+        nobody = pwd.getpwnam("nobody")
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: become nobody, answer through the pipe, leave without pytest's clean-up
             try:
-                nobody = pwd.getpwnam("nobody")
                 os.setgroups([])
                 os.setgid(nobody.pw_gid)
                 os.setuid(nobody.pw_uid)
