@@ -12,7 +12,8 @@ Adding a screen (other test files may do the same with the fixtures below):
         await pilot.press("x")
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, MyScreen))
 
-    SCREENS["mine"] = _open_mine              # here: snapshots at the three sizes, and its key bar checked
+    SCREENS["mine"] = _open_mine              # here: snapshots at the three sizes
+    VIEWS.append("mine")                      # a view (not a dialog): its key bar is checked at 80x24 too
 
 or, in a test file of your own:
 
@@ -42,6 +43,7 @@ from lynxtop.tui.screens.export_path import ExportPathScreen
 from lynxtop.tui.screens.help import HelpScreen
 from lynxtop.tui.screens.history import HistoryScreen
 from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
+from lynxtop.tui.widgets.key_bar import RANK_VIEWS, KeyBar, key_items
 
 SIZES = [(80, 24), (120, 40), (200, 60)]
 Opener = Callable[[Any], Awaitable[None]]
@@ -158,10 +160,56 @@ SCREENS: dict[str, Opener | None] = {
 }
 
 
+VIEWS = ["node", "gpu", "latency", "history", "events"]
+
+
 @three_sizes
 @pytest.mark.parametrize("name", list(SCREENS))
 def test_screen(snap_screen, name, size):
     assert snap_screen(SCREENS[name], size)
+
+
+@pytest.mark.parametrize("name", VIEWS)
+async def test_key_bar_keys_whole_at_80x24(agent, history_db, monkeypatch, name):
+    """At 80 columns every key the bar shows is whole on one row (no "S Star…"), and a key left out for room
+    is still listed by `?`, which the bar always shows."""
+    db, _ = history_db
+    app = _app(agent, db)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        if SCREENS[name] is not None:
+            await SCREENS[name](pilot)
+            await settle(pilot)
+        bar = app.screen.query_one(KeyBar)
+        rows = screen_text(app).splitlines()[bar.region.y:bar.region.bottom]
+        every = key_items(app.screen.active_bindings.values(), app)
+        assert len(every) >= 5 and bar.shown, rows
+        assert not any("…" in row for row in rows), rows
+        for item in bar.shown:
+            assert any(item.label in row for row in rows), (item.label, rows)
+        assert any(item.label == "? Help" for item in bar.shown)
+        left_out = [item for item in every if item not in bar.shown]
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+        listed = {description for _, description in app.screen.keys}
+        for item in left_out:
+            assert item.description in listed or item.rank == RANK_VIEWS, item
+
+
+async def test_help_lists_every_key_unscrolled_at_80x24(agent, history_db):
+    """`?` at 80x24 shows every key of the view (the one place a key left off the bar is found) without
+    scrolling; the colour and engine notes below may scroll."""
+    db, _ = history_db
+    app = _app(agent, db)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await _key("question_mark", HelpScreen)(pilot)
+        await pilot.pause(0.1)
+        shown = screen_text(app)
+        descriptions = {description for _, description in app.screen.keys}
+        assert len(descriptions) >= 10
+        missing = [d for d in descriptions if d not in shown]
+        assert not missing, shown
 
 
 def test_node_view_per_engine_120x40(snap_screen):

@@ -35,15 +35,40 @@ class HelpScreen(ModalScreen[None]):
         self.view = view
 
     def compose(self) -> ComposeResult:
-        table = Table(title=f"lynxtop keys ({self.view} view)", show_header=True, expand=False)
-        table.add_column("key", style="bold")
-        table.add_column("does")
-        for key, description in self.keys:
-            table.add_row(key, description)
         with VerticalScroll(id="dialog"):
-            yield Static(table)
+            yield Static(Text.assemble((f"lynxtop keys ({self.view} view)", "bold"),
+                                       ("   Esc closes · ↑↓ PgUp PgDn scroll", "dim")))
+            yield Static(key_table(self.keys, columns=2 if self.app.size.width >= 80 else 1))
             yield Static(Text(THRESHOLDS + ENGINES + "\n" + UTIL_NOTE))
             yield Static(Text("Esc closes this help.", style="dim"))
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+
+def merged_keys(bindings: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """One row per description, its keys joined ("up, k": Up), in first-seen order: the same action bound to two
+    keys took two rows each, and the table did not fit 24 lines."""
+    keys: dict[str, list[str]] = {}
+    for key, description in bindings:
+        keys.setdefault(description, [])
+        if key not in keys[description]:
+            keys[description].append(key)
+    return [(", ".join(k), description) for description, k in keys.items()]
+
+
+def key_table(bindings: list[tuple[str, str]], columns: int = 2) -> Table:
+    """The keys in `columns` side-by-side pairs of (key, does), filled top to bottom."""
+    rows = merged_keys(bindings)
+    table = Table(show_header=True, expand=False, box=None, padding=(0, 1), show_edge=False)
+    for _ in range(columns):
+        table.add_column("key", style="bold", max_width=14, overflow="fold")
+        table.add_column("does", overflow="fold")
+    height = -(-len(rows) // columns) if rows else 0
+    for r in range(height):
+        cells: list[str] = []
+        for c in range(columns):
+            i = c * height + r
+            cells += list(rows[i]) if i < len(rows) else ["", ""]
+        table.add_row(*cells)
+    return table
