@@ -72,7 +72,9 @@ HOST_METRICS: tuple[tuple[str, str, str], ...] = (
     ("vllm_workers_rss_bytes", "INTEGER", "VLLM::Worker processes"),
 )
 
-LATENCY_SERIES = ("ttft", "itl", "tpot", "e2e", "queue")
+# prefill and decode: vLLM's request_prefill/decode_time histograms; a page without them gets
+# their means derived (TTFT - queue, e2e - TTFT) and no percentiles, and `phase_times_derived` says so
+LATENCY_SERIES = ("ttft", "itl", "tpot", "e2e", "queue", "prefill", "decode")
 LATENCY_STATS = ("p50", "p90", "p99", "mean")
 
 SERVING_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -91,6 +93,8 @@ SERVING_METRICS: tuple[tuple[str, str, str], ...] = (
     ("preemptions", "INTEGER", "preemptions during this tick"),
     ("prefix_cache_hit_pct", "REAL", "prefix cache hits / queries over the window"),
     ("spec_decode_acceptance_pct", "REAL", "accepted / draft tokens over the window"),
+    ("phase_times_derived", "INTEGER", "prefill/decode times: 0 read from vLLM's request_prefill/decode_time "
+     "histograms, 1 derived as means (TTFT - queue, e2e - TTFT) from a page without them"),
 ) + tuple(
     (f"{series}_{stat}_ms", "REAL", f"{series.upper()} {stat} over the sliding window")
     for series in LATENCY_SERIES

@@ -69,7 +69,11 @@ _TOTALS = (
     ("preemptions", "lynxtop_serving_preemptions", "Requests vLLM preempted since the agent started"),
 )
 _SERIES_HELP = {"ttft": "Time to first token", "itl": "Inter-token latency", "tpot": "Time per output token "
-                "(per request)", "e2e": "End-to-end request latency", "queue": "Time requests waited in the queue"}
+                "(per request)", "e2e": "End-to-end request latency", "queue": "Time requests waited in the queue",
+                "prefill": "Time requests spent in prefill (vLLM's histogram; a mean TTFT - queue where vLLM has none: "
+                "see lynxtop_serving_phase_times_derived)",
+                "decode": "Time requests spent in decode (vLLM's histogram; a mean e2e - TTFT where vLLM has none: "
+                "see lynxtop_serving_phase_times_derived)"}
 
 
 def _num(v: Any) -> float | None:

@@ -68,7 +68,11 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "tpot": ("vllm:request_time_per_output_token_seconds",),
     "e2e": ("vllm:e2e_request_latency_seconds",),
     "queue": ("vllm:request_queue_time_seconds",),
+    "prefill": ("vllm:request_prefill_time_seconds",),
+    "decode": ("vllm:request_decode_time_seconds",),
 }
+# Where a page lacks a phase's histogram, its mean is derived from two others: (phase, whole, part before it)
+DERIVED_MEANS = (("prefill", "ttft", "queue"), ("decode", "e2e", "ttft"))
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 
 
@@ -1060,6 +1064,12 @@ class MetricsScraper:
                 row[f"{series}_{stat}_ms"] = None if value is None else value * 1000.0
             mean = None if sh is None else sh.mean()
             row[f"{series}_mean_ms"] = None if mean is None else mean * 1000.0
+        derived = [phase for phase, _, _ in DERIVED_MEANS if phase not in self._hists]
+        for phase, whole, part in DERIVED_MEANS:
+            if phase in derived:  # a difference of means is a mean; percentiles do not subtract, so stay None
+                w, b = row[f"{whole}_mean_ms"], row[f"{part}_mean_ms"]
+                row[f"{phase}_mean_ms"] = None if w is None or b is None else max(w - b, 0.0)
+        row["phase_times_derived"] = 1 if derived else 0
 
     def _delta(self, key: str) -> float | None:
         cw = None if key in self._stale else self._counters.get(key)

@@ -85,7 +85,8 @@ def serving_rows(agent, run_id: int, start_ms: int, end_ms: int) -> list[dict]:
     from lynxtop.store.reader import StoreReader
 
     cols = ["run_id", "scrape_ok", "requests_finished", "prompt_tokens", "generation_tokens",
-            "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms"]
+            "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms",
+            "prefill_mean_ms", "decode_mean_ms", "phase_times_derived"]
     r = StoreReader(agent.database)
     try:
         _, rows = r.series("serving", cols, start_ms, end_ms, resolution="raw")
@@ -194,6 +195,13 @@ def test_serving_samples_agree_with_the_clients_own_measurement(agent):
         f"agent (requests, prompt tokens, generation tokens) {_shared['totals']} != client {(LOAD_N, prompt, gen)}"
 
     latest = serving_rows(agent, run_id, t_start, now_ms() + 1000)[-1]
+    # Prefill and decode time: vLLM 0.32 exports its own histograms, so the agent reads them (not TTFT - queue)
+    assert latest["phase_times_derived"] == 0, latest
+    for phase in ("prefill", "decode"):
+        name = f"vllm:request_{phase}_time_seconds"
+        assert histogram(page1, name), f"vLLM's page has no {name}"
+        server_ms = histogram_mean(page0, page1, name) * 1000
+        assert latest[f"{phase}_mean_ms"] == pytest.approx(server_ms, rel=0.02, abs=0.01), (phase, latest)
     ttft_before, ttft_after = histogram(page0, "vllm:time_to_first_token_seconds"), \
         histogram(page1, "vllm:time_to_first_token_seconds")
     itl_before, itl_after = histogram(page0, "vllm:inter_token_latency_seconds"), \
