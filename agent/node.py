@@ -30,6 +30,7 @@ from lynxtop.agent.api.connguard import Episodes, FdPlan, install_loop_handler, 
 from lynxtop.agent.api.control import ActionError
 from lynxtop.agent.api.logtail import LogTail
 from lynxtop.agent.clock import Timeline, describe, span
+from lynxtop.agent.events import EventSink
 from lynxtop.agent.notify import Notifier, WatchdogThread
 from lynxtop.agent.sampling import (
     EventCollector,
@@ -144,6 +145,7 @@ class Node:
         self._lock_fd: int | None = None
         self._socket_check_at = 0.0  # monotonic time of the next look at the control socket's path
         self.writer: Any = None
+        self.events: EventSink | None = None  # the one event path, once the store is open
         self.sla: Any = None
         self.supervisor: Supervisor | None = None
         self.cluster: Any = None  # roles.ClusterPart on a head or worker node: its Ray and the cluster
@@ -211,6 +213,7 @@ class Node:
             log.warning("the database %s was damaged and moved aside to %s; a new one was created",
                         a.database, self.writer.moved_aside)
         self.writer.start()
+        self.events = EventSink(self.writer, log, on_write_error=self._event_not_written)
         fake, sim_dir = a.fake_nvml, self.sim_state_dir
         from lynxtop.sim.gpus import SimScenario  # the node composes: the GPU layer never imports the simulator
 
@@ -221,11 +224,12 @@ class Node:
         if a.role != "single":
             from lynxtop.agent.cluster.roles import ClusterPart
 
-            self.cluster = ClusterPart(self.cfg, lambda ev: self._record([ev]), state_dir=a.database.parent,
+            self.cluster = ClusterPart(self.cfg, self.events, state_dir=a.database.parent,
                                        session=self.http.session, on_change=self._on_change)
         self.supervisor = Supervisor(self.cfg, self.writer, self.gpu_view, state_path=a.database.parent / STATE_FILE,
                                      host=self.host, simulated=self.simulated, on_change=self._on_change,
-                                     http=self.http, cluster=self.cluster.watch if self.cluster else None)
+                                     http=self.http, cluster=self.cluster.watch if self.cluster else None,
+                                     events=self.events)
         self._open_sources()
 
     def _open_sources(self) -> None:
@@ -277,12 +281,13 @@ class Node:
         self._gpu_events(kind, severity, message, details)
 
     def _record(self, events: Iterable[Event]) -> None:
-        """Every event of the agent's samplers and of the node itself reaches the store here."""
+        """Every event of the agent's samplers and of the node itself takes the one event path (agent/events.py)."""
         for ev in events:
-            try:
-                self.writer.record(ev)
-            except Exception as exc:  # noqa: BLE001 - a store that refuses an event must not stop sampling
-                self.episodes.hit("event", f"events cannot be recorded: {type(exc).__name__}: {exc}")
+            self.events.put(ev)
+
+    def _event_not_written(self, ev: Event, exc: Exception) -> None:
+        """A store that refuses events must not stop sampling: said once per episode, not per event."""
+        self.episodes.hit("event", f"events cannot be recorded: {type(exc).__name__}: {exc}")
 
     def _upsert_gpus(self, static: list[dict]) -> None:
         with contextlib.suppress(Exception):
@@ -505,7 +510,6 @@ class Node:
         if found is None:
             return
         rebound, msg = found
-        (log.warning if rebound else log.error)("%s", msg)
         self._record([Event(EventKind.AGENT_SOCKET_RECREATED if rebound else EventKind.AGENT_SOCKET_LOST,
                             Severity.WARNING if rebound else Severity.ERROR, msg,
                             details={"socket": str(self.cfg.agent.socket)})])
@@ -519,7 +523,6 @@ class Node:
         msg = (f"{describe(step)}; sample timestamps go on from the agent's own timeline (the wall clock is now "
                f"{span(off)} {'ahead of' if off >= 0 else 'behind'} it), so no history is mislabeled or expired; "
                "a restart of the agent adopts the wall clock")
-        log.warning("%s", msg)
         self._record([Event(EventKind.AGENT_CLOCK_STEP, Severity.WARNING, msg, ts_ms=step.ts_ms,
                             details={"step_ms": step.step_ms, "wall_ms": step.wall_ms, "ts_ms": step.ts_ms,
                                      "offset_ms": self.timeline.offset_ms})])

@@ -1,8 +1,8 @@
 """Every event kind the agent records, in one dotted naming scheme, with the kinds older agents stored.
 
-Events reach the store by one path (`store.writer.StoreWriter.record(Event)`), and the dashboard
-and alert rules filter by these names, so a kind exists only once it is listed here. Kinds stored under an older
-name are mapped on read (`canonical_kind`), so a history written by an earlier agent reads the same.
+Events reach the store by one path (`agent.events.EventSink`, which alone calls `StoreWriter.record(Event)`),
+and the dashboard and alert rules filter by these names, so a kind exists only once it is listed here. Kinds
+stored under an older name are mapped on read (`canonical_kind`), so an earlier agent's history reads the same.
 """
 
 from __future__ import annotations

@@ -314,11 +314,6 @@ class StoreWriter:
             "INSERT INTO events (ts_ms, run_id, kind, severity, message, details) VALUES (?, ?, ?, ?, ?, ?)",
             row).lastrowid)
 
-    def add_event(self, kind: str, severity: str, message: str, details: dict | None = None,
-                  run_id: int | None = None, ts_ms: int | None = None) -> None:
-        """The older call shape, kept while callers move to `record(Event(...))`."""
-        self.record(Event(kind, severity, message, details, run_id, ts_ms))  # type: ignore[arg-type]
-
     def create_run(self, run_id: int | None = None, **fields: Any) -> int:
         """Queue a run's row and return its id at once, without waiting for the disk.
 

@@ -2,7 +2,7 @@
 
 XIDs are edge events (a kernel fault, a double-bit ECC error, a GPU fallen off the bus): polling would miss
 them between ticks, so a thread blocks in nvmlEventSetWait_v2 with a short timeout, which also bounds how long
-`stop()` takes. `on_event` is called from that thread: the sink must be thread-safe (StoreWriter.add_event is).
+`stop()` takes. `on_event` is called from that thread: the sink must be thread-safe (the node's EventCollector is).
 """
 
 from __future__ import annotations

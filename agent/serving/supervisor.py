@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lynxtop.agent.api.control import ActionError
+from lynxtop.agent.events import EventSink
 from lynxtop.agent.serving import check, launcher, procs
 from lynxtop.agent.serving.backoff import FailureWindow
 from lynxtop.agent.serving.health import Health, HealthProbe, HttpClient, Verdict, version_of
@@ -46,8 +47,9 @@ RUN_LOGS_KEPT = 200  # per-run vLLM logs kept in log_dir (the runs table keeps e
 # An adopted server whose profile was removed from the config is stopped with these defaults.
 _FALLBACK_GRACE_S = 60.0
 
-class EventSink(Protocol):
-    """The part of the store writer the supervisor uses (`lynxtop.store.writer.StoreWriter`)."""
+class RunStore(Protocol):
+    """The part of the store writer the supervisor uses for runs (`lynxtop.store.writer.StoreWriter`); events go
+    through the agent's one event path (agent/events.py)."""
 
     def record(self, event: Event) -> None: ...
 
@@ -163,13 +165,14 @@ class Supervisor:
     operator action; everything of one server start is in `self.run` (agent/serving/run.py), made new by each start.
     """
 
-    def __init__(self, cfg: Config, store: EventSink, gpus: GpuView, *, state_path: Path, host: str,
+    def __init__(self, cfg: Config, store: RunStore, gpus: GpuView, *, state_path: Path, host: str,
                  simulated: bool = False, health_poll_s: float = 1.0, health_fail_threshold: int = 3,
                  stop_kill_wait_s: float = 15.0, rng: random.Random | None = None,
                  on_change: Callable[[], None] | None = None, http: HttpClient | None = None,
-                 cluster: ClusterGate | None = None):
+                 cluster: ClusterGate | None = None, events: EventSink | None = None):
         self.cfg = cfg
         self.store = store
+        self.events = events or EventSink(store)  # the agent's one event path (node.py passes its own)
         self.gpus = gpus
         self.state_path = state_path
         self.host = host
@@ -254,12 +257,7 @@ class Supervisor:
         self._record(Event(kind, severity, message, details=details, run_id=self.run_id))
 
     def _record(self, ev: Event) -> None:
-        try:
-            self.store.record(ev)
-        except Exception:  # noqa: BLE001 - the history store failing must not stop supervision
-            log.exception("could not record event %s: %s", ev.kind, ev.message)
-        log.log(logging.ERROR if ev.severity in (Severity.ERROR, Severity.CRITICAL) else logging.INFO, "%s: %s",
-                ev.kind, ev.message)
+        self.events.put(ev)
 
     async def _store_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:

@@ -13,6 +13,7 @@ import tracemalloc
 import pytest
 
 from lynxtop.__main__ import main
+from lynxtop.contract.events import Event
 from lynxtop.store.export import build_query, export_table
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.times import iso, parse_time
@@ -29,7 +30,7 @@ def db(tmp_path):
                            simulated=True)
         w.update_run(rid, ready_ms=T0 + 20_000, ended_ms=T0 + 29_000, exit_code=0, end_reason="stopped")
         submit(w, 61, gpus=2, null_every=3, run_id=rid)  # minute 0 complete: rolled up
-        w.add_event("serving", "info", "ready, with a comma", {"a": 1}, run_id=rid, ts_ms=T0 + 20_000)
+        w.record(Event("serving", "info", "ready, with a comma", {"a": 1}, run_id=rid, ts_ms=T0 + 20_000))
     return path
 
 
@@ -155,8 +156,8 @@ def test_export_neutralises_formula_text_cells_unless_raw(tmp_path, capsys):
                            simulated=True)
         w.update_run(rid, ended_ms=T0 + 5000, exit_code=-1, exit_signal=-9, end_reason="-crashed")
         for i, m in enumerate(FORMULAS):
-            w.add_event("test", "info", m, ts_ms=T0 + i)
-        w.add_event("test", "info", "plain, text", ts_ms=T0 + 100)
+            w.record(Event("test", "info", m, ts_ms=T0 + i))
+        w.record(Event("test", "info", "plain, text", ts_ms=T0 + 100))
     span = ["--from", str(T0 - 1000), "--to", str(T0 + 10_000)]
 
     def export(table: str, *extra: str) -> list[list[str]]:
@@ -191,7 +192,7 @@ def test_export_of_events_uses_the_dotted_kinds(tmp_path, capsys):
     """Events an older agent stored as `xid` export as `gpu.xid`, like StoreReader.events reads them."""
     path = tmp_path / "k.db"
     with StoreWriter(path) as w:
-        w.add_event("serving.ready", "info", "new", ts_ms=T0 + 1)
+        w.record(Event("serving.ready", "info", "new", ts_ms=T0 + 1))
     c = sqlite3.connect(path)
     c.executemany("INSERT INTO events (ts_ms, kind, severity, message) VALUES (?, ?, ?, ?)",
                   [(T0, "xid", "error", "old"), (T0 + 2, "=odd", "info", "unknown")])

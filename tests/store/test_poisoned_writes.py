@@ -7,6 +7,7 @@ import sqlite3
 
 import pytest
 
+from lynxtop.contract.events import Event
 from lynxtop.store.errors import StoreError
 from lynxtop.store.writer import StoreWriter
 
@@ -27,11 +28,11 @@ def test_poisoned_ops_fail_alone_and_every_other_write_of_their_batch_lands(db):
     rid = w.create_run(profile="p", started_ms=T0)  # not started: written inline
     # everything below is queued before the thread starts, so it is drained as one batch
     submit(w, 3, gpus=2)
-    w.add_event("agent.stop", "info", "stop asked by operator", ts_ms=T0 + 1)
+    w.record(Event("agent.stop", "info", "stop asked by operator", ts_ms=T0 + 1))
     w.update_run(rid, exit_code=2**64)  # OverflowError in the driver, not an sqlite3.Error
     bad = w._enqueue_op(_boom)  # any exception at all
     w.update_run(rid, ended_ms=T0 + 5000)
-    w.add_event("agent.stopped", "info", "agent stopped", ts_ms=T0 + 2)
+    w.record(Event("agent.stopped", "info", "agent stopped", ts_ms=T0 + 2))
     submit(w, 2, start_i=3, gpus=2)
     w.start()
     try:

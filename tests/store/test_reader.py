@@ -53,7 +53,7 @@ def test_latest_and_events_paging(tmp_path):
         submit(w, 5, gpus=3)
         w.submit_tick(T0 + 5000, [], None, None, [], [{"gpu": 0, "pid": 77, "used_mem_bytes": 5, "in_vllm_tree": 1}])
         for i in range(10):
-            w.add_event("test", "info", f"e{i}", ts_ms=T0 + i)
+            w.record(Event("test", "info", f"e{i}", ts_ms=T0 + i))
     r = StoreReader(db)
     rows = r.latest("gpu", n=2)
     assert [(x["ts_ms"], x["gpu"]) for x in rows] == [(T0 + 4000, g) for g in range(3)] + [
@@ -85,8 +85,8 @@ def test_reader_is_read_only_and_errors_name_the_path(tmp_path):
 def test_events_of_older_agents_read_with_the_dotted_names(tmp_path):
     db = tmp_path / "h.db"
     with StoreWriter(db) as w:
-        w.add_event("gpu.xid", "error", "new xid", ts_ms=T0 + 2)
-        w.add_event("scrape_outage", "warning", "old name through the writer", ts_ms=T0 + 3)
+        w.record(Event("gpu.xid", "error", "new xid", ts_ms=T0 + 2))
+        w.record(Event("scrape_outage", "warning", "old name through the writer", ts_ms=T0 + 3))
     c = sqlite3.connect(db)  # rows as an agent before the dotted names stored them
     c.executemany("INSERT INTO events (ts_ms, kind, severity, message) VALUES (?, ?, ?, ?)",
                   [(T0, "xid", "error", "old xid"), (T0 + 1, "sla_breach", "warning", "old breach"),

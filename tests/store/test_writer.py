@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from lynxtop.contract.events import Event
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.writer import StoreWriter
 
@@ -77,14 +78,14 @@ def test_runs_events_gpus_and_bench(db):
                            model="deepseek-ai/DeepSeek-V4.1", host="node1", started_ms=T0, pid=4242,
                            simulated=True, flags={"--tensor-parallel-size": "8"})
         w.update_run(rid, ready_ms=T0 + 600_000, vllm_version="0.11.0", gpu_names=["NVIDIA H200"] * 8, gpu_count=8)
-        w.add_event("serving", "info", "ready", {"load_s": 600}, run_id=rid, ts_ms=T0 + 600_000)
-        w.add_event("sla", "warning", "TTFT p99 above 2000 ms", ts_ms=T0 + 700_000)
+        w.record(Event("serving", "info", "ready", {"load_s": 600}, run_id=rid, ts_ms=T0 + 600_000))
+        w.record(Event("sla", "warning", "TTFT p99 above 2000 ms", ts_ms=T0 + 700_000))
         w.upsert_gpus([{"uuid": "GPU-1", "idx": 0, "name": "NVIDIA H200", "gpm_supported": True}])
         w.upsert_gpus([{"uuid": "GPU-1", "idx": 0, "name": "NVIDIA H200", "driver_version": "570.1"}])
         bid = w.add_bench_result({"profile": "dsv4-tp8", "concurrency": 64, "ttft_p99_ms": 900.0, "seed": 7})
         submit(w, 30, run_id=rid)
         with pytest.raises(ValueError, match="severity"):
-            w.add_event("x", "fatal", "no such severity")
+            w.record(Event("x", "fatal", "no such severity"))
         with pytest.raises(ValueError, match="unknown run field"):
             w.update_run(rid, colour="red")
     r = StoreReader(db)

@@ -1,0 +1,107 @@
+"""One event path (issue 27.3): an event is written once, published once and logged once, in that order.
+
+Before: events reached the store by four routes (the supervisor's own write-and-log, the node's write without a
+log line, the Ray roles through the node, `StoreWriter.add_event`), so some events were logged and some not, and
+nothing could subscribe to them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from support.node import close_node, open_node
+
+from lynxtop.agent.events import EventSink
+from lynxtop.contract.events import Event, EventKind, Severity
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _Steps:
+    """Records, in one list, what the writer, a subscriber and the logger saw."""
+
+    def __init__(self, fail_write: bool = False) -> None:
+        self.steps: list[tuple[str, str]] = []
+        self.fail_write = fail_write
+
+    def record(self, ev: Event) -> None:  # the writer
+        self.steps.append(("write", ev.message))
+        if self.fail_write:
+            raise OSError(28, "No space left on device")
+
+    def subscriber(self, ev: Event) -> None:
+        self.steps.append(("publish", ev.message))
+
+
+class _LogSteps(logging.Handler):
+    def __init__(self, steps: _Steps) -> None:
+        super().__init__()
+        self.target = steps
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.target.steps.append(("log", record.getMessage()))
+
+
+def _sink(steps: _Steps, **kw) -> EventSink:
+    logger = logging.getLogger(f"test.events.{id(steps)}")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.addHandler(_LogSteps(steps))
+    sink = EventSink(steps, logger, **kw)
+    sink.subscribe(steps.subscriber)
+    return sink
+
+
+def test_an_event_is_written_then_published_then_logged_once_each():
+    steps = _Steps()
+    ev = _sink(steps).emit(EventKind.SERVING_READY, Severity.INFO, "run 3: ready", {"load_s": 1.0}, run_id=3)
+    assert steps.steps == [("write", "run 3: ready"), ("publish", "run 3: ready"),
+                           ("log", "serving.ready: run 3: ready")]
+    assert (ev.kind, ev.run_id, ev.details) == (EventKind.SERVING_READY, 3, {"load_s": 1.0})
+
+
+def test_a_store_that_refuses_an_event_still_lets_it_be_published_and_logged():
+    steps = _Steps(fail_write=True)
+    failures: list[str] = []
+    sink = _sink(steps, on_write_error=lambda ev, exc: failures.append(f"{ev.kind}: {exc}"))
+    sink.put(Event(EventKind.GPU_LOST, Severity.CRITICAL, "GPU 2 lost"))
+    assert [s for s, _ in steps.steps] == ["write", "publish", "log"]
+    assert failures == ["gpu.lost: [Errno 28] No space left on device"]
+
+
+def test_an_unsubscribed_or_broken_subscriber_gets_nothing_and_stops_nothing():
+    steps = _Steps()
+    sink = _sink(steps)
+    seen: list[str] = []
+    stop = sink.subscribe(seen.append)
+    sink.subscribe(lambda ev: 1 / 0)  # a broken subscriber: the event still reaches the log
+    sink.emit(EventKind.SLA_BREACH, Severity.WARNING, "first")
+    stop()
+    sink.emit(EventKind.SLA_RECOVERED, Severity.INFO, "second")
+    assert [e.message for e in seen] == ["first"]
+    assert [m for s, m in steps.steps if s == "log" and m.startswith("sla.")] == ["sla.breach: first",
+                                                                              "sla.recovered: second"]
+
+
+def test_the_real_node_writes_publishes_and_logs_its_event_once(tmp_path, h, caplog):
+    """A node with its real store: the agent's start event is one row, one published event, one log line."""
+    node = open_node(h.write_config(tmp_path, 'sample_interval_s = 0.1\nfake_nvml = "h200x8"'))
+    published: list[Event] = []
+    try:
+        node.events.subscribe(published.append)
+        with caplog.at_level(logging.INFO, logger="lynxtop.agent"):
+            node._record([Event(EventKind.AGENT_CLOCK_STEP, Severity.WARNING, "the wall clock was stepped (test)")])
+            # the supervisor's events take the same path
+            node.supervisor._event(EventKind.PREFLIGHT_WARNING, Severity.WARNING, "profile alpha: a test warning")
+    finally:
+        close_node(node)
+    rows = h.db_rows(tmp_path / "state" / "lynxtop.db", "SELECT kind, message FROM events WHERE kind IN (?, ?)",
+                     (EventKind.AGENT_CLOCK_STEP, EventKind.PREFLIGHT_WARNING))
+    assert sorted((r["kind"], r["message"]) for r in rows) == [
+        ("agent.clock_step", "the wall clock was stepped (test)"),
+        ("preflight.warning", "profile alpha: a test warning")]
+    assert [e.kind for e in published] == [EventKind.AGENT_CLOCK_STEP, EventKind.PREFLIGHT_WARNING]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines.count("agent.clock_step: the wall clock was stepped (test)") == 1
+    assert lines.count("preflight.warning: profile alpha: a test warning") == 1
