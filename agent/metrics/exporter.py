@@ -367,6 +367,9 @@ class SnapshotCollector(Collector):
     def _cluster_view(self, cl: ClusterStatus) -> Iterator[Any]:
         yield _gauge("lynxtop_cluster_view_ok", "1 when the last read of Ray's view of the cluster succeeded",
                      0.0 if cl.view_error else 1.0)
+        if cl.view_ms is not None:  # known while the view is not: how old the last good one is
+            yield _gauge("lynxtop_cluster_view_time_seconds", "When Ray's view of the cluster was last read, Unix "
+                         "time", cl.view_ms / 1000)
         if cl.gpus_needed is not None:
             yield _gauge("lynxtop_cluster_gpus_needed", "GPUs the head's Ray profile needs (TP x PP x DP)",
                          float(cl.gpus_needed))

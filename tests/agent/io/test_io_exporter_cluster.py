@@ -98,6 +98,23 @@ async def test_an_unread_view_is_no_sample_and_a_worker_has_no_cluster(exporter)
     assert not [k for k in s if k[0].startswith("lynxtop_cluster_")]
 
 
+async def test_an_unreadable_view_exports_what_is_known_for_the_view_down_alert(exporter):
+    """Ray's state API stops answering on a head whose Ray runs: no GPU count (unknown, never 0), but the view's
+    failure, the GPUs the profile needs and when the view was last read, which LynxtopClusterViewDown (promtool's
+    cases in contrib/prometheus/tests) alerts on."""
+    page, state = exporter
+    state["snapshot"] = replace(state["snapshot"], cluster=head(
+        nodes=(), view_error="Ray's state API at 127.0.0.1:8265: connection refused"))
+    s = samples(await page())
+    assert s[("lynxtop_ray_state", (("state", "running"),))] == 1 and s[("lynxtop_cluster_view_ok", ())] == 0
+    assert s[("lynxtop_cluster_gpus_needed", ())] == 24 and ("lynxtop_cluster_gpus", ()) not in s
+    assert s[("lynxtop_cluster_view_time_seconds", ())] == 1_796_288_200  # the last good read (head()'s view_ms)
+    state["snapshot"] = replace(state["snapshot"], cluster=head(  # never read: Ray was not up yet
+        ray_state=RayState.STARTING, nodes=(), view_ms=None, view_error="this node's Ray is not running (starting)"))
+    s = samples(await page())
+    assert ("lynxtop_cluster_view_time_seconds", ()) not in s and s[("lynxtop_cluster_view_ok", ())] == 0
+
+
 async def test_promtool_accepts_a_heads_page(exporter):
     promtool = shutil.which("promtool")
     if promtool is None:

@@ -60,7 +60,8 @@ SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_
 # tests/agent/io/test_io_exporter_cluster.py checks them there, and the dashboard's cluster row runs on a head's page
 # (test_every_cluster_row_query_returns_data_from_a_ray_heads_page)
 HEAD_ONLY = {"lynxtop_cluster_gpus", "lynxtop_cluster_gpus_needed", "lynxtop_cluster_nodes", "lynxtop_cluster_node_up",
-             "lynxtop_cluster_node_gpus", "lynxtop_cluster_node_gpus_expected", "lynxtop_ray_info", "lynxtop_ray_state"}
+             "lynxtop_cluster_node_gpus", "lynxtop_cluster_node_gpus_expected", "lynxtop_ray_info", "lynxtop_ray_state",
+             "lynxtop_cluster_view_ok"}
 CLUSTER_ROW = "Cluster (Ray)"
 
 
