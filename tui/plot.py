@@ -7,13 +7,36 @@ fonts without block glyphs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_ASCII = "_.-=+*#@"
 COLUMN = " ▁▂▃▄▅▆▇█"
 _BLOCKS = " ▏▎▍▌▋▊▉█"
+NICE_STEPS = (1.0, 2.0, 2.5, 5.0, 10.0)
+# An auto-scaled sparkline's top sits this far above its highest value: scaled to its own maximum, a steady
+# series drew every bar full, which reads as "saturated" whatever the load.
+SPARK_HEADROOM = 1.25
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest 1, 2, 2.5 or 5 x 10^k at or above `value`: an axis top that reads as a round figure."""
+    if not math.isfinite(value) or value <= 0:
+        return 1.0
+    base = 10.0 ** math.floor(math.log10(value))
+    return next(step * base for step in NICE_STEPS if step * base >= value * (1 - 1e-9))
+
+
+def axis_top(readings: Iterable[float | None], fixed: float | None = None, threshold: float | None = None,
+             headroom: float = 1.0) -> float:
+    """The top of a scale that contains every reading and the threshold: `fixed` (100 for a percentage) while
+    nothing is above it, else a round number at or above the highest of them (times `headroom`)."""
+    peak = max([v for v in readings if v is not None and math.isfinite(v)] + [threshold or 0.0, 0.0])
+    if fixed is not None and fixed > 0 and peak <= fixed:
+        return fixed
+    return nice_ceiling(peak * headroom) if peak > 0 else (fixed if fixed and fixed > 0 else 1.0)
 
 
 def bucketize(points: Sequence[tuple[int, float | None]], start_ms: int, end_ms: int, width: int,
@@ -43,11 +66,12 @@ def bucketize(points: Sequence[tuple[int, float | None]], start_ms: int, end_ms:
 
 def sparkline(values: Sequence[float | None], width: int, vmax: float | None = None,
               ascii_only: bool = False) -> str:
-    """The last `width` values as one line; gaps are spaces."""
+    """The last `width` values as one line from 0 to a top above them all (`vmax` unless a value is above it,
+    else a round figure with headroom: a full bar means at the top, never "as high as the rest"); gaps are
+    spaces."""
     chars = SPARK_ASCII if ascii_only else SPARK
-    vals = list(values)[-width:]
-    real = [v for v in vals if v is not None]
-    top = vmax if vmax is not None else (max(real) if real else 0.0)
+    vals = list(values)[-width:] if width > 0 else []
+    top = axis_top(vals, fixed=vmax, headroom=SPARK_HEADROOM)
     out = []
     for v in vals:
         if v is None:
@@ -69,13 +93,17 @@ class Chart:
 
 def column_chart(values: Sequence[float | None], height: int, vmax: float | None = None,
                  threshold: float | None = None, ascii_only: bool = False) -> Chart:
-    """Columns of eighth-cell resolution; a dashed threshold line where no column covers it."""
+    """Columns of eighth-cell resolution from 0 to a top that contains every value (`vmax` unless a value is
+    above it); a dashed threshold line where no column covers it.
+
+    Row i (0 = top) holds the values in [(h-1-i)·top/h, (h-i)·top/h); the threshold line is drawn on the row
+    that holds the threshold, and the top is raised until that is not the top row (where the line would read
+    as the axis top, and its label would hide the top's).
+    """
     width = len(values)
-    real = [v for v in values if v is not None]
-    top = vmax if vmax is not None else max([*real, threshold or 0.0, 0.0])
-    if top <= 0:
-        top = 1.0
     height = max(1, height)
+    limit_room = threshold * height / (height - 1) * 1.001 if threshold and threshold > 0 and height > 1 else None
+    top = axis_top(values, fixed=vmax, threshold=limit_room or threshold)
     grid = [[" "] * width for _ in range(height)]
     breach = [False] * width
     for x, v in enumerate(values):
@@ -83,11 +111,16 @@ def column_chart(values: Sequence[float | None], height: int, vmax: float | None
             continue
         breach[x] = threshold is not None and v > threshold
         _fill_column(grid, x, v, top, ascii_only)
-    threshold_row = None
-    if threshold is not None and 0 < threshold <= top:
-        threshold_row = min(height - 1, max(0, height - 1 - int(threshold / top * height)))
+    threshold_row = value_row(threshold, top, height) if threshold is not None and 0 < threshold <= top else None
+    if threshold_row is not None:
         grid[threshold_row] = [("-" if ascii_only else "╌") if ch == " " else ch for ch in grid[threshold_row]]
     return Chart(["".join(r) for r in grid], breach, threshold_row, top)
+
+
+def value_row(value: float, top: float, height: int) -> int:
+    """The row (0 = top) whose band of values holds `value`; the top row also holds `top` itself."""
+    band = int(value / top * height) if top > 0 else 0
+    return height - 1 - min(height - 1, max(0, band))
 
 
 def _fill_column(grid: list[list[str]], x: int, v: float, top: float, ascii_only: bool) -> None:

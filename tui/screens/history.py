@@ -185,7 +185,8 @@ class HistoryScreen(LiveScreen):
         if self.compare_with:
             t.append(f"   compare: run {self.compare_with.get('id')} marked; c on another run",
                      style="yellow")
-        t.append("   c compare · e export", style="dim")
+        if self.size.width >= 120:  # the key bar says it too; at 80 columns this hint cut the run's name
+            t.append("   c compare · e export", style="dim")
         self.query_one("#history-status", Static).update(t)
 
     # ------------------------------------------------------------------ actions

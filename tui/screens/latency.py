@@ -42,9 +42,12 @@ class LatencyScreen(LiveScreen):
         line = Text("SLA: ")
         line.append_text(sla_badge(sla))
         window = f"{sla.window_s:g} s windows" if sla.window_s is not None else "the SLA window"
+        # Shorter words below 100 columns: the whole rule must fit 80 (the badge takes up to ~30).
+        wide = self.size.width >= 100
+        over = f"over {window}" if wide else f"per {window.replace(' windows', '')}"
         line.append(f"   TTFT p99 ≤ {fmt_ms(sla.ttft_threshold_ms)}, TPOT p99 ≤ "
-                    f"{fmt_ms(sla.tpot_threshold_ms)} over {window};"
-                    " ▲ marks a breach; last 15 min", style="dim")
+                    f"{fmt_ms(sla.tpot_threshold_ms)} {over};"
+                    + (" ▲ marks a breach; last 15 min" if wide else " ▲ breach"), style="dim")
         self.query_one("#sla-line", Static).update(line)
         ref = state.ts_ms
         end = int(ref or now_ms)

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from lynxtop.contract.format import NA, fmt_clock, fmt_datetime, fmt_duration
-from lynxtop.tui.plot import Chart, breach_marks, bucketize, column_chart
+from lynxtop.tui.plot import Chart, axis_top, breach_marks, bucketize, column_chart
 
 LABEL_W = 9  # the y-axis labels' width
 
@@ -39,30 +39,41 @@ class TimeChart(Widget):
         self.refresh()
 
     def render(self) -> Text:
-        width = max(10, self.size.width)
-        plot_w = max(4, width - LABEL_W - 1)
-        marks = self.threshold is not None
-        plot_h = max(1, self.size.height - 2 - (1 if marks else 0))
+        """Title, plot rows, breach marks (with a threshold), time axis: each line within the widget's width,
+        and the rows that do not fit its height left out from the plot, not cut from the bottom."""
+        width, height = self.size.width, self.size.height
+        if width <= 0 or height <= 0:
+            return Text()
+        plot_w = max(1, width - LABEL_W - 1)
+        marks = self.threshold is not None and height >= 4
+        plot_h = max(1, height - 2 - (1 if marks else 0))
         values = bucketize(self.points, self.start_ms, self.end_ms, plot_w, self.agg)
-        chart = column_chart(values, plot_h, self.vmax, self.threshold, self.ascii_only)
-        out = self._title_line(chart)
+        last = next((v for _, v in reversed(self.points) if v is not None), None)
+        # The axis holds every reading the title quotes (now, max), not only the bucket averages drawn.
+        top = axis_top([*values, self._max_reading(last)], fixed=self.vmax)
+        chart = column_chart(values, plot_h, top, self.threshold, self.ascii_only)
+        lines = [self._title_line(chart, last)]
         for i, row in enumerate(chart.rows):
-            out.append(self._row_label(i, chart)[:LABEL_W].rjust(LABEL_W) + "│", style="dim")
-            self._append_row(out, row, chart.breach)
+            line = Text(self._row_label(i, chart)[:LABEL_W].rjust(LABEL_W) + "│", style="dim")
+            self._append_row(line, row, chart.breach)
+            lines.append(line)
         if marks:
-            out.append(" " * LABEL_W + "│", style="dim")
-            out.append(breach_marks(chart.breach, self.ascii_only), style="bold red")
-            out.append("\n")
+            line = Text(" " * LABEL_W + "│", style="dim")
+            line.append(breach_marks(chart.breach, self.ascii_only), style="bold red")
+            lines.append(line)
         stamp = fmt_datetime if self.end_ms - self.start_ms > 86_400_000 else fmt_clock
         left, right = stamp(self.start_ms, self.utc), stamp(self.end_ms, self.utc)
-        axis = left + right.rjust(max(1, plot_w - len(left)))
-        out.append(" " * LABEL_W + "└", style="dim")
-        out.append(axis, style="dim")
+        axis = left + right.rjust(plot_w - len(left)) if len(left) + len(right) < plot_w else left
+        lines.append(Text(" " * LABEL_W + "└" + axis, style="dim"))
+        lines = [lines[0], *lines[1:][-(height - 1):]] if height > 1 else lines[:1]
+        for line in lines:
+            line.truncate(width, overflow="crop")
+        out = Text("\n", no_wrap=True, overflow="crop").join(lines)
+        out.no_wrap, out.overflow = True, "crop"
         return out
 
-    def _title_line(self, chart: Chart) -> Text:
+    def _title_line(self, chart: Chart, last: float | None) -> Text:
         """Title, the last reading, the window's max, the threshold and how many columns breach it."""
-        last = next((v for _, v in reversed(self.points) if v is not None), None)
         out = Text(no_wrap=True, overflow="crop")
         out.append(self.title, style="bold")
         out.append(f"  now {self.fmt(last)}" if last is not None else f"  now {NA}")
@@ -78,7 +89,6 @@ class TimeChart(Widget):
                 out.append(f"  ▲ {n} breach{'es' if n != 1 else ''} in {span}", style="bold red")
         if self.note:
             out.append(f"  {self.note}", style="dim italic")
-        out.append("\n")
         return out
 
     def _max_reading(self, last: float | None) -> float | None:
@@ -109,7 +119,6 @@ class TimeChart(Widget):
                 run_style, run_start = style, x
         if run_style is not None:
             out.append(row[run_start:], style=run_style)
-        out.append("\n")
 
 
 def breach_episodes(points: Sequence[tuple[int, float | None]], threshold: float, start_ms: int, end_ms: int
