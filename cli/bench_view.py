@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from lynxtop.contract.change import RULE, change_pct
 from lynxtop.contract.format import fmt_ms
 from lynxtop.contract.terminal import terminal_safe
 
@@ -77,11 +78,10 @@ COMPARE_KEYS = (
 )
 
 
-def pct(a: float | None, b: float | None) -> str:
-    """B against A in percent (+ is more); '-' when either is missing or A is zero."""
-    if a is None or b is None or not a:
-        return "-"
-    return f"{(b - a) / a * 100:+.1f}%"
+def pct(a: float | None, b: float | None, n_a: int | None = None, n_b: int | None = None) -> str:
+    """B against A in percent (+ is more), or why there is none (contract/change.py): a level's p99 over a
+    handful of requests is its slowest one, and "+2848%" from four requests on each side meant nothing."""
+    return change_pct(a, b, n_a, n_b)
 
 
 def _num(v: Any, key: str) -> str:
@@ -90,21 +90,28 @@ def _num(v: Any, key: str) -> str:
     return fmt_ms(v) if key.endswith("_ms") else f"{v:.2f}"
 
 
+def _count(n: Any) -> str:
+    return "?" if n is None else str(n)
+
+
 def compare(name_a: str, a: Sequence[dict[str, Any]], name_b: str, b: Sequence[dict[str, Any]]) -> str:
     """Levels of two sweeps side by side, matched by level, with B's difference from A in percent."""
     by_a = {level_label(s).rstrip(" *"): s for s in a}
     by_b = {level_label(s).rstrip(" *"): s for s in b}
     order = [k for k in by_a if k in by_b] + [k for k in by_a if k not in by_b] + [k for k in by_b if k not in by_a]
-    head = ["level"]
+    head = ["level", "n A", "n B"]
     for label, _, _ in COMPARE_KEYS:
         head += [f"{label} A", "B", "diff"]
     rows = []
     for k in order:
         sa, sb = by_a.get(k, {}), by_b.get(k, {})
-        row = [k + (" *" if sa.get("partial") or sb.get("partial") else "")]
+        n_a, n_b = sa.get("completed"), sb.get("completed")
+        row = [k + (" *" if sa.get("partial") or sb.get("partial") else ""), _count(n_a), _count(n_b)]
         for _, key, _ in COMPARE_KEYS:
-            row += [_num(sa.get(key), key), _num(sb.get(key), key), pct(sa.get(key), sb.get(key))]
+            row += [_num(sa.get(key), key), _num(sb.get(key), key), pct(sa.get(key), sb.get(key), n_a, n_b)]
         rows.append(row)
     lines = [f"A = {terminal_safe(name_a)}", f"B = {terminal_safe(name_b)}", "", *_grid(head, rows)]
-    lines.append("diff: B against A (throughput: + is better; latency: - is better); * a partial level")
+    lines.append("n: requests completed at the level; p50/p99 are over those requests, throughput over the level's "
+                 "duration; * a partial level")
+    lines.append(f"diff: B against A (throughput: + is better; latency: - is better); {RULE}")
     return "\n".join(lines)

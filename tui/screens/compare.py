@@ -13,6 +13,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from lynxtop.contract.change import RULE, change_pct
 from lynxtop.contract.format import NA, fmt_bytes, fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
 from lynxtop.tui.control_text import flag_diff
 from lynxtop.tui.history_source import HistoryUnavailable
@@ -94,11 +95,23 @@ def compare_table(a: dict[str, Any], b: dict[str, Any]) -> Table:
     return table
 
 
+def _completed(row: dict[str, Any]) -> int | None:
+    """Requests a stored level completed: its vLLM summary's count, else prompts less errors."""
+    summary = (row.get("details") or {}).get("summary") or {}
+    if isinstance(summary.get("completed"), int):
+        return summary["completed"]
+    if row.get("num_prompts") is None:
+        return None
+    return int(row["num_prompts"]) - int(row.get("errors") or 0)
+
+
 def bench_table(a: dict[str, Any], b: dict[str, Any], bench: list[dict[str, Any]]) -> Table:
-    """Benchmark curves side by side: throughput and latency per concurrency, with a bar for throughput and
-    the second run's throughput against the first's in percent (as `lynxtop bench compare` prints it). Rows come newest
-    first; a run with several sweeps shows its newest."""
-    table = Table(title="benchmark curves (lynxtop bench)", show_header=True, header_style="bold", expand=False)
+    """Benchmark curves side by side: per concurrency each run's requests completed (n), throughput with a bar,
+    TTFT p99 over those requests, and the second run's throughput against the first's in percent only where both
+    sides completed enough requests (contract/change.py). Rows come newest first; a run with several sweeps shows
+    its newest."""
+    table = Table(title="benchmark curves (lynxtop bench)", show_header=True, header_style="bold", expand=False,
+                  caption=f"n: requests completed at the level, TTFT p99 over them; {RULE}")
     table.add_column("concurrency", justify="right")
     top = max((r.get("output_tokens_per_s") or 0 for r in bench), default=0) or 1
     newest: dict[int, Any] = {}
@@ -108,23 +121,51 @@ def bench_table(a: dict[str, Any], b: dict[str, Any], bench: list[dict[str, Any]
         if r.get("bench_id") == sweep:
             by_key.setdefault((r["run_id"], r.get("concurrency") or 0), r)
     for run in (a, b):
-        table.add_column(f"run {run.get('id')} out tok/s", justify="right")
+        table.add_column(f"run {run.get('id')} n", justify="right")
+        table.add_column("out tok/s", justify="right")
         table.add_column("", no_wrap=True)
         table.add_column("TTFT p99", justify="right")
     table.add_column(f"run {b.get('id')} vs {a.get('id')}", justify="right")
     for conc in sorted({c for _, c in by_key}):
         cells: list[Any] = [str(conc)]
-        toks = []
+        toks, counts = [], []
         for run in (a, b):
             r = by_key.get((run.get("id"), conc), {})
             tok = r.get("output_tokens_per_s")
             toks.append(tok)
+            counts.append(_completed(r) if r else None)
             mark = " *" if r.get("partial") else ""
-            cells += [fmt_si(tok) + mark, Text("█" * int((tok or 0) / top * 12), style="cyan"),
-                      fmt_ms(r.get("ttft_p99_ms"))]
-        cells.append(f"{(toks[1] - toks[0]) / toks[0] * 100:+.1f}%" if toks[0] and toks[1] is not None else NA)
+            cells += [NA if counts[-1] is None else str(counts[-1]), fmt_si(tok) + mark,
+                      Text("█" * int((tok or 0) / top * 12), style="cyan"), fmt_ms(r.get("ttft_p99_ms"))]
+        cells.append(change_pct(toks[0], toks[1], counts[0], counts[1]))
         table.add_row(*cells)
     return table
+
+
+def _as_dict(record: Any) -> dict[str, Any]:
+    """A run or bench row as a dict, whether the reader gives dicts or typed records (contract/records.py)."""
+    return record if isinstance(record, dict) else record.to_json()
+
+
+def _statistics(a: dict[str, Any], b: dict[str, Any]) -> Text:
+    """What the numbers below are and how many readings each rests on: no percentages here, two runs' means say
+    nothing about a difference when one run holds a handful of samples."""
+    def n(run: dict[str, Any], part: str) -> str:
+        summary = run.get("summary") or {}
+        if part == "serving":
+            count = (summary.get("serving") or {}).get("samples")
+        else:
+            gpus = summary.get("gpus") or []
+            count = min((g.get("samples") or 0 for g in gpus), default=None)
+        return NA if count is None else str(count)
+
+    t = Text(f"n (stored samples, one a poll): serving run {a.get('id')} {n(a, 'serving')}, run {b.get('id')} "
+             f"{n(b, 'serving')}; GPU run {a.get('id')} {n(a, 'gpu')}, run {b.get('id')} {n(b, 'gpu')} "
+             "(fewest of its GPUs)\n", style="bold")
+    t.append("serving.*: mean over the run's samples of each reading (a *_p99_ms is vLLM's p99 of each interval, "
+             "averaged; *_max_ms the worst interval); gpus.*: each GPU's mean over the run, then across GPUs",
+             style="dim")
+    return t
 
 
 class CompareScreen(ModalScreen[None]):
@@ -168,6 +209,9 @@ class CompareScreen(ModalScreen[None]):
             return
         from rich.console import Group
 
+        a, b = _as_dict(a), _as_dict(b)
+        bench = [_as_dict(r) for r in bench]
+
         diff = flag_diff({"flags": a.get("flags") or {}}, {"flags": b.get("flags") or {}})
         flags = Table(show_header=True, header_style="bold", box=None)
         flags.add_column("flag")  # the database's words as Text: a str cell or header would be parsed as markup
@@ -176,7 +220,7 @@ class CompareScreen(ModalScreen[None]):
         for flag, va, vb in diff:
             flags.add_row(Text(flag), Text(va), Text(vb))
         head = Text(f"{len(diff)} flag difference(s)" if diff else "same flags", style="bold")
-        parts = [head, flags, Text(""), compare_table(a, b)]
+        parts = [head, flags, Text(""), _statistics(a, b), compare_table(a, b)]
         if bench:
             parts += [Text(""), bench_table(a, b, bench)]
         self.query_one("#compare-body", Static).update(Group(*parts))
