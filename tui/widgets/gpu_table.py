@@ -50,6 +50,9 @@ class GpuTable(Widget, can_focus=True):
         Binding("up,k", "move(-1)", "Up", show=False, id="gpus.up"),
         Binding("down,j", "move(1)", "Down", show=False, id="gpus.down"),
         Binding("enter", "open", "Open GPU", id="gpus.open"),
+        # htop's F6 picks the sort column, `s` without F-keys, `I` inverts; listed by ? and the palette
+        Binding("f6,s", "sort_next", "Sort column", key_display="s", show=False, id="gpus.sort"),
+        Binding("I", "sort_invert", "Invert sort", key_display="I", show=False, id="gpus.sort_invert"),
     ]
 
     class Selected(Message):
@@ -77,10 +80,27 @@ class GpuTable(Widget, can_focus=True):
         self.ascii_only = ascii_only
         self.rows: dict[str, dict[str, Text]] = {}  # GPU index -> column -> cell, in display order
         self.cursor = 0
+        self.sort_key = "gpu"  # a COLUMNS key; kept across polls, so a live update never reorders by itself
+        self.sort_descending = False
+        self._gpus: list[GpuStatus] = []
         self._text = Text()
 
     def set_compact(self, compact: bool) -> None:
         self.compact = compact
+        if compact and self.sort_key not in self._visible_keys():
+            self.sort_key, self.sort_descending = "gpu", False  # its column is gone: sort by what is shown
+
+    def _visible_keys(self) -> list[str]:
+        return [key for key, _, compact in self.COLUMNS if not (self.compact and compact is None)]
+
+    @property
+    def order(self) -> list[int]:
+        """GPU indices as shown, top to bottom."""
+        return [int(k) for k in self.rows]
+
+    @property
+    def selected_gpu(self) -> int | None:
+        return self.order[self.cursor] if self.rows else None
 
     @property
     def row_count(self) -> int:
@@ -90,23 +110,34 @@ class GpuTable(Widget, can_focus=True):
         return list(self.rows[key].values())
 
     def show(self, gpus: Sequence[GpuStatus]) -> None:
+        """Rows keyed by GPU index in the chosen order; the cursor stays on its GPU when the order changes."""
         width = 3 if self.compact else 10
+        selected = self.selected_gpu
+        self._gpus = [g for g in gpus if isinstance(g.index, int)]
         rows: dict[str, dict[str, Text]] = {}
-        for gpu in sorted(gpus, key=lambda g: g.index if isinstance(g.index, int) else 1 << 30):
-            if isinstance(gpu.index, int):
-                rows[str(gpu.index)] = self._cells(gpu, width)
+        for gpu in sort_gpus(self._gpus, self.sort_key, self.sort_descending):
+            rows[str(gpu.index)] = self._cells(gpu, width)
         self.rows = rows
-        self.cursor = min(self.cursor, max(0, len(rows) - 1))
+        order = self.order
+        self.cursor = order.index(selected) if selected in order else min(self.cursor, max(0, len(rows) - 1))
         self._text = self._layout()
         self.refresh(layout=self.size.height != len(rows) + 1)
 
     def _layout(self) -> Text:
         cols = [(key, compact if self.compact else label) for key, label, compact in self.COLUMNS
                 if not (self.compact and compact is None)]
-        widths = {key: max([len(label)] + [r[key].cell_len for r in self.rows.values()]) for key, label in cols}
+        # The sort column and its direction, in the header (htop's highlight); GPU order, the default, unmarked.
+        marked = self.sort_key if (self.sort_key, self.sort_descending) != ("gpu", False) else None
+        widths = {key: max([len(label) + (key == marked)] + [r[key].cell_len for r in self.rows.values()])
+                  for key, label in cols}
         out = Text(no_wrap=True, overflow="crop")
         for key, label in cols:
-            out.append(" " + label.ljust(widths[key]) + " ", style="bold")
+            if key == marked:
+                arrow = ("v" if self.sort_descending else "^") if self.ascii_only else (
+                    "▼" if self.sort_descending else "▲")
+                out.append(" " + (label + arrow).ljust(widths[key]) + " ", style="bold reverse")
+            else:
+                out.append(" " + label.ljust(widths[key]) + " ", style="bold")
         for i, cells in enumerate(self.rows.values()):
             out.append("\n")
             line = Text(no_wrap=True)
@@ -140,6 +171,21 @@ class GpuTable(Widget, can_focus=True):
             self.cursor = (self.cursor + step) % len(self.rows)
             self._text = self._layout()
             self.refresh()
+
+    def action_sort_next(self) -> None:
+        keys = self._visible_keys()
+        self.sort_key = keys[(keys.index(self.sort_key) + 1) % len(keys)] if self.sort_key in keys else "gpu"
+        self.sort_descending = self.sort_key != "gpu"  # the busiest, hottest, fullest first; GPUs in index order
+        self._resort()
+
+    def action_sort_invert(self) -> None:
+        self.sort_descending = not self.sort_descending
+        self._resort()
+
+    def _resort(self) -> None:
+        self.show(self._gpus)
+        label = next(label for key, label, _ in self.COLUMNS if key == self.sort_key)
+        self.notify(f"GPUs sorted by {label}, {'descending' if self.sort_descending else 'ascending'}", timeout=2)
 
     def action_open(self) -> None:
         if self.rows:
@@ -190,6 +236,34 @@ class GpuTable(Widget, can_focus=True):
                                    f"{fmt_rate(g.metric('nvlink_rx_bytes_per_s'))}")
         cells["state"] = state
         return cells
+
+
+def _sort_value(g: GpuStatus, key: str) -> float | None:
+    """The number a column sorts by: its reading, not its text (130 GiB after 99 GiB)."""
+    if key == "gpu":
+        return float(g.index)
+    if key == "mem":
+        return g.metric("mem_used_bytes")
+    if key == "nvlink":
+        tx, rx = g.metric("nvlink_tx_bytes_per_s"), g.metric("nvlink_rx_bytes_per_s")
+        return None if tx is None and rx is None else (tx or 0) + (rx or 0)
+    if key == "state":  # faults first, then throttling, then ok
+        faults = sum(bool(g.metric(m)) for m in ("lost", "ecc_uncorrected", "remapped_rows_failed",
+                                                 "remapped_rows_pending"))
+        words = throttle_words(g.metric("throttle_reasons"))
+        return faults * 10 + (1 if words and words != [NA] else 0)
+    metric = {"sm": "sm_active_pct", "tc": "tensor_active_pct", "dram": "dram_bw_pct", "util": "util_gpu_pct",
+              "power": "power_w", "temp": "temp_c"}[key]
+    return g.metric(metric)
+
+
+def sort_gpus(gpus: Sequence[GpuStatus], key: str, descending: bool) -> list[GpuStatus]:
+    """GPUs by a column, ties by index; a GPU without the reading (N/A) goes last either way."""
+    def order(g: GpuStatus) -> tuple[bool, float, int]:
+        v = _sort_value(g, key)
+        return (v is None, 0.0 if v is None else (-v if descending else v), int(g.index))
+
+    return sorted(gpus, key=order)
 
 
 def _short_name(name: str | None) -> str:
