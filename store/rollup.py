@@ -5,6 +5,13 @@ A watermark per rollup table (in `meta`) marks the end of the last bucket rolled
 resolutions are computed from raw rows (raw outlives an hour by far), which keeps every average exact.
 Late samples (older than a watermark, for example a backlog written after a full disk) mark their bucket
 dirty and it is recomputed.
+
+1-minute rows of kinds whose rolled metrics are all INTEGER (gpu) are computed in memory from the rows the
+writer just committed: re-reading them from the table cost ~4x more than the aggregation itself (profiled
+under benchmarks/store.py: the GROUP BY copies every wide row into a sorter). The result is the same row
+the SQL gives, value for value: readings are rounded as the INSERT stores them, and averages are sums of
+integers below 2**53 (exact in any order) divided as SQLite divides. Any bucket the memory did not see whole
+(rows stored before this writer started, a tick written twice, a late row, an odd value) is computed by SQL.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from lynxtop.store.schema import (
 )
 
 MAX_SPAN_MS = 6 * 3_600_000  # bound one step's work so a long backlog never stalls the writer
+_EXACT = 2**52  # |reading| below this: v + 0.5 is exact in a double, so CAST(v + 0.5 AS INTEGER) is int(v + 0.5)
+_SUM_EXACT = 2**53  # |partial sums| below this: a double sum of integers is exact in any order
 
 
 def _meta_key(kind: str, res: str) -> str:
@@ -58,6 +67,82 @@ def _select_sql(kind: str, res: str) -> str:
 
 
 _SQL = {(k, r): _select_sql(k, r) for k in ROLLUP_KINDS for r in RESOLUTIONS}
+# kinds rolled up in memory: every rolled metric is INTEGER (floats would make the average depend on
+# SQLite's summation order and version)
+MEMORY_KINDS = tuple(k for k in ROLLUP_KINDS if all(t == "INTEGER" for _, t, _ in rollup_metrics(k)))
+
+
+def _insert_1m_sql(kind: str) -> str:
+    key = ["ts_ms", "gpu"] if SAMPLE_TABLES[kind].per_gpu else ["ts_ms"]
+    cols = key + [c for c, _ in rollup_columns(kind)]
+    marks = ", ".join("?" * len(cols))
+    return f"INSERT OR REPLACE INTO {rollup_table(kind, '1m')} ({', '.join(cols)}) VALUES ({marks})"
+
+
+_INSERT_1M = {k: _insert_1m_sql(k) for k in MEMORY_KINDS}
+
+
+class _Odd(Exception):
+    """A reading the memory path cannot reproduce exactly (text, NaN, inf, huge): SQL computes the bucket."""
+
+
+def _stats(x: tuple | list) -> tuple:
+    """min, avg, max, n of one INTEGER column's readings as the table stores them (None = NULL)."""
+    if None in x:
+        x = [v for v in x if v is not None]
+        if not x:
+            return None, None, None, 0
+    try:
+        s = sum(x)
+        lo, hi = min(x), max(x)
+        if type(s) is not int or lo < 0 or hi >= _EXACT:  # a float, or where v + 0.5 rounds: as CAST does
+            x = [int(v + 0.5) for v in x]
+            s, lo, hi = sum(x), min(x), max(x)
+    except (TypeError, ValueError, OverflowError):
+        raise _Odd from None
+    n = len(x)
+    if max(-lo, hi) * n >= _SUM_EXACT:
+        raise _Odd
+    return lo, float(s) / n, hi, n
+
+
+def aggregate_bucket(bucket: int, rows: list[tuple], per_gpu: bool) -> list[tuple]:
+    """1-minute rollup rows of one bucket from its raw rows (ts, [gpu,] readings...), as _select_sql makes them.
+
+    Raises _Odd when a value is one the SQL path must handle.
+    """
+    groups: dict[object, list[tuple]] = {}
+    if per_gpu:
+        for r in rows:
+            g = groups.get(r[1])
+            if g is None:
+                groups[r[1]] = g = []
+            g.append(r)
+    else:
+        groups[None] = rows
+    out = []
+    skip = 2 if per_gpu else 1
+    for gpu, grp in groups.items():
+        if per_gpu and type(gpu) is not int:  # stored through the column's affinity: let SQL group it
+            raise _Odd
+        cols = list(zip(*grp, strict=True))
+        rec: list = [bucket, gpu, len(grp)] if per_gpu else [bucket, len(grp)]
+        for col in cols[skip:]:
+            rec += _stats(col)
+        out.append(tuple(rec))
+    return out
+
+
+class _Memory:
+    """The 1-minute buckets of one kind past its watermark that this writer saw whole, as raw rows then as
+    rollup rows; `sql` holds the buckets it did not (computed by SQL when complete)."""
+
+    def __init__(self, sql_until: int | None):
+        self.sql_until = sql_until  # buckets below: rows stored before this writer started, SQL rolls them
+        self.open: dict[int, list[tuple]] = {}  # bucket -> raw rows (bucket not complete yet)
+        self.seen: dict[int, set[int]] = {}  # bucket -> sample times in it (a repeat replaced a row: SQL)
+        self.ready: dict[int, list[tuple]] = {}  # bucket -> rollup rows, written by the next step
+        self.sql: set[int] = set()
 
 
 def aggregate_sql(kind: str, columns: list[str], bucket_ms: int, source: str = "raw") -> str:
@@ -98,13 +183,66 @@ def merge_rows(a: dict, b: dict, columns: list[str]) -> dict:
 class Rollups:
     """Owned by the writer thread; `step` does one bounded transaction of work and says whether more remains."""
 
-    def __init__(self, conn: sqlite3.Connection):
+    def __init__(self, conn: sqlite3.Connection, *, in_memory: bool = True):
         self.conn = conn
         self.wm = load_watermarks(conn)
         self.max_ts: dict[str, int | None] = {
             k: conn.execute(f"SELECT max(ts_ms) FROM {SAMPLE_TABLES[k].name}").fetchone()[0] for k in ROLLUP_KINDS
         }
         self.dirty: dict[tuple[str, str], set[int]] = {(k, r): set() for k in ROLLUP_KINDS for r in RESOLUTIONS}
+        bucket = RESOLUTIONS["1m"]
+        self.memory: dict[str, _Memory] = {}
+        if in_memory:
+            for k in MEMORY_KINDS:
+                top = self.max_ts[k]
+                self.memory[k] = _Memory(None if top is None else top - top % bucket + bucket)
+
+    def note_rows(self, kind: str, ticks: list[tuple[int, list[tuple]]]) -> None:
+        """Record a committed batch of a memory kind: (ts, its raw rows as inserted) per tick, in any order.
+
+        The rows are kept (references, not copies) until their minute is complete, then aggregated.
+        """
+        mem = self.memory.get(kind)
+        if mem is None:
+            self.note_many(kind, [ts for ts, _ in ticks])
+            return
+        if not ticks:
+            return
+        self.note_many(kind, [ts for ts, _ in ticks])  # the top, and late rows below the watermark
+        bucket = RESOLUTIONS["1m"]
+        wm = self.wm[(kind, "1m")]
+        per_gpu = SAMPLE_TABLES[kind].per_gpu
+        for ts, rows in ticks:
+            b = ts - ts % bucket
+            if (wm is not None and ts < wm) or ts < 0 or (mem.sql_until is not None and b < mem.sql_until):
+                continue  # dirty (note_many), or rolled by SQL anyway
+            if b in mem.sql:
+                continue
+            if b in mem.ready:  # a row for a minute already aggregated: SQL recomputes it
+                del mem.ready[b]
+                mem.sql.add(b)
+                continue
+            seen = mem.seen.get(b)
+            if seen is None:
+                mem.seen[b] = seen = set()
+                mem.open[b] = []
+            if ts in seen or (per_gpu and len({r[1] for r in rows}) != len(rows)):  # a row replaced another
+                del mem.open[b], mem.seen[b]
+                mem.sql.add(b)
+                continue
+            seen.add(ts)
+            mem.open[b].extend(rows)
+        top = self.max_ts[kind]
+        if top is None:
+            return
+        current = top - top % bucket
+        for b in [b for b in mem.open if b < current]:  # complete: a later sample exists
+            rows = mem.open.pop(b)
+            del mem.seen[b]
+            try:
+                mem.ready[b] = aggregate_bucket(b, rows, per_gpu)
+            except _Odd:
+                mem.sql.add(b)
 
     def note_many(self, kind: str, ts_list: list[int]) -> None:
         """Record the sample times of a committed batch (late ones mark their buckets for a re-roll)."""
@@ -121,6 +259,9 @@ class Rollups:
                 self.dirty[(kind, res)].update(ts - ts % bucket for ts in ts_list if ts < wm)
 
     def pending(self) -> bool:
+        for mem in self.memory.values():
+            if mem.ready:
+                return True
         for (kind, res), wm in self.wm.items():
             if self.dirty[(kind, res)]:
                 return True
@@ -136,6 +277,7 @@ class Rollups:
         """
         more = False
         new_wm = dict(self.wm)
+        done: dict[str, int] = {}  # memory kinds: the end of the minutes written from memory
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             for kind in ROLLUP_KINDS:
@@ -159,7 +301,12 @@ class Rollups:
                     for start in sorted(self.dirty[(kind, res)]):  # late samples: recompute first
                         self.conn.execute(_SQL[(kind, res)], (start, start + bucket))
                     if end > wm:
-                        self.conn.execute(_SQL[(kind, res)], (wm, end))
+                        mem = self.memory.get(kind) if res == "1m" else None
+                        if mem is None:
+                            self.conn.execute(_SQL[(kind, res)], (wm, end))
+                        else:
+                            done[kind] = end
+                            self._write_memory(kind, mem, wm, end)
                         new_wm[(kind, res)] = end
                         self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                                           (_meta_key(kind, res), str(end)))
@@ -173,4 +320,22 @@ class Rollups:
         self.wm = new_wm
         for d in self.dirty.values():
             d.clear()
+        for kind, end in done.items():  # only now: a failed step keeps them for the retry
+            mem = self.memory[kind]
+            for b in [b for b in mem.ready if b < end]:
+                del mem.ready[b]
+            mem.sql = {b for b in mem.sql if b >= end}
         return more
+
+    def _write_memory(self, kind: str, mem: _Memory, wm: int, end: int) -> None:
+        """Write the 1-minute rows of [wm, end): SQL for minutes the memory did not see whole, else its rows."""
+        bucket = RESOLUTIONS["1m"]
+        sql = _SQL[(kind, "1m")]
+        if mem.sql_until is not None and mem.sql_until > wm:
+            self.conn.execute(sql, (wm, min(end, mem.sql_until)))
+        for b in sorted(mem.sql):
+            if wm <= b < end and (mem.sql_until is None or b >= mem.sql_until):
+                self.conn.execute(sql, (b, b + bucket))
+        rows = [r for b in sorted(mem.ready) if b < end for r in mem.ready[b]]
+        if rows:
+            self.conn.executemany(_INSERT_1M[kind], rows)

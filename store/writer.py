@@ -594,14 +594,14 @@ class StoreWriter:
         if not ticks:
             return True
         try:
-            self._transaction(lambda c: self._insert_ticks(c, ticks))
+            gpu = self._transaction(lambda c: self._insert_ticks(c, ticks))
         except Exception as exc:
             if isinstance(exc, sqlite3.Error) and self._transient_or_damaged(exc, ticks=ticks):
                 return False
-            good = []
+            good, gpu = [], []
             for t in ticks:  # one bad row must not cost the whole batch
                 try:
-                    self._transaction(lambda c, t=t: self._insert_ticks(c, [t]))
+                    gpu += self._transaction(lambda c, t=t: self._insert_ticks(c, [t]))
                     good.append(t)
                 except Exception as one:
                     with self._cv:
@@ -609,16 +609,21 @@ class StoreWriter:
                         self._last_rejected = time.monotonic()
                     self._note_error(f"tick at {t.ts_ms} was rejected and dropped: {one}")
             ticks = good
-        self._committed(ticks)
+        self._committed(ticks, gpu)
         return True
 
     @staticmethod
-    def _insert_ticks(c: sqlite3.Connection, ticks: list[_Tick]) -> None:
+    def _insert_ticks(c: sqlite3.Connection, ticks: list[_Tick]) -> list[tuple[int, list[tuple]]]:
+        """Insert the ticks' rows; returns (ts, GPU rows as inserted) per tick, for the in-memory rollups."""
         gpu, nvl, host, serving, procs = [], [], [], [], []
+        per_tick = []
         gn, nn, hn, sn = _KEYED["gpu"], _KEYED["nvlink"], _NAMES["host"], _NAMES["serving"]
         for t in ticks:
             ts = t.ts_ms
-            gpu += _rows(ts, t.gpu_rows, _GET["gpu"], gn)
+            if t.gpu_rows:
+                rows = _rows(ts, t.gpu_rows, _GET["gpu"], gn)
+                per_tick.append((ts, rows))
+                gpu += rows
             nvl += _rows(ts, t.nvlink_rows, _GET["nvlink"], nn)
             procs += [(ts, r["gpu"], r["pid"], *map(r.get, _PROC_NAMES)) for r in t.process_rows]
             if t.host_row is not None:
@@ -632,6 +637,7 @@ class StoreWriter:
                 _executemany_tick_rows(c, kind, rows)
         if procs:
             c.executemany(_PROC_SQL, procs)
+        return per_tick
 
     def _transaction(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         c = self.conn
@@ -644,9 +650,9 @@ class StoreWriter:
             raise
         return out
 
-    def _committed(self, ticks: list[_Tick]) -> None:
+    def _committed(self, ticks: list[_Tick], gpu: list[tuple[int, list[tuple]]]) -> None:
         now = _now_ms(self.clock)
-        self.rollups.note_many("gpu", [t.ts_ms for t in ticks if t.gpu_rows])
+        self.rollups.note_rows("gpu", gpu)
         self.rollups.note_many("host", [t.ts_ms for t in ticks if t.host_row is not None])
         self.rollups.note_many("serving", [t.ts_ms for t in ticks if t.serving_row is not None])
         if self._checkpointer is not None:

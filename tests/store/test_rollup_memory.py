@@ -1,0 +1,141 @@
+"""In-memory 1-minute rollups (issue 29.2) give exactly the rows the SQL path gives, and steady ingest no
+longer reads the raw GPU rows back to roll them up.
+
+Two writers get the same random ticks in the same batches: one rolls GPU minutes up in memory, the other
+with the SQL that re-reads the table (the path before issue 29.2). Every rollup table must match value for
+value (averages compared with ==, not approx), across late and out-of-order rows, repeated ticks, NULLs and
+missing keys, odd readings (floats, negatives, NaN, text, huge), minute and hour boundaries, batches that
+span several minutes, and an agent restart in the middle of a minute whose first rows were stored before.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+
+import pytest
+
+from lynxtop.store.rollup import Rollups
+from lynxtop.store.writer import StoreWriter
+
+from .helpers import T0, gpu_row, host_row
+
+MIN = 60_000
+ROLLUP_TABLES = ("gpu_1m", "gpu_1h", "host_1m", "host_1h")
+
+
+def _writer(db, in_memory: bool, end_ms: int) -> StoreWriter:
+    w = StoreWriter(db, queue_max=100_000, batch_max_ticks=100_000, clock=lambda: end_ms / 1000)
+    if not in_memory:
+        w.rollups = Rollups(w.conn, in_memory=False)  # the SQL path, as before issue 29.2
+    return w
+
+
+def _write_batch(w: StoreWriter, batch: list[tuple[int, list[dict], dict | None]], roll: bool = True) -> None:
+    """One batch = one transaction, then (with `roll`) the writer's rollup steps, as its thread does; run
+    inline here so both writers see exactly the same batches. Without `roll` the batch is written as during a
+    backlog, where rollups wait (minutes complete in memory wait for the next step)."""
+    for ts, rows, host in batch:
+        w.submit_tick(ts, rows, host)
+    with w._inline_lock:
+        if not roll:
+            ticks = list(w._ticks)
+            w._ticks.clear()
+            assert w._write_ticks(ticks)
+            return
+        w._drain_once()
+        while w.rollups.step():
+            pass
+
+
+def _odd(rng: random.Random, row: dict) -> None:
+    """Readings the memory path must not get wrong: each is either reproduced exactly or left to SQL."""
+    col = rng.choice(["util_gpu_pct", "power_w", "mem_used_bytes", "energy_j", "temp_c"])
+    row[col] = rng.choice([-3, -2.5, 7.5, 0.49999, 2**52 + 1, 2**53 + 3, float("nan"), "41", True, 1e15, None])
+
+
+def _batches(seed: int) -> list[list[tuple[int, list[dict], dict | None]]]:
+    """About 40 minutes of ticks every 5 s, for 3 GPUs, cut into random batches, with disorder mixed in."""
+    rng = random.Random(seed)
+    start = T0 - 20 * MIN + rng.randrange(0, MIN, 5_000)  # crosses an hour boundary
+    ticks = []
+    for i in range(480):
+        ts = start + i * 5_000
+        gpus = [0, 1, 2] if rng.random() > 0.05 else [0, 2]  # a GPU missing from a tick
+        rows = [gpu_row(g, i, rng, null_every=rng.choice([0, 3])) for g in gpus]
+        if rng.random() < 0.05:
+            _odd(rng, rows[0])
+        ticks.append((ts, rows, host_row(i) if i % 2 else None))
+    batches, i = [], 0
+    while i < len(ticks):
+        n = rng.choice([1, 1, 2, 5, 12, 30, 70])  # up to several minutes in one transaction
+        batch = ticks[i:i + n]
+        i += n
+        r = rng.random()
+        if r < 0.15 and i > 30:  # a late tick: seconds to minutes old, into a minute already rolled up or not
+            ts = ticks[rng.randrange(max(0, i - 30), i - 1)][0] + rng.choice([1, 2_500, 0])
+            batch.append((ts, [gpu_row(1, i, rng)], None))  # +0: the same tick again (a row replaced)
+        elif r < 0.25:
+            rng.shuffle(batch)  # out of order inside one batch
+        batches.append(batch)
+    return batches
+
+
+def _dump(db) -> dict:
+    c = sqlite3.connect(db)
+    try:
+        out = {t: c.execute(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall() for t in ROLLUP_TABLES}
+        out["meta"] = c.execute("SELECT key, value FROM meta WHERE key LIKE 'rollup_wm_%' ORDER BY 1").fetchall()
+        return out
+    finally:
+        c.close()
+
+
+def _same_bits(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for table in a:
+        assert len(a[table]) == len(b[table]), table
+        for ra, rb in zip(a[table], b[table], strict=True):
+            # repr: NaN-free rows compare equal only when every value, float bits and type included, is the same
+            assert [(type(v), repr(v)) for v in ra] == [(type(v), repr(v)) for v in rb], (table, ra, rb)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_memory_rollups_equal_the_sql_path_with_a_restart_mid_minute(tmp_path, seed):
+    batches = _batches(seed)
+    end = max(ts for b in batches for ts, _, _ in b) + 1
+    cut = len(batches) // 2  # the agent restarts here: the minute in progress has rows stored before
+    dbs = {mem: tmp_path / f"{'memory' if mem else 'sql'}.db" for mem in (True, False)}
+    rng = random.Random(seed + 100)
+    rolls = [rng.random() < 0.6 for _ in batches]
+    for mem, db in dbs.items():
+        for lo, hi in ((0, cut), (cut, len(batches))):
+            w = _writer(db, mem, end)
+            for i in range(lo, hi):
+                _write_batch(w, batches[i], rolls[i])
+            w.close()
+    got, want = _dump(dbs[True]), _dump(dbs[False])
+    assert len(want["gpu_1m"]) > 3 * 30 and len(want["gpu_1h"]) >= 3  # the comparison covers real data
+    _same_bits(got, want)
+
+
+def test_steady_ingest_does_not_read_raw_gpu_rows_back(tmp_path):
+    """The minutes a writer saw whole are rolled from memory: no SELECT over gpu_samples after the first step."""
+    db = tmp_path / "h.db"
+    w = _writer(db, True, T0 + 10 * MIN)
+    statements: list[str] = []
+    _write_batch(w, [(T0 + i * 1_000, [gpu_row(g, i) for g in range(2)], None) for i in range(90)])
+    w.conn.set_trace_callback(statements.append)
+    for k in range(1, 6):
+        _write_batch(w, [(T0 + i * 1_000, [gpu_row(g, i) for g in range(2)], None)
+                         for i in range(90 * k, 90 * (k + 1))])
+    w.conn.set_trace_callback(None)
+    w.close()
+    assert any("INSERT OR REPLACE INTO gpu_1m" in s for s in statements)  # minutes were rolled up meanwhile
+    assert not [s for s in statements if "FROM gpu_samples" in s]
+    c = sqlite3.connect(db)
+    wm = int(c.execute("SELECT value FROM meta WHERE key = 'rollup_wm_gpu_1m'").fetchone()[0])
+    n, samples = c.execute("SELECT count(*), sum(samples) FROM gpu_1m").fetchone()
+    c.close()
+    last = T0 + 539 * 1_000
+    assert wm == last - last % MIN and n == 2 * (wm - T0) // MIN and samples == 2 * (wm - T0) // 1_000
