@@ -29,6 +29,7 @@ from lynxtop.agent.api import connguard
 from lynxtop.agent.api.connguard import Episodes, FdPlan, install_loop_handler, is_resource_error, plan_descriptors
 from lynxtop.agent.api.control import ActionError
 from lynxtop.agent.api.logtail import LogTail
+from lynxtop.agent.api.processes import describe as describe_processes
 from lynxtop.agent.clock import Timeline, describe, span
 from lynxtop.agent.events import EventSink
 from lynxtop.agent.notify import Notifier, WatchdogThread
@@ -49,6 +50,7 @@ from lynxtop.agent.serving.proctable import ProcTable
 from lynxtop.agent.serving.supervisor import Supervisor, now_ms, server_url
 from lynxtop.contract.config import Config
 from lynxtop.contract.events import Event, EventKind, Severity
+from lynxtop.contract.processes import GpuProcesses
 from lynxtop.contract.status import (
     GPU_METRIC_NAMES,
     AgentStatus,
@@ -86,10 +88,12 @@ class NodeGpuView:
         self.static: list[dict[str, Any]] = []
         self.sample_ts: float | None = None
         self.pids: set[int] = set()
+        self.process_rows: list[dict] = []
 
     def update(self, ts: float, process_rows: list[dict], nvml: dict[str, Any], static: list[dict]) -> None:
         self.sample_ts = ts
         self.pids = {int(r["pid"]) for r in process_rows if r.get("pid") is not None}
+        self.process_rows = list(process_rows)  # GET /v1/processes
         self.nvml = nvml
         if static:
             self.static = static
@@ -753,7 +757,8 @@ class Node:
     async def events(self, since_ms: int | None, limit: int) -> list[dict[str, Any]]:
         return await self._read(lambda r: r.events(since_ms=since_ms, limit=limit))
 
-    async def logs(self, run_id: int | None, lines: int) -> dict[str, Any]:
+    async def logs(self, run_id: int | None, lines: int, *, after: int | None = None,
+                   inode: int | None = None) -> dict[str, Any]:
         sup = self.supervisor
         assert sup is not None
         lines = max(1, min(int(lines), MAX_LOG_LINES))
@@ -767,8 +772,17 @@ class Node:
                 raise ActionError("unknown_run", f"no run {run_id}", 404)
             path = run.get("log_path")
         tail = LogTail(path, lines, 4 << 20)  # streamed by the API a block at a time, never built whole
-        await asyncio.to_thread(tail.locate)
+        if after is None:
+            await asyncio.to_thread(tail.locate)
+        else:
+            await asyncio.to_thread(tail.follow, after, inode)
         return {"run_id": run_id, "path": path, "lines": tail}
+
+    async def processes(self) -> GpuProcesses:
+        view = self.gpu_view
+        rows = view.process_rows if view.nvml.get("state") == "ok" else []
+        age = None if view.sample_ts is None else max(0.0, time.monotonic() - view.sample_ts)
+        return await asyncio.to_thread(describe_processes, rows, age, self.cfg.agent.secret_env)
 
     async def start(self, profile: str | None, by: str) -> str:
         assert self.supervisor is not None

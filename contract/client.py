@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+from lynxtop.contract.processes import GpuProcesses
 from lynxtop.contract.status import Status
 
 if TYPE_CHECKING:  # the CLI never imports asyncio (40 ms of start-up); the async face imports it when used
@@ -237,8 +238,19 @@ class AsyncAgentClient:
         data = await self.request("GET", "/v1/events", {"since": since_ms, "limit": limit})
         return list(data.get("events", []))
 
-    async def logs(self, run_id: int | None = None, lines: int = 2000) -> dict[str, Any]:
-        return await self.request("GET", "/v1/logs", {"run": run_id, "lines": lines})
+    async def logs(self, run_id: int | None = None, lines: int = 2000, after: int | None = None,
+                   inode: int | None = None) -> dict[str, Any]:
+        """The tail of a run's log; with `after` (and `inode`) of the previous answer, the lines written since."""
+        return await self.request("GET", "/v1/logs", {"run": run_id, "lines": lines, "after": after, "inode": inode})
+
+    async def processes(self) -> GpuProcesses:
+        """The processes on the node's GPUs at the agent's last tick."""
+        data = await self.request("GET", "/v1/processes")
+        try:
+            return GpuProcesses.from_json(data)
+        except ValueError as exc:
+            raise AgentUnreachable(f"the agent at {self.socket_path} answered GET /v1/processes that this lynxtop "
+                                   f"cannot read: {exc}") from None
 
     async def action(self, action: str, profile: str | None = None, **extra: Any) -> dict[str, Any]:
         """POST a mutating call; returns the 202 answer ({"accepted", "action", "message"})."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from lynxtop.contract.processes import GpuProcesses
 from lynxtop.contract.status import Status
 
 
@@ -34,7 +35,12 @@ class Controller(Protocol):
 
     async def events(self, since_ms: int | None, limit: int) -> list[dict[str, Any]]: ...
 
-    async def logs(self, run_id: int | None, lines: int) -> dict[str, Any]: ...
+    # `after`/`inode`: a follower's previous answer's `next` and `inode`; only the lines written since (logtail.py)
+    async def logs(self, run_id: int | None, lines: int, *, after: int | None = None,
+                   inode: int | None = None) -> dict[str, Any]: ...
+
+    # The processes on the GPUs at the last tick, with their user, command and SM share (GET /v1/processes).
+    async def processes(self) -> GpuProcesses: ...
 
     # Mutating actions return at once (202) with a message; progress shows in status and events.
     # `by` names the peer ("uid 1000 (alice) pid 4242") for the event log.

@@ -8,6 +8,12 @@ and the API writes each block only once the client has taken the previous ones.
 The lines are those of `startup.tail_lines`: the last `n` non-blank lines within the last `max_bytes`, the
 first (cut) line dropped when the file is longer, decoded as UTF-8 with replacement, '\\r' stripped. A line
 longer than LINE_CAP is cut there and says how much was left out.
+
+A client that follows the log (the dashboard's Logs view) passes back the `next` offset and `inode` of its
+previous answer (`follow()`): it gets only the lines written since, or the new file from its start when the
+path now names another file (rotated: renamed and a new one created) or a shorter one (truncated). A last line
+not yet ended by a newline is served with `partial` and read again from its start next time, so it is never
+shown cut in two.
 """
 
 from __future__ import annotations
@@ -75,24 +81,58 @@ class LogTail:
     start: int = 0
     end: int = 0
     skip_first: bool = False
+    inode: int | None = None  # of the file read: a follower passes it back to notice a rotation
+    next: int = 0  # where a follower's next read starts (the partial last line's start, else the end)
+    partial: bool = False  # the last line served has no newline yet: it comes again, longer, next time
+    reset: str | None = None  # "rotated" or "truncated": a follower's file was replaced, read from its start
+    skipped: int = 0  # bytes since the follower's offset left out by the limits (more than `lines`/`max_bytes`)
+
+    def follow_info(self) -> dict[str, int | bool | str | None]:
+        """What a follower passes back (`next`, `inode`) and what happened to its file, for the answer."""
+        return {"inode": self.inode, "next": self.next, "partial": self.partial, "reset": self.reset,
+                "skipped": self.skipped}
 
     def locate(self) -> None:
         """Find where the tail starts, keeping offsets only (one int per wanted line)."""
-        self.start = self.end = 0
+        self._find(None, None)
+
+    def follow(self, after: int, inode: int | None) -> None:
+        """Find the lines written after byte `after` of file `inode` (a previous answer's `next` and `inode`)."""
+        self._find(after, inode)
+
+    def _find(self, after: int | None, inode: int | None) -> None:
+        self.start = self.end = self.next = self.skipped = 0
+        self.partial, self.reset, self.inode = False, None, None
         if self.path is None or self.lines <= 0:
             return
         try:
             with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                self.inode = st.st_ino
                 end = f.seek(0, os.SEEK_END)
-                first = max(0, end - self.max_bytes)
+                if after is not None and inode is not None and inode != st.st_ino:
+                    self.reset, after = "rotated", 0
+                elif after is not None and after > end:
+                    self.reset, after = "truncated", 0
+                since = after or 0
+                first = max(since, end - self.max_bytes)
                 starts: deque[int] = deque(maxlen=self.lines)
-                for at, line, cut in _lines(f, first, end, skip_first=first > 0):
+                served = 0
+                last_at = None  # start of the last piece, blank or not
+                for at, line, cut in _lines(f, first, end, skip_first=first > since):
+                    last_at = at
                     if _text(line, cut) is not None:
                         starts.append(at)
+                        served += 1
+                unterminated = end > first and f.seek(end - 1) >= 0 and f.read(1) != b"\n"
         except OSError:
             return
+        self.next = last_at if unterminated and last_at is not None else end
+        self.partial = bool(unterminated and starts and starts[-1] == last_at)
         if starts:
             self.start, self.end = starts[0], end
+            if after is not None and (first > since or served > len(starts)):
+                self.skipped = starts[0] - since
 
     def reader(self) -> Iterator[str]:
         """JSON pieces of the array's items (", "-joined, each at most about one BLOCK); call from a thread,

@@ -31,6 +31,7 @@ from lynxtop.agent.api.connguard import ConnectionGuard, Episodes, GuardedSite, 
 from lynxtop.agent.api.control import ActionError, Controller
 from lynxtop.agent.api.logtail import LogTail
 from lynxtop.agent.api.peercred import Peer, group_gid, may_control, peer_of
+from lynxtop.contract.processes import GpuProcesses
 from lynxtop.store.schema import BENCH_COLUMNS
 
 MAX_BODY = 64 * 1024
@@ -104,7 +105,10 @@ _QUERY_SPEC: dict[str, dict[str, tuple[int, int, int | None]]] = {
     "profiles": {},
     "runs": {"limit": (1, 10_000, 50)},
     "events": {"since": (0, 2**62, None), "limit": (1, 10_000, 500)},
-    "logs": {"run": (1, 2**62, None), "lines": (1, 100_000, 200)},
+    "processes": {},
+    # after/inode: a follower's previous `next` and `inode` (agent/api/logtail.py): only the lines written since
+    "logs": {"run": (1, 2**62, None), "lines": (1, 100_000, 200), "after": (0, 2**62, None),
+             "inode": (0, 2**64 - 1, None)},
 }
 
 
@@ -253,6 +257,7 @@ class ApiServer:
         app.router.add_get("/v1/runs", self._runs)
         app.router.add_get("/v1/events", self._events)
         app.router.add_get("/v1/logs", self._logs)
+        app.router.add_get("/v1/processes", self._processes)
         for action in _BODY_SPEC:
             app.router.add_post(f"/v1/{action}", self._mutating(action))
         return app
@@ -422,11 +427,23 @@ class ApiServer:
 
     async def _logs(self, request: web.Request) -> web.StreamResponse:
         q = _query(request, "logs")
-        result = await _maybe_await(self.controller.logs(q["run"], q["lines"]))
+        if q["after"] is None:
+            if q["inode"] is not None:
+                raise ApiError(400, "missing_parameter", "query parameter 'inode' needs 'after' (the offset "
+                               "in that file to follow from)")
+            result = await _maybe_await(self.controller.logs(q["run"], q["lines"]))
+        else:
+            result = await _maybe_await(self.controller.logs(q["run"], q["lines"], after=q["after"],
+                                                             inode=q["inode"]))
         tail = result.get("lines")
         if not isinstance(tail, LogTail):
             return _json(result)
-        return await _stream_log(request, result, tail)
+        return await _stream_log(request, {**result, **tail.follow_info()}, tail)
+
+    async def _processes(self, request: web.Request) -> web.Response:
+        _query(request, "processes")
+        answer: GpuProcesses = await _maybe_await(self.controller.processes())
+        return _json(answer.to_json())
 
     # ------------------------------------------------------------------------------------------ mutating
 

@@ -356,6 +356,17 @@ class FakeNvml:
         return [SimpleNamespace(pid=pid, usedGpuMemory=mem, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
                 for pid, mem in self._state(handle.index).processes]
 
+    def nvmlDeviceGetProcessUtilization(self, handle: _Handle, timeStamp: int) -> list[Any]:
+        """One sample per process with an SM share, stamped now (µs); NOT_FOUND when none is newer than
+        `timeStamp`, as NVML answers for a GPU nobody computed on."""
+        self._spec(handle, "nvmlDeviceGetProcessUtilization")
+        now_us = int(self.clock() * 1e6)
+        shares = self._state(handle.index).process_sm_pct
+        if not shares or now_us <= timeStamp:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return [SimpleNamespace(pid=pid, timeStamp=now_us, smUtil=int(sm), memUtil=0, encUtil=0, decUtil=0)
+                for pid, sm in shares.items()]
+
     def nvmlDeviceGetFieldValues(self, handle: _Handle, field_ids: list[Any]) -> Any:
         spec = self._spec(handle, "nvmlDeviceGetFieldValues")
         self._state(handle.index, force=True)
@@ -501,17 +512,20 @@ class ScriptedNode:
     """A serving node under a steady, slowly breathing load; time is seconds since the first look.
 
     `events` maps elapsed seconds -> (gpu, change) for scripted incidents: "lost", or an XID number.
-    `processes` maps a GPU index to (pid, bytes) pairs, so tests can put real pids on a GPU.
+    `processes` maps a GPU index to (pid, bytes) pairs, so tests can put real pids on a GPU; `process_sm` maps a
+    GPU index to {pid: SM share %} (NVML's process utilisation).
     """
 
     def __init__(self, specs: list[FakeGpuSpec], driver: str = "580.159.04",
                  lost: dict[int, float] | None = None, xids: list[tuple[float, int, int]] | None = None,
-                 processes: dict[int, list[tuple[int, int]]] | None = None, load: float = 1.0):
+                 processes: dict[int, list[tuple[int, int]]] | None = None, load: float = 1.0,
+                 process_sm: dict[int, dict[int, float]] | None = None):
         self._specs = specs
         self._driver = driver
         self.lost = dict(lost or {})  # gpu -> elapsed seconds after which it is lost
         self.xids = list(xids or [])  # (elapsed seconds, gpu, xid): fires for 1 s
         self.processes = dict(processes or {})
+        self.process_sm = dict(process_sm or {})
         self.load = load  # 0 = idle node, 1 = busy serving
         self.start: float | None = None
 
@@ -551,6 +565,7 @@ class ScriptedNode:
             mem_clock_mhz=3201 if hopper else 1593,
             throttle_reasons=0x4 if busy > 0.9 else (0x0 if self.load else 0x1),
             processes=list(self.processes.get(index, [])),
+            process_sm_pct=dict(self.process_sm.get(index, {})),
         )
         lost_after = self.lost.get(index)
         if lost_after is not None and t >= lost_after:

@@ -108,6 +108,7 @@ class _Gpu:
     lost_probe_at: float = 0.0
     slow_due: float = 0.0
     slow: dict = field(default_factory=dict)  # last slow-cadence readings, carried forward
+    sm_seen_us: int = 0  # NVML time stamp the next process-utilisation read asks from
 
 
 class GpuSampler:
@@ -500,9 +501,28 @@ class GpuSampler:
 
     def _read_processes(self, g: _Gpu, vllm_pids: Any, tick: GpuTick) -> None:
         procs = self._call(g, "nvmlDeviceGetComputeRunningProcesses", g.handle)
-        for pr in procs or ():
+        if not procs:
+            return
+        sm = self._process_sm(g)
+        for pr in procs:
             tick.process_rows.append({"gpu": g.idx, "pid": pr.pid, "used_mem_bytes": pr.usedGpuMemory,
-                                      "in_vllm_tree": pr.pid in vllm_pids})
+                                      "in_vllm_tree": pr.pid in vllm_pids, "sm_util_pct": sm.get(pr.pid)})
+
+    def _process_sm(self, g: _Gpu) -> dict[int, int]:
+        """Each process's SM share over the last PROCESS_SM_WINDOW_US of NVML's samples (its newest sample).
+
+        NVML answers the samples newer than the time stamp asked for; asking from a window before the newest
+        one seen keeps a steady share instead of flickering to "none" between its sampling periods. NOT_FOUND
+        (no sample: nobody computed) is normal and gives none; NOT_SUPPORTED switches the call off on this GPU
+        only (`_call`). The time stamps are NVML's own, never compared with this host's clock."""
+        samples = self._call(g, "nvmlDeviceGetProcessUtilization", g.handle, g.sm_seen_us)
+        newest: dict[int, Any] = {}
+        for s in samples or ():
+            if s.pid not in newest or s.timeStamp > newest[s.pid].timeStamp:
+                newest[s.pid] = s
+        if newest:
+            g.sm_seen_us = max(0, max(s.timeStamp for s in newest.values()) - PROCESS_SM_WINDOW_US)
+        return {pid: int(s.smUtil) for pid, s in newest.items()}
 
     def _read_gpm(self, g: _Gpu, gpm: GpmReader, row: dict) -> list[tuple[str, float | None]]:
         """GPM activity into `row`; the per-link NVLink rates are returned."""
@@ -555,3 +575,4 @@ class GpuSampler:
 
 
 NVLINK_PROBE_LINKS = 18
+PROCESS_SM_WINDOW_US = 2_000_000  # NVML samples process utilisation every ~1/6 s; 2 s always holds some

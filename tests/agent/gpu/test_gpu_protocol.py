@@ -39,7 +39,7 @@ def _binds(impl: Any, proto: Any) -> None:
 
 
 def test_the_protocol_lists_what_the_gpu_code_calls():
-    assert "simulated" in MEMBERS and len(FUNCTIONS) == 34
+    assert "simulated" in MEMBERS and len(FUNCTIONS) == 35
     assert "nvmlDeviceGetPcieThroughput" not in MEMBERS  # blocks ~21 ms: never called (docs/sampling.md)
 
 
@@ -118,6 +118,7 @@ def test_the_sampler_calls_only_the_protocol_and_all_of_it(tmp_path):
     nodes = [scripted_scenario(n) for n in SCRIPTED_SCENARIOS if n != "nodriver"]
     nodes.append(ScriptedNode(h200_specs(2, nvlink_count=0)))  # no NVLink: the link-state probe
     nodes.append(SimScenario(tmp_path))
+    nodes.append(ScriptedNode(h200_specs(1), processes={0: [(1234, 1 << 30)]}, process_sm={0: {1234: 40.0}}))
     for node in nodes:
         _run(node, calls, events, ManualClock())
     _run(scripted_scenario("h200x8"), calls, events, ManualClock(), init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)

@@ -1,0 +1,79 @@
+"""`GET /v1/processes`: who holds each GPU, for the dashboard's Processes view (nvitop's main view).
+
+The GPU sampler reads the compute processes per GPU (their memory, their SM share from NVML's process
+utilisation) and tags each as a member of the supervised run or not; here each gets its user and command
+line from /proc. A process that is not the run's is what an operator looks for first when vLLM fails to
+start for want of memory. Command lines are foreign: a value after a flag or a NAME= whose name says secret
+(`--api-key X`, `HF_TOKEN=...`) is masked as everywhere else (contract/redact.py), and a command is cut at
+COMMAND_CAP characters.
+"""
+
+from __future__ import annotations
+
+import pwd
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from lynxtop.agent.serving import procs
+from lynxtop.contract.processes import GpuProcess, GpuProcesses
+from lynxtop.contract.redact import is_secret_name, mask
+
+COMMAND_CAP = 1000  # characters of a command line served; enough for a vLLM argv, bounded for a hostile one
+_ASSIGN = re.compile(r"(-{0,2})([A-Za-z_][A-Za-z0-9_.-]*)=(.*)", re.DOTALL)
+
+
+def redact_argv(argv: Iterable[str], secret_names: Iterable[str] = ()) -> list[str]:
+    """`argv` with the value of every secret-looking flag or assignment masked (`--api-key X`, `--hf-token=X`,
+    `HF_TOKEN=X`); everything else as it is."""
+    names = frozenset(secret_names)
+    out: list[str] = []
+    mask_next = False
+    for arg in argv:
+        if mask_next:
+            out.append(mask(arg))
+            mask_next = False
+            continue
+        m = _ASSIGN.fullmatch(arg)
+        if m and is_secret_name(m.group(2).replace("-", "_"), names):
+            out.append(f"{m.group(1)}{m.group(2)}={mask(m.group(3))}")
+        elif arg.startswith("-") and "=" not in arg and is_secret_name(arg.lstrip("-").replace("-", "_"), names):
+            out.append(arg)
+            mask_next = True
+        else:
+            out.append(arg)
+    return out
+
+
+def _user(pid: int) -> str | None:
+    uid = procs.uid(pid)
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _command(pid: int, secret_names: Iterable[str]) -> str | None:
+    argv = procs.cmdline(pid)
+    if argv is None:
+        return None  # gone, or in a PID namespace the agent does not see
+    text = " ".join(redact_argv(argv, secret_names)).strip() if argv else procs.title(pid)
+    return text if len(text) <= COMMAND_CAP else text[:COMMAND_CAP] + " [...]"
+
+
+def describe(rows: Iterable[dict[str, Any]], age_s: float | None, secret_names: Iterable[str] = ()
+             ) -> GpuProcesses:
+    """Each GPU process of the last tick with its user and command: by GPU, the run's first, then by memory."""
+    names = tuple(secret_names)
+    out = []
+    for r in rows:
+        pid, gpu, sm = r.get("pid"), r.get("gpu"), r.get("sm_util_pct")
+        if not isinstance(pid, int):
+            continue
+        out.append(GpuProcess(pid=pid, gpu=gpu if isinstance(gpu, int) else None, user=_user(pid),
+                              command=_command(pid, names), used_mem_bytes=r.get("used_mem_bytes"),
+                              sm_util_pct=sm, in_run=bool(r.get("in_vllm_tree"))))
+    out.sort(key=lambda p: (-1 if p.gpu is None else p.gpu, not p.in_run, -(p.used_mem_bytes or 0), p.pid))
+    return GpuProcesses(tuple(out), age_s)
