@@ -25,6 +25,7 @@ from lynxtop.contract.status import ClusterStatus, Role, ServingStatus
 from lynxtop.contract.terminal import terminal_safe
 from lynxtop.tui import control_text
 from lynxtop.tui.backoff import Backoff
+from lynxtop.tui.commands import LynxtopCommands
 from lynxtop.tui.foreign import DisplayClient
 from lynxtop.tui.history_source import HistorySource, HistoryUnavailable
 from lynxtop.tui.live_state import GPU_KEYS, SERVING_KEYS, LiveState
@@ -53,7 +54,9 @@ VIEW_KEYS = Binding.Group("views", compact=True)
 
 class LynxtopApp(App):
     CSS_PATH = "lynxtop.tcss"
-    ENABLE_COMMAND_PALETTE = False  # every action has a key; the palette's footer slot is worth more
+    # Every action by name (tui/commands.py): `:` as in k9s, ctrl+p as in Textual; no footer slot (the key bar is ours)
+    ENABLE_COMMAND_PALETTE = True
+    COMMANDS = {LynxtopCommands}
     TITLE = "lynxtop"
     DEFAULT_MODE = "node"
     MODES = {
@@ -70,6 +73,8 @@ class LynxtopApp(App):
         # ctrl+c binding (cancel) comes first, being nearer the focus.
         Binding("ctrl+c", "quit", "Quit", show=False, id="app.ctrl_c"),
         Binding("question_mark", "help", "Help", key_display="?", id="app.help"),
+        Binding("colon", "command_palette", "Commands", key_display=":", show=False, id="app.palette"),
+        Binding("ctrl+p", "command_palette", "", show=False, priority=True, id="app.palette_ctrl_p"),
         Binding("1", "view('node')", "Node view", id="view.node", group=VIEW_KEYS),
         Binding("2", "view('gpu')", "GPU view", id="view.gpu", group=VIEW_KEYS),
         Binding("3", "view('latency')", "Latency view", id="view.latency", group=VIEW_KEYS),
