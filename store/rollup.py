@@ -6,17 +6,19 @@ resolutions are computed from raw rows (raw outlives an hour by far), which keep
 Late samples (older than a watermark, for example a backlog written after a full disk) mark their bucket
 dirty and it is recomputed.
 
-1-minute rows of kinds whose rolled metrics are all INTEGER (gpu) are computed in memory from the rows the
-writer just committed: re-reading them from the table cost ~4x more than the aggregation itself (profiled
-under benchmarks/store.py: the GROUP BY copies every wide row into a sorter). The result is the same row
-the SQL gives, value for value: readings are rounded as the INSERT stores them, and averages are sums of
-integers below 2**53 (exact in any order) divided as SQLite divides. Any bucket the memory did not see whole
-(rows stored before this writer started, a tick written twice, a late row, an odd value) is computed by SQL.
+1-minute rows are computed in memory from the rows the writer just committed: re-reading them from the table
+cost ~4x more than the aggregation itself (profiled under benchmarks/store.py: the GROUP BY copies every wide
+row into a sorter). The result is the row the SQL gives, value for value: INTEGER readings are rounded as the
+INSERT stores them and their averages are sums below 2**53 (exact in any order) divided as SQLite divides;
+REAL averages repeat SQLite's additions in its order (before SQLite 3.43; later versions roll such kinds by
+SQL). Any bucket the memory did not see whole (rows stored before this writer started, a tick written twice,
+a late row, an odd value) is computed by SQL. 1-hour rows always come from 1-minute rows by SQL (cheap).
 """
 
 from __future__ import annotations
 
 import sqlite3
+from operator import itemgetter
 
 from lynxtop.store.schema import (
     RESOLUTIONS,
@@ -67,9 +69,22 @@ def _select_sql(kind: str, res: str) -> str:
 
 
 _SQL = {(k, r): _select_sql(k, r) for k in ROLLUP_KINDS for r in RESOLUTIONS}
-# kinds rolled up in memory: every rolled metric is INTEGER (floats would make the average depend on
-# SQLite's summation order and version)
-MEMORY_KINDS = tuple(k for k in ROLLUP_KINDS if all(t == "INTEGER" for _, t, _ in rollup_metrics(k)))
+# SQLite before 3.43 sums a group's doubles one by one in the order it reads them (the table's order: its
+# GROUP BY sorter is stable), so a REAL average is reproduced by the same additions in time order; 3.43 and
+# later use a compensated sum, and kinds with REAL metrics are then rolled up by SQL only.
+_SEQUENTIAL_SUM = sqlite3.sqlite_version_info < (3, 43, 0)
+MEMORY_KINDS = tuple(k for k in ROLLUP_KINDS
+                     if all(t == "INTEGER" or (t == "REAL" and _SEQUENTIAL_SUM) for _, t, _ in rollup_metrics(k)))
+
+
+def _rolled(kind: str) -> tuple[tuple[int, bool], ...]:
+    """(position in an inserted row, is REAL) of each rolled metric, in rollup_metrics order."""
+    t = SAMPLE_TABLES[kind]
+    at = {name: i for i, name in enumerate(t.key + tuple(m[0] for m in t.metrics))}
+    return tuple((at[name], typ == "REAL") for name, typ, _ in rollup_metrics(kind))
+
+
+_ROLLED = {k: _rolled(k) for k in MEMORY_KINDS}
 
 
 def _insert_1m_sql(kind: str) -> str:
@@ -106,11 +121,33 @@ def _stats(x: tuple | list) -> tuple:
     return lo, float(s) / n, hi, n
 
 
-def aggregate_bucket(bucket: int, rows: list[tuple], per_gpu: bool) -> list[tuple]:
+def _stats_real(x: tuple | list) -> tuple:
+    """min, avg, max, n of one REAL column's readings in time order, summed as SQLite < 3.43 sums them."""
+    if None in x:
+        x = [v for v in x if v is not None]
+        if not x:
+            return None, None, None, 0
+    acc = 0.0
+    try:
+        for v in x:
+            acc += v
+        lo, hi = min(x), max(x)
+    except TypeError:  # text: the column's affinity may have made it a number; SQL knows
+        raise _Odd from None
+    if acc != acc or any(type(m) is not float and abs(m) >= _SUM_EXACT for m in (lo, hi)):
+        raise _Odd  # NaN (stored as NULL), or an integer a double cannot hold
+    return lo, acc / len(x), hi, len(x)
+
+
+def aggregate_bucket(kind: str, bucket: int, rows: list[tuple]) -> list[tuple]:
     """1-minute rollup rows of one bucket from its raw rows (ts, [gpu,] readings...), as _select_sql makes them.
 
     Raises _Odd when a value is one the SQL path must handle.
     """
+    per_gpu = SAMPLE_TABLES[kind].per_gpu
+    rolled = _ROLLED[kind]
+    if any(real for _, real in rolled):
+        rows = sorted(rows, key=itemgetter(0))  # SQLite adds doubles in time order
     groups: dict[object, list[tuple]] = {}
     if per_gpu:
         for r in rows:
@@ -121,14 +158,13 @@ def aggregate_bucket(bucket: int, rows: list[tuple], per_gpu: bool) -> list[tupl
     else:
         groups[None] = rows
     out = []
-    skip = 2 if per_gpu else 1
     for gpu, grp in groups.items():
         if per_gpu and type(gpu) is not int:  # stored through the column's affinity: let SQL group it
             raise _Odd
         cols = list(zip(*grp, strict=True))
         rec: list = [bucket, gpu, len(grp)] if per_gpu else [bucket, len(grp)]
-        for col in cols[skip:]:
-            rec += _stats(col)
+        for i, real in rolled:
+            rec += _stats_real(cols[i]) if real else _stats(cols[i])
         out.append(tuple(rec))
     return out
 
@@ -240,7 +276,7 @@ class Rollups:
             rows = mem.open.pop(b)
             del mem.seen[b]
             try:
-                mem.ready[b] = aggregate_bucket(b, rows, per_gpu)
+                mem.ready[b] = aggregate_bucket(kind, b, rows)
             except _Odd:
                 mem.sql.add(b)
 

@@ -594,14 +594,15 @@ class StoreWriter:
         if not ticks:
             return True
         try:
-            gpu = self._transaction(lambda c: self._insert_ticks(c, ticks))
+            rolled = self._transaction(lambda c: self._insert_ticks(c, ticks))
         except Exception as exc:
             if isinstance(exc, sqlite3.Error) and self._transient_or_damaged(exc, ticks=ticks):
                 return False
-            good, gpu = [], []
+            good, rolled = [], {}
             for t in ticks:  # one bad row must not cost the whole batch
                 try:
-                    gpu += self._transaction(lambda c, t=t: self._insert_ticks(c, [t]))
+                    for kind, rows in self._transaction(lambda c, t=t: self._insert_ticks(c, [t])).items():
+                        rolled.setdefault(kind, []).extend(rows)
                     good.append(t)
                 except Exception as one:
                     with self._cv:
@@ -609,20 +610,21 @@ class StoreWriter:
                         self._last_rejected = time.monotonic()
                     self._note_error(f"tick at {t.ts_ms} was rejected and dropped: {one}")
             ticks = good
-        self._committed(ticks, gpu)
+        self._committed(ticks, rolled)
         return True
 
     @staticmethod
-    def _insert_ticks(c: sqlite3.Connection, ticks: list[_Tick]) -> list[tuple[int, list[tuple]]]:
-        """Insert the ticks' rows; returns (ts, GPU rows as inserted) per tick, for the in-memory rollups."""
+    def _insert_ticks(c: sqlite3.Connection, ticks: list[_Tick]) -> dict[str, list[tuple[int, list]]]:
+        """Insert the ticks' rows; returns per rolled kind (ts, its rows as inserted) per tick, for the
+        in-memory rollups."""
         gpu, nvl, host, serving, procs = [], [], [], [], []
-        per_tick = []
+        per_tick: dict[str, list[tuple[int, list]]] = {"gpu": [], "host": [], "serving": []}
         gn, nn, hn, sn = _KEYED["gpu"], _KEYED["nvlink"], _NAMES["host"], _NAMES["serving"]
         for t in ticks:
             ts = t.ts_ms
             if t.gpu_rows:
                 rows = _rows(ts, t.gpu_rows, _GET["gpu"], gn)
-                per_tick.append((ts, rows))
+                per_tick["gpu"].append((ts, rows))
                 gpu += rows
             nvl += _rows(ts, t.nvlink_rows, _GET["nvlink"], nn)
             procs += [(ts, r["gpu"], r["pid"], *map(r.get, _PROC_NAMES)) for r in t.process_rows]
@@ -630,8 +632,11 @@ class StoreWriter:
                 h = [ts, *map(t.host_row.get, hn)]
                 h[_PER_CORE] = _jsonable(h[_PER_CORE])
                 host.append(h)
+                per_tick["host"].append((ts, [h]))
             if t.serving_row is not None:
-                serving.append((ts, *map(t.serving_row.get, sn)))
+                s = (ts, *map(t.serving_row.get, sn))
+                serving.append(s)
+                per_tick["serving"].append((ts, [s]))
         for kind, rows in (("gpu", gpu), ("nvlink", nvl), ("host", host), ("serving", serving)):
             if rows:
                 _executemany_tick_rows(c, kind, rows)
@@ -650,11 +655,10 @@ class StoreWriter:
             raise
         return out
 
-    def _committed(self, ticks: list[_Tick], gpu: list[tuple[int, list[tuple]]]) -> None:
+    def _committed(self, ticks: list[_Tick], rolled: dict[str, list[tuple[int, list]]]) -> None:
         now = _now_ms(self.clock)
-        self.rollups.note_rows("gpu", gpu)
-        self.rollups.note_many("host", [t.ts_ms for t in ticks if t.host_row is not None])
-        self.rollups.note_many("serving", [t.ts_ms for t in ticks if t.serving_row is not None])
+        for kind, rows in rolled.items():
+            self.rollups.note_rows(kind, rows)
         if self._checkpointer is not None:
             self._checkpointer.poke()
         with self._cv:

@@ -18,10 +18,10 @@ import pytest
 from lynxtop.store.rollup import Rollups
 from lynxtop.store.writer import StoreWriter
 
-from .helpers import T0, gpu_row, host_row
+from .helpers import T0, gpu_row, host_row, serving_row
 
 MIN = 60_000
-ROLLUP_TABLES = ("gpu_1m", "gpu_1h", "host_1m", "host_1h")
+ROLLUP_TABLES = ("gpu_1m", "gpu_1h", "host_1m", "host_1h", "serving_1m", "serving_1h")
 
 
 def _writer(db, in_memory: bool, end_ms: int) -> StoreWriter:
@@ -31,12 +31,15 @@ def _writer(db, in_memory: bool, end_ms: int) -> StoreWriter:
     return w
 
 
-def _write_batch(w: StoreWriter, batch: list[tuple[int, list[dict], dict | None]], roll: bool = True) -> None:
+Tick = tuple[int, list[dict], dict | None, dict | None]
+
+
+def _write_batch(w: StoreWriter, batch: list[Tick], roll: bool = True) -> None:
     """One batch = one transaction, then (with `roll`) the writer's rollup steps, as its thread does; run
     inline here so both writers see exactly the same batches. Without `roll` the batch is written as during a
     backlog, where rollups wait (minutes complete in memory wait for the next step)."""
-    for ts, rows, host in batch:
-        w.submit_tick(ts, rows, host)
+    for ts, rows, host, serving in batch:
+        w.submit_tick(ts, rows, host, serving)
     with w._inline_lock:
         if not roll:
             ticks = list(w._ticks)
@@ -54,7 +57,25 @@ def _odd(rng: random.Random, row: dict) -> None:
     row[col] = rng.choice([-3, -2.5, 7.5, 0.49999, 2**52 + 1, 2**53 + 3, float("nan"), "41", True, 1e15, None])
 
 
-def _batches(seed: int) -> list[list[tuple[int, list[dict], dict | None]]]:
+def _host(rng: random.Random, i: int) -> dict:
+    """REAL readings of any magnitude (their average depends on the order they are added in), and odd ones."""
+    row = host_row(i)
+    row.update(cpu_pct=rng.uniform(0, 100) * rng.choice([1, 1e-6, 1e9]), load1=rng.random() / 3,
+               vllm_cpu_pct=rng.choice([None, rng.uniform(0, 800), 7]), mem_used_bytes=rng.randint(0, 2**40))
+    if rng.random() < 0.05:
+        row[rng.choice(["load5", "vllm_cpu_pct", "cpu_pct"])] = rng.choice(
+            [float("nan"), float("inf"), -float("inf"), "12.5", 2**53 + 1, -0.0, True])
+    return row
+
+
+def _serving(rng: random.Random, i: int) -> dict:
+    row = serving_row(i, run_id=1)
+    row.update(requests_per_s=rng.uniform(0, 50), ttft_p99_ms=rng.expovariate(1 / 300), tpot_p50_ms=None,
+               requests_running=rng.randint(0, 256), kv_cache_usage_pct=rng.uniform(0, 100))
+    return row
+
+
+def _batches(seed: int) -> list[list[Tick]]:
     """About 40 minutes of ticks every 5 s, for 3 GPUs, cut into random batches, with disorder mixed in."""
     rng = random.Random(seed)
     start = T0 - 20 * MIN + rng.randrange(0, MIN, 5_000)  # crosses an hour boundary
@@ -65,16 +86,16 @@ def _batches(seed: int) -> list[list[tuple[int, list[dict], dict | None]]]:
         rows = [gpu_row(g, i, rng, null_every=rng.choice([0, 3])) for g in gpus]
         if rng.random() < 0.05:
             _odd(rng, rows[0])
-        ticks.append((ts, rows, host_row(i) if i % 2 else None))
+        ticks.append((ts, rows, _host(rng, i) if i % 2 else None, _serving(rng, i) if i % 3 else None))
     batches, i = [], 0
     while i < len(ticks):
         n = rng.choice([1, 1, 2, 5, 12, 30, 70])  # up to several minutes in one transaction
         batch = ticks[i:i + n]
-        i += n
+        i = min(i + n, len(ticks))
         r = rng.random()
         if r < 0.15 and i > 30:  # a late tick: seconds to minutes old, into a minute already rolled up or not
             ts = ticks[rng.randrange(max(0, i - 30), i - 1)][0] + rng.choice([1, 2_500, 0])
-            batch.append((ts, [gpu_row(1, i, rng)], None))  # +0: the same tick again (a row replaced)
+            batch.append((ts, [gpu_row(1, i, rng)], _host(rng, i), None))  # +0: the same tick again (replaced)
         elif r < 0.25:
             rng.shuffle(batch)  # out of order inside one batch
         batches.append(batch)
@@ -103,7 +124,7 @@ def _same_bits(a: dict, b: dict) -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_memory_rollups_equal_the_sql_path_with_a_restart_mid_minute(tmp_path, seed):
     batches = _batches(seed)
-    end = max(ts for b in batches for ts, _, _ in b) + 1
+    end = max(t[0] for b in batches for t in b) + 1
     cut = len(batches) // 2  # the agent restarts here: the minute in progress has rows stored before
     dbs = {mem: tmp_path / f"{'memory' if mem else 'sql'}.db" for mem in (True, False)}
     rng = random.Random(seed + 100)
@@ -115,24 +136,25 @@ def test_memory_rollups_equal_the_sql_path_with_a_restart_mid_minute(tmp_path, s
                 _write_batch(w, batches[i], rolls[i])
             w.close()
     got, want = _dump(dbs[True]), _dump(dbs[False])
-    assert len(want["gpu_1m"]) > 3 * 30 and len(want["gpu_1h"]) >= 3  # the comparison covers real data
+    for kind in ("gpu", "host", "serving"):  # the comparison covers real data
+        assert len(want[f"{kind}_1m"]) > 30 and len(want[f"{kind}_1h"]) >= 1, kind
     _same_bits(got, want)
 
 
 def test_steady_ingest_does_not_read_raw_gpu_rows_back(tmp_path):
-    """The minutes a writer saw whole are rolled from memory: no SELECT over gpu_samples after the first step."""
+    """The minutes a writer saw whole are rolled from memory: no SELECT over raw rows after the first step."""
     db = tmp_path / "h.db"
     w = _writer(db, True, T0 + 10 * MIN)
     statements: list[str] = []
-    _write_batch(w, [(T0 + i * 1_000, [gpu_row(g, i) for g in range(2)], None) for i in range(90)])
+    _write_batch(w, [(T0 + i * 1_000, [gpu_row(g, i) for g in range(2)], None, None) for i in range(90)])
     w.conn.set_trace_callback(statements.append)
     for k in range(1, 6):
-        _write_batch(w, [(T0 + i * 1_000, [gpu_row(g, i) for g in range(2)], None)
+        _write_batch(w, [(T0 + i * 1_000, [gpu_row(g, i) for g in range(2)], host_row(i), serving_row(i))
                          for i in range(90 * k, 90 * (k + 1))])
     w.conn.set_trace_callback(None)
     w.close()
     assert any("INSERT OR REPLACE INTO gpu_1m" in s for s in statements)  # minutes were rolled up meanwhile
-    assert not [s for s in statements if "FROM gpu_samples" in s]
+    assert not [s for s in statements if "_samples WHERE" in s and "GROUP BY" in s]  # no aggregate of raw rows
     c = sqlite3.connect(db)
     wm = int(c.execute("SELECT value FROM meta WHERE key = 'rollup_wm_gpu_1m'").fetchone()[0])
     n, samples = c.execute("SELECT count(*), sum(samples) FROM gpu_1m").fetchone()
