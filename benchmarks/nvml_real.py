@@ -266,6 +266,7 @@ def call_costs(nv: Any, rounds: int = 50) -> dict:
         "utilization": lambda: nv.nvmlDeviceGetUtilizationRates(h),
         "power": lambda: nv.nvmlDeviceGetPowerUsage(h),
         "processes": lambda: nv.nvmlDeviceGetComputeRunningProcesses(h),
+        "process_utilization": lambda: nv.nvmlDeviceGetProcessUtilization(h, 0),
         "gpm_sample": lambda: nv.nvmlGpmSampleGet(h, sample),
         "energy": lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h),
     }
@@ -490,6 +491,27 @@ def _matmul(b: Bench, load: Load, has_gpm: bool) -> None:
         b.checks.check("matmul_gpu1_stays_idle", v, None if v is None else v < 5, "< 5 % (load is on GPU 0)")
 
 
+def _processes(b: Bench, load: Load) -> None:
+    """Per-process rows under load: the load's pid on GPU 0 with its memory and an SM share, owned by "the run"."""
+    load.send(f"matmul {b.args.phase_s + 1.5}")
+    load.expect("started", 30)
+    time.sleep(0.7)
+    pid, seen = load.p.pid, []
+    end = time.monotonic() + min(b.args.phase_s, 4.0)
+    while time.monotonic() < end:
+        time.sleep(0.5)
+        seen.extend(r for r in b.sampler.sample({pid}).process_rows if r["gpu"] == 0)
+    print("load:", load.expect("done", 60))
+    mine = [r for r in seen if r["pid"] == pid]
+    shares = [r["sm_util_pct"] for r in mine if r["sm_util_pct"] is not None]
+    b.out["process_rows_gpu0"] = {"rows": len(seen), "load_pid": pid, "pids": sorted({r["pid"] for r in seen}),
+                                  "load_rows": len(mine), "sm_util_pct": shares[-5:]}
+    b.checks.check("process_row_of_load", len(mine), bool(mine) and all(r["in_vllm_tree"] for r in mine),
+                   "the load's pid (this pid namespace) listed on GPU 0, marked as the run's")
+    b.checks.check("process_sm_share", max(shares, default=None), bool(shares) and max(shares) > 50,
+                   "> 50 % SM share for the matmul process (nvmlDeviceGetProcessUtilization)")
+
+
 def _copy(b: Bench, load: Load, has_gpm: bool) -> None:
     """Device-to-device copy."""
     cp = _phase(b, load, "copy")
@@ -539,6 +561,7 @@ def _load_phases(b: Bench, pynvml: Any) -> None:
     try:
         _memory(b, load)
         _matmul(b, load, has_gpm)
+        _processes(b, load)
         _copy(b, load, has_gpm)
         _nvlink(b, load, pynvml, nvlinks)
     finally:
