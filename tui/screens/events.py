@@ -21,6 +21,7 @@ from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.recent_events import SEVERITY_MARK
 
 SEVERITIES = ("info", "warning", "error", "critical")
+SHORT_SEVERITY = {"warning": "warn", "critical": "crit"}  # below 120 columns, for the message's room
 REFRESH_S = 5.0
 LOG_LINES = 2000
 
@@ -157,17 +158,24 @@ class EventsScreen(LiveScreen):
         table.clear()
         utc = self.lynx.utc
         now = self.lynx.now_ms()
+        narrow = self.size.width < 120
+        rows = []
         for e in self._visible_events():
             sev = e.get("severity") or "info"
             mark, style = SEVERITY_MARK.get(sev, ("?", ""))
             ts = e.get("ts_ms")
-            table.add_row(
+            rows.append([
                 Text(_when(ts, utc, now)),
-                Text(f"{mark} {sev}", style=style),
+                Text(f"{mark} {SHORT_SEVERITY.get(sev, sev) if narrow else sev}", style=style),
                 Text(str(e.get("kind") or "")),
                 Text(str(e.get("run_id") or "")),
                 Text(str(e.get("message") or "")),
-            )
+            ])
+        msg_w = _message_width(table, rows)
+        for row in rows:
+            # A message longer than its column wraps onto more lines of its row instead of being cut.
+            lines = len(row[-1].wrap(self.app.console, msg_w)) if msg_w else 1
+            table.add_row(*row, height=max(1, lines))
 
     def _draw_filters(self) -> None:
         shown = len(self._visible_events())
@@ -242,6 +250,20 @@ class EventsScreen(LiveScreen):
         pos = max(0, min(len(ids) - 1, ids.index(cur) + step))
         self.log_run = ids[pos]
         self.fetch_log()
+
+
+def _message_width(table: DataTable, rows: list[list[Text]]) -> int | None:
+    """The message column's width: what the table's width leaves after the other columns (as wide as their
+    widest cell), at least 24; None (as wide as the longest message) before the table has a width."""
+    width = table.scrollable_content_region.width
+    if width <= 0:
+        return None
+    pad = 2 * table.cell_padding
+    columns = list(table.columns.values())
+    used = sum(max([c.label.cell_len, *(row[i].cell_len for row in rows)]) + pad for i, c in enumerate(columns[:-1]))
+    msg_w = max(24, width - used - pad - 2)  # 2: the vertical scrollbar when rows outgrow the table
+    columns[-1].auto_width, columns[-1].width = False, msg_w
+    return msg_w
 
 
 def _when(ts: int | None, utc: bool, now_ms: int) -> str:
