@@ -40,28 +40,47 @@ def axis_top(readings: Iterable[float | None], fixed: float | None = None, thres
 
 
 def bucketize(points: Sequence[tuple[int, float | None]], start_ms: int, end_ms: int, width: int,
-              agg: str = "max") -> list[float | None]:
-    """Place timed points into `width` equal time buckets; a bucket with no reading stays None (a gap)."""
+              agg: str = "max", hold_ms: int | None = None) -> list[float | None]:
+    """Place timed points into `width` equal time buckets; a bucket with no reading stays None (a gap).
+
+    With `hold_ms`, a bucket that starts within `hold_ms` of the last reading keeps that reading: buckets
+    narrower than the readings' spacing (60 one-minute rollups over 68 columns) are not gaps, and drawing
+    them empty said "no data" every few columns. A real gap, longer than `hold_ms`, stays empty.
+    """
     if width <= 0:
         return []
     span = max(1, end_ms - start_ms)
     buckets: list[list[float]] = [[] for _ in range(width)]
+    last_ts: list[int | None] = [None] * width
     for ts, value in points:
         if value is None or ts < start_ms or ts > end_ms:
             continue
         i = min(width - 1, int((ts - start_ms) * width / span))
         buckets[i].append(float(value))
+        last_ts[i] = ts if last_ts[i] is None else max(ts, last_ts[i])
     out: list[float | None] = []
-    for b in buckets:
+    held: tuple[int, float] | None = None  # (ts, value) of the latest reading so far
+    for i, b in enumerate(buckets):
         if not b:
-            out.append(None)
-        elif agg == "avg":
-            out.append(sum(b) / len(b))
+            bucket_start = start_ms + i * span / width
+            out.append(held[1] if held and hold_ms is not None and bucket_start - held[0] <= hold_ms else None)
+            continue
+        if agg == "avg":
+            value = sum(b) / len(b)
         elif agg == "min":
-            out.append(min(b))
+            value = min(b)
         else:
-            out.append(max(b))
+            value = max(b)
+        out.append(value)
+        held = (last_ts[i], value)
     return out
+
+
+def reading_interval(points: Sequence[tuple[int, float | None]]) -> int | None:
+    """The median spacing of the readings (ms), or None with fewer than two."""
+    ts = sorted(t for t, v in points if v is not None)
+    gaps = sorted(b - a for a, b in zip(ts, ts[1:], strict=False) if b > a)
+    return gaps[len(gaps) // 2] if gaps else None
 
 
 def sparkline(values: Sequence[float | None], width: int, vmax: float | None = None,

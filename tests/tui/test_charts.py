@@ -10,7 +10,7 @@ import pytest
 from rich.cells import cell_len
 from textual.app import App, ComposeResult
 
-from lynxtop.tui.plot import COLUMN, SPARK, column_chart, nice_ceiling, sparkline
+from lynxtop.tui.plot import COLUMN, SPARK, bucketize, column_chart, nice_ceiling, reading_interval, sparkline
 from lynxtop.tui.widgets.time_chart import LABEL_W, TimeChart
 
 RAMP = [float(v) for v in range(0, 101, 5)]  # 0..100, 21 columns
@@ -71,6 +71,21 @@ def test_sparkline_fixed_top_and_values_above_it():
     assert sparkline([0, None, 8], 3, vmax=8) == "▁ █"  # at the fixed top: full
     line = sparkline([50.0, 150.0], 2, vmax=100.0)  # above the fixed top: the scale grows past 150
     assert SPARK.index(line[0]) <= 3 and SPARK.index(line[0]) < SPARK.index(line[1]) < len(SPARK) - 1
+
+
+def test_readings_sparser_than_columns_leave_no_false_gaps():
+    """One-minute rollups over an hour in 68 columns: every column after the first reading has a value; an
+    outage of ten minutes is still drawn as a gap."""
+    minute = 60_000
+    points = [(T0 + m * minute, 50.0 + m % 7) for m in range(61) if not 20 <= m < 30]
+    assert reading_interval(points) == minute
+    values = bucketize(points, T0, T0 + 60 * minute, 68, "avg", hold_ms=int(minute * 1.5))
+    col = lambda ts: int((ts - T0) * 68 / (60 * minute))  # noqa: E731
+    outage = range(col(T0 + 21 * minute) + 1, col(T0 + 30 * minute))
+    assert all(values[i] is None for i in outage)
+    assert all(v is not None for i, v in enumerate(values) if i not in outage)
+    # without holding, the narrower columns showed false gaps
+    assert sum(v is None for v in bucketize(points, T0, T0 + 60 * minute, 68, "avg")) > len(outage)
 
 
 @pytest.mark.parametrize(("value", "top"), [(0.7, 1.0), (1.0, 1.0), (3.0, 5.0), (101.0, 200.0), (2400.0, 2500.0),

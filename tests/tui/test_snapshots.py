@@ -212,6 +212,57 @@ async def test_help_lists_every_key_unscrolled_at_80x24(agent, history_db):
         assert not missing, shown
 
 
+async def test_history_at_80x24_run_list_whole_and_apart_from_charts(agent, history_db, monkeypatch):
+    db, _ = history_db
+    monkeypatch.chdir(db.parent)
+    app = _app(agent, type(db)(db.name))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await _history(pilot)
+        await settle(pilot)
+        lines = screen_text(app).splitlines()
+        header = next(line for line in lines if line.split()[:2] == ["run", "profile"])
+        assert header.split() == ["run", "profile", "started", "length", "end"], header
+        assert any(line.startswith("SM activity (avg of GPUs)") for line in lines), lines  # not beside the list
+        assert any("dsv41-tp8-ep SIM" in line and "running" in line for line in lines), lines
+
+
+async def test_event_message_whole_at_80x24(agent):
+    """A long message wraps within its row instead of being cut at the table's edge."""
+    message = "switch to dsv41-tp8-ep by uid 1000 (alice): preflight ok, 8 GPUs freed in 41 s, run 4 starting"
+    first = agent.events[0]
+    raw = first if isinstance(first, dict) else first.to_json()  # the fake's events: JSON or contract records
+    event = {**raw, "id": 9, "ts_ms": raw["ts_ms"] + 1000, "severity": "warning", "message": message}
+    agent.events.append(event if isinstance(first, dict) else type(first).from_json(event))
+    app = _app(agent)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await _view("5")(pilot)
+        screen = app.screen
+        await wait_for(pilot, lambda: len(screen.events) == len(agent.events))
+        await pilot.pause(0.2)
+        text = " ".join(line.strip() for line in screen_text(app).splitlines())
+        assert " ".join(message.split()) in " ".join(text.split()), screen_text(app)
+
+
+async def test_dp8_per_engine_panel_reachable_at_80x24(agent):
+    """Eight engines do not fit under eight GPUs at 80x24: the body scrolls to the last engine, not cut."""
+    agent.status = make_status(engines=engine_loads(waiting={7: 9}, kv={7: 96.4}))
+    app = _app(agent)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("e")
+        await wait_for(pilot, lambda: app.screen.has_class("-engines"))
+        await pilot.pause(0.2)
+        table = app.screen.query_one("#engines")
+        rows = table.row_count
+        assert rows == 8
+        app.screen.query_one("#body").scroll_end(animate=False)
+        await pilot.pause(0.2)
+        body = app.screen.query_one("#body").region
+        assert table.region.bottom <= body.bottom, (table.region, body)  # its last row (and border) on screen
+
+
 def test_node_view_per_engine_120x40(snap_screen):
     """DP8 with engine 5 queueing and its KV cache near full: `e` shows each engine, engine 5 marked."""
     engines = engine_loads(waiting={5: 9}, kv={5: 96.4}, running={5: 14})

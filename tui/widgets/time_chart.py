@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from lynxtop.contract.format import NA, fmt_clock, fmt_datetime, fmt_duration
-from lynxtop.tui.plot import Chart, axis_top, breach_marks, bucketize, column_chart
+from lynxtop.tui.plot import Chart, axis_top, breach_marks, bucketize, column_chart, reading_interval
 
 LABEL_W = 9  # the y-axis labels' width
 
@@ -47,7 +47,10 @@ class TimeChart(Widget):
         plot_w = max(1, width - LABEL_W - 1)
         marks = self.threshold is not None and height >= 4
         plot_h = max(1, height - 2 - (1 if marks else 0))
-        values = bucketize(self.points, self.start_ms, self.end_ms, plot_w, self.agg)
+        # A reading holds for 1.5 of the readings' own spacing: no false gaps where columns are narrower.
+        interval = reading_interval(self.points)
+        values = bucketize(self.points, self.start_ms, self.end_ms, plot_w, self.agg,
+                           hold_ms=int(interval * 1.5) if interval else None)
         last = next((v for _, v in reversed(self.points) if v is not None), None)
         # The axis holds every reading the title quotes (now, max), not only the bucket averages drawn.
         top = axis_top([*values, self._max_reading(last)], fixed=self.vmax)
