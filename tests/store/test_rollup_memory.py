@@ -10,13 +10,15 @@ span several minutes, and an agent restart in the middle of a minute whose first
 
 from __future__ import annotations
 
+import json
 import random
 import sqlite3
 
 import pytest
 
 from lynxtop.store.rollup import Rollups
-from lynxtop.store.writer import StoreWriter
+from lynxtop.store.schema import SAMPLE_TABLES
+from lynxtop.store.writer import StoreWriter, _insert_sql_nulls
 
 from .helpers import T0, gpu_row, host_row, serving_row
 
@@ -161,3 +163,43 @@ def test_steady_ingest_does_not_read_raw_gpu_rows_back(tmp_path):
     c.close()
     last = T0 + 539 * 1_000
     assert wm == last - last % MIN and n == 2 * (wm - T0) // MIN and samples == 2 * (wm - T0) // 1_000
+
+
+def test_many_rows_per_insert_store_what_one_row_inserts_store(tmp_path):
+    """GPU rows go in ROWS_PER_INSERT to a statement: every value (rounded, NULL, replaced) lands as a one-row
+    INSERT of the same row would land it, and a poisoned tick in the batch is still refused alone."""
+    rng = random.Random(7)
+    ticks = []
+    for i in range(300):  # 2 statements of 128 rows per kind... and the rest one by one
+        rows = [gpu_row(g, i, rng, null_every=5) for g in range(3)]
+        if i % 11 == 0:
+            _odd(rng, rows[1])
+        if i == 77:
+            rows.append(dict(rows[0], power_w=1.5))  # the same GPU twice in a tick: the later row wins
+        ticks.append((T0 + i * 1_000, rows, _host(rng, i), _serving(rng, i)))
+    ticks[150][1][2]["energy_j"] = 2**63  # too big for SQLite: this tick is refused, its neighbours are not
+    db = tmp_path / "many.db"
+    w = _writer(db, True, T0 + 400_000)
+    _write_batch(w, ticks)
+    assert w.stats()["rejected"] == 1
+    w.close()
+
+    ref = sqlite3.connect(tmp_path / "one.db")
+    StoreWriter(tmp_path / "one.db").close()
+    ref.execute("BEGIN")
+    for ts, rows, host, serving in ticks[:150] + ticks[151:]:
+        for kind, row in [("gpu", r) for r in rows] + [("host", host), ("serving", serving)]:
+            t = SAMPLE_TABLES[kind]
+            names = [m[0] for m in t.metrics]
+            vals = [ts] + ([row["gpu"]] if t.per_gpu else []) + [row.get(n) for n in names]
+            if kind == "host":
+                vals[1 + names.index("cpu_per_core_pct")] = json.dumps(row["cpu_per_core_pct"])
+            ref.execute(_insert_sql_nulls(kind, None), vals)  # one row, one statement
+    ref.execute("COMMIT")
+    got = sqlite3.connect(db)
+    for table in ("gpu_samples", "host_samples", "serving_samples"):
+        want = ref.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()
+        have = got.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()
+        assert len(have) == len(want) > 250
+        for a, b in zip(have, want, strict=True):
+            assert [(type(v), repr(v)) for v in a] == [(type(v), repr(v)) for v in b], (table, a, b)
