@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import fcntl
 import gc
 import logging
@@ -31,6 +30,7 @@ from lynxtop.agent.api.control import ActionError
 from lynxtop.agent.api.logtail import LogTail
 from lynxtop.agent.api.processes import describe as describe_processes
 from lynxtop.agent.clock import Timeline, describe, span
+from lynxtop.agent.config_source import ConfigSource
 from lynxtop.agent.events import EventSink
 from lynxtop.agent.notify import Notifier, WatchdogThread
 from lynxtop.agent.sampling import (
@@ -145,11 +145,11 @@ class Node:
         self._stop = asyncio.Event()
         self._reader: Any = None
         self._reader_lock = threading.Lock()
-        self._cfg_mtime: float | None = None
+        self.config = ConfigSource(cfg)  # profiles re-read in one place, shared with the supervisor
         self._lock_fd: int | None = None
         self._socket_check_at = 0.0  # monotonic time of the next look at the control socket's path
         self.writer: Any = None
-        self.events: EventSink | None = None  # the one event path, once the store is open
+        self.event_sink: EventSink | None = None  # the one event path, once the store is open
         self.sla: Any = None
         self.supervisor: Supervisor | None = None
         self.cluster: Any = None  # roles.ClusterPart on a head or worker node: its Ray and the cluster
@@ -217,7 +217,7 @@ class Node:
             log.warning("the database %s was damaged and moved aside to %s; a new one was created",
                         a.database, self.writer.moved_aside)
         self.writer.start()
-        self.events = EventSink(self.writer, log, on_write_error=self._event_not_written)
+        self.event_sink = EventSink(self.writer, log, on_write_error=self._event_not_written)
         fake, sim_dir = a.fake_nvml, self.sim_state_dir
         from lynxtop.sim.gpus import SimScenario  # the node composes: the GPU layer never imports the simulator
 
@@ -228,12 +228,12 @@ class Node:
         if a.role != "single":
             from lynxtop.agent.cluster.roles import ClusterPart
 
-            self.cluster = ClusterPart(self.cfg, self.events, state_dir=a.database.parent,
+            self.cluster = ClusterPart(self.cfg, self.event_sink, state_dir=a.database.parent,
                                        session=self.http.session, on_change=self._on_change)
         self.supervisor = Supervisor(self.cfg, self.writer, self.gpu_view, state_path=a.database.parent / STATE_FILE,
                                      host=self.host, simulated=self.simulated, on_change=self._on_change,
                                      http=self.http, cluster=self.cluster.watch if self.cluster else None,
-                                     events=self.events)
+                                     events=self.event_sink, config=self.config)
         self._open_sources()
 
     def _open_sources(self) -> None:
@@ -287,7 +287,7 @@ class Node:
     def _record(self, events: Iterable[Event]) -> None:
         """Every event of the agent's samplers and of the node itself takes the one event path (agent/events.py)."""
         for ev in events:
-            self.events.put(ev)
+            self.event_sink.put(ev)
 
     def _event_not_written(self, ev: Event, exc: Exception) -> None:
         """A store that refuses events must not stop sampling: said once per episode, not per event."""
@@ -702,34 +702,10 @@ class Node:
     def profiles(self) -> dict[str, Any]:
         sup = self.supervisor
         assert sup is not None
-        cfg = self._current_config()
+        cfg = self.config.poll()  # a profile added to the file shows without a restart
         return {"current": sup.profile_name,
                 "profiles": [{"name": p.name, "description": p.description, "argv": p.argv(), "flags": p.flags(),
                               "env": p.shown_env()} for p in cfg.profiles]}  # secret values masked
-
-    def _current_config(self) -> Config:
-        """The supervisor's config, re-read when the file changed, so a new profile shows without a restart."""
-        from lynxtop.contract.config import ConfigError, load_config
-
-        sup = self.supervisor
-        assert sup is not None
-        path = sup.cfg.path
-        if path is None:
-            return sup.cfg
-        try:
-            mtime = path.stat().st_mtime
-        except OSError:
-            return sup.cfg
-        if self._cfg_mtime is None:
-            self._cfg_mtime = mtime
-        elif mtime != self._cfg_mtime:
-            self._cfg_mtime = mtime
-            try:
-                sup.cfg = dataclasses.replace(sup.cfg, profiles=load_config(str(path), secrets=True).profiles)
-            except ConfigError as exc:
-                log.warning("config %s changed but has errors; keeping the previous profiles: %s", path,
-                            "; ".join(exc.problems))
-        return sup.cfg
 
     def _store_reader(self) -> Any:
         from lynxtop.store.reader import StoreReader

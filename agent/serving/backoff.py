@@ -1,7 +1,8 @@
-"""The one restart policy for everything the agent supervises (vLLM and, on multi-node roles, Ray).
+"""The failure history of one supervised thing (vLLM, or Ray on multi-node roles), over the one restart policy.
 
-Exponential backoff with jitter between retries, and a crash loop once too many failures fall in one window:
-an operator then has to act. A run that stayed up for `stable_after_s` clears the count.
+The decisions are agent/serving/policy.py's (pure); this keeps what they need between failures: the failure times
+in the crash-loop window and the consecutive count. A run that stayed up for `stable_after_s`, or an operator's
+action, clears both.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import random
 import time
 from collections import deque
 
+from lynxtop.agent.serving import policy
 from lynxtop.contract.config import AgentConfig
 
 
@@ -32,17 +34,14 @@ class FailureWindow:
         """Count one failure; the delay before the retry, or None for a crash loop (no retry)."""
         now = time.monotonic() if now is None else now
         self.times.append(now)
-        while self.times and now - self.times[0] > self.agent.crash_loop_window_s:
-            self.times.popleft()
+        self.times = deque(policy.in_window(self.times, now, self.agent.crash_loop_window_s))
         self.consecutive += 1
-        if len(self.times) >= self.agent.crash_loop_failures:
+        if policy.after_failure(self.times, self.consecutive, self.agent).next is policy.Next.GIVE_UP:
             return None
-        return self.delay(self.consecutive)
+        return self.delay(self.consecutive)  # the jitter drawn only for a retry, as before
 
     def delay(self, consecutive: int) -> float:
-        a = self.agent
-        base = min(a.backoff_initial_s * 2 ** (consecutive - 1), a.backoff_max_s)
-        return min(base * self.rng.uniform(0.8, 1.2), a.backoff_max_s)
+        return policy.backoff_s(consecutive, self.agent, self.rng.uniform(0.8, 1.2))
 
     def __len__(self) -> int:
         return len(self.times)

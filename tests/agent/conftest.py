@@ -92,10 +92,11 @@ async def make_sup(tmp_path, store):
     made: list[Supervisor] = []
 
     def make(agent: str = "", gpus: ProcGpuView | None = None, cfg_path: Path | None = None,
-             profiles: str | None = None) -> Supervisor:
+             profiles: str | None = None, state_path: Path | None = None, cluster=None) -> Supervisor:
         cfg = load_config(str(cfg_path or write_config(tmp_path, agent, profiles)))
-        sup = Supervisor(cfg, store, gpus or ProcGpuView(), state_path=tmp_path / "state" / "serving.json",
-                         host="testnode", simulated=True, health_poll_s=0.05, stop_kill_wait_s=5)
+        state_path = state_path or tmp_path / "state" / "serving.json"
+        sup = Supervisor(cfg, store, gpus or ProcGpuView(), state_path=state_path,
+                         host="testnode", simulated=True, health_poll_s=0.05, stop_kill_wait_s=5, cluster=cluster)
         made.append(sup)
         return sup
 

@@ -203,8 +203,8 @@ def ray_profiles(h) -> str:
 
 
 async def test_a_ray_profile_waits_for_the_cluster_then_starts(make_sup, h, store):
-    sup = make_sup(profiles=ray_profiles(h))
-    gate = sup.cluster = Gate("waiting for Ray to report 4 GPUs: 2 missing")
+    gate = Gate("waiting for Ray to report 4 GPUs: 2 missing")
+    sup = make_sup(profiles=ray_profiles(h), cluster=gate)
     await sup.start("pp2", by="test")
     await wait_for(lambda: sup.state == ServingState.WAITING, 5, what="waiting")
     assert sup.proc is None and "2 missing" in sup.reason
@@ -223,8 +223,8 @@ async def test_a_ray_profile_waits_for_the_cluster_then_starts(make_sup, h, stor
 
 
 async def test_stop_ends_the_wait_and_nothing_starts(make_sup, h):
-    sup = make_sup(profiles=ray_profiles(h))
-    gate = sup.cluster = Gate("2 missing")
+    gate = Gate("2 missing")
+    sup = make_sup(profiles=ray_profiles(h), cluster=gate)
     await sup.start("pp2", by="test")
     await wait_for(lambda: sup.state == ServingState.WAITING, 5, what="waiting")
     assert "stopping" in await sup.stop("test")
@@ -235,8 +235,7 @@ async def test_stop_ends_the_wait_and_nothing_starts(make_sup, h):
 
 
 async def test_a_profile_without_ray_never_waits(make_sup):
-    sup = make_sup()
-    sup.cluster = Gate("never whole")
+    sup = make_sup(cluster=Gate("never whole"))
     await sup.start("beta", by="test")
     await wait_for(lambda: sup.state == ServingState.READY, 20, what="ready")
     await sup.stop("test")

@@ -89,7 +89,7 @@ def test_the_real_node_writes_publishes_and_logs_its_event_once(tmp_path, h, cap
     node = open_node(h.write_config(tmp_path, 'sample_interval_s = 0.1\nfake_nvml = "h200x8"'))
     published: list[Event] = []
     try:
-        node.events.subscribe(published.append)
+        node.event_sink.subscribe(published.append)
         with caplog.at_level(logging.INFO, logger="lynxtop.agent"):
             node._record([Event(EventKind.AGENT_CLOCK_STEP, Severity.WARNING, "the wall clock was stepped (test)")])
             # the supervisor's events take the same path

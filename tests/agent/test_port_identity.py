@@ -133,8 +133,7 @@ def fill(fs: Path) -> Path:
 async def test_state_file_is_written_once_space_returns(make_sup, store, h, small_fs):
     """serving.json could not be written at the start (full disk): it is retried while the run lives, so a
     restarted agent can adopt the run once space came back, with no transition needed."""
-    sup = make_sup()
-    sup.state_path = small_fs / "serving.json"
+    sup = make_sup(state_path=small_fs / "serving.json")
     filler = fill(small_fs)
     await sup.start("alpha", by="test")
     await h.wait_for(lambda: sup.state == "ready" and sup.action is None, 15, what="ready on a full disk")
@@ -147,8 +146,7 @@ async def test_state_file_is_written_once_space_returns(make_sup, store, h, smal
     assert record.pid == sup.proc.pid and record.ready_ms is not None and record.run_id == sup.run_id
     await h.wait_for(lambda: len(events(store, "agent.state_file")) == 2, 5, what="the written-again event")
     await sup.shutdown(stop_serving=False)
-    other = make_sup()  # the agent restarted: it adopts the run
-    other.state_path = sup.state_path
+    other = make_sup(state_path=sup.state_path)  # the agent restarted: it adopts the run
     assert await other.adopt_previous()
     assert other.proc.pid == record.pid
     await other.shutdown(stop_serving=True)

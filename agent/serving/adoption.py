@@ -1,0 +1,124 @@
+"""Adoption (live restore): the server a previous agent left running is taken over, never restarted.
+
+Owns the decision at agent start: serving.json read (agent/serving/statefiles.py), the process's identity checked
+(`launcher.adopt`: pid, start time, run token), the profile it is supervised with, and the run's row. A server that
+is gone or not ours any more is cleaned up (its leftovers killed, its row closed) and nothing is adopted. The run
+lifecycle takes what `find` returns and watches it like any run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lynxtop.agent.serving import launcher
+from lynxtop.agent.serving.launcher import ServerProcess
+from lynxtop.agent.serving.run import now_ms
+from lynxtop.agent.serving.runstore import RunStore, store_call
+from lynxtop.agent.serving.statefiles import ServerState
+from lynxtop.agent.serving.stopping import files_text
+from lynxtop.contract.config import Config, Profile
+from lynxtop.contract.events import EventKind, Severity
+
+# An adopted server whose profile was removed from the config is stopped with these defaults.
+FALLBACK_GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class Adopted:
+    proc: ServerProcess
+    record: launcher.ServerRecord
+    profile: Profile
+
+
+def with_address_of(prof: Profile, argv: list[str]) -> Profile:
+    """`prof` with the host and port the recorded argv really used (the config may have changed since)."""
+    changes: dict[str, Any] = {}
+    for flag, key in (("--host", "host"), ("--port", "port")):
+        if flag in argv[:-1]:
+            value = argv[argv.index(flag) + 1]
+            if key == "port":
+                if not value.isdigit():
+                    continue
+                changes[key] = int(value)
+            else:
+                changes[key] = value
+    return dataclasses.replace(prof, **changes) if changes else prof
+
+
+class Adoption:
+    def __init__(self, state: ServerState, store: RunStore, event: Callable[..., Any], config: Callable[[], Config],
+                 *, host: str, simulated: bool):
+        self._state = state
+        self._store = store
+        self._event = event  # the lifecycle's event call
+        self._config = config
+        self._host = host
+        self._simulated = simulated
+
+    async def find(self) -> Adopted | None:
+        """The server the previous agent left, adopted; or None (nothing recorded, or cleaned up after it)."""
+        record, err = self._state.read()
+        if err:
+            self._event(EventKind.AGENT_STATE_FILE, Severity.WARNING, err)
+        if record is None:
+            return None
+        proc, why = launcher.adopt(record)
+        if proc is None:
+            await self._not_adopted(record, why or "?")
+            return None
+        prof = self._profile(record)
+        if record.run_id is not None:
+            await self._restore_row(record)
+        return Adopted(proc, record, prof)
+
+    async def _not_adopted(self, record: launcher.ServerRecord, why: str) -> None:
+        """The recorded server is gone or not ours any more: kill what is left of its run and close its row."""
+        res = await launcher.kill_leftovers(record)
+        extra = (f"; killed {len(res.pids)} leftover process(es) of that run: "
+                 + ", ".join(o.describe() for o in res.orphans)) if res.pids else ""
+        self._event(EventKind.SERVING_NOT_ADOPTED, Severity.WARNING,
+                    f"previous run {record.run_id} (profile {record.profile}) not adopted: {why}{extra}"
+                    f"{files_text(res)}", run_id_prev=record.run_id, pids=res.pids,
+                    orphans=[dataclasses.asdict(o) for o in res.orphans], removed=res.removed,
+                    not_removed=res.not_removed)
+        if res.survivors:
+            self._event(EventKind.SERVING_UNKILLABLE, Severity.CRITICAL, f"previous run {record.run_id}: "
+                        f"process(es) still alive after SIGKILL: {res.survivors}", pids=res.survivors)
+        if record.run_id is not None:
+            await self._restore_row(record)
+            await store_call(self._store.update_run, record.run_id, ended_ms=now_ms(),
+                             end_reason=f"lost while the agent was down: {why}")
+        self._state.remove()
+
+    def _profile(self, record: launcher.ServerRecord) -> Profile:
+        """The profile an adopted server is supervised with: the config's, on the address and readiness timeout
+        the server was really started with (a fallback when the profile was removed)."""
+        prof = self._config().profile(record.profile)
+        if prof is None:
+            # keep serving; stop and readiness use the recorded argv's host/port defaults
+            prof = Profile(name=record.profile, executable=record.argv[0] if record.argv else "?",
+                           model=record.argv[2] if len(record.argv) > 2 else "?",
+                           stop_grace_s=FALLBACK_GRACE_S)
+            self._event(EventKind.SERVING_ADOPTED_UNKNOWN_PROFILE, Severity.WARNING,
+                        f"adopted run {record.run_id} uses profile {record.profile!r}, which is no longer in the "
+                        "config; it keeps running")
+        elif prof.argv() != record.argv:
+            self._event(EventKind.SERVING_ADOPTED_PROFILE_CHANGED, Severity.WARNING,
+                        f"profile {record.profile} changed in the config since run {record.run_id} started; the "
+                        "adopted server keeps its old flags until it is restarted")
+        prof = with_address_of(prof, record.argv)
+        if isinstance(record.readiness_timeout_s, (int, float)) and record.readiness_timeout_s > 0:
+            prof = dataclasses.replace(prof, readiness_timeout_s=float(record.readiness_timeout_s))
+        return prof
+
+    async def _restore_row(self, record: launcher.ServerRecord) -> None:
+        """The run's row from serving.json when the history lacks it (the previous agent ended while the disk
+        was full, its queued row unwritten); an existing row is left as it is."""
+        await store_call(
+            self._store.create_run, run_id=record.run_id, profile=record.profile, argv=record.argv,
+            model=record.argv[2] if len(record.argv) > 2 else None, host=self._host, started_ms=record.started_ms,
+            pid=record.pid, pid_start_time=record.start_ticks, log_path=record.log_path, simulated=self._simulated,
+            ready_ms=record.ready_ms)

@@ -1,0 +1,470 @@
+"""The run lifecycle: one server start at a time, start -> readiness -> serving -> exit or stop.
+
+The only writer of the serving state (stopped, waiting, starting, ready, degraded, stopping, backoff, crash-loop),
+of the current profile and of the current `Run` (agent/serving/run.py). Each run has one lifecycle task
+(readiness -> watching -> crash handling). Any exit nobody asked for is a crash, whatever the exit code: vLLM can
+exit 0 when its engine dies. A model that took 20 minutes to load is never restarted here except after a crash, a
+readiness timeout, or a hang with `restart_on_hang` on (policy.py decides; the supervisor carries it out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from lynxtop.agent.events import EventSink
+from lynxtop.agent.serving import launcher, policy, procs
+from lynxtop.agent.serving.actions import ActionSlot, clock
+from lynxtop.agent.serving.adoption import FALLBACK_GRACE_S, Adopted
+from lynxtop.agent.serving.health import Health, HttpClient, Verdict, version_of
+from lynxtop.agent.serving.launcher import ExitInfo, ServerProcess
+from lynxtop.agent.serving.retry import Retry
+from lynxtop.agent.serving.run import Run, now_ms
+from lynxtop.agent.serving.runstore import RunStore, store_call
+from lynxtop.agent.serving.startup import tail_lines
+from lynxtop.agent.serving.statefiles import ServerState
+from lynxtop.agent.serving.stopping import report_stop, wait_gpus_released
+from lynxtop.agent.serving.watch import RunWatch, server_url
+from lynxtop.contract.config import Config, Profile
+from lynxtop.contract.events import Event, EventKind, Severity
+from lynxtop.contract.status import ServingState as S  # noqa: N817 - read as a state name: S.READY
+
+log = logging.getLogger("lynxtop.agent.serving.supervisor")
+
+LOG_TAIL_LINES = 20
+RUN_LOGS_KEPT = 200  # per-run vLLM logs kept in log_dir (the runs table keeps every run forever)
+
+_DEGRADED = {"hang": EventKind.SERVING_DEGRADED_HANG, "health": EventKind.SERVING_DEGRADED_HEALTH}
+_RECOVERED = {"hang": EventKind.SERVING_RECOVERED_HANG, "health": EventKind.SERVING_RECOVERED_HEALTH}
+
+
+class GpuView(Protocol):
+    """What the supervisor needs to know about the GPUs (node.py answers from the sampler's latest tick)."""
+
+    def gpu_info(self) -> list[dict[str, Any]] | None:
+        """[{index, name, cc_major, cc_minor, mem_total_bytes, nvlink_count, driver_version}] (the last three may
+        be absent: then not checked), or None when the GPUs cannot be read (NVML down)."""
+        ...
+
+    def compute_pids(self) -> tuple[float, set[int]] | None:
+        """(monotonic time of the latest sample, pids holding GPU memory), or None when unknown."""
+        ...
+
+
+class ClusterGate(Protocol):
+    """On a head: whether Ray reports the GPUs a profile needs (agent/cluster/view.py), and where Ray's GCS is."""
+
+    address: str
+
+    def missing(self, prof: Profile) -> str | None: ...
+
+    async def wait_change(self, timeout_s: float) -> None: ...
+
+
+def port_taken(prof: Profile, holders: list[procs.PortHolder]) -> str:
+    """Why `prof` cannot start while `holders` listen where it would bind."""
+    return (f"port {prof.port} is already in use: {'; '.join(h.describe() for h in holders)}; a second server "
+            f"there would fail to bind while the one answering /health is not this agent's (ps -fp PID; stop it, "
+            f"or give profile {prof.name} another port)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """How often /health is asked, after how many failures it counts, how long a kill is waited for."""
+
+    health_poll_s: float = 1.0
+    health_fail_threshold: int = 3
+    stop_kill_wait_s: float = 15.0
+
+
+class RunLifecycle:
+    def __init__(self, config: Callable[[], Config], store: RunStore, events: EventSink, gpus: GpuView,
+                 slot: ActionSlot, retry: Retry, state_path: Path, *, host: str, simulated: bool,
+                 timing: Timing, http: HttpClient, cluster: ClusterGate | None,
+                 on_change: Callable[[], None] | None, on_hang: Callable[[Profile], None]):
+        self._config = config
+        self._store = store
+        self._events = events
+        self._gpus = gpus
+        self._slot = slot
+        self._retry = retry
+        self.state_file = ServerState(state_path, self.event)  # serving.json: adoption reads it at start
+        self._host, self._simulated, self.timing = host, simulated, timing
+        self._http = http
+        self._cluster = cluster
+        self._on_change = on_change
+        self._on_hang = on_hang  # the supervisor's restart after a hang (an action of its own)
+        self._gate_task: asyncio.Task | None = None  # the start or retry waiting at the cluster's gate
+        self._task: asyncio.Task | None = None  # the current run's lifecycle task
+        self._closing = False
+
+        self.state: S = S.STOPPED
+        self.state_since_ms = now_ms()
+        self.reason = "agent started"
+        self.profile: Profile | None = None
+        self.profile_name: str | None = None  # set with `profile`; alone for a crash loop whose profile was removed
+        self.run: Run | None = None  # the current run, or the last one once it ended
+        self.crashes = 0
+        self.restarts = 0
+
+    @property
+    def proc(self) -> ServerProcess | None:
+        return self.run.proc if self.run is not None else None
+
+    @property
+    def run_id(self) -> int | None:
+        return self.run.run_id if self.run is not None else None
+
+    def url(self) -> str | None:
+        return server_url(self.profile) if self.profile else None
+
+    def vllm_root_pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and not self.proc.exited else None
+
+    def set_state(self, state: S, reason: str) -> None:
+        if state != self.state or reason != self.reason:
+            log.info("serving: %s -> %s (%s)", self.state, state, reason)
+        if state != self.state:
+            self.state_since_ms = now_ms()
+        self.state = state
+        self.reason = reason
+        if self._on_change:
+            self._on_change()
+
+    def event(self, kind: EventKind, severity: Severity, message: str, with_log: bool = False,
+              **details: Any) -> None:
+        """A supervisor event: the state it happened in and the run it is about added; with the log's tail."""
+        details.setdefault("state", self.state)
+        if with_log and self.proc is not None:
+            details["log_tail"] = tail_lines(self.proc.record.log_path, LOG_TAIL_LINES)
+            details["log_path"] = self.proc.record.log_path
+        self._events.put(Event(kind, severity, message, details=details, run_id=self.run_id))
+
+    # ------------------------------------------------------------------------------------- a run's start
+
+    async def _await_cluster(self, prof: Profile) -> None:
+        """A head starts a Ray profile only once Ray reports the GPUs it needs, saying what is missing meanwhile.
+
+        The wait is not a failure (no backoff, no crash-loop count) and a stop ends it."""
+        missing = self._cluster.missing(prof) if self._cluster is not None and prof.uses_ray else None
+        if missing is None or self._cluster is None:
+            return
+        self.profile, self.profile_name = prof, prof.name
+        self._retry.started()
+        self.set_state(S.WAITING, missing)
+        self.event(EventKind.CLUSTER_WAITING, Severity.WARNING, f"profile {prof.name}: {missing}",
+                   gpus_needed=prof.gpus_needed)
+        self._gate_task = asyncio.current_task()
+        try:
+            with self._slot.waiting():
+                while missing is not None:
+                    await self._cluster.wait_change(5.0)
+                    missing = self._cluster.missing(prof)
+                    if missing is not None and missing != self.reason:
+                        self.set_state(S.WAITING, missing)
+        finally:
+            self._gate_task = None
+        self.event(EventKind.CLUSTER_WHOLE, Severity.INFO, f"profile {prof.name}: Ray reports the "
+                   f"{prof.gpus_needed} GPUs it needs; starting vLLM")
+
+    async def cancel_gate(self) -> None:
+        """A stop ends a start or retry that waits for the cluster."""
+        task = self._gate_task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def launch(self, prof: Profile, reason: str, restart: bool = False) -> bool:
+        """Spawn a new run of `prof` (the GPUs were freed by whoever stopped the previous run); `restart`: an
+        operator's or the hang policy's restart, counted."""
+        if restart:
+            self.restarts += 1
+        await self._await_cluster(prof)
+        agent = self._config().agent
+        protect = {self.proc.record.log_path} if self.proc is not None else set()
+        for old in launcher.prune_logs(agent.run_log_dir, RUN_LOGS_KEPT, protect):
+            log.info("removed old run log %s (keeping the newest %d)", old, RUN_LOGS_KEPT)
+        spawned = prof
+        if self._cluster is not None and prof.uses_ray and "RAY_ADDRESS" not in prof.env:
+            # the cluster this agent runs, by name: ray.init("auto") takes whichever Ray started last on the host
+            spawned = dataclasses.replace(prof, env={**prof.env, "RAY_ADDRESS": self._cluster.address})
+        taken = await asyncio.to_thread(procs.port_holders, prof.host, prof.port)
+        if taken:  # every start (restart, switch, retry) checks the port once the previous run is gone
+            self.profile, self.profile_name = prof, prof.name
+            why = port_taken(prof, taken)
+            self.set_state(S.STOPPED, why)
+            self.event(EventKind.SERVING_PORT_IN_USE, Severity.ERROR, f"could not start profile {prof.name}: {why}",
+                       pids=sorted({p for h in taken for p in h.pids}), port=prof.port)
+            self._resolve_outcome(False)
+            return False
+        try:
+            run = Run.launch(spawned, agent.run_log_dir)
+        except OSError as exc:
+            argv = prof.argv()
+            self.profile, self.profile_name = prof, prof.name
+            self.set_state(S.STOPPED, f"could not start {argv[0]}: {exc}")
+            self.event(EventKind.SERVING_START_FAILED, Severity.ERROR, f"could not start profile {prof.name}: {exc}",
+                       argv=argv)
+            self._resolve_outcome(False)
+            return False
+        proc = run.proc
+        self.run = run
+        self.profile, self.profile_name = prof, prof.name
+        self._retry.started()
+        self.state_file.save(proc.record)  # before any await: an agent killed now must still find this server
+        # Returns at once: the row waits in the writer's queue while the disk is full (a full disk once held a
+        # restart 30 s in "stopping" here and the run was never recorded).
+        run.run_id = await store_call(
+            self._store.create_run, profile=prof.name, argv=proc.record.argv, model=prof.model, host=self._host,
+            started_ms=run.started_ms, pid=proc.pid, pid_start_time=proc.record.start_ticks, log_path=run.log_path,
+            simulated=self._simulated, flags=prof.flags())
+        proc.record.run_id = run.run_id
+        self.state_file.save(proc.record)
+        self.set_state(S.STARTING, reason)
+        self.event(EventKind.SERVING_STARTING, Severity.INFO, f"run {run.run_id}: started profile {prof.name} "
+                   f"(pid {proc.pid}): {reason}", pid=proc.pid, argv=proc.record.argv, log_path=run.log_path)
+        RunWatch(self, run, prof, self._http, agent).check_log()
+        self._task = asyncio.get_running_loop().create_task(self._lifecycle(run, prof), name=f"run-{run.run_id}")
+        return True
+
+    def adopt(self, found: Adopted) -> None:
+        """Watch the server a previous agent left (agent/serving/adoption.py found it) like any run."""
+        record = found.record
+        run = self.run = Run.adopt(found.proc, record)
+        self.profile, self.profile_name = found.profile, record.profile
+        self.set_state(S.STARTING, f"adopted run {record.run_id} (pid {record.pid}) from the previous agent")
+        self.event(EventKind.SERVING_ADOPTED, Severity.INFO, f"adopted run {record.run_id} (profile "
+                   f"{record.profile}, pid {record.pid}) left running by the previous agent: no restart",
+                   pid=record.pid)
+        self._task = asyncio.get_running_loop().create_task(self._lifecycle(run, found.profile),
+                                                            name=f"run-{record.run_id}")
+
+    def hold_crash_loop(self, profile: str, reason: str) -> None:
+        """At agent start, with nothing adopted: the crash loop the previous agent recorded goes on."""
+        self.profile_name = profile
+        self.profile = self._config().profile(profile)
+        self.set_state(S.CRASH_LOOP, f"{reason} (recorded before the agent restarted)")
+        self.event(EventKind.SERVING_CRASH_LOOP, Severity.WARNING, f"profile {profile} is still in crash-loop from "
+                   "before the agent restarted; not starting it (lynxtop start / restart / switch / stop to act)")
+
+    # ------------------------------------------------------------------------------------- readiness, serving
+
+    async def _lifecycle(self, run: Run, prof: Profile) -> None:
+        proc = run.proc
+        watch = RunWatch(self, run, prof, self._http, self._config().agent)
+        readiness = await watch.until_ready()
+        if readiness == "ready":
+            await watch.while_serving()
+        if proc.exited and not self._closing:
+            await self._on_failure(run, prof, proc.exit or ExitInfo(None, None, known=False), readiness)
+
+    async def not_ready_in_time(self, run: Run, prof: Profile) -> None:
+        why = f"not ready within {prof.readiness_timeout_s:g} s"
+        self.event(EventKind.SERVING_READINESS_TIMEOUT, Severity.ERROR,
+                   f"run {run.run_id}: {why} (phase: {run.tracker.phase}); stopping it", with_log=True)
+        self.set_state(S.STOPPING, why)
+        await self._stop_and_release(run, prof.stop_grace_s)
+        await self._finish_run(run, why)
+        await self._count_failure(prof, why)
+
+    def changed(self) -> None:
+        """Something the status shows changed (a phase): the node refreshes its status line."""
+        if self._on_change:
+            self._on_change()
+
+    def stable(self) -> None:
+        """The run stayed up for `stable_after_s`: its failures are forgiven."""
+        if self._retry.failures:
+            log.info("run %s stable for %.0f s: failure count reset", self.run_id,
+                     self._config().agent.stable_after_s)
+        self._retry.failures.reset()
+
+    async def ready(self, run: Run, url: str) -> None:
+        proc = run.proc
+        proc.note_files()  # the run's /dev/shm segments exist by now; a later kill of the whole run hides them
+        was_ready = run.was_ready
+        ready_ms = proc.record.ready_ms if was_ready else now_ms()
+        assert ready_ms is not None
+        run.ready_ms = ready_ms
+        _, body = await self._http.get(url + "/version")  # capped in size (agent/serving/health.py)
+        run.vllm_version = version_of(body) or run.vllm_version
+        if was_ready:
+            self.state_file.save(proc.record)  # with the segments seen now
+            self.set_state(S.READY, f"adopted run {run.run_id} answers GET /health 200")
+            self.event(EventKind.SERVING_READY, Severity.INFO, f"run {run.run_id}: adopted and serving (ready since "
+                       f"{clock(ready_ms)})", adopted=True)
+            self._resolve_outcome(True)
+            return
+        load_s = (ready_ms - (run.started_ms or ready_ms)) / 1000
+        gpus = self._gpus.gpu_info() or []
+        if run.run_id is not None:
+            await store_call(self._store.update_run, run.run_id, ready_ms=ready_ms, vllm_version=run.vllm_version,
+                             gpu_names=sorted({str(g.get("name")) for g in gpus}) or None,
+                             gpu_count=len(gpus) or None)
+        proc.record.ready_ms = ready_ms
+        self.state_file.save(proc.record)
+        self.set_state(S.READY, f"GET /health answered 200 after {load_s:.1f} s")
+        self.event(EventKind.SERVING_READY, Severity.INFO, f"run {run.run_id}: ready after {load_s:.1f} s "
+                   f"(vLLM {run.vllm_version or 'version unknown'})", with_log=True, load_s=load_s)
+        self._resolve_outcome(True)
+
+    def _resolve_outcome(self, ok: bool) -> None:
+        if self.run is not None:
+            self.run.resolve(ok)
+        self._slot.release_waiting()
+
+    def on_verdict(self, verdict: Verdict) -> None:
+        """A verdict on the current run from agent/serving/health.py: hung or unhealthy marks it degraded (and a hang
+        restarts it with `restart_on_hang`), healthy again clears that condition."""
+        run = self.run
+        if run is None:
+            return
+        if verdict.condition == "hang" and self.state not in (S.READY, S.DEGRADED):
+            return  # counters of a run that is no longer serving (stopping, crashed) say nothing
+        if not verdict.bad:
+            if run.clear_degraded(verdict.condition) and self.state == S.DEGRADED:
+                if run.degraded:
+                    self.set_state(S.DEGRADED, run.degraded_reason())
+                else:
+                    self.set_state(S.READY, verdict.reason)
+                self.event(_RECOVERED[verdict.condition], Severity.INFO, f"run {self.run_id}: {verdict.reason}",
+                           with_log=True)
+            return
+        new = run.mark_degraded(verdict.condition, verdict.reason)
+        if self.state in (S.READY, S.DEGRADED):
+            self.set_state(S.DEGRADED, run.degraded_reason())
+            if new:
+                self.event(_DEGRADED[verdict.condition], Severity.ERROR, f"run {self.run_id}: degraded: "
+                           f"{verdict.reason}", with_log=True)
+        if policy.restart_on_verdict(verdict.health is Health.HUNG, self._config().agent,
+                                     self._slot.current is not None, self.profile is not None):
+            assert self.profile is not None
+            self._on_hang(self.profile)
+
+    # ------------------------------------------------------------------------------------- a run's end
+
+    async def _stop_and_release(self, run: Run, grace_s: float) -> None:
+        """Stop a run that failed (its events said why) and wait for its GPU memory."""
+        res = await run.proc.stop(grace_s, self.timing.stop_kill_wait_s)
+        report_stop(self.event, self.run_id, run.proc, res, files_in_caller_event=False)
+        await wait_gpus_released(self.event, self.run_id, self._gpus, res.pids, time.monotonic(),
+                                 self._config().agent.gpu_release_timeout_s)
+
+    async def _finish_run(self, run: Run, end_reason: str) -> None:
+        if run.finished:
+            return
+        run.finished = True
+        ex = run.proc.exit
+        if run.run_id is not None:
+            await store_call(self._store.update_run, run.run_id, ended_ms=now_ms(),
+                             exit_code=ex.exit_code if ex else None, exit_signal=ex.exit_signal if ex else None,
+                             end_reason=end_reason)
+        self.state_file.remove()
+        run.proc.close()
+
+    async def _on_failure(self, run: Run, prof: Profile, ex: ExitInfo, readiness: str) -> None:
+        """An exit nobody asked for: clean up the rest of the tree, then back off or give up."""
+        if readiness == "timeout":
+            return  # already counted
+        when = "before becoming ready" if readiness != "ready" else "while serving"
+        reason = f"vLLM {ex.describe()} {when} (not requested by anyone)"
+        self.crashes += 1
+        run.crash_reason = f"crashed: {reason}"
+        self._resolve_outcome(False)
+        self.event(EventKind.SERVING_CRASH, Severity.ERROR, f"run {run.run_id}: {reason}", with_log=True,
+                   exit_code=ex.exit_code, exit_signal=ex.exit_signal)
+        self.set_state(S.STOPPING, f"cleaning up after crash: {reason}")
+        await self._stop_and_release(run, min(prof.stop_grace_s, 5.0))
+        await self._finish_run(run, f"crashed: {reason}")
+        await self._count_failure(prof, reason)
+
+    async def _count_failure(self, prof: Profile, reason: str) -> None:
+        self._resolve_outcome(False)
+        a = self._config().agent
+        window = a.crash_loop_window_s
+        delay = self._retry.fail()
+        failures = len(self._retry.failures)
+        if delay is None:
+            msg = (f"crash loop: {failures} failures within {window:g} s; not retrying until an "
+                   f"operator acts (lynxtop start / restart / switch). Last: {reason}")
+            self.set_state(S.CRASH_LOOP, msg)
+            self._retry.save_crash_loop(prof.name, msg)
+            self.event(EventKind.SERVING_CRASH_LOOP, Severity.CRITICAL, f"profile {prof.name}: {msg}", with_log=True,
+                       failures=failures)
+            return
+        self.set_state(S.BACKOFF, f"{reason}; retry {self._retry.failures.consecutive} in {delay:.1f} s")
+        self.event(EventKind.SERVING_BACKOFF, Severity.WARNING, f"profile {prof.name}: retry in {delay:.1f} s "
+                   f"(failure {failures} of {a.crash_loop_failures} allowed in {window:g} s)",
+                   with_log=True, delay_s=delay, failures=failures)
+        self._retry.schedule(delay, lambda: self._retry_due(prof))
+
+    async def _retry_due(self, prof: Profile) -> None:
+        if self._slot.current is not None or self.state != S.BACKOFF:
+            return
+        self._retry.task_done()
+        # the profile as configured now (an adopted run may have been started with older flags)
+        current = self._config().profile(prof.name)
+        if current is None:
+            self._retry.started()
+            self.set_state(S.STOPPED, f"profile {prof.name} is no longer in the config; not restarted")
+            self.event(EventKind.SERVING_STOPPED, Severity.ERROR,
+                       f"not retrying: profile {prof.name} is no longer in the config")
+            return
+        self._slot.hold_for_retry(prof.name)
+        try:
+            await self.launch(current, f"retry {self._retry.failures.consecutive} after failure")
+        finally:
+            self._slot.release_retry()
+
+    async def stop_current(self, reason: str, end_reason: str) -> None:
+        """Stop the current run, if any, and wait for its GPU memory to be released."""
+        run = self.run
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        self._task = None
+        self._resolve_outcome(False)
+        if run is None:
+            return
+        proc = run.proc
+        if proc.exited and not proc.members() and run.finished:
+            return
+        if run.crash_reason and proc.exited:
+            end_reason = run.crash_reason  # it crashed before this stop reached it
+        grace = self.profile.stop_grace_s if self.profile else FALLBACK_GRACE_S
+        self.set_state(S.STOPPING, reason)
+        t0 = time.monotonic()
+        res = await proc.stop(grace, self.timing.stop_kill_wait_s)
+        files = report_stop(self.event, self.run_id, proc, res, files_in_caller_event=True)
+        self.event(EventKind.SERVING_EXITED, Severity.INFO, f"run {run.run_id}: stopped in "
+                   f"{time.monotonic() - t0:.1f} s ({proc.exit.describe() if proc.exit else 'exit unknown'}){files}",
+                   with_log=True, pids=res.pids, removed=res.removed, not_removed=res.not_removed)
+        await wait_gpus_released(self.event, self.run_id, self._gpus, res.pids, time.monotonic(),
+                                 self._config().agent.gpu_release_timeout_s)
+        await self._finish_run(run, end_reason)
+
+    async def close(self, stop_serving: bool) -> None:
+        """Agent exit: the run's task ends; with live restore its server keeps running (its record stays)."""
+        if not stop_serving and self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if stop_serving and self.run is not None and not self.run.finished:
+            await self.stop_current("agent shutting down (live_restore off)", "stopped with the agent")
+            self.set_state(S.STOPPED, "agent shut down")
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self.proc is not None:
+            self.proc.close()
+

@@ -1,0 +1,139 @@
+"""Watching one run: its readiness (/health, the startup phases of its log) and then its health while serving.
+
+A `RunWatch` lives as long as one run's lifecycle task and owns its probes; what it finds it hands to the run
+lifecycle (agent/serving/lifecycle.py), which alone changes the serving state: `ready`, `not_ready_in_time`,
+`on_verdict`, `stable`. It reports what it sees in the run's log (phases, an unwritable log) as events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING
+
+from lynxtop.agent.serving import procs
+from lynxtop.agent.serving.health import HealthProbe, HttpClient
+from lynxtop.agent.serving.launcher import ServerProcess
+from lynxtop.agent.serving.run import Run, now_ms
+from lynxtop.contract.config import AgentConfig, Profile
+from lynxtop.contract.events import EventKind, Severity
+
+if TYPE_CHECKING:
+    from lynxtop.agent.serving.lifecycle import RunLifecycle
+
+
+def server_url(profile: Profile) -> str:
+    host = profile.host
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{profile.port}"
+
+
+def others_listening(proc: ServerProcess, prof: Profile) -> list[procs.PortHolder]:
+    """Who listens on the profile's port when no process of the run does ([]: the run does, or /proc/net cannot
+    say): a 200 from /health proves the run is ready only if its own process answered it."""
+    ours, holders = procs.listener_is_ours(prof.port, proc.members())
+    return holders if ours is False else []
+
+
+class RunWatch:
+    def __init__(self, lc: RunLifecycle, run: Run, prof: Profile, http: HttpClient, agent: AgentConfig):
+        self._lc = lc
+        self._run = run
+        self._prof = prof
+        self._http = http
+        self._agent = agent
+
+    async def until_ready(self) -> str:
+        """'ready', 'timeout' (the lifecycle stopped it) or 'exited'."""
+        run, prof, lc = self._run, self._prof, self._lc
+        proc = run.proc
+        # from the run's start, not from now: an adopted server mid-load has already used part of it
+        elapsed = max(0.0, (now_ms() - (run.started_ms or now_ms())) / 1000)
+        deadline = time.monotonic() + prof.readiness_timeout_s - elapsed
+        if run.was_ready:
+            # it was ready under the previous agent: its load time is long past the timeout, so one slow or
+            # failed /health right after an agent restart would otherwise kill a healthy server
+            deadline = float("inf")
+        url = server_url(prof)
+        probe = HealthProbe(self._http, url, lc.timing.health_fail_threshold)
+        exit_wait = asyncio.ensure_future(proc.wait())
+        told = False
+        try:
+            while not proc.exited:
+                self.poll_phases()
+                self.check_log()
+                lc.state_file.resave(proc.record)
+                if await probe.ok() and not proc.exited:
+                    # inline, once per answered probe (a few ms of /proc reads): in a worker thread each of its
+                    # syscalls waited for the GIL behind a busy loop, and readiness came seconds late
+                    others = others_listening(proc, prof)
+                    if not others:
+                        await lc.ready(run, url)
+                        return "ready"
+                    if not told:  # once per run: it may answer for the whole readiness timeout
+                        told = True
+                        lc.event(EventKind.SERVING_PORT_IN_USE, Severity.ERROR,
+                                 f"run {run.run_id}: GET /health on {url} answered, but not from this run: "
+                                 f"{'; '.join(h.describe() for h in others)}; not ready until the run's own "
+                                 "server answers", pids=sorted({p for h in others for p in h.pids}),
+                                 port=prof.port)
+                if time.monotonic() >= deadline:
+                    await lc.not_ready_in_time(run, prof)
+                    return "timeout"
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(exit_wait), lc.timing.health_poll_s)
+            self.poll_phases()
+            return "exited"
+        finally:
+            exit_wait.cancel()
+
+    async def while_serving(self) -> None:
+        """While serving: wait for the exit, probe /health now and then, forgive failures after a stable period."""
+        lc, proc = self._lc, self._run.proc
+        probe = HealthProbe(self._http, server_url(self._prof), lc.timing.health_fail_threshold,
+                            hang_timeout_s=self._agent.hang_timeout_s)  # a frozen server is hung too
+        stable_at: float | None = time.monotonic() + self._agent.stable_after_s
+        period = max(lc.timing.health_poll_s * 5, 1.0)
+        exit_wait = asyncio.ensure_future(proc.wait())
+        try:
+            while not proc.exited:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(exit_wait), period)
+                if proc.exited:
+                    break
+                self.check_log()
+                lc.state_file.resave(proc.record)
+                if stable_at is not None and time.monotonic() >= stable_at:
+                    lc.stable()
+                    stable_at = None
+                verdict = await probe.probe()
+                if verdict is not None and not (verdict.bad and proc.exited):
+                    lc.on_verdict(verdict)
+        finally:
+            exit_wait.cancel()
+
+    def check_log(self) -> None:
+        """A run whose output cannot be written is an event (once per episode), never a reason to stop it."""
+        run = self._run
+        problem, was = run.check_log()
+        if problem is not None and (was is None or was[0] != problem[0]):
+            self._lc.event(EventKind.SERVING_LOG_UNWRITABLE, Severity.WARNING,
+                           f"run {run.run_id}: {problem[1]}; serving goes on, its output is lost until this is fixed",
+                           log_path=run.log_path)
+        elif problem is None and was is not None:
+            self._lc.event(EventKind.SERVING_LOG_WRITABLE, Severity.INFO,
+                           f"run {run.run_id}: its log {run.log_path} can be written again", log_path=run.log_path)
+
+    def poll_phases(self) -> None:
+        run = self._run
+        for mark in run.new_phases():
+            elapsed = (mark.ts_ms - (run.started_ms or mark.ts_ms)) / 1000
+            self._lc.event(EventKind.SERVING_PHASE, Severity.INFO,
+                           f"run {run.run_id}: {mark.phase} ({elapsed:.0f} s after start)", phase=mark.phase)
+            self._lc.changed()
