@@ -245,6 +245,18 @@ async def test_event_message_whole_at_80x24(agent):
         assert " ".join(message.split()) in " ".join(text.split()), screen_text(app)
 
 
+async def test_node_view_gives_its_free_rows_to_serving_at_80x24(agent):
+    """Eight GPUs leave rows free at 80x24: the Serving panel takes them (E2E and queue p99), not blank rows."""
+    app = _app(agent)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.pause(0.2)
+        lines = screen_text(app).splitlines()
+        assert any(line.startswith("│ E2E ") for line in lines), lines
+        assert any(line.startswith("│ QUEUE ") for line in lines), lines
+        assert sum(1 for line in lines if not line.strip()) <= 2, lines
+
+
 async def test_dp8_per_engine_panel_reachable_at_80x24(agent):
     """Eight engines do not fit under eight GPUs at 80x24: the body scrolls to the last engine, not cut."""
     agent.status = make_status(engines=engine_loads(waiting={7: 9}, kv={7: 96.4}))

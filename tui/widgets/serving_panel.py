@@ -12,6 +12,8 @@ from lynxtop.tui.widgets.node_header import sla_limit
 from lynxtop.tui.widgets.text_panel import TextPanel
 from lynxtop.tui.window_stats import RATE_WINDOW_MS, span_label, window_mean
 
+EXTRA_SERIES = ("e2e", "queue")
+
 
 class ServingPanel(TextPanel):
     DEFAULT_CSS = "ServingPanel { height: 7; border: round $primary-darken-2; padding: 0 1; }"
@@ -20,13 +22,22 @@ class ServingPanel(TextPanel):
         super().__init__(**kwargs)
         self.ascii_only = ascii_only
         self.border_title = "Serving"
+        self._state: LiveState | None = None
+
+    def on_resize(self) -> None:
+        # The rows shown depend on the height: drawn again once the layout has given the panel its size.
+        if self._state is not None:
+            self.show(self._state)
 
     def show(self, state: LiveState) -> None:
+        self._state = state
         sm = state.serving_metrics
         width = max(8, self.size.width - 2)
         spark_w = max(4, width - 46)
         lines = [stats_line(state, width < 100)]
-        for series in ("ttft", "tpot", "itl"):
+        # E2E and queue p99 where the panel has rows to spare (it takes the Node view's free rows at 80x24)
+        spare = max(0, self.size.height - 5)  # size is inside the border
+        for series in ("ttft", "tpot", "itl", *EXTRA_SERIES[:spare]):
             p50, p99 = sm.metric(f"{series}_p50_ms"), sm.metric(f"{series}_p99_ms")
             limit = sla_limit(state.sla, series)
             over = limit is not None and p99 is not None and p99 > limit
