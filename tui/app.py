@@ -36,7 +36,7 @@ from lynxtop.tui.screens.help import HelpScreen
 from lynxtop.tui.screens.node import NodeScreen
 from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
 
-VIEWS = ("node", "gpu", "latency", "history", "events", "cluster")
+VIEWS = ("node", "gpu", "latency", "history", "events", "logs", "processes", "cluster")
 CONTROL_ACTIONS = {"restart", "stop", "start", "switch"}
 BACKFILL_S = 15 * 60
 
@@ -65,6 +65,8 @@ class LynxtopApp(App):
         "latency": lambda: _view("latency", "LatencyScreen"),
         "history": lambda: _view("history", "HistoryScreen"),
         "events": lambda: _view("events", "EventsScreen"),
+        "logs": lambda: _view("logs", "LogsScreen"),
+        "processes": lambda: _view("processes", "ProcessesScreen"),
         "cluster": lambda: _view("cluster", "ClusterScreen"),
     }
     BINDINGS = [
@@ -80,6 +82,8 @@ class LynxtopApp(App):
         Binding("3", "view('latency')", "Latency view", id="view.latency", group=VIEW_KEYS),
         Binding("4", "view('history')", "History view", id="view.history", group=VIEW_KEYS),
         Binding("5", "view('events')", "Events view", id="view.events", group=VIEW_KEYS),
+        Binding("6", "view('logs')", "Logs view", id="view.logs", group=VIEW_KEYS),
+        Binding("7", "view('processes')", "Processes view", id="view.processes", group=VIEW_KEYS),
         Binding("N", "view('cluster')", "Cluster view", key_display="N", id="view.cluster",
                 group=VIEW_KEYS),  # a Ray head's fleet: shown beside 1-5 as "12345N views"
         Binding("R", "control('restart')", "Restart", key_display="R", id="control.restart"),

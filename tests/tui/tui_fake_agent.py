@@ -58,6 +58,12 @@ class FakeAgent:
         ]
         self.log_lines = [f"INFO 12-02 09:{i:02d}:00 [loader.py] loading shard {i}/64" for i in range(40)]
         self.log_lines.append("INFO 12-02 10:00:00 [api_server.py] Uvicorn running on http://127.0.0.1:8000")
+        # GET /v1/processes (contract/processes.py): the run's vLLM on each GPU and a stray job; None answers 404
+        self.gpu_processes: dict[str, Any] | None = {"age_s": 0.4, "processes": [
+            *({"gpu": g, "pid": 4242 + g, "user": "vllm", "command": "VLLM::Worker_TP" + str(g),
+               "used_mem_bytes": 128 * GIB, "sm_util_pct": 71 + g, "in_run": True} for g in range(8)),
+            {"gpu": 3, "pid": 31337, "user": "alice", "command": "python train.py --epochs 3",
+             "used_mem_bytes": 6 * GIB, "sm_util_pct": None, "in_run": False}]}
         # action -> (http status, body); default 202 accepted
         self.post_answers: dict[str, tuple[int, dict[str, Any]]] = {}
         self.requests: list[tuple[str, str, dict[str, Any] | None]] = []
@@ -110,6 +116,7 @@ class FakeAgent:
         app.router.add_get("/v1/runs", self._runs)
         app.router.add_get("/v1/events", self._events)
         app.router.add_get("/v1/logs", self._logs)
+        app.router.add_get("/v1/processes", self._processes)
         for action in ("start", "stop", "restart", "switch"):
             app.router.add_post(f"/v1/{action}", self._post)
         self._runner = web.AppRunner(app)
@@ -137,6 +144,11 @@ class FakeAgent:
 
     async def _events(self, request: web.Request) -> web.Response:
         return self._json(request, {"events": self.events})
+
+    async def _processes(self, request: web.Request) -> web.Response:
+        if self.gpu_processes is None:
+            raise web.HTTPNotFound()
+        return self._json(request, self.gpu_processes)
 
     async def _logs(self, request: web.Request) -> web.Response:
         run = request.query.get("run")
