@@ -22,6 +22,7 @@ from lynxtop.agent.events import EventSink
 from lynxtop.agent.serving import launcher, policy, procs
 from lynxtop.agent.serving.actions import ActionSlot, clock
 from lynxtop.agent.serving.adoption import FALLBACK_GRACE_S, Adopted
+from lynxtop.agent.serving.failures import Failures
 from lynxtop.agent.serving.health import Health, HttpClient, Verdict, version_of
 from lynxtop.agent.serving.launcher import ExitInfo, ServerProcess
 from lynxtop.agent.serving.retry import Retry
@@ -103,6 +104,7 @@ class RunLifecycle:
         self._gate_task: asyncio.Task | None = None  # the start or retry waiting at the cluster's gate
         self._task: asyncio.Task | None = None  # the current run's lifecycle task
         self._closing = False
+        self._failures = Failures(self, slot, retry, config)  # what follows a crash or a readiness timeout
 
         self.state: S = S.STOPPED
         self.state_since_ms = now_ms()
@@ -202,7 +204,7 @@ class RunLifecycle:
             self.set_state(S.STOPPED, why)
             self.event(EventKind.SERVING_PORT_IN_USE, Severity.ERROR, f"could not start profile {prof.name}: {why}",
                        pids=sorted({p for h in taken for p in h.pids}), port=prof.port)
-            self._resolve_outcome(False)
+            self.resolve_outcome(False)
             return False
         try:
             run = Run.launch(spawned, agent.run_log_dir)
@@ -212,7 +214,7 @@ class RunLifecycle:
             self.set_state(S.STOPPED, f"could not start {argv[0]}: {exc}")
             self.event(EventKind.SERVING_START_FAILED, Severity.ERROR, f"could not start profile {prof.name}: {exc}",
                        argv=argv)
-            self._resolve_outcome(False)
+            self.resolve_outcome(False)
             return False
         proc = run.proc
         self.run = run
@@ -248,11 +250,13 @@ class RunLifecycle:
 
     def hold_crash_loop(self, profile: str, reason: str) -> None:
         """At agent start, with nothing adopted: the crash loop the previous agent recorded goes on."""
-        self.profile_name = profile
-        self.profile = self._config().profile(profile)
+        self.profile_name, self.profile = profile, self._config().profile(profile)
         self.set_state(S.CRASH_LOOP, f"{reason} (recorded before the agent restarted)")
         self.event(EventKind.SERVING_CRASH_LOOP, Severity.WARNING, f"profile {profile} is still in crash-loop from "
                    "before the agent restarted; not starting it (lynxtop start / restart / switch / stop to act)")
+
+    async def not_ready_in_time(self, run: Run, prof: Profile) -> None:
+        await self._failures.not_ready_in_time(run, prof)
 
     # ------------------------------------------------------------------------------------- readiness, serving
 
@@ -263,16 +267,9 @@ class RunLifecycle:
         if readiness == "ready":
             await watch.while_serving()
         if proc.exited and not self._closing:
-            await self._on_failure(run, prof, proc.exit or ExitInfo(None, None, known=False), readiness)
-
-    async def not_ready_in_time(self, run: Run, prof: Profile) -> None:
-        why = f"not ready within {prof.readiness_timeout_s:g} s"
-        self.event(EventKind.SERVING_READINESS_TIMEOUT, Severity.ERROR,
-                   f"run {run.run_id}: {why} (phase: {run.tracker.phase}); stopping it", with_log=True)
-        self.set_state(S.STOPPING, why)
-        await self._stop_and_release(run, prof.stop_grace_s)
-        await self._finish_run(run, why)
-        await self._count_failure(prof, why)
+            if readiness != "timeout":  # a timeout was counted already, as a failure rather than a crash
+                self.crashes += 1
+            await self._failures.crashed(run, prof, proc.exit or ExitInfo(None, None, known=False), readiness)
 
     def changed(self) -> None:
         """Something the status shows changed (a phase): the node refreshes its status line."""
@@ -300,7 +297,7 @@ class RunLifecycle:
             self.set_state(S.READY, f"adopted run {run.run_id} answers GET /health 200")
             self.event(EventKind.SERVING_READY, Severity.INFO, f"run {run.run_id}: adopted and serving (ready since "
                        f"{clock(ready_ms)})", adopted=True)
-            self._resolve_outcome(True)
+            self.resolve_outcome(True)
             return
         load_s = (ready_ms - (run.started_ms or ready_ms)) / 1000
         gpus = self._gpus.gpu_info() or []
@@ -313,9 +310,9 @@ class RunLifecycle:
         self.set_state(S.READY, f"GET /health answered 200 after {load_s:.1f} s")
         self.event(EventKind.SERVING_READY, Severity.INFO, f"run {run.run_id}: ready after {load_s:.1f} s "
                    f"(vLLM {run.vllm_version or 'version unknown'})", with_log=True, load_s=load_s)
-        self._resolve_outcome(True)
+        self.resolve_outcome(True)
 
-    def _resolve_outcome(self, ok: bool) -> None:
+    def resolve_outcome(self, ok: bool) -> None:
         if self.run is not None:
             self.run.resolve(ok)
         self._slot.release_waiting()
@@ -350,14 +347,14 @@ class RunLifecycle:
 
     # ------------------------------------------------------------------------------------- a run's end
 
-    async def _stop_and_release(self, run: Run, grace_s: float) -> None:
+    async def stop_and_release(self, run: Run, grace_s: float) -> None:
         """Stop a run that failed (its events said why) and wait for its GPU memory."""
         res = await run.proc.stop(grace_s, self.timing.stop_kill_wait_s)
         report_stop(self.event, self.run_id, run.proc, res, files_in_caller_event=False)
         await wait_gpus_released(self.event, self.run_id, self._gpus, res.pids, time.monotonic(),
                                  self._config().agent.gpu_release_timeout_s)
 
-    async def _finish_run(self, run: Run, end_reason: str) -> None:
+    async def finish_run(self, run: Run, end_reason: str) -> None:
         if run.finished:
             return
         run.finished = True
@@ -369,60 +366,6 @@ class RunLifecycle:
         self.state_file.remove()
         run.proc.close()
 
-    async def _on_failure(self, run: Run, prof: Profile, ex: ExitInfo, readiness: str) -> None:
-        """An exit nobody asked for: clean up the rest of the tree, then back off or give up."""
-        if readiness == "timeout":
-            return  # already counted
-        when = "before becoming ready" if readiness != "ready" else "while serving"
-        reason = f"vLLM {ex.describe()} {when} (not requested by anyone)"
-        self.crashes += 1
-        run.crash_reason = f"crashed: {reason}"
-        self._resolve_outcome(False)
-        self.event(EventKind.SERVING_CRASH, Severity.ERROR, f"run {run.run_id}: {reason}", with_log=True,
-                   exit_code=ex.exit_code, exit_signal=ex.exit_signal)
-        self.set_state(S.STOPPING, f"cleaning up after crash: {reason}")
-        await self._stop_and_release(run, min(prof.stop_grace_s, 5.0))
-        await self._finish_run(run, f"crashed: {reason}")
-        await self._count_failure(prof, reason)
-
-    async def _count_failure(self, prof: Profile, reason: str) -> None:
-        self._resolve_outcome(False)
-        a = self._config().agent
-        window = a.crash_loop_window_s
-        delay = self._retry.fail()
-        failures = len(self._retry.failures)
-        if delay is None:
-            msg = (f"crash loop: {failures} failures within {window:g} s; not retrying until an "
-                   f"operator acts (lynxtop start / restart / switch). Last: {reason}")
-            self.set_state(S.CRASH_LOOP, msg)
-            self._retry.save_crash_loop(prof.name, msg)
-            self.event(EventKind.SERVING_CRASH_LOOP, Severity.CRITICAL, f"profile {prof.name}: {msg}", with_log=True,
-                       failures=failures)
-            return
-        self.set_state(S.BACKOFF, f"{reason}; retry {self._retry.failures.consecutive} in {delay:.1f} s")
-        self.event(EventKind.SERVING_BACKOFF, Severity.WARNING, f"profile {prof.name}: retry in {delay:.1f} s "
-                   f"(failure {failures} of {a.crash_loop_failures} allowed in {window:g} s)",
-                   with_log=True, delay_s=delay, failures=failures)
-        self._retry.schedule(delay, lambda: self._retry_due(prof))
-
-    async def _retry_due(self, prof: Profile) -> None:
-        if self._slot.current is not None or self.state != S.BACKOFF:
-            return
-        self._retry.task_done()
-        # the profile as configured now (an adopted run may have been started with older flags)
-        current = self._config().profile(prof.name)
-        if current is None:
-            self._retry.started()
-            self.set_state(S.STOPPED, f"profile {prof.name} is no longer in the config; not restarted")
-            self.event(EventKind.SERVING_STOPPED, Severity.ERROR,
-                       f"not retrying: profile {prof.name} is no longer in the config")
-            return
-        self._slot.hold_for_retry(prof.name)
-        try:
-            await self.launch(current, f"retry {self._retry.failures.consecutive} after failure")
-        finally:
-            self._slot.release_retry()
-
     async def stop_current(self, reason: str, end_reason: str) -> None:
         """Stop the current run, if any, and wait for its GPU memory to be released."""
         run = self.run
@@ -431,7 +374,7 @@ class RunLifecycle:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         self._task = None
-        self._resolve_outcome(False)
+        self.resolve_outcome(False)
         if run is None:
             return
         proc = run.proc
@@ -449,7 +392,7 @@ class RunLifecycle:
                    with_log=True, pids=res.pids, removed=res.removed, not_removed=res.not_removed)
         await wait_gpus_released(self.event, self.run_id, self._gpus, res.pids, time.monotonic(),
                                  self._config().agent.gpu_release_timeout_s)
-        await self._finish_run(run, end_reason)
+        await self.finish_run(run, end_reason)
 
     async def close(self, stop_serving: bool) -> None:
         """Agent exit: the run's task ends; with live restore its server keeps running (its record stays)."""

@@ -1,0 +1,96 @@
+"""What follows a run's failure: a crash (any exit nobody asked for) or a readiness timeout.
+
+The rest of the run's tree is stopped and its GPU memory waited for, the run's end recorded, then the restart
+policy (policy.py, through retry.py) decides: a retry after a backoff, or a crash loop that waits for an operator.
+The serving state changes only through the run lifecycle's `set_state`, which stays its one writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from lynxtop.agent.serving.actions import ActionSlot
+from lynxtop.agent.serving.launcher import ExitInfo
+from lynxtop.agent.serving.retry import Retry
+from lynxtop.agent.serving.run import Run
+from lynxtop.contract.config import Config, Profile
+from lynxtop.contract.events import EventKind, Severity
+from lynxtop.contract.status import ServingState as S  # noqa: N817 - read as a state name: S.READY
+
+if TYPE_CHECKING:
+    from lynxtop.agent.serving.lifecycle import RunLifecycle
+
+
+class Failures:
+    def __init__(self, lc: RunLifecycle, slot: ActionSlot, retry: Retry, config: Callable[[], Config]):
+        self._lc = lc
+        self._slot = slot
+        self._retry = retry
+        self._config = config
+
+    async def not_ready_in_time(self, run: Run, prof: Profile) -> None:
+        lc = self._lc
+        why = f"not ready within {prof.readiness_timeout_s:g} s"
+        lc.event(EventKind.SERVING_READINESS_TIMEOUT, Severity.ERROR,
+                 f"run {run.run_id}: {why} (phase: {run.tracker.phase}); stopping it", with_log=True)
+        lc.set_state(S.STOPPING, why)
+        await lc.stop_and_release(run, prof.stop_grace_s)
+        await lc.finish_run(run, why)
+        await self._count(prof, why)
+
+    async def crashed(self, run: Run, prof: Profile, ex: ExitInfo, readiness: str) -> None:
+        """An exit nobody asked for: clean up the rest of the tree, then back off or give up."""
+        if readiness == "timeout":
+            return  # already counted
+        lc = self._lc
+        when = "before becoming ready" if readiness != "ready" else "while serving"
+        reason = f"vLLM {ex.describe()} {when} (not requested by anyone)"
+        run.crash_reason = f"crashed: {reason}"
+        lc.resolve_outcome(False)
+        lc.event(EventKind.SERVING_CRASH, Severity.ERROR, f"run {run.run_id}: {reason}", with_log=True,
+                 exit_code=ex.exit_code, exit_signal=ex.exit_signal)
+        lc.set_state(S.STOPPING, f"cleaning up after crash: {reason}")
+        await lc.stop_and_release(run, min(prof.stop_grace_s, 5.0))
+        await lc.finish_run(run, f"crashed: {reason}")
+        await self._count(prof, reason)
+
+    async def _count(self, prof: Profile, reason: str) -> None:
+        lc = self._lc
+        lc.resolve_outcome(False)
+        a = self._config().agent
+        window = a.crash_loop_window_s
+        delay = self._retry.fail()
+        failures = len(self._retry.failures)
+        if delay is None:
+            msg = (f"crash loop: {failures} failures within {window:g} s; not retrying until an "
+                   f"operator acts (lynxtop start / restart / switch). Last: {reason}")
+            lc.set_state(S.CRASH_LOOP, msg)
+            self._retry.save_crash_loop(prof.name, msg)
+            lc.event(EventKind.SERVING_CRASH_LOOP, Severity.CRITICAL, f"profile {prof.name}: {msg}", with_log=True,
+                     failures=failures)
+            return
+        lc.set_state(S.BACKOFF, f"{reason}; retry {self._retry.failures.consecutive} in {delay:.1f} s")
+        lc.event(EventKind.SERVING_BACKOFF, Severity.WARNING, f"profile {prof.name}: retry in {delay:.1f} s "
+                 f"(failure {failures} of {a.crash_loop_failures} allowed in {window:g} s)",
+                 with_log=True, delay_s=delay, failures=failures)
+        self._retry.schedule(delay, lambda: self._retry_due(prof))
+
+    async def _retry_due(self, prof: Profile) -> None:
+        lc = self._lc
+        if self._slot.current is not None or lc.state != S.BACKOFF:
+            return
+        self._retry.task_done()
+        # the profile as configured now (an adopted run may have been started with older flags)
+        current = self._config().profile(prof.name)
+        if current is None:
+            self._retry.started()
+            lc.set_state(S.STOPPED, f"profile {prof.name} is no longer in the config; not restarted")
+            lc.event(EventKind.SERVING_STOPPED, Severity.ERROR,
+                     f"not retrying: profile {prof.name} is no longer in the config")
+            return
+        self._slot.hold_for_retry(prof.name)
+        try:
+            await lc.launch(current, f"retry {self._retry.failures.consecutive} after failure")
+        finally:
+            self._slot.release_retry()
