@@ -758,7 +758,9 @@ class Node:
         view = self.gpu_view
         rows = view.process_rows if view.nvml.get("state") == "ok" else []
         age = None if view.sample_ts is None else max(0.0, time.monotonic() - view.sample_ts)
-        return await asyncio.to_thread(describe_processes, rows, age, self.cfg.agent.secret_env)
+        proc = self.supervisor.proc if self.supervisor is not None else None
+        return await asyncio.to_thread(describe_processes, rows, age, self.cfg.agent.secret_env,
+                                       proc.members if proc is not None else None)
 
     async def start(self, profile: str | None, by: str) -> str:
         assert self.supervisor is not None

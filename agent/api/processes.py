@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pwd
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from lynxtop.agent.serving import procs
@@ -63,10 +63,18 @@ def _command(pid: int, secret_names: Iterable[str]) -> str | None:
     return text if len(text) <= COMMAND_CAP else text[:COMMAND_CAP] + " [...]"
 
 
-def describe(rows: Iterable[dict[str, Any]], age_s: float | None, secret_names: Iterable[str] = ()
-             ) -> GpuProcesses:
-    """Each GPU process of the last tick with its user and command: by GPU, the run's first, then by memory."""
+def describe(rows: Iterable[dict[str, Any]], age_s: float | None, secret_names: Iterable[str] = (),
+             run_members: Callable[[], Iterable[int]] | None = None) -> GpuProcesses:
+    """Each GPU process of the last tick with its user and command: by GPU, the run's first, then by memory.
+
+    A process the tick did not count as the run's is checked against `run_members()` (a fresh look at the run's
+    processes) before it is called a stray: the tick's membership can predate workers the run started since
+    (the first seconds after a start, when an operator looks), and a false alarm there sends them hunting."""
     names = tuple(secret_names)
+    rows = list(rows)
+    members: set[int] = set()
+    if run_members is not None and any(not r.get("in_vllm_tree") for r in rows):
+        members = set(run_members())
     out = []
     for r in rows:
         pid, gpu, sm = r.get("pid"), r.get("gpu"), r.get("sm_util_pct")
@@ -74,6 +82,6 @@ def describe(rows: Iterable[dict[str, Any]], age_s: float | None, secret_names: 
             continue
         out.append(GpuProcess(pid=pid, gpu=gpu if isinstance(gpu, int) else None, user=_user(pid),
                               command=_command(pid, names), used_mem_bytes=r.get("used_mem_bytes"),
-                              sm_util_pct=sm, in_run=bool(r.get("in_vllm_tree"))))
+                              sm_util_pct=sm, in_run=bool(r.get("in_vllm_tree")) or pid in members))
     out.sort(key=lambda p: (-1 if p.gpu is None else p.gpu, not p.in_run, -(p.used_mem_bytes or 0), p.pid))
     return GpuProcesses(tuple(out), age_s)
