@@ -31,8 +31,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from rich.cells import cell_len
 from support.status import engine_loads
-from support.tui import make_app, screen_text, wait_for
+from support.tui import make_app, screen_text, text_of, wait_for
 from textual.widgets import DataTable, Log
 from tui_fake_agent import make_status
 
@@ -43,6 +44,7 @@ from lynxtop.tui.screens.export_path import ExportPathScreen
 from lynxtop.tui.screens.help import HelpScreen
 from lynxtop.tui.screens.history import HistoryScreen
 from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
+from lynxtop.tui.widgets.gpu_table import UTIL_NOTE
 from lynxtop.tui.widgets.key_bar import RANK_VIEWS, KeyBar, key_items
 
 SIZES = [(80, 24), (120, 40), (200, 60)]
@@ -227,6 +229,22 @@ async def test_history_at_80x24_run_list_whole_and_apart_from_charts(agent, hist
         assert any("dsv41-tp8-ep SIM" in line and "running" in line for line in lines), lines
 
 
+@pytest.mark.parametrize(("name", "line_id"), [("gpu", "#gpu-title"), ("latency", "#sla-line"),
+                                               ("history", "#history-status")])
+async def test_view_status_line_whole_at_80x24(agent, history_db, monkeypatch, name, line_id):
+    """A view's title line says what it shows in full at 80 columns (shorter words), not cut by "…"."""
+    db, _ = history_db
+    monkeypatch.chdir(db.parent)
+    app = _app(agent, type(db)(db.name))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await SCREENS[name](pilot)
+        await settle(pilot)
+        widget = app.screen.query_one(line_id)
+        full = text_of(widget).strip()
+        assert full and cell_len(full) <= widget.size.width, (full, widget.size.width)
+
+
 async def test_event_message_whole_at_80x24(agent):
     """A long message wraps within its row instead of being cut at the table's edge."""
     message = "switch to dsv41-tp8-ep by uid 1000 (alice): preflight ok, 8 GPUs freed in 41 s, run 4 starting"
@@ -255,6 +273,7 @@ async def test_node_view_gives_its_free_rows_to_serving_at_80x24(agent):
         assert any(line.startswith("│ E2E ") for line in lines), lines
         assert any(line.startswith("│ QUEUE ") for line in lines), lines
         assert sum(1 for line in lines if not line.strip()) <= 2, lines
+        assert any(line.strip() == UTIL_NOTE for line in lines), lines  # whole, not "…"
 
 
 async def test_dp8_per_engine_panel_reachable_at_80x24(agent):

@@ -59,15 +59,19 @@ class GpuScreen(LiveScreen):
         idx = app.gpu_index
         gpu = next((g for g in state.gpus if g.index == idx), None)
         title = Text(f"GPU {idx}", style="bold")
+        wide = self.size.width >= 120
         if gpu is not None:
-            title.append("  " + "  ".join(str(x) for x in (gpu.name, gpu.pci_bus_id, gpu.uuid) if x), style="dim")
+            # below 120 columns the UUID gives way: name and bus id still tell GPUs apart, and the rest fits
+            ids = (gpu.name, gpu.pci_bus_id, gpu.uuid) if wide else (gpu.name, gpu.pci_bus_id)
+            title.append("  " + "  ".join(str(x) for x in ids if x), style="dim")
             words = throttle_words(gpu.metric("throttle_reasons"))
             if words:
                 title.append("  throttle: " + ", ".join(words), style="yellow")
             if gpu.metric("lost"):
                 title.append("  ✗ LOST", style="bold red")
         count = len(state.gpus) or len(state.gpu_history)
-        title.append(f"   ({count} GPUs; ←/→ to choose; last 15 min, {HISTORY_POINTS} samples max)", style="dim")
+        title.append(f"   ({count} GPUs; ←/→ to choose; last 15 min, {HISTORY_POINTS} samples max)" if wide
+                     else f"   ({count} GPUs, ←/→; 15 min)", style="dim")
         self.query_one("#gpu-title", Static).update(title)
         ref = state.ts_ms
         end = int(ref or now_ms)

@@ -23,7 +23,8 @@ from lynxtop.contract.format import (
 from lynxtop.contract.status import GpuStatus
 from lynxtop.tui.plot import bar
 
-UTIL_NOTE = "util* = NVML utilization.gpu: share of time any kernel ran (coarse; SM/TC/DRAM are the real load)"
+# Within 78 columns: the Node view shows it whole at 80x24.
+UTIL_NOTE = "util* = NVML utilization.gpu: time any kernel ran (coarse; SM/TC/DRAM = load)"
 
 
 def level_style(pct: float | None, warn: float = 80, crit: float = 95) -> str:
