@@ -274,6 +274,7 @@ async def test_node_view_gives_its_free_rows_to_serving_at_80x24(agent):
         assert any(line.startswith("│ QUEUE ") for line in lines), lines
         assert sum(1 for line in lines if not line.strip()) <= 2, lines
         assert any(line.strip() == UTIL_NOTE for line in lines), lines  # whole, not "…"
+        assert "…" not in lines[0], lines[0]  # the header's tail: whole or left out
 
 
 async def test_dp8_per_engine_panel_reachable_at_80x24(agent):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.text import Text
 
 from lynxtop.contract.format import fmt_duration, fmt_ms
@@ -94,11 +95,13 @@ class NodeHeader(TextPanel):
             _agent_health(t, state, agent, now_ms)
         for text, style in flags:
             t.append(f"  {text}", style=style)
-        # Least important last: a narrow terminal cuts these first.
-        if serving.vllm_version:
-            t.append(f"  vLLM {serving.vllm_version}", style="dim")
-        if agent.uptime_s is not None:
-            t.append(f"  agent up {fmt_duration(agent.uptime_s)}", style="dim")
+        # Least important last, and only whole: at 80 columns "vLL…" said nothing.
+        tail = [f"  vLLM {serving.vllm_version}" if serving.vllm_version else "",
+                f"  agent up {fmt_duration(agent.uptime_s)}" if agent.uptime_s is not None else ""]
+        for text in filter(None, tail):
+            if self.size.width and t.cell_len + cell_len(text) > self.size.width:
+                break
+            t.append(text, style="dim")
         self.update(t)
 
 
