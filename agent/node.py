@@ -51,6 +51,7 @@ from lynxtop.agent.serving.supervisor import Supervisor, now_ms, server_url
 from lynxtop.contract.config import Config
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.processes import GpuProcesses
+from lynxtop.contract.records import ProfileInfo, ProfileList, RunInfo
 from lynxtop.contract.status import (
     GPU_METRIC_NAMES,
     AgentStatus,
@@ -699,13 +700,12 @@ class Node:
                       metrics={k: by_idx.get(g.get("idx"), {}).get(k) for k in GPU_METRIC_NAMES})
             for g in self.gpu_view.static)
 
-    def profiles(self) -> dict[str, Any]:
+    def profiles(self) -> ProfileList:
         sup = self.supervisor
         assert sup is not None
         cfg = self.config.poll()  # a profile added to the file shows without a restart
-        return {"current": sup.profile_name,
-                "profiles": [{"name": p.name, "description": p.description, "argv": p.argv(), "flags": p.flags(),
-                              "env": p.shown_env()} for p in cfg.profiles]}  # secret values masked
+        return ProfileList(sup.profile_name, tuple(ProfileInfo(p.name, p.description, p.argv(), p.flags(),
+                                                               p.shown_env()) for p in cfg.profiles))  # masked
 
     def _store_reader(self) -> Any:
         from lynxtop.store.reader import StoreReader
@@ -727,10 +727,10 @@ class Node:
 
         return await asyncio.to_thread(call)
 
-    async def runs(self, limit: int) -> list[dict[str, Any]]:
+    async def runs(self, limit: int) -> list[RunInfo]:
         return await self._read(lambda r: r.runs(limit=limit))
 
-    async def events(self, since_ms: int | None, limit: int) -> list[dict[str, Any]]:
+    async def events(self, since_ms: int | None, limit: int) -> list[Event]:
         return await self._read(lambda r: r.events(since_ms=since_ms, limit=limit))
 
     async def logs(self, run_id: int | None, lines: int, *, after: int | None = None,
@@ -746,7 +746,7 @@ class Node:
             run = await self._read(lambda r: r.run(run_id))
             if run is None:
                 raise ActionError("unknown_run", f"no run {run_id}", 404)
-            path = run.get("log_path")
+            path = run.log_path
         tail = LogTail(path, lines, 4 << 20)  # streamed by the API a block at a time, never built whole
         if after is None:
             await asyncio.to_thread(tail.locate)

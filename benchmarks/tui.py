@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 
 from lynxtop.contract.columns import GPU_METRICS, SERVING_METRICS, names
-from lynxtop.contract.events import Event
+from lynxtop.contract.events import Event, EventKind
 from lynxtop.store.writer import StoreWriter
 
 TMUX = "/usr/bin/tmux"
@@ -117,7 +117,7 @@ def build_database(path: Path, days: float, raw_interval_s: int, end_ms: int) ->
         w.update_run(rid, ready_ms=s + 600_000, **({"ended_ms": e, "end_reason": "switch"} if e else {}))
         run_ids.append(rid)
     for i in range(300):
-        w.record(Event("bench", ("info", "warning", "error")[i % 3], f"event {i}",  # type: ignore[arg-type]
+        w.record(Event(EventKind.SERVING_PHASE, ("info", "warning", "error")[i % 3], f"event {i}",  # type: ignore[arg-type]
                        ts_ms=start_ms + i * 2_000_000))
     w.close()
     log(f"rollups and runs by the store's code in {time.perf_counter() - t0:.1f} s")

@@ -67,9 +67,8 @@ def _serving(client: AgentClient | None) -> dict[str, Any]:
     meta: dict[str, Any] = {"url": s.url, "model": s.model, "run_id": s.run_id, "profile": s.profile,
                             "vllm_version": s.vllm_version, "state": str(s.state)}
     with contextlib.suppress(AgentUnreachable, AgentRefused, KeyError, TypeError):
-        runs = client.request("GET", "/v1/runs", {"limit": 5})["runs"]
-        run = next((r for r in runs if r.get("id") == s.run_id), {})
-        meta |= {"flags": run.get("flags"), "simulated": int(bool(run.get("simulated")))}
+        run = next((r for r in client.runs(limit=5) if r.id == s.run_id), None)
+        meta |= {"flags": run.flags if run else None, "simulated": int(bool(run and run.simulated))}
     return meta
 
 

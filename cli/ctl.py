@@ -19,6 +19,7 @@ from typing import Any
 
 from lynxtop.cli.config_cli import load_or_exit
 from lynxtop.contract.client import AgentClient, AgentRefused, AgentUnreachable, parse_status
+from lynxtop.contract.events import EventKind
 from lynxtop.contract.format import fmt_bytes, fmt_clock, fmt_datetime, fmt_duration, fmt_ms
 from lynxtop.contract.status import (
     AgentStatus,
@@ -420,7 +421,7 @@ def _act(args: Namespace, action: str, profile: str | None = None, cluster: bool
         data = client.action(action, profile, **extra)
     except (AgentUnreachable, AgentRefused) as exc:
         return _failed(exc)
-    print(terminal_safe(data.get("message") or f"{action} accepted", lines=True))
+    print(terminal_safe(data.message or f"{action} accepted", lines=True))
     print(terminal_safe(_acted_on(client, before, action, profile)))
     if not getattr(args, "wait", False):
         return EXIT_OK
@@ -571,12 +572,12 @@ def _print_cluster_stop(client: AgentClient, since_ms: int) -> None:
     """What each worker answered: the head records it in a cluster.stop event (best effort: the history may be
     unavailable, and the stop is done anyway)."""
     try:
-        events = client.request("GET", "/v1/events", {"since": since_ms - 1, "limit": 1000}).get("events") or []
+        events = client.events(since_ms - 1, limit=1000)
     except (AgentUnreachable, AgentRefused):
         return
     for ev in events:
-        if isinstance(ev, dict) and ev.get("kind") == "cluster.stop" and "nodes" in (ev.get("details") or {}):
-            print(terminal_safe(ev.get("message", ""), lines=True))
+        if ev.kind == EventKind.CLUSTER_STOP and "nodes" in (ev.details or {}):
+            print(terminal_safe(ev.message, lines=True))
 
 
 def start(args: Namespace) -> int:

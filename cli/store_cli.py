@@ -16,6 +16,7 @@ from argparse import Namespace
 from pathlib import Path
 
 from lynxtop.contract.format import fmt_duration
+from lynxtop.contract.records import RunInfo
 from lynxtop.contract.terminal import terminal_safe
 from lynxtop.store.errors import StoreError
 from lynxtop.store.export import ExportError, OutputError, export_all, export_table
@@ -50,14 +51,14 @@ def _open(cmd: str, args: Namespace) -> StoreReader | int:
     return reader
 
 
-def _outcome(r: dict) -> str:
-    if r.get("ended_ms") is None:
+def _outcome(r: RunInfo) -> str:
+    if r.ended_ms is None:
         return "running"
-    parts = [r.get("end_reason") or "ended"]
-    if r.get("exit_signal"):
-        parts.append(f"signal {r['exit_signal']}")
-    elif r.get("exit_code") is not None:
-        parts.append(f"exit {r['exit_code']}")
+    parts = [r.end_reason or "ended"]
+    if r.exit_signal:
+        parts.append(f"signal {r.exit_signal}")
+    elif r.exit_code is not None:
+        parts.append(f"exit {r.exit_code}")
     return ", ".join(parts)
 
 
@@ -76,7 +77,7 @@ def runs(args: Namespace) -> int:
     finally:
         reader.close()
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([r.to_json() for r in rows], indent=2))
         return 0
     if not rows:
         print(f"no runs recorded in {reader.path}")
@@ -85,11 +86,11 @@ def runs(args: Namespace) -> int:
     head = ("RUN", "PROFILE", "MODEL", "STARTED (UTC)", "LOAD", "DURATION", "OUTCOME")
     table = [head]
     for r in rows:
-        start = r.get("started_ms")
-        load = (r["ready_ms"] - start) / 1000 if r.get("ready_ms") and start else None
-        dur = ((r.get("ended_ms") or now) - start) / 1000 if start else None
-        model = (r.get("model") or "") + (" (simulated)" if r.get("simulated") else "")
-        cells = (str(r["id"]), r.get("profile") or "", model, iso(start)[:19].replace("T", " "),
+        start = r.started_ms
+        load = (r.ready_ms - start) / 1000 if r.ready_ms and start else None
+        dur = ((r.ended_ms or now) - start) / 1000 if start else None
+        model = (r.model or "") + (" (simulated)" if r.simulated else "")
+        cells = (str(r.id), r.profile or "", model, iso(start)[:19].replace("T", " "),
                  fmt_duration(load, na="-"), fmt_duration(dur, na="-"), _outcome(r))
         table.append(tuple(map(terminal_safe, cells)))  # the database's words: escaped, then measured
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
@@ -131,9 +132,9 @@ def _run_span(reader: StoreReader, run_id: int, now: int) -> tuple[int, int]:
     run = reader.run(run_id, summary=False)
     if run is None:
         raise ExportError(f"no run {run_id} in {reader.path} (see `lynxtop runs`)")
-    if run.get("started_ms") is None:
+    if run.started_ms is None:
         raise ExportError(f"run {run_id} has no start time recorded; use --from/--to")
-    return run["started_ms"], (run.get("ended_ms") or now) + 1
+    return run.started_ms, (run.ended_ms or now) + 1
 
 
 def _write(reader: StoreReader, args: Namespace, start: int, end: int) -> None:

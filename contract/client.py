@@ -7,7 +7,9 @@ per request: a unix connect costs microseconds, and the agent may restart betwee
 
 Every failure is one of two exceptions, so callers never see the transport: `AgentUnreachable` (nothing
 answers, or the answer is not the API) and `AgentRefused` (the agent answered an HTTP error; `status`,
-`code`, `message` and `details` are the API's). `status()` answers the typed `Status`.
+`code`, `message` and `details` are the API's). Answers are typed: `status()` a `Status`, `runs()` `RunInfo`s,
+`events()` `Event`s, `profiles()` a `ProfileList`, `action()` an `ActionAnswer`; a record
+this version cannot read (a newer agent's event kind) is `AgentUnreadable`, naming the item and field.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+from lynxtop.contract.events import Event
 from lynxtop.contract.processes import GpuProcesses
+from lynxtop.contract.records import ActionAnswer, ProfileList, RecordError, RunInfo, read_list
 from lynxtop.contract.status import Status
 
 if TYPE_CHECKING:  # the CLI never imports asyncio (40 ms of start-up); the async face imports it when used
@@ -34,6 +38,12 @@ DASHBOARD_TIMEOUT_S = 3.0
 
 class AgentUnreachable(Exception):
     """The socket is absent, refuses connections, times out, or answers something that is not the API."""
+
+
+class AgentUnreadable(AgentUnreachable):
+    """The agent answered, but a record in the answer is not one this version reads (a newer agent's event kind,
+    a missing field): the message names the item and the field. An `AgentUnreachable`, so callers that show one
+    show this too."""
 
 
 class AgentRefused(Exception):
@@ -110,6 +120,23 @@ def decode(status: int, raw: bytes, socket_path: str) -> dict[str, Any]:
     return data
 
 
+def typed(socket_path: str, what: str, read: Any, data: Any) -> Any:
+    """`read(data)`, a record error as AgentUnreadable naming what was asked."""
+    try:
+        return read(data)
+    except RecordError as exc:
+        raise AgentUnreadable(f"the agent at {socket_path} answered {what} that this lynxtop cannot read: {exc}") \
+            from None
+
+
+def runs_of(data: Mapping[str, Any], socket_path: str) -> list[RunInfo]:
+    return typed(socket_path, "GET /v1/runs", lambda d: read_list(RunInfo, d.get("runs", []), "runs"), data)
+
+
+def events_of(data: Mapping[str, Any], socket_path: str) -> list[Event]:
+    return typed(socket_path, "GET /v1/events", lambda d: read_list(Event, d.get("events", []), "events"), data)
+
+
 def parse_status(data: Mapping[str, Any], socket_path: str) -> Status:
     if not isinstance(data.get("serving"), dict) and "agent" not in data:
         raise AgentUnreachable(f"{socket_path}: answer is not a lynxtop status object")
@@ -164,12 +191,19 @@ class AgentClient:
     def status(self) -> Status:
         return parse_status(self.status_json(), self.socket_path)
 
-    def profiles(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/profiles")
+    def profiles(self) -> ProfileList:
+        return typed(self.socket_path, "GET /v1/profiles", ProfileList.from_json, self.request("GET", "/v1/profiles"))
 
-    def action(self, action: str, profile: str | None = None, **extra: Any) -> dict[str, Any]:
-        """POST a mutating call; returns the 202 answer ({"accepted", "action", "message"})."""
-        return self.request("POST", f"/v1/{action}", body=_action_body(action, profile, extra))
+    def runs(self, limit: int = 50) -> list[RunInfo]:
+        return runs_of(self.request("GET", "/v1/runs", {"limit": limit}), self.socket_path)
+
+    def events(self, since_ms: int | None = None, limit: int = 500) -> list[Event]:
+        return events_of(self.request("GET", "/v1/events", {"since": since_ms, "limit": limit}), self.socket_path)
+
+    def action(self, action: str, profile: str | None = None, **extra: Any) -> ActionAnswer:
+        """POST a mutating call; returns the 202 answer."""
+        data = self.request("POST", f"/v1/{action}", body=_action_body(action, profile, extra))
+        return typed(self.socket_path, f"POST /v1/{action}", ActionAnswer.from_json, data)
 
 
 # ---------------------------------------------------------------------------------------------- asyncio
@@ -228,15 +262,16 @@ class AsyncAgentClient:
     async def status(self) -> Status:
         return parse_status(await self.status_json(), self.socket_path)
 
-    async def profiles(self) -> dict[str, Any]:
-        return await self.request("GET", "/v1/profiles")
+    async def profiles(self) -> ProfileList:
+        data = await self.request("GET", "/v1/profiles")
+        return typed(self.socket_path, "GET /v1/profiles", ProfileList.from_json, data)
 
-    async def runs(self, limit: int = 50) -> list[dict[str, Any]]:
-        return list((await self.request("GET", "/v1/runs", {"limit": limit})).get("runs", []))
+    async def runs(self, limit: int = 50) -> list[RunInfo]:
+        return runs_of(await self.request("GET", "/v1/runs", {"limit": limit}), self.socket_path)
 
-    async def events(self, since_ms: int | None = None, limit: int = 500) -> list[dict[str, Any]]:
-        data = await self.request("GET", "/v1/events", {"since": since_ms, "limit": limit})
-        return list(data.get("events", []))
+    async def events(self, since_ms: int | None = None, limit: int = 500) -> list[Event]:
+        return events_of(await self.request("GET", "/v1/events", {"since": since_ms, "limit": limit}),
+                         self.socket_path)
 
     async def logs(self, run_id: int | None = None, lines: int = 2000, after: int | None = None,
                    inode: int | None = None) -> dict[str, Any]:
@@ -252,9 +287,10 @@ class AsyncAgentClient:
             raise AgentUnreachable(f"the agent at {self.socket_path} answered GET /v1/processes that this lynxtop "
                                    f"cannot read: {exc}") from None
 
-    async def action(self, action: str, profile: str | None = None, **extra: Any) -> dict[str, Any]:
-        """POST a mutating call; returns the 202 answer ({"accepted", "action", "message"})."""
-        return await self.request("POST", f"/v1/{action}", body=_action_body(action, profile, extra))
+    async def action(self, action: str, profile: str | None = None, **extra: Any) -> ActionAnswer:
+        """POST a mutating call; returns the 202 answer."""
+        data = await self.request("POST", f"/v1/{action}", body=_action_body(action, profile, extra))
+        return typed(self.socket_path, f"POST /v1/{action}", ActionAnswer.from_json, data)
 
     async def close(self) -> None:
         self._closed = True

@@ -7,9 +7,12 @@ stored under an older name are mapped on read (`canonical_kind`), so an earlier 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from lynxtop.contract.records import RecordError, strict_fields
 
 
 class Severity(StrEnum):
@@ -106,6 +109,7 @@ class EventKind(StrEnum):
     STORE_WRITES_RESUMED = "store.writes_resumed"
     STORE_DB_UNLINKED = "store.db_unlinked"  # the database path lost the writer's file (rm, mv): a fresh one
     STORE_DB_REPLACED = "store.db_replaced"  # the path names another file (a restored backup): written from now
+    STORE_LEGACY = "store"  # read only: what older agents stored for any of the writer's troubles (see below)
 
 
 # kinds stored by agents before the dotted scheme; read as their new name
@@ -124,12 +128,12 @@ LEGACY_KINDS: dict[str, EventKind] = {
     "sla_breach": EventKind.SLA_BREACH,
     "sla_recovered": EventKind.SLA_RECOVERED,
 }
-# Older stores also hold kind "store" for the writer's three troubles above; it stays "store" on read, since
-# one old name cannot tell which of the three new ones it was.
+# Older stores also hold kind "store" for the writer's three troubles above; it stays "store" on read
+# (EventKind.STORE_LEGACY), since one old name cannot tell which of the three new ones it was.
 
 
 def canonical_kind(kind: str) -> str:
-    """The dotted name of a stored kind (an unknown kind is kept as stored: never hide an event)."""
+    """The dotted name of a stored kind (an unknown kind is kept as stored: `Event` then names it unknown)."""
     return LEGACY_KINDS[kind].value if kind in LEGACY_KINDS else kind
 
 
@@ -140,7 +144,12 @@ def stored_kinds(kind: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Event:
-    """One event: what a sampler, the supervisor or the store reports; written as one row of `events`."""
+    """One event: what a sampler, the supervisor or the store reports; written as one row of `events`.
+
+    Only kinds of `EventKind` (an older name is mapped) and severities of `Severity` can be made, so nothing, a test
+    fixture included, writes a kind the dashboard and alert rules do not know; `from_json` is as strict (see
+    contract/records.py: a missing field or unknown kind is an error naming it, an unknown key is ignored).
+    """
 
     kind: EventKind
     severity: Severity
@@ -150,19 +159,34 @@ class Event:
     ts_ms: int | None = None  # None: the time it is written
     id: int | None = field(default=None, compare=False)  # set once stored
 
+    def __post_init__(self) -> None:
+        kind = canonical_kind(str(self.kind))
+        if kind not in _KIND_VALUES:
+            raise RecordError("Event", "kind", _unknown(str(self.kind)))
+        if str(self.severity) not in _SEV_VALUES:
+            raise RecordError("Event", "severity", f"{str(self.severity)!r} is not one of "
+                              f"{', '.join(_SEV_VALUES_ORDERED)}")
+        object.__setattr__(self, "kind", EventKind(kind))  # frozen: the members, once, here
+        object.__setattr__(self, "severity", Severity(str(self.severity)))
+
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "ts_ms": self.ts_ms, "run_id": self.run_id, "kind": str(self.kind),
                 "severity": str(self.severity), "message": self.message, "details": self.details}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Event:
-        kind = canonical_kind(str(d.get("kind", "")))
-        sev = str(d.get("severity", "info"))
-        return cls(kind=EventKind(kind) if kind in _KIND_VALUES else kind,  # type: ignore[arg-type]
-                   severity=Severity(sev) if sev in _SEV_VALUES else sev,  # type: ignore[arg-type]
-                   message=str(d.get("message", "")), details=d.get("details"), run_id=d.get("run_id"),
-                   ts_ms=d.get("ts_ms"), id=d.get("id"))
+    def from_json(cls, d: Mapping[str, Any]) -> Event:
+        """Strict: kind, severity and message required, each field of its type; a stored old kind is mapped."""
+        if isinstance(d, Mapping) and isinstance(d.get("kind"), str):
+            d = {**d, "kind": canonical_kind(d["kind"])}
+            if d["kind"] not in _KIND_VALUES:
+                raise RecordError("Event", "kind", _unknown(d["kind"]))
+        return cls(**strict_fields(cls, d))
+
+
+def _unknown(kind: str) -> str:
+    return f"unknown kind {kind!r} (not in EventKind; a newer agent's? upgrade lynxtop, see docs/contracts.md)"
 
 
 _KIND_VALUES = frozenset(k.value for k in EventKind)
-_SEV_VALUES = frozenset(s.value for s in Severity)
+_SEV_VALUES_ORDERED = tuple(s.value for s in Severity)
+_SEV_VALUES = frozenset(_SEV_VALUES_ORDERED)

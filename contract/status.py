@@ -460,39 +460,3 @@ class Status:
                    serving_metrics=ServingMetrics.from_json(d.get("serving_metrics")),
                    engines=tuple(EngineLoad.from_json(e) for e in d.get("engines") or () if isinstance(e, Mapping)),
                    cluster=ClusterStatus.from_json(d.get("cluster")))
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """One run (one server start) as the store and `GET /v1/runs` give it."""
-
-    id: int
-    profile: str | None = None
-    argv: list[str] | None = None
-    model: str | None = None
-    host: str | None = None
-    started_ms: int | None = None
-    pid: int | None = None
-    pid_start_time: float | None = None
-    log_path: str | None = None
-    simulated: bool | None = None
-    flags: dict[str, Any] | None = None
-    ready_ms: int | None = None
-    vllm_version: str | None = None
-    gpu_names: list[str] | None = None
-    gpu_count: int | None = None
-    ended_ms: int | None = None
-    exit_code: int | None = None
-    exit_signal: int | None = None
-    end_reason: str | None = None
-    summary: dict[str, Any] | None = None
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> RunInfo:
-        return _build(cls, d)
-
-    def to_json(self) -> dict[str, Any]:
-        out = _plain(self)
-        if self.summary is None:
-            out.pop("summary")
-        return out

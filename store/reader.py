@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from lynxtop.contract.events import canonical_kind, stored_kinds
+from lynxtop.contract.events import Event, canonical_kind, stored_kinds
+from lynxtop.contract.records import RecordError, RunInfo
 from lynxtop.contract.redact import redact_flags
 from lynxtop.store import inproc
 from lynxtop.store.errors import NotOurDatabase, StoreAccessError, StoreError
@@ -199,18 +200,19 @@ class StoreReader:
 
     # ------------------------------------------------------------------------------------------ runs
 
-    def runs(self, limit: int = 50) -> list[dict[str, Any]]:
+    def runs(self, limit: int = 50) -> list[RunInfo]:
         """Newest first."""
-        return [_decode_run(r) for r in self._q("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (int(limit),))]
+        return [self._record(RunInfo, "runs", _decode_run(r))
+                for r in self._q("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (int(limit),))]
 
-    def run(self, run_id: int, summary: bool = True) -> dict[str, Any] | None:
+    def run(self, run_id: int, summary: bool = True) -> RunInfo | None:
         """A run with `summary`: duration, load time, throughput, latency, and per-GPU activity."""
         rows = self._q("SELECT * FROM runs WHERE id = ?", (int(run_id),))
         if not rows:
             return None
         run = _decode_run(rows[0])
         if not summary:
-            return run
+            return self._record(RunInfo, "runs", run)
         start = run.get("started_ms")
         end = run.get("ended_ms") or int(time.time() * 1000)
         summary: dict[str, Any] = {
@@ -230,7 +232,15 @@ class StoreReader:
             "FROM serving_samples WHERE run_id = ?", (int(run_id),))[0]
         summary["gpus"] = self._gpu_summary(start, end) if start is not None else []
         run["summary"] = summary
-        return run
+        return self._record(RunInfo, "runs", run)
+
+    def _record(self, cls: Any, table: str, row: dict[str, Any]) -> Any:
+        """`cls.from_json(row)`; a row that is not a valid record (a newer agent's kind) is a StoreError naming it."""
+        try:
+            return cls.from_json(row)
+        except RecordError as exc:
+            raise StoreError(f"{self.path}: {table} row {row.get('id')} cannot be read by this lynxtop: {exc}") \
+                from None
 
     def _gpu_summary(self, start: int, end: int) -> list[dict[str, Any]]:
         """Per GPU over [start, end): 1-minute rollups up to their watermark for long runs, raw after it."""
@@ -365,7 +375,7 @@ class StoreReader:
 
     def events(self, since_ms: int | None = None, until_ms: int | None = None, kinds: list[str] | None = None,
                severities: list[str] | None = None, run_id: int | None = None, limit: int = 500,
-               after_id: int | None = None) -> list[dict[str, Any]]:
+               after_id: int | None = None) -> list[Event]:
         """Oldest first. With since_ms/after_id: the first `limit` from there (paging forward);
         without: the newest `limit`."""
         where, params = [], []
@@ -394,13 +404,14 @@ class StoreReader:
         if not forward:
             rows.reverse()
         for r in rows:
-            r["kind"] = canonical_kind(r["kind"])
             if r.get("details"):
                 try:
                     r["details"] = json.loads(r["details"])
                 except ValueError:
                     pass
-        return rows
+            if not isinstance(r.get("details"), dict | None):
+                r["details"] = {"stored": r["details"]}  # not an object: kept, under a name, never dropped
+        return [self._record(Event, "events", r) for r in rows]  # an old kind's dotted name: Event.from_json
 
     def latest(self, table: str, n: int = 1, gpu: int | None = None) -> list[dict[str, Any]]:
         """Newest first: the last n rows (host, serving) or every GPU's rows of the last n ticks."""

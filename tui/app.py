@@ -351,7 +351,7 @@ class LynxtopApp(App):
             self.notify(f"{action}: cancelled, nothing changed")
             return
         answer = await self.client.action(action, profile)
-        self.notify(str(answer.get("message") or f"{action} accepted"), title=f"{action} accepted")
+        self.notify(answer.message or f"{action} accepted", title=f"{action} accepted")
         self.action_refresh_now()
 
     async def _worker_control(self, action: str, cluster: ClusterStatus) -> None:
@@ -377,9 +377,9 @@ class LynxtopApp(App):
         if action != "switch" and not (action == "start" and not serving.profile):
             return None, None, None
         listing = await self.client.profiles()
-        profiles = list(listing.get("profiles") or [])
-        current_name = listing.get("current") or serving.profile
-        if not [p for p in profiles if p.get("name") != current_name or action == "start"]:
+        profiles = list(listing.profiles)
+        current_name = listing.current or serving.profile
+        if not [p for p in profiles if p.name != current_name or action == "start"]:
             self.notify("no other profile to switch to (see `lynxtop config check`)", severity="warning")
             return None
         profile = await self.push_screen_wait(ProfilePickerScreen(
@@ -387,8 +387,8 @@ class LynxtopApp(App):
             current_name if action == "switch" else None))
         if profile is None:
             return None
-        target = next(p for p in profiles if p.get("name") == profile)
-        current = next((p for p in profiles if p.get("name") == current_name), None)
+        target = listing.get(profile)
+        current = listing.get(current_name)
         return profile, current, target
 
     def view_node(self, label: str | None, endpoint: str | None) -> None:

@@ -1,18 +1,17 @@
 """What each control action will do, in words, for its confirmation dialog; and profile flag differences.
 
-Pure functions of the typed status and the profiles JSON, so the wording an operator reads at 3 a.m. is tested
-without a terminal.
+Pure functions of the typed status and profiles (contract/records.py), so the wording an operator reads at 3 a.m.
+is tested without a terminal.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from lynxtop.contract.format import fmt_duration
+from lynxtop.contract.records import ProfileInfo
 from lynxtop.contract.status import ClusterStatus, ServingMetrics, ServingStatus
 
 LOAD_WARNING = "The model loads again: this takes minutes (a 284B model: 10-30 min); nothing is served meanwhile."
@@ -81,10 +80,10 @@ def start_text(serving: ServingStatus, profile: str | None) -> RenderableType:
     )
 
 
-def flag_diff(current: dict[str, Any] | None, target: dict[str, Any]) -> list[tuple[str, str, str]]:
+def flag_diff(current: ProfileInfo | None, target: ProfileInfo) -> list[tuple[str, str, str]]:
     """(flag, current value, new value) for every flag that differs; '—' where absent."""
-    a = dict((current or {}).get("flags") or {})
-    b = dict(target.get("flags") or {})
+    a = dict(current.flags if current else {})
+    b = dict(target.flags)
     rows = []
     for flag in sorted(set(a) | set(b)):
         va, vb = a.get(flag), b.get(flag)
@@ -93,24 +92,24 @@ def flag_diff(current: dict[str, Any] | None, target: dict[str, Any]) -> list[tu
     return rows
 
 
-def switch_text(serving: ServingStatus, current: dict[str, Any] | None, target: dict[str, Any]) -> RenderableType:
+def switch_text(serving: ServingStatus, current: ProfileInfo | None, target: ProfileInfo) -> RenderableType:
     diff = flag_diff(current, target)
     table = Table(title=None, show_header=True, header_style="bold", expand=False, box=None, padding=(0, 1))
     table.add_column("flag")  # every cell and header as Text: a str would be parsed as markup (a '[/]' in a value)
-    table.add_column(Text(f"now: {(current or {}).get('name', 'none')}"))
-    table.add_column(Text(f"new: {target['name']}"))
+    table.add_column(Text(f"now: {current.name if current else 'none'}"))
+    table.add_column(Text(f"new: {target.name}"))
     for flag, va, vb in diff:
         table.add_row(Text(flag), Text(va, style="red"), Text(vb, style="green"))
     parts: list[RenderableType] = [
         Text(f"Now: {_what_runs(serving)}."),
-        Text(f"Preflight {target['name']}, stop the current run, wait for the GPUs to be freed, "
-             f"start {target['name']} as a new run."),
+        Text(f"Preflight {target.name}, stop the current run, wait for the GPUs to be freed, "
+             f"start {target.name} as a new run."),
         Text(f"{len(diff)} flag difference(s):" if diff else "No flag differences (same argv).", style="bold"),
     ]
     if diff:
         parts.append(table)
-    if target.get("description"):
-        parts.append(Text(f"{target['name']}: {target['description']}", style="dim"))
+    if target.description:
+        parts.append(Text(f"{target.name}: {target.description}", style="dim"))
     parts.append(Text(_load_line(serving), style="bold yellow"))
     return Group(*parts)
 
@@ -133,8 +132,8 @@ def worker_ray_text(action: str, cluster: ClusterStatus) -> tuple[str, Renderabl
 
 
 def confirmation(action: str, serving: ServingStatus, metrics: ServingMetrics | None, profile: str | None,
-                 current: dict[str, Any] | None = None,
-                 target: dict[str, Any] | None = None) -> tuple[str, RenderableType, str]:
+                 current: ProfileInfo | None = None,
+                 target: ProfileInfo | None = None) -> tuple[str, RenderableType, str]:
     """Title, body and button label of the dialog that confirms `action`."""
     if action == "restart":
         return "Restart serving?", restart_text(serving, metrics), "Restart"
@@ -142,4 +141,4 @@ def confirmation(action: str, serving: ServingStatus, metrics: ServingMetrics | 
         return "Stop serving?", stop_text(serving, metrics), "Stop"
     if action == "start":
         return "Start serving?", start_text(serving, profile), "Start"
-    return f"Switch to profile {profile}?", switch_text(serving, current, target or {}), "Switch"
+    return f"Switch to profile {profile}?", switch_text(serving, current, target or ProfileInfo(str(profile))), "Switch"

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lynxtop.contract.records import RunInfo
+
 
 class ExportError(Exception):
     """The export could not be written; the message names the path and why."""
@@ -32,12 +34,12 @@ def check_target(path_text: str) -> Path:
     return path
 
 
-def export_run_gpu(reader: Any, run: dict[str, Any], path: Path, now_ms: int) -> int:
+def export_run_gpu(reader: Any, run: RunInfo, path: Path, now_ms: int) -> int:
     """Write every raw GPU sample of the run's span; returns the number of rows written."""
     from lynxtop.store import export
 
-    start = int(run.get("started_ms") or 0)
-    end = int(run.get("ended_ms") or now_ms) + 1
+    start = int(run.started_ms or 0)
+    end = int(run.ended_ms or now_ms) + 1
     try:
         return export.export_table(reader, "gpu", "raw", start, end, path, force=False,
                                    progress_stream=io.StringIO())

@@ -50,6 +50,16 @@ class DisplayReader:
 
 def _escaped(read: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
-        return terminal_safe_json(read(*args, **kwargs))
+        return _safe(read(*args, **kwargs))
 
     return call
+
+
+def _safe(data: Any) -> Any:
+    """`data` escaped; a typed record (a run, an event: contract/records.py) escaped through its JSON, so it stays
+    the same type with every string in it escaped."""
+    if isinstance(data, list):
+        return [_safe(x) for x in data]
+    if hasattr(data, "to_json") and hasattr(type(data), "from_json"):
+        return type(data).from_json(terminal_safe_json(data.to_json()))
+    return terminal_safe_json(data)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lynxtop.contract.records import RunInfo
+
 RANGES: tuple[tuple[str, int | None], ...] = (
     ("1h", 3600_000), ("6h", 6 * 3600_000), ("24h", 24 * 3600_000), ("7d", 7 * 86400_000),
     ("30d", 30 * 86400_000), ("run", None),
@@ -32,11 +34,11 @@ def points(rows: list[dict[str, Any]], col: str, agg: str = "avg") -> list[tuple
     return [(ts, (sum(by_ts[ts]) / len(by_ts[ts])) if by_ts[ts] else None) for ts in sorted(order)]
 
 
-def span(run: dict[str, Any] | None, range_ms: int | None, now_ms: int) -> tuple[int, int]:
+def span(run: RunInfo | None, range_ms: int | None, now_ms: int) -> tuple[int, int]:
     """The window to chart: the range ending where the run ended (or now), or the whole run."""
-    end = int((run or {}).get("ended_ms") or now_ms)
+    end = int(run.ended_ms if run and run.ended_ms else now_ms)
     if range_ms is None:
-        start = int((run or {}).get("started_ms") or end - 3600_000)
+        start = int(run.started_ms if run and run.started_ms else end - 3600_000)
     else:
         start = end - range_ms
     return start, max(end, start + 1)

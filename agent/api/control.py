@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from lynxtop.contract.events import Event
 from lynxtop.contract.processes import GpuProcesses
+from lynxtop.contract.records import ProfileList, RunInfo
 from lynxtop.contract.status import Status
 
 
@@ -29,11 +31,11 @@ class Controller(Protocol):
 
     def status(self) -> Status: ...
 
-    def profiles(self) -> dict[str, Any]: ...
+    def profiles(self) -> ProfileList: ...
 
-    async def runs(self, limit: int) -> list[dict[str, Any]]: ...
+    async def runs(self, limit: int) -> list[RunInfo]: ...
 
-    async def events(self, since_ms: int | None, limit: int) -> list[dict[str, Any]]: ...
+    async def events(self, since_ms: int | None, limit: int) -> list[Event]: ...
 
     # `after`/`inode`: a follower's previous answer's `next` and `inode`; only the lines written since (logtail.py)
     async def logs(self, run_id: int | None, lines: int, *, after: int | None = None,

@@ -31,7 +31,9 @@ from lynxtop.agent.api.connguard import ConnectionGuard, Episodes, GuardedSite, 
 from lynxtop.agent.api.control import ActionError, Controller
 from lynxtop.agent.api.logtail import LogTail
 from lynxtop.agent.api.peercred import Peer, group_gid, may_control, peer_of
+from lynxtop.contract.events import Event
 from lynxtop.contract.processes import GpuProcesses
+from lynxtop.contract.records import ActionAnswer, ProfileList, RunInfo
 from lynxtop.store.schema import BENCH_COLUMNS
 
 MAX_BODY = 64 * 1024
@@ -414,16 +416,18 @@ class ApiServer:
 
     async def _profiles(self, request: web.Request) -> web.Response:
         _query(request, "profiles")
-        return _json(await _maybe_await(self.controller.profiles()))
+        profiles: ProfileList = await _maybe_await(self.controller.profiles())
+        return _json(profiles.to_json())
 
     async def _runs(self, request: web.Request) -> web.Response:
         q = _query(request, "runs")
-        return _json({"runs": await _maybe_await(self.controller.runs(q["limit"]))})
+        runs: list[RunInfo] = await _maybe_await(self.controller.runs(q["limit"]))
+        return _json({"runs": [r.to_json() for r in runs]})
 
     async def _events(self, request: web.Request) -> web.Response:
         q = _query(request, "events")
-        events = await _maybe_await(self.controller.events(q["since"], q["limit"]))
-        return _json({"events": events})
+        events: list[Event] = await _maybe_await(self.controller.events(q["since"], q["limit"]))
+        return _json({"events": [e.to_json() for e in events]})
 
     async def _logs(self, request: web.Request) -> web.StreamResponse:
         q = _query(request, "logs")
@@ -472,13 +476,13 @@ class ApiServer:
                 raise
             self.log(f"accepted: {who} asked {action}{_for(profile)} ({(time.monotonic() - started) * 1000:.0f} ms): "
                      f"{message}")
-            return _json({"accepted": True, "action": action, "message": message}, status=202)
+            return _json(ActionAnswer(True, action, message).to_json(), status=202)
 
         return handler
 
     async def _check_profile(self, name: str) -> None:
-        profiles = await _maybe_await(self.controller.profiles())
-        known = [p.get("name") for p in profiles.get("profiles", [])]
+        profiles: ProfileList = await _maybe_await(self.controller.profiles())
+        known = profiles.names
         if name not in known:
             raise ApiError(404, "unknown_profile", f"no profile named {name!r} (known: {', '.join(known) or 'none'})")
 

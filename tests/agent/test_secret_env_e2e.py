@@ -19,6 +19,7 @@ from support.agent_config import sim_profile, write_agent_config
 from support.agent_proc import Agent
 from support.ports import free_port
 
+from lynxtop.contract.records import ProfileInfo
 from lynxtop.contract.redact import mask
 from lynxtop.tui.control_text import flag_diff
 
@@ -74,7 +75,8 @@ async def test_profile_secrets_reach_the_server_and_are_found_nowhere_else(tmp_p
     code, profiles = await a.api("GET", "/v1/profiles")
     assert code == 200
     by_name = {p["name"]: p for p in profiles["profiles"]}
-    diff = {flag: (now, new) for flag, now, new in flag_diff(by_name["inline"], by_name["fromfiles"])}
+    diff = {flag: (now, new) for flag, now, new in flag_diff(ProfileInfo.from_json(by_name["inline"]),
+                                                             ProfileInfo.from_json(by_name["fromfiles"]))}
     assert diff["env HF_TOKEN"] == (mask(HF_INLINE), mask(HF_FILE))
     assert diff["env VLLM_API_KEY"] == (mask(API_INLINE), mask(API_CRED))
     assert by_name["inline"]["env"]["NCCL_DEBUG"] == "WARN"  # what is not secret is shown as it is

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from lynxtop.contract.config import ConfigError, config_as_dict, load_config, parse_config
+from lynxtop.contract.records import ProfileInfo
 from lynxtop.contract.redact import mask
 from lynxtop.tui.control_text import flag_diff
 
@@ -64,7 +65,7 @@ def test_secret_values_reach_the_env_and_are_masked_in_every_shown_form():
 def test_switch_diff_shows_that_a_secret_changed_not_its_value():
     cfg = parse_config(_profile("a", env=f'{{ HF_TOKEN = "{TOKEN}" }}')
                        + _profile("b", env='{ HF_TOKEN = "hf_otherToken999" }'))
-    a, b = ({"name": p.name, "flags": p.flags()} for p in cfg.profiles)
+    a, b = (ProfileInfo(p.name, flags=p.flags()) for p in cfg.profiles)
     assert flag_diff(a, b) == [("env HF_TOKEN", mask(TOKEN), mask("hf_otherToken999"))]
 
 

@@ -13,7 +13,7 @@ import tracemalloc
 import pytest
 
 from lynxtop.__main__ import main
-from lynxtop.contract.events import Event
+from lynxtop.contract.events import Event, EventKind
 from lynxtop.store.export import build_query, export_table
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.times import iso, parse_time
@@ -30,7 +30,7 @@ def db(tmp_path):
                            simulated=True)
         w.update_run(rid, ready_ms=T0 + 20_000, ended_ms=T0 + 29_000, exit_code=0, end_reason="stopped")
         submit(w, 61, gpus=2, null_every=3, run_id=rid)  # minute 0 complete: rolled up
-        w.record(Event("serving", "info", "ready, with a comma", {"a": 1}, run_id=rid, ts_ms=T0 + 20_000))
+        w.record(Event(EventKind.SERVING_READY, "info", "ready, with a comma", {"a": 1}, run_id=rid, ts_ms=T0 + 20_000))
     return path
 
 
@@ -156,8 +156,8 @@ def test_export_neutralises_formula_text_cells_unless_raw(tmp_path, capsys):
                            simulated=True)
         w.update_run(rid, ended_ms=T0 + 5000, exit_code=-1, exit_signal=-9, end_reason="-crashed")
         for i, m in enumerate(FORMULAS):
-            w.record(Event("test", "info", m, ts_ms=T0 + i))
-        w.record(Event("test", "info", "plain, text", ts_ms=T0 + 100))
+            w.record(Event(EventKind.SERVING_PHASE, "info", m, ts_ms=T0 + i))
+        w.record(Event(EventKind.SERVING_PHASE, "info", "plain, text", ts_ms=T0 + 100))
     span = ["--from", str(T0 - 1000), "--to", str(T0 + 10_000)]
 
     def export(table: str, *extra: str) -> list[list[str]]:

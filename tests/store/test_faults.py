@@ -152,8 +152,8 @@ def test_bad_file_is_moved_aside_and_reported(tmp_path, kind):
     assert aside is not None and aside.name.startswith("lynxtop.db.corrupt-")
     assert aside.read_bytes() == original  # nothing lost: the old file is kept for inspection
     ev = StoreReader(db).events(kinds=["store.moved_aside"])
-    assert len(ev) == 1 and ev[0]["severity"] == "error"
-    assert str(db) in ev[0]["message"] and expect in ev[0]["message"] and str(aside) in ev[0]["message"]
+    assert len(ev) == 1 and ev[0].severity == "error"
+    assert str(db) in ev[0].message and expect in ev[0].message and str(aside) in ev[0].message
     assert StoreReader(db).latest("gpu")[0]["ts_ms"] == T0 + 1000
 
 

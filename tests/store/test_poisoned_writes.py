@@ -28,7 +28,7 @@ def test_poisoned_ops_fail_alone_and_every_other_write_of_their_batch_lands(db):
     rid = w.create_run(profile="p", started_ms=T0)  # not started: written inline
     # everything below is queued before the thread starts, so it is drained as one batch
     submit(w, 3, gpus=2)
-    w.record(Event("agent.stop", "info", "stop asked by operator", ts_ms=T0 + 1))
+    w.record(Event("action.stop", "info", "stop asked by operator", ts_ms=T0 + 1))
     w.update_run(rid, exit_code=2**64)  # OverflowError in the driver, not an sqlite3.Error
     bad = w._enqueue_op(_boom)  # any exception at all
     w.update_run(rid, ended_ms=T0 + 5000)
@@ -48,7 +48,7 @@ def test_poisoned_ops_fail_alone_and_every_other_write_of_their_batch_lands(db):
     assert [r[0] for r in c.execute("SELECT DISTINCT ts_ms FROM gpu_samples ORDER BY ts_ms")] == \
         [T0 + i * 1000 for i in range(6)]
     assert c.execute("SELECT count(*) FROM host_samples").fetchone()[0] == 6
-    assert [r[0] for r in c.execute("SELECT kind FROM events ORDER BY ts_ms")] == ["agent.stop", "agent.stopped"]
+    assert [r[0] for r in c.execute("SELECT kind FROM events ORDER BY ts_ms")] == ["action.stop", "agent.stopped"]
     assert c.execute("SELECT exit_code, ended_ms FROM runs WHERE id = ?", (rid,)).fetchone() == (None, T0 + 5000)
 
 

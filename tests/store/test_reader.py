@@ -53,7 +53,7 @@ def test_latest_and_events_paging(tmp_path):
         submit(w, 5, gpus=3)
         w.submit_tick(T0 + 5000, [], None, None, [], [{"gpu": 0, "pid": 77, "used_mem_bytes": 5, "in_vllm_tree": 1}])
         for i in range(10):
-            w.record(Event("test", "info", f"e{i}", ts_ms=T0 + i))
+            w.record(Event(EventKind.SERVING_PHASE, "info", f"e{i}", ts_ms=T0 + i))
     r = StoreReader(db)
     rows = r.latest("gpu", n=2)
     assert [(x["ts_ms"], x["gpu"]) for x in rows] == [(T0 + 4000, g) for g in range(3)] + [
@@ -61,10 +61,10 @@ def test_latest_and_events_paging(tmp_path):
     assert [x["ts_ms"] for x in r.latest("gpu", n=2, gpu=1)] == [T0 + 4000, T0 + 3000]
     assert r.latest("host")[0]["ts_ms"] == T0 + 4000
     assert r.latest("processes")[0]["pid"] == 77
-    assert [e["message"] for e in r.events(limit=3)] == ["e7", "e8", "e9"]  # newest 3, oldest first
+    assert [e.message for e in r.events(limit=3)] == ["e7", "e8", "e9"]  # newest 3, oldest first
     page = r.events(since_ms=T0, limit=4)
-    assert [e["message"] for e in page] == ["e0", "e1", "e2", "e3"]
-    assert [e["message"] for e in r.events(after_id=page[-1]["id"], limit=2)] == ["e4", "e5"]
+    assert [e.message for e in page] == ["e0", "e1", "e2", "e3"]
+    assert [e.message for e in r.events(after_id=page[-1].id, limit=2)] == ["e4", "e5"]
 
 
 def test_reader_is_read_only_and_errors_name_the_path(tmp_path):
@@ -90,18 +90,20 @@ def test_events_of_older_agents_read_with_the_dotted_names(tmp_path):
     c = sqlite3.connect(db)  # rows as an agent before the dotted names stored them
     c.executemany("INSERT INTO events (ts_ms, kind, severity, message) VALUES (?, ?, ?, ?)",
                   [(T0, "xid", "error", "old xid"), (T0 + 1, "sla_breach", "warning", "old breach"),
-                   (T0 + 4, "something_unknown", "info", "kept as stored")])
+                   (T0 + 4, "store", "warning", "old store trouble"),
+                   (T0 + 5, "something_unknown", "info", "a kind no lynxtop writes")])
     c.commit()
     assert c.execute("SELECT kind FROM events WHERE ts_ms = ?", (T0 + 3,)).fetchone()[0] == "scrape.outage"
     c.close()
     r = StoreReader(db)
-    assert [(e["kind"], e["message"]) for e in r.events(since_ms=T0)] == [
+    assert [(e.kind, e.message) for e in r.events(since_ms=T0, until_ms=T0 + 5)] == [
         ("gpu.xid", "old xid"), ("sla.breach", "old breach"), ("gpu.xid", "new xid"),
-        ("scrape.outage", "old name through the writer"), ("something_unknown", "kept as stored")]
-    assert [e["message"] for e in r.events(kinds=["gpu.xid"])] == ["old xid", "new xid"]
-    assert [e["message"] for e in r.events(kinds=["xid"])] == ["old xid", "new xid"]  # an old name still filters
-    assert [e["message"] for e in r.events(kinds=["sla.breach", "something_unknown"])] == [
-        "old breach", "kept as stored"]
+        ("scrape.outage", "old name through the writer"), ("store", "old store trouble")]
+    assert [e.message for e in r.events(kinds=["gpu.xid"])] == ["old xid", "new xid"]
+    assert [e.message for e in r.events(kinds=["xid"])] == ["old xid", "new xid"]  # an old name still filters
+    # a kind this lynxtop does not know (a newer agent's) is a clear error naming the row, never a silent default
+    with pytest.raises(StoreError, match=r"events row 6 .*Event\.kind: unknown kind 'something_unknown'"):
+        r.events(kinds=["sla.breach", "something_unknown"])
 
 
 def test_record_takes_an_event(tmp_path):
@@ -111,5 +113,5 @@ def test_record_takes_an_event(tmp_path):
         with pytest.raises(ValueError, match="severity"):
             w.record(Event(EventKind.SLA_BREACH, "loud", "x"))  # type: ignore[arg-type]
     (e,) = StoreReader(db).events()
-    assert (e["kind"], e["severity"], e["message"], e["details"], e["ts_ms"]) == (
+    assert (e.kind, e.severity, e.message, e.details, e.ts_ms) == (
         "sla.recovered", "info", "back", {"window_s": 60}, T0)

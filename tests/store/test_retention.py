@@ -7,7 +7,7 @@ import sqlite3
 import time
 
 from lynxtop.contract.config import Retention
-from lynxtop.contract.events import Event
+from lynxtop.contract.events import Event, EventKind
 from lynxtop.store import retention
 from lynxtop.store.writer import StoreWriter
 
@@ -28,8 +28,8 @@ def test_retention_per_resolution_keeps_runs(tmp_path):
                     retention_chunk=100, maintenance_interval_s=0.1)
     rid = w.create_run(profile="old", started_ms=T0, ended_ms=T0 + 1000, exit_code=0)
     w.add_bench_result({"ts_ms": T0, "profile": "old"})
-    w.record(Event("serving", "info", "old event", ts_ms=T0))
-    w.record(Event("serving", "info", "recent event", ts_ms=T0 + 110 * 60_000))
+    w.record(Event(EventKind.SERVING_READY, "info", "old event", ts_ms=T0))
+    w.record(Event(EventKind.SERVING_READY, "info", "recent event", ts_ms=T0 + 110 * 60_000))
     _fill(w, 2)
     w.submit_tick(T0 + 2 * HOUR, [gpu_row(g, 720) for g in range(2)], {"cpu_pct": 1.0})  # newest sample: now
     w.start()
@@ -45,7 +45,7 @@ def test_retention_per_resolution_keeps_runs(tmp_path):
     assert c.execute("SELECT min(ts_ms) FROM host_samples").fetchone()[0] == T0 + HOUR
     assert c.execute("SELECT min(ts_ms) FROM gpu_1m").fetchone()[0] == T0 + HOUR // 2
     assert c.execute("SELECT min(ts_ms) FROM gpu_1h").fetchone()[0] == T0
-    assert [r[0] for r in c.execute("SELECT message FROM events WHERE kind = 'serving'")] == ["recent event"]
+    assert [r[0] for r in c.execute("SELECT message FROM events WHERE kind = 'serving.ready'")] == ["recent event"]
     assert c.execute("SELECT id FROM runs").fetchall() == [(rid,)]
     assert c.execute("SELECT count(*) FROM bench_results").fetchone()[0] == 1
 

@@ -124,6 +124,6 @@ def test_reader_tail_and_long_run_summary_use_rollups(tmp_path):
     assert rows[-1]["samples"] == len(last) and rows[-1]["power_w_avg"] == pytest.approx(sum(last) / len(last))
     assert rows[-1]["power_w_max"] == max(last) and rows[-1]["power_w_min"] == min(last)
     raw_avg = sum(round(t[1][1]["power_w"]) for t in ticks) / len(ticks)
-    gpu1 = r.run(rid)["summary"]["gpus"][1]
+    gpu1 = r.run(rid).summary["gpus"][1]
     assert gpu1["samples"] == 1080
     assert gpu1["power_w"] == pytest.approx(raw_avg)

@@ -38,8 +38,8 @@ def test_reader_masks_a_row_written_before_values_were_masked(tmp_path):
     with sqlite3.connect(db) as c:  # as an older agent wrote it
         c.execute("UPDATE runs SET flags = ? WHERE id = ?", (json.dumps({"env VLLM_API_KEY": TOKEN}), rid))
     r = StoreReader(db)
-    assert r.runs()[0]["flags"] == {"env VLLM_API_KEY": mask(TOKEN)}
-    assert r.run(rid)["flags"] == {"env VLLM_API_KEY": mask(TOKEN)}
+    assert r.runs()[0].flags == {"env VLLM_API_KEY": mask(TOKEN)}
+    assert r.run(rid).flags == {"env VLLM_API_KEY": mask(TOKEN)}
 
 
 def test_opening_a_database_an_older_agent_wrote_masks_its_stored_secrets(tmp_path):

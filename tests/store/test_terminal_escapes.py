@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from lynxtop.__main__ import main
-from lynxtop.contract.events import Event
+from lynxtop.contract.events import Event, EventKind
 from lynxtop.store.writer import StoreWriter
 
 from .helpers import T0
@@ -28,7 +28,7 @@ def db(tmp_path):
         rid = w.create_run(profile="tp8" + EVIL, model="m" + EVIL + "\nforged row", started_ms=T0)
         w.update_run(rid, ready_ms=T0 + 10_000, ended_ms=T0 + 20_000, exit_code=1, end_reason="crash" + EVIL)
         w.create_run(profile="tp8-ep", model="deepseek-ai/DeepSeek-V4.1", started_ms=T0 + 30_000)
-        w.record(Event("serving", "error", "vLLM said" + EVIL, run_id=rid, ts_ms=T0 + 15_000))
+        w.record(Event(EventKind.SERVING_CRASH, "error", "vLLM said" + EVIL, run_id=rid, ts_ms=T0 + 15_000))
     return path
 
 

@@ -131,8 +131,8 @@ def test_unlinked_wal_is_detected_reported_and_recovered(tmp_path):
         expected += submit(w, 10, start_i=20, gpus=2)  # after detection
         assert w.flush()
         events = reader.events(kinds=["store.wal_unlinked"])  # the reader reconnected by itself
-        assert len(events) == 1 and events[0]["severity"] == "critical", events
-        assert "unlinked" in events[0]["message"]
+        assert len(events) == 1 and events[0].severity == "critical", events
+        assert "unlinked" in events[0].message
         assert [r["ts_ms"] for r in reader.latest("host", n=100)][::-1] == expected
         assert ticks_seen_by_another_process(db) == expected  # visible to other programs again
         # the status the agent shows carries it

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from lynxtop.contract.events import Event
+from lynxtop.contract.events import Event, EventKind
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.writer import StoreWriter
 
@@ -78,29 +78,30 @@ def test_runs_events_gpus_and_bench(db):
                            model="deepseek-ai/DeepSeek-V4.1", host="node1", started_ms=T0, pid=4242,
                            simulated=True, flags={"--tensor-parallel-size": "8"})
         w.update_run(rid, ready_ms=T0 + 600_000, vllm_version="0.11.0", gpu_names=["NVIDIA H200"] * 8, gpu_count=8)
-        w.record(Event("serving", "info", "ready", {"load_s": 600}, run_id=rid, ts_ms=T0 + 600_000))
-        w.record(Event("sla", "warning", "TTFT p99 above 2000 ms", ts_ms=T0 + 700_000))
+        w.record(Event(EventKind.SERVING_READY, "info", "ready", {"load_s": 600}, run_id=rid, ts_ms=T0 + 600_000))
+        w.record(Event(EventKind.SLA_BREACH, "warning", "TTFT p99 above 2000 ms", ts_ms=T0 + 700_000))
         w.upsert_gpus([{"uuid": "GPU-1", "idx": 0, "name": "NVIDIA H200", "gpm_supported": True}])
         w.upsert_gpus([{"uuid": "GPU-1", "idx": 0, "name": "NVIDIA H200", "driver_version": "570.1"}])
         bid = w.add_bench_result({"profile": "dsv4-tp8", "concurrency": 64, "ttft_p99_ms": 900.0, "seed": 7})
         submit(w, 30, run_id=rid)
         with pytest.raises(ValueError, match="severity"):
-            w.record(Event("x", "fatal", "no such severity"))
+            w.record(Event(EventKind.SERVING_READY, "fatal", "no such severity"))
         with pytest.raises(ValueError, match="unknown run field"):
             w.update_run(rid, colour="red")
     r = StoreReader(db)
     run = r.runs()[0]
-    assert run["id"] == rid and run["argv"][1] == "serve" and run["simulated"] is True
-    assert run["gpu_names"] == ["NVIDIA H200"] * 8 and run["flags"] == {"--tensor-parallel-size": "8"}
+    assert run.id == rid and run.argv and run.argv[1] == "serve" and run.simulated is True
+    assert run.gpu_names == ["NVIDIA H200"] * 8 and run.flags == {"--tensor-parallel-size": "8"}
     detail = r.run(rid)
-    assert detail["summary"]["load_s"] == 600
-    assert detail["summary"]["serving"]["samples"] == 30
-    assert detail["summary"]["serving"]["requests_finished"] == 60
-    assert len(detail["summary"]["gpus"]) == 8
+    assert detail is not None and detail.summary is not None
+    assert detail.summary["load_s"] == 600
+    assert detail.summary["serving"]["samples"] == 30
+    assert detail.summary["serving"]["requests_finished"] == 60
+    assert len(detail.summary["gpus"]) == 8
     ev = r.events()
-    assert [e["message"] for e in ev] == ["ready", "TTFT p99 above 2000 ms"]
-    assert ev[0]["details"] == {"load_s": 600} and ev[0]["run_id"] == rid
-    assert r.events(severities=["warning"])[0]["kind"] == "sla"
+    assert [e.message for e in ev] == ["ready", "TTFT p99 above 2000 ms"]
+    assert ev[0].details == {"load_s": 600} and ev[0].run_id == rid
+    assert r.events(severities=["warning"])[0].kind == "sla.breach"
     gpus = r.gpus()
     assert len(gpus) == 1 and gpus[0]["driver_version"] == "570.1"
     assert r.bench_results()[0]["id"] == bid and r.bench_results()[0]["details"] == {"seed": 7}

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from tui_fake_agent import T0, FakeAgent, gpu_row, serving_metrics
 
-from lynxtop.contract.events import Event
+from lynxtop.contract.events import Event, EventKind
 
 
 @pytest.fixture
@@ -54,11 +54,11 @@ def build_history(path: Path, minutes: int = 30, step_s: int = 10) -> dict[str, 
                                                   generation_tokens_per_s=1000.0 + i % 50))
         ts += step_s * 1000
         i += 1
-    w.record(Event("serving", "info", "starting dsv41-tp8", run_id=run1, ts_ms=start_old))
-    w.record(Event("serving", "warning", "switch to dsv41-tp8-ep by uid 1000 (alice)", run_id=run1,
+    w.record(Event(EventKind.SERVING_STARTING, "info", "starting dsv41-tp8", run_id=run1, ts_ms=start_old))
+    w.record(Event(EventKind.ACTION_SWITCH, "warning", "switch to dsv41-tp8-ep by uid 1000 (alice)", run_id=run1,
                    ts_ms=mid - 2000))
-    w.record(Event("gpu", "error", "GPU 5 XID 79: fell off the bus", run_id=run2, ts_ms=T0 - 120_000))
-    w.record(Event("sla", "critical", "TTFT p99 3.0 s above 2.0 s", run_id=run2, ts_ms=T0 - 60_000))
+    w.record(Event(EventKind.GPU_XID, "error", "GPU 5 XID 79: fell off the bus", run_id=run2, ts_ms=T0 - 120_000))
+    w.record(Event(EventKind.SLA_BREACH, "critical", "TTFT p99 3.0 s above 2.0 s", run_id=run2, ts_ms=T0 - 60_000))
     for run, scale in ((run1, 1.0), (run2, 1.3)):
         for conc in (1, 8, 32):
             w.add_bench_result({"run_id": run, "name": "sharegpt", "concurrency": conc, "ts_ms": mid,

@@ -4,6 +4,7 @@ text: no MarkupError, no style, and no control character reaches the terminal's 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import tempfile
@@ -59,7 +60,7 @@ def hostile_db():
 def _hostile_agent(agent) -> None:
     agent.status = make_status(model="m" + EVIL, vllm_version="0.99" + EVIL, profile="dsv41-tp8", reason="r" + EVIL,
                                agent={"host": "h" + EVIL})
-    agent.events[0]["message"] = "event" + EVIL
+    agent.events[0] = dataclasses.replace(agent.events[0], message="event" + EVIL)
     agent.log_lines.append("log line" + EVIL)
     target = agent.profiles["profiles"][1]
     target["description"] = "d" + EVIL

@@ -15,6 +15,7 @@ from lynxtop.contract.format import (
     fmt_si,
     throttle_words,
 )
+from lynxtop.contract.records import ProfileList, RunInfo
 from lynxtop.contract.status import ServingState, SlaState, Status
 from lynxtop.tui import control_text
 from lynxtop.tui.backoff import Backoff
@@ -75,7 +76,7 @@ def test_confirmation_texts_say_what_happens():
     serving, metrics = status.serving, status.serving_metrics
     text = plain(control_text.restart_text(serving, metrics))
     assert "dsv41-tp8" in text and "new run" in text and "17m57s" in text and "12 request(s)" in text
-    current, target = PROFILES["profiles"]
+    current, target = ProfileList.from_json(PROFILES).profiles
     diff = control_text.flag_diff(current, target)
     assert ("--max-model-len", "131072", "262144") in diff
     assert ("--enable-expert-parallel", "—", "on") in diff
@@ -124,8 +125,8 @@ def test_history_points_average_gpus_and_pick_rollup_stat():
             {"ts_ms": 2, "gpu": 0, "x_avg": None, "x_max": None}]
     assert points(rows, "x", "avg") == [(1, 20.0), (2, None)]
     assert points(rows, "x", "max") == [(1, 30.0), (2, None)]
-    assert span({"started_ms": 100, "ended_ms": 500}, None, 9999) == (100, 500)
-    assert span({"started_ms": 100, "ended_ms": None}, 50, 1000) == (950, 1000)
+    assert span(RunInfo(1, started_ms=100, ended_ms=500), None, 9999) == (100, 500)
+    assert span(RunInfo(1, started_ms=100, ended_ms=None), 50, 1000) == (950, 1000)
 
 
 def test_export_target_checks(tmp_path):

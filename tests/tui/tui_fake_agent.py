@@ -17,6 +17,8 @@ from typing import Any
 from aiohttp import web
 from support.status import GIB, T0, gpu_row, serving_metrics, status_json
 
+from lynxtop.contract.events import Event, EventKind, Severity
+from lynxtop.contract.records import RunInfo
 from lynxtop.contract.status import Status
 
 __all__ = ["GIB", "PROFILES", "T0", "FakeAgent", "gpu_row", "make_status", "serving_metrics"]
@@ -47,14 +49,14 @@ class FakeAgent:
         self.socket_path = Path(socket_path)
         self.status = status if status is not None else make_status()
         self.profiles = copy.deepcopy(PROFILES)
-        self.runs: list[dict[str, Any]] = [{"id": 3, "profile": "dsv41-tp8", "started_ms": T0 - 4_800_000}]
-        self.events: list[dict[str, Any]] = [
-            {"id": 1, "ts_ms": T0 - 4_800_000, "run_id": 3, "kind": "serving", "severity": "info",
-             "message": "starting dsv41-tp8", "details": None},
-            {"id": 2, "ts_ms": T0 - 3_723_000, "run_id": 3, "kind": "serving", "severity": "info",
-             "message": "ready after 17m57s", "details": None},
-            {"id": 3, "ts_ms": T0 - 600_000, "run_id": 3, "kind": "gpu", "severity": "warning",
-             "message": "GPU 3 SW thermal slowdown", "details": None},
+        self.runs: list[RunInfo] = [RunInfo(3, profile="dsv41-tp8", started_ms=T0 - 4_800_000)]
+        # built as Events: a fixture cannot serve a kind that no agent writes
+        self.events: list[Event] = [
+            Event(EventKind.SERVING_STARTING, Severity.INFO, "starting dsv41-tp8", run_id=3, ts_ms=T0 - 4_800_000,
+                  id=1),
+            Event(EventKind.SERVING_READY, Severity.INFO, "ready after 17m57s", run_id=3, ts_ms=T0 - 3_723_000, id=2),
+            Event(EventKind.GPU_XID, Severity.WARNING, "GPU 3 SW thermal slowdown", run_id=3, ts_ms=T0 - 600_000,
+                  id=3),
         ]
         self.log_lines = [f"INFO 12-02 09:{i:02d}:00 [loader.py] loading shard {i}/64" for i in range(40)]
         self.log_lines.append("INFO 12-02 10:00:00 [api_server.py] Uvicorn running on http://127.0.0.1:8000")
@@ -140,10 +142,10 @@ class FakeAgent:
         return self._json(request, self.profiles)
 
     async def _runs(self, request: web.Request) -> web.Response:
-        return self._json(request, {"runs": self.runs})
+        return self._json(request, {"runs": [r.to_json() for r in self.runs]})
 
     async def _events(self, request: web.Request) -> web.Response:
-        return self._json(request, {"events": self.events})
+        return self._json(request, {"events": [e.to_json() for e in self.events]})
 
     async def _processes(self, request: web.Request) -> web.Response:
         if self.gpu_processes is None:

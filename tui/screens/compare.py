@@ -15,6 +15,7 @@ from textual.widgets import Static
 
 from lynxtop.contract.change import RULE, change_pct
 from lynxtop.contract.format import NA, fmt_bytes, fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
+from lynxtop.contract.records import ProfileInfo
 from lynxtop.tui.control_text import flag_diff
 from lynxtop.tui.history_source import HistoryUnavailable
 
@@ -212,7 +213,8 @@ class CompareScreen(ModalScreen[None]):
         a, b = _as_dict(a), _as_dict(b)
         bench = [_as_dict(r) for r in bench]
 
-        diff = flag_diff({"flags": a.get("flags") or {}}, {"flags": b.get("flags") or {}})
+        diff = flag_diff(ProfileInfo(str(a.get("profile")), flags=a.get("flags") or {}),
+                         ProfileInfo(str(b.get("profile")), flags=b.get("flags") or {}))
         flags = Table(show_header=True, header_style="bold", box=None)
         flags.add_column("flag")  # the database's words as Text: a str cell or header would be parsed as markup
         flags.add_column(Text(f"run {a.get('id')} ({a.get('profile')})"))

@@ -6,7 +6,6 @@ import asyncio
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 from rich.text import Text
 from textual import work
@@ -15,7 +14,9 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Input, Log, Static
 
 from lynxtop.contract.client import AgentRefused, AgentUnreachable
+from lynxtop.contract.events import Event
 from lynxtop.contract.format import fmt_clock, fmt_datetime
+from lynxtop.contract.records import RunInfo
 from lynxtop.tui.history_source import HistoryUnavailable
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.recent_events import SEVERITY_MARK
@@ -44,14 +45,14 @@ class EventsScreen(LiveScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.events: list[dict[str, Any]] = []
+        self.events: list[Event] = []
         self.kind: str | None = None
         self.min_severity = "info"
         self.text_filter = ""
         self.log_search = ""
         self.log_lines: list[str] = []
         self.log_run: int | None = None  # None = current run
-        self.runs: list[dict[str, Any]] = []
+        self.runs: list[RunInfo] = []
         self.source = ""
         self._last_fetch = 0.0
 
@@ -82,7 +83,7 @@ class EventsScreen(LiveScreen):
     @work(exclusive=True, group="events", exit_on_error=False)
     async def fetch_events(self) -> None:
         self._last_fetch = time.monotonic()
-        events: list[dict[str, Any]] | None
+        events: list[Event] | None
         try:
             events = await asyncio.to_thread(self._events_from_store)
             self.source = f"history database {self.lynx.history.path}"
@@ -98,7 +99,7 @@ class EventsScreen(LiveScreen):
             self._fill_events()
         self._draw_filters()
 
-    def _events_from_store(self) -> list[dict[str, Any]]:
+    def _events_from_store(self) -> list[Event]:
         with self.lynx.history.reader() as reader:
             events = reader.events(limit=1000)
             try:
@@ -106,7 +107,7 @@ class EventsScreen(LiveScreen):
             except Exception:
                 self.runs = []
         # newest first for the operator
-        return sorted(events, key=lambda e: (e.get("ts_ms") or 0, e.get("id") or 0), reverse=True)
+        return sorted(events, key=lambda e: (e.ts_ms or 0, e.id or 0), reverse=True)
 
     @work(exclusive=True, group="log", exit_on_error=False)
     async def fetch_log(self) -> None:
@@ -126,29 +127,29 @@ class EventsScreen(LiveScreen):
         """With the agent down, read the run's log file directly (its path is in the runs table)."""
         run = None
         if self.runs:
-            run = next((r for r in self.runs if r.get("id") == self.log_run), None) if self.log_run else self.runs[0]
-        path = (run or {}).get("log_path")
+            run = next((r for r in self.runs if r.id == self.log_run), None) if self.log_run else self.runs[0]
+        path = run.log_path if run else None
         if not path:
             return [], f"vLLM log unavailable: {why}"
         try:
             with open(path, errors="replace") as f:
                 lines = [line.rstrip("\n") for line in deque(f, maxlen=LOG_LINES)]
         except OSError as exc:
-            return [], f"vLLM log of run {run.get('id')}: cannot read {path}: {exc.strerror}"
-        return lines, f"vLLM log of run {run.get('id')}  {Path(path)}  (read from file: agent unreachable)"
+            return [], f"vLLM log of run {run.id}: cannot read {path}: {exc.strerror}"
+        return lines, f"vLLM log of run {run.id}  {Path(path)}  (read from file: agent unreachable)"
 
     # ------------------------------------------------------------------ drawing
-    def _visible_events(self) -> list[dict[str, Any]]:
+    def _visible_events(self) -> list[Event]:
         floor = SEVERITIES.index(self.min_severity)
         needle = self.text_filter.lower()
         out = []
         for e in self.events:
-            sev = e.get("severity") or "info"
+            sev = str(e.severity)
             if sev in SEVERITIES and SEVERITIES.index(sev) < floor:
                 continue
-            if self.kind and e.get("kind") != self.kind:
+            if self.kind and e.kind != self.kind:
                 continue
-            if needle and needle not in f"{e.get('kind')} {e.get('message')}".lower():
+            if needle and needle not in f"{e.kind} {e.message}".lower():
                 continue
             out.append(e)
         return out
@@ -161,15 +162,15 @@ class EventsScreen(LiveScreen):
         narrow = self.size.width < 120
         rows = []
         for e in self._visible_events():
-            sev = e.get("severity") or "info"
+            sev = str(e.severity)
             mark, style = SEVERITY_MARK.get(sev, ("?", ""))
-            ts = e.get("ts_ms")
+            ts = e.ts_ms
             rows.append([
                 Text(_when(ts, utc, now)),
                 Text(f"{mark} {SHORT_SEVERITY.get(sev, sev) if narrow else sev}", style=style),
-                Text(str(e.get("kind") or "")),
-                Text(str(e.get("run_id") or "")),
-                Text(str(e.get("message") or "")),
+                Text(str(e.kind)),
+                Text(str(e.run_id or "")),
+                Text(e.message),
             ])
         msg_w = _message_width(table, rows)
         for row in rows:
@@ -230,7 +231,7 @@ class EventsScreen(LiveScreen):
         self._draw_filters()
 
     def action_cycle_kind(self) -> None:
-        kinds = sorted({str(e.get("kind")) for e in self.events if e.get("kind")})
+        kinds = sorted({str(e.kind) for e in self.events})
         options: list[str | None] = [None, *kinds]
         self.kind = options[(options.index(self.kind) + 1) % len(options)] if self.kind in options else None
         self._fill_events()
@@ -242,7 +243,7 @@ class EventsScreen(LiveScreen):
         self._draw_filters()
 
     def action_log_run(self, step: int) -> None:
-        ids = sorted({int(r["id"]) for r in self.runs if r.get("id") is not None})
+        ids = sorted({r.id for r in self.runs})
         if not ids:
             self.notify("no recorded runs to choose from", severity="warning")
             return

@@ -13,6 +13,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Input, Static
 
 from lynxtop.contract.format import fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
+from lynxtop.contract.records import RunInfo
 from lynxtop.tui.export_csv import ExportError, export_run_gpu
 from lynxtop.tui.history_series import RANGES, points, span
 from lynxtop.tui.history_source import HistoryUnavailable
@@ -47,13 +48,13 @@ class HistoryScreen(LiveScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.runs: list[dict[str, Any]] = []
+        self.runs: list[RunInfo] = []
         self.range_index = 0
-        self.selected: dict[str, Any] | None = None
+        self.selected: RunInfo | None = None
         self.compare_with: dict[str, Any] | None = None
         self.error: str | None = None
         self.run_filter = ""
-        self.all_runs: list[dict[str, Any]] = []
+        self.all_runs: list[RunInfo] = []
         self.last_draw_ms: float | None = None  # how long the last chart load took (benchmarks read it)
 
     def compose_body(self) -> ComposeResult:
@@ -99,28 +100,27 @@ class HistoryScreen(LiveScreen):
         self.error = message
         self._draw_status()
 
-    def _show_runs(self, runs: list[dict[str, Any]]) -> None:
+    def _show_runs(self, runs: list[RunInfo]) -> None:
         self.error = None
         self.all_runs = runs
         needle = self.run_filter.lower()
         if needle:
-            runs = [r for r in runs if needle in f"{r.get('id')} {r.get('profile')} {r.get('end_reason')}".lower()]
+            runs = [r for r in runs if needle in f"{r.id} {r.profile} {r.end_reason}".lower()]
         self.runs = runs
         table = self.query_one("#runs", DataTable)
-        keep = self.selected.get("id") if self.selected else None
+        keep = self.selected.id if self.selected else None
         table.clear()
         now = self.lynx.now_ms()
         utc = self.lynx.utc
         for run in runs:
-            started, ended = run.get("started_ms"), run.get("ended_ms")
+            started, ended = run.started_ms, run.ended_ms
             length = fmt_duration(((ended or now) - started) / 1000) if started else "N/A"
-            end = run.get("end_reason") or ("running" if not ended else "ended")
-            table.add_row(Text(str(run.get("id")), style="bold"),
-                          Text(str(run.get("profile") or "")) + (Text(" SIM", style="magenta")
-                                                                   if run.get("simulated") else Text("")),
-                          Text(fmt_datetime(started, utc)), Text(length), Text(str(end)), key=str(run.get("id")))
+            end = run.end_reason or ("running" if not ended else "ended")
+            table.add_row(Text(str(run.id), style="bold"),
+                          Text(run.profile or "") + (Text(" SIM", style="magenta") if run.simulated else Text("")),
+                          Text(fmt_datetime(started, utc)), Text(length), Text(str(end)), key=str(run.id))
         if runs:
-            ids = [str(r.get("id")) for r in runs]
+            ids = [str(r.id) for r in runs]
             row = ids.index(str(keep)) if keep is not None and str(keep) in ids else 0
             table.move_cursor(row=row)
             self.selected = runs[row]
@@ -131,7 +131,7 @@ class HistoryScreen(LiveScreen):
         self._draw_status()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        run = next((r for r in self.runs if str(r.get("id")) == event.row_key.value), None)
+        run = next((r for r in self.runs if str(r.id) == event.row_key.value), None)
         if run is not None and run is not self.selected:
             self.selected = run
             self.load_charts()
@@ -179,11 +179,11 @@ class HistoryScreen(LiveScreen):
             t.append(f"[{name}]" if i == self.range_index else f" {name} ",
                      style="bold reverse" if i == self.range_index else "dim")
         if self.selected:
-            t.append(f"   run {self.selected.get('id')} {self.selected.get('profile', '')}", style="bold")
+            t.append(f"   run {self.selected.id} {self.selected.profile or ''}", style="bold")
         if self.run_filter:
             t.append(f"   filter {self.run_filter!r}: {len(self.runs)} of {len(self.all_runs)} runs", style="yellow")
         if self.compare_with:
-            t.append(f"   compare: run {self.compare_with.get('id')} marked; c on another run",
+            t.append(f"   compare: run {self.compare_with.id} marked; c on another run",
                      style="yellow")
         if self.size.width >= 120:  # the key bar says it too; at 80 columns this hint cut the run's name
             t.append("   c compare · e export", style="dim")
@@ -221,15 +221,15 @@ class HistoryScreen(LiveScreen):
         if not self.selected:
             self.notify("no run selected", severity="warning")
             return
-        if self.compare_with is None or self.compare_with.get("id") == self.selected.get("id"):
+        if self.compare_with is None or self.compare_with.id == self.selected.id:
             self.compare_with = self.selected
-            self.notify(f"run {self.selected.get('id')} marked; select another run and press c")
+            self.notify(f"run {self.selected.id} marked; select another run and press c")
             self._draw_status()
             return
         a, b = self.compare_with, self.selected
         self.compare_with = None
         self._draw_status()
-        self.app.push_screen(CompareScreen(int(a["id"]), int(b["id"])))
+        self.app.push_screen(CompareScreen(a.id, b.id))
 
     def action_export(self) -> None:
         if not self.selected:
@@ -238,16 +238,16 @@ class HistoryScreen(LiveScreen):
         self.ask_export(self.selected)
 
     @work(exclusive=True, group="history-export-ask", exit_on_error=False)
-    async def ask_export(self, run: dict[str, Any]) -> None:
-        default = f"~/lynxtop-run-{run.get('id')}-gpu.csv"
-        path = await self.app.push_screen_wait(ExportPathScreen(f"Export run {run.get('id')} (GPU samples) to",
+    async def ask_export(self, run: RunInfo) -> None:
+        default = f"~/lynxtop-run-{run.id}-gpu.csv"
+        path = await self.app.push_screen_wait(ExportPathScreen(f"Export run {run.id} (GPU samples) to",
                                                                 default))
         if path:
-            self.notify(f"exporting run {run.get('id')} to {path}…")
+            self.notify(f"exporting run {run.id} to {path}…")
             self.write_export(run, path)
 
     @work(thread=True, group="history-export", exit_on_error=False)
-    def write_export(self, run: dict[str, Any], path: str) -> None:
+    def write_export(self, run: RunInfo, path: str) -> None:
         from pathlib import Path
 
         try:

@@ -4,7 +4,6 @@ sparklines and the last events."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from rich.text import Text
 from textual import work
@@ -13,6 +12,7 @@ from textual.binding import Binding
 from textual.widgets import Static
 
 from lynxtop.contract.client import AgentRefused, AgentUnreachable
+from lynxtop.contract.events import Event
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.engine_table import EngineTable
 from lynxtop.tui.widgets.gpu_table import UTIL_NOTE, GpuTable
@@ -33,7 +33,7 @@ class NodeScreen(LiveScreen):
     def __init__(self) -> None:
         super().__init__()
         self.per_engine = False  # the Serving panel shows the totals until `e`
-        self.events: list[dict[str, Any]] | None = None
+        self.events: list[Event] | None = None
         self.events_note = ""
         self._events_fetched = 0.0
 
@@ -74,7 +74,7 @@ class NodeScreen(LiveScreen):
         except (AgentUnreachable, AgentRefused) as exc:
             self.events_note = f"events unavailable: {exc}"
         else:
-            self.events = sorted(events, key=lambda e: (e.get("ts_ms") or 0, e.get("id") or 0), reverse=True)
+            self.events = sorted(events, key=lambda e: (e.ts_ms or 0, e.id or 0), reverse=True)
             self.events_note = ""
         if self.has_class("-tall"):
             self.query_one(RecentEvents).show(self.events, self.lynx.utc, self.events_note)

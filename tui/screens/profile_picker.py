@@ -10,11 +10,13 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
+from lynxtop.contract.records import ProfileInfo
+
 
 class ProfilePickerScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("escape,ctrl+c", "cancel", "Cancel", id="picker.cancel")]
 
-    def __init__(self, title: str, profiles: list[dict], current: str | None):
+    def __init__(self, title: str, profiles: list[ProfileInfo], current: str | None):
         super().__init__()
         self.title_text = title
         self.profiles = profiles
@@ -23,12 +25,12 @@ class ProfilePickerScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         options = []
         for p in self.profiles:
-            label = Text(p["name"], style="bold")
-            if p["name"] == self.current:
+            label = Text(p.name, style="bold")
+            if p.name == self.current:
                 label.append("  (current)", style="dim")
-            if p.get("description"):
-                label.append(f"  {p['description']}", style="dim")
-            options.append(Option(label, id=p["name"], disabled=p["name"] == self.current))
+            if p.description:
+                label.append(f"  {p.description}", style="dim")
+            options.append(Option(label, id=p.name, disabled=p.name == self.current))
         with Vertical(id="dialog"):
             yield Static(self.title_text, id="dialog-title", markup=False)
             yield OptionList(*options, id="profiles")

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
+from lynxtop.contract.events import Event
 from lynxtop.contract.format import fmt_clock
 from lynxtop.tui.widgets.text_panel import TextPanel
 
@@ -21,7 +22,7 @@ class RecentEvents(TextPanel):
         super().__init__(**kwargs)
         self.border_title = "Recent events (all in view 5)"
 
-    def show(self, events: Sequence[dict[str, Any]] | None, utc: bool, note: str = "") -> None:
+    def show(self, events: Sequence[Event] | None, utc: bool, note: str = "") -> None:
         """`events` newest first; None while none were read (then `note` says why)."""
         rows = max(1, self.size.height - 2)
         lines: list[Text] = []
@@ -36,12 +37,12 @@ class RecentEvents(TextPanel):
         self.update(out)
 
 
-def _line(event: dict[str, Any], utc: bool) -> Text:
-    severity = str(event.get("severity") or "info")
+def _line(event: Event, utc: bool) -> Text:
+    severity = str(event.severity)
     mark, style = SEVERITY_MARK.get(severity, ("?", ""))
     line = Text(no_wrap=True, overflow="ellipsis")
-    line.append(fmt_clock(event.get("ts_ms"), utc), style="dim")
+    line.append(fmt_clock(event.ts_ms, utc), style="dim")
     line.append(f"  {mark:<2} {severity:<8}", style=style)
-    line.append(f" {str(event.get('kind') or ''):<20}", style="dim")
-    line.append(" " + str(event.get("message") or ""))
+    line.append(f" {str(event.kind):<20}", style="dim")
+    line.append(" " + event.message)
     return line

@@ -15,6 +15,8 @@ from support.status import gpu_row, make_status
 
 from lynxtop.agent.api.control import ActionError
 from lynxtop.agent.api.routes import ApiServer
+from lynxtop.contract.events import Event, EventKind, Severity
+from lynxtop.contract.records import ProfileInfo, ProfileList, RunInfo
 from lynxtop.contract.status import Status
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80,
@@ -98,8 +100,9 @@ class FakeController:
             "adopted": False, "url": "http://127.0.0.1:8000"}
         self.action: dict[str, Any] | None = None
         self.simulated = True
-        self._events = [{"id": i, "ts_ms": 1000 * i, "run_id": 7, "kind": "state", "severity": "info",
-                         "message": f"event {i}", "details": {}} for i in range(1, 6)]
+        # built as Events: a fixture cannot answer a kind that no agent writes (this one once used "state")
+        self._events = [Event(EventKind.SERVING_PHASE, Severity.INFO, f"event {i}", {}, run_id=7, ts_ms=1000 * i, id=i)
+                        for i in range(1, 6)]
 
     # read-only
     def status(self) -> Status:
@@ -119,17 +122,15 @@ class FakeController:
                      "tpot_p99_ms": 38.0, "itl_p50_ms": None},
             **self.serving)
 
-    def profiles(self) -> dict[str, Any]:
-        return {"current": "tp8", "profiles": [
-            {"name": "tp8", "description": "DeepSeek TP8", "argv": ["vllm", "serve", "m"], "flags": {}, "env": {}},
-            {"name": "tp8-fp8kv", "description": "fp8 KV", "argv": ["vllm", "serve", "m"], "flags": {}, "env": {}},
-        ]}
+    def profiles(self) -> ProfileList:
+        return ProfileList("tp8", (ProfileInfo("tp8", "DeepSeek TP8", ["vllm", "serve", "m"]),
+                                   ProfileInfo("tp8-fp8kv", "fp8 KV", ["vllm", "serve", "m"])))
 
-    def runs(self, limit: int) -> list[dict[str, Any]]:
-        return [{"id": 7 - i, "profile": "tp8"} for i in range(min(limit, 7))]
+    def runs(self, limit: int) -> list[RunInfo]:
+        return [RunInfo(7 - i, profile="tp8") for i in range(min(limit, 7))]
 
-    async def events(self, since_ms: int | None, limit: int) -> list[dict[str, Any]]:
-        evs = [e for e in self._events if since_ms is None or e["ts_ms"] > since_ms]
+    async def events(self, since_ms: int | None, limit: int) -> list[Event]:
+        evs = [e for e in self._events if since_ms is None or (e.ts_ms or 0) > since_ms]
         return evs[:limit]
 
     def logs(self, run_id: int | None, lines: int) -> dict[str, Any]:

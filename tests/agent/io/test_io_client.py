@@ -28,7 +28,7 @@ def test_blocking_face(agent):
     st = client.status()
     assert isinstance(st, Status) and st.serving.state is ServingState.READY and st.agent.host == "node1"
     assert Status.from_json(client.status_json()).serving.run_id == 7
-    assert client.action("restart")["accepted"] is True and fake.calls[-1][:2] == ("restart", None)
+    assert client.action("restart").accepted is True and fake.calls[-1][:2] == ("restart", None)
     fake.busy = "restart"
     with pytest.raises(AgentRefused) as info:
         client.action("stop")
@@ -46,10 +46,10 @@ async def test_async_face(agent):
     client = AsyncAgentClient(d / "agent.sock")
     st = await client.status()
     assert st.serving.profile == "tp8" and len(st.gpus) == 8 and st.gpus[0].metric("power_w") == 612
-    assert [r["id"] for r in await client.runs(limit=2)] == [7, 6]
+    assert [r.id for r in await client.runs(limit=2)] == [7, 6]
     assert len(await client.events(since_ms=2000)) == 3
     assert (await client.logs(7, 3))["lines"] == ["line 0", "line 1", "line 2"]
-    assert (await client.profiles())["current"] == "tp8"
+    assert (await client.profiles()).current == "tp8"
     with pytest.raises(AgentRefused) as info:
         await client.logs(99)
     assert info.value.status == 404 and info.value.code == "unknown_run"

@@ -22,6 +22,7 @@ from lynxtop.agent.api.routes import ApiServer
 from lynxtop.agent.metrics import scrape as scrape_mod
 from lynxtop.agent.metrics.scrape import MetricsScraper
 from lynxtop.agent.serving.health import MAX_BODY_BYTES, HttpClient
+from lynxtop.contract.records import RunInfo
 from lynxtop.store.export import build_query, write_csv
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.writer import StoreWriter
@@ -241,7 +242,8 @@ async def test_version_and_health_bodies_over_the_cap_are_not_read(peer):
 
 async def test_every_api_answer_is_strict_json(sock_dir):
     ctl = FakeController()
-    ctl.runs = lambda limit: [{"id": 7, "tokens_per_s": math.inf, "nested": [math.nan, 1.5]}]  # type: ignore
+    ctl.runs = lambda limit: [RunInfo(7, pid_start_time=math.inf,  # type: ignore
+                                      summary={"tokens_per_s": math.inf, "nested": [math.nan, 1.5]})]
     server = ApiServer(ctl, sock_dir / "agent.sock", group="users", log=lambda _: None)
     await server.start()
     try:
@@ -251,7 +253,7 @@ async def test_every_api_answer_is_strict_json(sock_dir):
             body = _strict(await resp.text())
     finally:
         await server.stop()
-    assert body == {"runs": [{"id": 7, "tokens_per_s": None, "nested": [None, 1.5]}]}
+    assert body == {"runs": [RunInfo(7, summary={"tokens_per_s": None, "nested": [None, 1.5]}).to_json()]}
 
 
 def test_csv_writes_an_empty_cell_for_an_infinite_value(tmp_path):
