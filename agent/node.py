@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from lynxtop import __version__
-from lynxtop.agent.api import connguard
-from lynxtop.agent.api.connguard import Episodes, FdPlan, install_loop_handler, is_resource_error, plan_descriptors
+from lynxtop.agent.api.connguard import Episodes, FdPlan, install_loop_handler, plan_descriptors
 from lynxtop.agent.api.control import ActionError
 from lynxtop.agent.api.logtail import LogTail
 from lynxtop.agent.api.processes import describe as describe_processes
-from lynxtop.agent.clock import Timeline, describe, span
+from lynxtop.agent.clock import Timeline
 from lynxtop.agent.config_source import ConfigSource
 from lynxtop.agent.events import EventSink
 from lynxtop.agent.notify import Notifier, WatchdogThread
@@ -37,34 +36,22 @@ from lynxtop.agent.sampling import (
     EventCollector,
     GpuSource,
     HostSource,
-    Sampler,
     ScrapeSource,
     ScrapeTarget,
     SlaSource,
-    Tick,
-    sample_stages,
 )
-from lynxtop.agent.serving import procs
 from lynxtop.agent.serving.health import HttpClient
 from lynxtop.agent.serving.proctable import ProcTable
 from lynxtop.agent.serving.supervisor import Supervisor, now_ms, server_url
+from lynxtop.agent.status_view import StatusView
+from lynxtop.agent.ticker import Ticker
 from lynxtop.contract.config import Config
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.processes import GpuProcesses
 from lynxtop.contract.records import ProfileInfo, ProfileList, RunInfo
 from lynxtop.contract.status import (
-    GPU_METRIC_NAMES,
-    AgentStatus,
-    ClusterStatus,
-    EngineLoad,
-    GpuStatus,
-    HostStatus,
-    NvmlStatus,
-    ServingMetrics,
     ServingState,
-    SlaStatus,
     Status,
-    StoreStatus,
 )
 
 log = logging.getLogger("lynxtop.agent")
@@ -126,19 +113,15 @@ class Node:
         self.timeline = Timeline()  # every stored timestamp: never jumps when the wall clock is stepped
         self.simulated = bool(cfg.agent.fake_nvml)
         self.interval = cfg.agent.sample_interval_s
-        self.missed_ticks = 0  # ticks skipped (one ran late) plus ticks that failed
-        self.failed_ticks = 0  # ticks that raised: counted in missed_ticks too, never silently dropped
-        self.last_tick_error: str | None = None
-        self.ticks = 0
         # recurring failures (EMFILE, a broken sampler) are logged when they start and end, never per tick
         self.episodes = Episodes(lambda m: log.warning("%s", m))
         self.fd_plan: FdPlan | None = None
-        self.last_tick_done: float | None = None
-        self._resumed_mono: float | None = None  # when the watchdog found the process had been stopped
         self.gpu_view = NodeGpuView()
-        self.latest_gpu_rows: list[dict] = []
-        self.latest_host: dict[str, Any] = {}
-        self.latest_serving: dict[str, Any] | None = None
+        # the clock (ticks, their counters, the latest rows, health) and the status built from the parts
+        self.ticker = Ticker(self.interval, self.timeline, self.episodes, writer=lambda: self.writer,
+                             record=self._record, context=self._tick_context, on_beat=self._beat,
+                             on_done=self._on_change)
+        self.view = StatusView(self)
         self._members: set[int] = set()
         self._members_key: str | None = None
         self._members_at = 0.0
@@ -158,13 +141,12 @@ class Node:
         self.exporter: Any = None
         self.http = HttpClient()  # the one session to vLLM: scrape, readiness, /health, /version
         self._gpu_events = EventCollector()  # the GPU sampler's on_event; written by the tick
-        self._xid_errors: dict[int, int] = {}  # GPU index -> XIDs since start (one writer: the XID thread)
+        self.xid_errors: dict[int, int] = {}  # GPU index -> XIDs since start (one writer: the XID thread)
         self._gpu_sampler: Any = None
         self._host_sampler: Any = None
         self.gpu_source: GpuSource | None = None
         self.host_source: HostSource | None = None
         self.scrape_source: ScrapeSource | None = None
-        self.stages: list[list[Sampler]] = []
 
     # the samplers behind the tick's sources (a test may wrap one after _open_parts)
 
@@ -250,39 +232,13 @@ class Node:
                                           hang_timeout_s=self.cfg.agent.hang_timeout_s,
                                           on_new_run=self.sla.reset,  # a new run starts its own SLA window
                                           on_verdict=self.supervisor.on_verdict)
-        self.stages = [[self.host_source], [self.gpu_source, self.scrape_source], [SlaSource(self.sla)]]
-
-    def _lock_state_dir(self) -> None:
-        """Hold an exclusive lock on the state directory for the agent's life.
-
-        The socket check above is racy: two agents started at once both pass it, then both adopt or autostart
-        (two vLLMs on one set of GPUs). The lock closes that window; the kernel drops it when the agent dies.
-        """
-        d = self.cfg.agent.database.parent
-        try:
-            d.mkdir(parents=True, exist_ok=True, mode=0o750)
-        except OSError as exc:
-            raise AgentStartError(f"cannot create directory {d}: {exc.strerror or exc}") from None
-        try:
-            fd = os.open(d / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        except OSError as exc:
-            raise AgentStartError(f"cannot create the agent lock {d / LOCK_FILE}: {exc.strerror or exc}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise AgentStartError(f"another agent (pid {holder}) is already running with the state directory {d} "
-                                  f"(it holds {d / LOCK_FILE}); stop it first (systemctl stop lynxtop-agent)") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd  # held until the agent has closed everything (_close)
+        self.ticker.use([[self.host_source], [self.gpu_source, self.scrape_source], [SlaSource(self.sla)]])
 
     def _gpu_event(self, kind: str, severity: str, message: str, details: dict | None = None) -> None:
         """The GPU sampler's events (from its threads), kept for the next tick's one path into the store."""
         gpu = (details or {}).get("gpu")
         if kind == EventKind.GPU_XID and isinstance(gpu, int):
-            self._xid_errors[gpu] = self._xid_errors.get(gpu, 0) + 1
+            self.xid_errors[gpu] = self.xid_errors.get(gpu, 0) + 1
         self._gpu_events(kind, severity, message, details)
 
     def _record(self, events: Iterable[Event]) -> None:
@@ -313,7 +269,8 @@ class Node:
             await self._start_listeners()
             if self.cluster is not None:  # a head's Ray comes first: serving waits for its cluster
                 await self.cluster.boot()
-            await self._take_over_serving(sup)
+            a = self.cfg.agent
+            await sup.take_over(a.default_profile if a.autostart else None)
             gc.collect()
             gc.freeze()  # startup's objects live as long as the agent: later full collections need not walk them
             # a tick allocates a few thousand short-lived containers (a page's lines): at the default 700 the
@@ -331,7 +288,7 @@ class Node:
             # checked before the store is opened or anything adopted: two supervisors of one vLLM is the worst case
             raise AgentStartError(f"another agent is already running on {self.cfg.agent.socket}; stop it first "
                                   "(systemctl stop lynxtop-agent) or use another [agent] socket")
-        self._lock_state_dir()
+        self._lock_fd = lock_state_dir(self.cfg.agent.database.parent)
         try:
             self._open_parts()
         except BaseException:
@@ -354,39 +311,14 @@ class Node:
                             f"agent {__version__} started (pid {os.getpid()}){sim_note}",
                             details={"nvml": nvml, "gpus": len(static), "simulated": self.simulated})])
 
-    async def _take_over_serving(self, sup: Supervisor) -> None:
-        """Adopt the server the previous agent left, or hold its recorded crash loop, or autostart."""
-        adopted = await sup.adopt_previous()
-        if await sup.resume_switch():  # a switch the previous agent did not finish (killed mid-switch)
-            return
-        held = not adopted and sup.restore_crash_loop()
-        a = self.cfg.agent
-        if adopted or held or not (a.autostart and a.default_profile):
-            return
-        strays = await asyncio.to_thread(procs.runs_started_in, os.path.realpath(a.run_log_dir))
-        if strays:
-            # a server the previous agent left (its state file lost or unreadable): a second one on the
-            # same GPUs would fail or, worse, crowd the live one; an operator decides
-            self._record([Event(EventKind.AGENT_AUTOSTART_HELD, Severity.ERROR,
-                                f"autostart of {a.default_profile} held: processes of an earlier run are still alive "
-                                f"(pids {strays}) and could not be adopted; check them (ps -fp PID) and stop them; "
-                                "`lynxtop start` refuses while they live", details={"pids": strays})])
-            return
-        try:
-            msg = await sup.start(a.default_profile, by="agent (autostart)")
-            log.info("autostart: %s", msg)
-        except ActionError as exc:
-            self._record([Event(EventKind.AGENT_AUTOSTART_FAILED, Severity.ERROR,
-                                f"autostart of {a.default_profile} refused: {exc.message}")])
-
     async def _serve_until_stopped(self, loop: asyncio.AbstractEventLoop, sup: Supervisor) -> None:
         a = self.cfg.agent
-        tasks = [loop.create_task(self._clock(), name="clock")]
+        tasks = [loop.create_task(self.ticker.run(), name="clock")]
         watchdog = None
         if self.notifier.watchdog_interval_s:
             # a thread, not a task: after SIGSTOP/SIGCONT the keep-alive must not wait behind the loop's backlog
-            watchdog = WatchdogThread(self.notifier, self.healthy, self.notifier.watchdog_interval_s,
-                                      on_resume=self._resumed, on_unhealthy=self._log_unhealthy)
+            watchdog = WatchdogThread(self.notifier, self.ticker.healthy, self.notifier.watchdog_interval_s,
+                                      on_resume=self.ticker.resumed, on_unhealthy=self.ticker.log_unhealthy)
             watchdog.start()
         await self._stop.wait()
         if watchdog is not None:
@@ -430,7 +362,7 @@ class Node:
             self.exporter = MetricsExporter(a.metrics_listen, self.status, log=lambda m: log.info("%s", m),
                                             max_connections=self.fd_plan.caps["metrics"],
                                             request_timeout_s=a.request_timeout_s, episodes=self.episodes,
-                                            totals=self._serving_totals)
+                                            totals=self.view.serving_totals)
             try:
                 await self.exporter.start()
             except (RuntimeError, OSError) as exc:
@@ -461,47 +393,18 @@ class Node:
 
     # ------------------------------------------------------------------------------------------ clock
 
-    async def _clock(self) -> None:
-        """One tick per interval; a tick still running when the next is due skips that one (counted)."""
-        next_t = time.monotonic()
-        running: asyncio.Task | None = None
-        while True:
-            delay = next_t - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            now = time.monotonic()
-            behind = int((now - next_t) // self.interval)
-            if behind > 0:  # the loop itself was late (suspended, overloaded): skip, don't catch up
-                self.missed_ticks += behind
-                next_t += behind * self.interval
-            next_t += self.interval
-            self.episodes.poll()
-            if now >= self._socket_check_at:
-                self._socket_check_at = now + SOCKET_CHECK_S
-                self._check_socket()
-            if running is not None and not running.done():
-                self.missed_ticks += 1
-                continue
-            running = asyncio.get_running_loop().create_task(self._tick())
-
-    async def _tick(self) -> None:
+    def _tick_context(self) -> tuple[int | None, int | None]:
+        """(vLLM's root pid, the run id) for the next tick."""
         sup = self.supervisor
         assert sup is not None
-        t0 = time.monotonic()
-        self._check_clock()
-        # NVML gets the rest of the interval; a GPU that answers slowly makes this tick carry no GPU rows
-        # (counted) rather than holding host, serving and the store back
-        tick = Tick(ts_ms=self.timeline.now_ms(), t0=t0, deadline=t0 + self.interval * 0.9, root=sup.vllm_root_pid(),
-                    run_id=sup.run_id)
-        try:
-            error = await sample_stages(self.stages, tick)
-            self._record(tick.events)
-            if error is None:
-                self._tick_finish(tick)  # the store part failing is the same: counted
-        except Exception as exc:  # noqa: BLE001 - one bad tick must not stop the clock
-            error = exc
-        if error is not None:
-            self._tick_failed(error)
+        return sup.vllm_root_pid(), sup.run_id
+
+    def _beat(self, now: float) -> None:
+        """Every interval, ticking or not: recurring failures' episodes, and now and then the socket's path."""
+        self.episodes.poll()
+        if now >= self._socket_check_at:
+            self._socket_check_at = now + SOCKET_CHECK_S
+            self._check_socket()
 
     def _check_socket(self) -> None:
         """The control socket removed or replaced under the agent is bound again; either way an event."""
@@ -518,45 +421,6 @@ class Node:
         self._record([Event(EventKind.AGENT_SOCKET_RECREATED if rebound else EventKind.AGENT_SOCKET_LOST,
                             Severity.WARNING if rebound else Severity.ERROR, msg,
                             details={"socket": str(self.cfg.agent.socket)})])
-
-    def _check_clock(self) -> None:
-        """A stepped wall clock becomes an event and a status field; the samples' timeline goes on unmoved."""
-        step = self.timeline.check()
-        if step is None:
-            return
-        off = self.timeline.offset_ms
-        msg = (f"{describe(step)}; sample timestamps go on from the agent's own timeline (the wall clock is now "
-               f"{span(off)} {'ahead of' if off >= 0 else 'behind'} it), so no history is mislabeled or expired; "
-               "a restart of the agent adopts the wall clock")
-        self._record([Event(EventKind.AGENT_CLOCK_STEP, Severity.WARNING, msg, ts_ms=step.ts_ms,
-                            details={"step_ms": step.step_ms, "wall_ms": step.wall_ms, "ts_ms": step.ts_ms,
-                                     "offset_ms": self.timeline.offset_ms})])
-
-    def _tick_failed(self, exc: Exception) -> None:
-        """A tick that raised is a missed tick (status and /metrics show it); the log says so once per episode."""
-        self.failed_ticks += 1
-        self.missed_ticks += 1
-        self.last_tick_error = f"{type(exc).__name__}: {exc}"
-        if is_resource_error(exc):
-            self.episodes.hit("tick", f"sampling ticks fail: out of descriptors or memory ({exc})")
-        elif self.episodes.hit("tick", f"sampling ticks fail: {type(exc).__name__}: {exc}"):
-            log.warning("first failed tick of this episode", exc_info=exc)  # one traceback, for the bug report
-
-    def _tick_finish(self, tick: Tick) -> None:
-        rows = tick.rows
-        self.writer.submit_tick(tick.ts_ms, gpu_rows=rows.get("gpu_rows", []), host_row=rows.get("host_row"),
-                                serving_row=rows.get("serving_row"), nvlink_rows=rows.get("nvlink_rows", []),
-                                process_rows=rows.get("process_rows", []))
-        if "gpu_rows" in rows:
-            self.latest_gpu_rows = rows["gpu_rows"] or self.latest_gpu_rows
-        self.latest_host = rows.get("host_row") or {}
-        if "serving_row" in rows:  # a tick without a scrape (scraping slower than sampling) keeps the last page
-            self.latest_serving = rows["serving_row"]
-        self.ticks += 1
-        self.last_tick_done = time.monotonic()
-        if "tick" in self.episodes.open:
-            self.episodes.end("tick", f"sampling ticks failed ({self.failed_ticks} failed in all); sampling again")
-        self.notifier.status(self.status_line())
 
     async def _run_members(self) -> set[int]:
         """Processes of the run outside the leader's tree (a /proc scan: every 5 s, not every tick)."""
@@ -577,128 +441,13 @@ class Node:
             return None
         return ScrapeTarget(url, sup.run_id, proc.record.token if proc is not None else None)
 
-    def _resumed(self, now: float) -> None:
-        """The process was stopped (SIGSTOP, a VM pause) and runs again: its ticks get a fresh grace."""
-        self._resumed_mono = now
-        log.warning("the agent was not running for a while (stopped or paused); ticks resume now")
-
-    def _log_unhealthy(self) -> None:
-        log.error("health check failed (last tick %s s ago, writer alive %s): not pinging the watchdog",
-                  self._tick_age(), self._writer_alive())
-
-    def _tick_age(self) -> float | None:
-        return None if self.last_tick_done is None else round(time.monotonic() - self.last_tick_done, 1)
-
-    def _writer_alive(self) -> bool:
-        return self.writer.alive()
-
-    def healthy(self) -> bool:
-        limit = max(5 * self.interval, 10.0)
-        age = self._tick_age()
-        if age is None:  # not ticked yet: healthy during the first `limit` seconds only
-            age = time.monotonic() - self.started_mono
-        if self._resumed_mono is not None:  # stopped and continued: judged from the resume, not the pause
-            age = min(age, time.monotonic() - self._resumed_mono)
-        return age < limit and self._writer_alive() and not self._wal_at_risk() and not self._ticks_rejected(limit)
-
-    def _ticks_rejected(self, within_s: float) -> bool:
-        """The store refused a tick lately (a value it cannot hold): those samples are lost, so not healthy."""
-        age = (self.writer.stats() if self.writer is not None else {}).get("rejected_age_s")
-        return age is not None and age < within_s
-
-    def _wal_at_risk(self) -> bool:
-        """The history's WAL was unlinked under the agent and the writer has not recovered from it yet."""
-        ws = self.writer.stats() if self.writer is not None else {}
-        return bool(ws.get("wal_unlinked")) and not ws.get("wal_recovered")
-
     # ------------------------------------------------------------------------------------------ status
 
     def status_line(self) -> str:
-        sup = self.supervisor
-        if sup is None:
-            return "starting"
-        s = sup.serving_status()
-        parts = [f"serving {s.state}"]
-        if s.profile:
-            parts.append(f"profile {s.profile}" + (f" run {s.run_id}" if s.run_id else ""))
-        if s.phase:
-            parts.append(f"phase {s.phase}")
-        parts.append(f"{len(self.gpu_view.static)} GPUs" + (" (SIMULATED)" if self.simulated else ""))
-        if self.cluster is not None:
-            parts.append(f"{self.cluster.role}, Ray {self.cluster.ray.state}")
-        if self.missed_ticks:
-            parts.append(f"{self.missed_ticks} missed ticks" + (f" ({self.failed_ticks} failed)"
-                                                                 if self.failed_ticks else ""))
-        if self.timeline.steps:
-            off = self.timeline.offset_ms
-            parts.append(f"wall clock stepped ({span(off)} {'ahead of' if off >= 0 else 'behind'} the samples)")
-        ws = self.writer.stats() if self.writer is not None else {}
-        if ws.get("rejected"):
-            parts.append(f"{ws['rejected']} ticks refused by the store")
-        if ws.get("wal_unlinked"):
-            parts.append("history WAL was unlinked: " + ("recovered" if ws.get("wal_recovered")
-                                                         else "NOT recovered, history at risk"))
-        if ws.get("db_swapped"):
-            parts.append("history database file was deleted or replaced under the agent (see status)")
-        return "; ".join(parts)
+        return self.view.line()
 
     def status(self) -> Status:
-        sup = self.supervisor
-        assert sup is not None
-        sla = self.sla.state() if self.sla is not None else SlaStatus()
-        return Status(ts_ms=now_ms(), agent=self._agent_status(), serving=sup.serving_status(), sla=sla,
-                      gpus=self._gpu_statuses(), host=HostStatus.from_json(self.latest_host),
-                      serving_metrics=ServingMetrics.from_json(self.latest_serving),
-                      engines=self._engines(), cluster=self._cluster_status())
-
-    def _serving_totals(self) -> Any:
-        """Every run's serving counts since the agent started (agent/metrics/lifetime.py), per model: the exporter's."""
-        totals = self.scrape_source.totals if self.scrape_source is not None else None
-        return totals.models if totals is not None else None
-
-    def _cluster_status(self) -> ClusterStatus:
-        if self.cluster is None:
-            return ClusterStatus()
-        prof = self.supervisor.profile if self.supervisor is not None else None
-        return self.cluster.status(prof.gpus_needed if prof is not None and prof.uses_ray else None)
-
-    def _engines(self) -> tuple[EngineLoad, ...]:
-        src = self.scrape_source
-        return tuple(EngineLoad.from_json(e) for e in src.engines) if src is not None else ()
-
-    def _agent_status(self) -> AgentStatus:
-        sup = self.supervisor
-        assert sup is not None
-        ws = self.writer.stats() if self.writer is not None else {}
-        return AgentStatus(
-            version=__version__, pid=os.getpid(), host=self.host, started_ms=self.started_ms,
-            uptime_s=round(time.monotonic() - self.started_mono, 1), simulated=self.simulated,
-            healthy=self.healthy(), missed_ticks=self.missed_ticks, sample_interval_s=self.interval,
-            gpu_late_ticks=self.gpu_late, failed_ticks=self.failed_ticks, last_tick_error=self.last_tick_error,
-            connections={name: part.guard.stats() for name, part in (("api", self.api), ("metrics", self.exporter))
-                         if part is not None},
-            descriptors={"open": connguard.open_fds(), "limit": self.fd_plan.soft if self.fd_plan else None},
-            nvml=NvmlStatus(**{k: self.gpu_view.nvml.get(k, "") for k in ("state", "message", "driver_version",
-                                                                          "nvml_version")}),
-            clock_steps=self.timeline.steps, clock_offset_ms=self.timeline.offset_ms,
-            last_clock_step_ms=self.timeline.last_step.step_ms if self.timeline.last_step else None,
-            store=StoreStatus(path=str(self.cfg.agent.database), queued=ws.get("queued"), dropped=ws.get("dropped"),
-                              rejected=ws.get("rejected"),
-                              last_error=ws.get("last_error"), wal_unlinked=ws.get("wal_unlinked"),
-                              wal_unlinked_ms=ws.get("wal_unlinked_ms"), wal_recovered=ws.get("wal_recovered"),
-                              db_swapped=ws.get("db_swapped"), db_swapped_ms=ws.get("db_swapped_ms")),
-            action=sup.action_status(),
-            live_restore=self.cfg.agent.live_restore,
-        )
-
-    def _gpu_statuses(self) -> tuple[GpuStatus, ...]:
-        by_idx = {r.get("gpu"): r for r in self.latest_gpu_rows}
-        return tuple(
-            GpuStatus(index=g.get("idx"), name=g.get("name"), uuid=g.get("uuid"), pci_bus_id=g.get("pci_bus_id"),
-                      arch=g.get("arch"), gpm_supported=g.get("gpm_supported"), nvlink_count=g.get("nvlink_count"),
-                      xid_errors=self._xid_errors.get(g.get("idx"), 0),
-                      metrics={k: by_idx.get(g.get("idx"), {}).get(k) for k in GPU_METRIC_NAMES})
-            for g in self.gpu_view.static)
+        return self.view.status()
 
     def profiles(self) -> ProfileList:
         sup = self.supervisor
@@ -815,6 +564,32 @@ class Node:
         """One `lynxtop bench` level into bench_results (a thread: the writer's queue may be busy)."""
         bid = await asyncio.to_thread(self.writer.add_bench_result, result)
         return f"stored bench result {bid} (sweep {result.get('bench_id')}, by {by})"
+
+
+def lock_state_dir(d: Path) -> int:
+    """Hold an exclusive lock on the state directory for the agent's life.
+
+    The socket check before it is racy: two agents started at once both pass it, then both adopt or autostart
+    (two vLLMs on one set of GPUs). The lock closes that window; the kernel drops it when the agent dies.
+    """
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o750)
+    except OSError as exc:
+        raise AgentStartError(f"cannot create directory {d}: {exc.strerror or exc}") from None
+    try:
+        fd = os.open(d / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    except OSError as exc:
+        raise AgentStartError(f"cannot create the agent lock {d / LOCK_FILE}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise AgentStartError(f"another agent (pid {holder}) is already running with the state directory {d} "
+                              f"(it holds {d / LOCK_FILE}); stop it first (systemctl stop lynxtop-agent)") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd  # held until the agent has closed everything (Node._close)
 
 
 def _agent_answers(path: Path) -> bool:

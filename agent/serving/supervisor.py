@@ -15,6 +15,7 @@ operator must be able to abort a wrong 20-minute load); anything else in progres
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 from collections.abc import Callable
@@ -34,10 +35,12 @@ from lynxtop.agent.serving.run import now_ms
 from lynxtop.agent.serving.runstore import RunStore
 from lynxtop.agent.serving.switching import SwitchIntent
 from lynxtop.contract.config import Config, ConfigError, Profile
-from lynxtop.contract.events import EventKind, Severity
+from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.models import ModelSpec, find_model
 from lynxtop.contract.status import ActionInfo, PhaseMark, ServingStatus
 from lynxtop.contract.status import ServingState as S  # noqa: N817 - read as a state name: S.READY
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ClusterGate", "GpuView", "Supervisor", "now_ms", "preflight", "server_url"]
 
@@ -89,7 +92,7 @@ class Supervisor:
         self.http = http or HttpClient()  # the agent's session to vLLM (shared with the scraper under node.py)
         self._own_http = http is None
         self.cluster = cluster  # a head's Ray cluster: Ray profiles start once it has their GPUs
-        events = events or EventSink(store)  # type: ignore[arg-type] - the agent's one event path (node.py's)
+        events = self._sink = events or EventSink(store)  # type: ignore[arg-type] - the agent's one event path
         self._slot = ActionSlot(self._expected_s, self._action_failed, on_change)
         self._retry = Retry(cfg.agent, state_path.with_name("crash-loop.json"), rng)
         self.runs = RunLifecycle(lambda: self.config.current, store, events, gpus, self._slot, self._retry,
@@ -302,6 +305,30 @@ class Supervisor:
             return bool(await asyncio.shield(run.outcome))
 
     # ------------------------------------------------------------------------------------- agent start and end
+
+    async def take_over(self, autostart: str | None) -> None:
+        """At agent start: adopt the server the previous agent left, finish its interrupted switch, hold its
+        recorded crash loop, or else autostart `autostart` (None: no autostart) unless strays of a run live."""
+        adopted = await self.adopt_previous()
+        if await self.resume_switch():  # a switch the previous agent did not finish (killed mid-switch)
+            return
+        held = not adopted and self.restore_crash_loop()
+        if adopted or held or not autostart:
+            return
+        strays = await asyncio.to_thread(procs.runs_started_in, os.path.realpath(self.cfg.agent.run_log_dir))
+        if strays:
+            # a server the previous agent left (its state file lost or unreadable): a second one on the
+            # same GPUs would fail or, worse, crowd the live one; an operator decides
+            self._sink.put(Event(EventKind.AGENT_AUTOSTART_HELD, Severity.ERROR,
+                                 f"autostart of {autostart} held: processes of an earlier run are still alive "
+                                 f"(pids {strays}) and could not be adopted; check them (ps -fp PID) and stop them; "
+                                 "`lynxtop start` refuses while they live", details={"pids": strays}))
+            return
+        try:
+            log.info("autostart: %s", await self.start(autostart, by="agent (autostart)"))
+        except ActionError as exc:
+            self._sink.put(Event(EventKind.AGENT_AUTOSTART_FAILED, Severity.ERROR,
+                                 f"autostart of {autostart} refused: {exc.message}"))
 
     async def adopt_previous(self) -> bool:
         """Adopt the server a previous agent left running (live restore), or clean up after it."""

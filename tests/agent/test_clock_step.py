@@ -28,12 +28,12 @@ async def test_wall_clock_steps_keep_every_sample_and_become_events(tmp_path, h,
         assert node.writer.flush(10)
         agent = node.status().agent
         line = node.status_line()
-        healthy = node.healthy()
+        healthy = node.ticker.healthy()
     finally:
         close_node(node)
     db = node.writer.path
     ts = [r["ts_ms"] for r in h.db_rows(db, "SELECT ts_ms FROM host_samples ORDER BY ts_ms")]
-    assert len(ts) == node.ticks >= 15, (len(ts), node.ticks)  # every tick's row is there
+    assert len(ts) == node.ticker.ticks >= 15, (len(ts), node.ticker.ticks)  # every tick's row is there
     gaps = [b - a for a, b in zip(ts, ts[1:], strict=False)]
     assert min(gaps) > 0 and max(gaps) < 60_000, (min(gaps), max(gaps))  # strictly increasing, no jump
     gpu_ts = h.db_rows(db, "SELECT count(DISTINCT ts_ms) AS n FROM gpu_samples")[0]["n"]

@@ -44,14 +44,14 @@ async def test_slow_nvml_leaves_host_and_store_on_time(tmp_path, h):
     try:
         await _run_clock(node, 2.0)
         # host rows every tick; GPU rows only from the samples that finished (one at a time, never queued)
-        assert node.ticks >= 10, node.ticks
+        assert node.ticker.ticks >= 10, node.ticker.ticks
         assert node.gpu_late >= 6, node.gpu_late
         assert node.status().agent.gpu_late_ticks == node.gpu_late
         node.writer.flush()
         host = h.db_rows(node.writer.path, "SELECT count(*) AS n FROM host_samples")[0]["n"]
         gpu_ticks = h.db_rows(node.writer.path, "SELECT count(DISTINCT ts_ms) AS n FROM gpu_samples")[0]["n"]
         assert host >= 10 and 1 <= gpu_ticks <= 6, (host, gpu_ticks)
-        assert node.healthy()
+        assert node.ticker.healthy()
     finally:
         close_node(node)
 
@@ -62,9 +62,9 @@ async def test_slow_tick_is_skipped_and_counted_not_queued(tmp_path, h):
     try:
         await _run_clock(node, 2.0)
         # about one tick per 0.35 s ran; the due ticks in between were counted as missed, not run later
-        assert 3 <= node.ticks <= 7, node.ticks
-        assert node.missed_ticks >= 8, node.missed_ticks
-        assert node.ticks + node.missed_ticks <= 22
+        assert 3 <= node.ticker.ticks <= 7, node.ticker.ticks
+        assert node.ticker.missed_ticks >= 8, node.ticker.missed_ticks
+        assert node.ticker.ticks + node.ticker.missed_ticks <= 22
     finally:
         close_node(node)
 
@@ -72,7 +72,7 @@ async def test_slow_tick_is_skipped_and_counted_not_queued(tmp_path, h):
 async def test_watchdog_health_needs_recent_ticks_and_a_live_writer(tmp_path, h):
     node = _node(tmp_path, h)
     await _run_clock(node, 0.5)
-    assert node.healthy()
+    assert node.ticker.healthy()
     node.writer.close()  # the store writer thread is gone: no more WATCHDOG=1
-    assert not node.healthy()
+    assert not node.ticker.healthy()
     assert node.status().agent.healthy is False

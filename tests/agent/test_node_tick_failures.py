@@ -39,7 +39,7 @@ def _node(tmp_path, h) -> Node:
 
 
 async def _clock_for(node: Node, seconds: float) -> asyncio.Task:
-    task = asyncio.create_task(node._clock())
+    task = asyncio.create_task(node.ticker.run())
     await asyncio.sleep(seconds)
     return task
 
@@ -62,9 +62,9 @@ async def test_emfile_ticks_are_missed_counted_and_logged_once(tmp_path, h, capl
     node.host_sampler = failing
     try:
         task = await _clock_for(node, 1.0)
-        assert node.failed_ticks >= 5 and node.ticks == 0, (node.failed_ticks, node.ticks)
+        assert node.ticker.failed_ticks >= 5 and node.ticker.ticks == 0, (node.ticker.failed_ticks, node.ticker.ticks)
         st = node.status().agent
-        assert st.failed_ticks == node.failed_ticks and st.missed_ticks >= node.failed_ticks
+        assert st.failed_ticks == node.ticker.failed_ticks and st.missed_ticks >= node.ticker.failed_ticks
         assert "Too many open files" in st.last_tick_error
         assert "failed" in node.status_line() and "missed ticks" in node.status_line()
         # one line for the whole episode, and no traceback for an exhausted resource
@@ -73,9 +73,9 @@ async def test_emfile_ticks_are_missed_counted_and_logged_once(tmp_path, h, capl
         failing.failing = False  # descriptors are back
         await asyncio.sleep(0.6)
         await _stop(task)
-        assert node.ticks >= 3
+        assert node.ticker.ticks >= 3
         ended = _lines(caplog, "ended after")
-        assert len(ended) == 1 and f"{node.failed_ticks} failed" in ended[0].getMessage()
+        assert len(ended) == 1 and f"{node.ticker.failed_ticks} failed" in ended[0].getMessage()
     finally:
         close_node(node)
 
@@ -87,9 +87,9 @@ async def test_a_bug_in_a_tick_logs_one_traceback_per_episode(tmp_path, h, caplo
     try:
         task = await _clock_for(node, 1.0)
         await _stop(task)
-        assert node.failed_ticks >= 5
+        assert node.ticker.failed_ticks >= 5
         assert len([r for r in caplog.records if r.exc_info]) == 1
-        assert node.status().agent.missed_ticks >= node.failed_ticks
+        assert node.status().agent.missed_ticks >= node.ticker.failed_ticks
     finally:
         close_node(node)
 

@@ -13,12 +13,12 @@ pytestmark = pytest.mark.timeout(60)
 def test_xid_events_are_counted_per_gpu(tmp_path, h):
     node = open_node(h.write_config(tmp_path, 'fake_nvml = "h200x8"'))
     try:
-        assert [g.xid_errors for g in node._gpu_statuses()] == [0] * 8
+        assert [g.xid_errors for g in node.view.gpu_statuses()] == [0] * 8
         for details in ({"gpu": 3, "xid": 79}, {"gpu": 3, "xid": 48}, {"gpu": 5, "xid": 13},
                         {"gpu": None, "xid": 31}):  # a GPU NVML could not name counts nowhere
             node._gpu_event("gpu.xid", "error", f"XID {details['xid']}", details)
         node._gpu_event("gpu.lost", "critical", "GPU 2 lost", {"gpu": 2})  # not an XID
-        gpus = node._gpu_statuses()
+        gpus = node.view.gpu_statuses()
         assert [g.xid_errors for g in gpus] == [0, 0, 0, 2, 0, 1, 0, 0]
         assert GpuStatus.from_json(gpus[3].to_json()).xid_errors == 2  # on the wire too
         assert len(node._gpu_events.drain()) == 5  # every event still goes to the store

@@ -75,9 +75,10 @@ async def test_infinite_and_huge_values_cost_no_gpu_or_host_row(tmp_path, h):
         node = _node(tmp_path, h, url, 0.2)
         try:
             await run_clock(node, 2.5)
-            assert peer.hits >= 5 and node.failed_ticks == 0, (peer.hits, node.failed_ticks, node.last_tick_error)
+            t = node.ticker
+            assert peer.hits >= 5 and t.failed_ticks == 0, (peer.hits, t.failed_ticks, t.last_tick_error)
             ticks = _rows(h, node, "SELECT count(*) AS n FROM host_samples")[0]["n"]
-            assert ticks >= 15 and ticks == node.ticks
+            assert ticks >= 15 and ticks == node.ticker.ticks
             assert _rows(h, node, "SELECT count(DISTINCT ts_ms) AS n FROM gpu_samples")[0]["n"] >= 15
             serving_rows = _rows(h, node, "SELECT * FROM serving_samples")
             assert len(serving_rows) >= 5 and all(r["scrape_ok"] == 1 for r in serving_rows)
@@ -105,7 +106,7 @@ async def test_a_flapping_page_writes_one_outage_event_not_one_per_scrape(tmp_pa
             assert failed >= 6  # every failed scrape is still in the history
             events = _rows(h, node, "SELECT kind, message FROM events WHERE kind LIKE 'scrape.%'")
             assert [e["kind"] for e in events] == ["scrape.outage"], events
-            assert node.failed_ticks == 0
+            assert node.ticker.failed_ticks == 0
         finally:
             close_node(node)
 

@@ -40,14 +40,14 @@ async def test_refused_ticks_count_as_dropped_and_make_the_agent_unhealthy(tmp_p
         huge.on = False
         await run_clock(node, 0.5)
         assert node.writer.flush(10)
-        assert node.healthy() and _healthy_gauge(node) == "lynxtop_agent_healthy 1.0"
+        assert node.ticker.healthy() and _healthy_gauge(node) == "lynxtop_agent_healthy 1.0"
         huge.on = True
         await run_clock(node, 1.0)
         assert node.writer.flush(10)
         st = node.status().agent
         assert st.store.rejected >= 5 and st.store.dropped == st.store.rejected, st.store
         assert "rejected" in st.store.last_error
-        assert not node.healthy() and st.healthy is False
+        assert not node.ticker.healthy() and st.healthy is False
         assert _healthy_gauge(node) == "lynxtop_agent_healthy 0.0"
         assert "ticks refused by the store" in node.status_line()  # systemd's STATUS= line says it too
         assert node.status().to_json()["agent"]["store"]["rejected"] == st.store.rejected  # served as JSON too

@@ -94,7 +94,7 @@ async def test_gpus_at_10_hz_and_metrics_at_1_hz(tmp_path, h):
         node = _node(tmp_path, h, srv.url, 1.0)
         try:
             await _run_clock(node, 3.4)
-            assert node.ticks >= 24, (node.ticks, node.missed_ticks)
+            assert node.ticker.ticks >= 24, (node.ticker.ticks, node.ticker.missed_ticks)
             assert 3 <= srv.hits <= 5, srv.hits  # one page a second, not one a tick
             assert 3 <= _count(h, node, "SELECT count(*) AS n FROM serving_samples") <= 5
             assert _count(h, node, "SELECT count(DISTINCT ts_ms) AS n FROM gpu_samples") >= 20
@@ -114,7 +114,8 @@ async def test_page_slower_than_the_tick_is_cut_off_with_one_event_and_sampling_
         node = _node(tmp_path, h, srv.url, 0.5)  # cut off at 0.4 s
         try:
             await _run_clock(node, 3.0)
-            assert node.ticks >= 22 and node.failed_ticks == 0, (node.ticks, node.missed_ticks)
+            t = node.ticker
+            assert t.ticks >= 22 and t.failed_ticks == 0, (t.ticks, t.missed_ticks)
             assert _count(h, node, "SELECT count(DISTINCT ts_ms) AS n FROM host_samples") >= 22
             events = h.db_rows(node.writer.path, "SELECT kind, message FROM events WHERE kind LIKE 'scrape.%'")
             assert [e["kind"] for e in events] == ["scrape.outage"], events  # one event for the episode

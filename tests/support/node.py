@@ -25,7 +25,7 @@ def open_node(config_path: str | Path) -> Node:
 
 async def run_clock(node: Node, seconds: float, settle_s: float = 0.3) -> None:
     """Tick for `seconds`, then stop the clock and let a straggling sampler thread finish."""
-    task = asyncio.create_task(node._clock())
+    task = asyncio.create_task(node.ticker.run())
     await asyncio.sleep(seconds)
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):

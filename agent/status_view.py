@@ -1,0 +1,132 @@
+"""The agent's status, built from the node's parts: the `Status` the API and the exporter serve, the status line.
+
+Reads the node's parts (supervisor, ticker, GPU view, store writer, listeners) and writes nothing: the node owns
+them and wires this view to them; every field's meaning is contract/status.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from lynxtop import __version__
+from lynxtop.agent.api import connguard
+from lynxtop.agent.clock import span
+from lynxtop.agent.serving.run import now_ms
+from lynxtop.contract.status import (
+    GPU_METRIC_NAMES,
+    AgentStatus,
+    ClusterStatus,
+    EngineLoad,
+    GpuStatus,
+    HostStatus,
+    NvmlStatus,
+    ServingMetrics,
+    SlaStatus,
+    Status,
+    StoreStatus,
+)
+
+if TYPE_CHECKING:
+    from lynxtop.agent.node import Node
+
+
+class StatusView:
+    def __init__(self, node: Node):
+        self._node = node
+
+    def line(self) -> str:
+        """The one-line summary systemd shows (STATUS=) and the log repeats."""
+        n = self._node
+        sup = n.supervisor
+        if sup is None:
+            return "starting"
+        s = sup.serving_status()
+        parts = [f"serving {s.state}"]
+        if s.profile:
+            parts.append(f"profile {s.profile}" + (f" run {s.run_id}" if s.run_id else ""))
+        if s.phase:
+            parts.append(f"phase {s.phase}")
+        parts.append(f"{len(n.gpu_view.static)} GPUs" + (" (SIMULATED)" if n.simulated else ""))
+        if n.cluster is not None:
+            parts.append(f"{n.cluster.role}, Ray {n.cluster.ray.state}")
+        if n.ticker.missed_ticks:
+            parts.append(f"{n.ticker.missed_ticks} missed ticks" + (f" ({n.ticker.failed_ticks} failed)"
+                                                                 if n.ticker.failed_ticks else ""))
+        if n.timeline.steps:
+            off = n.timeline.offset_ms
+            parts.append(f"wall clock stepped ({span(off)} {'ahead of' if off >= 0 else 'behind'} the samples)")
+        ws = n.writer.stats() if n.writer is not None else {}
+        if ws.get("rejected"):
+            parts.append(f"{ws['rejected']} ticks refused by the store")
+        if ws.get("wal_unlinked"):
+            parts.append("history WAL was unlinked: " + ("recovered" if ws.get("wal_recovered")
+                                                         else "NOT recovered, history at risk"))
+        if ws.get("db_swapped"):
+            parts.append("history database file was deleted or replaced under the agent (see status)")
+        return "; ".join(parts)
+
+    def status(self) -> Status:
+        n = self._node
+        sup = n.supervisor
+        assert sup is not None
+        sla = n.sla.state() if n.sla is not None else SlaStatus()
+        return Status(ts_ms=now_ms(), agent=self._agent(), serving=sup.serving_status(), sla=sla,
+                      gpus=self.gpu_statuses(), host=HostStatus.from_json(n.ticker.latest_host),
+                      serving_metrics=ServingMetrics.from_json(n.ticker.latest_serving),
+                      engines=self._engines(), cluster=self._cluster())
+
+    def serving_totals(self) -> Any:
+        """Every run's serving counts since the agent started (agent/metrics/lifetime.py), per model: the exporter's."""
+        n = self._node
+        totals = n.scrape_source.totals if n.scrape_source is not None else None
+        return totals.models if totals is not None else None
+
+    def _cluster(self) -> ClusterStatus:
+        n = self._node
+        if n.cluster is None:
+            return ClusterStatus()
+        prof = n.supervisor.profile if n.supervisor is not None else None
+        return n.cluster.status(prof.gpus_needed if prof is not None and prof.uses_ray else None)
+
+    def _engines(self) -> tuple[EngineLoad, ...]:
+        n = self._node
+        src = n.scrape_source
+        return tuple(EngineLoad.from_json(e) for e in src.engines) if src is not None else ()
+
+    def _agent(self) -> AgentStatus:
+        n = self._node
+        sup = n.supervisor
+        assert sup is not None
+        ws = n.writer.stats() if n.writer is not None else {}
+        return AgentStatus(
+            version=__version__, pid=os.getpid(), host=n.host, started_ms=n.started_ms,
+            uptime_s=round(time.monotonic() - n.started_mono, 1), simulated=n.simulated,
+            healthy=n.ticker.healthy(), missed_ticks=n.ticker.missed_ticks, sample_interval_s=n.interval,
+            gpu_late_ticks=n.gpu_late, failed_ticks=n.ticker.failed_ticks, last_tick_error=n.ticker.last_tick_error,
+            connections={name: part.guard.stats() for name, part in (("api", n.api), ("metrics", n.exporter))
+                         if part is not None},
+            descriptors={"open": connguard.open_fds(), "limit": n.fd_plan.soft if n.fd_plan else None},
+            nvml=NvmlStatus(**{k: n.gpu_view.nvml.get(k, "") for k in ("state", "message", "driver_version",
+                                                                          "nvml_version")}),
+            clock_steps=n.timeline.steps, clock_offset_ms=n.timeline.offset_ms,
+            last_clock_step_ms=n.timeline.last_step.step_ms if n.timeline.last_step else None,
+            store=StoreStatus(path=str(n.cfg.agent.database), queued=ws.get("queued"), dropped=ws.get("dropped"),
+                              rejected=ws.get("rejected"),
+                              last_error=ws.get("last_error"), wal_unlinked=ws.get("wal_unlinked"),
+                              wal_unlinked_ms=ws.get("wal_unlinked_ms"), wal_recovered=ws.get("wal_recovered"),
+                              db_swapped=ws.get("db_swapped"), db_swapped_ms=ws.get("db_swapped_ms")),
+            action=sup.action_status(),
+            live_restore=n.cfg.agent.live_restore,
+        )
+
+    def gpu_statuses(self) -> tuple[GpuStatus, ...]:
+        n = self._node
+        by_idx = {r.get("gpu"): r for r in n.ticker.latest_gpu_rows}
+        return tuple(
+            GpuStatus(index=g.get("idx"), name=g.get("name"), uuid=g.get("uuid"), pci_bus_id=g.get("pci_bus_id"),
+                      arch=g.get("arch"), gpm_supported=g.get("gpm_supported"), nvlink_count=g.get("nvlink_count"),
+                      xid_errors=n.xid_errors.get(g.get("idx"), 0),
+                      metrics={k: by_idx.get(g.get("idx"), {}).get(k) for k in GPU_METRIC_NAMES})
+            for g in n.gpu_view.static)
