@@ -112,6 +112,9 @@ async def test_search_next_prev_and_severity_colours(log_agent):
         assert needle  # the search term shown reversed
         await pilot.press("escape")
         assert screen.needle == "" and not [s for s in styles_of("INFO loading shard 7/64 again") if s.reverse]
+        at = screen.match_at
+        await pilot.press("n")  # without a search n and N are not the view's: nothing moves
+        assert screen.match_at == at and screen.check_action("match", (1,)) is False
 
 
 async def test_partial_line_rotation_and_a_new_run_continue_the_view(log_agent, tmp_path):

@@ -4,7 +4,8 @@ Each poll asks the agent only for the lines written since the last answer (`GET 
 agent/api/logtail.py). A rotated or truncated file is read again from its start and a restart's new run from
 its log's start, each announced by a marked line, so the view goes on across both. A line still being written
 is shown and replaced when it is complete. Scrolling up stops following (new lines wait below, counted in the
-title); End or `f` follows again. `/` searches, `n`/`N` go to the next and previous match.
+title); End or `f` follows again. `/` searches, `n`/`N` go to the next and previous match (while a search is set:
+otherwise they are the app's keys).
 
 An agent that does not know `after` (an older one) answers the whole tail each time: the view then shows the
 latest tail at every poll instead of following.
@@ -142,6 +143,11 @@ class LogsScreen(LiveScreen):
         self.query_one("#logs-title", Static).update(t)
 
     # ------------------------------------------------------------------ actions
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "match":
+            return bool(self.needle)  # without a search, n and N are the app's (N: the cluster view on a head)
+        return True
+
     def action_follow(self) -> None:
         self.view.follow(True)
         self._title()
@@ -163,11 +169,13 @@ class LogsScreen(LiveScreen):
         self.view.focus()
         if self.needle:
             self.action_match(-1)  # the newest match first: the operator is usually after what just happened
+        self.refresh_bindings()
         self._title()
 
     def action_clear_search(self) -> None:
         self.query_one("#logs-search", Input).remove_class("-open")
         self.needle, self.match_at = "", None
+        self.refresh_bindings()
         self.view.search("")
         self.view.focus()
         self._title()
