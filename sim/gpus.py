@@ -137,6 +137,8 @@ class SimScenario:
             mem_used_bytes=min(ld.mem, spec.mem_total_bytes), power_w=power, temp_c=temp,
             sm_clock_mhz=_sm_clock(active, ld.slowdown if hot else 1.0), mem_clock_mhz=MEM_CLOCK_MHZ,
             throttle_reasons=_clock_reasons(active, hot, power >= 0.97 * spec.power_limit_w), processes=ld.procs,
+            # NVML's per-process SM share: the GPU's SM activity split over its holders; none while idle (no sample)
+            process_sm_pct={pid: sm / len(ld.procs) for pid, _ in ld.procs} if sm > 0 and ld.procs else {},
         )
 
     def _load(self, index: int, now: float) -> _Load:
