@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from textual.app import App
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.screen import Screen
 
@@ -29,8 +30,14 @@ class Command:
 
     @property
     def help(self) -> str:
-        where = "" if self.node is None else type(self.node).__name__.removesuffix("App")
-        return f"key {self.key}" + (f" · {where}" if where else "") + ("" if self.enabled else " · not available now")
+        """Its key and where it acts: everywhere (the app), in this view, or on the focused widget."""
+        if isinstance(self.node, App):
+            where = "any view"
+        elif isinstance(self.node, Screen):
+            where = f"{getattr(self.node, 'VIEW_TITLE', '') or type(self.node).__name__} view"
+        else:
+            where = f"focused {type(self.node).__name__}"
+        return f"key {self.key} · {where}" + ("" if self.enabled else " · not available now")
 
 
 def commands(screen: Screen[Any]) -> list[Command]:

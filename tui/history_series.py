@@ -42,3 +42,35 @@ def span(run: RunInfo | None, range_ms: int | None, now_ms: int) -> tuple[int, i
     else:
         start = end - range_ms
     return start, max(end, start + 1)
+
+
+# Steering the window (Grafana's zoom and pan): a minute at the closest, 90 days at the widest, never past now.
+MIN_WINDOW_MS = 60_000
+MAX_WINDOW_MS = 90 * 86400_000
+
+
+def _fit(start: int, end: int, now_ms: int) -> tuple[int, int]:
+    """The window moved back to end at now if it ran past it (there is nothing to chart in the future)."""
+    if end > now_ms:
+        start, end = start - (end - now_ms), now_ms
+    return start, end
+
+
+def zoom(start: int, end: int, factor: float, now_ms: int) -> tuple[int, int]:
+    """The window `factor` times as long about its middle (0.5 zooms in), within MIN/MAX_WINDOW_MS."""
+    length = min(MAX_WINDOW_MS, max(MIN_WINDOW_MS, round((end - start) * factor)))
+    middle = (start + end) // 2
+    return _fit(middle - length // 2, middle - length // 2 + length, now_ms)
+
+
+def pan(start: int, end: int, fraction: float, now_ms: int) -> tuple[int, int]:
+    """The window moved by `fraction` of its length (negative: earlier), its length kept."""
+    step = round((end - start) * fraction)
+    return _fit(start + step, end + step, now_ms)
+
+
+def run_window(started_ms: int | None, ended_ms: int | None, now_ms: int) -> tuple[int, int] | None:
+    """A run's own time range (to now while it runs); None without a start."""
+    if started_ms is None:
+        return None
+    return int(started_ms), max(int(ended_ms or now_ms), int(started_ms) + MIN_WINDOW_MS)

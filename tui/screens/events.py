@@ -41,6 +41,7 @@ class EventsScreen(LiveScreen):
         Binding("right_square_bracket", "log_run(1)", "Newer run's log", key_display="]", id="events.newer",
                 group=RUN_LOG_KEYS),
         Binding("escape", "clear_filter", "Clear filter", show=False, id="events.clear"),
+        Binding("enter", "open_event", "Event detail", show=False, id="events.detail"),  # the table's Enter too
     ]
 
     def __init__(self) -> None:
@@ -53,6 +54,7 @@ class EventsScreen(LiveScreen):
         self.log_lines: list[str] = []
         self.log_run: int | None = None  # None = current run
         self.runs: list[RunInfo] = []
+        self.shown: list[Event] = []
         self.source = ""
         self._last_fetch = 0.0
 
@@ -147,7 +149,7 @@ class EventsScreen(LiveScreen):
             sev = str(e.severity)
             if sev in SEVERITIES and SEVERITIES.index(sev) < floor:
                 continue
-            if self.kind and e.kind != self.kind:
+            if self.kind and not kind_matches(str(_kind(e)), self.kind):
                 continue
             if needle and needle not in f"{e.kind} {e.message}".lower():
                 continue
@@ -161,7 +163,8 @@ class EventsScreen(LiveScreen):
         now = self.lynx.now_ms()
         narrow = self.size.width < 120
         rows = []
-        for e in self._visible_events():
+        self.shown = self._visible_events()  # row i of the table is shown[i] (the detail's key)
+        for e in self.shown:
             sev = str(e.severity)
             mark, style = SEVERITY_MARK.get(sev, ("?", ""))
             ts = e.ts_ms
@@ -173,15 +176,15 @@ class EventsScreen(LiveScreen):
                 Text(e.message),
             ])
         msg_w = _message_width(table, rows)
-        for row in rows:
+        for i, row in enumerate(rows):
             # A message longer than its column wraps onto more lines of its row instead of being cut.
             lines = len(row[-1].wrap(self.app.console, msg_w)) if msg_w else 1
-            table.add_row(*row, height=max(1, lines))
+            table.add_row(*row, height=max(1, lines), key=str(i))
 
     def _draw_filters(self) -> None:
         shown = len(self._visible_events())
         t = Text(f"events {shown}/{len(self.events)}  ", style="bold")
-        t.append(f"kind (k): {self.kind or 'all'}   severity (v): ≥{self.min_severity}   ")
+        t.append(f"kind (k): {_kind_label(self.kind)}   severity (v): ≥{self.min_severity}   ")
         if self.text_filter:
             t.append(f"text: {self.text_filter!r}   ")
         t.append(f"from {self.source}", style="dim")
@@ -206,7 +209,7 @@ class EventsScreen(LiveScreen):
         box = self.query_one("#filter", Input)
         self._filter_target = "log" if self.query_one("#log", Log).has_focus else "events"
         box.placeholder = ("search the log (Enter applies, Esc clears)" if self._filter_target == "log"
-                           else "filter events (Enter applies, Esc clears)")
+                           else "filter events: text, kind:serving. sev:warning (Enter applies, Esc clears)")
         box.value = self.log_search if self._filter_target == "log" else self.text_filter
         box.add_class("-open")
         box.focus()
@@ -216,7 +219,12 @@ class EventsScreen(LiveScreen):
             self.log_search = event.value
             self._fill_log()
         else:
-            self.text_filter = event.value
+            try:
+                self.kind, self.min_severity, self.text_filter = parse_filter(event.value, self.kind,
+                                                                              self.min_severity)
+            except ValueError as exc:  # the box stays open with what was typed; the filter is unchanged
+                self.notify(str(exc), title="Filter not applied", severity="warning")
+                return
             self._fill_events()
         event.input.remove_class("-open")
         self._draw_filters()
@@ -224,14 +232,33 @@ class EventsScreen(LiveScreen):
 
     def action_clear_filter(self) -> None:
         self.text_filter = ""
+        self.kind, self.min_severity = None, "info"
         self.log_search = ""
         self.query_one("#filter", Input).remove_class("-open")
         self._fill_events()
         self._fill_log()
         self._draw_filters()
 
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table.id == "events":
+            self._open(int(event.row_key.value or 0))
+
+    def action_open_event(self) -> None:
+        self._open(self.query_one("#events", DataTable).cursor_row)
+
+    def _open(self, row: int) -> None:
+        if not 0 <= row < len(self.shown):
+            return
+        from lynxtop.tui.screens.event_detail import EventDetailScreen, field
+
+        event = self.shown[row]
+        run_id = field(event, "run_id")
+        run = next((r for r in self.runs if field(r, "id") == run_id), None) if run_id is not None else None
+        self.app.push_screen(EventDetailScreen(event, run))
+
     def action_cycle_kind(self) -> None:
-        kinds = sorted({str(e.kind) for e in self.events})
+        # families (serving., gpu., ...) to cycle; one exact kind is `/kind:serving.ready`
+        kinds = sorted({str(_kind(e)).split(".")[0] + "." for e in self.events if _kind(e)})
         options: list[str | None] = [None, *kinds]
         self.kind = options[(options.index(self.kind) + 1) % len(options)] if self.kind in options else None
         self._fill_events()
@@ -265,6 +292,38 @@ def _message_width(table: DataTable, rows: list[list[Text]]) -> int | None:
     msg_w = max(24, width - used - pad - 2)  # 2: the vertical scrollbar when rows outgrow the table
     columns[-1].auto_width, columns[-1].width = False, msg_w
     return msg_w
+
+
+def _kind(event: object) -> object:
+    """An event's kind, from an Event (contract/events.py) or the dict an older reader gave."""
+    return event.get("kind") if isinstance(event, dict) else getattr(event, "kind", None)
+
+
+def kind_matches(kind: str, wanted: str) -> bool:
+    """`serving.` (ending in a dot) is a family: every kind under it; anything else is one kind."""
+    return kind.startswith(wanted) if wanted.endswith(".") else kind == wanted
+
+
+def _kind_label(kind: str | None) -> str:
+    return "all" if kind is None else f"{kind}*" if kind.endswith(".") else kind
+
+
+def parse_filter(value: str, kind: str | None, min_severity: str) -> tuple[str | None, str, str]:
+    """(kind, severity floor, text) from the filter box: `kind:serving.` (a family) or `kind:gpu.xid`, `sev:error`
+    (or severity:), and the rest searched in kind and message. A severity that is none of SEVERITIES is a
+    ValueError naming it and the choices."""
+    words = []
+    for word in value.split():
+        key, sep, arg = word.partition(":")
+        if sep and key.lower() == "kind":
+            kind = None if arg in ("", "all", "*") else arg.rstrip("*")
+        elif sep and key.lower() in ("sev", "severity"):
+            if arg.lower() not in SEVERITIES:
+                raise ValueError(f"{word!r}: severity must be one of {', '.join(SEVERITIES)}")
+            min_severity = arg.lower()
+        else:
+            words.append(word)
+    return kind, min_severity, " ".join(words)
 
 
 def _when(ts: int | None, utc: bool, now_ms: int) -> str:

@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Input, Static
 from lynxtop.contract.format import fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
 from lynxtop.contract.records import RunInfo
 from lynxtop.tui.export_csv import ExportError, export_run_gpu
-from lynxtop.tui.history_series import RANGES, points, span
+from lynxtop.tui.history_series import RANGES, pan, points, run_window, span, zoom
 from lynxtop.tui.history_source import HistoryUnavailable
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.screens.compare import CompareScreen
@@ -44,6 +44,12 @@ class HistoryScreen(LiveScreen):
         Binding("slash", "filter", "Filter runs", key_display="/", id="history.filter"),
         Binding("escape", "clear_filter", "Clear filter", show=False, id="history.clear"),
         Binding("f5", "reload", "Reload runs", show=False, id="history.reload"),
+        # Steering the charts' window (Grafana): the status line shows the window and says these keys
+        Binding("plus,equals_sign", "zoom(0.5)", "Zoom in", key_display="+", show=False, id="history.zoom_in"),
+        Binding("minus", "zoom(2)", "Zoom out", key_display="-", show=False, id="history.zoom_out"),
+        Binding("left_square_bracket", "pan(-0.5)", "Earlier", key_display="[", show=False, id="history.earlier"),
+        Binding("right_square_bracket", "pan(0.5)", "Later", key_display="]", show=False, id="history.later"),
+        Binding("g", "jump_run", "Go to run's time", show=False, id="history.jump"),  # Enter on a run too
     ]
 
     def __init__(self) -> None:
@@ -56,6 +62,8 @@ class HistoryScreen(LiveScreen):
         self.run_filter = ""
         self.all_runs: list[RunInfo] = []
         self.last_draw_ms: float | None = None  # how long the last chart load took (benchmarks read it)
+        self.window: tuple[int, int] | None = None  # zoomed, panned or a run's: replaces the range preset
+        self.queried: tuple[int, int] | None = None  # the window the charts were last read for
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="history-status")
@@ -140,8 +148,7 @@ class HistoryScreen(LiveScreen):
     @work(thread=True, exclusive=True, group="history-charts", exit_on_error=False)
     def load_charts(self) -> None:
         t0 = time.perf_counter()
-        name, range_ms = RANGES[self.range_index]
-        start, end = span(self.selected, range_ms, self.lynx.now_ms())
+        start, end = self.queried = self.current_window()
         width = max(50, self.size.width)
         try:
             with self.lynx.history.reader() as reader:
@@ -175,9 +182,13 @@ class HistoryScreen(LiveScreen):
             self.query_one("#history-status", Static).update(t)
             return
         t.append("range (t): ")
+        current = -1 if self.window else self.range_index  # steered: no preset is the window
         for i, (name, _) in enumerate(RANGES):
-            t.append(f"[{name}]" if i == self.range_index else f" {name} ",
-                     style="bold reverse" if i == self.range_index else "dim")
+            if self.size.width >= 120 or i == current:  # narrower: the current preset alone
+                t.append(f"[{name}]" if i == current else f" {name} ", style="bold reverse" if i == current else "dim")
+        t.append(" " + window_label(*self.current_window(), self.lynx.utc), style="bold cyan")
+        if self.size.width >= 120:
+            t.append("  +/- zoom  [ ] pan  g run", style="dim")
         if self.selected:
             t.append(f"   run {self.selected.id} {self.selected.profile or ''}", style="bold")
         if self.run_filter:
@@ -190,7 +201,37 @@ class HistoryScreen(LiveScreen):
         self.query_one("#history-status", Static).update(t)
 
     # ------------------------------------------------------------------ actions
+    def current_window(self) -> tuple[int, int]:
+        """The charts' window: the steered one, else the range preset ending where the selected run ended."""
+        if self.window:
+            return self.window
+        return span(self.selected, RANGES[self.range_index][1], self.lynx.now_ms())
+
+    def _steer(self, window: tuple[int, int]) -> None:
+        self.window = window
+        self._draw_status()
+        self.load_charts()
+
+    def action_zoom(self, factor: float) -> None:
+        self._steer(zoom(*self.current_window(), factor, self.lynx.now_ms()))
+
+    def action_pan(self, fraction: float) -> None:
+        self._steer(pan(*self.current_window(), fraction, self.lynx.now_ms()))
+
+    def action_jump_run(self) -> None:
+        run = self.selected
+        window = run_window(_field(run, "started_ms"), _field(run, "ended_ms"), self.lynx.now_ms()) if run else None
+        if window is None:
+            self.notify(f"run {_field(run, 'id')} has no start time" if run else "no run selected", severity="warning")
+            return
+        self._steer(window)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table.id == "runs":  # Enter on a run: its own time range
+            self.action_jump_run()
+
     def action_cycle_range(self) -> None:
+        self.window = None  # back to the presets
         self.range_index = (self.range_index + 1) % len(RANGES)
         self._draw_status()
         self.load_charts()
@@ -257,3 +298,15 @@ class HistoryScreen(LiveScreen):
             self.app.call_from_thread(self.notify, str(exc), title="Export failed", severity="error", timeout=10)
             return
         self.app.call_from_thread(self.notify, f"{n} rows written to {path}", title="Export done", timeout=10)
+
+
+def window_label(start: int, end: int, utc: bool) -> str:
+    """`12-02 11:00→14:00 (3h00m)`: the window charted, the end's date only when it differs."""
+    a, b = fmt_datetime(start, utc), fmt_datetime(end, utc)
+    tail = b[11:16] if a[:10] == b[:10] else b[5:16]
+    return f"{a[5:16]}→{tail} ({fmt_duration((end - start) / 1000)})"
+
+
+def _field(run: Any, name: str) -> Any:
+    """A field of a RunInfo (contract/records.py) or of the dict an older reader gave."""
+    return run.get(name) if isinstance(run, dict) else getattr(run, name, None)
