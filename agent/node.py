@@ -17,19 +17,16 @@ import logging
 import os
 import signal
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from lynxtop import __version__
 from lynxtop.agent.api.connguard import Episodes, FdPlan, install_loop_handler, plan_descriptors
-from lynxtop.agent.api.control import ActionError
-from lynxtop.agent.api.logtail import LogTail
-from lynxtop.agent.api.processes import describe as describe_processes
 from lynxtop.agent.clock import Timeline
 from lynxtop.agent.config_source import ConfigSource
+from lynxtop.agent.controller import NodeController
 from lynxtop.agent.events import EventSink
 from lynxtop.agent.notify import Notifier, WatchdogThread
 from lynxtop.agent.sampling import (
@@ -47,10 +44,7 @@ from lynxtop.agent.status_view import StatusView
 from lynxtop.agent.ticker import Ticker
 from lynxtop.contract.config import Config
 from lynxtop.contract.events import Event, EventKind, Severity
-from lynxtop.contract.processes import GpuProcesses
-from lynxtop.contract.records import ProfileInfo, ProfileList, RunInfo
 from lynxtop.contract.status import (
-    ServingState,
     Status,
 )
 
@@ -59,7 +53,6 @@ GC_YOUNG_THRESHOLD = 20_000
 
 STATE_FILE = "serving.json"
 LOCK_FILE = "agent.lock"
-MAX_LOG_LINES = 5000
 SOCKET_CHECK_S = 5.0  # how often the control socket's path is checked (a tmpfiles clean of /run removes it)
 
 
@@ -101,7 +94,8 @@ class NodeGpuView:
 
 
 class Node:
-    """The agent. Implements the control API's `Controller` protocol (agent/api/control.py)."""
+    """The agent: wires the store, the samplers and their clock, the supervisor, the Ray roles, the listeners and
+    the status, and owns no policy; its `controller` answers the control API (agent/controller.py)."""
 
     def __init__(self, cfg: Config, notifier: Notifier, sim_state_dir: str | None = None):
         self.cfg = cfg
@@ -122,13 +116,12 @@ class Node:
                              record=self._record, context=self._tick_context, on_beat=self._beat,
                              on_done=self._on_change)
         self.view = StatusView(self)
+        self.controller = NodeController(self)  # the control API's actions (agent/controller.py)
         self._members: set[int] = set()
         self._members_key: str | None = None
         self._members_at = 0.0
         self.proc_table = ProcTable()  # the host tree and the run's members, read between looks
         self._stop = asyncio.Event()
-        self._reader: Any = None
-        self._reader_lock = threading.Lock()
         self.config = ConfigSource(cfg)  # profiles re-read in one place, shared with the supervisor
         self._lock_fd: int | None = None
         self._socket_check_at = 0.0  # monotonic time of the next look at the control socket's path
@@ -348,7 +341,7 @@ class Node:
         (log.warning if self.fd_plan.reduced else log.info)("%s%s", self.fd_plan.describe(), " (connection caps "
                                                             "lowered to fit the descriptor limit)"
                                                             if self.fd_plan.reduced else "")
-        self.api = ApiServer(self, a.socket, a.socket_group, log=lambda m: log.info("api: %s", m),
+        self.api = ApiServer(self.controller, a.socket, a.socket_group, log=lambda m: log.info("api: %s", m),
                              max_connections=self.fd_plan.caps["api"], request_timeout_s=a.request_timeout_s,
                              episodes=self.episodes)
         try:
@@ -384,9 +377,7 @@ class Node:
             self._record([*self._gpu_events.drain(),
                           Event(EventKind.AGENT_STOPPED, Severity.INFO, f"agent stopped (pid {os.getpid()})")])
             await asyncio.to_thread(self.writer.close)
-        if self._reader is not None:
-            with contextlib.suppress(Exception):
-                self._reader.close()
+        self.controller.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # last: a new agent may take over only once this one is done
             self._lock_fd = None
@@ -448,122 +439,6 @@ class Node:
 
     def status(self) -> Status:
         return self.view.status()
-
-    def profiles(self) -> ProfileList:
-        sup = self.supervisor
-        assert sup is not None
-        cfg = self.config.poll()  # a profile added to the file shows without a restart
-        return ProfileList(sup.profile_name, tuple(ProfileInfo(p.name, p.description, p.argv(), p.flags(),
-                                                               p.shown_env()) for p in cfg.profiles))  # masked
-
-    def _store_reader(self) -> Any:
-        from lynxtop.store.reader import StoreReader
-
-        if self._reader is None:
-            self.writer.flush(2.0)
-            try:
-                self._reader = StoreReader(self.cfg.agent.database, self.interval)
-            except Exception as exc:  # noqa: BLE001 - StoreError: answer 503 rather than crash
-                raise ActionError("store", f"history unavailable: {exc}", 503) from None
-        return self._reader
-
-    async def _read(self, fn: Callable[[Any], Any]) -> Any:
-        """A history query in a thread (SQLite may wait on a lock), one at a time on the reader's connection."""
-
-        def call() -> Any:
-            with self._reader_lock:
-                return fn(self._store_reader())
-
-        return await asyncio.to_thread(call)
-
-    async def runs(self, limit: int) -> list[RunInfo]:
-        return await self._read(lambda r: r.runs(limit=limit))
-
-    async def events(self, since_ms: int | None, limit: int) -> list[Event]:
-        return await self._read(lambda r: r.events(since_ms=since_ms, limit=limit))
-
-    async def logs(self, run_id: int | None, lines: int, *, after: int | None = None,
-                   inode: int | None = None) -> dict[str, Any]:
-        sup = self.supervisor
-        assert sup is not None
-        lines = max(1, min(int(lines), MAX_LOG_LINES))
-        if run_id is None:
-            if sup.proc is None:
-                raise ActionError("no_run", "no run yet: nothing has been started by this agent", 404)
-            run_id, path = sup.run_id, sup.proc.record.log_path
-        else:
-            run = await self._read(lambda r: r.run(run_id))
-            if run is None:
-                raise ActionError("unknown_run", f"no run {run_id}", 404)
-            path = run.log_path
-        tail = LogTail(path, lines, 4 << 20)  # streamed by the API a block at a time, never built whole
-        if after is None:
-            await asyncio.to_thread(tail.locate)
-        else:
-            await asyncio.to_thread(tail.follow, after, inode)
-        return {"run_id": run_id, "path": path, "lines": tail}
-
-    async def processes(self) -> GpuProcesses:
-        view = self.gpu_view
-        rows = view.process_rows if view.nvml.get("state") == "ok" else []
-        age = None if view.sample_ts is None else max(0.0, time.monotonic() - view.sample_ts)
-        proc = self.supervisor.proc if self.supervisor is not None else None
-        return await asyncio.to_thread(describe_processes, rows, age, self.cfg.agent.secret_env,
-                                       proc.members if proc is not None else None)
-
-    async def start(self, profile: str | None, by: str) -> str:
-        assert self.supervisor is not None
-        if self.cfg.agent.role == "worker":
-            if profile:
-                raise ActionError("role", f"this node is a Ray worker: it serves no vLLM (profile {profile!r} runs "
-                                          f"on the head, {self.cfg.ray.head_address}); `lynxtop start` here starts Ray",
-                                  409)
-            return await self.ray_start(by)
-        return await self.supervisor.start(profile, by)
-
-    async def stop(self, by: str, cluster: bool = False) -> str:
-        assert self.supervisor is not None
-        if cluster:
-            if self.cluster is None:
-                raise ActionError("role", "this node runs no Ray cluster (agent.role = \"single\")", 409)
-            return await self.cluster.stop_cluster(by, lambda: self._stop_serving(by))
-        if self.cfg.agent.role == "worker":
-            return await self.ray_stop(by, None)
-        return await self.supervisor.stop(by)
-
-    async def _stop_serving(self, by: str) -> None:
-        """Until serving is stopped (a cluster stop's first step); an action in progress is waited for."""
-        sup = self.supervisor
-        assert sup is not None
-        idle = (ServingState.STOPPED, ServingState.CRASH_LOOP)
-        while sup.action is not None or sup.state not in idle:
-            if sup.action is None or sup.action.get("action") != "stop":
-                with contextlib.suppress(ActionError):
-                    await sup.stop(by)
-            await asyncio.sleep(0.2)
-
-    async def ray_start(self, by: str) -> str:
-        if self.cluster is None:
-            raise ActionError("role", "this node runs no Ray (agent.role = \"single\")", 409)
-        return await self.cluster.ray_start(by)
-
-    async def ray_stop(self, by: str, reason: str | None) -> str:
-        if self.cluster is None:
-            raise ActionError("role", "this node runs no Ray (agent.role = \"single\")", 409)
-        return await self.cluster.ray_stop(by, reason)
-
-    async def restart(self, by: str) -> str:
-        assert self.supervisor is not None
-        return await self.supervisor.restart(by)
-
-    async def switch(self, profile: str, by: str) -> str:
-        assert self.supervisor is not None
-        return await self.supervisor.switch(profile, by)
-
-    async def store_bench(self, result: dict[str, Any], by: str) -> str:
-        """One `lynxtop bench` level into bench_results (a thread: the writer's queue may be busy)."""
-        bid = await asyncio.to_thread(self.writer.add_bench_result, result)
-        return f"stored bench result {bid} (sweep {result.get('bench_id')}, by {by})"
 
 
 def lock_state_dir(d: Path) -> int:
