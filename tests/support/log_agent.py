@@ -17,6 +17,8 @@ from lynxtop.agent.api.control import ActionError
 from lynxtop.agent.api.logtail import LogTail
 from lynxtop.agent.api.processes import describe
 from lynxtop.agent.api.routes import ApiServer
+from lynxtop.contract.events import Event
+from lynxtop.contract.records import ProfileList, RunInfo
 from lynxtop.contract.status import Status
 from support.status import status_json
 
@@ -34,13 +36,13 @@ class FileController:
     def status(self) -> Status:
         return Status.from_json(self.status_json)
 
-    def profiles(self) -> dict[str, Any]:
-        return {"current": None, "profiles": []}
+    def profiles(self) -> ProfileList:
+        return ProfileList()
 
-    def runs(self, limit: int) -> list[dict[str, Any]]:
-        return [{"id": self.run_id, "profile": "p", "log_path": str(self.log_path)}]
+    def runs(self, limit: int) -> list[RunInfo]:
+        return [RunInfo(self.run_id, profile="p", log_path=str(self.log_path))]
 
-    def events(self, since_ms: int | None, limit: int) -> list[dict[str, Any]]:
+    def events(self, since_ms: int | None, limit: int) -> list[Event]:
         return []
 
     async def logs(self, run_id: int | None, lines: int, *, after: int | None = None,
