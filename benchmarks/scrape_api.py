@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from lynxtop.agent.api.routes import ApiServer
 from lynxtop.agent.metrics.scrape import MetricsScraper, relevant_lines
 from lynxtop.contract.client import AgentClient
+from lynxtop.contract.records import ProfileList
 from lynxtop.contract.status import GPU_METRIC_NAMES, HOST_METRIC_NAMES, SERVING_METRIC_NAMES, Status
 
 LAT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560]
@@ -86,8 +87,8 @@ class _Ctl:
                                  "host": dict.fromkeys(HOST_METRIC_NAMES, 1),
                                  "serving_metrics": dict.fromkeys(SERVING_METRIC_NAMES, 1)})
 
-    def profiles(self) -> dict:
-        return {"current": None, "profiles": []}
+    def profiles(self) -> ProfileList:
+        return ProfileList()
 
 
 def api_rtt_ms(n: int) -> tuple[float, float]:
