@@ -228,6 +228,7 @@ class Rollups:
             k: conn.execute(f"SELECT max(ts_ms) FROM {SAMPLE_TABLES[k].name}").fetchone()[0] for k in ROLLUP_KINDS
         }
         self.dirty: dict[tuple[str, str], set[int]] = {(k, r): set() for k in ROLLUP_KINDS for r in RESOLUTIONS}
+        self.idle: dict[tuple[str, str], int] = {}  # see pending()
         bucket = RESOLUTIONS["1m"]
         self.memory: dict[str, _Memory] = {}
         if in_memory:
@@ -303,8 +304,13 @@ class Rollups:
         for (kind, res), wm in self.wm.items():
             if self.dirty[(kind, res)]:
                 return True
-            top = self.max_ts[kind]
-            if top is not None and (wm is None or top - top % RESOLUTIONS[res] > wm):
+            limit = self.max_ts[kind] if res == "1m" else self.wm[(kind, "1m")]  # as step() rolls them
+            if limit is None:
+                continue
+            if wm is None:  # never rolled: a step finds out, once per new limit (not at every batch)
+                if self.idle.get((kind, res)) != limit:
+                    return True
+            elif limit - limit % RESOLUTIONS[res] > wm:
                 return True
         return False
 
@@ -316,6 +322,7 @@ class Rollups:
         more = False
         new_wm = dict(self.wm)
         done: dict[str, int] = {}  # memory kinds: the end of the minutes written from memory
+        idle: dict[tuple[str, str], int] = {}  # never-rolled resolutions: the limit they were looked at with
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             for kind in ROLLUP_KINDS:
@@ -329,6 +336,7 @@ class Rollups:
                     if wm is None:
                         src = SAMPLE_TABLES[kind].name if res == "1m" else rollup_table(kind, "1m")
                         first = self.conn.execute(f"SELECT min(ts_ms) FROM {src}").fetchone()[0]
+                        idle[(kind, res)] = limit  # unless rolled below
                         if first is None:
                             break
                         wm = first - first % bucket
@@ -356,6 +364,7 @@ class Rollups:
             rollback(self.conn)
             raise
         self.wm = new_wm
+        self.idle.update({key: lim for key, lim in idle.items() if new_wm[key] is None})
         for d in self.dirty.values():
             d.clear()
         for kind, end in done.items():  # only now: a failed step keeps them for the retry

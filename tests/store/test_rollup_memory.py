@@ -203,3 +203,23 @@ def test_many_rows_per_insert_store_what_one_row_inserts_store(tmp_path):
         assert len(have) == len(want) > 250
         for a, b in zip(have, want, strict=True):
             assert [(type(v), repr(v)) for v in a] == [(type(v), repr(v)) for v in b], (table, a, b)
+
+
+def test_an_hour_not_yet_complete_is_not_looked_for_at_every_batch(tmp_path):
+    """Before its first complete hour a database has no 1-hour watermark; the writer used to run a rollup
+    transaction (and a min() over the 1-minute table) after every batch for it. Now once per new minute."""
+    db = tmp_path / "h.db"
+    w = _writer(db, True, T0 + 10 * MIN)
+    statements: list[str] = []
+    w.conn.set_trace_callback(statements.append)
+    for i in range(240):  # 4 minutes, one tick per batch as the agent writes them
+        w.submit_tick(T0 + i * 1_000, [gpu_row(0, i)])
+        with w._inline_lock:
+            w._drain_once()  # writes the tick, then the rollup step when pending() says there is work
+    w.conn.set_trace_callback(None)
+    w.close()
+    looks = [s for s in statements if s.startswith("SELECT min(ts_ms) FROM gpu_1m")]
+    assert 1 <= len(looks) <= 4, len(looks)
+    c = sqlite3.connect(db)
+    assert c.execute("SELECT count(*) FROM gpu_1m").fetchone()[0] == 3  # the minutes were still rolled
+    c.close()
