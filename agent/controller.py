@@ -79,9 +79,10 @@ class NodeController:
         assert sup is not None
         lines = max(1, min(int(lines), MAX_LOG_LINES))
         if run_id is None:
-            if sup.proc is None:
+            current = sup.run_log()
+            if current is None:
                 raise ActionError("no_run", "no run yet: nothing has been started by this agent", 404)
-            run_id, path = sup.run_id, sup.proc.record.log_path
+            run_id, path = current
         else:
             run = await self._read(lambda r: r.run(run_id))
             if run is None:

@@ -416,10 +416,11 @@ class Node:
     async def _run_members(self) -> set[int]:
         """Processes of the run outside the leader's tree (a /proc scan: every 5 s, not every tick)."""
         now = time.monotonic()
-        proc = self.supervisor.proc if self.supervisor is not None else None
-        if proc is not None and (self._members_key != proc.record.token or now - self._members_at > 5.0):
-            self._members = set(await asyncio.to_thread(proc.members, self.proc_table))
-            self._members_key, self._members_at = proc.record.token, now
+        sup = self.supervisor
+        token = sup.run_token() if sup is not None else None
+        if sup is not None and token is not None and (self._members_key != token or now - self._members_at > 5.0):
+            self._members = set(await asyncio.to_thread(sup.run_members, self.proc_table))
+            self._members_key, self._members_at = token, now
         return self._members
 
     def _scrape_target(self) -> ScrapeTarget | None:
@@ -427,10 +428,10 @@ class Node:
         sup = self.supervisor
         if sup is None or not sup.state.serving:
             return None
-        url, proc = sup.url(), sup.proc
+        url = sup.url()
         if url is None:
             return None
-        return ScrapeTarget(url, sup.run_id, proc.record.token if proc is not None else None)
+        return ScrapeTarget(url, sup.run_id, sup.run_token())
 
     # ------------------------------------------------------------------------------------------ status
 

@@ -129,6 +129,18 @@ class RunLifecycle:
     def vllm_root_pid(self) -> int | None:
         return self.proc.pid if self.proc is not None and not self.proc.exited else None
 
+    def run_log(self) -> tuple[int | None, str] | None:
+        """(run id, log path) of the current run, or of the last one once it ended; None before any."""
+        return (self.run.run_id, self.run.log_path) if self.run is not None else None
+
+    def run_token(self) -> str | None:
+        """The current run's token (its processes carry it in their environment)."""
+        return self.proc.record.token if self.proc is not None else None
+
+    def run_members(self, table: Any = None) -> list[int]:
+        """The current run's processes outside the leader's tree (a /proc scan: call it in a thread)."""
+        return self.proc.members(table) if self.proc is not None else []
+
     def set_state(self, state: S, reason: str) -> None:
         if state != self.state or reason != self.reason:
             log.info("serving: %s -> %s (%s)", self.state, state, reason)

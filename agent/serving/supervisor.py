@@ -46,7 +46,8 @@ __all__ = ["ClusterGate", "GpuView", "Supervisor", "now_ms", "preflight", "serve
 
 # What the lifecycle shows read-only through the supervisor (the status, the node's tick, tests).
 _FROM_LIFECYCLE = frozenset({"state", "state_since_ms", "reason", "profile", "profile_name", "run", "proc",
-                             "run_id", "crashes", "restarts", "url", "on_verdict", "vllm_root_pid"})
+                             "run_id", "crashes", "restarts", "url", "on_verdict", "vllm_root_pid",
+                             "run_log", "run_token", "run_members"})
 _FROM_RUN = frozenset({"adopted", "started_ms", "ready_ms", "vllm_version", "tracker"})
 
 
