@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from support.tui import make_app, plain, text_of, wait_for
 from support.tui_keys import open_screen
+from support.waits import holds_async, wait_for_async
 from textual.widgets import Button, OptionList
 
 from lynxtop.tui.app import LynxtopApp
@@ -46,8 +47,7 @@ async def test_restart_cancel_is_default_and_sends_nothing(agent):
         assert "12 request(s) are running now" in text
         await pilot.press("enter")  # Enter on the focused button = Cancel
         await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
-        await pilot.pause(0.1)
-        assert agent.posts() == []
+        await holds_async(lambda: agent.posts() == [], 0.5, what="nothing posted", sleep=pilot.pause)
 
 
 async def test_restart_confirmed_posts_once(agent):
@@ -69,8 +69,7 @@ async def test_escape_and_n_cancel_stop(agent):
             assert "stays stopped" in _dialog_text(app.screen)
             await pilot.press(key)
             await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
-        await pilot.pause(0.1)
-        assert agent.posts() == []
+        await holds_async(lambda: agent.posts() == [], 0.5, what="nothing posted", sleep=pilot.pause)
 
 
 async def test_switch_shows_flag_differences_and_load_warning(agent):
@@ -102,9 +101,8 @@ async def test_readonly_flag_hides_controls(agent):
         await wait_for(pilot, lambda: app.state.connected)
         assert app.check_action("control", ("restart",)) is False
         await pilot.press("R", "X", "S", "P")
-        await pilot.pause(0.2)
-        assert not isinstance(app.screen, ConfirmScreen | ProfilePickerScreen)
-        assert agent.posts() == []
+        await holds_async(lambda: not isinstance(app.screen, ConfirmScreen | ProfilePickerScreen)
+                          and agent.posts() == [], 0.5, what="no dialog and nothing posted", sleep=pilot.pause)
         assert "READ-ONLY (--readonly)" in text_of(app.screen.query_one("#header"))
         keys = {ab.binding.key for ab in app.screen.active_bindings.values() if ab.enabled}
         assert "R" not in keys
@@ -124,9 +122,8 @@ async def test_403_turns_dashboard_readonly_with_reason(agent):
         assert "not in group lynxtop" in text_of(app.screen.query_one("#header"))
         assert any(sev == "error" and "refused" in title for title, _, sev in notices)
         await pilot.press("X")
-        await pilot.pause(0.2)
-        assert not isinstance(app.screen, ConfirmScreen)
-        assert len(agent.posts()) == 1
+        await holds_async(lambda: not isinstance(app.screen, ConfirmScreen) and len(agent.posts()) == 1, 0.5,
+                          what="no dialog and no second post", sleep=pilot.pause)
 
 
 async def test_409_busy_and_422_preflight_are_notified_and_change_nothing(agent):
@@ -198,8 +195,7 @@ async def test_ctrl_c_quits_the_app(agent):
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.state.status is not None)
         await pilot.press("ctrl+c")
-        await pilot.pause(0.2)
-        assert not app.is_running
+        await wait_for_async(lambda: not app.is_running, 5, what="the app to exit")
     assert not any("ctrl+q" in m for _, m, _ in notices)
 
 
@@ -209,9 +205,8 @@ async def test_ctrl_c_in_a_confirm_dialog_cancels(agent):
         await open_screen(pilot, app, "R", ConfirmScreen)
         await pilot.press("ctrl+c")
         await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
-        await pilot.pause(0.1)
-        assert app.is_running
-        assert agent.posts() == []
+        await holds_async(lambda: app.is_running and agent.posts() == [], 0.5,
+                          what="the app running and nothing posted", sleep=pilot.pause)
 
 
 async def test_load_key_only_in_demo_mode(agent):
@@ -231,5 +226,4 @@ async def test_load_key_only_in_demo_mode(agent):
         await wait_for(pilot, lambda: plain.state.connected)
         assert plain.check_action("demo_load", ()) is False
         await pilot.press("L")
-        await pilot.pause(0.1)
-        assert plain.is_running
+        await holds_async(lambda: plain.is_running, 0.5, what="the app running", sleep=pilot.pause)

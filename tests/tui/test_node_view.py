@@ -97,13 +97,13 @@ async def test_agent_lost_then_back_one_notice_per_outage(agent):
         assert app.check_action("control", ("restart",)) is None
         await wait_for(pilot, lambda: "R Restart" in text_of(app.screen.query_one("#keys")))
         agent.start()
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.pause(0.1)
-        assert not banner.has_class("-visible") and not app.screen.has_class("-stale")
+        await wait_for(pilot, lambda: app.state.connected and not banner.has_class("-visible")
+                       and not app.screen.has_class("-stale")
+                       and any(n.startswith("Agent reachable") for n in notices))
         assert len([n for n in notices if n.startswith("Agent reachable")]) == 1
         agent.stop()
-        await wait_for(pilot, lambda: app.state.stale)
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: app.state.stale
+                       and len([n for n in notices if n.startswith("Agent unreachable")]) >= 2)
         assert len([n for n in notices if n.startswith("Agent unreachable")]) == 2
 
 
@@ -118,21 +118,17 @@ async def test_no_agent_at_all_shows_waiting_and_banner(sock_dir):
 async def test_too_small_terminal_message(agent):
     app = make_app(agent.socket_path)
     async with app.run_test(size=(70, 20)) as pilot:
-        await pilot.pause(0.1)
-        assert app.screen.has_class("-too-small")
+        await wait_for(pilot, lambda: app.screen.has_class("-too-small"))
         assert "needs at least 80×24" in text_of(app.screen.query_one("#too-small"))
         await pilot.resize_terminal(80, 24)
-        await pilot.pause(0.1)
-        assert not app.screen.has_class("-too-small")
+        await wait_for(pilot, lambda: not app.screen.has_class("-too-small"))
         assert app.screen.has_class("-compact")
 
 
 async def test_stalled_sampling_is_flagged(agent):
     app = make_app(agent.socket_path, clock=lambda: agent.status["ts_ms"] / 1000 + 42)
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.pause(0.1)
-        assert "samples 42s old" in text_of(app.screen.query_one(NodeHeader))
+        await wait_for(pilot, lambda: "samples 42s old" in text_of(app.screen.query_one(NodeHeader)))
 
 
 async def test_ansi_theme_ascii_bars_and_no_color(agent, monkeypatch):
@@ -175,15 +171,15 @@ async def test_request_rate_is_the_average_over_the_window(agent):
             agent.status = make_status(ts_ms=ts)
             agent.status["serving_metrics"]["requests_per_s"] = finished
             await wait_for(pilot, lambda ts=ts, v=finished: series("requests_per_s")[-1:] == [(ts, v)])
-        await pilot.pause(0.1)
-        stats = text_of(app.screen.query_one(ServingPanel)).splitlines()[0]
-        assert "req/s 0.40 avg 5s" in stats, stats  # 2 requests finished in 5 one-second ticks
+        panel = app.screen.query_one(ServingPanel)
+        # 2 requests finished in 5 one-second ticks
+        await wait_for(pilot, lambda: "req/s 0.40 avg 5s" in text_of(panel).splitlines()[0])
         # serving stops: the last run's average is not a rate of this moment
         agent.status = make_status(ts_ms=t0 + 6000)
         agent.status["serving"]["state"] = "stopped"
-        await wait_for(pilot, lambda: app.state.serving.state == "stopped")
-        await pilot.pause(0.1)
-        stats = text_of(app.screen.query_one(ServingPanel)).splitlines()[0]
+        await wait_for(pilot, lambda: app.state.serving.state == "stopped"
+                       and "req/s N/A" in text_of(panel).splitlines()[0])
+        stats = text_of(panel).splitlines()[0]
         assert "req/s N/A" in stats and "avg" not in stats.split("req/s", 1)[1].split("tok/s", 1)[0], stats
 
 
@@ -204,15 +200,14 @@ async def test_tall_terminal_shows_per_gpu_sparklines_and_recent_events(agent):
         # the events panel reaches down to the key bar: no empty rows left below
         assert events.region.bottom == app.size.height - 1
         await pilot.resize_terminal(120, 40)
-        await pilot.pause(0.2)
-        assert not screen.has_class("-tall") and not trends.display and not events.display
+        await wait_for(pilot, lambda: not screen.has_class("-tall") and not trends.display and not events.display)
 
 
 async def test_no_extra_panels_or_event_polls_below_tall(agent):
     app = make_app(agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.pause(0.3)
+        # a few status polls answered: an events poll of the tall layout would have come with them
+        await wait_for(pilot, lambda: sum(1 for _, p, _ in agent.requests if p == "/v1/status") >= 3)
         assert not app.screen.query_one(GpuTrends).display
         assert not any(p == "/v1/events" for _, p, _ in agent.requests)
 
@@ -227,15 +222,12 @@ async def test_header_agrees_with_the_banner_and_freezes_timers_when_unreachable
     app = make_app(agent.socket_path, clock=lambda: now["s"])
     async with app.run_test(size=(160, 48)) as pilot:
         header = app.screen.query_one(NodeHeader)
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.pause(0.1)
-        assert "STOPPING 5s" in text_of(header) and "agent ✓" in text_of(header)
+        await wait_for(pilot, lambda: "STOPPING 5s" in text_of(header) and "agent ✓" in text_of(header))
         agent.stop()
         banner = app.screen.query_one(OutageBanner)
         await wait_for(pilot, lambda: banner.has_class("-visible"))
         now["s"] += 600
-        await wait_for(pilot, lambda: app.backoff.failures >= 3)
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: app.backoff.failures >= 3 and "agent ✗ unreachable" in text_of(header))
         text = text_of(header)
         assert "agent ✓" not in text and "agent ✗ unreachable" in text
         assert "STOPPING 5s" in text, text
@@ -249,7 +241,5 @@ async def test_sla_breach_says_which_p99_and_the_window_the_serving_panel_uses(a
     agent.status = status_json(sla={"state": "breach", "ttft_p99_ms": 498.0, "tpot_p99_ms": 3100.0})
     app = make_app(agent.socket_path)
     async with app.run_test(size=(200, 48)) as pilot:
-        await wait_for(pilot, lambda: app.state.connected)
-        await pilot.pause(0.1)
-        assert "SLA ✗ BREACH TPOT 3.10 s p99/60s" in text_of(app.screen.query_one(NodeHeader))
+        await wait_for(pilot, lambda: "SLA ✗ BREACH TPOT 3.10 s p99/60s" in text_of(app.screen.query_one(NodeHeader)))
         assert "over 60s" in str(app.screen.query_one(ServingPanel).border_title)
