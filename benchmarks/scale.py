@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,11 @@ async def _traffic(url: str, seconds: float, streams: int) -> dict[str, Any]:
     return stats.summary(seconds)
 
 
-def agent_cost(sample_s: float, scrape_s: float, seconds: float, streams: int) -> dict[str, Any]:
-    """The whole agent process' CPU (% of one core) and RSS while it samples 8 GPUs and scrapes a DP8 server."""
+@contextlib.contextmanager
+def running_agent(sample_s: float, scrape_s: float, env_extra: dict[str, str] | None = None
+                  ) -> Iterator[tuple[subprocess.Popen, Path, str, str]]:
+    """A `lynxtop agent` on 8 simulated GPUs serving the simulated DP8+EP vLLM, ready: (process, tmp dir, socket,
+    server url). Shared with benchmarks/soak.py so both measure the same agent."""
     tmp = Path(tempfile.mkdtemp(prefix="lynxtop-scale-"))
     sock = str(tmp / "agent.sock")
     prof = sim_profile("dp8ep", tp=1, data_parallel_size=8, enable_expert_parallel=True, readiness_timeout_s=90,
@@ -95,37 +99,42 @@ def agent_cost(sample_s: float, scrape_s: float, seconds: float, streams: int) -
     cfg = write_agent_config(tmp / "config.toml", tmp / "state" / "lynxtop.db", sock, fake_nvml="sim",
                              sample_interval_s=sample_s, scrape_interval_s=scrape_s, default_profile="dp8ep",
                              autostart=True, profiles=prof)
-    env = dict(os.environ, LYNXTOP_SIM_STATE_DIR=str(tmp / "sim-state"))
+    env = dict(os.environ, LYNXTOP_SIM_STATE_DIR=str(tmp / "sim-state"), **(env_extra or {}))
     env.pop("NOTIFY_SOCKET", None)
     log_path = tmp / "agent.log"
     with open(log_path, "wb") as log:
-        prof = ["-m", "cProfile", "-o", os.environ["SCALE_PROFILE"]] if os.environ.get("SCALE_PROFILE") else []
-        agent = subprocess.Popen([sys.executable, *prof, "-m", "lynxtop", "agent", "--config", str(cfg)], stdout=log,
-                                 stderr=subprocess.STDOUT, env=env)
+        cprof = ["-m", "cProfile", "-o", os.environ["SCALE_PROFILE"]] if os.environ.get("SCALE_PROFILE") else []
+        agent = subprocess.Popen([sys.executable, *cprof, "-m", "lynxtop", "agent", "--config", str(cfg)],
+                                 stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            url = _wait_ready(sock, agent, log_path)["url"]
-            proc = psutil.Process(agent.pid)
-            load: dict[str, Any] = {}
-
-            async def measured() -> tuple[float, float]:
-                await asyncio.sleep(2.0)  # the first scrapes and the load's ramp are not the steady state
-                c0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
-                await asyncio.sleep(seconds)
-                return sum(proc.cpu_times()[:2]) - c0, time.monotonic() - t0
-
-            async def both() -> tuple[float, float]:
-                task = asyncio.create_task(measured())
-                load.update(await _traffic(url, seconds + 3.0, streams))
-                return await task
-
-            cpu, wall = asyncio.run(both())
-            st = AgentClient(sock, timeout_s=5).status()
-            return {"cpu_pct": round(100.0 * cpu / wall, 3), "rss_mb": round(proc.memory_info().rss / 2**20, 1),
-                    "engines": len(st.engines), "gpus": len(st.gpus), "missed_ticks": st.agent.missed_ticks,
-                    "requests_done": load.get("completed"),
-                    "tokens_per_s": round(load.get("output_throughput") or 0, 1)}
+            yield agent, tmp, sock, _wait_ready(sock, agent, log_path)["url"]
         finally:
             stop_agent(agent, tmp / "sim-state")
+
+
+def agent_cost(sample_s: float, scrape_s: float, seconds: float, streams: int) -> dict[str, Any]:
+    """The whole agent process' CPU (% of one core) and RSS while it samples 8 GPUs and scrapes a DP8 server."""
+    with running_agent(sample_s, scrape_s) as (agent, _tmp, sock, url):
+        proc = psutil.Process(agent.pid)
+        load: dict[str, Any] = {}
+
+        async def measured() -> tuple[float, float]:
+            await asyncio.sleep(2.0)  # the first scrapes and the load's ramp are not the steady state
+            c0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+            await asyncio.sleep(seconds)
+            return sum(proc.cpu_times()[:2]) - c0, time.monotonic() - t0
+
+        async def both() -> tuple[float, float]:
+            task = asyncio.create_task(measured())
+            load.update(await _traffic(url, seconds + 3.0, streams))
+            return await task
+
+        cpu, wall = asyncio.run(both())
+        st = AgentClient(sock, timeout_s=5).status()
+        return {"cpu_pct": round(100.0 * cpu / wall, 3), "rss_mb": round(proc.memory_info().rss / 2**20, 1),
+                "engines": len(st.engines), "gpus": len(st.gpus), "missed_ticks": st.agent.missed_ticks,
+                "requests_done": load.get("completed"),
+                "tokens_per_s": round(load.get("output_throughput") or 0, 1)}
 
 
 def main() -> int:
