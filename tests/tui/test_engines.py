@@ -11,6 +11,7 @@ from tui_fake_agent import make_status
 
 from lynxtop.contract.status import EngineLoad
 from lynxtop.tui.engine_lag import lagging, sorted_engines, summary
+from lynxtop.tui.screens.gpu import GpuScreen
 from lynxtop.tui.screens.help import HelpScreen
 from lynxtop.tui.widgets.engine_table import NO_ENGINES, ONE_ENGINE, EngineTable
 from lynxtop.tui.widgets.serving_panel import ServingPanel
@@ -41,8 +42,8 @@ async def test_e_toggles_totals_and_per_engine_rows(agent):
     agent.status = dp8_status()
     app = make_app(agent.socket_path)
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: app.state.connected and len(app.state.engines) == 8)
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: app.state.connected and len(app.state.engines) == 8
+                       and "⚠ engine 5 lagging" in str(app.screen.query_one(ServingPanel).border_subtitle))
         serving, table = app.screen.query_one(ServingPanel), app.screen.query_one(EngineTable)
         # totals by default; the border already names the engine that lags
         assert serving.display and not table.display
@@ -89,9 +90,7 @@ async def test_engine_rows_follow_the_status_and_one_engine_is_said(agent):
         assert NO_ENGINES in text_of(table)
         await pilot.press("e")  # back to the totals: no engines, nothing said on the border
         serving = app.screen.query_one(ServingPanel)
-        await wait_for(pilot, lambda: serving.display)
-        await pilot.pause(0.1)
-        assert not serving.border_subtitle
+        await wait_for(pilot, lambda: serving.display and not serving.border_subtitle)
 
 
 async def test_many_engines_go_side_by_side_and_fit_80x24(agent):
@@ -99,7 +98,7 @@ async def test_many_engines_go_side_by_side_and_fit_80x24(agent):
     app = make_app(agent.socket_path)
     async with app.run_test(size=(80, 24)) as pilot:
         table = await engine_rows(pilot, app, 16)
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: "engine 11 lagging" in str(table.border_subtitle))
         lines = text_of(table).splitlines()
         assert len(lines) == 10  # totals, header, 8 rows of two engines
         assert lines[1].count("eng") == 2 and "│" in lines[2]
@@ -120,7 +119,8 @@ async def test_key_is_in_footer_and_help(agent):
         await pilot.press("escape")
         # other views do not answer to e: it is the Node view's key
         await pilot.press("2")
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: isinstance(app.screen, GpuScreen))
+        await wait_for(pilot, lambda: "Next GPU" in text_of(app.screen.query_one("#keys")))  # its key bar drawn
         assert "e Engines" not in text_of(app.screen.query_one("#keys"))
 
 
