@@ -6,6 +6,7 @@ import csv
 
 from support.tui import make_app, screen_text, text_of, wait_for
 from support.tui_keys import open_screen
+from support.waits import wait_for_async
 from textual.widgets import DataTable, Input, Log, Static
 
 from lynxtop.tui.screens.compare import CompareScreen
@@ -48,15 +49,11 @@ async def test_gpu_view_arrows_choose_gpu_and_charts_backfill(agent, history_db)
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: app.state.connected and len(app.state.gpu_history.get(0, ())) > 50)
         await open_screen(pilot, app, "2", GpuScreen, connected=False)
-        await pilot.pause(0.1)
-        assert "GPU 0" in text_of(app.screen.query_one("#gpu-title"))
+        await wait_for(pilot, lambda: "GPU 0" in text_of(app.screen.query_one("#gpu-title")))
         await pilot.press("right", "right")
-        await pilot.pause(0.1)
-        assert app.gpu_index == 2
-        assert "GPU 2" in text_of(app.screen.query_one("#gpu-title"))
+        await wait_for(pilot, lambda: app.gpu_index == 2 and "GPU 2" in text_of(app.screen.query_one("#gpu-title")))
         await pilot.press("left", "left", "left")
-        await pilot.pause(0.1)
-        assert app.gpu_index == 7  # wraps around
+        await wait_for(pilot, lambda: app.gpu_index == 7)  # wraps around
         chart = app.screen.query_one("#chart-sm", TimeChart)
         # 15 minutes of stored samples (every 10 s) plus the live one
         assert len(chart.points) >= 90
@@ -80,7 +77,7 @@ async def test_latency_view_marks_breaches_against_sla(agent, history_db):
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: len(app.state.serving_history) > 50)
         await open_screen(pilot, app, "3", LatencyScreen, connected=False)
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: "▲" in screen_text(app))  # the stored breaches drawn
         chart = app.screen.query_one("#chart-ttft-p99", TimeChart)
         assert chart.threshold == 2000
         text = screen_text(app)
@@ -107,8 +104,7 @@ async def test_history_lists_runs_charts_ranges_and_works_without_agent(sock_dir
         await wait_for(pilot, lambda: "[30d]" in text_of(screen.query_one("#history-status")))
         await pilot.press("t")
         await wait_for(pilot, lambda: "[run]" in text_of(screen.query_one("#history-status")))
-        await pilot.pause(0.3)
-        assert chart.start_ms == info["mid"]  # the whole of the running run
+        await wait_for(pilot, lambda: chart.start_ms == info["mid"])  # the whole of the running run
         # the agent is down, history still works
         assert app.state.outage is not None
         await _filter_by(pilot, table, screen.query_one("#runs-filter", Input), "-ep")
@@ -146,8 +142,7 @@ async def test_history_export_writes_csv_and_refuses_overwrite(sock_dir, history
         box = app.screen.query_one("#export-path", Input)
         box.value = str(target)
         await pilot.press("enter")
-        await wait_for(pilot, lambda: target.exists(), timeout_s=10)
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: any("rows written" in n.message for n in app._notifications), timeout_s=10)
         with open(target) as f:
             rows = list(csv.DictReader(f))
         assert rows and rows[0]["time_utc"].endswith("Z") and "sm_active_pct" in rows[0]
@@ -159,9 +154,8 @@ async def test_history_export_writes_csv_and_refuses_overwrite(sock_dir, history
         await wait_for(pilot, lambda: isinstance(app.screen, ExportPathScreen))
         app.screen.query_one("#export-path", Input).value = str(target)
         await pilot.press("enter")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: "already exists" in text_of(app.screen.query_one("#export-error")))
         assert isinstance(app.screen, ExportPathScreen)
-        assert "already exists" in text_of(app.screen.query_one("#export-error"))
         assert target.stat().st_size == size
         await pilot.press("escape")
 
@@ -238,15 +232,15 @@ async def test_help_lists_every_key_and_utc_toggle(agent):
         await pilot.press("u")
         assert app.utc is True
         await pilot.press("4")
-        await pilot.pause(0.1)
-        assert "UTC" in text_of(app.screen.query_one("#header"))
+        await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen))
+        await wait_for(pilot, lambda: "UTC" in text_of(app.screen.query_one("#header")))
 
 
 async def test_q_quits(agent):
     app = make_app(agent.socket_path)
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("q")
-        await pilot.pause(0.1)
+        await wait_for_async(lambda: not app.is_running, 5, what="the app to exit")
     assert app.return_code in (0, None)
     assert not app.is_running
 
