@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from support.tui import plain
+from support.tui import plain, wait_for
 from textual.app import App, ComposeResult
 
 from lynxtop.contract.format import fmt_ms
@@ -23,10 +23,7 @@ async def test_one_long_breach_is_one_episode_not_one_per_column():
     async with app.run_test(size=(120, 12)) as pilot:
         chart = app.query_one(TimeChart)
         chart.set_data(points, T0, T0 + 120_000, threshold=2000)
-        await pilot.pause()
-        title = plain(chart.render()).splitlines()[0]
-        assert "▲ 1 breach in 2m00s" in title, title
+        await wait_for(pilot, lambda: "▲ 1 breach in 2m00s" in plain(chart.render()).splitlines()[0])
         # a second spike is a second episode
         chart.set_data([*points, (T0 + 121_000, 2500.0)], T0, T0 + 122_000, threshold=2000)
-        await pilot.pause()
-        assert "▲ 2 breaches in 2m02s" in plain(chart.render()).splitlines()[0]
+        await wait_for(pilot, lambda: "▲ 2 breaches in 2m02s" in plain(chart.render()).splitlines()[0])
