@@ -128,8 +128,6 @@ class LogsScreen(LiveScreen):
     def _title(self) -> None:
         log = self.view
         t = Text(f"vLLM log of run {self.run_id}" if self.run_id is not None else "vLLM log", style="bold")
-        if self.path:
-            t.append(f"  {self.path}", style="dim")
         if log.following:
             t.append("   ● following", style="green")
         else:
@@ -140,6 +138,8 @@ class LogsScreen(LiveScreen):
             t.append(f"   search {self.needle!r}: {where}{len(found)} lines (n/N)", style="cyan")
         if self.problem:
             t.append(f"   {self.problem}", style="bold red")
+        if self.path:  # last: a long path is what an 80-column line cuts, never the follow state
+            t.append(f"   {self.path}", style="dim")
         self.query_one("#logs-title", Static).update(t)
 
     # ------------------------------------------------------------------ actions
