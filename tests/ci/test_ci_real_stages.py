@@ -66,14 +66,14 @@ def _run_install(tmp_path: Path, name: str, present: tuple[str, ...], apt_rc: in
     return p.stdout, calls
 
 
-TOOLS = ("sqlite3", "promtool", "prometheus", "chromium")  # chromium: the --web dashboard's browser test
+TOOLS = ("sqlite3", "promtool", "prometheus", "chromium", "tmux")  # chromium: the --web test; tmux: the terminal test
 
 
 @pytest.mark.parametrize("missing", TOOLS)
-def test_the_test_command_installs_sqlite3_prometheus_and_chromium_where_one_is_absent(tmp_path, missing):
+def test_the_test_command_installs_sqlite3_prometheus_chromium_and_tmux_where_one_is_absent(tmp_path, missing):
     present = tuple(t for t in TOOLS if t != missing)
     _, calls = _run_install(tmp_path, "bin", present)
-    assert calls == ["install -y -q --no-install-recommends sqlite3 prometheus chromium"]
+    assert calls == ["install -y -q --no-install-recommends sqlite3 prometheus chromium tmux"]
 
 
 def test_the_test_command_installs_nothing_where_all_are_present(tmp_path):
@@ -83,7 +83,7 @@ def test_the_test_command_installs_nothing_where_all_are_present(tmp_path):
 
 def test_a_failed_install_says_what_is_missing_and_the_suite_still_runs(tmp_path):
     out, calls = _run_install(tmp_path, "bin", ("sqlite3",), apt_rc=100)
-    assert calls and "could not install sqlite3, prometheus, chromium" in out
+    assert calls and "could not install sqlite3, prometheus, chromium, tmux" in out
 
 
 def _ci_part(*, upto: str, then: list[str]) -> str:
