@@ -12,6 +12,7 @@ file under the name. A FIFO or a character device (`-o >(gzip > x)`, /dev/stdout
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import sys
@@ -180,6 +181,10 @@ def export_table(reader: StoreReader, table: str, resolution: str, start_ms: int
     if table in ("events", "runs"):
         resolution = "raw"
     q = build_query(table, resolution, start_ms, end_ms, raw)
+    if resolution == "raw" and table in SAMPLE_TABLES:  # raw rows and compacted chunks, as one table
+        name = SAMPLE_TABLES[table].name
+        q = dataclasses.replace(q, sql=reader.with_chunks(q.sql, name, start_ms, end_ms),
+                                count_sql=reader.with_chunks(q.count_sql, name, start_ms, end_ms))
     if output is None:
         try:
             n = write_csv(reader, q, _Terminal(sys.stdout) if sys.stdout.isatty() else sys.stdout)

@@ -21,11 +21,12 @@ from urllib.parse import quote
 from lynxtop.contract.events import Event, canonical_kind, stored_kinds
 from lynxtop.contract.records import RecordError, RunInfo
 from lynxtop.contract.redact import redact_flags
-from lynxtop.store import inproc
+from lynxtop.store import compact, inproc
 from lynxtop.store.errors import NotOurDatabase, StoreAccessError, StoreError
 from lynxtop.store.rollup import aggregate_sql, merge_rows
 from lynxtop.store.schema import (
     BUSY_TIMEOUT_MS,
+    COMPACTED,
     RESOLUTIONS,
     RUN_JSON_COLUMNS,
     SAMPLE_TABLES,
@@ -194,6 +195,43 @@ class StoreReader:
                 return []  # the agent has created the file but not the tables yet
             raise NotOurDatabase(f"{self.path}: cannot read the history database: {exc}") from None
 
+    def with_chunks(self, sql: str, table: str, start_ms: int, end_ms: int, gpu: int | None = None) -> str:
+        """`sql` reading `table` as its raw rows plus the compacted chunks overlapping [start_ms, end_ms).
+
+        Only those chunks are decoded, into a TEMP table of the same columns (a read-only connection may
+        write its own temp schema); `FROM table ` becomes a UNION ALL of both. Without such chunks, `sql`
+        is returned unchanged. Call it, and run the SQL, under the reader's lock.
+        """
+        if table not in COMPACTED:
+            return sql
+        with self._lock:
+            conn = self.conn
+            if not compact.has_chunks(conn, table, start_ms, end_ms):
+                return sql
+            cols = compact.columns(conn, table)
+            dec = f"_dec_{table}"
+            conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {dec} AS SELECT * FROM main.{table} WHERE 0")
+            have = compact.columns(conn, dec, "temp")
+            if have != cols:  # a column was added since (a newer writer migrated the file)
+                conn.execute(f"DROP TABLE temp.{dec}")
+                conn.execute(f"CREATE TEMP TABLE {dec} AS SELECT * FROM main.{table} WHERE 0")
+            conn.execute(f"DELETE FROM temp.{dec}")
+            conn.executemany(f"INSERT INTO temp.{dec} VALUES ({', '.join('?' * len(cols))})",
+                             compact.decode_rows(conn, table, start_ms, end_ms, cols, gpu))
+        union = f"(SELECT * FROM main.{table} UNION ALL SELECT * FROM temp.{dec}) AS {table}"
+        return sql.replace(f"FROM {table} ", f"FROM {union} ")
+
+    def _raw_q(self, sql: str, params: tuple | list, table: str, start_ms: int, end_ms: int,
+               gpu: int | None = None) -> list[dict[str, Any]]:
+        """_q over raw rows and compacted chunks alike (one reader for both forms)."""
+        try:
+            with self._lock:
+                return self._q(self.with_chunks(sql, table, start_ms, end_ms, gpu), params)
+        except compact.codec.CodecError as exc:
+            raise StoreError(f"{self.path}: a compacted chunk of {table} cannot be read: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise NotOurDatabase(f"{self.path}: cannot read the history database: {exc}") from None
+
     def _watermark(self, kind: str, res: str) -> int | None:
         rows = self._q("SELECT value FROM meta WHERE key = ?", (f"rollup_wm_{kind}_{res}",))
         return int(rows[0]["value"]) if rows else None
@@ -220,7 +258,7 @@ class StoreReader:
             "load_s": (run["ready_ms"] - start) / 1000 if start is not None and run.get("ready_ms") else None,
             "ended": run.get("ended_ms") is not None,
         }
-        summary["serving"] = self._q(
+        summary["serving"] = self._raw_q(
             "SELECT count(*) AS samples, avg(requests_per_s) AS requests_per_s, "
             "avg(prompt_tokens_per_s) AS prompt_tokens_per_s, "
             "avg(generation_tokens_per_s) AS generation_tokens_per_s, sum(requests_finished) AS requests_finished, "
@@ -229,7 +267,8 @@ class StoreReader:
             "avg(tpot_p50_ms) AS tpot_p50_ms, avg(tpot_p99_ms) AS tpot_p99_ms, max(tpot_p99_ms) AS tpot_p99_max_ms, "
             "avg(itl_p99_ms) AS itl_p99_ms, avg(e2e_p99_ms) AS e2e_p99_ms, "
             "max(kv_cache_usage_pct) AS kv_cache_usage_max_pct, sum(preemptions) AS preemptions "
-            "FROM serving_samples WHERE run_id = ?", (int(run_id),))[0]
+            "FROM serving_samples WHERE run_id = ?", (int(run_id),), "serving_samples",
+            start if start is not None else 0, end + 1)[0]
         summary["gpus"] = self._gpu_summary(start, end) if start is not None else []
         run["summary"] = summary
         return self._record(RunInfo, "runs", run)
@@ -257,12 +296,12 @@ class StoreReader:
                 "max(mem_used_bytes_max) AS mem, max(temp_c_max) AS temp, "
                 "min(energy_j_min) AS e0, max(energy_j_max) AS e1 FROM gpu_1m "
                 "WHERE ts_ms >= ? AND ts_ms < ? GROUP BY gpu", (start, split))
-        parts += self._q(
+        parts += self._raw_q(
             "SELECT gpu, count(*) AS samples, total(util_gpu_pct) AS util, count(util_gpu_pct) AS util_n, "
             "total(sm_active_pct) AS sm, count(sm_active_pct) AS sm_n, total(power_w) AS power, "
             "count(power_w) AS power_n, max(mem_used_bytes) AS mem, max(temp_c) AS temp, "
             "min(energy_j) AS e0, max(energy_j) AS e1 FROM gpu_samples WHERE ts_ms >= ? AND ts_ms < ? GROUP BY gpu",
-            (split, end))
+            (split, end), "gpu_samples", split, end)
         merged: dict[int, dict[str, Any]] = {}
         for p in parts:
             m = merged.setdefault(p["gpu"], {"samples": 0, "util": 0.0, "util_n": 0, "sm": 0.0, "sm_n": 0,
@@ -319,7 +358,7 @@ class StoreReader:
         if res == "raw":
             sql = (f"SELECT {q.key}, {', '.join(cols)} FROM {t.name} WHERE ts_ms >= ? AND ts_ms < ?{q.gpu_sql} "
                    f"ORDER BY {q.key}")
-            return res, self._q(sql, (start_ms, end_ms, *q.gpu_param))
+            return res, self._raw_q(sql, (start_ms, end_ms, *q.gpu_param), t.name, start_ms, end_ms, q.gpu)
         return res, self._rollup_series(q, res, start_ms, end_ms)
 
     def _rollup_series(self, q: _SeriesQuery, res: str, start_ms: int, end_ms: int) -> list[dict[str, Any]]:
@@ -350,7 +389,9 @@ class StoreReader:
                 raw_from = mid_end
         if raw_from < end_ms:
             sql = aggregate_sql(q.table, q.cols, bucket).replace("{gpu_filter}", q.gpu_sql)
-            tail = self._merge_tail(tail, self._q(sql, (raw_from, end_ms, *q.gpu_param)), q.cols, q.per_gpu)
+            rows = self._raw_q(sql, (raw_from, end_ms, *q.gpu_param), SAMPLE_TABLES[q.table].name, raw_from, end_ms,
+                               q.gpu)
+            tail = self._merge_tail(tail, rows, q.cols, q.per_gpu)
         for r in tail:  # n served the exact merge; rows keep one shape
             for c in q.cols:
                 del r[f"{c}_n"]

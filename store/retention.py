@@ -14,7 +14,15 @@ from __future__ import annotations
 import sqlite3
 from typing import Protocol
 
-from lynxtop.store.schema import RESOLUTIONS, ROLLUP_KINDS, SAMPLE_TABLES, rollback, rollup_table
+from lynxtop.store.schema import (
+    COMPACTED,
+    RESOLUTIONS,
+    ROLLUP_KINDS,
+    SAMPLE_TABLES,
+    chunk_table,
+    rollback,
+    rollup_table,
+)
 
 DAY_MS = 86_400_000
 CHUNK_ROWS = 5000
@@ -80,6 +88,27 @@ def delete_chunk(conn: sqlite3.Connection, table: str, before_ms: int, chunk: in
     return n, edge is not None
 
 
+def delete_chunks(conn: sqlite3.Connection, table: str, before_ms: int, chunk: int = CHUNK_ROWS) -> tuple[int, bool]:
+    """Drop up to `chunk` // 100 compacted chunks of `table` whose every row is below `before_ms` (whole chunks
+    only: a chunk that reaches the cut-off waits until all of it has aged out); returns (rows, more remain)."""
+    if before_ms <= 0:
+        return 0, False
+    limit = max(1, chunk // 100)
+    name = chunk_table(table)
+    ids = conn.execute(f"SELECT id, rows FROM {name} WHERE end_ms <= ? ORDER BY start_ms LIMIT ?",
+                       (before_ms, limit + 1)).fetchall()
+    if not ids:
+        return 0, False
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.executemany(f"DELETE FROM {name} WHERE id = ?", [(i,) for i, _ in ids[:limit]])
+        conn.execute("COMMIT")
+    except BaseException:
+        rollback(conn)
+        raise
+    return sum(n for _, n in ids[:limit]), len(ids) > limit
+
+
 def step(conn: sqlite3.Connection, policy: RetentionPolicy, now_ms: int,
          watermarks: dict[tuple[str, str], int | None], chunk: int = CHUNK_ROWS) -> tuple[int, bool]:
     """One chunk per table; returns (rows deleted, more remain). `now_ms` is held to the newest sample."""
@@ -88,4 +117,8 @@ def step(conn: sqlite3.Connection, policy: RetentionPolicy, now_ms: int,
         n, m = delete_chunk(conn, table, before, chunk)
         total += n
         more = more or m
+        if table in COMPACTED:
+            n, m = delete_chunks(conn, table, before, chunk)
+            total += n
+            more = more or m
     return total, more

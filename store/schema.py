@@ -129,6 +129,24 @@ def _rollup_ddl(kind: str, resolution: str) -> str:
     return f"CREATE TABLE IF NOT EXISTS {name} (ts_ms INTEGER PRIMARY KEY{cols})"
 
 
+# table -> key columns of its compacted chunks (store/compact.py: rows ordered by them)
+COMPACTED: dict[str, tuple[str, ...]] = {
+    **{t.name: t.key for t in SAMPLE_TABLES.values()}, "gpu_processes": ("ts_ms", "gpu", "pid"),
+}
+
+
+def chunk_table(table: str) -> str:
+    return f"{table}_chunks"
+
+
+def _chunk_ddl(table: str) -> list[str]:
+    """A rowid table (the blobs are kilobytes: too big for a WITHOUT ROWID b-tree) keyed by interval and GPU."""
+    name = chunk_table(table)
+    return [f"CREATE TABLE IF NOT EXISTS {name} (id INTEGER PRIMARY KEY, start_ms INTEGER NOT NULL, "
+            "gpu INTEGER NOT NULL, end_ms INTEGER NOT NULL, rows INTEGER NOT NULL, data BLOB NOT NULL)",
+            f"CREATE UNIQUE INDEX IF NOT EXISTS {name}_start ON {name} (start_ms, gpu)"]
+
+
 # ---------------------------------------------------------------------------------------------- migrations
 
 
@@ -155,8 +173,15 @@ def _m2_rollups(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX IF NOT EXISTS serving_run ON serving_samples (run_id)")
 
 
+def _m3_chunks(conn: sqlite3.Connection) -> None:
+    """Compacted chunks beside each sample table (issue 29.1); raw rows stay where they are until compacted."""
+    for table in COMPACTED:
+        for sql in _chunk_ddl(table):
+            conn.execute(sql)
+
+
 # Each function runs once, in its own transaction, in order; append only, never edit a released one.
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_m1_base, _m2_rollups)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_m1_base, _m2_rollups, _m3_chunks)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

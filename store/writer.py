@@ -38,7 +38,7 @@ from typing import Any
 from lynxtop.contract.config import Retention
 from lynxtop.contract.events import Event, EventKind, Severity, canonical_kind
 from lynxtop.contract.redact import redact_flags
-from lynxtop.store import inproc, swap
+from lynxtop.store import compact, inproc, swap
 from lynxtop.store import retention as retention_mod
 from lynxtop.store.checkpoint import FALLBACK_AUTOCHECKPOINT_PAGES, Checkpointer
 from lynxtop.store.errors import NotOurDatabase, StoreError
@@ -969,7 +969,8 @@ class StoreWriter:
             if self._maintenance_more or now >= self._next_maintenance:
                 _, rmore = retention_mod.step(self.conn, self.retention, _now_ms(self.clock), self.rollups.wm,
                                               self.retention_chunk)
-                more = more or rmore
+                _, cmore = compact.step(self.conn, self.rollups.wm)  # closed intervals into chunks (issue 29.1)
+                more = more or rmore or cmore
                 self._next_maintenance = now + self.maintenance_interval_s
             self._maintenance_more = more
         except sqlite3.Error as exc:
