@@ -186,7 +186,9 @@ class Node:
         try:
             # lock=True: the database file itself is locked, so a second agent reaching it by another path (a
             # symlink, a hard link, a bind mount) is refused before it writes anything
-            self.writer = StoreWriter(a.database, retention=a.retention, clock=self.timeline.time, lock=True)
+            # linger: below 1 s sampling, a second of ticks goes in one transaction, not one each (issue 29.3)
+            self.writer = StoreWriter(a.database, retention=a.retention, clock=self.timeline.time, lock=True,
+                                      linger_s=1.0 if a.sample_interval_s < 1.0 else 0.0)
         except Exception as exc:  # noqa: BLE001 - StoreError and sqlite errors alike: say where
             raise AgentStartError(f"cannot open the history database {a.database}: {exc}") from None
         if self.writer.moved_aside:

@@ -195,7 +195,7 @@ class StoreWriter:
                  clock: Callable[[], float] = time.time, retry_interval_s: float = 1.0,
                  maintenance_interval_s: float = 60.0, batch_max_ticks: int = 1000,
                  retention_chunk: int = retention_mod.CHUNK_ROWS, integrity_check: bool = True,
-                 wal_check_interval_s: float = WAL_CHECK_S, lock: bool = False):
+                 wal_check_interval_s: float = WAL_CHECK_S, lock: bool = False, linger_s: float = 0.0):
         self.path = Path(path)
         self.retention = retention if retention is not None else Retention()  # the config's defaults
         self.queue_max = max(1, int(queue_max))
@@ -203,6 +203,10 @@ class StoreWriter:
         self.retry_interval_s = retry_interval_s
         self.maintenance_interval_s = maintenance_interval_s
         self.batch_max_ticks = batch_max_ticks
+        # ticks wait up to this long for the next ones, to be written together (see _linger); 0: each at once
+        self.linger_s = max(0.0, float(linger_s))
+        self._flushing = 0  # callers of flush() waiting: the thread writes at once
+        self._first_tick_at = 0.0  # monotonic time the oldest queued tick came (when the queue was empty)
         self.retention_chunk = retention_chunk
         self.moved_aside: Path | None = None  # where a damaged/foreign file went, if it did
         self.wal_check_interval_s = wal_check_interval_s
@@ -332,7 +336,11 @@ class StoreWriter:
             while len(self._ticks) > self.queue_max:
                 self._ticks.popleft()
                 self._dropped += 1
-            self._cv.notify()
+            if len(self._ticks) == 1:
+                self._first_tick_at = time.monotonic()
+                self._cv.notify()
+            elif not self.linger_s:  # a lingering thread wakes at its deadline anyway
+                self._cv.notify()
 
     def record(self, event: Event) -> None:
         """Queue one event: the one way events reach the store. Kinds are stored by their dotted name
@@ -438,12 +446,17 @@ class StoreWriter:
         with self._cv:
             if self._thread is None:
                 return not (self._ticks or self._ops)
-            while self._ticks or self._ops or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cv.wait(min(left, 0.05))
-            return True
+            self._flushing += 1
+            self._cv.notify_all()  # a lingering thread stops waiting
+            try:
+                while self._ticks or self._ops or self._busy:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cv.wait(min(left, 0.05))
+                return True
+            finally:
+                self._flushing -= 1
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued (up to `timeout`), stop the thread, close the database."""
@@ -545,6 +558,7 @@ class StoreWriter:
                     self._cv.wait(wait)
                 if self._stopping and not (self._ticks or self._ops):
                     return
+                self._linger()
             try:
                 if time.monotonic() >= self._next_wal_check:
                     self._next_wal_check = time.monotonic() + self.wal_check_interval_s
@@ -562,15 +576,32 @@ class StoreWriter:
                     elif self._ticks or self._ops:
                         return  # closing while the disk is still full: give up, close() reports the loss
 
+    def _linger(self) -> None:
+        """Let ticks gather until the oldest is `linger_s` old, so they are written in one transaction: at 10 Hz
+        sampling a commit per tick was most of this thread's CPU (issue 29.3). Events and other ops, a flush,
+        closing and a full batch do not wait; a backlog left by the last batch is old already. Called holding
+        the condition."""
+        while (left := self._linger_left()) > 0:
+            self._cv.wait(left)
+
+    def _linger_left(self) -> float:
+        """Seconds the queued ticks still wait (see _linger); called holding the condition."""
+        if not self.linger_s or not self._ticks or self._ops or self._stopping or self._flushing \
+                or len(self._ticks) >= self.batch_max_ticks:
+            return 0.0
+        return self._first_tick_at + self.linger_s - time.monotonic()
+
     def _drain_once(self) -> None:
         if self._conn_lost and not self._reconnect():
             self._keep_waiting(StoreError(f"{self.path}: the history database could not be reopened "
                                           f"({self._last_error})"))
             return
         with self._cv:
+            # ticks that came after the thread looked (while it woke for maintenance) keep lingering
+            n = min(len(self._ticks), self.batch_max_ticks) if self._linger_left() <= 0 else 0
             ops = list(self._ops)
             self._ops.clear()
-            ticks = [self._ticks.popleft() for _ in range(min(len(self._ticks), self.batch_max_ticks))]
+            ticks = [self._ticks.popleft() for _ in range(n)]
             self._busy = True
         try:
             ok = self._write_ops(ops)

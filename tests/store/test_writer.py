@@ -144,3 +144,31 @@ def test_rows_with_different_missing_readings_in_one_batch_keep_every_value(db):
         (10.0, 1.5), (11.0, None), (12.0, 1.5)]
     assert c.execute("SELECT requests_running, ttft_p99_ms FROM serving_samples ORDER BY ts_ms").fetchall() == [
         (0, 100.0), (1, None), (2, 102.0)]
+
+
+def test_lingering_writer_puts_a_second_of_ticks_in_one_transaction_yet_flush_and_events_do_not_wait(db):
+    """At 10 Hz the agent's writer lingers (issue 29.3): ticks arriving one by one, the thread awake between
+    them, share one commit; flush() and an event are written at once, not after the linger."""
+    w = StoreWriter(db, queue_max=1000, linger_s=600.0)
+    w.start()
+    try:
+        for i in range(10):
+            submit(w, 1, start_i=i)
+            time.sleep(0.02)  # the old writer committed each tick here; the lingering one waits for more
+        assert w.stats()["tick_commits"] == 0
+        w.record(Event(EventKind.SLA_BREACH, "warning", "TTFT p99 above 2000 ms", ts_ms=T0 + 5_000))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and w.stats()["tick_commits"] == 0:
+            time.sleep(0.05)  # the event breaks the linger: it and the ticks before it are written
+        assert w.stats()["tick_commits"] == 1 and w.stats()["written_ticks"] == 10
+        submit(w, 5, start_i=10)
+        assert w.flush(30)  # a flush does not wait out the 600 s linger
+        st = w.stats()
+    finally:
+        w.close()
+    assert st["written_ticks"] == 15 and st["tick_commits"] == 2 and st["dropped"] == 0
+    r = StoreReader(db)
+    try:
+        assert [e.message for e in r.events()] == ["TTFT p99 above 2000 ms"]
+    finally:
+        r.close()
