@@ -3,6 +3,7 @@ byte-identical before and after, an interrupted chunk loses nothing, retention d
 
 from __future__ import annotations
 
+import io
 import math
 import random
 import shutil
@@ -79,7 +80,7 @@ def _exports(db, tmp_path, tag: str) -> dict[str, bytes]:
     with StoreReader(db) as r:
         for table in ("gpu", "host", "serving"):
             p = tmp_path / f"{tag}_{table}.csv"
-            export_table(r, table, "raw", T0 - HOUR, T0 + 10 * HOUR, p, force=True, progress_stream=open("/dev/null", "w"))
+            export_table(r, table, "raw", T0 - HOUR, T0 + 10 * HOUR, p, force=True, progress_stream=io.StringIO())
             out[table] = p.read_bytes()
         out["series"] = repr(r.series("gpu", None, T0 + 600_000, T0 + 1_800_000, resolution="raw")).encode()
         out["series_1m_tail"] = repr(r.series("gpu", ["power_w"], T0, T0 + 2 * HOUR, resolution="1m")).encode()
