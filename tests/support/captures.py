@@ -93,15 +93,15 @@ def dashboard(state: Path, width: int, height: int, name: str = "walk") -> Itera
         subprocess.run([TMUX, "-L", term.server, "kill-server"], capture_output=True, timeout=10)
 
 
-# Each screen: the key that opens it and a text that says it is drawn (its title or a column of its own).
+# Each screen: its name, the key that opens it and a text that says it is drawn (its title or its own columns).
 SCREENS: list[tuple[str, str, str]] = [
-    ("Node", "1", "util*"),
-    ("GPU", "2", "Next GPU"),
+    ("Node", "1", "util* = NVML"),
+    ("GPU", "2", "(simulated)"),
     ("Latency", "3", "TTFT p99"),
     ("History", "4", "range (t)"),
-    ("Events & logs", "5", "serving.ready"),
-    ("Logs", "6", "Follow"),
-    ("Processes", "7", "vllm"),
+    ("Events & logs", "5", "kind (k)"),
+    ("Logs", "6", "vLLM log of run"),
+    ("Processes", "7", "processes on"),
 ]
 
 
@@ -111,13 +111,16 @@ def main(argv: list[str]) -> int:
         for width, height in sizes:
             with dashboard(state, width, height, "capture") as term:
                 term.wait("READY", timeout_s=60)
-                term.wait(lambda s: "serving.ready" in s or "RPS" in s or "req/s" in s, "serving numbers", 30)
                 for title, key, marker in SCREENS:
                     term.keys(key)
-                    text = term.wait(marker)
-                    time.sleep(1.5)  # a capture, not a test: let the charts fill a few ticks
-                    text = term.screen()
-                    print(f"### {title} ({key}) at {width}x{height}\n\n```\n{text.rstrip()}\n```\n")
+                    term.wait(marker)
+                    time.sleep(2)  # a capture, not a test: let the charts and the log fill a few ticks
+                    print(f"### {title} (`{key}`), {width}x{height}\n\n```\n{term.screen().rstrip()}\n```\n")
+                term.keys(":")
+                term.wait("Search for commands")
+                term.keys("-l", "view")
+                time.sleep(1)
+                print(f"### Command palette (`:` or ctrl+p), {width}x{height}\n\n```\n{term.screen().rstrip()}\n```\n")
     return 0
 
 

@@ -10,7 +10,7 @@ import os
 import re
 
 import pytest
-from support.captures import TMUX, Terminal, dashboard, demo_node
+from support.captures import SCREENS, TMUX, Terminal, dashboard, demo_node
 from support.real import unavailable
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -22,8 +22,7 @@ LABELS = ["⏎ Open GPU", "e Engines", "q Quit", "? Help", "1234567 views", "R R
           "N Prev match", "N Cluster view", "L Load ±"]
 SCROLLBAR = " ▁▂▃▄▅▆▇█▉▊▋▌▍▎▏"
 # Each view: its key and what says it is drawn (its title line or its own column names).
-VIEWS = [("1", "util* = NVML"), ("2", "(simulated)"), ("3", "TTFT p99"), ("4", "range (t)"),
-         ("5", "kind (k)"), ("6", "vLLM log of run"), ("7", "processes on")]
+VIEWS = [(key, marker) for _, key, marker in SCREENS]
 
 
 @pytest.fixture(scope="module")
