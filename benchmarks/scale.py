@@ -7,9 +7,11 @@ Measures, on this noisy shared machine, medians and whole-process CPU over wall 
   NVML, the simulated vLLM with --data-parallel-size 8 --enable-expert-parallel under a steady load of streamed
   requests) sampling and scraping at 1 Hz: CPU time over wall time in % of one core, and its RSS at the end;
 - the same three with `_10hz_scrape_1hz`: GPUs and host at 10 Hz, /metrics at 1 Hz.
+Each agent figure is the median of --runs fresh agents; `_spread` gives [min, max] of the runs, `_runs` all of them.
 
-Targets: scrape_ms_dp8 <= 10, agent CPU <= 1 % of a core at 1 Hz, RSS <= 120 MB. Last line: one JSON object.
-Usage: python benchmarks/scale.py [--seconds 30] [--quick]   (SCALE_PROFILE=FILE: the agent runs under cProfile)
+Targets (issue 29.3): scrape_ms_dp8 <= 10, agent CPU <= 0.5 % of a core at 1 Hz and <= 2 % at 10 Hz sampling,
+RSS <= 120 MB. Last line: one JSON object.
+Usage: python benchmarks/scale.py [--seconds 30] [--runs 3] [--quick]   (SCALE_PROFILE=FILE: under cProfile)
 """
 
 from __future__ import annotations
@@ -141,6 +143,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=30.0, help="measured seconds per agent run")
     ap.add_argument("--streams", type=int, default=32, help="concurrent streamed requests of the load")
+    ap.add_argument("--runs", type=int, default=3, help="agents measured per rate (median and spread)")
     ap.add_argument("--quick", action="store_true", help="short runs (for tests); numbers are rougher")
     args = ap.parse_args()
     seconds, pages = (6.0, 15) if args.quick else (args.seconds, 60)
@@ -149,12 +152,17 @@ def main() -> int:
         ms, lines = scrape_ms(engines, pages)
         out[f"scrape_ms_dp{engines}"], out[f"page_lines_dp{engines}"] = ms, lines
     for suffix, sample_s, scrape_s in (("1hz_8gpu_dp8", 1.0, 1.0), ("10hz_scrape_1hz", 0.1, 1.0)):
-        r = agent_cost(sample_s, scrape_s, seconds, args.streams)
+        runs = [agent_cost(sample_s, scrape_s, seconds, args.streams) for _ in range(1 if args.quick else args.runs)]
+        cpu = [r["cpu_pct"] for r in runs]
         rss_key = "agent_rss_mb" if suffix.startswith("1hz") else f"agent_rss_mb_{suffix}"
-        out[f"agent_cpu_pct_{suffix}"], out[rss_key] = r["cpu_pct"], r["rss_mb"]
-        out[f"details_{suffix}"] = r
+        out[f"agent_cpu_pct_{suffix}"] = round(statistics.median(cpu), 3)
+        out[f"agent_cpu_pct_{suffix}_spread"] = [min(cpu), max(cpu)]
+        out[f"agent_cpu_pct_{suffix}_runs"] = cpu
+        out[rss_key] = max(r["rss_mb"] for r in runs)
+        out[f"details_{suffix}"] = runs[-1]
     out["scrape_ms_dp8_10hz_scrape_1hz"] = out["scrape_ms_dp8"]  # the scrape itself does not change with the tick
-    out["targets"] = {"scrape_ms_dp8": 10.0, "agent_cpu_pct_1hz_8gpu_dp8": 1.0, "agent_rss_mb": 120.0}
+    out["targets"] = {"scrape_ms_dp8": 10.0, "agent_cpu_pct_1hz_8gpu_dp8": 0.5, "agent_cpu_pct_10hz_scrape_1hz": 2.0,
+                      "agent_rss_mb": 120.0}
     out["pass"] = all(out[k] <= v for k, v in out["targets"].items())
     out["quick"] = args.quick
     print(json.dumps(out), flush=True)
