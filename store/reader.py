@@ -216,8 +216,11 @@ class StoreReader:
                 conn.execute(f"DROP TABLE temp.{dec}")
                 conn.execute(f"CREATE TEMP TABLE {dec} AS SELECT * FROM main.{table} WHERE 0")
             conn.execute(f"DELETE FROM temp.{dec}")
-            conn.executemany(f"INSERT INTO temp.{dec} VALUES ({', '.join('?' * len(cols))})",
-                             compact.decode_rows(conn, table, start_ms, end_ms, cols, gpu))
+            try:
+                rows = compact.decode_rows(conn, table, start_ms, end_ms, cols, gpu)
+            except compact.codec.CodecError as exc:  # a newer lynxtop's format, or damage: say which
+                raise StoreError(f"{self.path}: a compacted chunk of {table} cannot be read: {exc}") from None
+            conn.executemany(f"INSERT INTO temp.{dec} VALUES ({', '.join('?' * len(cols))})", rows)
         union = f"(SELECT * FROM main.{table} UNION ALL SELECT * FROM temp.{dec}) AS {table}"
         return sql.replace(f"FROM {table} ", f"FROM {union} ")
 
@@ -227,8 +230,6 @@ class StoreReader:
         try:
             with self._lock:
                 return self._q(self.with_chunks(sql, table, start_ms, end_ms, gpu), params)
-        except compact.codec.CodecError as exc:
-            raise StoreError(f"{self.path}: a compacted chunk of {table} cannot be read: {exc}") from None
         except sqlite3.DatabaseError as exc:
             raise NotOurDatabase(f"{self.path}: cannot read the history database: {exc}") from None
 

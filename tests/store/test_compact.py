@@ -13,6 +13,7 @@ import time
 import pytest
 
 from lynxtop.store import codec, compact, retention
+from lynxtop.store.errors import StoreError
 from lynxtop.store.export import export_table
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.rollup import load_watermarks
@@ -175,6 +176,23 @@ def test_retention_drops_only_whole_chunks(tmp_path):
     assert retention.delete_chunks(conn, "gpu_samples", end)[0] == 2 * 600
     assert conn.execute("SELECT count(*) FROM gpu_samples_chunks").fetchone()[0] == 0
     conn.close()
+
+
+def test_chunk_of_unknown_format_is_a_clear_error(tmp_path):
+    db = tmp_path / "h.db"
+    _build(db, hours=3.3)
+    conn = connect_rw(db)
+    compact.compact_interval(conn, "gpu_samples", T0)
+    conn.execute("UPDATE gpu_samples_chunks SET data = CAST(x'09' || substr(data, 2) AS BLOB)")  # a newer format
+    conn.close()
+    with StoreReader(db) as r, pytest.raises(StoreError, match="chunk of gpu_samples cannot be read: chunk format 9"):
+        export_table(r, "gpu", "raw", T0, T0 + HOUR, tmp_path / "out.csv", progress_stream=io.StringIO())
+    assert not (tmp_path / "out.csv").exists()
+    with StoreReader(db) as r, pytest.raises(StoreError) as err:
+        r.series("gpu", ["power_w"], T0, T0 + 600_000, resolution="raw")
+    assert str(db) in str(err.value) and "chunk of gpu_samples" in str(err.value) and "format 9" in str(err.value)
+    with StoreReader(db) as r:  # the raw rows after it still read
+        assert len(r.series("gpu", ["power_w"], T0 + 600_000, T0 + 700_000, resolution="raw")[1]) == 200
 
 
 def test_schema_2_file_reads_then_migrates(tmp_path):
