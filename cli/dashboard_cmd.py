@@ -29,10 +29,11 @@ def run(args: Namespace) -> int:
               "`lynxtop status` or `lynxtop runs`", file=sys.stderr)
         return 2
     from lynxtop.tui.app import LynxtopApp
+    from lynxtop.tui.source import LiveSource
 
     readonly = bool(getattr(args, "readonly", False))
     app = LynxtopApp(socket_path, database, readonly=readonly, utc=bool(getattr(args, "utc", False)),
-                     node_port=node_port(args, cfg.agent.metrics_listen))
+                     node_port=node_port(args, cfg.agent.metrics_listen), source=LiveSource(socket_path))
     if in_browser and readonly:
         app.readonly_reason = web.READONLY_REASON
     app.run()

@@ -26,7 +26,6 @@ from lynxtop.contract.terminal import terminal_safe
 from lynxtop.tui import control_text
 from lynxtop.tui.backoff import Backoff
 from lynxtop.tui.commands import LynxtopCommands
-from lynxtop.tui.foreign import DisplayClient
 from lynxtop.tui.history_source import HistorySource, HistoryUnavailable
 from lynxtop.tui.live_state import GPU_KEYS, SERVING_KEYS, LiveState
 from lynxtop.tui.messages import AgentLost, LiveRefreshed, StatusArrived
@@ -35,6 +34,7 @@ from lynxtop.tui.screens.confirm import ConfirmScreen
 from lynxtop.tui.screens.help import HelpScreen
 from lynxtop.tui.screens.node import NodeScreen
 from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
+from lynxtop.tui.source import LiveSource, NodeSource
 
 VIEWS = ("node", "gpu", "latency", "history", "events", "logs", "processes", "cluster")
 CONTROL_ACTIONS = {"restart", "stop", "start", "switch"}
@@ -99,16 +99,19 @@ class LynxtopApp(App):
     def __init__(self, socket_path: str | Path, database_path: str | Path | None, readonly: bool = False,
                  utc: bool = False, *, poll_interval_s: float = 1.0, clock: Callable[[], float] | None = None,
                  backoff: Backoff | None = None, ascii_only: bool | None = None, backfill: bool = True,
-                 demo_load: Callable[[], str] | None = None, node_port: int | None = None):
+                 demo_load: Callable[[], str] | None = None, node_port: int | None = None,
+                 source: NodeSource | None = None):
         ansi = _ansi_terminal()
         super().__init__(ansi_color=ansi)
         if ansi:
             self.theme = "ansi-dark"
         self.socket_path = Path(socket_path)
-        self.client = DisplayClient(socket_path)  # every answer's strings escaped for the screen
+        # Every read and action goes through the source (tui/source.py); the socket's by default
+        self.source: NodeSource = source if source is not None else LiveSource(socket_path)
         self.history = HistorySource(database_path)
         self.readonly = readonly
-        self.readonly_reason: str | None = "--readonly" if readonly else None
+        # A read-only source (a replay) says why, as --readonly does
+        self.readonly_reason: str | None = "--readonly" if readonly else getattr(self.source, "read_only", None)
         self.utc = utc
         self.poll_interval_s = poll_interval_s
         self._clock = clock or time.time
@@ -174,7 +177,7 @@ class LynxtopApp(App):
                 pass
 
     async def on_unmount(self) -> None:
-        await self.client.close()
+        await self.source.close()
 
     # ------------------------------------------------------------------ polling
     def _arm_poll(self, delay_s: float) -> None:
@@ -188,10 +191,10 @@ class LynxtopApp(App):
     async def poll(self) -> None:
         """One poll; re-arms a one-shot timer when done so polls never overlap."""
         delay = self.poll_interval_s
-        client = self.client
+        source = self.source
         try:
-            status = await client.status()  # a Status; an answer that is not one raises AgentUnreachable
-            if client is not self.client:
+            status = await source.status()  # a Status; an answer that is not one raises AgentUnreachable
+            if source is not self.source:
                 return  # the dashboard was pointed at another node meanwhile: this answer is not its
             self.backoff.reset()
             self.post_message(StatusArrived(status))
@@ -350,7 +353,7 @@ class LynxtopApp(App):
         if not await self.push_screen_wait(dialog):
             self.notify(f"{action}: cancelled, nothing changed")
             return
-        answer = await self.client.action(action, profile)
+        answer = await self.source.action(action, profile)
         self.notify(answer.message or f"{action} accepted", title=f"{action} accepted")
         self.action_refresh_now()
 
@@ -376,7 +379,7 @@ class LynxtopApp(App):
         """
         if action != "switch" and not (action == "start" and not serving.profile):
             return None, None, None
-        listing = await self.client.profiles()
+        listing = await self.source.profiles()
         profiles = list(listing.profiles)
         current_name = listing.current or serving.profile
         if not [p for p in profiles if p.name != current_name or action == "start"]:
@@ -403,7 +406,7 @@ class LynxtopApp(App):
             self.readonly_reason = f"viewing node {label}"  # its endpoint has no control route either
             self.history = ElsewhereHistory(label)
         self.viewing_node = label
-        self.client = DisplayClient(endpoint)
+        self.source = LiveSource(endpoint, read_only=self.readonly_reason if label else None)
         self.state = LiveState()
         self.backoff.reset()
         self.refresh_bindings()

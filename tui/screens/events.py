@@ -91,7 +91,7 @@ class EventsScreen(LiveScreen):
             self.source = f"history database {self.lynx.history.path}"
         except HistoryUnavailable as exc:
             try:
-                events = list(reversed(await self.lynx.client.events(limit=500)))
+                events = list(reversed(await self.lynx.source.events(limit=500)))
                 self.source = f"agent (history unavailable: {exc})"
             except (AgentUnreachable, AgentRefused) as exc2:
                 self.source = f"no events: {exc}; agent: {exc2}"
@@ -115,7 +115,7 @@ class EventsScreen(LiveScreen):
     async def fetch_log(self) -> None:
         title = self.query_one("#log-title", Static)
         try:
-            data = await self.lynx.client.logs(self.log_run, LOG_LINES)
+            data = await self.lynx.source.logs(self.log_run, LOG_LINES)
             self.log_lines = [str(x) for x in data.get("lines") or []]
             header = f"vLLM log of run {data.get('run_id', '?')}  {data.get('path', '')}"
         except (AgentUnreachable, AgentRefused) as exc:

@@ -82,7 +82,7 @@ class LogsScreen(LiveScreen):
             return
         self._busy = True
         try:
-            client = self.lynx.client
+            client = self.lynx.source
             if self.next is None:
                 data = await client.logs(None, TAIL_LINES)
             else:

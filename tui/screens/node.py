@@ -70,7 +70,7 @@ class NodeScreen(LiveScreen):
     async def fetch_events(self) -> None:
         self._events_fetched = time.monotonic()
         try:
-            events = await self.lynx.client.events(limit=EVENTS_LIMIT)
+            events = await self.lynx.source.events(limit=EVENTS_LIMIT)
         except (AgentUnreachable, AgentRefused) as exc:
             self.events_note = f"events unavailable: {exc}"
         else:

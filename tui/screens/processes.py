@@ -53,7 +53,7 @@ class ProcessesScreen(LiveScreen):
             return
         self._busy = True
         try:
-            self.answer = await self.lynx.client.processes()
+            self.answer = await self.lynx.source.processes()
             self.problem = None
         except AgentRefused as exc:
             older = " (an agent older than this dashboard?)" if exc.status == 404 else ""
