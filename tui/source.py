@@ -67,3 +67,92 @@ class LiveSource(DisplayClient):
             raise read_only_refusal(action, self.read_only)
         return await super().action(action, profile, **extra)
 
+
+REPLAY_HOST = "replay"
+
+
+class ReplaySource:
+    """A history database read as a node, read-only (`lynxtop.store` through `HistorySource`): the status is
+    rebuilt from the newest stored samples and the newest run, events and runs come from their tables. Nothing
+    is live, so there are no logs, no processes and no actions; each says so as a refusal.
+
+    Each read opens a short-lived reader in a worker thread (history_source.py says why).
+    """
+
+    def __init__(self, database: str | Path):
+        from lynxtop.tui.history_source import HistorySource
+
+        self.history = HistorySource(database)
+        self.label = f"replay of {database}"
+        self.read_only = self.label  # the header's READ-ONLY flag names the replay
+
+    async def _read(self, what: str, read: Any) -> Any:
+        import asyncio
+
+        from lynxtop.contract.client import AgentUnreachable
+        from lynxtop.tui.history_source import HistoryUnavailable
+
+        def run() -> Any:
+            with self.history.reader() as reader:
+                return read(reader)
+
+        try:
+            return await asyncio.to_thread(run)
+        except HistoryUnavailable as exc:
+            raise AgentUnreachable(f"{self.label}: {exc}") from None
+        except Exception as exc:  # a damaged database reads as an unreachable node, never a traceback
+            raise AgentUnreachable(f"{self.label}: cannot read {what}: {type(exc).__name__}: {exc}") from None
+
+    async def status(self) -> Status:
+        return await self._read("the newest samples", _replayed_status)
+
+    async def events(self, since_ms: int | None = None, limit: int = 500) -> list[Event]:
+        return await self._read("events", lambda r: r.events(since_ms=since_ms, limit=limit))
+
+    async def runs(self, limit: int = 50) -> list[RunInfo]:
+        return await self._read("runs", lambda r: r.runs(limit=limit))
+
+    async def profiles(self) -> ProfileList:
+        raise read_only_refusal("profiles", f"{self.label} is read-only")
+
+    async def logs(self, run_id: int | None = None, lines: int = 2000, after: int | None = None,
+                   inode: int | None = None) -> dict[str, Any]:
+        raise AgentRefused(404, "not_stored", f"{self.label}: logs are not stored in the history database")
+
+    async def processes(self) -> GpuProcesses:
+        raise AgentRefused(404, "not_stored", f"{self.label}: processes are not replayed")
+
+    async def action(self, action: str, profile: str | None = None, **extra: Any) -> ActionAnswer:
+        raise read_only_refusal(action, "replay is read-only")
+
+    async def close(self) -> None:
+        pass
+
+
+def _replayed_status(reader: Any) -> Status:
+    """A `Status` from the newest stored GPU, host and serving samples and the newest run; raises
+    ValueError when the database holds no samples at all (read as an unreachable node)."""
+    gpu_rows = reader.latest("gpu")
+    host = reader.latest("host")
+    serving = reader.latest("serving")
+    if not (gpu_rows or host or serving):
+        raise ValueError("no samples stored")
+    facts = {f.get("idx"): f for f in reader.gpus()}
+    runs = reader.runs(limit=1)
+    run = runs[0] if runs else None
+    ts_ms = max(row["ts_ms"] for row in (*gpu_rows, *host, *serving))
+    gpus = []
+    for row in sorted(gpu_rows, key=lambda r: r["gpu"]):
+        fact = facts.get(row["gpu"]) or {}
+        gpus.append({**{k: v for k, v in fact.items() if k != "idx"}, **row, "index": row["gpu"]})
+    state = "stopped" if run is None or run.ended_ms is not None else "ready" if run.ready_ms else "starting"
+    return Status.from_json({
+        "ts_ms": ts_ms,
+        "agent": {"host": (run.host if run else None) or REPLAY_HOST, "simulated": bool(run and run.simulated)},
+        "serving": {"state": state, "profile": run.profile if run else None, "run_id": run.id if run else None,
+                    "model": run.model if run else None, "started_ms": run.started_ms if run else None,
+                    "ready_ms": run.ready_ms if run else None, "vllm_version": run.vllm_version if run else None},
+        "gpus": gpus,
+        "host": host[0] if host else {},
+        "serving_metrics": serving[0] if serving and state == "ready" else {},
+    })
