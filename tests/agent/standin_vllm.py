@@ -47,6 +47,10 @@ def engine() -> None:
         resource_tracker.unregister(shm._name, "shared_memory")
         print(f"INFO standin: engine shm /dev/shm/{shm.name}", flush=True)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # starting the tracker unblocked it
+    ready_fd = int(os.environ.get("STANDIN_READY_FD", "-1"))
+    if ready_fd >= 0:  # the handshake: set up (segment mapped, tracker running) before the API server serves
+        os.write(ready_fd, b"1")
+        os.close(ready_fd)
     while True:
         info = signal.sigwaitinfo({signal.SIGTERM})
         siglog(f"engine {os.getpid()} SIGTERM from {info.si_pid}")
@@ -65,7 +69,10 @@ def main() -> None:
     print(f"INFO standin: serve {args[1] if len(args) > 1 else '?'} argv={args}", flush=True)
     import subprocess
 
-    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--engine"])
+    ready_r, ready_w = os.pipe()
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--engine"], pass_fds=(ready_w,),
+                             env={**os.environ, "STANDIN_READY_FD": str(ready_w)})
+    os.close(ready_w)
     print(f"INFO standin: engine pid {child.pid}", flush=True)
     if os.environ.get("STANDIN_DIST"):  # vLLM's torch.distributed rendezvous file, named in the log
         import tempfile
@@ -104,6 +111,10 @@ def main() -> None:
     time.sleep(startup / 4)
     print("INFO Graph capturing finished in 1 secs", flush=True)
     time.sleep(startup / 4)
+    # like vLLM's API server, which serves only after its EngineCore's handshake: on a loaded machine the engine's
+    # set-up (its shm segment, the resource tracker) could otherwise come after readiness
+    os.read(ready_r, 1)
+    os.close(ready_r)
     print(f"INFO Starting vLLM API server 0 on http://127.0.0.1:{port}", flush=True)
     state = {"gen": 0.0}
     running = 3 if mode == "hang" else 0
