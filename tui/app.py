@@ -1,7 +1,8 @@
 """The dashboard application: views as modes, one poller, and the guarded control actions.
 
-Live state comes only from the agent's socket (`client.py`), history only from the database opened
-read-only (`history_source.py`); the app owns the poll loop and hands each fresh state to the visible view.
+Live state comes only from the node source (`source.py`: the agent's socket by default), history only from
+the database opened read-only (`history_source.py`); the app owns the poll loop and hands each fresh state to
+the visible view.
 """
 
 from __future__ import annotations

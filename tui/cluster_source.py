@@ -18,8 +18,8 @@ from typing import Any
 
 from lynxtop.contract.client import AgentRefused, AgentUnreachable
 from lynxtop.contract.status import ClusterNode, Role, Status
-from lynxtop.tui.foreign import DisplayClient
 from lynxtop.tui.history_source import HistorySource, HistoryUnavailable
+from lynxtop.tui.source import LiveSource
 
 NODE_TIMEOUT_S = 2.0  # one node's status; the list redraws when all have answered or timed out
 
@@ -67,7 +67,7 @@ def no_endpoint_reason(node: ClusterNode, port: int | None) -> str:
 
 
 async def _read(endpoint: str) -> Status:
-    client = DisplayClient(endpoint, timeout_s=NODE_TIMEOUT_S)
+    client = LiveSource(endpoint, read_only="another node's read-only endpoint", timeout_s=NODE_TIMEOUT_S)
     try:
         return await client.status()
     finally:
