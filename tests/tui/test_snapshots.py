@@ -1,10 +1,11 @@
 """SVG snapshots of every screen at 80×24, 120×40 and 200x60 (pytest-textual-snapshot; textual pinned exactly).
 
 Data and clock are frozen: the fake agent serves one fixed status, the history database is built at fixed
-timestamps (and named by a relative path), the app's clock is fixed, times are UTC, the agent is polled once,
-live charts are backfilled from the database before the shot, and toasts are cleared (their timeouts run on the
-wall clock). Update after an intended change with `pytest tests/tui/test_snapshots.py --snapshot-update` and
-review the SVGs (snapshot_report.html shows each next to the old one).
+timestamps (and named by a relative path), the app's clock (and the store reader's, which measures a running
+run) is fixed, times are UTC, the agent is polled once, live charts are backfilled from the database before
+the shot, and toasts are cleared (their timeouts run on the wall clock). Update after an intended change with
+`pytest tests/tui/test_snapshots.py --snapshot-update` and review the SVGs (snapshot_report.html shows each
+next to the old one).
 
 Adding a screen (other test files may do the same with the fixtures below):
 
@@ -27,16 +28,18 @@ settle, runs `open` and settles again. Keep an opener deterministic: wait on con
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 from rich.cells import cell_len
-from support.status import engine_loads
+from support.status import T0, engine_loads
 from support.tui import make_app, screen_text, text_of, wait_for
 from textual.widgets import DataTable, Log
 from tui_fake_agent import make_status
 
+from lynxtop.store import reader as store_reader
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.screens.compare import CompareScreen
 from lynxtop.tui.screens.confirm import ConfirmScreen
@@ -50,6 +53,17 @@ from lynxtop.tui.widgets.key_bar import RANK_VIEWS, KeyBar, key_items
 SIZES = [(80, 24), (120, 40), (200, 60)]
 Opener = Callable[[Any], Awaitable[None]]
 three_sizes = pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+
+
+class _FrozenTime:
+    """The store reader's `time` module with the app's frozen clock: it measures a running run to now."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    @staticmethod
+    def time() -> float:
+        return T0 / 1000 + 2
 
 
 def _app(agent, db=None):
@@ -71,6 +85,10 @@ async def settle(pilot) -> None:
     if isinstance(screen, HistoryScreen):
         await wait_for(pilot, lambda: screen.last_draw_ms is not None)
     await pilot.pause(0.2)
+    # A DataTable measures new rows' column widths when idle: a table filled just before a dialog opened over
+    # it was shot with unmeasured (label-wide) columns now and then. Wait for every table in the stack.
+    tables = [t for layer in app.screen_stack for t in layer.query(DataTable)]
+    await wait_for(pilot, lambda: not any(t._require_update_dimensions or t._new_rows for t in tables))
     app.clear_notifications()
     await pilot.pause(0.1)
 
@@ -81,6 +99,7 @@ def snap_screen(snap_compare, agent, history_db, monkeypatch) -> Callable[..., b
     db, _ = history_db
     monkeypatch.chdir(db.parent)  # views that name the database show "history.db", not a random temp path
     db = type(db)(db.name)
+    monkeypatch.setattr(store_reader, "time", _FrozenTime())  # a running run's length in Compare
 
     def snap(open_screen: Opener | None, size: tuple[int, int], status: dict[str, Any] | None = None) -> bool:
         if status is not None:
@@ -117,7 +136,10 @@ async def _history(pilot) -> HistoryScreen:
     await _view("4")(pilot)
     screen = pilot.app.screen
     await wait_for(pilot, lambda: len(screen.runs) == 2 and screen.last_draw_ms is not None)
-    screen.query_one("#runs", DataTable).focus()
+    table = screen.query_one("#runs", DataTable)
+    table.focus()
+    # its columns measured (on idle) before a dialog covers it: the profile column holds "dsv41-tp8-ep SIM"
+    await wait_for(pilot, lambda: max((c.content_width for c in table.columns.values()), default=0) >= 16)
     return screen
 
 

@@ -288,7 +288,12 @@ def _message_width(table: DataTable, rows: list[list[Text]]) -> int | None:
         return None
     pad = 2 * table.cell_padding
     columns = list(table.columns.values())
-    used = sum(max([c.label.cell_len, *(row[i].cell_len for row in rows)]) + pad for i, c in enumerate(columns[:-1]))
+    used = 0
+    for i, column in enumerate(columns[:-1]):
+        # Set, not measured by the table later: its lazy measure missed rows added right after a clear()
+        # (an events refresh), and the time column showed "13:5".
+        column.auto_width, column.width = False, max([column.label.cell_len, *(row[i].cell_len for row in rows)])
+        used += column.width + pad
     msg_w = max(24, width - used - pad - 2)  # 2: the vertical scrollbar when rows outgrow the table
     columns[-1].auto_width, columns[-1].width = False, msg_w
     return msg_w

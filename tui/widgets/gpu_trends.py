@@ -12,7 +12,7 @@ from rich.text import Text
 from lynxtop.contract.format import NA, fmt_pct, fmt_temp, fmt_watts
 from lynxtop.contract.status import GpuStatus
 from lynxtop.tui.live_state import LiveState
-from lynxtop.tui.plot import bucketize, sparkline
+from lynxtop.tui.plot import bucketize, reading_interval, sparkline
 from lynxtop.tui.widgets.text_panel import TextPanel
 
 TRENDS_WINDOW_MS = 5 * 60 * 1000
@@ -60,7 +60,11 @@ class GpuTrends(TextPanel):
             points = state.gpu_series(idx, key)
             start = end_ms - TRENDS_WINDOW_MS
             # the live history holds 15 minutes: bucket only the last 5 (8 GPUs x 4 series every second)
-            values = bucketize(points[bisect_left(points, (start,)):], start, end_ms, spark_w, agg="avg")
+            recent = points[bisect_left(points, (start,)):]
+            # backfilled rollups are sparser than the columns: a reading holds until the next is due (no false gaps)
+            interval = reading_interval(recent)
+            values = bucketize(recent, start, end_ms, spark_w, agg="avg",
+                               hold_ms=int(interval * 1.5) if interval else None)
             last = next((v for _, v in reversed(points) if v is not None), None)
             line.append(sparkline(values, spark_w, vmax=scales.get(key), ascii_only=self.ascii_only),
                         style="cyan")
