@@ -112,6 +112,12 @@ async def soak(pid: int, db: Path, url: str, seconds: float, every: float, strea
         "shmem_mb_end": last.get("shmem_mb"),
         "rss_slope_mb_per_min_tail": round(slope([(s["min"], s["rss_mb"]) for s in tail]), 4),
         "anon_slope_mb_per_min_tail": round(slope([(s["min"], s["anon_mb"]) for s in tail]), 4),
+        # the page caches fill for ~25 min at 10 Hz (docs/performance.md): where the plateau begins, its slope
+        "rss_slope_mb_per_min_last5": round(slope([(s["min"], s["rss_mb"]) for s in samples
+                                                   if s["min"] >= last["min"] - 5]), 4),
+        "rss_within_1mb_of_end_from_min": next(s["min"] for s in samples
+                                               if all(abs(x["rss_mb"] - last["rss_mb"]) <= 1.0
+                                                      for x in samples if x["min"] >= s["min"])),
         "file_slope_mb_per_min_tail": round(slope([(s["min"], s["file_mb"]) for s in tail]), 4),
         "fds_min": min(s["fds"] for s in samples), "fds_max": max(s["fds"] for s in samples),
         "threads_end": last["threads"],
