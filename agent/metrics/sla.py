@@ -6,12 +6,17 @@ answers "how bad did it get and for how long" without a query over the samples.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from lynxtop.contract.config import SlaConfig
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.format import fmt_ms
 from lynxtop.contract.status import SlaState, SlaStatus
+
+# A p99 over fewer finished requests than this is one slow request, not a tail: a breach needs at least this many
+# in the window (e.g. the first requests after READY, which pay for warm-up, opened a breach seconds after start).
+MIN_REQUESTS = 20
 
 
 class SlaTracker:
@@ -37,15 +42,29 @@ class SlaTracker:
         self._worst: dict[str, float] = {}
         self._breach_started_ms: int | None = None
         self._last_data_ms: int | None = None  # the last row with a latency figure
+        self._finished: deque[tuple[int, int]] = deque()  # (ts_ms, requests finished in that tick) in the window
 
     def reset(self) -> None:
         """A new run: drop the state without an event (the run change is its own event)."""
         self._state, self._since_ms, self._ttft, self._tpot = "unknown", None, None, None
         self._breached, self._worst, self._breach_started_ms = [], {}, None
         self._last_data_ms = None
+        self._finished.clear()
+
+    def requests_in_window(self) -> int | None:
+        """Finished requests the window's rows counted; None when no row said (an older agent's rows)."""
+        return sum(n for _, n in self._finished) if self._finished else None
+
+    def _count(self, row: dict[str, Any], ts_ms: int) -> None:
+        n = row.get("requests_finished")
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+            self._finished.append((ts_ms, n))
+        while self._finished and self._finished[0][0] <= ts_ms - self.cfg.window_s * 1000:
+            self._finished.popleft()
 
     def update(self, serving_row: dict[str, Any] | None, ts_ms: int) -> list[Event]:
         row = serving_row or {}
+        self._count(row, ts_ms)
         ttft = row.get("ttft_p99_ms")
         tpot = row.get("tpot_p99_ms")
         self._tpot_source = "tpot"
@@ -65,6 +84,12 @@ class SlaTracker:
         if tpot is not None and tpot > self.cfg.tpot_p99_ms:
             breached.append("tpot")
         events: list[Event] = []
+        seen = self.requests_in_window()
+        if breached and self._state != "breach" and seen is not None and seen < MIN_REQUESTS:
+            # too few requests for a tail: neither a breach nor "ok" over a p99 past its limit, until enough
+            if self._state != "unknown":
+                self._state, self._since_ms = "unknown", ts_ms
+            return events
         if breached:
             if self._state != "breach":
                 self._state, self._since_ms, self._breach_started_ms = "breach", ts_ms, ts_ms

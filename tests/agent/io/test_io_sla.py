@@ -6,7 +6,7 @@ from __future__ import annotations
 from agent_io_helpers import VllmPage
 
 from lynxtop.agent.metrics.scrape import MetricsScraper
-from lynxtop.agent.metrics.sla import SlaTracker
+from lynxtop.agent.metrics.sla import MIN_REQUESTS, SlaTracker
 from lynxtop.contract.config import SlaConfig
 from lynxtop.contract.events import Event
 
@@ -86,6 +86,7 @@ def test_breach_stays_open_across_a_counter_reset_until_the_slow_requests_leave_
             for e in (0, 1):
                 for i in range(20):
                     page.ttft.labels(*page.lab(e)).observe(17.5 if t <= 30 and i < 4 else 0.05)
+                    page.success.labels(*page.lab(e), "stop").inc()  # each a finished request
         events += [(t, ev) for ev in sla.update(s.parse_page(page.text(), now=float(t)), t * 1000)]
         if 5 <= t < 90:
             assert sla.state().state == "breach", t
@@ -114,6 +115,8 @@ def test_unreadable_page_while_vllm_restarts_holds_the_breach_for_one_window():
                 for e in (0, 1):
                     for i in range(20):
                         page.ttft.labels(*page.lab(e)).observe(17.5 if t <= 30 and i < 4 else 0.05)
+                        page.success.labels(*page.lab(e), "stop").inc()  # each a finished request
+                    page.success.labels(*page.lab(e), "stop").inc()  # each a finished request
             row = s.parse_page(page.text(), now=float(t))
         events += [(t, ev) for ev in sla.update(row, t * 1000)]
         if 5 <= t < 90:
@@ -133,3 +136,25 @@ def test_unreadable_page_while_vllm_restarts_holds_the_breach_for_one_window():
     # a missing row (serving not ready) still ends it at once, as before
     sla.update({"ttft_p99_ms": 9000.0}, 0)
     assert [e.kind for e in sla.update(None, 1_000)] == ["sla.recovered"]
+
+
+def test_a_p99_over_too_few_requests_opens_no_breach_until_the_window_holds_enough():
+    # the first requests after READY pay for warm-up: a p99 over three of them is one slow request, not a tail
+    sla = SlaTracker(SlaConfig(ttft_p99_ms=2000, window_s=60))
+    slow = {"ttft_p99_ms": 9000, "tpot_p99_ms": 40, "requests_finished": 1}
+    assert [sla.update(slow, ts) for ts in (1_000, 2_000, 3_000)] == [[], [], []]
+    assert sla.state().state == "unknown" and sla.requests_in_window() == 3
+    events = sla.update({**slow, "requests_finished": MIN_REQUESTS}, 4_000)
+    assert [e.kind for e in events] == ["sla.breach"] and sla.state().state == "breach"
+    # an open breach is still judged on few requests: it ends when the p99 is back under the limit
+    assert [e.kind for e in sla.update({**slow, "ttft_p99_ms": 500, "requests_finished": 0}, 5_000)] == [
+        "sla.recovered"]
+
+
+def test_requests_leave_the_count_with_the_window():
+    sla = SlaTracker(SlaConfig(window_s=60))
+    sla.update({"ttft_p99_ms": 100, "requests_finished": 50}, 0)
+    sla.update({"ttft_p99_ms": 100, "requests_finished": 2}, 30_000)
+    assert sla.requests_in_window() == 52
+    sla.update({"ttft_p99_ms": 100, "requests_finished": 1}, 61_000)
+    assert sla.requests_in_window() == 3
