@@ -75,7 +75,9 @@ class Terminal:
             if test(text):
                 return text
             time.sleep(0.2)
-        raise AssertionError(f"{what or repr(check)} not on screen within {timeout_s} s; screen was:\n{text}")
+        pane = self.tmux("display-message", "-p", "-t", "dash", "dead=#{pane_dead} status=#{pane_dead_status}")
+        raise AssertionError(f"{what or repr(check)} not on screen within {timeout_s} s ({pane.strip() or 'no pane'});"
+                             f" screen was:\n{text}")
 
 
 @contextmanager
@@ -87,6 +89,7 @@ def dashboard(state: Path, width: int, height: int, name: str = "walk") -> Itera
     env = {**os.environ, "TERM": "xterm-256color"}
     subprocess.run([TMUX, "-L", term.server, "new-session", "-d", "-s", "dash", "-x", str(width), "-y", str(height),
                     *cmd], check=True, timeout=10, env=env)
+    term.tmux("set-option", "-t", "dash", "remain-on-exit", "on")  # a dashboard that dies leaves its last words
     try:
         yield term
     finally:

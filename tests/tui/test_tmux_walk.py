@@ -146,9 +146,18 @@ def check_palette(term: Terminal) -> None:
         term.keys(opener)
         term.wait("Search for commands", f"the palette opened by {opener}")
         term.keys("-l", "processes view")
-        term.wait(lambda s: "Processes view" in s, "the command listed")
+        term.wait(lambda s: _first_command(s) == "Processes view", "the command first in the palette's list")
         term.keys("Enter")
         term.wait("processes on", f"the palette ({opener}) running 'Processes view'")
+
+
+def _first_command(screen: str) -> str | None:
+    """The palette's first listed command once the whole query is typed (Enter runs the highlighted one)."""
+    rows = screen.split("\n")
+    at = next((i for i, r in enumerate(rows) if "🔎 processes view" in r), None)
+    if at is None:
+        return None
+    return next((r.strip() for r in rows[at + 1:] if r.strip()), None)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
