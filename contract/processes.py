@@ -1,9 +1,9 @@
 """`GET /v1/processes`: the processes on the node's GPUs at the agent's last tick, typed.
 
 The agent builds `GpuProcesses` (agent/api/processes.py), the API writes `to_json()`, the client reads
-`from_json()`: strictly for the fields it needs (a missing pid or a wrong type is a `ValueError` naming the
-item and field), ignoring keys a newer agent adds. `in_run` is False for a process that is not a member of
-the supervised vLLM run: the stray job that holds the memory vLLM needs.
+`from_json()`: strictly, by contract/records.py's one rule (a missing pid or a wrong type is a `RecordError`,
+a `ValueError`, naming the item and field), ignoring keys a newer agent adds. `in_run` is False for a process
+that is not a member of the supervised vLLM run: the stray job that holds the memory vLLM needs.
 """
 
 from __future__ import annotations
@@ -13,12 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# field -> (accepted types, required); bool is never accepted as a number
-_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
-    "gpu": ((int, type(None)), False), "pid": ((int,), True), "user": ((str, type(None)), False),
-    "command": ((str, type(None)), False), "used_mem_bytes": ((int, type(None)), False),
-    "sm_util_pct": ((int, float, type(None)), False), "in_run": ((bool,), False),
-}
+from lynxtop.contract.records import RecordError, read_list, strict_fields
 
 
 @dataclass(frozen=True)
@@ -34,21 +29,8 @@ class GpuProcess:
     in_run: bool = False
 
     @classmethod
-    def from_json(cls, d: Any, where: str = "process") -> GpuProcess:
-        if not isinstance(d, Mapping):
-            raise ValueError(f"{where}: must be a JSON object, not {type(d).__name__}")
-        kw = {}
-        for name, (types, required) in _FIELDS.items():
-            if name not in d:
-                if required:
-                    raise ValueError(f"{where}.{name}: missing (a required field)")
-                continue
-            value = d[name]
-            if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-                raise ValueError(f"{where}.{name}: expected {' or '.join(t.__name__ for t in types)}, "
-                                 f"got {value!r:.60}")
-            kw[name] = value
-        return cls(**kw)
+    def from_json(cls, d: Any) -> GpuProcess:
+        return cls(**strict_fields(cls, d, "process"))
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -68,14 +50,9 @@ class GpuProcesses:
     @classmethod
     def from_json(cls, d: Any) -> GpuProcesses:
         if not isinstance(d, Mapping):
-            raise ValueError(f"processes answer: must be a JSON object, not {type(d).__name__}")
-        items = d.get("processes", [])
-        if not isinstance(items, list):
-            raise ValueError(f"processes: must be a JSON list, not {type(items).__name__}")
-        age = d.get("age_s")
-        if isinstance(age, bool) or not isinstance(age, (int, float, type(None))):
-            raise ValueError(f"age_s: expected a number or null, got {age!r:.60}")
-        return cls(tuple(GpuProcess.from_json(p, f"processes[{i}]") for i, p in enumerate(items)), age)
+            raise RecordError("processes answer", "", f"must be a JSON object, not {type(d).__name__}")
+        age = strict_fields(cls, {"age_s": d["age_s"]} if "age_s" in d else {}, "processes answer").get("age_s")
+        return cls(tuple(read_list(GpuProcess, d.get("processes", []), "processes")), age)
 
     def to_json(self) -> dict[str, Any]:
         return {"age_s": self.age_s, "processes": [p.to_json() for p in self.processes]}
