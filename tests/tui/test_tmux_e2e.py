@@ -7,15 +7,14 @@ console script in tmux, driven with send-keys and read with capture-pane, exactl
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from support.captures import demo_node as captured_demo_node
 from support.real import unavailable
 
 from lynxtop.agent.serving import procs
@@ -67,28 +66,8 @@ def _wait_gone(server: str, needle: str, timeout_s: float = 10) -> None:
 
 @pytest.fixture(scope="module")
 def demo_node():
-    root = Path(tempfile.mkdtemp(prefix="lt-e2e-", dir="/tmp"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lynxtop", "demo", "--no-tui", "--state-dir", str(root / "state"),
-         "--startup-seconds", "1", "--duration", "110"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    sock = root / "state" / "agent.sock"
-    deadline = time.monotonic() + 40
-    while not sock.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    try:
-        if not sock.exists():
-            pytest.fail(f"the demo agent did not create {sock} (exit code {proc.poll()})")
-        yield root / "state"
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # the demo stops serving, the agent and its children
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
-        shutil.rmtree(root, ignore_errors=True)
+    with captured_demo_node(duration_s=110) as state:  # the walk-through's simulated node (support/captures.py)
+        yield state
 
 
 def test_lynxtop_in_tmux_against_simulated_node(demo_node):
