@@ -36,7 +36,7 @@ import pytest
 from rich.cells import cell_len
 from support.status import T0, engine_loads
 from support.tui import make_app, screen_text, text_of, wait_for
-from textual.widgets import DataTable, Log
+from textual.widgets import DataTable, Input, Log
 from tui_fake_agent import make_status
 
 from lynxtop.store import reader as store_reader
@@ -110,6 +110,9 @@ def snap_screen(snap_compare, agent, history_db, monkeypatch) -> Callable[..., b
             if open_screen is not None:
                 await open_screen(pilot)
                 await settle(pilot)
+            for field in pilot.app.screen.query(Input):
+                field.cursor_blink = False  # a blink timer would pick the cursor's half-second under load
+            await pilot.pause()
 
         return snap_compare(_app(agent, db), terminal_size=size, run_before=run_before)
 
