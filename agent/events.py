@@ -5,6 +5,11 @@ Every part of the agent that reports something (the supervisor, the tick's sampl
 holds this sink and nothing else: no part writes events to the store or logs them on its own, so an event is never
 stored twice, never missing from the log, and a subscriber sees exactly what the history holds. A store that
 refuses an event does not stop the others: the event is still published and logged, the failure reported.
+
+The store's own events (store.*: a file moved aside, writes failing or resumed, the database or its WAL swapped)
+come here too: store/ may not import the agent, so the node hands the writer `on_event` and the writer gives
+each one to this sink, which writes it back through `record`. Those arrive on the writer's thread, so a
+subscriber must not assume the event loop's.
 """
 
 from __future__ import annotations

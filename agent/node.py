@@ -187,15 +187,15 @@ class Node:
             # lock=True: the database file itself is locked, so a second agent reaching it by another path (a
             # symlink, a hard link, a bind mount) is refused before it writes anything
             # linger: below 1 s sampling, a second of ticks goes in one transaction, not one each (issue 29.3)
+            # on_event: the store's own events (a file moved aside, writes failing) take the one event path too
+            # (the store may not import the agent); those of opening are handed over at start(), sink made
             self.writer = StoreWriter(a.database, retention=a.retention, clock=self.timeline.time, lock=True,
-                                      linger_s=1.0 if a.sample_interval_s < 1.0 else 0.0)
+                                      linger_s=1.0 if a.sample_interval_s < 1.0 else 0.0,
+                                      on_event=lambda ev: self._record([ev]))
         except Exception as exc:  # noqa: BLE001 - StoreError and sqlite errors alike: say where
             raise AgentStartError(f"cannot open the history database {a.database}: {exc}") from None
-        if self.writer.moved_aside:
-            log.warning("the database %s was damaged and moved aside to %s; a new one was created",
-                        a.database, self.writer.moved_aside)
-        self.writer.start()
         self.event_sink = EventSink(self.writer, log, on_write_error=self._event_not_written)
+        self.writer.start()
         fake, sim_dir = a.fake_nvml, self.sim_state_dir
         from lynxtop.sim.gpus import SimScenario  # the node composes: the GPU layer never imports the simulator
 
@@ -237,7 +237,8 @@ class Node:
         self._gpu_events(kind, severity, message, details)
 
     def _record(self, events: Iterable[Event]) -> None:
-        """Every event of the agent's samplers and of the node itself takes the one event path (agent/events.py)."""
+        """Every event of the agent's samplers, of the store and of the node itself takes the one event path
+        (agent/events.py)."""
         for ev in events:
             self.event_sink.put(ev)
 

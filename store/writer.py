@@ -68,6 +68,7 @@ _DAMAGED = {_CORRUPT, _NOTADB}
 MAINTAIN_EVERY_S = 30.0
 WAL_CHECK_S = 2.0  # how often the thread checks its -wal/-shm are still on disk (~100 readlinks: cheap)
 DETACH_TIMEOUT_S = 5.0  # how long a renewal waits for an in-process reader to finish its query
+_LOG_LEVELS = {"critical": logging.CRITICAL, "error": logging.ERROR, "warning": logging.WARNING}
 
 
 @dataclass
@@ -195,8 +196,15 @@ class StoreWriter:
                  clock: Callable[[], float] = time.time, retry_interval_s: float = 1.0,
                  maintenance_interval_s: float = 60.0, batch_max_ticks: int = 1000,
                  retention_chunk: int = retention_mod.CHUNK_ROWS, integrity_check: bool = True,
-                 wal_check_interval_s: float = WAL_CHECK_S, lock: bool = False, linger_s: float = 0.0):
+                 wal_check_interval_s: float = WAL_CHECK_S, lock: bool = False, linger_s: float = 0.0,
+                 on_event: Callable[[Event], None] | None = None):
         self.path = Path(path)
+        # The store's own events (store.*): with `on_event` (the agent's EventSink.put, injected because the store
+        # may not import the agent) they take the agent's one path, which writes them back through `record`,
+        # publishes and logs them; without it (tools, tests) they are written and logged here. Those made while
+        # opening (a damaged file moved aside) wait for start(): the sink that takes them needs this writer.
+        self.on_event = on_event
+        self._held: list[Event] | None = [] if on_event is not None else None
         self.retention = retention if retention is not None else Retention()  # the config's defaults
         self.queue_max = max(1, int(queue_max))
         self.clock = clock
@@ -266,9 +274,8 @@ class StoreWriter:
         aside = self._move_aside()
         conn = connect_rw(self.path, integrity=False)
         msg = f"{reason}; moved it to {aside} and started a fresh history database"
-        log.error("%s", msg)
         self._last_error, self._last_error_ms = msg, _now_ms(self.clock)
-        self.record(Event(EventKind.STORE_MOVED_ASIDE, Severity.ERROR, msg,
+        self._event(Event(EventKind.STORE_MOVED_ASIDE, Severity.ERROR, msg,
                           {"path": str(self.path), "moved_to": str(aside)}))
         return conn
 
@@ -318,6 +325,7 @@ class StoreWriter:
     # ------------------------------------------------------------------------------------------ public API
 
     def start(self) -> None:
+        self._hand_over_held()
         if self._thread is None:
             self.conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_AUTOCHECKPOINT_PAGES}")
             self._checkpointer = Checkpointer(self.path)
@@ -341,6 +349,21 @@ class StoreWriter:
                 self._cv.notify()
             elif not self.linger_s:  # a lingering thread wakes at its deadline anyway
                 self._cv.notify()
+
+    def _event(self, event: Event) -> None:
+        """One of the store's own events: to `on_event` (held until start), else written and logged here."""
+        if self._held is not None:
+            self._held.append(event)
+        elif self.on_event is not None:
+            self.on_event(event)
+        else:
+            self.record(event)
+            log.log(_LOG_LEVELS.get(str(event.severity), logging.INFO), "%s", event.message)
+
+    def _hand_over_held(self) -> None:
+        held, self._held = self._held or [], None
+        for event in held:
+            self._event(event)
 
     def record(self, event: Event) -> None:
         """Queue one event: the one way events reach the store. Kinds are stored by their dotted name
@@ -460,6 +483,10 @@ class StoreWriter:
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued (up to `timeout`), stop the thread, close the database."""
+        if self._thread is None and self._held:  # never started: nobody took the events of opening
+            self.on_event, held, self._held = None, self._held, None
+            for event in held:
+                self._event(event)
         if self._thread is not None:
             self.flush(timeout)
             with self._cv:
@@ -754,8 +781,7 @@ class StoreWriter:
             self._dropped_at_trouble = self._dropped
             msg = (f"{self.path}: cannot write history ({exc}); keeping up to {self.queue_max} ticks in memory "
                    f"(oldest dropped beyond that) and retrying every {self.retry_interval_s:g} s")
-            log.error("%s", msg)
-            self.record(Event(EventKind.STORE_WRITE_FAILED, Severity.ERROR, msg, {"error": str(exc)}))
+            self._event(Event(EventKind.STORE_WRITE_FAILED, Severity.ERROR, msg, {"error": str(exc)}))
         self._note_error(str(exc))
         return True
 
@@ -764,10 +790,9 @@ class StoreWriter:
         lost = self._dropped - self._dropped_at_trouble
         self._trouble_since = None
         msg = f"{self.path}: history writes resumed after {took:.0f} s; {lost} ticks were dropped meanwhile"
-        log.warning("%s", msg)
         with self._cv:
             self._last_error = None
-        self.record(Event(EventKind.STORE_WRITES_RESUMED, Severity.WARNING if lost else Severity.INFO, msg,
+        self._event(Event(EventKind.STORE_WRITES_RESUMED, Severity.WARNING if lost else Severity.INFO, msg,
                           {"dropped_ticks": lost}))
 
     def _recover_damaged(self, exc: sqlite3.Error) -> None:
@@ -786,9 +811,8 @@ class StoreWriter:
             return
         self.rollups = Rollups(self.conn)
         msg = f"{reason}; moved it to {aside} and started a fresh history database"
-        log.error("%s", msg)
         self._note_error(msg)
-        self.record(Event(EventKind.STORE_MOVED_ASIDE, Severity.ERROR, msg, {"moved_to": str(aside)}))
+        self._event(Event(EventKind.STORE_MOVED_ASIDE, Severity.ERROR, msg, {"moved_to": str(aside)}))
 
     def _keep_waiting(self, exc: Exception) -> None:
         """Enter (or stay in) the retry state without touching the queues (they are kept as they are)."""
@@ -864,11 +888,10 @@ class StoreWriter:
                          "retried")
         msg = (f"{self.path} {how} while the agent had it open{lost}; {then}; the {carried} row(s) written since "
                "the agent last saw the file were carried over, nothing from then on is lost")
-        (log.critical if change == "unlinked" else log.warning)("%s", msg)
         with self._cv:
             self._db_swapped, self._db_swapped_ms = msg, _now_ms(self.clock)
         kind = EventKind.STORE_DB_REPLACED if change == "replaced" else EventKind.STORE_DB_UNLINKED
-        self.record(Event(kind, Severity.CRITICAL if change == "unlinked" else Severity.WARNING, msg,
+        self._event(Event(kind, Severity.CRITICAL if change == "unlinked" else Severity.WARNING, msg,
                           {"path": str(self.path), "change": change, "carried_rows": carried,
                            "reopened": reopened}))
 
@@ -921,7 +944,6 @@ class StoreWriter:
                    "removed them, or opened the live database in a way that dropped the agent's locks); "
                    "commits since then were invisible to other programs and would have been lost at the next "
                    "restart")
-            log.critical("%s", msg)
             with self._cv:
                 self._wal_unlinked, self._wal_unlinked_ms = msg, _now_ms(self.clock)
                 self._wal_recovered = False
@@ -934,10 +956,11 @@ class StoreWriter:
             msg = self._wal_unlinked
         details = {"path": str(self.path), "unlinked": gone, "recovered": recovered}
         if first:  # one critical event per episode, written after the renewal so it lands in the live file
-            self.record(Event(EventKind.STORE_WAL_UNLINKED, Severity.CRITICAL, msg, details))
+            self._event(Event(EventKind.STORE_WAL_UNLINKED, Severity.CRITICAL, msg, details))
         elif recovered:
-            self.record(Event(EventKind.STORE_WAL_RECOVERED, Severity.WARNING, msg, details))
-        (log.warning if recovered else log.error)("%s: %s", self.path, how)
+            self._event(Event(EventKind.STORE_WAL_RECOVERED, Severity.WARNING, msg, details))
+        else:  # a renewal that failed again: no event (one per episode), but the log says so
+            log.error("%s: %s", self.path, how)
 
     def _checkpoint_into_file(self) -> bool:
         """Copy every frame of the writer's WAL into the main file; True when all of them went in."""

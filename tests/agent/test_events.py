@@ -8,9 +8,11 @@ nothing could subscribe to them.
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 from support.node import close_node, open_node
+from support.waits import wait_for
 
 from lynxtop.agent.events import EventSink
 from lynxtop.contract.events import Event, EventKind, Severity
@@ -105,3 +107,43 @@ def test_the_real_node_writes_publishes_and_logs_its_event_once(tmp_path, h, cap
     lines = [r.getMessage() for r in caplog.records]
     assert lines.count("agent.clock_step: the wall clock was stepped (test)") == 1
     assert lines.count("preflight.warning: profile alpha: a test warning") == 1
+
+
+def test_a_store_event_reaches_subscribers_once_and_is_stored_and_logged_once(tmp_path, h, caplog):
+    """The store's own events take the one path (issue 27.3): the writer is handed the sink (`on_event`), since
+    store/ may not import the agent. Before, a `store.*` event was written and logged by the writer alone and no
+    subscriber ever saw it."""
+    db = tmp_path / "state" / "lynxtop.db"
+    node = open_node(h.write_config(tmp_path, 'sample_interval_s = 0.1\nfake_nvml = "h200x8"'))
+    published: list[Event] = []
+    try:
+        node.event_sink.subscribe(published.append)
+        with caplog.at_level(logging.INFO):
+            os.unlink(db)  # `rm lynxtop.db` on a live node: the writer's file check makes a store.db_unlinked event
+            wait_for(lambda: [e for e in published if e.kind == EventKind.STORE_DB_UNLINKED], timeout=30,
+                     what="the store's db_unlinked event published to the subscriber")
+            assert node.writer.flush()
+    finally:
+        close_node(node)
+    store_events = [e for e in published if str(e.kind).startswith("store.")]
+    assert [e.kind for e in store_events] == [EventKind.STORE_DB_UNLINKED]
+    msg = store_events[0].message
+    rows = h.db_rows(db, "SELECT kind, message FROM events WHERE kind LIKE 'store.%'")
+    assert [(r["kind"], r["message"]) for r in rows] == [("store.db_unlinked", msg)]
+    assert [r.getMessage() for r in caplog.records if msg in r.getMessage()] == [f"store.db_unlinked: {msg}"]
+
+
+def test_a_store_event_made_while_opening_is_stored_and_logged_once(tmp_path, h, caplog):
+    """A damaged file moved aside as the node opens: the event waits for the sink (which needs the open store),
+    then is one row and one log line. Before, the writer and the node each logged it and the sink never saw it."""
+    db = tmp_path / "state" / "lynxtop.db"
+    db.parent.mkdir(parents=True)
+    db.write_text("# not a database\n" * 50)
+    with caplog.at_level(logging.INFO):
+        node = open_node(h.write_config(tmp_path, 'sample_interval_s = 0.1\nfake_nvml = "h200x8"'))
+        close_node(node)
+    rows = h.db_rows(db, "SELECT kind, message FROM events WHERE kind LIKE 'store.%'")
+    assert [r["kind"] for r in rows] == ["store.moved_aside"]
+    aside = str(node.writer.moved_aside)
+    assert [r.getMessage() for r in caplog.records if aside in r.getMessage()] == [
+        f"store.moved_aside: {rows[0]['message']}"]
