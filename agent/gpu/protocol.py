@@ -1,7 +1,8 @@
 """The NVML backend seam and the shape of a simulated GPU node: the only agent module the simulator imports.
 
 `GpuBackend` lists exactly the pynvml functions the sampler, the XID watcher, the GPM reader and the NVLink
-counters call, under pynvml's names, so the real library (`backend.RealNvml`), the scripted fake
+counters call, under pynvml's names, as the union of one small protocol per surface (library, device facts,
+per-tick readings, slow counters, GPM, events), so the real library (`backend.RealNvml`), the scripted fake
 (`fake.FakeNvml`) and the simulator-coupled node are checked against one list (tests/agent/gpu/test_gpu_protocol.py)
 instead of failing on a missing name at run time. Constants and structs still come from `pynvml` itself.
 
@@ -17,13 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 
-@runtime_checkable
-class GpuBackend(Protocol):
-    """What the GPU sampling code calls on a backend; nothing else may be called (see the test above)."""
+class NvmlLibrary(Protocol):
+    """The library as a whole: init/shutdown, versions, and the handles of its GPUs."""
 
     simulated: bool  # True on a fake node: the status says "(simulated)"
 
-    # library
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
     def nvmlSystemGetDriverVersion(self) -> str: ...
@@ -31,14 +30,22 @@ class GpuBackend(Protocol):
     def nvmlDeviceGetCount(self) -> int: ...
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
     def nvmlDeviceGetIndex(self, handle: Any) -> int: ...
-    # static facts
+
+
+class NvmlDeviceFacts(Protocol):
+    """What a GPU is: read once per (re)initialisation, never per tick."""
+
     def nvmlDeviceGetUUID(self, handle: Any) -> str: ...
     def nvmlDeviceGetName(self, handle: Any) -> str: ...
     def nvmlDeviceGetPciInfo(self, handle: Any) -> Any: ...
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]: ...
     def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int: ...
     def nvmlGpmQueryDeviceSupport(self, handle: Any) -> Any: ...
-    # per tick
+
+
+class NvmlReadings(Protocol):
+    """The cheap per-tick readings: utilisation, memory, power, temperature, clocks, processes, field values."""
+
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
     def nvmlDeviceGetMemoryInfo(self, handle: Any, *, version: int | None = None) -> Any: ...
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
@@ -51,26 +58,50 @@ class GpuBackend(Protocol):
     # per-process SM share: samples newer than `timeStamp` (µs); NOT_FOUND when there are none (normal)
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]: ...
     def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[Any]) -> Any: ...
-    # slow cadence
+
+
+class NvmlSlowCounters(Protocol):
+    """Readings that cost milliseconds on a real H200 (energy) or change rarely: read at the slow cadence."""
+
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int: ...
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int: ...
     def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]: ...
-    # GPM
+
+
+class NvmlGpm(Protocol):
+    """GPM (Hopper+): sample buffers and the metrics between two samples."""
+
     def nvmlGpmSampleAlloc(self) -> Any: ...
     def nvmlGpmSampleFree(self, sample: Any) -> None: ...
     def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any: ...
     def nvmlGpmMetricsGet(self, metrics_get: Any) -> Any: ...
-    # XID events
+
+
+class NvmlEvents(Protocol):
+    """XID events: an event set the XID watcher waits on in its own thread."""
+
     def nvmlEventSetCreate(self) -> Any: ...
     def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any) -> None: ...
     def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any: ...
     def nvmlEventSetFree(self, event_set: Any) -> None: ...
 
 
+SURFACES: tuple[type, ...] = (NvmlLibrary, NvmlDeviceFacts, NvmlReadings, NvmlSlowCounters, NvmlGpm, NvmlEvents)
+
+
+@runtime_checkable
+class GpuBackend(NvmlLibrary, NvmlDeviceFacts, NvmlReadings, NvmlSlowCounters, NvmlGpm, NvmlEvents, Protocol):
+    """What the GPU sampling code calls on a backend: the union of the surfaces above, nothing else (see the test
+    above). Each surface is small and owned by one reader of the sampler and one part of the fake."""
+
+
 def backend_members() -> frozenset[str]:
-    """Every name a backend must answer (the functions and the `simulated` flag)."""
-    names = {n for n in vars(GpuBackend) if n.startswith("nvml")}
-    return frozenset(names | set(GpuBackend.__annotations__))
+    """Every name a backend must answer (the functions and the `simulated` flag), over all the surfaces."""
+    names: set[str] = set()
+    for surface in SURFACES:
+        names |= {n for n in vars(surface) if n.startswith("nvml")}
+        names |= set(vars(surface).get("__annotations__", {}))
+    return frozenset(names)
 
 
 # ---------------------------------------------------------------------- a fake node

@@ -127,3 +127,21 @@ def test_the_sampler_calls_only_the_protocol_and_all_of_it(tmp_path):
     assert events and all(isinstance(e[0], EventKind) for e in events)
     assert {EventKind.GPU_XID, EventKind.GPU_LOST, EventKind.NVML_MISSING_FUNCTION,
             EventKind.NVML_UNAVAILABLE} <= set(e[0] for e in events)
+
+
+def test_the_backend_is_the_union_of_small_surfaces_and_the_fake_is_composed_the_same_way():
+    """Issue 27: one protocol per NVML surface, each answered by one part of the fake, none over the size limit."""
+    from lynxtop.agent.gpu import fake
+    from lynxtop.agent.gpu.protocol import SURFACES
+
+    parts = (fake.FakeLibrary, fake.FakeDeviceFacts, fake.FakeReadings, fake.FakeSlowCounters, fake.FakeGpm,
+             fake.FakeEvents)
+    assert set(FakeNvml.__mro__) >= set(parts) and set(GpuBackend.__mro__) >= set(SURFACES)
+    seen: set[str] = set()
+    for surface, part in zip(SURFACES, parts, strict=True):
+        wanted = {n for n in vars(surface) if n.startswith("nvml")}
+        assert wanted and not wanted & seen  # every function belongs to exactly one surface
+        seen |= wanted
+        assert {n for n in vars(part) if n.startswith("nvml")} == wanted, part.__name__
+        assert len(wanted) <= 12
+    assert seen | {"simulated"} == MEMBERS

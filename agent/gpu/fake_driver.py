@@ -1,0 +1,216 @@
+"""The fake NVML's driver core: what a real driver keeps per GPU, and the checks every device call passes.
+
+`FakeDriver` owns the scenario, the per-GPU accumulators (energy, GPM integrals, NVLink byte counters) and the
+pending XIDs. Invariants: counters only ever integrate forward (a look at or before the last one adds nothing);
+the scenario is read at most once per `resolution_s` per GPU, and each read turns the state into per-second
+rates once (`_GpuAcc.renew`), so integrating is one pass over a list, not one `getattr` per metric; a device
+call counts itself and checks its errors in the order a driver reports them (uninitialised, whole-library
+failure, missing function, lost GPU, unsupported, injected error) with one look at the state.
+
+The surfaces (fake.py) answer from the state this returns; this module builds no answer objects.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pynvml
+
+from lynxtop.agent.gpu.protocol import FakeGpuSpec, FakeGpuState, Scenario
+
+MIB = 1024 * 1024
+
+# GPM metric id -> (FakeGpuState attribute, scale from the state's unit to GPM's unit)
+GPM_SCALAR = {
+    pynvml.NVML_GPM_METRIC_SM_UTIL: ("sm_active_pct", 1.0),
+    pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: ("sm_occupancy_pct", 1.0),
+    pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: ("tensor_active_pct", 1.0),
+    pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: ("dram_bw_pct", 1.0),
+    pynvml.NVML_GPM_METRIC_FP16_UTIL: ("fp16_active_pct", 1.0),
+    pynvml.NVML_GPM_METRIC_FP32_UTIL: ("fp32_active_pct", 1.0),
+    pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: ("pcie_tx_bytes_per_s", 1.0 / MIB),
+    pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: ("pcie_rx_bytes_per_s", 1.0 / MIB),
+}
+N_INTEGRALS = len(GPM_SCALAR) + 2  # scalars, nvlink total rx, nvlink total tx (per-link kept apart)
+_SCALAR_ATTRS = tuple((attr, scale) for attr, scale in GPM_SCALAR.values())
+
+
+def err(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+@dataclass
+class Handle:
+    index: int
+
+    def __repr__(self) -> str:
+        return f"<simulated GPU {self.index}>"
+
+
+@dataclass
+class _GpuAcc:
+    """What the fake driver accumulates for one GPU since 'driver load', and the rates it integrates."""
+
+    last_t: float  # counters are integrated up to here
+    last_state: FakeGpuState
+    state_t: float  # when last_state was read from the scenario
+    links: int
+    energy_mj: float = 0.0
+    integrals: list[float] = field(default_factory=lambda: [0.0] * N_INTEGRALS)
+    link_tx: list[float] = field(default_factory=list)  # bytes, per link
+    link_rx: list[float] = field(default_factory=list)
+    prev_xids: list[int] = field(default_factory=list)
+    # per-second increments of the counters above under `last_state` (set by `renew`)
+    power_mw: float = 0.0
+    rates: list[float] = field(default_factory=list)
+    tx_rates: list[float] = field(default_factory=list)
+    rx_rates: list[float] = field(default_factory=list)
+
+    def renew(self, st: FakeGpuState, t: float) -> None:
+        """Take `st` as the state from `t` on: its rates are worked out once here, not on every integration."""
+        self.last_state, self.state_t = st, t
+        n = self.links
+        self.power_mw = st.power_w * 1000.0
+        tx = (st.nvlink_tx_bytes_per_s + [0.0] * n)[:n] if n else []
+        rx = (st.nvlink_rx_bytes_per_s + [0.0] * n)[:n] if n else []
+        self.tx_rates, self.rx_rates = tx, rx
+        self.rates = [getattr(st, attr) * scale for attr, scale in _SCALAR_ATTRS]
+        self.rates += [sum(rx) / MIB, sum(tx) / MIB]
+
+    def integrate(self, now: float) -> None:
+        """Advance every counter to `now` at the current rates (left Riemann sum)."""
+        dt = now - self.last_t
+        self.energy_mj += self.power_mw * dt
+        self.integrals = [a + r * dt for a, r in zip(self.integrals, self.rates, strict=True)]
+        if self.links:
+            self.link_tx = [a + r * dt for a, r in zip(self.link_tx, self.tx_rates, strict=True)]
+            self.link_rx = [a + r * dt for a, r in zip(self.link_rx, self.rx_rates, strict=True)]
+        self.last_t = now
+
+
+class FakeDriver:
+    """The state of a simulated NVML library for one node, driven by `scenario` and `clock` (monotonic s)."""
+
+    simulated = True
+
+    def __init__(self, scenario: Scenario, clock: Callable[[], float] = time.monotonic,
+                 init_error: int | None = None, resolution_s: float = 0.01):
+        self.scenario = scenario
+        self.clock = clock
+        # the scenario is re-read at most this often; integrals stay exact (timestamps are the read times)
+        self.resolution_s = resolution_s
+        # nvmlInit raises this code while set (e.g. LIBRARY_NOT_FOUND: a machine without a driver)
+        self.init_error = init_error
+        # every device call raises this code while set (e.g. LIB_RM_VERSION_MISMATCH after a driver upgrade)
+        self.fail_all: int | None = None
+        # (gpu index, function name) -> error code raised by that call on that GPU (tests' error injection)
+        self.errors: dict[tuple[int, str], int] = {}
+        self.calls: dict[str, int] = {}  # call counts by function name, for tests
+        self.gpu_calls: dict[tuple[int, str], int] = {}  # and by (GPU, function)
+        self.initialized = False
+        self._refs = 0
+        self._lock = threading.RLock()
+        self._xid_ready = threading.Condition(self._lock)
+        self._specs: list[FakeGpuSpec] = list(scenario.gpus())
+        self._acc: dict[int, _GpuAcc] = {}
+        self._pending_xids: list[tuple[int, int]] = []
+
+    def _system(self, fn: str) -> None:
+        """A call that is not about one GPU: counted, and failing as the whole library does."""
+        self.calls[fn] = self.calls.get(fn, 0) + 1
+        if not self.initialized:
+            raise err(pynvml.NVML_ERROR_UNINITIALIZED)
+        if self.fail_all is not None:
+            raise err(self.fail_all)
+
+    def _check(self, handle: Handle, fn: str) -> FakeGpuState:
+        """Count a device call, raise what the driver would, else return the GPU's state now (one look)."""
+        index = handle.index
+        calls = self.calls
+        calls[fn] = calls.get(fn, 0) + 1
+        key = (index, fn)
+        self.gpu_calls[key] = self.gpu_calls.get(key, 0) + 1
+        if not self.initialized:
+            raise err(pynvml.NVML_ERROR_UNINITIALIZED)
+        if self.fail_all is not None:
+            raise err(self.fail_all)
+        spec = self._specs[index]
+        if fn in spec.missing_functions:
+            raise err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        st = self._state(index)
+        if st.lost:
+            raise err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if fn in spec.unsupported:
+            raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if self.errors:
+            code = self.errors.get(key)
+            if code is not None:
+                raise err(code)
+        return st
+
+    def _state(self, index: int, force: bool = False) -> FakeGpuState:
+        """The state now, after integrating the rates since the last look.
+
+        The scenario is read again once its last look is `resolution_s` old; counters (`force`) always integrate
+        up to now, so two GPM samples or field reads never share a timestamp.
+        """
+        if not force:  # an instantaneous reading of a fresh look: no integration, no lock
+            acc = self._acc.get(index)
+            if acc is not None and 0.0 < self.clock() - acc.state_t < self.resolution_s:
+                return acc.last_state
+        with self._lock:
+            now = self.clock()
+            acc = self._acc.get(index)
+            if acc is None:
+                return self._first_look(index, now)
+            recent = 0.0 <= now - acc.state_t < self.resolution_s
+            if now <= acc.last_t or recent and not force:
+                return acc.last_state
+            acc.integrate(now)
+            if recent:  # counters integrated; the scenario is not read again within its resolution
+                return acc.last_state
+            new = self.scenario.state(index, now)
+            if new.xid_events or acc.prev_xids:
+                # XIDs "fire at this moment": deliver each one that was not already pending at the last look
+                fresh = list(new.xid_events)
+                for x in acc.prev_xids:
+                    if x in fresh:
+                        fresh.remove(x)
+                self._queue_xids(index, fresh)
+                acc.prev_xids = list(new.xid_events)
+            acc.renew(new, now)
+            return new
+
+    def _first_look(self, index: int, now: float) -> FakeGpuState:
+        st = self.scenario.state(index, now)
+        n = self._specs[index].nvlink_count
+        acc = self._acc[index] = _GpuAcc(last_t=now, last_state=st, state_t=now, links=n,
+                                         link_tx=[0.0] * n, link_rx=[0.0] * n)
+        acc.renew(st, now)
+        acc.prev_xids = list(st.xid_events)
+        self._queue_xids(index, st.xid_events)
+        return st
+
+    def _counters(self, index: int) -> _GpuAcc:
+        """The GPU's accumulators, integrated up to now."""
+        self._state(index, force=True)
+        return self._acc[index]
+
+    def _queue_xids(self, index: int, xids: list[int]) -> None:
+        for x in xids:
+            self._pending_xids.append((index, x))
+        if xids:
+            self._xid_ready.notify_all()
+
+    def inject_xid(self, index: int, xid: int) -> None:
+        """Test hook: an XID fires on GPU `index` now."""
+        with self._lock:
+            self._queue_xids(index, [xid])
+
+    def _answer(self, handle: Handle, fn: str) -> tuple[FakeGpuSpec, FakeGpuState]:
+        """`_check`, and the GPU's static facts for answers that need them."""
+        st = self._check(handle, fn)
+        return self._specs[handle.index], st
