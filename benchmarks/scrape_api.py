@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.parser import text_string_to_metric_families
 
 from lynxtop.agent.api.routes import ApiServer
-from lynxtop.agent.metrics.scrape import MetricsScraper, relevant_lines
+from lynxtop.agent.metrics.page import relevant_lines
+from lynxtop.agent.metrics.scrape import MetricsScraper
 from lynxtop.contract.client import AgentClient
 from lynxtop.contract.records import ProfileList
 from lynxtop.contract.status import GPU_METRIC_NAMES, HOST_METRIC_NAMES, SERVING_METRIC_NAMES, Status

@@ -19,10 +19,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from lynxtop.agent.metrics.continuity import _SeriesCorrection
 from lynxtop.agent.metrics.histogram import HistogramSnapshot
-from lynxtop.agent.metrics.scrape import ParsedPage, SeriesKey, _SeriesCorrection
+from lynxtop.agent.metrics.page import ParsedPage, SeriesKey
 
-COUNTERS = ("prompt_tokens", "generation_tokens", "preemptions")  # keys of agent/metrics/scrape.py's COUNTERS
+COUNTERS = ("prompt_tokens", "generation_tokens", "preemptions")  # keys of agent/metrics/families.py's COUNTERS
 MAX_MODELS = 32  # model names kept: a node serves a few over the agent's life; the oldest goes past this
 _MODEL = re.compile(r'[{,]\s*model_name\s*=\s*"((?:[^"\\]|\\.)*)"')
 _REASON = re.compile(r'[{,]\s*finished_reason\s*=\s*"((?:[^"\\]|\\.)*)"')

@@ -19,7 +19,6 @@ KNOWN = {
     "gpu/protocol.py::GpuBackend": "one method per NVML call the sampler makes, checked against pynvml",
     "gpu/fake.py::FakeNvml": "the fake answers every GpuBackend call",
     "gpu/sampler.py::GpuSampler": "not split yet (issue 27, GPU layer)",
-    "metrics/scrape.py::MetricsScraper": "not split yet (issue 27, metrics)",
 }
 
 

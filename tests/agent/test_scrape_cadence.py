@@ -13,7 +13,7 @@ from aiohttp import web
 from support.node import close_node, open_node, run_clock
 from support.vllm_pages import sim_page
 
-from lynxtop.agent.metrics import scrape as scrape_mod
+from lynxtop.agent.metrics import fetch as fetch_mod
 from lynxtop.agent.metrics.scrape import MetricsScraper
 from lynxtop.agent.node import Node
 from lynxtop.agent.sampling import ScrapeTarget
@@ -136,7 +136,7 @@ async def test_the_page_is_asked_for_uncompressed():
 
 @pytest.mark.parametrize("mode", ["stream", "announced"])
 async def test_huge_page_is_cut_off_at_the_limit_without_growing_memory(mode, monkeypatch):
-    monkeypatch.setattr(scrape_mod, "MAX_PAGE_BYTES", 4 << 20)
+    monkeypatch.setattr(fetch_mod, "MAX_PAGE_BYTES", 4 << 20)
     async with VllmStandIn() as srv, aiohttp.ClientSession() as session:
         srv.huge = mode
         s = MetricsScraper(srv.url, timeout_s=20)

@@ -19,7 +19,8 @@ from aiohttp import web
 from support.web_app import serving
 
 from lynxtop.agent.api.routes import ApiServer
-from lynxtop.agent.metrics import scrape as scrape_mod
+from lynxtop.agent.metrics import continuity
+from lynxtop.agent.metrics import page as page_mod
 from lynxtop.agent.metrics.scrape import MetricsScraper
 from lynxtop.agent.serving.health import MAX_BODY_BYTES, HttpClient
 from lynxtop.contract.records import RunInfo
@@ -148,19 +149,19 @@ def test_more_engines_than_the_cap_is_a_refused_page_with_one_event():
     assert s.parse_page(_engines_page(8), now=0.0)["requests_running"] == 8
     events = []
     for t in range(1, 4):
-        row = s.parse_page(_engines_page(scrape_mod.MAX_ENGINES + 1), now=float(t))
+        row = s.parse_page(_engines_page(page_mod.MAX_ENGINES + 1), now=float(t))
         events += s.events(float(t))
         assert row["scrape_ok"] == 0 and s.engines == []
-    assert f"over the cap of {scrape_mod.MAX_ENGINES}" in s.last_error and "engine label values" in s.last_error
+    assert f"over the cap of {page_mod.MAX_ENGINES}" in s.last_error and "engine label values" in s.last_error
     assert _kinds(events) == ["scrape.outage"] and "over the cap" in events[0]["message"]  # once an episode
 
 
 def test_a_series_with_labels_longer_than_the_cap_refuses_the_page():
-    long = "m" * (scrape_mod.MAX_LABELS_CHARS + 1)
+    long = "m" * (page_mod.MAX_LABELS_CHARS + 1)
     s = MetricsScraper("http://x:1/metrics")
     row = s.parse_page(f'vllm:num_requests_running{{model_name="{long}"}} 1\n', now=0.0)
-    assert row["scrape_ok"] == 0 and f"over the cap of {scrape_mod.MAX_LABELS_CHARS}" in s.last_error
-    assert all(len(k) <= scrape_mod.MAX_LABELS_CHARS + 200 for k in scrape_mod._KNOWN)  # never cached
+    assert row["scrape_ok"] == 0 and f"over the cap of {page_mod.MAX_LABELS_CHARS}" in s.last_error
+    assert all(len(k) <= page_mod.MAX_LABELS_CHARS + 200 for k in page_mod._KNOWN)  # never cached
 
 
 def _bucket_page(buckets: int, count: int) -> str:
@@ -176,24 +177,24 @@ def test_a_histogram_with_more_buckets_than_the_cap_is_left_out_with_one_event()
     s = MetricsScraper("http://x:1/metrics")
     events = []
     for t in range(5):
-        row = s.parse_page(_bucket_page(scrape_mod.MAX_BUCKETS + 1, t), now=float(t))
+        row = s.parse_page(_bucket_page(page_mod.MAX_BUCKETS + 1, t), now=float(t))
         events += s.events(float(t))
         assert row["scrape_ok"] == 1 and row["requests_running"] == 2 and row["e2e_p99_ms"] is None
-    assert "e2e" not in s._hists  # no window of 1000 buckets a scrape
+    assert "e2e" not in s._windows.hists  # no window of 1000 buckets a scrape
     assert _kinds(events) == ["scrape.over_limit"], events
-    assert f"over the cap of {scrape_mod.MAX_BUCKETS}" in events[0]["message"]
+    assert f"over the cap of {page_mod.MAX_BUCKETS}" in events[0]["message"]
     s.parse_page(_bucket_page(20, 1), now=10.0)
     s.parse_page(_bucket_page(20, 3), now=11.0)
     assert s.parse_page(_bucket_page(20, 5), now=12.0)["e2e_p99_ms"] is not None  # within the cap: read
 
 
 def test_labels_that_change_every_scrape_do_not_grow_the_scraper(monkeypatch):
-    monkeypatch.setattr(scrape_mod, "MAX_GONE", 50)
+    monkeypatch.setattr(continuity, "MAX_GONE", 50)
     s = MetricsScraper("http://x:1/metrics")
     for t in range(200):
         text = "".join(f'vllm:generation_tokens_total{{engine="{e}",id="{t}"}} {t}\n' for e in range(4))
         assert s.parse_page(text, now=float(t))["scrape_ok"] == 1
-    corr = s._series[("counter", "generation_tokens")]
+    corr = s._corrections.series[("counter", "generation_tokens")]
     assert len(corr._gone) <= 50
 
 

@@ -18,6 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.vllm_pages import sim_page
 
+from lynxtop.agent.metrics import families
+from lynxtop.agent.metrics import page as page_mod
 from lynxtop.agent.metrics import scrape as scrape_mod
 from lynxtop.agent.metrics.histogram import HistogramSnapshot
 from lynxtop.agent.metrics.scrape import MetricsScraper, PageError, parse_text
@@ -25,10 +27,10 @@ from lynxtop.agent.metrics.scrape import MetricsScraper, PageError, parse_text
 PAGES = Path(__file__).resolve().parent / "pages"
 
 
-def reference_parse(text: str) -> scrape_mod.ParsedPage:
+def reference_parse(text: str) -> page_mod.ParsedPage:
     """parse_text as it was: the selected lines through prometheus_client (the reference); a value that is no
     reading (NaN, infinite, past 2**63: issue 25.1) is left out of every sum and kept as NaN in its series."""
-    relevant, seen = scrape_mod.relevant_lines(text)
+    relevant, seen = page_mod.relevant_lines(text)
     if not seen:
         raise PageError("no vllm:* metrics on the page (is this a vLLM server?)")
     sums: dict[str, float] = {}
@@ -41,9 +43,9 @@ def reference_parse(text: str) -> scrape_mod.ParsedPage:
                 value = float(s.value)
                 if not -2.0 ** 63 < value < 2.0 ** 63:
                     continue
-                if s.name in scrape_mod._MAX_NAMES:
+                if s.name in families.MAX_NAMES:
                     maxes[s.name] = max(maxes.get(s.name, -math.inf), value)
-                elif s.name not in scrape_mod._SUM_NAMES and s.name.endswith("_bucket"):
+                elif s.name not in families.SUM_NAMES and s.name.endswith("_bucket"):
                     per = buckets.setdefault(s.name[:-7], {})
                     le = float(s.labels["le"])
                     per[le] = per.get(le, 0.0) + value
@@ -53,22 +55,22 @@ def reference_parse(text: str) -> scrape_mod.ParsedPage:
         raise PageError(f"not Prometheus text: {exc}") from None
     for line in relevant.splitlines():  # each series' value, by its key as the page wrote it (string work)
         name = re.split(r"[{ \t]", line, maxsplit=1)[0]
-        if name in scrape_mod._SERIES_NAMES:
+        if name in families.SERIES_NAMES:
             cut = line.rfind("}") + 1 or len(name)
             value = float(line[cut:].split()[0])
             raw.setdefault(name, {})[line[:cut]] = value if -2.0 ** 63 < value < 2.0 ** 63 else math.nan
-    page = scrape_mod.ParsedPage()
-    for key, cands in scrape_mod.COUNTERS.items():
+    page = page_mod.ParsedPage()
+    for key, cands in families.COUNTERS.items():
         name = next((n for n in cands if n in sums), None)
         if name is not None:
             page.counters[key] = sums[name]
             page.series[("counter", key)] = raw.get(name, {})
-    for table, values in ((scrape_mod.GAUGES_SUM, sums), (scrape_mod.GAUGES_MAX, maxes)):
+    for table, values in ((families.GAUGES_SUM, sums), (families.GAUGES_MAX, maxes)):
         for key, cands in table.items():
             name = next((n for n in cands if n in values), None)
             if name is not None:
                 page.gauges[key] = values[name]
-    for key, cands in scrape_mod.HISTOGRAMS.items():
+    for key, cands in families.HISTOGRAMS.items():
         name = next((n for n in cands if n in buckets), None)
         if name is not None:
             bs = tuple(sorted(buckets[name].items()))
@@ -91,7 +93,7 @@ def page_texts() -> dict[str, str]:
     }
 
 
-def same(a: scrape_mod.ParsedPage, b: scrape_mod.ParsedPage) -> None:
+def same(a: page_mod.ParsedPage, b: page_mod.ParsedPage) -> None:
     assert a.counters == b.counters  # floats compared exactly: same additions in the same order
     assert a.gauges == b.gauges
     assert a.histograms == b.histograms
@@ -217,7 +219,7 @@ def test_only_the_families_read_are_scanned_and_odd_layouts_still_read_the_same(
     else:  # a proxy that concatenates two servers' pages: every family twice, each with its TYPE line
         text = page + sim_page(8, seed=5).replace('engine="', 'engine="1')
     same(parse_text(text), reference_parse(text))
-    spans = scrape_mod._wanted_spans("\n" + text)
+    spans = page_mod._wanted_spans("\n" + text)
     covered = sum(end - start for start, end in spans)
     if shape == "no comment lines":
         assert spans == [(0, len(text) + 1)]
@@ -228,19 +230,19 @@ def test_only_the_families_read_are_scanned_and_odd_layouts_still_read_the_same(
 @pytest.mark.parametrize("name", list(page_texts()))
 def test_a_page_laid_out_as_the_last_is_added_up_by_its_plan_to_the_last_digit(name, monkeypatch):
     first = page_texts()[name]
-    scrape_mod._PLANS.clear()
+    page_mod._PLANS.clear()
     parse_text(first)  # line by line; its layout is planned
-    assert len(scrape_mod._PLANS) == 1
+    assert len(page_mod._PLANS) == 1
     nxt = _perturb(first, random.Random(11))
 
     def no_line_by_line(self, found):
         raise AssertionError("a page of a planned layout was read line by line")
 
     with monkeypatch.context() as m:
-        m.setattr(scrape_mod._Totals, "add_lines", no_line_by_line)
+        m.setattr(page_mod._Totals, "add_lines", no_line_by_line)
         ours = parse_text(nxt)
     same(ours, reference_parse(nxt))
-    scrape_mod._PLANS.clear()
+    page_mod._PLANS.clear()
     by_line = parse_text(nxt)
     same(ours, by_line)
     assert ours.engines == by_line.engines and ours.engines  # the per-engine gauges too (the reference has none)
@@ -250,9 +252,9 @@ def test_a_page_laid_out_as_the_last_is_added_up_by_its_plan_to_the_last_digit(n
 @pytest.mark.parametrize("value", ["NaN", "1_000", "abc", "+Inf"])
 def test_a_planned_layout_with_an_odd_value_reads_as_the_reference_does(value):
     page = sim_page(8, seed=6)
-    scrape_mod._PLANS.clear()
+    page_mod._PLANS.clear()
     parse_text(page)
-    assert scrape_mod._PLANS
+    assert page_mod._PLANS
     line = next(x for x in page.splitlines() if x.startswith("vllm:e2e_request_latency_seconds_sum{"))
     text = page.replace(line, f"{line.rpartition(' ')[0]} {value}")
     try:

@@ -12,6 +12,7 @@ from aiohttp import web
 from prom_reference import Series, increase
 from support.web_app import serving
 
+from lynxtop.agent.metrics import continuity, episodes, fetch
 from lynxtop.agent.metrics import scrape as scrape_mod
 from lynxtop.agent.metrics.histogram import bucket_quantile
 from lynxtop.agent.metrics.scrape import MetricsScraper, parse_text
@@ -140,7 +141,7 @@ def test_counter_going_down_is_a_restart_not_a_negative_rate():
 
 def assert_window_matches_reference(s: MetricsScraper, ref: Series, row: dict, t: int) -> None:
     """The 60 s window figures against Prometheus' own functions over the same pages (`t` names the tick)."""
-    gen_window = s._counters["generation_tokens"].window_delta()
+    gen_window = s._windows.counters["generation_tokens"].window_delta()
     assert gen_window == ref.increase("vllm:generation_tokens_total", t - 60, t), t
     hits = ref.increase("vllm:prefix_cache_hits_total", t - 60, t)
     queries = ref.increase("vllm:prefix_cache_queries_total", t - 60, t)
@@ -221,7 +222,7 @@ def test_counter_window_alone_is_prometheus_increase():
     """The counter window on its own (one series, resets detected there): its increase over the window is
     Prometheus' counter-corrected increase of the raw samples in it, resets included."""
     values = [100, 250, 400, 30, 90, 95, 5, 7, 600, 620, 2, 40, 41, 41, 300]
-    cw = scrape_mod._CounterWindow(window_s=30)
+    cw = continuity._CounterWindow(window_s=30)
     for i, v in enumerate(values):
         t = 5.0 * i
         assert cw.add(t, float(v)) is (i > 0 and v < values[i - 1])
@@ -251,7 +252,7 @@ def test_series_missing_from_one_page_continues_where_it_was():
         ref.add_page(t, text)
         s.parse_page(text, now=float(t))
         if t:
-            got = s._counters["generation_tokens"].window_delta()
+            got = s._windows.counters["generation_tokens"].window_delta()
             assert got == ref.increase("vllm:generation_tokens_total", t - 60, t), t
     assert s.resets == 1
 
@@ -291,7 +292,7 @@ def test_a_restart_is_one_reset_and_one_event_per_page():
     again = VllmPage(engines=2)  # restarted once more, a while later; only the token counter had moved
     for e in (0, 1):
         again.tpot.labels(*again.lab(e))
-    s.parse_page(again.text(), now=5.0 + scrape_mod.QUIET_S)  # sooner is the same episode: test_pathological_peer.py
+    s.parse_page(again.text(), now=5.0 + episodes.QUIET_S)  # sooner is the same episode: test_pathological_peer.py
     assert s.resets == 2
     ev = s.reset_event()
     assert ev is not None and ev["details"]["series"] == ["generation_tokens"]
@@ -332,8 +333,8 @@ def test_malformed_page_gives_null_row_and_one_outage(text, why):
     back = s.parse_page(VllmPage().text(), now=5.0)
     assert back["scrape_ok"] == 1 and back["scrape_errors"] == 2  # cumulative since the agent started
     assert s.outage_event(5.0) is None  # readable again, not yet for SETTLE_S: a flapping page is one episode
-    s.parse_page(VllmPage().text(), now=5.0 + scrape_mod.SETTLE_S)
-    ev = s.outage_event(5.0 + scrape_mod.SETTLE_S)
+    s.parse_page(VllmPage().text(), now=5.0 + episodes.SETTLE_S)
+    ev = s.outage_event(5.0 + episodes.SETTLE_S)
     assert ev["kind"] == "scrape.recovered" and ev["details"]["outage_s"] == pytest.approx(4.0)
 
 
@@ -421,7 +422,7 @@ async def test_large_page_read_to_the_end_and_oversized_page_refused(vllm_http, 
         row = await s.scrape(session, now=0.0)
         assert row["scrape_ok"] == 1, s.last_error
         assert s.generation_tokens_total == 7
-        monkeypatch.setattr(scrape_mod, "MAX_PAGE_BYTES", 1 << 20)
+        monkeypatch.setattr(fetch, "MAX_PAGE_BYTES", 1 << 20)
         row = await s.scrape(session, now=1.0)
         assert row["scrape_ok"] == 0 and "cut off: larger than 1048576 bytes" in s.last_error
 

@@ -1,0 +1,473 @@
+"""One vLLM metrics page read into sums over engines: only the families lynxtop uses, within caps.
+
+Owns the parse (text in, `ParsedPage` out, thread-safe) and its caches: the series already checked (`_KNOWN`)
+and the layouts of pages seen before (`_PLANS`). Invariants: lines of families we do not read cost no Python
+(one regular expression skips them); sums add the same floats in page order as prometheus_client's parser
+would (tests/agent/io/test_io_promtext.py); a page over a cap raises PageError before any cache keeps its keys.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Callable, Sequence
+from functools import reduce
+from typing import Any
+
+from lynxtop.agent.metrics.families import (
+    COUNTER_NAMES,
+    COUNTERS,
+    GAUGE_NAMES,
+    GAUGES_MAX,
+    GAUGES_SUM,
+    HIST_NAMES,
+    HISTOGRAMS,
+    MAX_NAMES,
+    SUM_NAMES,
+    TYPED_FAMILIES,
+)
+from lynxtop.agent.metrics.histogram import HistogramSnapshot
+from lynxtop.agent.metrics.promtext import SampleError, le_of, split_sample
+
+# Caps on what one page may hold, far above any real deployment (docs/sampling.md "Caps"): a server over one is
+# refused, never followed into unbounded memory. A page over the first three gives no reading (an outage).
+MAX_ENGINES = 1024  # distinct `engine` label values (vLLM's data-parallel ranks: 8-64 in practice)
+MAX_SERIES = 65_536  # series of one family (engines x finished reasons, engines x buckets: ~300 at DP=8)
+MAX_LABELS_CHARS = 2048  # one series' labels as written (vLLM's longest: ~200, with a long model path)
+MAX_BUCKETS = 1000  # bucket bounds of one histogram (vLLM's have 10-30): over it that histogram is left out
+HUGE = float(2 ** 63)  # a sample at or past this (or not finite) is no reading: no count a page gives gets there
+
+
+class PageError(ValueError):
+    """The page is not a vLLM metrics page we can read; the message says why."""
+
+
+SeriesKey = str  # one series: its sample line up to the value (name and labels, as the page spells them)
+
+
+class ParsedPage:
+    """The values of one page we care about, summed over engines.
+
+    `series` keeps each counter series behind those sums (per engine, per `le`), keyed by ("counter", key),
+    ("bucket" | "sum" | "count", histogram key): Prometheus detects a counter reset per series, before summing.
+    Values are the floats the page's lines were read as (NaN included: never below anything, so never a reset).
+    """
+
+    def __init__(self) -> None:
+        self.counters: dict[str, float] = {}
+        self.gauges: dict[str, float] = {}
+        self.histograms: dict[str, HistogramSnapshot] = {}
+        self.series: dict[tuple[str, str], dict[SeriesKey, float]] = {}
+        self.engines: dict[str, dict[str, float]] = {}  # engine label -> running / waiting / kv_usage
+        self.bad_values = 0  # samples that were no reading (NaN, infinite, past 2**63): left out like NaN
+        self.bad_example = ""  # the first of them, as the page wrote it (cut short)
+        self.refused: list[str] = []  # parts left out over a cap (a histogram with too many buckets)
+        self.stale: set[str] = set()  # counters and histograms with a bad sample: this page adds nothing to them
+
+
+_FIRST = operator.itemgetter(0)
+_THIRD = operator.itemgetter(2)
+_LE = re.compile(r'[{,]\s*le\s*=\s*"([^"]*)"')
+_ENGINE = re.compile(r'[{,]\s*engine\s*=\s*"([^"]*)"')
+_WANTED_SAMPLES = SUM_NAMES | MAX_NAMES | frozenset(h + s for h in HIST_NAMES for s in ("_bucket", "_sum", "_count"))
+# A wanted sample line: the newline before it, its name, the rest of the line. Led by a literal "\n" rather than
+# a MULTILINE "^", so the regex engine skips from newline to newline in C: a third of the time on a DP8 page.
+_WANTED_LINE = re.compile(r"\n((?:" + "|".join(re.escape(n) for n in sorted(_WANTED_SAMPLES, key=len, reverse=True))
+                          + r")(?=[{ \t])[^\n]*)")
+_TYPE_LINE = re.compile(r"\n# TYPE ([^ \n]*)")
+
+
+def _name_end(line: str) -> int:
+    end = len(line)
+    for sep in ("{", " ", "\t"):
+        i = line.find(sep, 0, end)
+        if i >= 0:
+            end = i
+    return end
+
+
+def relevant_lines(text: str) -> tuple[str, bool]:
+    """The sample lines we use, and whether the page had any vllm: sample at all (for benchmarks/scale.py)."""
+    keep: list[str] = []
+    seen = False
+    for line in text.splitlines():
+        if line.startswith("vllm:"):
+            seen = True
+            if line[:_name_end(line)] in _WANTED_SAMPLES:
+                keep.append(line)
+    return "\n".join(keep) + "\n", seen
+
+
+# What a known series (name and labels exactly as a page spelled them) adds to: its kind, name, `le`, engine.
+_GAUGE_SUM, _GAUGE_MAX, _COUNTER, _BUCKET, _PART = range(5)
+_SeriesInfo = tuple[int, str, float, str]
+_KNOWN: dict[SeriesKey, _SeriesInfo] = {}
+_KNOWN_MAX = 200_000  # as promtext's label cache: a server inventing label sets cannot grow this further
+_KNOWN_CHARS_MAX = 16 << 20  # nor can long label sets (each up to MAX_LABELS_CHARS)
+_known_chars = [0]  # characters of the keys in _KNOWN (a list: updated from the parsing thread too)
+
+
+def _kind(name: str) -> int:
+    if name in MAX_NAMES:
+        return _GAUGE_MAX
+    if name in GAUGE_NAMES:
+        return _GAUGE_SUM
+    if name in COUNTER_NAMES:
+        return _COUNTER
+    return _BUCKET if name.endswith("_bucket") else _PART
+
+
+class _Totals:
+    """The selected samples of one page, added up as Prometheus' `sum by ()` / `max by ()` would.
+
+    Lines are read in page order, so every sum adds the same floats in the same order as prometheus_client's
+    parser did (same result to the last digit); NaN samples are skipped, as before. A line of a series seen
+    before (`name{labels} value`, the same labels) costs a split and a float: its labels were checked when it
+    was first seen (agent/metrics/promtext.py), and what it adds to is remembered. Any other line takes that full path.
+    """
+
+    __slots__ = ("sums", "maxes", "buckets", "raw", "engines", "bad", "bad_example", "bad_names", "refused")
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.maxes: dict[str, float] = {}
+        self.buckets: dict[str, dict[float, float]] = {}
+        self.raw: dict[str, dict[SeriesKey, float]] = {}  # counter and histogram series: value by series
+        self.engines: dict[str, dict[str, float]] = {}  # engine label -> gauge sample name -> value
+        self.bad = 0  # samples that are no reading (NaN, infinite, past 2**63)
+        self.bad_example = ""
+        self.bad_names: set[str] = set()  # the sample names they had: those sums are no reading on this page
+        self.refused: list[str] = []  # families left out over a cap before they were read
+
+    def _no_reading(self, key: SeriesKey, value: float) -> float:
+        """Count a sample that is no reading; NaN stands for it from here on (skipped by every sum)."""
+        if not self.bad:
+            self.bad_example = f"{key[:120]} {value!r}"
+        self.bad += 1
+        self.bad_names.add(key[:_name_end(key)])
+        return math.nan
+
+    def add_lines(self, found: list[str]) -> None:
+        """Add the wanted sample lines of a page, in page order."""
+        known, raw, sums, buckets = _KNOWN, self.raw, self.sums, self.buckets
+        last = ""  # a family's lines are contiguous: its dicts are looked up once per family
+        per: dict[SeriesKey, float] = {}
+        per_le: dict[float, float] = {}
+        for line in found:
+            key, _, v = line.rpartition(" ")
+            info = known.get(key)
+            if info is None or "_" in v:
+                self._add_checked(line)
+                last = ""
+                continue
+            try:
+                value = float(v)
+            except ValueError:
+                self._add_checked(line)
+                last = ""
+                continue
+            kind, name = info[0], info[1]
+            if not -HUGE < value < HUGE:  # NaN, infinite or past any count: no reading (counted)
+                value = self._no_reading(key, value)
+            if kind < _COUNTER:
+                if value == value:
+                    self._gauge(kind, name, info[3], value)
+                continue
+            if name != last:
+                per = raw.setdefault(name, {})
+                if kind == _BUCKET:
+                    per_le = buckets.setdefault(name[:-7], {})
+                last = name
+            per[key] = value
+            if value != value:  # NaN
+                continue
+            if kind == _BUCKET:
+                le = info[2]
+                per_le[le] = per_le.get(le, 0.0) + value
+            else:
+                sums[name] = sums.get(name, 0.0) + value
+        for hist in [h for h, les in buckets.items() if not les]:  # every bucket NaN: no histogram, as before
+            del buckets[hist]
+
+    def _add_checked(self, line: str) -> None:
+        """One line through the full grammar (SampleError when it is not Prometheus text); remembers its series."""
+        end = _name_end(line)
+        name = line[:end]
+        key, value = split_sample(line, end)
+        if not -HUGE < value < HUGE:
+            value = self._no_reading(key, value)
+        kind = _kind(name)
+        le = le_of(key, end) if kind == _BUCKET else math.nan
+        m = _ENGINE.search(key) if kind < _COUNTER else None
+        if line.rpartition(" ")[0] == key:  # the plain `series value` form: the fast path can take it next time
+            if len(_KNOWN) >= _KNOWN_MAX or _known_chars[0] >= _KNOWN_CHARS_MAX:
+                _KNOWN.clear()
+                _known_chars[0] = 0
+            _KNOWN[key] = (kind, name, le, m.group(1) if m else "")
+            _known_chars[0] += len(key)
+        if kind >= _COUNTER:
+            self.raw.setdefault(name, {})[key] = value
+        if value != value:  # NaN
+            return
+        if kind == _BUCKET:
+            self._bucket(name, le, value)
+        elif kind >= _COUNTER:
+            self.sums[name] = self.sums.get(name, 0.0) + value
+        else:
+            self._gauge(kind, name, m.group(1) if m else "", value)
+
+    def _bucket(self, name: str, le: float, value: float) -> None:
+        per = self.buckets.get(name[:-7])
+        if per is None:
+            per = self.buckets[name[:-7]] = {}
+        per[le] = per.get(le, 0.0) + value
+
+    def _gauge(self, kind: int, name: str, engine: str, value: float) -> None:
+        per = self.engines.get(engine)
+        if per is None:
+            per = self.engines[engine] = {}
+        if kind == _GAUGE_MAX:
+            self.maxes[name] = max(self.maxes.get(name, -math.inf), value)
+            per[name] = max(per[name], value) if name in per else value
+        else:
+            self.sums[name] = self.sums.get(name, 0.0) + value
+            per[name] = per.get(name, 0.0) + value
+
+
+def _one(i: int) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    return lambda seq: (seq[i],)
+
+
+def _picker(idx: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """The items at `idx` of a sequence, as a tuple, gathered in C."""
+    return operator.itemgetter(*idx) if len(idx) > 1 else _one(idx[0])
+
+
+class _Plan:
+    """Where each line of one page layout goes: the same series in the same order, every page of a steady server.
+
+    Built once from the series `_Totals` has checked; a later page with that layout is added up without a Python
+    step per line: its values are read with one `map(float)` and each total is one `reduce(add)` over its lines'
+    values in page order, so the result is what `_Totals.add_lines` gives to the last digit (the tests compare
+    both with prometheus_client). A page with a NaN, an odd value or any other layout takes `add_lines`.
+    """
+
+    __slots__ = ("sums", "maxes", "buckets", "raw", "engines")
+
+    def __init__(self, keys: Sequence[SeriesKey]) -> None:
+        sums: dict[str, list[int]] = {}
+        maxes: dict[str, list[int]] = {}
+        buckets: dict[str, dict[float, list[int]]] = {}
+        raw: dict[str, list[int]] = {}
+        engines: dict[str, dict[str, tuple[int, list[int]]]] = {}
+        for i, key in enumerate(keys):
+            kind, name, le, engine = _KNOWN[key]
+            if kind < _COUNTER:
+                (maxes if kind == _GAUGE_MAX else sums).setdefault(name, []).append(i)
+                engines.setdefault(engine, {}).setdefault(name, (kind, []))[1].append(i)
+                continue
+            raw.setdefault(name, []).append(i)
+            if kind == _BUCKET:
+                buckets.setdefault(name[:-7], {}).setdefault(le, []).append(i)
+            else:
+                sums.setdefault(name, []).append(i)
+        self.sums = [(n, _picker(ix)) for n, ix in sums.items()]
+        self.maxes = [(n, _picker(ix)) for n, ix in maxes.items()]
+        self.buckets = [(h, [(le, _picker(ix)) for le, ix in per.items()]) for h, per in buckets.items()]
+        self.raw = [(n, _picker(ix)) for n, ix in raw.items()]
+        self.engines = [(e, [(n, kind == _GAUGE_MAX, _picker(ix)) for n, (kind, ix) in per.items()])
+                        for e, per in engines.items()]
+
+    def totals(self, keys: Sequence[SeriesKey], values: list[float]) -> _Totals:
+        t = _Totals()
+        t.sums = {n: reduce(operator.add, pick(values), 0.0) for n, pick in self.sums}
+        t.maxes = {n: max(pick(values)) for n, pick in self.maxes}
+        t.buckets = {h: {le: reduce(operator.add, pick(values), 0.0) for le, pick in per} for h, per in self.buckets}
+        t.raw = {n: dict(zip(pick(keys), pick(values), strict=True)) for n, pick in self.raw}
+        t.engines = {e: {n: max(pick(values)) if is_max else reduce(operator.add, pick(values), 0.0)
+                         for n, is_max, pick in per} for e, per in self.engines}
+        return t
+
+
+_PLANS: dict[tuple[SeriesKey, ...], _Plan] = {}
+_PLANS_MAX = 8  # layouts of the servers this process reads (one per run; a few while a run changes shape)
+_PLAN_LINES_MAX = 50_000  # a DP=8 page has ~1000 lines we read; a larger one is read without a plan
+
+
+def _scan(text: str) -> tuple[bool, _Totals]:
+    """(whether the page had any vllm: sample, the selected samples added up); SampleError on a bad line.
+
+    One regular expression finds the wanted lines, so the lines we do not read cost no Python at all; it runs
+    only over the families we read (`_wanted_spans`), two thirds of a DP=8 page are never looked at. A page laid
+    out as one read before is added up through that layout's `_Plan`."""
+    if not text.startswith("#"):  # the lines are found by the newline before them: the first one too
+        text = "\n" + text
+    found: list[str] = []
+    spans = _wanted_spans(text)
+    if text.count("engine") > MAX_ENGINES:  # only then can there be too many: count them before any line is read
+        _check_engines(text, spans)
+    refused: list[str] = []
+    for start, end in spans:
+        lines = _WANTED_LINE.findall(text, start, end)
+        found += _without_wide_histograms(lines, refused) if len(lines) > MAX_BUCKETS else lines
+    seen_vllm = "\nvllm:" in text
+    split = [line.rpartition(" ") for line in found]
+    keys = tuple(map(_FIRST, split))
+    longest = max(map(len, keys), default=0)
+    if longest > MAX_LABELS_CHARS:  # checked before any cache keeps such a key
+        raise PageError(f"a series' name and labels are {longest} characters, over the cap of {MAX_LABELS_CHARS}: "
+                        f"{keys[[len(k) for k in keys].index(longest)][:80]!r}...")
+    plan = _PLANS.get(keys)  # a layout is planned only within the caps: a known one needs no checks
+    if plan is not None:
+        vals = list(map(_THIRD, split))
+        if "_" not in "".join(vals):  # Python's float reads "1_0"; Prometheus text does not
+            try:
+                values = list(map(float, vals))
+            except ValueError:
+                values = []
+            if values and not any(map(math.isnan, values)) and min(values) > -HUGE and max(values) < HUGE:
+                t = plan.totals(keys, values)
+                t.refused = refused
+                return seen_vllm, t
+    totals = _Totals()
+    totals.refused = refused
+    totals.add_lines(found)
+    _check_caps(totals)
+    if (plan is None and keys and len(keys) <= _PLAN_LINES_MAX
+            and all(map(_KNOWN.__contains__, keys))):  # every line in the plain `series value` form
+        try:
+            plan = _Plan(keys)
+        except KeyError:  # another thread's page just cleared the full cache: plan the next page
+            return seen_vllm, totals
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[keys] = plan
+    return seen_vllm, totals
+
+
+def _check_engines(text: str, spans: list[tuple[int, int]]) -> None:
+    """PageError past MAX_ENGINES distinct `engine` label values (100k once took the agent to 290 MiB)."""
+    seen: set[str] = set()
+    for start, end in spans:
+        for m in _ENGINE.finditer(text, start, end):
+            seen.add(m.group(1))
+            if len(seen) > MAX_ENGINES:
+                raise PageError(f"more than {MAX_ENGINES} engine label values, over the cap of {MAX_ENGINES}")
+
+
+def _without_wide_histograms(lines: list[str], refused: list[str]) -> list[str]:
+    """`lines` less those of a histogram with more bucket bounds than MAX_BUCKETS (each named in `refused`), left
+    out before any line is split or cached: 60k buckets once grew the window to ~925 MiB."""
+    les: dict[str, set[str]] = {}
+    for line in lines:
+        cut = line.find("_bucket")
+        if cut > 0:
+            m = _LE.search(line, cut)
+            if m:
+                les.setdefault(line[:cut], set()).add(m.group(1))
+    wide = [h for h, bounds in les.items() if len(bounds) > MAX_BUCKETS]
+    if not wide:
+        return lines
+    refused += [f"histogram {h} has {len(les[h])} buckets, over the cap of {MAX_BUCKETS}: its latency columns "
+                "stay empty" for h in wide]
+    parts = tuple(h + part for h in wide for part in ("_bucket", "_sum", "_count"))
+    return [line for line in lines if not line.startswith(parts)]
+
+
+def _check_caps(t: _Totals) -> None:
+    """PageError when a page has more engines, or more series in one family, than any real deployment."""
+    if len(t.engines) > MAX_ENGINES:
+        raise PageError(f"{len(t.engines)} engine label values, over the cap of {MAX_ENGINES}")
+    for name, per in t.raw.items():
+        if len(per) > MAX_SERIES:
+            raise PageError(f"{len(per)} series of {name}, over the cap of {MAX_SERIES}")
+
+
+def _wanted_spans(text: str) -> list[tuple[int, int]]:
+    """Where the families we read are on a page: from each one's TYPE line to the next TYPE line.
+
+    The exposition format keeps a family's samples together after its TYPE line (prometheus_client writes every
+    page so, one API server or many). What comes before the first TYPE line is read too, and a page without TYPE
+    lines is read whole."""
+    marks = [(m.start(), m.group(1)) for m in _TYPE_LINE.finditer(text)]
+    if not marks:
+        return [(0, len(text))]
+    ends = [i + 1 for i, _ in marks[1:]] + [len(text)]
+    return [(0, marks[0][0] + 1)] + [(i, end) for (i, name), end in zip(marks, ends, strict=True)
+                                     if name in TYPED_FAMILIES]
+
+
+def parse_text(text: str) -> ParsedPage:
+    """Read the families lynxtop uses from exposition text; raises PageError naming the problem. Thread-safe.
+
+    Only the selected lines are parsed (agent/metrics/promtext.py), so the cost follows the families read, not the page:
+    a DP=8 page's ~3000 lines cost what its ~1000 selected lines cost.
+    """
+    try:
+        seen_vllm, t = _scan(text)
+    except SampleError as exc:
+        raise PageError(f"not Prometheus text: {exc}") from None
+    if not seen_vllm:
+        raise PageError("no vllm:* metrics on the page (is this a vLLM server?)")
+    page = ParsedPage()
+    page.refused = list(t.refused)
+    bad = t.bad_names
+    for key, candidates in COUNTERS.items():
+        name = _present(candidates, t.sums)  # every sample no reading: absent, as a family of NaN always was
+        if name is not None:
+            page.counters[key] = t.sums[name]
+            page.series[("counter", key)] = t.raw.get(name, {})
+            if name in bad:
+                page.stale.add(key)
+    for table, values in ((GAUGES_SUM, t.sums), (GAUGES_MAX, t.maxes)):
+        for key, candidates in table.items():
+            name = _present(candidates, values)
+            if name is not None and name not in bad:  # one engine's bad gauge: the sum is no reading either
+                page.gauges[key] = values[name]
+    for key, candidates in HISTOGRAMS.items():
+        name = _present(candidates, t.buckets)
+        if name is None:
+            continue
+        if len(t.buckets[name]) > MAX_BUCKETS:  # its window would hold every bucket of every scrape
+            page.refused.append(f"histogram {name} has {len(t.buckets[name])} buckets, over the cap of "
+                                f"{MAX_BUCKETS}: its latency columns stay empty")
+            continue
+        _add_histogram(page, key, name, t.buckets[name], t.sums, t.raw)
+        if bad and any(name + part in bad for part in ("_bucket", "_sum", "_count")):
+            page.stale.add(key)
+    page.engines = _engine_gauges(t.engines)
+    page.bad_values, page.bad_example = t.bad, t.bad_example
+    return page
+
+
+def _present(candidates: tuple[str, ...], values: dict[str, Any]) -> str | None:
+    """The newest of a quantity's names that the page has."""
+    return next((n for n in candidates if n in values), None)
+
+
+def _engine_gauges(per: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per engine label: running, waiting and kv_usage, each from the newest name the page has (as the totals)."""
+    out: dict[str, dict[str, float]] = {}
+    for engine, vals in per.items():
+        out[engine] = {}
+        for key, candidates in (*GAUGES_SUM.items(), *GAUGES_MAX.items()):
+            name = _present(candidates, vals)
+            if name is not None:
+                out[engine][key] = vals[name]
+    return out
+
+
+def _add_histogram(page: ParsedPage, key: str, name: str, per_le: dict[float, float], sums: dict[str, float],
+                   raw: dict[str, dict[SeriesKey, float]]) -> None:
+    bs = tuple(sorted(per_le.items()))
+    if not math.isinf(bs[-1][0]):
+        raise PageError(f"histogram {name} has no +Inf bucket")
+    page.histograms[key] = HistogramSnapshot(
+        buckets=bs, sum=sums.get(name + "_sum", 0.0), count=sums.get(name + "_count", bs[-1][1])
+    )
+    page.series[("bucket", key)] = raw.get(name + "_bucket", {})
+    for part in ("sum", "count"):
+        if name + "_" + part in raw:
+            page.series[(part, key)] = raw[name + "_" + part]
+

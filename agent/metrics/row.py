@@ -1,0 +1,67 @@
+"""The `serving` row a scrape hands to the writer (contract/columns.py), and the per-engine loads the status shows.
+
+Owns the fit of page values to their columns: an INTEGER column gets a count in int64, a REAL one a finite
+number, a percentage 0-100; anything else becomes NULL and is named, so the caller can count it as no reading.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from lynxtop.agent.metrics.page import HUGE
+from lynxtop.contract.columns import SERVING_METRICS, names
+
+SERVING_COLUMNS = names(SERVING_METRICS)
+
+
+def empty_row() -> dict[str, Any]:
+    return {c: None for c in SERVING_COLUMNS}
+
+
+def engine_loads(per: dict[str, dict[str, float]]) -> tuple[list[dict[str, Any]], int]:
+    """The status' per-engine load, engines in numeric order ("10" after "9"), each value checked as its column
+    is (`checked`); and how many were no reading."""
+    def order(e: str) -> tuple[int, str]:
+        return (int(e[:18]), e) if e.isdigit() else (1 << 63, e)
+
+    out: list[dict[str, Any]] = []
+    bad = 0
+    for e, v in sorted(per.items(), key=lambda kv: order(kv[0])):
+        row = {"requests_running": v.get("running"), "requests_waiting": v.get("waiting"),
+               "kv_cache_usage_pct": None if v.get("kv_usage") is None else 100.0 * v["kv_usage"]}
+        bad += len(checked(row))
+        out.append({"engine": e, "running": row["requests_running"], "waiting": row["requests_waiting"],
+                    "kv_cache_usage_pct": row["kv_cache_usage_pct"]})
+    return out, bad
+
+
+
+def _as_int(v: float | None) -> int | None:
+    """A count as the store keeps it (INTEGER: int64); None for no reading, a non-finite or out-of-range one."""
+    if v is None or not 0.0 <= v < HUGE:  # NaN fails the comparison too
+        return None
+    return int(round(v))
+
+
+_OURS = frozenset(("run_id", "scrape_ok", "scrape_errors"))  # the agent's own columns, not the page's
+_INT_COLUMNS = frozenset(n for n, typ, _ in SERVING_METRICS if typ == "INTEGER")
+
+
+def checked(row: dict[str, Any]) -> list[str]:
+    """Make a row's page values fit their columns (contract/columns.py): an INTEGER one a count in int64, a
+    REAL one finite, a percentage 0-100; any other becomes NULL. Returns the columns that did not fit."""
+    bad: list[str] = []
+    for col, v in row.items():
+        if v is None or col in _OURS:
+            continue
+        if col in _INT_COLUMNS:
+            row[col] = _as_int(v)
+            ok = row[col] is not None
+        else:
+            ok = math.isfinite(v) and (not col.endswith("_pct") or 0.0 <= v <= 100.0)
+            if not ok:
+                row[col] = None
+        if not ok:
+            bad.append(col)
+    return bad
