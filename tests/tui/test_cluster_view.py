@@ -13,6 +13,7 @@ import pytest
 from support.agent_proc import Agent, e2e_config
 from support.ports import free_port, short_dir
 from support.tui import make_app, screen_text, wait_for
+from support.waits import holds_async
 from test_snapshots import snap_screen, three_sizes  # noqa: F401 - the snapshot harness (its fixture by name)
 from tui_fake_agent import T0, make_status
 
@@ -85,16 +86,17 @@ async def test_head_lists_every_node_and_opens_another_read_only_over_its_tcp_en
         assert app.state.serving.state == ServingState.STOPPED and len(app.state.status.gpus) == 8
         assert app.state.status.agent.pid == proc.proc.pid  # the worker agent answered, not the head
         await pilot.resize_terminal(80, 24)  # the label leads the header: even 80 columns never cut it
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: app.screen.size.width == 80)
         app.screen.redraw()
-        await pilot.pause(0.1)
-        assert screen_text(app).splitlines()[0].strip().startswith("viewing node gpu-2 (read-only)")
+        await wait_for(pilot, lambda: len(screen_text(app).splitlines()[0]) <= 80
+                       and screen_text(app).splitlines()[0].strip().startswith("viewing node gpu-2 (read-only)"))
         # read-only: the control keys are gone, and a key press sends nothing anywhere
         assert app.check_action("control", ("restart",)) is False
         assert "Restart" not in screen_text(app)
         await pilot.press("R", "X")
-        await pilot.pause(0.3)
-        assert not agent.posts() and (await proc.status())["serving"]["state"] == "stopped"
+        # nothing is sent: the check is that no request comes for a while, so it holds for 0.3 s
+        await holds_async(lambda: not agent.posts(), 0.3, "no request from a read-only view", sleep=pilot.pause)
+        assert (await proc.status())["serving"]["state"] == "stopped"
         # its history is on that node: the History and Events views say so instead of showing the head's
         await pilot.press("4")
         await wait_for(pilot, lambda: "gpu-2's history database is on that node" in screen_text(app))
@@ -132,8 +134,9 @@ async def test_a_single_node_has_no_cluster_view(agent):
         await wait_for(pilot, lambda: app.state.connected)
         assert app.check_action("view", ("cluster",)) is False
         await pilot.press("N")
-        await pilot.pause(0.2)
-        assert app.current_mode == "node"
+        # nothing happens: the view must stay the node's for a while, not only at one instant
+        await holds_async(lambda: app.current_mode == "node" and not isinstance(app.screen, ClusterScreen), 0.2,
+                          "the node view stays", sleep=pilot.pause)
     fleet = await ClusterSource(agent.socket_path, 9464).poll()
     assert fleet.rows == () and "not a Ray head" in fleet.problem
 

@@ -150,9 +150,9 @@ async def test_refresh_never_doubles_the_poll_rate(agent):
         await wait_for(pilot, lambda: app.state.connected)
         for _ in range(5):
             await pilot.press("r")
-        await pilot.pause(0.3)
+        await pilot.pause(0.3)  # the presses' own polls land first; the measured span starts after them
         before = sum(1 for m, p, _ in agent.requests if p == "/v1/status")
-        await pilot.pause(2.0)
+        await pilot.pause(2.0)  # the behaviour under test: how many polls 2 s hold, so a fixed span
         polls = sum(1 for m, p, _ in agent.requests if p == "/v1/status") - before
         assert 2 <= polls <= 6, polls  # about 4 at 0.5 s; a second timer chain would make it 8+
 

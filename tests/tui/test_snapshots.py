@@ -84,13 +84,13 @@ async def settle(pilot) -> None:
         await wait_for(pilot, lambda: getattr(screen, "events", None) is not None)  # its own worker
     if isinstance(screen, HistoryScreen):
         await wait_for(pilot, lambda: screen.last_draw_ms is not None)
-    await pilot.pause(0.2)
+    await pilot.pause()  # the redraw's messages handled (the app idle), not a fixed time
     # A DataTable measures new rows' column widths when idle: a table filled just before a dialog opened over
     # it was shot with unmeasured (label-wide) columns now and then. Wait for every table in the stack.
     tables = [t for layer in app.screen_stack for t in layer.query(DataTable)]
     await wait_for(pilot, lambda: not any(t._require_update_dimensions or t._new_rows for t in tables))
     app.clear_notifications()
-    await pilot.pause(0.1)
+    await wait_for(pilot, lambda: not any(layer.query("Toast") for layer in app.screen_stack))
 
 
 @pytest.fixture
@@ -231,10 +231,10 @@ async def test_help_lists_every_key_unscrolled_at_80x24(agent, history_db):
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         await _key("question_mark", HelpScreen)(pilot)
-        await pilot.pause(0.1)
-        shown = screen_text(app)
         descriptions = {description for _, description in app.screen.keys}
         assert len(descriptions) >= 10
+        await wait_for(pilot, lambda: all(d in screen_text(app) for d in descriptions))
+        shown = screen_text(app)
         missing = [d for d in descriptions if d not in shown]
         assert not missing, shown
 
@@ -283,9 +283,12 @@ async def test_event_message_whole_at_80x24(agent):
         await _view("5")(pilot)
         screen = app.screen
         await wait_for(pilot, lambda: len(screen.events) == len(agent.events))
-        await pilot.pause(0.2)
-        text = " ".join(line.strip() for line in screen_text(app).splitlines())
-        assert " ".join(message.split()) in " ".join(text.split()), screen_text(app)
+
+        def wrapped_whole() -> bool:
+            text = " ".join(line.strip() for line in screen_text(app).splitlines())
+            return " ".join(message.split()) in " ".join(text.split())
+
+        await wait_for(pilot, wrapped_whole)
 
 
 async def test_node_view_gives_its_free_rows_to_serving_at_80x24(agent):
@@ -293,9 +296,8 @@ async def test_node_view_gives_its_free_rows_to_serving_at_80x24(agent):
     app = _app(agent)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: any(line.startswith("│ E2E ") for line in screen_text(app).splitlines()))
         lines = screen_text(app).splitlines()
-        assert any(line.startswith("│ E2E ") for line in lines), lines
         assert any(line.startswith("│ QUEUE ") for line in lines), lines
         assert sum(1 for line in lines if not line.strip()) <= 2, lines
         assert any(line.strip() == UTIL_NOTE for line in lines), lines  # whole, not "…"
@@ -310,14 +312,12 @@ async def test_dp8_per_engine_panel_reachable_at_80x24(agent):
         await settle(pilot)
         await pilot.press("e")
         await wait_for(pilot, lambda: app.screen.has_class("-engines"))
-        await pilot.pause(0.2)
         table = app.screen.query_one("#engines")
-        rows = table.row_count
-        assert rows == 8
+        await wait_for(pilot, lambda: table.row_count == 8)
         app.screen.query_one("#body").scroll_end(animate=False)
-        await pilot.pause(0.2)
-        body = app.screen.query_one("#body").region
-        assert table.region.bottom <= body.bottom, (table.region, body)  # its last row (and border) on screen
+        # its last row (and border) on screen
+        await wait_for(pilot, lambda: table.region.height > 0
+                       and table.region.bottom <= app.screen.query_one("#body").region.bottom)
 
 
 def test_node_view_per_engine_120x40(snap_screen):
@@ -336,6 +336,6 @@ def test_node_view_per_engine_120x40(snap_screen):
 def test_too_small_60x20(snap_compare, agent):
     async def connected(pilot) -> None:
         await wait_for(pilot, lambda: pilot.app.state.connected)
-        await pilot.pause(0.2)
+        await pilot.pause()  # the first status drawn (the app idle), not a fixed time
 
     assert snap_compare(_app(agent), terminal_size=(60, 20), run_before=connected)

@@ -34,7 +34,6 @@ async def _palette(pilot) -> None:
     # the search has answered (no busy countdown running) and the views 1-5 are listed, the first highlighted
     await wait_for(pilot, lambda: palette._busy_timer is None and not palette._show_busy
                    and listing.option_count >= 5 and listing.highlighted == 0)
-    await pilot.pause(0.3)
 
 
 async def _history_zoomed(pilot) -> None:
@@ -47,7 +46,8 @@ async def _history_zoomed(pilot) -> None:
     first = screen.queried
     await pilot.press("plus", "left_square_bracket")
     await wait_for(pilot, lambda: screen.queried != first and screen.queried == screen.window)
-    await pilot.pause(0.2)
+    # the zoomed window's charts drawn: its loading worker has finished (it draws before it ends)
+    await wait_for(pilot, lambda: not any(w.group == "history-charts" and not w.is_finished for w in app.workers))
 
 
 async def _gpus_sorted(pilot) -> None:
