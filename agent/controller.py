@@ -67,6 +67,10 @@ class NodeController:
 
         return await asyncio.to_thread(call)
 
+    async def history(self, read: Callable[[Any], Any]) -> Any:
+        """`read(store reader)` on the one history reader: the TCP endpoint's history reads (agent/api/tcpreads.py)."""
+        return await self._read(read)
+
     async def runs(self, limit: int) -> list[RunInfo]:
         return await self._read(lambda r: r.runs(limit=limit))
 

@@ -358,12 +358,26 @@ class Node:
             self.exporter = MetricsExporter(a.metrics_listen, self.status, log=lambda m: log.info("%s", m),
                                             max_connections=self.fd_plan.caps["metrics"],
                                             request_timeout_s=a.request_timeout_s, episodes=self.episodes,
-                                            totals=self.view.serving_totals)
+                                            totals=self.view.serving_totals, reads=self._tcp_reads())
             try:
                 await self.exporter.start()
             except (RuntimeError, OSError) as exc:
                 self.exporter = None
                 raise AgentStartError(str(exc)) from None
+
+    def _tcp_reads(self) -> Any:
+        """The TCP endpoint's token-guarded reads ([agent] tcp_reads), None when off; the token read here, kept
+        only in the listener."""
+        a = self.cfg.agent
+        if not a.tcp_reads or a.tcp_token_file is None or self.api is None:
+            return None
+        from lynxtop.agent.api.tcpreads import TcpReads
+        from lynxtop.contract.config import read_token_file
+
+        token, why = read_token_file(a.tcp_token_file)
+        if why:
+            raise AgentStartError(f"[agent] tcp_token_file: {why}")
+        return TcpReads(self.api, token, self.episodes)
 
     async def _close(self) -> None:
         if self.scrape_source is not None:

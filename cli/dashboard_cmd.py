@@ -33,7 +33,8 @@ def run(args: Namespace) -> int:
 
     readonly = bool(getattr(args, "readonly", False))
     app = LynxtopApp(socket_path, database, readonly=readonly, utc=bool(getattr(args, "utc", False)),
-                     node_port=node_port(args, cfg.agent.metrics_listen), source=LiveSource(socket_path))
+                     node_port=node_port(args, cfg.agent.metrics_listen), source=LiveSource(socket_path),
+                     node_token_file=getattr(args, "node_token_file", None) or cfg.agent.tcp_token_file)
     if in_browser and readonly:
         app.readonly_reason = web.READONLY_REASON
     app.run()

@@ -302,5 +302,8 @@ def _dashboard_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-port", type=_int(1, 65535), metavar="PORT",
                    help="dashboard on a Ray head: the port of the other nodes' read-only endpoint (default: the port "
                         "of this config's [agent] metrics_listen)")
+    p.add_argument("--node-token-file", metavar="PATH",
+                   help="dashboard on a Ray head: the other nodes' read token (their [agent] tcp_token_file), for "
+                        "their history, events, logs and processes (default: this config's [agent] tcp_token_file)")
     p.add_argument("--web-control", action="store_true",
                    help="--web: let the browser start/stop/restart/switch (only if you may control the agent)")

@@ -162,19 +162,29 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-class AgentClient:
-    """Blocking face, for the CLI."""
+def auth_headers(target: str, token: str | None) -> dict[str, str]:
+    """The read token's header ([agent] tcp_token_file), sent only to a TCP endpoint, never down the socket."""
+    return {"Authorization": f"Bearer {token}"} if token and target.startswith(TCP_SCHEME) else {}
 
-    def __init__(self, socket_path: str | Path, timeout_s: float = CLI_TIMEOUT_S):
+
+class AgentClient:
+    """Blocking face, for the CLI (and the dashboard's reads of another node's history, from a worker thread:
+    `socket_path` may be `http://HOST:PORT`, with that node's read `token`)."""
+
+    def __init__(self, socket_path: str | Path, timeout_s: float = CLI_TIMEOUT_S, token: str | None = None):
         self.socket_path = str(socket_path)
         self.timeout_s = timeout_s
+        self._token = token
 
     def request(self, method: str, path: str, params: Mapping[str, Any] | None = None,
                 body: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        conn = _UnixHTTPConnection(self.socket_path, self.timeout_s)
+        tcp = tcp_address(self.socket_path)
+        conn = (http.client.HTTPConnection(*tcp, timeout=self.timeout_s) if tcp is not None
+                else _UnixHTTPConnection(self.socket_path, self.timeout_s))
         try:
             payload = json.dumps(body).encode() if body is not None else None
             headers = {"Content-Type": "application/json"} if payload is not None else {}
+            headers |= auth_headers(self.socket_path, self._token)
             conn.request(method, _target(path, params), body=payload, headers=headers)
             resp = conn.getresponse()
             raw = resp.read()
@@ -211,11 +221,12 @@ class AgentClient:
 
 class AsyncAgentClient:
     """asyncio face, for the dashboard and the demo. `socket_path` may also be another node's read-only TCP
-    endpoint, `http://HOST:PORT` (it serves GET /v1/status only)."""
+    endpoint, `http://HOST:PORT` (GET /v1/status; its other reads with that node's read `token`)."""
 
-    def __init__(self, socket_path: str | Path, timeout_s: float = DASHBOARD_TIMEOUT_S):
+    def __init__(self, socket_path: str | Path, timeout_s: float = DASHBOARD_TIMEOUT_S, token: str | None = None):
         self.socket_path = str(socket_path)
         self.timeout_s = timeout_s
+        self._token = token  # never shown: not in any message or repr
         self._closed = False
 
     async def request(self, method: str, path: str, params: Mapping[str, Any] | None = None,
@@ -244,6 +255,7 @@ class AsyncAgentClient:
                     "Accept: application/json\r\n")
             if body is not None:
                 head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+            head += "".join(f"{k}: {v}\r\n" for k, v in auth_headers(self.socket_path, self._token).items())
             writer.write(head.encode() + b"\r\n" + payload)
             await writer.drain()
             status = _status_code(await reader.readline())

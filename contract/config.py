@@ -92,6 +92,10 @@ class AgentConfig:
     fake_nvml: str = ""  # scenario name of the simulated GPUs ("h200x8", "a100x8", "sim"); empty = real NVML
     api_max_connections: int = 256  # control socket: open connections at most (idle ones give way)
     metrics_max_connections: int = 64  # metrics_listen: the same
+    # metrics_listen also serves runs, events, logs, processes and history to the holder of the token in
+    # tcp_token_file (another node's dashboard, docs/cluster.md); off by default
+    tcp_reads: bool = False
+    tcp_token_file: Path | None = None
     request_timeout_s: float = 10.0  # both listeners: a request's header or body, or an idle connection
     # env names whose values are secret besides *TOKEN*, *KEY*, *SECRET*, *PASSWORD*, *CREDENTIAL* (contract/redact)
     secret_env: tuple[str, ...] = ()
@@ -575,6 +579,8 @@ _AGENT_SPEC: dict[str, Callable[[str, Any], Any]] = {
     "fake_nvml": _str(choices=("", "h200x8", "a100x8", "b200x8", "sim", "lost", "missing", "nodriver")),
     "api_max_connections": _int(1, 65536),
     "metrics_max_connections": _int(1, 65536),
+    "tcp_reads": _bool,
+    "tcp_token_file": _path(absolute=True),
     "request_timeout_s": _float(0.1, 3600),
     "secret_env": _secret_env,
 }
@@ -720,6 +726,12 @@ def _parse_agent(chk: _Checker, agent_raw: dict[str, Any]) -> AgentConfig:
         chk.error("agent.socket", problem + ("" if socket_from_file else " (the default; set [agent] socket)"))
     if agent_vals.get("backoff_max_s", 300.0) < agent_vals.get("backoff_initial_s", 5.0):
         chk.error("agent.backoff_max_s", "must be >= agent.backoff_initial_s")
+    if agent_vals.get("tcp_reads"):
+        if not agent_vals.get("metrics_listen"):
+            chk.error("agent.tcp_reads", "needs agent.metrics_listen: the reads are served on that listener")
+        if agent_vals.get("tcp_token_file") is None:
+            chk.error("agent.tcp_reads", "needs agent.tcp_token_file: reads over TCP are served only to the holder "
+                      "of its token (for example `openssl rand -hex 32 > FILE; chmod 600 FILE`)")
     return AgentConfig(retention=retention, **agent_vals)
 
 
@@ -933,6 +945,43 @@ def _read_secret_file(path: Path) -> tuple[os.stat_result | None, bytes, str | N
     return st, data, None
 
 
+def _secret_file_problem(st: os.stat_result, path: Path, what: str) -> str | None:
+    """Why a file of secrets cannot be used: one anyone else could write or read (env_file's rule)."""
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (os.geteuid(), 0):
+        return (f"is owned by {_user(st.st_uid)}; {what} must be owned by the agent's user "
+                f"({_user(os.geteuid())}) or root")
+    if mode not in ENV_FILE_MODES:
+        return f"has mode {mode:04o}; {what} holds secrets: give it mode 0600 or 0640 (chmod 600 {path})"
+    return None
+
+
+TOKEN_MIN_CHARS = 16  # `openssl rand -hex 32` gives 64
+
+
+def read_token_file(path: Path) -> tuple[str, str | None]:
+    """The bearer token in `path` ([agent] tcp_token_file, the dashboard's --node-token-file), and why it cannot
+    be used: env_file's rule (a regular file of mode 0600 or 0640 owned by this user or root), one line of at
+    least TOKEN_MIN_CHARS printable characters, a trailing newline dropped. A problem never shows the token."""
+    st, data, why = _read_secret_file(path)
+    if st is not None and why is None:
+        why = _secret_file_problem(st, path, "a token file")
+    if why is None:
+        try:
+            token = data.decode("utf-8").removesuffix("\n").removesuffix("\r")
+        except UnicodeDecodeError as exc:
+            why = f"is not UTF-8 text (byte {exc.start})"
+        else:
+            if len(token) < TOKEN_MIN_CHARS:
+                why = (f"holds {len(token)} characters; a token needs at least {TOKEN_MIN_CHARS} "
+                       "(openssl rand -hex 32)")
+            elif first_control(token) or token != token.strip():
+                why = "holds a control character or surrounding spaces; give one line, the token alone"
+            else:
+                return token, None
+    return "", f"{path}: {why}"
+
+
 def read_env_file(path: Path) -> tuple[dict[str, str], list[str]]:
     """An env_file's variables, and its problems ('PATH: problem' or 'PATH:LINE: problem').
 
@@ -944,12 +993,7 @@ def read_env_file(path: Path) -> tuple[dict[str, str], list[str]]:
     """
     st, data, why = _read_secret_file(path)
     if st is not None and why is None:
-        mode = stat.S_IMODE(st.st_mode)
-        if st.st_uid not in (os.geteuid(), 0):
-            why = (f"is owned by {_user(st.st_uid)}; an env_file must be owned by the agent's user "
-                   f"({_user(os.geteuid())}) or root")
-        elif mode not in ENV_FILE_MODES:
-            why = f"has mode {mode:04o}; an env_file holds secrets: give it mode 0600 or 0640 (chmod 600 {path})"
+        why = _secret_file_problem(st, path, "an env_file")
     if why is None:
         try:
             return _env_lines(path, data.decode("utf-8"))
@@ -1042,6 +1086,10 @@ def read_secret_env(cfg: Config) -> Config:
                 problems.append(f"{label}.env_credentials.{name}: {why}")
             env[name] = value
         profiles.append(replace(prof, env=env, secret_env=tuple(dict.fromkeys(secret))))
+    if cfg.agent.tcp_reads and cfg.agent.tcp_token_file is not None:
+        _, why = read_token_file(cfg.agent.tcp_token_file)  # checked only: the agent reads it when it listens
+        if why:
+            problems.append(f"{source}: agent.tcp_token_file: {why}")
     if problems:
         raise ConfigError([terminal_safe(p) for p in problems])
     return replace(cfg, profiles=tuple(profiles))

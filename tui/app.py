@@ -101,7 +101,7 @@ class LynxtopApp(App):
                  utc: bool = False, *, poll_interval_s: float = 1.0, clock: Callable[[], float] | None = None,
                  backoff: Backoff | None = None, ascii_only: bool | None = None, backfill: bool = True,
                  demo_load: Callable[[], str] | None = None, node_port: int | None = None,
-                 source: NodeSource | None = None):
+                 source: NodeSource | None = None, node_token_file: str | Path | None = None):
         ansi = _ansi_terminal()
         super().__init__(ansi_color=ansi)
         if ansi:
@@ -129,6 +129,8 @@ class LynxtopApp(App):
         # The cluster view (tui/screens/cluster.py): other nodes' agents are read at http://IP:node_port; while one
         # is open, `viewing_node` names it and the dashboard is read-only. `home_*` is this node's own source.
         self.node_port = node_port
+        # Other nodes' history, events, logs and processes need their read token ([agent] tcp_token_file)
+        self.node_token_file = Path(node_token_file) if node_token_file else None
         self.viewing_node: str | None = None
         self.home_socket = str(socket_path)
         self._home = (database_path, self.readonly_reason)
@@ -398,22 +400,34 @@ class LynxtopApp(App):
     def view_node(self, label: str | None, endpoint: str | None) -> None:
         """Point the dashboard at another node's agent, read-only (`endpoint` http://IP:PORT), or back at this
         node's own socket (`label` None). Its live state starts afresh; its history is not here."""
+        token = None
         if label is None or endpoint is None:
             database, self.readonly_reason = self._home
             endpoint, self.history = self.home_socket, HistorySource(database)
         else:
-            from lynxtop.tui.cluster_source import ElsewhereHistory
+            from lynxtop.tui.cluster_source import ElsewhereHistory, RemoteHistory
 
             self.readonly_reason = f"viewing node {label}"  # its endpoint has no control route either
-            self.history = ElsewhereHistory(label)
+            token, problem = self._node_token()
+            self.history = RemoteHistory(label, endpoint, token) if token else ElsewhereHistory(label, problem)
         self.viewing_node = label
-        self.source = LiveSource(endpoint, read_only=self.readonly_reason if label else None)
+        self.source = LiveSource(endpoint, read_only=self.readonly_reason if label else None, token=token)
         self.state = LiveState()
         self.backoff.reset()
         self.refresh_bindings()
         self.switch_mode("node")
         self.action_refresh_now()
         self.notify(f"viewing node {label} (read-only)" if label else "back on this node", title="Cluster")
+
+    def _node_token(self) -> tuple[str | None, str | None]:
+        """The other nodes' read token from --node-token-file (read each time a node is opened: a fixed file is
+        picked up without a restart), and why there is none."""
+        if self.node_token_file is None:
+            return None, None
+        from lynxtop.contract.config import read_token_file
+
+        token, why = read_token_file(self.node_token_file)
+        return (token, None) if not why else (None, why)
 
     def _refused(self, action: str, exc: AgentRefused) -> None:
         if exc.status == 403:

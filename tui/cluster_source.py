@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lynxtop.contract.client import AgentRefused, AgentUnreachable
+from lynxtop.contract.client import AgentClient, AgentRefused, AgentUnreachable
+from lynxtop.contract.events import Event
+from lynxtop.contract.records import RecordError, RunInfo, read_list
 from lynxtop.contract.status import ClusterNode, Role, Status
+from lynxtop.tui.foreign import DisplayReader
 from lynxtop.tui.history_source import HistorySource, HistoryUnavailable
 from lynxtop.tui.source import LiveSource
 
@@ -75,12 +78,15 @@ async def _read(endpoint: str) -> Status:
 
 
 class ElsewhereHistory(HistorySource):
-    """Another node's history: its database is on that node, so every view that reads history says where."""
+    """Another node's history when this dashboard has no read token for it: every view that reads history says
+    where the database is and what to configure (`problem`: why the token could not be read)."""
 
-    def __init__(self, label: str):
+    def __init__(self, label: str, problem: str | None = None):
         super().__init__(None)
-        self.why = (f"node {label}'s history database is on that node (its read-only endpoint serves live status "
-                    "only): open a dashboard there for its history, events and logs")
+        self.label = f"node {label}"
+        # the fix first: a view shows this on one line, and cuts what is past its width
+        self.why = (f"node {label}'s history database is on that node: set --node-token-file to its [agent] "
+                    "tcp_token_file (tcp_reads = true there)" + (f"; the token file {problem}" if problem else ""))
 
     @contextmanager
     def reader(self) -> Iterator[Any]:
@@ -124,3 +130,79 @@ class ClusterSource:
             return NodeRow(node, endpoint, error=f"{endpoint} answered {exc.status}: {exc.message}")
         except (AgentUnreachable, ValueError) as exc:
             return NodeRow(node, endpoint, error=str(exc))
+
+
+class RemoteHistory(HistorySource):
+    """Another node's history read over its TCP endpoint with the read token (`GET /v1/history`, served by that
+    agent's own store reader: agent/api/tcpreads.py): the History, Events and Compare views work as on the node.
+
+    `reader()` yields a reader with the store reader's methods the screens call, each one request (blocking: the
+    screens read history in worker threads). A refusal is a HistoryUnavailable saying why and what to configure.
+    """
+
+    def __init__(self, label: str, endpoint: str, token: str, timeout_s: float = 10.0):
+        super().__init__(None)
+        self.label = f"node {label} ({endpoint})"
+        self.node = label
+        self._client = AgentClient(endpoint, timeout_s=timeout_s, token=token)
+
+    @contextmanager
+    def reader(self) -> Iterator[Any]:
+        yield DisplayReader(RemoteReader(self))
+
+    def get(self, read: str, **params: Any) -> dict[str, Any]:
+        try:
+            return self._client.request("GET", "/v1/history", {"read": read, **params})
+        except AgentRefused as exc:
+            raise HistoryUnavailable(refusal_text(self.node, exc)) from None
+        except AgentUnreachable as exc:
+            raise HistoryUnavailable(f"node {self.node}: {exc}") from None
+
+
+def refusal_text(node: str, exc: AgentRefused) -> str:
+    """What a refusal of another node's reads means, and what to configure."""
+    if exc.status == 401:
+        return (f"node {node} refused this dashboard's read token (401): give --node-token-file that node's "
+                "[agent] tcp_token_file")
+    if exc.status == 403:
+        return f"node {node} serves no history over TCP (403): {exc.message}"
+    if exc.status == 404:
+        return f"node {node}'s agent serves no history over TCP (404: an agent older than this dashboard?)"
+    return f"node {node} answered {exc.status}: {exc.message}"
+
+
+class RemoteReader:
+    """The store reader's reads the screens use (runs, run, events, series, bench_results), over HTTP."""
+
+    def __init__(self, source: RemoteHistory):
+        self._source = source
+
+    def _typed(self, what: str, read: Any, data: Any) -> Any:
+        try:
+            return read(data)
+        except (RecordError, ValueError, TypeError, KeyError) as exc:
+            raise HistoryUnavailable(f"node {self._source.node} answered {what} that this lynxtop cannot read: "
+                                     f"{exc}") from None
+
+    def runs(self, limit: int = 50) -> list[RunInfo]:
+        data = self._source.get("runs", limit=limit)
+        return self._typed("runs", lambda d: read_list(RunInfo, d["runs"], "runs"), data)
+
+    def run(self, run_id: int, summary: bool = True) -> RunInfo | None:
+        data = self._source.get("run", id=run_id, summary=int(bool(summary)))
+        return self._typed("a run", lambda d: RunInfo.from_json(d["run"]) if d["run"] is not None else None, data)
+
+    def events(self, since_ms: int | None = None, until_ms: int | None = None, run_id: int | None = None,
+               limit: int = 500) -> list[Event]:
+        data = self._source.get("events", since=since_ms, until=until_ms, run=run_id, limit=limit)
+        return self._typed("events", lambda d: read_list(Event, d["events"], "events"), data)
+
+    def series(self, table: str, columns: list[str] | tuple[str, ...] | None, start_ms: int, end_ms: int,
+               gpu: int | None = None, max_points: int = 2000) -> tuple[str, list[dict[str, Any]]]:
+        data = self._source.get("series", table=table, columns=",".join(columns or ()) or None, start=start_ms,
+                                end=end_ms, gpu=gpu, max_points=max_points)
+        return self._typed("series", lambda d: (str(d["resolution"]), [dict(r) for r in d["rows"]]), data)
+
+    def bench_results(self, limit: int = 50) -> list[dict[str, Any]]:
+        data = self._source.get("bench_results", limit=limit)
+        return self._typed("bench results", lambda d: [dict(r) for r in d["results"]], data)

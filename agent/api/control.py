@@ -6,6 +6,7 @@ the API with a small fake controller and the supervisor without HTTP.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from lynxtop.contract.events import Event
@@ -36,6 +37,9 @@ class Controller(Protocol):
     async def runs(self, limit: int) -> list[RunInfo]: ...
 
     async def events(self, since_ms: int | None, limit: int) -> list[Event]: ...
+
+    # One of the store reader's reads, `read(reader)`, on the agent's history reader (the TCP endpoint's History)
+    async def history(self, read: Callable[[Any], Any]) -> Any: ...
 
     # `after`/`inode`: a follower's previous answer's `next` and `inode`; only the lines written since (logtail.py)
     async def logs(self, run_id: int | None, lines: int, *, after: int | None = None,

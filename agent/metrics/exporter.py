@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from lynxtop.agent.api.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
+from lynxtop.agent.api.tcpreads import TcpReads, add_refusals
 from lynxtop.agent.metrics.lifetime import ModelTotals
 from lynxtop.contract.columns import LATENCY_SERIES
 from lynxtop.contract.exported import Exported, exported
@@ -430,14 +431,16 @@ def is_loopback(host: str) -> bool:
 
 
 class MetricsExporter:
-    """GET /metrics and GET /v1/status on `listen` (host:port from `[agent] metrics_listen`); nothing else, and no
-    control route, is served there."""
+    """GET /metrics and GET /v1/status on `listen` (host:port from `[agent] metrics_listen`), and with `reads`
+    ([agent] tcp_reads) the token holder's reads (agent/api/tcpreads.py); no control route is served there."""
 
     def __init__(self, listen: str, snapshot: Callable[[], Status | None],
                  log: Callable[[str], None] | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  request_timeout_s: float = 10.0, episodes: Episodes | None = None,
-                 totals: Callable[[], Mapping[str, ModelTotals] | None] | None = None):
+                 totals: Callable[[], Mapping[str, ModelTotals] | None] | None = None,
+                 reads: TcpReads | None = None):
         self.host, self.port = parse_listen(listen)
+        self.reads = reads  # [agent] tcp_reads: history, events, logs, processes for the token's holder
         self.listen = listen
         self.log = log or _log.info
         self.request_timeout_s = request_timeout_s
@@ -456,6 +459,10 @@ class MetricsExporter:
         app = web.Application(middlewares=[self.guard.middleware])
         app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
         app.router.add_get("/v1/status", self._status)  # the head's cluster view reads other nodes here (read-only)
+        if self.reads is not None:
+            self.reads.add_routes(app)
+        else:
+            add_refusals(app)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      **handler_args(self.request_timeout_s))
         await self._runner.setup()
@@ -469,6 +476,9 @@ class MetricsExporter:
         sockets = site.sockets  # the bound port matters when the config says :0 (tests)
         self.bound_port = sockets[0].getsockname()[1] if sockets else self.port
         self.log(f"Prometheus metrics on http://{self.listen.rsplit(':', 1)[0]}:{self.bound_port}/metrics")
+        if self.reads is not None:
+            self.log("runs, events, logs, processes and history served there too, to the holder of the read token "
+                     "([agent] tcp_reads, tcp_token_file)")
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -88,7 +88,8 @@ class EventsScreen(LiveScreen):
         events: list[Event] | None
         try:
             events = await asyncio.to_thread(self._events_from_store)
-            self.source = f"history database {self.lynx.history.path}"
+            history = self.lynx.history
+            self.source = getattr(history, "label", None) or f"history database {history.path}"
         except HistoryUnavailable as exc:
             try:
                 events = list(reversed(await self.lynx.source.events(limit=500)))

@@ -148,14 +148,16 @@ async def test_run_info_hang_and_xid_for_the_alert_rules(exporter):
 
 async def test_only_metrics_and_the_status_are_served_and_a_broken_snapshot_is_survived(exporter):
     """Read-only: /metrics and the socket's GET /v1/status (the head's cluster view opens a node with it); no
-    control route, nothing else."""
+    control route, nothing else (the reads of `[agent] tcp_reads`, off here, say how to turn them on)."""
     get, state, _ = exporter
     for action in ("stop", "start", "restart", "switch"):
         code, _ = await get(f"/v1/{action}", method="POST")
         assert code in (404, 405)
-    for other in ("/v1/profiles", "/v1/events", "/v1/logs", "/v1/runs"):
-        code, _ = await get(other)
-        assert code == 404
+    code, _ = await get("/v1/profiles")
+    assert code == 404
+    for other in ("/v1/events", "/v1/logs", "/v1/runs", "/v1/processes", "/v1/history"):
+        code, text = await get(other)
+        assert code == 403 and json.loads(text)["error"] == "tcp_reads_off" and "tcp_reads = true" in text
     code, text = await get("/v1/status")
     assert code == 200 and json.loads(text) == state["snapshot"].to_json()
     state["snapshot"] = None  # the agent has no snapshot yet

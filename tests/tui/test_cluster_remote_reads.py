@@ -1,0 +1,146 @@
+"""Another node's History, Events, Logs and Processes from the head's cluster view (issue 28's last gap).
+
+The head is the FAKE agent on a real unix socket with its own history database (runs `dsv41-tp8*`, an XID event);
+the other node is a real `lynxtop agent` serving a simulated run, its `metrics_listen` on loopback with
+`[agent] tcp_reads` and a token file. Opened from the cluster view with the same token (`--node-token-file`), every
+view shows that node's data, never the head's; with a wrong token, or reads off there, each view says why and what
+to configure instead of showing empty panes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from support.agent_config import sim_profile, write_agent_config
+from support.agent_proc import Agent
+from support.ports import free_port, short_dir
+from support.tui import make_app, screen_text, wait_for
+from test_cluster_view import head_status, ray_node
+
+from lynxtop.tui.cluster_source import RemoteHistory
+from lynxtop.tui.screens.cluster import ClusterScreen
+
+pytestmark = pytest.mark.timeout(180)
+
+TOKEN = "cluster-read-token-0b8f6e2d4c1a9375"
+
+
+def _token_file(path: Path, token: str) -> Path:
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(params=[True], ids=["reads-on"])
+async def worker(request, tmp_path):
+    """A real agent serving a simulated run; `[agent] tcp_reads` as the param says (token: TOKEN)."""
+    port = free_port()
+    token = _token_file(tmp_path / "node.token", TOKEN)
+    extra = f'tcp_reads = true\ntcp_token_file = "{token}"\n' if request.param else ""
+    with short_dir() as d:
+        cfg = write_agent_config(tmp_path / "config.toml", tmp_path / "state" / "lynxtop.db", d / "w.sock",
+                                 fake_nvml="sim", sample_interval_s=0.2, default_profile="remote-tp8",
+                                 autostart=True, gpu_release_timeout_s=10, metrics_listen=f"127.0.0.1:{port}",
+                                 extra=extra, profiles=[sim_profile("remote-tp8", stop_grace_s=5,
+                                                                    sim_args=("--sim-log-interval", "0.2"))])
+        proc = Agent(tmp_path, cfg, name="worker", sock=d / "w.sock")
+        try:
+            await proc.wait_state(lambda s: s["state"] == "ready", timeout=60, what="ready")
+            yield proc, port
+        finally:
+            proc.stop()
+
+
+async def _open_worker(pilot, agent) -> None:
+    app = pilot.app
+    agent.status = head_status(ray_node("10.0.0.1", head=True, name="head-1"), ray_node("127.0.0.1", name="gpu-2"))
+    await wait_for(pilot, lambda: app.state.connected and app.state.status.cluster.nodes)
+    await pilot.press("N")
+    await wait_for(pilot, lambda: isinstance(app.screen, ClusterScreen))
+    screen = app.screen
+    await wait_for(pilot, lambda: screen.fleet is not None and len(screen.fleet.rows) == 2
+                   and screen.fleet.rows[1].status is not None, timeout_s=15)
+    await pilot.press("down", "enter")
+    await wait_for(pilot, lambda: app.viewing_node == "gpu-2" and app.state.status is not None, timeout_s=15)
+
+
+async def test_another_nodes_history_events_logs_and_processes_are_its_own(agent, worker, history_db, tmp_path):
+    proc, port = worker
+    runs = (await proc.api("GET", "/v1/runs"))[1]["runs"]
+    run_id = runs[0]["id"]
+    app = make_app(agent.socket_path, history_db[0], node_port=port, clock=time.time,
+                   node_token_file=_token_file(tmp_path / "dash.token", TOKEN))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await _open_worker(pilot, agent)
+        assert isinstance(app.history, RemoteHistory)
+
+        await pilot.press("4")  # History: the node's runs, and its charts from its own samples
+        screen = app.screen
+        await wait_for(pilot, lambda: "remote-tp8" in screen_text(app), timeout_s=15)
+        assert "dsv41-tp8" not in screen_text(app) and screen.error is None  # nothing of the head's history
+        assert screen.selected is not None and screen.selected.id == run_id
+        chart = screen.query_one("#hchart-sm")
+        await wait_for(pilot, lambda: any(v is not None for _, v in chart.points), timeout_s=15)
+
+        await pilot.press("5")  # Events: the node's events (its agent's start names its pid), not the head's XID
+        await wait_for(pilot, lambda: f"pid {proc.proc.pid}" in screen_text(app), timeout_s=15)
+        assert "fell off the bus" not in screen_text(app)
+        assert "gpu-2" in app.screen.source and "history database" not in app.screen.source
+
+        await pilot.press("6")  # Logs: the node's vLLM log, over TCP
+        screen = app.screen
+        await wait_for(pilot, lambda: screen.run_id == run_id and screen.view.lines, timeout_s=15)
+        assert screen.problem is None and str(tmp_path) in screen.path
+
+        await pilot.press("7")  # Processes: the node's GPU processes
+        screen = app.screen
+        await wait_for(pilot, lambda: screen.answer is not None, timeout_s=15)
+        assert screen.problem is None
+    assert TOKEN not in proc.output()
+
+
+async def test_a_wrong_token_says_so_in_every_view_instead_of_empty_panes(agent, worker, history_db, tmp_path):
+    _, port = worker
+    app = make_app(agent.socket_path, history_db[0], node_port=port, clock=time.time,
+                   node_token_file=_token_file(tmp_path / "dash.token", "not-" + TOKEN))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await _open_worker(pilot, agent)
+        await pilot.press("4")
+        await wait_for(pilot, lambda: "refused this dashboard's read token (401)" in screen_text(app), timeout_s=15)
+        assert "--node-token-file" in screen_text(app) and "dsv41-tp8" not in screen_text(app)
+        await pilot.press("6")
+        screen = app.screen
+        await wait_for(pilot, lambda: screen.problem is not None and "401" in screen.problem, timeout_s=15)
+        assert "tcp_token_file" in screen.problem
+        await pilot.press("7")
+        screen = app.screen
+        await wait_for(pilot, lambda: screen.problem is not None and "401" in screen.problem, timeout_s=15)
+
+
+@pytest.mark.parametrize("worker", [False], ids=["reads-off"], indirect=True)
+async def test_a_node_with_reads_off_says_what_to_configure(agent, worker, history_db, tmp_path):
+    _, port = worker
+    app = make_app(agent.socket_path, history_db[0], node_port=port, clock=time.time,
+                   node_token_file=_token_file(tmp_path / "dash.token", TOKEN))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await _open_worker(pilot, agent)
+        await pilot.press("4")
+        await wait_for(pilot, lambda: "serves no history over TCP (403)" in screen_text(app), timeout_s=15)
+        assert "tcp_reads = true" in screen_text(app) and "dsv41-tp8" not in screen_text(app)
+        await pilot.press("7")
+        screen = app.screen
+        await wait_for(pilot, lambda: screen.problem is not None and "403" in screen.problem, timeout_s=15)
+        assert "tcp_reads = true" in screen.problem
+
+
+async def test_without_a_token_file_history_says_what_to_configure(agent, worker, history_db):
+    _, port = worker
+    app = make_app(agent.socket_path, history_db[0], node_port=port, clock=time.time)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await _open_worker(pilot, agent)
+        await pilot.press("4")
+        await wait_for(pilot, lambda: "gpu-2's history database is on that node" in screen_text(app), timeout_s=15)
+        text = screen_text(app).replace("\n", " ")
+        assert "tcp_reads" in text and "dsv41-tp8" not in text
