@@ -17,10 +17,12 @@ import importlib.util
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from _support import TESTS
 
+from lynxtop.store import schema
 from lynxtop.store.writer import StoreWriter
 
 # the store tests' row makers, by path: benchmarks/store.py shadows the tests' `store` package here
@@ -46,13 +48,18 @@ def anon_mb() -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=90.0, help="minutes of 10 Hz data to write")
+    ap.add_argument("--cache-mib", type=float, default=None,
+                    help="the connections' page cache bound (default: store/schema.py's CACHE_KIB)")
     args = ap.parse_args()
+    if args.cache_mib is not None:
+        schema.CACHE_KIB = int(args.cache_mib * 1024)
     lib = ctypes.CDLL(ctypes.util.find_library("sqlite3") or "libsqlite3.so.0")
     db = Path(tempfile.mkdtemp(prefix="lynxtop-wmem-")) / "lynxtop.db"
     w = StoreWriter(db, queue_max=100_000)
     w.start()
     rows = [[helpers.gpu_row(g, i) for g in range(8)] for i in range(50)]
     points = []
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for i in range(int(args.minutes * 600) + 1):
         w.submit_tick(helpers.T0 + i * 100, rows[i % 50], helpers.host_row(i), helpers.serving_row(i, None))
         if i % 600 == 0:
@@ -61,9 +68,13 @@ def main() -> int:
                  "db_mb": round(sum(f.stat().st_size for f in db.parent.glob(db.name + "*")) / 2**20, 1)}
             points.append(p)
             print(json.dumps(p), flush=True)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     w.close()
     last = points[-1]
-    print(json.dumps({"anon_mb_end": last["anon_mb"], "sqlite_mb_end": last["sqlite_mb"], "db_mb_end": last["db_mb"],
+    gpu_rows = 8 * (int(args.minutes * 600) + 1)
+    print(json.dumps({"cache_kib": schema.CACHE_KIB, "anon_mb_end": last["anon_mb"],
+                      "sqlite_mb_end": last["sqlite_mb"], "db_mb_end": last["db_mb"],
+                      "gpu_rows_per_s": round(gpu_rows / wall), "gpu_rows_per_cpu_s": round(gpu_rows / cpu),
                       "points": points}), flush=True)
     return 0
 

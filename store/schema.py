@@ -23,6 +23,11 @@ APPLICATION_ID = 0x4C594E58  # "LYNX" in the SQLite header: tells our file from 
 BUSY_TIMEOUT_MS = 5000
 FILE_MODE = 0o640
 PAGE_SIZE = 16384
+# Each connection's page cache bound (the writer's and each reader's). A cache only fills as pages are read or
+# written and is never given back, so this bound is the RSS step a long-running agent climbs to: 32 MiB took the
+# soak's agent 25 minutes to fill (0.7 MB/min). 8 MiB (512 pages) writes as fast (benchmarks/writer_memory.py:
+# the same CPU rows/s at 2, 4, 8 and 32 MiB) and fills in minutes; docs/performance.md has the figures.
+CACHE_KIB = 8192
 DIR_MODE = 0o750
 
 Metrics = tuple[tuple[str, str, str], ...]
@@ -269,10 +274,10 @@ def configure(conn: sqlite3.Connection, *, readonly: bool = False) -> None:
 
 
 def tune(conn: sqlite3.Connection, *, mmap: bool = False) -> None:
-    """Memory for speed, bounded: a 32 MiB page cache keeps the pages just written (which rollups and the
-    dashboard read next) in memory; sorts stay in memory. Readers also map the file instead of copying
-    pages; the writer does not, because an I/O error under a mapping is a SIGBUS, not an error code."""
-    conn.execute("PRAGMA cache_size = -32768")
+    """Memory for speed, bounded: a page cache of CACHE_KIB per connection keeps the pages just written (which
+    rollups and the dashboard read next) in memory; sorts stay in memory. Readers also map the file instead
+    of copying pages; the writer does not, because an I/O error under a mapping is a SIGBUS, not an error code."""
+    conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
     conn.execute("PRAGMA temp_store = MEMORY")
     if mmap:
         conn.execute("PRAGMA mmap_size = 268435456")
