@@ -18,7 +18,11 @@ from support.agent_proc import Agent
 from support.ports import free_port, short_dir
 from support.tui import make_app, screen_text, wait_for
 from test_cluster_view import head_status, ray_node
+from tui_fake_agent import T0, make_status
 
+from lynxtop.contract.client import AgentRefused, AgentUnreachable
+from lynxtop.contract.events import Event, EventKind
+from lynxtop.contract.status import Status
 from lynxtop.tui.cluster_source import RemoteHistory
 from lynxtop.tui.screens.cluster import ClusterScreen
 
@@ -144,3 +148,64 @@ async def test_without_a_token_file_history_says_what_to_configure(agent, worker
         await wait_for(pilot, lambda: "gpu-2's history database is on that node" in screen_text(app), timeout_s=15)
         text = screen_text(app).replace("\n", " ")
         assert "tcp_reads" in text and "dsv41-tp8" not in text
+
+
+class _NoLogSource:
+    """Another node whose history reads but whose log does not (refused, or gone since)."""
+
+    label = "http://127.0.0.1:1"
+    read_only = "viewing node gpu-2"
+
+    def __init__(self, status):
+        self._status = status
+
+    async def status(self):
+        return self._status
+
+    async def events(self, since_ms=None, limit=500):
+        return []
+
+    async def runs(self, limit=50):
+        return []
+
+    async def profiles(self):
+        raise AgentRefused(403, "read_only", "read-only")
+
+    async def logs(self, run_id=None, lines=2000, after=None, inode=None):
+        raise AgentUnreachable("node gpu-2 did not answer")
+
+    async def processes(self):
+        raise AgentUnreachable("node gpu-2 did not answer")
+
+    async def action(self, action, profile=None, **extra):
+        raise AgentRefused(403, "read_only", "read-only")
+
+    async def close(self):
+        pass
+
+
+async def test_another_nodes_log_is_never_read_from_a_local_file_of_the_same_path(tmp_path):
+    """The Events view reads a run's log file itself when the agent does not answer: on this node only. Another
+    node's run names a path on that node; the same path here (another run's log) must not be shown as its log."""
+    from lynxtop.store.writer import StoreWriter
+
+    local = tmp_path / "run-1.log"
+    local.write_text("THIS-NODE-ONLY line 1\nTHIS-NODE-ONLY line 2\n")
+    db = tmp_path / "node.db"
+    w = StoreWriter(db, clock=lambda: T0 / 1000)
+    w.start()
+    run = w.create_run(profile="remote-tp8", argv=["vllm", "serve", "m"], model="m", host="gpu-2",
+                       started_ms=T0 - 60_000, pid=7, log_path=str(local), simulated=True)
+    w.record(Event(EventKind.SERVING_STARTING, "info", "starting remote-tp8", run_id=run, ts_ms=T0 - 60_000))
+    w.close()
+    app = make_app(tmp_path / "no-agent.sock", db, source=_NoLogSource(Status.from_json(make_status())))
+    app.viewing_node = "gpu-2"  # as the cluster view leaves it, its history read as that node's
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected)
+        await pilot.press("5")
+        screen = app.screen
+        await wait_for(pilot, lambda: screen.runs and "starting remote-tp8" in screen_text(app), timeout_s=10)
+        screen.fetch_log()  # again, now that the runs (and the log's path) are known
+        await wait_for(pilot, lambda: "did not answer" in screen._log_header, timeout_s=10)
+        assert not any("THIS-NODE-ONLY" in ln for ln in screen.log_lines)
+        assert "THIS-NODE-ONLY" not in screen_text(app)

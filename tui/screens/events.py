@@ -127,7 +127,10 @@ class EventsScreen(LiveScreen):
         self._fill_log()
 
     def _log_from_file(self, why: str) -> tuple[list[str], str]:
-        """With the agent down, read the run's log file directly (its path is in the runs table)."""
+        """With the agent down, read the run's log file directly (its path is in the runs table). Only on this
+        node: another node's path names a file there, and the same path here may hold another run's log."""
+        if self.lynx.viewing_node is not None:
+            return [], f"vLLM log unavailable: {why}"
         run = None
         if self.runs:
             run = next((r for r in self.runs if r.id == self.log_run), None) if self.log_run else self.runs[0]
