@@ -7,7 +7,10 @@ and shared (/proc/<pid>/status), open fds, threads, CPU. It reports the RSS at t
 per hour, whole and per table (dbstat bytes and rows, first sample to last, read through a read-only connection).
 
 Targets: steady-state RSS <= 120 MB, slope <= 0.1 MB/min. Last line: one JSON object.
-Usage: python benchmarks/soak.py [--minutes 30] [--quick]
+--tracemalloc FILE: the agent traces its allocations (benchmarks/memtrace/sitecustomize.py) and appends the
+sites that grew most to FILE every minute: what grows, when the slope says something does (the trace itself
+costs memory and CPU, so its RSS figures are not the soak's).
+Usage: python benchmarks/soak.py [--minutes 30] [--quick] [--tracemalloc FILE]
 """
 
 from __future__ import annotations
@@ -137,7 +140,12 @@ def main() -> int:
     ap.add_argument("--scrape-s", type=float, default=1.0, help="the agent's /metrics scrape interval")
     ap.add_argument("--streams", type=int, default=8, help="concurrent streamed requests of the load")
     ap.add_argument("--every", type=float, default=10.0, help="seconds between samples of the agent")
+    ap.add_argument("--tracemalloc", metavar="FILE", help="trace the agent's allocations, growth per site to FILE")
     args = ap.parse_args()
+    if args.tracemalloc:  # inherited by the agent (and ignored by every other process, see memtrace/)
+        os.environ["LYNXTOP_TRACEMALLOC_OUT"] = str(Path(args.tracemalloc).resolve())
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent / "memtrace"),
+                                                                 os.environ.get("PYTHONPATH")]))
     minutes = 2.0 if args.quick else args.minutes
     tail_s = min(600.0, minutes * 60 / 3)
     with running_agent(args.sample_s, args.scrape_s) as (agent, tmp, _sock, url):
@@ -145,7 +153,8 @@ def main() -> int:
         out = asyncio.run(soak(agent.pid, db, url, minutes * 60, 2.0 if args.quick else args.every, args.streams,
                                tail_s))
         out["agent_log"] = str(tmp / "agent.log")
-    out.update(sample_s=args.sample_s, scrape_s=args.scrape_s, streams=args.streams, quick=args.quick)
+    out.update(sample_s=args.sample_s, scrape_s=args.scrape_s, streams=args.streams, quick=args.quick,
+               tracemalloc=args.tracemalloc)
     out["targets"] = {"rss_mb_end": 120.0, "rss_slope_mb_per_min_tail": 0.1}
     out["pass"] = all(out[k] <= v for k, v in out["targets"].items())
     print(json.dumps(out), flush=True)
