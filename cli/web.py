@@ -91,6 +91,8 @@ def dashboard_argv(args: Namespace, socket_path: Path, database: Path, *, contro
         argv.append("--utc")
     if getattr(args, "node_port", None):
         argv += ["--node-port", str(args.node_port)]
+    if getattr(args, "node_token_file", None):  # the path only: the served dashboard reads the token itself
+        argv += ["--node-token-file", str(args.node_token_file)]
     if not control:
         argv.append("--readonly")
     return argv

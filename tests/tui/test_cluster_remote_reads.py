@@ -209,3 +209,13 @@ async def test_another_nodes_log_is_never_read_from_a_local_file_of_the_same_pat
         await wait_for(pilot, lambda: "did not answer" in screen._log_header, timeout_s=10)
         assert not any("THIS-NODE-ONLY" in ln for ln in screen.log_lines)
         assert "THIS-NODE-ONLY" not in screen_text(app)
+
+
+def test_the_served_dashboard_gets_the_token_files_path_never_the_token():
+    from lynxtop.cli.parser import build_parser
+    from lynxtop.cli.web import dashboard_argv
+
+    args = build_parser().parse_args(["dashboard", "--web", "127.0.0.1:8765", "--node-token-file", "/etc/n.token"])
+    argv = dashboard_argv(args, Path("/run/a.sock"), Path("/var/h.db"), control=False)
+    i = argv.index("--node-token-file")
+    assert argv[i:i + 2] == ["--node-token-file", "/etc/n.token"]
