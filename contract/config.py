@@ -945,10 +945,10 @@ def _read_secret_file(path: Path) -> tuple[os.stat_result | None, bytes, str | N
     return st, data, None
 
 
-def _secret_file_problem(st: os.stat_result, path: Path, what: str) -> str | None:
+def _secret_file_problem(st: os.stat_result, path: Path, what: str, check_owner: bool = True) -> str | None:
     """Why a file of secrets cannot be used: one anyone else could write or read (env_file's rule)."""
     mode = stat.S_IMODE(st.st_mode)
-    if st.st_uid not in (os.geteuid(), 0):
+    if check_owner and st.st_uid not in (os.geteuid(), 0):
         return (f"is owned by {_user(st.st_uid)}; {what} must be owned by the agent's user "
                 f"({_user(os.geteuid())}) or root")
     if mode not in ENV_FILE_MODES:
@@ -959,13 +959,16 @@ def _secret_file_problem(st: os.stat_result, path: Path, what: str) -> str | Non
 TOKEN_MIN_CHARS = 16  # `openssl rand -hex 32` gives 64
 
 
-def read_token_file(path: Path) -> tuple[str, str | None]:
+def read_token_file(path: Path, check_owner: bool = True) -> tuple[str, str | None]:
     """The bearer token in `path` ([agent] tcp_token_file, the dashboard's --node-token-file), and why it cannot
     be used: env_file's rule (a regular file of mode 0600 or 0640 owned by this user or root), one line of at
-    least TOKEN_MIN_CHARS printable characters, a trailing newline dropped. A problem never shows the token."""
+    least TOKEN_MIN_CHARS printable characters, a trailing newline dropped. A problem never shows the token.
+
+    `check_owner` False: the dashboard, which only sends the token, reads the agent's own file (owned by the
+    agent's user, 0640 with the operators' group); its mode is still checked."""
     st, data, why = _read_secret_file(path)
     if st is not None and why is None:
-        why = _secret_file_problem(st, path, "a token file")
+        why = _secret_file_problem(st, path, "a token file", check_owner)
     if why is None:
         try:
             token = data.decode("utf-8").removesuffix("\n").removesuffix("\r")

@@ -426,7 +426,7 @@ class LynxtopApp(App):
             return None, None
         from lynxtop.contract.config import read_token_file
 
-        token, why = read_token_file(self.node_token_file)
+        token, why = read_token_file(self.node_token_file, check_owner=False)  # the agent's file, its group's
         return (token, None) if not why else (None, why)
 
     def _refused(self, action: str, exc: AgentRefused) -> None:

@@ -219,3 +219,20 @@ def test_the_served_dashboard_gets_the_token_files_path_never_the_token():
     argv = dashboard_argv(args, Path("/run/a.sock"), Path("/var/h.db"), control=False)
     i = argv.index("--node-token-file")
     assert argv[i:i + 2] == ["--node-token-file", "/etc/n.token"]
+
+
+def test_the_dashboard_reads_the_agents_own_token_file_through_its_group(tmp_path):
+    """The production layout: the token file is the agent's user's, mode 0640 with the operators' group; an
+    operator's dashboard reads it (the agent alone checks the owner). A file others may read is still refused."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the file to another user")
+    token = _token_file(tmp_path / "agent.token", TOKEN)
+    os.chown(token, 65534, 0)  # another user's (nobody), group root: this process reads it through the group
+    token.chmod(0o640)
+    app = make_app(tmp_path / "no.sock", None, node_token_file=token)
+    assert app._node_token() == (TOKEN, None)
+    token.chmod(0o644)
+    got, why = app._node_token()
+    assert got is None and "has mode 0644" in why and TOKEN not in why
