@@ -25,10 +25,10 @@ from pathlib import Path
 from lynxtop.agent.gpu.protocol import FakeGpuSpec, FakeGpuState
 from lynxtop.sim.flags import default_state_dir
 from lynxtop.sim.model import SimParams
-from lynxtop.sim.state import EngineState, read_states
+from lynxtop.sim.state import EngineState, StateCache, read_states
 
 DRIVER_VERSION = "580.95.05"
-REREAD_S = 0.2  # the state directory is listed at most this often (8 GPUs ask once per tick each)
+REREAD_S = 0.2  # the state directory is listed at most this often: the GPU model's time step
 STALE_S = 3.0  # an engine that has not published for this long is treated as doing nothing
 IDLE_SM_CLOCK_MHZ = 345
 BUSY_SM_CLOCK_MHZ = 1980
@@ -92,6 +92,9 @@ class SimScenario:
         self._lock = threading.Lock()
         self._states: list[EngineState] = []
         self._read_at: float | None = None
+        self._parsed: StateCache = {}  # state files already parsed (read_states skips them while unchanged)
+        self._loads: list[_Load] = []
+        self._looks: dict[int, FakeGpuState] = {}  # GPU -> its state in the current step
         self._thermal: dict[int, _Thermal] = {}
         self._spread = [gpu_spread(i, self.p) for i in range(gpus)]
 
@@ -103,14 +106,32 @@ class SimScenario:
 
     def engines(self, now: float) -> list[EngineState]:
         with self._lock:
-            if self._read_at is None or now - self._read_at >= REREAD_S or now < self._read_at:
-                self._states = read_states(self.state_dir)
-                self._read_at = now
+            self._step(now)
             return self._states
 
+    def _step(self, now: float) -> list[_Load]:
+        """Every GPU's load for the model's time step holding `now` (the lock is held).
+
+        The engines publish their state twice a second, so the model steps when the state directory is read
+        again (REREAD_S): one pass over the engines gives all GPUs' loads, and each GPU's state is then
+        built once per step (`_looks`), however many NVML calls ask for it."""
+        if self._read_at is None or now - self._read_at >= REREAD_S or now < self._read_at:
+            self._states = read_states(self.state_dir, self._parsed)
+            self._read_at = now
+            self._loads = self._all_loads(self._states)
+            self._looks = {}
+        return self._loads
+
     def state(self, index: int, now: float) -> FakeGpuState:
+        with self._lock:
+            ld = self._step(now)[index]
+            st = self._looks.get(index)
+            if st is None:
+                st = self._looks[index] = self._build(index, now, ld)
+            return st
+
+    def _build(self, index: int, now: float, ld: _Load) -> FakeGpuState:
         spec = self._specs[index]
-        ld = self._load(index, now)
         act, power_f, temp_off = self._spread[index]
         sm, tensor, dram = (min(x * act, 100.0) for x in (ld.sm, ld.tensor, ld.dram))
         busy = min(ld.busy, 1.0)
@@ -141,20 +162,22 @@ class SimScenario:
             process_sm_pct={pid: sm / len(ld.procs) for pid, _ in ld.procs} if sm > 0 and ld.procs else {},
         )
 
-    def _load(self, index: int, now: float) -> _Load:
-        """What the live engines put on GPU `index`: memory, processes and the activity of their phases."""
-        ld = _Load()
+    def _all_loads(self, engines: list[EngineState]) -> list[_Load]:
+        """What the live engines put on each GPU: memory, processes and the activity of their phases."""
+        loads = [_Load() for _ in self._specs]
         wall = time.time()
-        for eng in self.engines(now):
-            if index not in eng.gpus:
-                continue
+        n = len(loads)
+        for eng in engines:
             for h in eng.holders:
-                if h.gpu == index:
+                if 0 <= h.gpu < n and h.gpu in eng.gpus:
+                    ld = loads[h.gpu]
                     ld.mem += h.mem_bytes
                     ld.procs.append((h.pid, h.mem_bytes))
             if wall - eng.updated_unix < STALE_S and eng.phase not in ("orphaned", "dead"):
-                self._add_activity(ld, eng, index)
-        return ld
+                for index in set(eng.gpus):
+                    if 0 <= index < n:
+                        self._add_activity(loads[index], eng, index)
+        return loads
 
     def _add_activity(self, ld: _Load, eng: EngineState, index: int) -> None:
         if eng.phase == "hung":
@@ -186,13 +209,13 @@ class SimScenario:
         ld.link_rate += (eng.prompt_tokens_per_s + eng.generation_tokens_per_s) * self.p.nvlink_bytes_per_token
 
     def _temperature(self, index: int, now: float, power_w: float, offset_c: float = 0.0) -> float:
+        """The die temperature now, following power with a thermal lag (called under the lock)."""
         target = self.p.ambient_temp_c + offset_c + self.p.temp_c_per_w * power_w
-        with self._lock:
-            th = self._thermal.get(index)
-            if th is None:
-                th = self._thermal[index] = _Thermal(last=now, temp_c=target)
-            dt = max(now - th.last, 0.0)
-            tau = max(self.p.temp_time_constant_s, 1e-3)
-            th.temp_c += (target - th.temp_c) * (1 - math.exp(-dt / tau))
-            th.last = now
-            return th.temp_c
+        th = self._thermal.get(index)
+        if th is None:
+            th = self._thermal[index] = _Thermal(last=now, temp_c=target)
+        dt = max(now - th.last, 0.0)
+        tau = max(self.p.temp_time_constant_s, 1e-3)
+        th.temp_c += (target - th.temp_c) * (1 - math.exp(-dt / tau))
+        th.last = now
+        return th.temp_c

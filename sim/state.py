@@ -104,27 +104,45 @@ def _from_dict(d: dict[str, Any]) -> EngineState:
     return EngineState(holders=holders, **rest)
 
 
-def read_states(state_dir: Path) -> list[EngineState]:
-    """Every readable state file of a live engine; unreadable or foreign files are skipped, not fatal."""
+StateCache = dict[str, tuple[tuple[int, int, int], EngineState]]  # file name -> ((inode, mtime ns, size), state)
+
+
+def read_states(state_dir: Path, cache: StateCache | None = None) -> list[EngineState]:
+    """Every readable state file of a live engine; unreadable or foreign files are skipped, not fatal.
+
+    With `cache` (kept by the caller between reads), a file that is still the same file (inode, mtime, size:
+    writers replace it by a rename, so each write is a new inode) is not parsed again; liveness is checked on
+    every read all the same."""
     out: list[EngineState] = []
     try:
         names = sorted(os.listdir(state_dir))
     except OSError:
         return out
     me = os.getuid()
+    seen: StateCache = {}
     for name in names:
         if not (name.startswith("engine-") and name.endswith(".json")):
             continue
         path = os.path.join(state_dir, name)
         try:
-            if me != 0 and os.stat(path).st_uid != me:
+            info = os.stat(path)
+            if me != 0 and info.st_uid != me:
                 continue  # another user's file: never let it invent GPU memory on our node
-            data = json.loads(read_all(path))
-            if not isinstance(data, dict):
-                continue
-            st = _from_dict(data)
+            key = (info.st_ino, info.st_mtime_ns, info.st_size)
+            hit = cache.get(name) if cache is not None else None
+            if hit is not None and hit[0] == key:
+                st = hit[1]
+            else:
+                data = json.loads(read_all(path))
+                if not isinstance(data, dict):
+                    continue
+                st = _from_dict(data)
+            seen[name] = (key, st)
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             continue
         if st.alive():
             out.append(st)
+    if cache is not None:
+        cache.clear()
+        cache.update(seen)  # files gone since are forgotten
     return out

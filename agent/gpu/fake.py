@@ -249,7 +249,8 @@ class _MetricsLayout:
     ids: list[int]
     offset: int
     packer: struct.Struct
-    by_links: dict[int, list[tuple[int, float] | None]]
+    by_links: dict[int, list[tuple[int, float]]]  # NVLinks of the GPU -> `FakeGpm._pairs`
+    template: list[Any]  # (id, return, value) per entry, flat, as the packer takes them
 
 
 class FakeGpm(FakeDriver):
@@ -301,22 +302,27 @@ class FakeGpm(FakeDriver):
         if a is None or b is None or a.gpu != b.gpu or b.t <= a.t:
             raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         lay = self._layout(mg)
-        slots = lay.by_links.get(b.links)
-        if slots is None:
-            table = _slots(b.links)
-            slots = lay.by_links[b.links] = [table.get(mid) for mid in lay.ids]
+        pairs = lay.by_links.get(b.links)
+        if pairs is None:
+            pairs = lay.by_links[b.links] = self._pairs(lay, b.links, len(b.flat))
         per_s = 1.0 / (b.t - a.t)
-        fa, fb = a.flat, b.flat
-        flat: list[Any] = []
-        ok, unsupported = pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_NOT_SUPPORTED
-        for mid, slot in zip(lay.ids, slots, strict=True):
-            if slot is None:
-                flat += (mid, unsupported, 0.0)
-            else:
-                i, scale = slot
-                flat += (mid, ok, 0.0 if i < 0 else (fb[i] - fa[i]) * scale * per_s)
-        lay.packer.pack_into(mg, lay.offset, *flat)  # one write for every entry, as the C library fills it
+        fa, fb = (*a.flat, 0.0), (*b.flat, 0.0)  # the last slot: a metric that reads 0
+        entries = lay.template.copy()
+        entries[2::3] = [(fb[i] - fa[i]) * scale * per_s for i, scale in pairs]
+        lay.packer.pack_into(mg, lay.offset, *entries)  # one write for every entry, as the C library fills it
         return mg
+
+    @staticmethod
+    def _pairs(lay: _MetricsLayout, links: int, zero: int) -> list[tuple[int, float]]:
+        """(index into a record's flat values, scale) per entry; `zero` for a link the GPU lacks or an id
+        that is not supported (their returns are set in `template`)."""
+        table = _slots(links)
+        out = []
+        for k, mid in enumerate(lay.ids):
+            slot = table.get(mid)
+            lay.template[3 * k + 1] = pynvml.NVML_SUCCESS if slot is not None else pynvml.NVML_ERROR_NOT_SUPPORTED
+            out.append((zero, 1.0) if slot is None or slot[0] < 0 else slot)
+        return out
 
     def _layout(self, mg: Any) -> _MetricsLayout:
         """Made once per struct: the sampler reuses its struct every tick, as with the real library."""
@@ -325,8 +331,9 @@ class FakeGpm(FakeDriver):
         if lay is None or lay.struct_ref is not mg or len(lay.ids) != n:
             assert ctypes.sizeof(type(mg.metrics[0])) == _METRIC.size  # the layout the packer writes
             ids = [mg.metrics[i].metricId for i in range(n)]
+            template: list[Any] = [x for mid in ids for x in (mid, pynvml.NVML_SUCCESS, 0.0)]
             lay = self._layouts[id(mg)] = _MetricsLayout(mg, ids, type(mg).metrics.offset,
-                                                         struct.Struct("<" + "IId24x" * n), {})
+                                                         struct.Struct("<" + "IId24x" * n), {}, template)
         return lay
 
 

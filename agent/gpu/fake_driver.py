@@ -140,7 +140,11 @@ class FakeDriver:
         spec = self._specs[index]
         if fn in spec.missing_functions:
             raise err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        st = self._state(index)
+        acc = self._acc.get(index)  # `_state`'s fast path, inlined: this runs on every device call
+        if acc is not None and 0.0 <= self.clock() - acc.state_t < self.resolution_s:
+            st = acc.last_state
+        else:
+            st = self._state(index)
         if st.lost:
             raise err(pynvml.NVML_ERROR_GPU_IS_LOST)
         if fn in spec.unsupported:
@@ -159,7 +163,7 @@ class FakeDriver:
         """
         if not force:  # an instantaneous reading of a fresh look: no integration, no lock
             acc = self._acc.get(index)
-            if acc is not None and 0.0 < self.clock() - acc.state_t < self.resolution_s:
+            if acc is not None and 0.0 <= self.clock() - acc.state_t < self.resolution_s:
                 return acc.last_state
         with self._lock:
             now = self.clock()

@@ -8,6 +8,7 @@ building the struct costs ~10 µs a tick against ~1.6 µs when reused (reference
 from __future__ import annotations
 
 import ctypes
+import struct
 from typing import Any
 
 import pynvml
@@ -35,7 +36,8 @@ class _MetricsGet(ctypes.Structure):
 
 # the library reads our struct through the binding's function: the layouts must match byte for byte
 assert ctypes.sizeof(_MetricsGet) == ctypes.sizeof(pynvml.c_nvmlGpmMetricsGet_t)
-assert ctypes.sizeof(_Metric) == ctypes.sizeof(pynvml.c_nvmlGpmMetric_t)
+assert ctypes.sizeof(_Metric) == ctypes.sizeof(pynvml.c_nvmlGpmMetric_t) == struct.calcsize("<IId24x")
+_METRICS_OFFSET = _MetricsGet.metrics.offset
 
 # (GPU_METRICS column, GPM metric id, scale to the column's unit). GPM rates are MiB/s.
 MIB = 1024 * 1024
@@ -81,7 +83,9 @@ class GpmReader:
         for i, (_, mid, _) in enumerate(self.metrics):
             mg.metrics[i].metricId = mid
         self._mg = mg
-        self._entries = [mg.metrics[i] for i in range(len(self.metrics))]  # views into the struct, made once
+        # all entries in one C call (metricId, nvmlReturn, value per entry): reading them field by field through
+        # ctypes costs ~0.15 µs a field, ~14 µs a GPU a tick with 46 metrics
+        self._unpack = struct.Struct("<" + "IId24x" * len(self.metrics)).unpack_from
         self._scales = [scale for _, _, scale in self.metrics]
         self.columns = [col for col, _, _ in self.metrics]
         # where the scalar columns end and the per-link ones (NVLINK_METRICS names) begin
@@ -104,8 +108,9 @@ class GpmReader:
         self._cur ^= 1
         self._b.nvmlGpmMetricsGet(mg)
         # seen on a real H200: a metric can come back SUCCESS with NaN (two samples too close together)
-        return [v * scale if e.nvmlReturn == 0 and -1e18 < (v := e.value) < 1e18 else None
-                for e, scale in zip(self._entries, self._scales, strict=True)]
+        flat = self._unpack(mg, _METRICS_OFFSET)
+        return [v * scale if r == 0 and -1e18 < v < 1e18 else None
+                for r, v, scale in zip(flat[1::3], flat[2::3], self._scales, strict=True)]
 
     def reset(self) -> None:
         """Forget the previous sample (after the GPU came back or NVML was re-initialised)."""

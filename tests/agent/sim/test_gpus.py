@@ -119,3 +119,35 @@ def test_a_straggler_runs_hot_and_slow_while_its_group_waits(tmp_path):
     assert slow.temp_c > max(st.temp_c for st in others) + 8
     assert slow.sm_active_pct > 1.15 * max(st.sm_active_pct for st in others)  # the others idle in the all-reduce
     assert {st.util_gpu_pct for st in states} == {100.0}  # utilization alone does not show it
+
+
+def test_the_gpu_model_builds_each_gpu_once_per_time_step(tmp_path):
+    """Issue 29.3: eight GPUs × a dozen NVML calls a tick ask for the same moment; the model answers them from
+    one state per GPU per step (the state directory's re-read), not one rebuilt per call."""
+    from lynxtop.sim.gpus import REREAD_S
+
+    write_state(tmp_path, engine_state(os.getpid(), busy_frac=1.0, decode_frac=1.0, mean_batch=12))
+    scen = SimScenario(tmp_path)
+    now = time.monotonic()
+    first = [scen.state(i, now) for i in range(8)]
+    within = [scen.state(i, now + REREAD_S / 2) for i in range(8)]
+    assert all(a is b for a, b in zip(first, within, strict=True))
+    assert first[3].mem_used_bytes == 120 * 2**30 and first[3].sm_active_pct > 0
+    later = scen.state(3, now + REREAD_S)
+    assert later is not first[3] and later.mem_used_bytes == first[3].mem_used_bytes
+
+
+def test_unchanged_state_files_are_not_parsed_again(tmp_path):
+    from lynxtop.sim.state import read_states, remove_state
+
+    me = os.getpid()
+    write_state(tmp_path, engine_state(me, busy_frac=0.5))
+    cache: dict = {}
+    first = read_states(tmp_path, cache)
+    again = read_states(tmp_path, cache)
+    assert len(first) == 1 and again[0] is first[0]  # same file: the parsed state is reused
+    write_state(tmp_path, engine_state(me, busy_frac=0.25))  # a publish replaces the file
+    fresh = read_states(tmp_path, cache)
+    assert fresh[0] is not first[0] and fresh[0].busy_frac == 0.25
+    remove_state(tmp_path, me)
+    assert read_states(tmp_path, cache) == [] and cache == {}
