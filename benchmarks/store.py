@@ -5,6 +5,8 @@ Measures, in one run on a fresh temporary database:
   ingest_with_rollups_rows_per_s  the same until the rollups are written too (median part, with its spread)
   bare_executemany_rows_per_s     the ceiling: plain executemany of the same rows as prepared tuples into the
                           same tables (SQLite + CPython's driver alone), measured between the parts
+  sqlite_only_rows_per_s  the floor: SQLite alone storing the same rows by INSERT ... SELECT from temporary
+                          tables (no value bound through Python), same transactions, same parts
   bytes_per_value         raw_bytes_per_value (below) plus the 1m/1h rollup bytes of the same rows, per raw
                           GPU value; uncompacted_bytes_per_value: gpu_samples' b-tree and rollups before
   query_24h_ms            median StoreReader.series over 24 h for 8 GPUs (5 chart columns; 1-minute rollups)
@@ -194,6 +196,27 @@ def _bare_part(conn: sqlite3.Connection, rows: dict[str, list[tuple]], batch: in
     return time.perf_counter() - t
 
 
+def _sqlite_only_part(conn: sqlite3.Connection, rows: dict[str, list[tuple]], batch: int) -> tuple[float, float]:
+    """Wall and CPU seconds for SQLite alone to store the part: the rows are first copied (untimed) into
+    temporary tables, then moved by INSERT ... SELECT in the writer's transactions. No value passes through
+    Python: the floor of any way into SQLite for this schema (the driver's binding is what bare adds)."""
+    tables = {"gpu": "gpu_samples", "host": "host_samples", "serving": "serving_samples"}
+    for kind, table in tables.items():
+        conn.execute(f"DROP TABLE IF EXISTS temp.src_{kind}")
+        conn.execute(f"CREATE TEMP TABLE src_{kind} AS SELECT * FROM main.{table} LIMIT 0")
+        conn.executemany(f"INSERT INTO temp.src_{kind} VALUES ({', '.join('?' * len(rows[kind][0]))})", rows[kind])
+    t, c = time.perf_counter(), time.process_time()
+    n = len(rows["host"])
+    for lo in range(0, n, batch):
+        conn.execute("BEGIN IMMEDIATE")
+        for kind, table in tables.items():
+            per = GPUS if kind == "gpu" else 1
+            conn.execute(f"INSERT INTO main.{table} SELECT * FROM temp.src_{kind} WHERE rowid > ? AND rowid <= ?",
+                         (lo * per, (lo + batch) * per))
+        conn.execute("COMMIT")
+    return time.perf_counter() - t, time.process_time() - c
+
+
 def _bare_rows(pool, hosts, servs, raw_start: int, lo: int, hi: int) -> dict[str, list[tuple]]:
     """The part's rows as tuples in table column order (built before the clock starts)."""
     gcols = ["gpu", *names(GPU_METRICS)]
@@ -227,6 +250,10 @@ def _ingest(db: Path, raw_start: int, end: int, ticks: int, nvlink: bool) -> dic
     bare_db = db.with_name("bare.db")
     StoreWriter(bare_db).close()  # the same schema, page size and pragmas
     bare = connect_rw(bare_db, integrity=False)
+    floor_db = db.with_name("sqlite_only.db")
+    StoreWriter(floor_db).close()
+    floor = connect_rw(floor_db, integrity=False)
+    floor_rates, floor_cpu = [], []
     parts = [(k * ticks // PARTS, (k + 1) * ticks // PARTS) for k in range(PARTS)]
     rates, with_rollups, cpu_rates, bare_rates, bare_cpu = [], [], [], [], []
     total_s = 0.0
@@ -247,9 +274,13 @@ def _ingest(db: Path, raw_start: int, end: int, ticks: int, nvlink: bool) -> dic
         c = time.process_time()
         bare_rates.append((hi - lo) * GPUS / _bare_part(bare, bare_rows, w.batch_max_ticks))
         bare_cpu.append((hi - lo) * GPUS / (time.process_time() - c))
+        wall, cpu = _sqlite_only_part(floor, bare_rows, w.batch_max_ticks)
+        floor_rates.append((hi - lo) * GPUS / wall)
+        floor_cpu.append((hi - lo) * GPUS / cpu)
     st = w.stats()
     w.close()
     bare.close()
+    floor.close()
     rows = ticks * GPUS
     ingest = statistics.median(rates)
     log(f"ingest: {rows} GPU rows in {PARTS} parts: committed {_spread(rates)} rows/s; with rollups caught up "
@@ -259,8 +290,10 @@ def _ingest(db: Path, raw_start: int, end: int, ticks: int, nvlink: bool) -> dic
         f"(per CPU second {_spread(bare_cpu)}); ingest with rollups / bare = "
         f"{statistics.median(with_rollups) / statistics.median(bare_rates):.2f} "
         f"(per CPU second {statistics.median(cpu_rates) / statistics.median(bare_cpu):.2f})")
+    log(f"SQLite alone (INSERT ... SELECT of the same rows, no Python per value): {_spread(floor_rates)} rows/s "
+        f"(per CPU second {_spread(floor_cpu)})")
     return {"ingest": ingest, "rows": rows, "total_s": total_s, "with_rollups": with_rollups,
-            "cpu": cpu_rates, "bare": bare_rates, "bare_cpu": bare_cpu}
+            "cpu": cpu_rates, "bare": bare_rates, "bare_cpu": bare_cpu, "floor": floor_rates, "floor_cpu": floor_cpu}
 
 
 def _count(db: Path, sql: str, args: tuple = ()) -> int:
@@ -434,6 +467,11 @@ def _run(args: argparse.Namespace, tmp: Path) -> dict:
         "bare_executemany_cpu_rows_per_s": round(statistics.median(ing["bare_cpu"])),
         "ingest_with_rollups_vs_bare_cpu": round(statistics.median(ing["cpu"]) / statistics.median(ing["bare_cpu"]),
                                                  2),
+        # SQLite alone moving the same rows (no Python binding): the floor of any way into SQLite
+        "sqlite_only_rows_per_s": round(statistics.median(ing["floor"])),
+        "sqlite_only_cpu_rows_per_s": round(statistics.median(ing["floor_cpu"])),
+        "ingest_with_rollups_vs_sqlite_only_cpu": round(statistics.median(ing["cpu"])
+                                                        / statistics.median(ing["floor_cpu"]), 2),
         "hours_raw": args.hours,
         "gpu_rows": ing["rows"],
         "export_identical_to_sqlite3": same,
