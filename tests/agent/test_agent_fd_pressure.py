@@ -22,6 +22,7 @@ import pytest
 from support.agent_config import write_agent_config
 from support.db import db_rows
 from support.ports import free_port
+from support.waits import wait_for_async
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -67,6 +68,8 @@ async def test_flood_of_slow_connections_leaves_sampling_and_status_alone(tmp_pa
                 assert agent.poll() is None, log_path.read_text()
                 assert time.monotonic() < deadline, log_path.read_text()
                 await asyncio.sleep(0.1)
+        # a fixed pause kept on purpose: waiting on the first host rows instead, the status calls under the flood
+        # below broke now and then (a broken pipe on the kept-alive connection); why is not understood yet
         await asyncio.sleep(0.5)
         rows_before = _host_rows(db)
         for _ in range(700):  # half-sent requests on the control socket
@@ -79,9 +82,9 @@ async def test_flood_of_slow_connections_leaves_sampling_and_status_alone(tmp_pa
         for _ in range(20):  # status keeps answering while the flood is held
             st = await status()
             await asyncio.sleep(0.1)
-        await asyncio.sleep(1.0)
+        # sampling goes on under the held flood (0.2 s interval): 10 more rows come, however slow the machine
+        await wait_for_async(lambda: _host_rows(db) >= rows_before + 10, 60, what="host rows written under the flood")
         st = await status()
-        assert _host_rows(db) >= rows_before + 10  # sampling went on (0.2 s interval, > 3 s of flood)
         a = st["agent"]
         assert a.get("failed_ticks") == 0 and a["healthy"], a
         # the caps were fitted under the limit with a reserve, and held

@@ -12,6 +12,7 @@ import logging
 
 import pytest
 from support.node import close_node, open_node
+from support.waits import wait_for_async
 
 from lynxtop.agent.api.connguard import Episodes, install_loop_handler
 from lynxtop.agent.node import Node
@@ -48,7 +49,7 @@ async def _stop(task: asyncio.Task) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # a sampler thread of the cancelled tick finishes (nothing to wait on: it is not ours)
 
 
 def _lines(caplog, text: str) -> list[logging.LogRecord]:
@@ -71,7 +72,8 @@ async def test_emfile_ticks_are_missed_counted_and_logged_once(tmp_path, h, capl
         assert len(_lines(caplog, "sampling ticks fail")) == 1
         assert not [r for r in caplog.records if r.exc_info]
         failing.failing = False  # descriptors are back
-        await asyncio.sleep(0.6)
+        await wait_for_async(lambda: _lines(caplog, "ended after") and node.ticker.ticks >= 3, 30,
+                             what="a good tick ending the episode")
         await _stop(task)
         assert node.ticker.ticks >= 3
         ended = _lines(caplog, "ended after")
@@ -105,8 +107,8 @@ async def test_accept_emfile_from_the_event_loop_is_one_line_per_episode(caplog)
             loop.call_exception_handler({"message": "socket.accept() out of system resource",
                                          "exception": OSError(errno.EMFILE, "Too many open files")})
         assert len(lines) == 1 and "out of descriptors" in lines[0]
-        await asyncio.sleep(0.3)
-        episodes.poll()
+        # the episode closes once quiet for quiet_s: polled until it has, however slow the machine
+        await wait_for_async(lambda: episodes.poll() or len(lines) >= 2, 10, what="the episode's summary line")
         assert len(lines) == 2 and "1000 occurrence(s)" in lines[1]
     finally:
         loop.set_exception_handler(old)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+from support.waits import wait_for
+
 from lynxtop.agent.serving import procs
 
 
@@ -19,7 +21,8 @@ def test_a_token_is_looked_for_only_in_processes_started_since_the_leader():
     token = f"test-{os.getpid()}-{time.monotonic_ns()}"
     early = _sleeper(token)  # escaped the group (own session) and carries the token
     try:
-        time.sleep(0.05)
+        # the child has exec'd with its environment (the token): until then /proc shows the parent's
+        wait_for(lambda: early.pid in procs.run_processes(token, None, ()), 10, what="the sleeper's token seen")
         early_ticks = procs.stat(early.pid).start_ticks
         assert early.pid in procs.run_processes(token, None, (), since_ticks=early_ticks)
         assert early.pid in procs.run_processes(token, None, ())  # no start given: everything is looked at

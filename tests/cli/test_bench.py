@@ -225,7 +225,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_levels(node, tmp_path):
     proc = bench_popen("--config", node["cfg"], "--concurrency", "2", "4", "--duration", "4", "--warmup", "0",
                        "--input-len", "8", "--output-len", "16", "--json", str(out))
     wait_line(proc, "level 2/2")
-    time.sleep(0.5)
+    time.sleep(0.5)  # Ctrl-C mid-level is the case under test: level 2 runs a while (of its 4 s) first
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

@@ -16,6 +16,7 @@ import time
 
 import psutil
 import pytest
+from support.waits import wait_for
 
 from lynxtop.agent.host import HOST_COLUMNS, HostSampler, role_of
 from lynxtop.agent.serving import procs
@@ -71,7 +72,7 @@ def test_first_call_has_no_rates_then_rates(tmp_path):
     assert a["mem_total_bytes"] == psutil.virtual_memory().total  # one /proc/meminfo read, same figures
     assert a["swap_total_bytes"] == psutil.swap_memory().total
     assert a["vllm_procs"] is None and a["vllm_cpu_pct"] is None  # no vLLM: N/A, not 0
-    time.sleep(0.1)
+    time.sleep(0.1)  # rates are over the time between two readings: a span must pass
     b = h.sample(None)
     per_core = json.loads(b["cpu_per_core_pct"])
     assert len(per_core) == psutil.cpu_count() and all(0 <= x <= 100 for x in per_core)
@@ -85,7 +86,7 @@ def test_vllm_tree_cpu_and_rss_by_role(tmp_path, vllm_tree):
     first = h.sample(vllm_tree.pid)
     assert first["vllm_procs"] == 3 and first["vllm_engine_cpu_pct"] is None  # no previous CPU reading
     assert h.tree_pids == pids  # what the GPU sampler attributes memory to: the members this row read
-    time.sleep(1.0)
+    time.sleep(1.0)  # CPU % is over the span between two readings: the behaviour under test needs one
     row = h.sample(vllm_tree.pid)
     assert row["vllm_procs"] == 3
     # the engine spins, the worker sleeps (the machine is shared: "clearly busier", not "one full core")
@@ -157,9 +158,11 @@ def test_kept_stat_files_read_fresh_values_and_let_go_of_a_reaped_process():
         first = files.usage(spin.pid)
         assert first is not None and first.state in ("R", "S")
         assert _open_fds() == before + 1
-        time.sleep(0.5)
-        later = files.usage(spin.pid)
-        assert later is not None and later.cpu_s > first.cpu_s  # read again, not cached
+        def spun_more():
+            u = files.usage(spin.pid)
+            return u if u is not None and u.cpu_s > first.cpu_s else None
+
+        later = wait_for(spun_more, 20, what="more CPU time read for the spinner (read again, not cached)")
         assert later.start_ticks == procs.stat(spin.pid).start_ticks
         spin.kill()
         spin.wait()

@@ -15,6 +15,7 @@ from dataclasses import replace
 import aiohttp
 import pytest
 from agent_io_helpers import FakeController
+from support.waits import wait_for_async
 
 from lynxtop.agent.api.connguard import Episodes
 from lynxtop.agent.api.routes import ApiServer
@@ -97,7 +98,8 @@ async def test_half_sent_requests_beyond_the_cap_never_lock_out_status(sock_dir)
                                                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
     try:
         assert (await asyncio.wait_for(attacker.stdout.readline(), 20)).strip() == b"ready"
-        await asyncio.sleep(0.2)
+        await wait_for_async(lambda: (lambda st: st["refused"] + st["evicted"] >= 56)(server.guard.stats()), 20,
+                             what="the guard refusing or evicting the flood")
         st = server.guard.stats()
         assert st["open"] <= st["per_client"] < 8, st  # the flooding process competes with itself
         assert st["refused"] + st["evicted"] >= 56, st
@@ -123,7 +125,7 @@ async def test_many_clients_beyond_the_cap_evict_the_longest_waiting(sock_dir):
                                                      stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
             attackers.append(a)
             assert (await asyncio.wait_for(a.stdout.readline(), 20)).strip() == b"ready"
-        await asyncio.sleep(0.2)
+        await wait_for_async(lambda: server.guard.stats()["evicted"] >= 4, 20, what="the oldest waiters evicted")
         st = server.guard.stats()
         assert st["open"] <= 8 and st["evicted"] >= 4 and st["refused"] == 0, st
         code, _ = await _status(path)
@@ -242,7 +244,7 @@ async def test_refused_metrics_connection_reads_a_plain_503():
     try:
         # two connections with a request in progress (the guard counts them busy), then one more
         held = [await asyncio.open_connection("127.0.0.1", exp.bound_port) for _ in range(2)]
-        await asyncio.sleep(0.1)
+        await wait_for_async(lambda: len(exp.guard.conns) == 2, 10, what="both connections taken by the guard")
         for conn in exp.guard.conns:
             conn.busy += 1
         r, w = await asyncio.open_connection("127.0.0.1", exp.bound_port)

@@ -141,7 +141,7 @@ def test_engine_death_after_ready_exits_with_status_0(start_sim, kit):
 def test_hang_keeps_health_200_but_produces_no_tokens(start_sim, kit):
     sp = start_sim("--sim-fail", "hang-after=0.3", env={"LYNXTOP_SIM_SPEED": "5"})
     sp.wait_ready()
-    time.sleep(0.5)
+    time.sleep(0.5)  # the scenario: the hang begins 0.3 s after start, so the request below comes after it
     def stuck_request():
         try:
             kit.http(sp.url + "/v1/completions", {"prompt": "x", "max_tokens": 50}, timeout=8)
