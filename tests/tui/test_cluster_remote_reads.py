@@ -9,6 +9,7 @@ to configure instead of showing empty panes.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -79,6 +80,14 @@ async def test_another_nodes_history_events_logs_and_processes_are_its_own(agent
     async with app.run_test(size=(160, 50)) as pilot:
         await _open_worker(pilot, agent)
         assert isinstance(app.history, RemoteHistory)
+
+        def reads():  # the Compare and event-detail views' reads too, as the screens make them (in a thread)
+            with app.history.reader() as reader:
+                return reader.run(run_id), reader.run(run_id, summary=False), reader.bench_results(limit=5)
+
+        one, bare, bench = await asyncio.to_thread(reads)
+        assert one.id == run_id and one.profile == "remote-tp8" and one.summary["ended"] is False
+        assert bare.summary is None and bench == []
 
         await pilot.press("4")  # History: the node's runs, and its charts from its own samples
         screen = app.screen
