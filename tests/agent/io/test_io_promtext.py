@@ -249,6 +249,32 @@ def test_a_page_laid_out_as_the_last_is_added_up_by_its_plan_to_the_last_digit(n
     assert ours.counters != parse_text(first).counters  # the values moved: not the first page's totals again
 
 
+def test_a_planned_layout_is_not_searched_for_engine_labels_again(monkeypatch):
+    """Issue 29.3: the DP8+EP page the simulator serves (eight API servers) writes "engine" ~2800 times, past
+    MAX_ENGINES, so every scrape counted its distinct engine values: half of the parse. A page laid out as a planned
+    one has the same series, so the same engines (checked when it was planned); a new layout is still counted."""
+    first = page_texts()["sim-dp8-ep-served"]
+    assert first.count("engine") > page_mod.MAX_ENGINES  # the count applies to this page
+    counted: list[int] = []
+    real = page_mod._check_engines
+
+    def counting(text: str, spans: list[tuple[int, int]]) -> None:
+        counted.append(1)
+        real(text, spans)
+
+    monkeypatch.setattr(page_mod, "_check_engines", counting)
+    page_mod._PLANS.clear()
+    parse_text(first)
+    assert counted == [1]  # a layout seen first is counted
+    nxt = _perturb(first, random.Random(5))
+    ours = parse_text(nxt)
+    assert counted == [1]  # its next page is not
+    same(ours, reference_parse(nxt))
+    other = first.replace('engine="7"', 'engine="8"')  # another layout: counted again
+    parse_text(other)
+    assert counted == [1, 1]
+
+
 @pytest.mark.parametrize("value", ["NaN", "1_000", "abc", "+Inf"])
 def test_a_planned_layout_with_an_odd_value_reads_as_the_reference_does(value):
     page = sim_page(8, seed=6)
