@@ -156,7 +156,25 @@ class RemoteHistory(HistorySource):
         except AgentRefused as exc:
             raise HistoryUnavailable(refusal_text(self.node, exc)) from None
         except AgentUnreachable as exc:
+            if "HTTP 404" in str(exc):  # an agent from before tcp_reads: its listener's plain-text 404
+                raise HistoryUnavailable(f"node {self.node}'s agent serves no history over TCP (404: an agent older "
+                                         "than this dashboard?)") from None
             raise HistoryUnavailable(f"node {self.node}: {exc}") from None
+
+
+def _rows(rows: Any) -> list[dict[str, Any]]:
+    """Series rows as the charts take them: numbers (or null) by column; anything else is refused, never drawn."""
+    if not isinstance(rows, list):
+        raise ValueError("rows is not a list")
+    out = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"row {i} is not an object")
+        for key, v in row.items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise ValueError(f"row {i}: {key} is not a number")
+        out.append(dict(row))
+    return out
 
 
 def refusal_text(node: str, exc: AgentRefused) -> str:
@@ -201,7 +219,7 @@ class RemoteReader:
                gpu: int | None = None, max_points: int = 2000) -> tuple[str, list[dict[str, Any]]]:
         data = self._source.get("series", table=table, columns=",".join(columns or ()) or None, start=start_ms,
                                 end=end_ms, gpu=gpu, max_points=max_points)
-        return self._typed("series", lambda d: (str(d["resolution"]), [dict(r) for r in d["rows"]]), data)
+        return self._typed("series", lambda d: (str(d["resolution"]), _rows(d["rows"])), data)
 
     def bench_results(self, limit: int = 50) -> list[dict[str, Any]]:
         data = self._source.get("bench_results", limit=limit)

@@ -245,3 +245,41 @@ def test_the_dashboard_reads_the_agents_own_token_file_through_its_group(tmp_pat
     token.chmod(0o644)
     got, why = app._node_token()
     assert got is None and "has mode 0644" in why and TOKEN not in why
+
+
+async def test_a_hostile_or_older_node_is_a_clear_history_message(tmp_path):
+    """A real HTTP server stands for the other node: series rows with text where numbers go are refused (never
+    drawn), and an agent from before tcp_reads (its listener's plain 404) is named as such."""
+    from aiohttp import web
+
+    from lynxtop.tui.history_source import HistoryUnavailable
+
+    async def history(request):
+        rows = [{"ts_ms": 1, "gpu": 0, "sm_active_pct": "\x1b[2J99"}]
+        return web.json_response({"resolution": "raw", "rows": rows})
+
+    app = web.Application()
+    app.router.add_get("/v1/history", history)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    old = web.AppRunner(web.Application())  # serves nothing: aiohttp's plain-text 404, as an older agent's
+    await old.setup()
+    old_port = free_port()
+    await web.TCPSite(old, "127.0.0.1", old_port).start()
+    try:
+        def series(port):
+            with RemoteHistory("gpu-2", f"http://127.0.0.1:{port}", TOKEN).reader() as reader:
+                return reader.series("gpu", ["sm_active_pct"], 0, 10)
+
+        with pytest.raises(HistoryUnavailable) as bad:
+            await asyncio.to_thread(series, port)
+        assert "node gpu-2 answered series that this lynxtop cannot read" in str(bad.value)
+        assert "sm_active_pct is not a number" in str(bad.value) and "\x1b" not in str(bad.value)
+        with pytest.raises(HistoryUnavailable) as bad:
+            await asyncio.to_thread(series, old_port)
+        assert "serves no history over TCP (404: an agent older than this dashboard?)" in str(bad.value)
+    finally:
+        await runner.cleanup()
+        await old.cleanup()
