@@ -16,6 +16,8 @@ from support.waits import wait_for
 
 from lynxtop.agent.events import EventSink
 from lynxtop.contract.events import Event, EventKind, Severity
+from lynxtop.store.reader import StoreReader
+from lynxtop.store.writer import StoreWriter
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -147,3 +149,34 @@ def test_a_store_event_made_while_opening_is_stored_and_logged_once(tmp_path, h,
     aside = str(node.writer.moved_aside)
     assert [r.getMessage() for r in caplog.records if aside in r.getMessage()] == [
         f"store.moved_aside: {rows[0]['message']}"]
+
+
+def test_the_writers_opening_event_waits_for_start_then_takes_the_sink_once(tmp_path, caplog):
+    """The real writer and the real sink, no node: a damaged file moved aside while the writer opens makes a
+    `store.moved_aside` event that the writer neither writes nor logs itself; it is handed to `on_event` at start(),
+    when the sink (which needs the open writer) exists, and is then one row, one published event, one log line."""
+    db = tmp_path / "lynxtop.db"
+    db.write_text("# not a database\n" * 50)
+    sink: EventSink | None = None
+    handed: list[Event] = []
+
+    def on_event(ev: Event) -> None:
+        handed.append(ev)
+        sink.put(ev)
+
+    with caplog.at_level(logging.INFO):
+        writer = StoreWriter(db, on_event=on_event)
+        try:
+            assert handed == [] and not caplog.records  # held: nobody to take it yet, nothing logged here
+            sink = EventSink(writer, logging.getLogger("lynxtop.agent.test_events"))
+            published: list[Event] = []
+            sink.subscribe(published.append)
+            writer.start()
+            assert writer.flush()
+        finally:
+            writer.close()
+    assert [e.kind for e in handed] == [e.kind for e in published] == [EventKind.STORE_MOVED_ASIDE]
+    rows = StoreReader(db).events(kinds=["store.moved_aside"])
+    assert [e.message for e in rows] == [handed[0].message]
+    assert [r.getMessage() for r in caplog.records if str(writer.moved_aside) in r.getMessage()] == [
+        f"store.moved_aside: {handed[0].message}"]
