@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -20,6 +21,7 @@ from lynxtop.agent.sampling import Sampler, Tick, sample_stages
 from lynxtop.contract.events import Event, EventKind, Severity
 
 log = logging.getLogger("lynxtop.agent")
+STATUS_LINE_S = 1.0  # the status line (systemd's STATUS=) is built at most about this often, not every 10 Hz tick
 
 
 class Ticker:
@@ -33,7 +35,8 @@ class Ticker:
         self._record = record  # the node's one event path
         self._context = context  # (vLLM's root pid, run id) for the next tick
         self._on_beat = on_beat  # every interval, ticking or not (episodes, the socket's path)
-        self._on_done = on_done  # after a tick was written (the status line)
+        self._on_done = on_done  # after a tick was written, at most every STATUS_LINE_S (the status line)
+        self._done_due = -math.inf  # tick start (monotonic) from which the next tick calls on_done
         self._stages: list[list[Sampler]] = []
         self.started_mono = time.monotonic()
         self.missed_ticks = 0  # ticks skipped (one ran late) plus ticks that failed
@@ -125,7 +128,9 @@ class Ticker:
         self.last_tick_done = time.monotonic()
         if "tick" in self._episodes.open:
             self._episodes.end("tick", f"sampling ticks failed ({self.failed_ticks} failed in all); sampling again")
-        self._on_done()
+        if tick.t0 >= self._done_due:  # building the line was a tenth of the main thread at 10 Hz (issue 29.3)
+            self._done_due = tick.t0 + STATUS_LINE_S - self.interval / 2  # half an interval of slack: 1 Hz ticks
+            self._on_done()  # each call it; serving's own changes call it at once (node.py)
 
     # ------------------------------------------------------------------------------------------ health
 
