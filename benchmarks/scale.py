@@ -115,16 +115,28 @@ def running_agent(sample_s: float, scrape_s: float, env_extra: dict[str, str] | 
 
 
 def agent_cost(sample_s: float, scrape_s: float, seconds: float, streams: int) -> dict[str, Any]:
-    """The whole agent process' CPU (% of one core) and RSS while it samples 8 GPUs and scrapes a DP8 server."""
+    """The whole agent process' CPU (% of one core), per thread too, and RSS while it samples 8 GPUs and scrapes a
+    DP8 server; its status read at the end of the measured window, while the load still runs."""
+    from agent_threads import thread_cpu_s, thread_names  # it imports this module: imported here, once loaded
+
     with running_agent(sample_s, scrape_s) as (agent, _tmp, sock, url):
         proc = psutil.Process(agent.pid)
         load: dict[str, Any] = {}
+        seen: dict[str, Any] = {}
 
         async def measured() -> tuple[float, float]:
             await asyncio.sleep(2.0)  # the first scrapes and the load's ramp are not the steady state
+            seen["status0"] = await asyncio.to_thread(AgentClient(sock, timeout_s=5).status)
             c0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+            seen["threads0"] = thread_cpu_s(agent.pid)
             await asyncio.sleep(seconds)
-            return sum(proc.cpu_times()[:2]) - c0, time.monotonic() - t0
+            cpu, wall = sum(proc.cpu_times()[:2]) - c0, time.monotonic() - t0
+            seen["threads1"] = thread_cpu_s(agent.pid)
+            # Read while the load runs, not after it: once it stops the simulated server is busy closing its
+            # streams and its page times out for seconds, so the status showed no engines ("engines": 0). A scrape
+            # that fails in the window shows no engines too (and costs no parse): `scrapes_failed` counts them.
+            seen["status"] = await asyncio.to_thread(AgentClient(sock, timeout_s=5).status)
+            return cpu, wall
 
         async def both() -> tuple[float, float]:
             task = asyncio.create_task(measured())
@@ -132,11 +144,26 @@ def agent_cost(sample_s: float, scrape_s: float, seconds: float, streams: int) -
             return await task
 
         cpu, wall = asyncio.run(both())
-        st = AgentClient(sock, timeout_s=5).status()
+        names = thread_names(agent.pid)
+        st = seen["status"]
+        errors = [x.serving_metrics.metric("scrape_errors") for x in (seen["status0"], st)]
         return {"cpu_pct": round(100.0 * cpu / wall, 3), "rss_mb": round(proc.memory_info().rss / 2**20, 1),
+                "threads_pct": _per_thread(seen["threads0"], seen["threads1"], names, agent.pid, wall),
                 "engines": len(st.engines), "gpus": len(st.gpus), "missed_ticks": st.agent.missed_ticks,
-                "requests_done": load.get("completed"),
-                "tokens_per_s": round(load.get("output_throughput") or 0, 1)}
+                "scrape_ok": st.serving_metrics.metric("scrape_ok"),
+                "scrapes_failed": None if None in errors else errors[1] - errors[0],
+                "requests_done": load.get("completed"), "tokens_per_s": round(load.get("output_throughput") or 0, 1)}
+
+
+def _per_thread(c0: dict[int, float], c1: dict[int, float], names: dict[int, str], pid: int, wall: float
+                ) -> dict[str, float]:
+    """% of one core per thread name over the window (executor threads summed: asyncio_*, the GPU and host
+    sampling); the main thread (the event loop: ticks, scrape and parse, API) as `main`."""
+    by: dict[str, float] = {}
+    for tid, cpu in c1.items():
+        name = "main" if tid == pid else re.sub(r"_\d+$", "_*", names.get(tid, "unnamed"))
+        by[name] = by.get(name, 0.0) + cpu - c0.get(tid, 0.0)
+    return {k: round(100.0 * v / wall, 3) for k, v in sorted(by.items(), key=lambda kv: -kv[1])}
 
 
 def main() -> int:
