@@ -20,11 +20,12 @@ async def test_wall_clock_steps_keep_every_sample_and_become_events(tmp_path, h,
     offset_ms = [0]
     monkeypatch.setattr(time, "time", lambda: real_time() + offset_ms[0] / 1000)  # `date -s` for this process
     try:
-        await run_clock(node, 1.0)
+        t = node.ticker  # five ticks or more in each phase, however late a loaded machine ticks
+        await run_clock(node, 30, until=lambda: t.ticks >= 5, what="5 ticks before the step")
         offset_ms[0] += 8 * DAY_MS  # NTP steps a bad RTC forward
-        await run_clock(node, 1.0)
+        await run_clock(node, 30, until=lambda: t.ticks >= 10, what="5 ticks after the forward step")
         offset_ms[0] -= DAY_MS  # then someone sets it back a day
-        await run_clock(node, 1.0)
+        await run_clock(node, 30, until=lambda: t.ticks >= 15, what="5 ticks after the backward step")
         assert node.writer.flush(10)
         agent = node.status().agent
         line = node.status_line()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+from collections.abc import Callable
 
 import pytest
 from support.node import close_node, open_node
@@ -39,9 +40,14 @@ def _node(tmp_path, h) -> Node:
     return open_node(h.write_config(tmp_path, 'sample_interval_s = 0.1\nfake_nvml = "h200x8"'))
 
 
-async def _clock_for(node: Node, seconds: float) -> asyncio.Task:
+async def _clock_until(node: Node, until: Callable[[], object], timeout: float = 30) -> asyncio.Task:
+    """The clock started, once `until()` holds (a loaded machine ticks late): the running task."""
     task = asyncio.create_task(node.ticker.run())
-    await asyncio.sleep(seconds)
+    try:
+        await wait_for_async(until, timeout, what="ticks of the failing node")
+    except BaseException:
+        task.cancel()
+        raise
     return task
 
 
@@ -62,7 +68,7 @@ async def test_emfile_ticks_are_missed_counted_and_logged_once(tmp_path, h, capl
     failing = _Failing(node.host_sampler, OSError(errno.EMFILE, "Too many open files"))
     node.host_sampler = failing
     try:
-        task = await _clock_for(node, 1.0)
+        task = await _clock_until(node, lambda: node.ticker.failed_ticks >= 5)
         assert node.ticker.failed_ticks >= 5 and node.ticker.ticks == 0, (node.ticker.failed_ticks, node.ticker.ticks)
         st = node.status().agent
         assert st.failed_ticks == node.ticker.failed_ticks and st.missed_ticks >= node.ticker.failed_ticks
@@ -87,7 +93,7 @@ async def test_a_bug_in_a_tick_logs_one_traceback_per_episode(tmp_path, h, caplo
     node = _node(tmp_path, h)
     node.host_sampler = _Failing(node.host_sampler, RuntimeError("sampler bug"))
     try:
-        task = await _clock_for(node, 1.0)
+        task = await _clock_until(node, lambda: node.ticker.failed_ticks >= 5)
         await _stop(task)
         assert node.ticker.failed_ticks >= 5
         assert len([r for r in caplog.records if r.exc_info]) == 1

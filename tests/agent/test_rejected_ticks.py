@@ -38,11 +38,12 @@ async def test_refused_ticks_count_as_dropped_and_make_the_agent_unhealthy(tmp_p
     huge = node.host_sampler = _Huge(node.host_sampler)
     try:
         huge.on = False
-        await run_clock(node, 0.5)
+        await run_clock(node, 30, until=lambda: node.ticker.ticks >= 3, what="three good ticks")
         assert node.writer.flush(10)
         assert node.ticker.healthy() and _healthy_gauge(node) == "lynxtop_agent_healthy 1.0"
         huge.on = True
-        await run_clock(node, 1.0)
+        await run_clock(node, 30, until=lambda: node.status().agent.store.rejected >= 5,
+                        what="five ticks refused by the store")
         assert node.writer.flush(10)
         st = node.status().agent
         assert st.store.rejected >= 5 and st.store.dropped == st.store.rejected, st.store

@@ -46,7 +46,9 @@ port = 18000
 async def test_a_real_status_round_trips(tmp_path):
     node = open_node(_config(tmp_path))
     try:
-        await run_clock(node, 0.5)  # a few ticks: GPU and host metrics are read
+        # a few ticks: GPU and host metrics are read (the host's CPU % needs two readings)
+        await run_clock(node, 30, until=lambda: node.ticker.ticks >= 3
+                        and node.status().host.metric("cpu_pct") is not None)
         st = node.status()
         wire = json.loads(json.dumps(st.to_json()))  # what `GET /v1/status` carries
         assert Status.from_json(wire).to_json() == wire

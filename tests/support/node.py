@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from lynxtop.agent.node import Node
 from lynxtop.agent.notify import Notifier
 from lynxtop.contract.config import load_config
+from support.waits import wait_for_async
 
 
 def open_node(config_path: str | Path) -> Node:
@@ -23,14 +26,22 @@ def open_node(config_path: str | Path) -> Node:
     return node
 
 
-async def run_clock(node: Node, seconds: float, settle_s: float = 0.3) -> None:
-    """Tick for `seconds`, then stop the clock and let a straggling sampler thread finish."""
+async def run_clock(node: Node, seconds: float, settle_s: float = 0.3, until: Callable[[], Any] | None = None,
+                    what: str = "a condition on the ticking node") -> None:
+    """Tick for `seconds` (the span is what a cadence test measures), or with `until` for as long as it takes
+    `until()` to hold (`seconds` is then the deadline: a loaded machine ticks late, never fewer times by a clock);
+    then stop the clock and let a straggling sampler thread finish."""
     task = asyncio.create_task(node.ticker.run())
-    await asyncio.sleep(seconds)
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    await asyncio.sleep(settle_s)
+    try:
+        if until is None:
+            await asyncio.sleep(seconds)
+        else:
+            await wait_for_async(until, seconds, what=what)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await asyncio.sleep(settle_s)  # a sampler thread of the cancelled tick finishes: nothing of ours to wait on
 
 
 def close_node(node: Node) -> None:
