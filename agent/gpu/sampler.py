@@ -102,6 +102,7 @@ class GpuSampler:
         self._activity = ActivityReadings(self._c)
         self._slow = SlowReadings(self._c, slow_interval_s)
         self._gpus: list[Gpu] = []
+        self._static_rows: list[dict] | None = None  # static()'s rows for the GPUs of this initialisation
         self._state = {"state": "error", "message": "not opened", "driver_version": "", "nvml_version": ""}
         self._retry_delay = retry_initial_s
         self._next_attempt = 0.0
@@ -127,12 +128,16 @@ class GpuSampler:
         return dict(self._state)
 
     def static(self) -> list[dict]:
-        dv, nv = self._state["driver_version"], self._state["nvml_version"]
-        return [{"uuid": g.uuid, "idx": g.idx, "name": g.name, "pci_bus_id": g.pci_bus_id,
+        """The GPUs' static facts; built once per (re)initialisation, since every tick's view asks for them."""
+        if self._static_rows is None:
+            dv, nv = self._state["driver_version"], self._state["nvml_version"]
+            self._static_rows = [
+                {"uuid": g.uuid, "idx": g.idx, "name": g.name, "pci_bus_id": g.pci_bus_id,
                  "cc_major": g.cc[0] if g.cc else None, "cc_minor": g.cc[1] if g.cc else None,
                  "arch": arch_name(g.cc), "mem_total_bytes": g.mem_total, "nvlink_count": g.nvlink_count,
                  "gpm_supported": g.gpm_supported, "driver_version": dv, "nvml_version": nv}
                 for g in self._gpus if g.uuid]
+        return list(self._static_rows)
 
     def close(self) -> None:
         self._teardown()
@@ -168,6 +173,7 @@ class GpuSampler:
         self._state = {"state": "ok", "message": f"{count} GPU(s)" + (" (simulated)" if b.simulated
                                                                        else ""),
                        "driver_version": dv, "nvml_version": nv}
+        self._static_rows = None  # built again with this driver's versions
         self._retry_delay = self._retry_initial
         self._first_tick = True
         self.static_version += 1
@@ -206,6 +212,7 @@ class GpuSampler:
             if g.gpm is not None:
                 g.gpm.close()
         self._gpus = []
+        self._static_rows = None
         if self._c.b is not None:
             try:
                 self._c.b.nvmlShutdown()

@@ -409,3 +409,24 @@ def test_simulator_backend_opens_as_simulated(tmp_path):
         assert len(s.sample(set()).gpu_rows) == len(s.static()) > 0
     finally:
         s.close()
+
+
+def test_static_facts_are_built_once_per_initialisation(clock, events):
+    """Every tick hands static() to the node's view; the rows are made once per (re)initialisation, and a
+    re-initialisation with another driver gives new ones (issue 29.3: no dicts rebuilt per tick)."""
+    node = ConstantNode(h200_specs(2))
+    s, made = make(node, clock, events)
+    s.open()
+    first = s.static()
+    run_ticks(s, clock, 3)
+    again = s.static()
+    assert again == first and all(a is b for a, b in zip(again, first, strict=True))
+    node._driver = "590.10.01"  # an upgraded driver: NVML is re-initialised
+    made[-1].fail_all = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
+    run_ticks(s, clock, 1)
+    assert s.static() == []
+    clock.advance(5.0)
+    run_ticks(s, clock, 1)
+    assert s.status()["state"] == "ok" and [g["driver_version"] for g in s.static()] == ["590.10.01"] * 2
+    s.close()
+    assert s.static() == []
