@@ -40,6 +40,10 @@ class NodeController:
     def status(self) -> Status:
         return self._node.status()
 
+    def status_body(self, dumps: Callable[[Any], str]) -> str:
+        """`dumps(self.status().to_json())`, the part a tick changes encoded once per tick (agent/status_view.py)."""
+        return self._node.status_body(dumps)
+
     def profiles(self) -> ProfileList:
         sup = self._node.supervisor
         assert sup is not None

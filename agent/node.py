@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -457,6 +457,10 @@ class Node:
 
     def status(self) -> Status:
         return self.view.status()
+
+    def status_body(self, dumps: Callable[[Any], str]) -> str:
+        """GET /v1/status's JSON text, its tick part encoded once per tick (StatusView.body)."""
+        return self.view.body(dumps)
 
 
 def lock_state_dir(d: Path) -> int:

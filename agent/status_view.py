@@ -6,8 +6,10 @@ them and wires this view to them; every field's meaning is contract/status.py's.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lynxtop import __version__
@@ -26,6 +28,7 @@ from lynxtop.contract.status import (
     SlaStatus,
     Status,
     StoreStatus,
+    join_json,
 )
 
 if TYPE_CHECKING:
@@ -35,6 +38,28 @@ if TYPE_CHECKING:
 class StatusView:
     def __init__(self, node: Node):
         self._node = node
+        self._tick_key: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # what the cached tick part read
+        self._tick_text = ""  # Status.tick_json() of those sources, encoded
+
+    def body(self, dumps: Callable[[Any], str]) -> str:
+        """GET /v1/status's JSON text: `dumps(self.status().to_json())`, with the part only a tick changes (GPUs,
+        host, serving metrics, engines: most of the text) encoded once per tick for every poller.
+
+        That part is keyed by the identity of what it is built from (each tick replaces the rows, a scrape its
+        engines), so the first GET after a tick reads the new tick; the rest (states, actions, listeners, the clock)
+        is built on every GET, so any change is in the next answer (issue 29.3)."""
+        n = self._node
+        src = n.scrape_source
+        sources = (n.ticker.latest_gpu_rows, n.gpu_view.static, n.ticker.latest_host, n.ticker.latest_serving,
+                   src.engines if src is not None else None)
+        xids = tuple(sorted(dict(n.xid_errors).items()))  # counted in place by the XID thread: compared by value
+        key = (sources, xids)
+        cached = self._tick_key
+        if cached is None or cached[1] != xids or any(a is not b for a, b in zip(cached[0], sources, strict=True)):
+            tick = Status(gpus=self.gpu_statuses(), host=HostStatus.from_json(n.ticker.latest_host),
+                          serving_metrics=ServingMetrics.from_json(n.ticker.latest_serving), engines=self._engines())
+            self._tick_text, self._tick_key = dumps(tick.tick_json()), key
+        return join_json(dumps(self._head().head_json()), self._tick_text)
 
     def line(self) -> str:
         """The one-line summary systemd shows (STATUS=) and the log repeats."""
@@ -69,13 +94,19 @@ class StatusView:
 
     def status(self) -> Status:
         n = self._node
+        return dataclasses.replace(self._head(), gpus=self.gpu_statuses(),
+                                   host=HostStatus.from_json(n.ticker.latest_host),
+                                   serving_metrics=ServingMetrics.from_json(n.ticker.latest_serving),
+                                   engines=self._engines())
+
+    def _head(self) -> Status:
+        """The status without its tick part (see `body`)."""
+        n = self._node
         sup = n.supervisor
         assert sup is not None
         sla = n.sla.state() if n.sla is not None else SlaStatus()
         return Status(ts_ms=now_ms(), agent=self._agent(), serving=sup.serving_status(), sla=sla,
-                      gpus=self.gpu_statuses(), host=HostStatus.from_json(n.ticker.latest_host),
-                      serving_metrics=ServingMetrics.from_json(n.ticker.latest_serving),
-                      engines=self._engines(), cluster=self._cluster())
+                      cluster=self._cluster())
 
     def serving_totals(self) -> Any:
         """Every run's serving counts since the agent started (agent/metrics/lifetime.py), per model: the exporter's."""

@@ -76,9 +76,24 @@ def _build(cls: type[T], d: Mapping[str, Any] | None, **nested: Any) -> T:
     return cls(**kw)
 
 
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # a dataclass -> its fields' names (the classes of this module)
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A dataclass' field names, looked up once: `dataclasses.fields` rebuilds its tuple on every call, and was
+    most of `Status.to_json` (0.5 ms of a GET /v1/status at DP8, issue 29.3)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    return names
+
+
 def _plain(obj: Any) -> Any:
+    if type(obj) in _SCALARS:  # most values: answered before any isinstance
+        return obj
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {name: _plain(getattr(obj, name)) for name in _field_names(type(obj))}
     if isinstance(obj, StrEnum):
         return obj.value
     if isinstance(obj, (list, tuple)):
@@ -248,7 +263,7 @@ class GpuStatus:
         return _build(cls, d, metrics={k: d.get(k) for k in GPU_METRIC_NAMES})
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "metrics"}
+        out = {name: getattr(self, name) for name in _field_names(type(self)) if name != "metrics"}
         out.update({k: self.metrics.get(k) for k in GPU_METRIC_NAMES})
         return out
 
@@ -437,12 +452,22 @@ class Status:
     cluster: ClusterStatus = field(default_factory=ClusterStatus)
 
     def to_json(self) -> dict[str, Any]:
+        return {**self.head_json(), **self.tick_json()}
+
+    def head_json(self) -> dict[str, Any]:
+        """The JSON's first keys: what may change at any moment (an action, a state, the listeners' counts)."""
         return {
             "cluster": _plain(self.cluster),
             "ts_ms": self.ts_ms,
             "agent": _plain(self.agent),
             "serving": _plain(self.serving),
             "sla": self.sla.to_json(),
+        }
+
+    def tick_json(self) -> dict[str, Any]:
+        """The JSON's last keys: what only a sampling tick or a scrape changes (the agent encodes them once per
+        tick for every poller: `join_json`)."""
+        return {
             "gpus": [g.to_json() for g in self.gpus],
             "host": self.host.to_json(),
             "serving_metrics": self.serving_metrics.to_json(),
@@ -460,3 +485,9 @@ class Status:
                    serving_metrics=ServingMetrics.from_json(d.get("serving_metrics")),
                    engines=tuple(EngineLoad.from_json(e) for e in d.get("engines") or () if isinstance(e, Mapping)),
                    cluster=ClusterStatus.from_json(d.get("cluster")))
+
+
+def join_json(head: str, tick: str) -> str:
+    """`json.dumps(status.to_json())` from `json.dumps(status.head_json())` and `json.dumps(status.tick_json())`
+    (default separators), to the byte: the two objects' members joined in the order `to_json` gives them."""
+    return head[:-1] + ", " + tick[1:]

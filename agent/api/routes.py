@@ -411,6 +411,9 @@ class ApiServer:
 
     async def _status(self, request: web.Request) -> web.Response:
         _query(request, "status")
+        body = getattr(self.controller, "status_body", None)  # the agent's: its tick part encoded once per tick
+        if body is not None:
+            return web.Response(text=await _maybe_await(body(_dumps)), content_type="application/json")
         status = await _maybe_await(self.controller.status())
         return _json(status.to_json())
 

@@ -1,0 +1,130 @@
+"""GET /v1/status encodes the part a tick changes once per tick for every poller; any change is in the next GET.
+
+A real agent Node (fake NVML, 8 H200s, a real SQLite store) ticks in the test's loop and answers on a real unix
+socket through the real ApiServer; the ticks are counted, never timed (issue 29.3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from support.node import close_node, open_node, run_clock
+
+from lynxtop.agent.api.routes import ApiServer, _dumps
+from lynxtop.contract import status as status_mod
+from lynxtop.contract.client import AsyncAgentClient
+from lynxtop.contract.status import ServingState, Status, join_json
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _config(tmp_path) -> str:
+    path = tmp_path / "config.toml"
+    path.write_text(f"""
+[agent]
+database = "{tmp_path / 'state' / 'lynxtop.db'}"
+socket = "{tmp_path / 'run' / 'agent.sock'}"
+sample_interval_s = 0.1
+fake_nvml = "h200x8"
+
+[[profile]]
+name = "alpha"
+executable = "/bin/true"
+model = "deepseek-ai/DeepSeek-V4.1"
+port = 18000
+""")
+    return str(path)
+
+
+class _Served:
+    """The node's controller on the real API server, and a client of its socket."""
+
+    def __init__(self, node, tmp_path):
+        self.path = tmp_path / "api.sock"
+        self.server = ApiServer(node.controller, self.path)
+        self.client = AsyncAgentClient(tmp_path / "api.sock", timeout_s=10)
+
+    async def get(self) -> dict:
+        return await self.client.request("GET", "/v1/status")
+
+    async def raw(self) -> bytes:
+        """The whole HTTP answer, head and body, as the socket carries it."""
+        reader, writer = await asyncio.open_unix_connection(str(self.path))
+        writer.write(b"GET /v1/status HTTP/1.1\r\nHost: lynxtop-agent\r\nConnection: close\r\n\r\n")
+        try:
+            return await asyncio.wait_for(reader.read(), 10)
+        finally:
+            writer.close()
+
+
+def _tick_part(wire: dict) -> dict:
+    return {k: wire[k] for k in ("gpus", "host", "serving_metrics", "engines")}
+
+
+async def test_pollers_between_ticks_share_one_encoding_of_the_tick_part(tmp_path, monkeypatch):
+    node = open_node(_config(tmp_path))
+    api = _Served(node, tmp_path)
+    await api.server.start()
+    try:
+        await run_clock(node, 30, until=lambda: node.ticker.ticks >= 2)  # the clock is stopped from here on
+        encoded = []
+        real = status_mod.GpuStatus.to_json
+        monkeypatch.setattr(status_mod.GpuStatus, "to_json", lambda self: encoded.append(self.index) or real(self))
+        answers = [await api.get() for _ in range(5)]
+        assert len(encoded) == 8  # each GPU once for the five pollers: was 40
+        expected = node.status().to_json()
+        for wire in answers:
+            assert _tick_part(wire) == json.loads(json.dumps(_tick_part(expected)))
+            assert len(wire["gpus"]) == 8 and wire["gpus"][0]["mem_total_bytes"]
+        assert [list(w) for w in answers] == [list(expected)] * 5  # the keys in to_json's order
+    finally:
+        await api.server.stop()
+        close_node(node)
+
+
+async def test_a_tick_an_xid_and_a_state_change_are_each_in_the_next_get(tmp_path):
+    node = open_node(_config(tmp_path))
+    api = _Served(node, tmp_path)
+    await api.server.start()
+    try:
+        await run_clock(node, 30, until=lambda: node.ticker.ticks >= 2)
+        first = await api.get()
+        assert _tick_part(first) == json.loads(json.dumps(_tick_part(node.status().to_json())))
+
+        ticks = node.ticker.ticks  # a tick: its rows are in the next answer
+        await run_clock(node, 30, until=lambda: node.ticker.ticks > ticks)
+        after_tick = await api.get()
+        assert _tick_part(after_tick) == json.loads(json.dumps(_tick_part(node.status().to_json())))
+        assert after_tick["host"] != first["host"] or after_tick["gpus"] != first["gpus"]
+
+        node._gpu_event("gpu.xid", "error", "XID 79", {"gpu": 3, "xid": 79})  # counted in place, no tick
+        assert [g["xid_errors"] for g in (await api.get())["gpus"]] == [0, 0, 0, 1, 0, 0, 0, 0]
+
+        node.supervisor.runs.set_state(ServingState.BACKOFF, "a test's failure")  # no tick either
+        serving = (await api.get())["serving"]
+        assert (serving["state"], serving["reason"]) == ("backoff", "a test's failure")
+    finally:
+        await api.server.stop()
+        close_node(node)
+
+
+async def test_the_answer_is_the_status_json_to_the_byte(tmp_path):
+    """The joined text is json.dumps of the whole status: same bytes, same content type as before."""
+    node = open_node(_config(tmp_path))
+    api = _Served(node, tmp_path)
+    await api.server.start()
+    try:
+        await run_clock(node, 30, until=lambda: node.ticker.ticks >= 2)
+        raw = await api.raw()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert b"content-type: application/json; charset=utf-8" in head.lower()
+        wire = json.loads(body)
+        assert body.decode() == _dumps(Status.from_json(wire).to_json())
+        st = Status.from_json(wire)
+        assert join_json(_dumps(st.head_json()), _dumps(st.tick_json())) == _dumps(st.to_json())
+    finally:
+        await api.server.stop()
+        close_node(node)
