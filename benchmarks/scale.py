@@ -6,7 +6,9 @@ Measures, on this noisy shared machine, medians and whole-process CPU over wall 
 - agent_cpu_pct_1hz_8gpu_dp8, agent_rss_mb: the whole `lynxtop agent` process (8 simulated GPUs through the fake
   NVML, the simulated vLLM with --data-parallel-size 8 --enable-expert-parallel under a steady load of streamed
   requests) sampling and scraping at 1 Hz: CPU time over wall time in % of one core, and its RSS at the end;
-- the same three with `_10hz_scrape_1hz`: GPUs and host at 10 Hz, /metrics at 1 Hz.
+- the same three with `_10hz_scrape_1hz`: GPUs and host at 10 Hz, /metrics at 1 Hz;
+- status_get_cpu_ms_*: the agent's CPU per GET /v1/status (200 back to back after the measured window, less the
+  agent's own rate meanwhile), what each poller (an idle dashboard: one a second) adds.
 Each agent figure is the median of --runs fresh agents; `_spread` gives [min, max] of the runs, `_runs` all of them.
 
 Targets (issue 29.3): scrape_ms_dp8 <= 10, agent CPU <= 0.5 % of a core at 1 Hz and <= 2 % at 10 Hz sampling,
@@ -136,6 +138,7 @@ def agent_cost(sample_s: float, scrape_s: float, seconds: float, streams: int) -
             # streams and its page times out for seconds, so the status showed no engines ("engines": 0). A scrape
             # that fails in the window shows no engines too (and costs no parse): `scrapes_failed` counts them.
             seen["status"] = await asyncio.to_thread(AgentClient(sock, timeout_s=5).status)
+            seen["status_get_cpu_ms"] = await asyncio.to_thread(status_get_cpu_ms, proc, sock, cpu / wall)
             return cpu, wall
 
         async def both() -> tuple[float, float]:
@@ -149,10 +152,22 @@ def agent_cost(sample_s: float, scrape_s: float, seconds: float, streams: int) -
         errors = [x.serving_metrics.metric("scrape_errors") for x in (seen["status0"], st)]
         return {"cpu_pct": round(100.0 * cpu / wall, 3), "rss_mb": round(proc.memory_info().rss / 2**20, 1),
                 "threads_pct": _per_thread(seen["threads0"], seen["threads1"], names, agent.pid, wall),
+                "status_get_cpu_ms": seen["status_get_cpu_ms"],
                 "engines": len(st.engines), "gpus": len(st.gpus), "missed_ticks": st.agent.missed_ticks,
                 "scrape_ok": st.serving_metrics.metric("scrape_ok"),
                 "scrapes_failed": None if None in errors else errors[1] - errors[0],
                 "requests_done": load.get("completed"), "tokens_per_s": round(load.get("output_throughput") or 0, 1)}
+
+
+def status_get_cpu_ms(proc: psutil.Process, sock: str, base_rate: float, n: int = 200) -> float:
+    """The agent's CPU per GET /v1/status (ms), as pollers such as idle dashboards pay it: `n` GETs back to back,
+    less what the agent spent meanwhile at its measured rate without them (`base_rate`, CPU s per wall s)."""
+    client = AgentClient(sock, timeout_s=5)
+    c0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+    for _ in range(n):
+        client.request("GET", "/v1/status")
+    cpu, wall = sum(proc.cpu_times()[:2]) - c0, time.monotonic() - t0
+    return round(1000.0 * max(cpu - base_rate * wall, 0.0) / n, 3)
 
 
 def _per_thread(c0: dict[int, float], c1: dict[int, float], names: dict[int, str], pid: int, wall: float
@@ -187,6 +202,7 @@ def main() -> int:
         out[f"agent_cpu_pct_{suffix}_runs"] = cpu
         out[rss_key] = max(r["rss_mb"] for r in runs)
         out[f"details_{suffix}"] = runs[-1]
+        out[f"status_get_cpu_ms_{suffix}"] = statistics.median(r["status_get_cpu_ms"] for r in runs)
     out["scrape_ms_dp8_10hz_scrape_1hz"] = out["scrape_ms_dp8"]  # the scrape itself does not change with the tick
     out["targets"] = {"scrape_ms_dp8": 10.0, "agent_cpu_pct_1hz_8gpu_dp8": 0.5, "agent_cpu_pct_10hz_scrape_1hz": 2.0,
                       "agent_rss_mb": 120.0}
