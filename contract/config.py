@@ -970,19 +970,26 @@ def read_token_file(path: Path, check_owner: bool = True) -> tuple[str, str | No
     if st is not None and why is None:
         why = _secret_file_problem(st, path, "a token file", check_owner)
     if why is None:
-        try:
-            token = data.decode("utf-8").removesuffix("\n").removesuffix("\r")
-        except UnicodeDecodeError as exc:
-            why = f"is not UTF-8 text (byte {exc.start})"
+        token, why = _secret_text(data)
+    if why is None:
+        if len(token) < TOKEN_MIN_CHARS:
+            why = (f"holds {len(token)} characters; a token needs at least {TOKEN_MIN_CHARS} "
+                   "(openssl rand -hex 32)")
+        elif first_control(token) or token != token.strip():
+            why = "holds a control character or surrounding spaces; give one line, the token alone"
         else:
-            if len(token) < TOKEN_MIN_CHARS:
-                why = (f"holds {len(token)} characters; a token needs at least {TOKEN_MIN_CHARS} "
-                       "(openssl rand -hex 32)")
-            elif first_control(token) or token != token.strip():
-                why = "holds a control character or surrounding spaces; give one line, the token alone"
-            else:
-                return token, None
+            return token, None
     return "", f"{path}: {why}"
+
+
+def _secret_text(data: bytes) -> tuple[str, str | None]:
+    """A one-value secret file's text (a token file, a systemd credential): UTF-8, one trailing newline dropped
+    (`echo` and editors add it), or why not. The problem names the byte, never the text: it may be the secret."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return "", f"is not UTF-8 text (byte {exc.start})"
+    return text.removesuffix("\n").removesuffix("\r"), None
 
 
 def read_env_file(path: Path) -> tuple[dict[str, str], list[str]]:
@@ -1049,15 +1056,12 @@ def read_credential(name: str) -> tuple[str, str | None]:
     path = Path(directory) / name
     _, data, why = _read_secret_file(path)
     if why is None:
-        try:
-            value = data.decode("utf-8").removesuffix("\n").removesuffix("\r")
-        except UnicodeDecodeError as exc:
-            why = f"is not UTF-8 text (byte {exc.start})"
-        else:
-            found = first_control(value)
-            if not found:
-                return value, None
-            why = f"holds the control character {found}; control characters are refused"
+        value, why = _secret_text(data)
+    if why is None:
+        found = first_control(value)
+        if not found:
+            return value, None
+        why = f"holds the control character {found}; control characters are refused"
     return "", f"credential {name} ({path}) {why}"
 
 

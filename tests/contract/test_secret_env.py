@@ -199,3 +199,20 @@ def test_a_secret_flag_in_extra_args_is_refused_for_its_variable(arg):
     assert problem.startswith("<config>: profile[0] (p).extra_args: --") and f"set {var} in env" in problem
     assert TOKEN not in problem and KEY not in problem
     parse_config(_profile(extra_args='["--api-server-count", "2"]'))  # another flag of the same start is fine
+
+
+def test_token_files_and_credentials_read_their_text_alike(tmp_path, monkeypatch):
+    """One rule for a one-value secret file (contract/config.py's _secret_text): UTF-8, one trailing LF or CRLF
+    dropped; bytes that are not UTF-8 are named by position, never shown."""
+    from lynxtop.contract.config import read_credential, read_token_file
+
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    secret = "0123456789abcdef0123"
+    for end in ("", "\n", "\r\n"):
+        (tmp_path / "tok").write_text(secret + end, newline="")
+        (tmp_path / "tok").chmod(0o600)
+        assert read_token_file(tmp_path / "tok") == (secret, None)
+        assert read_credential("tok") == (secret, None)
+    (tmp_path / "tok").write_bytes(b"0123456789abcdef\xff0123\n")
+    assert read_token_file(tmp_path / "tok") == ("", f"{tmp_path / 'tok'}: is not UTF-8 text (byte 16)")
+    assert read_credential("tok") == ("", f"credential tok ({tmp_path / 'tok'}) is not UTF-8 text (byte 16)")
