@@ -8,6 +8,11 @@ column order) go into a fresh database of the store's schema, one transaction pe
   json_each   one statement per table and batch, the rows passed as ONE JSON text and expanded in SQLite
               (INSERT ... SELECT value->>0, ... FROM json_each(?)): one bound value instead of ~40 a row
   sqlite_only INSERT ... SELECT from temporary tables holding the same rows: no Python per value at all
+  apsw        apsw's executemany (a driver that binds in C, with its own SQLite) of the same plain statement,
+              one row per execution; apsw_values the same 128 rows a statement. Only when apsw is importable
+              (it is not a dependency: `pip install --target DIR apsw` and PYTHONPATH=DIR); the schema is
+              made by the store's sqlite3 and that connection closed before apsw opens the file (two SQLite
+              copies in one process must never hold one file open together: sqlite.org/howtocorrupt.html)
 Rounds alternate the ways (the machine is shared); the median round per way is printed, then one JSON line.
 Usage: python benchmarks/insert_ways.py [--ticks 3000] [--rounds 3]
 """
@@ -28,7 +33,7 @@ import _support  # noqa: F401 - tests/ on sys.path
 
 from lynxtop.contract.columns import GPU_METRICS, HOST_METRICS, SERVING_METRICS, names
 from lynxtop.store import writer
-from lynxtop.store.schema import SAMPLE_TABLES, connect_rw
+from lynxtop.store.schema import BUSY_TIMEOUT_MS, CACHE_KIB, SAMPLE_TABLES, connect_rw
 from store import GPUS, host_row, serving_row, synthetic_gpu_rows
 
 TABLES = {"gpu": "gpu_samples", "host": "host_samples", "serving": "serving_samples"}
@@ -90,10 +95,34 @@ def json_each(c, kind: str, rows: list[tuple]) -> None:
 
 WAYS: dict[str, Callable] = {"bare": bare, "writer": through_writer, "values": values, "json_each": json_each}
 
+try:
+    import apsw
+except ImportError:  # optional: measured only where installed
+    apsw = None
+
+
+def _apsw_connect(db: Path):
+    """The store's schema and pragmas made by sqlite3 (closed), then the file opened by apsw alone."""
+    connect_rw(db, integrity=False).close()
+    c = apsw.Connection(str(db))
+    for pragma in (f"busy_timeout = {BUSY_TIMEOUT_MS}", "synchronous = NORMAL", f"cache_size = -{CACHE_KIB}",
+                   "temp_store = MEMORY"):
+        c.execute(f"PRAGMA {pragma}")
+    if c.execute("PRAGMA journal_mode").fetchall()[0][0] != "wal":
+        raise SystemExit("apsw: the file is not in WAL mode")
+    return c
+
+
+def _apsw_bare(c, kind: str, rows: list[tuple]) -> None:
+    c.executemany(_plain_sql(kind), rows)
+
+
+APSW_WAYS: dict[str, Callable] = {"apsw": _apsw_bare, "apsw_values": values} if apsw is not None else {}
+
 
 def run_way(db: Path, way: str, rows: Rows) -> float:
     """CPU seconds to store `rows`, one transaction per BATCH ticks."""
-    c = connect_rw(db, integrity=False)
+    c = _apsw_connect(db) if way in APSW_WAYS else connect_rw(db, integrity=False)
     try:
         ticks = len(rows["host"])
         if way == "sqlite_only":
@@ -110,10 +139,10 @@ def run_way(db: Path, way: str, rows: Rows) -> float:
                     c.execute(f"INSERT INTO main.{table} SELECT * FROM temp.src_{kind} WHERE rowid > ? AND rowid <= ?",
                               (lo * per, (lo + BATCH) * per))
                 else:
-                    WAYS[way](c, kind, rows[kind][lo * per:(lo + BATCH) * per])
+                    {**WAYS, **APSW_WAYS}[way](c, kind, rows[kind][lo * per:(lo + BATCH) * per])
             c.execute("COMMIT")
         cpu = time.process_time() - t
-        stored = c.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]
+        stored = next(iter(c.execute("SELECT count(*) FROM gpu_samples")))[0]
         if stored != len(rows["gpu"]):
             raise SystemExit(f"{way}: stored {stored} GPU rows of {len(rows['gpu'])}")
         return cpu
@@ -127,7 +156,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     rows = make_rows(args.ticks)
-    ways = [*WAYS, "sqlite_only"]
+    ways = [*WAYS, "sqlite_only", *APSW_WAYS]
+    if not APSW_WAYS:
+        print("apsw is not importable: its ways are left out", file=sys.stderr)
     rates: dict[str, list[float]] = {w: [] for w in ways}
     with tempfile.TemporaryDirectory(prefix="lynxtop-insert-ways-") as tmp:
         for r in range(args.rounds):
