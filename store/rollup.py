@@ -103,6 +103,12 @@ class _Odd(Exception):
 
 def _stats(x: tuple | list) -> tuple:
     """min, avg, max, n of one INTEGER column's readings as the table stores them (None = NULL)."""
+    first = x[0]
+    # A reading that did not change over the minute (a GPU's total memory, power limit, clocks, ECC counts:
+    # a third of its columns) costs one count() instead of sum, min and max (~1 us against ~5 us a column).
+    # Only a plain int in range qualifies: count() also counts equal floats and bools, which round to it anyway.
+    if type(first) is int and 0 <= first < _EXACT and x.count(first) == len(x) and first * len(x) < _SUM_EXACT:
+        return first, float(first * len(x)) / len(x), first, len(x)
     try:
         try:
             s = sum(x)  # a None raises: cheaper than looking for one first (`None in x` compares each value)

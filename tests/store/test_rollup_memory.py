@@ -223,3 +223,36 @@ def test_an_hour_not_yet_complete_is_not_looked_for_at_every_batch(tmp_path):
     c = sqlite3.connect(db)
     assert c.execute("SELECT count(*) FROM gpu_1m").fetchone()[0] == 3  # the minutes were still rolled
     c.close()
+
+
+# (column, the readings of one minute cycled over its ticks): unchanged readings take _stats' shortcut (one
+# count() instead of sum, min and max) only as plain ints in range; equal floats and bools beside an int, a
+# negative or a float must still come out as SQLite stores and averages them. Odd minutes hold each
+# column's first reading all minute long.
+_STEADY = [("util_gpu_pct", [0]), ("mem_total_bytes", [150_754_820_096]), ("sm_clock_mhz", [1980, 1980.0, 1980]),
+           ("ecc_corrected", [1, True, 1.0]), ("ecc_uncorrected", [1.0, 1, True]), ("temp_c", [-3]),
+           ("mem_used_bytes", [2**47]), ("throttle_reasons", [True]), ("sm_active_pct", [None]),
+           ("fp16_active_pct", [7.5]), ("fp32_active_pct", [7, 7, 7, 8]), ("util_mem_pct", [2**47 + 1, 2**47 + 1.0])]
+
+
+def test_unchanged_readings_roll_up_as_the_sql_path_does(tmp_path):
+    batches = []
+    for m in range(4):
+        batch = []
+        for s in range(0, 60, 2):
+            ts = T0 - T0 % MIN + m * MIN + s * 1_000
+            rows = [gpu_row(g, s) for g in range(2)]
+            for k, (col, cycle) in enumerate(_STEADY):
+                rows[0][col] = cycle[(s // 2 + k) % len(cycle)] if m % 2 == 0 else cycle[0]
+            batch.append((ts, rows, None, None))
+        batches.append(batch)
+    end = T0 + 10 * MIN
+    dbs = {mem: tmp_path / f"{'memory' if mem else 'sql'}.db" for mem in (True, False)}
+    for mem, db in dbs.items():
+        w = _writer(db, mem, end)
+        for batch in batches:
+            _write_batch(w, batch)
+        w.close()
+    got, want = _dump(dbs[True]), _dump(dbs[False])
+    assert len(want["gpu_1m"]) == 2 * 3  # the last minute has no later sample yet
+    _same_bits(got, want)
