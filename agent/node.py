@@ -333,7 +333,7 @@ class Node:
                 await t
 
     async def _start_listeners(self) -> None:
-        from lynxtop.agent.api.routes import ApiServer, ApiStartError
+        from lynxtop.agent.api.routes import ApiServer, ApiStartError, strict_dumps
 
         a = self.cfg.agent
         install_loop_handler(asyncio.get_running_loop(), self.episodes)
@@ -358,7 +358,8 @@ class Node:
             self.exporter = MetricsExporter(a.metrics_listen, self.status, log=lambda m: log.info("%s", m),
                                             max_connections=self.fd_plan.caps["metrics"],
                                             request_timeout_s=a.request_timeout_s, episodes=self.episodes,
-                                            totals=self.view.serving_totals, reads=self._tcp_reads())
+                                            totals=self.view.serving_totals, reads=self._tcp_reads(),
+                                            status_body=lambda: self.status_body(strict_dumps))
             try:
                 await self.exporter.start()
             except (RuntimeError, OSError) as exc:

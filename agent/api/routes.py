@@ -77,6 +77,7 @@ def _dumps(data: Any) -> str:
 
 
 _json = functools.partial(web.json_response, dumps=_dumps)  # the one way answers are serialised
+strict_dumps = _dumps  # for the exporter's GET /v1/status (agent/node.py): the same text as this socket's
 
 
 def _error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> web.Response:

@@ -438,8 +438,9 @@ class MetricsExporter:
                  log: Callable[[str], None] | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  request_timeout_s: float = 10.0, episodes: Episodes | None = None,
                  totals: Callable[[], Mapping[str, ModelTotals] | None] | None = None,
-                 reads: TcpReads | None = None):
+                 reads: TcpReads | None = None, status_body: Callable[[], str] | None = None):
         self.host, self.port = parse_listen(listen)
+        self._status_body = status_body  # the agent's GET /v1/status text, its tick part encoded once per tick
         self.reads = reads  # [agent] tcp_reads: history, events, logs, processes for the token's holder
         self.listen = listen
         self.log = log or _log.info
@@ -487,6 +488,8 @@ class MetricsExporter:
 
     async def _status(self, request: web.Request) -> web.Response:
         """The socket's `GET /v1/status` JSON from the same cached snapshot (no I/O; secrets are never in it)."""
+        if self._status_body is not None:  # the agent's: remote dashboards poll it, one encoding per tick for all
+            return web.Response(text=self._status_body(), content_type="application/json")
         status = self._snapshot()
         if status is None:
             return web.json_response({"error": "not_ready", "message": "the agent has no status yet"}, status=503)

@@ -12,7 +12,8 @@ import json
 import pytest
 from support.node import close_node, open_node, run_clock
 
-from lynxtop.agent.api.routes import ApiServer, _dumps
+from lynxtop.agent.api.routes import ApiServer, _dumps, strict_dumps
+from lynxtop.agent.metrics.exporter import MetricsExporter
 from lynxtop.contract import status as status_mod
 from lynxtop.contract.client import AsyncAgentClient
 from lynxtop.contract.status import ServingState, Status, join_json
@@ -126,5 +127,30 @@ async def test_the_answer_is_the_status_json_to_the_byte(tmp_path):
         st = Status.from_json(wire)
         assert join_json(_dumps(st.head_json()), _dumps(st.tick_json())) == _dumps(st.to_json())
     finally:
+        await api.server.stop()
+        close_node(node)
+
+
+async def test_the_exporters_status_for_remote_dashboards_shares_the_encoding_too(tmp_path, monkeypatch):
+    """The read-only TCP endpoint's GET /v1/status (the head's cluster view polls every node's) answers the same
+    text as the socket, its tick part encoded once for both."""
+    node = open_node(_config(tmp_path))
+    api = _Served(node, tmp_path)
+    exporter = MetricsExporter("127.0.0.1:0", node.status, status_body=lambda: node.status_body(strict_dumps))
+    await api.server.start()
+    await exporter.start()
+    try:
+        await run_clock(node, 30, until=lambda: node.ticker.ticks >= 2)
+        encoded = []
+        real = status_mod.GpuStatus.to_json
+        monkeypatch.setattr(status_mod.GpuStatus, "to_json", lambda self: encoded.append(self.index) or real(self))
+        remote = AsyncAgentClient(f"http://127.0.0.1:{exporter.bound_port}", timeout_s=10)
+        over_tcp = [await remote.request("GET", "/v1/status") for _ in range(3)]
+        local = await api.get()
+        assert len(encoded) == 8  # was 8 per GET
+        for wire in over_tcp:
+            assert _tick_part(wire) == _tick_part(local) and wire["serving"] == local["serving"]
+    finally:
+        await exporter.stop()
         await api.server.stop()
         close_node(node)
