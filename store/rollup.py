@@ -107,7 +107,8 @@ def _stats(x: tuple | list) -> tuple:
     # A reading that did not change over the minute (a GPU's total memory, power limit, clocks, ECC counts:
     # a third of its columns) costs one count() instead of sum, min and max (~1 us against ~5 us a column).
     # Only a plain int in range qualifies: count() also counts equal floats and bools, which round to it anyway.
-    if type(first) is int and 0 <= first < _EXACT and x.count(first) == len(x) and first * len(x) < _SUM_EXACT:
+    if (type(first) is int and 0 <= first < _EXACT and first == x[-1] and x.count(first) == len(x)
+            and first * len(x) < _SUM_EXACT):
         return first, float(first * len(x)) / len(x), first, len(x)
     try:
         try:
