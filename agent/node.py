@@ -227,6 +227,10 @@ class Node:
                                           hang_timeout_s=self.cfg.agent.hang_timeout_s,
                                           on_new_run=self.sla.reset,  # a new run starts its own SLA window
                                           on_verdict=self.supervisor.on_verdict)
+        if not self.cfg.agent.metrics_listen:  # the lifetime totals are the exporter's alone: none, nothing kept
+            from lynxtop.agent.metrics.lifetime import ServingTotals
+
+            self.scrape_source.totals = ServingTotals(kept=False)
         self.ticker.use([[self.host_source], [self.gpu_source, self.scrape_source], [SlaSource(self.sla)]])
 
     def _gpu_event(self, kind: str, severity: str, message: str, details: dict | None = None) -> None:

@@ -135,3 +135,30 @@ def test_nothing_before_the_first_page_and_the_page_still_served_when_totals_fai
     status = FakeController().status()
     reg.register(SnapshotCollector(lambda: status, broken))
     assert b"lynxtop_serving_ttft_p99_seconds" in generate_latest(reg)
+
+
+def test_totals_nobody_reads_add_nothing_and_the_agent_keeps_them_only_with_its_exporter(tmp_path, h):
+    """Without `[agent] metrics_listen` nothing reads the lifetime totals: the node's are not kept, so a scrape does
+    not pay for them (issue 29.3); with the exporter they are kept and add up as above."""
+    from support.node import close_node, open_node
+
+    page = VllmPage(engines=2)
+    serve(page, None, 5, 0.03)
+    scraper = MetricsScraper("http://127.0.0.1:8000")
+    scraper.parse_page(page.text(), now=0.0)
+    serve(page, None, 5, 0.03)
+    scraper.parse_page(page.text(), now=1.0)
+    unread, kept = ServingTotals(kept=False), ServingTotals()
+    for totals in (unread, kept):
+        totals.observe(scraper)
+    assert unread.models == {} and kept.models  # the same page: only the kept totals hold it
+
+    for extra, want in (("", False), ('metrics_listen = "127.0.0.1:19464"', True)):
+        d = tmp_path / ("with" if want else "without")
+        d.mkdir()
+        node = open_node(h.write_config(d, f'fake_nvml = "h200x8"\n{extra}'))
+        try:
+            totals = node.scrape_source.totals
+            assert (totals is None or totals.kept) is want  # None: ScrapeSource makes kept ones at its first run
+        finally:
+            close_node(node)
