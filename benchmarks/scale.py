@@ -203,6 +203,7 @@ def main() -> int:
         out[rss_key] = max(r["rss_mb"] for r in runs)
         out[f"details_{suffix}"] = runs[-1]
         out[f"status_get_cpu_ms_{suffix}"] = statistics.median(r["status_get_cpu_ms"] for r in runs)
+        out[f"main_thread_pct_{suffix}_runs"] = [r["threads_pct"].get("main") for r in runs]  # the event loop
     out["scrape_ms_dp8_10hz_scrape_1hz"] = out["scrape_ms_dp8"]  # the scrape itself does not change with the tick
     out["targets"] = {"scrape_ms_dp8": 10.0, "agent_cpu_pct_1hz_8gpu_dp8": 0.5, "agent_cpu_pct_10hz_scrape_1hz": 2.0,
                       "agent_rss_mb": 120.0}
