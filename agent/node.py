@@ -217,8 +217,9 @@ class Node:
     def _open_sources(self) -> None:
         """The tick's samplers, in stages: host, then NVML and the scrape side by side, then the SLA."""
         assert self.supervisor is not None
-        self.host_source = HostSource(self.host_sampler, self._run_members)
         self.gpu_source = GpuSource(self.sampler, self.gpu_view, self._upsert_gpus, self._gpu_events)
+        # host and GPU sample in one executor job a tick (the hand-off weighed as much as the sampling)
+        self.host_source = HostSource(self.host_sampler, self._run_members, gpu=self.gpu_source)
         # a scrape is cut off before the next is due: a slow server gives a failed row, never a late tick
         every = max(self.interval, self.cfg.agent.scrape_interval_s)
         self.scrape_source = ScrapeSource(self.http, self._scrape_target, window_s=self.cfg.sla.window_s,

@@ -92,24 +92,56 @@ class EventCollector:
         return out
 
 
-class HostSource:
-    """psutil's host row, and the pids of the served run for the GPU sampler."""
+def _settle(fut: asyncio.Future, result: Any = None, exc: BaseException | None = None) -> None:
+    """Resolve `fut` from the loop (a tick cancelled meanwhile has dropped it)."""
+    if not fut.done():
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
 
-    def __init__(self, sampler: Any, members: Callable[[], Awaitable[set[int]]]):
+
+class HostSource:
+    """psutil's host row, and the pids of the served run for the GPU sampler.
+
+    With a `gpu` source whose previous sample is done, the host row and the GPU sample are one executor job
+    (the host first, then NVML with its pids): at 10 Hz the executor hand-off cost as much as the sampling
+    itself (issue 29.3), so a tick pays one, not two. The host row comes back to the tick as soon as it is
+    read; the GPU part is waited for by the GPU source in the next stage, as before.
+    """
+
+    def __init__(self, sampler: Any, members: Callable[[], Awaitable[set[int]]], gpu: GpuSource | None = None):
         self.sampler = sampler
         self.members = members  # processes of the run outside the leader's tree
+        self.gpu = gpu
 
     async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
         root = tick.root
+        members = await self.members() if root is not None else set()
 
         def host_part() -> tuple[frozenset[int], dict]:
             row = self.sampler.sample(root)
             return self.sampler.tree_pids, row  # the members that row read: /proc once per process a tick
 
-        pids, row = await asyncio.to_thread(host_part)
-        if root is not None:
-            pids = set(pids) | await self.members()
-        tick.pids = set(pids)
+        gpu = self.gpu
+        if gpu is None or not gpu.idle():  # a GPU sample still running (slow NVML) never holds the host back
+            pids, row = await asyncio.to_thread(host_part)
+        else:
+            loop = asyncio.get_running_loop()
+            host_done: asyncio.Future = loop.create_future()
+
+            def both() -> Any:
+                try:
+                    res = host_part()
+                except Exception as exc:  # noqa: BLE001 - the tick's error, raised by the await below
+                    loop.call_soon_threadsafe(_settle, host_done, None, exc)
+                    return None  # no GPU sample: the tick ends here and the next starts a new one
+                loop.call_soon_threadsafe(_settle, host_done, res)
+                return gpu.sampler.sample(set(res[0]) | members)
+
+            gpu.start(both)
+            pids, row = await host_done
+        tick.pids = set(pids) | members
         return {"host_row": row}, []
 
 
@@ -130,9 +162,23 @@ class GpuSource:
         self._pending: asyncio.Task | None = None
         self._started: float | None = None
         self._static_version: int | None = None
+        self._started_here = False  # _pending was started by the host source for the tick now running
+
+    def idle(self) -> bool:
+        """No GPU sample running: the host source may start this tick's (GpuSource.start)."""
+        return self._pending is None or self._pending.done()
+
+    def start(self, job: Callable[[], Any]) -> None:
+        """Run `job` (the host row, then `sampler.sample`) as this tick's GPU sample: one executor hand-off."""
+        self._started = time.monotonic()
+        self._pending = asyncio.get_running_loop().create_task(asyncio.to_thread(job))
+        self._started_here = True
 
     def _task(self, pids: set[int]) -> asyncio.Task:
         """The running GPU sample, or a new one: never two NVML samples at once."""
+        if self._started_here and self._pending is not None:
+            self._started_here = False  # the sample the host source started for this tick, done or not
+            return self._pending
         if self._pending is None or self._pending.done():
             self._started = time.monotonic()
             self._pending = asyncio.get_running_loop().create_task(asyncio.to_thread(self.sampler.sample, pids))
@@ -146,6 +192,8 @@ class GpuSource:
             return {}, self.collector.drain()
         self._pending = None
         gpu_tick = task.result()
+        if gpu_tick is None:  # the host part of the job failed (that tick failed): no GPU rows from it
+            return {}, self.collector.drain()
         if self._started is not None:
             # the rows are stored under the tick's time: the view must not claim a later one
             seen = min(self._started, tick.t0)
