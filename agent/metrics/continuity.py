@@ -16,7 +16,10 @@ from collections import deque
 from lynxtop.agent.metrics.histogram import HistogramSnapshot
 from lynxtop.agent.metrics.page import ParsedPage, SeriesKey
 
-MAX_GONE = 4096  # vanished series remembered per family (a server inventing label sets cannot grow this further)
+# vanished series remembered per family (a server inventing label sets cannot grow this further): a DP=8 page's
+# largest family has ~180 series, so this is nearly three pages' worth; 4096 let a label that changes every scrape
+# keep up to 29 families x 4096 keys (benchmarks/peer_memory.py's churn grew past 2x the normal RSS)
+MAX_GONE = 512
 _LE = re.compile(r'[{,]\s*le\s*=\s*"([^"]*)"')
 _FIRST = operator.itemgetter(0)
 

@@ -125,8 +125,10 @@ def relevant_lines(text: str) -> tuple[str, bool]:
 _GAUGE_SUM, _GAUGE_MAX, _COUNTER, _BUCKET, _PART = range(5)
 _SeriesInfo = tuple[int, str, float, str]
 _KNOWN: dict[SeriesKey, _SeriesInfo] = {}
-_KNOWN_MAX = 200_000  # as promtext's label cache: a server inventing label sets cannot grow this further
-_KNOWN_CHARS_MAX = 16 << 20  # nor can long label sets (each up to MAX_LABELS_CHARS)
+# as promtext's label cache: a server inventing label sets (a label that changes every scrape) cannot grow this
+# further, while a DP=8 page's ~1,440 keys (~140k characters; ~360k with a long model path) fit 5 to 14 times
+_KNOWN_MAX = 25_000
+_KNOWN_CHARS_MAX = 2 << 20  # nor can long label sets (each up to MAX_LABELS_CHARS)
 _known_chars = [0]  # characters of the keys in _KNOWN (a list: updated from the parsing thread too)
 
 

@@ -198,6 +198,51 @@ def test_labels_that_change_every_scrape_do_not_grow_the_scraper(monkeypatch):
     assert len(corr._gone) <= 50
 
 
+def _key_text_held(s: MetricsScraper) -> int:
+    """Characters of series keys the scraper and the parse caches keep between pages."""
+    from lynxtop.agent.metrics import promtext
+
+    gone = sum(sum(map(len, c._gone)) for c in s._corrections.series.values())
+    return gone + page_mod._known_chars[0] + promtext._valid_chars[0]
+
+
+def test_a_dp8_page_whose_labels_change_every_scrape_keeps_a_few_mib_of_keys():
+    """benchmarks/peer_memory.py's churn, without the RSS noise: every series of a DP=8 page new each scrape. The
+    old caps (MAX_GONE 4096 a family over 29 families, 16 MiB per parse cache) let it keep 30+ MiB of key text,
+    past 2x the normal RSS; now at most 8 MiB, while a normal page's keys are all kept."""
+    from support.vllm_pages import sim_page
+
+    base = sim_page(8, seed=5)
+    s = MetricsScraper("http://x:1/metrics")
+    most = 0
+    for t in range(200):
+        text = base.replace('engine="', f'scrape="{t:08d}-{"x" * 100}",engine="')
+        assert s.parse_page(text, now=float(t))["scrape_ok"] == 1
+        most = max(most, _key_text_held(s))
+    assert most <= 8 << 20, most
+
+
+def test_the_parse_caches_hold_the_keys_of_several_dp8_pages_at_once(monkeypatch):
+    """The caps stay far above real pages: five DP=8 servers, each with a long model path, are all remembered."""
+    from support.vllm_pages import sim_page
+
+    from lynxtop.agent.metrics import promtext
+
+    monkeypatch.setattr(page_mod, "_KNOWN", {})  # empty caches: what this test adds is all they hold
+    monkeypatch.setattr(page_mod, "_known_chars", [0])
+    monkeypatch.setattr(promtext, "_VALID", {})
+    monkeypatch.setattr(promtext, "_valid_chars", [0])
+    added = []
+    for i in range(5):
+        model = f"/models/org-{i}/" + "long-checkpoint-path/" * 7 + "DeepSeek-V4.1"
+        text = sim_page(8, seed=5).replace("deepseek-ai/DeepSeek-V4.1", model)
+        before = set(page_mod._KNOWN)
+        assert MetricsScraper("http://x:1/metrics").parse_page(text, now=0.0)["scrape_ok"] == 1
+        added.append(set(page_mod._KNOWN) - before)
+    assert all(len(keys) > 1000 for keys in added)
+    assert all(keys <= page_mod._KNOWN.keys() for keys in added)  # no cap was reached: nothing started over
+
+
 @pytest.fixture
 async def peer():
     state = {"version": b'{"version": "0.31.0"}', "health": b"{}"}
