@@ -139,7 +139,13 @@ class HostSource:
                 loop.call_soon_threadsafe(_settle, host_done, res)
                 return gpu.sampler.sample(set(res[0]) | members)
 
-            gpu.start(both)
+            def ended(job: asyncio.Task) -> None:  # a job that could not run (no thread to be had) fails the tick
+                if job.cancelled():
+                    host_done.cancel()
+                elif not host_done.done():  # the row, when read, was settled before this callback came
+                    _settle(host_done, None, job.exception() or RuntimeError("the host sample gave no row"))
+
+            gpu.start(both).add_done_callback(ended)
             pids, row = await host_done
         tick.pids = set(pids) | members
         return {"host_row": row}, []
@@ -168,11 +174,12 @@ class GpuSource:
         """No GPU sample running: the host source may start this tick's (GpuSource.start)."""
         return self._pending is None or self._pending.done()
 
-    def start(self, job: Callable[[], Any]) -> None:
+    def start(self, job: Callable[[], Any]) -> asyncio.Task:
         """Run `job` (the host row, then `sampler.sample`) as this tick's GPU sample: one executor hand-off."""
         self._started = time.monotonic()
         self._pending = asyncio.get_running_loop().create_task(asyncio.to_thread(job))
         self._started_here = True
+        return self._pending
 
     def _task(self, pids: set[int]) -> asyncio.Task:
         """The running GPU sample, or a new one: never two NVML samples at once."""

@@ -5,10 +5,13 @@ every tick still carries its host and GPU rows, and a GPU sample still running n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from support.node import close_node, open_node, run_clock
+from support.waits import wait_for_async
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -66,3 +69,33 @@ async def test_a_gpu_sample_still_running_leaves_the_host_its_own_hand_off(tmp_p
         release.set()
         await asyncio.sleep(0.3)
         close_node(node)
+
+
+class _NoThreads(ThreadPoolExecutor):
+    """An executor that cannot start work, as when the process is out of threads."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        raise RuntimeError("can't start new thread")
+
+
+async def test_a_job_that_cannot_start_fails_the_tick_and_the_clock_goes_on(tmp_path, h):
+    node = open_node(h.write_config(tmp_path, 'sample_interval_s = 0.1\nfake_nvml = "h200x8"'))
+    loop = asyncio.get_running_loop()
+    broken, fine = _NoThreads(max_workers=1), ThreadPoolExecutor(max_workers=4)
+    loop.set_default_executor(broken)
+    task = asyncio.create_task(node.ticker.run())
+    try:
+        t = node.ticker
+        await wait_for_async(lambda: t.failed_ticks >= 3, 20, what="ticks failing without threads")
+        assert "can't start new thread" in (t.last_tick_error or "")
+        loop.set_default_executor(fine)  # threads again: the clock was never stuck on a tick that cannot end
+        done = t.ticks
+        await wait_for_async(lambda: t.ticks >= done + 5, 20, what="ticks once threads are back")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.3)
+        close_node(node)
+        loop.set_default_executor(ThreadPoolExecutor())
+        fine.shutdown(wait=False)
