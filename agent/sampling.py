@@ -140,10 +140,9 @@ class HostSource:
                 return gpu.sampler.sample(set(res[0]) | members)
 
             def ended(job: asyncio.Task) -> None:  # a job that could not run (no thread to be had) fails the tick
-                if job.cancelled():
-                    host_done.cancel()
-                elif not host_done.done():  # the row, when read, was settled before this callback came
-                    _settle(host_done, None, job.exception() or RuntimeError("the host sample gave no row"))
+                if not host_done.done():  # the row, when read, was settled before this callback came
+                    exc = None if job.cancelled() else job.exception()
+                    _settle(host_done, None, exc or RuntimeError("the host sample ended without a row"))
 
             gpu.start(both).add_done_callback(ended)
             pids, row = await host_done
