@@ -436,6 +436,11 @@ def parse_text(text: str) -> ParsedPage:
         seen_vllm, t = _scan(text)
     except SampleError as exc:
         raise PageError(f"not Prometheus text: {exc}") from None
+    return _page_of(seen_vllm, t)
+
+
+def _page_of(seen_vllm: bool, t: _Totals) -> ParsedPage:
+    """The page's quantities from its added-up samples (also for agent/metrics/layout.py's known layouts)."""
     if not seen_vllm:
         raise PageError("no vllm:* metrics on the page (is this a vLLM server?)")
     page = ParsedPage()

@@ -22,6 +22,7 @@ from lynxtop.agent.metrics.continuity import ResetCorrections
 from lynxtop.agent.metrics.episodes import SETTLE_S, ScrapeEpisodes
 from lynxtop.agent.metrics.fetch import PageFetcher
 from lynxtop.agent.metrics.histogram import HistogramSnapshot
+from lynxtop.agent.metrics.layout import PageLayout
 from lynxtop.agent.metrics.page import PageError, ParsedPage, parse_text
 from lynxtop.agent.metrics.row import checked, empty_row, engine_loads
 from lynxtop.agent.metrics.windows import ServingWindows
@@ -39,6 +40,7 @@ class MetricsScraper:
 
     def __init__(self, url: str, window_s: float = 60.0, timeout_s: float = 2.0, settle_s: float = SETTLE_S):
         self._fetch = PageFetcher(url, timeout_s)
+        self._layout = PageLayout()  # the last page's layout: a page laid out alike is read by position
         self.window_s = window_s
         self.scrape_errors = 0
         self._episodes = ScrapeEpisodes(self._fetch.url, settle_s)
@@ -129,9 +131,10 @@ class MetricsScraper:
         text = body.decode("utf-8", errors="replace")
         try:
             if len(text) <= INLINE_PARSE_CHARS:
-                page = parse_text(text)  # ~1-2 ms at DP=8: less than a thread's hand-over and back costs
+                page = self._layout.parse(text)  # ~1-2 ms at DP=8: less than a thread's hand-over and back
             else:
-                page = await asyncio.to_thread(parse_text, text)  # a huge page must not hold the event loop
+                # a huge page must not hold the event loop; nor is its layout kept (one thread reads it)
+                page = await asyncio.to_thread(parse_text, text)
         except PageError as exc:
             return self.failed(now, f"malformed page at {self.url}: {exc}")
         return self._accept(page, now)
@@ -156,7 +159,7 @@ class MetricsScraper:
     def parse_page(self, text: str, now: float) -> dict[str, Any]:
         """Turn one page into the tick's row; a malformed page gives a failed row (see `failed`)."""
         try:
-            page = parse_text(text)
+            page = self._layout.parse(text)
         except PageError as exc:
             return self.failed(now, f"malformed page at {self.url}: {exc}")
         return self._accept(page, now)

@@ -150,6 +150,7 @@ def test_every_derived_figure_of_a_scrape_sequence_is_the_same(name, monkeypatch
     ours = MetricsScraper("http://x:1", window_s=60.0)
     rows = [ours.parse_page(p, now=float(i)) for i, p in enumerate(pages)]
     monkeypatch.setattr(scrape_mod, "parse_text", reference_parse)
+    monkeypatch.setattr(scrape_mod.PageLayout, "parse", lambda self, text: reference_parse(text))  # every page
     ref = MetricsScraper("http://x:1", window_s=60.0)
     ref_rows = [ref.parse_page(p, now=float(i)) for i, p in enumerate(pages)]
     assert rows == ref_rows

@@ -447,6 +447,13 @@ async def test_a_small_page_is_parsed_on_the_loop_a_huge_one_in_a_worker_thread(
         return real(text)
 
     monkeypatch.setattr(scrape_mod, "parse_text", recording)
+    by_layout = scrape_mod.PageLayout.parse  # a small page is read through the scraper's known layout
+
+    def recording_layout(self, text: str):
+        threads.append(threading.get_ident())
+        return by_layout(self, text)
+
+    monkeypatch.setattr(scrape_mod.PageLayout, "parse", recording_layout)
     s = MetricsScraper(url, timeout_s=10)
     async with aiohttp.ClientSession() as session:
         assert (await s.scrape(session, now=0.0))["scrape_ok"] == 1

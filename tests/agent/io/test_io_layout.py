@@ -1,0 +1,157 @@
+"""A page laid out as the last one is read by position (agent/metrics/layout.py): always what the full parse gives.
+
+Each page of a sequence (values moved; a series appearing, vanishing, lines reordered, a TYPE line changed, a
+line moved between families, a value that is no reading, ...) is read through one `PageLayout` and compared with
+`parse_text` of the same text, field by field, and with prometheus_client's reading (the reference).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from test_io_promtext import _perturb, page_texts, reference_parse, same
+
+from lynxtop.agent.metrics import layout as layout_mod
+from lynxtop.agent.metrics import page as page_mod
+from lynxtop.agent.metrics.layout import PageLayout
+from lynxtop.agent.metrics.page import PageError, parse_text
+from lynxtop.agent.metrics.scrape import MetricsScraper
+
+
+def identical(a: page_mod.ParsedPage, b: page_mod.ParsedPage) -> None:
+    same(a, b)
+    assert a.engines == b.engines
+    assert (a.bad_values, a.bad_example, a.refused, a.stale) == (b.bad_values, b.bad_example, b.refused, b.stale)
+
+
+def _wanted(text: str, prefix: str) -> list[str]:
+    return [line for line in text.split("\n") if line.startswith(prefix)]
+
+
+def _variants(first: str, rng: random.Random) -> list[tuple[str, str, bool | None]]:
+    """(what changed, page, whether it is laid out as the last page learnt: None for either) for a sequence."""
+    out: list[tuple[str, str, bool | None]] = []
+    cur = first
+
+    def add(what: str, text: str, same_layout: bool | None) -> None:
+        nonlocal cur
+        out.append((what, text, same_layout))
+        cur = text
+
+    add("values moved", _perturb(cur, rng), True)
+    add("values moved again", _perturb(cur, rng), True)
+    bucket = _wanted(cur, "vllm:time_to_first_token_seconds_bucket{")[0]
+    extra = bucket.rpartition(" ")[0].replace("{", '{new="1",', 1) + " 3.0"
+    add("a series appears", cur.replace(bucket, f"{bucket}\n{extra}", 1), False)
+    add("values moved after it", _perturb(cur, rng), True)
+    add("it vanishes", re.sub(f"\n{re.escape(extra.rpartition(' ')[0])} [^\n]*", "", cur), False)
+    lines = cur.split("\n")
+    a, b = [i for i, line in enumerate(lines) if line.startswith("vllm:e2e_request_latency_seconds_")][:2]
+    lines[a], lines[b] = lines[b], lines[a]
+    add("two lines swapped", "\n".join(lines), False)
+    add("values moved", _perturb(cur, rng), True)
+    typed = cur
+    add("a TYPE line changed", cur.replace("# TYPE vllm:num_requests_running gauge",
+                                           "# TYPE vllm:num_requests_running counter"), False)
+    running = re.search(r"\n# TYPE vllm:num_requests_running \w+\n", cur)
+    assert running
+    add("its TYPE names a family not read", cur.replace(running.group(0), "\n# TYPE vllm:unread gauge\n"), False)
+    waiting = "\n# HELP vllm:num_requests_waiting"
+    add("an extra TYPE line", cur.replace(waiting, "\n# TYPE vllm:num_requests_waiting gauge" + waiting, 1), False)
+    add("the TYPE lines as they were", _perturb(typed, rng), False)
+    add("values moved", _perturb(cur, rng), True)
+    base = cur
+    line = _wanted(base, "vllm:generation_tokens_total")[0]
+    key = line.rpartition(" ")[0]
+    for what, changed in (("a value is NaN", f"{key} NaN"), ("a value is past 2**63", f"{key} 1e300"),
+                          ("a timestamp after a value", f"{line} 1700000000000"), ("a value written 1_0", f"{key} 1_0"),
+                          ("a series key changed", line.replace("vllm:", "vllm:x", 1)),
+                          ("a sample line without its value", key), ("a space after a value", f"{line} "),
+                          ("a sample line reduced to its value", line.rpartition(" ")[2])):
+        assert base.count(line) == 1
+        add(what, base.replace(line, changed), False)
+        add("back as it was", base, None)  # the layout read by position next is the base's again
+    add("values moved", _perturb(cur, rng), True)
+    running, plain = "\n# TYPE vllm:num_requests_running gauge\n", cur
+    add("a blank line in a family read", cur.replace(running, running + "\n", 1), False)
+    add("the blank line holds a sample", cur.replace(running + "\n", running + "vllm:num_requests_running\t5\n", 1),
+        False)
+    add("the blank line gone", _perturb(plain, rng), False)
+    add("values moved", _perturb(cur, rng), True)
+    help_line = re.search(r"\n(# HELP vllm:e2e_request_latency_seconds [^\n]*)\n", cur)
+    assert help_line
+    moved = cur.replace(help_line.group(0), "\n", 1)
+    moved = moved.replace("\n# TYPE vllm:num_requests_running gauge\n",
+                          f"\n# TYPE vllm:num_requests_running gauge\n{help_line.group(1)}\n", 1)
+    add("a line moved from one family to another", moved, False)
+    add("values moved", _perturb(cur, rng), True)
+    add("not starting with a comment", cur.split("\n", 1)[1], False)
+    add("values moved", _perturb(first, rng), False)
+    add("the same page again", cur, True)
+    return out
+
+
+@pytest.mark.parametrize("name", list(page_texts()))
+def test_a_sequence_of_pages_reads_as_the_full_parse_every_time(name, monkeypatch):
+    first = page_texts()[name]
+    taken: list[bool] = []
+    real = PageLayout._known
+
+    def spy(self, text):
+        t = real(self, text)
+        taken.append(t is not None)
+        return t
+
+    monkeypatch.setattr(PageLayout, "_known", spy)
+    layout = PageLayout()
+    identical(layout.parse(first), parse_text(first))
+    for what, text, same_layout in _variants(first, random.Random(3)):
+        try:
+            full = parse_text(text)
+        except PageError as exc:
+            with pytest.raises(PageError, match=re.escape(str(exc))):
+                layout.parse(text)
+            taken.append(False)
+            continue
+        ours = layout.parse(text)
+        identical(ours, full)
+        if same_layout:  # prometheus_client's reading too (it skips TYPE lines: only where they are as before)
+            same(ours, reference_parse(text))
+        assert same_layout is None or taken[-1] == same_layout, what  # matched only when laid out as learnt
+    assert taken.count(True) >= 6  # the short path was really taken, not only the full parse
+
+
+def test_a_line_moved_between_families_read_is_not_read_by_position():
+    """A line that left one family's part (its last line: the next family's HELP) for another's, both families
+    read: the same lines in all, every line between them one place off; the full parse reads that page."""
+    first = page_texts()["sim-dp8"]
+    layout = PageLayout()
+    layout.parse(first)
+    nxt = _perturb(first, random.Random(1))
+    assert layout._known(nxt) is not None  # learnt: the values alone moved
+    running = "\n# TYPE vllm:num_requests_running gauge\n"
+    end = nxt.index("\n# TYPE ", nxt.index(running) + 1)
+    last = nxt[nxt.rindex("\n", 0, end) + 1:end]
+    assert last.startswith("# HELP ")
+    e2e = "\n# TYPE vllm:e2e_request_latency_seconds histogram\n"
+    moved = nxt[:end - len(last) - 1] + nxt[end:]
+    moved = moved.replace(e2e, e2e + last + "\n", 1)
+    assert len(moved.split("\n")) == len(nxt.split("\n")) and moved != nxt
+    assert layout._known(moved) is None
+    identical(layout.parse(moved), parse_text(moved))
+
+
+def test_a_scraper_reads_a_steady_server_by_position_and_gives_the_same_rows(monkeypatch):
+    """The scraper's rows over a sequence of DP8 pages are those of the full parse of every page."""
+    rng = random.Random(9)
+    pages = [page_texts()["sim-dp8-ep-served"]]
+    for _ in range(6):
+        pages.append(_perturb(pages[-1], rng))
+    ours = MetricsScraper("http://x:1", window_s=60.0)
+    rows = [ours.parse_page(p, now=float(i)) for i, p in enumerate(pages)]
+    monkeypatch.setattr(layout_mod.PageLayout, "_known", lambda self, text: None)  # the full parse every time
+    ref = MetricsScraper("http://x:1", window_s=60.0)
+    assert [ref.parse_page(p, now=float(i)) for i, p in enumerate(pages)] == rows
+    assert any(v not in (None, 0, 0.0) for v in rows[-1].values())
