@@ -3,11 +3,12 @@ browser with --web, cli/web.py)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from argparse import Namespace
 from pathlib import Path
+from types import ModuleType
 
-from lynxtop.cli import web
 from lynxtop.cli.config_cli import load_or_exit
 
 
@@ -19,11 +20,15 @@ def run(args: Namespace) -> int:
     socket_path = Path(args.socket) if getattr(args, "socket", None) else cfg.agent.socket
     database = Path(args.database) if getattr(args, "database", None) else cfg.agent.database
     if getattr(args, "web", None) or getattr(args, "web_listen", None):
+        from lynxtop.cli import web
+
         return web.serve(args, socket_path, database, cfg.agent.socket_group)
     if getattr(args, "web_control", False):
         print("lynxtop dashboard: error: --web-control applies only with --web or --web-listen", file=sys.stderr)
         return 2
-    in_browser = web.served_by_web()  # textual-serve started this one: the browser is the terminal
+    # textual-serve started this one: the browser is the terminal. cli/web.py only then: a terminal's dashboard
+    # would pay its imports before the first frame.
+    in_browser = bool(os.environ.get("TEXTUAL_DRIVER")) and _web().served_by_web()
     if not in_browser and not (sys.stdin.isatty() and sys.__stderr__ is not None and sys.__stderr__.isatty()):
         print("lynxtop: the dashboard needs a terminal (stdin and stderr); for plain text use "
               "`lynxtop status` or `lynxtop runs`", file=sys.stderr)
@@ -36,9 +41,16 @@ def run(args: Namespace) -> int:
                      node_port=node_port(args, cfg.agent.metrics_listen), source=LiveSource(socket_path),
                      node_token_file=getattr(args, "node_token_file", None) or cfg.agent.tcp_token_file)
     if in_browser and readonly:
-        app.readonly_reason = web.READONLY_REASON
+        app.readonly_reason = _web().READONLY_REASON
     app.run()
     return int(app.return_code or 0)
+
+
+def _web() -> ModuleType:
+    """cli/web.py, imported only where the web is involved."""
+    from lynxtop.cli import web
+
+    return web
 
 
 def node_port(args: Namespace, metrics_listen: str) -> int | None:

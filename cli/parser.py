@@ -10,8 +10,6 @@ import argparse
 import math
 from collections.abc import Callable
 
-from lynxtop import __version__
-
 DESCRIPTION = """\
 lynxtop: a node agent and terminal dashboard for GPU nodes serving large models with vLLM.
 
@@ -143,9 +141,20 @@ def _resolve(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
         setattr(ns, name, next(iter(given.values())) if given else None)
 
 
+class _Version(argparse._VersionAction):
+    """--version, the version looked up only when asked for: it comes from the package metadata, which every other
+    command (the dashboard's first frame first) would pay ~0.1 s to import."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        from lynxtop import __version__
+
+        self.version = f"lynxtop {__version__}"
+        super().__call__(parser, namespace, values, option_string)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lynxtop", description=DESCRIPTION, epilog=EPILOG, formatter_class=_Formatter)
-    parser.add_argument("--version", action="version", version=f"lynxtop {__version__}")
+    parser.add_argument("--version", action=_Version)
     _targets(parser, 0, "lynxtop.cli.dashboard_cmd:run")
     _dashboard_options(parser)
     parser.set_defaults(handler="lynxtop.cli.dashboard_cmd:run")

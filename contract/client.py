@@ -14,7 +14,7 @@ this version cannot read (a newer agent's event kind) is `AgentUnreadable`, nami
 
 from __future__ import annotations
 
-import http.client
+import functools
 import json
 import socket
 from collections.abc import Mapping
@@ -146,20 +146,28 @@ def parse_status(data: Mapping[str, Any], socket_path: str) -> Status:
 # ---------------------------------------------------------------------------------------------- blocking
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
+@functools.cache
+def _http() -> tuple[Any, type]:
+    """http.client and its unix-socket connection, made on the first blocking request: http.client brings email
+    and ssl, which the dashboard (the asyncio face alone) would otherwise import before its first frame."""
+    import http.client
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+    class UnixHTTPConnection(http.client.HTTPConnection):
+        def __init__(self, path: str, timeout: float):
+            super().__init__("localhost", timeout=timeout)
+            self._path = path
+
+        def connect(self) -> None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(self._path)
+            except OSError:
+                sock.close()
+                raise
+            self.sock = sock
+
+    return http.client, UnixHTTPConnection
 
 
 def auth_headers(target: str, token: str | None) -> dict[str, str]:
@@ -178,9 +186,10 @@ class AgentClient:
 
     def request(self, method: str, path: str, params: Mapping[str, Any] | None = None,
                 body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        http_client, unix_connection = _http()
         tcp = tcp_address(self.socket_path)
-        conn = (http.client.HTTPConnection(*tcp, timeout=self.timeout_s) if tcp is not None
-                else _UnixHTTPConnection(self.socket_path, self.timeout_s))
+        conn = (http_client.HTTPConnection(*tcp, timeout=self.timeout_s) if tcp is not None
+                else unix_connection(self.socket_path, self.timeout_s))
         try:
             payload = json.dumps(body).encode() if body is not None else None
             headers = {"Content-Type": "application/json"} if payload is not None else {}
@@ -188,7 +197,7 @@ class AgentClient:
             conn.request(method, _target(path, params), body=payload, headers=headers)
             resp = conn.getresponse()
             raw = resp.read()
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, http_client.HTTPException) as exc:
             raise unreachable(exc, self.socket_path, self.timeout_s) from None
         finally:
             conn.close()

@@ -13,7 +13,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import App, ScreenStackError
@@ -24,18 +24,20 @@ from lynxtop.contract.client import AgentRefused, AgentUnreachable
 from lynxtop.contract.format import fmt_clock
 from lynxtop.contract.status import ClusterStatus, Role, ServingStatus
 from lynxtop.contract.terminal import terminal_safe
-from lynxtop.tui import control_text
 from lynxtop.tui.backoff import Backoff
 from lynxtop.tui.commands import LynxtopCommands
 from lynxtop.tui.history_source import HistorySource, HistoryUnavailable
 from lynxtop.tui.live_state import GPU_KEYS, SERVING_KEYS, LiveState
 from lynxtop.tui.messages import AgentLost, LiveRefreshed, StatusArrived
 from lynxtop.tui.screens.base import LiveScreen
-from lynxtop.tui.screens.confirm import ConfirmScreen
-from lynxtop.tui.screens.help import HelpScreen
 from lynxtop.tui.screens.node import NodeScreen
-from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
 from lynxtop.tui.source import LiveSource, NodeSource
+
+if TYPE_CHECKING:
+    from lynxtop.tui.screens.confirm import ConfirmScreen
+
+# Help, the dialogs and the control texts are imported when first used, as the views other than Node are: the
+# first frame needs none of them, and on a loaded machine every module is start-up time (docs/dashboard.md).
 
 VIEWS = ("node", "gpu", "latency", "history", "events", "logs", "processes", "cluster")
 CONTROL_ACTIONS = {"restart", "stop", "start", "switch"}
@@ -287,6 +289,8 @@ class LynxtopApp(App):
                 seen.add(binding.key)
                 keys.append((binding.key_display or binding.key, binding.description))
         view = getattr(self.screen, "VIEW_TITLE", "") or self.current_mode
+        from lynxtop.tui.screens.help import HelpScreen
+
         self.push_screen(HelpScreen(keys, view))
 
     def action_refresh_now(self) -> None:
@@ -345,6 +349,9 @@ class LynxtopApp(App):
             if choice is None:
                 return
             profile, current, target = choice
+            from lynxtop.tui import control_text
+            from lynxtop.tui.screens.confirm import ConfirmScreen
+
             title, body, label = control_text.confirmation(action, serving, metrics, profile, current, target)
             await self._confirm_and_send(action, profile, ConfirmScreen(title, body, label))
         except AgentRefused as exc:
@@ -367,6 +374,9 @@ class LynxtopApp(App):
             self.notify(f"this node is a Ray worker: {action} serving on the head ({cluster.address})",
                         severity="warning")
             return
+        from lynxtop.tui import control_text
+        from lynxtop.tui.screens.confirm import ConfirmScreen
+
         title, body, label = control_text.worker_ray_text(action, cluster)
         try:
             await self._confirm_and_send(action, None, ConfirmScreen(title, body, label))
@@ -388,6 +398,8 @@ class LynxtopApp(App):
         if not [p for p in profiles if p.name != current_name or action == "start"]:
             self.notify("no other profile to switch to (see `lynxtop config check`)", severity="warning")
             return None
+        from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
+
         profile = await self.push_screen_wait(ProfilePickerScreen(
             f"{'Switch to' if action == 'switch' else 'Start'} which profile?", profiles,
             current_name if action == "switch" else None))
