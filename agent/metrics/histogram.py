@@ -12,8 +12,12 @@ value as the increase, so a vLLM restart inside the window keeps the observation
 from __future__ import annotations
 
 import math
+import operator
 from collections import deque
 from dataclasses import dataclass
+
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
 
 
 @dataclass(frozen=True)
@@ -26,10 +30,12 @@ class HistogramSnapshot:
 
     def minus(self, older: HistogramSnapshot) -> HistogramSnapshot | None:
         """Observations made between `older` and self; None when the bucket layouts differ."""
-        if [le for le, _ in self.buckets] != [le for le, _ in older.buckets]:
+        les = list(map(_FIRST, self.buckets))
+        if les != list(map(_FIRST, older.buckets)):
             return None
-        return HistogramSnapshot(
-            buckets=tuple((le, c - o) for (le, c), (_, o) in zip(self.buckets, older.buckets, strict=True)),
+        return HistogramSnapshot(  # each count's difference, pairs built in C (7 histograms a scrape)
+            buckets=tuple(zip(les, map(operator.sub, map(_SECOND, self.buckets), map(_SECOND, older.buckets)),
+                              strict=True)),
             sum=self.sum - older.sum,
             count=self.count - older.count,
         )
@@ -44,7 +50,7 @@ class HistogramSnapshot:
     def same_layout(self, other: HistogramSnapshot) -> bool:
         """The same bucket bounds in the same order: only then are the bucket series the same ones."""
         a, b = self.buckets, other.buckets
-        return len(a) == len(b) and all(x[0] == y[0] for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(map(operator.eq, map(_FIRST, a), map(_FIRST, b)))
 
     def reset_correction(self, older: HistogramSnapshot) -> HistogramSnapshot | None:
         """What Prometheus adds back at a counter reset between `older` and self (same layout): for each series
@@ -86,7 +92,7 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]] | tuple[tuple[f
 def prepared(buckets: list[tuple[float, float]] | tuple[tuple[float, float], ...]) -> list[list[float]] | None:
     """The buckets as bucketQuantile reads them (sorted, coalesced, monotonic); None where every quantile is NaN.
     Several quantiles of one histogram share this work."""
-    bs = sorted(buckets, key=lambda b: b[0])
+    bs = sorted(buckets, key=_FIRST)
     if not bs or not math.isinf(bs[-1][0]) or bs[-1][0] < 0:
         return None
     # coalesceBuckets: the same bound twice (after summing label sets) counts once, with the counts added.
