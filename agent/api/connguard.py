@@ -44,10 +44,14 @@ _log = logging.getLogger("lynxtop.connguard")
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 FD_RESERVE = 256  # descriptors kept free of listeners: NVML, /proc reads, SQLite, vLLM pipes and logs, threads
 FD_SOFT_CEILING = 65536  # the soft limit is raised toward the hard one, but not beyond this (children inherit it)
-# connections accepted per readiness event; an evicted connection frees its descriptor an iteration later, so
-# a burst can overshoot the cap by a couple of batches: budgeted
-ACCEPT_BACKLOG = 64
-ACCEPT_BURST = 2 * ACCEPT_BACKLOG
+# connections accepted per readiness event, i.e. per turn of the event loop: each step of a sampling tick (a
+# thread's result, a scrape's read) waits behind one batch per listener. 64 made slowloris.py's flood (~2,500
+# connections a second, accepted and refused) hold a turn for tens of ms and miss ticks; 16 takes it in
+# shorter slices, the same work
+ACCEPT_BACKLOG = 16
+# an evicted connection frees its descriptor an iteration later, so a burst can overshoot the cap by a few
+# batches: budgeted (as much as when batches were 64)
+ACCEPT_BURST = 8 * ACCEPT_BACKLOG
 # the kernel's queue is long (it costs the agent no descriptor): a full queue makes a unix-socket connect fail
 # at once with EAGAIN, so `lynxtop status` would fail during a flood instead of waiting its turn
 LISTEN_QUEUE = 4096  # the kernel clamps it to net.core.somaxconn
