@@ -27,6 +27,7 @@ from lynxtop.agent.metrics import page as _page
 from lynxtop.agent.metrics.families import TYPED_FAMILIES
 from lynxtop.agent.metrics.page import HUGE, MAX_BUCKETS, ParsedPage, parse_text
 
+LEARN_WAIT_MAX = 63  # pages read by the full parse, at most, between two learnings of a layout never met again
 _MARK = "\n# TYPE "  # where the full parse's search finds a TYPE line (page.py `_TYPE_LINE`)
 
 
@@ -43,19 +44,26 @@ def _picker(idx: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
 class PageLayout:
     """The last page's layout (none before a page is read); `parse` reads a page through it when it matches."""
 
-    __slots__ = ("_chunks", "_heads", "_pick_chunks", "_counts", "_pick_checked", "_starts", "_pick_exact",
-                 "_exact", "_pick_wanted", "_series", "_series_chars", "_keys", "_plan")
+    __slots__ = ("_skip", "_wait", "_chunks", "_heads", "_pick_chunks", "_counts", "_pick_checked", "_starts",
+                 "_pick_exact", "_exact", "_pick_wanted", "_series", "_series_chars", "_keys", "_plan")
 
     def __init__(self) -> None:
+        self._skip = 0  # full parses left before the next page is learnt from
+        self._wait = 0  # what `_skip` starts at after the next learning: grows while what is learnt is not met
         self._chunks = -1  # the page's parts, one per TYPE line and the part before the first (-1: none learnt)
 
     def parse(self, text: str) -> ParsedPage:
         """What `parse_text(text)` gives (PageError alike); a page laid out as the last is read by position."""
         t = self._known(text)
         if t is not None:
+            self._skip = self._wait = 0
             return _page._page_of("\nvllm:" in text, t)
         page = parse_text(text)
-        self._learn(text)
+        if self._skip:
+            self._skip -= 1
+        else:  # learning costs about a full parse: a server whose layout changes every scrape learns ever less often
+            self._learn(text)
+            self._skip, self._wait = self._wait, min(2 * self._wait + 1, LEARN_WAIT_MAX)
         return page
 
     def _known(self, text: str) -> Any:

@@ -105,6 +105,7 @@ def test_a_sequence_of_pages_reads_as_the_full_parse_every_time(name, monkeypatc
         return t
 
     monkeypatch.setattr(PageLayout, "_known", spy)
+    monkeypatch.setattr(layout_mod, "LEARN_WAIT_MAX", 0)  # every page the full parse reads is learnt from
     layout = PageLayout()
     identical(layout.parse(first), parse_text(first))
     for what, text, same_layout in _variants(first, random.Random(3)):
@@ -155,3 +156,24 @@ def test_a_scraper_reads_a_steady_server_by_position_and_gives_the_same_rows(mon
     ref = MetricsScraper("http://x:1", window_s=60.0)
     assert [ref.parse_page(p, now=float(i)) for i, p in enumerate(pages)] == rows
     assert any(v not in (None, 0, 0.0) for v in rows[-1].values())
+
+
+def test_a_server_whose_layout_changes_every_scrape_is_learnt_from_ever_less_often(monkeypatch):
+    """Learning a layout costs about a full parse: a page that never matches the last (a label changing every
+    scrape) is learnt from on fewer and fewer pages, at least every LEARN_WAIT_MAX + 1; one that matches again is
+    read by position from the next page on."""
+    learnt: list[int] = []
+    real = PageLayout._learn
+    monkeypatch.setattr(PageLayout, "_learn", lambda self, text: (learnt.append(1), real(self, text))[1])
+    base = page_texts()["sim-dp8"]
+    layout = PageLayout()
+    pages = 300
+    for i in range(pages):
+        text = base.replace('engine="0"', f'engine="0",scrape="{i}"')
+        identical(layout.parse(text), parse_text(text))
+    assert len(learnt) <= 2 + pages // (layout_mod.LEARN_WAIT_MAX + 1) + 6  # was one per page
+    assert len(learnt) >= pages // (layout_mod.LEARN_WAIT_MAX + 1)  # still learns now and then
+    steady = _perturb(base, random.Random(2))
+    for _ in range(layout_mod.LEARN_WAIT_MAX + 1):  # learnt again within LEARN_WAIT_MAX + 1 pages
+        layout.parse(steady)
+    assert layout._known(_perturb(steady, random.Random(3))) is not None
