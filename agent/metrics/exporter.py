@@ -7,16 +7,18 @@ I/O: it only reshapes the snapshot the agent already holds, so a scrape can neve
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -104,24 +106,34 @@ class SnapshotCollector(Collector):
         self.totals = totals
 
     def collect(self) -> Iterator[Any]:
-        try:
-            st = self.snapshot()
-        except Exception as exc:  # a broken snapshot must not turn the endpoint into a 500 loop
-            _log.warning("metrics snapshot failed: %r", exc)
-            st = None
+        st = self.read_snapshot()
         if st is None:  # no snapshot yet: say only that nothing is known to be simulated
             yield _gauge("lynxtop_agent_simulated", _SIMULATED_HELP, 0.0)
             return
-        yield from self._agent(st.agent)
-        yield from self._gpus(st.gpus)
-        yield from self._simple(_HOST, st.host.metrics)
-        yield from self._serving(st.serving, st.serving_metrics.metrics)
-        yield from self._lifetime()
-        yield from self._engines(st.engines)
-        yield from self._sla(st.sla)
-        yield from self._cluster(st.cluster)
+        models = self.read_totals()
+        yield from self.head(st)
+        yield from self._listeners(st.agent)
+        yield from self.rest(st, models)
 
-    def _agent(self, agent: AgentStatus) -> Iterator[Any]:
+    def read_snapshot(self) -> Status | None:
+        try:
+            return self.snapshot()
+        except Exception as exc:  # a broken snapshot must not turn the endpoint into a 500 loop
+            _log.warning("metrics snapshot failed: %r", exc)
+            return None
+
+    def read_totals(self) -> Mapping[str, ModelTotals] | None:
+        try:
+            return self.totals() if self.totals is not None else None
+        except Exception as exc:  # as with the snapshot: the rest of the page is still served
+            _log.warning("metrics totals failed: %r", exc)
+            return None
+
+    # The page in three parts, in this order: `head` and `rest` change with a tick (cached by MetricsExporter),
+    # the listeners' connections and descriptors between them change with every connection (built per GET)
+
+    def head(self, st: Status) -> Iterator[Any]:
+        agent = st.agent
         yield _gauge("lynxtop_agent_simulated", _SIMULATED_HELP, 1.0 if agent.simulated else 0.0)
         yield _gauge("lynxtop_agent_healthy", "1 when the agent's own checks pass", float(agent.healthy))
         if agent.started_ms is not None:
@@ -141,9 +153,18 @@ class SnapshotCollector(Collector):
                 fam = cls(name, help_)
                 fam.add_metric([], v)
                 yield fam
-        yield from self._listeners(agent)
-        if agent.nvml.state:
-            yield _gauge("lynxtop_nvml_ok", "1 when NVML answers normally", 1.0 if agent.nvml.state == "ok" else 0.0)
+
+    def rest(self, st: Status, models: Mapping[str, ModelTotals] | None) -> Iterator[Any]:
+        if st.agent.nvml.state:
+            yield _gauge("lynxtop_nvml_ok", "1 when NVML answers normally", 1.0 if st.agent.nvml.state == "ok"
+                         else 0.0)
+        yield from self._gpus(st.gpus)
+        yield from self._simple(_HOST, st.host.metrics)
+        yield from self._serving(st.serving, st.serving_metrics.metrics)
+        yield from self._lifetime(models)
+        yield from self._engines(st.engines)
+        yield from self._sla(st.sla)
+        yield from self._cluster(st.cluster)
 
     def _listeners(self, agent: AgentStatus) -> Iterator[Any]:
         """Connections of the control socket and this endpoint (docs/api.md, connection limits)."""
@@ -295,14 +316,9 @@ class SnapshotCollector(Collector):
                     yield _gauge(f"lynxtop_serving_{series}_{stat}_seconds",
                                  f"{_SERIES_HELP[series]}, {stat} over the sliding window", v / 1000)
 
-    def _lifetime(self) -> Iterator[Any]:
+    def _lifetime(self, models: Mapping[str, ModelTotals] | None) -> Iterator[Any]:
         """Counters and histograms that a fleet can add up and re-window: they grow across vLLM restarts and
         start over only with the agent (agent/metrics/lifetime.py). The percentile gauges above stay for the TUI."""
-        try:
-            models = self.totals() if self.totals is not None else None
-        except Exception as exc:  # as with the snapshot: the rest of the page is still served
-            _log.warning("metrics totals failed: %r", exc)
-            models = None
         if not models:
             return
         ordered = sorted(models.items())
@@ -406,6 +422,33 @@ class SnapshotCollector(Collector):
         yield expected
 
 
+class _Families:
+    """Families already built, as the one thing an encoder asks of a registry (`collect`)."""
+
+    def __init__(self, families: Iterator[Any]):
+        self.families = list(families)
+
+    def collect(self) -> list[Any]:
+        return self.families
+
+
+_EOF = b"# EOF\n"  # OpenMetrics' end of the page: once, after the last part
+
+
+def _tick_key(st: Status) -> Status:
+    """What the cached parts are built from: the status less its clock and the listeners' counts (built per GET).
+    Compared by value: the snapshot is a new object on every GET, built of new dicts (status_view.py)."""
+    return dataclasses.replace(st, ts_ms=None, agent=dataclasses.replace(st.agent, connections={}, descriptors={}))
+
+
+def _totals_key(models: Mapping[str, ModelTotals] | None) -> tuple[Any, ...] | None:
+    """The lifetime totals by value: lifetime.py adds to them in place, so their identity never changes."""
+    if models is None:
+        return None
+    return tuple((name, tuple(m.counters.items()), tuple(m.finished.items()), tuple(m.histograms.items()))
+                 for name, m in models.items())
+
+
 def parse_listen(listen: str) -> tuple[str, int]:
     """'host:port' or '[v6]:port' -> (host, port); raises ValueError naming the problem."""
     host, sep, port_s = listen.rpartition(":")
@@ -448,7 +491,12 @@ class MetricsExporter:
         self.guard = ConnectionGuard("metrics endpoint", max_connections, request_timeout_s,
                                      "metrics_max_connections", json_refusal=False, log=self.log, episodes=episodes)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(snapshot, totals))
+        self.collector = SnapshotCollector(snapshot, totals)
+        self.registry.register(self.collector)
+        # content type -> (what the parts were built from, head, rest): the page is built once per change of it,
+        # not per scrape (a 14 ms render at DP8 on the event loop, issue 27); `renders` counts the builds
+        self._pages: dict[str, tuple[Any, bytes, bytes]] = {}
+        self.renders = 0
         self._snapshot = snapshot
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
@@ -458,7 +506,8 @@ class MetricsExporter:
             self.log(f"warning: metrics endpoint listens on {self.host}:{self.port}, reachable from the network "
                      "(read-only; [agent] metrics_listen sets it)")
         app = web.Application(middlewares=[self.guard.middleware])
-        app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
+        self._filtered = make_aiohttp_handler(self.registry)  # ?name[]=...: rare, built fresh each time
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/status", self._status)  # the head's cluster view reads other nodes here (read-only)
         if self.reads is not None:
             self.reads.add_routes(app)
@@ -485,6 +534,38 @@ class MetricsExporter:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """GET /metrics as prometheus_client's aiohttp handler answers it (format by Accept, compression by aiohttp),
+        from `page`."""
+        if "name[]" in request.query:
+            return await self._filtered(request)
+        encoder, content_type = choose_encoder(",".join(request.headers.getall(hdrs.ACCEPT, [])))
+        response = web.Response(status=200, headers=[("Content-Type", content_type)],
+                                body=self.page(encoder, content_type))
+        response.enable_compression()
+        return response
+
+    def page(self, encoder: Callable[[Any], bytes], content_type: str) -> bytes:
+        """The page, byte for byte the registry's: the parts a tick changes are encoded again only when what they
+        are built from changed (compared by value, so a change between ticks is in the next GET); the listeners'
+        connection counts, which change with every connection, are encoded on every GET."""
+        c = self.collector
+        st = c.read_snapshot()
+        if st is None:
+            return encoder(self.registry)
+        models = c.read_totals()
+        key = (_tick_key(st), _totals_key(models))
+        cached = self._pages.get(content_type)
+        if cached is None or cached[0] != key:
+            if len(self._pages) >= 8:  # content types come from clients' Accept headers: keep a few
+                self._pages.clear()
+            head = encoder(_Families(c.head(st))).removesuffix(_EOF)
+            rest = encoder(_Families(c.rest(st, models)))
+            cached = self._pages[content_type] = (key, head, rest)
+            self.renders += 1
+        live = encoder(_Families(c._listeners(st.agent))).removesuffix(_EOF)
+        return cached[1] + live + cached[2]
 
     async def _status(self, request: web.Request) -> web.Response:
         """The socket's `GET /v1/status` JSON from the same cached snapshot (no I/O; secrets are never in it)."""
