@@ -436,9 +436,11 @@ _EOF = b"# EOF\n"  # OpenMetrics' end of the page: once, after the last part
 
 
 def _tick_key(st: Status) -> Status:
-    """What the cached parts are built from: the status less its clock and the listeners' counts (built per GET).
-    Compared by value: the snapshot is a new object on every GET, built of new dicts (status_view.py)."""
-    return dataclasses.replace(st, ts_ms=None, agent=dataclasses.replace(st.agent, connections={}, descriptors={}))
+    """What the cached parts are built from: the status less its clocks (not exported; the uptime moves every 0.1 s)
+    and the listeners' counts (built per GET). Compared by value: the snapshot is a new object on every GET, built
+    of new dicts (status_view.py)."""
+    return dataclasses.replace(st, ts_ms=None, agent=dataclasses.replace(st.agent, uptime_s=None, connections={},
+                                                                         descriptors={}))
 
 
 def _totals_key(models: Mapping[str, ModelTotals] | None) -> tuple[Any, ...] | None:

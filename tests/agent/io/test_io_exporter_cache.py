@@ -39,8 +39,12 @@ async def cached(monkeypatch):
     clock = itertools.count(1)
     totals = {"m": ModelTotals(counters={"prompt_tokens": 10.0}, finished={"stop": 2.0},
                                histograms={"ttft": HistogramSnapshot(((0.1, 1.0), (float("inf"), 2.0)), 0.3, 2.0)})}
-    exp = MetricsExporter("127.0.0.1:0", lambda: replace(state["snapshot"], ts_ms=next(clock)),
-                          log=lambda _: None, totals=lambda: totals)
+    def snapshot():  # the agent's clock and uptime move on every read; neither is on the page
+        t = next(clock)
+        st = state["snapshot"]
+        return replace(st, ts_ms=t, agent=replace(st.agent, uptime_s=t / 10))
+
+    exp = MetricsExporter("127.0.0.1:0", snapshot, log=lambda _: None, totals=lambda: totals)
     await exp.start()
     session = aiohttp.ClientSession()
 
