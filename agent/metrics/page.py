@@ -335,6 +335,9 @@ def _scan(text: str) -> tuple[bool, _Totals]:
         lines = _wanted_lines(text, start, end, family)
         found += _without_wide_histograms(lines, refused) if len(lines) > MAX_BUCKETS else lines
     seen_vllm = "\nvllm:" in text
+    unplannable = len(found) > _PLAN_LINES_MAX
+    if unplannable and text.count("engine") > MAX_ENGINES:  # never planned: count before its lines are split
+        _check_engines(text, spans)
     split = [line.rpartition(" ") for line in found]
     keys = tuple(map(_FIRST, split))
     longest = max(map(len, keys), default=0)
@@ -345,7 +348,7 @@ def _scan(text: str) -> tuple[bool, _Totals]:
     # Past MAX_ENGINES "engine"s, count the distinct values before any line is read into a cache or a sum. A
     # planned layout has the same series, so the same engines: a DP=8 page of eight API servers has ~2800 "engine"
     # and the exact count was half of its parse.
-    if (plan is None or refused) and text.count("engine") > MAX_ENGINES:
+    if (plan is None or refused) and not unplannable and text.count("engine") > MAX_ENGINES:
         _check_engines(text, spans)
     if plan is not None:
         vals = list(map(_THIRD, split))

@@ -156,6 +156,25 @@ def test_more_engines_than_the_cap_is_a_refused_page_with_one_event():
     assert _kinds(events) == ["scrape.outage"] and "over the cap" in events[0]["message"]  # once an episode
 
 
+def test_a_page_of_100k_engines_is_refused_before_its_lines_are_split():
+    """benchmarks/peer_memory.py's `engines` peer: the page is refused on its engine count before each of its
+    100k lines is split into series and value (that split took the agent to 1.97x its normal peak RSS against
+    the 2x bound; the parse's own peak was ~29 MiB, now ~12)."""
+    import tracemalloc
+
+    lines = ["# TYPE vllm:num_requests_running gauge"]
+    lines += [f'vllm:num_requests_running{{engine="{e}",model_name="m"}} 1' for e in range(100_000)]
+    text = "\n".join(lines) + "\n"
+    tracemalloc.start()
+    try:
+        with pytest.raises(page_mod.PageError, match="engine label values, over the cap"):
+            page_mod.parse_text(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 2**20, f"{peak / 2**20:.1f} MiB"
+
+
 def test_a_series_with_labels_longer_than_the_cap_refuses_the_page():
     long = "m" * (page_mod.MAX_LABELS_CHARS + 1)
     s = MetricsScraper("http://x:1/metrics")
