@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from support.agent_config import sim_profile, write_agent_config
-from support.agent_proc import Agent
+from support.agent_proc import Agent, reap_sims
 from support.ports import free_port, short_dir
 
 from lynxtop.contract.client import AgentClient, AgentRefused
@@ -72,6 +72,7 @@ async def test_reads_over_tcp_are_off_by_default_and_say_what_to_set(tmp_path):
             assert code == 404  # and never a control route
         finally:
             agent.stop()
+            reap_sims(tmp_path / "sim-state")
 
 
 async def test_reads_need_the_token_and_then_answer_what_the_socket_answers(tmp_path):
@@ -138,6 +139,7 @@ async def test_reads_need_the_token_and_then_answer_what_the_socket_answers(tmp_
             assert "without the read token" in agent.output()
         finally:
             agent.stop()
+            reap_sims(tmp_path / "sim-state")
         log = (tmp_path / "agent.log").read_text(errors="replace")
         assert TOKEN not in log and HF_SECRET not in log
         db = sqlite3.connect(tmp_path / "state" / "lynxtop.db")

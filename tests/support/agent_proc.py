@@ -4,6 +4,7 @@ reports to (standing in for systemd's), and the simulated servers it leaves behi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -111,6 +112,14 @@ def terminate(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float 
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait(5)
+
+
+def reap_sims(sim_dir: Path) -> None:
+    """Kill the simulated servers a test's agent left serving: a stopped agent leaves its run up by design
+    (live restore), so a test that stops only the agent must reap them."""
+    for pid in sim_processes(sim_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def sim_processes(sim_dir: Path | None = None, runs_only: bool = True) -> list[int]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.agent_config import sim_profile, write_agent_config
-from support.agent_proc import Agent
+from support.agent_proc import Agent, reap_sims
 from support.ports import free_port, short_dir
 from support.tui import make_app, screen_text, wait_for
 from test_cluster_view import head_status, ray_node
@@ -56,6 +56,7 @@ async def worker(request, tmp_path):
             yield proc, port
         finally:
             proc.stop()
+            reap_sims(tmp_path / "sim-state")
 
 
 async def _open_worker(pilot, agent) -> None:
