@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.agent_config import agent_toml, profile, sim_profile
-from support.agent_proc import sim_processes
+from support.agent_proc import reap_sims
 from support.db import db_rows
 from support.ports import free_port
 from support.waits import wait_for_async as wait_for
@@ -138,6 +138,4 @@ def cleanup(tmp_path):
         if a.proc.poll() is None:
             a.proc.kill()
             a.proc.wait(5)
-    for pid in sim_processes(tmp_path / "sim-state"):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    reap_sims(tmp_path / "sim-state")
