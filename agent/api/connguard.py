@@ -22,6 +22,7 @@ Each listener accepts in its own loop (GuardedSite) and admits every connection 
 
 from __future__ import annotations
 
+import _socket
 import asyncio
 import contextlib
 import errno
@@ -90,6 +91,17 @@ class Episodes:
         ep[2] += 1
         return False
 
+    def again(self, key: str) -> bool:
+        """Count one more occurrence of an open episode: True; False when none is open (then `hit` it with its
+        message). A flood's thousands of refusals a second count here without building a message each."""
+        ep = self.open.get(key)
+        if ep is None:
+            return False
+        self.total[key] += 1
+        ep[1] = self.clock()
+        ep[2] += 1
+        return True
+
     def end(self, key: str, what: str = "") -> None:
         ep = self.open.pop(key, None)
         if ep is not None:
@@ -145,6 +157,8 @@ class ConnectionGuard:
         self._by_handler: dict[Any, _Conn] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self._refusals: dict[str, bytes] = {}  # the 503 for each reason, built once
+        self._over_share: dict[str, str] = {}  # peer -> the reason it is refused over its share, built once
+        self._refused_key = f"{name}.refused"
         self.accepted = self.refused = self.evicted = self.timed_out = self.dropped_slow = 0
 
     # ------------------------------------------------------------------------------------------ wiring
@@ -192,8 +206,13 @@ class ConnectionGuard:
                 if victim is None:
                     self._peer_since[peer] = min(c.since for c in mine)
             if victim is None:
-                return self._refuse(f"{peer} holds {self.per_client} connections, one client's share of "
-                                    f"[agent] {self.setting} = {self.max_connections}")
+                why = self._over_share.get(peer)
+                if why is None:
+                    if len(self._over_share) > 256:
+                        self._over_share.clear()
+                    why = self._over_share[peer] = (f"{peer} holds {self.per_client} connections, one client's "
+                                                    f"share of [agent] {self.setting} = {self.max_connections}")
+                return self._refuse(why)
             self._evict(victim)
         elif len(self.conns) >= self.max_connections:
             crowded = max(self.by_peer, key=lambda k: len(self.by_peer[k]))
@@ -226,7 +245,8 @@ class ConnectionGuard:
 
     def _refuse(self, why: str) -> str:
         self.refused += 1
-        self.episodes.hit(f"{self.name}.refused", f"{self.name}: refusing new connections with 503: {why}")
+        if not self.episodes.again(self._refused_key):
+            self.episodes.hit(self._refused_key, f"{self.name}: refusing new connections with 503: {why}")
         return why
 
     def _evict(self, conn: _Conn) -> None:
@@ -346,14 +366,26 @@ class GuardedProtocol(asyncio.Protocol):
             self.inner.connection_lost(exc)
 
 
-def _peer_key(conn: socket.socket, addr: Any, unix: bool) -> str:
+_CRED_SIZE = struct.calcsize("3i")  # struct ucred: pid, uid, gid
+
+
+def _peer_key(conn: Any, addr: Any, unix: bool, names: dict[bytes, str] | None = None) -> str:
+    """The client a connection counts against: the peer's process on the unix socket, its address on TCP.
+    `names` memoises a process' key by its raw credentials (a flood is one process: no unpack or format each)."""
     if unix:
         try:
-            pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                 struct.calcsize("3i")))
-            return f"pid {pid} (uid {uid})"
+            cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED_SIZE)
         except OSError:
             return "unix peer"
+        name = names.get(cred) if names is not None else None
+        if name is None:
+            pid, uid, _gid = struct.unpack("3i", cred)
+            name = f"pid {pid} (uid {uid})"
+            if names is not None:
+                if len(names) > 256:
+                    names.clear()
+                names[cred] = name
+        return name
     return str(addr[0]) if isinstance(addr, tuple) and addr else "?"
 
 
@@ -373,6 +405,7 @@ class GuardedSite(web.BaseSite):
         self._unix = sock is not None
         self._tasks: set[asyncio.Task] = set()
         self._texts_second, self._texts_left = 0, REFUSAL_TEXTS_PER_S
+        self._peer_names: dict[bytes, str] = {}  # raw SO_PEERCRED -> the peer's key (_peer_key)
 
     @property
     def name(self) -> str:
@@ -441,43 +474,48 @@ class GuardedSite(web.BaseSite):
         self._runner._unreg_site(self)
 
     def _accept(self, lsock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        server = self._runner.server
         family = socket.AF_UNIX if self._unix else lsock.family
+        guard, unix, names = self.guard, self._unix, self._peer_names
         for _ in range(ACCEPT_BACKLOG):
             try:
-                # socket.accept() without its per-call enum look-ups: a flood makes this the hottest line
+                # socket.accept() without its per-call enum look-ups: a flood makes this the hottest line; the
+                # C socket object, not socket.socket: a refusal needs no Python-level wrapper (its __init__ and
+                # close() were a third of a refusal's cost), an admitted connection gets one below
                 fd, addr = lsock._accept()
-                conn = socket.socket(family, socket.SOCK_STREAM, 0, fd)
+                conn = _socket.socket(family, socket.SOCK_STREAM, 0, fd)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 if exc.errno in RESOURCE_ERRNOS:  # out of descriptors: pause this listener, say so once
-                    self.guard.episodes.hit(f"{self.guard.name}.accept", f"{self.guard.name}: accept() fails: "
-                                            f"{exc.strerror}; pausing it 0.5 s at a time")
-                    fd = lsock.fileno()
-                    loop.remove_reader(fd)
+                    guard.episodes.hit(f"{guard.name}.accept", f"{guard.name}: accept() fails: {exc.strerror}; "
+                                       "pausing it 0.5 s at a time")
+                    loop = asyncio.get_running_loop()
+                    loop.remove_reader(lsock.fileno())
                     loop.call_later(0.5, self._resume, lsock)
                     return
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
                     continue  # the client gave up while queued
-                self.guard.episodes.hit(f"{self.guard.name}.accept_error", f"{self.guard.name}: accept() fails: "
-                                        f"{exc}")  # once per episode, never a traceback per connection
+                guard.episodes.hit(f"{guard.name}.accept_error", f"{guard.name}: accept() fails: "
+                                   f"{exc}")  # once per episode, never a traceback per connection
                 return
-            peer = _peer_key(conn, addr, self._unix)
-            admitted = self.guard.admit(peer)
+            admitted = guard.admit(_peer_key(conn, addr, unix, names))
             if isinstance(admitted, str):  # refused: one send and a close, nothing else is made
                 if self._may_write_refusal():
                     with contextlib.suppress(OSError):
-                        conn.send(self.guard.refusal(admitted), socket.MSG_DONTWAIT)
+                        conn.send(guard.refusal(admitted), socket.MSG_DONTWAIT)
                 conn.close()
                 continue
-            conn.setblocking(False)
-            record = admitted
-            task = loop.create_task(loop.connect_accepted_socket(
-                lambda r=record: GuardedProtocol(self.guard, server, r), sock=conn))
-            self._tasks.add(task)
-            task.add_done_callback(lambda t, r=record, c=conn: self._made(t, r, c))
+            self._admit(socket.socket(family, socket.SOCK_STREAM, 0, conn.detach()), admitted)
+
+    def _admit(self, conn: socket.socket, record: _Conn) -> None:
+        """Hand an admitted connection to asyncio and aiohttp (its transport is made in a task)."""
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        conn.setblocking(False)
+        task = loop.create_task(loop.connect_accepted_socket(
+            lambda r=record: GuardedProtocol(self.guard, server, r), sock=conn))
+        self._tasks.add(task)
+        task.add_done_callback(lambda t, r=record, c=conn: self._made(t, r, c))
 
     def _may_write_refusal(self) -> bool:
         """The 503 text for the first REFUSAL_TEXTS_PER_S refusals each second: a flood does not read them, and
