@@ -39,27 +39,38 @@ class StatusView:
     def __init__(self, node: Node):
         self._node = node
         self._tick_key: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # what the cached tick part read
-        self._tick_text = ""  # Status.tick_json() of those sources, encoded
+        self._tick = Status()  # the tick part built from those sources: the same objects until they change
+        self._tick_text: str | None = None  # its tick_json(), encoded when first asked for
 
     def body(self, dumps: Callable[[Any], str]) -> str:
         """GET /v1/status's JSON text: `dumps(self.status().to_json())`, with the part only a tick changes (GPUs,
         host, serving metrics, engines: most of the text) encoded once per tick for every poller.
 
-        That part is keyed by the identity of what it is built from (each tick replaces the rows, a scrape its
-        engines), so the first GET after a tick reads the new tick; the rest (states, actions, listeners, the clock)
-        is built on every GET, so any change is in the next answer (issue 29.3)."""
+        That part is keyed by the identity of what it is built from (tick_part), so the first GET after a tick
+        reads the new tick; the rest (states, actions, listeners, the clock) is built on every GET, so any change is
+        in the next answer (issue 29.3)."""
+        tick = self.tick_part()
+        if self._tick_text is None:
+            self._tick_text = dumps(tick.tick_json())
+        return join_json(dumps(self._head().head_json()), self._tick_text)
+
+    def tick_part(self) -> Status:
+        """The part of the status only a tick changes (GPUs, host, serving metrics, engines), built once per change
+        of its sources and the same objects until then: keyed by the identity of what it is built from (each tick
+        replaces the rows, a scrape its engines), so GET /v1/status encodes it and GET /metrics renders it once per
+        tick (agent/metrics/exporter.py keys its page by these objects' identity, never compares them by value)."""
         n = self._node
         src = n.scrape_source
         sources = (n.ticker.latest_gpu_rows, n.gpu_view.static, n.ticker.latest_host, n.ticker.latest_serving,
                    src.engines if src is not None else None)
         xids = tuple(sorted(dict(n.xid_errors).items()))  # counted in place by the XID thread: compared by value
-        key = (sources, xids)
         cached = self._tick_key
         if cached is None or cached[1] != xids or any(a is not b for a, b in zip(cached[0], sources, strict=True)):
-            tick = Status(gpus=self.gpu_statuses(), host=HostStatus.from_json(n.ticker.latest_host),
-                          serving_metrics=ServingMetrics.from_json(n.ticker.latest_serving), engines=self._engines())
-            self._tick_text, self._tick_key = dumps(tick.tick_json()), key
-        return join_json(dumps(self._head().head_json()), self._tick_text)
+            self._tick = Status(gpus=self.gpu_statuses(), host=HostStatus.from_json(n.ticker.latest_host),
+                                serving_metrics=ServingMetrics.from_json(n.ticker.latest_serving),
+                                engines=self._engines())
+            self._tick_text, self._tick_key = None, (sources, xids)
+        return self._tick
 
     def line(self) -> str:
         """The one-line summary systemd shows (STATUS=) and the log repeats."""
@@ -93,11 +104,9 @@ class StatusView:
         return "; ".join(parts)
 
     def status(self) -> Status:
-        n = self._node
-        return dataclasses.replace(self._head(), gpus=self.gpu_statuses(),
-                                   host=HostStatus.from_json(n.ticker.latest_host),
-                                   serving_metrics=ServingMetrics.from_json(n.ticker.latest_serving),
-                                   engines=self._engines())
+        tick = self.tick_part()
+        return dataclasses.replace(self._head(), gpus=tick.gpus, host=tick.host, serving_metrics=tick.serving_metrics,
+                                   engines=tick.engines)
 
     def _head(self) -> Status:
         """The status without its tick part (see `body`)."""

@@ -435,12 +435,21 @@ class _Families:
 _EOF = b"# EOF\n"  # OpenMetrics' end of the page: once, after the last part
 
 
-def _tick_key(st: Status) -> Status:
-    """What the cached parts are built from: the status less its clocks (not exported; the uptime moves every 0.1 s)
-    and the listeners' counts (built per GET). Compared by value: the snapshot is a new object on every GET, built
-    of new dicts (status_view.py)."""
-    return dataclasses.replace(st, ts_ms=None, agent=dataclasses.replace(st.agent, uptime_s=None, connections={},
-                                                                         descriptors={}))
+def _page_key(st: Status) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """What the cached parts are built from, as GET /v1/status keys its tick part (agent/status_view.py): the part
+    only a tick changes (GPUs, host, serving metrics, engines: most of the page) by identity, since the agent hands
+    out the same objects until a tick or a scrape replaces them, so a GET never compares them by value; the small
+    rest by value, less the clocks (not exported; the uptime moves every 0.1 s) and the listeners' counts (built
+    per GET)."""
+    return ((st.gpus, st.host, st.serving_metrics, st.engines),
+            (dataclasses.replace(st.agent, uptime_s=None, connections={}, descriptors={}), st.serving, st.sla,
+             st.cluster))
+
+
+def _same_page(cached: tuple[Any, ...], key: tuple[Any, ...]) -> bool:
+    """`_page_key`s (with the totals') of one page: the tick part the same objects, the rest equal."""
+    return all(a is b for a, b in zip(cached[0][0], key[0][0], strict=True)) and cached[0][1] == key[0][1] \
+        and cached[1] == key[1]
 
 
 def _totals_key(models: Mapping[str, ModelTotals] | None) -> tuple[Any, ...] | None:
@@ -550,16 +559,17 @@ class MetricsExporter:
 
     def page(self, encoder: Callable[[Any], bytes], content_type: str) -> bytes:
         """The page, byte for byte the registry's: the parts a tick changes are encoded again only when what they
-        are built from changed (compared by value, so a change between ticks is in the next GET); the listeners'
-        connection counts, which change with every connection, are encoded on every GET."""
+        are built from changed (`_page_key`: the tick part by identity, the rest by value, so a change between ticks
+        is in the next GET); the listeners' connection counts, which change with every connection, are encoded on
+        every GET."""
         c = self.collector
         st = c.read_snapshot()
         if st is None:
             return encoder(self.registry)
         models = c.read_totals()
-        key = (_tick_key(st), _totals_key(models))
+        key = (_page_key(st), _totals_key(models))
         cached = self._pages.get(content_type)
-        if cached is None or cached[0] != key:
+        if cached is None or not _same_page(cached[0], key):
             if len(self._pages) >= 8:  # content types come from clients' Accept headers: keep a few
                 self._pages.clear()
             head = encoder(_Families(c.head(st))).removesuffix(_EOF)

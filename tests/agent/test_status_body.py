@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 
+import aiohttp
 import pytest
+from prometheus_client import generate_latest
 from support.node import close_node, open_node, run_clock
 
 from lynxtop.agent.api.routes import ApiServer, _dumps, strict_dumps
@@ -153,4 +155,39 @@ async def test_the_exporters_status_for_remote_dashboards_shares_the_encoding_to
     finally:
         await exporter.stop()
         await api.server.stop()
+        close_node(node)
+
+
+async def test_metrics_between_ticks_reuse_the_tick_part_and_compare_none_of_it(tmp_path, monkeypatch):
+    """GET /metrics keys its cached page as GET /v1/status keys its tick part: by the identity of the tick's
+    objects, which the agent hands out unchanged until the next tick. It compared the whole status by value on
+    every GET, a status whose GPUs, host and engines were built anew for each GET."""
+    node = open_node(_config(tmp_path))
+    exporter = MetricsExporter("127.0.0.1:0", node.status, totals=node.view.serving_totals)
+    await exporter.start()
+    try:
+        await run_clock(node, 30, until=lambda: node.ticker.ticks >= 2)  # the clock is stopped from here on
+        assert node.status().gpus is node.status().gpus  # one tick, one set of objects
+        url = f"http://127.0.0.1:{exporter.bound_port}/metrics"
+        async with aiohttp.ClientSession() as session:
+            async def get() -> bytes:
+                async with session.get(url) as resp:
+                    assert resp.status == 200
+                    return await resp.read()
+
+            await get()
+            built, compared = [], []
+            real_build, real_eq = node.view.gpu_statuses, status_mod.GpuStatus.__eq__
+            monkeypatch.setattr(node.view, "gpu_statuses", lambda: built.append(1) or real_build())
+            monkeypatch.setattr(status_mod.GpuStatus, "__eq__", lambda a, b: compared.append(1) or real_eq(a, b))
+            pages = [await get() for _ in range(5)]
+            assert (len(built), len(compared), exporter.renders) == (0, 0, 1)  # were 5, 40 (8 GPUs x 5) and 1
+            assert pages[-1] == generate_latest(exporter.registry)  # still the page a fresh render gives
+
+            ticks, before = node.ticker.ticks, node.status().gpus
+            await run_clock(node, 30, until=lambda: node.ticker.ticks > ticks)  # a tick: new rows, a new page
+            assert node.status().gpus is not before and len(built) == 1
+            assert await get() == generate_latest(exporter.registry) and exporter.renders == 2
+    finally:
+        await exporter.stop()
         close_node(node)

@@ -98,3 +98,28 @@ async def test_the_cached_page_is_byte_for_byte_a_fresh_render(cached, accept):
     assert body == render(exp.registry)  # the registry renders every family afresh
     assert body.count(b"# EOF") == (1 if accept else 0)
     assert b"lynxtop_agent_connections" in body and b"lynxtop_serving_ttft_seconds_bucket" in body
+
+
+async def test_a_get_compares_no_gpu_by_value(monkeypatch):
+    """The page is keyed by the identity of the status' tick part, as GET /v1/status's is (agent/status_view.py
+    hands out the same objects until a tick): a GET never walks the GPUs' readings to compare them. It compared
+    the whole status by value, every GPU of it, on every GET; GPUs that are new objects now make a new page."""
+    from lynxtop.contract import status as status_mod
+
+    base = FakeController().status()
+    assert base.gpus
+    exp = MetricsExporter("127.0.0.1:0", lambda: replace(base, gpus=tuple(replace(g) for g in base.gpus)),
+                          log=lambda _: None)
+    await exp.start()
+    compared = []
+    real_eq = status_mod.GpuStatus.__eq__
+    monkeypatch.setattr(status_mod.GpuStatus, "__eq__", lambda a, b: compared.append(1) or real_eq(a, b))
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(3):
+                async with session.get(f"http://127.0.0.1:{exp.bound_port}/metrics") as resp:
+                    body = await resp.read()
+        assert compared == []  # was one compare per GPU per GET
+        assert body == generate_latest(exp.registry)
+    finally:
+        await exp.stop()
