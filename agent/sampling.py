@@ -253,6 +253,8 @@ class ScrapeSource:
         if self.totals is None:
             self.totals = ServingTotals()
         if self.scraper is None or self.hang is None or self._key != target:
+            if self.scraper is not None:
+                self.scraper.close()  # its kept connection to the previous run's server
             self.scraper = MetricsScraper(target.url, window_s=self.window_s, timeout_s=self.timeout_s)
             self.hang = HangDetector(self.hang_timeout_s)
             self._key = target
@@ -304,6 +306,8 @@ class ScrapeSource:
     def close(self) -> None:
         if self._pending is not None:
             self._pending.cancel()
+        if self.scraper is not None:
+            self.scraper.close()
 
 
 class SlaSource:

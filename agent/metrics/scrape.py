@@ -139,6 +139,10 @@ class MetricsScraper:
             return self.failed(now, f"malformed page at {self.url}: {exc}")
         return self._accept(page, now)
 
+    def close(self) -> None:
+        """Drop the page's kept connection (the scraper replaced by a new run's, or the agent stopping)."""
+        self._fetch.close()
+
     async def fetch_version(self, session: aiohttp.ClientSession) -> str | None:
         """vLLM's version from GET /version, or None when it cannot be read (or is not one: agent/serving/health.py)."""
         return await self._fetch.version(session)
