@@ -8,6 +8,9 @@ The vLLM tree is split by process title: vLLM names its processes with setprocti
 `VLLM::Worker_TP0`, ...); anything else in the tree (the `vllm serve` API server, its helpers) counts as API.
 The tree is re-walked every `tree_refresh_s` (and at once when a known member dies) through the node's kept
 process table (agent/serving/proctable.py), which reads only the processes it has not seen before.
+
+At 10 Hz sampling the whole row is read about once a second and copied into the ticks between (`sample`):
+every rate is then over about a second of jiffies instead of a tenth, and /proc is read a tenth as often.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from lynxtop.agent.refresh import MAX_AGE_S, Refresh
 from lynxtop.agent.serving import procs
 from lynxtop.agent.serving.proctable import ProcTable
 from lynxtop.contract.columns import HOST_METRICS, names
@@ -131,7 +135,8 @@ def _disk_path(db_path: str | os.PathLike) -> str:
 
 class HostSampler:
     def __init__(self, db_path: str | os.PathLike, tree_refresh_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic, table: ProcTable | None = None):
+                 clock: Callable[[], float] = time.monotonic, table: ProcTable | None = None,
+                 refresh_s: float = MAX_AGE_S):
         self.db_path = db_path
         self.tree_refresh_s = tree_refresh_s
         self._table = table or ProcTable()  # the node shares its table with the run's member lookup
@@ -147,6 +152,10 @@ class HostSampler:
         self.tree_pids: frozenset[int] = frozenset()  # the tree's members as the last `sample` read them
         self._stat_files = procs.StatFiles()
         self._disk: str | None = None  # the database file, once it exists (its filesystem is the one to watch)
+        self._refresh = Refresh(refresh_s)  # the row is read about once a second (agent/refresh.py)
+        self._row: dict | None = None  # the last row read, for the root it was read for
+        self._row_at: float | None = None
+        self._row_root: int | None = None
 
     # ------------------------------------------------------------------ the vLLM tree
 
@@ -195,7 +204,20 @@ class HostSampler:
     # ------------------------------------------------------------------ one tick
 
     def sample(self, vllm_root_pid: int | None) -> dict:
+        """The host row of this tick: read about once a second, a copy of the last reading in between.
+
+        Every figure here is either a rate over jiffies (100 a second: a 0.1 s span resolves a core's CPU only to
+        10 %) or moves slower than a second, so a 10 Hz tick that read /proc each time paid for noise. The row is
+        read again when `Refresh` says (never older than a second in any row) and whenever the served root
+        changes (a new run's tree is read on its first tick).
+        """
         now = self._clock()
+        self._refresh.tick(now)
+        if self._row is None or vllm_root_pid != self._row_root or self._refresh.due(self._row_at, now):
+            self._row, self._row_at, self._row_root = self._read(vllm_root_pid, now), now, vllm_root_pid
+        return self._row.copy()
+
+    def _read(self, vllm_root_pid: int | None, now: float) -> dict:
         dt = None if self._prev_t is None else now - self._prev_t
         self._prev_t = now
         row: dict = dict.fromkeys(HOST_COLUMNS)

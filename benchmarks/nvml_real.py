@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import inspect
 import json
 import os
 import shutil
@@ -376,6 +377,12 @@ def _backend(args: argparse.Namespace, pynvml: Any) -> tuple[Any, Any]:
     return (lambda: fake), fake
 
 
+def _full_ticks(gpu_sampler: Any) -> dict:
+    """Every reading on every tick (refresh_s=0): the cost of a full tick, as measured before the sampler read
+    memory, temperature, processes... about once a second (a sampler of older code has no such argument)."""
+    return {"refresh_s": 0.0} if "refresh_s" in inspect.signature(gpu_sampler).parameters else {}
+
+
 def _open(args: argparse.Namespace, gpu_sampler: Any, factory: Any) -> Bench | None:
     """Open the sampler and print what it found; None (after printing why) when NVML cannot be sampled."""
     events: list[tuple] = []
@@ -385,7 +392,7 @@ def _open(args: argparse.Namespace, gpu_sampler: Any, factory: Any) -> Bench | N
         print(f"event {severity}: {message}", flush=True)
 
     t_start = time.monotonic()
-    sampler = gpu_sampler(factory, on_event=on_event)
+    sampler = gpu_sampler(factory, on_event=on_event, **_full_ticks(gpu_sampler))
     st = sampler.open()
     if st["state"] != "ok":
         print(f"cannot sample GPUs: {st['message']}", file=sys.stderr)
@@ -413,7 +420,7 @@ def _cost(b: Bench, gpu_sampler: Any, factory: Any, raw_target: Any, pynvml: Any
 
     args, n = b.args, b.n
     rec = Recorder(factory() if args.fake else RealNvml())
-    rec_sampler = gpu_sampler(lambda: rec, xid_events=False)
+    rec_sampler = gpu_sampler(lambda: rec, xid_events=False, **_full_ticks(gpu_sampler))
     rec_sampler.open()
     # Three regimes. back_to_back (the headline keys): ticks and replays alternate with no pause, the way the
     # per-call figures in reference/nvml.md were measured. gap_5ms and after_idle_100ms: every call finds

@@ -54,7 +54,7 @@ class TimedBackend:
 
 def tick_overhead(ticks: int) -> dict:
     backend = TimedBackend(FakeNvml(scripted_scenario("h200x8")))
-    s = GpuSampler(lambda: backend, xid_events=False)
+    s = GpuSampler(lambda: backend, xid_events=False, refresh_s=0.0)  # every reading every tick: a full tick
     assert s.open()["state"] == "ok"
     s.sample(set())
     walls, insides, calls = [], [], []

@@ -77,6 +77,10 @@ class Gpu:
     lost_probe_at: float = 0.0
     slow_due: float = 0.0
     slow: dict = field(default_factory=dict)  # last slow-cadence readings, carried forward
+    kept: dict = field(default_factory=dict)  # readings renewed about once a second (readers.DeviceReadings)
+    kept_at: float | None = None  # when `kept`, `proc_rows` and `link_row` were read (None: read next tick)
+    proc_rows: list[dict] = field(default_factory=list)  # the compute processes as last read
+    link_row: dict | None = None  # the per-link NVLink rates as last read
     sm_seen_us: int = 0  # NVML time stamp the next process-utilisation read asks from
 
 

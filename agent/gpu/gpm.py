@@ -1,7 +1,8 @@
 """GPM (Hopper+) readers: true SM/tensor/DRAM activity and PCIe/NVLink rates from two samples, no sleeping.
 
 Each tick takes one new sample and diffs it against the previous one, so the figures are the average over
-the whole tick interval. The two sample buffers and the `c_nvmlGpmMetricsGet_t` struct are allocated once:
+the whole tick interval; the per-link NVLink rates are diffed against the sample of the last per-link read
+(about a second before). The sample buffers and the `c_nvmlGpmMetricsGet_t` structs are allocated once:
 building the struct costs ~10 µs a tick against ~1.6 µs when reused (reference/nvml.md).
 """
 
@@ -66,55 +67,82 @@ def link_metrics(nvlink_count: int) -> tuple[tuple[str, int, float], ...]:
     return tuple(out)
 
 
-class GpmReader:
-    """Two alternating GPM samples of one GPU and a reused metrics struct."""
+class _Query:
+    """One reused metrics struct for a fixed list of metrics, and how its answer is read back."""
 
-    def __init__(self, backend: GpuBackend, handle: Any, nvlink_count: int):
-        self._b = backend
-        self._h = handle
+    def __init__(self, metrics: tuple[tuple[str, int, float], ...]):
         mg = _MetricsGet()
-        metrics = SCALAR_METRICS + (NVLINK_TOTALS + link_metrics(nvlink_count) if nvlink_count else ())
         self.metrics = metrics[: len(mg.metrics)]  # never more than this binding's struct holds
-        self._samples = [backend.nvmlGpmSampleAlloc(), backend.nvmlGpmSampleAlloc()]
-        self._cur = 0
-        self._have_prev = False
         mg.version = pynvml.NVML_GPM_METRICS_GET_VERSION
         mg.numMetrics = len(self.metrics)
         for i, (_, mid, _) in enumerate(self.metrics):
             mg.metrics[i].metricId = mid
-        self._mg = mg
+        self.mg = mg
         # all entries in one C call (metricId, nvmlReturn, value per entry): reading them field by field through
         # ctypes costs ~0.15 µs a field, ~14 µs a GPU a tick with 46 metrics
         self._unpack = struct.Struct("<" + "IId24x" * len(self.metrics)).unpack_from
         self._scales = [scale for _, _, scale in self.metrics]
         self.columns = [col for col, _, _ in self.metrics]
-        # where the scalar columns end and the per-link ones (NVLINK_METRICS names) begin
-        self.n_scalar = len(SCALAR_METRICS) + (len(NVLINK_TOTALS) if nvlink_count else 0)
 
-    def read(self) -> list[float | None] | None:
-        """Values aligned with `self.metrics` (in the columns' units) over the interval since the previous
-        read; None on the first read. Raises pynvml.NVMLError when the sample itself fails; a single metric
-        failing reads None.
-        """
-        cur = self._samples[self._cur]
-        self._b.nvmlGpmSampleGet(self._h, cur)
-        if not self._have_prev:
-            self._have_prev = True
-            self._cur ^= 1
-            return None
-        mg = self._mg
-        mg.sample1 = self._samples[self._cur ^ 1]
-        mg.sample2 = cur
-        self._cur ^= 1
-        self._b.nvmlGpmMetricsGet(mg)
+    def values(self, b: GpuBackend, first: Any, second: Any) -> list[float | None]:
+        mg = self.mg
+        mg.sample1 = first
+        mg.sample2 = second
+        b.nvmlGpmMetricsGet(mg)
         # seen on a real H200: a metric can come back SUCCESS with NaN (two samples too close together)
         flat = self._unpack(mg, _METRICS_OFFSET)
         return [v * scale if r == 0 and -1e18 < v < 1e18 else None
                 for r, v, scale in zip(flat[1::3], flat[2::3], self._scales, strict=True)]
 
+
+class GpmReader:
+    """GPM samples of one GPU and two reused metrics structs: the tick's figures and the per-link rates.
+
+    Each `sample` takes one GPM sample. The scalar columns and the NVLink totals are the average since the
+    previous sample (the tick); the per-link rates, asked for about once a second (agent/refresh.py), are the
+    average since the sample of the last per-link read, so a per-link figure carried over the ticks in between
+    is that whole second's, not one tick's. Three buffers: the previous sample, the per-link base, the new one.
+    """
+
+    def __init__(self, backend: GpuBackend, handle: Any, nvlink_count: int):
+        self._b = backend
+        self._h = handle
+        self._fast = _Query(SCALAR_METRICS + (NVLINK_TOTALS if nvlink_count else ()))
+        links = link_metrics(nvlink_count)
+        self._links = _Query(links) if links else None
+        self._samples = [backend.nvmlGpmSampleAlloc() for _ in range(3 if links else 2)]
+        self._prev: int | None = None  # index of the previous sample
+        self._base: int | None = None  # index of the sample the next per-link rates are measured from
+        self.metrics = self._fast.metrics + (self._links.metrics if self._links else ())
+        self.columns = self._fast.columns  # what `sample`'s first list is aligned with
+        self.link_columns = self._links.columns if self._links else []  # NVLINK_METRICS names
+        self.n_scalar = len(self._fast.columns)
+
+    def sample(self, links: bool = False) -> tuple[list[float | None] | None, list[float | None] | None]:
+        """(values aligned with `columns` over the interval since the previous sample, None on the first;
+        with `links`, per-link values aligned with `link_columns` since the last per-link read, None on the first
+        such read or without NVLinks). Raises pynvml.NVMLError when the sample itself fails; a single metric
+        failing reads None.
+        """
+        cur = next(i for i in range(len(self._samples)) if i != self._prev and i != self._base)
+        s = self._samples
+        self._b.nvmlGpmSampleGet(self._h, s[cur])
+        prev, base = self._prev, self._base
+        self._prev = cur
+        link_vals = None
+        if links and self._links is not None:
+            self._base = cur
+            if base is not None:
+                link_vals = self._links.values(self._b, s[base], s[cur])
+        return (None if prev is None else self._fast.values(self._b, s[prev], s[cur])), link_vals
+
+    def read(self) -> list[float | None] | None:
+        """The scalar columns and NVLink totals since the previous sample (None on the first)."""
+        return self.sample()[0]
+
     def reset(self) -> None:
-        """Forget the previous sample (after the GPU came back or NVML was re-initialised)."""
-        self._have_prev = False
+        """Forget the previous samples (after the GPU came back or NVML was re-initialised)."""
+        self._prev = self._base = None
 
     def close(self) -> None:
         for s in self._samples:

@@ -13,8 +13,10 @@ import pynvml
 from lynxtop.agent.gpu.calls import REINIT_CODES, Gpu, Lost, NvmlCaller, Reinit, error_name
 from lynxtop.agent.gpu.gpm import GpmReader
 from lynxtop.agent.gpu.nvlink import NvlinkCounters
+from lynxtop.contract.columns import NVLINK_METRICS, names
 
 E = pynvml
+NVLINK_COLUMNS = names(NVLINK_METRICS)
 NVLINK_PROBE_LINKS = 18
 PROCESS_SM_WINDOW_US = 2_000_000  # NVML samples process utilisation every ~1/6 s; 2 s always holds some
 
@@ -82,7 +84,9 @@ class DeviceFacts:
 
 
 class DeviceReadings:
-    """The cheap per-tick readings: utilisation, memory, power, temperature, clocks, clock-event reasons.
+    """The per-GPU readings: those that move at the tick's rate (utilisation, power, clocks, clock-event reasons)
+    every tick; those that do not (memory, power limit, temperature, ECC counts, remapped rows) about once a second
+    (`read_kept`), kept in `Gpu.kept` and copied into every row until read again (agent/refresh.py).
 
     Falls back once and for good on an older driver: v1 memory info (no reserved figure) when v2 is missing,
     the older throttle-reason name when the clock-event one is."""
@@ -98,20 +102,35 @@ class DeviceReadings:
         if u is not None:
             row["util_gpu_pct"] = u.gpu
             row["util_mem_pct"] = u.memory
-        self._memory(g, row)
         p = call(g, "nvmlDeviceGetPowerUsage", h)
         if p is not None:
             row["power_w"] = round(p / 1000)
-        p = call(g, "nvmlDeviceGetEnforcedPowerLimit", h)
-        if p is not None:
-            row["power_limit_w"] = round(p / 1000)
-        row["temp_c"] = call(g, "nvmlDeviceGetTemperature", h, E.NVML_TEMPERATURE_GPU)
         row["sm_clock_mhz"] = c.call_as(g, "clock_sm", "nvmlDeviceGetClockInfo", h, E.NVML_CLOCK_SM)
         row["mem_clock_mhz"] = c.call_as(g, "clock_mem", "nvmlDeviceGetClockInfo", h, E.NVML_CLOCK_MEM)
         if "nvmlDeviceGetCurrentClocksEventReasons" not in g.off:
             row["throttle_reasons"] = call(g, "nvmlDeviceGetCurrentClocksEventReasons", h)
         else:  # drivers before 535 only know the older name
             row["throttle_reasons"] = call(g, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
+
+    def read_kept(self, g: Gpu, now: float) -> None:
+        """The readings kept between ticks, into `g.kept` (a failed one is NULL until the next read)."""
+        c = self._c
+        h = g.handle
+        k: dict[str, Any] = {}
+        self._memory(g, k)
+        p = c.call(g, "nvmlDeviceGetEnforcedPowerLimit", h)
+        k["power_limit_w"] = None if p is None else round(p / 1000)
+        k["temp_c"] = c.call(g, "nvmlDeviceGetTemperature", h, E.NVML_TEMPERATURE_GPU)
+        # ECC and remapped rows: a few µs each on an H200, so an error counted shows within a second
+        k["ecc_corrected"] = c.call_as(g, "ecc_corrected", "nvmlDeviceGetTotalEccErrors", h,
+                                       E.NVML_MEMORY_ERROR_TYPE_CORRECTED, E.NVML_VOLATILE_ECC)
+        k["ecc_uncorrected"] = c.call_as(g, "ecc_uncorrected", "nvmlDeviceGetTotalEccErrors", h,
+                                         E.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, E.NVML_VOLATILE_ECC)
+        rr = c.call(g, "nvmlDeviceGetRemappedRows", h)
+        k["remapped_rows_pending"] = None if rr is None else int(bool(rr[2]))
+        k["remapped_rows_failed"] = None if rr is None else int(bool(rr[3]))
+        g.kept = k
+        g.kept_at = now
 
     def _memory(self, g: Gpu, row: dict) -> None:
         h = g.handle
@@ -120,7 +139,8 @@ class DeviceReadings:
                                 version=E.nvmlMemory_v2)
             if m is not None:
                 row["mem_used_bytes"], row["mem_total_bytes"], row["mem_reserved_bytes"] = m.used, m.total, m.reserved
-            elif "nvmlDeviceGetMemoryInfo_v2" in g.off:
+                return
+            if "nvmlDeviceGetMemoryInfo_v2" in g.off:
                 g.mem_v2 = False  # an older driver: the v1 struct has no reserved figure
         if not g.mem_v2:
             m = self._c.call(g, "nvmlDeviceGetMemoryInfo", h)
@@ -129,19 +149,20 @@ class DeviceReadings:
 
 
 class ProcessReadings:
-    """The compute processes on each GPU, with their memory and SM share; one row per process."""
+    """The compute processes on each GPU, with their memory and SM share; one row per process, read with the
+    kept readings (about once a second) into `Gpu.proc_rows` and copied into every tick's rows."""
 
     def __init__(self, caller: NvmlCaller):
         self._c = caller
 
-    def read(self, g: Gpu, vllm_pids: Any, out: list[dict]) -> None:
+    def read(self, g: Gpu, vllm_pids: Any) -> None:
         procs = self._c.call(g, "nvmlDeviceGetComputeRunningProcesses", g.handle)
         if not procs:
+            g.proc_rows = []
             return
         sm = self._process_sm(g)
-        for pr in procs:
-            out.append({"gpu": g.idx, "pid": pr.pid, "used_mem_bytes": pr.usedGpuMemory,
-                        "in_vllm_tree": pr.pid in vllm_pids, "sm_util_pct": sm.get(pr.pid)})
+        g.proc_rows = [{"gpu": g.idx, "pid": pr.pid, "used_mem_bytes": pr.usedGpuMemory,
+                        "in_vllm_tree": pr.pid in vllm_pids, "sm_util_pct": sm.get(pr.pid)} for pr in procs]
 
     def _process_sm(self, g: Gpu) -> dict[int, int]:
         """Each process's SM share over the last PROCESS_SM_WINDOW_US of NVML's samples (its newest sample).
@@ -163,53 +184,71 @@ class ProcessReadings:
 class ActivityReadings:
     """SM/tensor/DRAM activity and PCIe rates from GPM, NVLink rates from GPM or (no GPM) the field counters.
 
-    Writes the scalar columns into the GPU's row and returns the per-link rates (NVLINK_METRICS columns); a GPU
-    whose field counters all read NOT_SUPPORTED is not asked again."""
+    Writes the scalar columns into the GPU's row every tick. With `links` (about once a second) it also renews
+    `Gpu.link_row`, the per-link rates (NVLINK_METRICS columns) over the second since the last such read, or
+    None while there is none; the rows in between carry it. A GPU whose field counters all read NOT_SUPPORTED
+    is not asked again."""
 
     def __init__(self, caller: NvmlCaller):
         self._c = caller
 
-    def read(self, g: Gpu, row: dict) -> list[tuple[str, float | None]]:
+    def read(self, g: Gpu, row: dict, links: bool) -> None:
         if g.gpm is not None and "nvmlGpmSampleGet" not in g.off:
-            return self._gpm(g, g.gpm, row)
-        if g.counters is not None and "nvmlDeviceGetFieldValues" not in g.off:
-            return self._counters(g, g.counters, row)
-        return []
+            self._gpm(g, g.gpm, row, links)
+        elif g.counters is not None and "nvmlDeviceGetFieldValues" not in g.off:
+            self._counters(g, g.counters, row, links)
+        elif links:
+            g.link_row = None
 
-    def _gpm(self, g: Gpu, gpm: GpmReader, row: dict) -> list[tuple[str, float | None]]:
+    def _gpm(self, g: Gpu, gpm: GpmReader, row: dict, links: bool) -> None:
         try:
-            vals = gpm.read()
+            vals, link_vals = gpm.sample(links)
         except pynvml.NVMLError as e:
+            if links:
+                g.link_row = None
             self._c.failed(g, "nvmlGpmSampleGet", e.value)
-            return []
-        if vals is None:
-            return []
-        n = gpm.n_scalar
-        for col, v in zip(gpm.columns[:n], vals[:n], strict=True):
-            if v is not None:
-                row[col] = round(v)
-        return list(zip(gpm.columns[n:], vals[n:], strict=True))
+            return
+        if vals is not None:
+            for col, v in zip(gpm.columns, vals, strict=True):
+                if v is not None:
+                    row[col] = round(v)
+        if links:
+            g.link_row = _link_row(g.idx, gpm.link_columns, link_vals)
 
-    def _counters(self, g: Gpu, counters: NvlinkCounters, row: dict) -> list[tuple[str, float | None]]:
+    def _counters(self, g: Gpu, counters: NvlinkCounters, row: dict, links: bool) -> None:
         try:
-            links, any_ok = counters.read()
+            rates, link_rates, any_ok = counters.read(links)
         except pynvml.NVMLError as e:
+            if links:
+                g.link_row = None
             self._c.failed(g, "nvmlDeviceGetFieldValues", e.value)
-            links, any_ok = [], True
+            return
         if not any_ok:
             g.counters = None  # no NVLink counters on this GPU: stop asking
-        tx = [v for c, v in links if c.endswith("_tx_bytes_per_s")]
-        rx = [v for c, v in links if c.endswith("_rx_bytes_per_s")]
+        tx, rx = rates[0::2], rates[1::2]  # (tx, rx) per link
         if tx and None not in tx:
-            row["nvlink_tx_bytes_per_s"] = round(sum(tx))
+            row["nvlink_tx_bytes_per_s"] = round(sum(tx))  # type: ignore[arg-type]
         if rx and None not in rx:
-            row["nvlink_rx_bytes_per_s"] = round(sum(rx))
-        return links
+            row["nvlink_rx_bytes_per_s"] = round(sum(rx))  # type: ignore[arg-type]
+        if links:
+            g.link_row = _link_row(g.idx, counters.columns, link_rates) if any_ok else None
+
+
+def _link_row(gpu: int, columns: list[str], values: list[float | None] | None) -> dict | None:
+    """An NVLINK_METRICS row of per-link rates (bytes/s, whole numbers), or None without a reading."""
+    if not values:
+        return None
+    row: dict[str, Any] = dict.fromkeys(NVLINK_COLUMNS)
+    row["gpu"] = gpu
+    for col, v in zip(columns, values, strict=True):
+        if v is not None:
+            row[col] = round(v)
+    return row
 
 
 class SlowReadings:
-    """Energy (≈4 ms of CPU per call on an H200), ECC and remapped rows: once per slow interval per GPU, the
-    last readings carried forward on the ticks between."""
+    """Energy (≈4 ms of CPU per call on an H200): once per slow interval per GPU, the last reading carried
+    forward on the ticks between."""
 
     def __init__(self, caller: NvmlCaller, slow_interval_s: float):
         self._c = caller
@@ -222,11 +261,4 @@ class SlowReadings:
         s: dict[str, Any] = {}
         e = c.call(g, "nvmlDeviceGetTotalEnergyConsumption", h)
         s["energy_j"] = None if e is None else e // 1000
-        s["ecc_corrected"] = c.call_as(g, "ecc_corrected", "nvmlDeviceGetTotalEccErrors", h,
-                                       E.NVML_MEMORY_ERROR_TYPE_CORRECTED, E.NVML_VOLATILE_ECC)
-        s["ecc_uncorrected"] = c.call_as(g, "ecc_uncorrected", "nvmlDeviceGetTotalEccErrors", h,
-                                         E.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, E.NVML_VOLATILE_ECC)
-        rr = c.call(g, "nvmlDeviceGetRemappedRows", h)
-        s["remapped_rows_pending"] = None if rr is None else int(bool(rr[2]))
-        s["remapped_rows_failed"] = None if rr is None else int(bool(rr[3]))
         g.slow = s

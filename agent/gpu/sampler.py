@@ -8,8 +8,12 @@ and re-initialises it with backoff; no driver at all is a state ("no-driver"), n
 `GpuSampler` owns that lifecycle and the tick; each NVML surface has its reader (readers.py): static facts,
 per-tick readings, processes, GPM/NVLink activity, slow counters. The XID watcher runs in its own thread.
 
-Cost discipline (reference/nvml.md): GPM structs are reused, energy/ECC/remapped rows are read at a slow
-cadence (at most one GPU's slow reads per tick, so no tick pays 8 × 4 ms), PCIe comes from GPM
+Cost discipline (reference/nvml.md): three rates, as DCGM's per-field update intervals. Every tick: utilisation,
+power, clocks, clock-event reasons, GPM activity with PCIe and the NVLink totals. About once a second, never
+older than a second in any row (agent/refresh.py): memory, power limit, temperature, ECC counts, remapped rows,
+the compute processes with their SM share and the per-link NVLink rates; the rows in between carry the last
+reading, so at 10 Hz a tick makes 7 calls a GPU instead of 14. At the slow cadence: energy (≈4 ms a call; at
+most one GPU's slow read per tick, so no tick pays 8 × 4 ms). GPM structs are reused, PCIe comes from GPM
 (nvmlDeviceGetPcieThroughput blocks ~21 ms and is never called), NVLink from GPM where present.
 """
 
@@ -45,7 +49,8 @@ from lynxtop.agent.gpu.readers import (
     _text,
 )
 from lynxtop.agent.gpu.xid import XidWatcher
-from lynxtop.contract.columns import GPU_METRICS, NVLINK_METRICS, names
+from lynxtop.agent.refresh import MAX_AGE_S, Refresh
+from lynxtop.contract.columns import GPU_METRICS, names
 from lynxtop.contract.events import EventKind
 
 __all__ = ["GPU_COLUMNS", "NVLINK_PROBE_LINKS", "PROCESS_SM_WINDOW_US", "EventSink", "GpuSampler", "GpuTick",
@@ -53,7 +58,6 @@ __all__ = ["GPU_COLUMNS", "NVLINK_PROBE_LINKS", "PROCESS_SM_WINDOW_US", "EventSi
 
 GPU_COLUMNS = names(GPU_METRICS)
 _ROW_TEMPLATE = dict.fromkeys(GPU_COLUMNS)
-_NVLINK_TEMPLATE = dict.fromkeys(names(NVLINK_METRICS))
 
 E = pynvml
 _NO_DRIVER_CODES = {E.NVML_ERROR_LIBRARY_NOT_FOUND, E.NVML_ERROR_DRIVER_NOT_LOADED}
@@ -85,7 +89,7 @@ class GpuSampler:
                  slow_interval_s: float = 60.0, on_event: EventSink | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  retry_initial_s: float = 1.0, retry_max_s: float = 60.0, lost_probe_s: float = 10.0,
-                 xid_events: bool = True, xid_wait_ms: int = 500):
+                 xid_events: bool = True, xid_wait_ms: int = 500, refresh_s: float = MAX_AGE_S):
         self._factory = backend_factory
         self.gpm_enabled = gpm_enabled
         self._clock = clock
@@ -101,6 +105,7 @@ class GpuSampler:
         self._processes = ProcessReadings(self._c)
         self._activity = ActivityReadings(self._c)
         self._slow = SlowReadings(self._c, slow_interval_s)
+        self._refresh = Refresh(refresh_s)
         self._gpus: list[Gpu] = []
         self._static_rows: list[dict] | None = None  # static()'s rows for the GPUs of this initialisation
         self._state = {"state": "error", "message": "not opened", "driver_version": "", "nvml_version": ""}
@@ -232,6 +237,7 @@ class GpuSampler:
             self._try_open()
             if self._state["state"] != "ok":
                 return tick
+        self._refresh.tick(now)
         slow_budget = len(self._gpus) if self._first_tick else 1
         self._first_tick = False
         try:
@@ -267,17 +273,18 @@ class GpuSampler:
         row["lost"] = 0
         if g.denied_at:
             self._c.retry_denied(g, now)
+        kept = self._refresh.due(g.kept_at, now)  # about once a second: see agent/refresh.py
         self._readings.read(g, row)
-        self._processes.read(g, vllm_pids, tick.process_rows)
-        links = self._activity.read(g, row)
-        if links:
-            nl = dict(_NVLINK_TEMPLATE)
-            nl["gpu"] = g.idx
-            for col, v in links:
-                nl[col] = None if v is None else round(v)
-            tick.nvlink_rows.append(nl)
+        if kept:
+            self._readings.read_kept(g, now)
+            self._processes.read(g, vllm_pids)
+        self._activity.read(g, row, kept)
+        if g.link_row is not None:
+            tick.nvlink_rows.append(g.link_row.copy())
+        tick.process_rows.extend([p.copy() for p in g.proc_rows])
         if do_slow:
             self._slow.read(g, now)
+        row.update(g.kept)
         row.update(g.slow)
         tick.gpu_rows.append(row)
 
@@ -314,6 +321,7 @@ class GpuSampler:
                 raise Reinit(e.value, "nvmlDeviceGetTemperature") from None
             return False
         g.lost = False
+        g.kept_at = None  # read everything again on its first tick back
         self._r.forget("gpu_lost", str(g.idx))
         if g.gpm is not None:
             g.gpm.reset()

@@ -64,7 +64,8 @@ def test_roles_by_title():
 
 
 def test_first_call_has_no_rates_then_rates(tmp_path):
-    h = HostSampler(tmp_path / "not-yet" / "lynxtop.db")  # the database does not exist yet
+    # the database does not exist yet; refresh_s=0: every call reads (by default a row 0.1 s after is a copy)
+    h = HostSampler(tmp_path / "not-yet" / "lynxtop.db", refresh_s=0.0)
     a = h.sample(None)
     assert set(a) == set(HOST_COLUMNS)
     assert a["cpu_pct"] is None and a["net_rx_bytes_per_s"] is None and a["cpu_per_core_pct"] is None
