@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 
@@ -24,14 +25,20 @@ def _join_relative_times(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(_join_relative_times(sys.argv[1:] if argv is None else argv))
-    module_name, func_name = args.handler.split(":")
+    # No garbage collection while the command's modules import: they allocate much and free little, and the passes
+    # are start-up time (the dashboard keeps it paused until its first frame: cli/dashboard_cmd.py)
+    gc.disable()
     try:
-        handler = getattr(importlib.import_module(module_name), func_name)
-    except (ImportError, AttributeError) as exc:
-        print(f"lynxtop: this command is not available in this build ({exc})", file=sys.stderr)
-        return 2
+        parser = build_parser()
+        args = parser.parse_args(_join_relative_times(sys.argv[1:] if argv is None else argv))
+        module_name, func_name = args.handler.split(":")
+        try:
+            handler = getattr(importlib.import_module(module_name), func_name)
+        except (ImportError, AttributeError) as exc:
+            print(f"lynxtop: this command is not available in this build ({exc})", file=sys.stderr)
+            return 2
+    finally:
+        gc.enable()
     try:
         return int(handler(args) or 0)
     except KeyboardInterrupt:

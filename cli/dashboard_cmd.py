@@ -3,6 +3,7 @@ browser with --web, cli/web.py)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from argparse import Namespace
@@ -33,16 +34,25 @@ def run(args: Namespace) -> int:
         print("lynxtop: the dashboard needs a terminal (stdin and stderr); for plain text use "
               "`lynxtop status` or `lynxtop runs`", file=sys.stderr)
         return 2
-    from lynxtop.tui.app import LynxtopApp
-    from lynxtop.tui.source import LiveSource
+    # The first status is asked for now, in a thread, and answered while Textual and the views import; the garbage
+    # collector waits until the first frame is painted (the app resumes it): docs/dashboard.md, "Speed".
+    gc.disable()
+    try:
+        from lynxtop.tui.source import LiveSource
 
-    readonly = bool(getattr(args, "readonly", False))
-    app = LynxtopApp(socket_path, database, readonly=readonly, utc=bool(getattr(args, "utc", False)),
-                     node_port=node_port(args, cfg.agent.metrics_listen), source=LiveSource(socket_path),
-                     node_token_file=getattr(args, "node_token_file", None) or cfg.agent.tcp_token_file)
-    if in_browser and readonly:
-        app.readonly_reason = _web().READONLY_REASON
-    app.run()
+        source = LiveSource(socket_path)
+        source.prefetch_status()
+        from lynxtop.tui.app import LynxtopApp
+
+        readonly = bool(getattr(args, "readonly", False))
+        app = LynxtopApp(socket_path, database, readonly=readonly, utc=bool(getattr(args, "utc", False)),
+                         node_port=node_port(args, cfg.agent.metrics_listen), source=source, gc_paused=True,
+                         node_token_file=getattr(args, "node_token_file", None) or cfg.agent.tcp_token_file)
+        if in_browser and readonly:
+            app.readonly_reason = _web().READONLY_REASON
+        app.run()
+    finally:
+        gc.enable()
     return int(app.return_code or 0)
 
 

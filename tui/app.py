@@ -8,6 +8,7 @@ the visible view.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import time
@@ -103,7 +104,8 @@ class LynxtopApp(App):
                  utc: bool = False, *, poll_interval_s: float = 1.0, clock: Callable[[], float] | None = None,
                  backoff: Backoff | None = None, ascii_only: bool | None = None, backfill: bool = True,
                  demo_load: Callable[[], str] | None = None, node_port: int | None = None,
-                 source: NodeSource | None = None, node_token_file: str | Path | None = None):
+                 source: NodeSource | None = None, node_token_file: str | Path | None = None,
+                 gc_paused: bool = False):
         ansi = _ansi_terminal()
         super().__init__(ansi_color=ansi)
         if ansi:
@@ -136,6 +138,11 @@ class LynxtopApp(App):
         self.viewing_node: str | None = None
         self.home_socket = str(socket_path)
         self._home = (database_path, self.readonly_reason)
+        # The entry paused the garbage collector for the start (cli/dashboard_cmd.py): collection resumes after the
+        # first frame. A start allocates hundreds of thousands of objects and frees few; its ~120 collection passes
+        # found little and cost a tenth of the start on a loaded machine (docs/dashboard.md).
+        self._gc_paused = gc_paused
+        self._first_frame = False
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
@@ -172,8 +179,21 @@ class LynxtopApp(App):
         self.switch_mode("gpu")
 
     # ------------------------------------------------------------------ lifecycle
+    def on_load(self) -> None:
+        # Before the driver starts and the Node view composes: a status the source already holds (asked for while
+        # the modules imported, tui/source.py) is in the state when the view first draws, so the first paint is
+        # the full frame, not empty panels waiting a round trip for the first poll.
+        first_status = getattr(self.source, "first_status", None)
+        status = first_status() if first_status is not None else None
+        if status is not None:
+            self.state.apply_status(status, self.now_ms())
+
     def on_mount(self) -> None:
-        self.poll()
+        if self.state.status is None:
+            self.poll()
+        else:  # the status of on_load is this poll's: the next one comes an interval later
+            self._arm_poll(self.poll_interval_s)
+            self.call_after_refresh(self._after_first_frame)
         if not self.is_headless:
             # An SSH session that drops sends SIGHUP: leave instead of drawing into nothing.
             try:
@@ -182,7 +202,21 @@ class LynxtopApp(App):
                 pass
 
     async def on_unmount(self) -> None:
+        self._resume_gc()
         await self.source.close()
+
+    def _after_first_frame(self) -> None:
+        """The first frame with the node's state (or its outage) is painted: what waited for it may start."""
+        if self._first_frame:
+            return
+        self._first_frame = True
+        self._resume_gc()
+        self._start_backfill()  # it competes with start-up for the one core we may get
+
+    def _resume_gc(self) -> None:
+        if self._gc_paused:
+            self._gc_paused = False
+            gc.enable()
 
     # ------------------------------------------------------------------ polling
     def _arm_poll(self, delay_s: float) -> None:
@@ -230,8 +264,7 @@ class LynxtopApp(App):
         first = self.state.status is None
         ended = self.state.apply_status(message.status, self.now_ms())
         if first:
-            # After the first live frame, not before: it competes with start-up for the one core we get.
-            self.call_after_refresh(self._start_backfill)
+            self.call_after_refresh(self._after_first_frame)
         if ended is not None:
             self.notify(f"agent back (unreachable since {fmt_clock(ended.since_ms, self.utc)})",
                         title="Agent reachable", severity="information")
@@ -245,6 +278,7 @@ class LynxtopApp(App):
         first = self.state.mark_lost(message.error, self.now_ms())
         if first and self.state.status is None:
             self._start_backfill()  # the agent is down: stored history is all there is
+            self.call_after_refresh(self._after_first_frame)
         if first:
             self.notify(f"{message.error}\nlast values stay on screen, greyed; retrying with backoff",
                         title="Agent unreachable", severity="error", timeout=8)

@@ -8,7 +8,7 @@ read-only TCP endpoint (`LiveSource(..., read_only=...)`), or a history database
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from lynxtop.contract.client import AgentRefused
 from lynxtop.contract.events import Event
@@ -16,6 +16,9 @@ from lynxtop.contract.processes import GpuProcesses
 from lynxtop.contract.records import ActionAnswer, ProfileList, RunInfo
 from lynxtop.contract.status import Status
 from lynxtop.tui.foreign import DisplayClient
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 
 @runtime_checkable
@@ -60,6 +63,44 @@ class LiveSource(DisplayClient):
         super().__init__(endpoint, **kw)
         self.label = str(endpoint)
         self.read_only = read_only
+        self._early: Future[Status] | None = None  # the status asked for by prefetch_status(), not yet taken
+
+    def prefetch_status(self) -> None:
+        """Ask for the status now, in a thread, while the dashboard's modules import (cli/dashboard_cmd.py): the
+        answer is there when the app starts, so its first paint is the full frame rather than empty panels waiting
+        a round trip for the agent. The thread runs `status()` itself (same escaping, typing and timeout as a
+        poll); the next `status()` or `first_status()` takes its answer."""
+        import threading
+        from concurrent.futures import Future
+
+        early: Future[Status] = Future()
+
+        def fetch() -> None:
+            import asyncio
+
+            try:
+                early.set_result(asyncio.run(DisplayClient.status(self)))
+            except BaseException as exc:  # handed to the poll that takes it, as its own request would raise it
+                early.set_exception(exc)
+
+        self._early = early
+        threading.Thread(target=fetch, name="lynxtop-first-status", daemon=True).start()
+
+    def first_status(self) -> Status | None:
+        """The prefetched status if it has already arrived (never waits; a failure is left to the first poll)."""
+        early = self._early
+        if early is None or not early.done() or early.exception() is not None:
+            return None
+        self._early = None
+        return early.result()
+
+    async def status(self) -> Status:
+        early, self._early = self._early, None
+        if early is None:
+            return await super().status()
+        import asyncio
+
+        return await asyncio.wrap_future(early)  # the thread's request has its own timeout
 
     async def action(self, action: str, profile: str | None = None, **extra: Any) -> ActionAnswer:
         # Refused here, not sent: another node's endpoint has no control route, and its 404 would say less.
