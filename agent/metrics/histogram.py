@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import math
 import operator
+from bisect import bisect_left
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import accumulate
 
 _FIRST = operator.itemgetter(0)
 _SECOND = operator.itemgetter(1)
+_Prepared = tuple[list[float], list[float]]  # bucket upper bounds, strictly increasing; cumulative counts
 
 
 @dataclass(frozen=True)
@@ -89,12 +93,22 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]] | tuple[tuple[f
     return quantile_of(q, prepared(buckets))
 
 
-def prepared(buckets: list[tuple[float, float]] | tuple[tuple[float, float], ...]) -> list[list[float]] | None:
-    """The buckets as bucketQuantile reads them (sorted, coalesced, monotonic); None where every quantile is NaN.
-    Several quantiles of one histogram share this work."""
+def prepared(buckets: list[tuple[float, float]] | tuple[tuple[float, float], ...]) -> _Prepared | None:
+    """The buckets as bucketQuantile reads them (sorted, coalesced, monotonic): (bounds, cumulative counts); None
+    where every quantile is NaN. Several quantiles of one histogram share this work.
+
+    Bounds already strictly increasing (every window of a page's histogram: page.py sorts them, once each) take
+    no Python step per bucket: the monotonic counts are one C `accumulate(max)` and `quantile_of` finds the
+    rank's bucket by bisection (7 histograms x 3 quantiles a scrape, issue 29.3)."""
+    les = list(map(_FIRST, buckets))
+    if not all(map(operator.lt, les, les[1:])):
+        return _prepared_slow(buckets)
+    return _monotonic(les, map(_SECOND, buckets))
+
+
+def _prepared_slow(buckets: list[tuple[float, float]] | tuple[tuple[float, float], ...]) -> _Prepared | None:
+    """`prepared` for bounds in any order or repeated (summed label sets)."""
     bs = sorted(buckets, key=_FIRST)
-    if not bs or not math.isinf(bs[-1][0]) or bs[-1][0] < 0:
-        return None
     # coalesceBuckets: the same bound twice (after summing label sets) counts once, with the counts added.
     merged: list[list[float]] = []
     for le, c in bs:
@@ -102,17 +116,21 @@ def prepared(buckets: list[tuple[float, float]] | tuple[tuple[float, float], ...
             merged[-1][1] += c
         else:
             merged.append([le, c])
-    # ensureMonotonic: a scrape can catch buckets mid-update; never let a cumulative count decrease.
-    running = -math.inf
-    for b in merged:
-        running = max(running, b[1])
-        b[1] = running
-    if len(merged) < 2 or merged[-1][1] == 0:
+    return _monotonic(list(map(_FIRST, merged)), map(_SECOND, merged))
+
+
+def _monotonic(les: list[float], counts: Iterable[float]) -> _Prepared | None:
+    """Sorted, coalesced bounds with their counts made monotonic; None where every quantile is NaN."""
+    if not les or not math.isinf(les[-1]) or les[-1] < 0:
         return None
-    return merged
+    # ensureMonotonic: a scrape can catch buckets mid-update; never let a cumulative count decrease.
+    mono = list(accumulate(counts, max, initial=-math.inf))[1:]
+    if len(les) < 2 or mono[-1] == 0:
+        return None
+    return les, mono
 
 
-def quantile_of(q: float, merged: list[list[float]] | None) -> float:
+def quantile_of(q: float, merged: _Prepared | None) -> float:
     """bucketQuantile's answer for q over `prepared` buckets."""
     if math.isnan(q):
         return math.nan
@@ -122,18 +140,21 @@ def quantile_of(q: float, merged: list[list[float]] | None) -> float:
         return math.inf
     if merged is None:
         return math.nan
-    rank = q * merged[-1][1]
-    # sort.Search over all but the +Inf bucket: the first bucket whose count reaches the rank.
-    b = next((i for i in range(len(merged) - 1) if merged[i][1] >= rank), len(merged) - 1)
-    if b == len(merged) - 1:
-        return merged[-2][0]
-    if b == 0 and merged[0][0] <= 0:
-        return merged[0][0]
-    start, end, count = 0.0, merged[b][0], merged[b][1]
+    les, counts = merged
+    last = len(les) - 1
+    rank = q * counts[-1]
+    # sort.Search over all but the +Inf bucket: the first bucket whose count reaches the rank (counts are
+    # monotonic, so bisection finds the one the scan did; a NaN rank reaches none)
+    b = last if rank != rank else bisect_left(counts, rank, 0, last)
+    if b == last:
+        return les[-2]
+    if b == 0 and les[0] <= 0:
+        return les[0]
+    start, end, count = 0.0, les[b], counts[b]
     if b > 0:
-        start = merged[b - 1][0]
-        count -= merged[b - 1][1]
-        rank -= merged[b - 1][1]
+        start = les[b - 1]
+        count -= counts[b - 1]
+        rank -= counts[b - 1]
     if count == 0:  # only reachable with q == 0: Prometheus would divide 0 by 0
         return start
     return start + (end - start) * (rank / count)
@@ -159,7 +180,7 @@ class SlidingHistogram:
         self._last: HistogramSnapshot | None = None  # the newest raw snapshot, to detect the next reset
         self._correction: HistogramSnapshot | None = None  # sum of reset corrections so far; None: no reset yet
         self._window: tuple[HistogramSnapshot | None] | None = None  # window() since the last add (a row asks 4x)
-        self._prepared: tuple[list[list[float]] | None] | None = None  # its buckets, prepared for quantiles
+        self._prepared: tuple[_Prepared | None] | None = None  # its buckets, prepared for quantiles
 
     def add(self, now: float, snap: HistogramSnapshot) -> bool:
         """Record a scrape; returns True when a series went down (the server behind the page restarted)."""

@@ -15,6 +15,10 @@ from lynxtop.agent.metrics.families import DERIVED_MEANS, QUANTILES
 from lynxtop.agent.metrics.histogram import HistogramSnapshot, SlidingHistogram
 from lynxtop.contract.columns import LATENCY_SERIES
 
+# each latency series' percentile columns with their quantile, and its mean column: named once, not per scrape
+_LATENCY_COLUMNS = tuple((series, tuple((f"{series}_{stat}_ms", q) for stat, q in QUANTILES), f"{series}_mean_ms")
+                         for series in LATENCY_SERIES)
+
 
 class ServingWindows:
     """Counters and histograms (already corrected for resets, summed over engines) over the last `window_s`."""
@@ -107,13 +111,13 @@ class ServingWindows:
 
     def latency_columns(self, row: dict[str, Any]) -> None:
         """Percentiles and means over the window of each latency series, in ms, into the row."""
-        for series in LATENCY_SERIES:
+        for series, columns, mean_column in _LATENCY_COLUMNS:
             sh = self.hists.get(series)
-            for stat, q in QUANTILES:
+            for column, q in columns:
                 value = None if sh is None else sh.quantile(q)
-                row[f"{series}_{stat}_ms"] = None if value is None else value * 1000.0
+                row[column] = None if value is None else value * 1000.0
             mean = None if sh is None else sh.mean()
-            row[f"{series}_mean_ms"] = None if mean is None else mean * 1000.0
+            row[mean_column] = None if mean is None else mean * 1000.0
         derived = [phase for phase, _, _ in DERIVED_MEANS if phase not in self.hists]
         for phase, whole, part in DERIVED_MEANS:
             if phase in derived:  # a difference of means is a mean; percentiles do not subtract, so stay None
