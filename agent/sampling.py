@@ -48,7 +48,13 @@ async def sample_stages(stages: Sequence[Sequence[Sampler]], tick: Tick) -> Exce
     The events of the samplers that did answer are kept in `tick.events` even then (an outage begins with one).
     """
     for stage in stages:
-        results = await asyncio.gather(*(s.sample(tick) for s in stage), return_exceptions=True)
+        if len(stage) == 1:  # awaited here, not as a task of its own: each task and gather cost loop turns, and at
+            try:  # 10 Hz each turn while a sample runs in the executor is a GIL hand-over (issue 29.3)
+                results: list[Any] = [await stage[0].sample(tick)]
+            except Exception as exc:  # noqa: BLE001 - as gather's return_exceptions: the stage's error
+                results = [exc]
+        else:
+            results = await asyncio.gather(*(s.sample(tick) for s in stage), return_exceptions=True)
         error: BaseException | None = None
         for res in results:
             if isinstance(res, BaseException):
