@@ -150,3 +150,27 @@ def test_command_entry_collects_again_before_the_command_runs(monkeypatch, gc_re
     assert entry.main(["config", "check"]) == 0
     assert seen == [True]
 
+
+
+async def test_first_stylesheet_holds_only_what_the_node_view_draws_the_rest_comes_with_its_screens(agent):
+    """tui/views.tcss (the other views' and the dialogs' rules) is parsed when the first of them opens, not three
+    times during the start; opened, its rules apply (the help dialog's border, the history layout)."""
+    from lynxtop.tui.screens import VIEWS_CSS
+    from lynxtop.tui.screens.help import HelpScreen
+
+    app = make_app(agent.socket_path, None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.status is not None)
+        sources = {path for path, _ in app.stylesheet.source}
+        assert str(VIEWS_CSS) not in sources
+        names = set().union(*(rule.selector_names for rule in app.stylesheet.rules))
+        assert "#gpus" in names and not names & {"#dialog", "#history-main", "#runs", "#log"}
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+        assert str(VIEWS_CSS) in {path for path, _ in app.stylesheet.source}
+        border = app.screen.query_one("#dialog").styles.border
+        assert border.top[0] == "thick"  # HelpScreen #dialog { border: thick $primary; }
+        await pilot.press("escape", "4")
+        await wait_for(pilot, lambda: app.current_mode == "history")
+        await pilot.pause()
+        assert app.screen.query_one("#runs").styles.max_height is not None  # compact at 120 columns: max-height 7

@@ -13,6 +13,7 @@ from textual.widgets import Static
 from lynxtop.contract.format import fmt_duration, fmt_ms
 from lynxtop.contract.status import ServingState
 from lynxtop.tui.cluster_source import ClusterSource, Fleet, NodeRow
+from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 
 REFRESH_S = 2.0
@@ -22,6 +23,7 @@ COLUMNS = (("NODE", 16), ("RAY", 5), ("GPUS", 4), ("SERVING", 14), ("TTFT p99", 
 
 
 class ClusterScreen(LiveScreen):
+    CSS_PATH = VIEWS_CSS
     VIEW_TITLE = "Cluster"
     BINDINGS = [
         Binding("down,j", "move(1)", "Down", show=False, id="cluster.down"),

@@ -18,6 +18,7 @@ from lynxtop.contract.format import NA, fmt_bytes, fmt_datetime, fmt_duration, f
 from lynxtop.contract.records import ProfileInfo
 from lynxtop.tui.control_text import flag_diff
 from lynxtop.tui.history_source import HistoryUnavailable
+from lynxtop.tui.screens import VIEWS_CSS
 
 SKIP = {"id", "flags", "argv", "summary", "pid_start_time", "gpus"}
 
@@ -170,6 +171,7 @@ def _statistics(a: dict[str, Any], b: dict[str, Any]) -> Text:
 
 
 class CompareScreen(ModalScreen[None]):
+    CSS_PATH = VIEWS_CSS
     BINDINGS = [Binding("escape,q", "close", "Close", id="compare.close")]
 
     def __init__(self, run_a: int, run_b: int):

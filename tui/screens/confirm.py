@@ -9,8 +9,11 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from lynxtop.tui.screens import VIEWS_CSS
+
 
 class ConfirmScreen(ModalScreen[bool]):
+    CSS_PATH = VIEWS_CSS
     BINDINGS = [
         Binding("escape,n,ctrl+c", "cancel", "Cancel", id="confirm.cancel"),
         Binding("left,right", "toggle_focus", "Move", show=False, id="confirm.move"),

@@ -18,6 +18,7 @@ from textual.widgets import Static
 from lynxtop.contract.format import fmt_datetime, fmt_duration
 from lynxtop.contract.terminal import terminal_safe
 from lynxtop.tui.history_source import HistoryUnavailable
+from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.widgets.recent_events import SEVERITY_MARK
 
 
@@ -53,6 +54,7 @@ def run_lines(run: Any, utc: bool, now_ms: int) -> Text:
 
 
 class EventDetailScreen(ModalScreen[None]):
+    CSS_PATH = VIEWS_CSS
     BINDINGS = [Binding("escape,q,enter", "close", "Close", id="event.close")]
 
     def __init__(self, event: Any, run: Any = None):

@@ -18,6 +18,7 @@ from lynxtop.contract.events import Event
 from lynxtop.contract.format import fmt_clock, fmt_datetime
 from lynxtop.contract.records import RunInfo
 from lynxtop.tui.history_source import HistoryUnavailable
+from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.recent_events import SEVERITY_MARK
 
@@ -31,6 +32,7 @@ RUN_LOG_KEYS = Binding.Group("run log", compact=True)
 
 
 class EventsScreen(LiveScreen):
+    CSS_PATH = VIEWS_CSS
     VIEW_TITLE = "Events & logs"
     BINDINGS = [
         Binding("slash", "filter", "Filter/search", key_display="/", id="events.filter"),

@@ -9,9 +9,11 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
 from lynxtop.tui.export_csv import ExportError, check_target
+from lynxtop.tui.screens import VIEWS_CSS
 
 
 class ExportPathScreen(ModalScreen[str | None]):
+    CSS_PATH = VIEWS_CSS
     BINDINGS = [Binding("escape,ctrl+c", "cancel", "Cancel", id="export.cancel")]
 
     def __init__(self, title: str, default_path: str):

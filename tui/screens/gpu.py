@@ -10,6 +10,7 @@ from textual.widgets import Static
 
 from lynxtop.contract.format import fmt_pct, fmt_rate, fmt_temp, fmt_watts, throttle_words
 from lynxtop.tui.live_state import HISTORY_POINTS
+from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.time_chart import TimeChart
 
@@ -30,6 +31,7 @@ CHARTS = (
 
 
 class GpuScreen(LiveScreen):
+    CSS_PATH = VIEWS_CSS
     VIEW_TITLE = "GPU"
     BINDINGS = [
         Binding("left,h", "gpu(-1)", "Prev GPU", key_display="←", id="gpu.prev"),

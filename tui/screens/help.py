@@ -11,6 +11,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from lynxtop.tui.engine_lag import IDLE_BUSY_MEDIAN, KV_GAP_PCT, WAITING_MIN_GAP
+from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.widgets.gpu_table import UTIL_NOTE
 
 THRESHOLDS = """\
@@ -27,6 +28,7 @@ Engines (e, data parallel): ⚠ marks an engine that, against the others' median
 
 
 class HelpScreen(ModalScreen[None]):
+    CSS_PATH = VIEWS_CSS
     BINDINGS = [Binding("escape,q,question_mark", "close", "Close", id="help.close")]
 
     def __init__(self, bindings: list[tuple[str, str]], view: str):

@@ -17,6 +17,7 @@ from lynxtop.contract.records import RunInfo
 from lynxtop.tui.export_csv import ExportError, export_run_gpu
 from lynxtop.tui.history_series import RANGES, pan, points, run_window, span, zoom
 from lynxtop.tui.history_source import HistoryUnavailable
+from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.screens.compare import CompareScreen
 from lynxtop.tui.screens.export_path import ExportPathScreen
@@ -36,6 +37,7 @@ CHARTS = (
 
 
 class HistoryScreen(LiveScreen):
+    CSS_PATH = VIEWS_CSS
     VIEW_TITLE = "History"
     BINDINGS = [
         Binding("t", "cycle_range", "Range", id="history.range"),

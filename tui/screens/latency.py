@@ -8,6 +8,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from lynxtop.contract.format import fmt_ms
+from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.node_header import sla_badge, sla_limit
 from lynxtop.tui.widgets.time_chart import TimeChart
@@ -27,6 +28,7 @@ CHARTS = (
 
 
 class LatencyScreen(LiveScreen):
+    CSS_PATH = VIEWS_CSS
     VIEW_TITLE = "Latency"
 
     def compose_body(self) -> ComposeResult:

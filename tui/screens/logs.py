@@ -22,6 +22,7 @@ from textual.binding import Binding
 from textual.widgets import Input, Static
 
 from lynxtop.contract.client import AgentRefused, AgentUnreachable
+from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.follow_log import MARK, MAX_LINES, FollowLog
 
@@ -30,6 +31,7 @@ FOLLOW_LINES = 2000  # a later read at most: more new lines than this in one pol
 
 
 class LogsScreen(LiveScreen):
+    CSS_PATH = VIEWS_CSS
     VIEW_TITLE = "Logs"
     DEFAULT_CSS = """
     #logs-title { height: 1; padding: 0 1; }

@@ -4,6 +4,7 @@ sparklines and the last events."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import work
@@ -12,7 +13,6 @@ from textual.binding import Binding
 from textual.widgets import Static
 
 from lynxtop.contract.client import AgentRefused, AgentUnreachable
-from lynxtop.contract.events import Event
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.engine_table import EngineTable
 from lynxtop.tui.widgets.gpu_table import UTIL_NOTE, GpuTable
@@ -20,6 +20,9 @@ from lynxtop.tui.widgets.gpu_trends import GpuTrends
 from lynxtop.tui.widgets.recent_events import RecentEvents
 from lynxtop.tui.widgets.serving_panel import ServingPanel
 from lynxtop.tui.widgets.startup_phases import StartupPhases
+
+if TYPE_CHECKING:
+    from lynxtop.contract.events import Event
 
 EVENTS_REFRESH_S = 5.0
 EVENTS_LIMIT = 40

@@ -16,6 +16,7 @@ from textual.widgets import DataTable, Static
 from lynxtop.contract.client import AgentRefused, AgentUnreachable
 from lynxtop.contract.format import fmt_bytes
 from lynxtop.contract.processes import GpuProcess, GpuProcesses
+from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 
 COLUMNS = (("gpu", "GPU"), ("pid", "PID"), ("user", "user"), ("mem", "GPU mem"), ("sm", "SM"),
@@ -23,6 +24,7 @@ COLUMNS = (("gpu", "GPU"), ("pid", "PID"), ("user", "user"), ("mem", "GPU mem"),
 
 
 class ProcessesScreen(LiveScreen):
+    CSS_PATH = VIEWS_CSS
     VIEW_TITLE = "Processes"
     DEFAULT_CSS = """
     #procs-title { height: auto; max-height: 2; padding: 0 1; }

@@ -11,9 +11,11 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from lynxtop.contract.records import ProfileInfo
+from lynxtop.tui.screens import VIEWS_CSS
 
 
 class ProfilePickerScreen(ModalScreen[str | None]):
+    CSS_PATH = VIEWS_CSS
     BINDINGS = [Binding("escape,ctrl+c", "cancel", "Cancel", id="picker.cancel")]
 
     def __init__(self, title: str, profiles: list[ProfileInfo], current: str | None):
