@@ -22,13 +22,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-from lynxtop.contract.events import Event
-from lynxtop.contract.processes import GpuProcesses
-from lynxtop.contract.records import ActionAnswer, ProfileList, RecordError, RunInfo, read_list
 from lynxtop.contract.status import Status
 
 if TYPE_CHECKING:  # the CLI never imports asyncio (40 ms of start-up); the async face imports it when used
     import asyncio
+
+    from lynxtop.contract.events import Event
+    from lynxtop.contract.processes import GpuProcesses
+    from lynxtop.contract.records import ActionAnswer, ProfileList, RunInfo
+
+# The records other than the status (events, runs, profiles, processes: contract/records.py and its users) are
+# imported by the first answer that holds one: the dashboard's first frame reads only the status, and on a loaded
+# machine each module is start-up time (docs/dashboard.md, "Speed"). Their names stay importable from here.
+_LAZY = {"Event": "events", "GpuProcesses": "processes", "ActionAnswer": "records", "ProfileList": "records",
+         "RecordError": "records", "RunInfo": "records", "read_list": "records"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"lynxtop.contract.{module}"), name)
 
 MUTATING_ACTIONS = ("start", "stop", "restart", "switch", "ray/start", "ray/stop")
 MAX_BODY = 64 * 1024 * 1024  # a status or log answer is far smaller; more means something else answers
@@ -122,6 +138,8 @@ def decode(status: int, raw: bytes, socket_path: str) -> dict[str, Any]:
 
 def typed(socket_path: str, what: str, read: Any, data: Any) -> Any:
     """`read(data)`, a record error as AgentUnreadable naming what was asked."""
+    from lynxtop.contract.records import RecordError
+
     try:
         return read(data)
     except RecordError as exc:
@@ -130,10 +148,15 @@ def typed(socket_path: str, what: str, read: Any, data: Any) -> Any:
 
 
 def runs_of(data: Mapping[str, Any], socket_path: str) -> list[RunInfo]:
+    from lynxtop.contract.records import RunInfo, read_list
+
     return typed(socket_path, "GET /v1/runs", lambda d: read_list(RunInfo, d.get("runs", []), "runs"), data)
 
 
 def events_of(data: Mapping[str, Any], socket_path: str) -> list[Event]:
+    from lynxtop.contract.events import Event
+    from lynxtop.contract.records import read_list
+
     return typed(socket_path, "GET /v1/events", lambda d: read_list(Event, d.get("events", []), "events"), data)
 
 
@@ -211,6 +234,8 @@ class AgentClient:
         return parse_status(self.status_json(), self.socket_path)
 
     def profiles(self) -> ProfileList:
+        from lynxtop.contract.records import ProfileList
+
         return typed(self.socket_path, "GET /v1/profiles", ProfileList.from_json, self.request("GET", "/v1/profiles"))
 
     def runs(self, limit: int = 50) -> list[RunInfo]:
@@ -221,6 +246,8 @@ class AgentClient:
 
     def action(self, action: str, profile: str | None = None, **extra: Any) -> ActionAnswer:
         """POST a mutating call; returns the 202 answer."""
+        from lynxtop.contract.records import ActionAnswer
+
         data = self.request("POST", f"/v1/{action}", body=_action_body(action, profile, extra))
         return typed(self.socket_path, f"POST /v1/{action}", ActionAnswer.from_json, data)
 
@@ -284,6 +311,8 @@ class AsyncAgentClient:
         return parse_status(await self.status_json(), self.socket_path)
 
     async def profiles(self) -> ProfileList:
+        from lynxtop.contract.records import ProfileList
+
         data = await self.request("GET", "/v1/profiles")
         return typed(self.socket_path, "GET /v1/profiles", ProfileList.from_json, data)
 
@@ -301,6 +330,8 @@ class AsyncAgentClient:
 
     async def processes(self) -> GpuProcesses:
         """The processes on the node's GPUs at the agent's last tick."""
+        from lynxtop.contract.processes import GpuProcesses
+
         data = await self.request("GET", "/v1/processes")
         try:
             return GpuProcesses.from_json(data)
@@ -310,6 +341,8 @@ class AsyncAgentClient:
 
     async def action(self, action: str, profile: str | None = None, **extra: Any) -> ActionAnswer:
         """POST a mutating call; returns the 202 answer."""
+        from lynxtop.contract.records import ActionAnswer
+
         data = await self.request("POST", f"/v1/{action}", body=_action_body(action, profile, extra))
         return typed(self.socket_path, f"POST /v1/{action}", ActionAnswer.from_json, data)
 

@@ -9,7 +9,6 @@ password, so a secret should be a random token, as HF and API keys are. Imports 
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -31,6 +30,8 @@ def mask(value: str) -> str:
     """`***` and 8 hex digits of the value's SHA-256; a value already masked is returned as it is."""
     if _MASKED.fullmatch(value):
         return value
+    import hashlib  # here, not at import: loading OpenSSL is 5-40 ms of every start, and most never mask a value
+
     return MASK_PREFIX + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 

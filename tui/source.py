@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from lynxtop.contract.client import AgentRefused
-from lynxtop.contract.events import Event
-from lynxtop.contract.processes import GpuProcesses
-from lynxtop.contract.records import ActionAnswer, ProfileList, RunInfo
 from lynxtop.contract.status import Status
 from lynxtop.tui.foreign import DisplayClient
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the records are imported with the first answer holding one (contract/client.py)
     from concurrent.futures import Future
+
+    from lynxtop.contract.events import Event
+    from lynxtop.contract.processes import GpuProcesses
+    from lynxtop.contract.records import ActionAnswer, ProfileList, RunInfo
 
 
 @runtime_checkable

@@ -29,9 +29,11 @@ def test_bad_config_exits_2_with_the_key(tmp_path):
 # What the first frame of `lynxtop` (the Node view) does not use, each a measurable part of its start on a loaded
 # machine (docs/dashboard.md, benchmarks/tui.py first_frame_s): the version's package metadata (with email, zipfile,
 # csv), http.client (the blocking client's), the web server's module, help and dialogs, the other views, and what
-# belongs to the agent, the store or the simulator.
+# belongs to the agent, the store or the simulator; hashlib (OpenSSL, for masking secrets) and the contract's records
+# other than the status (events, runs, profiles, processes: imported with the first answer holding one).
 NOT_BEFORE_FIRST_FRAME = (
-    "importlib.metadata", "email", "zipfile", "csv", "http.client",
+    "importlib.metadata", "email", "zipfile", "csv", "http.client", "hashlib", "_hashlib",
+    "lynxtop.contract.events", "lynxtop.contract.records", "lynxtop.contract.processes",
     "aiohttp", "prometheus_client", "psutil", "uvloop", "pynvml", "textual_serve", "sqlite3",
     "lynxtop.agent", "lynxtop.store", "lynxtop.sim", "lynxtop.cli.web",
     "lynxtop.tui.screens.help", "lynxtop.tui.screens.confirm", "lynxtop.tui.screens.profile_picker",

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from lynxtop.contract.events import Event
 from lynxtop.contract.format import fmt_clock
 from lynxtop.tui.widgets.text_panel import TextPanel
+
+if TYPE_CHECKING:
+    from lynxtop.contract.events import Event
 
 SEVERITY_MARK = {"info": ("·", ""), "warning": ("!", "yellow"), "error": ("✗", "bold red"),
                  "critical": ("✗✗", "bold red reverse")}
