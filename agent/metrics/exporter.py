@@ -18,13 +18,14 @@ from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from lynxtop.agent.api.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
 from lynxtop.agent.api.tcpreads import TcpReads, add_refusals
 from lynxtop.agent.metrics.lifetime import ModelTotals
+from lynxtop.agent.metrics.textpage import TextPage
 from lynxtop.contract.columns import LATENCY_SERIES
 from lynxtop.contract.exported import Exported, exported
 from lynxtop.contract.format import THROTTLE_REASONS
@@ -508,6 +509,7 @@ class MetricsExporter:
         # not per scrape (a 14 ms render at DP8 on the event loop, issue 27); `renders` counts the builds
         self._pages: dict[str, tuple[Any, bytes, bytes]] = {}
         self.renders = 0
+        self._text = TextPage()  # the text format with each series' text kept between renders (textpage.py)
         self._snapshot = snapshot
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
@@ -552,6 +554,8 @@ class MetricsExporter:
         if "name[]" in request.query:
             return await self._filtered(request)
         encoder, content_type = choose_encoder(",".join(request.headers.getall(hdrs.ACCEPT, [])))
+        if encoder is generate_latest:  # the same bytes, each series escaped once, not at every render
+            encoder = self._text
         response = web.Response(status=200, headers=[("Content-Type", content_type)],
                                 body=self.page(encoder, content_type))
         response.enable_compression()
