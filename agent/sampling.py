@@ -48,13 +48,20 @@ async def sample_stages(stages: Sequence[Sequence[Sampler]], tick: Tick) -> Exce
     The events of the samplers that did answer are kept in `tick.events` even then (an outage begins with one).
     """
     for stage in stages:
-        if len(stage) == 1:  # awaited here, not as a task of its own: each task and gather cost loop turns, and at
-            try:  # 10 Hz each turn while a sample runs in the executor is a GIL hand-over (issue 29.3)
-                results: list[Any] = [await stage[0].sample(tick)]
-            except Exception as exc:  # noqa: BLE001 - as gather's return_exceptions: the stage's error
-                results = [exc]
-        else:
-            results = await asyncio.gather(*(s.sample(tick) for s in stage), return_exceptions=True)
+        # A stage's last sampler runs in the tick's own task, the others as tasks beside it: every task and gather
+        # costs loop turns, and at 10 Hz each turn while the GPU job runs in the executor is a GIL hand-over
+        # (issue 29.3). Results and errors are gather's (return_exceptions), in the stage's order.
+        others = [asyncio.ensure_future(s.sample(tick)) for s in stage[:-1]]
+        try:
+            last: Any = await stage[-1].sample(tick)
+        except Exception as exc:  # noqa: BLE001 - the stage's error, as gather returned it
+            last = exc
+        except BaseException:
+            for task in others:  # cancelled (the agent stopping): so are the stage's other samplers, as by gather
+                task.cancel()
+            raise
+        results = [*(await asyncio.gather(*others, return_exceptions=True) if len(others) > 1 else
+                     [await _result(others[0])] if others else []), last]
         error: BaseException | None = None
         for res in results:
             if isinstance(res, BaseException):
@@ -68,6 +75,14 @@ async def sample_stages(stages: Sequence[Sequence[Sampler]], tick: Tick) -> Exce
                 raise error
             return error
     return None
+
+
+async def _result(task: asyncio.Future) -> Any:
+    """A sampler task's result, or its error as a value (gather's return_exceptions, without a gather)."""
+    try:
+        return await task
+    except Exception as exc:  # noqa: BLE001 - the stage's error
+        return exc
 
 
 def as_event(d: Mapping[str, Any], run_id: int | None = None, ts_ms: int | None = None) -> Event:

@@ -1,7 +1,8 @@
-"""What a tick costs the event loop in tasks (issue 29.3): a stage of one sampler (the host, the SLA) is awaited in
-the tick's own task, not wrapped in a task and a gather of its own. At 10 Hz every loop turn taken while the GPU
-sample runs in the executor is a GIL hand-over between the two threads; the tick still carries every row and a
-failing single sampler still fails its tick."""
+"""What a tick costs the event loop in tasks (issue 29.3): each stage's last sampler (the host, the scrape, the SLA)
+runs in the tick's own task, the others (the GPU source) as tasks beside it, no gather for a stage of one or two.
+At 10 Hz every loop turn taken while the GPU sample runs in the executor is a GIL hand-over between the two
+threads; the tick still carries every row, a failing sampler still fails its tick with the others' rows and
+events kept, and a cancelled tick cancels the stage's other samplers."""
 
 from __future__ import annotations
 
@@ -28,16 +29,16 @@ def _count_tasks() -> list[int]:
     return made
 
 
-async def test_a_tick_at_10_hz_makes_four_tasks_and_keeps_its_rows(tmp_path, h):
+async def test_a_tick_at_10_hz_makes_three_tasks_and_keeps_its_rows(tmp_path, h):
     node = open_node(h.write_config(tmp_path, 'sample_interval_s = 0.1\nfake_nvml = "h200x8"'))
     made = _count_tasks()
     try:
         await run_clock(node, 2.0)
         t = node.ticker
         assert t.ticks >= 10 and t.failed_ticks == 0, (t.ticks, t.missed_ticks, t.last_tick_error)
-        # the tick, its GPU job, the two samplers of the GPU and scrape stage (six before: the host and SLA
-        # stages each had a task); +2 for run_clock's own task and a tick cut off at the end
-        assert made[0] <= 4 * t.ticks + 2, (made[0], t.ticks)
+        # the tick, its GPU job and the GPU source's sample beside the scrape (six before: the host, GPU, scrape
+        # and SLA samplers each had a task); +2 for run_clock's own task and a tick cut off at the end
+        assert made[0] <= 3 * t.ticks + 2, (made[0], t.ticks)
         node.writer.flush()
         assert h.db_rows(node.writer.path, "SELECT count(DISTINCT ts_ms) AS n FROM host_samples")[0]["n"] >= t.ticks - 1
     finally:
@@ -46,14 +47,20 @@ async def test_a_tick_at_10_hz_makes_four_tasks_and_keeps_its_rows(tmp_path, h):
 
 
 class _Sampler:
-    def __init__(self, rows: dict, fail: Exception | None = None):
-        self.rows, self.fail, self.calls = rows, fail, 0
+    def __init__(self, rows: dict, fail: Exception | None = None, wait: asyncio.Event | None = None):
+        self.rows, self.fail, self.wait, self.calls, self.cancelled = rows, fail, wait, 0, False
 
     async def sample(self, tick: Tick):  # noqa: ANN201
         self.calls += 1
+        if self.wait is not None:
+            try:
+                await self.wait.wait()
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
         if self.fail is not None:
             raise self.fail
-        return self.rows, []
+        return self.rows, [f"event of {sorted(self.rows)}"]
 
 
 async def test_a_single_sampler_stage_fails_its_tick_as_a_gathered_one_did():
@@ -64,3 +71,37 @@ async def test_a_single_sampler_stage_fails_its_tick_as_a_gathered_one_did():
     assert tick.rows == {"host_row": {"x": 1}} and never.calls == 0
     tick = Tick(ts_ms=2, t0=0.0, deadline=1.0, root=None, run_id=None)
     assert await sample_stages([[first], [never]], tick) is None and tick.rows == {"host_row": {"x": 1}, "y": 2}
+
+
+async def test_a_stage_of_two_keeps_both_rows_and_either_error_in_order():
+    gpu, scrape = _Sampler({"gpu_rows": [1]}), _Sampler({"serving_row": {"ok": 1}})
+    tick = Tick(ts_ms=1, t0=0.0, deadline=1.0, root=None, run_id=None)
+    assert await sample_stages([[gpu, scrape]], tick) is None
+    assert tick.rows == {"gpu_rows": [1], "serving_row": {"ok": 1}}
+    assert tick.events == ["event of ['gpu_rows']", "event of ['serving_row']"]  # the stage's order
+    for failing in (0, 1):
+        pair = [_Sampler({"gpu_rows": [1]}), _Sampler({"serving_row": {}})]
+        pair[failing].fail = OSError(f"sampler {failing}")
+        tick = Tick(ts_ms=2, t0=0.0, deadline=1.0, root=None, run_id=None)
+        error = await sample_stages([pair], tick)
+        assert isinstance(error, OSError) and str(error) == f"sampler {failing}"
+        kept = pair[1 - failing]
+        assert tick.rows == kept.rows and tick.events == [f"event of {sorted(kept.rows)}"]  # the other's kept
+    both = [_Sampler({}, OSError("first")), _Sampler({}, OSError("second"))]
+    error = await sample_stages([both], Tick(ts_ms=3, t0=0.0, deadline=1.0, root=None, run_id=None))
+    assert str(error) == "first"  # the first in the stage's order, as gather's results gave it
+
+
+async def test_a_cancelled_tick_cancels_the_other_samplers_of_its_stage():
+    never = asyncio.Event()
+    for waiting in (0, 1):  # the tick cancelled while its own sampler waits, or while it waits for the other
+        pair = [_Sampler({"gpu_rows": []}, wait=never if waiting == 0 else None), _Sampler({"serving_row": {}})]
+        pair[waiting].wait = never
+        tick = Tick(ts_ms=1, t0=0.0, deadline=1.0, root=None, run_id=None)
+        task = asyncio.create_task(sample_stages([pair], tick))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0)
+        assert pair[waiting].cancelled, waiting
