@@ -174,3 +174,26 @@ async def test_first_stylesheet_holds_only_what_the_node_view_draws_the_rest_com
         await wait_for(pilot, lambda: app.current_mode == "history")
         await pilot.pause()
         assert app.screen.query_one("#runs").styles.max_height is not None  # compact at 120 columns: max-height 7
+
+
+@pytest.mark.parametrize("size", [(120, 40), (160, 48), (70, 20)])
+async def test_size_classes_are_set_before_the_views_widgets_mount(agent, monkeypatch, size):
+    """-compact, -tall and -too-small change the styles of every widget of a view: set once the widgets are mounted,
+    each restyled the whole screen during the start."""
+    from lynxtop.tui.screens import base
+
+    changes: list[tuple[str, int]] = []
+    original = base._set_class
+
+    def record(node, on: bool, name: str) -> None:
+        if node.has_class(name) != on and name in ("-compact", "-tall", "-too-small"):
+            changes.append((name, len(node.children)))
+        original(node, on, name)
+
+    monkeypatch.setattr(base, "_set_class", record)
+    app = make_app(agent.socket_path, None)
+    async with app.run_test(size=size) as pilot:
+        await wait_for(pilot, lambda: app.state.status is not None)
+        await pilot.pause()
+    assert changes, "the terminal's size set no class"
+    assert all(children == 0 for _, children in changes), changes

@@ -30,6 +30,8 @@ class LiveScreen(Screen):
     VIEW_TITLE = ""
 
     def compose(self) -> ComposeResult:
+        # The size classes before the children mount: set on resume, each new class restyled every widget of the view
+        self._size_classes()
         yield NodeHeader(id="header")
         yield OutageBanner(id="banner")
         with Container(id="body"):
@@ -51,13 +53,18 @@ class LiveScreen(Screen):
     def on_resize(self, event: events.Resize) -> None:
         self._apply_size()
 
-    def _apply_size(self) -> None:
+    def _size_classes(self) -> bool:
+        """-too-small, -compact and -tall for the terminal's size; returns whether it is too small."""
         w, h = self.app.size
         small = w < MIN_WIDTH or h < MIN_HEIGHT
         _set_class(self, small, "-too-small")
         _set_class(self, w < COMPACT_WIDTH or h < COMPACT_HEIGHT, "-compact")
         _set_class(self, not small and h >= TALL_HEIGHT, "-tall")
-        if small:
+        return small
+
+    def _apply_size(self) -> None:
+        w, h = self.app.size
+        if self._size_classes():
             self.query_one("#too-small", Static).update(Text(
                 f"lynxtop needs at least {MIN_WIDTH}×{MIN_HEIGHT} characters; this terminal is {w}×{h}.\n"
                 "Enlarge the window or press q to quit.", justify="center"))
