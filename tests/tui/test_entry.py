@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from lynxtop.cli.dashboard_cmd import run
 from lynxtop.cli.parser import build_parser
 
@@ -74,3 +76,14 @@ def test_version_still_comes_from_the_installed_metadata():
     import lynxtop
 
     assert lynxtop.__version__ == version("lynxtop")
+
+
+def test_records_imported_lazily_keep_their_names_in_the_client():
+    from lynxtop.contract import client, events, processes, records
+
+    for name, module in (("Event", events), ("GpuProcesses", processes), ("ActionAnswer", records),
+                         ("ProfileList", records), ("RecordError", records), ("RunInfo", records),
+                         ("read_list", records)):
+        assert getattr(client, name) is getattr(module, name)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        client.nothing  # noqa: B018
