@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import chain, compress, repeat
-from operator import is_, is_not, itemgetter
+from itertools import chain, repeat
+from operator import is_, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -116,10 +116,16 @@ def _insert_sql(table: str, key: tuple[str, ...], metrics: tuple[tuple[str, str,
     return f"INSERT OR REPLACE INTO {table} ({cols}) SELECT {', '.join(exprs)} FROM (VALUES {', '.join([row] * rows)})"
 
 
+# kind -> (table, key columns, metrics) of every table a tick's rows go into
+_TABLES: dict[str, tuple[str, tuple[str, ...], tuple[tuple[str, str, str], ...]]] = {
+    **{kind: (t.name, t.key, t.metrics) for kind, t in SAMPLE_TABLES.items()},
+    "processes": ("gpu_processes", ("ts_ms", "gpu", "pid"), tuple((n, t, "") for n, t in PROCESS_COLUMNS)),
+}
+
+
 @functools.lru_cache(maxsize=256)
 def _insert_sql_nulls(kind: str, nulls: tuple[bool, ...] | None, rows: int = 1) -> str:
-    t = SAMPLE_TABLES[kind]
-    return _insert_sql(t.name, t.key, t.metrics, nulls, rows)
+    return _insert_sql(*_TABLES[kind], nulls, rows)
 
 
 # Rows bound to one INSERT: CPython's sqlite3 pays ~2 us per statement execution on top of ~60 ns per value
@@ -128,16 +134,44 @@ def _insert_sql_nulls(kind: str, nulls: tuple[bool, ...] | None, rows: int = 1) 
 ROWS_PER_INSERT = 128
 
 
+def _per_statement(c: sqlite3.Connection, width: int) -> int:
+    """Rows bound to one multi-row INSERT of rows `width` values wide (ROWS_PER_INSERT, within SQLite's limit)."""
+    return max(1, min(ROWS_PER_INSERT, c.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // max(1, width)))
+
+
+def _statements(n: int, per: int) -> list[int]:
+    """Rows per statement for `n` rows: full statements of `per`, then the rest in powers of two.
+
+    A batch smaller than `per` (a 1 Hz tick's 8 GPU rows, a lingering 10 Hz second's 80) went one row per
+    execution before (issue 29.3); powers of two keep the statements prepared for the rest to a handful per
+    table and NULL pattern (CPython's statement cache holds 128), and the executions to a few per batch.
+    """
+    rest = n % per
+    return [per] * (n // per) + [1 << i for i in reversed(range(rest.bit_length())) if rest >> i & 1]
+
+
 def _executemany_rows(c: sqlite3.Connection, kind: str, nulls: tuple[bool, ...] | None, rows: list[tuple]) -> None:
-    """executemany of `rows` (all of one width) in statements of ROWS_PER_INSERT rows, the rest one by one."""
-    limit = c.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-    per = max(1, min(ROWS_PER_INSERT, limit // max(1, len(rows[0]))))
-    n = len(rows) - len(rows) % per if per > 1 else 0
-    if n:
-        c.executemany(_insert_sql_nulls(kind, nulls, per),
-                      [tuple(chain.from_iterable(rows[i:i + per])) for i in range(0, n, per)])
-    if n < len(rows):
-        c.executemany(_insert_sql_nulls(kind, nulls), rows[n:])
+    """Insert `rows` (all of one width) in multi-row statements (see _statements)."""
+    at = 0
+    for size, count in _runs(_statements(len(rows), _per_statement(c, len(rows[0])))):
+        sql = _insert_sql_nulls(kind, nulls, size)
+        if size == 1:
+            c.executemany(sql, rows[at:at + count])
+        else:
+            c.executemany(sql, [tuple(chain.from_iterable(rows[i:i + size]))
+                                for i in range(at, at + size * count, size)])
+        at += size * count
+
+
+def _runs(sizes: list[int]) -> list[tuple[int, int]]:
+    """(size, how many in a row) of a list of statement sizes: one executemany per run."""
+    out: list[tuple[int, int]] = []
+    for size in sizes:
+        if out and out[-1][0] == size:
+            out[-1] = (size, out[-1][1] + 1)
+        else:
+            out.append((size, 1))
+    return out
 
 
 def _executemany_tick_rows(c: sqlite3.Connection, kind: str, rows: list[tuple]) -> None:
@@ -146,23 +180,57 @@ def _executemany_tick_rows(c: sqlite3.Connection, kind: str, rows: list[tuple]) 
     CPython's sqlite3 binds None through its slow adaptation path (~1 us each, measured: a serving row of
     mostly-missing readings inserted 5x slower than one of floats), and a sampler's None pattern is stable
     from tick to tick, so rows are grouped by that pattern and each group gets its own cached statement.
+
+    Most statements hold no None at all (GPU and NVLink rows): a statement's values are flattened first and
+    summed, which raises on a None (or text) at ~10 ns a value; `None in row` compares every value with None
+    through rich comparison (~100 ns a value: 3 us of a 29-column GPU row, issue 29.2). Only the statements
+    the sum refuses are grouped row by row.
     """
-    plain: list[tuple] = []
-    groups: dict[tuple[bool, ...], list[tuple]] = {}
-    for r in rows:
-        if None in r:  # the pattern and the values left, by C-level map/compress (a genexpr cost ~3 us a row)
-            mask = tuple(map(is_, r, repeat(None)))
-            groups.setdefault(mask, []).append(tuple(compress(r, map(is_not, r, repeat(None)))))
+    flat: dict[int, list[tuple]] = {}  # rows per statement -> the statements' values
+    rest: list[tuple] = []
+    at = 0
+    for size in _statements(len(rows), _per_statement(c, len(rows[0]))):
+        chunk = rows[at:at + size]
+        at += size
+        values = tuple(chain.from_iterable(chunk)) if size > 1 else chunk[0]
+        try:
+            sum(values)  # numbers only: no None among them (an int, float or bool sums without raising)
+        except TypeError:
+            rest += chunk
         else:
-            plain.append(r)
-    if plain:
-        _executemany_rows(c, kind, None, plain)
+            flat.setdefault(size, []).append(values)
+    for size, statements in flat.items():  # rows of one kind are all as wide (one getter built them)
+        c.executemany(_insert_sql_nulls(kind, None, size), statements)
+    groups: dict[tuple[bool, ...], list[tuple]] = {}
+    for r in rest:
+        mask = _null_mask(r)
+        group = groups.get(mask)
+        if group is None:
+            groups[mask] = group = []
+        group.append(r)
     for mask, group in groups.items():
-        _executemany_rows(c, kind, mask, group)
+        if True in mask:  # the values left, taken by one C-level getter per pattern (cached)
+            _executemany_rows(c, kind, mask, list(map(_non_null(mask), group)))
+        else:
+            _executemany_rows(c, kind, None, group)
+
+
+def _null_mask(row: tuple | list) -> tuple[bool, ...]:
+    """Which values of a row are None, by C-level map (a genexpr cost ~3 us a row)."""
+    return tuple(map(is_, row, repeat(None)))
+
+
+@functools.lru_cache(maxsize=256)
+def _non_null(mask: tuple[bool, ...]) -> Callable[[tuple | list], tuple]:
+    """A getter of a row's values that `mask` does not mark None, as a tuple (even of one)."""
+    at = [i for i, null in enumerate(mask) if not null]
+    if len(at) == 1:
+        only = at[0]
+        return lambda r: (r[only],)
+    return itemgetter(*at)
 
 
 _TICK_SQL = {kind: _insert_sql(t.name, t.key, t.metrics) for kind, t in SAMPLE_TABLES.items()}
-_PROC_SQL = _insert_sql("gpu_processes", ("ts_ms", "gpu", "pid"), tuple((n, t, "") for n, t in PROCESS_COLUMNS))
 _NAMES = {kind: tuple(m[0] for m in t.metrics) for kind, t in SAMPLE_TABLES.items()}
 _PER_CORE = 1 + _NAMES["host"].index("cpu_per_core_pct")  # the one list-valued column: stored as JSON
 _PROC_NAMES = tuple(n for n, _ in PROCESS_COLUMNS)
@@ -727,11 +795,9 @@ class StoreWriter:
                 s = (ts, *map(t.serving_row.get, sn))
                 serving.append(s)
                 per_tick["serving"].append((ts, [s]))
-        for kind, rows in (("gpu", gpu), ("nvlink", nvl), ("host", host), ("serving", serving)):
+        for kind, rows in (("gpu", gpu), ("nvlink", nvl), ("host", host), ("serving", serving), ("processes", procs)):
             if rows:
                 _executemany_tick_rows(c, kind, rows)
-        if procs:
-            c.executemany(_PROC_SQL, procs)
         return per_tick
 
     def _transaction(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
