@@ -195,7 +195,7 @@ def _executemany_tick_rows(c: sqlite3.Connection, kind: str, rows: list[tuple]) 
         values = tuple(chain.from_iterable(chunk)) if size > 1 else chunk[0]
         try:
             sum(values)  # numbers only: no None among them (an int, float or bool sums without raising)
-        except TypeError:
+        except (TypeError, OverflowError):  # OverflowError: an int past a float's range; binding says why
             rest += chunk
         else:
             flat.setdefault(size, []).append(values)

@@ -141,3 +141,17 @@ def test_rows_without_a_missing_reading_skip_the_row_by_row_null_path(tmp_path, 
     assert 1 <= seen[width["gpu"]] <= 128 and 1 <= seen[width["nvlink"]] <= 128, seen
     assert seen[width["host"]] == seen[width["serving"]] == 300
     _same(db, _reference(tmp_path, ticks), 300)
+
+
+def test_a_reading_past_a_floats_range_refuses_its_tick_alone(tmp_path):
+    """The statement's sum check meets an int too large for a float beside a float reading: the check steps
+    aside (the row-by-row path binds and refuses it), the tick is refused alone, its neighbours are stored."""
+    rng = random.Random(9)
+    ticks = [_tick(i, rng, step_ms=1_000) for i in range(40)]
+    ticks[17][1][2]["energy_j"] = 2**1100  # power_w before it is a float
+    db = tmp_path / "w.db"
+    w = StoreWriter(db, queue_max=1000, clock=lambda: (T0 + 60_000) / 1000)
+    _write(w, ticks)
+    assert w.stats()["rejected"] == 1
+    w.close()
+    _same(db, _reference(tmp_path, ticks[:17] + ticks[18:]), 39)
