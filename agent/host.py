@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from lynxtop.agent.refresh import MAX_AGE_S, Refresh
+from lynxtop.agent.gpu.refresh import MAX_AGE_S, Refresh
 from lynxtop.agent.serving import procs
 from lynxtop.agent.serving.proctable import ProcTable
 from lynxtop.contract.columns import HOST_METRICS, names
@@ -152,7 +152,7 @@ class HostSampler:
         self.tree_pids: frozenset[int] = frozenset()  # the tree's members as the last `sample` read them
         self._stat_files = procs.StatFiles()
         self._disk: str | None = None  # the database file, once it exists (its filesystem is the one to watch)
-        self._refresh = Refresh(refresh_s)  # the row is read about once a second (agent/refresh.py)
+        self._refresh = Refresh(refresh_s)  # the row is read about once a second (agent/gpu/refresh.py)
         self._row: dict | None = None  # the last row read, for the root it was read for
         self._row_at: float | None = None
         self._row_root: int | None = None

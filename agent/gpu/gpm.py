@@ -99,7 +99,7 @@ class GpmReader:
     """GPM samples of one GPU and two reused metrics structs: the tick's figures and the per-link rates.
 
     Each `sample` takes one GPM sample. The scalar columns and the NVLink totals are the average since the
-    previous sample (the tick); the per-link rates, asked for about once a second (agent/refresh.py), are the
+    previous sample (the tick); the per-link rates, asked for about once a second (agent/gpu/refresh.py), are the
     average since the sample of the last per-link read, so a per-link figure carried over the ticks in between
     is that whole second's, not one tick's. Three buffers: the previous sample, the per-link base, the new one.
     """

@@ -86,7 +86,7 @@ class DeviceFacts:
 class DeviceReadings:
     """The per-GPU readings: those that move at the tick's rate (utilisation, power, clocks, clock-event reasons)
     every tick; those that do not (memory, power limit, temperature, ECC counts, remapped rows) about once a second
-    (`read_kept`), kept in `Gpu.kept` and copied into every row until read again (agent/refresh.py).
+    (`read_kept`), kept in `Gpu.kept` and copied into every row until read again (agent/gpu/refresh.py).
 
     Falls back once and for good on an older driver: v1 memory info (no reserved figure) when v2 is missing,
     the older throttle-reason name when the clock-event one is."""

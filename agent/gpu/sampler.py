@@ -10,7 +10,7 @@ per-tick readings, processes, GPM/NVLink activity, slow counters. The XID watche
 
 Cost discipline (reference/nvml.md): three rates, as DCGM's per-field update intervals. Every tick: utilisation,
 power, clocks, clock-event reasons, GPM activity with PCIe and the NVLink totals. About once a second, never
-older than a second in any row (agent/refresh.py): memory, power limit, temperature, ECC counts, remapped rows,
+older than a second in any row (agent/gpu/refresh.py): memory, power limit, temperature, ECC counts, remapped rows,
 the compute processes with their SM share and the per-link NVLink rates; the rows in between carry the last
 reading, so at 10 Hz a tick makes 7 calls a GPU instead of 14. At the slow cadence: energy (≈4 ms a call; at
 most one GPU's slow read per tick, so no tick pays 8 × 4 ms). GPM structs are reused, PCIe comes from GPM
@@ -48,8 +48,8 @@ from lynxtop.agent.gpu.readers import (
     SlowReadings,
     _text,
 )
+from lynxtop.agent.gpu.refresh import MAX_AGE_S, Refresh
 from lynxtop.agent.gpu.xid import XidWatcher
-from lynxtop.agent.refresh import MAX_AGE_S, Refresh
 from lynxtop.contract.columns import GPU_METRICS, names
 from lynxtop.contract.events import EventKind
 
@@ -273,7 +273,7 @@ class GpuSampler:
         row["lost"] = 0
         if g.denied_at:
             self._c.retry_denied(g, now)
-        kept = self._refresh.due(g.kept_at, now)  # about once a second: see agent/refresh.py
+        kept = self._refresh.due(g.kept_at, now)  # about once a second: see agent/gpu/refresh.py
         self._readings.read(g, row)
         if kept:
             self._readings.read_kept(g, now)

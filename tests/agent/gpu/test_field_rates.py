@@ -1,4 +1,4 @@
-"""Which readings a tick takes at which rate (agent/refresh.py): counted on the fake NVML and on the host's /proc.
+"""Which readings a tick takes at which rate (agent/gpu/refresh.py): counted on the fake NVML and on the host's /proc.
 
 At 10 Hz the fast readings (utilisation, power, clocks, clock-event reasons, GPM) are taken every tick; memory,
 power limit, temperature, ECC, remapped rows, the process list and the per-link NVLink rates about once a second,
@@ -15,8 +15,8 @@ from gpu_fakes import ConstantNode, ManualClock, make
 from lynxtop.agent import host as host_mod
 from lynxtop.agent.gpu.fake import a100_specs, h200_specs
 from lynxtop.agent.gpu.protocol import FakeGpuState
+from lynxtop.agent.gpu.refresh import Refresh
 from lynxtop.agent.host import HOST_COLUMNS, HostSampler
-from lynxtop.agent.refresh import Refresh
 from lynxtop.contract.columns import NVLINK_METRICS, names
 
 MIB = 1024 * 1024

@@ -1,5 +1,7 @@
 """When a reading kept between ticks is read again: about once a second, never older than a second in any row.
 
+Here beside the GPU sampler, its main user, so the GPU layer imports only itself; the host sampler uses it too.
+
 At 10 Hz sampling most of what a tick reads (memory totals, temperature, the process list, the host's /proc
 files) does not change at that rate, or is a rate that jiffies resolve only to ~10 % in 0.1 s. Those readings
 are taken on the tick nearest to a second after the last one and copied into the rows in between (DCGM's
