@@ -183,24 +183,28 @@ def _executemany_tick_rows(c: sqlite3.Connection, kind: str, rows: list[tuple]) 
 
     Most statements hold no None at all (GPU and NVLink rows): a statement's values are flattened first and
     summed, which raises on a None (or text) at ~10 ns a value; `None in row` compares every value with None
-    through rich comparison (~100 ns a value: 3 us of a 29-column GPU row, issue 29.2). Only the statements
-    the sum refuses are grouped row by row.
+    through rich comparison (~100 ns a value: 3 us of a 29-column GPU row, issue 29.2). A statement the sum
+    refuses is tried as a whole with its first row's NULL pattern (see _one_pattern: host and serving rows
+    keep theirs tick after tick); only one whose rows differ (or hold text) is grouped row by row.
     """
-    flat: dict[int, list[tuple]] = {}  # rows per statement -> the statements' values
+    flat: dict[tuple[tuple[bool, ...] | None, int], list[tuple]] = {}  # (pattern, rows) -> statements' values
     rest: list[tuple] = []
     at = 0
     for size in _statements(len(rows), _per_statement(c, len(rows[0]))):
         chunk = rows[at:at + size]
         at += size
         values = tuple(chain.from_iterable(chunk)) if size > 1 else chunk[0]
+        mask = None
         try:
             sum(values)  # numbers only: no None among them (an int, float or bool sums without raising)
         except (TypeError, OverflowError):  # OverflowError: an int past a float's range; binding says why
-            rest += chunk
-        else:
-            flat.setdefault(size, []).append(values)
-    for size, statements in flat.items():  # rows of one kind are all as wide (one getter built them)
-        c.executemany(_insert_sql_nulls(kind, None, size), statements)
+            mask, values = _one_pattern(chunk)
+            if mask is None:
+                rest += chunk
+                continue
+        flat.setdefault((mask, size), []).append(values)
+    for (mask, size), statements in flat.items():  # rows of one kind are all as wide (one getter built them)
+        c.executemany(_insert_sql_nulls(kind, mask, size), statements)
     groups: dict[tuple[bool, ...], list[tuple]] = {}
     for r in rest:
         mask = _null_mask(r)
@@ -213,6 +217,41 @@ def _executemany_tick_rows(c: sqlite3.Connection, kind: str, rows: list[tuple]) 
             _executemany_rows(c, kind, mask, list(map(_non_null(mask), group)))
         else:
             _executemany_rows(c, kind, None, group)
+
+
+def _one_pattern(chunk: list[tuple]) -> tuple[tuple[bool, ...] | None, tuple]:
+    """(NULL pattern, the values it leaves, flattened) when every row of `chunk` has its first row's Nones,
+    text where it has text (host rows' JSON) and numbers elsewhere; (None, ()) otherwise. C-level checks over
+    the whole chunk: a pattern a row cost more than the statement's binding (~1.5 us for a 44-column serving
+    row, issue 29.2)."""
+    first = chunk[0]
+    mask = _null_mask(first)
+    text = tuple(map(isinstance, first, repeat(str)))
+    if True not in mask and True not in text:
+        return None, ()  # numbers only, yet the sum refused: a huge int or an odd type; row by row says which
+    keep, numbers, texts, nulls = _pattern_getters(mask, text)
+    try:
+        sum(chain.from_iterable(map(numbers, chunk)))  # a None (or text) where the first row had a number
+    except (TypeError, OverflowError):
+        return None, ()
+    if texts is not None and set(map(type, chain.from_iterable(map(texts, chunk)))) != {str}:
+        return None, ()
+    if nulls is not None and len(chunk) > 1:
+        seen = tuple(chain.from_iterable(map(nulls, chunk)))
+        if seen.count(None) != len(seen):  # identity first: ~10 ns a None
+            return None, ()  # a value where the first row had a None
+    return mask, tuple(chain.from_iterable(map(keep, chunk)))
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern_getters(mask: tuple[bool, ...], text: tuple[bool, ...]) -> tuple[Callable, Callable, Callable | None,
+                                                                               Callable | None]:
+    """Getters (each returns a tuple) of a row's non-NULL values, its numbers, its texts and its NULLs."""
+    def getter(flags: list[bool]) -> Callable | None:
+        return _non_null(tuple(not f for f in flags)) if any(flags) else None
+
+    numbers = getter([not n and not t for n, t in zip(mask, text, strict=True)]) or (lambda r: ())
+    return _non_null(mask), numbers, getter([t and not n for n, t in zip(mask, text, strict=True)]), getter(list(mask))
 
 
 def _null_mask(row: tuple | list) -> tuple[bool, ...]:
@@ -279,10 +318,14 @@ class StoreWriter:
         self.retry_interval_s = retry_interval_s
         self.maintenance_interval_s = maintenance_interval_s
         self.batch_max_ticks = batch_max_ticks
-        # ticks wait up to this long for the next ones, to be written together (see _linger); 0: each at once
+        # ticks wait up to this long for the next ones, to be written together (see _wait); 0: each at once
         self.linger_s = max(0.0, float(linger_s))
         self._flushing = 0  # callers of flush() waiting: the thread writes at once
-        self._first_tick_at = 0.0  # monotonic time the oldest queued tick came (when the queue was empty)
+        # Monotonic time the queued ticks are written at (None: no tick queued nor expected). After a lingering
+        # batch it is set one linger ahead before the next tick comes: the thread wakes then by itself, and the
+        # ticks of that second are submitted without waking it (see submit_tick).
+        self._due_at: float | None = None
+        self._waiting_until: float | None = None  # when the thread's current wait ends; None: not waiting
         self.retention_chunk = retention_chunk
         self.moved_aside: Path | None = None  # where a damaged/foreign file went, if it did
         self.wal_check_interval_s = wal_check_interval_s
@@ -409,13 +452,20 @@ class StoreWriter:
                      list(process_rows or ()))
         with self._cv:
             self._ticks.append(tick)
-            while len(self._ticks) > self.queue_max:
+            n = len(self._ticks)
+            while n > self.queue_max:
                 self._ticks.popleft()
                 self._dropped += 1
-            if len(self._ticks) == 1:
-                self._first_tick_at = time.monotonic()
-                self._cv.notify()
-            elif not self.linger_s:  # a lingering thread wakes at its deadline anyway
+                n -= 1
+            # The thread is woken only when it would otherwise look too late: a lingering one already waits
+            # for this tick's second (10 Hz: one wake-up a second, not two), a busy one looks when done.
+            if n >= self.batch_max_ticks:
+                self._due_at = 0.0  # a full batch goes at once
+            elif self._due_at is None:
+                self._due_at = time.monotonic() + self.linger_s
+            waiting = self._waiting_until
+            if waiting is not None and waiting > self._due_at:
+                self._waiting_until = None  # one notify per wait
                 self._cv.notify()
 
     def _event(self, event: Event) -> None:
@@ -645,15 +695,9 @@ class StoreWriter:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not (self._ticks or self._ops or self._stopping):
-                    now = time.monotonic()
-                    wait = min(self._next_maintenance, self._next_wal_check) - now
-                    if self._maintenance_more or wait <= 0:
-                        break
-                    self._cv.wait(wait)
+                self._wait()
                 if self._stopping and not (self._ticks or self._ops):
                     return
-                self._linger()
             try:
                 if time.monotonic() >= self._next_wal_check:
                     self._next_wal_check = time.monotonic() + self.wal_check_interval_s
@@ -671,20 +715,40 @@ class StoreWriter:
                     elif self._ticks or self._ops:
                         return  # closing while the disk is still full: give up, close() reports the loss
 
-    def _linger(self) -> None:
-        """Let ticks gather until the oldest is `linger_s` old, so they are written in one transaction: at 10 Hz
-        sampling a commit per tick was most of this thread's CPU (issue 29.3). Events and other ops, a flush,
-        closing and a full batch do not wait; a backlog left by the last batch is old already. Called holding
-        the condition."""
-        while (left := self._linger_left()) > 0:
-            self._cv.wait(left)
+    def _wait(self) -> None:
+        """Sleep until there is work: ops, a flush, closing, ticks due, or maintenance and the file checks.
+
+        Ticks linger: they are written together when the oldest is at most `linger_s` old, so at 10 Hz a
+        second of ticks is one transaction (a commit per tick was most of this thread's CPU, issue 29.3). While
+        ticks keep coming the thread wakes once per linger by itself (`_due_at` is set a linger ahead after each
+        batch) and submit_tick does not wake it; ticks that stop leave one wake-up with nothing to write, and
+        the next tick then wakes the thread. Events and other ops, a flush, closing and a full batch do not
+        wait. Called holding the condition.
+        """
+        while not (self._ops or self._stopping):
+            now = time.monotonic()
+            due = self._due_at
+            if self._ticks and (due is None or due <= now or self._flushing):  # None: put back after a failure
+                return
+            if due is not None and due <= now:
+                self._due_at = due = None  # a linger with no tick: the next one starts its own (and wakes us)
+            if self._maintenance_more and not self._ticks:
+                return
+            until = due if due is not None else min(self._next_maintenance, self._next_wal_check)
+            if until <= now:
+                return
+            self._waiting_until = until
+            try:
+                self._cv.wait(until - now)
+            finally:
+                self._waiting_until = None
 
     def _linger_left(self) -> float:
-        """Seconds the queued ticks still wait (see _linger); called holding the condition."""
+        """Seconds the queued ticks still wait (see _wait); called holding the condition."""
         if not self.linger_s or not self._ticks or self._ops or self._stopping or self._flushing \
-                or len(self._ticks) >= self.batch_max_ticks:
+                or len(self._ticks) >= self.batch_max_ticks or self._due_at is None:
             return 0.0
-        return self._first_tick_at + self.linger_s - time.monotonic()
+        return self._due_at - time.monotonic()
 
     def _drain_once(self) -> None:
         if self._conn_lost and not self._reconnect():
@@ -697,6 +761,8 @@ class StoreWriter:
             ops = list(self._ops)
             self._ops.clear()
             ticks = [self._ticks.popleft() for _ in range(n)]
+            if n:  # the next batch: a backlog at once, else a linger from now (None: the next tick sets it)
+                self._due_at = 0.0 if self._ticks else (time.monotonic() + self.linger_s if self.linger_s else None)
             self._busy = True
         try:
             ok = self._write_ops(ops)

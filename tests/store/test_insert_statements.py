@@ -65,7 +65,7 @@ def _reference(tmp_path, ticks: list[tuple]) -> sqlite3.Connection:
             sql = _insert_sql(table, key, metrics)  # one row, one statement, None bound as it is
             for row in group:
                 vals = [ts] + [row[k] for k in key[1:]] + [row.get(n) for n in cols]
-                if kind == "host":
+                if kind == "host" and row["cpu_per_core_pct"] is not None:  # a missing list stays NULL
                     vals[1 + cols.index("cpu_per_core_pct")] = json.dumps(row["cpu_per_core_pct"])
                 ref.execute(sql, vals)
     ref.execute("COMMIT")
@@ -117,9 +117,11 @@ def test_a_lingering_second_at_10_hz_is_written_in_a_few_statements_per_table(tm
 
 
 def test_rows_without_a_missing_reading_skip_the_row_by_row_null_path(tmp_path, monkeypatch):
-    """GPU and NVLink rows without a None are checked a statement at a time (one sum over its values); only a
-    statement holding a None (or text) goes row by row, grouped by NULL pattern. Host rows (a JSON text),
-    serving rows (missing readings) and process rows (a missing memory figure) do; every value lands as a
+    """GPU and NVLink rows without a None are checked a statement at a time (one sum over its values). A
+    statement holding a None (or text) is tried whole with its first row's NULL pattern (issue 29.2): host rows
+    (a JSON text) and serving rows (the same readings missing every tick) take one pattern a statement, not one
+    a row as before (300 each here); only a statement whose rows differ goes row by row, grouped by pattern
+    (the GPU statement holding one None; process rows, whose two patterns alternate). Every value lands as a
     one-row INSERT of the same row lands it."""
     seen: Counter = Counter()
     real = writer_mod._null_mask
@@ -137,9 +139,12 @@ def test_rows_without_a_missing_reading_skip_the_row_by_row_null_path(tmp_path, 
     w.close()
     width = {kind: len(key) + len(metrics) for kind, (_, key, metrics) in LAYOUT.items()}
     assert width["gpu"] != width["nvlink"]
-    # 2400 rows each: only the one statement (<= 128 rows) holding the None went row by row
-    assert 1 <= seen[width["gpu"]] <= 128 and 1 <= seen[width["nvlink"]] <= 128, seen
-    assert seen[width["host"]] == seen[width["serving"]] == 300
+    # 2400 rows each: only the one statement (<= 128 rows, and its first row once more) holding the None went
+    # row by row
+    assert 1 <= seen[width["gpu"]] <= 129 and 1 <= seen[width["nvlink"]] <= 129, seen
+    statements = len(writer_mod._statements(300, 128))  # 128 + 128 + 32 + 8 + 4
+    assert seen[width["host"]] == seen[width["serving"]] == statements, seen  # one first row a statement
+    assert seen[width["processes"]] >= 2400  # alternating patterns: row by row, as before
     _same(db, _reference(tmp_path, ticks), 300)
 
 
@@ -155,3 +160,34 @@ def test_a_reading_past_a_floats_range_refuses_its_tick_alone(tmp_path):
     assert w.stats()["rejected"] == 1
     w.close()
     _same(db, _reference(tmp_path, ticks[:17] + ticks[18:]), 39)
+
+
+def test_statements_of_one_null_pattern_and_of_mixed_ones_store_what_one_row_inserts_store(tmp_path):
+    """The whole-statement NULL pattern (issue 29.2) must never bind a value where a row had a NULL nor drop
+    one: random batches where a few rows break their statement's pattern (a reading missing, one answered,
+    text in a number's place, a host row's per-core list missing or a text), each written in one transaction,
+    land value for value (type included) as one-row INSERTs of the same rows do."""
+    rng = random.Random(29)
+    ticks = []
+    for i in range(400):
+        ts, rows, host, serving, links, procs = _tick(i, rng, step_ms=1_000)
+        roll = rng.random()
+        if roll < 0.03:
+            serving["ttft_p50_ms"] = None  # one more reading missing than its neighbours
+        elif roll < 0.06:
+            serving["prompt_tokens_per_s"] = 12.5  # a reading the neighbours miss
+        elif roll < 0.08:
+            serving["requests_running"] = "7"  # text in a number's place (the column's affinity stores it)
+        elif roll < 0.10:
+            host["cpu_per_core_pct"] = None
+        elif roll < 0.12:
+            host["cpu_pct"] = None
+        elif roll < 0.14:
+            rows[1]["power_w"] = "312.5"
+        ticks.append((ts, rows, host, serving, links, procs))
+    db = tmp_path / "w.db"
+    w = StoreWriter(db, queue_max=1000, clock=lambda: (T0 + 500_000) / 1000)
+    _write(w, ticks)
+    assert w.stats()["rejected"] == 0
+    w.close()
+    _same(db, _reference(tmp_path, ticks), 400)

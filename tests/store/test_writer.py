@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 
 import pytest
@@ -172,3 +173,81 @@ def test_lingering_writer_puts_a_second_of_ticks_in_one_transaction_yet_flush_an
         assert [e.message for e in r.events()] == ["TTFT p99 above 2000 ms"]
     finally:
         r.close()
+
+
+class _CountingCondition(threading.Condition):
+    """The writer's condition, counting submit_tick's notifies (the test thread's) and the thread's wake-ups."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notifies = 0
+        self.writer_wakeups = 0
+
+    def notify(self, n: int = 1) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self.notifies += 1
+        super().notify(n)
+
+    def notify_all(self) -> None:  # flush() and close(): not counted
+        super().notify(len(self._waiters))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        out = super().wait(timeout)
+        if threading.current_thread().name == "lynxtop-store-writer":
+            self.writer_wakeups += 1
+        return out
+
+
+def _asleep(w: StoreWriter, cv: _CountingCondition) -> None:
+    deadline = time.monotonic() + 30
+    while not cv._waiters and time.monotonic() < deadline:  # the thread waits on the condition
+        time.sleep(0.01)
+
+
+def test_a_lingering_writer_fed_tick_after_tick_is_not_woken_by_each_second_s_first_tick(db):
+    """At 10 Hz (issue 29.3) the old writer was woken twice a linger: by the first tick of each second (to start
+    waiting for the rest) and at the linger's end. Now the thread, after a batch, already waits one linger ahead,
+    and ticks submitted meanwhile do not wake it (no notify from the sampling thread). Each cycle here is a tick
+    then a flush (the flush stands in for the linger's end, so nothing depends on timing): one notify for the
+    very first tick and one wake-up a batch, where the old writer had a notify and two wake-ups a batch."""
+    w = StoreWriter(db, queue_max=1000, linger_s=600.0, wal_check_interval_s=1e6, maintenance_interval_s=1e6)
+    cv = w._cv = _CountingCondition()
+    w.start()
+    cycles = 10
+    try:
+        _asleep(w, cv)
+        for i in range(cycles):
+            submit(w, 1, start_i=i)
+            _asleep(w, cv)  # woken or not, back asleep before the flush (the old one lingered)
+            assert w.flush(30)
+            _asleep(w, cv)
+        st = w.stats()
+    finally:
+        w.close()
+    assert st["written_ticks"] == cycles and st["tick_commits"] == cycles and st["dropped"] == 0
+    assert cv.notifies == 1  # the first tick, the thread then idle; the old writer: one per tick (10)
+    assert cv.writer_wakeups <= cycles + 2  # a flush's each, and the first tick's; the old writer: 2 a cycle
+
+
+def test_a_tick_is_due_within_one_linger_of_its_submit_even_while_the_thread_waits_ahead(db):
+    """The promise the wake-ups were cut under (docs/store.md): a tick waits at most `linger_s` to be written,
+    whether it starts a second (the thread idle: it is woken) or comes while the thread already waits for the
+    next batch (not woken: that batch is due sooner); it lingers at least until then for the others."""
+    linger = 600.0
+    w = StoreWriter(db, queue_max=1000, linger_s=linger, wal_check_interval_s=1e6, maintenance_interval_s=1e6)
+    cv = w._cv = _CountingCondition()
+    w.start()
+    try:
+        _asleep(w, cv)
+        for i in range(4):
+            before = time.monotonic()
+            submit(w, 1, start_i=i)
+            assert before - 1.0 < w._due_at <= time.monotonic() + linger  # never later than a linger
+            if i % 2:
+                assert w.flush(30)
+                _asleep(w, cv)
+        assert cv.notifies == 1
+        st = w.stats()
+    finally:
+        w.close()
+    assert st["tick_commits"] == 2 and st["written_ticks"] == 4  # nothing went before its linger but by flush
