@@ -92,7 +92,7 @@ class SimScenario:
         self._lock = threading.Lock()
         self._states: list[EngineState] = []
         self._read_at: float | None = None
-        self._parsed: StateCache = {}  # state files already parsed (read_states skips them while unchanged)
+        self._parsed: StateCache = {}  # state files parsed, liveness verdicts (read_states reuses them)
         self._loads: list[_Load] = []
         self._looks: dict[int, FakeGpuState] = {}  # GPU -> its state in the current step
         self._thermal: dict[int, _Thermal] = {}
@@ -116,7 +116,7 @@ class SimScenario:
         again (REREAD_S): one pass over the engines gives all GPUs' loads, and each GPU's state is then
         built once per step (`_looks`), however many NVML calls ask for it."""
         if self._read_at is None or now - self._read_at >= REREAD_S or now < self._read_at:
-            self._states = read_states(self.state_dir, self._parsed)
+            self._states = read_states(self.state_dir, self._parsed, now)
             self._read_at = now
             self._loads = self._all_loads(self._states)
             self._looks = {}

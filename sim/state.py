@@ -104,28 +104,38 @@ def _from_dict(d: dict[str, Any]) -> EngineState:
     return EngineState(holders=holders, **rest)
 
 
-StateCache = dict[str, tuple[tuple[int, int, int], EngineState]]  # file name -> ((inode, mtime ns, size), state)
+# file name -> ((inode, mtime ns, size), state, when its liveness was checked (monotonic s), the verdict)
+StateCache = dict[str, tuple[tuple[int, int, int], EngineState, float, bool]]
+LIVENESS_S = 1.0  # with a cache and a clock, an engine's holders are looked up in /proc at most this often
 
 
-def read_states(state_dir: Path, cache: StateCache | None = None) -> list[EngineState]:
+def _holders(st: EngineState) -> list[tuple[int, int | None]]:
+    return [(h.pid, h.start_ticks) for h in st.holders]
+
+
+def read_states(state_dir: Path, cache: StateCache | None = None, now: float | None = None,
+                liveness_s: float = LIVENESS_S) -> list[EngineState]:
     """Every readable state file of a live engine; unreadable or foreign files are skipped, not fatal.
 
     With `cache` (kept by the caller between reads), a file that is still the same file (inode, mtime, size:
-    writers replace it by a rename, so each write is a new inode) is not parsed again; liveness is checked on
-    every read all the same."""
+    writers replace it by a rename, so each write is a new inode) is not parsed again. With `now` too (monotonic
+    seconds), an engine's liveness verdict is reused for `liveness_s` while its holders are the same processes
+    (an engine republishes twice a second with the same holders): each check reads /proc once per holder, and
+    the GPU model reads the directory five times a second. An engine's memory is therefore released at most
+    `liveness_s` after its last holder exits, as a real driver frees it some time after the process is gone."""
     out: list[EngineState] = []
     try:
-        names = sorted(os.listdir(state_dir))
+        entries = sorted(os.scandir(state_dir), key=lambda e: e.name)
     except OSError:
         return out
     me = os.getuid()
     seen: StateCache = {}
-    for name in names:
+    for entry in entries:
+        name = entry.name
         if not (name.startswith("engine-") and name.endswith(".json")):
             continue
-        path = os.path.join(state_dir, name)
         try:
-            info = os.stat(path)
+            info = entry.stat()
             if me != 0 and info.st_uid != me:
                 continue  # another user's file: never let it invent GPU memory on our node
             key = (info.st_ino, info.st_mtime_ns, info.st_size)
@@ -133,14 +143,19 @@ def read_states(state_dir: Path, cache: StateCache | None = None) -> list[Engine
             if hit is not None and hit[0] == key:
                 st = hit[1]
             else:
-                data = json.loads(read_all(path))
+                data = json.loads(read_all(entry.path))
                 if not isinstance(data, dict):
                     continue
                 st = _from_dict(data)
-            seen[name] = (key, st)
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             continue
-        if st.alive():
+        if (hit is not None and now is not None and 0.0 <= now - hit[2] < liveness_s
+                and (hit[1] is st or _holders(hit[1]) == _holders(st))):
+            checked, alive = hit[2], hit[3]
+        else:
+            checked, alive = (now if now is not None else float("-inf")), st.alive()
+        seen[name] = (key, st, checked, alive)
+        if alive:
             out.append(st)
     if cache is not None:
         cache.clear()

@@ -151,3 +151,51 @@ def test_unchanged_state_files_are_not_parsed_again(tmp_path):
     assert fresh[0] is not first[0] and fresh[0].busy_frac == 0.25
     remove_state(tmp_path, me)
     assert read_states(tmp_path, cache) == [] and cache == {}
+
+
+def test_liveness_is_looked_up_in_proc_at_most_once_a_second_per_engine(tmp_path, monkeypatch):
+    """Issue 29.3: the model reads the state directory five times a second and the engines republish twice a
+    second with the same holders; each liveness check reads /proc once per holder. Over 3 s of 0.1 s looks
+    (30 looks, 15 directory reads, 6 publishes) an engine of one holder is looked up 3 or 4 times, not 15."""
+    import lynxtop.sim.state as state_mod
+
+    me = os.getpid()
+    lookups: list[int] = []
+    real = state_mod._start_ticks
+
+    def counting(pid: int) -> int | None:
+        lookups.append(pid)
+        return real(pid)
+
+    ticks = process_identity(me)
+
+    def one_holder(**kw) -> EngineState:
+        return EngineState(engine_pid=me, api_pid=me, model="m", tp=1, gpus=[0], phase="ready",
+                           holders=[Holder(gpu=0, pid=me, start_ticks=ticks, mem_bytes=2**30)],
+                           updated_unix=time.time(), busy_frac=1.0, decode_frac=1.0, **kw)
+
+    write_state(tmp_path, one_holder())
+    monkeypatch.setattr(state_mod, "_start_ticks", counting)
+    scen = SimScenario(tmp_path)
+    t0 = 5000.0
+    for k in range(30):
+        if k % 5 == 0:
+            write_state(tmp_path, one_holder(running=k))  # a publish: a new file, the same holders
+        st = scen.state(0, t0 + 0.1 * k)
+        assert st.mem_used_bytes == 2**30 and st.processes == [(me, 2**30)]
+    assert 3 <= len(lookups) <= 4, lookups
+    assert scen.engines(t0 + 3.0)[0].running == 25  # the publishes were read all the same
+
+
+def test_an_engine_whose_holders_exit_frees_its_memory_within_a_second(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        write_state(tmp_path, engine_state(child.pid))
+        scen = SimScenario(tmp_path)
+        t0 = 7000.0
+        assert scen.state(0, t0).mem_used_bytes == 120 * 2**30
+    finally:
+        child.kill()
+        child.wait()
+    assert scen.state(0, t0 + 1.05).mem_used_bytes == 0  # the next look past the liveness interval
+    assert scen.engines(t0 + 1.3) == []
