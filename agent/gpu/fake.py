@@ -19,7 +19,7 @@ from typing import Any
 
 import pynvml
 
-from lynxtop.agent.gpu.fake_driver import GPM_SCALAR, MIB, N_INTEGRALS, FakeDriver, Handle, err
+from lynxtop.agent.gpu.fake_driver import GPM_SCALAR, MIB, N_INTEGRALS, FakeDriver, Handle, Segment, err
 from lynxtop.agent.gpu.scripted import (
     MISSING_FUNCTIONS,
     ScriptedNode,
@@ -166,8 +166,9 @@ class FakeReadings(FakeDriver):
 
     def nvmlDeviceGetFieldValues(self, handle: Handle, field_ids: list[Any]) -> Any:
         spec = self._answer(handle, "nvmlDeviceGetFieldValues")[0]
-        acc = self._counters(handle.index)
-        ts_us = int(acc.last_t * 1e6)
+        t, seg = self._counters(handle.index)
+        ts_us = int(t * 1e6)
+        n = spec.nvlink_count
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
         for i, fid in enumerate(field_ids):
             fid, scope = fid if isinstance(fid, tuple) else (fid, 0)
@@ -181,9 +182,9 @@ class FakeReadings(FakeDriver):
                 if not spec.nvlink_field_counters or scope >= spec.nvlink_count:
                     v.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
                     continue
-                counter = acc.link_tx if fid == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else acc.link_rx
+                first = N_INTEGRALS + (n if fid == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else 0)
                 v.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-                v.value.ullVal = int(counter[scope] / 1024)  # KiB
+                v.value.ullVal = int(seg.value(first + scope, t) / 1024)  # KiB
             else:
                 v.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
         return values
@@ -194,7 +195,8 @@ class FakeSlowCounters(FakeDriver):
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Handle) -> int:
         self._check(handle, "nvmlDeviceGetTotalEnergyConsumption")
-        return int(self._counters(handle.index).energy_mj)
+        t, seg = self._counters(handle.index)
+        return int(seg.energy(t))
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Handle, error_type: int, counter_type: int) -> int:
         st = self._check(handle, "nvmlDeviceGetTotalEccErrors")
@@ -219,8 +221,8 @@ _METRIC = struct.Struct("<IId24x")
 
 
 def _slots(links: int) -> dict[int, tuple[int, float]]:
-    """GPM metric id -> (index into a record's `flat`, scale), for a GPU with `links` NVLinks; index -1: a link
-    the GPU does not have (reads 0). Ids missing here are not supported."""
+    """GPM metric id -> (index into a record's counters, `Segment.at`, scale), for a GPU with `links` NVLinks;
+    index -1: a link the GPU does not have (reads 0). Ids missing here are not supported."""
     table = _SLOTS.get(links)
     if table is None:
         table = {mid: (k, 1.0) for k, mid in enumerate(GPM_SCALAR)}
@@ -237,7 +239,7 @@ def _slots(links: int) -> dict[int, tuple[int, float]]:
 class _GpmRecord:
     gpu: int
     t: float
-    flat: tuple[float, ...]  # the integrals, then each link's rx, then each link's tx: what `_slots` indexes
+    seg: Segment  # the counters at `t` are `seg.at(t)`: the integrals, each link's rx, each link's tx (`_slots`)
     links: int
 
 
@@ -284,13 +286,12 @@ class FakeGpm(FakeDriver):
         spec = self._answer(handle, "nvmlGpmSampleGet")[0]
         if not spec.gpm:
             raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        acc = self._counters(handle.index)
+        t, seg = self._counters(handle.index)
         addr = ctypes.cast(sample, ctypes.c_void_p).value or 0
         with self._lock:
             if addr not in self._gpm:
                 raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-            self._gpm[addr] = _GpmRecord(handle.index, acc.last_t, (*acc.integrals, *acc.link_rx, *acc.link_tx),
-                                         len(acc.link_rx))
+            self._gpm[addr] = _GpmRecord(handle.index, t, seg, spec.nvlink_count)
         return sample
 
     def nvmlGpmMetricsGet(self, mg: Any) -> Any:
@@ -304,17 +305,21 @@ class FakeGpm(FakeDriver):
         lay = self._layout(mg)
         pairs = lay.by_links.get(b.links)
         if pairs is None:
-            pairs = lay.by_links[b.links] = self._pairs(lay, b.links, len(b.flat))
-        per_s = 1.0 / (b.t - a.t)
-        fa, fb = (*a.flat, 0.0), (*b.flat, 0.0)  # the last slot: a metric that reads 0
+            pairs = lay.by_links[b.links] = self._pairs(lay, b.links, N_INTEGRALS + 2 * b.links)
         entries = lay.template.copy()
-        entries[2::3] = [(fb[i] - fa[i]) * scale * per_s for i, scale in pairs]
+        if a.seg is b.seg:  # one state over the interval: the average is its rate (the last slot reads 0)
+            rb = (*b.seg.rates, 0.0)
+            entries[2::3] = [rb[i] * scale for i, scale in pairs]
+        else:
+            per_s = 1.0 / (b.t - a.t)
+            fa, fb = (*a.seg.at(a.t), 0.0), (*b.seg.at(b.t), 0.0)  # the last slot: a metric that reads 0
+            entries[2::3] = [(fb[i] - fa[i]) * scale * per_s for i, scale in pairs]
         lay.packer.pack_into(mg, lay.offset, *entries)  # one write for every entry, as the C library fills it
         return mg
 
     @staticmethod
     def _pairs(lay: _MetricsLayout, links: int, zero: int) -> list[tuple[int, float]]:
-        """(index into a record's flat values, scale) per entry; `zero` for a link the GPU lacks or an id
+        """(index into a record's counters, scale) per entry; `zero` for a link the GPU lacks or an id
         that is not supported (their returns are set in `template`)."""
         table = _slots(links)
         out = []

@@ -1,11 +1,13 @@
 """The fake NVML's driver core: what a real driver keeps per GPU, and the checks every device call passes.
 
 `FakeDriver` owns the scenario, the per-GPU accumulators (energy, GPM integrals, NVLink byte counters) and the
-pending XIDs. Invariants: counters only ever integrate forward (a look at or before the last one adds nothing);
-the scenario is read at most once per `resolution_s` per GPU, and each read turns the state into per-second
-rates once (`_GpuAcc.renew`), so integrating is one pass over a list, not one `getattr` per metric; a device
-call counts itself and checks its errors in the order a driver reports them (uninitialised, whole-library
-failure, missing function, lost GPU, unsupported, injected error) with one look at the state.
+pending XIDs. Invariants: counters only ever move forward (a look at or before the last one adds nothing);
+the scenario is read at most once per `resolution_s` per GPU, and a new state turns into per-second rates once
+(`_GpuAcc.renew`, a new `Segment`); a counter is worked out only when read, from its segment, so a look that
+only reads utilisation or clocks integrates nothing, and a state the scenario answers again (the simulator's
+model steps every 0.2 s) starts no new segment; a device call counts itself and checks its errors in the order
+a driver reports them (uninitialised, whole-library failure, missing function, lost GPU, unsupported, injected
+error) with one look at the state.
 
 The surfaces (fake.py) answer from the state this returns; this module builds no answer objects.
 """
@@ -50,45 +52,56 @@ class Handle:
         return f"<simulated GPU {self.index}>"
 
 
+@dataclass(frozen=True)
+class Segment:
+    """The counters' course while one scenario state holds: their values at `t0` and their per-second rates.
+
+    `flat` and `rates` share the GPM record's layout: the integrals (GPM_SCALAR's, then the NVLink totals rx, tx),
+    each link's rx bytes, each link's tx bytes. A counter at `t` is `flat[k] + rates[k] * (t - t0)`, worked out
+    only when something reads it (a GPM metric, a field value, energy): a look in between costs nothing."""
+
+    t0: float
+    flat: tuple[float, ...]
+    rates: tuple[float, ...]
+    energy_mj: float
+    power_mw: float
+
+    def at(self, t: float) -> tuple[float, ...]:
+        dt = t - self.t0
+        return tuple([a + r * dt for a, r in zip(self.flat, self.rates, strict=True)])
+
+    def value(self, k: int, t: float) -> float:
+        return self.flat[k] + self.rates[k] * (t - self.t0)
+
+    def energy(self, t: float) -> float:
+        return self.energy_mj + self.power_mw * (t - self.t0)
+
+
+def _rates(st: FakeGpuState, links: int) -> tuple[float, ...]:
+    """`st` as per-second increments of a `Segment`'s counters."""
+    tx = (st.nvlink_tx_bytes_per_s + [0.0] * links)[:links] if links else []
+    rx = (st.nvlink_rx_bytes_per_s + [0.0] * links)[:links] if links else []
+    return (*[getattr(st, attr) * scale for attr, scale in _SCALAR_ATTRS], sum(rx) / MIB, sum(tx) / MIB, *rx, *tx)
+
+
 @dataclass
 class _GpuAcc:
-    """What the fake driver accumulates for one GPU since 'driver load', and the rates it integrates."""
+    """What the fake driver accumulates for one GPU since 'driver load': the counters' current `Segment`."""
 
-    last_t: float  # counters are integrated up to here
+    last_t: float  # counters are read at this time (the latest look that advanced them)
     last_state: FakeGpuState
     state_t: float  # when last_state was read from the scenario
     links: int
-    energy_mj: float = 0.0
-    integrals: list[float] = field(default_factory=lambda: [0.0] * N_INTEGRALS)
-    link_tx: list[float] = field(default_factory=list)  # bytes, per link
-    link_rx: list[float] = field(default_factory=list)
+    seg: Segment
     prev_xids: list[int] = field(default_factory=list)
-    # per-second increments of the counters above under `last_state` (set by `renew`)
-    power_mw: float = 0.0
-    rates: list[float] = field(default_factory=list)
-    tx_rates: list[float] = field(default_factory=list)
-    rx_rates: list[float] = field(default_factory=list)
 
     def renew(self, st: FakeGpuState, t: float) -> None:
-        """Take `st` as the state from `t` on: its rates are worked out once here, not on every integration."""
+        """Take `st` as the state from `t` on. The scenario answers the same object while its state holds (the
+        simulator's model steps every 0.2 s): then the counters keep their segment and nothing is worked out."""
+        if st is not self.last_state:
+            seg = self.seg
+            self.seg = Segment(t, seg.at(t), _rates(st, self.links), seg.energy(t), st.power_w * 1000.0)
         self.last_state, self.state_t = st, t
-        n = self.links
-        self.power_mw = st.power_w * 1000.0
-        tx = (st.nvlink_tx_bytes_per_s + [0.0] * n)[:n] if n else []
-        rx = (st.nvlink_rx_bytes_per_s + [0.0] * n)[:n] if n else []
-        self.tx_rates, self.rx_rates = tx, rx
-        self.rates = [getattr(st, attr) * scale for attr, scale in _SCALAR_ATTRS]
-        self.rates += [sum(rx) / MIB, sum(tx) / MIB]
-
-    def integrate(self, now: float) -> None:
-        """Advance every counter to `now` at the current rates (left Riemann sum)."""
-        dt = now - self.last_t
-        self.energy_mj += self.power_mw * dt
-        self.integrals = [a + r * dt for a, r in zip(self.integrals, self.rates, strict=True)]
-        if self.links:
-            self.link_tx = [a + r * dt for a, r in zip(self.link_tx, self.tx_rates, strict=True)]
-            self.link_rx = [a + r * dt for a, r in zip(self.link_rx, self.rx_rates, strict=True)]
-        self.last_t = now
 
 
 class FakeDriver:
@@ -156,12 +169,12 @@ class FakeDriver:
         return st
 
     def _state(self, index: int, force: bool = False) -> FakeGpuState:
-        """The state now, after integrating the rates since the last look.
+        """The state now; with `force` the counters' reading time moves up to now too.
 
-        The scenario is read again once its last look is `resolution_s` old; counters (`force`) always integrate
-        up to now, so two GPM samples or field reads never share a timestamp.
+        The scenario is read again once its last look is `resolution_s` old; counters (`force`) always advance
+        to now, so two GPM samples or field reads never share a timestamp.
         """
-        if not force:  # an instantaneous reading of a fresh look: no integration, no lock
+        if not force:  # an instantaneous reading of a fresh look: no lock
             acc = self._acc.get(index)
             if acc is not None and 0.0 <= self.clock() - acc.state_t < self.resolution_s:
                 return acc.last_state
@@ -170,14 +183,15 @@ class FakeDriver:
             acc = self._acc.get(index)
             if acc is None:
                 return self._first_look(index, now)
-            recent = 0.0 <= now - acc.state_t < self.resolution_s
-            if now <= acc.last_t or recent and not force:
+            if now <= acc.last_t:
                 return acc.last_state
-            acc.integrate(now)
-            if recent:  # counters integrated; the scenario is not read again within its resolution
+            if 0.0 <= now - acc.state_t < self.resolution_s:  # the scenario is not read again within this
+                if force:
+                    acc.last_t = now
                 return acc.last_state
+            acc.last_t = now
             new = self.scenario.state(index, now)
-            if new.xid_events or acc.prev_xids:
+            if new is not acc.last_state and (new.xid_events or acc.prev_xids):
                 # XIDs "fire at this moment": deliver each one that was not already pending at the last look
                 fresh = list(new.xid_events)
                 for x in acc.prev_xids:
@@ -191,17 +205,18 @@ class FakeDriver:
     def _first_look(self, index: int, now: float) -> FakeGpuState:
         st = self.scenario.state(index, now)
         n = self._specs[index].nvlink_count
-        acc = self._acc[index] = _GpuAcc(last_t=now, last_state=st, state_t=now, links=n,
-                                         link_tx=[0.0] * n, link_rx=[0.0] * n)
-        acc.renew(st, now)
+        seg = Segment(now, (0.0,) * (N_INTEGRALS + 2 * n), _rates(st, n), 0.0, st.power_w * 1000.0)
+        acc = self._acc[index] = _GpuAcc(last_t=now, last_state=st, state_t=now, links=n, seg=seg)
         acc.prev_xids = list(st.xid_events)
         self._queue_xids(index, st.xid_events)
         return st
 
-    def _counters(self, index: int) -> _GpuAcc:
-        """The GPU's accumulators, integrated up to now."""
-        self._state(index, force=True)
-        return self._acc[index]
+    def _counters(self, index: int) -> tuple[float, Segment]:
+        """(now, the segment the GPU's counters are on): the counters at now are `segment.at(now)`."""
+        with self._lock:
+            self._state(index, force=True)
+            acc = self._acc[index]
+            return acc.last_t, acc.seg
 
     def _queue_xids(self, index: int, xids: list[int]) -> None:
         for x in xids:

@@ -163,7 +163,8 @@ class Scenario(Protocol):
     def gpus(self) -> list[FakeGpuSpec]: ...
 
     def state(self, index: int, now: float) -> FakeGpuState:
-        """The GPU's state at monotonic time `now` (seconds)."""
+        """The GPU's state at monotonic time `now` (seconds). The fake takes a state object answered again as
+        unchanged in its rates (counters, GPM activity): answer a new object when they change."""
         ...
 
 

@@ -159,3 +159,37 @@ def test_the_simulated_node_is_injected_not_imported(tmp_path):
         assert isinstance(open_backend("test-node", "d"), FakeNvml) and seen[-1] == "d"
     finally:
         backend._registered.pop("test-node")
+
+
+class _CountingState(FakeGpuState):
+    """Counts how often the fake reads its SM activity: the figure only the counters' rates are made from."""
+
+    reads = 0
+
+    def __getattribute__(self, name):
+        if name == "sm_active_pct":
+            type(self).reads += 1
+        return super().__getattribute__(name)
+
+
+def test_a_state_answered_again_is_turned_into_counter_rates_once(clock):
+    """Issue 29.3: the simulator's model answers one state object per 0.2 s step however often it is asked;
+    the fake makes the counters' rates from a state once, not on every tick's look (10 Hz: every look is past
+    the fake's 10 ms resolution). A new state object starts new rates; the GPM averages stay exact."""
+    from lynxtop.agent.gpu.sampler import GpuSampler
+
+    _CountingState.reads = 0
+    node = ConstantNode(h200_specs(2), [_CountingState(sm_active_pct=40.0), _CountingState(sm_active_pct=70.0)])
+    s = GpuSampler(lambda: FakeNvml(node, clock=clock), clock=clock, xid_events=False)
+    assert s.open()["state"] == "ok"
+    rows = []
+    for _ in range(20):
+        clock.advance(0.1)
+        rows.append(s.sample().gpu_rows)
+    assert _CountingState.reads == 2  # one per GPU, not one per GPU per tick (40)
+    assert all(r[0]["sm_active_pct"] == 40 and r[1]["sm_active_pct"] == 70 for r in rows[1:])
+    node.states[0] = replace(node.states[0], sm_active_pct=10.0)
+    clock.advance(0.1)
+    s.sample()  # the interval holds the change: GPM averages over it
+    clock.advance(0.1)
+    assert s.sample().gpu_rows[0]["sm_active_pct"] == 10 and _CountingState.reads == 3
