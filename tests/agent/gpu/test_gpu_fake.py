@@ -193,3 +193,37 @@ def test_a_state_answered_again_is_turned_into_counter_rates_once(clock):
     s.sample()  # the interval holds the change: GPM averages over it
     clock.advance(0.1)
     assert s.sample().gpu_rows[0]["sm_active_pct"] == 10 and _CountingState.reads == 3
+
+
+def test_gpm_calls_read_sample_addresses_without_building_pointers(clock, monkeypatch):
+    """Issue 29.3: the fake found a GPM sample's buffer by ctypes.cast (~4 µs, three a GPU a tick); it reads the
+    address from the pointer's memory. Samples stay told apart: a freed or foreign one is INVALID_ARGUMENT."""
+    from lynxtop.agent.gpu.sampler import GpuSampler
+
+    node = ConstantNode(h200_specs(2), [FakeGpuState(sm_active_pct=40.0), FakeGpuState(sm_active_pct=70.0)])
+    nv = FakeNvml(node, clock=clock)
+    s = GpuSampler(lambda: nv, clock=clock, xid_events=False)
+    assert s.open()["state"] == "ok"
+    casts = []
+    real_cast = ctypes.cast
+    monkeypatch.setattr(ctypes, "cast", lambda *a: casts.append(a) or real_cast(*a))
+    for _ in range(5):
+        clock.advance(0.1)
+        rows = s.sample().gpu_rows
+    assert casts == [] and [r["sm_active_pct"] for r in rows] == [40, 70]
+    monkeypatch.undo()
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    a, b = nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()
+    nv.nvmlGpmSampleGet(h, a)
+    clock.advance(0.1)
+    nv.nvmlGpmSampleGet(h, b)
+    mg = pynvml.c_nvmlGpmMetricsGet_t()
+    mg.version, mg.numMetrics, mg.sample1, mg.sample2 = pynvml.NVML_GPM_METRICS_GET_VERSION, 1, a, b
+    mg.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+    assert nv.nvmlGpmMetricsGet(mg).metrics[0].value == pytest.approx(40.0)
+    nv.nvmlGpmSampleFree(a)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nv.nvmlGpmMetricsGet(mg)
+    foreign = ctypes.cast(ctypes.create_string_buffer(8), pynvml.c_nvmlGpmSample_t)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nv.nvmlGpmSampleGet(h, foreign)
