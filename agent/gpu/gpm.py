@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from operator import mul
 from typing import Any
 
 import pynvml
@@ -91,8 +92,13 @@ class _Query:
         b.nvmlGpmMetricsGet(mg)
         # seen on a real H200: a metric can come back SUCCESS with NaN (two samples too close together)
         flat = self._unpack(mg, _METRICS_OFFSET)
+        returns, raw = flat[1::3], flat[2::3]
+        # the usual answer, checked and scaled by C-level passes: every metric SUCCESS, and the sum of their
+        # magnitudes finite and below the bound (a NaN or an infinity makes it fail, as one value past the bound)
+        if not any(returns) and sum(map(abs, raw)) < 1e18:
+            return list(map(mul, raw, self._scales))
         return [v * scale if r == 0 and -1e18 < v < 1e18 else None
-                for r, v, scale in zip(flat[1::3], flat[2::3], self._scales, strict=True)]
+                for r, v, scale in zip(returns, raw, self._scales, strict=True)]
 
 
 class GpmReader:

@@ -209,9 +209,12 @@ class ActivityReadings:
             self._c.failed(g, "nvmlGpmSampleGet", e.value)
             return
         if vals is not None:
-            for col, v in zip(gpm.columns, vals, strict=True):
-                if v is not None:
-                    row[col] = round(v)
+            if None not in vals:  # the usual answer: rounded and set by C-level passes
+                row.update(zip(gpm.columns, map(round, vals), strict=True))
+            else:
+                for col, v in zip(gpm.columns, vals, strict=True):
+                    if v is not None:
+                        row[col] = round(v)
         if links:
             g.link_row = _link_row(g.idx, gpm.link_columns, link_vals)
 
@@ -240,6 +243,9 @@ def _link_row(gpu: int, columns: list[str], values: list[float | None] | None) -
         return None
     row: dict[str, Any] = dict.fromkeys(NVLINK_COLUMNS)
     row["gpu"] = gpu
+    if None not in values:  # the usual answer: rounded and set by C-level passes
+        row.update(zip(columns, map(round, values), strict=True))
+        return row
     for col, v in zip(columns, values, strict=True):
         if v is not None:
             row[col] = round(v)

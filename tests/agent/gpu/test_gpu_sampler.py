@@ -430,3 +430,45 @@ def test_static_facts_are_built_once_per_initialisation(clock, events):
     assert s.status()["state"] == "ok" and [g["driver_version"] for g in s.static()] == ["590.10.01"] * 2
     s.close()
     assert s.static() == []
+
+
+def _agent_lines_in_one_tick(clock, nlinks: int, state: FakeGpuState) -> tuple[int, list[dict]]:
+    """Python lines the agent's GPM/NVLink reading (gpm.py, readers.py) runs in one 1 Hz tick of one GPU."""
+    import sys
+
+    node = ConstantNode(h200_specs(1, nvlink_count=nlinks), [state])
+    s = GpuSampler(lambda: FakeNvml(node, clock=clock), clock=clock, xid_events=False)
+    s.open()
+    run_ticks(s, clock, 2)
+    lines = 0
+
+    def tracer(frame, event, arg):
+        nonlocal lines
+        if event == "line" and frame.f_code.co_filename.endswith(("/gpu/gpm.py", "/gpu/readers.py")):
+            lines += 1
+        return tracer
+
+    clock.advance(1.0)
+    sys.settrace(tracer)
+    try:
+        tick = s.sample(set())
+    finally:
+        sys.settrace(None)
+    s.close()
+    return lines, tick.gpu_rows + tick.nvlink_rows
+
+
+def test_a_gpm_answer_is_read_without_a_python_step_per_metric(clock):
+    """Issue 29.3: a GPM answer (the scalar columns, and 36 per-link figures once a second) is checked, scaled,
+    rounded and put in its rows by C-level passes; the agent's Python lines for a GPU do not grow with its
+    metrics (2 links against 18), and the rows are what the per-value path gave: a NaN still reads NULL."""
+    two, rows2 = _agent_lines_in_one_tick(clock, 2, busy_state(2))
+    eighteen, rows18 = _agent_lines_in_one_tick(clock, 18, busy_state(18))
+    assert two == eighteen, (two, eighteen)
+    gpu, links = rows18
+    assert gpu["sm_active_pct"] == 73 and gpu["pcie_rx_bytes_per_s"] == 30 * MIB
+    assert gpu["nvlink_tx_bytes_per_s"] == sum(100 * MIB * (k + 1) for k in range(18))
+    assert links["l17_tx_bytes_per_s"] == 1800 * MIB and links["l0_rx_bytes_per_s"] == 50 * MIB
+    assert rows2[1]["l1_tx_bytes_per_s"] == 200 * MIB and rows2[1]["l2_tx_bytes_per_s"] is None
+    _, nan_rows = _agent_lines_in_one_tick(clock, 18, busy_state(18, dram_bw_pct=float("nan")))
+    assert nan_rows[0]["dram_bw_pct"] is None and nan_rows[0]["sm_active_pct"] == 73
