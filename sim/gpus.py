@@ -29,6 +29,7 @@ from lynxtop.sim.state import EngineState, StateCache, read_states
 
 DRIVER_VERSION = "580.95.05"
 REREAD_S = 0.2  # the state directory is listed at most this often: the GPU model's time step
+SETTLED_C = 0.05  # a die this close to its steady temperature is not stepped while its load holds
 STALE_S = 3.0  # an engine that has not published for this long is treated as doing nothing
 IDLE_SM_CLOCK_MHZ = 345
 BUSY_SM_CLOCK_MHZ = 1980
@@ -39,6 +40,7 @@ MEM_CLOCK_MHZ = 3201
 class _Thermal:
     last: float
     temp_c: float
+    target_c: float
 
 
 @dataclass
@@ -114,13 +116,22 @@ class SimScenario:
 
         The engines publish their state twice a second, so the model steps when the state directory is read
         again (REREAD_S): one pass over the engines gives all GPUs' loads, and each GPU's state is then
-        built once per step (`_looks`), however many NVML calls ask for it."""
-        if self._read_at is None or now - self._read_at >= REREAD_S or now < self._read_at:
+        built once per step (`_looks`), however many NVML calls ask for it. A GPU whose load is what it was
+        and whose die has settled at its temperature keeps its state object: nothing on it moved (the fake
+        NVML then keeps its counters' rates too)."""
+        back = self._read_at is not None and now < self._read_at  # a clock gone back: every GPU is built again
+        if self._read_at is None or now - self._read_at >= REREAD_S or back:
             self._states = read_states(self.state_dir, self._parsed, now)
             self._read_at = now
-            self._loads = self._all_loads(self._states)
-            self._looks = {}
+            loads, old = self._all_loads(self._states), self._loads
+            self._looks = {} if back or len(old) != len(loads) else {
+                i: st for i, st in self._looks.items() if loads[i] == old[i] and self._settled(i)}
+            self._loads = loads
         return self._loads
+
+    def _settled(self, index: int) -> bool:
+        th = self._thermal.get(index)
+        return th is not None and abs(th.target_c - th.temp_c) < SETTLED_C
 
     def state(self, index: int, now: float) -> FakeGpuState:
         with self._lock:
@@ -213,7 +224,8 @@ class SimScenario:
         target = self.p.ambient_temp_c + offset_c + self.p.temp_c_per_w * power_w
         th = self._thermal.get(index)
         if th is None:
-            th = self._thermal[index] = _Thermal(last=now, temp_c=target)
+            th = self._thermal[index] = _Thermal(last=now, temp_c=target, target_c=target)
+        th.target_c = target
         dt = max(now - th.last, 0.0)
         tau = max(self.p.temp_time_constant_s, 1e-3)
         th.temp_c += (target - th.temp_c) * (1 - math.exp(-dt / tau))

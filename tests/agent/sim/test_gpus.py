@@ -134,7 +134,40 @@ def test_the_gpu_model_builds_each_gpu_once_per_time_step(tmp_path):
     assert all(a is b for a, b in zip(first, within, strict=True))
     assert first[3].mem_used_bytes == 120 * 2**30 and first[3].sm_active_pct > 0
     later = scen.state(3, now + 1.5 * REREAD_S)  # past the step: (now + REREAD_S) - now may round below it
-    assert later is not first[3] and later.mem_used_bytes == first[3].mem_used_bytes
+    assert later.mem_used_bytes == first[3].mem_used_bytes  # (the same load on a settled die: the same state)
+
+
+def test_a_gpu_is_stepped_only_when_its_load_or_its_temperature_moves(tmp_path):
+    """Issue 29.3: a step rebuilds only the GPUs on which something moved: a republished engine with a new load,
+    or a die still heating towards its temperature. The others keep their state object, which the fake NVML
+    takes as unchanged rates; the readings stay what a rebuild would give."""
+    from lynxtop.sim.gpus import REREAD_S
+
+    me = os.getpid()
+    ticks = process_identity(me)
+
+    def engine(gpu: int, busy: float) -> EngineState:
+        return EngineState(engine_pid=1000 + gpu, api_pid=me, model="m", tp=1, gpus=[gpu], phase="ready",
+                           holders=[Holder(gpu=gpu, pid=me, start_ticks=ticks, mem_bytes=2**30)],
+                           updated_unix=time.time(), busy_frac=busy, decode_frac=busy, mean_batch=8)
+
+    write_state(tmp_path, engine(0, 0.5))
+    write_state(tmp_path, engine(1, 0.5))
+    scen = SimScenario(tmp_path)
+    t = 9000.0
+    first = [scen.state(i, t) for i in range(3)]
+    steps = [[scen.state(i, t + k * 1.5 * REREAD_S) for i in range(3)] for k in range(1, 4)]
+    assert all(step[i] is first[i] for step in steps for i in range(3))  # nothing moved: no GPU rebuilt
+    write_state(tmp_path, engine(1, 0.9))  # GPU 1's engine publishes a busier interval
+    t2 = t + 6 * REREAD_S
+    after = [scen.state(i, t2) for i in range(3)]
+    assert after[0] is first[0] and after[2] is first[2]
+    assert after[1] is not first[1] and after[1].util_gpu_pct == 90.0 and after[1].power_w > first[1].power_w
+    heating = [scen.state(1, t2 + k * 1.5 * REREAD_S) for k in range(1, 4)]  # its die warms towards the new power
+    temps = [after[1].temp_c] + [st.temp_c for st in heating]
+    assert len({id(st) for st in heating}) == 3 and temps == sorted(temps) and temps[-1] > temps[0]
+    fresh = SimScenario(tmp_path).state(0, t2)
+    assert fresh.sm_active_pct == after[0].sm_active_pct and fresh.power_w == after[0].power_w
 
 
 def test_unchanged_state_files_are_not_parsed_again(tmp_path):
