@@ -314,8 +314,11 @@ class Rollups:
             limit = self.max_ts[kind] if res == "1m" else self.wm[(kind, "1m")]  # as step() rolls them
             if limit is None:
                 continue
-            if wm is None:  # never rolled: a step finds out, once per new limit (not at every batch)
-                if self.idle.get((kind, res)) != limit:
+            if wm is None:  # never rolled: a step finds out, once per bucket the limit enters (not per batch)
+                # A step rolls nothing until the limit leaves the first sample's bucket; asked at every new
+                # limit, a fresh database's first minute (and first hour) cost an empty transaction a tick.
+                seen, bucket = self.idle.get((kind, res)), RESOLUTIONS[res]
+                if seen is None or limit - limit % bucket != seen - seen % bucket:
                     return True
             elif limit - limit % RESOLUTIONS[res] > wm:
                 return True

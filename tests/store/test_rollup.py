@@ -127,3 +127,33 @@ def test_reader_tail_and_long_run_summary_use_rollups(tmp_path):
     gpu1 = r.run(rid).summary["gpus"][1]
     assert gpu1["samples"] == 1080
     assert gpu1["power_w"] == pytest.approx(raw_avg)
+
+
+def test_a_fresh_database_runs_no_rollup_step_until_a_bucket_can_close(tmp_path):
+    """A fresh database (every new agent, and every benchmark run) has no watermark yet: the writer asked for a
+    rollup step whenever the newest sample moved, i.e. an empty write transaction after every 1 Hz tick for
+    the first minute (and one a minute for the first hour). Now a step runs once the newest sample enters a
+    new bucket: one transaction a tick in the first minute, then the minute is rolled as before."""
+    db = tmp_path / "r.db"
+    start = T0 - T0 % 60_000 + 5_000  # 5 s into a minute
+    w = StoreWriter(db, queue_max=1000, clock=lambda: (start + 200_000) / 1000)
+    begins: list[str] = []
+    w.conn.set_trace_callback(lambda sql: begins.append(sql) if sql.startswith("BEGIN") else None)
+    ticks = []
+    for i in range(50):  # 1 Hz, all in the first minute: each tick its own batch, as the agent at 1 Hz
+        ticks.append((start + i * 1000, [gpu_row(g, i, null_every=7) for g in range(2)]))
+        w.submit_tick(*ticks[-1])
+        w._drain_once()
+        if i == 0:
+            begins.clear()  # the first batch's maintenance (retention's first pass, the first look)
+    first_minute = len(begins)
+    for i in range(50, 130):  # past the second minute: the first two roll up
+        ticks.append((start + i * 1000, [gpu_row(g, i, null_every=7) for g in range(2)]))
+        w.submit_tick(*ticks[-1])
+        w._drain_once()
+    w.conn.set_trace_callback(None)
+    w.close()
+    assert first_minute == 49  # the ticks' own transactions only; it was two a tick (98)
+    until = start + 129_000 - (start + 129_000) % 60_000
+    _same(_actual(db, "gpu_1m"), _expected(ticks, 60_000, until))
+    assert len(_actual(db, "gpu_1m")) == 4  # two minutes of two GPUs
