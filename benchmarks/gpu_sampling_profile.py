@@ -4,8 +4,9 @@ The tick runs in isolation (no agent, no scrape, no store) on a manual clock ste
 the figures are CPU per tick, not wall time: `cpu_ms_per_tick` (process time of `GpuSampler.sample` over N
 ticks, median of 5 blocks), `backend_share` (the part of cProfile's cumulative time spent inside the fake NVML
 and the simulator's GPU model, which a real node pays in C inside libnvidia-ml), and with --profile the
-top functions by own time. DP8: eight engines, one GPU each, under steady decode, their state files refreshed
-as the simulated engines do. Last line: one JSON object.
+top functions by own time. DP8: eight engines, one GPU each, under streamed decode, each publishing its state
+file twice a second (staggered, its figures moving a little each time) as the simulated engines do; the
+publishes are not counted. Last line: one JSON object.
 Usage: python benchmarks/gpu_sampling_profile.py [--hz 10] [--ticks 300] [--profile]
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import math
 import os
 import pstats
 import statistics
@@ -36,15 +38,38 @@ class Clock:
         return self.t
 
 
-def dp8_states(state_dir: Path) -> None:
-    """Eight live engines (this process holds their memory, so they count as alive), one GPU each."""
+def dp8_states(state_dir: Path, only: int | None = None, k: int = 0) -> None:
+    """Eight live engines (this process holds their memory, so they count as alive), one GPU each; `only` one of
+    them, publishing its `k`-th interval: streamed load moves its figures a little at every publish."""
     me = os.getpid()
-    for i in range(8):
+    ticks = process_identity(me)
+    wobble = 0.05 * math.sin(0.7 * k)
+    for i in range(8) if only is None else (only,):
         write_state(state_dir, EngineState(
             engine_pid=100000 + i, api_pid=me, model="deepseek-ai/DeepSeek-V3", tp=1, gpus=[i],
-            phase="ready", holders=[Holder(gpu=i, pid=me, start_ticks=process_identity(me), mem_bytes=120 << 30)],
-            running=12, busy_frac=0.8, prefill_frac=0.2, decode_frac=0.8, mean_batch=12.0,
-            prompt_tokens_per_s=800.0, generation_tokens_per_s=1500.0, updated_unix=time.time()))
+            phase="ready", holders=[Holder(gpu=i, pid=me, start_ticks=ticks, mem_bytes=120 << 30)],
+            running=12, busy_frac=0.8 + wobble, prefill_frac=0.2 - wobble, decode_frac=0.8 + wobble,
+            mean_batch=12.0 + 10 * wobble, prompt_tokens_per_s=800.0 * (1 - wobble),
+            generation_tokens_per_s=1500.0 * (1 + wobble), updated_unix=time.time()))
+
+
+class Publisher:
+    """The engines' publishes on the benchmark's clock: each engine twice a second, staggered, as the simulated
+    engines of a streamed DP8 load do (so the GPU model steps on new figures, not a frozen node)."""
+
+    PERIOD_S = 0.5
+
+    def __init__(self, state_dir: Path, start: float):
+        self.state_dir = state_dir
+        self.due = [start + i * self.PERIOD_S / 8 for i in range(8)]
+        self.k = 0
+
+    def __call__(self, now: float) -> None:
+        for i, due in enumerate(self.due):
+            if now >= due:
+                self.k += 1
+                dp8_states(self.state_dir, only=i, k=self.k)
+                self.due[i] = due + self.PERIOD_S * max(1, int((now - due) / self.PERIOD_S) + 1)
 
 
 def _cpu() -> float:
@@ -62,25 +87,30 @@ def run(hz: float, ticks: int, profile: bool) -> dict:
         period = 1.0 / hz
         pids = {os.getpid()}
 
-        def block(n: int) -> None:
+        publish = Publisher(state_dir, clock.t)
+
+        def block(n: int, prof: cProfile.Profile | None = None) -> float:
+            """CPU seconds of `n` ticks' sampling (the engines' publishes in between are not counted)."""
+            spent = 0.0
             for _ in range(n):
                 clock.t += period
+                publish(clock.t)
+                if prof is not None:
+                    prof.enable()
+                c = _cpu()
                 s.sample(pids)
+                spent += _cpu() - c
+                if prof is not None:
+                    prof.disable()
+            return spent
 
         block(int(hz) * 2)  # warm: GPM has its previous sample, the slow reads are spread out
-        per_tick = []
-        for _ in range(5):
-            dp8_states(state_dir)  # the engines publish about once a second
-            c = _cpu()
-            block(ticks // 5)
-            per_tick.append((_cpu() - c) * 1000 / (ticks // 5))
+        per_tick = [block(ticks // 5) * 1000 / (ticks // 5) for _ in range(5)]
         clock.t += period
         tick = s.sample(pids)
         assert len(tick.gpu_rows) == 8 and tick.gpu_rows[0]["sm_active_pct"] is not None
         prof = cProfile.Profile()
-        prof.enable()
-        block(ticks)
-        prof.disable()
+        block(ticks, prof)
         s.close()
     st = pstats.Stats(prof)
     total = sum(v[2] for v in st.stats.values())  # own time of everything
