@@ -12,6 +12,7 @@ import math
 import operator
 import re
 from collections import deque
+from collections.abc import Sequence
 
 from lynxtop.agent.metrics.histogram import HistogramSnapshot
 from lynxtop.agent.metrics.page import ParsedPage, SeriesKey
@@ -37,19 +38,22 @@ class _SeriesCorrection:
     __slots__ = ("_keys", "_vals", "_gone")
 
     def __init__(self) -> None:
-        self._keys: list[SeriesKey] | None = None
-        self._vals: list[float] = []
+        self._keys: tuple[SeriesKey, ...] | None = None
+        self._vals: Sequence[float] = ()
         self._gone: dict[SeriesKey, float] = {}
 
     def update(self, cur: dict[SeriesKey, float]) -> tuple[dict[SeriesKey, float] | None, bool]:
         """({series: correction} or None when nothing to correct, whether a series went down)."""
-        keys = list(cur)
-        vals = list(cur.values())
+        return self.update_lists(tuple(cur), tuple(cur.values()))
+
+    def update_lists(self, keys: tuple[SeriesKey, ...], vals: Sequence[float]
+                     ) -> tuple[dict[SeriesKey, float] | None, bool]:
+        """`update` for the series as (keys, values), each key once (ParsedPage.series_lists)."""
         prev_keys, prev_vals = self._keys, self._vals
         self._keys, self._vals = keys, vals
         if prev_keys is None:
             return None, False
-        if keys == prev_keys:  # the same series in the same order: every tick of a steady server
+        if keys is prev_keys or keys == prev_keys:  # the same series in the same order: a steady server's pages
             if not any(map(operator.lt, vals, prev_vals)):
                 return None, False
             return {k: p for k, v, p in zip(keys, vals, prev_vals, strict=True) if v < p}, True
@@ -163,16 +167,16 @@ class ResetCorrections:
         go down on this page. Without any reset so far the page's own dicts are returned untouched."""
         self._check_layouts(page)
         went_down: list[str] = []
-        for sk, cur in page.series.items():
+        for sk, (keys, vals) in page.series_lists.items():
             corr = self.series.get(sk)
             if corr is None:
                 corr = self.series[sk] = _SeriesCorrection()
-            fix, reset = corr.update(cur)
+            fix, reset = corr.update_lists(keys, vals)
             if reset and sk[1] not in went_down:
                 went_down.append(sk[1])
             if fix:
                 self._book(sk, fix)
-        if len(self.series) > len(page.series):  # a whole family vanished: it starts over if it comes back
+        if len(self.series) > len(page.series_lists):  # a whole family vanished: it starts over if it comes back
             self._forget_vanished(page)
         if not (self.offsets or self.bucket_offsets):
             return page.counters, page.histograms, went_down
@@ -203,7 +207,7 @@ class ResetCorrections:
             self.offsets[sk] = self.offsets.get(sk, 0.0) + math.fsum(fix.values())
 
     def _forget_vanished(self, page: ParsedPage) -> None:
-        for sk in [sk for sk in self.series if sk not in page.series]:
+        for sk in [sk for sk in self.series if sk not in page.series_lists]:
             del self.series[sk]
             self.offsets.pop(sk, None)
             if sk[0] == "bucket":

@@ -153,13 +153,14 @@ class ServingTotals:
 
 def _finished_series(page: ParsedPage) -> dict[SeriesKey, float]:
     """vllm:request_success_total, series by series (engine, finished_reason)."""
-    return page.series.get(("counter", "requests"), {})
+    keys, values = page.series_lists.get(("counter", "requests"), ((), ()))
+    return dict(zip(keys, values, strict=True))
 
 
 def _model_of(page: ParsedPage) -> str:
     """The `model_name` label vLLM puts on its series ("" on a page without one)."""
-    for series in page.series.values():
-        for key in series:
+    for keys, _ in page.series_lists.values():
+        for key in keys:
             match = _MODEL.search(key)
             if match:
                 return match.group(1)

@@ -13,7 +13,6 @@ import math
 import operator
 import re
 from collections.abc import Callable, Sequence
-from functools import reduce
 from typing import Any
 
 from lynxtop.agent.metrics.families import (
@@ -47,24 +46,38 @@ class PageError(ValueError):
 SeriesKey = str  # one series: its sample line up to the value (name and labels, as the page spells them)
 
 
+SeriesLists = tuple[tuple[SeriesKey, ...], Sequence[float]]  # a family's series and their values, in page order
+_NO_SERIES: SeriesLists = ((), ())
+
+
 class ParsedPage:
     """The values of one page we care about, summed over engines.
 
     `series` keeps each counter series behind those sums (per engine, per `le`), keyed by ("counter", key),
     ("bucket" | "sum" | "count", histogram key): Prometheus detects a counter reset per series, before summing.
     Values are the floats the page's lines were read as (NaN included: never below anything, so never a reset).
+    `series_lists` holds the same as (keys, values) pairs, what the reset correction reads: a page read through a
+    plan gives them without a dict per family (the keys one tuple for every page), `series` is built on demand.
     """
 
     def __init__(self) -> None:
         self.counters: dict[str, float] = {}
         self.gauges: dict[str, float] = {}
         self.histograms: dict[str, HistogramSnapshot] = {}
-        self.series: dict[tuple[str, str], dict[SeriesKey, float]] = {}
+        self.series_lists: dict[tuple[str, str], SeriesLists] = {}
+        self._series: dict[tuple[str, str], dict[SeriesKey, float]] | None = None
         self.engines: dict[str, dict[str, float]] = {}  # engine label -> running / waiting / kv_usage
         self.bad_values = 0  # samples that were no reading (NaN, infinite, past 2**63): left out like NaN
         self.bad_example = ""  # the first of them, as the page wrote it (cut short)
         self.refused: list[str] = []  # parts left out over a cap (a histogram with too many buckets)
         self.stale: set[str] = set()  # counters and histograms with a bad sample: this page adds nothing to them
+
+    @property
+    def series(self) -> dict[tuple[str, str], dict[SeriesKey, float]]:
+        """Each family's series as a dict (built from `series_lists` when first asked for)."""
+        if self._series is None:
+            self._series = {sk: dict(zip(*kv, strict=True)) for sk, kv in self.series_lists.items()}
+        return self._series
 
 
 _FIRST = operator.itemgetter(0)
@@ -151,13 +164,16 @@ class _Totals:
     was first seen (agent/metrics/promtext.py), and what it adds to is remembered. Any other line takes that full path.
     """
 
-    __slots__ = ("sums", "maxes", "buckets", "raw", "engines", "bad", "bad_example", "bad_names", "refused")
+    __slots__ = ("sums", "maxes", "buckets", "raw", "lists", "engines", "bad", "bad_example", "bad_names", "refused",
+                 "plan")
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
         self.maxes: dict[str, float] = {}
         self.buckets: dict[str, dict[float, float]] = {}
         self.raw: dict[str, dict[SeriesKey, float]] = {}  # counter and histogram series: value by series
+        self.lists: dict[str, SeriesLists] | None = None  # the same as (keys, values), from a plan
+        self.plan: _Plan | None = None  # the plan that added them up
         self.engines: dict[str, dict[str, float]] = {}  # engine label -> gauge sample name -> value
         self.bad = 0  # samples that are no reading (NaN, infinite, past 2**63)
         self.bad_example = ""
@@ -263,55 +279,155 @@ def _one(i: int) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
     return lambda seq: (seq[i],)
 
 
+def _none(seq: Sequence[Any]) -> tuple[Any, ...]:
+    return ()
+
+
 def _picker(idx: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
     """The items at `idx` of a sequence, as a tuple, gathered in C."""
-    return operator.itemgetter(*idx) if len(idx) > 1 else _one(idx[0])
+    return operator.itemgetter(*idx) if len(idx) > 1 else _one(idx[0]) if idx else _none
 
 
 class _Plan:
     """Where each line of one page layout goes: the same series in the same order, every page of a steady server.
 
     Built once from the series `_Totals` has checked; a later page with that layout is added up without a Python
-    step per line: its values are read with one `map(float)` and each total is one `reduce(add)` over its lines'
-    values in page order, so the result is what `_Totals.add_lines` gives to the last digit (the tests compare
-    both with prometheus_client). A page with a NaN, an odd value or any other layout takes `add_lines`.
+    step per line or per sum: every sum (a counter's, a histogram bucket's over engines, an engine's gauge) is a
+    group of lines, and the groups of one size k are added up together by k C `map(add)` over their j-th lines,
+    so each sum is ((0.0 + first) + second) + ... in page order, what `_Totals.add_lines` gives to the last digit
+    (the tests compare both with prometheus_client). Each family's series come as (keys, values) pairs, the
+    keys one tuple for every page. A page with a NaN, an odd value or any other layout takes `add_lines`.
     """
 
-    __slots__ = ("sums", "maxes", "buckets", "raw", "engines")
+    __slots__ = ("_steps", "_maxes", "_sums", "_buckets", "_engines", "_lists", "_max_names", "_pick_maxes",
+                 "shape", "shaped")
 
-    def __init__(self, keys: Sequence[SeriesKey]) -> None:
-        sums: dict[str, list[int]] = {}
-        maxes: dict[str, list[int]] = {}
-        buckets: dict[str, dict[float, list[int]]] = {}
+    def __init__(self, keys: tuple[SeriesKey, ...]) -> None:
+        groups: dict[tuple[Any, ...], list[int]] = {}  # what a sum adds up -> its lines, in page order
+        maxes: dict[tuple[Any, ...], list[int]] = {}  # the same for a max
+        sums: list[str] = []
+        buckets: dict[str, list[float]] = {}
+        engines: dict[str, dict[str, tuple[Any, ...]]] = {}
         raw: dict[str, list[int]] = {}
-        engines: dict[str, dict[str, tuple[int, list[int]]]] = {}
         for i, key in enumerate(keys):
             kind, name, le, engine = _KNOWN[key]
             if kind < _COUNTER:
-                (maxes if kind == _GAUGE_MAX else sums).setdefault(name, []).append(i)
-                engines.setdefault(engine, {}).setdefault(name, (kind, []))[1].append(i)
-                continue
-            raw.setdefault(name, []).append(i)
-            if kind == _BUCKET:
-                buckets.setdefault(name[:-7], {}).setdefault(le, []).append(i)
+                if kind == _GAUGE_MAX:
+                    maxes.setdefault(("max", name), []).append(i)
+                    maxes.setdefault(("engine", engine, name), []).append(i)
+                    engines.setdefault(engine, {}).setdefault(name, ("engine", engine, name))
+                    continue
+                engines.setdefault(engine, {}).setdefault(name, ("engine", engine, name))
+                groups.setdefault(("engine", engine, name), []).append(i)
             else:
-                sums.setdefault(name, []).append(i)
-        self.sums = [(n, _picker(ix)) for n, ix in sums.items()]
-        self.maxes = [(n, _picker(ix)) for n, ix in maxes.items()]
-        self.buckets = [(h, [(le, _picker(ix)) for le, ix in per.items()]) for h, per in buckets.items()]
-        self.raw = [(n, _picker(ix)) for n, ix in raw.items()]
-        self.engines = [(e, [(n, kind == _GAUGE_MAX, _picker(ix)) for n, (kind, ix) in per.items()])
-                        for e, per in engines.items()]
+                raw.setdefault(name, []).append(i)
+            if kind == _BUCKET:
+                les = buckets.setdefault(name[:-7], [])
+                if ("bucket", name[:-7], le) not in groups:
+                    les.append(le)
+                groups.setdefault(("bucket", name[:-7], le), []).append(i)
+            else:
+                if ("sum", name) not in groups:
+                    sums.append(name)
+                groups.setdefault(("sum", name), []).append(i)
+        by_size: dict[int, list[tuple[Any, ...]]] = {}
+        for what, ix in groups.items():
+            by_size.setdefault(len(ix), []).append(what)
+        order = [what for size in sorted(by_size) for what in by_size[size]]  # the sums' place in `totals`' list
+        self._steps = [(len(whats), [_picker([groups[w][j] for w in whats]) for j in range(size)])
+                       for size, whats in sorted(by_size.items())]
+        self._maxes = [_picker(ix) for ix in maxes.values()]  # after the sums, in that list
+        at = {what: n for n, what in enumerate([*order, *maxes])}
+        self._sums = (tuple(sums), _picker([at[("sum", n)] for n in sums]))
+        self._max_names = tuple(n for _, n in [w for w in maxes if w[0] == "max"])
+        self._pick_maxes = _picker([at[w] for w in maxes if w[0] == "max"])
+        self._buckets = [(h, tuple(les), _picker([at[("bucket", h, le)] for le in les])) for h, les in buckets.items()]
+        self._engines = [(e, tuple(per), _picker([at[w] for w in per.values()])) for e, per in engines.items()]
+        self.shape: _Shape | None = None  # what `_page_of` reads each quantity from: found on the plan's first page
+        self.shaped = False  # looked for (None then: the plan's pages are read by name)
+        self._lists: list[tuple[str, tuple[SeriesKey, ...], Callable[[Sequence[Any]], tuple[Any, ...]], bool]] = []
+        for name, ix in raw.items():
+            series = _picker(ix)(keys)
+            self._lists.append((name, series, _picker(ix), len(set(series)) == len(series)))
 
-    def totals(self, keys: Sequence[SeriesKey], values: list[float]) -> _Totals:
+    def totals(self, values: list[float]) -> _Totals:
+        out: list[float] = []
+        for width, steps in self._steps:
+            acc = [0.0] * width
+            for step in steps:
+                acc = list(map(operator.add, acc, step(values)))
+            out += acc
+        out += [max(pick(values)) for pick in self._maxes]
         t = _Totals()
-        t.sums = {n: reduce(operator.add, pick(values), 0.0) for n, pick in self.sums}
-        t.maxes = {n: max(pick(values)) for n, pick in self.maxes}
-        t.buckets = {h: {le: reduce(operator.add, pick(values), 0.0) for le, pick in per} for h, per in self.buckets}
-        t.raw = {n: dict(zip(pick(keys), pick(values), strict=True)) for n, pick in self.raw}
-        t.engines = {e: {n: max(pick(values)) if is_max else reduce(operator.add, pick(values), 0.0)
-                         for n, is_max, pick in per} for e, per in self.engines}
+        names, pick = self._sums
+        t.sums = dict(zip(names, pick(out), strict=True))
+        t.maxes = dict(zip(self._max_names, self._pick_maxes(out), strict=True))
+        t.buckets = {h: dict(zip(les, pick(out), strict=True)) for h, les, pick in self._buckets}
+        t.engines = {e: dict(zip(names, pick(out), strict=True)) for e, names, pick in self._engines}
+        t.lists = {n: (series, pick(values)) if unique else _as_lists(dict(zip(series, pick(values), strict=True)))
+                   for n, series, pick, unique in self._lists}
+        t.plan = self
         return t
+
+
+class _Shape:
+    """Which name each quantity of a plan's pages is read from, and how its histogram's buckets are ordered: what
+    `_page_of` finds by name on every page, the same for every page of one plan (values aside). Found once, on
+    the plan's first page without a bad value or a part left out; `fill` then builds each page from it."""
+
+    __slots__ = ("counters", "gauges", "histograms", "engines")
+
+    def __init__(self, t: _Totals) -> None:
+        self.counters = [(key, name) for key, cands in COUNTERS.items()
+                         if (name := _present(cands, t.sums)) is not None]
+        self.gauges = [(key, name, values is t.maxes) for table, values in ((GAUGES_SUM, t.sums), (GAUGES_MAX, t.maxes))
+                       for key, cands in table.items() if (name := _present(cands, values)) is not None]
+        self.histograms: list[tuple[str, str, bool]] = []
+        for key, cands in HISTOGRAMS.items():
+            name = _present(cands, t.buckets)
+            if name is not None:
+                les = list(t.buckets[name])
+                # bounds already increasing (and no NaN): the page's order is the sorted one, no sort a page
+                self.histograms.append((key, name, all(map(operator.lt, les, les[1:]))))
+        self.engines = [(e, [(key, name) for key, cands in (*GAUGES_SUM.items(), *GAUGES_MAX.items())
+                             if (name := _present(cands, vals)) is not None]) for e, vals in t.engines.items()]
+
+    @staticmethod
+    def of(t: _Totals) -> _Shape | None:
+        """The shape of `t`'s page, or None where `_page_of` reads it otherwise (a bad value, a part left out, a
+        histogram too wide or without its +Inf bucket): such a page takes the reading by name."""
+        if t.bad_names or t.refused or any(len(per) > MAX_BUCKETS or not any(map(math.isinf, per))
+                                           for per in t.buckets.values()):
+            return None
+        return _Shape(t)
+
+    def fill(self, t: _Totals, lists: dict[str, SeriesLists]) -> ParsedPage:
+        """The page `_page_of` makes of `t` (tests/agent/io/test_io_layout.py compares both on every page)."""
+        page = ParsedPage()
+        sums, buckets, series = t.sums, t.buckets, page.series_lists
+        for key, name in self.counters:
+            page.counters[key] = sums[name]
+            series[("counter", key)] = lists.get(name, _NO_SERIES)
+        page.gauges = {key: (t.maxes if is_max else sums)[name] for key, name, is_max in self.gauges}
+        for key, name, ordered in self.histograms:
+            per_le = buckets[name]
+            bs = tuple(per_le.items()) if ordered else tuple(sorted(per_le.items()))
+            if not math.isinf(bs[-1][0]):
+                raise PageError(f"histogram {name} has no +Inf bucket")
+            page.histograms[key] = HistogramSnapshot(buckets=bs, sum=sums.get(name + "_sum", 0.0),
+                                                     count=sums.get(name + "_count", bs[-1][1]))
+            series[("bucket", key)] = lists.get(name + "_bucket", _NO_SERIES)
+            for part in ("_sum", "_count"):
+                if name + part in lists:
+                    series[(part[1:], key)] = lists[name + part]
+        engines = t.engines
+        page.engines = {e: {key: engines[e][name] for key, name in spec} for e, spec in self.engines}
+        return page
+
+
+def _as_lists(per: dict[SeriesKey, float]) -> tuple[tuple[SeriesKey, ...], tuple[float, ...]]:
+    """A family's series as (keys, values): a series written twice keeps its first place and last value."""
+    return tuple(per), tuple(per.values())
 
 
 _PLANS: dict[tuple[SeriesKey, ...], _Plan] = {}
@@ -358,7 +474,7 @@ def _scan(text: str) -> tuple[bool, _Totals]:
             except ValueError:
                 values = []
             if values and not any(map(math.isnan, values)) and min(values) > -HUGE and max(values) < HUGE:
-                t = plan.totals(keys, values)
+                t = plan.totals(values)
                 t.refused = refused
                 return seen_vllm, t
     totals = _Totals()
@@ -446,6 +562,13 @@ def _page_of(seen_vllm: bool, t: _Totals) -> ParsedPage:
     """The page's quantities from its added-up samples (also for agent/metrics/layout.py's known layouts)."""
     if not seen_vllm:
         raise PageError("no vllm:* metrics on the page (is this a vLLM server?)")
+    raw = t.lists if t.lists is not None else {n: _as_lists(per) for n, per in t.raw.items()}
+    plan = t.plan
+    if plan is not None and not (t.bad_names or t.refused):  # a plan's page: each quantity where it was
+        if not plan.shaped:
+            plan.shape, plan.shaped = _Shape.of(t), True
+        if plan.shape is not None:
+            return plan.shape.fill(t, raw)
     page = ParsedPage()
     page.refused = list(t.refused)
     bad = t.bad_names
@@ -453,7 +576,7 @@ def _page_of(seen_vllm: bool, t: _Totals) -> ParsedPage:
         name = _present(candidates, t.sums)  # every sample no reading: absent, as a family of NaN always was
         if name is not None:
             page.counters[key] = t.sums[name]
-            page.series[("counter", key)] = t.raw.get(name, {})
+            page.series_lists[("counter", key)] = raw.get(name, _NO_SERIES)
             if name in bad:
                 page.stale.add(key)
     for table, values in ((GAUGES_SUM, t.sums), (GAUGES_MAX, t.maxes)):
@@ -469,7 +592,7 @@ def _page_of(seen_vllm: bool, t: _Totals) -> ParsedPage:
             page.refused.append(f"histogram {name} has {len(t.buckets[name])} buckets, over the cap of "
                                 f"{MAX_BUCKETS}: its latency columns stay empty")
             continue
-        _add_histogram(page, key, name, t.buckets[name], t.sums, t.raw)
+        _add_histogram(page, key, name, t.buckets[name], t.sums, raw)
         if bad and any(name + part in bad for part in ("_bucket", "_sum", "_count")):
             page.stale.add(key)
     page.engines = _engine_gauges(t.engines)
@@ -495,15 +618,15 @@ def _engine_gauges(per: dict[str, dict[str, float]]) -> dict[str, dict[str, floa
 
 
 def _add_histogram(page: ParsedPage, key: str, name: str, per_le: dict[float, float], sums: dict[str, float],
-                   raw: dict[str, dict[SeriesKey, float]]) -> None:
+                   raw: dict[str, SeriesLists]) -> None:
     bs = tuple(sorted(per_le.items()))
     if not math.isinf(bs[-1][0]):
         raise PageError(f"histogram {name} has no +Inf bucket")
     page.histograms[key] = HistogramSnapshot(
         buckets=bs, sum=sums.get(name + "_sum", 0.0), count=sums.get(name + "_count", bs[-1][1])
     )
-    page.series[("bucket", key)] = raw.get(name + "_bucket", {})
+    page.series_lists[("bucket", key)] = raw.get(name + "_bucket", _NO_SERIES)
     for part in ("sum", "count"):
         if name + "_" + part in raw:
-            page.series[(part, key)] = raw[name + "_" + part]
+            page.series_lists[(part, key)] = raw[name + "_" + part]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import re
+import sys
 
 import pytest
 from test_io_promtext import _perturb, page_texts, reference_parse, same
@@ -177,3 +178,99 @@ def test_a_server_whose_layout_changes_every_scrape_is_learnt_from_ever_less_oft
     for _ in range(layout_mod.LEARN_WAIT_MAX + 1):  # learnt again within LEARN_WAIT_MAX + 1 pages
         layout.parse(steady)
     assert layout._known(_perturb(steady, random.Random(3))) is not None
+
+
+def _wide_page(buckets: int, engines: int = 8) -> str:
+    """A page of one latency histogram with `buckets` bounds per engine and one counter, as prometheus_client
+    writes it."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    r = CollectorRegistry()
+    bounds = [0.001 * (i + 1) for i in range(buckets - 1)]
+    h = Histogram("vllm:time_to_first_token_seconds", "ttft", ["engine"], buckets=bounds, registry=r)
+    c = Counter("vllm:generation_tokens", "gen", ["engine"], registry=r)
+    for e in range(engines):
+        for i in range(40):
+            h.labels(str(e)).observe(0.0007 * i * (e + 1))
+        c.labels(str(e)).inc(100 + e)
+    return generate_latest(r).decode()
+
+
+def _c_calls(fn) -> int:
+    n = [0]
+
+    def count(frame, event, arg):
+        if event in ("call", "c_call"):
+            n[0] += 1
+
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return n[0]
+
+
+def test_a_planned_page_is_added_up_in_calls_that_do_not_grow_with_its_buckets():
+    """A planned layout's sums are added up by line rank (one `map(add)` over every sum of one size), not one
+    `reduce` per bucket bound: reading a page of 100 bounds per histogram takes the calls a page of 10 takes (the
+    per-bound reading took two calls more per bound, ~180 more here)."""
+    calls = []
+    for buckets in (10, 100):  # within what a layout learns (MAX_BUCKETS lines a family)
+        first = _wide_page(buckets)
+        layout = PageLayout()
+        layout.parse(first)
+        nxt = _perturb(first, random.Random(buckets))
+        assert layout._known(nxt) is not None
+        calls.append(_c_calls(lambda: layout.parse(nxt)))  # noqa: B023
+        identical(layout.parse(nxt), parse_text(nxt))
+    assert abs(calls[1] - calls[0]) <= 4, calls
+
+
+def test_a_planned_pages_series_come_as_one_keys_tuple_per_family_without_a_dict():
+    """Each family's series of a planned page are (keys, values), the keys the plan's own tuple on every page;
+    the reset correction reads them so and no dict per family is built for a scrape (0.3 ms a DP8 page)."""
+    first = page_texts()["sim-dp8"]
+    layout = PageLayout()
+    layout.parse(first)
+    a = layout.parse(_perturb(first, random.Random(1)))
+    b = layout.parse(_perturb(first, random.Random(2)))
+    assert a.series_lists and a.series_lists.keys() == b.series_lists.keys()
+    for sk, (keys, values) in b.series_lists.items():
+        assert type(keys) is tuple and keys is a.series_lists[sk][0]
+        assert list(b.series[sk]) == list(keys) and list(b.series[sk].values()) == list(values)
+    scraper = MetricsScraper("http://x:1")
+    pages = [scraper._layout.parse(p) for p in (first, _perturb(first, random.Random(3)))]
+    rows = [scraper._accept(p, float(i)) for i, p in enumerate(pages)]
+    assert rows[-1]["scrape_ok"] == 1
+    assert pages[-1]._series is None  # the scrape read the page without building a dict per family
+
+
+def test_a_series_written_twice_on_a_planned_page_reads_as_the_full_parse():
+    """The same series twice keeps its first place and its last value, as the full parse's dict does."""
+    first = page_texts()["sim-dp8"]
+    line = _wanted(first, "vllm:generation_tokens_total")[0]
+    twice = first.replace(line, f"{line}\n{line.rpartition(' ')[0]} 12345.0", 1)
+    layout = PageLayout()
+    layout.parse(twice)
+    nxt = _perturb(twice, random.Random(4))
+    assert layout._known(nxt) is not None
+    ours, full = layout.parse(nxt), parse_text(nxt)
+    identical(ours, full)
+    assert ours.series_lists == full.series_lists
+
+
+@pytest.mark.parametrize("name", list(page_texts()))
+def test_a_plans_pages_are_built_as_the_reading_by_name_builds_them(name):
+    """A plan's pages are built from the shape found on its first page (which name each quantity is read from):
+    the same page, engines, series and all, as `_page_of` reading every quantity by name."""
+    first = page_texts()[name]
+    parse_text(first)  # planned
+    for seed in (5, 6):
+        seen, t = page_mod._scan(_perturb(first, random.Random(seed)))
+        assert t.plan is not None
+        ours = page_mod._page_of(seen, t)
+        assert t.plan.shape is not None
+        t.plan = None  # read by name
+        identical(ours, page_mod._page_of(seen, t))
+        assert ours.series_lists == page_mod._page_of(seen, t).series_lists

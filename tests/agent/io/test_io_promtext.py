@@ -80,6 +80,7 @@ def reference_parse(text: str) -> page_mod.ParsedPage:
             for part in ("sum", "count"):
                 if name + "_" + part in raw:
                     page.series[(part, key)] = raw[name + "_" + part]
+    page.series_lists = {sk: (tuple(per), tuple(per.values())) for sk, per in page.series.items()}  # as read
     return page
 
 
