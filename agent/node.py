@@ -218,7 +218,7 @@ class Node:
         """The tick's samplers, in stages: host, then NVML and the scrape side by side, then the SLA."""
         assert self.supervisor is not None
         self.gpu_source = GpuSource(self.sampler, self.gpu_view, self._upsert_gpus, self._gpu_events)
-        # host and GPU sample in one executor job a tick (the hand-off weighed as much as the sampling)
+        # host and GPU read by the ticker's clock thread, NVML in a GPU thread beside it: no executor hand-off
         self.host_source = HostSource(self.host_sampler, self._run_members, gpu=self.gpu_source)
         # a scrape is cut off before the next is due: a slow server gives a failed row, never a late tick
         every = max(self.interval, self.cfg.agent.scrape_interval_s)
@@ -232,7 +232,7 @@ class Node:
             from lynxtop.agent.metrics.lifetime import ServingTotals
 
             self.scrape_source.totals = ServingTotals(kept=False)
-        self.ticker.use([[self.host_source], [self.gpu_source, self.scrape_source], [SlaSource(self.sla)]])
+        self.ticker.use([[self.gpu_source, self.scrape_source], [SlaSource(self.sla)]], part=self.host_source)
 
     def _gpu_event(self, kind: str, severity: str, message: str, details: dict | None = None) -> None:
         """The GPU sampler's events (from its threads), kept for the next tick's one path into the store."""
@@ -436,13 +436,14 @@ class Node:
                             Severity.WARNING if rebound else Severity.ERROR, msg,
                             details={"socket": str(self.cfg.agent.socket)})])
 
-    async def _run_members(self) -> set[int]:
-        """Processes of the run outside the leader's tree (a /proc scan: every 5 s, not every tick)."""
+    def _run_members(self) -> set[int]:
+        """Processes of the run outside the leader's tree (a /proc scan: every 5 s, not every tick); called in the
+        ticker's clock thread, the one thread reading the process table."""
         now = time.monotonic()
         sup = self.supervisor
         token = sup.run_token() if sup is not None else None
         if sup is not None and token is not None and (self._members_key != token or now - self._members_at > 5.0):
-            self._members = set(await asyncio.to_thread(sup.run_members, self.proc_table))
+            self._members = set(sup.run_members(self.proc_table))
             self._members_key, self._members_at = token, now
         return self._members
 

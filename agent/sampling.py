@@ -4,6 +4,12 @@ The tick (node.py) runs the samplers in stages, the samplers of one stage at onc
 vLLM processes the GPU sampler attributes memory to), then NVML and the `/metrics` scrape side by side (a slow
 GPU must not hold the scrape back), then the SLA over the scraped row. Rows are merged into the tick's
 `submit_tick` arguments; events of every sampler reach the store through the one function the node gives.
+
+The host row and the GPU sample are read in the ticker's own clock thread (`ClockPart`, agent/ticker.py), NVML in
+that thread too (`GpuGate`: one sample at a time; a thread stuck in it loses the clock to a new one, which waits
+for that sample until each tick's deadline): at 10 Hz the loop's timer, the executor hand-off and the loop
+wake-ups on its completion cost more than the sampling (issue 29.3). The loop gets each tick once, and its
+samplers that need not wait (`sample_now`) answer without a task.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,45 +42,86 @@ class Tick:
     pids: set[int] = field(default_factory=set)  # the run's processes (set by the host sampler)
     rows: Rows = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
+    gpu: Any = None  # what the clock thread's GPU read gave the loop: (started, GpuTick), an error, or None (late)
 
 
 class Sampler(Protocol):
     async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]: ...
 
 
-async def sample_stages(stages: Sequence[Sequence[Sampler]], tick: Tick) -> Exception | None:
+NOT_NOW: Any = object()  # what `sample_now` answers when the sampler must be awaited (`sample`) this tick
+
+
+def _now(sampler: Any, tick: Tick) -> Any:
+    """The sampler's answer without waiting (`sample_now`, which has no side effect when it answers NOT_NOW), its
+    error as a value, or NOT_NOW."""
+    now = getattr(sampler, "sample_now", None)
+    if now is None:
+        return NOT_NOW
+    try:
+        return now(tick)
+    except Exception as exc:  # noqa: BLE001 - the stage's error, as gather returned it
+        return exc
+
+
+def stages_now(stages: Sequence[Sequence[Sampler]], tick: Tick) -> tuple[int, list[Any] | None, Exception | None]:
+    """Run the stages whose samplers all answer at once, in this call (no task, no loop turn: at 10 Hz most ticks'
+    scrape and SLA have nothing to wait for). Returns (index of the first stage left, the answers its samplers
+    gave at once or NOT_NOW, the error that ended the tick); index len(stages): all done."""
+    for i, stage in enumerate(stages):
+        answers = [_now(s, tick) for s in stage]
+        if any(a is NOT_NOW for a in answers):
+            return i, answers, None
+        error = _merge(tick, answers)
+        if error is not None:
+            return i, None, error
+    return len(stages), None, None
+
+
+async def sample_stages(stages: Sequence[Sequence[Sampler]], tick: Tick,
+                        answered: list[Any] | None = None) -> Exception | None:
     """Run the stages in order into `tick.rows` and `tick.events`; the first failure ends the tick.
 
     The events of the samplers that did answer are kept in `tick.events` even then (an outage begins with one).
+    `answered`: the first stage's answers already given (stages_now), NOT_NOW for those to await.
     """
-    for stage in stages:
+    for k, stage in enumerate(stages):
+        given = answered if k == 0 and answered is not None else [NOT_NOW] * len(stage)
+        waited = [s for s, a in zip(stage, given, strict=True) if a is NOT_NOW]
         # A stage's last sampler runs in the tick's own task, the others as tasks beside it: every task and gather
-        # costs loop turns, and at 10 Hz each turn while the GPU job runs in the executor is a GIL hand-over
-        # (issue 29.3). Results and errors are gather's (return_exceptions), in the stage's order.
-        others = [asyncio.ensure_future(s.sample(tick)) for s in stage[:-1]]
-        try:
-            last: Any = await stage[-1].sample(tick)
-        except Exception as exc:  # noqa: BLE001 - the stage's error, as gather returned it
-            last = exc
-        except BaseException:
-            for task in others:  # cancelled (the agent stopping): so are the stage's other samplers, as by gather
-                task.cancel()
-            raise
-        results = [*(await asyncio.gather(*others, return_exceptions=True) if len(others) > 1 else
-                     [await _result(others[0])] if others else []), last]
-        error: BaseException | None = None
-        for res in results:
-            if isinstance(res, BaseException):
-                error = error or res
-                continue
-            rows, events = res
-            tick.rows.update(rows)
-            tick.events.extend(events)
+        # costs loop turns (issue 29.3). Results and errors are gather's (return_exceptions), in the stage's order.
+        others = [asyncio.ensure_future(s.sample(tick)) for s in waited[:-1]]
+        last: Any = None
+        if waited:
+            try:
+                last = await waited[-1].sample(tick)
+            except Exception as exc:  # noqa: BLE001 - the stage's error, as gather returned it
+                last = exc
+            except BaseException:
+                for task in others:  # cancelled (the agent stopping): so are the stage's other samplers, as by gather
+                    task.cancel()
+                raise
+        got = iter([*(await asyncio.gather(*others, return_exceptions=True) if len(others) > 1 else
+                      [await _result(others[0])] if others else []), *([last] if waited else [])])
+        error = _merge(tick, [next(got) if a is NOT_NOW else a for a in given])
         if error is not None:
-            if not isinstance(error, Exception):
-                raise error
             return error
     return None
+
+
+def _merge(tick: Tick, results: list[Any]) -> Exception | None:
+    """A stage's results into the tick, in the stage's order; its first error (a BaseException is raised)."""
+    error: BaseException | None = None
+    for res in results:
+        if isinstance(res, BaseException):
+            error = error or res
+            continue
+        rows, events = res
+        tick.rows.update(rows)
+        tick.events.extend(events)
+    if error is not None and not isinstance(error, Exception):
+        raise error
+    return error
 
 
 async def _result(task: asyncio.Future) -> Any:
@@ -113,69 +160,125 @@ class EventCollector:
         return out
 
 
-def _settle(fut: asyncio.Future, result: Any = None, exc: BaseException | None = None) -> None:
-    """Resolve `fut` from the loop (a tick cancelled meanwhile has dropped it)."""
-    if not fut.done():
+class ClockPart(Protocol):
+    """What the ticker's clock thread reads each tick before handing it to the loop (HostSource)."""
+
+    def read(self, tick: Tick) -> None: ...
+
+    def in_gpu_since(self) -> float | None: ...
+
+    def wake(self) -> None: ...
+
+    def late(self) -> None: ...
+
+
+class GpuWaitEnded(Exception):
+    """A wait for another thread's GPU sample given up: the clock is stopping."""
+
+
+class GpuGate:
+    """One NVML sample at a time, run in the thread that asks (the ticker's clock thread): no hand-off to another
+    thread in the common case. A thread that asks while a sample runs in another (one stuck in NVML, whose clock
+    the ticker gave to a new thread) waits for it until its deadline and takes its result: never two at once.
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self.busy_since: float | None = None  # monotonic start of the sample running, None when idle
+        self._outcome: tuple[float, Any, Exception | None] | None = None  # the last sample's, until taken
+        self._done = 0  # samples ended, for a waiter to tell a new outcome from an old one
+        self._woken = 0  # wake() calls: a waiter gives up (the clock stopping)
+
+    def sample(self, job: Callable[[set[int]], Any], pids: set[int], until: float) -> tuple[float, Any] | None:
+        """(start, result) of a sample, or None when another thread's is still running at `until`; the sample's
+        error is raised here."""
+        with self._cv:
+            if self.busy_since is not None:
+                return self._wait(until)
+            self.busy_since = started = time.monotonic()
+            self._outcome = None  # one that ended between two ticks gives way to this fresh one
+        exc: Exception | None = None
+        result: Any = None
+        try:
+            result = job(pids)
+        except Exception as e:  # noqa: BLE001 - the tick's error, raised below after the gate is open again
+            exc = e
+        finally:
+            with self._cv:
+                self.busy_since = None
+                self._outcome = (started, result, exc)
+                self._done += 1
+                self._cv.notify_all()  # a waiter only when this one was stuck: nobody to wake otherwise
         if exc is not None:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(result)
+            raise exc
+        return started, result
+
+    def _wait(self, until: float) -> tuple[float, Any] | None:
+        done, woken = self._done, self._woken
+        while self._done == done:
+            left = until - time.monotonic()
+            if left <= 0:
+                return None
+            if self._woken != woken:
+                raise GpuWaitEnded("the clock stopped while a GPU sample of another thread ran")
+            self._cv.wait(left)
+        outcome, self._outcome = self._outcome, None
+        if outcome is None:  # taken by another waiter
+            return None
+        started, result, exc = outcome
+        if exc is not None:
+            raise exc
+        return started, result
+
+    def wake(self) -> None:
+        """Ends the waits for another thread's sample (the clock stopping); the sample itself runs on."""
+        with self._cv:
+            self._woken += 1
+            self._cv.notify_all()
 
 
 class HostSource:
-    """psutil's host row, and the pids of the served run for the GPU sampler.
+    """psutil's host row and the pids of the served run, then the GPU sample with them: read in the clock thread.
 
-    With a `gpu` source whose previous sample is done, the host row and the GPU sample are one executor job
-    (the host first, then NVML with its pids): at 10 Hz the executor hand-off cost as much as the sampling
-    itself (issue 29.3), so a tick pays one, not two. The host row comes back to the tick as soon as it is
-    read; the GPU part is waited for by the GPU source in the next stage, as before.
+    The host row first, then NVML with the pids just read (GpuSource.read), in the same thread: a GPU sample still
+    running (hung NVML) never holds the host row back, since the ticker's watchdog gives the clock to a new thread
+    whose ticks wait for that sample only until their deadline (agent/ticker.py).
     """
 
-    def __init__(self, sampler: Any, members: Callable[[], Awaitable[set[int]]], gpu: GpuSource | None = None):
+    def __init__(self, sampler: Any, members: Callable[[], set[int]], gpu: GpuSource | None = None):
         self.sampler = sampler
-        self.members = members  # processes of the run outside the leader's tree
+        self.members = members  # processes of the run outside the leader's tree (called in the clock thread)
         self.gpu = gpu
 
-    async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
+    def read(self, tick: Tick) -> None:
         root = tick.root
-        members = await self.members() if root is not None else set()
+        members = self.members() if root is not None else set()
+        row = self.sampler.sample(root)
+        tick.pids = set(self.sampler.tree_pids) | members  # the members that row read: /proc once a tick
+        tick.rows["host_row"] = row
+        if self.gpu is not None:
+            self.gpu.read(tick)
 
-        def host_part() -> tuple[frozenset[int], dict]:
-            row = self.sampler.sample(root)
-            return self.sampler.tree_pids, row  # the members that row read: /proc once per process a tick
+    def in_gpu_since(self) -> float | None:
+        """When the GPU sample now running started (monotonic), None when none runs."""
+        return self.gpu.gate.busy_since if self.gpu is not None else None
 
-        gpu = self.gpu
-        if gpu is None or not gpu.idle():  # a GPU sample still running (slow NVML) never holds the host back
-            pids, row = await asyncio.to_thread(host_part)
-        else:
-            loop = asyncio.get_running_loop()
-            host_done: asyncio.Future = loop.create_future()
+    def wake(self) -> None:
+        if self.gpu is not None:
+            self.gpu.gate.wake()
 
-            def both() -> Any:
-                try:
-                    res = host_part()
-                except Exception as exc:  # noqa: BLE001 - the tick's error, raised by the await below
-                    loop.call_soon_threadsafe(_settle, host_done, None, exc)
-                    return None  # no GPU sample: the tick ends here and the next starts a new one
-                loop.call_soon_threadsafe(_settle, host_done, res)
-                return gpu.sampler.sample(set(res[0]) | members)
-
-            def ended(job: asyncio.Task) -> None:  # a job that could not run (no thread to be had) fails the tick
-                if not host_done.done():  # the row, when read, was settled before this callback came
-                    exc = None if job.cancelled() else job.exception()
-                    _settle(host_done, None, exc or RuntimeError("the host sample ended without a row"))
-
-            gpu.start(both).add_done_callback(ended)
-            pids, row = await host_done
-        tick.pids = set(pids) | members
-        return {"host_row": row}, []
+    def late(self) -> None:
+        """The tick being read was handed on without its GPU rows (its thread stuck in NVML): counted."""
+        if self.gpu is not None:
+            self.gpu.late += 1
 
 
 class GpuSource:
     """NVML through the GPU sampler, one sample at a time, never waited for past the tick's deadline.
 
     A GPU that answers slowly makes the tick carry no GPU rows (counted in `late`) rather than hold the host,
-    serving and store parts back; the sample still running is reused by the next tick, never doubled.
+    serving and store parts back; the sample still running is reused by the next tick, never doubled. Read in the
+    clock thread (`read`); the loop takes the outcome (`sample_now`: rows, the supervisor's view, static facts).
     """
 
     def __init__(self, sampler: Any, view: Any, on_static: Callable[[list[dict]], None],
@@ -184,52 +287,38 @@ class GpuSource:
         self.view = view  # node.NodeGpuView: what the supervisor reads about the GPUs
         self.on_static = on_static  # the GPUs' static facts, when they changed (a re-initialisation)
         self.collector = collector  # where the sampler's on_event puts its events
-        self.late = 0
-        self._pending: asyncio.Task | None = None
-        self._started: float | None = None
+        self.gate = GpuGate()
+        self.late = 0  # ticks without GPU rows: NVML slower than the tick's deadline
         self._static_version: int | None = None
-        self._started_here = False  # _pending was started by the host source for the tick now running
 
-    def idle(self) -> bool:
-        """No GPU sample running: the host source may start this tick's (GpuSource.start)."""
-        return self._pending is None or self._pending.done()
-
-    def start(self, job: Callable[[], Any]) -> asyncio.Task:
-        """Run `job` (the host row, then `sampler.sample`) as this tick's GPU sample: one executor hand-off."""
-        self._started = time.monotonic()
-        self._pending = asyncio.get_running_loop().create_task(asyncio.to_thread(job))
-        self._started_here = True
-        return self._pending
-
-    def _task(self, pids: set[int]) -> asyncio.Task:
-        """The running GPU sample, or a new one: never two NVML samples at once."""
-        if self._started_here and self._pending is not None:
-            self._started_here = False  # the sample the host source started for this tick, done or not
-            return self._pending
-        if self._pending is None or self._pending.done():
-            self._started = time.monotonic()
-            self._pending = asyncio.get_running_loop().create_task(asyncio.to_thread(self.sampler.sample, pids))
-        return self._pending
-
-    async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
-        task = self._task(tick.pids)
-        done, _ = await asyncio.wait({task}, timeout=max(0.05, tick.deadline - time.monotonic()))
-        if task not in done:
+    def read(self, tick: Tick) -> None:
+        """In the clock thread: the GPU sample for `tick.pids`, waited for until the tick's deadline."""
+        try:
+            got = self.gate.sample(self.sampler.sample, tick.pids, max(time.monotonic() + 0.05, tick.deadline))
+        except Exception as exc:  # noqa: BLE001 - the tick's error, raised on the loop with the stage's others
+            tick.gpu = exc
+            return
+        if got is None:
             self.late += 1
+        tick.gpu = got
+
+    def sample_now(self, tick: Tick) -> tuple[Rows, list[Event]]:
+        got = tick.gpu
+        if isinstance(got, Exception):
+            raise got
+        if got is None:  # late: no GPU rows this tick
             return {}, self.collector.drain()
-        self._pending = None
-        gpu_tick = task.result()
-        if gpu_tick is None:  # the host part of the job failed (that tick failed): no GPU rows from it
-            return {}, self.collector.drain()
-        if self._started is not None:
-            # the rows are stored under the tick's time: the view must not claim a later one
-            seen = min(self._started, tick.t0)
-            self.view.update(seen, gpu_tick.process_rows, self.sampler.status(), self.sampler.static())
+        started, gpu_tick = got
+        # the rows are stored under the tick's time: the view must not claim a later one
+        self.view.update(min(started, tick.t0), gpu_tick.process_rows, self.sampler.status(), self.sampler.static())
         if self.sampler.static_version != self._static_version:
             self._static_version = self.sampler.static_version
             self.on_static(self.sampler.static())
         return ({"gpu_rows": gpu_tick.gpu_rows, "nvlink_rows": gpu_tick.nvlink_rows,
                  "process_rows": gpu_tick.process_rows}, self.collector.drain())
+
+    async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
+        return self.sample_now(tick)
 
 
 @dataclass(frozen=True)
@@ -283,6 +372,19 @@ class ScrapeSource:
             self._next = 0.0
             self.on_new_run()
         return self.scraper, self.hang
+
+    def sample_now(self, tick: Tick) -> Any:
+        """This tick's answer when there is nothing to wait for (nothing served, or no scrape due or running: 9
+        ticks in 10 at 10 Hz), else NOT_NOW with nothing done (`sample` then)."""
+        target = self.target()
+        if target is not None and (self._pending is not None or tick.t0 >= self._next or self._key != target
+                                   or self.scraper is None):
+            return NOT_NOW
+        refused = [as_event(ev, run_id=target.run_id if target else None) for ev in self._http_events()]
+        if target is None:
+            self.engines = []
+            return {"serving_row": None}, refused
+        return {}, refused  # not due: this tick carries no serving row
 
     async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
         target = self.target()
@@ -338,6 +440,9 @@ class SlaSource:
         self.tracker = tracker
 
     async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
+        return self.sample_now(tick)
+
+    def sample_now(self, tick: Tick) -> tuple[Rows, list[Event]]:
         if "serving_row" not in tick.rows:
             return {}, []  # no scrape this tick (scraping slower than sampling): the SLA waits for the next page
         events = self.tracker.update(tick.rows.get("serving_row"), tick.ts_ms)

@@ -4,24 +4,42 @@ Owns the tick counters (ticks, missed, failed), the latest rows the status shows
 watchdog pings on. A tick that is still running when the next is due makes the next one be skipped and counted,
 never queued; a tick that raises is a missed tick too, logged once per episode. Each tick runs the samplers'
 stages (agent/sampling.py), sends their events down the one event path and queues their rows to the store.
+
+With a clock part (the node's host and GPU sources) the schedule is kept by a long-lived clock thread, not the
+loop: it wakes once a tick on the monotonic clock, reads the host row and the GPU sample (NVML in a GPU thread
+of its own, waited for until the tick's deadline) and hands the tick to the loop once (`call_soon_threadsafe`);
+the loop runs the rest (scrape, SLA, events, the store) in that call unless a scrape is to be waited for. At 10
+Hz the loop's timer, the executor hand-off and the loop wake-ups on its completion cost more than the host and
+GPU sampling themselves (issue 29.3).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from lynxtop.agent.api.connguard import Episodes, is_resource_error
 from lynxtop.agent.clock import Timeline, describe, span
-from lynxtop.agent.sampling import Sampler, Tick, sample_stages
+from lynxtop.agent.sampling import ClockPart, Sampler, Tick, sample_stages, stages_now
 from lynxtop.contract.events import Event, EventKind, Severity
 
 log = logging.getLogger("lynxtop.agent")
 STATUS_LINE_S = 1.0  # the status line (systemd's STATUS=) is built at most about this often, not every 10 Hz tick
+JOIN_S = 2.0  # how long stopping the clock waits for its threads (one stuck in NVML is left: a daemon)
+
+
+def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
+    """A daemon thread, started: the one place the clock's threads start (a test makes it fail, as when the process
+    is out of threads; the tick fails and is counted, the clock goes on)."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 class Ticker:
@@ -38,8 +56,18 @@ class Ticker:
         self._on_done = on_done  # after a tick was written, at most every STATUS_LINE_S (the status line)
         self._done_due = -math.inf  # tick start (monotonic) from which the next tick calls on_done
         self._stages: list[list[Sampler]] = []
+        self._part: ClockPart | None = None  # read by the clock thread each tick, before the stages
+        self._on_loop = False  # a tick handed to the loop by the clock thread and not finished there
+        self._last_context: tuple[int | None, int | None] = (None, None)
+        self._next_t = 0.0  # the clock thread's next due time (monotonic): a new clock thread goes on from it
+        self._gen = 0  # the clock thread's generation: one whose tick the watchdog took ends
+        self._reading: tuple[int, Tick] | None = None  # (generation, tick) being read by the clock thread
+        self._claim = threading.Lock()  # who hands that tick to the loop: its thread or the watchdog
+        self._thread: threading.Thread | None = None
+        self._watch: asyncio.TimerHandle | None = None
+        self._clock_args: tuple[Any, ...] = ()
         self.started_mono = time.monotonic()
-        self.missed_ticks = 0  # ticks skipped (one ran late) plus ticks that failed
+        self.skipped_ticks = 0  # ticks skipped (one ran late): counted by whichever thread keeps the clock
         self.failed_ticks = 0  # ticks that raised: counted in missed_ticks too, never silently dropped
         self.last_tick_error: str | None = None
         self.ticks = 0
@@ -49,12 +77,22 @@ class Ticker:
         self.latest_host: dict[str, Any] = {}
         self.latest_serving: dict[str, Any] | None = None
 
-    def use(self, stages: list[list[Sampler]]) -> None:
-        """The samplers of each tick, in stages (node.py wires them once the store and GPUs are open)."""
+    @property
+    def missed_ticks(self) -> int:
+        """Ticks skipped (one ran late) plus ticks that failed (two counters: each written by one thread)."""
+        return self.skipped_ticks + self.failed_ticks
+
+    def use(self, stages: list[list[Sampler]], part: ClockPart | None = None) -> None:
+        """The samplers of each tick, in stages (node.py wires them once the store and GPUs are open); `part`, when
+        given, is read by the clock thread before the stages run on the loop."""
         self._stages = stages
+        self._part = part
 
     async def run(self) -> None:
         """One tick per interval; a tick still running when the next is due skips that one (counted)."""
+        if self._part is not None:
+            await self._run_clock_thread(self._part)
+            return
         next_t = time.monotonic()
         running: asyncio.Task | None = None
         while True:
@@ -64,29 +102,41 @@ class Ticker:
             now = time.monotonic()
             behind = int((now - next_t) // self.interval)
             if behind > 0:  # the loop itself was late (suspended, overloaded): skip, don't catch up
-                self.missed_ticks += behind
+                self.skipped_ticks += behind
                 next_t += behind * self.interval
             next_t += self.interval
             self._on_beat(now)
             if running is not None and not running.done():
-                self.missed_ticks += 1
+                self.skipped_ticks += 1
                 continue
             running = asyncio.get_running_loop().create_task(self._tick(next_t - self.interval))
 
     async def _tick(self, due: float | None = None) -> None:
         """One tick, due at `due` (monotonic; now if None)."""
+        tick = self._new_tick(due, self._context())
+        self._record(tick.events)  # a clock step's
+        tick.events = []
+        try:
+            error = await sample_stages(self._stages, tick)
+        except Exception as exc:  # noqa: BLE001 - one bad tick must not stop the clock
+            error = exc
+        self._end(tick, error)
+
+    def _new_tick(self, due: float | None, context: tuple[int | None, int | None]) -> Tick:
         t0 = time.monotonic()
-        self._check_clock()
-        root, run_id = self._context()
+        step = self._clock_step()
+        root, run_id = context
         # NVML gets the rest of the interval; a GPU that answers slowly makes this tick carry no GPU rows
         # (counted) rather than holding host, serving and the store back. The rest of the interval it was due
         # in: a tick started late (a busy loop, e.g. a connection flood's accepts) that waited 0.9 interval
         # from its start still ran when the next was due, and that one was missed (benchmarks/slowloris.py)
         start = t0 if due is None else min(due, t0)
-        tick = Tick(ts_ms=self._timeline.now_ms(), t0=t0, deadline=start + self.interval * 0.9, root=root,
-                    run_id=run_id)
+        return Tick(ts_ms=self._timeline.now_ms(), t0=t0, deadline=start + self.interval * 0.9, root=root,
+                    run_id=run_id, events=[step] if step is not None else [])
+
+    def _end(self, tick: Tick, error: Exception | None) -> None:
+        """The tick's events down the one path, its rows to the store, or its failure counted."""
         try:
-            error = await sample_stages(self._stages, tick)
             self._record(tick.events)
             if error is None:
                 self._finish(tick)  # the store part failing is the same: counted
@@ -95,23 +145,174 @@ class Ticker:
         if error is not None:
             self._failed(error)
 
-    def _check_clock(self) -> None:
+    def _clock_step(self) -> Event | None:
         """A stepped wall clock becomes an event and a status field; the samples' timeline goes on unmoved."""
         step = self._timeline.check()
         if step is None:
-            return
+            return None
         off = self._timeline.offset_ms
         msg = (f"{describe(step)}; sample timestamps go on from the agent's own timeline (the wall clock is now "
                f"{span(off)} {'ahead of' if off >= 0 else 'behind'} it), so no history is mislabeled or expired; "
                "a restart of the agent adopts the wall clock")
-        self._record([Event(EventKind.AGENT_CLOCK_STEP, Severity.WARNING, msg, ts_ms=step.ts_ms,
-                            details={"step_ms": step.step_ms, "wall_ms": step.wall_ms, "ts_ms": step.ts_ms,
-                                     "offset_ms": self._timeline.offset_ms})])
+        return Event(EventKind.AGENT_CLOCK_STEP, Severity.WARNING, msg, ts_ms=step.ts_ms,
+                     details={"step_ms": step.step_ms, "wall_ms": step.wall_ms, "ts_ms": step.ts_ms,
+                              "offset_ms": self._timeline.offset_ms})
+
+    # ------------------------------------------------------------------------------------------ clock thread
+
+    async def _run_clock_thread(self, part: ClockPart) -> None:
+        """The clock thread runs until this is cancelled (the agent stopping), then it is stopped and joined within
+        JOIN_S (one inside NVML is left: a daemon, it ends when the call returns). A clock thread that cannot start
+        fails a tick (counted) and is tried again every interval."""
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+        self._on_loop = False
+        self._next_t = time.monotonic()
+        self._clock_args = (loop, part, stop)
+        try:
+            self._watchdog()  # starts the clock thread
+            await loop.create_future()  # until cancelled
+        finally:
+            stop.set()
+            part.wake()  # a clock thread waiting for a stuck thread's GPU sample
+            if self._watch is not None:
+                self._watch.cancel()
+            thread, self._thread = self._thread, None
+            reading, since = self._reading, part.in_gpu_since()
+            if thread is not None and not (reading is not None and since is not None and since >= reading[1].t0):
+                thread.join(JOIN_S)  # at once unless a host read hangs: it waits on `stop` otherwise
+
+    def _start_clock(self) -> None:
+        """A clock thread for the current generation (the schedule goes on from `_next_t`)."""
+        loop, part, stop = self._clock_args
+        gen = self._gen
+        try:
+            self._thread = start_thread(lambda: self._clock(loop, part, stop, gen), "lynxtop-clock")
+        except RuntimeError as exc:  # out of threads: a failed tick, as any other; the watchdog tries again
+            self._thread = None
+            self._failed(exc)
+
+    def _arm(self, delay: float) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        self._watch = asyncio.get_running_loop().call_later(delay, self._watchdog)
+
+    def _watchdog(self) -> None:
+        """On the loop, when no tick has landed for two intervals (re-armed by every tick that lands: it never fires
+        while the clock keeps time). A clock thread inside its own GPU sample past the tick's deadline (NVML hung)
+        gives that tick to the loop, without GPU rows (counted late), and the clock to a new thread: the host row
+        of every tick still comes, as when NVML ran beside the tick; the new thread waits for the stuck sample
+        (never two at once). A clock thread that is gone (or never started) is started again."""
+        self._watch = None
+        now = time.monotonic()
+        part = self._clock_args[1]
+        with self._claim:
+            reading = self._reading
+            since = part.in_gpu_since()
+            stuck = (reading is not None and reading[0] == self._gen and now >= reading[1].deadline
+                     and since is not None and since >= reading[1].t0)
+            if stuck:
+                self._reading = None
+                self._gen += 1
+        if stuck:
+            assert reading is not None
+            old = reading[1]  # its thread may still write into it: the loop takes a copy
+            tick = dataclasses.replace(old, rows=dict(old.rows), events=list(old.events), gpu=None)
+            part.late()
+            self._on_loop = True  # before the new thread looks: this tick is the loop's first
+            self._start_clock()
+            self._landed(tick, None, now)
+        elif self._thread is None or not self._thread.is_alive():
+            self._gen += 1
+            self._start_clock()
+        self._arm(self.interval if not stuck else 2 * self.interval)
+
+    def _clock(self, loop: asyncio.AbstractEventLoop, part: ClockPart, stop: threading.Event, gen: int) -> None:
+        """The clock thread: one wake-up a tick on the monotonic clock, the part read (host, then NVML in this
+        thread), the tick handed to the loop once.
+
+        A tick the loop has not finished when the next is due skips that one (counted, as a tick still running);
+        a clock thread late by whole intervals (a host read that hung) skips those, never catches up. A thread
+        whose tick the watchdog took (stuck in NVML) ends when the call returns."""
+        while True:
+            delay = self._next_t - time.monotonic()
+            if (delay > 0 and stop.wait(delay)) or stop.is_set() or gen != self._gen:
+                return
+            now = time.monotonic()
+            behind = int((now - self._next_t) // self.interval)
+            if behind > 0:
+                self.skipped_ticks += behind
+                self._next_t += behind * self.interval
+            due = self._next_t
+            self._next_t = due + self.interval
+            if self._on_loop:
+                self.skipped_ticks += 1
+                post: Callable[..., None] = self._on_beat
+                args: tuple[Any, ...] = (now,)
+            else:
+                tick = self._new_tick(due, self._context_now())
+                self._reading = (gen, tick)
+                error: Exception | None = None
+                try:
+                    part.read(tick)
+                except Exception as exc:  # noqa: BLE001 - the tick's failure, counted on the loop
+                    error = exc
+                with self._claim:
+                    mine = self._reading is not None and self._reading[1] is tick
+                    if mine:
+                        self._reading = None
+                if not mine or stop.is_set():
+                    return  # the watchdog gave this tick to the loop and the clock to a new thread
+                self._on_loop = True
+                post, args = self._landed, (tick, error, now)
+            try:
+                loop.call_soon_threadsafe(post, *args)
+            except RuntimeError:  # the loop is closed: the agent is gone
+                return
+
+    def _context_now(self) -> tuple[int | None, int | None]:
+        """The context read from the clock thread; the last one read if the supervisor was changing it."""
+        try:
+            self._last_context = self._context()
+        except Exception:  # noqa: BLE001, S110 - a run starting or ending between two attribute reads
+            pass
+        return self._last_context
+
+    def _landed(self, tick: Tick, error: Exception | None, now: float) -> None:
+        """On the loop, once a tick: the stages that need not wait run here; the rest, if any, in a task."""
+        handed = False
+        try:
+            if self._watch is not None:  # a tick landed: the watchdog need not look before two intervals
+                self._arm(max(0.0, tick.t0 + 2 * self.interval - time.monotonic()))
+            self._on_beat(now)
+            if error is None:
+                try:
+                    done, answered, error = stages_now(self._stages, tick)
+                except Exception as exc:  # noqa: BLE001 - one bad tick must not stop the clock
+                    error = exc
+                else:
+                    if error is None and done < len(self._stages):
+                        asyncio.get_running_loop().create_task(self._rest(tick, self._stages[done:], answered))
+                        handed = True
+                        return
+            self._end(tick, error)
+        finally:
+            if not handed:
+                self._on_loop = False  # the clock thread's next tick may start
+
+    async def _rest(self, tick: Tick, stages: list[list[Sampler]], answered: list[Any] | None) -> None:
+        try:
+            try:
+                error = await sample_stages(stages, tick, answered)
+            except Exception as exc:  # noqa: BLE001 - one bad tick must not stop the clock
+                error = exc
+            self._end(tick, error)
+        finally:
+            self._on_loop = False  # cancelled too (the agent stopping)
 
     def _failed(self, exc: Exception) -> None:
         """A tick that raised is a missed tick (status and /metrics show it); the log says so once per episode."""
         self.failed_ticks += 1
-        self.missed_ticks += 1
         self.last_tick_error = f"{type(exc).__name__}: {exc}"
         if is_resource_error(exc):
             self._episodes.hit("tick", f"sampling ticks fail: out of descriptors or memory ({exc})")
