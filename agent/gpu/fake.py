@@ -250,6 +250,14 @@ class _GpmRecord:
     t: float
     seg: Segment  # the counters at `t` are `seg.at(t)`: the integrals, each link's rx, each link's tx (`_slots`)
     links: int
+    flat: tuple[float, ...] | None = None  # `seg.at(t)` and a last slot reading 0, once something needed it
+
+    def counters(self) -> tuple[float, ...]:
+        """Worked out once per sample: a sample is the second of one interval and the first of the next."""
+        if self.flat is None:
+            seg = self.seg
+            self.flat = (*(seg.flat if self.t == seg.t0 else seg.at(self.t)), 0.0)
+        return self.flat
 
 
 @dataclass
@@ -322,7 +330,7 @@ class FakeGpm(FakeDriver):
             entries[2::3] = [rb[i] * scale for i, scale in pairs]
         else:
             per_s = 1.0 / (b.t - a.t)
-            fa, fb = (*a.seg.at(a.t), 0.0), (*b.seg.at(b.t), 0.0)  # the last slot: a metric that reads 0
+            fa, fb = a.counters(), b.counters()
             entries[2::3] = [(fb[i] - fa[i]) * scale * per_s for i, scale in pairs]
         lay.packer.pack_into(mg, lay.offset, *entries)  # one write for every entry, as the C library fills it
         return mg

@@ -227,3 +227,26 @@ def test_gpm_calls_read_sample_addresses_without_building_pointers(clock, monkey
     foreign = ctypes.cast(ctypes.create_string_buffer(8), pynvml.c_nvmlGpmSample_t)
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         nv.nvmlGpmSampleGet(h, foreign)
+
+
+def test_each_gpm_sample_works_out_its_counters_once(clock, monkeypatch):
+    """Issue 29.3: a GPM sample is the second of one interval and the first of the next, and at 1 Hz two metrics
+    structs (the tick's and the per-link one) read the same pair; the counters at a sample are worked out once
+    (and not at all when the sample falls on its state's start), not once per interval and struct."""
+    from lynxtop.agent.gpu import fake_driver
+    from lynxtop.agent.gpu.sampler import GpuSampler
+
+    node = ConstantNode(h200_specs(1), [FakeGpuState(sm_active_pct=40.0)])
+    s = GpuSampler(lambda: FakeNvml(node, clock=clock), clock=clock, xid_events=False)
+    assert s.open()["state"] == "ok"
+    clock.advance(1.0)
+    s.sample()
+    worked: list[float] = []
+    real_at = fake_driver.Segment.at
+    monkeypatch.setattr(fake_driver.Segment, "at", lambda seg, t: worked.append(t) or real_at(seg, t))
+    for k in range(10):
+        node.states[0] = replace(node.states[0], sm_active_pct=40.0 + k)  # a new state every tick
+        clock.advance(1.0)
+        tick = s.sample()
+    assert len(worked) <= 11, len(worked)  # one per new state (its segment's start) and the warm-up's sample
+    assert tick.gpu_rows[0]["sm_active_pct"] == 49 and len(tick.nvlink_rows) == 1
