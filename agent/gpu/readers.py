@@ -84,9 +84,10 @@ class DeviceFacts:
 
 
 class DeviceReadings:
-    """The per-GPU readings: those that move at the tick's rate (utilisation, power, clocks, clock-event reasons)
-    every tick; those that do not (memory, power limit, temperature, ECC counts, remapped rows) about once a second
-    (`read_kept`), kept in `Gpu.kept` and copied into every row until read again (agent/gpu/refresh.py).
+    """The per-GPU readings: those that move at the tick's rate (utilisation, power, SM clock, clock-event reasons)
+    every tick; those that do not (memory, power limit, temperature, memory clock, ECC counts, remapped rows) about
+    once a second (`read_kept`), kept in `Gpu.kept` and copied into every row until read again
+    (agent/gpu/refresh.py).
 
     Falls back once and for good on an older driver: v1 memory info (no reserved figure) when v2 is missing,
     the older throttle-reason name when the clock-event one is."""
@@ -106,7 +107,6 @@ class DeviceReadings:
         if p is not None:
             row["power_w"] = round(p / 1000)
         row["sm_clock_mhz"] = c.call_as(g, "clock_sm", "nvmlDeviceGetClockInfo", h, E.NVML_CLOCK_SM)
-        row["mem_clock_mhz"] = c.call_as(g, "clock_mem", "nvmlDeviceGetClockInfo", h, E.NVML_CLOCK_MEM)
         if "nvmlDeviceGetCurrentClocksEventReasons" not in g.off:
             row["throttle_reasons"] = call(g, "nvmlDeviceGetCurrentClocksEventReasons", h)
         else:  # drivers before 535 only know the older name
@@ -121,6 +121,9 @@ class DeviceReadings:
         p = c.call(g, "nvmlDeviceGetEnforcedPowerLimit", h)
         k["power_limit_w"] = None if p is None else round(p / 1000)
         k["temp_c"] = c.call(g, "nvmlDeviceGetTemperature", h, E.NVML_TEMPERATURE_GPU)
+        # the memory clock holds at its P-state's figure (3201 MHz on an H200 under load): it does not move at the
+        # tick's rate, the SM clock (boost, power cap, thermal slowdown) does
+        k["mem_clock_mhz"] = c.call_as(g, "clock_mem", "nvmlDeviceGetClockInfo", h, E.NVML_CLOCK_MEM)
         # ECC and remapped rows: a few µs each on an H200, so an error counted shows within a second
         k["ecc_corrected"] = c.call_as(g, "ecc_corrected", "nvmlDeviceGetTotalEccErrors", h,
                                        E.NVML_MEMORY_ERROR_TYPE_CORRECTED, E.NVML_VOLATILE_ECC)

@@ -1,8 +1,9 @@
 """Which readings a tick takes at which rate (agent/gpu/refresh.py): counted on the fake NVML and on the host's /proc.
 
-At 10 Hz the fast readings (utilisation, power, clocks, clock-event reasons, GPM) are taken every tick; memory,
-power limit, temperature, ECC, remapped rows, the process list and the per-link NVLink rates about once a second,
-never older than a second in any row; every row stays complete. At 1 Hz every reading is taken every tick.
+At 10 Hz the fast readings (utilisation, power, SM clock, clock-event reasons, GPM) are taken every tick; memory,
+power limit, temperature, memory clock, ECC, remapped rows, the process list and the per-link NVLink rates about
+once a second, never older than a second in any row; every row stays complete. At 1 Hz every reading is taken
+every tick.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def test_at_10hz_slow_fields_are_read_once_a_second_fast_ones_every_tick(clock):
     for gpu in (0, 1):
         for fn in FAST:
             assert calls[(gpu, fn)] == 101, fn
-        assert calls[(gpu, "nvmlDeviceGetClockInfo")] == 2 * 101  # SM and memory clocks
+        assert calls[(gpu, "nvmlDeviceGetClockInfo")] == 101 + 11  # SM clock every tick, memory clock kept
         for fn in KEPT:
             assert calls[(gpu, fn)] == 11, fn  # t = 0, 1, ... 10 s
         assert calls[(gpu, "nvmlDeviceGetTotalEccErrors")] == 2 * 11  # corrected and uncorrected
@@ -64,6 +65,7 @@ def test_at_10hz_slow_fields_are_read_once_a_second_fast_ones_every_tick(clock):
         for row in tick.gpu_rows:
             assert row["temp_c"] == 70 and row["mem_used_bytes"] == 100 << 30 and row["power_limit_w"] == 700
             assert row["ecc_corrected"] == 0 and row["remapped_rows_failed"] == 0 and row["util_gpu_pct"] == 90
+            assert row["mem_clock_mhz"] == 2619 and row["sm_clock_mhz"] == 1980
         assert {(p["gpu"], p["pid"], p["in_vllm_tree"], p["sm_util_pct"]) for p in tick.process_rows} == {
             (0, 4242, True, 60), (1, 4242, True, 60)}
     rows = [r for t in got for r in t.process_rows]
