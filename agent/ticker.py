@@ -223,6 +223,9 @@ class Ticker:
             self._start_clock()
             self._landed(tick, None, now)
         elif self._thread is None or not self._thread.is_alive():
+            if reading is not None and reading[0] == self._gen:
+                self.skipped_ticks += 1  # the tick its thread was reading when it ended: never written
+            self._reading = None
             self._gen += 1
             self._start_clock()
         self._arm(self.interval if not stuck else 2 * self.interval)
@@ -250,21 +253,25 @@ class Ticker:
                 post: Callable[..., None] = self._on_beat
                 args: tuple[Any, ...] = (now,)
             else:
-                tick = self._new_tick(due, self._context_now())
-                self._reading = (gen, tick)
                 error: Exception | None = None
                 try:
-                    part.read(tick)
-                except Exception as exc:  # noqa: BLE001 - the tick's failure, counted on the loop
-                    error = exc
-                with self._claim:
-                    mine = self._reading is not None and self._reading[1] is tick
-                    if mine:
-                        self._reading = None
-                if not mine or stop.is_set():
-                    return  # the watchdog gave this tick to the loop and the clock to a new thread
-                self._on_loop = True
-                post, args = self._landed, (tick, error, now)
+                    tick = self._new_tick(due, self._context_now())
+                except Exception as exc:  # noqa: BLE001 - no tick to hand on: its failure, counted on the loop
+                    post, args = self._failed, (exc,)
+                else:
+                    self._reading = (gen, tick)
+                    try:
+                        part.read(tick)
+                    except Exception as exc:  # noqa: BLE001 - the tick's failure, counted on the loop
+                        error = exc
+                    with self._claim:
+                        mine = self._reading is not None and self._reading[1] is tick
+                        if mine:
+                            self._reading = None
+                    if not mine or stop.is_set():
+                        return  # the watchdog gave this tick to the loop and the clock to a new thread
+                    self._on_loop = True
+                    post, args = self._landed, (tick, error, now)
             try:
                 loop.call_soon_threadsafe(post, *args)
             except RuntimeError:  # the loop is closed: the agent is gone

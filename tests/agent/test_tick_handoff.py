@@ -161,3 +161,50 @@ async def test_a_loop_that_has_not_finished_a_tick_skips_the_next_and_counts_it(
         with contextlib.suppress(asyncio.CancelledError):
             await task
         close_node(node)
+
+
+class _DiesOnce:
+    """Wraps the real host sampler; its first `sample` ends the thread it runs in (not an Exception)."""
+
+    def __init__(self, real) -> None:
+        self._real, self.died = real, False
+
+    def __getattr__(self, name):  # noqa: ANN001, ANN204
+        return getattr(self._real, name)
+
+    def sample(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+        if not self.died:
+            self.died = True
+            raise SystemExit("the clock thread ends")  # what no sampler's error handling catches
+        return self._real.sample(*args, **kwargs)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the SystemExit, as meant
+async def test_a_clock_thread_that_ends_is_started_again_and_its_tick_counted_missed(tmp_path, h):
+    node = open_node(h.write_config(tmp_path, 'sample_interval_s = 0.1\nfake_nvml = "h200x8"'))
+    node.host_sampler = dying = _DiesOnce(node.host_sampler)
+    try:
+        await run_clock(node, 30.0, until=lambda: node.ticker.ticks >= 5, what="ticks after the clock thread ended")
+        t = node.ticker
+        assert dying.died and t.missed_ticks >= 1 and t.failed_ticks == 0, (t.missed_ticks, t.failed_ticks)
+    finally:
+        close_node(node)
+
+
+async def test_a_tick_that_cannot_be_made_is_a_failed_tick_and_the_clock_goes_on(tmp_path, h, monkeypatch):
+    node = open_node(h.write_config(tmp_path, 'sample_interval_s = 0.1\nfake_nvml = "h200x8"'))
+    real, calls = node.timeline.check, [0]
+
+    def check():  # noqa: ANN202
+        calls[0] += 1
+        if calls[0] <= 3:
+            raise OSError("the clock cannot be read")
+        return real()
+
+    monkeypatch.setattr(node.timeline, "check", check)
+    try:
+        await run_clock(node, 30.0, until=lambda: node.ticker.ticks >= 5, what="ticks after three that failed")
+        t = node.ticker
+        assert t.failed_ticks == 3 and "the clock cannot be read" in (t.last_tick_error or "")
+    finally:
+        close_node(node)
