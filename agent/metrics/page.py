@@ -13,6 +13,7 @@ import math
 import operator
 import re
 from collections.abc import Callable, Sequence
+from functools import reduce
 from typing import Any
 
 from lynxtop.agent.metrics.families import (
@@ -293,13 +294,14 @@ class _Plan:
 
     Built once from the series `_Totals` has checked; a later page with that layout is added up without a Python
     step per line or per sum: every sum (a counter's, a histogram bucket's over engines, an engine's gauge) is a
-    group of lines, and the groups of one size k are added up together by k C `map(add)` over their j-th lines,
-    so each sum is ((0.0 + first) + second) + ... in page order, what `_Totals.add_lines` gives to the last digit
+    group of lines, and the groups of one size k are added up together by k C `map(add)` over their j-th lines
+    (fewer groups than k: one `reduce` each), so each sum is ((0.0 + first) + second) + ... in page order, what
+    `_Totals.add_lines` gives to the last digit
     (the tests compare both with prometheus_client). Each family's series come as (keys, values) pairs, the
     keys one tuple for every page. A page with a NaN, an odd value or any other layout takes `add_lines`.
     """
 
-    __slots__ = ("_steps", "_maxes", "_sums", "_buckets", "_engines", "_lists", "_max_names", "_pick_maxes",
+    __slots__ = ("_steps", "_alone", "_maxes", "_sums", "_buckets", "_engines", "_lists", "_max_names", "_pick_maxes",
                  "shape", "shaped")
 
     def __init__(self, keys: tuple[SeriesKey, ...]) -> None:
@@ -333,9 +335,13 @@ class _Plan:
         by_size: dict[int, list[tuple[Any, ...]]] = {}
         for what, ix in groups.items():
             by_size.setdefault(len(ix), []).append(what)
-        order = [what for size in sorted(by_size) for what in by_size[size]]  # the sums' place in `totals`' list
+        # fewer sums than lines each (one family's 40 series): one `reduce` a sum, not a `map` a line rank
+        ranked = [(size, whats) for size, whats in sorted(by_size.items()) if len(whats) >= size]
+        alone = [what for size, whats in sorted(by_size.items()) if len(whats) < size for what in whats]
+        order = [what for _, whats in ranked for what in whats] + alone  # the sums' place in `totals`' list
         self._steps = [(len(whats), [_picker([groups[w][j] for w in whats]) for j in range(size)])
-                       for size, whats in sorted(by_size.items())]
+                       for size, whats in ranked]
+        self._alone = [_picker(groups[w]) for w in alone]
         self._maxes = [_picker(ix) for ix in maxes.values()]  # after the sums, in that list
         at = {what: n for n, what in enumerate([*order, *maxes])}
         self._sums = (tuple(sums), _picker([at[("sum", n)] for n in sums]))
@@ -357,6 +363,7 @@ class _Plan:
             for step in steps:
                 acc = list(map(operator.add, acc, step(values)))
             out += acc
+        out += [reduce(operator.add, pick(values), 0.0) for pick in self._alone]
         out += [max(pick(values)) for pick in self._maxes]
         t = _Totals()
         names, pick = self._sums
