@@ -11,7 +11,7 @@ import asyncio
 import pytest
 from support.node import close_node, open_node, run_clock
 
-from lynxtop.agent.sampling import Tick, sample_stages
+from lynxtop.agent.sampling import NOT_NOW, Tick, sample_stages, stages_now
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -105,3 +105,38 @@ async def test_a_cancelled_tick_cancels_the_other_samplers_of_its_stage():
             await task
         await asyncio.sleep(0)
         assert pair[waiting].cancelled, waiting
+
+
+class _Now(_Sampler):
+    """A sampler that answers without waiting (`sample_now`), or says it must be awaited (NOT_NOW)."""
+
+    def __init__(self, rows: dict, fail: Exception | None = None, later: bool = False):
+        super().__init__(rows, fail)
+        self.later, self.now_calls = later, 0
+
+    def sample_now(self, tick: Tick):  # noqa: ANN201
+        self.now_calls += 1
+        if self.later:
+            return NOT_NOW
+        if self.fail is not None:
+            raise self.fail
+        return self.rows, [f"now {sorted(self.rows)}"]
+
+
+async def test_stages_that_answer_at_once_run_without_a_task_and_the_rest_keep_the_stage_order():
+    gpu, scrape, sla = _Now({"gpu_rows": [1]}), _Now({"serving_row": {}}), _Now({"sla": 1})
+    tick = Tick(ts_ms=1, t0=0.0, deadline=1.0, root=None, run_id=None)
+    assert stages_now([[gpu, scrape], [sla]], tick) == (2, None, None)  # all answered here: nothing to await
+    assert tick.events == ["now ['gpu_rows']", "now ['serving_row']", "now ['sla']"] and scrape.calls == 0
+    # the scrape must be awaited: the GPU's answer already given is kept, in the stage's order, with the awaited one
+    scrape.later = True
+    tick = Tick(ts_ms=2, t0=0.0, deadline=1.0, root=None, run_id=None)
+    done, answered, error = stages_now([[gpu, scrape], [sla]], tick)
+    assert (done, error) == (0, None) and answered[1] is NOT_NOW and tick.events == []
+    assert await sample_stages([[gpu, scrape], [sla]], tick, answered) is None
+    assert tick.events == ["now ['gpu_rows']", "event of ['serving_row']", "event of ['sla']"] and gpu.now_calls == 2
+    # an error answered at once fails the tick as gather's did: the stage's other rows kept, the next stage not run
+    bad, sla_calls = _Now({}, OSError("NVML")), sla.now_calls
+    tick = Tick(ts_ms=3, t0=0.0, deadline=1.0, root=None, run_id=None)
+    done, answered, error = stages_now([[bad, _Now({"serving_row": {}})], [sla]], tick)
+    assert str(error) == "NVML" and tick.rows == {"serving_row": {}} and sla.now_calls == sla_calls
