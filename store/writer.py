@@ -198,7 +198,7 @@ def _executemany_tick_rows(c: sqlite3.Connection, kind: str, rows: list[tuple]) 
         try:
             sum(values)  # numbers only: no None among them (an int, float or bool sums without raising)
         except (TypeError, OverflowError):  # OverflowError: an int past a float's range; binding says why
-            mask, values = _one_pattern(chunk)
+            mask, values = _one_pattern(chunk) if size >= PATTERN_MIN_ROWS else (None, ())
             if mask is None:
                 rest += chunk
                 continue
@@ -217,6 +217,11 @@ def _executemany_tick_rows(c: sqlite3.Connection, kind: str, rows: list[tuple]) 
             _executemany_rows(c, kind, mask, list(map(_non_null(mask), group)))
         else:
             _executemany_rows(c, kind, None, group)
+
+
+# Statements of fewer rows go row by row: the whole-statement checks cost a few microseconds more than the
+# patterns of a handful of rows (measured: a 1 Hz tick's one host row +4.5 us, a 10 Hz second's 8 + 2 even).
+PATTERN_MIN_ROWS = 16
 
 
 def _one_pattern(chunk: list[tuple]) -> tuple[tuple[bool, ...] | None, tuple]:
