@@ -774,6 +774,7 @@ class StoreWriter:
             if not ok:
                 with self._cv:  # ops hit a full disk or a damaged file: the ticks wait with them
                     self._ticks.extendleft(reversed(ticks))
+                    self._due_at = 0.0  # and go with the retry, not a linger after it
             else:
                 ok = self._write_ticks(ticks)
             if ok and self._trouble_since is not None:
@@ -907,6 +908,8 @@ class StoreWriter:
         with self._cv:  # put everything back in front, oldest ticks dropped beyond the bound
             self._ops.extendleft(reversed(ops or []))
             self._ticks.extendleft(reversed(ticks or []))
+            if ticks:
+                self._due_at = 0.0  # due: the retry writes them, not a linger after it
             while len(self._ticks) > self.queue_max:
                 self._ticks.popleft()
                 self._dropped += 1

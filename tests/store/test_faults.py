@@ -116,6 +116,34 @@ def test_full_database_buffers_reports_and_resumes(tmp_path):
     assert re.search(r"history writes resumed after \d+ s; \d+ ticks were dropped", msgs[1][1])
 
 
+def test_a_lingering_writer_retries_a_refused_batch_without_lingering_again(tmp_path):
+    """Ticks put back after a transient failure (a full disk) are due at once: the retries write them as soon as
+    space returns, not a linger later (the agent lingers 1 s at 10 Hz; here 600 s, so a tick lingering again
+    would never land within the test). The store's own events go to a sink that does not write them back here,
+    so no queued event keeps the thread busy meanwhile."""
+    db = tmp_path / "f.db"
+    events: list = []
+    w = StoreWriter(db, queue_max=1000, retry_interval_s=0.05, linger_s=600.0, on_event=events.append)
+    w.start()
+    try:
+        submit(w, 5, gpus=8)
+        assert w.flush(10)
+        pages = w.conn.execute("PRAGMA page_count").fetchone()[0]
+        w.conn.execute(f"PRAGMA max_page_count = {pages}")  # the "disk" is now full
+        submit(w, 100, start_i=5, gpus=8)
+        assert not w.flush(0.5)  # the flush makes the thread try them: refused, kept
+        assert w.stats()["retrying"]
+        w.conn.execute("PRAGMA max_page_count = 1073741823")  # space returns; nobody flushes
+        deadline = time.monotonic() + 30
+        while w.stats()["written_ticks"] < 105 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        st = w.stats()
+    finally:
+        w.close()
+    assert st["written_ticks"] == 105 and st["dropped"] == 0 and not st["retrying"]
+    assert [str(e.kind) for e in events] == ["store.write_failed", "store.writes_resumed"]
+
+
 def _damage(path, offset: int, size: int = 4096) -> None:
     with open(path, "r+b") as f:
         f.seek(offset)
