@@ -2,6 +2,8 @@
 
 - parsing a vLLM /metrics page (1 and 8 data-parallel engines, every histogram vLLM prints plus process/http
   noise) with the scraper's line prefilter, against prometheus_client's parser on the whole page;
+- the CPU of one scrape of the simulator's DP8 page (`MetricsScraper.parse_page` over successive pages, counters
+  growing: the page's layout read by position, the reset correction, windows and row), and of its parse alone;
 - one GET /v1/status round trip over the unix socket (what the dashboard and `lynxtop status` pay);
 - `lynxtop status` as a fresh process (what an operator waits for).
 
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import re
 import statistics
 import subprocess
 import sys
@@ -20,10 +24,13 @@ import threading
 import time
 from pathlib import Path
 
+import _support  # noqa: F401 - tests/ on sys.path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support.vllm_pages import sim_page
 
 from lynxtop.agent.api.routes import ApiServer
+from lynxtop.agent.metrics.layout import PageLayout
 from lynxtop.agent.metrics.page import relevant_lines
 from lynxtop.agent.metrics.scrape import MetricsScraper
 from lynxtop.contract.client import AgentClient
@@ -68,6 +75,31 @@ def vllm_page(engines: int) -> str:
     for handler in ("/v1/completions", "/v1/chat/completions", "/metrics", "/health", "/v1/models"):
         http.labels(handler, "POST").observe(0.1)
     return generate_latest(r).decode()
+
+
+_COUNTER = re.compile(r"^(vllm:\S+?(?:_total|_bucket|_sum|_count)(?:\{[^}]*\})?) (\S+)$", re.MULTILINE)
+
+
+def sim_scrape_cpu_ms(engines: int = 8, pages: int = 60) -> tuple[float, float]:
+    """(median CPU ms of one `parse_page`, of its `PageLayout.parse` alone) over `pages` successive pages of the
+    simulator's families, every counter growing between pages (as benchmarks/scale.py's scrape_ms_dp8)."""
+    rng = random.Random(engines)
+    texts = [sim_page(engines, seed=engines)]
+    for _ in range(pages):
+        texts.append(_COUNTER.sub(lambda m: f"{m.group(1)} {float(m.group(2)) + rng.randint(0, 20)}", texts[-1]))
+    scraper, layout = MetricsScraper("http://bench:1"), PageLayout()
+    scraper.parse_page(texts[0], 0.0)
+    layout.parse(texts[0])
+    whole, parse = [], []
+    for i, text in enumerate(texts[1:], start=1):
+        t = time.process_time()
+        row = scraper.parse_page(text, float(i))
+        whole.append(time.process_time() - t)
+        assert row["scrape_ok"] == 1, scraper.last_error
+        t = time.process_time()
+        layout.parse(text)
+        parse.append(time.process_time() - t)
+    return statistics.median(whole) * 1000, statistics.median(parse) * 1000
 
 
 def median_ms(fn, n: int) -> float:
@@ -131,6 +163,10 @@ def main() -> None:
         out[f"dp{engines}_prefilter_speedup"] = round(full / ours, 2)
         print(f"DP={engines}: {out[f'dp{engines}_page_lines']} lines, parse {ours:.1f} ms (whole page with "
               f"prometheus_client: {full:.1f} ms)")
+    whole, parse = sim_scrape_cpu_ms()
+    out["dp8_sim_scrape_cpu_ms_median"] = round(whole, 3)
+    out["dp8_sim_parse_cpu_ms_median"] = round(parse, 3)
+    print(f"DP=8 simulator page: one scrape's parse and bookkeeping {whole:.2f} ms of CPU, the parse {parse:.2f} ms")
     rtt, cli = api_rtt_ms(200)
     out["api_status_rtt_ms_median"] = round(rtt, 3)
     out["cli_status_s_median"] = round(cli, 3)

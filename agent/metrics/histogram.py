@@ -181,6 +181,10 @@ class SlidingHistogram:
         self._correction: HistogramSnapshot | None = None  # sum of reset corrections so far; None: no reset yet
         self._window: tuple[HistogramSnapshot | None] | None = None  # window() since the last add (a row asks 4x)
         self._prepared: tuple[_Prepared | None] | None = None  # its buckets, prepared for quantiles
+        # the newest snapshot's bucket bounds, which every snapshot of the window shares (other bounds start the
+        # window over), and whether they increase: read once an add, not again by each window and its quantiles
+        self._les: list[float] = []
+        self._increasing = False
 
     def add(self, now: float, snap: HistogramSnapshot) -> bool:
         """Record a scrape; returns True when a series went down (the server behind the page restarted)."""
@@ -202,6 +206,10 @@ class SlidingHistogram:
                     self._correction = fix if self._correction is None else self._correction.plus(fix)
                     reset = True
         self._last = snap
+        les = list(map(_FIRST, snap.buckets))
+        if les != self._les:  # the same floats: the same order
+            self._increasing = all(map(operator.lt, les, les[1:]))
+        self._les = les
         self._snaps.append((now, snap if self._correction is None else snap.plus(self._correction)))
         # Keep one snapshot at or before the window's start as the baseline.
         while len(self._snaps) >= 2 and self._snaps[1][0] <= now - self.window_s:
@@ -217,20 +225,32 @@ class SlidingHistogram:
         self._snaps.clear()
         self._last = self._correction = None
         self._window = self._prepared = None
+        self._les = []
 
     def window(self) -> HistogramSnapshot | None:
         """Observations over the window (from the baseline to the newest scrape); None before two scrapes."""
         if self._window is None:
-            self._window = (self._snaps[-1][1].minus(self._snaps[0][1]) if len(self._snaps) >= 2 else None,)
+            self._window = (self._delta() if len(self._snaps) >= 2 else None,)
         return self._window[0]
+
+    def _delta(self) -> HistogramSnapshot:
+        """Newest minus baseline: what `minus` gives, its bounds not compared again (the window's share them)."""
+        new, old = self._snaps[-1][1], self._snaps[0][1]
+        return HistogramSnapshot(
+            buckets=tuple(zip(self._les, map(operator.sub, map(_SECOND, new.buckets), map(_SECOND, old.buckets)),
+                              strict=True)),
+            sum=new.sum - old.sum,
+            count=new.count - old.count,
+        )
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile over the window, in the histogram's unit; None for an empty window."""
         delta = self.window()
         if delta is None:
             return None
-        if self._prepared is None:
-            self._prepared = (prepared(delta.buckets),)
+        if self._prepared is None:  # bounds already increasing: `prepared`'s own path, without its check
+            self._prepared = (_monotonic(self._les, map(_SECOND, delta.buckets)) if self._increasing
+                              else prepared(delta.buckets),)
         value = quantile_of(q, self._prepared[0])
         return None if math.isnan(value) else value
 

@@ -291,3 +291,60 @@ def test_quantiles_of_a_window_take_no_python_step_per_bucket():
         return count[0]
 
     assert lines_run(200) == lines_run(20)
+
+
+def _reference_window(snaps: list[HistogramSnapshot]) -> HistogramSnapshot | None:
+    return snaps[-1].minus(snaps[0]) if len(snaps) >= 2 else None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_window_reads_its_bounds_once_an_add_and_answers_as_minus_and_prepared(seed, monkeypatch):
+    """A window's delta and quantiles come from the bounds read when a snapshot is added (every snapshot of a
+    window shares them), not from `minus` and `prepared` comparing them again each scrape: the same answers as
+    those two on any bounds (increasing, repeated, out of order, NaN, -0.0 then 0.0) and across a change of
+    bounds, which starts the window over."""
+    from lynxtop.agent.metrics import histogram as hist_mod
+
+    rng = random.Random(seed)
+    layouts = [[0.1, 0.5, 1.0, math.inf], [0.5, 0.5, 2.0, math.inf], [1.0, 0.1, math.inf], [-0.0, 1.0, math.inf],
+               [0.0, 1.0, math.inf], [math.nan, 1.0, math.inf], [0.25, math.inf]]
+    calls = {"minus": 0, "prepared": 0}
+    real_minus, real_prepared = HistogramSnapshot.minus, hist_mod.prepared
+
+    def counted(name, fn):
+        def wrapper(*args):
+            calls[name] += 1
+            return fn(*args)
+        return wrapper
+
+    sh = SlidingHistogram(10.0, corrected=True)
+    kept: list[tuple[float, HistogramSnapshot]] = []
+    les = rng.choice(layouts)
+    counts = [0.0] * len(les)
+    for step in range(60):
+        if rng.random() < 0.15:
+            les = rng.choice(layouts)
+            counts = [0.0] * len(les)
+        counts = [c + rng.randint(0, 5) for c in counts]
+        snap = HistogramSnapshot(tuple(zip(les, counts, strict=True)), sum(counts) * 0.3, counts[-1])
+        now = float(step)
+        if kept and not snap.same_layout(kept[-1][1]):
+            kept = [(kept[-1][0], HistogramSnapshot.zero_like(snap))]
+        kept.append((now, snap))
+        while len(kept) >= 2 and kept[1][0] <= now - 10.0:
+            kept.pop(0)
+        sh.add(now, snap)
+        monkeypatch.setattr(HistogramSnapshot, "minus", counted("minus", real_minus))
+        monkeypatch.setattr(hist_mod, "prepared", counted("prepared", real_prepared))
+        got = [sh.window(), *(sh.quantile(q) for q in (0.0, 0.5, 0.9, 0.99)), sh.mean()]
+        monkeypatch.undo()
+        want_delta = _reference_window([s for _, s in kept])
+        want = [None if want_delta is None else
+                (None if math.isnan(v := bucket_quantile(q, want_delta.buckets)) else v) for q in (0.0, 0.5, 0.9, 0.99)]
+        assert repr(got[0]) == repr(want_delta)
+        assert repr(got[1:5]) == repr(want)
+        assert got[5] == (None if want_delta is None or want_delta.count <= 0 else want_delta.sum / want_delta.count)
+        increasing = all(a < b for a, b in zip(les, les[1:], strict=False))
+        if increasing:
+            assert calls == {"minus": 0, "prepared": 0}, les
+        calls.update(minus=0, prepared=0)

@@ -274,3 +274,27 @@ def test_a_plans_pages_are_built_as_the_reading_by_name_builds_them(name):
         t.plan = None  # read by name
         identical(ours, page_mod._page_of(seen, t))
         assert ours.series_lists == page_mod._page_of(seen, t).series_lists
+
+
+def test_type_lines_are_found_everywhere_and_a_page_of_hashes_takes_the_full_parse():
+    """The TYPE lines are found by a walk over every "#": one added inside a family not read (naming a family
+    read, so the full parse reads a new part) is found; "#" in label values within the walk's bound are walked
+    over, a page holding far more "#" than the learnt one is not walked at all: it takes the full parse."""
+    first = page_texts()["sim-dp8"]
+    unread = re.search(r"\n# TYPE process_open_fds gauge\nprocess_open_fds [^\n]*\n", first)
+    assert unread
+    layout = PageLayout()
+    layout.parse(first)
+    extra = first.replace(unread.group(0), unread.group(0) + "# TYPE vllm:num_requests_running gauge\n"
+                          'vllm:num_requests_running{engine="9"} 7.0\n', 1)
+    assert layout._known(extra) is None
+    identical(layout.parse(extra), parse_text(extra))
+    assert parse_text(extra).engines["9"] == {"running": 7.0}
+    layout = PageLayout()
+    layout.parse(first)
+    few = first.replace("python_gc_objects_collected_total{", 'python_gc_objects_collected_total{x="#",', 3)
+    assert layout._known(_perturb(few, random.Random(7))) is not None
+    many = first.replace(unread.group(0), unread.group(0) + 'process_x{x="' + "#" * (2 * first.count("#") + 65)
+                         + '"} 1.0\n', 1)
+    assert layout._known(many) is None
+    identical(layout.parse(many), parse_text(many))
