@@ -622,6 +622,8 @@ class StoreWriter:
                 self._checkpointer = None
         else:
             with self._inline_lock:
+                with self._cv:
+                    self._stopping = True  # lingering ticks go now (a linger would have left them queued forever)
                 while (self._ticks or self._ops) and self._trouble_since is None:
                     self._drain_once()
         with self._cv:

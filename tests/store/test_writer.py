@@ -251,3 +251,19 @@ def test_a_tick_is_due_within_one_linger_of_its_submit_even_while_the_thread_wai
     finally:
         w.close()
     assert st["tick_commits"] == 2 and st["written_ticks"] == 4  # nothing went before its linger but by flush
+
+
+def test_a_lingering_writer_never_started_writes_its_ticks_when_closed(db):
+    """A tool or test may use the writer without its thread; with a linger, close() used to find the queued
+    ticks not yet due and drain nothing, forever. Now closing writes them at once."""
+    w = StoreWriter(db, queue_max=1000, linger_s=600.0)
+    submit(w, 3)
+    closer = threading.Thread(target=w.close, daemon=True)
+    closer.start()
+    closer.join(30)
+    assert not closer.is_alive()
+    c = sqlite3.connect(db)
+    try:
+        assert c.execute("SELECT count(DISTINCT ts_ms) FROM gpu_samples").fetchone()[0] == 3
+    finally:
+        c.close()
