@@ -9,10 +9,10 @@ and re-initialises it with backoff; no driver at all is a state ("no-driver"), n
 per-tick readings, processes, GPM/NVLink activity, slow counters. The XID watcher runs in its own thread.
 
 Cost discipline (reference/nvml.md): three rates, as DCGM's per-field update intervals. Every tick: utilisation,
-power, clocks, clock-event reasons, GPM activity with PCIe and the NVLink totals. About once a second, never
-older than a second in any row (agent/gpu/refresh.py): memory, power limit, temperature, ECC counts, remapped rows,
-the compute processes with their SM share and the per-link NVLink rates; the rows in between carry the last
-reading, so at 10 Hz a tick makes 7 calls a GPU instead of 14. At the slow cadence: energy (≈4 ms a call; at
+power, SM clock, clock-event reasons, GPM activity with PCIe and the NVLink totals. About once a second, never
+older than a second in any row (agent/gpu/refresh.py): memory, power limit, temperature, memory clock, ECC counts,
+remapped rows, the compute processes with their SM share and the per-link NVLink rates; the rows in between carry
+the last reading, so at 10 Hz a tick makes 6 calls a GPU instead of 14. At the slow cadence: energy (≈4 ms a call; at
 most one GPU's slow read per tick, so no tick pays 8 × 4 ms). GPM structs are reused, PCIe comes from GPM
 (nvmlDeviceGetPcieThroughput blocks ~21 ms and is never called), NVLink from GPM where present.
 """
