@@ -219,9 +219,9 @@ class Ticker:
             old = reading[1]  # its thread may still write into it: the loop takes a copy
             tick = dataclasses.replace(old, rows=dict(old.rows), events=list(old.events), gpu=None)
             part.late()
-            self._on_loop = True  # before the new thread looks: this tick is the loop's first
+            self._on_loop = True
+            self._landed(tick, None, now)  # first: a new thread that saw it on the loop would skip its next tick
             self._start_clock()
-            self._landed(tick, None, now)
         elif self._thread is None or not self._thread.is_alive():
             if reading is not None and reading[0] == self._gen:
                 self.skipped_ticks += 1  # the tick its thread was reading when it ended: never written

@@ -208,3 +208,33 @@ async def test_a_tick_that_cannot_be_made_is_a_failed_tick_and_the_clock_goes_on
         assert t.failed_ticks == 3 and "the clock cannot be read" in (t.last_tick_error or "")
     finally:
         close_node(node)
+
+
+async def test_a_gpu_slower_than_the_tick_is_never_sampled_twice_at_once_and_leaves_no_threads(tmp_path, h,
+                                                                                               monkeypatch):
+    node = open_node(h.write_config(tmp_path, 'sample_interval_s = 0.1\nfake_nvml = "h200x8"'))
+    real = node.sampler.sample
+    inside, most, lock = [0], [0], threading.Lock()
+
+    def slow(pids):  # NVML answering in 1.5 intervals every time: each tick's clock thread is rescued
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        try:
+            time.sleep(0.15)
+            return real(pids)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(node.sampler, "sample", slow)
+    try:
+        await run_clock(node, 30.0, settle_s=0.0, until=lambda: node.ticker.ticks >= 15, what="ticks with a slow GPU")
+        t = node.ticker
+        assert t.failed_ticks == 0 and most[0] == 1, (t.failed_ticks, most[0])  # never two NVML samples at once
+        assert _distinct(h, node, "host_samples") >= t.ticks - 1  # every tick its host row
+        assert node.gpu_source.late >= 1 and _distinct(h, node, "gpu_samples") >= 1  # some late, some with GPU rows
+        # the threads of rescued ticks end with their call: none left once the last one returns
+        await wait_for_async(lambda: not _threads("lynxtop-clock"), 20, what="the clock's threads ending")
+    finally:
+        close_node(node)
