@@ -218,7 +218,7 @@ class Node:
         """The tick's samplers, in stages: host, then NVML and the scrape side by side, then the SLA."""
         assert self.supervisor is not None
         self.gpu_source = GpuSource(self.sampler, self.gpu_view, self._upsert_gpus, self._gpu_events)
-        # host and GPU read by the ticker's clock thread, NVML in a GPU thread beside it: no executor hand-off
+        # host and GPU (NVML) read by the ticker's clock thread itself: no executor hand-off
         self.host_source = HostSource(self.host_sampler, self._run_members, gpu=self.gpu_source)
         # a scrape is cut off before the next is due: a slow server gives a failed row, never a late tick
         every = max(self.interval, self.cfg.agent.scrape_interval_s)

@@ -6,8 +6,8 @@ never queued; a tick that raises is a missed tick too, logged once per episode. 
 stages (agent/sampling.py), sends their events down the one event path and queues their rows to the store.
 
 With a clock part (the node's host and GPU sources) the schedule is kept by a long-lived clock thread, not the
-loop: it wakes once a tick on the monotonic clock, reads the host row and the GPU sample (NVML in a GPU thread
-of its own, waited for until the tick's deadline) and hands the tick to the loop once (`call_soon_threadsafe`);
+loop: it wakes once a tick on the monotonic clock, reads the host row and the GPU sample (NVML in that thread too;
+a sample stuck past the tick's deadline is the watchdog's) and hands the tick to the loop once (`call_soon_threadsafe`);
 the loop runs the rest (scrape, SLA, events, the store) in that call unless a scrape is to be waited for. At 10
 Hz the loop's timer, the executor hand-off and the loop wake-ups on its completion cost more than the host and
 GPU sampling themselves (issue 29.3).
