@@ -18,27 +18,15 @@ number) takes the full parse and is learnt from.
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Any
 
 from lynxtop.agent.metrics import page as _page
 from lynxtop.agent.metrics.families import TYPED_FAMILIES
-from lynxtop.agent.metrics.page import HUGE, MAX_BUCKETS, ParsedPage, parse_text
+from lynxtop.agent.metrics.page import HUGE, MAX_BUCKETS, ParsedPage, parse_text, picker
 
 LEARN_WAIT_MAX = 63  # pages read by the full parse, at most, between two learnings of a layout never met again
 _MARK = "\n# TYPE "  # where the full parse's search finds a TYPE line (page.py `_TYPE_LINE`)
-
-
-def _picker(idx: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
-    """The items at `idx` of a sequence, as a tuple, gathered in C (an empty tuple for none)."""
-    if not idx:
-        return lambda seq: ()
-    if len(idx) == 1:
-        i = idx[0]
-        return lambda seq: (seq[i],)
-    return operator.itemgetter(*idx)
 
 
 def _type_starts(text: str, most: int) -> list[int] | None:
@@ -171,13 +159,13 @@ class PageLayout:
         exact = [i for i, line in enumerate(lines) if " " not in line]
         self._hashes = 2 * text.count("#") + 64  # "#" in label values may come and go; far more: the full parse
         self._heads = tuple(heads)
-        self._pick_bounds, self._counts = _picker(picked), counts
-        self._pick_checked = _picker(checked)
+        self._pick_bounds, self._counts = picker(picked), counts
+        self._pick_checked = picker(checked)
         self._starts = [lines[i][:lines[i].rfind(" ") + 1] for i in checked]
-        self._pick_exact = _picker(exact)
+        self._pick_exact = picker(exact)
         self._exact = self._pick_exact(lines)
-        self._pick_wanted = _picker(wanted)
-        self._pick_other = _picker([i for i in range(len(lines)) if i not in is_wanted])
+        self._pick_wanted = picker(wanted)
+        self._pick_other = picker([i for i in range(len(lines)) if i not in is_wanted])
         self._series = [k + " " for k in keys]
         self._series_chars = sum(map(len, self._series))
         self._plan = plan

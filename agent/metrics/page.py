@@ -276,16 +276,17 @@ class _Totals:
             per[name] = per.get(name, 0.0) + value
 
 
-def _one(i: int) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+def _one(i: Any) -> Callable[[Any], tuple[Any, ...]]:
     return lambda seq: (seq[i],)
 
 
-def _none(seq: Sequence[Any]) -> tuple[Any, ...]:
+def _none(seq: Any) -> tuple[Any, ...]:
     return ()
 
 
-def _picker(idx: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
-    """The items at `idx` of a sequence, as a tuple, gathered in C."""
+def picker(idx: Sequence[Any]) -> Callable[[Any], tuple[Any, ...]]:
+    """The items at `idx` (indices of a sequence, keys of a dict), always as a tuple, gathered in C: what
+    `operator.itemgetter` gives for two or more, also for one (a 1-tuple) and none (an empty tuple)."""
     return operator.itemgetter(*idx) if len(idx) > 1 else _one(idx[0]) if idx else _none
 
 
@@ -339,22 +340,22 @@ class _Plan:
         ranked = [(size, whats) for size, whats in sorted(by_size.items()) if len(whats) >= size]
         alone = [what for size, whats in sorted(by_size.items()) if len(whats) < size for what in whats]
         order = [what for _, whats in ranked for what in whats] + alone  # the sums' place in `totals`' list
-        self._steps = [(len(whats), [_picker([groups[w][j] for w in whats]) for j in range(size)])
+        self._steps = [(len(whats), [picker([groups[w][j] for w in whats]) for j in range(size)])
                        for size, whats in ranked]
-        self._alone = [_picker(groups[w]) for w in alone]
-        self._maxes = [_picker(ix) for ix in maxes.values()]  # after the sums, in that list
+        self._alone = [picker(groups[w]) for w in alone]
+        self._maxes = [picker(ix) for ix in maxes.values()]  # after the sums, in that list
         at = {what: n for n, what in enumerate([*order, *maxes])}
-        self._sums = (tuple(sums), _picker([at[("sum", n)] for n in sums]))
+        self._sums = (tuple(sums), picker([at[("sum", n)] for n in sums]))
         self._max_names = tuple(n for _, n in [w for w in maxes if w[0] == "max"])
-        self._pick_maxes = _picker([at[w] for w in maxes if w[0] == "max"])
-        self._buckets = [(h, tuple(les), _picker([at[("bucket", h, le)] for le in les])) for h, les in buckets.items()]
-        self._engines = [(e, tuple(per), _picker([at[w] for w in per.values()])) for e, per in engines.items()]
+        self._pick_maxes = picker([at[w] for w in maxes if w[0] == "max"])
+        self._buckets = [(h, tuple(les), picker([at[("bucket", h, le)] for le in les])) for h, les in buckets.items()]
+        self._engines = [(e, tuple(per), picker([at[w] for w in per.values()])) for e, per in engines.items()]
         self.shape: _Shape | None = None  # what `_page_of` reads each quantity from: found on the plan's first page
         self.shaped = False  # looked for (None then: the plan's pages are read by name)
         self._lists: list[tuple[str, tuple[SeriesKey, ...], Callable[[Sequence[Any]], tuple[Any, ...]], bool]] = []
         for name, ix in raw.items():
-            series = _picker(ix)(keys)
-            self._lists.append((name, series, _picker(ix), len(set(series)) == len(series)))
+            series = picker(ix)(keys)
+            self._lists.append((name, series, picker(ix), len(set(series)) == len(series)))
 
     def totals(self, values: list[float]) -> _Totals:
         out: list[float] = []

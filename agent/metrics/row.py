@@ -7,10 +7,9 @@ number, a percentage 0-100; anything else becomes NULL and is named, so the call
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any
 
-from lynxtop.agent.metrics.page import HUGE
+from lynxtop.agent.metrics.page import HUGE, picker
 from lynxtop.contract.columns import SERVING_METRICS, names
 
 SERVING_COLUMNS = names(SERVING_METRICS)
@@ -54,14 +53,7 @@ _PAGE_PCTS = tuple(c for c in SERVING_COLUMNS if c not in _INT_COLUMNS and c not
 _PAGE_REALS = tuple(c for c in SERVING_COLUMNS if c not in _INT_COLUMNS and c not in _OURS and not c.endswith("_pct"))
 
 
-def _getter(cols: tuple[str, ...]) -> Any:
-    """The row's values of `cols`, as a tuple, gathered in C."""
-    if len(cols) > 1:
-        return operator.itemgetter(*cols)
-    return (lambda row: (row[cols[0]],)) if cols else (lambda row: ())
-
-
-_ints, _pcts, _reals = _getter(_PAGE_INTS), _getter(_PAGE_PCTS), _getter(_PAGE_REALS)
+_ints, _pcts, _reals = picker(_PAGE_INTS), picker(_PAGE_PCTS), picker(_PAGE_REALS)
 
 
 def checked(row: dict[str, Any]) -> list[str]:
