@@ -25,7 +25,7 @@ from pathlib import Path
 from lynxtop.agent.gpu.protocol import FakeGpuSpec, FakeGpuState
 from lynxtop.sim.flags import default_state_dir
 from lynxtop.sim.model import SimParams
-from lynxtop.sim.state import EngineState, StateCache, read_states
+from lynxtop.sim.state import EngineState, PidWatch, StateCache, read_states
 
 DRIVER_VERSION = "580.95.05"
 REREAD_S = 0.2  # the state directory is listed at most this often: the GPU model's time step
@@ -95,6 +95,7 @@ class SimScenario:
         self._states: list[EngineState] = []
         self._read_at: float | None = None
         self._parsed: StateCache = {}  # state files parsed, liveness verdicts (read_states reuses them)
+        self._watch = PidWatch()  # the holders' pidfds: their liveness without reading /proc each second
         self._loads: list[_Load] = []
         self._looks: dict[int, FakeGpuState] = {}  # GPU -> its state in the current step
         self._thermal: dict[int, _Thermal] = {}
@@ -121,7 +122,7 @@ class SimScenario:
         NVML then keeps its counters' rates too)."""
         back = self._read_at is not None and now < self._read_at  # a clock gone back: every GPU is built again
         if self._read_at is None or now - self._read_at >= REREAD_S or back:
-            self._states = read_states(self.state_dir, self._parsed, now)
+            self._states = read_states(self.state_dir, self._parsed, now, watch=self._watch)
             self._read_at = now
             loads, old = self._all_loads(self._states), self._loads
             self._looks = {} if back or len(old) != len(loads) else {

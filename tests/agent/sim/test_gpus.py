@@ -186,10 +186,11 @@ def test_unchanged_state_files_are_not_parsed_again(tmp_path):
     assert read_states(tmp_path, cache) == [] and cache == {}
 
 
-def test_liveness_is_looked_up_in_proc_at_most_once_a_second_per_engine(tmp_path, monkeypatch):
+def test_liveness_is_looked_up_in_proc_once_per_holder(tmp_path, monkeypatch):
     """Issue 29.3: the model reads the state directory five times a second and the engines republish twice a
-    second with the same holders; each liveness check reads /proc once per holder. Over 3 s of 0.1 s looks
-    (30 looks, 15 directory reads, 6 publishes) an engine of one holder is looked up 3 or 4 times, not 15."""
+    second with the same holders. A holder's identity is read from /proc once, when its pidfd is opened; then
+    the pidfd says whether it exited. Over 3 s of 0.1 s looks (30 looks, 15 directory reads, 6 publishes) an
+    engine of one holder is looked up once (it was 3 or 4 times with a /proc read a second, 15 with none kept)."""
     import lynxtop.sim.state as state_mod
 
     me = os.getpid()
@@ -216,8 +217,60 @@ def test_liveness_is_looked_up_in_proc_at_most_once_a_second_per_engine(tmp_path
             write_state(tmp_path, one_holder(running=k))  # a publish: a new file, the same holders
         st = scen.state(0, t0 + 0.1 * k)
         assert st.mem_used_bytes == 2**30 and st.processes == [(me, 2**30)]
-    assert 3 <= len(lookups) <= 4, lookups
+    assert lookups == [me]
     assert scen.engines(t0 + 3.0)[0].running == 25  # the publishes were read all the same
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_memory_is_freed_at_the_first_read_after_the_holders_exit_and_their_fds_closed(tmp_path):
+    """The holders' pidfds: a killed engine's memory goes at the model's next step (REREAD_S), not a second
+    later, and the pidfd of a holder no state file names any more is closed (no fd leak)."""
+    from lynxtop.sim.state import remove_state
+
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
+    try:
+        fds = _open_fds()
+        for c in children:
+            st = engine_state(c.pid)
+            for h in st.holders:
+                h.mem_bytes = 40 * 2**30  # two engines fit on one GPU
+            write_state(tmp_path, st)
+        scen = SimScenario(tmp_path)
+        t0 = 7000.0
+        assert scen.state(0, t0).mem_used_bytes == 2 * 40 * 2**30
+        assert _open_fds() == fds + 2  # one pidfd per holder process
+        children[0].kill()
+        children[0].wait()
+        assert scen.state(0, t0 + 0.25).mem_used_bytes == 40 * 2**30  # the next step, not t0 + 1 s
+        assert [e.engine_pid for e in scen.engines(t0 + 0.3)] == [children[1].pid]
+        assert _open_fds() == fds + 1  # the exited holder's fd is closed
+        remove_state(tmp_path, children[1].pid)  # the engine goes away (its process still runs)
+        assert scen.state(0, t0 + 0.5).mem_used_bytes == 0 and _open_fds() == fds
+    finally:
+        for c in children:
+            c.kill()
+            c.wait()
+
+
+def test_without_pidfds_liveness_falls_back_to_proc(tmp_path, monkeypatch):
+    """Where pidfd_open is refused (a seccomp filter, an old kernel) /proc answers, as before the pidfds."""
+    def refused(pid: int, flags: int = 0) -> int:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "pidfd_open", refused)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        write_state(tmp_path, engine_state(child.pid))
+        scen = SimScenario(tmp_path)
+        t0 = 7000.0
+        assert scen.state(0, t0).mem_used_bytes == 120 * 2**30
+    finally:
+        child.kill()
+        child.wait()
+    assert scen.state(0, t0 + 1.05).mem_used_bytes == 0
 
 
 def test_an_engine_whose_holders_exit_frees_its_memory_within_a_second(tmp_path):
