@@ -72,12 +72,14 @@ class NodeGpuView:
         self.process_rows: list[dict] = []
 
     def update(self, ts: float, process_rows: list[dict], nvml: dict[str, Any], static: list[dict]) -> None:
-        self.sample_ts = ts
+        """Called by the tick, on the loop or in the clock thread (a quiet tick): the sample's time is set last, so
+        a reader that sees it sees its pids (one seeing the old time with new pids waits for a later sample)."""
         self.pids = {int(r["pid"]) for r in process_rows if r.get("pid") is not None}
         self.process_rows = list(process_rows)  # GET /v1/processes
         self.nvml = nvml
         if static:
             self.static = static
+        self.sample_ts = ts
 
     def gpu_info(self) -> list[dict[str, Any]] | None:
         if self.nvml.get("state") != "ok":

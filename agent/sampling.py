@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -159,6 +160,10 @@ class EventCollector:
             out, self._events = self._events, []
         return out
 
+    def pending(self) -> bool:
+        """Whether an event waits for the next tick (read without the lock: a list's length is one read)."""
+        return bool(self._events)
+
 
 class ClockPart(Protocol):
     """What the ticker's clock thread reads each tick before handing it to the loop (HostSource)."""
@@ -170,6 +175,8 @@ class ClockPart(Protocol):
     def wake(self) -> None: ...
 
     def late(self) -> None: ...
+
+    def finish(self, tick: Tick) -> bool: ...
 
 
 class GpuWaitEnded(Exception):
@@ -272,6 +279,11 @@ class HostSource:
         if self.gpu is not None:
             self.gpu.late += 1
 
+    def finish(self, tick: Tick) -> bool:
+        """In the clock thread, after `read`: the tick's GPU part made without the loop (GpuSource.finish); False
+        when it needs the loop."""
+        return self.gpu.finish(tick) if self.gpu is not None else True
+
 
 class GpuSource:
     """NVML through the GPU sampler, one sample at a time, never waited for past the tick's deadline.
@@ -308,14 +320,28 @@ class GpuSource:
             raise got
         if got is None:  # late: no GPU rows this tick
             return {}, self.collector.drain()
-        started, gpu_tick = got
-        # the rows are stored under the tick's time: the view must not claim a later one
-        self.view.update(min(started, tick.t0), gpu_tick.process_rows, self.sampler.status(), self.sampler.static())
         if self.sampler.static_version != self._static_version:
             self._static_version = self.sampler.static_version
             self.on_static(self.sampler.static())
-        return ({"gpu_rows": gpu_tick.gpu_rows, "nvlink_rows": gpu_tick.nvlink_rows,
-                 "process_rows": gpu_tick.process_rows}, self.collector.drain())
+        return self._rows(tick, got), self.collector.drain()
+
+    def finish(self, tick: Tick) -> bool:
+        """In the clock thread: the tick's GPU rows put in `tick.rows` when nothing in them needs the loop (a sample
+        on time, no event waiting, the same static facts); False, nothing done, leaves them to `sample_now`."""
+        got = tick.gpu
+        if (not isinstance(got, tuple) or self.collector.pending()
+                or self.sampler.static_version != self._static_version):
+            return False
+        tick.rows.update(self._rows(tick, got))
+        return True
+
+    def _rows(self, tick: Tick, got: tuple[float, Any]) -> Rows:
+        """The sample's rows; the supervisor's view updated (from the clock thread too: NodeGpuView.update)."""
+        started, gpu_tick = got
+        # the rows are stored under the tick's time: the view must not claim a later one
+        self.view.update(min(started, tick.t0), gpu_tick.process_rows, self.sampler.status(), self.sampler.static())
+        return {"gpu_rows": gpu_tick.gpu_rows, "nvlink_rows": gpu_tick.nvlink_rows,
+                "process_rows": gpu_tick.process_rows}
 
     async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
         return self.sample_now(tick)
@@ -372,6 +398,14 @@ class ScrapeSource:
             self._next = 0.0
             self.on_new_run()
         return self.scraper, self.hang
+
+    def loop_due(self) -> float:
+        """The tick start (monotonic) from which a tick must reach the loop for this source: at once while a scrape
+        runs, the next scrape's due time, none (inf) while nothing was served (a new target is seen by the loop's
+        once-a-second tick). Read by the clock thread: a tick before it is written without the loop."""
+        if self._pending is not None:
+            return -math.inf
+        return self._next if self.scraper is not None else math.inf
 
     def sample_now(self, tick: Tick) -> Any:
         """This tick's answer when there is nothing to wait for (nothing served, or no scrape due or running: 9
