@@ -5,15 +5,19 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 from support.ports import free_port
+
+from lynxtop.sim.state import load_state
 
 MODEL = "deepseek-ai/DeepSeek-V4.1"
 
@@ -91,10 +95,10 @@ class SimProc:
 
     def engine_states(self) -> list[dict]:
         out = []
-        for f in sorted(self.state_dir.glob("engine-*.json")):
+        for f in sorted(self.state_dir.glob("engine-*.state")):
             try:
-                out.append(json.loads(f.read_text()))
-            except (OSError, ValueError):
+                out.append(asdict(load_state(f)))
+            except (OSError, ValueError, struct.error):
                 pass
         return out
 

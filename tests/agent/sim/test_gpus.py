@@ -285,3 +285,48 @@ def test_an_engine_whose_holders_exit_frees_its_memory_within_a_second(tmp_path)
         child.wait()
     assert scen.state(0, t0 + 1.05).mem_used_bytes == 0  # the next look past the liveness interval
     assert scen.engines(t0 + 1.3) == []
+
+
+def test_a_state_file_reads_back_equal_to_what_was_written(tmp_path):
+    from lynxtop.sim.state import load_state, read_states, state_path
+
+    me = os.getpid()
+    st = EngineState(engine_pid=me, api_pid=me + 1, model="deepseek-ai/DeepSeek-V3 ✓", tp=2, gpus=[3, 5],
+                     phase="loading weights", running=7, waiting=2, kv_usage=0.25, busy_frac=0.5, prefill_frac=0.1,
+                     decode_frac=0.4, mean_batch=3.5, prompt_tokens_per_s=12.5, generation_tokens_per_s=99.0,
+                     straggler_gpu=5, straggler_slowdown=1.5, updated_unix=1.7e9,
+                     holders=[Holder(gpu=3, pid=me, start_ticks=process_identity(me), mem_bytes=2**40),
+                              Holder(gpu=5, pid=me, start_ticks=None, mem_bytes=7)])
+    write_state(tmp_path, st)
+    assert load_state(state_path(tmp_path, me)) == st
+    plain = EngineState(engine_pid=me + 2, api_pid=me, model="", tp=1, gpus=[], phase="ready")
+    write_state(tmp_path, plain)
+    assert load_state(state_path(tmp_path, me + 2)) == plain  # no holders, no straggler: read back as such
+    assert read_states(tmp_path) == [st]  # the one without holders holds nothing
+
+
+def test_a_state_file_of_another_layout_or_cut_short_is_skipped(tmp_path):
+    from lynxtop.sim.state import read_states, state_path
+
+    me = os.getpid()
+    write_state(tmp_path, engine_state(me))
+    good = state_path(tmp_path, me).read_bytes()
+    for pid, raw in ((1, good[:-3]), (2, good[:40]), (3, b'{"engine_pid": 3}'), (4, b""), (5, good + b"x"),
+                     (6, b"LXES\x01\x00" + good[6:])):
+        (tmp_path / f"engine-{pid}.state").write_bytes(raw)
+    assert [st.engine_pid for st in read_states(tmp_path)] == [me]
+
+
+def test_the_gpu_model_parses_no_json_per_publish(tmp_path, monkeypatch):
+    """Issue 29.3: the model reads every engine's publish (16 a second at DP8); a JSON parse of each was ~40 µs
+    with its dataclass building, the fixed binary layout a fraction of that. No JSON is parsed on the way."""
+    import json
+
+    def no_json(*a, **kw):
+        raise AssertionError("a state file parsed as JSON")
+
+    me = os.getpid()
+    write_state(tmp_path, engine_state(me, busy_frac=0.5))
+    monkeypatch.setattr(json, "loads", no_json)
+    scen = SimScenario(tmp_path)
+    assert scen.state(0, 9000.0).mem_used_bytes == 120 * 2**30 and scen.state(0, 9000.0).util_gpu_pct == 50.0

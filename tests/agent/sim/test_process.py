@@ -13,6 +13,7 @@ import psutil
 from support.waits import holds, wait_for
 
 from lynxtop.sim.gpus import SimScenario
+from lynxtop.sim.state import load_state
 
 STARTUP_LINES = ["Loading weights took", "Available KV cache memory", "GPU KV cache size",
                  "Maximum concurrency for", "Graph capturing finished", "init engine (profile, create kv cache",
@@ -84,7 +85,7 @@ def test_sigkill_of_api_server_orphans_enginecore_holding_memory(start_sim):
           what="the EngineCore outliving its killed API server")
     held = SimScenario(sp.state_dir).state(3, time.monotonic() + 1)
     assert held.mem_used_bytes == before.mem_used_bytes  # the orphan still holds its memory
-    assert json.loads(next(sp.state_dir.glob("engine-*.json")).read_text())["phase"] == "orphaned"
+    assert load_state(next(sp.state_dir.glob("engine-*.state"))).phase == "orphaned"
 
     os.killpg(sp.pgid, signal.SIGTERM)  # what a supervisor must do: signal the whole group
     wait_for(lambda: not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE, what="engine exit")
@@ -245,7 +246,7 @@ def test_group_sigterm_ends_enginecore_and_all_workers_like_vllm(start_sim, kit)
     assert alive == [] and kit.group_members(sp.pgid) == []
     assert "[shutdown] EngineCore: trigger received signal=SIGTERM" in sp.text()
     assert SimScenario(sp.state_dir).state(0, time.monotonic()).mem_used_bytes == 0
-    assert list(sp.state_dir.glob("engine-*.json")) == []
+    assert list(sp.state_dir.glob("engine-*.state")) == []
 
 
 def test_group_sigterm_during_weight_loading_is_a_shutdown_not_a_failure(start_sim, kit):
