@@ -6,8 +6,10 @@ ticks, median of 5 blocks), `backend_share` (the part of cProfile's cumulative t
 and the simulator's GPU model, which a real node pays in C inside libnvidia-ml), and with --profile the
 top functions by own time. DP8: eight engines, one GPU each, under streamed decode, each publishing its state
 file twice a second (staggered, its figures moving a little each time) as the simulated engines do; the
-publishes are not counted. Last line: one JSON object.
-Usage: python benchmarks/gpu_sampling_profile.py [--hz 10] [--ticks 300] [--profile]
+publishes are not counted. With --frozen-model the model answers the 8 states of its first look for ever: the
+difference is what the simulator's model (and the new segments it sets off in the fake) costs a tick.
+Last line: one JSON object.
+Usage: python benchmarks/gpu_sampling_profile.py [--hz 10] [--ticks 300] [--profile] [--frozen-model]
 """
 
 from __future__ import annotations
@@ -76,12 +78,15 @@ def _cpu() -> float:
     return time.process_time()
 
 
-def run(hz: float, ticks: int, profile: bool) -> dict:
+def run(hz: float, ticks: int, profile: bool, frozen: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as d:
         state_dir = Path(d)
         dp8_states(state_dir)
         clock = Clock()
         scen = SimScenario(state_dir)
+        if frozen:
+            first = [scen.state(i, clock.t) for i in range(8)]
+            scen.state = lambda index, now: first[index]  # type: ignore[method-assign]
         s = GpuSampler(lambda: FakeNvml(scen, clock=clock), clock=clock, xid_events=False)
         assert s.open()["state"] == "ok"
         period = 1.0 / hz
@@ -117,7 +122,7 @@ def run(hz: float, ticks: int, profile: bool) -> dict:
     backend = sum(v[2] for (f, _, _), v in st.stats.items()
                   if f.endswith(("gpu/fake.py", "gpu/fake_driver.py", "gpu/scripted.py", "sim/gpus.py",
                                  "sim/state.py", "contract/files.py")))
-    out = {"hz": hz, "ticks": ticks, "gpus": 8, "engines": 8,
+    out = {"hz": hz, "ticks": ticks, "gpus": 8, "engines": 8, "frozen_model": frozen,
            "cpu_ms_per_tick": round(statistics.median(per_tick), 3),
            "cpu_pct_of_core": round(statistics.median(per_tick) * hz / 10, 3),
            "backend_share": round(backend / total, 3) if total else None}
@@ -131,8 +136,9 @@ def main() -> int:
     ap.add_argument("--hz", type=float, default=10.0)
     ap.add_argument("--ticks", type=int, default=300)
     ap.add_argument("--profile", action="store_true", help="print the top functions by own time")
+    ap.add_argument("--frozen-model", action="store_true", help="the model's first 8 states answered for ever")
     args = ap.parse_args()
-    print(json.dumps(run(args.hz, args.ticks, args.profile)))
+    print(json.dumps(run(args.hz, args.ticks, args.profile, args.frozen_model)))
     return 0
 
 
