@@ -32,6 +32,7 @@ from lynxtop.store.schema import (
     SAMPLE_TABLES,
     access_problem,
     check_identity,
+    chunk_table,
     open_error,
     rollup_metrics,
     rollup_table,
@@ -42,6 +43,8 @@ from lynxtop.store.schema import (
 
 SERIES_TABLES = ("gpu", "host", "serving")
 LATEST_TABLES = ("gpu", "nvlink", "host", "serving", "processes")
+SLOW_TABLES = ("nvlink", "processes")  # readings stored once, when read (store/writer.py SlowRows)
+NO_PROCESS_PID = -1  # store/writer.py's marker of a process list read empty
 RAW_SUMMARY_MAX_MS = 6 * 3_600_000  # longer runs are summarised from 1-minute rollups
 
 
@@ -462,6 +465,11 @@ class StoreReader:
         name = "gpu_processes" if table == "processes" else SAMPLE_TABLES[table].name
         if table in ("host", "serving"):
             return self._q(f"SELECT * FROM {name} ORDER BY ts_ms DESC LIMIT ?", (int(n),))
+        if table in SLOW_TABLES and int(n) <= 1:  # a reading stored once: each GPU's newest (docs/store.md)
+            top = self._q(f"SELECT max((SELECT max(ts_ms) FROM gpu_samples), (SELECT max(ts_ms) FROM {name})) AS ts")
+            if top and top[0]["ts"] is not None:
+                rows = self.slow_at(table, top[0]["ts"], gpu)
+                return sorted(rows, key=lambda r: (-r["ts_ms"], r["gpu"], r.get("pid", 0)))
         if gpu is not None and table != "processes":
             return self._q(f"SELECT * FROM {name} WHERE gpu = ? ORDER BY ts_ms DESC LIMIT ?", (int(gpu), int(n)))
         # the n newest tick times by n index probes (max() below a bound), never a scan
@@ -477,6 +485,59 @@ class StoreReader:
         gpu_sql, params = (" AND gpu = ?", (int(gpu),)) if gpu is not None else ("", ())
         return self._q(f"SELECT * FROM {name} WHERE ts_ms >= ?{gpu_sql} ORDER BY ts_ms DESC, gpu",
                        (oldest, *params))
+
+    def slow_at(self, table: str, ts_ms: int, gpu: int | None = None) -> list[dict[str, Any]]:
+        """The NVLink per-link or process readings in force at `ts_ms`: each GPU's newest at or before it.
+
+        These readings are taken about once a second and stored once, at the tick that read them (the ticks
+        between carried the same reading); a process list read empty is stored as one row with pid
+        NO_PROCESS_PID and a link reading gone as an all-NULL row, so the newest row is always the reading
+        then shown live. The GPUs are those of the GPU tick at or before `ts_ms` (index probes, no scan)."""
+        if table not in SLOW_TABLES:
+            raise ValueError(f"unknown table {table!r} (readings kept between ticks: {', '.join(SLOW_TABLES)})")
+        name = "gpu_processes" if table == "processes" else SAMPLE_TABLES[table].name
+        if gpu is not None:
+            gpus = [int(gpu)]
+        else:
+            tick = self._q("SELECT max(ts_ms) AS ts FROM gpu_samples WHERE ts_ms <= ?", (int(ts_ms),))
+            at = tick[0]["ts"] if tick else None
+            gpus = [] if at is None else [r["gpu"] for r in self._q(
+                "SELECT gpu FROM gpu_samples WHERE ts_ms = ? ORDER BY gpu", (at,))]
+            if not gpus:  # that tick compacted (or none stored): the GPUs the table's chunks name
+                gpus = self._chunk_gpus(name)
+        out: list[dict[str, Any]] = []
+        newest = (f"SELECT * FROM {name} WHERE gpu = ? AND ts_ms = "
+                  f"(SELECT max(ts_ms) FROM {name} WHERE gpu = ? AND ts_ms <= ? AND ts_ms >= ?)")
+        for g in gpus:
+            lo = self._chunks_from(name, g, int(ts_ms))
+            rows = self._raw_q(newest, (g, g, int(ts_ms), lo), name, lo, int(ts_ms) + 1, g)
+            if table == "processes":
+                out += sorted((r for r in rows if r["pid"] != NO_PROCESS_PID), key=lambda r: r["pid"])
+            else:
+                out += [r for r in rows if any(r[c] is not None for c in r if c not in ("ts_ms", "gpu"))]
+        return out
+
+    def _chunk_gpus(self, table: str) -> list[int]:
+        try:
+            with self._lock:
+                return [r[0] for r in self.conn.execute(f"SELECT DISTINCT gpu FROM {chunk_table(table)} ORDER BY gpu")]
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return []
+            raise NotOurDatabase(f"{self.path}: cannot read the history database: {exc}") from None
+
+    def _chunks_from(self, table: str, gpu: int, ts_ms: int) -> int:
+        """Where a "newest at or before ts_ms" search starts: the second-newest compacted chunk of the GPU that
+        starts by then (the newest may hold only later rows), or 0 (raw rows only: no chunk is decoded)."""
+        try:
+            with self._lock:
+                starts = _dicts(self.conn.execute(f"SELECT start_ms FROM {chunk_table(table)} WHERE gpu = ? "
+                                                  "AND start_ms <= ? ORDER BY start_ms DESC LIMIT 2", (gpu, ts_ms)))
+        except sqlite3.OperationalError as exc:  # a file of schema 2 (no chunk tables) opened read-only
+            if "no such table" in str(exc):
+                return 0
+            raise NotOurDatabase(f"{self.path}: cannot read the history database: {exc}") from None
+        return min(r["start_ms"] for r in starts) if starts else 0
 
     def gpus(self) -> list[dict[str, Any]]:
         """Static GPU facts, by index."""

@@ -296,6 +296,71 @@ def _rows(ts: int, rows: list[dict], get: Callable[[dict], tuple], names: tuple[
         return [(ts, *map(r.get, names)) for r in rows]
 
 
+NO_PROCESS_PID = -1  # a gpu_processes row with this pid: the GPU's process list was read empty (docs/store.md)
+_NO_PROCESS = (None,) * len(_PROC_NAMES)
+
+
+class SlowRows:
+    """Which of a tick's NVLink per-link and process rows are readings not yet stored (docs/store.md).
+
+    The GPU sampler reads those about once a second and hands the SAME row objects to every tick until the next
+    read (agent/gpu/sampler.py), so a row is fresh when it is not the object last stored for its GPU: each
+    reading is stored once, at the tick it was read. A GPU of the tick (a row in gpu_rows, lost ones too) whose
+    reading went away is stored as such: an all-NULL link row, a process row with pid NO_PROCESS_PID. The state
+    is a copy per transaction, kept only when it commits: a rolled-back batch's readings stay fresh."""
+
+    def __init__(self, links: dict | None = None, procs: dict | None = None, known: set | None = None):
+        self.links: dict[int, dict] = links or {}  # gpu -> the link row last stored (held: its id stays unique)
+        self.procs: dict[int, dict] = procs or {}  # gpu -> the first process row last stored
+        # GPUs seen since this writer started: a GPU first seen without a reading has it stored as gone, so a
+        # reading stored before a restart is not taken for the one in force after it
+        self.known: set[int] = known or set()
+
+    def copy(self) -> SlowRows:
+        return SlowRows(dict(self.links), dict(self.procs), set(self.known))
+
+    def fresh(self, ts: int, t: _Tick, procs: list) -> list[dict]:
+        """The tick's link rows to store; its process rows to store appended to `procs` as tuples."""
+        links, last_procs = self.links, self.procs
+        nvl: list[dict] = []
+        for r in t.nvlink_rows:
+            g = r["gpu"]
+            if links.get(g) is not r:
+                links[g] = r
+                nvl.append(r)
+        first: dict[int, dict] = {}  # gpu -> its first process row this tick
+        for r in t.process_rows:
+            g = r["gpu"]
+            if g not in first:
+                first[g] = r
+        for g, r in first.items():
+            if last_procs.get(g) is not r:
+                last_procs[g] = r
+                procs += [(ts, p["gpu"], p["pid"], *map(p.get, _PROC_NAMES)) for p in t.process_rows
+                          if p["gpu"] == g]
+        if len(links) > len(t.nvlink_rows) or len(last_procs) > len(first) or len(self.known) < len(t.gpu_rows):
+            self._gone(ts, t, nvl, procs)
+        return nvl
+
+    def _gone(self, ts: int, t: _Tick, nvl: list, procs: list) -> None:
+        """GPUs of this tick whose stored link or process reading is no longer there: stored as gone."""
+        in_tick = {r.get("gpu") for r in t.gpu_rows}
+        with_links = {r["gpu"] for r in t.nvlink_rows}
+        with_procs = {r["gpu"] for r in t.process_rows}
+        for g in in_tick - self.known:
+            self.known.add(g)
+            if g not in with_links and g not in self.links:
+                nvl.append({"gpu": g, **dict.fromkeys(_NAMES["nvlink"])})
+            if g not in with_procs and g not in self.procs:
+                procs.append((ts, g, NO_PROCESS_PID, *_NO_PROCESS))
+        for g in [g for g in self.links if g in in_tick and g not in with_links]:
+            del self.links[g]
+            nvl.append({"gpu": g, **dict.fromkeys(_NAMES["nvlink"])})
+        for g in [g for g in self.procs if g in in_tick and g not in with_procs]:
+            del self.procs[g]
+            procs.append((ts, g, NO_PROCESS_PID, *_NO_PROCESS))
+
+
 def _jsonable(v: Any) -> Any:
     return json.dumps(v, default=str) if isinstance(v, (list, tuple, dict)) else v
 
@@ -345,6 +410,7 @@ class StoreWriter:
         self._checkpointer: Checkpointer | None = None
 
         self._dropped = 0
+        self._slow = SlowRows()  # the NVLink/process readings stored last, per GPU (writer thread only)
         self._failed = 0  # ticks the database refused (a bad value): dropped, and the agent is unhealthy
         self._last_rejected: float | None = None  # monotonic time of the last refused tick
         self._written = 0
@@ -826,16 +892,20 @@ class StoreWriter:
         if not ticks:
             return True
         try:
-            rolled = self._transaction(lambda c: self._insert_ticks(c, ticks))
+            slow = self._slow.copy()
+            rolled = self._transaction(lambda c: self._insert_ticks(c, ticks, slow))
+            self._slow = slow
         except Exception as exc:
             if isinstance(exc, sqlite3.Error) and self._transient_or_damaged(exc, ticks=ticks):
                 return False
             good, rolled = [], {}
             for t in ticks:  # one bad row must not cost the whole batch
                 try:
-                    for kind, rows in self._transaction(lambda c, t=t: self._insert_ticks(c, [t])).items():
+                    slow = self._slow.copy()
+                    for kind, rows in self._transaction(lambda c, t=t, s=slow: self._insert_ticks(c, [t], s)).items():
                         rolled.setdefault(kind, []).extend(rows)
                     good.append(t)
+                    self._slow = slow
                 except Exception as one:
                     with self._cv:
                         self._failed += 1
@@ -846,7 +916,7 @@ class StoreWriter:
         return True
 
     @staticmethod
-    def _insert_ticks(c: sqlite3.Connection, ticks: list[_Tick]) -> dict[str, list[tuple[int, list]]]:
+    def _insert_ticks(c: sqlite3.Connection, ticks: list[_Tick], slow: SlowRows) -> dict[str, list[tuple[int, list]]]:
         """Insert the ticks' rows; returns per rolled kind (ts, its rows as inserted) per tick, for the
         in-memory rollups."""
         gpu, nvl, host, serving, procs = [], [], [], [], []
@@ -858,8 +928,8 @@ class StoreWriter:
                 rows = _rows(ts, t.gpu_rows, _GET["gpu"], gn)
                 per_tick["gpu"].append((ts, rows))
                 gpu += rows
-            nvl += _rows(ts, t.nvlink_rows, _GET["nvlink"], nn)
-            procs += [(ts, r["gpu"], r["pid"], *map(r.get, _PROC_NAMES)) for r in t.process_rows]
+            if t.gpu_rows or t.nvlink_rows or t.process_rows:  # each slow reading stored once
+                nvl += _rows(ts, slow.fresh(ts, t, procs), _GET["nvlink"], nn)
             if t.host_row is not None:
                 h = [ts, *map(t.host_row.get, hn)]
                 h[_PER_CORE] = _jsonable(h[_PER_CORE])

@@ -279,9 +279,11 @@ class GpuSampler:
             self._readings.read_kept(g, now)
             self._processes.read(g, vllm_pids)
         self._activity.read(g, row, kept)
+        # the same objects every tick until the next read: the store writer keeps only a new object (a reading
+        # stored once, at the tick it was read: store/writer.py SlowRows); nothing downstream changes them
         if g.link_row is not None:
-            tick.nvlink_rows.append(g.link_row.copy())
-        tick.process_rows.extend([p.copy() for p in g.proc_rows])
+            tick.nvlink_rows.append(g.link_row)
+        tick.process_rows.extend(g.proc_rows)
         if do_slow:
             self._slow.read(g, now)
         row.update(g.kept)

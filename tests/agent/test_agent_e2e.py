@@ -122,7 +122,10 @@ async def test_switch_frees_sim_gpu_memory_before_new_run(tmp_path, cleanup):
     last = state_db(tmp_path, "SELECT max(ts_ms) AS ts FROM gpu_samples WHERE ts_ms < ?", (started,))[0]["ts"]
     # a GPU sample was taken after the old run exited, before the new start (the same millisecond happens)
     assert last >= exited_ms["ts_ms"]
-    holders = {r["pid"] for r in state_db(tmp_path, "SELECT pid FROM gpu_processes WHERE ts_ms = ?", (last,))}
+    # each GPU's process list in force then: its newest stored reading at or before (docs/store.md)
+    newest = "SELECT max(ts_ms) FROM gpu_processes q WHERE q.gpu = p.gpu AND q.ts_ms <= ?"
+    holders = {r["pid"] for r in state_db(tmp_path, f"SELECT pid FROM gpu_processes p WHERE ts_ms = ({newest})",
+                                              (last,))}
     assert not holders & old_pids
     assert not [e for e in state_db(tmp_path, "SELECT kind FROM events") if e["kind"] == "serving.gpu_release_timeout"]
     # a profile that does not exist: 404, nothing changes

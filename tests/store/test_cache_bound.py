@@ -47,7 +47,8 @@ def test_sqlite_memory_stays_within_the_page_cache_bounds(tmp_path):
     try:
         while db.stat().st_size < WRITTEN_MB * 2**20:
             for _ in range(1000):
-                w.submit_tick(T0 + i * 100, gpus[i % 20], host_row(i), serving_row(i), links)
+                # a new link reading each tick (as at 1 Hz): the writer stores a reading once (store/writer.py)
+                w.submit_tick(T0 + i * 100, gpus[i % 20], host_row(i), serving_row(i), [dict(x) for x in links])
                 i += 1
             assert w.flush(120)
         r = StoreReader(db)
