@@ -126,3 +126,15 @@ def test_newest_at_or_before_reads_compacted_chunks_as_raw_rows(tmp_path):
     assert before[(T0 + 500, "processes")] == [(0, 10), (1, 11)]
     assert before[(T0 + 2 * hour, "processes")] == [(0, 10)]
     assert before[(T0 + 4 * hour, "nvlink")] == [(0, 300)]
+
+
+def test_a_tick_dropped_from_a_full_queue_loses_no_reading(tmp_path):
+    db = tmp_path / "h.db"
+    w = StoreWriter(db, queue_max=2)
+    l0, p0 = link(0, 100), [proc(0, 10)]
+    for k in range(3):  # queued before the thread starts: the first (the read) is dropped
+        w.submit_tick(T0 + 100 * k, [gpu_row(0, k)], None, None, [l0], p0)
+    w.start()
+    w.close()
+    assert rows(db, "nvlink_samples") == [(T0 + 100, 0, 100)]
+    assert rows(db, "gpu_processes") == [(T0 + 100, 0, 10)]
