@@ -249,6 +249,11 @@ async def test_hang_with_requests_running_marks_degraded_without_restart(tmp_pat
             await asyncio.gather(*reqs, return_exceptions=True)
     assert "hang" in st["serving"]["reason"] and "no token generated" in st["serving"]["reason"]
     assert st["serving"]["pid"] == pid and procs.alive(pid)  # restart_on_hang is off: nothing restarted
-    ev = [e for e in state_db(tmp_path, "SELECT * FROM events") if e["kind"] == "serving.degraded.hang"]
+    ev: list = []
+    for _ in range(50):  # the status shows the state at once; the event's row commits with the writer's next batch
+        ev = [e for e in state_db(tmp_path, "SELECT * FROM events") if e["kind"] == "serving.degraded.hang"]
+        if ev:
+            break
+        await asyncio.sleep(0.1)
     assert ev and ev[0]["severity"] == "error"
     assert a.stop() == 0
