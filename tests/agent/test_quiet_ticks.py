@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from support.node import close_node, open_node, run_clock
+from support.node import close_node, count_loop_turns, open_node, run_clock
 from support.waits import wait_for_async
 
 from lynxtop.contract.events import EventKind, Severity
@@ -20,19 +20,6 @@ from lynxtop.contract.status import HostStatus
 
 pytestmark = pytest.mark.timeout(90)
 CONFIG = 'sample_interval_s = 0.1\nfake_nvml = "h200x8"'
-
-
-def _count_wakeups(loop: asyncio.AbstractEventLoop) -> list[int]:
-    """The loop's turns (each wake-up from its selector), counted by wrapping its `_run_once`."""
-    turns = [0]
-    real = loop._run_once  # type: ignore[attr-defined]
-
-    def counting() -> None:
-        turns[0] += 1
-        real()
-
-    loop._run_once = counting  # type: ignore[attr-defined]
-    return turns
 
 
 def _ts(h, node, table: str) -> list[int]:
@@ -51,7 +38,7 @@ async def test_quiet_ticks_at_10_hz_do_not_wake_the_loop_and_every_tick_is_writt
         real_submit(ts_ms, **rows)
 
     node.writer.submit_tick = submit
-    turns = _count_wakeups(loop)
+    turns = count_loop_turns(loop)
     try:
         await run_clock(node, 4.0, settle_s=0.0)  # one sleep: no polling turns of the test's own
         t = node.ticker

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from support.node import close_node, open_node, run_clock
+from support.node import close_node, count_loop_turns, open_node, run_clock
 from support.waits import wait_for_async
 
 from lynxtop.agent import ticker
@@ -32,19 +32,6 @@ class _CountingExecutor(ThreadPoolExecutor):
     def submit(self, fn, /, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201
         self.jobs += 1
         return super().submit(fn, *args, **kwargs)
-
-
-def _count_turns(loop: asyncio.AbstractEventLoop) -> list[int]:
-    """The loop's turns (each wake-up from its selector), counted by wrapping its `_run_once`."""
-    turns = [0]
-    real = loop._run_once  # type: ignore[attr-defined]
-
-    def counting() -> None:
-        turns[0] += 1
-        real()
-
-    loop._run_once = counting  # type: ignore[attr-defined]
-    return turns
 
 
 def _distinct(h, node, table: str) -> int:
@@ -68,7 +55,7 @@ async def test_a_tick_at_10_hz_is_handed_to_the_loop_once_and_keeps_its_host_and
         return asyncio.Task(coro, loop=loop, **kwargs)
 
     loop.set_task_factory(factory)
-    turns = _count_turns(loop)
+    turns = count_loop_turns(loop)
     try:
         await run_clock(node, 3.0, settle_s=0.0)
         t = node.ticker

@@ -48,3 +48,16 @@ def close_node(node: Node) -> None:
     with contextlib.suppress(Exception):
         node.sampler.close()
     node.writer.close()
+
+
+def count_loop_turns(loop: asyncio.AbstractEventLoop) -> list[int]:
+    """The loop's turns (each wake-up from its selector), counted by wrapping its `_run_once`."""
+    turns = [0]
+    real = loop._run_once  # type: ignore[attr-defined]
+
+    def counting() -> None:
+        turns[0] += 1
+        real()
+
+    loop._run_once = counting  # type: ignore[attr-defined]
+    return turns
