@@ -27,6 +27,7 @@ from lynxtop.store.rollup import aggregate_sql, merge_rows
 from lynxtop.store.schema import (
     BUSY_TIMEOUT_MS,
     COMPACTED,
+    NO_PROCESS_PID,
     RESOLUTIONS,
     RUN_JSON_COLUMNS,
     SAMPLE_TABLES,
@@ -44,7 +45,6 @@ from lynxtop.store.schema import (
 SERIES_TABLES = ("gpu", "host", "serving")
 LATEST_TABLES = ("gpu", "nvlink", "host", "serving", "processes")
 SLOW_TABLES = ("nvlink", "processes")  # readings stored once, when read (store/writer.py SlowRows)
-NO_PROCESS_PID = -1  # store/writer.py's marker of a process list read empty
 RAW_SUMMARY_MAX_MS = 6 * 3_600_000  # longer runs are summarised from 1-minute rollups
 
 

@@ -97,6 +97,7 @@ GPU_FACT_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 PROCESS_COLUMNS: tuple[tuple[str, str], ...] = (("used_mem_bytes", "INTEGER"), ("in_vllm_tree", "INTEGER"))
+NO_PROCESS_PID = -1  # a gpu_processes row with this pid: the GPU's process list was read empty (docs/store.md)
 
 BENCH_COLUMNS: tuple[tuple[str, str], ...] = (
     ("ts_ms", "INTEGER"), ("run_id", "INTEGER"), ("profile", "TEXT"), ("model", "TEXT"), ("name", "TEXT"),

@@ -47,6 +47,7 @@ from lynxtop.store.schema import (
     BENCH_COLUMNS,
     EVENT_SEVERITIES,
     GPU_FACT_COLUMNS,
+    NO_PROCESS_PID,
     PROCESS_COLUMNS,
     RUN_COLUMNS,
     RUN_JSON_COLUMNS,
@@ -296,7 +297,6 @@ def _rows(ts: int, rows: list[dict], get: Callable[[dict], tuple], names: tuple[
         return [(ts, *map(r.get, names)) for r in rows]
 
 
-NO_PROCESS_PID = -1  # a gpu_processes row with this pid: the GPU's process list was read empty (docs/store.md)
 _NO_PROCESS = (None,) * len(_PROC_NAMES)
 
 

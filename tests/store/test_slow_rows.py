@@ -10,7 +10,8 @@ import sqlite3
 
 from lynxtop.contract.columns import NVLINK_METRICS, names
 from lynxtop.store.reader import StoreReader
-from lynxtop.store.writer import NO_PROCESS_PID, StoreWriter
+from lynxtop.store.schema import NO_PROCESS_PID
+from lynxtop.store.writer import StoreWriter
 
 from .helpers import T0, gpu_row
 

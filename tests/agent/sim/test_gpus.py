@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from lynxtop.agent.gpu.backend import open_backend
 from lynxtop.sim.gpus import SimScenario
 from lynxtop.sim.state import EngineState, Holder, process_identity, write_state
@@ -255,25 +257,14 @@ def test_memory_is_freed_at_the_first_read_after_the_holders_exit_and_their_fds_
             c.wait()
 
 
-def test_without_pidfds_liveness_falls_back_to_proc(tmp_path, monkeypatch):
-    """Where pidfd_open is refused (a seccomp filter, an old kernel) /proc answers, as before the pidfds."""
-    def refused(pid: int, flags: int = 0) -> int:
-        raise PermissionError(1, "Operation not permitted")
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "proc"])
+def test_an_engine_whose_holders_exit_frees_its_memory_within_a_second(tmp_path, monkeypatch, pidfd):
+    """With pidfds, or where pidfd_open is refused (a seccomp filter, an old kernel) and /proc answers."""
+    if not pidfd:
+        def refused(pid: int, flags: int = 0) -> int:
+            raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(os, "pidfd_open", refused)
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        write_state(tmp_path, engine_state(child.pid))
-        scen = SimScenario(tmp_path)
-        t0 = 7000.0
-        assert scen.state(0, t0).mem_used_bytes == 120 * 2**30
-    finally:
-        child.kill()
-        child.wait()
-    assert scen.state(0, t0 + 1.05).mem_used_bytes == 0
-
-
-def test_an_engine_whose_holders_exit_frees_its_memory_within_a_second(tmp_path):
+        monkeypatch.setattr(os, "pidfd_open", refused)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         write_state(tmp_path, engine_state(child.pid))
