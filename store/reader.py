@@ -48,6 +48,11 @@ SLOW_TABLES = ("nvlink", "processes")  # readings stored once, when read (store/
 RAW_SUMMARY_MAX_MS = 6 * 3_600_000  # longer runs are summarised from 1-minute rollups
 
 
+def _table_name(table: str) -> str:
+    """The SQL table behind a reader's table name ("processes" is stored as gpu_processes)."""
+    return "gpu_processes" if table == "processes" else SAMPLE_TABLES[table].name
+
+
 @dataclass(frozen=True)
 class _SeriesQuery:
     """One series request, as the raw, rollup and tail queries share it."""
@@ -462,7 +467,7 @@ class StoreReader:
         """Newest first: the last n rows (host, serving) or every GPU's rows of the last n ticks."""
         if table not in LATEST_TABLES:
             raise ValueError(f"unknown table {table!r} (known: {', '.join(LATEST_TABLES)})")
-        name = "gpu_processes" if table == "processes" else SAMPLE_TABLES[table].name
+        name = _table_name(table)
         if table in ("host", "serving"):
             return self._q(f"SELECT * FROM {name} ORDER BY ts_ms DESC LIMIT ?", (int(n),))
         if table in SLOW_TABLES and int(n) <= 1:  # a reading stored once: each GPU's newest (docs/store.md)
@@ -495,7 +500,7 @@ class StoreReader:
         then shown live. The GPUs are those of the GPU tick at or before `ts_ms` (index probes, no scan)."""
         if table not in SLOW_TABLES:
             raise ValueError(f"unknown table {table!r} (readings kept between ticks: {', '.join(SLOW_TABLES)})")
-        name = "gpu_processes" if table == "processes" else SAMPLE_TABLES[table].name
+        name = _table_name(table)
         if gpu is not None:
             gpus = [int(gpu)]
         else:
