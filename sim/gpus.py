@@ -29,7 +29,6 @@ from lynxtop.sim.state import EngineState, PidWatch, StateCache, read_states
 
 DRIVER_VERSION = "580.95.05"
 REREAD_S = 0.2  # the state directory is listed at most this often: the GPU model's time step
-SETTLED_C = 0.05  # a die this close to its steady temperature is not stepped while its load holds
 STALE_S = 3.0  # an engine that has not published for this long is treated as doing nothing
 IDLE_SM_CLOCK_MHZ = 345
 BUSY_SM_CLOCK_MHZ = 1980
@@ -38,7 +37,9 @@ MEM_CLOCK_MHZ = 3201
 
 @dataclass
 class _Thermal:
-    last: float
+    """A die's course since `t0`: `temp_c` then, tending to `target_c` (the temperature is worked out when read)."""
+
+    t0: float
     temp_c: float
     target_c: float
 
@@ -118,21 +119,23 @@ class SimScenario:
         The engines publish their state twice a second, so the model steps when the state directory is read
         again (REREAD_S): one pass over the engines gives all GPUs' loads, and each GPU's state is then
         built once per step (`_looks`), however many NVML calls ask for it. A GPU whose load is what it was
-        and whose die has settled at its temperature keeps its state object: nothing on it moved (the fake
-        NVML then keeps its counters' rates too)."""
+        keeps its state object, its die still warming or cooling included (the state carries the thermal
+        course, `FakeGpuState.temp_at`): the fake NVML then keeps its counters' segment too."""
         back = self._read_at is not None and now < self._read_at  # a clock gone back: every GPU is built again
-        if self._read_at is None or now - self._read_at >= REREAD_S or back:
+        if self._read_at is None or now >= self._read_at + REREAD_S or back:  # (`unchanged_until`'s sum)
             self._states = read_states(self.state_dir, self._parsed, now, watch=self._watch)
             self._read_at = now
             loads, old = self._all_loads(self._states), self._loads
             self._looks = {} if back or len(old) != len(loads) else {
-                i: st for i, st in self._looks.items() if loads[i] == old[i] and self._settled(i)}
+                i: st for i, st in self._looks.items() if loads[i] == old[i]}
             self._loads = loads
         return self._loads
 
-    def _settled(self, index: int) -> bool:
-        th = self._thermal.get(index)
-        return th is not None and abs(th.target_c - th.temp_c) < SETTLED_C
+    def unchanged_until(self, index: int, now: float) -> float:
+        """Before this monotonic time `state(index, ...)` answers what it answered at `now`: the next step."""
+        with self._lock:
+            at = self._read_at
+        return now if at is None or now < at else at + REREAD_S
 
     def state(self, index: int, now: float) -> FakeGpuState:
         with self._lock:
@@ -159,7 +162,7 @@ class SimScenario:
         power = min(power, spec.power_limit_w)
         active = util_gpu > 0 or ld.mem > 0
         hot = ld.straggler and active  # the straggler: a thermally throttled GPU, its clock held down
-        temp = self._temperature(index, now, power, temp_off + (self.p.straggler_temp_rise_c if hot else 0.0))
+        th = self._temperature(index, now, power, temp_off + (self.p.straggler_temp_rise_c if hot else 0.0))
         links = spec.nvlink_count
         per_link = ld.link_rate / links if links else 0.0
         return FakeGpuState(
@@ -167,7 +170,8 @@ class SimScenario:
             tensor_active_pct=tensor, dram_bw_pct=dram, fp16_active_pct=tensor * 0.08, fp32_active_pct=sm * 0.06,
             pcie_tx_bytes_per_s=2e7 + (1.5e8 if busy else 0.0), pcie_rx_bytes_per_s=3e7 + ld.pcie_rx,
             nvlink_tx_bytes_per_s=[per_link] * links, nvlink_rx_bytes_per_s=[per_link * 0.99] * links,
-            mem_used_bytes=min(ld.mem, spec.mem_total_bytes), power_w=power, temp_c=temp,
+            mem_used_bytes=min(ld.mem, spec.mem_total_bytes), power_w=power, temp_c=th.temp_c, temp_t=th.t0,
+            temp_target_c=th.target_c, temp_tau_s=max(self.p.temp_time_constant_s, 1e-3),
             sm_clock_mhz=_sm_clock(active, ld.slowdown if hot else 1.0), mem_clock_mhz=MEM_CLOCK_MHZ,
             throttle_reasons=_clock_reasons(active, hot, power >= 0.97 * spec.power_limit_w), processes=ld.procs,
             # NVML's per-process SM share: the GPU's SM activity split over its holders; none while idle (no sample)
@@ -220,15 +224,16 @@ class SimScenario:
         ld.busy += eng.busy_frac
         ld.link_rate += (eng.prompt_tokens_per_s + eng.generation_tokens_per_s) * self.p.nvlink_bytes_per_token
 
-    def _temperature(self, index: int, now: float, power_w: float, offset_c: float = 0.0) -> float:
-        """The die temperature now, following power with a thermal lag (called under the lock)."""
+    def _temperature(self, index: int, now: float, power_w: float, offset_c: float = 0.0) -> _Thermal:
+        """The die's course from `now` on, following power with a thermal lag (called under the lock): the
+        temperature reached on the last course, now tending to the new power's (exact for any step length)."""
         target = self.p.ambient_temp_c + offset_c + self.p.temp_c_per_w * power_w
         th = self._thermal.get(index)
         if th is None:
-            th = self._thermal[index] = _Thermal(last=now, temp_c=target, target_c=target)
-        th.target_c = target
-        dt = max(now - th.last, 0.0)
-        tau = max(self.p.temp_time_constant_s, 1e-3)
-        th.temp_c += (target - th.temp_c) * (1 - math.exp(-dt / tau))
-        th.last = now
-        return th.temp_c
+            temp = target
+        else:
+            tau = max(self.p.temp_time_constant_s, 1e-3)
+            dt = max(now - th.t0, 0.0)
+            temp = th.target_c + (th.temp_c - th.target_c) * math.exp(-dt / tau)
+        th = self._thermal[index] = _Thermal(t0=now, temp_c=temp, target_c=target)
+        return th

@@ -133,7 +133,7 @@ class FakeReadings(FakeDriver):
         st = self._check(handle, "nvmlDeviceGetTemperature")
         if sensor != pynvml.NVML_TEMPERATURE_GPU:
             raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return round(st.temp_c)
+        return round(st.temp_at(self.clock()))  # a die warming under a steady load: its course, read now
 
     def nvmlDeviceGetClockInfo(self, handle: Handle, clock_type: int) -> int:
         st = self._check(handle, "nvmlDeviceGetClockInfo")

@@ -2,10 +2,11 @@
 
 `FakeDriver` owns the scenario, the per-GPU accumulators (energy, GPM integrals, NVLink byte counters) and the
 pending XIDs. Invariants: counters only ever move forward (a look at or before the last one adds nothing);
-the scenario is read at most once per `resolution_s` per GPU, and a new state turns into per-second rates once
-(`_GpuAcc.renew`, a new `Segment`); a counter is worked out only when read, from its segment, so a look that
-only reads utilisation or clocks integrates nothing, and a state the scenario answers again (the simulator's
-model steps every 0.2 s) starts no new segment; a device call counts itself and checks its errors in the order
+the scenario is read at most once per `resolution_s` per GPU (and not before the time the scenario says its
+answer holds until, `unchanged_until`: the simulator's model steps every 0.2 s), and a new state turns into
+per-second rates once (`_GpuAcc.renew`, a new `Segment`); a counter is worked out only when read, from its
+segment, so a look that only reads utilisation or clocks integrates nothing, and a state the scenario answers
+again starts no new segment; a device call counts itself and checks its errors in the order
 a driver reports them (uninitialised, whole-library failure, missing function, lost GPU, unsupported, injected
 error) with one look at the state.
 
@@ -93,6 +94,7 @@ class _GpuAcc:
     state_t: float  # when last_state was read from the scenario
     links: int
     seg: Segment
+    until: float = 0.0  # the scenario is not asked again before this (at least `resolution_s` after state_t)
     prev_xids: list[int] = field(default_factory=list)
 
     def renew(self, st: FakeGpuState, t: float) -> None:
@@ -130,6 +132,8 @@ class FakeDriver:
         self._specs: list[FakeGpuSpec] = list(scenario.gpus())
         self._acc: dict[int, _GpuAcc] = {}
         self._pending_xids: list[tuple[int, int]] = []
+        # the scenario's "same answer until" (Scenario's docstring), if it has one
+        self._holds: Callable[[int, float], float] | None = getattr(scenario, "unchanged_until", None)
 
     def _system(self, fn: str) -> None:
         """A call that is not about one GPU: counted, and failing as the whole library does."""
@@ -154,7 +158,7 @@ class FakeDriver:
         if fn in spec.missing_functions:
             raise err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         acc = self._acc.get(index)  # `_state`'s fast path, inlined: this runs on every device call
-        if acc is not None and 0.0 <= self.clock() - acc.state_t < self.resolution_s:
+        if acc is not None and acc.state_t <= self.clock() < acc.until:
             st = acc.last_state
         else:
             st = self._state(index)
@@ -171,12 +175,13 @@ class FakeDriver:
     def _state(self, index: int, force: bool = False) -> FakeGpuState:
         """The state now; with `force` the counters' reading time moves up to now too.
 
-        The scenario is read again once its last look is `resolution_s` old; counters (`force`) always advance
-        to now, so two GPM samples or field reads never share a timestamp.
+        The scenario is read again once its last look is `resolution_s` old and the scenario's answer may have
+        changed (`_GpuAcc.until`); counters (`force`) always advance to now, so two GPM samples or field reads
+        never share a timestamp.
         """
         if not force:  # an instantaneous reading of a fresh look: no lock
             acc = self._acc.get(index)
-            if acc is not None and 0.0 <= self.clock() - acc.state_t < self.resolution_s:
+            if acc is not None and acc.state_t <= self.clock() < acc.until:
                 return acc.last_state
         with self._lock:
             now = self.clock()
@@ -185,7 +190,7 @@ class FakeDriver:
                 return self._first_look(index, now)
             if now <= acc.last_t:
                 return acc.last_state
-            if 0.0 <= now - acc.state_t < self.resolution_s:  # the scenario is not read again within this
+            if acc.state_t <= now < acc.until:  # the scenario is not read again within this
                 if force:
                     acc.last_t = now
                 return acc.last_state
@@ -200,13 +205,20 @@ class FakeDriver:
                 self._queue_xids(index, fresh)
                 acc.prev_xids = list(new.xid_events)
             acc.renew(new, now)
+            acc.until = self._until(index, now)
             return new
+
+    def _until(self, index: int, now: float) -> float:
+        """When the scenario is next asked about GPU `index`, having answered at `now`."""
+        soonest = now + self.resolution_s
+        return soonest if self._holds is None else max(soonest, self._holds(index, now))
 
     def _first_look(self, index: int, now: float) -> FakeGpuState:
         st = self.scenario.state(index, now)
         n = self._specs[index].nvlink_count
         seg = Segment(now, (0.0,) * (N_INTEGRALS + 2 * n), _rates(st, n), 0.0, st.power_w * 1000.0)
-        acc = self._acc[index] = _GpuAcc(last_t=now, last_state=st, state_t=now, links=n, seg=seg)
+        acc = self._acc[index] = _GpuAcc(last_t=now, last_state=st, state_t=now, links=n, seg=seg,
+                                         until=self._until(index, now))
         acc.prev_xids = list(st.xid_events)
         self._queue_xids(index, st.xid_events)
         return st

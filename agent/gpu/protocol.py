@@ -13,6 +13,7 @@ it; the fake NVML turns it into pynvml-shaped answers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -143,7 +144,10 @@ class FakeGpuState:
     nvlink_rx_bytes_per_s: list[float] = field(default_factory=list)
     mem_used_bytes: int = 0
     power_w: float = 75.0
-    temp_c: float = 30.0
+    temp_c: float = 30.0  # the die at `temp_t`; with `temp_tau_s` > 0 it tends to `temp_target_c` from then on
+    temp_t: float = 0.0
+    temp_target_c: float = 0.0
+    temp_tau_s: float = 0.0  # 0: `temp_c` holds (a scripted state)
     sm_clock_mhz: int = 1980
     mem_clock_mhz: int = 2619
     throttle_reasons: int = 0x1  # idle
@@ -156,6 +160,13 @@ class FakeGpuState:
     lost: bool = False  # every call on this GPU raises GPU_IS_LOST
     xid_events: list[int] = field(default_factory=list)  # XIDs that fire at this moment (delivered once)
 
+    def temp_at(self, t: float) -> float:
+        """The die temperature at monotonic `t`: a thermal lag is a function of time, worked out when read (as
+        the fake's counters are), so a die still warming under an unchanged load needs no new state object."""
+        if self.temp_tau_s <= 0.0 or t <= self.temp_t:
+            return self.temp_c
+        return self.temp_target_c + (self.temp_c - self.temp_target_c) * math.exp((self.temp_t - t) / self.temp_tau_s)
+
 
 class Scenario(Protocol):
     def driver_version(self) -> str: ...
@@ -164,7 +175,11 @@ class Scenario(Protocol):
 
     def state(self, index: int, now: float) -> FakeGpuState:
         """The GPU's state at monotonic time `now` (seconds). The fake takes a state object answered again as
-        unchanged in its rates (counters, GPM activity): answer a new object when they change."""
+        unchanged in its rates (counters, GPM activity): answer a new object when they change.
+
+        A scenario may also answer `unchanged_until(index, now) -> float`: the monotonic time before which
+        `state` answers the same object for that GPU (the simulator's model steps every 0.2 s); the fake then
+        does not ask again before it. Without it the fake asks at most every `resolution_s`."""
         ...
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -58,14 +59,15 @@ def test_memory_is_released_only_when_the_holders_exit(tmp_path):
 
 
 def test_temperature_lags_power(tmp_path):
+    """The load is seen at t0 + 1; the temperature is the state's course read at a time (`temp_at`)."""
     me = os.getpid()
     scen = SimScenario(tmp_path)
     t0 = time.monotonic()
-    cold = scen.state(0, t0).temp_c
+    cold = scen.state(0, t0).temp_at(t0)
     write_state(tmp_path, engine_state(me, busy_frac=1.0, prefill_frac=1.0))
     scen._read_at = None  # re-read now
-    warm_1s = scen.state(0, t0 + 1).temp_c
-    warm_60s = scen.state(0, t0 + 60).temp_c
+    warm_1s = scen.state(0, t0 + 1).temp_at(t0 + 2)
+    warm_60s = scen.state(0, t0 + 61).temp_at(t0 + 61)
     target = scen.p.ambient_temp_c + scen.p.temp_c_per_w * scen.state(0, t0 + 600).power_w
     assert cold < warm_1s < warm_60s
     assert warm_1s - cold < 0.1 * (target - cold)  # a second of load barely warms the die...
@@ -139,10 +141,11 @@ def test_the_gpu_model_builds_each_gpu_once_per_time_step(tmp_path):
     assert later.mem_used_bytes == first[3].mem_used_bytes  # (the same load on a settled die: the same state)
 
 
-def test_a_gpu_is_stepped_only_when_its_load_or_its_temperature_moves(tmp_path):
-    """Issue 29.3: a step rebuilds only the GPUs on which something moved: a republished engine with a new load,
-    or a die still heating towards its temperature. The others keep their state object, which the fake NVML
-    takes as unchanged rates; the readings stay what a rebuild would give."""
+def test_a_gpu_is_rebuilt_only_when_its_load_moves(tmp_path):
+    """Issue 29.3: a step rebuilds only the GPUs on which a republished engine put a new load. The others keep
+    their state object, which the fake NVML takes as unchanged rates; the readings stay what a rebuild would
+    give. A die still heating towards its new power keeps its state too (session 9): the state carries the
+    thermal course and the temperature is worked out when read."""
     from lynxtop.sim.gpus import REREAD_S
 
     me = os.getpid()
@@ -165,9 +168,10 @@ def test_a_gpu_is_stepped_only_when_its_load_or_its_temperature_moves(tmp_path):
     after = [scen.state(i, t2) for i in range(3)]
     assert after[0] is first[0] and after[2] is first[2]
     assert after[1] is not first[1] and after[1].util_gpu_pct == 90.0 and after[1].power_w > first[1].power_w
-    heating = [scen.state(1, t2 + k * 1.5 * REREAD_S) for k in range(1, 4)]  # its die warms towards the new power
-    temps = [after[1].temp_c] + [st.temp_c for st in heating]
-    assert len({id(st) for st in heating}) == 3 and temps == sorted(temps) and temps[-1] > temps[0]
+    times = [t2 + k * 1.5 * REREAD_S for k in range(1, 4)]
+    heating = [scen.state(1, tk) for tk in times]  # its die warms towards the new power: the same state
+    temps = [after[1].temp_at(t2)] + [st.temp_at(tk) for st, tk in zip(heating, times, strict=True)]
+    assert all(st is after[1] for st in heating) and temps == sorted(temps) and temps[-1] > temps[0]
     fresh = SimScenario(tmp_path).state(0, t2)
     assert fresh.sm_active_pct == after[0].sm_active_pct and fresh.power_w == after[0].power_w
 
@@ -321,3 +325,59 @@ def test_the_gpu_model_parses_no_json_per_publish(tmp_path, monkeypatch):
     monkeypatch.setattr(json, "loads", no_json)
     scen = SimScenario(tmp_path)
     assert scen.state(0, 9000.0).mem_used_bytes == 120 * 2**30 and scen.state(0, 9000.0).util_gpu_pct == 50.0
+
+
+def test_a_steady_load_on_a_warming_die_builds_nothing_and_is_asked_once_a_step(tmp_path, monkeypatch):
+    """Issue 29.3, session 9: the simulated GPUs' cost inside the agent. Through the fake NVML at 10 Hz for 3 s
+    under a steady load that has just started (every die warming, τ 20 s): each GPU's state is built once (was
+    once a step while its die settled: 16 builds each) and so starts one counter segment; the fake asks the
+    model once per model step (15 in 3 s), not on every tick (30); the temperature NVML reports still rises
+    along the thermal lag, to what a fresh model gives at that moment."""
+    from lynxtop.agent.gpu import fake_driver
+    from lynxtop.agent.gpu.fake import FakeNvml
+    from lynxtop.sim import gpus as gpus_mod
+
+    builds: list[int] = []
+    asks: list[int] = []
+    segments: list[int] = []
+    real_build, real_state, real_segment = SimScenario._build, SimScenario.state, fake_driver.Segment
+
+    def counting_build(self, index, now, ld):
+        builds.append(index)
+        return real_build(self, index, now, ld)
+
+    def counting_state(self, index, now):
+        asks.append(index)
+        return real_state(self, index, now)
+
+    def counting_segment(*a, **kw):
+        segments.append(1)
+        return real_segment(*a, **kw)
+
+    monkeypatch.setattr(gpus_mod.SimScenario, "_build", counting_build)
+    monkeypatch.setattr(gpus_mod.SimScenario, "state", counting_state)
+    monkeypatch.setattr(fake_driver, "Segment", counting_segment)
+    scen = SimScenario(tmp_path)
+    t = [4000.0]
+    nvml = FakeNvml(scen, clock=lambda: t[0])
+    nvml.nvmlInit()
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(8)]  # idle: a cold die on each
+    write_state(tmp_path, engine_state(os.getpid(), busy_frac=1.0, prefill_frac=1.0))
+    t[0] += 1.0
+    builds.clear(), asks.clear(), segments.clear()
+    temps = []
+    for k in range(30):
+        t[0] = 4001.0 + 0.1 * k + 1e-6
+        temps.append([nvml.nvmlDeviceGetTemperature(h, 0) for h in handles])
+        for h in handles:
+            nvml.nvmlDeviceGetPowerUsage(h), nvml.nvmlDeviceGetUtilizationRates(h)
+            nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+    assert sorted(builds) == list(range(8))  # the load changed once: one build a GPU
+    assert len(segments) == 8  # and one new counter segment a GPU
+    assert len(asks) <= 8 * 16  # once a model step (0.2 s) a GPU, not once a 0.1 s tick (8 * 30)
+    assert all(temps[-1][i] > temps[0][i] for i in range(8))  # the dies warm all the same
+    assert all(a <= b for row, nxt in zip(temps[:-1], temps[1:], strict=True) for a, b in zip(row, nxt, strict=True))
+    cold = SimScenario(tmp_path / "idle").state(0, 0.0).temp_c  # where GPU 0's die started, when the load came
+    hot = scen.state(0, t[0]).temp_target_c
+    tau = scen.p.temp_time_constant_s
+    assert round(hot + (cold - hot) * math.exp(-(t[0] - 4001.0 - 1e-6) / tau)) == temps[-1][0]  # the exact lag
