@@ -148,8 +148,9 @@ def remove_state(state_dir: Path, engine_pid: int) -> None:
         pass
 
 
-# file name -> ((inode, mtime ns, size), state, when its liveness was checked (monotonic s), the verdict)
-StateCache = dict[str, tuple[tuple[int, int, int], EngineState, float, bool]]
+# file name -> ((inode, mtime ns, size), state, when its liveness was checked (monotonic s), the verdict, its
+# holders as `PidWatch` watches them)
+StateCache = dict[str, tuple[tuple[int, int, int], EngineState, float, bool, tuple["Proc", ...]]]
 LIVENESS_S = 1.0  # with a cache and a clock, an engine's holders are looked up in /proc at most this often
 Proc = tuple[int, int | None]  # (pid, start ticks): one process, never a later one with the same pid
 
@@ -193,6 +194,12 @@ class PidWatch:
     def begin(self) -> None:
         """A new directory read: the next question polls again."""
         self._exited = None
+
+    def quiet(self) -> bool:
+        """No watched process has exited (this read's one poll): every earlier verdict still holds."""
+        if self._exited is None:
+            self._exited = {f for f, _ in self._poll.poll(0)}  # type: ignore[union-attr]
+        return not self._exited
 
     def alive(self, proc: Proc) -> bool:
         if proc in self._gone:
@@ -274,6 +281,7 @@ def read_states(state_dir: Path, cache: StateCache | None = None, now: float | N
         return out
     me = os.getuid()
     seen: StateCache = {}
+    quiet = watch is not None and watch.quiet()  # no holder exited: an unchanged file keeps its verdict
     for entry in entries:
         name = entry.name
         if not (name.startswith("engine-") and name.endswith(SUFFIX)):
@@ -290,8 +298,12 @@ def read_states(state_dir: Path, cache: StateCache | None = None, now: float | N
                 st = _unpack(read_all(entry.path))
         except (OSError, ValueError, struct.error):  # unreadable, another layout, cut short: skipped
             continue
-        if watch is not None:
-            procs = [p for p in _holders(st) if _is_proc(p)]  # a file naming no real process holds nothing
+        procs: tuple[Proc, ...] = ()
+        if watch is not None and quiet and hit is not None and hit[1] is st:
+            checked, alive, procs = hit[2], hit[3], hit[4]  # the same file, no exit since: nothing to ask
+            named.update(procs)
+        elif watch is not None:
+            procs = tuple(p for p in _holders(st) if _is_proc(p))  # a file naming no real process holds nothing
             named.update(procs)
             checked, alive = (now if now is not None else float("-inf")), any(map(watch.alive, procs))
             if not watch.usable:  # pidfd_open refused on the way: /proc from here on
@@ -301,7 +313,7 @@ def read_states(state_dir: Path, cache: StateCache | None = None, now: float | N
             checked, alive = hit[2], hit[3]
         else:
             checked, alive = (now if now is not None else float("-inf")), st.alive()
-        seen[name] = (key, st, checked, alive)
+        seen[name] = (key, st, checked, alive, procs)
         if alive:
             out.append(st)
     if cache is not None:

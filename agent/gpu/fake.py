@@ -328,6 +328,10 @@ class FakeGpm(FakeDriver):
         if a.seg is b.seg:  # one state over the interval: the average is its rate (the last slot reads 0)
             rb = (*b.seg.rates, 0.0)
             entries[2::3] = [rb[i] * scale for i, scale in pairs]
+        elif b.seg.prev is a.seg and a.t <= b.seg.t0:  # one state change: the rates weighted by their times
+            wa, wb = (b.seg.t0 - a.t) / (b.t - a.t), (b.t - b.seg.t0) / (b.t - a.t)
+            ra, rb = (*a.seg.rates, 0.0), (*b.seg.rates, 0.0)
+            entries[2::3] = [(ra[i] * wa + rb[i] * wb) * scale for i, scale in pairs]
         else:
             per_s = 1.0 / (b.t - a.t)
             fa, fb = a.counters(), b.counters()

@@ -53,19 +53,43 @@ class Handle:
         return f"<simulated GPU {self.index}>"
 
 
-@dataclass(frozen=True)
+LAZY_SEGMENTS = 16  # at most this many segments in a row whose values at their start are not worked out yet
+
+
 class Segment:
     """The counters' course while one scenario state holds: their values at `t0` and their per-second rates.
 
     `flat` and `rates` share the GPM record's layout: the integrals (GPM_SCALAR's, then the NVLink totals rx, tx),
     each link's rx bytes, each link's tx bytes. A counter at `t` is `flat[k] + rates[k] * (t - t0)`, worked out
-    only when something reads it (a GPM metric, a field value, energy): a look in between costs nothing."""
+    only when something reads it (a GPM metric, a field value, energy): a look in between costs nothing.
+    A segment that follows `prev` may leave `flat` to be worked out when first read (`prev.at(t0)`): a GPM
+    interval over one state change needs only the two segments' rates (`FakeGpm`), so at 10 Hz, where field
+    values are read once a second, most segments never work theirs out."""
 
-    t0: float
-    flat: tuple[float, ...]
-    rates: tuple[float, ...]
-    energy_mj: float
-    power_mw: float
+    __slots__ = ("t0", "_flat", "rates", "energy_mj", "power_mw", "prev", "lazy")
+
+    def __init__(self, t0: float, flat: tuple[float, ...] | None, rates: tuple[float, ...], energy_mj: float,
+                 power_mw: float, prev: Segment | None = None):
+        self.t0, self._flat, self.rates, self.energy_mj, self.power_mw = t0, flat, rates, energy_mj, power_mw
+        self.prev = prev  # the segment before (GPM's one-change interval; `flat` while not worked out)
+        self.lazy = 0 if flat is not None else prev.lazy + 1  # type: ignore[union-attr]
+
+    @property
+    def flat(self) -> tuple[float, ...]:
+        flat = self._flat
+        if flat is None:
+            flat = self._flat = self.prev.at(self.t0)  # type: ignore[union-attr]
+            self.lazy = 0
+        return flat
+
+    def follow(self, t: float, rates: tuple[float, ...], power_mw: float) -> Segment:
+        """The segment after this one from `t` on: its start values are left to be worked out when read, unless
+        LAZY_SEGMENTS in a row already are (the chain stays short); this one forgets its own predecessor once it
+        no longer needs it (memory stays bounded)."""
+        flat = None if self.lazy < LAZY_SEGMENTS else self.at(t)
+        if self._flat is not None:
+            self.prev = None
+        return Segment(t, flat, rates, self.energy(t), power_mw, self)
 
     def at(self, t: float) -> tuple[float, ...]:
         dt = t - self.t0
@@ -101,8 +125,7 @@ class _GpuAcc:
         """Take `st` as the state from `t` on. The scenario answers the same object while its state holds (the
         simulator's model steps every 0.2 s): then the counters keep their segment and nothing is worked out."""
         if st is not self.last_state:
-            seg = self.seg
-            self.seg = Segment(t, seg.at(t), _rates(st, self.links), seg.energy(t), st.power_w * 1000.0)
+            self.seg = self.seg.follow(t, _rates(st, self.links), st.power_w * 1000.0)
         self.last_state, self.state_t = st, t
 
 

@@ -251,3 +251,52 @@ def test_each_gpm_sample_works_out_its_counters_once(clock, monkeypatch):
     assert len(worked) <= 11, len(worked)  # one per new state (its segment's start) and the warm-up's sample
     # the last interval ran under the state set a tick before (a new state holds from the look that saw it)
     assert tick.gpu_rows[0]["sm_active_pct"] == 48 and len(tick.nvlink_rows) == 1
+
+
+def test_counters_over_state_changes_are_worked_out_only_when_read_and_stay_exact(clock, monkeypatch):
+    """Issue 29.3, session 9: at 10 Hz a simulated GPU's state changes every model step; a new state's counter
+    values at its start are worked out only when something reads them (a field value, once a second): a GPM
+    interval over one change is its two rates weighted by their times. 30 ticks with a new state each cost 2
+    `Segment.at`s a change before (the new segment's start, the GPM sample before the change), now about one
+    (the once-a-second field reads work the pending starts out; a chain of them never exceeds LAZY_SEGMENTS).
+    The averages, the NVLink field counters and energy read what one exact integral gives, after more changes
+    in a row than the chain holds."""
+    from lynxtop.agent.gpu import fake_driver
+    from lynxtop.agent.gpu.sampler import GpuSampler
+
+    node = ConstantNode(h200_specs(1), [FakeGpuState(sm_active_pct=40.0)])
+    made: list[FakeNvml] = []
+    s = GpuSampler(lambda: made.append(FakeNvml(node, clock=clock)) or made[-1], clock=clock, xid_events=False)
+    assert s.open()["state"] == "ok"
+    clock.advance(0.1)
+    s.sample()
+    worked: list[float] = []
+    real_at = fake_driver.Segment.at
+    monkeypatch.setattr(fake_driver.Segment, "at", lambda seg, t: worked.append(t) or real_at(seg, t))
+    rows = []
+    for k in range(30):
+        clock.advance(0.03)
+        node.states[0] = replace(node.states[0], sm_active_pct=40.0 + k)  # a new state every tick...
+        made[-1].nvmlDeviceGetPowerUsage(fake_driver.Handle(0))  # ...seen between two samples, as at 10 Hz
+        clock.advance(0.07)
+        rows.append(s.sample().gpu_rows[0]["sm_active_pct"])
+    assert len(worked) <= 35, len(worked)  # about one a change, at the field reads (was 2 a change: 61)
+    assert rows == [40 + k for k in range(30)]  # 0.3 of the interval under the last state, 0.7 under the new
+
+    # the counters stay exact over more lazy starts in a row than the chain may hold
+    nv = FakeNvml(ConstantNode(h200_specs(1), [FakeGpuState()]), clock=clock)
+    nv.nvmlInit()
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    tx = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+    lazy_max = getattr(fake_driver, "LAZY_SEGMENTS", 0)
+    n = 48  # three chains' worth
+    for k in range(1, n + 1):
+        clock.advance(0.125)
+        nv.scenario.states[0] = FakeGpuState(nvlink_tx_bytes_per_s=[8192.0 * k] * 18, power_w=100.0 * k)
+        nv.nvmlDeviceGetUtilizationRates(h)  # a look: the new state from now on
+        assert getattr(nv._acc[0].seg, "lazy", 0) <= lazy_max
+    clock.advance(0.125)
+    kib = nv.nvmlDeviceGetFieldValues(h, [(tx, 3)])[0].value.ullVal
+    assert kib == sum(8192 * k * 0.125 for k in range(1, n + 1)) / 1024  # exact: k KiB a step
+    first = 75_000 * 0.125  # the state before the first change (75 W) held for one step
+    assert nv.nvmlDeviceGetTotalEnergyConsumption(h) == first + sum(100_000 * k * 0.125 for k in range(1, n + 1))

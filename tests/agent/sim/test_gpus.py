@@ -381,3 +381,35 @@ def test_a_steady_load_on_a_warming_die_builds_nothing_and_is_asked_once_a_step(
     hot = scen.state(0, t[0]).temp_target_c
     tau = scen.p.temp_time_constant_s
     assert round(hot + (cold - hot) * math.exp(-(t[0] - 4001.0 - 1e-6) / tau)) == temps[-1][0]  # the exact lag
+
+
+def test_an_unchanged_state_file_asks_no_liveness_while_no_holder_exited(tmp_path, monkeypatch):
+    """Issue 29.3, session 9: the model reads the directory five times a second; a file not replaced since the
+    last read, none of whose watched holders exited (the read's one poll says so), keeps its verdict without a
+    question per holder. A holder that exits is still seen at the next read."""
+    from lynxtop.sim.state import PidWatch, read_states
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        write_state(tmp_path, engine_state(child.pid))
+        questions: list[object] = []
+        real = PidWatch.alive
+
+        def counting(self, proc):
+            questions.append(proc)
+            return real(self, proc)
+
+        monkeypatch.setattr(PidWatch, "alive", counting)
+        cache: dict = {}
+        watch = PidWatch()
+        assert watch.usable
+        for k in range(10):
+            assert len(read_states(tmp_path, cache, 100.0 + 0.2 * k, watch=watch)) == 1
+        assert len(questions) == 1  # the first read only (one holder process): was one a read
+        child.kill()
+        child.wait()
+        assert read_states(tmp_path, cache, 102.2, watch=watch) == []
+        watch.close()
+    finally:
+        child.kill()
+        child.wait()
