@@ -82,6 +82,9 @@ class Gpu:
     proc_rows: list[dict] = field(default_factory=list)  # the compute processes as last read
     link_row: dict | None = None  # the per-link NVLink rates as last read
     sm_seen_us: int = 0  # NVML time stamp the next process-utilisation read asks from
+    # a row of this GPU before the tick's own readings (the column template, `kept`, `slow`): copied as each
+    # tick's row until `kept` or `slow` is read again (None: build it again)
+    row_base: dict | None = None
 
 
 class Reporter:

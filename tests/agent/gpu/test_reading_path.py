@@ -11,6 +11,7 @@ the same NVLink and process rows, the same events and the same NVML calls in the
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
 
 import pynvml
@@ -362,3 +363,35 @@ def test_rows_events_and_calls_match_the_per_metric_reader():
     assert any(dict(p)["sm_util_pct"] == 61 for _, _, procs in new for p in procs)
     assert {e[0] for e in new_events} >= {"gpu.lost", "gpu.recovered", "nvml.missing_function",
                                           "nvml.no_permission"}
+
+
+def test_a_10hz_tick_runs_six_agent_frames_a_gpu():
+    """Issue 29.3, session 9: on a tick that reads only the per-tick metrics (9 in 10 at 10 Hz), each GPU costs
+    the agent six Python frames (the GPU's tick, the refresh rule, the readings written out on functions bound
+    once, the activity reader, the GPM sample, its rounded answer); the call wrappers, the look-up of GPM's next
+    buffer and the per-tick row template copies took 13 before. Counted, not timed: the machine is noisy."""
+    clock = ManualClock()
+    node = ScriptedNode([FakeGpuSpec(index=i) for i in range(4)])
+    s = GpuSampler(lambda: FakeNvml(node, clock=clock), clock=clock, xid_events=False)
+    s.open()
+    for _ in range(12):  # past the first tick's reads of everything
+        clock.advance(0.1)
+        s.sample(set())
+    agent = ("/gpu/readers.py", "/gpu/gpm.py", "/gpu/calls.py", "/gpu/sampler.py", "/gpu/refresh.py")
+    frames: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.endswith(agent):
+            frames.append(frame.f_code.co_name)
+
+    clock.advance(0.1)
+    sys.setprofile(profile)
+    try:
+        tick = s.sample(set())
+    finally:
+        sys.setprofile(None)
+    s.close()
+    assert len(tick.gpu_rows) == 4 and tick.gpu_rows[3]["sm_active_pct"] is not None
+    assert tick.gpu_rows[3]["mem_used_bytes"] is not None  # carried from the last once-a-second read
+    assert frames[:2] == ["sample", "tick"] and "read_kept" not in frames, frames  # the sampler's, once a tick
+    assert (len(frames) - 2) / 4 <= 6, frames
