@@ -14,7 +14,6 @@ This module imports nothing from the agent but the backend protocol (`lynxtop.ag
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import threading
@@ -33,15 +32,6 @@ STALE_S = 3.0  # an engine that has not published for this long is treated as do
 IDLE_SM_CLOCK_MHZ = 345
 BUSY_SM_CLOCK_MHZ = 1980
 MEM_CLOCK_MHZ = 3201
-
-
-@dataclass
-class _Thermal:
-    """A die's course since `t0`: `temp_c` then, tending to `target_c` (the temperature is worked out when read)."""
-
-    t0: float
-    temp_c: float
-    target_c: float
 
 
 @dataclass
@@ -99,7 +89,8 @@ class SimScenario:
         self._watch = PidWatch()  # the holders' pidfds: their liveness without reading /proc each second
         self._loads: list[_Load] = []
         self._looks: dict[int, FakeGpuState] = {}  # GPU -> its state in the current step
-        self._thermal: dict[int, _Thermal] = {}
+        self._built: dict[int, FakeGpuState] = {}  # GPU -> its last state built (its die's thermal course)
+        self._tau = max(self.p.temp_time_constant_s, 1e-3)
         self._spread = [gpu_spread(i, self.p) for i in range(gpus)]
 
     def driver_version(self) -> str:
@@ -148,7 +139,7 @@ class SimScenario:
     def _build(self, index: int, now: float, ld: _Load) -> FakeGpuState:
         spec = self._specs[index]
         act, power_f, temp_off = self._spread[index]
-        sm, tensor, dram = (min(x * act, 100.0) for x in (ld.sm, ld.tensor, ld.dram))
+        sm, tensor, dram = min(ld.sm * act, 100.0), min(ld.tensor * act, 100.0), min(ld.dram * act, 100.0)
         busy = min(ld.busy, 1.0)
         util_gpu = 100.0 if ld.hung else 100.0 * busy
         if ld.hung:
@@ -162,21 +153,25 @@ class SimScenario:
         power = min(power, spec.power_limit_w)
         active = util_gpu > 0 or ld.mem > 0
         hot = ld.straggler and active  # the straggler: a thermally throttled GPU, its clock held down
-        th = self._temperature(index, now, power, temp_off + (self.p.straggler_temp_rise_c if hot else 0.0))
+        target = self.p.ambient_temp_c + temp_off + (self.p.straggler_temp_rise_c if hot else 0.0) + (
+            self.p.temp_c_per_w * power)
+        last = self._built.get(index)  # the die's course so far: where it is now, tending to the new power's
+        temp = target if last is None else last.temp_at(now)
         links = spec.nvlink_count
         per_link = ld.link_rate / links if links else 0.0
-        return FakeGpuState(
+        st = self._built[index] = FakeGpuState(
             util_gpu_pct=util_gpu, util_mem_pct=dram * 0.8, sm_active_pct=sm, sm_occupancy_pct=sm * 0.45,
             tensor_active_pct=tensor, dram_bw_pct=dram, fp16_active_pct=tensor * 0.08, fp32_active_pct=sm * 0.06,
             pcie_tx_bytes_per_s=2e7 + (1.5e8 if busy else 0.0), pcie_rx_bytes_per_s=3e7 + ld.pcie_rx,
             nvlink_tx_bytes_per_s=[per_link] * links, nvlink_rx_bytes_per_s=[per_link * 0.99] * links,
-            mem_used_bytes=min(ld.mem, spec.mem_total_bytes), power_w=power, temp_c=th.temp_c, temp_t=th.t0,
-            temp_target_c=th.target_c, temp_tau_s=max(self.p.temp_time_constant_s, 1e-3),
+            mem_used_bytes=min(ld.mem, spec.mem_total_bytes), power_w=power, temp_c=temp, temp_t=now,
+            temp_target_c=target, temp_tau_s=self._tau,
             sm_clock_mhz=_sm_clock(active, ld.slowdown if hot else 1.0), mem_clock_mhz=MEM_CLOCK_MHZ,
             throttle_reasons=_clock_reasons(active, hot, power >= 0.97 * spec.power_limit_w), processes=ld.procs,
             # NVML's per-process SM share: the GPU's SM activity split over its holders; none while idle (no sample)
             process_sm_pct={pid: sm / len(ld.procs) for pid, _ in ld.procs} if sm > 0 and ld.procs else {},
         )
+        return st
 
     def _all_loads(self, engines: list[EngineState]) -> list[_Load]:
         """What the live engines put on each GPU: memory, processes and the activity of their phases."""
@@ -223,17 +218,3 @@ class SimScenario:
         ld.dram += wait * 100 * (0.30 * pf + (0.70 + 0.15 * fill) * df)
         ld.busy += eng.busy_frac
         ld.link_rate += (eng.prompt_tokens_per_s + eng.generation_tokens_per_s) * self.p.nvlink_bytes_per_token
-
-    def _temperature(self, index: int, now: float, power_w: float, offset_c: float = 0.0) -> _Thermal:
-        """The die's course from `now` on, following power with a thermal lag (called under the lock): the
-        temperature reached on the last course, now tending to the new power's (exact for any step length)."""
-        target = self.p.ambient_temp_c + offset_c + self.p.temp_c_per_w * power_w
-        th = self._thermal.get(index)
-        if th is None:
-            temp = target
-        else:
-            tau = max(self.p.temp_time_constant_s, 1e-3)
-            dt = max(now - th.t0, 0.0)
-            temp = th.target_c + (th.temp_c - th.target_c) * math.exp(-dt / tau)
-        th = self._thermal[index] = _Thermal(t0=now, temp_c=temp, target_c=target)
-        return th
