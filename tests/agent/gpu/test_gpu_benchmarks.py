@@ -63,3 +63,11 @@ def test_sampling_benchmark_prints_its_json():
         assert isinstance(out[key], float) and out[key] > 0
     assert out["tick_overhead_ms"] < out["tick_wall_ms"]
     assert out["backend_calls_per_tick"] >= 8 * 10
+
+
+def test_gpu_agent_own_benchmark_prints_its_json():
+    """The agent's own reading path over constant C-level answers: it runs, and every GPU's row is read."""
+    p = run("benchmarks/gpu_agent_own.py", "--ticks", "70", timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = last_json(p.stdout)
+    assert out["gpus"] == 8 and out["own_ms_per_tick"] > 0 and out["spread"][0] <= out["spread"][1]
