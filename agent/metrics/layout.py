@@ -12,13 +12,14 @@ a guess: the same TYPE lines and no other, the same number of lines in each fami
 lines starting with what it started with up to its last space (so it is selected, or not, as before: a wanted name
 has no space but the one after it) or, without a space, equal to it (tests/agent/io/test_io_layout.py). Anything
 else (a new or vanished series, lines reordered, a changed TYPE line, a value that is no reading or not a plain
-number) takes the full parse and is learnt from.
+number) takes the full parse and is learnt from. A family's part equal to the one last read at its place was
+checked and read then: its values are taken as they were (the same text reads the same), so a server whose
+families stand still costs a compare per family (tests/agent/io/test_io_layout.py, random page sequences).
 """
 
 from __future__ import annotations
 
 import math
-from itertools import chain
 from typing import Any
 
 from lynxtop.agent.metrics import page as _page
@@ -47,14 +48,14 @@ def _type_starts(text: str, most: int) -> list[int] | None:
 class PageLayout:
     """The last page's layout (none before a page is read); `parse` reads a page through it when it matches."""
 
-    __slots__ = ("_skip", "_wait", "_chunks", "_hashes", "_heads", "_pick_bounds", "_counts", "_pick_checked",
-                 "_starts", "_pick_exact", "_exact", "_pick_wanted", "_pick_other", "_series", "_series_chars",
-                 "_plan")
+    __slots__ = ("_skip", "_wait", "_chunks", "_hashes", "_heads", "_pick_bounds", "_parts", "_last_texts",
+                 "_last_values", "_plan", "parts_read")
 
     def __init__(self) -> None:
         self._skip = 0  # full parses left before the next page is learnt from
         self._wait = 0  # what `_skip` starts at after the next learning: grows while what is learnt is not met
         self._chunks = -1  # the page's parts, one per TYPE line and the part before the first (-1: none learnt)
+        self.parts_read = 0  # family parts split and read by position (one equal to its last read is not)
 
     def parse(self, text: str) -> ParsedPage:
         """What `parse_text(text)` gives (PageError alike); a page laid out as the last is read by position."""
@@ -74,9 +75,9 @@ class PageLayout:
         """The page's totals through the remembered plan, or None when it is not laid out exactly as learnt.
 
         The TYPE lines are found by a `find("#")` walk (memchr: the full parse's search for "\n# TYPE " is a C
-        loop per character, 0.2 ms of a DP8 page) and compared; only the parts of the families we read are split
-        into lines: each line starts with what it did. Each wanted line's value is its rest after the series;
-        that every line had its series is checked by one length over all of them, not one per line."""
+        loop per character, 0.2 ms of a DP8 page) and compared; only the parts of the families we read are read
+        (`_read_part`), and a part equal to the one last read there (one memcmp: an idle engine's histograms, a
+        gauge that did not move) is not even split: its values are those read then, checked then."""
         if self._chunks < 0 or not text.startswith("#"):
             return None
         starts = _type_starts(text, self._hashes)
@@ -84,21 +85,41 @@ class PageLayout:
             return None
         ends = starts[1:]
         ends.append(len(text) + len(_MARK))
-        bounds = self._pick_bounds(list(zip(starts, ends, strict=True)))
-        parts = [text[a:b - len(_MARK)].split("\n") for a, b in bounds]
-        if list(map(len, parts)) != self._counts:  # each line where it was: a TYPE line's rest stays one
+        values: list[float] = []
+        last, kept = self._last_texts, self._last_values
+        for j, (a, b) in enumerate(self._pick_bounds(list(zip(starts, ends, strict=True)))):
+            part = text[a:b - len(_MARK)]
+            if part == last[j]:  # one memcmp: the family's part as on a page read before, its values too
+                values += kept[j]
+                continue
+            vals = self._read_part(self._parts[j], part)
+            if vals is None:
+                return None
+            last[j], kept[j] = part, vals
+            self.parts_read += 1
+            values += vals
+        t = self._plan.totals(values)
+        t.refused = []
+        return t
+
+    @staticmethod
+    def _read_part(spec: tuple[Any, ...], part: str) -> list[float] | None:
+        """The values of one family's part laid out as learnt (`spec`), or None where it is not so laid out or a
+        value is no plain reading: each line starts with what it did; each wanted line's value is its rest after
+        the series, and that every line had its series is checked by one length, not one check per line."""
+        count, pick_checked, starts, pick_exact, exact, pick_wanted, series, series_chars, pick_other = spec
+        lines = part.split("\n")
+        if len(lines) != count:  # each line where it was: a TYPE line's rest stays one
             return None
-        lines = list(chain.from_iterable(parts))
-        if not all(map(str.startswith, self._pick_checked(lines), self._starts)):
+        if not all(map(str.startswith, pick_checked(lines), starts)):
             return None
-        if self._exact and self._pick_exact(lines) != self._exact:
+        if exact and pick_exact(lines) != exact:
             return None
-        vals = list(map(str.removeprefix, self._pick_wanted(lines), self._series))  # each value, if it had its series
+        vals = list(map(str.removeprefix, pick_wanted(lines), series))  # each value, if it had its series
         joined = "".join(vals)
-        # the wanted lines' characters: the parts' less their newlines and the other lines'; a line that did not
+        # the wanted lines' characters: the part's less its newlines and the other lines'; a line that did not
         # start with its series kept it, and the values would be longer than that less the series
-        chars = sum(b - a for a, b in bounds) - len(_MARK) * len(bounds) - len(lines) + len(parts)
-        if len(joined) != chars - sum(map(len, self._pick_other(lines))) - self._series_chars:
+        if len(joined) != len(part) - count + 1 - sum(map(len, pick_other(lines))) - series_chars:
             return None
         if "_" in joined or " " in joined:  # not Prometheus' number, or not the plain `series value` form
             return None
@@ -108,11 +129,10 @@ class PageLayout:
             return None
         # NaN and infinities carry into the sum; below HUGE it bounds each value (a larger sum: check one by one)
         if not sum(map(abs, values)) < HUGE and (
-                any(map(math.isnan, values)) or not (min(values) > -HUGE and max(values) < HUGE)):
+                any(map(math.isnan, values)) or not (min(values, default=0.0) > -HUGE
+                                                     and max(values, default=0.0) < HUGE)):
             return None  # no reading: the full parse counts it
-        t = self._plan.totals(values)
-        t.refused = []
-        return t
+        return values
 
     def _learn(self, text: str) -> None:
         """Remember the layout of a page `parse_text` just read, if its samples were added up by a plan."""
@@ -155,18 +175,24 @@ class PageLayout:
         if plan is None:
             return  # not planned (a line the plan cannot take): every page of it takes the full parse
         is_wanted = set(wanted)
-        checked = [i for i, line in enumerate(lines) if " " in line and i not in is_wanted]
-        exact = [i for i, line in enumerate(lines) if " " not in line]
+        parts: list[tuple[Any, ...]] = []
+        first = 0
+        for count in counts:  # each part's own spec: its lines' indices within it
+            ix = range(first, first + count)
+            own = [i for i in ix if i in is_wanted]
+            checked = [i - first for i in ix if " " in lines[i] and i not in is_wanted]
+            exact = [i - first for i in ix if " " not in lines[i]]
+            part = lines[first:first + count]
+            series = [k + " " for k in keys[len([w for w in wanted if w < first]):][:len(own)]]
+            parts.append((count, picker(checked), [part[i][:part[i].rfind(" ") + 1] for i in checked],
+                          picker(exact), picker(exact)(part), picker([i - first for i in own]), series,
+                          sum(map(len, series)), picker([i - first for i in ix if i not in is_wanted])))
+            first += count
         self._hashes = 2 * text.count("#") + 64  # "#" in label values may come and go; far more: the full parse
         self._heads = tuple(heads)
-        self._pick_bounds, self._counts = picker(picked), counts
-        self._pick_checked = picker(checked)
-        self._starts = [lines[i][:lines[i].rfind(" ") + 1] for i in checked]
-        self._pick_exact = picker(exact)
-        self._exact = self._pick_exact(lines)
-        self._pick_wanted = picker(wanted)
-        self._pick_other = picker([i for i in range(len(lines)) if i not in is_wanted])
-        self._series = [k + " " for k in keys]
-        self._series_chars = sum(map(len, self._series))
+        self._pick_bounds = picker(picked)
+        self._parts = parts
+        self._last_texts: list[str | None] = [None] * len(parts)  # each part as last read, and its values
+        self._last_values: list[list[float]] = [[] for _ in parts]
         self._plan = plan
         self._chunks = len(chunks)

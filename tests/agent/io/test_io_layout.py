@@ -298,3 +298,122 @@ def test_type_lines_are_found_everywhere_and_a_page_of_hashes_takes_the_full_par
                          + '"} 1.0\n', 1)
     assert layout._known(many) is None
     identical(layout.parse(many), parse_text(many))
+
+
+def _blocks(text: str) -> list[str]:
+    """A page cut before each HELP line: one block a family (its HELP, TYPE and samples), the head first."""
+    head, *rest = text.split("\n# HELP ")
+    return [head] + ["# HELP " + b for b in rest]
+
+
+def _grow_block(block: str, rng: random.Random, how: str) -> str:
+    """One family's block with its samples moved as `how` says: grown, reset (below before), a NaN or an
+    infinity in one sample, or a value at the edge of what is read (past 2**63)."""
+    lines = block.split("\n")
+    samples = [i for i, line in enumerate(lines) if line.startswith("vllm:") and " " in line]
+    if not samples:
+        return block
+    for i in samples:
+        key, _, value = lines[i].rpartition(" ")
+        v = float(value)
+        lines[i] = f"{key} {v * 0.25 if how == 'reset' else v + rng.randint(0, 8) * 0.5}"
+    one = rng.choice(samples)
+    key = lines[one].rpartition(" ")[0]
+    odd = {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf", "huge": "1e300", "exp": "1.5e3", "int": "7"}
+    if how in odd:
+        lines[one] = f"{key} {odd[how]}"
+    return "\n".join(lines)
+
+
+def _family_sequence(first: str, rng: random.Random, n: int) -> list[str]:
+    """`n` pages after `first`, each moving a random few families (most kept as they were, as an idle engine's
+    histograms are), now and then with a reset, a NaN or an infinity in one family, a series with escaped label
+    values added or dropped, two families swapped or one left out and back."""
+    base = _blocks(first)
+    cur = list(base)
+    out = []
+    escaped = 'vllm:num_requests_waiting{engine="0",model_name="a\\"b\\\\c\\nd"} 2.0'
+    for _ in range(n):
+        page = list(cur)
+        for j in rng.sample(range(1, len(page)), k=rng.choice((0, 1, 2, 5))):
+            how = rng.choice(("grow",) * 20 + ("reset", "reset", "exp", "int", "nan", "inf", "-inf", "huge"))
+            page[j] = _grow_block(page[j], rng, how)
+        shape = rng.random()
+        if shape < 0.05:
+            a, b = rng.sample(range(1, len(page)), k=2)
+            page[a], page[b] = page[b], page[a]
+        elif shape < 0.1:
+            del page[rng.randrange(1, len(page))]
+        elif shape < 0.15:
+            page = [b.replace("# TYPE vllm:num_requests_waiting gauge\n",
+                              f"# TYPE vllm:num_requests_waiting gauge\n{escaped}\n", 1) for b in page]
+        out.append("\n".join(page))
+        # what stays for the next page: the values moved (bad ones too, so a family can stay NaN), not the shape
+        if shape >= 0.15 or rng.random() < 0.5:
+            cur = page if shape >= 0.05 else cur
+        if rng.random() < 0.05:
+            cur = list(base)
+    return out
+
+
+@pytest.mark.parametrize("name", list(page_texts()))
+def test_random_page_sequences_moving_some_families_read_as_the_full_parse(name, monkeypatch):
+    """Pages where only some families moved (the others' parts equal to the last read, taken as read then) give
+    the full parse's page and, through a scraper, the full parse's rows: values kept or moved, resets, NaN and
+    infinities, escaped label values, families added, dropped and reordered."""
+    monkeypatch.setattr(layout_mod, "LEARN_WAIT_MAX", 0)  # every page the full parse reads is learnt from
+    known = 0
+    for seed in range(3):
+        pages = [page_texts()[name], *_family_sequence(page_texts()[name], random.Random(seed), 40)]
+        layout = PageLayout()
+        for text in pages:
+            known += layout._known(text) is not None
+            try:
+                full = parse_text(text)
+            except PageError as exc:
+                with pytest.raises(PageError, match=re.escape(str(exc))):
+                    layout.parse(text)
+                continue
+            identical(layout.parse(text), full)
+        ours = MetricsScraper("http://x:1", window_s=30.0)
+        rows = [ours.parse_page(p, now=float(i)) for i, p in enumerate(pages)]
+        with monkeypatch.context() as m:
+            m.setattr(layout_mod.PageLayout, "_known", lambda self, text: None)
+            ref = MetricsScraper("http://x:1", window_s=30.0)
+            assert [ref.parse_page(p, now=float(i)) for i, p in enumerate(pages)] == rows
+            assert ref.events(float(len(pages))) == ours.events(float(len(pages)))
+    assert known >= 15  # the parts were really read by position, not only by the full parse
+
+
+def _splits(fn) -> int:
+    n = [0]
+
+    def count(frame, event, arg):
+        if event == "c_call" and getattr(arg, "__name__", "") == "split":
+            n[0] += 1
+
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return n[0]
+
+
+def test_a_family_part_as_last_read_is_not_split_or_read_again():
+    """On a page laid out as the last, a family read whose part is equal to the one last read (an idle engine's
+    histograms) is taken with its values as read then: only the families that moved are split into lines."""
+    first = page_texts()["sim-dp8"]
+    layout = PageLayout()
+    layout.parse(first)
+    assert layout._known(_perturb(first, random.Random(1))) is not None
+    nxt = _perturb(first, random.Random(2))
+    assert _splits(lambda: layout.parse(nxt)) > 10  # every part moved: each split
+    blocks = _blocks(nxt)
+    j = next(i for i, b in enumerate(blocks) if "# TYPE vllm:generation_tokens_total counter" in b)
+    blocks[j] = _grow_block(blocks[j], random.Random(2), "grow")
+    one = "\n".join(blocks)
+    assert _splits(lambda: layout.parse(one)) == 1  # one family moved: one part split (every part before)
+    identical(layout.parse(one), parse_text(one))
+    assert _splits(lambda: layout.parse(one)) == 0  # nothing moved
+    identical(layout.parse(nxt), parse_text(nxt))
