@@ -49,7 +49,7 @@ class PageLayout:
     """The last page's layout (none before a page is read); `parse` reads a page through it when it matches."""
 
     __slots__ = ("_skip", "_wait", "_chunks", "_hashes", "_heads", "_pick_bounds", "_parts", "_last_texts",
-                 "_last_values", "_plan", "parts_read")
+                 "_last_values", "_last_totals", "_plan", "parts_read")
 
     def __init__(self) -> None:
         self._skip = 0  # full parses left before the next page is learnt from
@@ -87,6 +87,7 @@ class PageLayout:
         ends.append(len(text) + len(_MARK))
         values: list[float] = []
         last, kept = self._last_texts, self._last_values
+        read = self.parts_read
         for j, (a, b) in enumerate(self._pick_bounds(list(zip(starts, ends, strict=True)))):
             part = text[a:b - len(_MARK)]
             if part == last[j]:  # one memcmp: the family's part as on a page read before, its values too
@@ -98,8 +99,11 @@ class PageLayout:
             last[j], kept[j] = part, vals
             self.parts_read += 1
             values += vals
+        if read == self.parts_read and self._last_totals is not None:
+            return self._last_totals  # every part as last read (an idle server): the same values, the same sums
         t = self._plan.totals(values)
         t.refused = []
+        self._last_totals = t
         return t
 
     @staticmethod
@@ -194,5 +198,6 @@ class PageLayout:
         self._parts = parts
         self._last_texts: list[str | None] = [None] * len(parts)  # each part as last read, and its values
         self._last_values: list[list[float]] = [[] for _ in parts]
+        self._last_totals: Any = None  # the sums of the last page read by position (read, never changed, by _page_of)
         self._plan = plan
         self._chunks = len(chunks)

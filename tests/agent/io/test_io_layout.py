@@ -416,4 +416,14 @@ def test_a_family_part_as_last_read_is_not_split_or_read_again():
     assert _splits(lambda: layout.parse(one)) == 1  # one family moved: one part split (every part before)
     identical(layout.parse(one), parse_text(one))
     assert _splits(lambda: layout.parse(one)) == 0  # nothing moved
-    identical(layout.parse(nxt), parse_text(nxt))
+    summed = []
+    real = page_mod._Plan.totals
+    full_one, full_nxt = parse_text(one), parse_text(nxt)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(page_mod._Plan, "totals", lambda plan, values: summed.append(1) or real(plan, values))
+        ours_one = layout.parse(one)
+        assert summed == []  # nothing moved: nor added up again (an idle server's page)
+        ours_nxt = layout.parse(nxt)
+        assert summed == [1]
+    identical(ours_one, full_one)
+    identical(ours_nxt, full_nxt)
