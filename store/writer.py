@@ -92,13 +92,32 @@ def _now_ms(clock: Callable[[], float]) -> int:
     return int(clock() * 1000)
 
 
+def linger_for(sample_interval_s: float) -> float:
+    """How long the agent's ticks wait to share a transaction (StoreWriter's `linger_s`) at a sampling interval.
+
+    Below 1 s: a second of ticks a transaction (issue 29.3). At 1 s: two ticks a transaction (session 9): the
+    fixed part of a 1 Hz tick (BEGIN, COMMIT's WAL frames, the thread's wake-up, the file checks that share it)
+    was about half of the writer's CPU. What it trades: a crash (SIGKILL, OOM, power) loses at most the ticks
+    of the last 2 s instead of none (a power loss may cost up to 5 s anyway: see store/checkpoint.py), and the
+    history shows a tick up to 2 s late. The live views read the socket, not the database; events, flush()
+    and close() still write at once. Slower sampling gains nothing from waiting: no linger.
+    """
+    if sample_interval_s < 1.0:
+        return 1.0
+    return 2.0 if sample_interval_s < 2.0 else 0.0
+
+
 def _insert_sql(table: str, key: tuple[str, ...], metrics: tuple[tuple[str, str, str], ...],
-                nulls: tuple[bool, ...] | None = None, rows: int = 1) -> str:
+                nulls: tuple[bool, ...] | None = None, rows: int = 1, plain: bool = False) -> str:
     # INTEGER metrics are rounded by SQLite (in C): a float 700.4 would otherwise be stored as an 8-byte REAL.
     # x + 0.5 truncated is round-half-up for the non-negative values these metrics are, and cheaper than
     # round(); NULL stays NULL. `nulls` marks columns written as a literal NULL instead of a bound None.
-    # `rows` rows per statement (see ROWS_PER_INSERT).
+    # `rows` rows per statement (see ROWS_PER_INSERT). `plain`: every value bound as it is, for values that
+    # are ints in [0, 2**52), which the rounding stores unchanged (see _executemany_tick_rows).
     cols = ", ".join(key + tuple(m[0] for m in metrics))
+    if plain:
+        row = f"({', '.join('?' * (len(key) + len(metrics)))})"
+        return f"INSERT OR REPLACE INTO {table} ({cols}) VALUES {', '.join([row] * rows)}"
     params = ["?"] * len(key) + ["CAST(? + 0.5 AS INTEGER)" if m[1] == "INTEGER" else "?" for m in metrics]
     if nulls is not None:
         params = ["NULL" if null else p for p, null in zip(params, nulls, strict=True)]
@@ -125,8 +144,11 @@ _TABLES: dict[str, tuple[str, tuple[str, ...], tuple[tuple[str, str, str], ...]]
 
 
 @functools.lru_cache(maxsize=256)
-def _insert_sql_nulls(kind: str, nulls: tuple[bool, ...] | None, rows: int = 1) -> str:
-    return _insert_sql(*_TABLES[kind], nulls, rows)
+def _insert_sql_nulls(kind: str, nulls: tuple[bool, ...] | None, rows: int = 1, plain: bool = False) -> str:
+    return _insert_sql(*_TABLES[kind], nulls, rows, plain)
+
+
+_EXACT = 2**52  # an int in [0, 2**52) is exact as v + 0.5 in a double: CAST(v + 0.5 AS INTEGER) stores v itself
 
 
 # Rows bound to one INSERT: CPython's sqlite3 pays ~2 us per statement execution on top of ~60 ns per value
@@ -187,8 +209,13 @@ def _executemany_tick_rows(c: sqlite3.Connection, kind: str, rows: list[tuple]) 
     through rich comparison (~100 ns a value: 3 us of a 29-column GPU row, issue 29.2). A statement the sum
     refuses is tried as a whole with its first row's NULL pattern (see _one_pattern: host and serving rows
     keep theirs tick after tick); only one whose rows differ (or hold text) is grouped row by row.
+
+    A statement whose values are all ints in [0, 2**52) (every GPU and NVLink row the samplers make) is bound
+    plainly, without the rounding expression per INTEGER value (4 VDBE steps each, ~30 % of an 80-row GPU
+    insert, session 9): the sum already says "ints only" (a float makes it a float), and with no value below 0
+    a sum under 2**52 bounds every value, so one min() more decides; rounding such a value stores it unchanged.
     """
-    flat: dict[tuple[tuple[bool, ...] | None, int], list[tuple]] = {}  # (pattern, rows) -> statements' values
+    flat: dict[tuple[tuple[bool, ...] | None, int, bool], list[tuple]] = {}  # (pattern, rows, plain) -> values
     rest: list[tuple] = []
     at = 0
     for size in _statements(len(rows), _per_statement(c, len(rows[0]))):
@@ -197,15 +224,18 @@ def _executemany_tick_rows(c: sqlite3.Connection, kind: str, rows: list[tuple]) 
         values = tuple(chain.from_iterable(chunk)) if size > 1 else chunk[0]
         mask = None
         try:
-            sum(values)  # numbers only: no None among them (an int, float or bool sums without raising)
+            total = sum(values)  # numbers only: no None among them (an int, float or bool sums without raising)
         except (TypeError, OverflowError):  # OverflowError: an int past a float's range; binding says why
             mask, values = _one_pattern(chunk) if size >= PATTERN_MIN_ROWS else (None, ())
             if mask is None:
                 rest += chunk
                 continue
-        flat.setdefault((mask, size), []).append(values)
-    for (mask, size), statements in flat.items():  # rows of one kind are all as wide (one getter built them)
-        c.executemany(_insert_sql_nulls(kind, mask, size), statements)
+            plain = False
+        else:
+            plain = type(total) is int and total < _EXACT and min(values) >= 0
+        flat.setdefault((mask, size, plain), []).append(values)
+    for (mask, size, plain), statements in flat.items():  # rows of one kind are all as wide (one getter)
+        c.executemany(_insert_sql_nulls(kind, mask, size, plain), statements)
     groups: dict[tuple[bool, ...], list[tuple]] = {}
     for r in rest:
         mask = _null_mask(r)
