@@ -177,7 +177,7 @@ class Node:
         from lynxtop.agent.gpu.sampler import GpuSampler
         from lynxtop.agent.host import HostSampler
         from lynxtop.agent.metrics.sla import SlaTracker
-        from lynxtop.store.writer import StoreWriter
+        from lynxtop.store.writer import StoreWriter, linger_for
 
         a = self.cfg.agent
         for d in (a.database.parent, a.run_log_dir):
@@ -188,11 +188,11 @@ class Node:
         try:
             # lock=True: the database file itself is locked, so a second agent reaching it by another path (a
             # symlink, a hard link, a bind mount) is refused before it writes anything
-            # linger: below 1 s sampling, a second of ticks goes in one transaction, not one each (issue 29.3)
+            # linger: ticks share a transaction: a second of them below 1 s sampling, two at 1 s (linger_for)
             # on_event: the store's own events (a file moved aside, writes failing) take the one event path too
             # (the store may not import the agent); those of opening are handed over at start(), sink made
             self.writer = StoreWriter(a.database, retention=a.retention, clock=self.timeline.time, lock=True,
-                                      linger_s=1.0 if a.sample_interval_s < 1.0 else 0.0,
+                                      linger_s=linger_for(a.sample_interval_s),
                                       on_event=lambda ev: self._record([ev]))
         except Exception as exc:  # noqa: BLE001 - StoreError and sqlite errors alike: say where
             raise AgentStartError(f"cannot open the history database {a.database}: {exc}") from None

@@ -11,7 +11,7 @@ import pytest
 
 from lynxtop.contract.events import Event, EventKind
 from lynxtop.store.reader import StoreReader
-from lynxtop.store.writer import StoreWriter
+from lynxtop.store.writer import StoreWriter, linger_for
 
 from .helpers import T0, gpu_row, submit
 
@@ -173,6 +173,33 @@ def test_lingering_writer_puts_a_second_of_ticks_in_one_transaction_yet_flush_an
         assert [e.message for e in r.events()] == ["TTFT p99 above 2000 ms"]
     finally:
         r.close()
+
+
+def test_the_agent_s_1_hz_writer_puts_two_ticks_in_a_transaction_and_loses_none(db):
+    """At 1 s sampling the agent's writer lingers 2 s (session 9, linger_for): 5 ticks submitted a second apart
+    share at most 3 commits (the old agent's writer, no linger at 1 Hz, made one a tick: 5); flush() still
+    writes at once and every tick is stored whole. Below 1 s a second of ticks a transaction as before;
+    slower sampling does not wait."""
+    assert linger_for(0.1) == linger_for(0.5) == 1.0 and linger_for(5.0) == 0.0
+    w = StoreWriter(db, queue_max=1000, linger_s=linger_for(1.0))
+    w.start()
+    try:
+        for i in range(5):
+            submit(w, 1, start_i=i)
+            if i < 4:
+                time.sleep(1.0)  # the agent's cadence: counts are asserted, not times
+        assert w.flush(30)
+        st = w.stats()
+    finally:
+        w.close()
+    assert st["written_ticks"] == 5 and st["dropped"] == 0
+    assert 2 <= st["tick_commits"] <= 3, st
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("SELECT count(*), count(DISTINCT ts_ms) FROM gpu_samples").fetchone() == (40, 5)
+        assert conn.execute("SELECT count(*) FROM host_samples").fetchone()[0] == 5
+    finally:
+        conn.close()
 
 
 class _CountingCondition(threading.Condition):
