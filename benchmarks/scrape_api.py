@@ -4,6 +4,7 @@
   noise) with the scraper's line prefilter, against prometheus_client's parser on the whole page;
 - the CPU of one scrape of the simulator's DP8 page (`MetricsScraper.parse_page` over successive pages, counters
   growing: the page's layout read by position, the reset correction, windows and row), and of its parse alone;
+  the same for an idle server (the page unchanged: no family part read again);
 - one GET /v1/status round trip over the unix socket (what the dashboard and `lynxtop status` pay);
 - `lynxtop status` as a fresh process (what an operator waits for).
 
@@ -102,6 +103,21 @@ def sim_scrape_cpu_ms(engines: int = 8, pages: int = 60) -> tuple[float, float]:
     return statistics.median(whole) * 1000, statistics.median(parse) * 1000
 
 
+def sim_idle_scrape_cpu_ms(engines: int = 8, pages: int = 60) -> float:
+    """Median CPU ms of one `parse_page` of an idle server: the simulator's DP8 page read again unchanged (every
+    family's part as last read: not split, read or added up again, agent/metrics/layout.py)."""
+    text = sim_page(engines, seed=engines)
+    scraper = MetricsScraper("http://bench:1")
+    scraper.parse_page(text, 0.0)
+    times = []
+    for i in range(1, pages + 1):
+        t = time.process_time()
+        row = scraper.parse_page(text, float(i))
+        times.append(time.process_time() - t)
+        assert row["scrape_ok"] == 1, scraper.last_error
+    return statistics.median(times) * 1000
+
+
 def median_ms(fn, n: int) -> float:
     times = []
     for _ in range(n):
@@ -167,6 +183,8 @@ def main() -> None:
     out["dp8_sim_scrape_cpu_ms_median"] = round(whole, 3)
     out["dp8_sim_parse_cpu_ms_median"] = round(parse, 3)
     print(f"DP=8 simulator page: one scrape's parse and bookkeeping {whole:.2f} ms of CPU, the parse {parse:.2f} ms")
+    out["dp8_sim_idle_scrape_cpu_ms_median"] = round(sim_idle_scrape_cpu_ms(), 3)
+    print(f"DP=8 simulator page, idle server (page unchanged): {out['dp8_sim_idle_scrape_cpu_ms_median']:.2f} ms")
     rtt, cli = api_rtt_ms(200)
     out["api_status_rtt_ms_median"] = round(rtt, 3)
     out["cli_status_s_median"] = round(cli, 3)

@@ -20,6 +20,7 @@ families stand still costs a compare per family (tests/agent/io/test_io_layout.p
 from __future__ import annotations
 
 import math
+from itertools import accumulate, chain
 from typing import Any
 
 from lynxtop.agent.metrics import page as _page
@@ -45,11 +46,22 @@ def _type_starts(text: str, most: int) -> list[int] | None:
     return starts
 
 
+def _spec(lines: list[str], counts: list[int], wanted: set[int], first: int, series: list[str]) -> tuple[Any, ...]:
+    """How `PageLayout._read` reads `lines` (parts of `counts` lines; `wanted` the sample lines, numbered from
+    `first`, with their `series`): the other lines' starts up to their last space, those without one exactly."""
+    ix = range(len(lines))
+    checked = [i for i in ix if " " in lines[i] and i + first not in wanted]
+    exact = [i for i in ix if " " not in lines[i]]
+    return (counts, picker(checked), [lines[i][:lines[i].rfind(" ") + 1] for i in checked], picker(exact),
+            picker(exact)(lines), picker([i for i in ix if i + first in wanted]), series, sum(map(len, series)),
+            picker([i for i in ix if i + first not in wanted]))
+
+
 class PageLayout:
     """The last page's layout (none before a page is read); `parse` reads a page through it when it matches."""
 
-    __slots__ = ("_skip", "_wait", "_chunks", "_hashes", "_heads", "_pick_bounds", "_parts", "_last_texts",
-                 "_last_values", "_last_totals", "_plan", "parts_read")
+    __slots__ = ("_skip", "_wait", "_chunks", "_hashes", "_heads", "_pick_bounds", "_all", "_parts", "_size",
+                 "_sizes", "_cuts", "_last_texts", "_last_values", "_last_totals", "_plan", "parts_read")
 
     def __init__(self) -> None:
         self._skip = 0  # full parses left before the next page is learnt from
@@ -85,45 +97,51 @@ class PageLayout:
             return None
         ends = starts[1:]
         ends.append(len(text) + len(_MARK))
-        values: list[float] = []
+        texts = [text[a:b - len(_MARK)] for a, b in self._pick_bounds(list(zip(starts, ends, strict=True)))]
         last, kept = self._last_texts, self._last_values
-        read = self.parts_read
-        for j, (a, b) in enumerate(self._pick_bounds(list(zip(starts, ends, strict=True)))):
-            part = text[a:b - len(_MARK)]
-            if part == last[j]:  # one memcmp: the family's part as on a page read before, its values too
-                values += kept[j]
-                continue
-            vals = self._read_part(self._parts[j], part)
-            if vals is None:
-                return None
-            last[j], kept[j] = part, vals
-            self.parts_read += 1
-            values += vals
-        if read == self.parts_read and self._last_totals is not None:
+        moved = [j for j, (new, old) in enumerate(zip(texts, last, strict=True)) if new != old]  # memcmp each
+        if not moved and self._last_totals is not None:
             return self._last_totals  # every part as last read (an idle server): the same values, the same sums
+        self._last_totals = None  # parts below may be kept before a later one fails: those sums are gone
+        if 2 * sum(self._sizes[j] for j in moved) > self._size:  # most values moved: one pass over all parts
+            values = self._read(self._all, texts)
+            if values is None:
+                return None
+            self._last_texts, self._last_values = texts, [values[a:b] for a, b in self._cuts]
+        else:  # only the parts that moved are split and read; the others' values are those read then
+            for j in moved:
+                vals = self._read(self._parts[j], [texts[j]])
+                if vals is None:
+                    return None
+                last[j], kept[j] = texts[j], vals
+            values = list(chain.from_iterable(kept))
+        self.parts_read += len(moved)
         t = self._plan.totals(values)
         t.refused = []
         self._last_totals = t
         return t
 
     @staticmethod
-    def _read_part(spec: tuple[Any, ...], part: str) -> list[float] | None:
-        """The values of one family's part laid out as learnt (`spec`), or None where it is not so laid out or a
-        value is no plain reading: each line starts with what it did; each wanted line's value is its rest after
-        the series, and that every line had its series is checked by one length, not one check per line."""
-        count, pick_checked, starts, pick_exact, exact, pick_wanted, series, series_chars, pick_other = spec
-        lines = part.split("\n")
-        if len(lines) != count:  # each line where it was: a TYPE line's rest stays one
+    def _read(spec: tuple[Any, ...], texts: list[str]) -> list[float] | None:
+        """The values of family parts laid out as learnt (`spec`: one part's or all of them), or None where they
+        are not so laid out or a value is no plain reading: each line starts with what it did; each wanted line's
+        value is its rest after the series, and that every line had its series is checked by one length over all
+        of them, not one check per line."""
+        counts, pick_checked, starts, pick_exact, exact, pick_wanted, series, series_chars, pick_other = spec
+        parts = [part.split("\n") for part in texts]
+        if list(map(len, parts)) != counts:  # each line where it was: a TYPE line's rest stays one
             return None
+        lines = parts[0] if len(parts) == 1 else list(chain.from_iterable(parts))
         if not all(map(str.startswith, pick_checked(lines), starts)):
             return None
         if exact and pick_exact(lines) != exact:
             return None
         vals = list(map(str.removeprefix, pick_wanted(lines), series))  # each value, if it had its series
         joined = "".join(vals)
-        # the wanted lines' characters: the part's less its newlines and the other lines'; a line that did not
+        # the wanted lines' characters: the parts' less their newlines and the other lines'; a line that did not
         # start with its series kept it, and the values would be longer than that less the series
-        if len(joined) != len(part) - count + 1 - sum(map(len, pick_other(lines))) - series_chars:
+        chars = sum(map(len, texts)) - len(lines) + len(parts)
+        if len(joined) != chars - sum(map(len, pick_other(lines))) - series_chars:
             return None
         if "_" in joined or " " in joined:  # not Prometheus' number, or not the plain `series value` form
             return None
@@ -133,8 +151,7 @@ class PageLayout:
             return None
         # NaN and infinities carry into the sum; below HUGE it bounds each value (a larger sum: check one by one)
         if not sum(map(abs, values)) < HUGE and (
-                any(map(math.isnan, values)) or not (min(values, default=0.0) > -HUGE
-                                                     and max(values, default=0.0) < HUGE)):
+                any(map(math.isnan, values)) or not (min(values) > -HUGE and max(values) < HUGE)):
             return None  # no reading: the full parse counts it
         return values
 
@@ -179,19 +196,19 @@ class PageLayout:
         if plan is None:
             return  # not planned (a line the plan cannot take): every page of it takes the full parse
         is_wanted = set(wanted)
+        series = [k + " " for k in keys]
         parts: list[tuple[Any, ...]] = []
-        first = 0
+        sizes: list[int] = []
+        first = done = 0
         for count in counts:  # each part's own spec: its lines' indices within it
-            ix = range(first, first + count)
-            own = [i for i in ix if i in is_wanted]
-            checked = [i - first for i in ix if " " in lines[i] and i not in is_wanted]
-            exact = [i - first for i in ix if " " not in lines[i]]
-            part = lines[first:first + count]
-            series = [k + " " for k in keys[len([w for w in wanted if w < first]):][:len(own)]]
-            parts.append((count, picker(checked), [part[i][:part[i].rfind(" ") + 1] for i in checked],
-                          picker(exact), picker(exact)(part), picker([i - first for i in own]), series,
-                          sum(map(len, series)), picker([i - first for i in ix if i not in is_wanted])))
+            own = sum(1 for i in range(first, first + count) if i in is_wanted)
+            parts.append(_spec(lines[first:first + count], [count], is_wanted, first, series[done:done + own]))
+            sizes.append(own)
             first += count
+            done += own
+        cuts = [0, *accumulate(sizes)]
+        self._all = _spec(lines, counts, is_wanted, 0, series)
+        self._size, self._sizes, self._cuts = len(series), sizes, list(zip(cuts, cuts[1:], strict=False))
         self._hashes = 2 * text.count("#") + 64  # "#" in label values may come and go; far more: the full parse
         self._heads = tuple(heads)
         self._pick_bounds = picker(picked)

@@ -427,3 +427,28 @@ def test_a_family_part_as_last_read_is_not_split_or_read_again():
         assert summed == [1]
     identical(ours_one, full_one)
     identical(ours_nxt, full_nxt)
+
+
+def test_a_part_kept_from_a_page_that_failed_later_is_not_answered_with_older_sums():
+    """A page whose first moved family is read and kept, then a later family holds a value that is no number (the
+    full parse refuses the page), then a page of those kept parts: its sums are added up again, not the sums of
+    the page before."""
+    first = page_texts()["sim-dp8"]
+    layout = PageLayout()
+    layout.parse(first)
+    a = _perturb(first, random.Random(1))
+    layout.parse(a)
+    layout.parse(a)
+    blocks = _blocks(a)
+    one, bad = (next(i for i, b in enumerate(blocks) if f"# TYPE vllm:{name}_total counter" in b)
+                for name in ("prompt_tokens", "generation_tokens"))
+    assert one < bad
+    blocks[one] = _grow_block(blocks[one], random.Random(2), "grow")
+    moved = "\n".join(blocks)
+    line = _wanted(blocks[bad], "vllm:")[0]
+    blocks[bad] = blocks[bad].replace(line, line.rpartition(" ")[0] + " x1", 1)
+    with pytest.raises(PageError):
+        parse_text("\n".join(blocks))
+    with pytest.raises(PageError):
+        layout.parse("\n".join(blocks))
+    identical(layout.parse(moved), parse_text(moved))
