@@ -319,7 +319,8 @@ def _grow_block(block: str, rng: random.Random, how: str) -> str:
         lines[i] = f"{key} {v * 0.25 if how == 'reset' else v + rng.randint(0, 8) * 0.5}"
     one = rng.choice(samples)
     key = lines[one].rpartition(" ")[0]
-    odd = {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf", "huge": "1e300", "exp": "1.5e3", "int": "7"}
+    odd = {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf", "huge": "1e300", "exp": "1.5e3", "int": "7", "neg": "-2.5",
+           "-huge": "-1e300", "-zero": "-0.0"}
     if how in odd:
         lines[one] = f"{key} {odd[how]}"
     return "\n".join(lines)
@@ -336,7 +337,8 @@ def _family_sequence(first: str, rng: random.Random, n: int) -> list[str]:
     for _ in range(n):
         page = list(cur)
         for j in rng.sample(range(1, len(page)), k=rng.choice((0, 1, 2, 5))):
-            how = rng.choice(("grow",) * 20 + ("reset", "reset", "exp", "int", "nan", "inf", "-inf", "huge"))
+            how = rng.choice(("grow",) * 20 + ("reset", "reset", "exp", "int", "nan", "inf", "-inf", "huge", "neg",
+                                               "-huge", "-zero"))
             page[j] = _grow_block(page[j], rng, how)
         shape = rng.random()
         if shape < 0.05:
