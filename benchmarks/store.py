@@ -156,12 +156,19 @@ def median_ms(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+MIN_HOURS = 2
+
+
 def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hours", type=float, default=24, help="hours of raw 1 Hz samples to write (default 24)")
     ap.add_argument("--nvlink", action="store_true", help="also write per-link NVLink rows every tick")
     ap.add_argument("--keep", metavar="DIR", help="keep the database in DIR")
-    return ap.parse_args()
+    args = ap.parse_args()
+    if not args.hours >= MIN_HOURS:  # NaN too
+        ap.error(f"--hours {args.hours:g}: at least {MIN_HOURS} (the compacted figures need an hour's rollups "
+                 "closed before the newest hour: with less, nothing is compacted and nothing is measured)")
+    return args
 
 
 PARTS = 5  # timed parts of the ingest (and of the bare ceiling); their median is the figure, min-max the spread
