@@ -228,8 +228,11 @@ def test_serving_samples_agree_with_the_clients_own_measurement(agent):
             # for TTFT (the client is only ever later), either side for ITL (chunks can arrive bunched or
             # spread). A CI run saw the client's p99 ITL at 91 ms while the server's histogram put it at 48 ms
             # (the agent equal to the histogram, as asserted first): a stall of the client, two buckets out.
+            # Another saw the client's p90 TTFT at 101 ms and the server's at 64 ms (agent equal to it; the test
+            # alone then passed): at p90 TTFT may be two buckets below too (the client is only ever later).
             spread = {0.5: 0, 0.9: 1}.get(q, 2)
-            lo1, hi1 = bucket_bounds(list(after), client_s, widen_below=spread,
+            below = 2 if series == "ttft" and q == 0.9 else spread
+            lo1, hi1 = bucket_bounds(list(after), client_s, widen_below=below,
                                      widen_above=spread if series == "itl" else 0)
             lo2, hi2 = bucket_bounds(list(after), max(0.0, client_s - offsets[series]))
             lo, hi = min(lo1, lo2), max(hi1, hi2)
