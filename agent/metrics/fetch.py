@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from lynxtop.agent.metrics.pageconn import AnswerRefused, PageConnection
+from lynxtop.agent.metrics.pageconn import AnswerRefused, PageConnection, PageTooLarge, StatusRefused
 from lynxtop.agent.serving.health import read_capped, version_of
 
 # aiohttp asks for gzip by default; a server that honours it (prometheus_client's own ASGI app does; vLLM 0.32's
@@ -70,13 +70,12 @@ class PageFetcher:
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await conn.get(MAX_PAGE_BYTES)
+        except StatusRefused as exc:
+            return f"HTTP {exc.status} from {self.url}"
+        except PageTooLarge as exc:  # the words of the session's path above
+            return (f"{exc}, at {self.url}" if exc.announced is not None else f"{exc} at {self.url}")
         except AnswerRefused as exc:
-            text = str(exc)
-            if text.startswith("HTTP "):
-                return f"{text} from {self.url}"
-            if text.startswith("page cut off"):  # the words of the session's path below
-                return f"{text}{', at' if 'announced' in text else ' at'} {self.url}"
-            return f"cannot read {self.url}: {text}"
+            return f"cannot read {self.url}: {exc}"
         except TimeoutError:
             return f"page cut off: timed out after {self.timeout_s:g} s reading {self.url}"
         except asyncio.IncompleteReadError as exc:

@@ -27,6 +27,23 @@ class AnswerRefused(Exception):
     """The server answered, but not with a page to read (status, size, framing); `str` says what."""
 
 
+class StatusRefused(AnswerRefused):
+    """An answer other than 200 (`status`): the caller's failed scrape, redirects included."""
+
+    def __init__(self, status: int):
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+class PageTooLarge(AnswerRefused):
+    """A page over the caller's limit: `announced` by its Content-Length, or None when it grew past it."""
+
+    def __init__(self, limit: int, announced: int | None = None):
+        super().__init__(f"page cut off: {announced} bytes announced, over the {limit} byte limit"
+                         if announced is not None else f"page cut off: larger than {limit} bytes")
+        self.limit, self.announced = limit, announced
+
+
 class PageConnection:
     """One server's page over one kept-alive connection. One GET at a time (the scrape's); `connects` counts the
     connections opened (tests hold a steady server to one)."""
@@ -102,7 +119,7 @@ class PageConnection:
     async def _body(self, head: tuple[int, bool, dict[str, str]], limit: int) -> tuple[bytes, bool]:
         code, http11, headers = head
         if code != 200:
-            raise AnswerRefused(f"HTTP {code}")
+            raise StatusRefused(code)
         reader = self._reader
         assert reader is not None
         keep = http11 and "close" not in headers.get("connection", "").lower()
@@ -116,7 +133,7 @@ class PageConnection:
             if not length.isdigit():
                 raise AnswerRefused(f"content length {length[:40]!r} is no size")
             if int(length) > limit:
-                raise AnswerRefused(f"page cut off: {length} bytes announced, over the {limit} byte limit")
+                raise PageTooLarge(limit, int(length))
             body = await reader.readexactly(int(length))
         else:  # neither: the page ends with the connection
             body, keep = await self._to_end(limit), False
@@ -142,7 +159,7 @@ class PageConnection:
                 return b"".join(parts)
             size += n
             if size > limit:
-                raise AnswerRefused(f"page cut off: larger than {limit} bytes")
+                raise PageTooLarge(limit)
             parts.append(await reader.readexactly(n))
             if await reader.readexactly(2) != b"\r\n":
                 raise AnswerRefused("chunk not ended by CRLF")
@@ -155,7 +172,7 @@ class PageConnection:
         while chunk := await reader.read(1 << 16):
             size += len(chunk)
             if size > limit:
-                raise AnswerRefused(f"page cut off: larger than {limit} bytes")
+                raise PageTooLarge(limit)
             parts.append(chunk)
         return b"".join(parts)
 
@@ -177,5 +194,5 @@ def _decoded(body: bytes, encoding: str, limit: int) -> bytes:
     except zlib.error as exc:
         raise AnswerRefused(f"{encoding} body not readable: {exc}") from None
     if len(out) > limit:
-        raise AnswerRefused(f"page cut off: larger than {limit} bytes")
+        raise PageTooLarge(limit)
     return out

@@ -12,9 +12,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import aiohttp
+import pytest
 from support.vllm_pages import sim_page
 
 from lynxtop.agent.metrics import fetch
+from lynxtop.agent.metrics.pageconn import PageConnection, PageTooLarge, StatusRefused
 from lynxtop.agent.metrics.scrape import MetricsScraper
 
 PAGE = sim_page(2, seed=3).encode()
@@ -103,6 +105,25 @@ async def test_a_redirect_is_a_failed_scrape_not_followed():
         row = await s.scrape(NoSession(), now=0.0)  # type: ignore[arg-type]
         assert row["scrape_ok"] == 0 and s.last_error == f"HTTP 302 from {url}/metrics"
         assert len(srv.requests) == 1  # /other never asked for
+
+
+async def test_refusals_carry_their_kind_not_only_words():
+    """The fetcher words a refusal by its kind (status, size announced or streamed), never by parsing its text."""
+    answers = [b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n", _plain(), _chunked(PAGE)]
+    async with served(lambda n: answers[n]) as (_srv, url):
+        host, port = url.removeprefix("http://").split(":")
+        conn = PageConnection(host, int(port), "/metrics")
+        with pytest.raises(StatusRefused) as status:
+            await conn.get(len(PAGE))
+        assert status.value.status == 503 and str(status.value) == "HTTP 503"
+        with pytest.raises(PageTooLarge) as announced:
+            await conn.get(len(PAGE) - 1)
+        assert (announced.value.announced, announced.value.limit) == (len(PAGE), len(PAGE) - 1)
+        with pytest.raises(PageTooLarge) as streamed:
+            await conn.get(len(PAGE) - 1)
+        assert streamed.value.announced is None
+        assert str(streamed.value) == f"page cut off: larger than {len(PAGE) - 1} bytes"
+        conn.close()
 
 
 async def test_chunked_and_unframed_pages_are_read_and_each_cap_holds(monkeypatch):
