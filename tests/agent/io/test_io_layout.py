@@ -454,3 +454,43 @@ def test_a_part_kept_from_a_page_that_failed_later_is_not_answered_with_older_su
     with pytest.raises(PageError):
         layout.parse("\n".join(blocks))
     identical(layout.parse(moved), parse_text(moved))
+
+
+_SAMPLE_VALUE = re.compile(r"^(vllm:\S+?(?:_total|_bucket|_sum|_count)(?:\{[^}]*\})?) (\S+)$", re.MULTILINE)
+
+
+def test_each_distinct_value_string_of_a_page_read_by_position_is_read_once(monkeypatch):
+    """A loaded DP8 page writes its ~1,400 values in ~110 strings (0.0, small counts): a page read by position
+    reads each distinct string once (a `float` per value before), and the page is still the full parse's, a
+    value that is no reading included however often it is written."""
+    first = page_texts()["sim-dp8"]
+    layout = PageLayout()
+    layout.parse(first)
+    strings = ("1.0", "2.5", "1e3", "-0.0")
+    turn = iter(range(10**6))
+    nxt = _SAMPLE_VALUE.sub(lambda m: f"{m.group(1)} {strings[next(turn) % len(strings)]}", first)
+    assert next(turn) > 100 * len(strings)  # many values, few strings
+    read: list[str] = []
+    with monkeypatch.context() as m:
+        m.setattr(layout_mod, "float", lambda s: read.append(s) or float(s), raising=False)
+        assert layout._known(nxt) is not None  # read by position
+    # each string once (the gauges' few values too): not one `float` per value of the page's > 400
+    assert len(read) == len(set(read)) < 40 and set(strings) <= set(read)
+    identical(layout.parse(nxt), parse_text(nxt))
+    for bad in ("NaN", "1e300", "+Inf", "x"):  # on many lines: the full parse's reading, every one counted
+        for on in ("_total", "_sum", "_bucket"):  # a bad bucket may leave no +Inf bucket: the full parse's error
+            def spoil(m: re.Match[str], bad: str = bad, on: str = on) -> str:
+                key = m.group(1)
+                return f"{key} {bad}" if on in key and next(turn) % 5 else m.group(0)
+
+            worse = _SAMPLE_VALUE.sub(spoil, nxt)
+            try:
+                full = parse_text(worse)
+            except PageError as exc:
+                with pytest.raises(PageError, match=re.escape(str(exc))):
+                    layout.parse(worse)
+            else:
+                ours = layout.parse(worse)
+                identical(ours, full)
+                assert ours.bad_values > 20
+            identical(layout.parse(nxt), parse_text(nxt))
