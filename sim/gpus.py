@@ -24,7 +24,7 @@ from pathlib import Path
 from lynxtop.agent.gpu.protocol import FakeGpuSpec, FakeGpuState
 from lynxtop.sim.flags import default_state_dir
 from lynxtop.sim.model import SimParams
-from lynxtop.sim.state import EngineState, PidWatch, StateCache, read_states
+from lynxtop.sim.state import EngineState, PidWatch, StateCache, StateFiles, read_states
 
 DRIVER_VERSION = "580.95.05"
 REREAD_S = 0.2  # the state directory is listed at most this often: the GPU model's time step
@@ -91,6 +91,7 @@ class SimScenario:
         self._read_at: float | None = None
         self._parsed: StateCache = {}  # state files parsed, liveness verdicts (read_states reuses them)
         self._watch = PidWatch()  # the holders' pidfds: their liveness without reading /proc each second
+        self._files = StateFiles()  # the state files kept open: a publish is one pread (written in place)
         self._loads: list[_Load] = []
         self._looks: dict[int, FakeGpuState] = {}  # GPU -> its state in the current step
         self._built: dict[int, FakeGpuState] = {}  # GPU -> its last state built (its die's thermal course)
@@ -118,7 +119,8 @@ class SimScenario:
         course, `FakeGpuState.temp_at`): the fake NVML then keeps its counters' segment too."""
         back = self._read_at is not None and now < self._read_at  # a clock gone back: every GPU is built again
         if self._read_at is None or now >= self._read_at + REREAD_S or back:  # (`unchanged_until`'s sum)
-            self._states = read_states(self.state_dir, self._parsed, now, watch=self._watch)
+            self._states = read_states(self.state_dir, self._parsed, now, watch=self._watch,
+                                       files=self._files)
             self._read_at = now
             loads, old = self._all_loads(self._states), self._loads
             self._looks = {} if back or len(old) != len(loads) else {

@@ -1,9 +1,11 @@
 """The file through which a simulated EngineCore tells the simulated GPUs what it holds and does.
 
 One small binary file per EngineCore (`engine-<pid>.state`, fixed layout: a header struct, then the GPUs, the
-holders and the two strings), replaced atomically (write to a temp file, fsync-free rename: a reader sees the
-old or the new file, never half of one). The GPU model inside the agent reads each publish (16 a second at
-DP8): one read and three `struct.unpack_from`s, a fraction of the JSON parse they replace (issue 29.3).
+holders, the two strings and the header's generation again, zero-padded to a whole number of SLOT bytes).
+It is created atomically (write to a temp file, fsync-free rename) and then published in place: each publish
+`pwrite`s the record over the file when its size is unchanged, so the GPU model inside the agent keeps the
+file open and `pread`s it (`StateFiles`), with no directory listing, stat, open or close per publish (issue
+29.3). A read that caught a write half done has two different generations and is read again or skipped.
 A file only counts while at least one of the processes it names is alive and is the same process (pid and
 start time), so memory is "released" exactly when the processes exit, however they exit, and a recycled pid
 never resurrects old memory.
@@ -11,16 +13,19 @@ never resurrects old memory.
 
 from __future__ import annotations
 
+import itertools
 import os
 import select
 import struct
+import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lynxtop.contract.files import atomic_write, read_all
 
-STATE_VERSION = 2  # 1 was JSON
+STATE_VERSION = 3  # 1 was JSON, 2 was replaced by a rename at every publish (no generation)
+SLOT = 4096  # a state file's size is a multiple of this: a publish of the same size is written in place
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -90,29 +95,37 @@ def state_path(state_dir: Path, engine_pid: int) -> Path:
 
 SUFFIX = ".state"
 MAGIC = b"LXES"
-# magic, version, engine pid, api pid, tp, running, waiting, straggler GPU (-1: none), kv usage, busy, prefill,
-# decode, mean batch, prompt tok/s, generation tok/s, straggler slowdown, updated (unix s), simulated,
-# then the counts: GPUs, holders, model bytes, phase bytes
-_HEAD = struct.Struct("<4sHqqqqqqdddddddddBHHHH")
+# magic, version, generation, engine pid, api pid, tp, running, waiting, straggler GPU (-1: none), kv usage, busy,
+# prefill, decode, mean batch, prompt tok/s, generation tok/s, straggler slowdown, updated (unix s), simulated,
+# then the counts: GPUs, holders, model bytes, phase bytes; the record ends with the generation again
+_HEAD = struct.Struct("<4sHQqqqqqqdddddddddBHHHH")
+_GEN = struct.Struct("<Q")
+# each publish's generation: a new one per record written by this process (a start from the clock, so a
+# restarted engine's first records do not repeat its predecessor's)
+_GENERATIONS = itertools.count(time.time_ns())
 _HOLDER = struct.Struct("<qqqq")  # gpu, pid, start ticks (-1: unknown), memory bytes
 _NONE = -1
 
 
-def _pack(st: EngineState) -> bytes:
+def _pack(st: EngineState, gen: int = 0) -> bytes:
+    """The record of `st`, zero-padded to a multiple of SLOT bytes."""
+    gen &= 0xFFFF_FFFF_FFFF_FFFF
     model, phase = st.model.encode(), st.phase.encode()
     head = _HEAD.pack(
-        MAGIC, STATE_VERSION, st.engine_pid, st.api_pid, st.tp, st.running, st.waiting,
+        MAGIC, STATE_VERSION, gen, st.engine_pid, st.api_pid, st.tp, st.running, st.waiting,
         _NONE if st.straggler_gpu is None else st.straggler_gpu, st.kv_usage, st.busy_frac, st.prefill_frac,
         st.decode_frac, st.mean_batch, st.prompt_tokens_per_s, st.generation_tokens_per_s, st.straggler_slowdown,
         st.updated_unix, int(st.simulated), len(st.gpus), len(st.holders), len(model), len(phase))
     holders = b"".join(_HOLDER.pack(h.gpu, h.pid, _NONE if h.start_ticks is None else h.start_ticks, h.mem_bytes)
                        for h in st.holders)
-    return b"".join((head, struct.pack(f"<{len(st.gpus)}q", *st.gpus), holders, model, phase))
+    rec = b"".join((head, struct.pack(f"<{len(st.gpus)}q", *st.gpus), holders, model, phase, _GEN.pack(gen)))
+    return rec + bytes(-len(rec) % SLOT)
 
 
 def _unpack(raw: bytes) -> EngineState:
-    """The state in `raw`; ValueError or struct.error for a file of another layout or cut short."""
-    (magic, version, engine_pid, api_pid, tp, running, waiting, straggler, kv, busy, prefill, decode, batch,
+    """The state in `raw`; ValueError or struct.error for a file of another layout, cut short, or read while a
+    publish was writing it (`Torn`)."""
+    (magic, version, generation, engine_pid, api_pid, tp, running, waiting, straggler, kv, busy, prefill, decode, batch,
      prompt, gen, slowdown, updated, simulated, n_gpus, n_holders, n_model, n_phase) = _HEAD.unpack_from(raw)
     if magic != MAGIC or version != STATE_VERSION:
         raise ValueError("not an engine state file of this version")
@@ -121,24 +134,53 @@ def _unpack(raw: bytes) -> EngineState:
     off += 8 * n_gpus
     flat = struct.unpack_from(f"<{4 * n_holders}q", raw, off)
     off += _HOLDER.size * n_holders
-    if len(raw) != off + n_model + n_phase:
+    end = off + n_model + n_phase
+    if len(raw) < end + _GEN.size or len(raw) % SLOT:
         raise ValueError("engine state file of the wrong length")
+    if _GEN.unpack_from(raw, end)[0] != generation:
+        raise Torn("engine state file read while it was written")
     holders = [Holder(flat[i], flat[i + 1], None if flat[i + 2] == _NONE else flat[i + 2], flat[i + 3])
                for i in range(0, len(flat), 4)]
     return EngineState(
-        engine_pid, api_pid, raw[off:off + n_model].decode(), tp, gpus, raw[off + n_model:].decode(), holders,
+        engine_pid, api_pid, raw[off:off + n_model].decode(), tp, gpus, raw[off + n_model:end].decode(), holders,
         running, waiting, kv, busy, prefill, decode, batch, prompt, gen, None if straggler == _NONE else straggler,
         slowdown, updated, version, bool(simulated))
 
 
+class Torn(ValueError):
+    """A record read while a publish was writing over it: its two generations differ."""
+
+
 def load_state(path: str | os.PathLike) -> EngineState:
     """One state file (for tools and tests); OSError, ValueError or struct.error where it is not one."""
-    return _unpack(read_all(path))
+    return _load(path)
+
+
+def _load(path: str | os.PathLike) -> EngineState:
+    """A state file's state; read once more if the first read caught a publish half written."""
+    try:
+        return _unpack(read_all(os.fspath(path)))
+    except Torn:
+        return _unpack(read_all(os.fspath(path)))
 
 
 def write_state(state_dir: Path, state: EngineState) -> None:
+    """Publish `state`: in place over the engine's file when it has the record's size (readers keep it open),
+    else by an atomic replace (the first publish, a record grown past its slot, a file gone or cut)."""
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: other users cannot plant GPU state
-    atomic_write(state_path(state_dir, state.engine_pid), _pack(state), mode=0o600, fsync=False)
+    path = state_path(state_dir, state.engine_pid)
+    rec = _pack(state, next(_GENERATIONS))
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:  # none yet, or not a plain file of ours (a link): replaced as a whole
+        fd = -1
+    if fd >= 0:
+        try:
+            if os.fstat(fd).st_size == len(rec) and os.pwrite(fd, rec, 0) == len(rec):
+                return
+        finally:
+            os.close(fd)
+    atomic_write(path, rec, mode=0o600, fsync=False)
 
 
 def remove_state(state_dir: Path, engine_pid: int) -> None:
@@ -148,9 +190,9 @@ def remove_state(state_dir: Path, engine_pid: int) -> None:
         pass
 
 
-# file name -> ((inode, mtime ns, size), state, when its liveness was checked (monotonic s), the verdict, its
-# holders as `PidWatch` watches them)
-StateCache = dict[str, tuple[tuple[int, int, int], EngineState, float, bool, tuple["Proc", ...]]]
+# file name -> ((inode, mtime ns, size), or the bytes read with `StateFiles`; state; when its liveness was checked
+# (monotonic s); the verdict; its holders as `PidWatch` watches them)
+StateCache = dict[str, tuple[tuple[int, int, int] | bytes, EngineState, float, bool, tuple["Proc", ...]]]
 LIVENESS_S = 1.0  # with a cache and a clock, an engine's holders are looked up in /proc at most this often
 Proc = tuple[int, int | None]  # (pid, start ticks): one process, never a later one with the same pid
 
@@ -255,8 +297,107 @@ class PidWatch:
         self._gone.clear()
 
 
+RACY_NS = 2_000_000_000  # a listing is reused only while the directory's mtime was this old when it was made
+_READ = os.O_RDONLY | os.O_CLOEXEC
+
+
+class StateFiles:
+    """The state files a reader keeps open, so each publish (written in place) costs it one `pread`.
+
+    The directory is listed again only when its mtime moved (a file created, replaced by a rename or removed:
+    each changes it; a write in place does not), or while that mtime is under RACY_NS old, as a change in the
+    same clock tick could leave it unchanged. A file is known by device and inode: a name whose file was
+    replaced is opened again, and the fds of files gone are closed."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, tuple[int, int, int, int]] = {}  # name -> (fd, st_dev, st_ino, size)
+        self._listed: tuple[int, int, int] | None = None  # the directory's (dev, ino, mtime) the listing is of
+        self._entries: list[tuple[str, int, int]] = []  # (name, fd, size), by name
+        weakref.finalize(self, _close_open, self._open)
+
+    def entries(self, state_dir: Path) -> list[tuple[str, int, int]] | None:
+        """(name, fd, size) of each engine state file of ours, by name; None without a readable directory."""
+        try:
+            d = os.stat(state_dir)
+            key = (d.st_dev, d.st_ino, d.st_mtime_ns)
+            if key == self._listed:
+                return self._entries
+            listing = sorted(os.scandir(state_dir), key=lambda e: e.name)
+        except OSError:
+            self.close()
+            return None
+        me = os.getuid()
+        kept: dict[str, tuple[int, int, int, int]] = {}
+        for entry in listing:
+            name = entry.name
+            if not (name.startswith("engine-") and name.endswith(SUFFIX)):
+                continue
+            try:
+                info = entry.stat()
+                old = self._open.get(name)
+                if old is not None and (old[1], old[2]) == (info.st_dev, info.st_ino):
+                    kept[name] = old
+                    continue
+                fd = os.open(entry.path, _READ)
+            except OSError:
+                continue
+            try:
+                info = os.fstat(fd)  # the file opened, whatever the name points at since the listing
+            except OSError:
+                os.close(fd)
+                continue
+            if me != 0 and info.st_uid != me:
+                os.close(fd)  # another user's file: never let it invent GPU memory on our node
+                continue
+            kept[name] = (fd, info.st_dev, info.st_ino, info.st_size)
+        for name, (fd, *_) in self._open.items():
+            if kept.get(name, (-1,))[0] != fd:
+                _close(fd)
+        self._open.clear()
+        self._open.update(kept)
+        self._entries = [(name, fd, size) for name, (fd, _, _, size) in kept.items()]
+        self._listed = key if time.time_ns() - d.st_mtime_ns >= RACY_NS else None
+        return self._entries
+
+    def close(self) -> None:
+        _close_open(self._open)
+        self._listed, self._entries = None, []
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _close_open(files: dict[str, tuple[int, int, int, int]]) -> None:
+    for fd, *_ in files.values():
+        _close(fd)
+    files.clear()
+
+
+def _pread_state(fd: int, size: int, hit: tuple | None) -> tuple[bytes, EngineState]:
+    """(raw, state) of an open state file; a torn read is read once more, then answered with the last state read
+    (`hit`) if any. Raises OSError, ValueError or struct.error as `_unpack` does."""
+    raw = os.pread(fd, max(size, SLOT), 0)
+    if hit is not None and hit[0] == raw:
+        return raw, hit[1]
+    try:
+        return raw, _unpack(raw)
+    except Torn:
+        raw = os.pread(fd, max(size, SLOT), 0)
+        try:
+            return raw, _unpack(raw)
+        except Torn:
+            if hit is None:
+                raise
+            return hit[0], hit[1]
+
+
 def read_states(state_dir: Path, cache: StateCache | None = None, now: float | None = None,
-                liveness_s: float = LIVENESS_S, watch: PidWatch | None = None) -> list[EngineState]:
+                liveness_s: float = LIVENESS_S, watch: PidWatch | None = None,
+                files: StateFiles | None = None) -> list[EngineState]:
     """Every readable state file of a live engine; unreadable or foreign files are skipped, not fatal.
 
     With `cache` (kept by the caller between reads), a file that is still the same file (inode, mtime, size:
@@ -266,36 +407,50 @@ def read_states(state_dir: Path, cache: StateCache | None = None, now: float | N
     the GPU model reads the directory five times a second. An engine's memory is therefore released at most
     `liveness_s` after its last holder exits, as a real driver frees it some time after the process is gone.
     With a usable `watch` (kept by the caller too), liveness is its pidfds' instead: /proc is read once per
-    holder, and memory is released at the first read after the last holder exits."""
+    holder, and memory is released at the first read after the last holder exits.
+    With `files` (kept by the caller too), the files stay open and each read is one `pread` a file
+    (`StateFiles`); an unchanged file is then one whose bytes are unchanged."""
     out: list[EngineState] = []
     if watch is not None and not watch.usable:
         watch = None
     if watch is not None:
         watch.begin()
     named: set[Proc] = set()
+    opened = files.entries(state_dir) if files is not None else None
     try:
-        entries = sorted(os.scandir(state_dir), key=lambda e: e.name)
+        entries = sorted(os.scandir(state_dir), key=lambda e: e.name) if files is None else opened
     except OSError:
+        entries = None
+    if entries is None:
         if watch is not None:
             watch.keep_only(named)  # no directory, no engines: every fd is closed
+        if cache is not None and files is not None:
+            cache.clear()
         return out
     me = os.getuid()
     seen: StateCache = {}
     quiet = watch is not None and watch.quiet()  # no holder exited: an unchanged file keeps its verdict
-    for entry in entries:
-        name = entry.name
-        if not (name.startswith("engine-") and name.endswith(SUFFIX)):
-            continue
+    for item in entries:
+        hit = None
         try:
-            info = entry.stat()
-            if me != 0 and info.st_uid != me:
-                continue  # another user's file: never let it invent GPU memory on our node
-            key = (info.st_ino, info.st_mtime_ns, info.st_size)
-            hit = cache.get(name) if cache is not None else None
-            if hit is not None and hit[0] == key:
-                st = hit[1]
+            if files is not None:
+                name, fd, size = item  # type: ignore[misc]
+                hit = cache.get(name) if cache is not None else None
+                key, st = _pread_state(fd, size, hit)
             else:
-                st = _unpack(read_all(entry.path))
+                entry = item
+                name = entry.name  # type: ignore[union-attr]
+                if not (name.startswith("engine-") and name.endswith(SUFFIX)):
+                    continue
+                info = entry.stat()  # type: ignore[union-attr]
+                if me != 0 and info.st_uid != me:
+                    continue  # another user's file: never let it invent GPU memory on our node
+                key = (info.st_ino, info.st_mtime_ns, info.st_size)
+                hit = cache.get(name) if cache is not None else None
+                if hit is not None and hit[0] == key:
+                    st = hit[1]
+                else:
+                    st = _load(entry.path)  # type: ignore[union-attr]
         except (OSError, ValueError, struct.error):  # unreadable, another layout, cut short: skipped
             continue
         procs: tuple[Proc, ...] = ()

@@ -228,7 +228,23 @@ def test_liveness_is_looked_up_in_proc_once_per_holder(tmp_path, monkeypatch):
 
 
 def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+    """This process' pidfds (the model's holder watches)."""
+    return sum(_fd_targets().count(t) for t in ("anon_inode:[pidfd]", "pidfd:"))
+
+
+def _fd_targets() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass  # the listing's own fd, closed since
+    return out
+
+
+def _state_fds(state_dir) -> list[str]:
+    """The engine state files this process holds open (the model keeps them open: `StateFiles`)."""
+    return sorted(t.rsplit("/", 1)[-1] for t in _fd_targets() if t.startswith(str(state_dir) + "/"))
 
 
 def test_memory_is_freed_at_the_first_read_after_the_holders_exit_and_their_fds_closed(tmp_path):
@@ -248,6 +264,7 @@ def test_memory_is_freed_at_the_first_read_after_the_holders_exit_and_their_fds_
         t0 = 7000.0
         assert scen.state(0, t0).mem_used_bytes == 2 * 40 * 2**30
         assert _open_fds() == fds + 2  # one pidfd per holder process
+        assert _state_fds(tmp_path) == sorted(f"engine-{c.pid}.state" for c in children)
         children[0].kill()
         children[0].wait()
         assert scen.state(0, t0 + 0.25).mem_used_bytes == 40 * 2**30  # the next step, not t0 + 1 s
@@ -255,6 +272,7 @@ def test_memory_is_freed_at_the_first_read_after_the_holders_exit_and_their_fds_
         assert _open_fds() == fds + 1  # the exited holder's fd is closed
         remove_state(tmp_path, children[1].pid)  # the engine goes away (its process still runs)
         assert scen.state(0, t0 + 0.5).mem_used_bytes == 0 and _open_fds() == fds
+        assert _state_fds(tmp_path) == [f"engine-{children[0].pid}.state"]  # the removed file's fd is closed
     finally:
         for c in children:
             c.kill()
