@@ -245,17 +245,31 @@ class SlidingHistogram:
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile over the window, in the histogram's unit; None for an empty window."""
-        delta = self.window()
-        if delta is None:
+        if len(self._snaps) < 2:
             return None
-        if self._prepared is None:  # bounds already increasing: `prepared`'s own path, without its check
-            self._prepared = (_monotonic(self._les, map(_SECOND, delta.buckets)) if self._increasing
-                              else prepared(delta.buckets),)
+        if self._prepared is None:
+            self._prepared = (self._prepare(),)
         value = quantile_of(q, self._prepared[0])
         return None if math.isnan(value) else value
 
-    def mean(self) -> float | None:
+    def _prepare(self) -> _Prepared | None:
+        """The window's buckets prepared for quantiles. Bounds increasing (a page's histogram): the counts are
+        newest minus baseline straight into `prepared`'s own path, no (bound, count) pairs or snapshot built for
+        it (the scraper asks 7 histograms a scrape, each moving under load); otherwise from `window()`."""
+        new, old = self._snaps[-1][1].buckets, self._snaps[0][1].buckets
+        if self._increasing and len(new) == len(old) == len(self._les):
+            return _monotonic(self._les, map(operator.sub, map(_SECOND, new), map(_SECOND, old)))
         delta = self.window()
-        if delta is None or delta.count <= 0:
+        if delta is None:  # never: two snapshots or more
             return None
-        return delta.sum / delta.count
+        return _monotonic(self._les, map(_SECOND, delta.buckets)) if self._increasing else prepared(delta.buckets)
+
+    def mean(self) -> float | None:
+        """The window's `_sum` over its `_count` (newest minus baseline each); None for an empty window."""
+        if len(self._snaps) < 2:
+            return None
+        new, old = self._snaps[-1][1], self._snaps[0][1]
+        count = new.count - old.count
+        if count <= 0:
+            return None
+        return (new.sum - old.sum) / count

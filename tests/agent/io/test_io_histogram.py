@@ -336,7 +336,11 @@ def test_a_window_reads_its_bounds_once_an_add_and_answers_as_minus_and_prepared
         sh.add(now, snap)
         monkeypatch.setattr(HistogramSnapshot, "minus", counted("minus", real_minus))
         monkeypatch.setattr(hist_mod, "prepared", counted("prepared", real_prepared))
-        got = [sh.window(), *(sh.quantile(q) for q in (0.0, 0.5, 0.9, 0.99)), sh.mean()]
+        if step % 2:  # the scraper's order: quantiles and mean, the window itself never asked
+            answers = [*(sh.quantile(q) for q in (0.0, 0.5, 0.9, 0.99)), sh.mean()]
+            got = [sh.window(), *answers]
+        else:
+            got = [sh.window(), *(sh.quantile(q) for q in (0.0, 0.5, 0.9, 0.99)), sh.mean()]
         monkeypatch.undo()
         want_delta = _reference_window([s for _, s in kept])
         want = [None if want_delta is None else
@@ -348,3 +352,24 @@ def test_a_window_reads_its_bounds_once_an_add_and_answers_as_minus_and_prepared
         if increasing:
             assert calls == {"minus": 0, "prepared": 0}, les
         calls.update(minus=0, prepared=0)
+
+
+def test_the_quantiles_and_mean_of_a_window_of_increasing_bounds_build_no_snapshot(monkeypatch):
+    """What the scraper asks of each latency window a scrape (three quantiles and the mean) is read from the
+    newest and baseline snapshots without a window snapshot of (bound, count) pairs built for it (one a histogram
+    a scrape before, every window moving under load); `window()` still gives it, and the answers are its own."""
+    sh = SlidingHistogram(10.0, corrected=True)
+    les = [0.1, 0.5, 1.0, math.inf]
+    for step, counts in enumerate(([1.0, 2.0, 3.0, 4.0], [2.0, 5.0, 9.0, 10.0], [2.0, 7.0, 12.0, 15.0])):
+        sh.add(float(step), HistogramSnapshot(tuple(zip(les, counts, strict=True)), sum(counts) * 0.3, counts[-1]))
+    built = []
+    real_init = HistogramSnapshot.__init__
+    monkeypatch.setattr(HistogramSnapshot, "__init__",
+                        lambda self, *a, **k: built.append(1) or real_init(self, *a, **k))
+    answers = [sh.quantile(q) for q in (0.5, 0.9, 0.99)] + [sh.mean()]
+    assert built == []
+    monkeypatch.undo()
+    window = sh.window()
+    assert window is not None and window.count == 11.0 > 0
+    assert window.buckets == ((0.1, 1.0), (0.5, 5.0), (1.0, 9.0), (math.inf, 11.0))
+    assert answers == [bucket_quantile(q, window.buckets) for q in (0.5, 0.9, 0.99)] + [window.sum / window.count]
