@@ -78,10 +78,6 @@ def sim_gpu_specs(n: int = 8) -> list[FakeGpuSpec]:
 class SimScenario:
     """`Scenario` of a simulated node; `state_dir` defaults to $LYNXTOP_SIM_STATE_DIR (see flags.py)."""
 
-    # no state of this model carries an XID (tests inject theirs with `FakeDriver.inject_xid`): the fake's XID
-    # wait need not step it (fake.py, `FakeEvents`)
-    fires_xids = False
-
     def __init__(self, state_dir: str | os.PathLike | None = None, gpus: int = 8, params: SimParams | None = None):
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
         self.p = params or SimParams()

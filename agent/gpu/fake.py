@@ -366,8 +366,7 @@ class FakeGpm(FakeDriver):
 
 
 class FakeEvents(FakeDriver):
-    """XID event sets: a wait returns a pending XID of a watched GPU, or TIMEOUT. A wait steps a scenario nobody
-    looked at for a second (its XIDs fire without sampling), unless the scenario says `fires_xids = False`."""
+    """XID event sets: a wait returns a pending XID of a watched GPU, or TIMEOUT."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -388,16 +387,12 @@ class FakeEvents(FakeDriver):
         self._system("nvmlEventSetWait_v2")
         deadline = time.monotonic() + timeout_ms / 1000.0
         watched = self._event_sets[event_set.id]
-        # a scenario that says it never fires XIDs (the simulator's) is not stepped from here: at 1 Hz sampling
-        # this thread would otherwise race the sampler's looks and pay model steps that deliver nothing
-        steps = getattr(self.scenario, "fires_xids", True)
         while True:
-            if steps:
-                now = self.clock()
-                for i in watched:
-                    acc = self._acc.get(i)
-                    if acc is None or now - acc.state_t >= 1.0:
-                        self._state(i)  # nobody looked for a while: advance the scenario, which may fire XIDs
+            now = self.clock()
+            for i in watched:
+                acc = self._acc.get(i)
+                if acc is None or now - acc.state_t >= 1.0:
+                    self._state(i)  # nobody looked for a while: advance the scenario, which may fire XIDs
             with self._xid_ready:
                 for k, (gpu, xid) in enumerate(self._pending_xids):
                     if gpu in watched:

@@ -13,7 +13,6 @@ from lynxtop.agent.gpu import backend
 from lynxtop.agent.gpu.backend import RealNvml, open_backend
 from lynxtop.agent.gpu.fake import FakeNvml, a100_specs, h200_specs, scripted_scenario
 from lynxtop.agent.gpu.protocol import FakeGpuState
-from lynxtop.sim.gpus import SimScenario
 
 
 def test_real_pynvml_error_classes(clock):
@@ -119,28 +118,6 @@ def test_xids_fire_once_per_occurrence(clock):
     clock.advance(1.0)  # still "firing" in the scenario: not delivered twice
     with pytest.raises(pynvml.NVMLError_Timeout):
         nv.nvmlEventSetWait_v2(es, 10)
-
-
-def test_xid_wait_does_not_step_a_model_that_fires_none(clock, tmp_path):
-    """The simulator's model never fires an XID: a wait (the agent's XID thread) leaves its steps to the sampler,
-    while an injected XID is still delivered at once."""
-    scen = SimScenario(tmp_path / "no-engines")
-    looks: list[int] = []
-    real_state = scen.state
-    scen.state = lambda index, now: (looks.append(index), real_state(index, now))[1]  # type: ignore[method-assign]
-    nv = FakeNvml(scen, clock=clock)
-    nv.nvmlInit()
-    es = nv.nvmlEventSetCreate()
-    for i in range(8):
-        nv.nvmlDeviceRegisterEvents(nv.nvmlDeviceGetHandleByIndex(i), pynvml.nvmlEventTypeXidCriticalError, es)
-    looks.clear()
-    clock.advance(5.0)  # nobody sampled for seconds
-    with pytest.raises(pynvml.NVMLError_Timeout):
-        nv.nvmlEventSetWait_v2(es, 10)
-    assert looks == []
-    nv.inject_xid(6, 48)
-    data = nv.nvmlEventSetWait_v2(es, 10)
-    assert (nv.nvmlDeviceGetIndex(data.device), data.eventData) == (6, 48) and looks == []
 
 
 def test_simulated_hardware_is_labelled(clock):
