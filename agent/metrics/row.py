@@ -7,6 +7,8 @@ number, a percentage 0-100; anything else becomes NULL and is named, so the call
 from __future__ import annotations
 
 import math
+import operator
+from functools import partial
 from typing import Any
 
 from lynxtop.agent.metrics.page import HUGE, picker
@@ -54,6 +56,7 @@ _PAGE_REALS = tuple(c for c in SERVING_COLUMNS if c not in _INT_COLUMNS and c no
 
 
 _ints, _pcts, _reals = picker(_PAGE_INTS), picker(_PAGE_PCTS), picker(_PAGE_REALS)
+_given = partial(operator.is_not, None)  # a value, not a column left empty (kept None, never bad)
 
 
 def checked(row: dict[str, Any]) -> list[str]:
@@ -61,10 +64,11 @@ def checked(row: dict[str, Any]) -> list[str]:
     REAL one finite, a percentage 0-100; any other becomes NULL. Returns the columns that did not fit.
 
     A whole row whose values all fit (every scrape of a steady server) is checked with a few C passes over its
-    columns, no Python step per column; any other row takes the column-by-column check."""
+    columns, no Python step per column, REAL columns left empty included (a server without speculative decoding:
+    every scrape); any other row takes the column-by-column check."""
     if len(row) == len(SERVING_COLUMNS):
         try:
-            ints, pcts, reals = _ints(row), _pcts(row), _reals(row)
+            ints, pcts, reals = _ints(row), tuple(filter(_given, _pcts(row))), tuple(filter(_given, _reals(row)))
             # NaN and infinities carry into the sum of magnitudes; None raises TypeError
             if (sum(map(abs, ints + pcts + reals)) < math.inf and min(ints, default=0.0) >= 0.0
                     and max(ints, default=0.0) < HUGE and min(pcts, default=0.0) >= 0.0

@@ -66,3 +66,28 @@ def test_a_whole_row_that_fits_is_checked_without_a_python_step_per_column():
     assert bad == []
     assert calls[0] == 1  # `checked` itself
     assert all(type(row[c]) is int for c in row_mod._PAGE_INTS)
+
+
+def test_a_whole_row_with_empty_real_columns_is_checked_without_a_python_step_per_column():
+    """A server without speculative decoding leaves its acceptance percentage empty every scrape: such a row took
+    the column-by-column check (a Python step per column); its REAL columns left empty stay None, never bad."""
+    row = _row(random.Random(5), _FINE)
+    empty = [*row_mod._PAGE_PCTS[:1], *row_mod._PAGE_REALS[:2]]
+    for c in empty:
+        row[c] = None
+    want, want_bad = _each(row)
+    calls = [0]
+
+    def count(frame, event, arg):
+        if event == "call":
+            calls[0] += 1
+
+    sys.setprofile(count)
+    try:
+        bad = checked(row)
+    finally:
+        sys.setprofile(None)
+    assert bad == want_bad == []
+    assert calls[0] == 1  # `checked` itself
+    _same(row, want)
+    assert all(row[c] is None for c in empty) and all(type(row[c]) is int for c in row_mod._PAGE_INTS)
