@@ -3,8 +3,9 @@
 The real GPU sampler over the fake NVML (8 H200s, 18 NVLinks, one vLLM worker a GPU; slow readings once a second
 as the agent reads them) on a manual clock, a host row every tick and a serving row once a second (the 1 Hz
 scrape), paced in real time into a real StoreWriter with the agent's linger for the rate (linger_for). The
-writer thread's CPU comes from /proc/self/task/<tid>/schedstat (ns), so short runs still resolve it; transactions
-are counted from stats()["tick_commits"]. `--linger` overrides the agent's linger. Last line: one JSON object.
+writer thread's CPU comes from /proc/self/task/<tid>/schedstat (ns), so short runs still resolve it, and so does
+its checkpoint thread's (checkpoint_cpu_pct: the WAL checkpoints every 5 s); transactions are counted from
+stats()["tick_commits"]. `--linger` overrides the agent's linger. Last line: one JSON object.
 Usage: python benchmarks/writer_thread.py [--seconds 30] [--rates 1,10] [--runs 3]
 """
 
@@ -61,12 +62,14 @@ def run(rate: float, seconds: float, linger: float | None) -> dict:
         w = StoreWriter(Path(d) / "h.db", linger_s=linger_s)
         w.start()
         tid = next(t.native_id for t in threading.enumerate() if t.name == "lynxtop-store-writer")
+        ctid = next(t.native_id for t in threading.enumerate() if t.name == "lynxtop-store-checkpoint")
         ts0 = 1_764_000_000_000
         n = int(seconds * rate)
         per_scrape = max(1, round(rate))
         for warm in (True, False):  # a few warm-up seconds, then the measured ones
             count = int(3 * rate) if warm else n
             cpu0, c0, start = thread_cpu_ns(tid), w.stats()["tick_commits"], time.monotonic()
+            ccpu0 = thread_cpu_ns(ctid)
             for k in range(count):
                 tick = sampler.sample(pids)
                 ts = ts0 + int(k * interval * 1000)
@@ -77,13 +80,15 @@ def run(rate: float, seconds: float, linger: float | None) -> dict:
             ts0 += int(count * interval * 1000)
             time.sleep(linger_s + 0.05)  # the last batch's own commit falls inside the window
             cpu = thread_cpu_ns(tid) - cpu0
+            ccpu = thread_cpu_ns(ctid) - ccpu0
             wall = time.monotonic() - start
             commits = w.stats()["tick_commits"] - c0
         w.close()
     # per tick, then as a share of a core at the rate: the window's tail (the last linger) is not sampling time
     ms_tick = cpu / 1e6 / n
     return {"rate_hz": rate, "linger_s": linger_s, "writer_cpu_pct": round(ms_tick * rate / 10, 4),
-            "writer_ms_per_tick": round(ms_tick, 4), "commits_per_tick": round(commits / n, 3),
+            "writer_ms_per_tick": round(ms_tick, 4),
+            "checkpoint_cpu_pct": round(ccpu / 1e6 / n * rate / 10, 4), "commits_per_tick": round(commits / n, 3),
             "ticks": n, "seconds": round(wall, 1), "load1": round(os.getloadavg()[0], 2)}
 
 
@@ -94,13 +99,16 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--linger", type=float, default=None)
     a = ap.parse_args()
-    got: dict[str, list[float]] = {}
+    got: dict[str, dict[str, list[float]]] = {}
     for _ in range(a.runs):
         for rate in (float(r) for r in a.rates.split(",")):
             r = run(rate, a.seconds, a.linger)
             print(json.dumps(r), flush=True)
-            got.setdefault(f"{rate:g}hz", []).append(r["writer_cpu_pct"])
-    print(json.dumps({k: {"writer_cpu_pct_median": statistics.median(v), "runs": v} for k, v in got.items()}))
+            for key in ("writer_cpu_pct", "checkpoint_cpu_pct"):
+                got.setdefault(f"{rate:g}hz", {}).setdefault(key, []).append(r[key])
+    print(json.dumps({k: {**{f"{key}_median": statistics.median(v) for key, v in runs.items()},
+                          "runs": runs["writer_cpu_pct"], "checkpoint_runs": runs["checkpoint_cpu_pct"]}
+                      for k, runs in got.items()}))
 
 
 if __name__ == "__main__":
