@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
 from support.waits import holds
 
+from lynxtop.store import inproc
 from lynxtop.store.checkpoint import Checkpointer
+from lynxtop.store.writer import StoreWriter
+
+from .helpers import T0
 
 
 def _fds_on(path: Path) -> int:
@@ -89,3 +94,41 @@ def test_a_replaced_file_gets_a_new_connection(tmp_path):
     finally:
         cp.stop()
         w.close()
+
+
+def test_the_writers_look_at_the_wal_spares_the_checkpointers_own(tmp_path, monkeypatch):
+    """While the writer looks for an unlinked -wal/-shm every check, the checkpointer takes its finding and
+    scans /proc/self/fd no more itself (one scan for both threads)."""
+    callers: list[str] = []
+    real = inproc.unlinked_files
+
+    def unlinked_files(path, full=False):
+        callers.append(threading.current_thread().name)
+        return real(path, full)
+
+    monkeypatch.setattr(inproc, "unlinked_files", unlinked_files)
+    w = StoreWriter(tmp_path / "h.db", wal_check_interval_s=0.1)
+    w.start()
+    try:
+        cp = w._checkpointer
+        for i in range(5):
+            w.submit_tick(T0 + i * 1000, host_row={"cpu_pct": 1.0})
+            assert w.flush()
+        _wait(lambda: cp.runs >= 1)
+        _wait(lambda: callers.count("lynxtop-store-writer") >= 3)
+    finally:
+        w.close()
+    assert "lynxtop-store-checkpoint" not in callers, callers
+
+
+def test_a_stale_look_by_the_writer_means_a_scan_of_its_own(tmp_path, monkeypatch):
+    """The writer's finding holds 2 s, as the checkpointer's own did: an unlinked WAL it saw keeps this thread
+    off the file; once stale (a writer that stopped looking) the checkpointer scans again itself."""
+    found: list[list[str]] = []
+    monkeypatch.setattr(inproc, "unlinked_files", lambda path, full=False: found.append([]) or [])
+    cp = Checkpointer(tmp_path / "h.db")
+    cp.note_scan(True, time.monotonic())
+    assert cp._wal_unlinked() is True and not found
+    cp.note_scan(True, time.monotonic() - 2.5)
+    assert cp._wal_unlinked() is False and len(found) == 1
+    assert cp._wal_unlinked() is False and len(found) == 1  # its own look holds 2 s too

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from lynxtop.cli.ctl import format_status
+from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.status import Status
+from lynxtop.store import swap
 from lynxtop.store.errors import StoreError
 from lynxtop.store.writer import StoreWriter
 
@@ -107,6 +109,53 @@ def test_a_database_replaced_by_mv_is_checked_and_written_into(tmp_path):
     kinds = [(k, s) for k, s, _ in events_seen_by_another_process(db)]
     assert ("store.db_replaced", "warning") in kinds, kinds
     assert not [k for k, _ in kinds if k == "store.moved_aside"], kinds
+
+
+def test_the_ids_are_read_again_only_after_writes_that_can_change_them(tmp_path, monkeypatch):
+    """A file check after ticks alone reuses the ids it read (no query); after an event it reads them again,
+    and every event written since the check that read them is carried into the fresh file after an rm."""
+    takes: list[int | None] = []
+    real = swap.Marks.take.__func__
+
+    def take(cls, conn, tick_ts):
+        takes.append(tick_ts)
+        return real(cls, conn, tick_ts)
+
+    monkeypatch.setattr(swap.Marks, "take", classmethod(take))
+    db = tmp_path / "lynxtop.db"
+    w = StoreWriter(db)  # not started: the test drives the writes and the checks
+
+    def note(message: str) -> None:
+        w.record(Event(EventKind.AGENT_STARTED, Severity.INFO, message))
+
+    try:
+        w.submit_tick(T0, host_row={"cpu_pct": 1.0})
+        w._drain_once()
+        assert not w._watch_db()
+        took = len(takes)
+        for i in range(1, 4):  # ticks only: their mark moves, the ids are not read again
+            w.submit_tick(T0 + i * 1000, host_row={"cpu_pct": 1.0})
+            w._drain_once()
+            assert not w._watch_db()
+            assert w._marks.tick_ts == T0 + i * 1000
+        assert len(takes) == took, takes
+        note("before the check")
+        w._drain_once()
+        assert not w._watch_db()
+        assert len(takes) == took + 1, takes
+        assert w._marks.ids == real(swap.Marks, w.conn, None).ids
+        note("after the check")
+        w.submit_tick(T0 + 4000, host_row={"cpu_pct": 1.0})
+        w._drain_once()
+        os.unlink(db)
+        note("into the deleted file")
+        w._drain_once()
+        assert w._watch_db()  # the rm noticed: the fresh file gets what was written since the check
+    finally:
+        w.close()
+    messages = [m for k, _, m in events_seen_by_another_process(db) if k == "agent.started"]
+    assert messages == ["after the check", "into the deleted file"], messages
+    assert ticks_seen_by_another_process(db) == [T0 + 4000]
 
 
 HOLD = """
