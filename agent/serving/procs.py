@@ -82,7 +82,7 @@ def usage(pid: int) -> ProcUsage | None:
 
 
 def _usage_of(raw: bytes) -> ProcUsage | None:
-    rest = raw[raw.rfind(b")") + 2:].split()
+    rest = raw[raw.rfind(b")") + 2:].split(None, 22)  # up to rss (field 24): the ~30 after it are not used
     try:
         return ProcUsage(start_ticks=int(rest[19]), state=rest[0].decode(),
                          cpu_s=(int(rest[11]) + int(rest[12])) / _CLK_TCK, rss_bytes=int(rest[21]) * _PAGE)

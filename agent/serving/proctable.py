@@ -36,16 +36,26 @@ class ProcTable:
         self._full_at: float | None = None
         self._look_at: float | None = None
         self.reads = 0  # stat reads of looks, for tests and benchmarks
+        self.looks = 0  # listings of /proc: another reader's look since yours is one you can have for nothing
 
     def look(self) -> dict[int, procs.ProcStat]:
         """The processes now (as last read): new pids are read, vanished ones dropped."""
         with self._lock:
             return dict(self._look())
 
+    def fresh(self) -> bool:
+        """Whether a look now is answered by the last one (no listing of /proc)."""
+        with self._lock:
+            return self._fresh_look(self._clock())
+
+    def _fresh_look(self, now: float) -> bool:
+        return self._look_at is not None and 0 <= now - self._look_at < self.reuse_s
+
     def _look(self) -> dict[int, procs.ProcStat]:
         now = self._clock()
-        if self._look_at is not None and 0 <= now - self._look_at < self.reuse_s:
+        if self._fresh_look(now):
             return self._stats
+        self.looks += 1
         full = self._full_at is None or not 0 <= now - self._full_at < self.full_every_s
         if full:
             self._full_at = now

@@ -18,8 +18,10 @@ import psutil
 import pytest
 from support.waits import wait_for
 
+from lynxtop.agent import host as host_mod
 from lynxtop.agent.host import HOST_COLUMNS, HostSampler, role_of
 from lynxtop.agent.serving import procs
+from lynxtop.agent.serving.proctable import ProcTable
 
 ENGINE = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"  # burns one core
 WORKER = (
@@ -176,3 +178,64 @@ def test_kept_stat_files_read_fresh_values_and_let_go_of_a_reaped_process():
         spin.kill()
         spin.wait()
         files.close()
+
+
+def test_the_tree_is_rewalked_on_the_members_listing_of_the_shared_table(tmp_path):
+    """The node's look for the run's members lists /proc every 5 s; the tree's walk takes that listing when it
+    comes rather than list /proc again on its own 5 s, out of step: a child is found with it, at no listing."""
+    flag = tmp_path / "go"
+    code = (f"import os, subprocess, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.02)\n"
+            "subprocess.Popen(['sleep', '60'])\ntime.sleep(60)\n")
+    leader = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        t = [1000.0]
+        table = ProcTable(clock=lambda: t[0])
+        h = HostSampler(tmp_path / "db.sqlite", tree_refresh_s=5.0, clock=lambda: t[0], table=table)
+        assert h.vllm_pids(leader.pid) == {leader.pid}
+        flag.touch()
+        child = wait_for(lambda: [c.pid for c in psutil.Process(leader.pid).children()], what="the child")[0]
+        looks = table.looks
+        t[0] += 2.0  # the tree's own walk is 3 s away
+        assert h.vllm_pids(leader.pid) == {leader.pid}  # no walk, no listing
+        table.members(None, leader.pid, [leader.pid], 0)  # the members' look: one listing
+        assert h.vllm_pids(leader.pid) == {leader.pid, child}  # found now, with that listing
+        assert table.looks == looks + 1
+        t[0] += 4.0
+        assert h.vllm_pids(leader.pid) == {leader.pid, child} and table.looks == looks + 1  # 4 s after the walk
+        t[0] += 1.0
+        assert h.vllm_pids(leader.pid) == {leader.pid, child} and table.looks == looks + 2  # its own 5 s
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait(timeout=10)
+
+
+def test_a_kept_file_reads_what_a_fresh_open_reads(tmp_path):
+    """The per-tick /proc files are read through a kept descriptor; what a fresh open would read still wins: a
+    file grown past the buffer is read whole, a kept read that repeats the last one (a replaced file, a caching
+    layer) is read afresh, and a file gone is None, as before."""
+    path = tmp_path / "stat"
+    path.write_bytes(b"a" * 100)
+    kept = host_mod._KeptFile(str(path))
+    kept._size = 16
+    try:
+        assert kept.read() == b"a" * 100  # past the buffer: whole
+        path.write_bytes(b"b" * 40)  # the same file, rewritten in place
+        assert kept.read() == b"b" * 40
+        fresh = tmp_path / "new"
+        fresh.write_bytes(b"c" * 40)
+        fresh.rename(path)  # another file under the name: the kept one says what it said before
+        assert kept.read() == b"c" * 40
+        path.unlink()
+        assert kept.read() is None
+    finally:
+        kept.close()
+
+
+def test_the_host_files_are_read_through_kept_descriptors(tmp_path):
+    h = HostSampler(tmp_path / "db.sqlite")
+    h.sample(None)
+    fds = {p: host_mod._KEPT[p]._fd for p in ("/proc/stat", "/proc/meminfo", "/proc/net/dev")}
+    h._refresh = type(h._refresh)(0.0)  # every sample reads
+    h.sample(None)
+    assert all(fd is not None for fd in fds.values())
+    assert {p: host_mod._KEPT[p]._fd for p in fds} == fds  # the same descriptors, not opened again
