@@ -8,7 +8,6 @@ probes and `/version`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -16,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -60,7 +58,6 @@ class HttpClient:
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
-        self._probes: dict[str, StatusConnection] = {}  # url -> its kept connection (`status`)
         self._refusals: dict[str, Recurring] = {}  # per path (/version, /health)
         self._events: list[dict[str, Any]] = []
 
@@ -85,42 +82,6 @@ class HttpClient:
         except (TimeoutError, aiohttp.ClientError, OSError):
             return None, None
 
-    async def status(self, url: str, timeout_s: float = PROBE_TIMEOUT_S) -> int | None:
-        """The HTTP status `get` would give (None: nothing answered in time), for a probe that needs no body.
-
-        A probe through aiohttp cost the loop ~1-2 ms of CPU (request and response objects, timers, the pool);
-        this one writes a fixed request on a kept-alive connection and reads the answer's head (StatusConnection).
-        An answer `get` does more with (a redirect it follows, a JSON body it reads and may refuse) is asked
-        again through `get` in the time left, so every answer keeps the status and events it had."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        try:
-            conn = self._status_conn(url)
-        except ValueError:  # not plain http with a port: aiohttp's
-            conn = None
-        if conn is not None:
-            try:
-                async with asyncio.timeout(timeout_s):
-                    status = await conn.status()
-            except (TimeoutError, OSError, ValueError, EOFError, asyncio.LimitOverrunError):
-                return None  # as aiohttp: no answer, a dropped connection, a malformed or oversized head
-            if status is not None:
-                return status
-        left = deadline - loop.time()
-        return (await self.get(url, left))[0] if left > 0 else None
-
-    def _status_conn(self, url: str) -> StatusConnection:
-        conn = self._probes.get(url)
-        if conn is None:
-            parts = urlsplit(url)
-            if parts.scheme != "http" or not parts.hostname or parts.port is None or parts.query:
-                raise ValueError(f"not a plain http URL with a port: {url!r}")
-            for other in self._probes.values():  # one served run at a time: an older run's connection goes
-                other.close()
-            conn = StatusConnection(parts.hostname, parts.port, parts.path or "/")
-            self._probes = {url: conn}
-        return conn
-
     def _refused(self, url: str) -> None:
         path = "/" + url.split("://", 1)[-1].partition("/")[2]
         ep = self._refusals.setdefault(path, Recurring(_REFUSAL_QUIET_S))
@@ -143,95 +104,8 @@ class HttpClient:
         return self._session is None or self._session.closed
 
     async def close(self) -> None:
-        for conn in self._probes.values():
-            conn.close()
-        self._probes.clear()
         if self._session is not None and not self._session.closed:
             await self._session.close()
-
-
-class StatusConnection:
-    """GET of one URL on one kept-alive HTTP/1.1 connection, for the status of its answer only.
-
-    The status comes from the head, as aiohttp gives it before any of the body is read; the connection is kept
-    after an answer with no body (Content-Length: 0, as vLLM's /health answers), anything else closes it (the next
-    GET opens another: it never reads the remains of an earlier answer). A kept connection the server closed while idle
-    (uvicorn's keep-alive timeout is 5 s) is opened again once, before any byte of the answer: GET is safe twice.
-    Any failure or cancellation drops the connection. One GET at a time; the caller bounds the time.
-    """
-
-    def __init__(self, host: str, port: int, target: str):
-        self.host, self.port = host, port
-        authority = f"[{host}]" if ":" in host else host
-        self._request = (f"GET {target} HTTP/1.1\r\nHost: {authority}:{port}\r\nAccept: */*\r\n"
-                         "Accept-Encoding: identity\r\nUser-Agent: lynxtop\r\n\r\n").encode("latin-1")
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self.connects = 0  # connections opened (tests hold a steady server to one)
-
-    async def status(self) -> int | None:
-        """The answer's status; None for an answer `HttpClient.get` must read itself (a redirect, a JSON body)."""
-        done = False
-        try:
-            code, keep = await self._ask()
-            done = True
-        finally:
-            if not done:
-                self.close()
-        if not keep:
-            self.close()
-        return code
-
-    async def _ask(self) -> tuple[int | None, bool]:
-        reused = self._reader is not None and not self._reader.at_eof()
-        if not reused:
-            await self._open()
-        try:
-            head = await self._head()
-        except (ConnectionError, asyncio.IncompleteReadError) as exc:
-            if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
-                raise
-            await self._open()
-            head = await self._head()
-        code, http11, headers = head
-        if 300 <= code < 400 or headers.get("content-type", "").partition(";")[0].strip().lower() == "application/json":
-            return None, False  # `get` follows the one and reads the other (its size cap, its event)
-        # kept only after an empty answer (vLLM's): a body is never waited for, as aiohttp gave the status at once
-        keep = (http11 and "close" not in headers.get("connection", "").lower()
-                and "transfer-encoding" not in headers and headers.get("content-length") == "0")
-        return code, keep
-
-    async def _open(self) -> None:
-        self.close()
-        self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
-        self.connects += 1
-
-    async def _head(self) -> tuple[int, bool, dict[str, str]]:
-        """(status, HTTP/1.1, headers lower-cased) of the final answer to the request written now; ValueError
-        for what is not an HTTP/1.x answer."""
-        reader, writer = self._reader, self._writer
-        assert reader is not None and writer is not None
-        writer.write(self._request)
-        while True:
-            lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-            version, _, rest = lines[0].partition(" ")
-            code = rest[:3]
-            if not version.startswith("HTTP/1.") or not code.isdigit():
-                raise ValueError(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
-            if not 100 <= int(code) < 200:
-                break
-        headers = {}
-        for line in lines[1:]:
-            name, colon, value = line.partition(":")
-            if colon:
-                headers[name.strip().lower()] = value.strip()
-        return int(code), version == "HTTP/1.1", headers
-
-    def close(self) -> None:
-        """Drop the connection (no wait: nothing more is read from it)."""
-        writer, self._reader, self._writer = self._writer, None, None
-        if writer is not None:
-            writer.transport.abort()
 
 
 class Health(StrEnum):
@@ -311,11 +185,11 @@ class HealthProbe:
 
     async def ok(self) -> bool:
         """One probe that only says whether it answered 200 (readiness)."""
-        status = await self.http.status(self.url)
+        status, _ = await self.http.get(self.url)
         return status == 200
 
     async def probe(self) -> Verdict | None:
-        status = await self.http.status(self.url)
+        status, _ = await self.http.get(self.url)
         now = self.clock()
         if status is not None:
             self.answered_at = now
