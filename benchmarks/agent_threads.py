@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from scale import _traffic, running_agent
@@ -49,15 +50,18 @@ def thread_names(pid: int) -> dict[int, str]:
     return {int(tid): name for tid, name in re.findall(r'^Thread (\d+) \([^)]*\): "([^"]*)"', text, re.M)}
 
 
-def per_thread(sample_s: float, seconds: float, streams: int) -> dict:
+def per_thread(sample_s: float, seconds: float, streams: int,
+               reader: Callable[[int], dict[int, float]] = thread_cpu_s, digits: int = 3) -> dict:
+    """% of one core per thread name over the window; `reader` gives each thread's CPU seconds (ticks here,
+    schedstat in agent_threads_ns.py), rounded to `digits`."""
     with running_agent(sample_s, 1.0) as (agent, _tmp, _sock, url):
         pid = agent.pid
 
         async def measured() -> tuple[dict[int, float], dict[int, float], float]:
             await asyncio.sleep(2.0)  # past the first scrapes and the load's ramp
-            c0, t0 = thread_cpu_s(pid), time.monotonic()
+            c0, t0 = reader(pid), time.monotonic()
             await asyncio.sleep(seconds)
-            return c0, thread_cpu_s(pid), time.monotonic() - t0
+            return c0, reader(pid), time.monotonic() - t0
 
         async def both() -> tuple[dict[int, float], dict[int, float], float]:
             task = asyncio.create_task(measured())
@@ -70,9 +74,9 @@ def per_thread(sample_s: float, seconds: float, streams: int) -> dict:
     for tid, cpu in c1.items():
         name = re.sub(r"_\d+$", "_*", names.get(tid, f"tid {tid} (ended or unnamed)"))
         by_name[name] = by_name.get(name, 0.0) + cpu - c0.get(tid, 0.0)
-    pct = {k: round(100.0 * v / wall, 3) for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])}
+    pct = {k: round(100.0 * v / wall, digits) for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])}
     return {"sample_hz": round(1 / sample_s, 3), "seconds": round(wall, 1),
-            "process_pct": round(sum(pct.values()), 3), "threads_pct": pct}
+            "process_pct": round(sum(pct.values()), digits), "threads_pct": pct}
 
 
 def main() -> int:
