@@ -381,6 +381,9 @@ class ScrapeSource:
         self._key: ScrapeTarget | None = None
         self._pending: asyncio.Task | None = None
         self._next = 0.0
+        # the target `sample_now` read for the tick it left to `sample`: one read a tick (node.py's builds the
+        # supervisor's whole serving status to say whether it serves)
+        self._asked: tuple[Tick, ScrapeTarget] | None = None
 
     def _for(self, target: ScrapeTarget) -> tuple[Any, HangDetector]:
         from lynxtop.agent.metrics.lifetime import ServingTotals
@@ -413,6 +416,7 @@ class ScrapeSource:
         target = self.target()
         if target is not None and (self._pending is not None or tick.t0 >= self._next or self._key != target
                                    or self.scraper is None):
+            self._asked = (tick, target)
             return NOT_NOW
         refused = [as_event(ev, run_id=target.run_id if target else None) for ev in self._http_events()]
         if target is None:
@@ -421,7 +425,8 @@ class ScrapeSource:
         return {}, refused  # not due: this tick carries no serving row
 
     async def sample(self, tick: Tick) -> tuple[Rows, list[Event]]:
-        target = self.target()
+        asked, self._asked = self._asked, None
+        target = asked[1] if asked is not None and asked[0] is tick else self.target()
         refused = [as_event(ev, run_id=target.run_id if target else None) for ev in self._http_events()]
         if target is None:
             self.engines = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from aiohttp import web
@@ -99,3 +100,36 @@ async def test_stages_keep_the_events_of_a_failed_tick_and_the_sla_sees_the_scra
     tick = Tick(ts_ms=2000, t0=0.0, deadline=1.0, root=None, run_id=4)
     err = await sample_stages([[Scrape(), Broken()], [sla]], tick)
     assert isinstance(err, OSError) and [e.kind for e in tick.events] == [EventKind.SCRAPE_RECOVERED]
+
+
+async def test_a_scraped_tick_reads_its_target_once():
+    # the target is the supervisor's serving status, built whole to say whether it serves: sample_now, which
+    # leaves a due scrape to sample, hands its read on to that tick's sample instead of a second read
+    from support.ports import free_port
+
+    from lynxtop.agent.sampling import NOT_NOW, ScrapeSource, ScrapeTarget
+
+    class Http:
+        def session(self):  # noqa: ANN202 - a plain http:// page is read over the scraper's own connection
+            return None
+
+    reads = []
+    target = ScrapeTarget(f"http://127.0.0.1:{free_port()}/metrics", 3, "token")
+
+    def read_target() -> ScrapeTarget:
+        reads.append(1)
+        return target
+
+    src = ScrapeSource(Http(), read_target, window_s=60, timeout_s=1.0, hang_timeout_s=30,
+                       on_new_run=lambda: None, on_verdict=lambda v: None, interval_s=1.0)
+    now = time.monotonic()
+    tick = Tick(ts_ms=1000, t0=now, deadline=now + 1.0, root=None, run_id=3)
+    assert src.sample_now(tick) is NOT_NOW
+    rows, _ = await src.sample(tick)
+    assert rows["serving_row"]["scrape_ok"] == 0 and rows["serving_row"]["run_id"] == 3  # nobody listens
+    assert len(reads) == 1
+    other = Tick(ts_ms=1100, t0=tick.t0 + 1.5, deadline=tick.t0 + 2.5, root=None, run_id=3)
+    assert src.sample_now(other) is NOT_NOW  # due again
+    await src.sample(Tick(ts_ms=1200, t0=tick.t0 + 1.6, deadline=tick.t0 + 2.6, root=None, run_id=3))
+    assert len(reads) == 3  # a tick that sample_now did not see reads its own
+    src.close()
