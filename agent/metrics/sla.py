@@ -43,6 +43,7 @@ class SlaTracker:
         self._breach_started_ms: int | None = None
         self._last_data_ms: int | None = None  # the last row with a latency figure
         self._finished: deque[tuple[int, int]] = deque()  # (ts_ms, requests finished in that tick) in the window
+        self._finished_sum = 0  # their sum, kept as rows come and go: not a walk over the window each row
 
     def reset(self) -> None:
         """A new run: drop the state without an event (the run change is its own event)."""
@@ -50,17 +51,19 @@ class SlaTracker:
         self._breached, self._worst, self._breach_started_ms = [], {}, None
         self._last_data_ms = None
         self._finished.clear()
+        self._finished_sum = 0
 
     def requests_in_window(self) -> int | None:
         """Finished requests the window's rows counted; None when no row said (an older agent's rows)."""
-        return sum(n for _, n in self._finished) if self._finished else None
+        return self._finished_sum if self._finished else None
 
     def _count(self, row: dict[str, Any], ts_ms: int) -> None:
         n = row.get("requests_finished")
         if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
             self._finished.append((ts_ms, n))
+            self._finished_sum += n  # ints: exact, whatever the order
         while self._finished and self._finished[0][0] <= ts_ms - self.cfg.window_s * 1000:
-            self._finished.popleft()
+            self._finished_sum -= self._finished.popleft()[1]
 
     def update(self, serving_row: dict[str, Any] | None, ts_ms: int) -> list[Event]:
         row = serving_row or {}

@@ -91,3 +91,34 @@ def test_a_whole_row_with_empty_real_columns_is_checked_without_a_python_step_pe
     assert calls[0] == 1  # `checked` itself
     _same(row, want)
     assert all(row[c] is None for c in empty) and all(type(row[c]) is int for c in row_mod._PAGE_INTS)
+
+
+def _engine_loads_by_rows(per: dict) -> tuple[list[dict], int]:
+    """The per-engine loads as each engine's row through the column-by-column check makes them (the old way)."""
+    def order(e: str) -> tuple[int, str]:
+        return (int(e[:18]), e) if e.isdigit() else (1 << 63, e)
+
+    out, bad = [], 0
+    for e, v in sorted(per.items(), key=lambda kv: order(kv[0])):
+        row = {"requests_running": v.get("running"), "requests_waiting": v.get("waiting"),
+               "kv_cache_usage_pct": None if v.get("kv_usage") is None else 100.0 * v["kv_usage"]}
+        bad += len(row_mod._checked_each(row))
+        out.append({"engine": e, "running": row["requests_running"], "waiting": row["requests_waiting"],
+                    "kv_cache_usage_pct": row["kv_cache_usage_pct"]})
+    return out, bad
+
+
+def test_engine_loads_come_out_as_each_engines_row_checked_column_by_column():
+    rng = random.Random(293)
+    kv_odd = [None, math.nan, math.inf, -math.inf, -0.01, -0.0, 0.0, 0.25, 0.999, 1.0, 1.0000001, 2.0, 1e308]
+    names = ["0", "1", "2", "9", "10", "11", "a", "", "007", "99999999999999999999999", "x1"]
+    for _ in range(500):
+        per = {}
+        for e in rng.sample(names, rng.randint(0, len(names))):
+            per[e] = {k: rng.choice(vals) for k, vals in (("running", _ODD), ("waiting", _ODD),
+                                                           ("kv_usage", kv_odd)) if rng.random() < 0.9}
+        got, want = row_mod.engine_loads(per), _engine_loads_by_rows(per)
+        assert got[1] == want[1]
+        assert len(got[0]) == len(want[0])
+        for a, b in zip(got[0], want[0], strict=True):
+            _same(a, b)

@@ -158,3 +158,25 @@ def test_requests_leave_the_count_with_the_window():
     assert sla.requests_in_window() == 52
     sla.update({"ttft_p99_ms": 100, "requests_finished": 1}, 61_000)
     assert sla.requests_in_window() == 3
+
+
+def test_the_count_kept_as_rows_come_and_go_is_the_window_sum_over_any_rows_and_a_reset():
+    # the sum is kept as rows enter and leave (no walk over the window each row): it must always be the walk's
+    import random
+
+    rng = random.Random(29)
+    sla = SlaTracker(SlaConfig(window_s=5))
+    seen: list[tuple[int, int]] = []
+    ts = 0
+    for step in range(600):
+        ts += rng.choice((0, 300, 1000, 2500, 7000))
+        n = rng.choice((0, 1, 3, 250, None, -1, True, 2.0))  # only non-negative ints count
+        sla.update({"ttft_p99_ms": 100, "requests_finished": n}, ts)
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+            seen.append((ts, n))
+        seen = [(t, k) for t, k in seen if t > ts - 5000]
+        assert sla.requests_in_window() == (sum(k for _, k in seen) if seen else None), step
+        if step == 300:
+            sla.reset()
+            seen = []
+            assert sla.requests_in_window() is None
