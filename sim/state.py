@@ -122,27 +122,35 @@ def _pack(st: EngineState, gen: int = 0) -> bytes:
     return rec + bytes(-len(rec) % SLOT)
 
 
-def _unpack(raw: bytes) -> EngineState:
+_COUNTS = _HEAD.size - 8  # where the header's four counts start: from here to the trailer, what rarely changes
+
+
+def _unpack(raw: bytes, like: tuple[bytes, EngineState] | None = None) -> EngineState:
     """The state in `raw`; ValueError or struct.error for a file of another layout, cut short, or read while a
-    publish was writing it (`Torn`)."""
+    publish was writing it (`Torn`). With `like` (an earlier record of the same file and its state), a record whose
+    counts, GPUs, holders, model and phase are byte for byte `like`'s takes `like`'s objects for them (an engine
+    republishes the same of those twice a second; only its figures move): the reader never changes them."""
     (magic, version, generation, engine_pid, api_pid, tp, running, waiting, straggler, kv, busy, prefill, decode, batch,
      prompt, gen, slowdown, updated, simulated, n_gpus, n_holders, n_model, n_phase) = _HEAD.unpack_from(raw)
     if magic != MAGIC or version != STATE_VERSION:
         raise ValueError("not an engine state file of this version")
-    off = _HEAD.size
-    gpus = list(struct.unpack_from(f"<{n_gpus}q", raw, off))
-    off += 8 * n_gpus
-    flat = struct.unpack_from(f"<{4 * n_holders}q", raw, off)
-    off += _HOLDER.size * n_holders
+    off = _HEAD.size + 8 * n_gpus + _HOLDER.size * n_holders
     end = off + n_model + n_phase
     if len(raw) < end + _GEN.size or len(raw) % SLOT:
         raise ValueError("engine state file of the wrong length")
     if _GEN.unpack_from(raw, end)[0] != generation:
         raise Torn("engine state file read while it was written")
-    holders = [Holder(flat[i], flat[i + 1], None if flat[i + 2] == _NONE else flat[i + 2], flat[i + 3])
-               for i in range(0, len(flat), 4)]
+    if like is not None and like[0][_COUNTS:end] == raw[_COUNTS:end]:
+        old = like[1]
+        gpus, model, phase, holders = old.gpus, old.model, old.phase, old.holders
+    else:
+        gpus = list(struct.unpack_from(f"<{n_gpus}q", raw, _HEAD.size))
+        flat = struct.unpack_from(f"<{4 * n_holders}q", raw, _HEAD.size + 8 * n_gpus)
+        holders = [Holder(flat[i], flat[i + 1], None if flat[i + 2] == _NONE else flat[i + 2], flat[i + 3])
+                   for i in range(0, len(flat), 4)]
+        model, phase = raw[off:off + n_model].decode(), raw[off + n_model:end].decode()
     return EngineState(
-        engine_pid, api_pid, raw[off:off + n_model].decode(), tp, gpus, raw[off + n_model:end].decode(), holders,
+        engine_pid, api_pid, model, tp, gpus, phase, holders,
         running, waiting, kv, busy, prefill, decode, batch, prompt, gen, None if straggler == _NONE else straggler,
         slowdown, updated, version, bool(simulated))
 
@@ -381,14 +389,17 @@ def _pread_state(fd: int, size: int, hit: tuple | None) -> tuple[bytes, EngineSt
     """(raw, state) of an open state file; a torn read is read once more, then answered with the last state read
     (`hit`) if any. Raises OSError, ValueError or struct.error as `_unpack` does."""
     raw = os.pread(fd, max(size, SLOT), 0)
-    if hit is not None and hit[0] == raw:
-        return raw, hit[1]
+    like = None
+    if hit is not None and type(hit[0]) is bytes:
+        if hit[0] == raw:
+            return raw, hit[1]
+        like = (hit[0], hit[1])
     try:
-        return raw, _unpack(raw)
+        return raw, _unpack(raw, like)
     except Torn:
         raw = os.pread(fd, max(size, SLOT), 0)
         try:
-            return raw, _unpack(raw)
+            return raw, _unpack(raw, like)
         except Torn:
             if hit is None:
                 raise
@@ -454,8 +465,9 @@ def read_states(state_dir: Path, cache: StateCache | None = None, now: float | N
         except (OSError, ValueError, struct.error):  # unreadable, another layout, cut short: skipped
             continue
         procs: tuple[Proc, ...] = ()
-        if watch is not None and quiet and hit is not None and hit[1] is st:
-            checked, alive, procs = hit[2], hit[3], hit[4]  # the same file, no exit since: nothing to ask
+        if watch is not None and quiet and hit is not None and hit[1].holders is st.holders:
+            # the same holders (`_unpack` kept their list), no exit since: nothing to ask
+            checked, alive, procs = hit[2], hit[3], hit[4]
             named.update(procs)
         elif watch is not None:
             procs = tuple(p for p in _holders(st) if _is_proc(p))  # a file naming no real process holds nothing

@@ -104,8 +104,11 @@ class Segment:
 
 def _rates(st: FakeGpuState, links: int) -> tuple[float, ...]:
     """`st` as per-second increments of a `Segment`'s counters."""
-    tx = (st.nvlink_tx_bytes_per_s + [0.0] * links)[:links] if links else []
-    rx = (st.nvlink_rx_bytes_per_s + [0.0] * links)[:links] if links else []
+    tx, rx = st.nvlink_tx_bytes_per_s, st.nvlink_rx_bytes_per_s
+    if len(tx) != links:  # a state of other links than the GPU's: padded with zeros or cut
+        tx = (tx + [0.0] * links)[:links]
+    if len(rx) != links:
+        rx = (rx + [0.0] * links)[:links]
     return (*[getattr(st, attr) * scale for attr, scale in _SCALAR_ATTRS], sum(rx) / MIB, sum(tx) / MIB, *rx, *tx)
 
 

@@ -107,3 +107,26 @@ def test_a_torn_read_is_read_again_and_else_answered_with_the_last_state(tmp_pat
     reads = iter([_torn(new, old)] * 2)  # and without one the file is skipped
     assert read_states(tmp_path, {}, 4.0, files=StateFiles()) == []
     files.close()
+
+
+def test_a_publish_that_moves_only_figures_keeps_the_holders_and_their_verdict(tmp_path, monkeypatch):
+    """A republish whose GPUs, holders, model and phase are byte for byte the last one's takes the last state's
+    objects for them and its liveness verdict (no exit since); any other change is read afresh and asked."""
+    write_state(tmp_path, engine(7, 0, 0.5))
+    files, cache, watch = StateFiles(), {}, state_mod.PidWatch()
+    first = read_states(tmp_path, cache, 1.0, watch=watch, files=files)[0]
+    asked = []
+    real_alive = state_mod.PidWatch.alive
+    monkeypatch.setattr(state_mod.PidWatch, "alive", lambda self, proc: asked.append(proc) or real_alive(self, proc))
+    write_state(tmp_path, engine(7, 0, 0.25))
+    again = read_states(tmp_path, cache, 2.0, watch=watch, files=files)[0]
+    assert again.busy_frac == 0.25 and again.holders is first.holders and again.gpus is first.gpus
+    assert asked == []
+    moved = engine(7, 0, 0.25, model="n")  # the same lengths, other bytes: read afresh
+    moved.holders[0].mem_bytes = 2**31
+    write_state(tmp_path, moved)
+    third = read_states(tmp_path, cache, 3.0, watch=watch, files=files)[0]
+    assert third.model == "n" and third.holders == moved.holders and third.holders is not first.holders
+    assert len(asked) == 1
+    watch.close()
+    files.close()
