@@ -7,11 +7,14 @@ line moved between families, a value that is no reading, ...) is read through on
 
 from __future__ import annotations
 
+import operator
 import random
 import re
 import sys
+from functools import reduce
 
 import pytest
+from support.vllm_pages import sim_page
 from test_io_promtext import _perturb, page_texts, reference_parse, same
 
 from lynxtop.agent.metrics import layout as layout_mod
@@ -494,3 +497,33 @@ def test_each_distinct_value_string_of_a_page_read_by_position_is_read_once(monk
                 identical(ours, full)
                 assert ours.bad_values > 20
             identical(layout.parse(nxt), parse_text(nxt))
+
+
+@pytest.mark.parametrize("engines", [8, 40])
+def test_a_plans_sums_are_added_in_page_order_to_the_bit_whatever_the_engines(engines):
+    """`_Plan.totals` chains its adds (no list a step) and makes a list every `_CHAIN` steps (40 engines: a sum
+    of 40 lines, past it); every sum is still 0.0 plus each line in page order, bit for bit, NaN and infinities
+    carried, as the step-by-step lists added it."""
+    first = sim_page(engines, 5)
+    layout = PageLayout()
+    layout.parse(first)
+    plan = layout._plan
+    assert plan is not None and max(len(steps) for _, steps in plan._steps) == engines
+    rng = random.Random(engines)
+    size = len(layout._all[6])  # the plan's pickers index the list of every wanted line's value
+    for _ in range(50):
+        values = [rng.choice((0.0, -0.0, 1e-17, 0.1, 0.7, 3.0, 1e16, -2.5, 1e308, float("inf"), float("nan")))
+                  for _ in range(size)]
+        out: list[float] = []
+        for width, steps in plan._steps:
+            acc = [0.0] * width
+            for step in steps:
+                acc = list(map(operator.add, acc, step(values)))
+            out += acc
+        out += [reduce(operator.add, pick(values), 0.0) for pick in plan._alone]
+        out += [max(pick(values)) for pick in plan._maxes]
+        t = plan.totals(values)
+        names, pick = plan._sums
+        assert repr(t.sums) == repr(dict(zip(names, pick(out), strict=True)))
+        assert repr(t.buckets) == repr({h: dict(zip(les, p(out), strict=True)) for h, les, p in plan._buckets})
+        assert repr(t.engines) == repr({e: dict(zip(ns, p(out), strict=True)) for e, ns, p in plan._engines})
