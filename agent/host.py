@@ -10,6 +10,8 @@ The tree is re-walked every `tree_refresh_s` (and at once when a known member di
 process table (agent/serving/proctable.py), which reads only the processes it has not seen before; and sooner
 whenever the node's look for the run's members has just listed /proc (every 5 s, in the same tick), so that
 the two share one listing (on a node of ~1 000 processes a listing is ~1-2 ms) rather than fall out of step.
+Each tick reads a member's /proc/<pid>/stat once, through a descriptor the table keeps open: on a walk, the
+walk's own confirming read gives the member's CPU time and RSS.
 
 At 10 Hz sampling the whole row is read about once a second and copied into the ticks between (`sample`):
 every rate is then over about a second of jiffies instead of a tenth, and /proc is read a tenth as often.
@@ -212,7 +214,7 @@ class HostSampler:
         self._roles: dict[int, str] = {}
         self._prev_proc_cpu: dict[int, float] = {}
         self.tree_pids: frozenset[int] = frozenset()  # the tree's members as the last `sample` read them
-        self._stat_files = procs.StatFiles()
+        self._stat_files = self._table.files  # the descriptors the table's fresh reads keep, one per process
         self._disk: str | None = None  # the database file, once it exists (its filesystem is the one to watch)
         self._refresh = Refresh(refresh_s)  # the row is read about once a second (agent/gpu/refresh.py)
         self._row: dict | None = None  # the last row read, for the root it was read for
@@ -225,18 +227,20 @@ class HostSampler:
         """Pids of the supervised vLLM process and all its descendants (empty when there is none)."""
         if root_pid is None:
             self._tree_root = None
+            self._stat_files.drop(self._procs)  # the table keeps only what it reads itself
             self._procs.clear()
-            self._stat_files.close()
             return set()
         return set(self._members(root_pid))
 
     def _members(self, root_pid: int) -> dict[int, procs.ProcUsage]:
-        """The tree's live members with their usage, one /proc read each; a member gone re-walks the tree."""
+        """The tree's live members with their usage, one /proc read each (a walk's reads are its usage); a
+        member gone re-walks the tree."""
         now = self._clock()
         if (root_pid != self._tree_root or now - self._tree_at >= self.tree_refresh_s
                 or self._table.looks != self._tree_look and self._table.fresh()):  # another reader's listing
-            self._refresh_tree(root_pid, now)
-        usage = self._usage()
+            usage = self._refresh_tree(root_pid, now)
+        else:
+            usage = self._usage()
         if len(usage) < len(self._procs):
             self._refresh_tree(root_pid, now)
             usage = self._usage()
@@ -250,20 +254,23 @@ class HostSampler:
                 out[pid] = u
         return out
 
-    def _refresh_tree(self, root_pid: int, now: float) -> None:
+    def _refresh_tree(self, root_pid: int, now: float) -> dict[int, procs.ProcUsage]:
+        """Walk the tree again; the usage of its members from the walk's own reads (made now)."""
         self._tree_root, self._tree_at = root_pid, now
-        members = self._table.tree(root_pid)  # live ones only: a killed worker stays a zombie until reaped
+        usage: dict[int, procs.ProcUsage] = {}
+        members = self._table.tree(root_pid, usage)  # live ones only: a killed worker stays a zombie until reaped
         self._tree_look = self._table.looks
         starts = {s.pid: s.start_ticks for s in members}
         for pid in list(self._roles):
             if starts.get(pid) != self._procs.get(pid):  # gone, or the pid now names another process
                 del self._roles[pid]
                 self._prev_proc_cpu.pop(pid, None)
+        self._stat_files.drop([pid for pid in self._procs if pid not in starts])  # left the tree
         self._procs = starts
-        self._stat_files.keep_only(starts)
         for s in members:
             if s.pid not in self._roles:
                 self._roles[s.pid] = role_of(_title(s))
+        return usage
 
     # ------------------------------------------------------------------ one tick
 

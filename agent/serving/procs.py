@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -45,8 +46,11 @@ def _read_stat(pid: int) -> bytes | None:
 def stat(pid: int) -> ProcStat | None:
     """Parsed /proc/<pid>/stat, or None when the process is gone or unreadable."""
     data = _read_stat(pid)
-    if not data:
-        return None
+    return stat_of(pid, data) if data else None
+
+
+def stat_of(pid: int, data: bytes) -> ProcStat | None:
+    """`stat` of what /proc/<pid>/stat held (None: unparseable)."""
     raw = data.decode("utf-8", "replace")
     # comm may hold spaces and parentheses: it ends at the last ')'
     lpar, rpar = raw.find("("), raw.rfind(")")
@@ -78,10 +82,11 @@ def usage(pid: int) -> ProcUsage | None:
     The vLLM tree is read every tick; psutil needs four reads a process for the same (is_running, status,
     cpu_times, memory_info)."""
     raw = _read_stat(pid)
-    return None if not raw else _usage_of(raw)
+    return None if not raw else usage_of(raw)
 
 
-def _usage_of(raw: bytes) -> ProcUsage | None:
+def usage_of(raw: bytes) -> ProcUsage | None:
+    """`usage` of what /proc/<pid>/stat held (None: unparseable)."""
     rest = raw[raw.rfind(b")") + 2:].split(None, 22)  # up to rss (field 24): the ~30 after it are not used
     try:
         return ProcUsage(start_ticks=int(rest[19]), state=rest[0].decode(),
@@ -93,39 +98,70 @@ def _usage_of(raw: bytes) -> ProcUsage | None:
 class StatFiles:
     """/proc/<pid>/stat kept open for processes read every tick: one pread instead of an open, a read and a
     close (a third of the cost). A descriptor stays bound to the process it was opened on: once that process
-    is reaped the read fails (ESRCH), even when its pid was reused, and the descriptor is dropped."""
+    is reaped the read fails (ESRCH), even when its pid was reused, and the descriptor is dropped.
+
+    Thread-safe (the node's process table and the host sampler share one): a descriptor is never closed under a
+    read, whose number could otherwise name another file by then."""
 
     def __init__(self) -> None:
         self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
 
-    def usage(self, pid: int) -> ProcUsage | None:
-        fd = self._fds.get(pid)
-        if fd is None:
+    def read(self, pid: int, reopen: bool = False) -> bytes | None:
+        """What /proc/<pid>/stat holds now (None: gone). A kept descriptor that fails is dropped; with `reopen`
+        the path is opened afresh, as `stat` would (the pid may name a new process), else None says the
+        process it was kept for is gone."""
+        with self._lock:
+            fd = self._fds.get(pid)
+            if fd is not None:
+                raw = _pread(fd)
+                if raw:
+                    return raw
+                self._drop(pid)
+                if not reopen:
+                    return None
             try:
                 fd = self._fds[pid] = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
                 return None
-        try:
-            raw = os.pread(fd, 4096, 0)
-        except OSError:
-            raw = b""
-        if not raw:
-            self._drop(pid)
-            return None
-        return _usage_of(raw)
+            raw = _pread(fd)
+            if not raw:
+                self._drop(pid)
+                return None
+            return raw
+
+    def usage(self, pid: int) -> ProcUsage | None:
+        raw = self.read(pid)
+        return None if raw is None else usage_of(raw)
 
     def keep_only(self, pids: Iterable[int]) -> None:
-        keep = set(pids)
-        for pid in [p for p in self._fds if p not in keep]:
-            self._drop(pid)
+        keep = pids if isinstance(pids, (set, frozenset, dict)) else set(pids)
+        with self._lock:
+            for pid in [p for p in self._fds if p not in keep]:
+                self._drop(pid)
+
+    def drop(self, pids: Iterable[int]) -> None:
+        with self._lock:
+            for pid in pids:
+                self._drop(pid)
 
     def close(self) -> None:
         self.keep_only(())
+
+    def __len__(self) -> int:
+        return len(self._fds)
 
     def _drop(self, pid: int) -> None:
         fd = self._fds.pop(pid, None)
         if fd is not None:
             os.close(fd)
+
+
+def _pread(fd: int) -> bytes:
+    try:
+        return os.pread(fd, 4096, 0)
+    except OSError:
+        return b""
 
 
 def alive(pid: int) -> bool:

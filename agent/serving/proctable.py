@@ -7,7 +7,10 @@ shows up in /proc; a look lists /proc and reads only the new pids. Every `full_e
 for what a kept entry can miss: a pid reused between two looks, a process that moved to another group.
 
 What the table answers is checked against a fresh read of each process it names (a handful), so a stale entry
-can leave a process out until the next full look but never puts a gone or reused pid in. Decisions about
+can leave a process out until the next full look but never puts a gone or reused pid in. Those reads go through
+descriptors kept open (`files`, shared with the host sampler, which reads the tree's usage through them every
+tick): a pread instead of an open, a read and a close; a kept descriptor that fails (its process reaped, the pid
+perhaps reused) is dropped and the path opened afresh, so a read says what a fresh one would. Decisions about
 stopping a run (is it gone, what is left) still scan afresh: they are rare and must not be a minute late.
 """
 
@@ -33,6 +36,7 @@ class ProcTable:
         self._lock = threading.Lock()
         self._stats: dict[int, procs.ProcStat] = {}
         self._tokens: dict[tuple[int, int], str | None] = {}  # (pid, start ticks) -> its run token, read once
+        self.files = procs.StatFiles()  # /proc/<pid>/stat of the processes read fresh, kept while listed
         self._full_at: float | None = None
         self._look_at: float | None = None
         self.reads = 0  # stat reads of looks, for tests and benchmarks
@@ -70,16 +74,23 @@ class ProcTable:
                     continue
             table[pid] = s
         self._stats, self._look_at = table, now
+        self.files.keep_only(table)  # a pid no longer listed: its process is gone
         self._tokens = {k: v for k, v in self._tokens.items() if k[0] in table and table[k[0]].start_ticks == k[1]}
         return table
 
-    def _fresh(self, pid: int) -> procs.ProcStat | None:
-        """A live process' stat read now (and kept); None when it is gone or a zombie."""
-        s = procs.stat(pid)
-        if s is None or s.state in _DEAD:
+    def _fresh(self, pid: int, usage: dict[int, procs.ProcUsage] | None = None) -> procs.ProcStat | None:
+        """A live process' stat read now (and kept); None when it is gone or a zombie. With `usage`, the same
+        read's CPU time and RSS go into it."""
+        raw = self.files.read(pid, reopen=True)
+        s = None if raw is None else procs.stat_of(pid, raw)
+        if raw is None or s is None or s.state in _DEAD:
             self._stats.pop(pid, None)
             return None
         self._stats[pid] = s
+        if usage is not None:
+            u = procs.usage_of(raw)
+            if u is not None:
+                usage[pid] = u
         return s
 
     def members(self, token: str | None, pgid: int | None, roots: Iterable[int] = (),
@@ -103,25 +114,30 @@ class ProcTable:
             self._tokens[key] = procs.environ_value(s.pid, procs.RUN_TOKEN_ENV)
         return self._tokens[key]
 
-    def tree(self, root: int) -> list[procs.ProcStat]:
+    def tree(self, root: int, usage: dict[int, procs.ProcUsage] | None = None) -> list[procs.ProcStat]:
         """`root` and its live descendants, each read now (root first); empty when `root` is gone.
 
         Children are found through the kept parents and confirmed by the fresh read: a process that is not a
-        child of its tree member any more (reparented, or a reused pid) is left out with its subtree."""
+        child of its tree member any more (reparented, or a reused pid) is left out with its subtree. With
+        `usage`, each member's usage from that same read is put in it (the host sampler's tick needs no second
+        read of the tree it has just walked)."""
         with self._lock:
             children: dict[int, list[int]] = {}
             for s in self._look().values():
                 children.setdefault(s.ppid, []).append(s.pid)
-            top = self._fresh(root)
+            read: dict[int, procs.ProcUsage] | None = None if usage is None else {}
+            top = self._fresh(root, read)
             if top is None:
                 return []
             out, todo, seen = [top], [top], {root}
             while todo:
                 parent = todo.pop()
                 for pid in children.get(parent.pid, ()):
-                    s = None if pid in seen else self._fresh(pid)
+                    s = None if pid in seen else self._fresh(pid, read)
                     if s is not None and s.ppid == parent.pid:
                         seen.add(pid)
                         out.append(s)
                         todo.append(s)
+            if usage is not None and read is not None:
+                usage.update((s.pid, read[s.pid]) for s in out if s.pid in read)
             return out

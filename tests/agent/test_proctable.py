@@ -147,3 +147,63 @@ def test_a_zombie_or_a_stale_entry_is_never_named(tree):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+class _StatOpens:
+    """Counts opens of /proc/<pid>/stat (fresh reads) made through os.open or open()."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.paths: list[str] = []
+        real = os.open
+
+        def counted(path, *a, **kw):
+            if isinstance(path, str) and path.startswith("/proc/") and path.endswith("/stat"):
+                self.paths.append(path)
+            return real(path, *a, **kw)
+
+        monkeypatch.setattr(os, "open", counted)
+
+
+def test_fresh_reads_of_a_known_process_open_nothing(tree, monkeypatch):
+    """The fresh reads of the tree and of the run's members go through kept descriptors: after the first look,
+    a walk at the next look reads each member again (the answer is as fresh) without opening its file."""
+    leader, token = tree
+    clock = Clock()
+    table = ProcTable(clock=clock)
+    start = procs.stat(leader.pid).start_ticks
+    first = {s.pid for s in table.tree(leader.pid)}
+    assert set(table.members(token, leader.pid, [leader.pid], start)) == first
+    opens = _StatOpens(monkeypatch)
+    clock.t += 5
+    assert {s.pid for s in table.tree(leader.pid)} == first
+    assert set(table.members(token, leader.pid, [leader.pid], start)) == first
+    assert opens.paths == []
+
+
+def test_a_kept_descriptor_of_a_reaped_process_is_read_again_by_path(tree):
+    """A pid whose kept descriptor's process was reaped (the pid perhaps reused) is read through a fresh open,
+    as procs.stat reads it: the table names the process that holds the pid now, never the one that left."""
+    leader, _ = tree
+    table = ProcTable(clock=Clock())
+    members = {s.pid for s in table.tree(leader.pid)}
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    fd = os.open(f"/proc/{gone.pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    gone.wait()  # reaped: its descriptor now fails (ESRCH)
+    child = next(p for p in members if p != leader.pid and psutil.Process(p).ppid() == leader.pid)
+    table.files.drop([child])
+    table.files._fds[child] = fd  # the child's pid kept on a descriptor of another, reaped process
+    assert {s.pid for s in table.tree(leader.pid)} == members
+    assert table.files._fds[child] != fd  # dropped and opened afresh
+
+
+def test_a_walk_gives_the_usage_of_its_own_reads(tree):
+    """tree(root, usage) fills in each named member's CPU time and RSS from the read that confirmed it: the same
+    process (start ticks), nobody it did not name."""
+    leader, _ = tree
+    table = ProcTable(clock=Clock())
+    usage: dict[int, procs.ProcUsage] = {}
+    named = table.tree(leader.pid, usage)
+    assert set(usage) == {s.pid for s in named}
+    for s in named:
+        assert usage[s.pid].start_ticks == s.start_ticks and usage[s.pid].rss_bytes > 0
+    assert table.tree(2 ** 22 + 12345, usage) == [] and set(usage) == {s.pid for s in named}

@@ -239,3 +239,40 @@ def test_the_host_files_are_read_through_kept_descriptors(tmp_path):
     h.sample(None)
     assert all(fd is not None for fd in fds.values())
     assert {p: host_mod._KEPT[p]._fd for p in fds} == fds  # the same descriptors, not opened again
+
+
+def test_a_tick_reads_each_member_once_walk_or_not(tmp_path, vllm_tree, monkeypatch):
+    """Every tick reads each member's /proc/<pid>/stat once: on a tick that walks the tree again (every 5 s, or
+    on the members' listing) the walk's confirming read is the member's usage, not followed by a second read;
+    and a member already known is read through its kept descriptor, opening nothing."""
+    t = [1000.0]
+    h = HostSampler(tmp_path / "db.sqlite", tree_refresh_s=5.0, clock=lambda: t[0],
+                    table=ProcTable(clock=lambda: t[0]))
+    h.sample(vllm_tree.pid)
+    members = h.tree_pids
+    assert len(members) == 3
+    reads: list[int] = []
+    opens: list[str] = []
+    real_pread, real_read, real_open = os.pread, os.read, os.open
+
+    def note(data: bytes) -> bytes:
+        head = data[:data.find(b" (")]
+        if head.isdigit():  # /proc/<pid>/stat begins "<pid> (comm)"; /proc/stat, meminfo, net/dev do not
+            reads.append(int(head))
+        return data
+
+    def counted_open(path, *a, **kw):
+        if isinstance(path, str) and path.split("/")[2:3] != ["stat"] and path.endswith("/stat"):
+            opens.append(path)  # /proc/<pid>/stat (a kept /proc/stat is opened afresh when it reads the same)
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(os, "pread", lambda fd, n, off: note(real_pread(fd, n, off)))
+    monkeypatch.setattr(os, "read", lambda fd, n: note(real_read(fd, n)))
+    monkeypatch.setattr(os, "open", counted_open)
+    for step, walks in ((1.0, False), (4.0, True), (1.0, False)):
+        t[0] += step
+        reads.clear()
+        row = h.sample(vllm_tree.pid)
+        assert sorted(reads) == sorted(members), f"walk={walks}"
+        assert row["vllm_procs"] == 3 and row["vllm_cpu_pct"] is not None
+    assert opens == []
