@@ -256,3 +256,39 @@ def test_unchanged_readings_roll_up_as_the_sql_path_does(tmp_path):
     got, want = _dump(dbs[True]), _dump(dbs[False])
     assert len(want["gpu_1m"]) == 2 * 3  # the last minute has no later sample yet
     _same_bits(got, want)
+
+
+def test_ticks_of_the_same_gpus_roll_up_column_by_column_as_the_sql_path_does(tmp_path):
+    """Every tick holds the same GPUs in the same (unsorted) order, as the sampler writes them: the memory path
+    then slices each GPU's readings out of the bucket's columns and rolls a column unchanged on every GPU with
+    one count(). Readings equal across GPUs but for one float, bool, None or out-of-range value must still come
+    out as SQLite stores and averages them; a bucket whose ticks change their GPUs is grouped row by row."""
+    order = [5, 0, 7, 2, 1, 6, 3, 4]
+    cases = {"sm_clock_mhz": 1980.0, "ecc_corrected": True, "ecc_uncorrected": None, "mem_clock_mhz": -1,
+             "remapped_rows_pending": 2**52, "power_limit_w": 700.5, "lost": 1}
+    batches = []
+    for m in range(5):
+        batch = []
+        for s in range(0, 60, 3):
+            ts = T0 - T0 % MIN + m * MIN + s * 1_000
+            rows = []
+            for g in order[:7] if (m == 3 and s == 30) else order:  # minute 3: one tick lacks a GPU
+                row = gpu_row(g, s)
+                row.update(mem_total_bytes=150_754_820_096, sm_clock_mhz=1980, ecc_corrected=1, ecc_uncorrected=0,
+                           mem_clock_mhz=3201, remapped_rows_pending=0, power_limit_w=700, lost=0)
+                rows.append(row)
+            if m % 2 == 1 and s == 57:  # one odd reading on one GPU, in the last tick of the minute
+                for k, (col, value) in enumerate(cases.items()):
+                    rows[k][col] = value
+            batch.append((ts, rows, None, None))
+        batches.append(batch)
+    end = T0 + 10 * MIN
+    dbs = {mem: tmp_path / f"{'memory' if mem else 'sql'}.db" for mem in (True, False)}
+    for mem, db in dbs.items():
+        w = _writer(db, mem, end)
+        for batch in batches:
+            _write_batch(w, batch)
+        w.close()
+    got, want = _dump(dbs[True]), _dump(dbs[False])
+    assert len(want["gpu_1m"]) == 8 * 4  # the last minute has no later sample yet
+    _same_bits(got, want)
