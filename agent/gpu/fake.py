@@ -366,7 +366,9 @@ class FakeGpm(FakeDriver):
 
 
 class FakeEvents(FakeDriver):
-    """XID event sets: a wait returns a pending XID of a watched GPU, or TIMEOUT."""
+    """XID event sets: a wait returns a pending XID of a watched GPU, or TIMEOUT. As a driver's queue holds every
+    XID until read, a wait first looks at every watched GPU now (the scenario may fire XIDs): a poll with no timeout
+    (the sampler's, once a tick) sees what fired up to the call."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -387,12 +389,14 @@ class FakeEvents(FakeDriver):
         self._system("nvmlEventSetWait_v2")
         deadline = time.monotonic() + timeout_ms / 1000.0
         watched = self._event_sets[event_set.id]
+        first = True
         while True:
             now = self.clock()
             for i in watched:
                 acc = self._acc.get(i)
-                if acc is None or now - acc.state_t >= 1.0:
-                    self._state(i)  # nobody looked for a while: advance the scenario, which may fire XIDs
+                if first or acc is None or now - acc.state_t >= 1.0:
+                    self._state(i)  # the scenario now (a fresh look is reused), which may fire XIDs
+            first = False
             with self._xid_ready:
                 for k, (gpu, xid) in enumerate(self._pending_xids):
                     if gpu in watched:

@@ -79,7 +79,7 @@ class NvmlGpm(Protocol):
 
 
 class NvmlEvents(Protocol):
-    """XID events: an event set the XID watcher waits on in its own thread."""
+    """XID events: an event set the sampler polls once a tick (a wait with no timeout, xid.py)."""
 
     def nvmlEventSetCreate(self) -> Any: ...
     def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any) -> None: ...

@@ -6,7 +6,8 @@ lost GPU is marked lost (one event) while the others keep sampling; a driver/lib
 and re-initialises it with backoff; no driver at all is a state ("no-driver"), not a crash.
 
 `GpuSampler` owns that lifecycle and the tick; each NVML surface has its reader (readers.py): static facts,
-per-tick readings, processes, GPM/NVLink activity, slow counters. The XID watcher runs in its own thread.
+per-tick readings, processes, GPM/NVLink activity, slow counters. XIDs are read from NVML's event set at the start
+of each tick (xid.py): no thread of their own; one reaches the sink with the tick after it happened.
 
 Cost discipline (reference/nvml.md): three rates, as DCGM's per-field update intervals. Every tick: utilisation,
 power, SM clock, clock-event reasons, GPM activity with PCIe and the NVLink totals. About once a second, never
@@ -49,7 +50,7 @@ from lynxtop.agent.gpu.readers import (
     _text,
 )
 from lynxtop.agent.gpu.refresh import MAX_AGE_S, Refresh
-from lynxtop.agent.gpu.xid import XidWatcher
+from lynxtop.agent.gpu.xid import XIDS_PER_TICK, XidWatcher
 from lynxtop.contract.columns import GPU_METRICS, names
 from lynxtop.contract.events import EventKind
 
@@ -89,7 +90,7 @@ class GpuSampler:
                  slow_interval_s: float = 60.0, on_event: EventSink | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  retry_initial_s: float = 1.0, retry_max_s: float = 60.0, lost_probe_s: float = 10.0,
-                 xid_events: bool = True, xid_wait_ms: int = 500, refresh_s: float = MAX_AGE_S):
+                 xid_events: bool = True, xid_per_tick: int = XIDS_PER_TICK, refresh_s: float = MAX_AGE_S):
         self._factory = backend_factory
         self.gpm_enabled = gpm_enabled
         self._clock = clock
@@ -97,7 +98,7 @@ class GpuSampler:
         self._retry_max = retry_max_s
         self._lost_probe_s = lost_probe_s
         self._xid_events = xid_events
-        self._xid_wait_ms = xid_wait_ms
+        self._xid_per_tick = xid_per_tick
         self._r = Reporter(on_event)
         self._c = NvmlCaller(self._r, slow_interval_s, clock)
         self._facts = DeviceFacts(self._c, gpm_enabled)
@@ -192,8 +193,8 @@ class GpuSampler:
             self._r.event(EventKind.GPU_GPM_DISABLED, "info", "GPM sampling is off by configuration "
                           "([agent] gpm = false): SM/tensor/DRAM activity columns stay empty", None)
         if self._xid_events and self._r.on_event is not None:
-            self._xid = XidWatcher(b, self._r.event, wait_ms=self._xid_wait_ms)
-            self._xid.start()
+            xid = XidWatcher(b, self._r.event, limit=self._xid_per_tick)
+            self._xid = xid if xid.start() else None
 
     def _open_failed(self, code: int, message: str, now: float) -> None:
         no_driver = code in _NO_DRIVER_CODES
@@ -210,8 +211,8 @@ class GpuSampler:
             self._r.event(EventKind.NVML_UNAVAILABLE, "warning" if no_driver else "error", message, {"code": code})
 
     def _teardown(self) -> None:
-        if self._xid is not None:
-            self._xid.stop()
+        if self._xid is not None:  # the event set is freed before nvmlShutdown
+            self._xid.close()
             self._xid = None
         for g in self._gpus:
             if g.gpm is not None:
@@ -237,6 +238,8 @@ class GpuSampler:
             self._try_open()
             if self._state["state"] != "ok":
                 return tick
+        if self._xid is not None:
+            self._poll_xids()  # first: an XID that came before this tick's readings is reported before them
         self._refresh.tick(now)
         slow_budget = len(self._gpus) if self._first_tick else 1
         self._first_tick = False
@@ -266,6 +269,14 @@ class GpuSampler:
                 log.exception("GPU sampling failed (logged once)")
             return GpuTick()
         return tick
+
+    def _poll_xids(self) -> None:
+        assert self._xid is not None
+        try:
+            self._xid.poll()
+        except Exception:  # a bug or an odd answer: the tick goes on without this tick's XIDs
+            if self._r.once("xid_bug", ""):
+                log.exception("reading XID events failed (logged once)")
 
     def _sample_gpu(self, g: Gpu, now: float, do_slow: bool, vllm_pids: Any, tick: GpuTick) -> None:
         if g.denied_at:

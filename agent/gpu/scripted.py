@@ -13,6 +13,9 @@ from typing import Any
 from lynxtop.agent.gpu.protocol import FakeGpuSpec, FakeGpuState
 
 MIB = 1024 * 1024
+# a scripted XID stays in the GPU's state this long after it fired, so that the first look after it, at any
+# sampling interval (at most 60 s), sees it; the fake delivers it once (fake_driver.py: `prev_xids`)
+XID_SHOWN_S = 60.0
 
 
 def _wave(t: float, period: float, phase: float) -> float:
@@ -35,7 +38,7 @@ class ScriptedNode:
         self._specs = specs
         self._driver = driver
         self.lost = dict(lost or {})  # gpu -> elapsed seconds after which it is lost
-        self.xids = list(xids or [])  # (elapsed seconds, gpu, xid): fires for 1 s
+        self.xids = list(xids or [])  # (elapsed seconds, gpu, xid): fires once, seen by looks for XID_SHOWN_S
         self.processes = dict(processes or {})
         self.process_sm = dict(process_sm or {})
         self.load = load  # 0 = idle node, 1 = busy serving
@@ -82,7 +85,7 @@ class ScriptedNode:
         lost_after = self.lost.get(index)
         if lost_after is not None and t >= lost_after:
             st = replace(st, lost=True)
-        st.xid_events = [x for (at, gpu, x) in self.xids if gpu == index and at <= t < at + 1.0]
+        st.xid_events = [x for (at, gpu, x) in self.xids if gpu == index and at <= t < at + XID_SHOWN_S]
         return st
 
 

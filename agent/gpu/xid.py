@@ -1,14 +1,17 @@
-"""XID critical errors, delivered by NVML's event set to a dedicated thread.
+"""XID critical errors, read from NVML's event set by the sampler's tick (no thread of their own).
 
-XIDs are edge events (a kernel fault, a double-bit ECC error, a GPU fallen off the bus): polling would miss
-them between ticks, so a thread blocks in nvmlEventSetWait_v2 with a short timeout, which also bounds how long
-`stop()` takes. `on_event` is called from that thread: the sink must be thread-safe (the node's EventCollector is).
+XIDs are edge events (a kernel fault, a double-bit ECC error, a GPU fallen off the bus). NVML queues each one in
+the event set until it is read (on Linux with its own XID number; the kernel keeps a list per open file), so a
+poll with no timeout once a tick misses none: `poll` reads what came since the last tick, at most `limit` a tick
+(the rest wait for the next). An XID is thus reported with the tick after it happened, within one sampling
+interval, which is when the node hands its GPU events to the store anyway; a dedicated thread blocked in
+`nvmlEventSetWait_v2` cost two wake-ups a second for that (issue 29.3). `on_event` is called from the thread that
+samples (the clock thread).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -42,22 +45,24 @@ XID_INFO: dict[int, tuple[str, str]] = {
 
 EventSink = Callable[[EventKind, str, str, dict | None], None]
 
+XIDS_PER_TICK = 64  # a burst larger than this is read over the next ticks, never in one long tick
+
 
 class XidWatcher:
-    """Registers every GPU for XID events and reports each one as an event `gpu.xid` with the XID number."""
+    """Registers every GPU for XID events and reports each one as an event `gpu.xid` with the XID number, when
+    the sampler polls (once a tick)."""
 
-    def __init__(self, backend: GpuBackend, on_event: EventSink, wait_ms: int = 500):
+    def __init__(self, backend: GpuBackend, on_event: EventSink, limit: int = XIDS_PER_TICK):
         self._b = backend
         self._on_event = on_event
-        self._wait_ms = wait_ms
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._limit = limit
         self._es: Any = None
+        self._failing = False  # a wait failed at the last poll: said once until one works again
         self.registered: list[int] = []
         self.delivered = 0
 
     def start(self) -> bool:
-        """Start watching; False (and no thread) where no GPU supports XID events."""
+        """Create the event set and register every GPU; False (and no event set) where no GPU supports XIDs."""
         try:
             self._es = self._b.nvmlEventSetCreate()
             for i in range(self._b.nvmlDeviceGetCount()):
@@ -69,31 +74,35 @@ class XidWatcher:
                     log.info("GPU %d: XID events unavailable (%s)", i, e)
         except pynvml.NVMLError as e:
             log.warning("XID events unavailable: %s", e)
+            self.close()
             return False
         if not self.registered:
-            self._free()
+            self.close()
             return False
-        self._thread = threading.Thread(target=self._run, name="lynxtop-xid", daemon=True)
-        self._thread.start()
         return True
 
-    def _run(self) -> None:
-        failures = 0
-        while not self._stop.is_set():
+    def poll(self) -> int:
+        """Deliver the XIDs waiting in the event set, at most `limit`; never blocks, never raises. A failing wait
+        ends this poll (the next tick tries again: no spin) and is logged once until a wait works again."""
+        es = self._es
+        if es is None:
+            return 0
+        n = 0
+        while n < self._limit:
             try:
-                data = self._b.nvmlEventSetWait_v2(self._es, self._wait_ms)
+                data = self._b.nvmlEventSetWait_v2(es, 0)
             except pynvml.NVMLError as e:
-                if e.value == pynvml.NVML_ERROR_TIMEOUT:
-                    failures = 0
-                    continue
-                failures += 1
-                if failures == 1:
-                    log.warning("waiting for XID events failed: %s (retrying)", e)
-                self._stop.wait(min(5.0, 0.1 * failures))  # never spin on a persistent error
-                continue
-            failures = 0
+                if e.value == pynvml.NVML_ERROR_TIMEOUT:  # nothing (more) waiting
+                    self._failing = False
+                elif not self._failing:
+                    self._failing = True
+                    log.warning("waiting for XID events failed: %s (retrying each tick)", e)
+                return n
+            self._failing = False
+            n += 1
             if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
                 self._deliver(data)
+        return n
 
     def _deliver(self, data: Any) -> None:
         xid = int(data.eventData)
@@ -109,20 +118,11 @@ class XidWatcher:
         except Exception:
             log.exception("XID event sink failed")
 
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                log.warning("XID watcher did not stop within %.1f s", timeout)
-                return  # leave the event set alone while the thread may still use it
-            self._thread = None
-        self._free()
-
-    def _free(self) -> None:
-        if self._es is not None:
+    def close(self) -> None:
+        """Free the event set (before nvmlShutdown: the sampler's teardown calls this first)."""
+        es, self._es = self._es, None
+        if es is not None:
             try:
-                self._b.nvmlEventSetFree(self._es)
+                self._b.nvmlEventSetFree(es)
             except pynvml.NVMLError:
                 pass
-            self._es = None

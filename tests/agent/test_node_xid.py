@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
-from support.node import close_node, open_node
+from support.node import close_node, open_node, run_clock
 
 from lynxtop.contract.status import GpuStatus
 
@@ -23,4 +25,17 @@ def test_xid_events_are_counted_per_gpu(tmp_path, h):
         assert GpuStatus.from_json(gpus[3].to_json()).xid_errors == 2  # on the wire too
         assert len(node._gpu_events.drain()) == 5  # every event still goes to the store
     finally:
-        close_node(node)  # the GPU sampler too: no XID thread left for the next module
+        close_node(node)
+
+
+async def test_an_xid_reaches_the_count_and_the_event_path_through_the_tick(tmp_path, h):
+    """No XID thread: the clock thread's GPU sample reads the event set and the node counts what it finds."""
+    node = open_node(h.write_config(tmp_path, 'fake_nvml = "h200x8"'))
+    try:
+        assert not [t for t in threading.enumerate() if t.name == "lynxtop-xid"]
+        node.sampler._c.b.inject_xid(6, 95)
+        assert node.xid_errors == {}  # nothing reads it before a tick
+        await run_clock(node, 20, until=lambda: node.xid_errors.get(6) == 1, what="the XID counted")
+        assert [g.xid_errors for g in node.view.gpu_statuses()] == [0, 0, 0, 0, 0, 0, 1, 0]
+    finally:
+        close_node(node)

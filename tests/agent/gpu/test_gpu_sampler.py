@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pynvml
 import pytest
 from gpu_fakes import ConstantNode, Events, ScriptedNode, make
@@ -339,15 +337,12 @@ def test_xid_events_are_delivered_with_the_xid_number(clock, events):
         made.append(FakeNvml(node, clock=clock))
         return made[-1]
 
-    s = GpuSampler(factory, clock=clock, on_event=events, xid_wait_ms=20)
+    s = GpuSampler(factory, clock=clock, on_event=events)
     s.open()
     made[0].inject_xid(1, 48)
-    deadline = time.monotonic() + 5
-    while not events and time.monotonic() < deadline:
-        time.sleep(0.01)
-    t = time.monotonic()
+    assert events == []  # nothing reads the event set between ticks
+    run_ticks(s, clock, 1)
     s.close()
-    assert time.monotonic() - t < 1.0  # the watcher thread stops promptly
     assert events.kinds() == ["gpu.xid"]
     kind, severity, message, details = events[0]
     assert details == {"gpu": 1, "xid": 48} and severity == "critical" and "double-bit ECC" in message
@@ -377,25 +372,20 @@ def test_nan_from_gpm_is_null_not_a_crash(clock, events):
     assert tick.gpu_rows[1]["dram_bw_pct"] == 35
 
 
-def test_scripted_xid_then_lost_gpu_through_the_watcher_thread(clock, events):
+def test_scripted_xid_then_lost_gpu(clock, events):
     """The 'lost' scenario's order on a real node: XID 79 (fallen off the bus), then GPU_IS_LOST."""
     node = scripted_scenario("lost", lost={3: 4.0}, xids=[(3.0, 3, 79)])
-    s = GpuSampler(lambda: FakeNvml(node, clock=clock), clock=clock, on_event=events, xid_wait_ms=20)
+    s = GpuSampler(lambda: FakeNvml(node, clock=clock), clock=clock, on_event=events)
     s.open()
     try:
-        for _ in range(6):
-            clock.advance(1.0)
-            tick = s.sample(set())
-            time.sleep(0.05)  # lets the watcher thread take the XID the scenario fired
-        deadline = time.monotonic() + 5
-        while "gpu.xid" not in events.kinds() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        tick = run_ticks(s, clock, 6)
     finally:
         s.close()
     assert [r["lost"] for r in tick.gpu_rows] == [0, 0, 0, 1, 0, 0, 0, 0]
     xids = [e for e in events if e[0] == "gpu.xid"]
     assert len(xids) == 1 and xids[0][3] == {"gpu": 3, "xid": 79} and "fallen off the bus" in xids[0][2]
     assert events.kinds().count("gpu.lost") == 1
+    assert events.kinds().index("gpu.xid") < events.kinds().index("gpu.lost")
 
 
 def test_simulator_backend_opens_as_simulated(tmp_path):
