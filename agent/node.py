@@ -136,7 +136,7 @@ class Node:
         self.exporter: Any = None
         self.http = HttpClient()  # the one session to vLLM: scrape, readiness, /health, /version
         self._gpu_events = EventCollector()  # the GPU sampler's on_event; written by the tick
-        self.xid_errors: dict[int, int] = {}  # GPU index -> XIDs since start (one writer: the XID thread)
+        self.xid_errors: dict[int, int] = {}  # GPU index -> XIDs since start (one writer: the GPU sample's XID poll)
         self._gpu_sampler: Any = None
         self._host_sampler: Any = None
         self.gpu_source: GpuSource | None = None

@@ -141,7 +141,7 @@ def as_event(d: Mapping[str, Any], run_id: int | None = None, ts_ms: int | None 
 class EventCollector:
     """An `on_event(kind, severity, message, details)` sink that keeps the events for the next tick.
 
-    The GPU sampler reports from its own threads (NVML calls, the XID watcher): events are stamped when they
+    The GPU sampler reports from its own threads (NVML calls, the XID poll): events are stamped when they
     happen and written by the tick, so they take the same path into the store as every other sampler's.
     """
 

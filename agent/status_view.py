@@ -63,7 +63,7 @@ class StatusView:
         src = n.scrape_source
         sources = (n.ticker.latest_gpu_rows, n.gpu_view.static, n.ticker.latest_host, n.ticker.latest_serving,
                    src.engines if src is not None else None)
-        xids = tuple(sorted(dict(n.xid_errors).items()))  # counted in place by the XID thread: compared by value
+        xids = tuple(sorted(dict(n.xid_errors).items()))  # counted in place by the XID poll: compared by value
         cached = self._tick_key
         if cached is None or cached[1] != xids or any(a is not b for a, b in zip(cached[0], sources, strict=True)):
             self._tick = Status(gpus=self.gpu_statuses(), host=HostStatus.from_json(n.ticker.latest_host),

@@ -3,8 +3,8 @@
 Measures, on a noisy shared machine, only medians and ratios:
 - tick_overhead_ms: median Python time of one GpuSampler tick for 8 GPUs minus the time spent inside the
   backend's calls (a timing proxy sums those; its own cost stays on the overhead side, so this is an upper bound);
-- cpu_percent_1hz / cpu_percent_10hz: process CPU time (getrusage) over wall time while the sampler (with its
-  XID thread) ticks at 1 Hz / 10 Hz, in % of one core; the *_with_host keys add HostSampler.
+- cpu_percent_1hz / cpu_percent_10hz: process CPU time (getrusage) over wall time while the sampler (XIDs
+  polled by each tick) ticks at 1 Hz / 10 Hz, in % of one core; the *_with_host keys add HostSampler.
 
 Targets: tick_overhead_ms <= 1, cpu_percent_1hz <= 0.5, cpu_percent_10hz <= 3. Last line: one JSON object.
 Usage: python benchmarks/sampling.py [--quick]

@@ -15,7 +15,7 @@ import pytest
 from support.node import close_node, count_loop_turns, open_node, run_clock
 from support.waits import wait_for_async
 
-from lynxtop.contract.events import EventKind, Severity
+from lynxtop.contract.events import EventKind
 from lynxtop.contract.status import HostStatus
 
 pytestmark = pytest.mark.timeout(90)
@@ -96,9 +96,8 @@ async def test_an_xid_between_quiet_ticks_reaches_the_loop_with_the_next_tick(tm
         await wait_for_async(lambda: t.quiet_ticks >= 3, 20, what="the first quiet ticks")
         for n in range(3):
             sent = t.ticks
-            # the XID watcher's thread reports it (as GpuSampler's on_event does)
-            threading.Thread(target=node._gpu_event, args=(EventKind.GPU_XID, Severity.ERROR, f"XID 79 #{n}",
-                                                           {"gpu": 2, "xid": 79})).start()
+            # the driver queues it between ticks; the next tick's GPU sample polls it (clock thread)
+            node.sampler._c.b.inject_xid(2, 79)
             await wait_for_async(lambda n=n: any(k == str(EventKind.GPU_XID) for _, k, _ in got[n:]), 20,
                                  what="the XID on the loop")
             at, _, on_loop = next(g for g in got[n:] if g[1] == str(EventKind.GPU_XID))

@@ -57,7 +57,7 @@ async def test_a_real_status_round_trips(tmp_path):
         assert wire["host"]["cpu_pct"] is not None and wire["agent"]["nvml"]["state"] == "ok"
         assert st.serving.state is ServingState.STOPPED and st.sla.state is SlaState.UNKNOWN
     finally:
-        close_node(node)  # the GPU sampler too: no XID thread left for the next module
+        close_node(node)  # the GPU sampler too: its NVML session closed before the next module
 
 
 def test_the_test_factory_round_trips_and_reads_as_typed():

@@ -1,7 +1,7 @@
 """An agent Node in the test's own event loop: opened on a config file, its clock run for a while, closed.
 
 For tests of the tick itself (clock, failures, scrape cadence, status): no socket, no supervisor actions; the GPU
-sampler is opened and closed here so no XID thread outlives the test.
+sampler is opened and closed here so no NVML session outlives the test.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A backend is looked up by pynvml's names at run time, so a renamed or forgotten function would only fail on the
 node that reaches that code path. These tests check the real library, the scripted fake and the simulator-coupled
-node against `GpuBackend`, then run the sampler (XID thread included) through every scripted scenario behind a
+node against `GpuBackend`, then run the sampler (XID poll included) through every scripted scenario behind a
 proxy that fails on any name the protocol does not list, and require that together they call all of it.
 """
 
