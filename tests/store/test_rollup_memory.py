@@ -235,6 +235,18 @@ _STEADY = [("util_gpu_pct", [0]), ("mem_total_bytes", [150_754_820_096]), ("sm_c
            ("fp16_active_pct", [7.5]), ("fp32_active_pct", [7, 7, 7, 8]), ("util_mem_pct", [2**47 + 1, 2**47 + 1.0])]
 
 
+def _memory_and_sql(tmp_path, batches: list) -> tuple[dict, dict]:
+    """The same batches written by a writer rolling up in memory and by one rolling up by SQL: both dumps."""
+    end = T0 + 10 * MIN
+    dbs = {mem: tmp_path / f"{'memory' if mem else 'sql'}.db" for mem in (True, False)}
+    for mem, db in dbs.items():
+        w = _writer(db, mem, end)
+        for batch in batches:
+            _write_batch(w, batch)
+        w.close()
+    return _dump(dbs[True]), _dump(dbs[False])
+
+
 def test_unchanged_readings_roll_up_as_the_sql_path_does(tmp_path):
     batches = []
     for m in range(4):
@@ -246,14 +258,7 @@ def test_unchanged_readings_roll_up_as_the_sql_path_does(tmp_path):
                 rows[0][col] = cycle[(s // 2 + k) % len(cycle)] if m % 2 == 0 else cycle[0]
             batch.append((ts, rows, None, None))
         batches.append(batch)
-    end = T0 + 10 * MIN
-    dbs = {mem: tmp_path / f"{'memory' if mem else 'sql'}.db" for mem in (True, False)}
-    for mem, db in dbs.items():
-        w = _writer(db, mem, end)
-        for batch in batches:
-            _write_batch(w, batch)
-        w.close()
-    got, want = _dump(dbs[True]), _dump(dbs[False])
+    got, want = _memory_and_sql(tmp_path, batches)
     assert len(want["gpu_1m"]) == 2 * 3  # the last minute has no later sample yet
     _same_bits(got, want)
 
@@ -282,13 +287,6 @@ def test_ticks_of_the_same_gpus_roll_up_column_by_column_as_the_sql_path_does(tm
                     rows[k][col] = value
             batch.append((ts, rows, None, None))
         batches.append(batch)
-    end = T0 + 10 * MIN
-    dbs = {mem: tmp_path / f"{'memory' if mem else 'sql'}.db" for mem in (True, False)}
-    for mem, db in dbs.items():
-        w = _writer(db, mem, end)
-        for batch in batches:
-            _write_batch(w, batch)
-        w.close()
-    got, want = _dump(dbs[True]), _dump(dbs[False])
+    got, want = _memory_and_sql(tmp_path, batches)
     assert len(want["gpu_1m"]) == 8 * 4  # the last minute has no later sample yet
     _same_bits(got, want)
