@@ -12,6 +12,7 @@ import ipaddress
 import os
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -106,6 +107,8 @@ class StatFiles:
     def __init__(self) -> None:
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
+        # the node's table lives as long as its node, which has no close for it: its fds go with it
+        weakref.finalize(self, _close_fds, self._fds)
 
     def read(self, pid: int, reopen: bool = False) -> bytes | None:
         """What /proc/<pid>/stat holds now (None: gone). A kept descriptor that fails is dropped; with `reopen`
@@ -155,6 +158,15 @@ class StatFiles:
         fd = self._fds.pop(pid, None)
         if fd is not None:
             os.close(fd)
+
+
+def _close_fds(fds: dict[int, int]) -> None:
+    for fd in fds.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fds.clear()
 
 
 def _pread(fd: int) -> bytes:

@@ -207,3 +207,22 @@ def test_a_walk_gives_the_usage_of_its_own_reads(tree):
     for s in named:
         assert usage[s.pid].start_ticks == s.start_ticks and usage[s.pid].rss_bytes > 0
     assert table.tree(2 ** 22 + 12345, usage) == [] and set(usage) == {s.pid for s in named}
+
+
+def test_a_table_that_goes_closes_the_descriptors_it_kept():
+    """A node has no close for its process table: the /proc/<pid>/stat descriptors it kept go with it."""
+    import gc
+
+    table = ProcTable()
+    assert table.tree(os.getpid())  # read fresh: kept open
+    def target(fd: int) -> str | None:
+        try:
+            return os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return None
+
+    kept = {fd: target(fd) for fd in table.files._fds.values()}
+    assert kept and all(t is not None and t.endswith("/stat") for t in kept.values())
+    del table
+    gc.collect()
+    assert all(target(fd) != t for fd, t in kept.items())  # closed (a number reused names another file)
