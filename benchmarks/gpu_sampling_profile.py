@@ -9,7 +9,8 @@ file twice a second (staggered, its figures moving a little each time) as the si
 publishes are not counted. With --frozen-model the model answers the 8 states of its first look for ever: the
 difference is what the simulator's model (and the new segments it sets off in the fake) costs a tick.
 Last line: one JSON object.
-Usage: python benchmarks/gpu_sampling_profile.py [--hz 10] [--ticks 300] [--profile] [--frozen-model]
+Usage: python benchmarks/gpu_sampling_profile.py [--hz 10] [--ticks 300] [--profile [--sort cumulative] [--top 25]]
+       [--frozen-model]
 """
 
 from __future__ import annotations
@@ -78,10 +79,14 @@ def _cpu() -> float:
     return time.process_time()
 
 
-def run(hz: float, ticks: int, profile: bool, frozen: bool = False) -> dict:
+def run(hz: float, ticks: int, profile: bool, frozen: bool = False, sort: str = "tottime", top: int = 25) -> dict:
     with tempfile.TemporaryDirectory() as d:
         state_dir = Path(d)
         dp8_states(state_dir)
+        # the directory as a running node's is: created long ago (its later publishes are written in place), so
+        # the model's reader lists it once, not at every step as it must while its mtime is too recent to trust
+        old = time.time_ns() - 60 * 10**9
+        os.utime(state_dir, ns=(old, old))
         clock = Clock()
         scen = SimScenario(state_dir)
         if frozen:
@@ -127,7 +132,7 @@ def run(hz: float, ticks: int, profile: bool, frozen: bool = False) -> dict:
            "cpu_pct_of_core": round(statistics.median(per_tick) * hz / 10, 3),
            "backend_share": round(backend / total, 3) if total else None}
     if profile:
-        st.sort_stats("tottime").print_stats(25)
+        st.sort_stats(sort).print_stats(top)
     return out
 
 
@@ -137,8 +142,10 @@ def main() -> int:
     ap.add_argument("--ticks", type=int, default=300)
     ap.add_argument("--profile", action="store_true", help="print the top functions by own time")
     ap.add_argument("--frozen-model", action="store_true", help="the model's first 8 states answered for ever")
+    ap.add_argument("--sort", default="tottime", help="with --profile: pstats sort key (tottime, cumulative)")
+    ap.add_argument("--top", type=int, default=25, help="with --profile: how many functions")
     args = ap.parse_args()
-    print(json.dumps(run(args.hz, args.ticks, args.profile, args.frozen_model)))
+    print(json.dumps(run(args.hz, args.ticks, args.profile, args.frozen_model, args.sort, args.top)))
     return 0
 
 
