@@ -133,6 +133,10 @@ class GpmReader:
         self._fast = _Query(SCALAR_METRICS + (NVLINK_TOTALS if nvlink_count else ()))
         links = link_metrics(nvlink_count)
         self._links = _Query(links) if links else None
+        # both in one struct, for a per-link read whose base is the previous sample (per-link reads on every tick:
+        # 1 Hz or slower): the two lists are then over the same interval, and one call answers them
+        both = self._fast.metrics + links
+        self._both = _Query(both) if links and len(both) <= _CAPACITY else None
         self._samples = [backend.nvmlGpmSampleAlloc() for _ in range(3 if links else 2)]
         n = len(self._samples)
         seen = (None, *range(n))
@@ -163,7 +167,9 @@ class GpmReader:
 
     def sample_rounded(self, links: bool = False) -> tuple[Any, Any]:
         """`sample` with its values as the rows store them (`_Query.rounded`): iterables of whole numbers or
-        None, aligned with `columns` and `link_columns`, each None where `sample` answers None."""
+        None, aligned with `columns` and `link_columns`, each None where `sample` answers None. Where the per-link
+        base is the previous sample (per-link rates read every tick) both come from one metrics call, as each
+        metric is a function of the two samples alone: the same figures for one call less a tick."""
         prev, base = self._prev, self._base  # `_take` written out: this runs for every GPU every tick
         cur = self._next[prev, base]
         s = self._samples
@@ -173,6 +179,9 @@ class GpmReader:
         if links and self._links is not None:
             self._base = cur
             if base is not None:
+                if base == prev and self._both is not None:  # one interval: one nvmlGpmMetricsGet for both lists
+                    vals = list(self._both.rounded(self._b, s[prev], s[cur]))
+                    return vals[:self.n_scalar], vals[self.n_scalar:]
                 link_vals = self._links.rounded(self._b, s[base], s[cur])
         return (None if prev is None else self._fast.rounded(self._b, s[prev], s[cur])), link_vals
 

@@ -462,3 +462,45 @@ def test_a_gpm_answer_is_read_without_a_python_step_per_metric(clock):
     assert rows2[1]["l1_tx_bytes_per_s"] == 200 * MIB and rows2[1]["l2_tx_bytes_per_s"] is None
     _, nan_rows = _agent_lines_in_one_tick(clock, 18, busy_state(18, dram_bw_pct=float("nan")))
     assert nan_rows[0]["dram_bw_pct"] is None and nan_rows[0]["sm_active_pct"] == 73
+
+
+class MovingNode(ConstantNode):
+    """Every look a new state (activity, PCIe and per-link NVLink rates moving with time): each GPM interval
+    spans state changes, as under a streamed load."""
+
+    def state(self, index: int, now: float) -> FakeGpuState:
+        n = self.specs[index].nvlink_count
+        w = (now * 7.3 + index) % 11
+        return busy_state(n, sm_active_pct=40.0 + w, dram_bw_pct=20.0 + w / 3, pcie_tx_bytes_per_s=(10 + w) * MIB,
+                          nvlink_tx_bytes_per_s=[(100 + w) * MIB * (k + 1) for k in range(n)],
+                          nvlink_rx_bytes_per_s=[(50 + w / 7) * MIB] * n)
+
+
+def test_at_1hz_one_gpm_metrics_call_answers_the_tick_and_its_per_link_rates(clock):
+    """Issue 29.3, session 12: at 1 Hz (per-link rates read every tick) the per-link base is the previous sample,
+    so the tick's figures and the per-link rates are over one interval and one nvmlGpmMetricsGet answers both:
+    one call a GPU a tick instead of two. The rows are those of two separate calls; at 10 Hz, where the per-link
+    base is a second old, the per-link tick still makes two."""
+    specs = h200_specs(2) + a100_specs(1)  # the A100 has no GPM: its field counters are untouched
+    node = MovingNode(specs)
+    one, made_one = make(node, clock)
+    two, made_two = make(node, clock)
+    one.open()
+    two.open()
+    for g in two._gpus:
+        if g.gpm is not None:
+            g.gpm._both = None  # the per-link rates from a call of their own, as before
+    for k, dt in enumerate([1.0] * 6 + [0.1] * 12 + [1.0] * 3):
+        clock.advance(dt)
+        before = made_one[0].calls.get("nvmlGpmMetricsGet", 0), made_two[0].calls.get("nvmlGpmMetricsGet", 0)
+        a, b = one.sample({4242}), two.sample({4242})
+        for rows_a, rows_b in ((a.gpu_rows, b.gpu_rows), (a.nvlink_rows, b.nvlink_rows)):
+            assert [list(r.items()) for r in rows_a] == [list(r.items()) for r in rows_b], k
+        calls = (made_one[0].calls.get("nvmlGpmMetricsGet", 0) - before[0],
+                 made_two[0].calls.get("nvmlGpmMetricsGet", 0) - before[1])
+        if 1 <= k < 6 or k >= 19:  # 1 Hz, past the first tick (no previous sample) and a per-link base a second old
+            assert calls == (2, 4), k
+            assert a.gpu_rows[0]["sm_active_pct"] is not None and len(a.nvlink_rows) == 3
+        else:  # the first tick, 10 Hz, and the first 1 Hz tick after it: the calls as before
+            assert calls[0] == calls[1], k
+    assert {r["gpu"] for r in a.nvlink_rows} == {0, 1, 2}

@@ -76,6 +76,9 @@ class RefGpm:
         link_vals = None
         if links and self.links:
             self.base = cur
+            if base is not None and base == prev:  # the per-link base is the previous sample: one call for both
+                both = self._metrics(self.fast + self.links, self.samples[prev], self.samples[cur])
+                return both[:len(self.fast)], both[len(self.fast):]
             if base is not None:
                 link_vals = self._metrics(self.links, self.samples[base], self.samples[cur])
         vals = None if prev is None else self._metrics(self.fast, self.samples[prev], self.samples[cur])
