@@ -10,6 +10,13 @@ Every 5 s, not after every commit: a 1 Hz tick rewrites the same few pages (each
 indexes), and one checkpoint copies a page once however often it changed (the checkpoint cost half a
 millisecond a tick at 8 GPUs). The WAL holds 5 s of ticks (~100 frames); with `synchronous = NORMAL` a power
 loss may cost the commits since the last checkpoint: up to 5 s of history, not 1 s.
+
+When the writer's tick commits are themselves 5 s apart (the 1 Hz agent lingers 5 s: store/writer.py
+`linger_for`), each commit's poke starts a round at once: the two threads wake together, once a round, and
+the round takes the writer's look at the -wal/-shm made just before its commit instead of scanning again
+(a round every 5 s on its own clock drifted against the commits: half its rounds waited twice, most scanned).
+Events and other writes commit without a poke; the next round copies them. A poke within a second of the last
+round (flushed or backlogged commits) waits for the next poke or the timer, an interval and a second after.
 """
 
 from __future__ import annotations
@@ -33,17 +40,26 @@ log = logging.getLogger(__name__)
 # triggers when this thread is stuck.
 FALLBACK_AUTOCHECKPOINT_PAGES = 16384
 SCAN_S = 2.0  # how long a look for an unlinked -wal/-shm holds (the writer looks as often: WAL_CHECK_S)
+# Rounds that follow commits are at least this far apart: a burst of commits (flushes, a backlog) shares one.
+ROUND_GAP_S = 1.0
 
 
 class Checkpointer:
-    def __init__(self, path: Path, interval_s: float = 5.0):
+    def __init__(self, path: Path, interval_s: float = 5.0, commit_every_s: float = 0.0,
+                 min_gap_s: float = ROUND_GAP_S):
         self.path = path
         self.interval_s = interval_s
+        # The writer's linger: its tick commits come that far apart. At least an interval: each commit's poke is a
+        # round, at once (see the module's docstring); else a round every interval, as commits come.
+        self.aligned = commit_every_s >= interval_s
+        self.min_gap_s = min_gap_s
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
         self.runs = 0
+        self._last_round = 0.0  # monotonic time the last checkpoint started (aligned rounds keep their spacing)
+        self._pending = False  # aligned: a poke since the last round that did not wake the thread (see poke)
         # (monotonic time the last scan goes stale, what it found): one tuple, so the writer's note is atomic
         self._scan: tuple[float, bool] = (0.0, False)
 
@@ -52,7 +68,11 @@ class Checkpointer:
         self._thread.start()
 
     def poke(self) -> None:
-        """Called after a commit: a checkpoint soon, not a busy loop (the event coalesces pokes)."""
+        """Called after a commit: a checkpoint soon, not a busy loop (the event coalesces pokes). Aligned, a poke
+        within `min_gap_s` of the last round is left to the next poke or the timer (see the module's docstring)."""
+        if self.aligned and time.monotonic() < self._last_round + self.min_gap_s:
+            self._pending = True
+            return
         self._wake.set()
 
     def stop(self) -> None:
@@ -79,9 +99,12 @@ class Checkpointer:
 
     def _run(self) -> None:
         conn: _Kept | None = None
+        # Aligned, the wait is for the next commit's poke; its timer (the idle look below, a deferred poke's round)
+        # runs a gap past the next commit, so it does not fire a moment before that poke.
+        idle_s = self.interval_s + self.min_gap_s if self.aligned else self.interval_s
         try:
             while not self._stop.is_set():
-                poked = self._wake.wait(self.interval_s)
+                poked = self._wake.wait(idle_s)
                 self._wake.clear()
                 if self._stop.is_set():
                     return
@@ -92,10 +115,14 @@ class Checkpointer:
                     conn = _Kept.close(conn)
                     self._stop.wait(self.interval_s)
                     continue
-                if not poked and self.runs:
+                if not (poked or self._pending) and self.runs:
                     continue  # nothing was committed since the last checkpoint
+                self._pending = False  # before the round: a commit after this is copied now or by the next one
+                self._wake.clear()
+                self._last_round = time.monotonic()
                 conn = self._checkpoint(conn)
-                self._stop.wait(self.interval_s)  # the commits of the next interval share one checkpoint
+                if not self.aligned:
+                    self._stop.wait(self.interval_s)  # the commits of the next interval share one checkpoint
         finally:
             _Kept.close(conn)
 

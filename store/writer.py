@@ -95,16 +95,19 @@ def _now_ms(clock: Callable[[], float]) -> int:
 def linger_for(sample_interval_s: float) -> float:
     """How long the agent's ticks wait to share a transaction (StoreWriter's `linger_s`) at a sampling interval.
 
-    Below 1 s: a second of ticks a transaction (issue 29.3). At 1 s: two ticks a transaction (session 9): the
-    fixed part of a 1 Hz tick (BEGIN, COMMIT's WAL frames, the thread's wake-up, the file checks that share it)
-    was about half of the writer's CPU. What it trades: a crash (SIGKILL, OOM, power) loses at most the ticks
-    of the last 2 s instead of none (a power loss may cost up to 5 s anyway: see store/checkpoint.py), and the
-    history shows a tick up to 2 s late. The live views read the socket, not the database; events, flush()
-    and close() still write at once. Slower sampling gains nothing from waiting: no linger.
+    Below 1 s: a second of ticks a transaction (issue 29.3). From 1 s to 2 s: five seconds of ticks (session 12;
+    two in session 9): at 1 Hz almost all of the writer's CPU is fixed cost per transaction and wake-up (BEGIN,
+    COMMIT's WAL frames, the thread's wake-up, the file checks that share it), and at 5 s a commit lines up with
+    the checkpointer's 5 s rounds (one wake-up of each thread a round, see Checkpointer's `commit_every_s`).
+    What it trades: a crash (SIGKILL, OOM) loses at most the ticks of the last 5 s instead of none, which is
+    what a power loss may cost anyway (commits wait up to 5 s for a checkpoint's fsync: store/checkpoint.py);
+    the history shows a tick up to 5 s late, and a -wal/-shm unlinked or a database swapped is noticed up to
+    5 s late (the file checks ride the thread's wake-ups). The live views read the socket, not the database;
+    events, flush() and close() still write at once. Slower sampling gains nothing from waiting: no linger.
     """
     if sample_interval_s < 1.0:
         return 1.0
-    return 2.0 if sample_interval_s < 2.0 else 0.0
+    return 5.0 if sample_interval_s < 2.0 else 0.0
 
 
 def _insert_sql(table: str, key: tuple[str, ...], metrics: tuple[tuple[str, str, str], ...],
@@ -552,7 +555,7 @@ class StoreWriter:
         self._hand_over_held()
         if self._thread is None:
             self.conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_AUTOCHECKPOINT_PAGES}")
-            self._checkpointer = Checkpointer(self.path)
+            self._checkpointer = Checkpointer(self.path, commit_every_s=self.linger_s)
             self._checkpointer.start()
             self._thread = threading.Thread(target=self._run, name="lynxtop-store-writer", daemon=True)
             self._thread.start()
@@ -1196,7 +1199,7 @@ class StoreWriter:
         self._marks = swap.Marks.take(conn, self._last_tick_ts)
         self._marks_at = (conn, self._id_writes)
         if self._thread is not None and self._checkpointer is None:
-            self._checkpointer = Checkpointer(self.path)
+            self._checkpointer = Checkpointer(self.path, commit_every_s=self.linger_s)
             self._checkpointer.start()
         return True
 
@@ -1273,7 +1276,7 @@ class StoreWriter:
                 return False, "saved the WAL's frames into the main file, but cannot reopen it; retrying"
         finally:
             if self._thread is not None and self._checkpointer is None and not self._conn_lost:
-                self._checkpointer = Checkpointer(self.path)
+                self._checkpointer = Checkpointer(self.path, commit_every_s=self.linger_s)
                 self._checkpointer.start()
         left = inproc.unlinked_files(self.path, full=True)
         if left:
