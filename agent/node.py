@@ -122,6 +122,7 @@ class Node:
         self._members: set[int] = set()
         self._members_key: str | None = None
         self._members_at = 0.0
+        self._target: ScrapeTarget | None = None  # the last scrape target given (_scrape_target)
         self.proc_table = ProcTable()  # the host tree and the run's members, read between looks
         self._stop = asyncio.Event()
         self.config = ConfigSource(cfg)  # profiles re-read in one place, shared with the supervisor
@@ -413,7 +414,8 @@ class Node:
         """(vLLM's root pid, the run id) for the next tick."""
         sup = self.supervisor
         assert sup is not None
-        return sup.vllm_root_pid(), sup.run_id
+        runs = sup.runs  # the lifecycle's own: the supervisor's forwarding __getattr__ costs a failed lookup each
+        return runs.vllm_root_pid(), runs.run_id
 
     def _beat(self, now: float) -> None:
         """Every interval, ticking or not: recurring failures' episodes, and now and then the socket's path."""
@@ -443,7 +445,7 @@ class Node:
         ticker's clock thread, the one thread reading the process table."""
         now = time.monotonic()
         sup = self.supervisor
-        token = sup.run_token() if sup is not None else None
+        token = sup.runs.run_token() if sup is not None else None
         if sup is not None and token is not None and (self._members_key != token or now - self._members_at > 5.0):
             self._members = set(sup.run_members(self.proc_table))
             self._members_key, self._members_at = token, now
@@ -452,12 +454,20 @@ class Node:
     def _scrape_target(self) -> ScrapeTarget | None:
         """The served vLLM while it serves (ready or degraded); None otherwise: nothing to scrape."""
         sup = self.supervisor
-        if sup is None or not sup.state.serving:
+        if sup is None:
             return None
-        url = sup.url()
+        runs = sup.runs  # read once a tick: the lifecycle's own, not through the supervisor's __getattr__
+        if not runs.state.serving:
+            return None
+        url = runs.url()
         if url is None:
             return None
-        return ScrapeTarget(url, sup.run_id, sup.run_token())
+        run_id, token = runs.run_id, runs.run_token()
+        last = self._target
+        if last is not None and last.url == url and last.run_id == run_id and last.run_token == token:
+            return last  # the same object while the run is the same: ScrapeSource compares it by identity first
+        self._target = ScrapeTarget(url, run_id, token)
+        return self._target
 
     # ------------------------------------------------------------------------------------------ status
 

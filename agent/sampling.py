@@ -391,7 +391,7 @@ class ScrapeSource:
 
         if self.totals is None:
             self.totals = ServingTotals()
-        if self.scraper is None or self.hang is None or self._key != target:
+        if self.scraper is None or self.hang is None or (target is not self._key and target != self._key):
             if self.scraper is not None:
                 self.scraper.close()  # its kept connection to the previous run's server
             self.scraper = MetricsScraper(target.url, window_s=self.window_s, timeout_s=self.timeout_s)
@@ -414,8 +414,8 @@ class ScrapeSource:
         """This tick's answer when there is nothing to wait for (nothing served, or no scrape due or running: 9
         ticks in 10 at 10 Hz), else NOT_NOW with nothing done (`sample` then)."""
         target = self.target()
-        if target is not None and (self._pending is not None or tick.t0 >= self._next or self._key != target
-                                   or self.scraper is None):
+        if target is not None and (self._pending is not None or tick.t0 >= self._next or self.scraper is None
+                                   or (target is not self._key and target != self._key)):  # a new run's
             self._asked = (tick, target)
             return NOT_NOW
         refused = [as_event(ev, run_id=target.run_id if target else None) for ev in self._http_events()]

@@ -25,6 +25,7 @@ from lynxtop.contract.status import (
     HostStatus,
     NvmlStatus,
     ServingMetrics,
+    ServingState,
     SlaStatus,
     Status,
     StoreStatus,
@@ -78,12 +79,16 @@ class StatusView:
         sup = n.supervisor
         if sup is None:
             return "starting"
-        s = sup.serving_status()
-        parts = [f"serving {s.state}"]
-        if s.profile:
-            parts.append(f"profile {s.profile}" + (f" run {s.run_id}" if s.run_id else ""))
-        if s.phase:
-            parts.append(f"phase {s.phase}")
+        # the four fields the line shows, as serving_status() gives them: not its whole ServingStatus (~20 fields,
+        # a PhaseMark per phase) once a tick for a line that then rarely changes (issue 29.3)
+        lc = sup.runs
+        state, run, profile, run_id = lc.state, lc.run, lc.profile_name, lc.run_id
+        parts = [f"serving {state}"]
+        if profile:
+            parts.append(f"profile {profile}" + (f" run {run_id}" if run_id else ""))
+        phase = run.tracker.phase if run is not None and state == ServingState.STARTING else None
+        if phase:
+            parts.append(f"phase {phase}")
         parts.append(f"{len(n.gpu_view.static)} GPUs" + (" (SIMULATED)" if n.simulated else ""))
         if n.cluster is not None:
             parts.append(f"{n.cluster.role}, Ray {n.cluster.ray.state}")
