@@ -43,6 +43,14 @@ PARTS = [
     ("lynxtop.agent.node", "Node._record"), ("lynxtop.agent.sampling", "GpuSource.sample_now"),
     ("lynxtop.agent.sampling", "SlaSource.sample_now"), ("lynxtop.agent.serving.health", "HangDetector.observe"),
     ("lynxtop.agent.serving.lifecycle", "RunLifecycle.on_verdict"),
+    # the landing's and the end's own parts, and the status line's
+    ("lynxtop.agent.sampling", "stages_now"), ("lynxtop.agent.sampling", "ScrapeSource.sample_now"),
+    ("lynxtop.agent.node", "Node._scrape_target"), ("lynxtop.agent.node", "Node._beat"),
+    ("lynxtop.agent.ticker", "Ticker._arm"), ("lynxtop.agent.status_view", "StatusView.line"),
+    ("lynxtop.agent.serving.supervisor", "Supervisor.serving_status"),
+    ("lynxtop.store.writer", "StoreWriter.stats"), ("lynxtop.store.writer", "StoreWriter.submit_tick"),
+    ("lynxtop.agent.metrics.windows", "ServingWindows.counter_columns"),
+    ("lynxtop.agent.metrics.histogram", "SlidingHistogram._prepare"),
 ]
 
 # Loaded by the agent's interpreter only (its argv says `agent`): wraps PARTS, writes the sums every second.
