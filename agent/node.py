@@ -189,7 +189,7 @@ class Node:
         try:
             # lock=True: the database file itself is locked, so a second agent reaching it by another path (a
             # symlink, a hard link, a bind mount) is refused before it writes anything
-            # linger: ticks share a transaction: a second of them below 1 s sampling, two at 1 s (linger_for)
+            # linger: ticks share a transaction: a second of them below 1 s sampling, five at 1 s (linger_for)
             # on_event: the store's own events (a file moved aside, writes failing) take the one event path too
             # (the store may not import the agent); those of opening are handed over at start(), sink made
             self.writer = StoreWriter(a.database, retention=a.retention, clock=self.timeline.time, lock=True,
