@@ -38,6 +38,7 @@ from lynxtop.contract.files import read_all
 
 HOST_COLUMNS = names(HOST_METRICS)
 ROLES = ("api", "engine", "workers")
+_DEAD = (b"Z", b"X")  # a process' state in /proc/<pid>/stat: zombie, dead
 
 
 def role_of(title: str) -> str:
@@ -155,10 +156,12 @@ def _per_core() -> list[tuple[float, float]]:
             out.append((total - c.idle - getattr(c, "iowait", 0.0), total))
         return out
     out = []
-    for line in data.split(b"\n"):
+    end = data.find(b"\nintr")  # the cores' lines come first; intr's hundreds of counters need no splitting
+    for line in (data if end < 0 else data[:end]).split(b"\n"):
         if not line.startswith(b"cpu") or line.startswith(b"cpu "):
             continue
-        v = [int(x) for x in line.split()[1:]] + [0] * 10  # user nice system idle iowait irq softirq steal guest ...
+        # user nice system idle iowait irq softirq steal: only the 8 used are converted (half the cost)
+        v = [*map(int, line.split(None, 9)[1:9]), 0, 0, 0, 0, 0]
         # guest time is already inside user on Linux; counting it twice would exceed 100 %
         total = float(sum(v[:8]))
         out.append((total - v[3] - v[4], total))
@@ -232,9 +235,9 @@ class HostSampler:
             return set()
         return set(self._members(root_pid))
 
-    def _members(self, root_pid: int) -> dict[int, procs.ProcUsage]:
-        """The tree's live members with their usage, one /proc read each (a walk's reads are its usage); a
-        member gone re-walks the tree."""
+    def _members(self, root_pid: int) -> dict[int, tuple[float, int]]:
+        """The tree's live members with their (CPU seconds, RSS bytes), one /proc read each (a walk's reads are
+        its usage); a member gone re-walks the tree."""
         now = self._clock()
         if (root_pid != self._tree_root or now - self._tree_at >= self.tree_refresh_s
                 or self._table.looks != self._tree_look and self._table.fresh()):  # another reader's listing
@@ -246,15 +249,18 @@ class HostSampler:
             usage = self._usage()
         return usage
 
-    def _usage(self) -> dict[int, procs.ProcUsage]:
+    def _usage(self) -> dict[int, tuple[float, int]]:
+        """Each kept member's (CPU seconds, RSS bytes) read now: one pread a process, parsed into a tuple (no
+        object a process); one that is gone, a zombie or its pid reused is left out."""
         out = {}
-        for pid, start in self._procs.items():
-            u = self._stat_files.usage(pid)
-            if u is not None and u.start_ticks == start and u.state not in ("Z", "X"):
-                out[pid] = u
+        usage_fields = procs.usage_fields
+        for (pid, start), raw in zip(self._procs.items(), self._stat_files.read_many(self._procs), strict=True):
+            u = None if raw is None else usage_fields(raw)
+            if u is not None and u[0] == start and u[1] not in _DEAD:
+                out[pid] = u[2], u[3]
         return out
 
-    def _refresh_tree(self, root_pid: int, now: float) -> dict[int, procs.ProcUsage]:
+    def _refresh_tree(self, root_pid: int, now: float) -> dict[int, tuple[float, int]]:
         """Walk the tree again; the usage of its members from the walk's own reads (made now)."""
         self._tree_root, self._tree_at = root_pid, now
         usage: dict[int, procs.ProcUsage] = {}
@@ -270,7 +276,7 @@ class HostSampler:
         for s in members:
             if s.pid not in self._roles:
                 self._roles[s.pid] = role_of(_title(s))
-        return usage
+        return {pid: (u.cpu_s, u.rss_bytes) for pid, u in usage.items()}
 
     # ------------------------------------------------------------------ one tick
 
@@ -347,14 +353,14 @@ class HostSampler:
         rss = dict.fromkeys(ROLES, 0)
         # the tree's first tick has no previous CPU times: its rates are unknown (None), not zero
         have_rate = dt is not None and dt > 0 and bool(self._prev_proc_cpu)
-        for pid, u in members.items():
-            used = u.cpu_s
-            role = self._roles.get(pid, "api")
-            rss[role] += u.rss_bytes
-            prev = self._prev_proc_cpu.get(pid)
+        roles, prev_cpu = self._roles, self._prev_proc_cpu
+        for pid, (used, rss_bytes) in members.items():
+            role = roles.get(pid, "api")
+            rss[role] += rss_bytes
+            prev = prev_cpu.get(pid)
             if prev is not None and have_rate:  # a process born this tick counts from the next one
                 cpu[role] += 100.0 * max(0.0, used - prev) / dt  # type: ignore[operator]
-            self._prev_proc_cpu[pid] = used
+            prev_cpu[pid] = used
         row["vllm_procs"] = len(members)
         row["vllm_rss_bytes"] = sum(rss.values())
         for role in ROLES:

@@ -10,8 +10,11 @@ What the table answers is checked against a fresh read of each process it names 
 can leave a process out until the next full look but never puts a gone or reused pid in. Those reads go through
 descriptors kept open (`files`, shared with the host sampler, which reads the tree's usage through them every
 tick): a pread instead of an open, a read and a close; a kept descriptor that fails (its process reaped, the pid
-perhaps reused) is dropped and the path opened afresh, so a read says what a fresh one would. Decisions about
-stopping a run (is it gone, what is left) still scan afresh: they are rare and must not be a minute late.
+perhaps reused) is dropped and the path opened afresh, so a read says what a fresh one would. The node looks
+for the run's members just before the host row walks the tree, in the same tick and on the same listing: the
+walk takes the members' confirming reads of the processes both name (once, within `share_s`) rather than read
+them again. Decisions about stopping a run (is it gone, what is left) still scan afresh: they are rare and must
+not be a minute late.
 """
 
 from __future__ import annotations
@@ -28,10 +31,13 @@ _DEAD = ("Z", "X")
 class ProcTable:
     """Thread-safe: the host sampler and the run's member lookup read it from worker threads."""
 
-    def __init__(self, full_every_s: float = 60.0, reuse_s: float = 1.0,
+    def __init__(self, full_every_s: float = 60.0, reuse_s: float = 1.0, share_s: float = 0.05,
                  clock: Callable[[], float] = time.monotonic):
         self.full_every_s = full_every_s
         self.reuse_s = reuse_s  # a look this young is answered again (both readers look in the same tick)
+        self.share_s = share_s  # a tree walk this soon after the members' look takes its reads (same tick)
+        self._shared: dict[int, bytes] = {}  # pid -> the members' confirming read, for one walk to take
+        self._shared_at: float | None = None
         self._clock = clock
         self._lock = threading.Lock()
         self._stats: dict[int, procs.ProcStat] = {}
@@ -78,19 +84,28 @@ class ProcTable:
         self._tokens = {k: v for k, v in self._tokens.items() if k[0] in table and table[k[0]].start_ticks == k[1]}
         return table
 
-    def _fresh(self, pid: int, usage: dict[int, procs.ProcUsage] | None = None) -> procs.ProcStat | None:
+    def _fresh(self, pid: int, usage: dict[int, procs.ProcUsage] | None = None,
+               shared: dict[int, bytes] | None = None) -> procs.ProcStat | None:
         """A live process' stat read now (and kept); None when it is gone or a zombie. With `usage`, the same
-        read's CPU time and RSS go into it."""
-        raw = self.files.read(pid, reopen=True)
-        s = None if raw is None else procs.stat_of(pid, raw)
-        if raw is None or s is None or s.state in _DEAD:
+        read's CPU time and RSS go into it. `shared`: reads made a moment ago, each taken (once) instead of a
+        read of its own; a pid read here is put in it when it is the members' look's."""
+        raw = shared.pop(pid, None) if shared else None
+        if raw is None:
+            raw = self.files.read(pid, reopen=True)
+            if raw is not None and shared is self._shared:
+                shared[pid] = raw
+        if raw is None:
+            s = u = None
+        elif usage is None:
+            s, u = procs.stat_of(pid, raw), None
+        else:
+            s, u = procs.stat_usage_of(pid, raw)  # one split for both
+        if s is None or s.state in _DEAD:
             self._stats.pop(pid, None)
             return None
         self._stats[pid] = s
-        if usage is not None:
-            u = procs.usage_of(raw)
-            if u is not None:
-                usage[pid] = u
+        if u is not None and usage is not None:
+            usage[pid] = u
         return s
 
     def members(self, token: str | None, pgid: int | None, roots: Iterable[int] = (),
@@ -101,9 +116,10 @@ class ProcTable:
             live = {pid: s for pid, s in table.items() if s.state not in _DEAD}
             found = procs.members_in(live, token, pgid, roots, since_ticks, lambda s: self._token(s) == token)
             out = []
+            self._shared, self._shared_at = {}, self._clock()  # these reads serve the tree walk of this tick too
             for pid in found:
                 kept = table[pid].start_ticks
-                s = self._fresh(pid)
+                s = self._fresh(pid, shared=self._shared)
                 if s is not None and s.start_ticks == kept:
                     out.append(pid)
             return out
@@ -120,20 +136,25 @@ class ProcTable:
         Children are found through the kept parents and confirmed by the fresh read: a process that is not a
         child of its tree member any more (reparented, or a reused pid) is left out with its subtree. With
         `usage`, each member's usage from that same read is put in it (the host sampler's tick needs no second
-        read of the tree it has just walked)."""
+        read of the tree it has just walked). A walk within `share_s` of the members' look (the same tick: the
+        node looks for them just before the host row) takes that look's reads of the processes both name
+        instead of reading them again, once: any later walk reads afresh."""
         with self._lock:
+            now = self._clock()
+            fresh_shared = self._shared_at is not None and 0 <= now - self._shared_at < self.share_s
+            shared, self._shared = (self._shared if fresh_shared else {}), {}
             children: dict[int, list[int]] = {}
             for s in self._look().values():
                 children.setdefault(s.ppid, []).append(s.pid)
             read: dict[int, procs.ProcUsage] | None = None if usage is None else {}
-            top = self._fresh(root, read)
+            top = self._fresh(root, read, shared)
             if top is None:
                 return []
             out, todo, seen = [top], [top], {root}
             while todo:
                 parent = todo.pop()
                 for pid in children.get(parent.pid, ()):
-                    s = None if pid in seen else self._fresh(pid, read)
+                    s = None if pid in seen else self._fresh(pid, read, shared)
                     if s is not None and s.ppid == parent.pid:
                         seen.add(pid)
                         out.append(s)

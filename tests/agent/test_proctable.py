@@ -226,3 +226,38 @@ def test_a_table_that_goes_closes_the_descriptors_it_kept():
     del table
     gc.collect()
     assert all(target(fd) != t for fd, t in kept.items())  # closed (a number reused names another file)
+
+
+def test_a_walk_in_the_members_tick_takes_their_reads_once(tree, monkeypatch):
+    """The node looks for the run's members just before the host row walks the tree (the same tick, the same
+    listing): the walk takes that look's confirming reads instead of reading each process again, with the usage
+    of those reads; once: the next walk reads every member afresh."""
+    leader, token = tree
+    table = ProcTable(clock=Clock())
+    start = procs.stat(leader.pid).start_ticks
+    named = set(table.members(token, leader.pid, [leader.pid], start))
+    assert len(named) == 3
+    reads: list[int] = []
+    real = procs._pread
+    monkeypatch.setattr(procs, "_pread", lambda fd: reads.append(fd) or real(fd))
+    usage: dict[int, procs.ProcUsage] = {}
+    assert {s.pid for s in table.tree(leader.pid, usage)} == named
+    assert reads == []  # no second read of a process the members' look has just read
+    assert set(usage) == named
+    assert all(usage[p].start_ticks == procs.stat(p).start_ticks and usage[p].rss_bytes > 0 for p in named)
+    assert {s.pid for s in table.tree(leader.pid)} == named and len(reads) == 3  # taken once
+
+
+def test_a_walk_later_than_the_members_tick_reads_afresh(tree):
+    """The members' reads serve only a walk within `share_s` of them: a walk later reads each process again, so
+    a child killed since (a zombie its parent has not reaped) is not named, nor its subtree."""
+    leader, token = tree
+    clock = Clock()
+    table = ProcTable(clock=clock)
+    start = procs.stat(leader.pid).start_ticks
+    named = set(table.members(token, leader.pid, [leader.pid], start))
+    child = next(p for p in named if p != leader.pid and psutil.Process(p).ppid() == leader.pid)
+    os.kill(child, signal.SIGKILL)
+    _wait_for(lambda: procs.stat(child).state == "Z", "the zombie")
+    clock.t += 2 * table.share_s  # still the same look (reuse_s), not the same tick
+    assert {s.pid for s in table.tree(leader.pid)} == {leader.pid}

@@ -276,3 +276,18 @@ def test_a_tick_reads_each_member_once_walk_or_not(tmp_path, vllm_tree, monkeypa
         assert sorted(reads) == sorted(members), f"walk={walks}"
         assert row["vllm_procs"] == 3 and row["vllm_cpu_pct"] is not None
     assert opens == []
+
+
+def test_per_core_times_from_proc_stat(monkeypatch):
+    """Each core's (busy, total) as psutil adds them: the first 8 counters (guest time is inside user), idle and
+    iowait not busy; a kernel that prints fewer counters reads them as 0; intr's line and those after it are no
+    core's, and a total line is skipped."""
+    stat = (b"cpu  10 20 30 40 50 60 70 80 90 100\n"
+            b"cpu0 1 2 3 4 5 6 7 8 9 10\n"
+            b"cpu1 100 0 50 1000 7\n"
+            b"cpu2 5 5 5 5\n"
+            b"intr 123 4 5 6 7\nctxt 999\ncpu9 1 1 1 1 1 1 1 1\nsoftirq 1 2 3\n")
+    monkeypatch.setattr(host_mod, "_read", lambda path: stat if path == "/proc/stat" else None)
+    assert host_mod._per_core() == [(36.0 - 4 - 5, 36.0), (1157.0 - 1000 - 7, 1157.0), (20.0 - 5, 20.0)]
+    stat = stat[:stat.find(b"intr")]  # no intr line: the whole file is read for the cores
+    assert host_mod._per_core() == [(27.0, 36.0), (150.0, 1157.0), (15.0, 20.0)]
