@@ -177,7 +177,7 @@ def test_lingering_writer_puts_a_second_of_ticks_in_one_transaction_yet_flush_an
 
 def test_the_agent_s_1_hz_writer_puts_five_seconds_of_ticks_in_a_transaction_and_loses_none(db):
     """At 1 s sampling the agent's writer lingers 5 s (session 12, linger_for; 2 s in session 9, none before):
-    5 ticks submitted a second apart, then a flush, are one commit (the 2 s linger made 2 or 3, the old agent's
+    5 ticks submitted 0.8 s apart, then a flush, are one commit (the 2 s linger made 2 or 3, the old agent's
     writer one a tick: 5); flush() still writes at once and every tick is stored whole. A crash may cost the
     last 5 s of ticks, as a power loss may (docs/store.md). Below 1 s a second of ticks a transaction as before;
     slower sampling does not wait."""
@@ -189,7 +189,7 @@ def test_the_agent_s_1_hz_writer_puts_five_seconds_of_ticks_in_a_transaction_and
         for i in range(5):
             submit(w, 1, start_i=i)
             if i < 4:
-                time.sleep(1.0)  # the agent's cadence: counts are asserted, not times
+                time.sleep(0.8)  # about the agent's cadence, with 1.8 s to spare on a loaded machine
         assert w.flush(30)
         st = w.stats()
     finally:
