@@ -88,3 +88,12 @@ def read_all(path: str) -> bytes:
         return b"".join(parts)
     finally:
         os.close(fd)
+
+
+def close_fds(fds: dict) -> None:
+    """Close every descriptor a dict holds (its values) and empty it: a kept-descriptor cache's finalizer, so
+    none is left open when its owner goes without a close. A descriptor already closed is passed over."""
+    for fd in fds.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()

@@ -22,7 +22,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lynxtop.contract.files import atomic_write, read_all
+from lynxtop.contract.files import atomic_write, close_fds, read_all
 
 STATE_VERSION = 3  # 1 was JSON, 2 was replaced by a rename at every publish (no generation)
 SLOT = 4096  # a state file's size is a multiple of this: a publish of the same size is written in place
@@ -214,15 +214,6 @@ def _is_proc(proc: Proc) -> bool:
     return type(pid) is int and pid > 0 and (ticks is None or type(ticks) is int)
 
 
-def _close_all(fds: dict[Proc, int]) -> None:
-    for fd in fds.values():
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    fds.clear()
-
-
 class PidWatch:
     """Whether memory holders are still the same live processes, by pidfd: /proc is read once per holder.
 
@@ -239,7 +230,7 @@ class PidWatch:
         self._poll = select.poll() if hasattr(select, "poll") else None
         self._exited: set[int] | None = None  # fds readable at this read's poll (None: not polled yet)
         self.usable = self._poll is not None and hasattr(os, "pidfd_open")
-        weakref.finalize(self, _close_all, self._fds)
+        weakref.finalize(self, close_fds, self._fds)
 
     def begin(self) -> None:
         """A new directory read: the next question polls again."""

@@ -16,6 +16,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from lynxtop.contract.files import close_fds
+
 RUN_TOKEN_ENV = "LYNXTOP_RUN_TOKEN"
 SHM_SEGMENT = re.compile(r"/dev/shm/psm_[0-9A-Za-z_]+")
 
@@ -142,7 +144,7 @@ class StatFiles:
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
         # the node's table lives as long as its node, which has no close for it: its fds go with it
-        weakref.finalize(self, _close_fds, self._fds)
+        weakref.finalize(self, close_fds, self._fds)
 
     def read(self, pid: int, reopen: bool = False) -> bytes | None:
         """What /proc/<pid>/stat holds now (None: gone). A kept descriptor that fails is dropped; with `reopen`
@@ -200,15 +202,6 @@ class StatFiles:
         fd = self._fds.pop(pid, None)
         if fd is not None:
             os.close(fd)
-
-
-def _close_fds(fds: dict[int, int]) -> None:
-    for fd in fds.values():
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    fds.clear()
 
 
 def _pread(fd: int) -> bytes:
