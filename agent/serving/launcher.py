@@ -389,8 +389,25 @@ def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profi
     return proc
 
 
-def check_adoptable(record: ServerRecord) -> str | None:
-    """Why `record` can not be adopted (None: it is the same live process, started with the same argv)."""
+def check_adoptable(record: ServerRecord, settle_tries: int = 20, settle_s: float = 0.005) -> str | None:
+    """Why `record` can not be adopted (None: it is the same live process, started with the same argv).
+
+    A server started through wrappers (a pyenv shim, `env`, a shell script) execs several times in its first
+    moments, and for the instant of each exec its /proc environ and cmdline read empty: a mismatch is looked at
+    again for up to `settle_tries` x `settle_s` before the process is called someone else's.
+    """
+    for _ in range(settle_tries - 1):
+        reason = _why_not_adoptable(record)
+        if reason is None or not reason.endswith(_OTHER_COMMAND):
+            return reason
+        time.sleep(settle_s)
+    return _why_not_adoptable(record)
+
+
+_OTHER_COMMAND = "runs a different command line"
+
+
+def _why_not_adoptable(record: ServerRecord) -> str | None:
     st = procs.stat(record.pid)
     if st is None or st.state in ("Z", "X"):
         return f"pid {record.pid} is no longer running"
@@ -400,7 +417,7 @@ def check_adoptable(record: ServerRecord) -> str | None:
     if args is None:
         return f"cannot read the command line of pid {record.pid}"
     if not _same_command(args, record.argv) and not procs.environ_has(record.pid, RUN_TOKEN_ENV, record.token):
-        return f"pid {record.pid} runs a different command line"
+        return f"pid {record.pid} {_OTHER_COMMAND}"
     return None
 
 

@@ -226,7 +226,8 @@ async def test_switch_frees_gpus_before_new_start(make_sup, store):
     exited = [e for e in events(store, "serving.exited") if e["run_id"] == old_run][0]
     assert exited["ts_ms"] <= started
     assert all(not procs.alive(p) for p in old_pids)
-    assert events(store, "action.switch.done")
+    # the slot frees as the run turns ready; the action's task writes its event on its next turn
+    await wait_for(lambda: events(store, "action.switch.done"), 5, what="the switch's done event")
     await sup.shutdown(stop_serving=True)
 
 
@@ -312,7 +313,7 @@ async def test_failed_switch_says_how_to_switch_back(make_sup, store, h, tmp_pat
     await start_ready(sup, "good")
     await sup.switch("bad", by="uid 1000 (alice)")
     await wait_for(lambda: sup.action is None, 30, what="switch finished")
-    ev = events(store, "action.switch.failed")
+    ev = await wait_for(lambda: events(store, "action.switch.failed"), 5, what="the switch's failed event")
     assert ev and "switch back with `lynxtop switch good`" in ev[0]["message"]
     assert sup.state in ("backoff", "starting", "stopping")  # the new profile keeps retrying until told otherwise
     for _ in range(50):  # switching back is allowed (a retry being spawned right now is "busy" for a moment)
