@@ -2,7 +2,8 @@
 
 scale.py measures the agent on 8 simulated GPUs behind the fake NVML, where the fake and the simulator's GPU model
 run inside the agent process; this is the same agent on real GPUs, where those costs are the driver's. Run on a
-GPU machine where lynxtop is installed (`pip install --no-deps .`):
+GPU machine where lynxtop is installed (`python3 -m pip install --no-deps --no-build-isolation .`: the last flag
+where the machine has no network, as pip would fetch setuptools otherwise):
 
     python3 benchmarks/agent_cpu_on_gpu.py [--seconds 20] [--rates 1,10]
 

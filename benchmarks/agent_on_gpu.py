@@ -1,7 +1,8 @@
 """The whole agent on a real GPU node: `lynxtop agent` (real NVML, no profile) records a matmul load.
 
-Run on a GPU machine where lynxtop is installed (`pip install --no-deps .` is enough where aiohttp, psutil,
-prometheus-client and nvidia-ml-py exist) and torch is present:
+Run on a GPU machine where lynxtop is installed (`python3 -m pip install --no-deps --no-build-isolation .` is
+enough where aiohttp, psutil, prometheus-client and nvidia-ml-py exist; the last flag where the machine has no
+network) and torch is present:
 
     python3 benchmarks/agent_on_gpu.py
 
