@@ -12,6 +12,7 @@ import ipaddress
 import os
 import re
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -232,10 +233,37 @@ def environ_has(pid: int, key: str, value: str) -> bool:
 
 def environ_value(pid: int, key: str) -> str | None:
     """The value of `key` in the environment `pid` was started with (None: unset, or the process is gone)."""
+    return environ_entry(environ_raw(pid), key)
+
+
+def environ_raw(pid: int) -> bytes | None:
+    """/proc/<pid>/environ as read (None: gone or not readable). Empty for a kernel thread, and for the instant
+    of an exec: a process started through wrappers (a pyenv shim, `env`) reads empty a few times in its first
+    moments, which says nothing about its environment (`settled_environ_value`)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
+            return f.read()
     except OSError:
+        return None
+
+
+def is_kernel_thread(s: ProcStat) -> bool:
+    """kthreadd (pid 2) and its children: their environment is empty for good."""
+    return s.pid == 2 or s.ppid == 2
+
+
+def settled_environ_value(s: ProcStat, key: str, tries: int = 3, pause_s: float = 0.005) -> str | None:
+    """`environ_value`, with an empty read of a user process (an exec under way) looked at again."""
+    raw = environ_raw(s.pid)
+    while raw == b"" and tries > 0 and not is_kernel_thread(s):
+        time.sleep(pause_s)
+        raw, tries = environ_raw(s.pid), tries - 1
+    return environ_entry(raw, key)
+
+
+def environ_entry(raw: bytes | None, key: str) -> str | None:
+    """`key`'s value in an environment as `environ_raw` read it."""
+    if not raw:
         return None
     prefix = f"{key}=".encode()
     for entry in raw.split(b"\0"):
@@ -297,7 +325,7 @@ def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = ()
     their environments are read (a node's hundreds of older processes cost a stat each, not two reads)."""
     stats = {s.pid: s for s in (stat(p) for p in all_pids()) if s is not None and s.state not in ("Z", "X")}
     return members_in(stats, token, pgid, roots, since_ticks,
-                      lambda s: token is not None and environ_has(s.pid, RUN_TOKEN_ENV, token))
+                      lambda s: token is not None and settled_environ_value(s, RUN_TOKEN_ENV) == token)
 
 
 def members_in(stats: dict[int, ProcStat], token: str | None, pgid: int | None, roots: Iterable[int],
@@ -330,7 +358,6 @@ def runs_started_in(cwd: str, exclude: Iterable[int] = ()) -> list[int]:
     For a server nobody can adopt (state file lost or unreadable): its token is unknown, but its environment
     still carries one and its working directory names this agent's runs.
     """
-    marker = f"{RUN_TOKEN_ENV}=".encode()
     skip = {os.getpid(), *exclude}
     found = []
     for pid in all_pids():
@@ -339,11 +366,11 @@ def runs_started_in(cwd: str, exclude: Iterable[int] = ()) -> list[int]:
         try:
             if os.readlink(f"/proc/{pid}/cwd") != cwd:
                 continue
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
         except OSError:
             continue
-        if any(e.startswith(marker) for e in env):
+        st = stat(pid)  # in the run-log directory: a user process, whose empty read is an exec under way
+        token = settled_environ_value(st, RUN_TOKEN_ENV) if st is not None else None
+        if token is not None:
             found.append(pid)
     return sorted(found)
 

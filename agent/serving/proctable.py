@@ -125,10 +125,16 @@ class ProcTable:
             return out
 
     def _token(self, s: procs.ProcStat) -> str | None:
+        """Read once per process; an empty read of a user process (an exec under way) is not kept, so the next
+        look reads it again rather than call the process tokenless for its whole life."""
         key = (s.pid, s.start_ticks)
-        if key not in self._tokens:
-            self._tokens[key] = procs.environ_value(s.pid, procs.RUN_TOKEN_ENV)
-        return self._tokens[key]
+        if key in self._tokens:
+            return self._tokens[key]
+        raw = procs.environ_raw(s.pid)
+        if raw == b"" and not procs.is_kernel_thread(s):
+            return None
+        token = self._tokens[key] = procs.environ_entry(raw, procs.RUN_TOKEN_ENV)
+        return token
 
     def tree(self, root: int, usage: dict[int, procs.ProcUsage] | None = None) -> list[procs.ProcStat]:
         """`root` and its live descendants, each read now (root first); empty when `root` is gone.

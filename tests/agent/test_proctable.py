@@ -261,3 +261,84 @@ def test_a_walk_later_than_the_members_tick_reads_afresh(tree):
     _wait_for(lambda: procs.stat(child).state == "Z", "the zombie")
     clock.t += 2 * table.share_s  # still the same look (reuse_s), not the same tick
     assert {s.pid for s in table.tree(leader.pid)} == {leader.pid}
+
+
+def _stranger(token: str) -> subprocess.Popen:
+    """A process of the run found by its token alone: its own session, and not a child of any member."""
+    env = dict(os.environ, **{procs.RUN_TOKEN_ENV: token})
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env, start_new_session=True)
+
+
+def _empty_first(monkeypatch, pid: int, times: int) -> list[int]:
+    """/proc/<pid>/environ reads empty `times` times (the instant of an exec), then as it is."""
+    real, calls = procs.environ_raw, []
+
+    def raw(p: int) -> bytes | None:
+        if p == pid:
+            calls.append(p)
+            if len(calls) <= times:
+                return b""
+        return real(p)
+
+    monkeypatch.setattr(procs, "environ_raw", raw)
+    return calls
+
+
+def test_an_empty_environ_read_is_not_kept_as_tokenless(tree, monkeypatch):
+    """A process looked at while it execs reads empty: the table must look again, not call it tokenless for
+    its whole life (it would never be sampled or stopped as the run's)."""
+    leader, token = tree
+    start = procs.stat(leader.pid).start_ticks
+    stranger = _stranger(token)
+    try:
+        _wait_for(lambda: procs.environ_value(stranger.pid, procs.RUN_TOKEN_ENV) == token, "the stranger's exec")
+        calls = _empty_first(monkeypatch, stranger.pid, 1)
+        clock = Clock()
+        table = ProcTable(clock=clock)
+        assert stranger.pid not in table.members(token, leader.pid, [leader.pid], start)  # the empty read
+        clock.t += 5
+        assert stranger.pid in table.members(token, leader.pid, [leader.pid], start)
+        clock.t += 5
+        assert stranger.pid in table.members(token, leader.pid, [leader.pid], start)
+        assert len(calls) == 2  # a read that said something is kept
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_fresh_look_reads_an_empty_environ_again(tree, monkeypatch):
+    leader, token = tree
+    stranger = _stranger(token)
+    try:
+        _wait_for(lambda: procs.environ_value(stranger.pid, procs.RUN_TOKEN_ENV) == token, "the stranger's exec")
+        _empty_first(monkeypatch, stranger.pid, 2)
+        assert stranger.pid in procs.run_processes(token, None, ())
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_kernel_threads_empty_environ_is_read_once(monkeypatch):
+    calls = []
+    monkeypatch.setattr(procs, "environ_raw", lambda pid: calls.append(pid) or b"")
+    kthread = procs.ProcStat(pid=1234, comm="kworker/0:1", state="I", ppid=2, pgid=0, start_ticks=1)
+    assert procs.settled_environ_value(kthread, procs.RUN_TOKEN_ENV) is None
+    assert calls == [1234]
+    user = dataclasses.replace(kthread, ppid=1)
+    calls.clear()
+    assert procs.settled_environ_value(user, procs.RUN_TOKEN_ENV) is None
+    assert calls == [1234] * 4  # one read and three more, 5 ms apart
+
+
+def test_a_stray_in_the_run_log_directory_is_found_mid_exec(tmp_path, monkeypatch):
+    """At agent start, a server nobody can adopt holds autostart: one caught in an exec must still count."""
+    env = dict(os.environ, **{procs.RUN_TOKEN_ENV: "some-earlier-run"})
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env, cwd=tmp_path,
+                             start_new_session=True)
+    try:
+        _wait_for(lambda: procs.environ_value(stray.pid, procs.RUN_TOKEN_ENV), "the stray's exec")
+        _empty_first(monkeypatch, stray.pid, 2)
+        assert procs.runs_started_in(os.path.realpath(tmp_path)) == [stray.pid]
+    finally:
+        stray.kill()
+        stray.wait()
