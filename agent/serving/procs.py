@@ -252,11 +252,14 @@ def is_kernel_thread(s: ProcStat) -> bool:
     return s.pid == 2 or s.ppid == 2
 
 
-def settled_environ_value(s: ProcStat, key: str, tries: int = 3, pause_s: float = 0.005) -> str | None:
+SETTLE_TRIES, SETTLE_S = 3, 0.005  # an empty environ read of a user process is read again this often, this apart
+
+
+def settled_environ_value(s: ProcStat, key: str) -> str | None:
     """`environ_value`, with an empty read of a user process (an exec under way) looked at again."""
-    raw = environ_raw(s.pid)
+    raw, tries = environ_raw(s.pid), SETTLE_TRIES
     while raw == b"" and tries > 0 and not is_kernel_thread(s):
-        time.sleep(pause_s)
+        time.sleep(SETTLE_S)
         raw, tries = environ_raw(s.pid), tries - 1
     return environ_entry(raw, key)
 
@@ -324,8 +327,26 @@ def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = ()
     `since_ticks`: when the run's leader started; only processes started since then can carry its token, so only
     their environments are read (a node's hundreds of older processes cost a stat each, not two reads)."""
     stats = {s.pid: s for s in (stat(p) for p in all_pids()) if s is not None and s.state not in ("Z", "X")}
-    return members_in(stats, token, pgid, roots, since_ticks,
-                      lambda s: token is not None and settled_environ_value(s, RUN_TOKEN_ENV) == token)
+    envs: dict[int, bytes | None] = {}  # the environments read, by pid
+
+    def carries_token(s: ProcStat) -> bool:
+        if s.pid not in envs:
+            envs[s.pid] = environ_raw(s.pid)
+        return token is not None and environ_entry(envs[s.pid], RUN_TOKEN_ENV) == token
+
+    found = members_in(stats, token, pgid, roots, since_ticks, carries_token)
+    # an empty read of a user process is an exec under way: all such read again together (at most 15 ms)
+    unsettled = [pid for pid, raw in envs.items() if raw == b"" and not is_kernel_thread(stats[pid])]
+    if not unsettled:
+        return found
+    for _ in range(SETTLE_TRIES):
+        time.sleep(SETTLE_S)
+        for pid in unsettled:
+            envs[pid] = environ_raw(pid)
+        unsettled = [pid for pid in unsettled if envs[pid] == b""]
+        if not unsettled:
+            break
+    return members_in(stats, token, pgid, roots, since_ticks, carries_token)
 
 
 def members_in(stats: dict[int, ProcStat], token: str | None, pgid: int | None, roots: Iterable[int],
