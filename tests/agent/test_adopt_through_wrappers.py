@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from support.waits import wait_for
+
 from lynxtop.agent.serving import launcher, procs
 
 HOPS = 6  # wrappers before the real program; each adds words in front of the argv
@@ -61,7 +63,6 @@ def test_an_empty_read_is_looked_at_again_and_a_real_mismatch_is_still_refused(t
     script.write_text("import time\ntime.sleep(30)\n")
     proc = launcher.spawn([sys.executable, str(script)], tmp_path / "server.log", {}, "alpha")
     try:
-        from support.waits import wait_for
         wait_for(lambda: procs.environ_has(proc.pid, procs.RUN_TOKEN_ENV, proc.record.token), 10, what="exec'd")
         real_cmdline, real_environ = procs.cmdline, procs.environ_has
         empty = {"n": 3}
@@ -83,9 +84,10 @@ def test_an_empty_read_is_looked_at_again_and_a_real_mismatch_is_still_refused(t
         other = launcher.ServerRecord(**{**proc.record.__dict__, "argv": ["/bin/other"], "token": "not-the-token"})
         monkeypatch.setattr(procs, "cmdline", real_cmdline)
         monkeypatch.setattr(procs, "environ_has", real_environ)
-        t0 = time.monotonic()
+        sleeps: list[float] = []
+        monkeypatch.setattr(launcher.time, "sleep", sleeps.append)
         assert launcher.check_adoptable(other) == f"pid {proc.pid} runs a different command line"
-        assert time.monotonic() - t0 < 2
+        assert sleeps == [0.005] * 19  # 20 looks 5 ms apart: 100 ms at most, once, at the agent's start
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.popen.wait()
