@@ -50,6 +50,9 @@ def role_of(title: str) -> str:
     return "api"
 
 
+TITLE_WAIT_S = 120.0  # a tree member without a vLLM title is looked at again on each walk for this long
+
+
 def _title(s: procs.ProcStat) -> str:
     """setproctitle rewrites argv; comm (15 chars) is the fallback where argv is unreadable or empty."""
     argv = procs.cmdline(s.pid)
@@ -215,6 +218,7 @@ class HostSampler:
         self._tree_look = -1  # the table's look count after the last walk
         self._procs: dict[int, int] = {}  # pid -> start ticks: a reused pid is another process
         self._roles: dict[int, str] = {}
+        self._untitled: dict[int, float] = {}  # pid -> first walk that saw it without a vLLM title (monotonic)
         self._prev_proc_cpu: dict[int, float] = {}
         self.tree_pids: frozenset[int] = frozenset()  # the tree's members as the last `sample` read them
         self._stat_files = self._table.files  # the descriptors the table's fresh reads keep, one per process
@@ -270,12 +274,21 @@ class HostSampler:
         for pid in list(self._roles):
             if starts.get(pid) != self._procs.get(pid):  # gone, or the pid now names another process
                 del self._roles[pid]
+                self._untitled.pop(pid, None)
                 self._prev_proc_cpu.pop(pid, None)
         self._stat_files.drop([pid for pid in self._procs if pid not in starts])  # left the tree
         self._procs = starts
+        untitled = self._untitled
         for s in members:
             if s.pid not in self._roles:
-                self._roles[s.pid] = role_of(_title(s))
+                role = self._roles[s.pid] = role_of(_title(s))
+                if role == "api":
+                    untitled[s.pid] = now
+            elif s.pid in untitled:  # vLLM titles its engine and workers after their imports: seconds in
+                role = role_of(_title(s))
+                if role != "api" or now - untitled[s.pid] >= TITLE_WAIT_S:
+                    self._roles[s.pid] = role
+                    del untitled[s.pid]
         return {pid: (u.cpu_s, u.rss_bytes) for pid, u in usage.items()}
 
     # ------------------------------------------------------------------ one tick

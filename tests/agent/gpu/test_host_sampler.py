@@ -291,3 +291,82 @@ def test_per_core_times_from_proc_stat(monkeypatch):
     assert host_mod._per_core() == [(36.0 - 4 - 5, 36.0), (1157.0 - 1000 - 7, 1157.0), (20.0 - 5, 20.0)]
     stat = stat[:stat.find(b"intr")]  # no intr line: the whole file is read for the cores
     assert host_mod._per_core() == [(27.0, 36.0), (150.0, 1157.0), (15.0, 20.0)]
+
+
+# titles itself only when told: vLLM's engine and workers set theirs after their imports, seconds after they start
+LATE_TITLE = (
+    "import ctypes, sys\n"
+    "blob = bytearray(32 * 1024 * 1024)\n"
+    "print('up', flush=True)\n"
+    "sys.stdin.readline()\n"
+    "ctypes.CDLL(None).prctl(15, b'VLLM::EngineCor', 0, 0, 0)\n"  # PR_SET_NAME
+    "print('titled', flush=True)\n"
+    "sys.stdin.readline()\n"
+)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _late_titled() -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", LATE_TITLE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    assert p.stdout.readline().strip() == "up"
+    return p
+
+
+def test_a_title_set_after_the_first_look_gives_the_role(tmp_path):
+    """The first walk sees the process untitled ("api"); once it titles itself, a later walk gives it its role:
+    before, the first role was kept for the process's whole life, and a TP8 run's engine and workers counted as
+    the API server's CPU and memory."""
+    p = _late_titled()
+    try:
+        clock = _Clock()
+        h = HostSampler(tmp_path / "db.sqlite", clock=clock, refresh_s=0.0)
+        first = h.sample(p.pid)
+        assert first["vllm_api_rss_bytes"] > 30 * 1024 * 1024 and first["vllm_engine_rss_bytes"] == 0
+        p.stdin.write("title\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "titled"
+        clock.t += h.tree_refresh_s  # the next walk
+        row = h.sample(p.pid)
+        assert row["vllm_engine_rss_bytes"] > 30 * 1024 * 1024 and row["vllm_api_rss_bytes"] == 0
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+
+
+def test_an_untitled_process_is_looked_at_again_only_for_a_while(tmp_path, monkeypatch):
+    """A member that never gets a vLLM title (the API server, a compile worker) is read again on each walk for
+    TITLE_WAIT_S, then its role stands and its title is not read any more."""
+    p = _late_titled()
+    try:
+        clock = _Clock()
+        h = HostSampler(tmp_path / "db.sqlite", clock=clock, refresh_s=0.0)
+        reads = []
+        real = procs.cmdline
+        monkeypatch.setattr(procs, "cmdline", lambda pid: (reads.append(pid), real(pid))[1])
+        h.sample(p.pid)
+        for _ in range(3):
+            clock.t += h.tree_refresh_s
+            h.sample(p.pid)
+        assert reads.count(p.pid) == 4  # the first walk and three more
+        clock.t += host_mod.TITLE_WAIT_S
+        h.sample(p.pid)  # past the wait: the last look, and the role stands
+        for _ in range(3):
+            clock.t += h.tree_refresh_s
+            h.sample(p.pid)
+        assert reads.count(p.pid) == 5
+        p.stdin.write("title\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "titled"
+        clock.t += h.tree_refresh_s
+        assert h.sample(p.pid)["vllm_api_rss_bytes"] > 30 * 1024 * 1024  # a title this late is not looked for
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
