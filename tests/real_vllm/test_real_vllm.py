@@ -149,6 +149,16 @@ def test_start_reads_phases_from_the_real_log_and_records_the_real_version(agent
     assert any(t.startswith("VLLM::EngineCore") for t in titles), titles
     assert any(t.startswith("VLLM::Worker") for t in titles), titles
     assert {os.getpgid(p.pid) for p in tree} == {s["pid"]}, "vLLM must run in its own process group"
+    # ... and the host rows count the engine's and the worker's memory under their roles, not the API server's
+    # (vLLM titles them after their imports, seconds after the agent first sees them)
+    from support.db import db_rows
+
+    def by_role() -> dict | None:
+        rows = db_rows(agent.database, "SELECT vllm_api_rss_bytes AS api, vllm_engine_rss_bytes AS engine, "
+                       "vllm_workers_rss_bytes AS workers FROM host_samples ORDER BY ts_ms DESC LIMIT 1")
+        return rows[0] if rows and rows[0]["engine"] and rows[0]["workers"] and rows[0]["api"] else None
+
+    wait_for(by_role, 60, "the host rows' engine and worker memory by role", interval=0.5)
     # The operator's view through the real CLI client agrees.
     cli = subprocess.run([sys.executable, "-m", "lynxtop", "status", "--json", "--config", str(agent.config)],
                          capture_output=True, text=True, timeout=60)
