@@ -555,8 +555,7 @@ class StoreWriter:
         self._hand_over_held()
         if self._thread is None:
             self.conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_AUTOCHECKPOINT_PAGES}")
-            self._checkpointer = Checkpointer(self.path, commit_every_s=self.linger_s)
-            self._checkpointer.start()
+            self._start_checkpointer()
             self._thread = threading.Thread(target=self._run, name="lynxtop-store-writer", daemon=True)
             self._thread.start()
 
@@ -809,6 +808,11 @@ class StoreWriter:
                              f"({self._last_error or 'writer busy'})") from None
 
     # ------------------------------------------------------------------------------------------ the thread
+
+    def _start_checkpointer(self) -> None:
+        """The checkpoint thread, its rounds on the writer's commits when those come an interval apart."""
+        self._checkpointer = Checkpointer(self.path, commit_every_s=self.linger_s)
+        self._checkpointer.start()
 
     def _run(self) -> None:
         while True:
@@ -1199,8 +1203,7 @@ class StoreWriter:
         self._marks = swap.Marks.take(conn, self._last_tick_ts)
         self._marks_at = (conn, self._id_writes)
         if self._thread is not None and self._checkpointer is None:
-            self._checkpointer = Checkpointer(self.path, commit_every_s=self.linger_s)
-            self._checkpointer.start()
+            self._start_checkpointer()
         return True
 
     # ------------------------------------------------------------------------------------------ the WAL watch
@@ -1276,8 +1279,7 @@ class StoreWriter:
                 return False, "saved the WAL's frames into the main file, but cannot reopen it; retrying"
         finally:
             if self._thread is not None and self._checkpointer is None and not self._conn_lost:
-                self._checkpointer = Checkpointer(self.path, commit_every_s=self.linger_s)
-                self._checkpointer.start()
+                self._start_checkpointer()
         left = inproc.unlinked_files(self.path, full=True)
         if left:
             return False, f"reconnected, but {', '.join(left)} still open deleted in this process; retrying"
