@@ -108,9 +108,14 @@ def usage_fields(raw: bytes) -> tuple[int, bytes, float, int] | None:
     tree with it, without building an object a process."""
     rest = raw[raw.rfind(b")") + 2:].split(None, 22)  # up to rss (field 24): the ~30 after it are not used
     try:
-        return int(rest[19]), rest[0], (int(rest[11]) + int(rest[12])) / _CLK_TCK, int(rest[21]) * _PAGE
+        return _usage_in(rest)
     except (IndexError, ValueError):
         return None
+
+
+def _usage_in(rest: list[bytes]) -> tuple[int, bytes, float, int]:
+    """(start ticks, state, CPU seconds, RSS bytes) of the stat fields after comm; raises on a short or odd line."""
+    return int(rest[19]), rest[0], (int(rest[11]) + int(rest[12])) / _CLK_TCK, int(rest[21]) * _PAGE
 
 
 def stat_usage_of(pid: int, data: bytes) -> tuple[ProcStat | None, ProcUsage | None]:
@@ -120,14 +125,14 @@ def stat_usage_of(pid: int, data: bytes) -> tuple[ProcStat | None, ProcUsage | N
         return None, None
     rest = data[rpar + 2:].split(None, 22)
     try:
-        state = rest[0].decode("utf-8", "replace")
-        s = ProcStat(pid=pid, comm=data[lpar + 1:rpar].decode("utf-8", "replace"), state=state,
-                     ppid=int(rest[1]), pgid=int(rest[2]), start_ticks=int(rest[19]))
+        s = ProcStat(pid=pid, comm=data[lpar + 1:rpar].decode("utf-8", "replace"),
+                     state=rest[0].decode("utf-8", "replace"), ppid=int(rest[1]), pgid=int(rest[2]),
+                     start_ticks=int(rest[19]))
     except (IndexError, ValueError):
         return None, None
     try:
-        u = ProcUsage(start_ticks=s.start_ticks, state=rest[0].decode(),
-                      cpu_s=(int(rest[11]) + int(rest[12])) / _CLK_TCK, rss_bytes=int(rest[21]) * _PAGE)
+        start, state, cpu_s, rss_bytes = _usage_in(rest)
+        u = ProcUsage(start_ticks=start, state=state.decode(), cpu_s=cpu_s, rss_bytes=rss_bytes)
     except (IndexError, ValueError):
         u = None
     return s, u
@@ -252,16 +257,34 @@ def is_kernel_thread(s: ProcStat) -> bool:
     return s.pid == 2 or s.ppid == 2
 
 
+def exec_under_way(raw: bytes | None, s: ProcStat) -> bool:
+    """Whether an environ read says nothing yet: empty, from a user process (an exec under way)."""
+    return raw == b"" and not is_kernel_thread(s)
+
+
 SETTLE_TRIES, SETTLE_S = 3, 0.005  # an empty environ read of a user process is read again this often, this apart
 
 
-def settled_environ_value(s: ProcStat, key: str) -> str | None:
-    """`environ_value`, with an empty read of a user process (an exec under way) looked at again."""
-    raw, tries = environ_raw(s.pid), SETTLE_TRIES
-    while raw == b"" and tries > 0 and not is_kernel_thread(s):
+def settle_environs(envs: dict[int, bytes | None], stats: dict[int, ProcStat]) -> bool:
+    """Read again, together, each environ in `envs` read mid-exec (at most SETTLE_TRIES x SETTLE_S in all,
+    however many); whether there was any."""
+    unsettled = [pid for pid, raw in envs.items() if exec_under_way(raw, stats[pid])]
+    had = bool(unsettled)
+    for _ in range(SETTLE_TRIES):
+        if not unsettled:
+            break
         time.sleep(SETTLE_S)
-        raw, tries = environ_raw(s.pid), tries - 1
-    return environ_entry(raw, key)
+        for pid in unsettled:
+            envs[pid] = environ_raw(pid)
+        unsettled = [pid for pid in unsettled if envs[pid] == b""]
+    return had
+
+
+def settled_environ_value(s: ProcStat, key: str) -> str | None:
+    """`environ_value`, with a read mid-exec looked at again (`settle_environs`)."""
+    envs = {s.pid: environ_raw(s.pid)}
+    settle_environs(envs, {s.pid: s})
+    return environ_entry(envs[s.pid], key)
 
 
 def environ_entry(raw: bytes | None, key: str) -> str | None:
@@ -335,17 +358,8 @@ def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = ()
         return token is not None and environ_entry(envs[s.pid], RUN_TOKEN_ENV) == token
 
     found = members_in(stats, token, pgid, roots, since_ticks, carries_token)
-    # an empty read of a user process is an exec under way: all such read again together (at most 15 ms)
-    unsettled = [pid for pid, raw in envs.items() if raw == b"" and not is_kernel_thread(stats[pid])]
-    if not unsettled:
+    if not settle_environs(envs, stats):  # reads mid-exec, read again together: the look once more if any
         return found
-    for _ in range(SETTLE_TRIES):
-        time.sleep(SETTLE_S)
-        for pid in unsettled:
-            envs[pid] = environ_raw(pid)
-        unsettled = [pid for pid in unsettled if envs[pid] == b""]
-        if not unsettled:
-            break
     return members_in(stats, token, pgid, roots, since_ticks, carries_token)
 
 

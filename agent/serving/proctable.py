@@ -131,7 +131,7 @@ class ProcTable:
         if key in self._tokens:
             return self._tokens[key]
         raw = procs.environ_raw(s.pid)
-        if raw == b"" and not procs.is_kernel_thread(s):
+        if procs.exec_under_way(raw, s):
             return None
         token = self._tokens[key] = procs.environ_entry(raw, procs.RUN_TOKEN_ENV)
         return token
