@@ -400,6 +400,11 @@ def _ray_goal(action: str, before: Status, cluster: bool) -> str | None:
 
 def _act(args: Namespace, action: str, profile: str | None = None, cluster: bool = False,
          reason: str | None = None) -> int:
+    if profile is not None and not profile.strip():
+        # `lynxtop start "$PROFILE"` with PROFILE unset must not start the default profile (a load of minutes)
+        _err(f"profile: the name given is empty ({profile!r}); name a profile (`lynxtop profiles`), or give "
+             "none to use the default")
+        return EXIT_USAGE
     client = _client(args)
     if client is None:
         return EXIT_USAGE

@@ -98,7 +98,7 @@ def _action_body(action: str, profile: str | None, extra: Mapping[str, Any] | No
     """The body of a mutating call; `extra` holds its other fields (stop's `cluster`, ray/stop's `reason`)."""
     if action not in MUTATING_ACTIONS:
         raise ValueError(f"unknown action {action!r}")
-    body: dict[str, Any] = {"profile": profile} if profile else {}
+    body: dict[str, Any] = {"profile": profile} if profile is not None else {}  # "": refused there
     return body | {k: v for k, v in (extra or {}).items() if v is not None}
 
 

@@ -13,8 +13,9 @@ import re
 from typing import Any
 
 # C0 controls, DEL and C1 controls (a C1 CSI, \x9b, is ESC [ to many terminals); the Unicode bidi controls
-# (embeddings, overrides, isolates, the marks) and the line and paragraph separators.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+# (embeddings, overrides, isolates, the marks) and the line and paragraph separators; lone surrogates (a
+# foreign process's argv read with surrogateescape), which no UTF-8 terminal can be written and `print` raises on.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 _NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 

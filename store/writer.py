@@ -403,7 +403,19 @@ class SlowRows:
 
 
 def _jsonable(v: Any) -> Any:
-    return json.dumps(v, default=str) if isinstance(v, (list, tuple, dict)) else v
+    return json.dumps(v, default=str) if isinstance(v, (list, tuple, dict)) else _storable(v)
+
+
+def _storable(v: Any) -> Any:
+    """A text SQLite can store: a lone surrogate (a foreign process's argv or title read with surrogateescape)
+    is not UTF-8, and the driver's refusal would drop the whole write; it is kept as its escape (`\\udce9`)."""
+    if not isinstance(v, str) or v.isascii():
+        return v
+    try:
+        v.encode()
+    except UnicodeEncodeError:
+        return v.encode(errors="backslashreplace").decode()
+    return v
 
 
 class StoreWriter:
@@ -605,7 +617,7 @@ class StoreWriter:
             raise ValueError(f"event severity {event.severity!r} is not one of {', '.join(EVENT_SEVERITIES)}")
         ts = int(event.ts_ms) if event.ts_ms is not None else _now_ms(self.clock)
         det = json.dumps(event.details, default=str) if event.details is not None else None
-        row = (ts, event.run_id, canonical_kind(str(event.kind)), str(event.severity), event.message, det)
+        row = (ts, event.run_id, canonical_kind(str(event.kind)), str(event.severity), _storable(event.message), det)
         self._enqueue_op(lambda c: c.execute(
             "INSERT INTO events (ts_ms, run_id, kind, severity, message, details) VALUES (?, ?, ?, ?, ?, ?)",
             row).lastrowid)
@@ -772,7 +784,7 @@ class StoreWriter:
                 v = json.dumps(list(v) if isinstance(v, tuple) else v, default=str)
             elif isinstance(v, bool):
                 v = int(v)
-            out[k] = v
+            out[k] = _storable(v)
         return out
 
     def _enqueue_op(self, fn: Callable[[sqlite3.Connection], Any]) -> _Op:

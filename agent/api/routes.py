@@ -34,9 +34,11 @@ from lynxtop.agent.api.peercred import Peer, group_gid, may_control, peer_of
 from lynxtop.contract.events import Event
 from lynxtop.contract.processes import GpuProcesses
 from lynxtop.contract.records import ActionAnswer, ProfileList, RunInfo
+from lynxtop.contract.terminal import first_control
 from lynxtop.store.schema import BENCH_COLUMNS
 
 MAX_BODY = 64 * 1024
+MAX_TEXT = 256  # a profile name or a stop's reason: shown in the status, the events and the log
 INT64 = (-(2**63), 2**63 - 1)  # what an SQLite INTEGER holds: a body's integers must fit it
 DEFAULT_MAX_CONNECTIONS = 256  # [agent] api_max_connections
 DEFAULT_REQUEST_TIMEOUT_S = 10.0  # [agent] request_timeout_s
@@ -141,7 +143,7 @@ async def _body(request: web.Request, action: str, timeout_s: float = DEFAULT_RE
     """The checked JSON body of a mutating call: read within the timeout, parsed, and matched to its spec."""
     data = _parse_body(await _read_body(request, timeout_s))
     _check_fields(data, action)
-    check_numbers(data)
+    check_values(data)
     return data
 
 
@@ -172,23 +174,32 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     return data
 
 
-def check_numbers(data: dict[str, Any]) -> None:
-    """Every number in a body, at any depth, must be one the history database can store faithfully.
+def check_values(data: dict[str, Any]) -> None:
+    """Every number and text in a body, at any depth, must be one the history database can store faithfully.
 
     The one check for every JSON body that may reach the store: an integer outside int64 makes the SQLite
     driver raise (and once cost a whole batch of writes), and NaN, Infinity or 1e400 (parsed as infinity)
-    would be stored as rows no reader can use. Refused with the field's path, before anything is changed.
-    Iterative: a body nested as deep as the JSON parser allows must not overflow this walk's stack.
+    would be stored as rows no reader can use; a text (or key) holding a lone surrogate (`"\\ud800"` is valid
+    JSON) is not UTF-8, so SQLite refuses it, the store drops the write and reports an error for every later
+    status. Refused with the field's path, before anything is changed. Iterative: a body nested as deep as the
+    JSON parser allows must not overflow this walk's stack.
     """
     todo: list[tuple[str, Any]] = [(k, v) for k, v in data.items()]
     while todo:
         where, value = todo.pop()
+        if not _utf8(where):
+            raise ApiError(400, "invalid_text", f"field {where!r}: its name holds a lone surrogate (not UTF-8 text)",
+                           {"field": where})
         if isinstance(value, dict):
             todo += [(f"{where}.{k}", v) for k, v in value.items()]
         elif isinstance(value, list):
             todo += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
         elif isinstance(value, bool):
             continue
+        elif isinstance(value, str):
+            if not _utf8(value):
+                raise ApiError(400, "invalid_text", f"field {where!r} holds a lone surrogate (not UTF-8 text)",
+                               {"field": where})
         elif isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
             digits = len(str(abs(value)))
             raise ApiError(400, "out_of_range", f"field {where!r}: the integer of {digits} digits is outside the "
@@ -197,6 +208,14 @@ def check_numbers(data: dict[str, Any]) -> None:
         elif isinstance(value, float) and not math.isfinite(value):
             raise ApiError(400, "not_finite", f"field {where!r} is {value!r}: numbers must be finite (NaN, "
                            "Infinity and values beyond 1.8e308 are refused)", {"field": where})
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_fields(data: dict[str, Any], action: str) -> None:
@@ -218,8 +237,14 @@ def _check_value(key: str, value: Any, typ: type, required: bool) -> None:
         return
     if not isinstance(value, typ) or (isinstance(value, bool) and typ is not bool):
         raise ApiError(400, "wrong_type", f"field {key!r} must be a {typ.__name__}, got {type(value).__name__}")
-    if typ is str and not value:
-        raise ApiError(400, "wrong_type", f"field {key!r} must not be empty")
+    if typ is str:
+        if not value:
+            raise ApiError(400, "wrong_type", f"field {key!r} must not be empty")
+        if len(value) > MAX_TEXT:
+            raise ApiError(400, "too_long", f"field {key!r} is {len(value)} characters long (at most {MAX_TEXT})")
+        bad = first_control(value)
+        if bad is not None:  # served in every status and written to the log: no forged line, no escape sequence
+            raise ApiError(400, "invalid_text", f"field {key!r} holds the control character {bad}")
 
 
 class ApiServer:
