@@ -226,6 +226,10 @@ class ServerProcess:
         self.record.shm_segments = self.files.segments()
 
     def signal_group(self, sig: int) -> None:
+        """The whole group at once, only while its leader (pid == pgid) is ours and alive: once the run's group
+        is empty its number may be a stranger's group; the members are then signalled one by one (`_Stop.kill`)."""
+        if not self.leader_alive():
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.record.pgid, sig)
 

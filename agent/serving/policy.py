@@ -33,8 +33,11 @@ def in_window(times: Sequence[float], now: float, window_s: float) -> list[float
 
 
 def backoff_s(consecutive: int, agent: AgentConfig, jitter: float = 1.0) -> float:
-    """Exponential backoff for the `consecutive`-th failure in a row, times `jitter` (0.8..1.2), capped."""
-    base = min(agent.backoff_initial_s * 2 ** (consecutive - 1), agent.backoff_max_s)
+    """Exponential backoff for the `consecutive`-th failure in a row, times `jitter` (0.8..1.2), capped.
+
+    The count grows without bound while failures come slower than the crash-loop window catches them (one every
+    8 minutes for a week is over a thousand): the exponent is capped, or the float product overflows."""
+    base = min(agent.backoff_initial_s * 2.0 ** min(max(consecutive - 1, 0), 64), agent.backoff_max_s)
     return min(base * jitter, agent.backoff_max_s)
 
 

@@ -75,6 +75,14 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def age_s(start_ticks: int) -> float | None:
+    """Seconds since a process started (`start_ticks`: /proc's start time, clock ticks after boot), on the boot
+    clock, which no wall-clock step moves; None for an unknown start (0)."""
+    if start_ticks <= 0:
+        return None
+    return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / _CLK_TCK)
+
+
 @dataclass(frozen=True)
 class ProcUsage:
     start_ticks: int
@@ -367,6 +375,8 @@ def members_in(stats: dict[int, ProcStat], token: str | None, pgid: int | None, 
                since_ticks: int, carries_token: Callable[[ProcStat], bool]) -> list[int]:
     """`run_processes` over a given table of live processes; `carries_token(stat)` reads the environment."""
     me = os.getpid()
+    if pgid is not None and not _group_is_the_runs(stats, token, pgid, since_ticks, carries_token):
+        pgid = None
     members = {pid for pid in roots if pid in stats}
     for s in stats.values():
         if s.pid == me:
@@ -385,6 +395,20 @@ def members_in(stats: dict[int, ProcStat], token: str | None, pgid: int | None, 
                 todo.append(child)
     members.discard(me)
     return sorted(members)
+
+
+def _group_is_the_runs(stats: dict[int, ProcStat], token: str | None, pgid: int, leader_ticks: int,
+                       carries_token: Callable[[ProcStat], bool]) -> bool:
+    """Whether process group `pgid` is still the run's: its leader (pid == pgid) alive with the recorded start, or
+    gone while a process of the group carries the run's token. The kernel hands out no number a live group still
+    uses, but once the run's group is empty a stranger may get it (a new session leader): signalling that group
+    would kill someone else's processes."""
+    leader = stats.get(pgid)
+    if leader is not None:
+        return leader_ticks <= 0 or leader.start_ticks == leader_ticks
+    if token is None:
+        return True  # nothing to tell the run by: the group is all there is
+    return any(s.pgid == pgid and carries_token(s) for s in stats.values())
 
 
 def runs_started_in(cwd: str, exclude: Iterable[int] = ()) -> list[int]:

@@ -53,8 +53,12 @@ class RunWatch:
         """'ready', 'timeout' (the lifecycle stopped it) or 'exited'."""
         run, prof, lc = self._run, self._prof, self._lc
         proc = run.proc
-        # from the run's start, not from now: an adopted server mid-load has already used part of it
-        elapsed = max(0.0, (now_ms() - (run.started_ms or now_ms())) / 1000)
+        # from the run's start, not from now: an adopted server mid-load has already used part of it. Counted on
+        # the boot clock from its process's start: a wall clock stepped while the agent was away (NTP) must
+        # neither kill a healthy loading server at once nor give back the time it has used
+        elapsed = procs.age_s(proc.record.start_ticks)
+        if elapsed is None:
+            elapsed = max(0.0, (now_ms() - (run.started_ms or now_ms())) / 1000)
         deadline = time.monotonic() + prof.readiness_timeout_s - elapsed
         if run.was_ready:
             # it was ready under the previous agent: its load time is long past the timeout, so one slow or
