@@ -14,9 +14,11 @@ this version cannot read (a newer agent's event kind) is `AgentUnreadable`, nami
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import socket
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -198,6 +200,36 @@ def auth_headers(target: str, token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token and target.startswith(TCP_SCHEME) else {}
 
 
+def _answer(conn: Any, timeout_s: float) -> tuple[int, bytes]:
+    """The answer's status and body (at most MAX_BODY + 1 bytes), all of it within `timeout_s`.
+
+    The socket's timeout bounds each read only: a peer that trickles a byte a second (a hung or hostile node's
+    endpoint) would hold the CLI, or the dashboard's worker thread, for ever. Past the deadline the socket is shut,
+    which ends the read in progress, and the exchange is a timeout."""
+    expired = threading.Event()
+
+    def shut() -> None:
+        expired.set()
+        with contextlib.suppress(OSError, AttributeError):
+            conn.sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(timeout_s, shut)
+    timer.daemon = True
+    timer.start()
+    try:
+        resp = conn.getresponse()
+        raw = resp.read(MAX_BODY + 1)
+    except Exception:
+        if expired.is_set():
+            raise TimeoutError from None
+        raise
+    finally:
+        timer.cancel()
+    if expired.is_set():
+        raise TimeoutError
+    return resp.status, raw
+
+
 class AgentClient:
     """Blocking face, for the CLI (and the dashboard's reads of another node's history, from a worker thread:
     `socket_path` may be `http://HOST:PORT`, with that node's read `token`)."""
@@ -218,13 +250,15 @@ class AgentClient:
             headers = {"Content-Type": "application/json"} if payload is not None else {}
             headers |= auth_headers(self.socket_path, self._token)
             conn.request(method, _target(path, params), body=payload, headers=headers)
-            resp = conn.getresponse()
-            raw = resp.read()
+            status, raw = _answer(conn, self.timeout_s)
         except (OSError, http_client.HTTPException) as exc:
             raise unreachable(exc, self.socket_path, self.timeout_s) from None
         finally:
             conn.close()
-        return decode(resp.status, raw, self.socket_path)
+        if len(raw) > MAX_BODY:
+            raise AgentUnreachable(f"the agent at {self.socket_path} answered more than {MAX_BODY} bytes "
+                                   "(is this a lynxtop agent?)")
+        return decode(status, raw, self.socket_path)
 
     def status_json(self) -> dict[str, Any]:
         """The status as the agent sent it (`lynxtop status --json` prints every key, known or not)."""
