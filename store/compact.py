@@ -2,15 +2,18 @@
 
 Recent rows stay raw (the live views, the rollups and the in-memory rollup path read them); an interval is
 closed once it ends KEEP_RAW_MS before the newest stored sample (ages from the data, not the wall clock,
-as retention does) and, for rolled-up tables, before every rollup watermark. Each chunk is written and its
-raw rows deleted in one transaction, so an interruption leaves every row readable exactly once: either
-still raw, or in the chunk. Raw rows that arrive later inside a compacted interval (a clock stepped back)
-are merged into its chunk by the next pass (the raw row wins on an equal key, as INSERT OR REPLACE would).
+as retention does; and as there, the newest sample counts no later than the wall clock, so one far-future
+row from a bad clock compacts nothing early) and, for rolled-up tables, before every rollup watermark. Each
+chunk is written and its raw rows deleted in one transaction, so an interruption leaves every row readable
+exactly once: either still raw, or in the chunk. Raw rows that arrive later inside a compacted interval (a
+clock stepped back) are merged into its chunk by the next pass (the raw row wins on an equal key, as INSERT OR
+REPLACE would); the rollups re-roll such a minute over both (rollup.Rollups._roll_with_chunks).
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable
 
 from lynxtop.store import codec
@@ -26,11 +29,18 @@ def columns(conn: sqlite3.Connection, table: str, schema: str = "main") -> list[
 
 
 def horizon(conn: sqlite3.Connection, table: str, watermarks: dict[tuple[str, str], int | None],
-            keep_raw_ms: int | None = None) -> int | None:
-    """Rows before this may be compacted; None while nothing may."""
+            keep_raw_ms: int | None = None, now_ms: int | None = None) -> int | None:
+    """Rows before this may be compacted; None while nothing may.
+
+    Ages are measured from the newest stored sample of `table`, but never from later than `now_ms` (the wall
+    clock when not given), as retention.reference_ms does: one row from a clock that was far ahead must not
+    make every interval look old. The other way round, a wall clock stepped back holds compaction back until
+    it has caught up with the data (the conservative side: rows then just stay raw a while longer).
+    """
     newest = conn.execute(f"SELECT max(ts_ms) FROM {table}").fetchone()[0]
     if newest is None:
         return None
+    newest = min(newest, int(time.time() * 1000) if now_ms is None else now_ms)
     limit = newest - (KEEP_RAW_MS if keep_raw_ms is None else keep_raw_ms)
     kind = _KIND_OF.get(table)
     if kind in ROLLUP_KINDS:
@@ -97,11 +107,15 @@ def merge(cols: list[str], key: tuple[str, ...], old_blob: bytes | None, raw: li
 
 
 def step(conn: sqlite3.Connection, watermarks: dict[tuple[str, str], int | None], intervals: int = 4,
-         keep_raw_ms: int | None = None) -> tuple[int, bool]:
-    """Compact up to `intervals` closed intervals per table, oldest first; returns (rows moved, more remain)."""
+         keep_raw_ms: int | None = None, now_ms: int | None = None) -> tuple[int, bool]:
+    """Compact up to `intervals` closed intervals per table, oldest first; returns (rows moved, more remain).
+
+    `now_ms` (default: the wall clock) caps the newest sample ages are measured from (see horizon)."""
     total, more = 0, False
+    if now_ms is None:
+        now_ms = int(time.time() * 1000)
     for table in COMPACTED:
-        limit = horizon(conn, table, watermarks, keep_raw_ms)
+        limit = horizon(conn, table, watermarks, keep_raw_ms, now_ms)
         if limit is None:
             continue
         for _ in range(intervals):
@@ -126,14 +140,26 @@ def decode_rows(conn: sqlite3.Connection, table: str, start_ms: int, end_ms: int
 
     Whole chunks: the caller's SQL applies its own time filter.
     """
-    sql = (f"SELECT data FROM {chunk_table(table)} WHERE start_ms > ? AND start_ms < ? AND end_ms > ?"
-           + ("" if gpu is None else " AND gpu = ?"))
     out: list[tuple] = []
-    for (blob,) in conn.execute(sql, (start_ms - CHUNK_MS, end_ms, start_ms, *(() if gpu is None else (gpu,)))):
-        names, rows = codec.decode(blob)
-        pos = [names.index(c) if c in names else None for c in cols]
-        out += [tuple(None if p is None else r[p] for p in pos) for r in rows]
+    for blob in chunk_blobs(conn, table, start_ms, end_ms, gpu):
+        out += decode_blob(blob, cols)
     return out
+
+
+def chunk_blobs(conn: sqlite3.Connection, table: str, start_ms: int, end_ms: int,
+                gpu: int | None = None) -> list[bytes]:
+    """The encoded chunks of `table` overlapping [start_ms, end_ms) (of one GPU, or all), by interval and GPU."""
+    sql = (f"SELECT data FROM {chunk_table(table)} WHERE start_ms > ? AND start_ms < ? AND end_ms > ?"
+           + ("" if gpu is None else " AND gpu = ?") + " ORDER BY start_ms, gpu")
+    return [blob for (blob,) in conn.execute(sql, (start_ms - CHUNK_MS, end_ms, start_ms,
+                                                   *(() if gpu is None else (gpu,))))]
+
+
+def decode_blob(blob: bytes, cols: list[str]) -> list[tuple]:
+    """One chunk's rows in `cols` order (a column the chunk does not hold, added since: NULL)."""
+    names, rows = codec.decode(blob)
+    pos = [names.index(c) if c in names else None for c in cols]
+    return [tuple(None if p is None else r[p] for p in pos) for r in rows]
 
 
 def has_chunks(conn: sqlite3.Connection, table: str, start_ms: int, end_ms: int) -> bool:

@@ -4,7 +4,8 @@ A watermark per rollup table (in `meta`) marks the end of the last bucket rolled
 (a later sample exists) are rolled up, so a restart resumes exactly where the last commit left off. Both
 resolutions are computed from raw rows (raw outlives an hour by far), which keeps every average exact.
 Late samples (older than a watermark, for example a backlog written after a full disk) mark their bucket
-dirty and it is recomputed.
+dirty and it is recomputed; a minute whose older rows compaction already moved into chunks (a clock stepped
+back more than three hours) is recomputed over its raw and its compacted rows together.
 
 1-minute rows are computed in memory from the rows the writer just committed: re-reading them from the table
 cost ~4x more than the aggregation itself (profiled under benchmarks/store.py: the GROUP BY copies every wide
@@ -17,11 +18,15 @@ a late row, an odd value) is computed by SQL. 1-hour rows always come from 1-min
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import sys
+from bisect import bisect_left
 from operator import itemgetter
 
+from lynxtop.store import compact
 from lynxtop.store.schema import (
+    COMPACTED,
     RESOLUTIONS,
     ROLLUP_KINDS,
     SAMPLE_TABLES,
@@ -30,6 +35,8 @@ from lynxtop.store.schema import (
     rollup_metrics,
     rollup_table,
 )
+
+log = logging.getLogger(__name__)
 
 MAX_SPAN_MS = 6 * 3_600_000  # bound one step's work so a long backlog never stalls the writer
 _GPU = itemgetter(1)  # a per-GPU row's gpu
@@ -47,15 +54,18 @@ def load_watermarks(conn: sqlite3.Connection) -> dict[tuple[str, str], int | Non
             for k in ROLLUP_KINDS for r in RESOLUTIONS}
 
 
-def _select_sql(kind: str, res: str) -> str:
-    """1m from raw rows; 1h from 1m rows (exact: averages weighted by their non-NULL counts)."""
+def _select_sql(kind: str, res: str, source: str | None = None) -> str:
+    """1m from raw rows; 1h from 1m rows (exact: averages weighted by their non-NULL counts).
+
+    `source` replaces the raw table of a 1m rollup (a table of the same columns: see Rollups._roll_with_chunks).
+    """
     t = SAMPLE_TABLES[kind]
     bucket = RESOLUTIONS[res]
     metrics = [c for c, _, _ in rollup_metrics(kind)]
     key = ["ts_ms", "gpu"] if t.per_gpu else ["ts_ms"]
     target = ", ".join(key + [c for c, _ in rollup_columns(kind)])
     if res == "1m":
-        source = t.name
+        source = source or t.name
         stats = "".join(f", min({c}), avg({c}), max({c}), count({c})" for c in metrics)
         samples = "count(*)"
     else:
@@ -71,6 +81,11 @@ def _select_sql(kind: str, res: str) -> str:
 
 
 _SQL = {(k, r): _select_sql(k, r) for k in ROLLUP_KINDS for r in RESOLUTIONS}
+# A late sample's minute whose other rows compaction moved into chunks is rolled up over raw and decoded chunk
+# rows together: they are put, in key order (the raw table's order), into this TEMP table of the raw table's
+# columns, and the same SELECT reads it (the same values, the same additions in the same order).
+_SCRATCH = {k: f"_reroll_{SAMPLE_TABLES[k].name}" for k in ROLLUP_KINDS}
+_SQL_SCRATCH = {k: _select_sql(k, "1m", f"temp.{_SCRATCH[k]}") for k in ROLLUP_KINDS}
 # SQLite before 3.43 sums a group's doubles one by one in the order it reads them (the table's order: its
 # GROUP BY sorter is stable), so a REAL average is reproduced by the same additions in time order; 3.43 and
 # later use a compensated sum, and kinds with REAL metrics are then rolled up by SQL only.
@@ -297,6 +312,8 @@ class Rollups:
         }
         self.dirty: dict[tuple[str, str], set[int]] = {(k, r): set() for k in ROLLUP_KINDS for r in RESOLUTIONS}
         self.idle: dict[tuple[str, str], int] = {}  # see pending()
+        self._decoded: dict[str, tuple[list[str], dict[bytes, list[tuple]]]] = {}  # see _roll_with_chunks
+        self._decoded_used: set[str] = set()
         bucket = RESOLUTIONS["1m"]
         self.memory: dict[str, _Memory] = {}
         if in_memory:
@@ -394,6 +411,7 @@ class Rollups:
         new_wm = dict(self.wm)
         done: dict[str, int] = {}  # memory kinds: the end of the minutes written from memory
         idle: dict[tuple[str, str], int] = {}  # never-rolled resolutions: the limit they were looked at with
+        self._decoded_used.clear()
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             for kind in ROLLUP_KINDS:
@@ -415,8 +433,11 @@ class Rollups:
                     if end - wm > MAX_SPAN_MS:
                         end = wm + MAX_SPAN_MS - MAX_SPAN_MS % bucket
                         more = True
-                    for start in sorted(self.dirty[(kind, res)]):  # late samples: recompute first
-                        self.conn.execute(_SQL[(kind, res)], (start, start + bucket))
+                    if res == "1m":  # late samples: recompute first
+                        self._reroll_1m(kind, self.dirty[(kind, res)])
+                    else:
+                        for start in sorted(self.dirty[(kind, res)]):
+                            self.conn.execute(_SQL[(kind, res)], (start, start + bucket))
                     if end > wm:
                         mem = self.memory.get(kind) if res == "1m" else None
                         if mem is None:
@@ -434,6 +455,9 @@ class Rollups:
         except BaseException:
             rollback(self.conn)
             raise
+        finally:
+            for table in [t for t in self._decoded if t not in self._decoded_used]:
+                del self._decoded[table]  # no minute of it re-rolled over chunks this step: not kept
         self.wm = new_wm
         self.idle.update({key: lim for key, lim in idle.items() if new_wm[key] is None})
         for d in self.dirty.values():
@@ -444,6 +468,73 @@ class Rollups:
                 del mem.ready[b]
             mem.sql = {b for b in mem.sql if b >= end}
         return more
+
+    def _reroll_1m(self, kind: str, starts: set[int]) -> None:
+        """Recompute the 1-minute buckets `starts` (late samples arrived in them) from all their rows.
+
+        A bucket no compacted chunk overlaps (the common case: one index lookup for all of them says so) is
+        rolled up from the raw table as before; one that compaction already moved rows of into chunks is
+        rolled up over both (_roll_with_chunks), never over the late raw rows alone.
+        """
+        if not starts:
+            return
+        bucket = RESOLUTIONS["1m"]
+        table = SAMPLE_TABLES[kind].name
+        todo = sorted(starts)
+        near = compact.has_chunks(self.conn, table, todo[0], todo[-1] + bucket)
+        for start in todo:
+            if near and compact.has_chunks(self.conn, table, start, start + bucket):
+                try:
+                    self._roll_with_chunks(kind, start, start + bucket)
+                except compact.codec.CodecError as exc:  # damage or a newer format: retrying cannot help
+                    log.warning("rollup: %s minute %d keeps its rollup: a chunk cannot be read (%s)", table,
+                                start, exc)
+            else:
+                self.conn.execute(_SQL[(kind, "1m")], (start, start + bucket))
+
+    def _roll_with_chunks(self, kind: str, start: int, end: int) -> None:
+        """The 1-minute rows of [start, end) over its raw rows and its compacted rows, the raw row winning on an
+        equal key (as compaction's merge and INSERT OR REPLACE do): the rows the SQL rollup gives when all of
+        them are raw, value for value. Raises codec.CodecError for a chunk it cannot decode, before it writes
+        anything (the bucket then keeps the rows it had: never replaced by a partial bucket)."""
+        conn = self.conn
+        table = SAMPLE_TABLES[kind].name
+        scratch = _SCRATCH[kind]
+        cols = compact.columns(conn, table)
+        conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {scratch} AS SELECT * FROM main.{table} WHERE 0")
+        if compact.columns(conn, scratch, "temp") != cols:  # a column was added since (a migration)
+            conn.execute(f"DROP TABLE temp.{scratch}")
+            conn.execute(f"CREATE TEMP TABLE {scratch} AS SELECT * FROM main.{table} WHERE 0")
+        idx = [cols.index(k) for k in COMPACTED[table]]
+        ts = cols.index("ts_ms")
+        # Decoding is most of the cost (~90 ms for a minute of 8 GPUs: a chunk holds ten minutes), and after a
+        # clock stepped back every batch brings a late sample to the same chunks: the blobs last decoded (this
+        # table's, for the last minute re-rolled) are kept with their rows while steps keep re-rolling such
+        # minutes, and reused while a blob is unchanged (step() drops them after a step that re-rolls none).
+        cached = self._decoded.get(table)
+        known = cached[1] if cached is not None and cached[0] == cols else {}
+        decoded: dict[bytes, list[tuple]] = {}
+        rows: dict[tuple, tuple] = {}
+        at = itemgetter(ts)
+        for blob in compact.chunk_blobs(conn, table, start, end):
+            got = known.get(blob)
+            if got is None:
+                got = compact.decode_blob(blob, cols)
+            decoded[blob] = got
+            # a chunk's rows are in key order, time first: this minute's are one slice of them
+            for r in got[bisect_left(got, start, key=at):bisect_left(got, end, key=at)]:
+                rows[tuple(r[i] for i in idx)] = r
+        self._decoded[table] = (cols, decoded)
+        self._decoded_used.add(table)
+        for r in conn.execute(f"SELECT {', '.join(cols)} FROM main.{table} WHERE ts_ms >= ? AND ts_ms < ?",
+                              (start, end)):
+            rows[tuple(r[i] for i in idx)] = r
+        try:
+            conn.executemany(f"INSERT INTO temp.{scratch} VALUES ({', '.join('?' * len(cols))})",
+                             [rows[k] for k in sorted(rows)])  # key order: the order the raw table is read in
+            conn.execute(_SQL_SCRATCH[kind], (start, end))
+        finally:
+            conn.execute(f"DELETE FROM temp.{scratch}")
 
     def _write_memory(self, kind: str, mem: _Memory, wm: int, end: int) -> None:
         """Write the 1-minute rows of [wm, end): SQL for minutes the memory did not see whole, else its rows."""

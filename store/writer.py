@@ -1316,7 +1316,8 @@ class StoreWriter:
                 self._id_writes += 1  # retention deletes events and runs (see _take_marks)
                 _, rmore = retention_mod.step(self.conn, self.retention, _now_ms(self.clock), self.rollups.wm,
                                               self.retention_chunk)
-                _, cmore = compact.step(self.conn, self.rollups.wm)  # closed intervals into chunks (issue 29.1)
+                # closed intervals into chunks (issue 29.1), the newest sample capped at now as retention does
+                _, cmore = compact.step(self.conn, self.rollups.wm, now_ms=_now_ms(self.clock))
                 more = more or rmore or cmore
                 self._next_maintenance = now + self.maintenance_interval_s
             self._maintenance_more = more

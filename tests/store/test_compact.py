@@ -17,7 +17,7 @@ from lynxtop.store.errors import StoreError
 from lynxtop.store.export import export_table
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.rollup import load_watermarks
-from lynxtop.store.schema import chunk_table, connect_rw, migrate
+from lynxtop.store.schema import RESOLUTIONS, ROLLUP_KINDS, chunk_table, connect_rw, migrate
 from lynxtop.store.writer import StoreWriter
 
 from .helpers import T0, submit
@@ -164,6 +164,32 @@ def test_late_raw_rows_merge_into_their_chunk(tmp_path):
     rows = compact.decode_rows(conn, "host_samples", T0, T0 + 1000, ["ts_ms", "cpu_pct"])
     conn.close()
     assert [r for r in rows if r[0] < T0 + 1000] == [(T0, 12.5), (T0 + 500, 99.5)]
+
+
+def test_a_far_future_row_does_not_make_recent_intervals_compact(tmp_path):
+    """Compaction ages count from the newest stored sample, but, as retention's, never from later than now: one
+    row from a clock years ahead leaves the newest 3 hours (by the wall clock) raw. A `now_ms` behind the data
+    (a clock stepped back) holds compaction back until it catches up."""
+    db = tmp_path / "h.db"
+    conn = connect_rw(db)
+    try:
+        now = int(time.time() * 1000)
+        base = now - now % HOUR - 5 * HOUR
+        far = now + 10 * 365 * 86_400_000
+        conn.executemany("INSERT INTO host_samples (ts_ms, cpu_pct) VALUES (?, 1.5)",
+                         [(t,) for t in (*range(base, now, 10_000), far)])
+        wm = {(k, r): far + HOUR for k in ROLLUP_KINDS for r in RESOLUTIONS}  # rolled up past every row
+        assert compact.horizon(conn, "host_samples", wm, now_ms=now) == now - compact.KEEP_RAW_MS
+        assert compact.step(conn, wm, now_ms=now - 4 * HOUR) == (0, False)  # nothing is 3 h older than that
+        while compact.step(conn, wm)[1]:  # the wall clock
+            pass
+        raw_min = conn.execute("SELECT min(ts_ms) FROM host_samples").fetchone()[0]
+        limit = int(time.time() * 1000) - compact.KEEP_RAW_MS
+        kept = conn.execute("SELECT count(*) FROM host_samples WHERE ts_ms >= ?", (raw_min,)).fetchone()[0]
+    finally:
+        conn.close()
+    assert now - compact.KEEP_RAW_MS - compact.CHUNK_MS < raw_min <= limit  # was: all but the far row compacted
+    assert kept == 1 + len(range(raw_min, now, 10_000))
 
 
 def test_retention_drops_only_whole_chunks(tmp_path):
