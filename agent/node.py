@@ -37,6 +37,7 @@ from lynxtop.agent.sampling import (
     ScrapeTarget,
     SlaSource,
 )
+from lynxtop.agent.serving import run as serving_run
 from lynxtop.agent.serving.health import HttpClient
 from lynxtop.agent.serving.proctable import ProcTable
 from lynxtop.agent.serving.supervisor import Supervisor, now_ms, server_url
@@ -107,6 +108,7 @@ class Node:
         self.started_ms = now_ms()
         self.started_mono = time.monotonic()
         self.timeline = Timeline()  # every stored timestamp: never jumps when the wall clock is stepped
+        serving_run.use_clock(self.timeline.now_ms)  # runs' spans on the samples' clock
         self.simulated = bool(cfg.agent.fake_nvml)
         self.interval = cfg.agent.sample_interval_s
         # recurring failures (EMFILE, a broken sampler) are logged when they start and end, never per tick

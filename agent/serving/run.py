@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -22,8 +23,24 @@ from lynxtop.contract.config import Profile
 LOG_SPACE_MIN_BYTES = 1 << 20  # below this on the log's file system, the run's output is being lost
 
 
-def now_ms() -> int:
+def _wall_ms() -> int:
     return int(time.time() * 1000)
+
+
+_clock: Callable[[], int] = _wall_ms
+
+
+def now_ms() -> int:
+    """A run's times (start, ready, end, state changes): on the agent's timeline once the node has set it
+    (`use_clock`), the clock its samples are stamped with, so a run's span selects its own samples after the wall
+    clock was stepped (`export --run`, the run's summary); the wall clock for a supervisor used alone."""
+    return _clock()
+
+
+def use_clock(clock: Callable[[], int] | None) -> None:
+    """Stamp the agent's runs with `clock` (None: the wall clock). One timeline per agent process: the node's."""
+    global _clock
+    _clock = clock or _wall_ms
 
 
 class Run:
