@@ -32,7 +32,9 @@ class _SeriesCorrection:
     miss one engine restarting while the total still grows, and take a scale-down (an engine's series gone) for a
     reset. `update` returns what to add to this page's sum so the sum only moves by Prometheus' increases: at a
     reset the series' previous value; for a series that vanished its last value (its increases stay in the window);
-    for one that comes back, minus that value again unless it came back lower (then it is a reset).
+    for one that comes back, minus that value again unless it came back lower (then it is a reset). A series that
+    is no reading on a page (NaN) holds its last value (`held`): NaN is never a previous value, never below one
+    (a restart behind it would be missed), and never in what is added (it would stay in the sum for good).
     """
 
     __slots__ = ("_keys", "_vals", "_gone")
@@ -50,6 +52,10 @@ class _SeriesCorrection:
                      ) -> tuple[dict[SeriesKey, float] | None, bool]:
         """`update` for the series as (keys, values), each key once (ParsedPage.series_lists)."""
         prev_keys, prev_vals = self._keys, self._vals
+        total = sum(vals)
+        if total != total:  # NaN: a series that is no reading on this page (the page's sums left it out)
+            now = held(dict(zip(keys, vals, strict=True)), dict(zip(prev_keys or (), prev_vals, strict=True)))
+            keys, vals = tuple(now), tuple(now.values())
         self._keys, self._vals = keys, vals
         if prev_keys is None:
             return None, False
@@ -80,6 +86,20 @@ class _SeriesCorrection:
         while len(gone) > MAX_GONE:  # labels that change every scrape: forget the oldest (it comes back as new)
             del gone[next(iter(gone))]
         return fix or None, reset
+
+
+def held(cur: dict[SeriesKey, float], prev: dict[SeriesKey, float]) -> dict[SeriesKey, float]:
+    """A page's series with each that is no reading (NaN) at its value in `prev`, and left out where it has none
+    there (never read, or vanished before: it stays so): what one unreadable page changes is nothing."""
+    out: dict[SeriesKey, float] = {}
+    for k, v in cur.items():
+        if v != v:
+            p = prev.get(k)
+            if p is None or p != p:
+                continue
+            v = p
+        out[k] = v
+    return out
 
 
 def _num(text: str) -> float:
@@ -142,7 +162,9 @@ class _CounterWindow:
         return self._points[-1][1] - self._points[0][1]
 
     def rate(self) -> float | None:
-        if self.last_delta is None or not self.last_dt or self.last_dt <= 0:
+        """The last step's increase per second; None without one, or for a negative one (a cumulative count that
+        went down past every correction is no reading, never a negative rate)."""
+        if self.last_delta is None or self.last_delta < 0 or not self.last_dt or self.last_dt <= 0:
             return None
         return self.last_delta / self.last_dt
 

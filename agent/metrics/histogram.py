@@ -17,7 +17,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, repeat
 
 _FIRST = operator.itemgetter(0)
 _SECOND = operator.itemgetter(1)
@@ -160,6 +160,12 @@ def quantile_of(q: float, merged: _Prepared | None) -> float:
     return start + (end - start) * (rank / count)
 
 
+def _increases(new: Iterable[float], old: Iterable[float]) -> Iterable[float]:
+    """Each count's increase, never below 0, in C: a corrected count only goes down where a correction was missed
+    (never on a page read right), and a negative bucket would pin every percentile at the top bucket."""
+    return map(max, map(operator.sub, new, old), repeat(0.0))
+
+
 class SlidingHistogram:
     """Snapshots of one cumulative histogram over time, answering quantiles over the last `window_s` seconds.
 
@@ -234,13 +240,14 @@ class SlidingHistogram:
         return self._window[0]
 
     def _delta(self) -> HistogramSnapshot:
-        """Newest minus baseline: what `minus` gives, its bounds not compared again (the window's share them)."""
+        """Newest minus baseline: what `minus` gives, its bounds not compared again (the window's share them), each
+        count at least 0 (`_increases`; `mean` gives None for a `_sum` gone down)."""
         new, old = self._snaps[-1][1], self._snaps[0][1]
         return HistogramSnapshot(
-            buckets=tuple(zip(self._les, map(operator.sub, map(_SECOND, new.buckets), map(_SECOND, old.buckets)),
+            buckets=tuple(zip(self._les, _increases(map(_SECOND, new.buckets), map(_SECOND, old.buckets)),
                               strict=True)),
             sum=new.sum - old.sum,
-            count=new.count - old.count,
+            count=max(new.count - old.count, 0.0),
         )
 
     def quantile(self, q: float) -> float | None:
@@ -258,7 +265,7 @@ class SlidingHistogram:
         it (the scraper asks 7 histograms a scrape, each moving under load); otherwise from `window()`."""
         new, old = self._snaps[-1][1].buckets, self._snaps[0][1].buckets
         if self._increasing and len(new) == len(old) == len(self._les):
-            return _monotonic(self._les, map(operator.sub, map(_SECOND, new), map(_SECOND, old)))
+            return _monotonic(self._les, _increases(map(_SECOND, new), map(_SECOND, old)))
         delta = self.window()
         if delta is None:  # never: two snapshots or more
             return None
@@ -269,7 +276,7 @@ class SlidingHistogram:
         if len(self._snaps) < 2:
             return None
         new, old = self._snaps[-1][1], self._snaps[0][1]
-        count = new.count - old.count
-        if count <= 0:
+        count, total = new.count - old.count, new.sum - old.sum
+        if count <= 0 or total < 0:
             return None
-        return (new.sum - old.sum) / count
+        return total / count

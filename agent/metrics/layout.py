@@ -11,7 +11,7 @@ Invariant: the result is what `parse_text` gives for the same text, to the last 
 a guess: the same TYPE lines and no other, the same number of lines in each family we read, and each of those
 lines starting with what it started with up to its last space (so it is selected, or not, as before: a wanted name
 has no space but the one after it) or, without a space, equal to it (tests/agent/io/test_io_layout.py). Anything
-else (a new or vanished series, lines reordered, a changed TYPE line, a value that is no reading or not a plain
+else (a new or vanished series, lines reordered, a changed TYPE line, a value that is no reading, below 0 or not a plain
 number) takes the full parse and is learnt from. A family's part equal to the one last read at its place was
 checked and read then: its values are taken as they were (the same text reads the same), so a server whose
 families stand still costs a compare per family (tests/agent/io/test_io_layout.py, random page sequences).
@@ -153,8 +153,9 @@ class PageLayout:
         except ValueError:
             return None
         read = floats.values()
-        # NaN and infinities carry into the sum; below HUGE it bounds each value (a larger sum: check one by one)
-        if not sum(map(abs, read)) < HUGE and (
+        # NaN and infinities carry into the sum; below HUGE it bounds each value (a larger sum: check one by one).
+        # A value below 0 (a negative count is no reading, a negative gauge is not): the full parse tells them apart
+        if min(read, default=0.0) < 0.0 or not sum(map(abs, read)) < HUGE and (
                 any(map(math.isnan, read)) or not (min(read) > -HUGE and max(read) < HUGE)):
             return None  # no reading: the full parse counts it
         return list(map(floats.__getitem__, vals))

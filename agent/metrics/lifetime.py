@@ -19,9 +19,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from lynxtop.agent.metrics.continuity import _SeriesCorrection
+from lynxtop.agent.metrics.continuity import _SeriesCorrection, held
 from lynxtop.agent.metrics.histogram import HistogramSnapshot
 from lynxtop.agent.metrics.page import ParsedPage, SeriesKey
+from lynxtop.agent.metrics.promtext import unescape
 
 COUNTERS = ("prompt_tokens", "generation_tokens", "preemptions")  # keys of agent/metrics/families.py's COUNTERS
 MAX_MODELS = 32  # model names kept: a node serves a few over the agent's life; the oldest goes past this
@@ -128,11 +129,12 @@ class ServingTotals:
 
     def _add_finished(self, m: ModelTotals, page: ParsedPage) -> None:
         """Finished requests per `finished_reason`: per series, with the scraper's own reset correction."""
-        cur = _finished_series(page)
-        if not cur and not self._reason_vals:
+        prev = self._reason_vals
+        cur = _finished_series(page, prev)
+        if not cur and not prev:
             return
         fix, _ = self._reasons.update(cur)
-        prev, fix = self._reason_vals, fix or {}
+        fix = fix or {}
         for key in cur.keys() | prev.keys():
             inc = cur.get(key, 0.0) - prev.get(key, 0.0) + fix.get(key, 0.0)
             if not inc > 0:  # NaN, nothing, or float noise
@@ -147,21 +149,25 @@ class ServingTotals:
             if len(self._reason_of) >= 10_000:  # a server inventing label sets cannot grow this further
                 self._reason_of.clear()
             match = _REASON.search(key)
-            r = self._reason_of[key] = match.group(1) if match else ""
+            r = self._reason_of[key] = unescape(match.group(1)) if match else ""
         return r
 
 
-def _finished_series(page: ParsedPage) -> dict[SeriesKey, float]:
-    """vllm:request_success_total, series by series (engine, finished_reason)."""
+def _finished_series(page: ParsedPage, prev: dict[SeriesKey, float] | None = None) -> dict[SeriesKey, float]:
+    """vllm:request_success_total, series by series (engine, finished_reason); one that is no reading on this page
+    (NaN) held at its value in `prev`, as the scraper's sums hold it (continuity.held)."""
     keys, values = page.series_lists.get(("counter", "requests"), ((), ()))
-    return dict(zip(keys, values, strict=True))
+    cur = dict(zip(keys, values, strict=True))
+    total = sum(values)
+    return cur if total == total else held(cur, prev or {})
 
 
 def _model_of(page: ParsedPage) -> str:
-    """The `model_name` label vLLM puts on its series ("" on a page without one)."""
+    """The `model_name` label vLLM puts on its series, as vLLM set it (the page escapes it: the exporter escapes
+    it once when it writes it), "" on a page without one."""
     for keys, _ in page.series_lists.values():
         for key in keys:
             match = _MODEL.search(key)
             if match:
-                return match.group(1)
+                return unescape(match.group(1))
     return ""

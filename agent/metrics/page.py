@@ -30,7 +30,7 @@ from lynxtop.agent.metrics.families import (
     TYPED_FAMILIES,
 )
 from lynxtop.agent.metrics.histogram import HistogramSnapshot
-from lynxtop.agent.metrics.promtext import SampleError, le_of, split_sample
+from lynxtop.agent.metrics.promtext import SampleError, le_of, split_sample, unescape
 
 # Caps on what one page may hold, far above any real deployment (docs/sampling.md "Caps"): a server over one is
 # refused, never followed into unbounded memory. A page over the first three gives no reading (an outage).
@@ -39,6 +39,7 @@ MAX_SERIES = 65_536  # series of one family (engines x finished reasons, engines
 MAX_LABELS_CHARS = 2048  # one series' labels as written (vLLM's longest: ~200, with a long model path)
 MAX_BUCKETS = 1000  # bucket bounds of one histogram (vLLM's have 10-30): over it that histogram is left out
 HUGE = float(2 ** 63)  # a sample at or past this (or not finite) is no reading: no count a page gives gets there
+# (nor is a counter's or a histogram's sample below 0: a count; a gauge may be negative, its column decides)
 
 
 class PageError(ValueError):
@@ -57,7 +58,7 @@ class ParsedPage:
 
     `series` keeps each counter series behind those sums (per engine, per `le`), keyed by ("counter", key),
     ("bucket" | "sum" | "count", histogram key): Prometheus detects a counter reset per series, before summing.
-    Values are the floats the page's lines were read as (NaN included: never below anything, so never a reset).
+    Values are the floats the page's lines were read as (NaN included: the reset correction holds that series).
     `series_lists` holds the same as (keys, values) pairs, what the reset correction reads: a page read through a
     plan gives them without a dict per family (the keys one tuple for every page), `series` is built on demand.
     """
@@ -69,7 +70,7 @@ class ParsedPage:
         self.series_lists: dict[tuple[str, str], SeriesLists] = {}
         self._series: dict[tuple[str, str], dict[SeriesKey, float]] | None = None
         self.engines: dict[str, dict[str, float]] = {}  # engine label -> running / waiting / kv_usage
-        self.bad_values = 0  # samples that were no reading (NaN, infinite, past 2**63): left out like NaN
+        self.bad_values = 0  # samples that were no reading (NaN, infinite, past 2**63, a negative count): left out
         self.bad_example = ""  # the first of them, as the page wrote it (cut short)
         self.refused: list[str] = []  # parts left out over a cap (a histogram with too many buckets)
         self.stale: set[str] = set()  # counters and histograms with a bad sample: this page adds nothing to them
@@ -85,7 +86,7 @@ class ParsedPage:
 _FIRST = operator.itemgetter(0)
 _THIRD = operator.itemgetter(2)
 _LE = re.compile(r'[{,]\s*le\s*=\s*"([^"]*)"')
-_ENGINE = re.compile(r'[{,]\s*engine\s*=\s*"([^"]*)"')
+_ENGINE = re.compile(r'[{,]\s*engine\s*=\s*"((?:[^"\\]|\\.)*)"')  # the value as written: \" escapes kept
 _WANTED_SAMPLES = SUM_NAMES | MAX_NAMES | frozenset(h + s for h in HIST_NAMES for s in ("_bucket", "_sum", "_count"))
 _TYPE_LINE = re.compile(r"\n# TYPE ([^ \n]*)")
 _BY_LENGTH = sorted(_WANTED_SAMPLES, key=len, reverse=True)
@@ -210,7 +211,8 @@ class _Totals:
                 last = ""
                 continue
             kind, name = info[0], info[1]
-            if not -HUGE < value < HUGE:  # NaN, infinite or past any count: no reading (counted)
+            # NaN, infinite, past any count, or a count below 0: no reading (counted)
+            if not -HUGE < value < HUGE or (value < 0.0 and kind >= _COUNTER):
                 value = self._no_reading(key, value)
             if kind < _COUNTER:
                 if value == value:
@@ -237,16 +239,16 @@ class _Totals:
         end = _name_end(line)
         name = line[:end]
         key, value = split_sample(line, end)
-        if not -HUGE < value < HUGE:
-            value = self._no_reading(key, value)
         kind = _kind(name)
+        if not -HUGE < value < HUGE or (value < 0.0 and kind >= _COUNTER):
+            value = self._no_reading(key, value)
         le = le_of(key, end) if kind == _BUCKET else math.nan
         m = _ENGINE.search(key) if kind < _COUNTER else None
         if line.rpartition(" ")[0] == key:  # the plain `series value` form: the fast path can take it next time
             if len(_KNOWN) >= _KNOWN_MAX or _known_chars[0] >= _KNOWN_CHARS_MAX:
                 _KNOWN.clear()
                 _known_chars[0] = 0
-            _KNOWN[key] = (kind, name, le, m.group(1) if m else "")
+            _KNOWN[key] = (kind, name, le, unescape(m.group(1)) if m else "")
             _known_chars[0] += len(key)
         if kind >= _COUNTER:
             self.raw.setdefault(name, {})[key] = value
@@ -257,7 +259,7 @@ class _Totals:
         elif kind >= _COUNTER:
             self.sums[name] = self.sums.get(name, 0.0) + value
         else:
-            self._gauge(kind, name, m.group(1) if m else "", value)
+            self._gauge(kind, name, unescape(m.group(1)) if m else "", value)
 
     def _bucket(self, name: str, le: float, value: float) -> None:
         per = self.buckets.get(name[:-7])
@@ -489,7 +491,8 @@ def _scan(text: str) -> tuple[bool, _Totals]:
                 values = list(map(float, vals))
             except ValueError:
                 values = []
-            if values and not any(map(math.isnan, values)) and min(values) > -HUGE and max(values) < HUGE:
+            # no NaN, none past 2**63, none below 0 (a negative gauge is read by `add_lines` too, as it reads it)
+            if values and not any(map(math.isnan, values)) and min(values) >= 0.0 and max(values) < HUGE:
                 t = plan.totals(values)
                 t.refused = refused
                 return seen_vllm, t
@@ -608,7 +611,7 @@ def _page_of(seen_vllm: bool, t: _Totals) -> ParsedPage:
             page.refused.append(f"histogram {name} has {len(t.buckets[name])} buckets, over the cap of "
                                 f"{MAX_BUCKETS}: its latency columns stay empty")
             continue
-        _add_histogram(page, key, name, t.buckets[name], t.sums, raw)
+        _add_histogram(page, key, name, t.buckets[name], t.sums, raw, name + "_bucket" in bad)
         if bad and any(name + part in bad for part in ("_bucket", "_sum", "_count")):
             page.stale.add(key)
     page.engines = _engine_gauges(t.engines)
@@ -634,10 +637,14 @@ def _engine_gauges(per: dict[str, dict[str, float]]) -> dict[str, dict[str, floa
 
 
 def _add_histogram(page: ParsedPage, key: str, name: str, per_le: dict[float, float], sums: dict[str, float],
-                   raw: dict[str, SeriesLists]) -> None:
+                   raw: dict[str, SeriesLists], bad_bucket: bool) -> None:
+    """The histogram into `page`; PageError without a +Inf bucket, unless its +Inf samples were no reading
+    (`bad_bucket`: a bucket sample was, so the page holds it stale): then that bucket is NaN, the layout kept."""
     bs = tuple(sorted(per_le.items()))
     if not math.isinf(bs[-1][0]):
-        raise PageError(f"histogram {name} has no +Inf bucket")
+        if not bad_bucket:
+            raise PageError(f"histogram {name} has no +Inf bucket")
+        bs += ((math.inf, math.nan),)
     page.histograms[key] = HistogramSnapshot(
         buckets=bs, sum=sums.get(name + "_sum", 0.0), count=sums.get(name + "_count", bs[-1][1])
     )

@@ -14,6 +14,8 @@ import re
 # one label pair: name, `=`, a quoted value with \\, \" and \n escapes; pairs separated by commas
 _LABELS = re.compile(r'\{\s*(?:[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*(?:,\s*|(?=\})))*\}')
 _LE = re.compile(r'[{,]\s*le\s*=\s*"((?:[^"\\]|\\.)*)"')
+_ESCAPE = re.compile(r'\\[\\n"]')  # what a label value's text escapes (prometheus_client's parser)
+_UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 
 
 class SampleError(ValueError):
@@ -54,6 +56,16 @@ def split_sample(line: str, name_end: int) -> tuple[str, float]:
     except ValueError:
         raise SampleError(f"bad number in {line[:120]!r}") from None
     return line[:cut], value
+
+
+def unescape(value: str) -> str:
+    r"""A label value as the server meant it, from its text between the quotes: each `\\`, `\"` and `\n` read
+    once, any other backslash kept (as prometheus_client's parser reads it)."""
+    return _ESCAPE.sub(_unescaped, value) if "\\" in value else value
+
+
+def _unescaped(m: re.Match[str]) -> str:
+    return _UNESCAPED[m.group(0)]
 
 
 def _le_text(block: str) -> float | None:

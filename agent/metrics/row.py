@@ -47,7 +47,8 @@ def engine_loads(per: dict[str, dict[str, float]]) -> tuple[list[dict[str, Any]]
 
 
 def _engine_order(e: str) -> tuple[int, str]:
-    return (int(e[:18]), e) if e.isdigit() else (1 << 63, e)
+    # ASCII digits only: "²" and other Unicode digits pass isdigit() but int() refuses them
+    return (int(e[:18]), e) if e.isascii() and e.isdigit() else (1 << 63, e)
 
 
 def _as_int(v: float | None) -> int | None:

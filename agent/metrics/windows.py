@@ -126,8 +126,10 @@ class ServingWindows:
         row["phase_times_derived"] = 1 if derived else 0
 
     def _delta(self, key: str) -> float | None:
+        """The last step's increase; None for a negative one, as `_CounterWindow.rate` gives."""
         cw = None if key in self._stale else self.counters.get(key)
-        return None if cw is None else cw.last_delta
+        delta = None if cw is None else cw.last_delta
+        return None if delta is None or delta < 0 else delta
 
     def _rate(self, key: str) -> float | None:
         cw = None if key in self._stale else self.counters.get(key)

@@ -73,10 +73,14 @@ def _variants(first: str, rng: random.Random) -> list[tuple[str, str, bool | Non
                           ("a timestamp after a value", f"{line} 1700000000000"), ("a value written 1_0", f"{key} 1_0"),
                           ("a series key changed", line.replace("vllm:", "vllm:x", 1)),
                           ("a sample line without its value", key), ("a space after a value", f"{line} "),
-                          ("a sample line reduced to its value", line.rpartition(" ")[2])):
+                          ("a sample line reduced to its value", line.rpartition(" ")[2]),
+                          ("a count below 0", f"{key} -5")):
         assert base.count(line) == 1
         add(what, base.replace(line, changed), False)
         add("back as it was", base, None)  # the layout read by position next is the base's again
+    gauge = _wanted(base, "vllm:num_requests_running{")[0]
+    add("a gauge below 0", base.replace(gauge, gauge.rpartition(" ")[0] + " -3"), False)  # read: its column decides
+    add("back as it was", base, None)
     add("values moved", _perturb(cur, rng), True)
     running, plain = "\n# TYPE vllm:num_requests_running gauge\n", cur
     add("a blank line in a family read", cur.replace(running, running + "\n", 1), False)
