@@ -79,6 +79,8 @@ class ServingTotals:
         self._reason_vals: dict[SeriesKey, float] = {}
         self._reason_of: dict[SeriesKey, str] = {}
         self._model = ""
+        self._hidden: set[str] = set()  # stale (a bad sample) before they had a baseline: their total was there
+        self._from_zero = False  # this run's first page counted whole: a series first read later counts whole too
 
     def observe(self, scraper: Any) -> None:
         """Add what `scraper`'s last page (its `totals`) counted since the page added before; calling again
@@ -94,19 +96,31 @@ class ServingTotals:
             self._source, self._seen_run = scraper, True
             self._model = _model_of(page)
             self._reasons = _SeriesCorrection()
+            self._hidden, self._from_zero = set(), fresh
             if fresh:
                 self._counters, self._hists, self._reason_vals = {}, {}, {}
             else:
                 self._counters, self._hists = dict(counters), dict(hists)
                 self._reason_vals = dict(_finished_series(page))
                 self._reasons.update(self._reason_vals)
+        elif not self._model:  # the first page named no model (its samples no reading): the first that does
+            self._model = _model_of(page)
         self._page = page
+        hidden = self._hidden
+        if page.stale and not self._from_zero:
+            hidden.update(k for k in page.stale if k not in self._counters and k not in self._hists)
         m = self._totals(self._model)
         for key in COUNTERS:
             if key not in counters:
                 continue
+            if key in hidden:  # first read after a bad sample hid it: a baseline, not an increase from zero
+                hidden.discard(key)
+                continue
             m.counters[key] = m.counters.get(key, 0.0) + _increase(self._counters.get(key, 0.0), counters[key])
         for key, snap in hists.items():
+            if key in hidden:
+                hidden.discard(key)
+                continue
             self._add_histogram(m, key, _hist_increase(self._hists.get(key), snap))
         self._add_finished(m, page)
         self._counters, self._hists = dict(counters), dict(hists)

@@ -592,12 +592,14 @@ def _page_of(seen_vllm: bool, t: _Totals) -> ParsedPage:
     page.refused = list(t.refused)
     bad = t.bad_names
     for key, candidates in COUNTERS.items():
-        name = _present(candidates, t.sums)  # every sample no reading: absent, as a family of NaN always was
+        name = _present(candidates, t.sums)  # every sample no reading: absent from the sums, and stale
         if name is not None:
             page.counters[key] = t.sums[name]
             page.series_lists[("counter", key)] = raw.get(name, _NO_SERIES)
             if name in bad:
                 page.stale.add(key)
+        elif bad and any(n in bad for n in candidates):  # held, not gone: gone, it would come back from zero
+            page.stale.add(key)
     for table, values in ((GAUGES_SUM, t.sums), (GAUGES_MAX, t.maxes)):
         for key, candidates in table.items():
             name = _present(candidates, values)
@@ -606,6 +608,8 @@ def _page_of(seen_vllm: bool, t: _Totals) -> ParsedPage:
     for key, candidates in HISTOGRAMS.items():
         name = _present(candidates, t.buckets)
         if name is None:
+            if bad and any(n + part in bad for n in candidates for part in ("_bucket", "_sum", "_count")):
+                page.stale.add(key)
             continue
         if len(t.buckets[name]) > MAX_BUCKETS:  # its window would hold every bucket of every scrape
             page.refused.append(f"histogram {name} has {len(t.buckets[name])} buckets, over the cap of "

@@ -29,12 +29,16 @@ class ServingWindows:
         self.hists: dict[str, SlidingHistogram] = {}
         self._last_ok_t: float | None = None
         self._stale: set[str] = set()  # counters and histograms the page being read adds nothing to
+        # stale before any value was read: on the page that first reads them they were there all along (a bad
+        # sample hid them), so they take no zero baseline (that would count their whole total as one tick's)
+        self._unbased: set[str] = set()
 
     def clear(self) -> None:
         """Forget history (a new run): the next page only sets baselines."""
         self.counters.clear()
         self.hists.clear()
         self._last_ok_t = None
+        self._unbased.clear()
 
     def add(self, stale: set[str], counters: dict[str, float], hists: dict[str, HistogramSnapshot], now: float,
             went_down: list[str]) -> tuple[dict[str, float], dict[str, HistogramSnapshot]]:
@@ -55,16 +59,16 @@ class ServingWindows:
         counters, hists = dict(counters), dict(hists)
         for key in stale:
             cw, sh = self.counters.get(key), self.hists.get(key)
-            if key in counters:
-                if cw is not None and cw.last_value is not None:
-                    counters[key] = cw.last_value
-                else:
-                    del counters[key]
-            if key in hists:
-                if sh is not None and sh.last is not None:
-                    hists[key] = sh.last
-                else:
-                    del hists[key]
+            if cw is not None and cw.last_value is not None:
+                counters[key] = cw.last_value
+            else:
+                counters.pop(key, None)
+            if sh is not None and sh.last is not None:
+                hists[key] = sh.last
+            else:
+                hists.pop(key, None)
+            if key not in counters and key not in hists:
+                self._unbased.add(key)
         return counters, hists
 
     def _add_counters(self, counters: dict[str, float], now: float, went_down: list[str]) -> None:
@@ -76,8 +80,9 @@ class ServingWindows:
             cw = self.counters.get(key)
             if cw is None:
                 cw = self.counters[key] = _CounterWindow(self.window_s, corrected=True)
-                if self._last_ok_t is not None:
+                if self._last_ok_t is not None and key not in self._unbased:
                     cw.add(self._last_ok_t, 0.0)
+                self._unbased.discard(key)
             if cw.add(now, value) and key not in went_down:
                 went_down.append(key)
         for key in set(self.counters) - set(counters):
@@ -90,8 +95,9 @@ class ServingWindows:
             sh = self.hists.get(key)
             if sh is None:
                 sh = self.hists[key] = SlidingHistogram(self.window_s, corrected=True)
-                if self._last_ok_t is not None:
+                if self._last_ok_t is not None and key not in self._unbased:
                     sh.add(self._last_ok_t, HistogramSnapshot.zero_like(snap))
+                self._unbased.discard(key)
             if sh.add(now, snap) and key not in went_down:
                 went_down.append(key)
         for key in set(self.hists) - set(hists):

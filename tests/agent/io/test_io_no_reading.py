@@ -206,3 +206,31 @@ def test_a_latency_window_never_counts_below_zero():
     assert window is not None and window.buckets == ((0.1, 0.0), (1.0, 0.0), (math.inf, 0.0))
     assert window.count == 0.0
     assert sh.quantile(0.99) is None and sh.mean() is None
+
+
+def test_a_counter_stale_on_the_first_page_takes_no_zero_baseline_when_first_read():
+    """The first page's only sample of a counter is NaN: the next page that reads it finds its total there all
+    along (a bad sample hid it), not counted from zero since the first page (it was one tick of 5,000 tokens)."""
+    s, totals = MetricsScraper("http://x:1/metrics"), ServingTotals()
+    rows = []
+    for now, value in enumerate(["NaN", "5000.0", "5010.0", "5030.0"]):
+        rows.append(s.parse_page(_gen_page({"0": value}), now=float(now)))
+        totals.observe(s)
+    assert [r["generation_tokens_per_s"] for r in rows] == [None, None, 10.0, 20.0]
+    assert [r["generation_tokens"] for r in rows] == [None, None, 10, 20]
+    assert totals.models["m"].counters["generation_tokens"] == 30.0
+
+
+def test_a_counter_whose_every_sample_is_nan_on_a_page_is_held_not_gone():
+    """One engine, one NaN page: the counter is held over that page, not dropped and read again from zero (which
+    counted its whole total, 110 tokens, as the next tick's)."""
+    s, totals = MetricsScraper("http://x:1/metrics"), ServingTotals()
+    rows = []
+    for now, value in enumerate(["100.0", "NaN", "110.0", "120.0"]):
+        rows.append(s.parse_page(_gen_page({"0": value}), now=float(now)))
+        totals.observe(s)
+    rates = [r["generation_tokens_per_s"] for r in rows]
+    assert rates[0] is None and rates[1] is None and rates[3] == 10.0, rates
+    assert rates[2] is not None and rates[2] <= 10.0, rates
+    assert rows[2]["generation_tokens"] == 10
+    assert totals.models["m"].counters["generation_tokens"] == 20.0
