@@ -48,7 +48,7 @@ class NodeController:
         sup = self._node.supervisor
         assert sup is not None
         cfg = self._node.config.poll()  # a profile added to the file shows without a restart
-        return ProfileList(sup.profile_name, tuple(ProfileInfo(p.name, p.description, p.argv(), p.flags(),
+        return ProfileList(sup.profile_name, tuple(ProfileInfo(p.name, p.description, p.shown_argv(), p.flags(),
                                                                p.shown_env()) for p in cfg.profiles))  # masked
 
     def _store_reader(self) -> Any:

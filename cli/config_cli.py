@@ -17,6 +17,7 @@ from lynxtop.contract.config import (
     ray_executable,
     socket_path_problem,
 )
+from lynxtop.contract.redact import redact_argv
 from lynxtop.contract.terminal import terminal_safe
 
 # Commands that also check this node (each profile's executable exists and is executable): the agent, and
@@ -38,7 +39,10 @@ def load_or_exit(args: Namespace, host: bool | None = None) -> Config | None:
         problems = host_problems(cfg) if host else []
         override = getattr(args, "socket", None)
         if host and override:  # `lynxtop agent --socket PATH` replaces [agent] socket: the same check applies
-            problem = socket_path_problem(Path(override).expanduser().absolute())
+            try:
+                problem = socket_path_problem(Path(override).expanduser().absolute())
+            except RuntimeError:  # `~name/...` for a user this system does not know
+                problem = f"{override!r}: no such user's home directory to expand ~ to"
             problems += [f"--socket: {problem}"] if problem else []
     except ConfigError as exc:
         problems = exc.problems
@@ -77,7 +81,7 @@ def check(args: Namespace) -> int:
         _say(f"\n(no profiles: {why})")
     for p in cfg.profiles:
         _say(f"\n[[profile]] {p.name}" + (f" — {p.description}" if p.description else ""))
-        _say(f"  argv: {shlex.join(p.argv())}")
+        _say(f"  argv: {shlex.join(p.shown_argv())}")  # a URL's credentials masked, as the env's secrets
         if p.env:  # secret values masked (***<short hash>): this output gets pasted into tickets
             _say("  env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(p.shown_env().items())))
         if p.env_file is not None or p.env_credentials:
@@ -99,6 +103,6 @@ def _print_ray(cfg: Config) -> None:
             _say(f"  {k} = {v!r}")
     exe, why = ray_executable(cfg.ray)
     _say(f"  ray: {exe}" + (f" ({why})" if why else ""))
-    _say(f"  argv: {shlex.join(ray_argv(cfg))}")
+    _say(f"  argv: {shlex.join(redact_argv(ray_argv(cfg)))}")
     if cfg.ray.env:
         _say("  env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(data["env"].items())))

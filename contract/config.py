@@ -6,6 +6,7 @@ fixes a config in one pass instead of one error per restart. Nothing here has si
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pwd
@@ -14,13 +15,13 @@ import shutil
 import stat
 import sys
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from lynxtop.contract.models import BUILTIN_MODELS, GIB, ModelSpec
-from lynxtop.contract.redact import redact_env
+from lynxtop.contract.redact import redact_argv, redact_env
 from lynxtop.contract.terminal import first_control, terminal_safe
 
 DEFAULT_CONFIG_PATH = Path("/etc/lynxtop/config.toml")
@@ -50,6 +51,8 @@ ROLES = ("single", "head", "worker")
 # `ray start` options the typed [ray] keys own (and --block, which supervision needs): not in ray.extra_args
 RAY_OWNED_FLAGS = ("--head", "--address", "--port", "--block", "--node-ip-address", "--num-gpus", "--num-cpus",
                    "--dashboard-host", "--dashboard-port", "--include-dashboard", "--temp-dir")
+# `ray start` options whose value is a secret: not in ray.extra_args (argv is in every `ps`, and printed and stored)
+RAY_SECRET_FLAGS = ("--redis-password",)
 
 
 class ConfigError(Exception):
@@ -205,10 +208,15 @@ class Profile:
         argv += list(self.extra_args)
         return argv
 
+    def shown_argv(self) -> list[str]:
+        """argv() as it may be served, printed or stored: a URL's credentials masked (vLLM gets argv() itself)."""
+        return redact_argv(self.argv())
+
     def flags(self) -> dict[str, str]:
-        """Profile options as flag -> value (for diffs shown before a switch)."""
+        """Profile options as flag -> value (for diffs shown before a switch), as shown_argv shows them."""
         out: dict[str, str] = {}
-        argv = self.argv()[3:]
+        shown = self.shown_argv()
+        argv = shown[3:]
         i = 0
         while i < len(argv):
             tok = argv[i]
@@ -218,8 +226,8 @@ class Profile:
             else:
                 out[tok] = "on"
                 i += 1
-        out["executable"] = self.executable
-        out["model"] = self.model
+        out["executable"] = shown[0]
+        out["model"] = shown[2]
         for k, v in sorted(self.shown_env().items()):
             out[f"env {k}"] = v
         return out
@@ -300,6 +308,51 @@ def secret_flag_use(token: str) -> str | None:
     return (f"{name} (vLLM reads it as {hits[0]}) would put a secret in vLLM's command line, which every user "
             f"sees in ps and lynxtop serves and stores; set {SECRET_FLAGS[hits[0]]} in env, env_file or "
             "env_credentials instead (its value is masked)")
+
+
+def dotted_conflict(args: Sequence[str], flag: str | None = None) -> str | None:
+    """Why two `--flag.key value` uses in `args` contradict each other, or None; `flag`: only that flag's uses.
+
+    vLLM's parser reads `--flag.a.b v` as `--flag '{"a": {"b": v}}'` (v as JSON if it parses, else the string) and
+    merges the uses in order: one that sets a key inside `a` after `--flag.a` gave `a` a value that is not a JSON
+    object replaces that value (vLLM logs a warning at most), so one of the two is lost. Refused here, so that
+    `config check` and `lynxtop check` (agent/serving/vllm_options.py) say the same.
+    """
+    leaves: dict[tuple[str, ...], str] = {}  # (flag, key, ...) -> the flag as written that set a non-object there
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        written = tok.split("=", 1)[0]
+        head, dot, rest = written[2:].partition(".")
+        name = "--" + head.replace("_", "-")
+        if not written.startswith("--") or not dot or (flag is not None and name != flag):
+            i += 1
+            continue
+        if "=" in tok:
+            value, i = tok.split("=", 1)[1], i + 1
+        elif i + 1 < len(args):
+            value, i = args[i + 1], i + 2
+        else:
+            return None  # no value: said where it is read (vLLM: "expected one argument")
+        path = (name, *rest.split("."))
+        for n in range(2, len(path)):
+            if path[:n] in leaves:
+                return (f"{written} sets a key inside {'.'.join(path[1:n])}, which {leaves[path[:n]]} set before to "
+                        "a value that is not a JSON object: vLLM would replace that value; give one of them")
+        try:
+            parsed: Any = json.loads(value)
+        except (ValueError, RecursionError):
+            parsed = value
+        leaves = {p: w for p, w in leaves.items() if p[:len(path)] != path}  # this value replaces what was inside
+        leaves |= {leaf: written for leaf in _leaves(path, parsed)}
+    return None
+
+
+def _leaves(path: tuple[str, ...], value: Any) -> list[tuple[str, ...]]:
+    """The paths under `path` that hold a value other than a JSON object (`path` itself if `value` is not one)."""
+    if not isinstance(value, dict):
+        return [path]
+    return [leaf for k, v in value.items() for leaf in _leaves((*path, str(k)), v)]
 
 
 def _attached_value(token: str, name: str, candidates: list[str]) -> str | None:
@@ -417,7 +470,10 @@ def _float(lo: float | None = None, hi: float | None = None, lo_open: bool = Fal
     def conv(key: str, v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise _Bad(f"expected a number, got {_describe(v)}")
-        v = float(v)
+        try:
+            v = float(v)
+        except OverflowError:  # an integer past 1.8e308: not quoted, it may have hundreds of digits
+            raise _Bad(f"an integer of {len(str(abs(v)))} digits is too large for a number") from None
         if not math.isfinite(v):
             raise _Bad(f"{v} is not a finite number (nan and inf are refused)")
         if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
@@ -465,7 +521,12 @@ def _path(absolute: bool = False):
 
     def conv(key: str, v: Any) -> Path:
         s = base(key, v)
-        p = Path(s).expanduser()
+        try:
+            p = Path(s).expanduser()
+        except RuntimeError:  # `~name/...` for a user this system does not know
+            user = s[1:].split("/", 1)[0]
+            raise _Bad(f"{s!r} starts with ~{user}, but " + (f"there is no user {user}" if user else
+                       "this user has no home directory") + " to expand it to") from None
         if absolute and not p.is_absolute():
             raise _Bad(f"{s!r} is a relative path; give an absolute path")
         return p
@@ -495,6 +556,9 @@ def _extra_args(key: str, v: Any) -> tuple[str, ...]:
         why = secret_flag_use(a)
         if why:
             raise _Bad(why)
+    why = dotted_conflict(v)
+    if why:
+        raise _Bad(why)
     return tuple(v)
 
 
@@ -529,8 +593,9 @@ def _env_credentials(key: str, v: Any) -> dict[str, str]:
         if problem:
             raise _Bad(problem)
         if not isinstance(cred, str) or not re.fullmatch(r"[A-Za-z0-9_.@\-]{1,255}", cred) or cred in (".", ".."):
+            got = f"a string of {len(cred)} characters" if isinstance(cred, str) else _describe(cred)
             raise _Bad(f"the credential of {name} must be a systemd credential name (letters, digits, . _ - @; "
-                       f"no '/'), got {_describe(cred)}")
+                       f"no '/'), got {got} (not shown: it may be the secret itself)")
     return dict(v)
 
 
@@ -602,6 +667,9 @@ def _ray_extra_args(key: str, v: Any) -> tuple[str, ...]:
         name = a.split("=", 1)[0].replace("_", "-")
         if name in RAY_OWNED_FLAGS:
             raise _Bad(f"{a} is set by the agent or by a typed [ray] key; use the key instead of extra_args")
+        if name in RAY_SECRET_FLAGS:  # the token is not quoted: `--redis-password=...` carries the secret
+            raise _Bad(f"{name} would put a secret in `ray start`'s command line, which every user sees in ps and "
+                       "lynxtop prints and stores")
     return tuple(v)
 
 
@@ -666,6 +734,11 @@ def parse_config(text: str, source: str = "<config>", path: Path | None = None) 
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{source}: not valid TOML: {exc}"]) from None
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        why = f"an integer has more than {sys.get_int_max_str_digits()} digits" if "digits" in str(exc) else exc
+        raise ConfigError([f"{source}: not valid TOML here: a value cannot be read ({why})"]) from None
+    except RecursionError:
+        raise ConfigError([f"{source}: not valid TOML here: arrays or tables nested too deep"]) from None
     known_top = {"agent", "sla", "profile", "model", "ray"}
     for key in data:
         if key not in known_top:
@@ -805,7 +878,7 @@ def _parse_models(chk: _Checker, raw: Any) -> tuple[ModelSpec, ...]:
     if not isinstance(raw, list):
         chk.error("model", "expected an array of tables [[model]]")
         return ()
-    out: list[ModelSpec] = []
+    seen: list[tuple[int, ModelSpec]] = []  # (index in the file, spec) of each accepted one
     for i, table in enumerate(raw):
         label = f"model[{i}]" + (f" ({table['name']})" if isinstance(table, dict) and "name" in table else "")
         if not isinstance(table, dict):
@@ -817,9 +890,17 @@ def _parse_models(chk: _Checker, raw: Any) -> tuple[ModelSpec, ...]:
                 chk.error(f"{label}.name", "is required")
             continue
         spec = _model_from(chk, label, vals)
-        if spec is not None:
-            out.append(spec)
-    return tuple(out)
+        if spec is None:
+            continue
+        # find_model takes the first that matches: a later one that an earlier one matches would never be used
+        earlier = next(((j, m) for j, m in seen if m.matches(spec.name) or spec.matches(m.name)), None)
+        if earlier is not None:
+            j, m = earlier
+            also = "" if m.name == spec.name else f" as {m.name!r}: a model is found by its name or its last part"
+            chk.error(f"{label}.name", f"duplicate model name {spec.name!r} (first in model[{j}]{also})")
+            continue
+        seen.append((i, spec))
+    return tuple(spec for _, spec in seen)
 
 
 def _model_from(chk: _Checker, label: str, vals: dict[str, Any]) -> ModelSpec | None:
@@ -1135,7 +1216,10 @@ def config_as_dict(cfg: Config) -> dict[str, Any]:
         return obj
 
     # every env as shown_env: a secret value is masked here for `config check --json` and everything after
-    ray = conv(cfg.ray) | {"env": redact_env(cfg.ray.env, cfg.agent.secret_env)}
+    # and every argument with a URL's credentials masked (redact_argv)
+    ray = conv(cfg.ray) | {"env": redact_env(cfg.ray.env, cfg.agent.secret_env),
+                           "extra_args": redact_argv(cfg.ray.extra_args)}
     return {"path": str(cfg.path) if cfg.path else None, "agent": conv(cfg.agent), "sla": conv(cfg.sla),
             "ray": ray,
-            "profiles": [conv(p) | {"argv": p.argv(), "env": p.shown_env()} for p in cfg.profiles]}
+            "profiles": [conv(p) | {"argv": p.shown_argv(), "extra_args": redact_argv(p.extra_args),
+                                    "env": p.shown_env()} for p in cfg.profiles]}

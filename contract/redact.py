@@ -10,14 +10,18 @@ password, so a secret should be a random token, as HF and API keys are. Imports 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 # A name holding one of these (any case) is secret; `[agent] secret_env` names more, and every variable read from
-# an env_file or a systemd credential is secret too.
+# an env_file or a systemd credential is secret too. Whatever the name, a URL's credentials (`https://USER:PASSWORD@
+# host`) are secret wherever env values or argv are shown or stored (mask_url_credentials).
 SECRET_NAME_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
 MASK_PREFIX = "***"
 _MASKED = re.compile(r"\*\*\*[0-9a-f]{8}")
+# scheme://USERINFO@: the userinfo is everything up to the authority's last '@' (a URL client reads it so: RFC 3986's
+# authority ends at the first '/', '?' or '#'); quotes end it too, for a URL inside a JSON value
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#\s\"'<>]*)@")
 FLAG_ENV_PREFIX = "env "  # Profile.flags() shows env variables as "env NAME"
 
 
@@ -35,19 +39,42 @@ def mask(value: str) -> str:
     return MASK_PREFIX + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 
+def _mask_userinfo(m: re.Match[str]) -> str:
+    user, colon, password = m.group("userinfo").partition(":")
+    # USER:PASSWORD keeps the user; a userinfo without ':' is most often a token itself (https://TOKEN@host)
+    shown = f"{user}:{mask(password) if password else ''}" if colon else mask(user) if user else ""
+    return f"{m.group('scheme')}{shown}@"
+
+
+def mask_url_credentials(text: str) -> str:
+    """`text` with the credentials of every URL in it masked (`https://ops:***1a2b3c4d@host`); else as it is."""
+    return _URL_USERINFO.sub(_mask_userinfo, text) if "://" in text else text
+
+
 def redact_env(env: Mapping[str, str], secret_names: Collection[str] = ()) -> dict[str, str]:
-    """`env` with the value of every secret name masked: what may be served, printed, logged or stored."""
-    return {k: mask(v) if is_secret_name(k, secret_names) else v for k, v in env.items()}
+    """`env` with the value of every secret name masked, and a URL's credentials in any other value: what may be
+    served, printed, logged or stored."""
+    return {k: mask(v) if is_secret_name(k, secret_names) else mask_url_credentials(v) for k, v in env.items()}
+
+
+def redact_argv(argv: Iterable[str]) -> list[str]:
+    """A command line as it may be served, printed or stored: each argument with a URL's credentials masked. (A
+    profile's extra_args refuse the flags that take a secret, `--api-key` and `--hf-token`: contract/config.py.)"""
+    return [mask_url_credentials(a) if isinstance(a, str) else a for a in argv]
 
 
 def redact_flags(flags: Any, secret_names: Collection[str] = ()) -> Any:
-    """Profile.flags()-shaped data with its secret "env NAME" values masked (anything else as it is): for what
-    reaches the runs table, and for rows written before values were masked."""
+    """Profile.flags()-shaped data with its secret "env NAME" values masked, and a URL's credentials in any other
+    flag or value (anything else as it is): for what reaches the runs table, and for rows written before values
+    were masked."""
     if not isinstance(flags, dict):
         return flags
-    out = dict(flags)
+    out = {}
     for key, value in flags.items():
         if (isinstance(key, str) and key.startswith(FLAG_ENV_PREFIX) and isinstance(value, str)
                 and is_secret_name(key[len(FLAG_ENV_PREFIX):], secret_names)):
-            out[key] = mask(value)
+            value = mask(value)
+        elif isinstance(value, str):
+            value = mask_url_credentials(value)
+        out[mask_url_credentials(key) if isinstance(key, str) else key] = value
     return out

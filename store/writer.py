@@ -37,7 +37,7 @@ from typing import Any
 
 from lynxtop.contract.config import Retention
 from lynxtop.contract.events import Event, EventKind, Severity, canonical_kind
-from lynxtop.contract.redact import redact_flags
+from lynxtop.contract.redact import redact_argv, redact_flags
 from lynxtop.store import compact, inproc, swap
 from lynxtop.store import retention as retention_mod
 from lynxtop.store.checkpoint import FALLBACK_AUTOCHECKPOINT_PAGES, Checkpointer
@@ -780,6 +780,8 @@ class StoreWriter:
         for k, v in fields.items():
             if k == "flags":  # a secret-looking env value never reaches the file (nor a backup of it)
                 v = redact_flags(v)
+            elif k == "argv" and v is not None:  # a password in a URL argument (the flags' masking)
+                v = redact_argv(v)
             if k in RUN_JSON_COLUMNS and v is not None:
                 v = json.dumps(list(v) if isinstance(v, tuple) else v, default=str)
             elif isinstance(v, bool):

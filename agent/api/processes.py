@@ -17,7 +17,7 @@ from typing import Any
 
 from lynxtop.agent.serving import procs
 from lynxtop.contract.processes import GpuProcess, GpuProcesses
-from lynxtop.contract.redact import is_secret_name, mask
+from lynxtop.contract.redact import is_secret_name, mask, mask_url_credentials
 
 COMMAND_CAP = 1000  # characters of a command line served; enough for a vLLM argv, bounded for a hostile one
 _ASSIGN = re.compile(r"(-{0,2})([A-Za-z_][A-Za-z0-9_.-]*)=(.*)", re.DOTALL)
@@ -41,7 +41,7 @@ def redact_argv(argv: Iterable[str], secret_names: Iterable[str] = ()) -> list[s
             out.append(arg)
             mask_next = True
         else:
-            out.append(arg)
+            out.append(mask_url_credentials(arg))  # https://user:PASSWORD@host
     return out
 
 

@@ -30,6 +30,7 @@ from lynxtop.agent.serving.startup import tail_lines
 from lynxtop.contract.config import Config, ray_executable
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.files import atomic_write
+from lynxtop.contract.redact import redact_argv
 from lynxtop.contract.status import RayState
 
 log = logging.getLogger(__name__)
@@ -227,7 +228,7 @@ class RayNode:
             proc = await asyncio.to_thread(launcher.spawn, argv, log_path, env, "ray")
         except OSError as exc:
             self._set(RayState.STOPPED, f"could not start {exe}: {exc}")
-            self._event(EventKind.RAY_EXITED, Severity.ERROR, f"could not start Ray: {exc}", argv=argv)
+            self._event(EventKind.RAY_EXITED, Severity.ERROR, f"could not start Ray: {exc}", argv=redact_argv(argv))
             return
         self.proc = proc
         proc.watch()
@@ -237,7 +238,7 @@ class RayNode:
         self._set(RayState.STARTING, reason)
         self._event(EventKind.RAY_STARTING, Severity.INFO, f"Ray starting as {self.cfg.agent.role} "
                     f"({'GCS on ' if self.cfg.agent.role == 'head' else 'joining '}{self.address}), pid {proc.pid}: "
-                    f"{reason}", pid=proc.pid, argv=argv, log_path=str(log_path))
+                    f"{reason}", pid=proc.pid, argv=redact_argv(argv), log_path=str(log_path))
         self._watch = asyncio.get_running_loop().create_task(self._watch_exit(proc), name="ray-watch")
 
     async def _watch_exit(self, proc: ServerProcess) -> None:

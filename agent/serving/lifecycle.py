@@ -34,6 +34,7 @@ from lynxtop.agent.serving.stopping import report_stop, wait_gpus_released
 from lynxtop.agent.serving.watch import RunWatch, server_url
 from lynxtop.contract.config import Config, Profile
 from lynxtop.contract.events import Event, EventKind, Severity
+from lynxtop.contract.redact import redact_argv
 from lynxtop.contract.status import ServingState as S  # noqa: N817 - read as a state name: S.READY
 
 log = logging.getLogger("lynxtop.agent.serving.supervisor")
@@ -225,7 +226,7 @@ class RunLifecycle:
             self.profile, self.profile_name = prof, prof.name
             self.set_state(S.STOPPED, f"could not start {argv[0]}: {exc}")
             self.event(EventKind.SERVING_START_FAILED, Severity.ERROR, f"could not start profile {prof.name}: {exc}",
-                       argv=argv)
+                       argv=redact_argv(argv))
             self.resolve_outcome(False)
             return False
         proc = run.proc
@@ -243,7 +244,8 @@ class RunLifecycle:
         self.state_file.save(proc.record)
         self.set_state(S.STARTING, reason)
         self.event(EventKind.SERVING_STARTING, Severity.INFO, f"run {run.run_id}: started profile {prof.name} "
-                   f"(pid {proc.pid}): {reason}", pid=proc.pid, argv=proc.record.argv, log_path=run.log_path)
+                   f"(pid {proc.pid}): {reason}", pid=proc.pid, argv=redact_argv(proc.record.argv),
+                   log_path=run.log_path)
         RunWatch(self, run, prof, self._http, agent).check_log()
         self._task = asyncio.get_running_loop().create_task(self._lifecycle(run, prof), name=f"run-{run.run_id}")
         return True

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lynxtop.contract.config import dotted_conflict
+
 DCP_FLAGS = ("--decode-context-parallel-size", "-dcp")
 PCP_FLAGS = ("--prefill-context-parallel-size", "-pcp")
 SPEC_FLAG = "--speculative-config"
@@ -84,8 +86,12 @@ def _int_flag(args: Sequence[str], names: Sequence[str]) -> tuple[int, str, str]
 
 
 def _dotted(args: Sequence[str]) -> tuple[dict[str, Any], str]:
-    """`--speculative-config.key value` uses, as one dict (a JSON value, else the string); error in words."""
+    """`--speculative-config.key value` uses, as one dict (a JSON value, else the string); error in words. A key
+    set inside one that an earlier use gave a non-object value is refused (dotted_conflict, as `config check`)."""
     out: dict[str, Any] = {}
+    conflict = dotted_conflict(args, SPEC_FLAG)
+    if conflict:
+        return out, conflict + " (in extra_args)"
     i = 0
     while i < len(args):
         tok = args[i]
@@ -102,7 +108,7 @@ def _dotted(args: Sequence[str]) -> tuple[dict[str, Any], str]:
             return out, f"{tok} in extra_args has no value"
         try:
             parsed: Any = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             parsed = value
         node = out
         for key in keys[:-1]:
@@ -123,8 +129,11 @@ def _spec(args: Sequence[str]) -> tuple[dict[str, Any] | None, str]:
         return None, f"{token} in extra_args has no value (vLLM takes a JSON object)"
     try:
         spec = json.loads(value)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         return None, f"{token}'s value in extra_args is not JSON ({exc.msg} at character {exc.pos}): vLLM refuses it"
+    except (ValueError, RecursionError) as exc:  # an integer of too many digits; arrays nested too deep
+        why = "nested too deep" if isinstance(exc, RecursionError) else "an integer of too many digits"
+        return None, f"{token}'s value in extra_args cannot be read as JSON ({why}): vLLM refuses it"
     if not isinstance(spec, dict):
         return None, f"{token}'s value in extra_args is JSON but not an object: vLLM takes {{\"method\": ...}}"
     return spec | dotted, ""

@@ -29,7 +29,8 @@ HF_INLINE = "hf_inlineE2eToken4Qz8"
 API_INLINE = "sk-inline-e2e-apikey-7Wm"
 HF_FILE = "hf_fromEnvFileE2e91Kx"
 API_CRED = "sk-fromCredentialE2e-P04"
-SECRETS = (HF_INLINE, API_INLINE, HF_FILE, API_CRED)
+URL_PASSWORD = "mirrorPassE2e-3vT"  # in a URL's userinfo, under a name that is not secret-looking
+SECRETS = (HF_INLINE, API_INLINE, HF_FILE, API_CRED, URL_PASSWORD)
 
 
 def _environ(pid: int) -> list[bytes]:
@@ -50,7 +51,8 @@ def _secret_config(tmp: Path, metrics_port: int) -> Path:
     (creds / "vllm_api_key").write_text(API_CRED + "\n")
     profiles = [
         sim_profile("inline", startup_s=0.3, stop_grace_s=5,
-                    env={"HF_TOKEN": HF_INLINE, "VLLM_API_KEY": API_INLINE, "NCCL_DEBUG": "WARN"}),
+                    env={"HF_TOKEN": HF_INLINE, "VLLM_API_KEY": API_INLINE, "NCCL_DEBUG": "WARN",
+                         "HF_ENDPOINT": f"https://mirror:{URL_PASSWORD}@hf-mirror.example"}),
         sim_profile("fromfiles", startup_s=0.3, stop_grace_s=5, env={"NCCL_DEBUG": "WARN"}, env_file=env_file,
                     env_credentials={"VLLM_API_KEY": "vllm_api_key"}),
     ]
@@ -70,6 +72,7 @@ async def test_profile_secrets_reach_the_server_and_are_found_nowhere_else(tmp_p
     first_run, first_pid = st["serving"]["run_id"], st["serving"]["pid"]
     environ = _environ(first_pid)
     assert f"HF_TOKEN={HF_INLINE}".encode() in environ and f"VLLM_API_KEY={API_INLINE}".encode() in environ
+    assert f"HF_ENDPOINT=https://mirror:{URL_PASSWORD}@hf-mirror.example".encode() in environ
 
     # the switch diff (the dashboard's, from /v1/profiles) shows that both secrets change, not to what
     code, profiles = await a.api("GET", "/v1/profiles")
