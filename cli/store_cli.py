@@ -20,7 +20,7 @@ from lynxtop.contract.records import RunInfo
 from lynxtop.contract.terminal import terminal_safe
 from lynxtop.store.errors import StoreError
 from lynxtop.store.export import ExportError, OutputError, export_all, export_table
-from lynxtop.store.reader import StoreReader
+from lynxtop.store.reader import NoHistory, StoreReader
 from lynxtop.store.times import iso, parse_time
 
 
@@ -170,6 +170,9 @@ def export(args: Namespace) -> int:
         _silence_stdout()
         print(f"lynxtop export: {exc}", file=sys.stderr)
         return 1
+    except NoHistory as exc:  # an empty file: nothing to export, as `lynxtop runs` finds no runs in it
+        print(terminal_safe(f"lynxtop export: {exc}", lines=True), file=sys.stderr)
+        return 0
     except (ExportError, StoreError) as exc:
         return _err("export", str(exc))
     except sqlite3.DatabaseError as exc:  # damage found mid-read

@@ -17,7 +17,7 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -79,8 +79,14 @@ class Query:
     plain_sql: str  # the same rows and columns as ordinary SELECT (for the sqlite3 shell comparison)
 
 
-def build_query(table: str, resolution: str, start_ms: int, end_ms: int, raw: bool = False) -> Query:
-    """The SELECT for one table, ordered by time, with the ISO time and epoch ms first."""
+def build_query(table: str, resolution: str, start_ms: int, end_ms: int, raw: bool = False,
+                columns_of: Callable[[str, list[str]], Collection[str]] | None = None) -> Query:
+    """The SELECT for one table, ordered by time, with the ISO time and epoch ms first.
+
+    `columns_of(sql_table, wanted)` gives the columns the file's table has (StoreReader.columns): one that a
+    file written before it was added lacks is exported empty (NULL), so the header and rows keep their shape.
+    """
+    name = table
     if table in ("gpu", "host", "serving"):
         t = SAMPLE_TABLES[table]
         key = ["ts_ms", "gpu"] if t.per_gpu else ["ts_ms"]
@@ -92,12 +98,12 @@ def build_query(table: str, resolution: str, start_ms: int, end_ms: int, raw: bo
         where = f"FROM {name} WHERE ts_ms >= ? AND ts_ms < ?"
         order = ", ".join(key)
     elif table == "events":
-        fields = [("ts_ms", "INTEGER"), ("id", "INTEGER"), ("run_id", "INTEGER"), ("kind", "TEXT"),
-                  ("severity", "TEXT"), ("message", "TEXT"), ("details", "TEXT")]
+        name, fields = "events", [("ts_ms", "INTEGER"), ("id", "INTEGER"), ("run_id", "INTEGER"),
+                                  ("kind", "TEXT"), ("severity", "TEXT"), ("message", "TEXT"), ("details", "TEXT")]
         where = "FROM events WHERE ts_ms >= ? AND ts_ms < ?"
         order = "ts_ms, id"
     elif table == "runs":
-        fields = [("started_ms", "INTEGER"), ("id", "INTEGER"), *RUN_COLUMNS]
+        name, fields = "runs", [("started_ms", "INTEGER"), ("id", "INTEGER"), *RUN_COLUMNS]
         where = "FROM runs WHERE started_ms < ?2 AND (ended_ms IS NULL OR ended_ms >= ?1)"
         order = "started_ms, id"
     else:
@@ -106,6 +112,9 @@ def build_query(table: str, resolution: str, start_ms: int, end_ms: int, raw: bo
     iso = _ISO.format(col=time_col)
     header = ["time_utc", "ts_ms", *(c for c, _ in fields[1:])]
     exprs = _EXPRS.get(table, {})
+    have = columns_of(name, [c for c, _ in fields]) if columns_of is not None else ()
+    if have:  # (empty: the file has no such table; the query says so)
+        exprs = {**exprs, **{c: "NULL" for c, _ in fields if c not in have}}
     line = _line([iso, *(_field(c, t, raw, exprs.get(c)) for c, t in fields)])
     plain_cols = ", ".join([f"{iso} AS time_utc", f"{time_col} AS ts_ms",
                             *(f"{exprs[c]} AS {c}" if c in exprs else c for c, _ in fields[1:])])
@@ -180,7 +189,7 @@ def export_table(reader: StoreReader, table: str, resolution: str, start_ms: int
         raise ExportError(f"unknown resolution {resolution!r} (known: raw, {', '.join(RESOLUTIONS)})")
     if table in ("events", "runs"):
         resolution = "raw"
-    q = build_query(table, resolution, start_ms, end_ms, raw)
+    q = build_query(table, resolution, start_ms, end_ms, raw, reader.columns)
     if resolution == "raw" and table in SAMPLE_TABLES:  # raw rows and compacted chunks, as one table
         name = SAMPLE_TABLES[table].name
         q = dataclasses.replace(q, sql=reader.with_chunks(q.sql, name, start_ms, end_ms),

@@ -12,7 +12,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,10 @@ SERIES_TABLES = ("gpu", "host", "serving")
 LATEST_TABLES = ("gpu", "nvlink", "host", "serving", "processes")
 SLOW_TABLES = ("nvlink", "processes")  # readings stored once, when read (store/writer.py SlowRows)
 RAW_SUMMARY_MAX_MS = 6 * 3_600_000  # longer runs are summarised from 1-minute rollups
+
+
+class NoHistory(StoreError):
+    """The file holds no history at all: the agent has created it but not its tables yet (not damage)."""
 
 
 def _table_name(table: str) -> str:
@@ -97,6 +101,16 @@ def _decode_run(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _no_readings(rows: list[dict[str, Any]], cols: list[str], have: list[str]) -> list[dict[str, Any]]:
+    """Aggregated rows given the stats of the metrics of `cols` not in `have` (columns the file lacks): none."""
+    if len(have) < len(cols):
+        for c in cols:
+            if c not in have:
+                for r in rows:
+                    r.update({f"{c}_min": None, f"{c}_avg": None, f"{c}_max": None, f"{c}_n": 0})
+    return rows
+
+
 class StoreReader:
     """See docs/contracts.md. Raises StoreError (message names the path) when the file is absent or bad."""
 
@@ -108,10 +122,12 @@ class StoreReader:
                              "check --database or [agent] database)")
         self._lock = threading.RLock()  # held while the connection is in use; detach() waits for it
         self.note: str | None = None  # how the file had to be opened, for the user (read-only directory)
+        self._cols: dict[str, frozenset[str]] = {}  # each table's columns in this file, as last read (columns())
         self._conn: sqlite3.Connection | None = self._connect()
         inproc.register(self.path, self)
 
     def _connect(self) -> sqlite3.Connection:
+        self._cols = {}  # a new connection may see another file (a swapped database)
         problem = sidecar_problem(self.path)
         if problem:
             raise StoreError(f"{self.path}: cannot open the history database: {problem}")
@@ -203,11 +219,38 @@ class StoreReader:
                 return []  # the agent has created the file but not the tables yet
             raise NotOurDatabase(f"{self.path}: cannot read the history database: {exc}") from None
 
+    def columns(self, table: str, wanted: Iterable[str] = ()) -> frozenset[str]:
+        """The columns SQL table `table` has in this file; empty when the file has no such table (yet).
+
+        A file written before a metric was added lacks its column until a writer opens it (readers open
+        read-only and never add it), so queries select NULL for what this does not list. Cached per connection
+        and read again (one PRAGMA) only when one of `wanted` is missing: a writer may have added it since.
+        """
+        have = self._cols.get(table)
+        if have is not None and have.issuperset(wanted):
+            return have
+        try:
+            with self._lock:
+                have = frozenset(r[1] for r in self.conn.execute(f"PRAGMA main.table_info({table})"))
+        except sqlite3.DatabaseError:
+            return frozenset()  # not readable: the query itself then says why
+        if have:
+            self._cols[table] = have
+        return have
+
+    def _select(self, table: str, cols: list[str]) -> str:
+        """`cols` for a SELECT list from SQL table `table`: NULL AS c for a column this file lacks."""
+        have = self.columns(table, cols)
+        if not have:  # no such table (a file the agent has not set up yet): the query says so
+            return ", ".join(cols)
+        return ", ".join(c if c in have else f"NULL AS {c}" for c in cols)
+
     def with_chunks(self, sql: str, table: str, start_ms: int, end_ms: int, gpu: int | None = None) -> str:
         """`sql` reading `table` as its raw rows plus the compacted chunks overlapping [start_ms, end_ms).
 
         Only those chunks are decoded, into a TEMP table of the same columns (a read-only connection may
-        write its own temp schema); `FROM table ` becomes a UNION ALL of both. Without such chunks, `sql`
+        write its own temp schema); `FROM table ` becomes a UNION ALL of both. The columns are the file's own:
+        `sql` selects NULL for any it lacks (columns()). Without such chunks, `sql`
         is returned unchanged. Call it, and run the SQL, under the reader's lock.
         """
         if table not in COMPACTED:
@@ -365,8 +408,8 @@ class StoreReader:
             raise ValueError(f"unknown column(s) for {table} at {res}: {', '.join(bad)}")
         q = _SeriesQuery(table, cols, int(gpu) if t.per_gpu and gpu is not None else None)
         if res == "raw":
-            sql = (f"SELECT {q.key}, {', '.join(cols)} FROM {t.name} WHERE ts_ms >= ? AND ts_ms < ?{q.gpu_sql} "
-                   f"ORDER BY {q.key}")
+            sql = (f"SELECT {q.key}, {self._select(t.name, cols)} FROM {t.name} "
+                   f"WHERE ts_ms >= ? AND ts_ms < ?{q.gpu_sql} ORDER BY {q.key}")
             return res, self._raw_q(sql, (start_ms, end_ms, *q.gpu_param), t.name, start_ms, end_ms, q.gpu)
         return res, self._rollup_series(q, res, start_ms, end_ms)
 
@@ -375,9 +418,10 @@ class StoreReader:
         bucket = RESOLUTIONS[res]
         first = start_ms - start_ms % bucket
         wm = self._watermark(q.table, res)
-        stats = ", ".join(f"{c}_min, {c}_avg, {c}_max" for c in q.cols)
         rows: list[dict[str, Any]] = []
         if wm is not None and wm > first:
+            table = rollup_table(q.table, res)
+            stats = self._select(table, [f"{c}_{s}" for c in q.cols for s in ("min", "avg", "max")])
             rows = self._q(f"SELECT {q.key}, samples, {stats} FROM {rollup_table(q.table, res)} "
                            f"WHERE ts_ms >= ? AND ts_ms < ?{q.gpu_sql} ORDER BY {q.key}",
                            (first, min(end_ms, wm), *q.gpu_param))
@@ -393,18 +437,25 @@ class StoreReader:
             wm_1m = self._watermark(q.table, "1m")
             mid_end = min(end_ms, wm_1m) if wm_1m is not None else tail_from
             if mid_end > tail_from:
-                sql = aggregate_sql(q.table, q.cols, bucket, "1m").replace("{gpu_filter}", q.gpu_sql)
-                tail = self._q(sql, (tail_from, mid_end, *q.gpu_param))
+                have = self._present(rollup_table(q.table, "1m"), q.cols, "_n")
+                sql = aggregate_sql(q.table, have, bucket, "1m").replace("{gpu_filter}", q.gpu_sql)
+                tail = _no_readings(self._q(sql, (tail_from, mid_end, *q.gpu_param)), q.cols, have)
                 raw_from = mid_end
         if raw_from < end_ms:
-            sql = aggregate_sql(q.table, q.cols, bucket).replace("{gpu_filter}", q.gpu_sql)
-            rows = self._raw_q(sql, (raw_from, end_ms, *q.gpu_param), SAMPLE_TABLES[q.table].name, raw_from, end_ms,
-                               q.gpu)
-            tail = self._merge_tail(tail, rows, q.cols, q.per_gpu)
+            name = SAMPLE_TABLES[q.table].name
+            have = self._present(name, q.cols)
+            sql = aggregate_sql(q.table, have, bucket).replace("{gpu_filter}", q.gpu_sql)
+            rows = self._raw_q(sql, (raw_from, end_ms, *q.gpu_param), name, raw_from, end_ms, q.gpu)
+            tail = self._merge_tail(tail, _no_readings(rows, q.cols, have), q.cols, q.per_gpu)
         for r in tail:  # n served the exact merge; rows keep one shape
             for c in q.cols:
                 del r[f"{c}_n"]
         return tail
+
+    def _present(self, table: str, cols: list[str], suffix: str = "") -> list[str]:
+        """The metrics of `cols` whose column (name + suffix) SQL table `table` has (all when it is unknown)."""
+        have = self.columns(table, [c + suffix for c in cols])
+        return [c for c in cols if c + suffix in have] if have else cols
 
     @staticmethod
     def _merge_tail(a: list[dict[str, Any]], b: list[dict[str, Any]], cols: list[str],
@@ -564,5 +615,8 @@ class StoreReader:
         try:
             cur = self.conn.execute(sql, params)
         except sqlite3.DatabaseError as exc:
+            if "no such table" in str(exc) and schema_version(self.conn) == 0:  # as _q: a file not set up yet
+                raise NoHistory(f"{self.path}: no history recorded yet (the agent has created the file but not "
+                                "its tables)") from None
             raise NotOurDatabase(f"{self.path}: cannot read the history database: {exc}") from None
         return [d[0] for d in cur.description], cur

@@ -43,6 +43,9 @@ INT64 = (-(2**63), 2**63 - 1)  # what an SQLite INTEGER holds: a body's integers
 DEFAULT_MAX_CONNECTIONS = 256  # [agent] api_max_connections
 DEFAULT_REQUEST_TIMEOUT_S = 10.0  # [agent] request_timeout_s
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the NUL
+# Someone's live socket reported in the control socket's place is probed again every this many checks (node.py:
+# every 5 s, so 30 s): once that process has exited, its dead socket file is replaced as any dead one is.
+TOLD_SOCKET_RECHECK = 6
 
 _log = logging.getLogger("lynxtop.api")
 
@@ -274,6 +277,7 @@ class ApiServer:
         self._ident: tuple[int, int] | None = None  # (device, inode) of the socket file this agent listens on
         self._site: GuardedSite | None = None
         self._told: tuple[int, int] | None = None  # a file in the socket's place already reported as not ours
+        self._told_checks = 0  # checks since then (a socket reported is probed again: TOLD_SOCKET_RECHECK)
         self.app = self._make_app()
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -330,7 +334,8 @@ class ApiServer:
 
         Returns (re-created, what happened) for the caller's event, None while the path is this agent's (or a
         file in its place was already reported). A live socket of someone else, or a file that is not a
-        socket, is left alone and reported once. Connections already accepted go on.
+        socket, is left alone and reported once; such a socket is probed again every TOLD_SOCKET_RECHECK checks
+        and replaced once nobody answers on it (its process exited). Connections already accepted go on.
         """
         if self._site is None or self._ident is None:
             return None
@@ -342,16 +347,25 @@ class ApiServer:
         except OSError:
             return None
         ident = (st.st_dev, st.st_ino) if st is not None else None
-        if ident == self._ident or (ident is not None and ident == self._told):
+        if ident == self._ident:
             return None
         what = f"control socket {path} " + ("was removed" if st is None else "was replaced by another file")
+        if st is not None and ident == self._told:
+            self._told_checks += 1
+            if not stat.S_ISSOCK(st.st_mode) or self._told_checks % TOLD_SOCKET_RECHECK:
+                return None
+            try:  # its process may have exited since, leaving its socket file: probed, removed when dead
+                self._clear_stale(path)
+            except (ApiStartError, OSError):
+                return None  # still answering: reported already
+            what = f"control socket {path}: the other process's socket in its place no longer answers"
         try:
             if st is not None:
                 self._clear_stale(path)
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
             sock = self._bind(path, group_gid(self.group))
         except (ApiStartError, OSError) as exc:
-            self._told = ident
+            self._told, self._told_checks = ident, 0
             return False, f"{what}; not re-created: {exc}"
         self._site.replace_socket(sock)
         st = path.stat()
