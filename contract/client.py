@@ -165,7 +165,7 @@ def events_of(data: Mapping[str, Any], socket_path: str) -> list[Event]:
 def parse_status(data: Mapping[str, Any], socket_path: str) -> Status:
     if not isinstance(data.get("serving"), dict) and "agent" not in data:
         raise AgentUnreachable(f"{socket_path}: answer is not a lynxtop status object")
-    return Status.from_json(data)
+    return typed(socket_path, "GET /v1/status", Status.from_json, data)
 
 
 # ---------------------------------------------------------------------------------------------- blocking

@@ -7,6 +7,7 @@ a missing reading is never drawn as 0. Imports nothing else of the project.
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import UTC, datetime
 
@@ -74,7 +75,7 @@ def fmt_si(n: float | None, unit: str = "") -> str:
 
 
 def fmt_int(n: float | None) -> str:
-    return NA if n is None else f"{int(n):,}"
+    return NA if n is None or n != n or n in (math.inf, -math.inf) else f"{int(n):,}"
 
 
 def fmt_pct(v: float | None, decimals: int = 0) -> str:
@@ -109,7 +110,7 @@ def fmt_temp(v: float | None) -> str:
 
 def fmt_duration(seconds: float | None, na: str = NA) -> str:
     """Two units at most (1h02m, 1d01h): an uptime, not a stopwatch. The CLI passes na="-"."""
-    if seconds is None:
+    if seconds is None or seconds != seconds or seconds in (math.inf, -math.inf):
         return na
     s = max(0, int(seconds))
     days, rem = divmod(s, 86400)

@@ -5,11 +5,18 @@ the exporter, the dashboard and the demo read attributes. The JSON keys are thos
 or newer agent adds or lacks is ignored or defaulted on read, so the dashboard of one version reads another's agent.
 The metric parts (`GpuStatus.metrics`, `HostStatus.metrics`, `ServingMetrics.values`) are keyed by the columns of
 `contract/columns.py`, the one metric contract, and are flat in the JSON.
+
+A key that is present is read with its field's type: a value of another JSON type (a string for a number, a number
+for a host name) is a `RecordError` naming the field, which a client reports as an agent it cannot read, never a
+crash in whatever shows the value later; a metric reading that is not a finite number (NaN, Infinity, a string,
+true) is None, not read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -69,11 +76,145 @@ T = TypeVar("T")
 
 
 def _build(cls: type[T], d: Mapping[str, Any] | None, **nested: Any) -> T:
-    """`cls` from a JSON object: known keys only, missing ones defaulted (see the module docstring)."""
+    """`cls` from a JSON object: known keys only, missing ones defaulted (see the module docstring), each present
+    one checked against its field's type (`_checked`); the `nested` fields are the caller's, read already."""
     d = d or {}
-    kw = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d}  # type: ignore[arg-type]
+    if not isinstance(d, Mapping):
+        raise _unreadable(cls.__name__, "", f"must be a JSON object, not {type(d).__name__}")
+    kw = {}
+    for name, annotation, accepts in _fields_of(cls):
+        if name in d and name not in nested:
+            value = d[name]
+            if type(value) not in accepts:  # the common case, a value of its field's type, costs no call
+                value = _checked(cls, name, annotation, value)
+                if value is _DEFAULT:
+                    continue
+            kw[name] = value
     kw.update(nested)
+    for name in _required(cls):
+        if name not in kw:
+            raise _unreadable(cls.__name__, name, "missing (a required field)")
     return cls(**kw)
+
+
+@functools.cache
+def _required(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+
+
+def _items(cls: type, name: str, d: Mapping[str, Any]) -> list[Any] | tuple[Any, ...]:
+    """The JSON list `d[name]` (empty when absent or null); any other JSON type is a `RecordError`."""
+    value = d.get(name)
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise _unreadable(cls.__name__, name, f"expected a list, got {type(value).__name__}")
+    return value
+
+
+_TEXT_METRICS = frozenset(m[0] for m in (*GPU_METRICS, *HOST_METRICS, *SERVING_METRICS) if m[1] == "TEXT")
+_DEFAULT = object()  # `_checked`'s answer for a value that leaves the field at its default
+_NUMBERS = (int, float)
+
+
+@functools.cache
+def _fields_of(cls: type) -> tuple[tuple[str, str, frozenset[type]], ...]:
+    """Each field of `cls`: its name, its annotation (a string: this module's annotations are not evaluated), and
+    the value types taken as they are (not float: a float is checked for NaN and Infinity)."""
+    return tuple((f.name, f.type, _shape(f.type)[1] - {float, object})  # type: ignore[arg-type]
+                 for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+
+
+def _annotation(cls: type, name: str) -> str:
+    return next(a for n, a, _ in _fields_of(cls) if n == name)
+
+
+def _checked(cls: type, name: str, annotation: str, value: Any) -> Any:
+    """`value` for the field `name` of `cls` annotated `annotation`, or a `RecordError` naming the field and the value.
+
+    An agent of another version (or a buggy one) may answer a field with another JSON type ("60" for a number, 7
+    for a host name): read as it is, it crashed a widget far from here and took the dashboard down; refused here,
+    the client says it cannot read the agent. Leniencies that keep what an agent means: any number for a number
+    field (an integer field given 1.0), and a number that is not finite (Python's JSON reads NaN and Infinity) or
+    a null read as "not known": None where the field allows it, else the field's default.
+    """
+    optional, accepts, items = _shape(annotation)
+    kind = type(value)
+    if kind in accepts:
+        if kind is float and not math.isfinite(value):
+            return None if optional else _DEFAULT
+        return value
+    if value is None:
+        return None if optional else _DEFAULT
+    if items is not None and kind in (list, tuple) and all(isinstance(x, items) for x in value):
+        return tuple(value)
+    if dict in accepts and isinstance(value, Mapping):
+        return value
+    if object in accepts:
+        return value
+    words = {int: "a number", str: "a string", bool: "true or false", dict: "an object"}
+    expected = " or ".join([words.get(k, k.__name__) for k in accepts if k is not float] + ["a list"] * bool(items))
+    text = repr(value)
+    raise _unreadable(cls.__name__, name, f"expected {expected}{' or null' if optional else ''}, got "
+                      f"{text if len(text) <= 60 else text[:57] + '...'}")
+
+
+_NAMED: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool, "Any": object}
+
+
+@functools.cache
+def _shape(annotation: str) -> tuple[bool, frozenset[type], Any]:
+    """(null allowed, the JSON value types a field annotated `annotation` takes, a tuple field's item type or None);
+    `object` in the types: anything (Any).
+
+    Read from the annotation's text, which this module's few forms make simple (`int | None`, `dict[str, Any]`,
+    `tuple[str, ...]`, a class of this module): `typing.get_type_hints` evaluates them, and cost a dashboard's
+    first status 2 ms on its own."""
+    optional, accepts, items = False, set(), None
+    for arm in (a.strip() for a in annotation.split(" | ")):
+        if arm == "None":
+            optional = True
+        elif arm in ("int", "float"):
+            accepts.update((int, float))  # never bool: True is no number here
+        elif arm in _NAMED:
+            accepts.add(_NAMED[arm])
+        elif arm.startswith("dict["):
+            accepts.add(dict)
+        elif arm.startswith("tuple["):
+            item = arm[len("tuple["):].split(",")[0].strip()
+            items = _NAMED.get(item) or globals()[item]
+        else:
+            accepts.add(globals()[arm])  # a class of this module: a nested field, read by its caller
+    return optional, frozenset(accepts), items
+
+
+def _unreadable(record: str, name: str, problem: str) -> Exception:
+    """The RecordError (contract/records.py) of a status field this version cannot read; records is imported
+    only then: the dashboard's first frame does without it (tests/tui/test_entry.py)."""
+    from lynxtop.contract.records import RecordError
+
+    return RecordError(record, name, problem)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, _NUMBERS) and not isinstance(value, bool)
+
+
+def metrics_of(d: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The metric columns `names` of the JSON object `d`, every one a finite real number or None (not read): NaN
+    and Infinity (Python's JSON reads both), true/false, a string or any other JSON type is no reading a chart or
+    a format can show, and took the dashboard down where one reached it. A TEXT column (`cpu_per_core_pct`, a
+    JSON array in a string) is kept as it is."""
+    out = {}
+    for k in names:  # once per GPU and row on every poll: types compared, no calls
+        v = d.get(k)
+        t = type(v)
+        if t is float:
+            out[k] = v if v - v == 0.0 else None  # NaN and +-Infinity give NaN
+        else:
+            out[k] = v if t is int or v is None or k in _TEXT_METRICS else None
+    return out
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
@@ -118,7 +259,7 @@ class StoreStatus:
     dropped: int | None = None  # ticks lost: the queue overflowed, or the database refused them (`rejected`)
     rejected: int | None = None
     last_error: str | None = None
-    wal_unlinked: bool | None = None
+    wal_unlinked: str | None = None  # what was found (the store writer's words), kept until the agent restarts
     wal_unlinked_ms: int | None = None
     wal_recovered: bool | None = None
     db_swapped: str | None = None  # the database path lost or changed its file under the agent: what was done
@@ -200,8 +341,7 @@ class ServingStatus:
         d = d or {}
         state = str(d.get("state") or ServingState.STOPPED.value)
         return _build(cls, d, state=ServingState(state) if state in _STATES else ServingState.STOPPED,
-                      phases=tuple(_build(PhaseMark, p) for p in d.get("phases") or ()),
-                      degraded=tuple(str(c) for c in d.get("degraded") or ()))
+                      phases=tuple(_build(PhaseMark, p) for p in _items(cls, "phases", d)))
 
 
 _STATES = frozenset(s.value for s in ServingState)
@@ -225,8 +365,7 @@ class SlaStatus:
     def from_json(cls, d: Mapping[str, Any] | None) -> SlaStatus:
         d = d or {}
         state = str(d.get("state") or "unknown")
-        return _build(cls, d, state=SlaState(state) if state in {s.value for s in SlaState} else SlaState.UNKNOWN,
-                      breached=tuple(d.get("breached") or ()))
+        return _build(cls, d, state=SlaState(state) if state in {s.value for s in SlaState} else SlaState.UNKNOWN)
 
     def to_json(self) -> dict[str, Any]:
         out = _plain(self)
@@ -260,7 +399,7 @@ class GpuStatus:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> GpuStatus:
-        return _build(cls, d, metrics={k: d.get(k) for k in GPU_METRIC_NAMES})
+        return _build(cls, d, metrics=metrics_of(d, GPU_METRIC_NAMES))
 
     def to_json(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in _field_names(type(self)) if name != "metrics"}
@@ -285,7 +424,9 @@ class _MetricRow:
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> Self:
         d = d or {}
-        return cls(metrics={k: d.get(k) for k in cls.NAMES})
+        if not isinstance(d, Mapping):
+            raise _unreadable(cls.__name__, "", f"must be a JSON object, not {type(d).__name__}")
+        return cls(metrics=metrics_of(d, cls.NAMES))
 
     def to_json(self) -> dict[str, Any]:
         return {k: self.metrics.get(k) for k in self.NAMES}
@@ -432,7 +573,7 @@ class ClusterStatus:
         role, ray = str(d.get("role") or "single"), str(d.get("ray_state") or "off")
         return _build(cls, d, role=Role(role) if role in _ROLES else Role.SINGLE,
                       ray_state=RayState(ray) if ray in _RAY_STATES else RayState.OFF,
-                      nodes=tuple(ClusterNode.from_json(n) for n in d.get("nodes") or () if isinstance(n, Mapping)))
+                      nodes=tuple(ClusterNode.from_json(n) for n in _items(cls, "nodes", d) if isinstance(n, Mapping)))
 
 
 _ROLES = frozenset(r.value for r in Role)
@@ -478,12 +619,13 @@ class Status:
     def from_json(cls, d: Mapping[str, Any]) -> Status:
         if not isinstance(d, Mapping):
             raise ValueError(f"a status must be a JSON object, not {type(d).__name__}")
-        return cls(ts_ms=d.get("ts_ms"), agent=AgentStatus.from_json(d.get("agent")),
+        return cls(ts_ms=_checked(cls, "ts_ms", _annotation(cls, "ts_ms"), d.get("ts_ms")),
+                   agent=AgentStatus.from_json(d.get("agent")),
                    serving=ServingStatus.from_json(d.get("serving")), sla=SlaStatus.from_json(d.get("sla")),
-                   gpus=tuple(GpuStatus.from_json(g) for g in d.get("gpus") or () if isinstance(g, Mapping)),
+                   gpus=tuple(GpuStatus.from_json(g) for g in _items(cls, "gpus", d) if isinstance(g, Mapping)),
                    host=HostStatus.from_json(d.get("host")),
                    serving_metrics=ServingMetrics.from_json(d.get("serving_metrics")),
-                   engines=tuple(EngineLoad.from_json(e) for e in d.get("engines") or () if isinstance(e, Mapping)),
+                   engines=tuple(EngineLoad.from_json(e) for e in _items(cls, "engines", d) if isinstance(e, Mapping)),
                    cluster=ClusterStatus.from_json(d.get("cluster")))
 
 

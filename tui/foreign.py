@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lynxtop.contract.client import AgentRefused, AsyncAgentClient
+from lynxtop.contract.client import AgentRefused, AsyncAgentClient, parse_status, typed
+from lynxtop.contract.status import Status
 from lynxtop.contract.terminal import terminal_safe, terminal_safe_json
 
 # StoreReader methods whose rows carry text (names, models, messages, flags); series are numbers only.
@@ -32,6 +33,12 @@ class DisplayClient(AsyncAgentClient):
         except AgentRefused as exc:  # a refusal's words are shown too: in a notification, in the header
             raise AgentRefused(exc.status, terminal_safe(exc.code), terminal_safe(exc.message),
                                terminal_safe_json(dict(exc.details))) from None
+
+    async def status(self) -> Status:
+        """The status; one the contract cannot read (a field of another type: contract/status.py) is
+        `AgentUnreadable` naming the field, shown as the outage it is, never a crash in the widget it reaches."""
+        data = await self.status_json()
+        return typed(self.socket_path, "GET /v1/status", lambda d: parse_status(d, self.socket_path), data)
 
 
 class DisplayReader:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from lynxtop.contract.records import RunInfo
@@ -29,7 +30,7 @@ def points(rows: list[dict[str, Any]], col: str, agg: str = "avg") -> list[tuple
         if ts not in by_ts:
             by_ts[ts] = []
             order.append(ts)
-        if v is not None:
+        if v is not None and math.isfinite(v):  # the store keeps a REAL inf as it came: no reading to average
             by_ts[ts].append(float(v))
     return [(ts, (sum(by_ts[ts]) / len(by_ts[ts])) if by_ts[ts] else None) for ts in sorted(order)]
 

@@ -6,6 +6,7 @@ their age, one notice per outage) be tested without a terminal.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,14 +54,12 @@ class LiveState:
         self.status = status
         self.received_ms = now_ms
         ts = int(status.ts_ms or now_ms)
-        if not self.serving_history or self.serving_history[-1][0] < ts:
-            self.serving_history.append((ts, {k: status.serving_metrics.metric(k) for k in SERVING_KEYS}))
+        _append(self.serving_history, ts, {k: status.serving_metrics.metric(k) for k in SERVING_KEYS})
         for gpu in status.gpus:
             if not isinstance(gpu.index, int):
                 continue
-            hist = self.gpu_history.setdefault(gpu.index, deque(maxlen=HISTORY_POINTS))
-            if not hist or hist[-1][0] < ts:
-                hist.append((ts, {k: gpu.metric(k) for k in GPU_KEYS}))
+            _append(self.gpu_history.setdefault(gpu.index, deque(maxlen=HISTORY_POINTS)), ts,
+                    {k: gpu.metric(k) for k in GPU_KEYS})
         return ended
 
     def mark_lost(self, error: str, now_ms: int) -> bool:
@@ -77,10 +76,10 @@ class LiveState:
         Stored rows older than the first live sample go before it; live samples are never replaced.
         """
         self.serving_history = _merge(self.serving_history, [
-            (int(r["ts_ms"]), {k: r.get(k) for k in SERVING_KEYS}) for r in serving_rows])
+            (int(r["ts_ms"]), _readings(r, SERVING_KEYS)) for r in serving_rows])
         by_gpu: dict[int, list[tuple[int, dict[str, Any]]]] = {}
         for row in gpu_rows:
-            by_gpu.setdefault(int(row["gpu"]), []).append((int(row["ts_ms"]), {k: row.get(k) for k in GPU_KEYS}))
+            by_gpu.setdefault(int(row["gpu"]), []).append((int(row["ts_ms"]), _readings(row, GPU_KEYS)))
         for idx, rows in by_gpu.items():
             self.gpu_history[idx] = _merge(self.gpu_history.get(idx, deque()), rows)
 
@@ -136,6 +135,24 @@ class LiveState:
 
     def gpu_series(self, idx: int, key: str) -> list[tuple[int, float | None]]:
         return [(ts, row.get(key)) for ts, row in self.gpu_history.get(idx, ())]
+
+
+def _append(hist: deque[tuple[int, dict[str, Any]]], ts: int, row: dict[str, Any]) -> None:
+    """A live sample appended to its history. A sample older than the last one held means the agent's timeline
+    stepped back (a restart adopts the wall clock after it was set back: docs/reliability.md): the samples
+    "after" it are from the abandoned timeline and go, so the charts follow the new readings at once instead of
+    holding the last old one (and drawing nothing) for as long as the step. The same ts again is the same tick."""
+    if hist and hist[-1][0] == ts:
+        return
+    while hist and hist[-1][0] > ts:
+        hist.pop()
+    hist.append((ts, row))
+
+
+def _readings(row: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """A stored row's metric columns; a value that is not a finite number (the store keeps a REAL inf as it came)
+    is None, as the status reads it (contract/status.py)."""
+    return {k: v if not isinstance(v, float) or math.isfinite(v) else None for k in keys for v in (row.get(k),)}
 
 
 def _merge(live: deque[tuple[int, dict[str, Any]]], stored: list[tuple[int, dict[str, Any]]]

@@ -21,6 +21,11 @@ NICE_STEPS = (1.0, 2.0, 2.5, 5.0, 10.0)
 SPARK_HEADROOM = 1.25
 
 
+def _finite(value: float | None) -> bool:
+    """A reading a chart can draw: a finite number (not None, NaN or Infinity)."""
+    return value is not None and math.isfinite(value)
+
+
 def nice_ceiling(value: float) -> float:
     """The smallest 1, 2, 2.5 or 5 x 10^k at or above `value`: an axis top that reads as a round figure."""
     if not math.isfinite(value) or value <= 0:
@@ -53,7 +58,7 @@ def bucketize(points: Sequence[tuple[int, float | None]], start_ms: int, end_ms:
     buckets: list[list[float]] = [[] for _ in range(width)]
     last_ts: list[int | None] = [None] * width
     for ts, value in points:
-        if value is None or ts < start_ms or ts > end_ms:
+        if not _finite(value) or ts < start_ms or ts > end_ms:  # NaN or Infinity (a stored REAL inf) is no reading
             continue
         i = min(width - 1, int((ts - start_ms) * width / span))
         buckets[i].append(float(value))
@@ -86,14 +91,14 @@ def reading_interval(points: Sequence[tuple[int, float | None]]) -> int | None:
 def sparkline(values: Sequence[float | None], width: int, vmax: float | None = None,
               ascii_only: bool = False) -> str:
     """The last `width` values as one line from 0 to a top above them all (`vmax` unless a value is above it,
-    else a round figure with headroom: a full bar means at the top, never "as high as the rest"); gaps are
-    spaces."""
+    else a round figure with headroom: a full bar means at the top, never "as high as the rest"); gaps, and
+    values that are not finite numbers (NaN, Infinity: no reading), are spaces."""
     chars = SPARK_ASCII if ascii_only else SPARK
     vals = list(values)[-width:] if width > 0 else []
     top = axis_top(vals, fixed=vmax, headroom=SPARK_HEADROOM)
     out = []
     for v in vals:
-        if v is None:
+        if not _finite(v):
             out.append(" ")
         elif top <= 0:
             out.append(chars[0])
@@ -126,7 +131,7 @@ def column_chart(values: Sequence[float | None], height: int, vmax: float | None
     grid = [[" "] * width for _ in range(height)]
     breach = [False] * width
     for x, v in enumerate(values):
-        if v is None:
+        if not _finite(v):
             continue
         breach[x] = threshold is not None and v > threshold
         _fill_column(grid, x, v, top, ascii_only)
@@ -160,8 +165,9 @@ def breach_marks(breach: Sequence[bool], ascii_only: bool = False) -> str:
 
 
 def bar(pct: float | None, width: int, ascii_only: bool = False) -> str:
-    """A horizontal bar of `width` cells for 0-100 (eighth-cell resolution, or '#' in ASCII)."""
-    if pct is None:
+    """A horizontal bar of `width` cells for 0-100 (eighth-cell resolution, or '#' in ASCII); N/A for None or a
+    value that is not a finite number."""
+    if not _finite(pct):
         return "N/A".center(width)[:width]
     frac = min(max(float(pct), 0.0), 100.0) / 100.0
     if ascii_only:

@@ -186,7 +186,10 @@ def _replayed_status(reader: Any) -> Status:
     gpus = []
     for row in sorted(gpu_rows, key=lambda r: r["gpu"]):
         fact = facts.get(row["gpu"]) or {}
-        gpus.append({**{k: v for k, v in fact.items() if k != "idx"}, **row, "index": row["gpu"]})
+        gpu = {**{k: v for k, v in fact.items() if k != "idx"}, **row, "index": row["gpu"]}
+        if gpu.get("gpm_supported") is not None:  # SQLite gives the stored flag back as 0/1; the status holds a bool
+            gpu["gpm_supported"] = bool(gpu["gpm_supported"])
+        gpus.append(gpu)
     state = "stopped" if run is None or run.ended_ms is not None else "ready" if run.ready_ms else "starting"
     return Status.from_json({
         "ts_ms": ts_ms,

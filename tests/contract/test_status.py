@@ -7,11 +7,13 @@ drops or renames would silently vanish from `lynxtop status --json`, the dashboa
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from support.node import close_node, open_node, run_clock
 from support.status import make_status, status_json
 
+from lynxtop.contract.records import RecordError
 from lynxtop.contract.status import (
     ActionInfo,
     ClusterNode,
@@ -91,3 +93,70 @@ def test_node_set_counts_alive_lost_and_what_a_profile_lacks():
     st = ClusterStatus(nodes=nodes, gpus_needed=24)  # the status reads the same arithmetic
     assert (st.alive_nodes, st.lost_nodes, st.gpus_alive) == (view.alive, view.lost, view.gpus_alive)
     assert st.node_set == view and "node_set" not in Status(cluster=st).to_json()["cluster"]
+
+
+def _wire(**over) -> dict:
+    return json.loads(json.dumps(make_status(**over).to_json()))
+
+
+def test_a_metric_that_is_not_a_finite_number_reads_as_not_read():
+    """Every metric column holds a finite number or None: NaN and Infinity (Python's JSON reads both), true and a
+    string are no reading a chart or a format can draw. A TEXT column keeps its string."""
+    wire = _wire()
+    odd = {"sm_active_pct": math.nan, "temp_c": math.inf, "power_w": -math.inf, "lost": True, "util_gpu_pct": "60",
+           "mem_used_bytes": [1], "sm_clock_mhz": 1980, "energy_j": 1.5}
+    wire["gpus"][0].update(odd)
+    wire["host"].update(cpu_pct=math.inf, load1="3", cpu_per_core_pct="[1.0, 2.5]")
+    wire["serving_metrics"].update(ttft_p99_ms=math.nan, requests_running=False, kv_cache_usage_pct=37.5)
+    st = Status.from_json(wire)
+    assert {k: st.gpus[0].metric(k) for k in odd} == {
+        "sm_active_pct": None, "temp_c": None, "power_w": None, "lost": None, "util_gpu_pct": None,
+        "mem_used_bytes": None, "sm_clock_mhz": 1980, "energy_j": 1.5}
+    assert (st.host.metric("cpu_pct"), st.host.metric("load1"), st.host.metric("cpu_per_core_pct")) == (
+        None, None, "[1.0, 2.5]")
+    sm = st.serving_metrics
+    assert (sm.metric("ttft_p99_ms"), sm.metric("requests_running"), sm.metric("kv_cache_usage_pct")) == (
+        None, None, 37.5)
+
+
+def test_a_number_field_that_is_not_finite_or_null_reads_as_not_known():
+    """NaN or Infinity in a number field is "not known", as a null is: None where the field allows it, else the
+    field's default."""
+    wire = _wire()
+    wire["ts_ms"] = math.nan
+    wire["agent"].update(uptime_s=math.nan, missed_ticks=None, clock_offset_ms=math.inf)
+    wire["serving"].update(state_since_ms=math.inf, reason=None)
+    wire["sla"].update(ttft_threshold_ms=-math.inf)
+    st = Status.from_json(wire)
+    assert (st.ts_ms, st.agent.uptime_s, st.agent.missed_ticks, st.agent.clock_offset_ms) == (None, None, 0, 0)
+    assert (st.serving.state_since_ms, st.serving.reason, st.sla.ttft_threshold_ms) == (None, "", None)
+    wire["agent"]["started_ms"] = 1.0e12  # any number for a number field
+    assert Status.from_json(wire).agent.started_ms == 1.0e12
+
+
+@pytest.mark.parametrize(("section", "over", "named"), [
+    ("agent", {"host": 7}, "AgentStatus.host: expected a string, got 7"),
+    ("agent", {"uptime_s": "86400"}, "AgentStatus.uptime_s: expected a number or null, got '86400'"),
+    ("agent", {"simulated": 1}, "AgentStatus.simulated: expected true or false, got 1"),
+    ("agent", {"nvml": "ok"}, "NvmlStatus: must be a JSON object"),
+    ("agent", {"connections": []}, "AgentStatus.connections: expected an object, got []"),
+    ("serving", {"model": 7}, "ServingStatus.model: expected a string or null, got 7"),
+    ("serving", {"phases": "loading"}, "ServingStatus.phases: expected a list, got str"),
+    ("serving", {"phases": [{"phase": "load"}]}, "PhaseMark.ts_ms: missing"),
+    ("serving", {"degraded": "hang"}, "ServingStatus.degraded: expected a list, got 'hang'"),
+    ("sla", {"window_s": "60"}, "SlaStatus.window_s: expected a number or null, got '60'"),
+    ("sla", {"breached": "ttft"}, "SlaStatus.breached: expected a list, got 'ttft'"),
+    ("gpus", {"index": "0"}, "GpuStatus.index: expected a number or null, got '0'"),
+    ("engines", {"engine": 5}, "EngineLoad.engine: expected a string, got 5"),
+    ("cluster", {"nodes": {"a": {}}}, "ClusterStatus.nodes: expected a list, got dict"),
+    ("", {"gpus": {"0": {}}}, "Status.gpus: expected a list, got dict"),
+])
+def test_a_field_of_another_json_type_is_refused_naming_it(section, over, named):
+    """An agent answering a field with another JSON type is one this version cannot read: a RecordError naming the
+    field and the value (the client's AgentUnreadable), never a value of the wrong type handed to a printer."""
+    wire = _wire(engines=[{"engine": "0", "running": 1, "waiting": 0, "kv_cache_usage_pct": 1.0}])
+    target = {"": wire, "gpus": wire["gpus"][0], "engines": wire["engines"][0]}.get(section) or wire[section]
+    target.update(over)
+    with pytest.raises(RecordError) as refused:
+        Status.from_json(wire)
+    assert named in str(refused.value)

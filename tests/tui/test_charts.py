@@ -10,7 +10,7 @@ import pytest
 from rich.cells import cell_len
 from textual.app import App, ComposeResult
 
-from lynxtop.tui.plot import COLUMN, SPARK, bucketize, column_chart, nice_ceiling, reading_interval, sparkline
+from lynxtop.tui.plot import COLUMN, SPARK, bar, bucketize, column_chart, nice_ceiling, reading_interval, sparkline
 from lynxtop.tui.widgets.time_chart import LABEL_W, TimeChart
 
 RAMP = [float(v) for v in range(0, 101, 5)]  # 0..100, 21 columns
@@ -155,3 +155,14 @@ async def test_sla_row_labelled_with_its_value_and_marks_under_breaches():
     assert low <= 50 < high
     marks = lines[-2][LABEL_W + 1:]
     assert [m != " " for m in marks] == [v > 50 for v in RAMP]
+
+
+def test_readings_that_are_not_finite_numbers_are_gaps():
+    """NaN and Infinity (a status from a buggy agent, a REAL inf kept by the store) are no reading: a gap in a
+    sparkline, a column chart and a time bucket, N/A in a bar; never a crash taking the dashboard down."""
+    nan, inf = float("nan"), float("inf")
+    assert sparkline([1.0, nan, inf, -inf, 2.0], 5, vmax=2) == f"{SPARK[4]}   {SPARK[-1]}"
+    chart = column_chart([nan, inf, 50.0], height=2, vmax=100, threshold=40.0)
+    assert chart.breach == [False, False, True] and all(row[:2] in ("  ", "╌╌") for row in chart.rows)
+    assert bucketize([(T0, inf), (T0 + 10, 5.0), (T0 + 20, nan)], T0, T0 + 29, 3) == [None, 5.0, None]
+    assert bar(nan, 5) == bar(inf, 5) == " N/A "

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from support.status import engine_loads
 from support.tui import make_app, plain, screen_text, wait_for
 from support.tui_keys import open_screen
 from textual.widgets import DataTable, Log
@@ -23,6 +24,8 @@ from lynxtop.tui.screens.confirm import ConfirmScreen
 from lynxtop.tui.screens.events import EventsScreen
 from lynxtop.tui.screens.history import HistoryScreen
 from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
+from lynxtop.tui.widgets.engine_table import EngineTable
+from lynxtop.tui.widgets.serving_panel import ServingPanel
 
 # markup that would crash ([/]) or style ([bold]) if parsed, a screen clear, a retitle, a C1 CSI, a bidi override
 EVIL = "[/][bold]\x1b[2J\x1b]0;owned\x07\x9b31m\u202e"
@@ -141,3 +144,23 @@ async def test_markup_like_labels_are_shown_not_parsed(agent, hostile_db):
         await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen))
         await wait_for(pilot, lambda: "flag difference" in shown_text(app))
         assert "[/][bold]" in plain(app.screen.query_one("#compare-body").content, width=400)
+
+
+@pytest.mark.parametrize("label", ["[/]", "[bold red]5", "[@click=app.quit]5"])
+async def test_an_engine_label_that_looks_like_markup_is_shown_as_text(agent, label):
+    """An engine's label is vLLM's (its metrics page's `engine` label): in the Serving panel's and the per-engine
+    table's border it is shown as written, never parsed ('[/]' raised MarkupError and closed the dashboard,
+    '[bold red]' styled, '[@click=...]' made an action of it)."""
+    engines = engine_loads(waiting={5: 9}, kv={5: 96.0})
+    engines[5]["engine"] = label
+    agent.status = make_status(engines=engines)
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(200, 48)) as pilot:
+        await wait_for(pilot, lambda: app.state.connected and len(app.state.engines) == 8)
+        await wait_for(pilot, lambda: f"engine {label} lagging" in screen_text(app))
+        assert app._exception is None, repr(app._exception)
+        await pilot.press("e")  # the per-engine table, its border naming the lagging engine too
+        table = app.screen.query_one(EngineTable)
+        await wait_for(pilot, lambda: table.display and not app.screen.query_one(ServingPanel).display
+                       and f"engine {label} lagging" in screen_text(app))
+        assert app._exception is None, repr(app._exception)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from support.tui import make_app, text_of, wait_for
 from textual.widgets import DataTable
+from tui_fake_agent import T0, gpu_row
 
 from lynxtop.contract.client import AgentRefused
+from lynxtop.store.writer import StoreWriter
 from lynxtop.tui.source import NodeSource, ReplaySource
 from lynxtop.tui.widgets.gpu_table import GpuTable
 from lynxtop.tui.widgets.node_header import NodeHeader
@@ -50,3 +52,20 @@ async def test_replay_of_a_missing_database_names_it(tmp_path):
     source = ReplaySource(tmp_path / "nothing.db")
     with pytest.raises(AgentUnreachable, match="nothing.db"):
         await source.status()
+
+
+async def test_replay_reads_the_stored_gpu_facts_with_their_status_types(tmp_path):
+    """The gpus table keeps `gpm_supported` as 0/1; the replayed status holds it as the bool the status' type
+    says (the status refuses a field of another type: contract/status.py), so a replay with GPU facts reads."""
+    meta = ("index", "name", "uuid", "pci_bus_id", "arch", "gpm_supported", "nvlink_count")
+    path = tmp_path / "history.db"
+    w = StoreWriter(path, clock=lambda: T0 / 1000)
+    w.start()
+    w.upsert_gpus([{"uuid": f"GPU-{g}", "idx": g, "name": "NVIDIA H200", "arch": "hopper", "gpm_supported": g == 0,
+                    "nvlink_count": 18} for g in range(2)])
+    w.submit_tick(T0, gpu_rows=[{"gpu": g, **{k: v for k, v in gpu_row(g).items() if k not in meta}}
+                                for g in range(2)])
+    w.close()
+    status = await ReplaySource(path).status()
+    assert [(g.index, g.name, g.gpm_supported, g.nvlink_count) for g in status.gpus] == [
+        (0, "NVIDIA H200", True, 18), (1, "NVIDIA H200", False, 18)]

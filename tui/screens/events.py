@@ -17,6 +17,7 @@ from lynxtop.contract.client import AgentRefused, AgentUnreachable
 from lynxtop.contract.events import Event
 from lynxtop.contract.format import fmt_clock, fmt_datetime
 from lynxtop.contract.records import RunInfo
+from lynxtop.contract.terminal import terminal_safe
 from lynxtop.tui.history_source import HistoryUnavailable
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
@@ -59,6 +60,7 @@ class EventsScreen(LiveScreen):
         self.shown: list[Event] = []
         self.source = ""
         self._last_fetch = 0.0
+        self._log_unavailable = False  # the last fetch_log found no run to read the log file of (agent down)
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="events-filters")
@@ -103,6 +105,10 @@ class EventsScreen(LiveScreen):
             self.events = events
             self._fill_events()
         self._draw_filters()
+        if self._log_unavailable and self.runs:
+            # fetch_log ran before the runs (their log files' paths) were read: with the agent down it found no
+            # path, and on first open nothing would have asked again.
+            self.fetch_log()
 
     def _events_from_store(self) -> list[Event]:
         with self.lynx.history.reader() as reader:
@@ -121,30 +127,41 @@ class EventsScreen(LiveScreen):
             data = await self.lynx.source.logs(self.log_run, LOG_LINES)
             self.log_lines = [str(x) for x in data.get("lines") or []]
             header = f"vLLM log of run {data.get('run_id', '?')}  {data.get('path', '')}"
+            self._log_unavailable = False
         except (AgentUnreachable, AgentRefused) as exc:
-            lines, header = await asyncio.to_thread(self._log_from_file, str(exc))
+            lines, header, found = await asyncio.to_thread(self._log_from_file, str(exc))
+            if not found and self.runs:  # the runs arrived meanwhile (fetch_events): their path is known now
+                lines, header, found = await asyncio.to_thread(self._log_from_file, str(exc))
             self.log_lines = lines
+            self._log_unavailable = not found
         self._log_header = header
         title.update(Text(header, style="bold"))
         self._fill_log()
 
-    def _log_from_file(self, why: str) -> tuple[list[str], str]:
+    def _log_from_file(self, why: str) -> tuple[list[str], str, bool]:
         """With the agent down, read the run's log file directly (its path is in the runs table). Only on this
-        node: another node's path names a file there, and the same path here may hold another run's log."""
+        node: another node's path names a file there, and the same path here may hold another run's log.
+
+        (lines, header, whether the runs were known: False, before fetch_events has read them, asks again). The
+        file is vLLM's output, foreign text: each line, like the path and the system's error, comes with its
+        control characters escaped (contract/terminal.py), as the agent's /v1/logs lines do (tui/foreign.py), so
+        no escape sequence in it reaches the terminal."""
         if self.lynx.viewing_node is not None:
-            return [], f"vLLM log unavailable: {why}"
+            return [], f"vLLM log unavailable: {why}", True  # asking again would not help
         run = None
         if self.runs:
             run = next((r for r in self.runs if r.id == self.log_run), None) if self.log_run else self.runs[0]
         path = run.log_path if run else None
         if not path:
-            return [], f"vLLM log unavailable: {why}"
+            return [], f"vLLM log unavailable: {why}", bool(self.runs)
         try:
             with open(path, errors="replace") as f:
-                lines = [line.rstrip("\n") for line in deque(f, maxlen=LOG_LINES)]
+                lines = [terminal_safe(line.rstrip("\n")) for line in deque(f, maxlen=LOG_LINES)]
         except OSError as exc:
-            return [], f"vLLM log of run {run.id}: cannot read {path}: {exc.strerror}"
-        return lines, f"vLLM log of run {run.id}  {Path(path)}  (read from file: agent unreachable)"
+            return [], (f"vLLM log of run {run.id}: cannot read {terminal_safe(path)}: "
+                        f"{terminal_safe(exc.strerror or exc)}"), True
+        shown = terminal_safe(Path(path))
+        return lines, f"vLLM log of run {run.id}  {shown}  (read from file: agent unreachable)", True
 
     # ------------------------------------------------------------------ drawing
     def _visible_events(self) -> list[Event]:

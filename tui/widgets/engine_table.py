@@ -4,6 +4,7 @@ with the engines that fall behind the others marked (tui/engine_lag.py says when
 from __future__ import annotations
 
 from rich.text import Text
+from textual.content import Content
 
 from lynxtop.contract.format import NA, fmt_int, fmt_pct
 from lynxtop.contract.status import EngineLoad
@@ -59,7 +60,8 @@ class EngineTable(TextPanel):
         else:
             table, notes = self._table(width, bar_w)
             lines.extend(table)
-        self.border_subtitle = summary(engines, self.lags, detail=not notes) if len(engines) >= 2 else ""
+        # Content, not a str: a str is parsed as markup, and the engine labels in it are vLLM's ('[/]' would raise)
+        self.border_subtitle = Content(summary(engines, self.lags, detail=not notes) if len(engines) >= 2 else "")
         out = Text("\n", no_wrap=True, overflow="crop").join(lines)
         out.no_wrap, out.overflow = True, "crop"
         height = len(lines) + 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual.content import Content
 
 from lynxtop.contract.format import NA, fmt_int, fmt_ms, fmt_pct, fmt_si
 from lynxtop.tui.engine_lag import lagging, summary
@@ -60,7 +61,7 @@ class ServingPanel(TextPanel):
         window = state.sla.window_s
         # The SLA badge judges p99 over this same window: say it, so the two figures can be compared.
         self.border_title = f"Serving · p50/p99 over {window:g}s" if window is not None else "Serving"
-        self.border_subtitle = _engines_hint(state)
+        self.border_subtitle = Content(_engines_hint(state))  # engine labels are vLLM's: text, never markup
         self.update(out)
 
 
