@@ -58,7 +58,7 @@ async def test_ray_stop_reason_is_checked(post, raw):
     assert ctl.reasons == []
 
 
-def test_an_event_message_with_a_lone_surrogate_is_lost_by_the_store(tmp_path):
+def test_an_event_message_with_a_lone_surrogate_is_stored_escaped(tmp_path):
     from lynxtop.store.writer import StoreWriter
 
     w = StoreWriter(tmp_path / "x.db")
