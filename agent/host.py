@@ -15,12 +15,18 @@ walk's own confirming read gives the member's CPU time and RSS.
 
 At 10 Hz sampling the whole row is read about once a second and copied into the ticks between (`sample`):
 every rate is then over about a second of jiffies instead of a tenth, and /proc is read a tenth as often.
+
+Each group of readings (CPU, load, memory, disk, network, the vLLM tree) stands alone: one that fails (an
+unreadable /proc file, `os.getloadavg` raising, a line that does not parse) leaves its own columns NULL, the others
+and the tick's GPU rows are kept; its failure is logged when it starts and when it ends. Figures are what they can
+be: CPU 0-100, memory and swap used never below 0 (a container's /proc/meminfo may give available > total).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import threading
@@ -37,6 +43,13 @@ from lynxtop.contract.columns import HOST_METRICS, names
 from lynxtop.contract.files import read_all
 
 HOST_COLUMNS = names(HOST_METRICS)
+log = logging.getLogger("lynxtop.agent")
+_READ_ERRORS = (OSError, ValueError, IndexError)  # a reading that fails or does not parse: its group is NULL
+_GROUP_COLUMNS = {"cpu": ("cpu_pct", "cpu_per_core_pct"), "load": ("load1", "load5", "load15"),
+                  "memory": ("mem_used_bytes", "mem_available_bytes", "mem_total_bytes", "swap_used_bytes",
+                             "swap_total_bytes"),
+                  "net": ("net_rx_bytes_per_s", "net_tx_bytes_per_s"),
+                  "tree": tuple(c for c in HOST_COLUMNS if c.startswith("vllm_"))}
 ROLES = ("api", "engine", "workers")
 _DEAD = (b"Z", b"X")  # a process' state in /proc/<pid>/stat: zombie, dead
 
@@ -227,6 +240,7 @@ class HostSampler:
         self._row: dict | None = None  # the last row read, for the root it was read for
         self._row_at: float | None = None
         self._row_root: int | None = None
+        self._failing: set[str] = set()  # the groups of readings failing now (logged when it starts and ends)
 
     # ------------------------------------------------------------------ the vLLM tree
 
@@ -311,7 +325,49 @@ class HostSampler:
         dt = None if self._prev_t is None else now - self._prev_t
         self._prev_t = now
         row: dict = dict.fromkeys(HOST_COLUMNS)
+        failed: list[tuple[str, Exception]] = []
+        try:
+            self._cpu(row)
+        except _READ_ERRORS as e:
+            failed.append(("cpu", e))
+        try:
+            row["load1"], row["load5"], row["load15"] = os.getloadavg()
+        except _READ_ERRORS as e:  # OSError "Load averages are unobtainable" where /proc/loadavg can't be read
+            failed.append(("load", e))
+        try:
+            self._memory(row)
+        except _READ_ERRORS as e:
+            failed.append(("memory", e))
+        self._disk_space(row)
+        try:
+            self._net(row, dt)
+        except _READ_ERRORS as e:
+            self._prev_net = None  # the next rate starts afresh
+            failed.append(("net", e))
+        try:
+            self._sample_tree(vllm_root_pid, dt, row)
+        except _READ_ERRORS as e:
+            failed.append(("tree", e))
+        if failed or self._failing:
+            self._episodes(row, failed)
+        return row
 
+    def _episodes(self, row: dict, failed: list[tuple[str, Exception]]) -> None:
+        """The failed groups' columns NULL (one may have failed half-way); a group's failure logged when it starts
+        and when it ends, not on every read."""
+        now_failing = set()
+        for group, e in failed:
+            now_failing.add(group)
+            for col in _GROUP_COLUMNS[group]:
+                row[col] = None
+            if group not in self._failing:
+                log.warning("host readings: %s unreadable (%s: %s); its columns are NULL until it reads again",
+                            group, type(e).__name__, e)
+        for group in self._failing - now_failing:
+            log.info("host readings: %s readable again", group)
+        self._failing = now_failing
+
+    def _cpu(self, row: dict) -> None:
         per_core = _per_core()
         if self._prev_cpu is not None and len(self._prev_cpu) == len(per_core):
             pcts = []
@@ -321,11 +377,13 @@ class HostSampler:
                 pcts.append(round(max(0.0, min(100.0, 100.0 * db / dtot)), 1) if dtot > 0 else 0.0)
                 busy_sum += db
                 total_sum += dtot
-            row["cpu_pct"] = round(100.0 * busy_sum / total_sum, 1) if total_sum > 0 else 0.0
+            # a core's idle or iowait stepping back (NO_HZ accounting, a VM's vCPU) makes the sums lie: 0-100
+            row["cpu_pct"] = round(max(0.0, min(100.0, 100.0 * busy_sum / total_sum)), 1) if total_sum > 0 else 0.0
             row["cpu_per_core_pct"] = json.dumps(pcts)
         self._prev_cpu = per_core
 
-        row["load1"], row["load5"], row["load15"] = os.getloadavg()
+    @staticmethod
+    def _memory(row: dict) -> None:
         mi = _meminfo()
         if mi is not None:
             total, avail, swap_total, swap_free = mi
@@ -334,8 +392,11 @@ class HostSampler:
             total, avail, swap_total, swap_free = vm.total, vm.available, sw.total, sw.free
         row["mem_total_bytes"] = total
         row["mem_available_bytes"] = avail
-        row["mem_used_bytes"] = total - avail  # what `free` users mean by "in use"
-        row["swap_used_bytes"], row["swap_total_bytes"] = swap_total - swap_free, swap_total
+        # what `free` users mean by "in use"; a container's meminfo (lxcfs) may give available > total
+        row["mem_used_bytes"] = max(0, total - avail)
+        row["swap_used_bytes"], row["swap_total_bytes"] = max(0, swap_total - swap_free), swap_total
+
+    def _disk_space(self, row: dict) -> None:
         try:
             path = self._disk or _disk_path(self.db_path)
             du = shutil.disk_usage(path)
@@ -345,14 +406,12 @@ class HostSampler:
         except OSError:
             self._disk = None  # the directory went away: look for the nearest one again next tick
 
+    def _net(self, row: dict, dt: float | None) -> None:
         net = _net_bytes()
         if net is not None and self._prev_net is not None and dt:
             row["net_rx_bytes_per_s"] = max(0, round((net[0] - self._prev_net[0]) / dt))
             row["net_tx_bytes_per_s"] = max(0, round((net[1] - self._prev_net[1]) / dt))
         self._prev_net = net
-
-        self._sample_tree(vllm_root_pid, dt, row)
-        return row
 
     def _sample_tree(self, root_pid: int | None, dt: float | None, row: dict) -> None:
         if root_pid is None:

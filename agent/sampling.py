@@ -249,7 +249,9 @@ class HostSource:
 
     The host row first, then NVML with the pids just read (GpuSource.read), in the same thread: a GPU sample still
     running (hung NVML) never holds the host row back, since the ticker's watchdog gives the clock to a new thread
-    whose ticks wait for that sample only until their deadline (agent/ticker.py).
+    whose ticks wait for that sample only until their deadline (agent/ticker.py). A host row that raises (each of
+    its readings fails alone: agent/host.py; this is what is left) still has NVML read, with the pids known so far,
+    before its error fails the tick: the GPU sampler keeps its cadence (GPM intervals, XIDs, a lost GPU found).
     """
 
     def __init__(self, sampler: Any, members: Callable[[], set[int]], gpu: GpuSource | None = None):
@@ -259,12 +261,14 @@ class HostSource:
 
     def read(self, tick: Tick) -> None:
         root = tick.root
-        members = self.members() if root is not None else set()
-        row = self.sampler.sample(root)
-        tick.pids = set(self.sampler.tree_pids) | members  # the members that row read: /proc once a tick
-        tick.rows["host_row"] = row
-        if self.gpu is not None:
-            self.gpu.read(tick)
+        try:
+            members = self.members() if root is not None else set()
+            row = self.sampler.sample(root)
+            tick.pids = set(self.sampler.tree_pids) | members  # the members that row read: /proc once a tick
+            tick.rows["host_row"] = row
+        finally:
+            if self.gpu is not None:
+                self.gpu.read(tick)
 
     def in_gpu_since(self) -> float | None:
         """When the GPU sample now running started (monotonic), None when none runs."""

@@ -4,11 +4,15 @@ Each tick takes one new sample and diffs it against the previous one, so the fig
 the whole tick interval; the per-link NVLink rates are diffed against the sample of the last per-link read
 (about a second before). The sample buffers and the `c_nvmlGpmMetricsGet_t` structs are allocated once:
 building the struct costs ~10 µs a tick against ~1.6 µs when reused (reference/nvml.md).
+
+A metric that fails, is NaN, below 0, or past its bound (a percentage past `PCT_SLACK`, a rate past
+`MAX_BYTES_PER_S` once scaled to bytes/s) is no reading: None, on that metric of that GPU alone.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import struct
 from operator import mul
 from typing import Any
@@ -44,6 +48,10 @@ _ROUND = float.__round__  # every GPM value is a C double: round() without the p
 
 # (GPU_METRICS column, GPM metric id, scale to the column's unit). GPM rates are MiB/s.
 MIB = 1024 * 1024
+# What a GPM answer may be, in its column's unit; past it (or below 0, or NaN) it is no reading (NULL): a garbage
+# or wrapped counter must not reach a row, where an int past 2**63 makes SQLite refuse the whole tick.
+PCT_SLACK = 100.5  # a percentage a hair over 100 (GPM's rounding) reads 100; past this, none
+MAX_BYTES_PER_S = 1e14  # 100 TB/s: ~50x an NVLink 5 GPU's 1.8 TB/s; the bound is on the scaled (bytes/s) figure
 SCALAR_METRICS: tuple[tuple[str, int, float], ...] = (
     ("sm_active_pct", pynvml.NVML_GPM_METRIC_SM_UTIL, 1.0),
     ("sm_occupancy_pct", pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, 1.0),
@@ -87,6 +95,18 @@ class _Query:
         self._values = struct.Struct("<" + "8xd24x" * len(self.metrics)).unpack_from
         self._scales = [scale for _, _, scale in self.metrics]
         self.columns = [col for col, _, _ in self.metrics]
+        # the bound of each raw value (GPM's unit, before the scale): a percentage up to PCT_SLACK (`values` clamps
+        # it to 100, `rounded` rounds it to 100 at most), a rate up to MAX_BYTES_PER_S once scaled
+        pct = [col.endswith("_pct") for col in self.columns]
+        self._limits = [PCT_SLACK if p else MAX_BYTES_PER_S / scale for p, scale in zip(pct, self._scales,
+                                                                                        strict=True)]
+        self._caps = [100.0 if p else top for p, top in zip(pct, self._limits, strict=True)]
+        # the usual answer's check in C passes: the largest of the leading values that hold every percentage (the
+        # percentages come first in SCALAR_METRICS) against the percentage bound; with none below 0, the sum of all
+        # within the smallest rate bound holds every rate within its own (a whole GPU's figures are ~1e6 MiB/s
+        # against ~1e8) and fails on a NaN or an infinity. An answer these miss takes the per-metric pass
+        self._n_pct = max((i + 1 for i, p in enumerate(pct) if p), default=0)
+        self._rates_top = min((top for p, top in zip(pct, self._limits, strict=True) if not p), default=math.inf)
 
     def values(self, b: GpuBackend, first: Any, second: Any) -> list[float | None]:
         mg = self.mg
@@ -95,12 +115,14 @@ class _Query:
         b.nvmlGpmMetricsGet(mg)
         # seen on a real H200: a metric can come back SUCCESS with NaN (two samples too close together)
         returns, raw = self._returns(mg, _METRICS_OFFSET), self._values(mg, _METRICS_OFFSET)
-        # the usual answer, checked and scaled by C-level passes: every metric SUCCESS, and the sum of their
-        # magnitudes finite and below the bound (a NaN or an infinity makes it fail, as one value past the bound)
-        if not any(returns) and sum(map(abs, raw)) < 1e18:
+        # the usual answer, checked and scaled by C-level passes: every metric SUCCESS, none below 0, none past its
+        # bound (a percentage past 100 takes the per-metric pass, which clamps it up to PCT_SLACK)
+        n = self._n_pct
+        if (not any(returns) and min(raw) >= 0.0 and sum(raw) <= self._rates_top
+                and (not n or max(raw[:n]) <= 100.0)):
             return list(map(mul, raw, self._scales))
-        return [v * scale if r == 0 and -1e18 < v < 1e18 else None
-                for r, v, scale in zip(returns, raw, self._scales, strict=True)]
+        return [min(v, cap) * scale if r == 0 and 0.0 <= v <= top else None
+                for r, v, scale, top, cap in zip(returns, raw, self._scales, self._limits, self._caps, strict=True)]
 
     def rounded(self, b: GpuBackend, first: Any, second: Any) -> Any:
         """`values` as the rows store them, whole numbers (None where `values` has None), as an iterable.
@@ -112,10 +134,13 @@ class _Query:
         mg.sample2 = second
         b.nvmlGpmMetricsGet(mg)
         returns, raw = self._returns(mg, _METRICS_OFFSET), self._values(mg, _METRICS_OFFSET)
-        if not any(returns) and sum(map(abs, raw)) < 1e18:
+        # as `values`; a percentage up to PCT_SLACK rounds to 100 at most (round half to even: 100.5 is 100)
+        n = self._n_pct
+        if (not any(returns) and min(raw) >= 0.0 and sum(raw) <= self._rates_top
+                and (not n or max(raw[:n]) <= PCT_SLACK)):
             return map(_ROUND, map(mul, raw, self._scales))
-        return [_ROUND(v * scale) if r == 0 and -1e18 < v < 1e18 else None
-                for r, v, scale in zip(returns, raw, self._scales, strict=True)]
+        return [_ROUND(v * scale) if r == 0 and 0.0 <= v <= top else None
+                for r, v, scale, top in zip(returns, raw, self._scales, self._limits, strict=True)]
 
 
 class GpmReader:

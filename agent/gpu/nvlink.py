@@ -1,7 +1,8 @@
 """NVLink rates without GPM (Ampere and older): cumulative field-value counters and their own µs timestamps.
 
 Each field carries the time the driver read it, so the rate is Δvalue/Δtimestamp of that very field: the
-tick's own jitter never skews it. A counter that goes backwards (driver reload, wrap) yields None once. The
+tick's own jitter never skews it. A counter that goes backwards (driver reload, wrap) yields None once, and so
+does a jump past `MAX_BYTES_PER_S` (a counter read as the u64 "not available" 0xFFFFFFFFFFFFFFFF). The
 totals are rates since the previous read (the tick); the per-link row's rates, asked for about once a second,
 are rates since the last per-link read, so the figure carried over the ticks between is that second's.
 """
@@ -12,6 +13,7 @@ from typing import Any
 
 import pynvml
 
+from lynxtop.agent.gpu.gpm import MAX_BYTES_PER_S
 from lynxtop.agent.gpu.protocol import GpuBackend
 from lynxtop.contract.columns import NVLINK_MAX_LINKS
 
@@ -56,7 +58,9 @@ class NvlinkCounters:
 
 
 def _rate(p: tuple[int, int] | None, cur: tuple[int, int] | None) -> float | None:
-    """Bytes/s between two (KiB, µs) readings of one counter; None across a gap, a reset or a wrap."""
+    """Bytes/s between two (KiB, µs) readings of one counter; None across a gap, a reset, a wrap or a jump to an
+    impossible rate (past MAX_BYTES_PER_S)."""
     if p is None or cur is None or cur[1] <= p[1] or cur[0] < p[0]:
         return None
-    return (cur[0] - p[0]) * 1024 * 1e6 / (cur[1] - p[1])
+    rate = (cur[0] - p[0]) * 1024 * 1e6 / (cur[1] - p[1])
+    return rate if rate <= MAX_BYTES_PER_S else None

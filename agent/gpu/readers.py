@@ -1,11 +1,15 @@
 """The GPU sampler's readers: one per NVML surface, each filling its part of a GPU's row for one tick.
 
 Every reader calls NVML only through `NvmlCaller`, so a failure leaves its own metrics NULL on that GPU and
-nothing else; a reader keeps no state of its own between ticks beyond what it stores on the `Gpu`.
+nothing else; a reader keeps no state of its own between ticks beyond what it stores on the `Gpu`. NVML's "not
+available" answers (0xFFFFFFFF for a 32-bit reading, 0xFFFFFFFFFFFFFFFF for a 64-bit count) and figures no GPU
+can give (a percentage past 100, a power past `MAX_POWER_MW`) are no reading either: NULL, that metric alone.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pynvml
@@ -23,6 +27,25 @@ PROCESS_SM_WINDOW_US = 2_000_000  # NVML samples process utilisation every ~1/6 
 _UTIL, _POWER = "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage"
 _REASONS, _OLD_REASONS = "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"
 _CLOCK_SM = E.NVML_CLOCK_SM
+U32_NA = 0xFFFFFFFF  # NVML's "not available" for an unsigned int reading (NVML_VALUE_NOT_AVAILABLE_uint)
+COUNT_END = 1 << 63  # a 64-bit count at or past this is "not available" (0xFFFFFFFFFFFFFFFF) or garbage
+MAX_POWER_MW = 100_000_000  # 100 kW: past any GPU board; the u32 "not available" is 4.3 MW
+
+
+def _u32(v: int | None) -> int | None:
+    """A 32-bit reading, None for none or NVML's "not available"."""
+    return None if v is None or v >= U32_NA else v
+
+
+def _count(v: int | None) -> int | None:
+    """A 64-bit count (ECC errors, mJ), None for none, NVML's "not available" or anything an SQLite INTEGER
+    cannot hold."""
+    return v if v is not None and 0 <= v < COUNT_END else None
+
+
+def _watts(mw: int | None) -> int | None:
+    """Milliwatts as whole watts, None for none or a figure past MAX_POWER_MW ("not available" among them)."""
+    return None if mw is None or not 0 <= mw < MAX_POWER_MW else round(mw / 1000)
 
 
 def _text(v: Any) -> str:
@@ -121,22 +144,27 @@ class DeviceReadings:
             except pynvml.NVMLError as e:
                 failed(g, _UTIL, e.value)
             else:
-                if u is not None:
-                    row["util_gpu_pct"] = u.gpu
-                    row["util_mem_pct"] = u.memory
+                if u is not None:  # a percentage past 100 is "not available" (0xFFFFFFFF) or garbage
+                    if u.gpu <= 100:
+                        row["util_gpu_pct"] = u.gpu
+                    if u.memory <= 100:
+                        row["util_mem_pct"] = u.memory
         if _POWER not in off:
             try:
                 p = power(h)
             except pynvml.NVMLError as e:
                 failed(g, _POWER, e.value)
             else:
-                if p is not None:
+                if p is not None and p < MAX_POWER_MW:  # 0xFFFFFFFF mW: "not available", not 4.3 MW
                     row["power_w"] = round(p / 1000)
         if "clock_sm" not in off:
             try:
-                row["sm_clock_mhz"] = clock(h, _CLOCK_SM)
+                mhz = clock(h, _CLOCK_SM)
             except pynvml.NVMLError as e:
                 failed(g, "clock_sm", e.value, "nvmlDeviceGetClockInfo")
+            else:
+                if mhz != U32_NA:
+                    row["sm_clock_mhz"] = mhz
         if _REASONS not in off:
             try:
                 row["throttle_reasons"] = reasons(h)
@@ -154,17 +182,16 @@ class DeviceReadings:
         h = g.handle
         k: dict[str, Any] = {}
         self._memory(g, k)
-        p = c.call(g, "nvmlDeviceGetEnforcedPowerLimit", h)
-        k["power_limit_w"] = None if p is None else round(p / 1000)
-        k["temp_c"] = c.call(g, "nvmlDeviceGetTemperature", h, E.NVML_TEMPERATURE_GPU)
+        k["power_limit_w"] = _watts(c.call(g, "nvmlDeviceGetEnforcedPowerLimit", h))
+        k["temp_c"] = _u32(c.call(g, "nvmlDeviceGetTemperature", h, E.NVML_TEMPERATURE_GPU))
         # the memory clock holds at its P-state's figure (3201 MHz on an H200 under load): it does not move at the
         # tick's rate, the SM clock (boost, power cap, thermal slowdown) does
-        k["mem_clock_mhz"] = c.call_as(g, "clock_mem", "nvmlDeviceGetClockInfo", h, E.NVML_CLOCK_MEM)
+        k["mem_clock_mhz"] = _u32(c.call_as(g, "clock_mem", "nvmlDeviceGetClockInfo", h, E.NVML_CLOCK_MEM))
         # ECC and remapped rows: a few µs each on an H200, so an error counted shows within a second
-        k["ecc_corrected"] = c.call_as(g, "ecc_corrected", "nvmlDeviceGetTotalEccErrors", h,
-                                       E.NVML_MEMORY_ERROR_TYPE_CORRECTED, E.NVML_VOLATILE_ECC)
-        k["ecc_uncorrected"] = c.call_as(g, "ecc_uncorrected", "nvmlDeviceGetTotalEccErrors", h,
-                                         E.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, E.NVML_VOLATILE_ECC)
+        k["ecc_corrected"] = _count(c.call_as(g, "ecc_corrected", "nvmlDeviceGetTotalEccErrors", h,
+                                              E.NVML_MEMORY_ERROR_TYPE_CORRECTED, E.NVML_VOLATILE_ECC))
+        k["ecc_uncorrected"] = _count(c.call_as(g, "ecc_uncorrected", "nvmlDeviceGetTotalEccErrors", h,
+                                                E.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, E.NVML_VOLATILE_ECC))
         rr = c.call(g, "nvmlDeviceGetRemappedRows", h)
         k["remapped_rows_pending"] = None if rr is None else int(bool(rr[2]))
         k["remapped_rows_failed"] = None if rr is None else int(bool(rr[3]))
@@ -192,8 +219,9 @@ class ProcessReadings:
     """The compute processes on each GPU, with their memory and SM share; one row per process, read with the
     kept readings (about once a second) into `Gpu.proc_rows` and copied into every tick's rows."""
 
-    def __init__(self, caller: NvmlCaller):
+    def __init__(self, caller: NvmlCaller, wall_clock: Callable[[], float] = time.time):
         self._c = caller
+        self._wall = wall_clock  # what NVML stamps its process samples with: CLOCK_REALTIME, in s
 
     def read(self, g: Gpu, vllm_pids: Any) -> None:
         procs = self._c.call(g, "nvmlDeviceGetComputeRunningProcesses", g.handle)
@@ -210,8 +238,13 @@ class ProcessReadings:
         NVML answers the samples newer than the time stamp asked for; asking from a window before the newest
         one seen keeps a steady share instead of flickering to "none" between its sampling periods. NOT_FOUND
         (no sample: nobody computed) is normal and gives none; NOT_SUPPORTED switches the call off on this GPU
-        only (`call`). The time stamps are NVML's own, never compared with this host's clock."""
-        samples = self._c.call(g, "nvmlDeviceGetProcessUtilization", g.handle, g.sm_seen_us)
+        only (`call`). NVML stamps its samples with the wall clock (µs): after the wall clock steps back, the
+        newest stamp seen is ahead of every new sample, so the ask is never from later than a window before now
+        (otherwise NVML answers NOT_FOUND, no share, for as long as the step)."""
+        since = int(self._wall() * 1e6) - PROCESS_SM_WINDOW_US
+        if g.sm_seen_us < since:
+            since = g.sm_seen_us
+        samples = self._c.call(g, "nvmlDeviceGetProcessUtilization", g.handle, since)
         newest: dict[int, Any] = {}
         for s in samples or ():
             if s.pid not in newest or s.timeStamp > newest[s.pid].timeStamp:
@@ -298,7 +331,7 @@ class SlowReadings:
         h = g.handle
         g.slow_due = now + self.slow_interval_s
         s: dict[str, Any] = {}
-        e = c.call(g, "nvmlDeviceGetTotalEnergyConsumption", h)
+        e = _count(c.call(g, "nvmlDeviceGetTotalEnergyConsumption", h))  # mJ
         s["energy_j"] = None if e is None else e // 1000
         g.slow = s
         g.row_base = None

@@ -1,6 +1,8 @@
 """Per-tick GPU sampling through an NVML backend: one dict per GPU keyed by GPU_METRICS, never an exception.
 
-Errors are normal and local: a call that fails leaves its metric NULL for that GPU only (calls.py). A function
+Errors are normal and local: a call that fails leaves its metric NULL for that GPU only (calls.py), and so does a
+value that is no reading an SQLite INTEGER can hold (below 0, at or past 2^63, NaN), whichever reader let it through:
+each finished row is checked once (`_sample_gpu`), as one such value makes the store refuse the whole tick. A function
 that is NOT_SUPPORTED or missing (FUNCTION_NOT_FOUND) is not called again on that GPU and is reported once; a
 lost GPU is marked lost (one event) while the others keep sampling; a driver/library mismatch tears NVML down
 and re-initialises it with backoff; no driver at all is a state ("no-driver"), not a crash.
@@ -59,6 +61,7 @@ __all__ = ["GPU_COLUMNS", "NVLINK_PROBE_LINKS", "PROCESS_SM_WINDOW_US", "EventSi
 
 GPU_COLUMNS = names(GPU_METRICS)
 _ROW_TEMPLATE = dict.fromkeys(GPU_COLUMNS)
+_INT64_END = 1 << 63  # a GPU row's values are counts, rates, percentages: each 0 <= v < 2**63 (SQLite's INTEGER)
 
 E = pynvml
 _NO_DRIVER_CODES = {E.NVML_ERROR_LIBRARY_NOT_FOUND, E.NVML_ERROR_DRIVER_NOT_LOADED}
@@ -90,7 +93,8 @@ class GpuSampler:
                  slow_interval_s: float = 60.0, on_event: EventSink | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  retry_initial_s: float = 1.0, retry_max_s: float = 60.0, lost_probe_s: float = 10.0,
-                 xid_events: bool = True, xid_per_tick: int = XIDS_PER_TICK, refresh_s: float = MAX_AGE_S):
+                 xid_events: bool = True, xid_per_tick: int = XIDS_PER_TICK, refresh_s: float = MAX_AGE_S,
+                 wall_clock: Callable[[], float] = time.time):
         self._factory = backend_factory
         self.gpm_enabled = gpm_enabled
         self._clock = clock
@@ -103,7 +107,7 @@ class GpuSampler:
         self._c = NvmlCaller(self._r, slow_interval_s, clock)
         self._facts = DeviceFacts(self._c, gpm_enabled)
         self._readings = DeviceReadings(self._c)
-        self._processes = ProcessReadings(self._c)
+        self._processes = ProcessReadings(self._c, wall_clock)  # NVML stamps process samples on the wall clock
         self._activity = ActivityReadings(self._c)
         self._slow = SlowReadings(self._c, slow_interval_s)
         self._refresh = Refresh(refresh_s)
@@ -189,6 +193,8 @@ class GpuSampler:
         for g in self._gpus:
             if g.lost:
                 self._mark_lost(g, "while enumerating")
+            else:  # found answering (a reset, a driver reload): lost again later is a new `gpu.lost`
+                self._r.forget("gpu_lost", str(g.idx))
         if not self.gpm_enabled and self._r.once("gpm_disabled", ""):
             self._r.event(EventKind.GPU_GPM_DISABLED, "info", "GPM sampling is off by configuration "
                           "([agent] gpm = false): SM/tensor/DRAM activity columns stay empty", None)
@@ -306,7 +312,33 @@ class GpuSampler:
         if kept or do_slow:
             row.update(g.kept)
             row.update(g.slow)
+        # the last line before the store, whichever reader let a value through: every value 0 <= v < 2**63 (NaN
+        # fails the comparison too). One pass, no call per value (~1 µs a GPU); a row that fails takes `_fit`
+        end = _INT64_END
+        try:
+            for v in row.values():
+                if v is not None and not 0 <= v < end:
+                    self._fit(g, row)
+                    break
+        except TypeError:  # not a number
+            self._fit(g, row)
         tick.gpu_rows.append(row)
+
+    def _fit(self, g: Gpu, row: dict) -> None:
+        """Each value of `row` that no INTEGER column can hold as a reading (below 0, at or past 2**63, not finite,
+        not a number) becomes None, logged once per GPU and column."""
+        for col, v in row.items():
+            if v is None:
+                continue
+            try:
+                ok = 0 <= v < _INT64_END  # NaN fails the comparison too
+            except TypeError:
+                ok = False
+            if not ok:
+                row[col] = None
+                if self._r.once("bad_value", f"{g.idx}:{col}"):
+                    log.warning("GPU %d: %s read %r, no reading (outside 0..2**63-1 or not a finite number): "
+                                "stored as NULL (further ones not logged)", g.idx, col, v)
 
     @staticmethod
     def _row_base(g: Gpu) -> dict:
@@ -365,4 +397,5 @@ class GpuSampler:
         row["gpu"] = g.idx
         row["lost"] = 1
         row["mem_total_bytes"] = g.mem_total
+        self._fit(g, row)  # rare (a lost GPU's tick): the column by column check
         return row
