@@ -51,21 +51,30 @@ def test_a_failing_reading_is_logged_when_it_starts_and_when_it_ends(tmp_path, m
     assert len(lines) == 2 and "load unreadable" in lines[0] and "load readable again" in lines[1], lines
 
 
-def test_an_unparsable_proc_stat_leaves_only_the_cpu_columns_empty(tmp_path, monkeypatch):
-    stats = [b"cpu  0 0 0 0\ncpu0 100 0 0 1000 0 0 0 0\nintr 1\n", b"cpu  0 0 0 0\ncpu0 12 x\nintr 1\n",
-             b"cpu  0 0 0 0\ncpu0 150 0 0 1050 0 0 0 0\nintr 1\n"]
+def _over_stats(stats: list[bytes], tmp_path, monkeypatch) -> tuple[HostSampler, _Clock]:
+    """A sampler reading `stats[0]` as /proc/stat, after its first sample."""
     real = host_mod._read
     monkeypatch.setattr(host_mod, "_read", lambda p: stats[0] if p == "/proc/stat" else real(p))
     clock = _Clock()
     s = HostSampler(tmp_path / "db.sqlite", clock=clock)
     s.sample(None)
+    return s, clock
+
+
+def _next(s: HostSampler, stats: list[bytes], clock: _Clock) -> dict:
+    """The sample a second later, over the next /proc/stat."""
     stats.pop(0)
     clock.t += 1.0
-    row = s.sample(None)
+    return s.sample(None)
+
+
+def test_an_unparsable_proc_stat_leaves_only_the_cpu_columns_empty(tmp_path, monkeypatch):
+    stats = [b"cpu  0 0 0 0\ncpu0 100 0 0 1000 0 0 0 0\nintr 1\n", b"cpu  0 0 0 0\ncpu0 12 x\nintr 1\n",
+             b"cpu  0 0 0 0\ncpu0 150 0 0 1050 0 0 0 0\nintr 1\n"]
+    s, clock = _over_stats(stats, tmp_path, monkeypatch)
+    row = _next(s, stats, clock)
     assert row["cpu_pct"] is None and row["cpu_per_core_pct"] is None and row["mem_total_bytes"]
-    stats.pop(0)
-    clock.t += 1.0
-    assert s.sample(None)["cpu_pct"] == 50.0  # read again: the rate since the last reading that parsed
+    assert _next(s, stats, clock)["cpu_pct"] == 50.0  # read again: the rate since the last reading that parsed
 
 
 class _Gpu:
@@ -127,12 +136,6 @@ def test_total_cpu_pct_stays_within_0_100_when_a_cores_idle_steps_back(tmp_path,
     backwards: NO_HZ idle accounting, a VM's vCPU), the total was not: 500 % here."""
     stats = [b"cpu  0 0 0 0\ncpu0 100 0 0 1000 0 0 0 0\ncpu1 100 0 0 1000 0 0 0 0\nintr 1\n",
              b"cpu  0 0 0 0\ncpu0 200 0 0 910 0 0 0 0\ncpu1 100 0 0 1010 0 0 0 0\nintr 1\n"]
-    real = host_mod._read
-    monkeypatch.setattr(host_mod, "_read", lambda p: stats[0] if p == "/proc/stat" else real(p))
-    clock = _Clock()
-    s = HostSampler(tmp_path / "db.sqlite", clock=clock)
-    s.sample(None)
-    stats.pop(0)
-    clock.t += 1.0
-    row = s.sample(None)
+    s, clock = _over_stats(stats, tmp_path, monkeypatch)
+    row = _next(s, stats, clock)
     assert row["cpu_pct"] == 100.0, (row["cpu_pct"], row["cpu_per_core_pct"])

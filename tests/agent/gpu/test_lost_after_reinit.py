@@ -20,7 +20,9 @@ def _run(s, clock, n, dt=1.0):
     return tick
 
 
-def test_a_gpu_lost_again_after_a_reinit_is_reported_again(clock, events):
+def _sampler(clock, events) -> tuple[ConstantNode, list[FakeNvml], GpuSampler]:
+    """Two healthy GPUs; every NVML the sampler opens is kept in `made`. The lost-probe is far off: only a
+    re-initialisation sees a lost GPU answer again."""
     node = ConstantNode(h200_specs(2), [FakeGpuState(), FakeGpuState()])
     made: list[FakeNvml] = []
 
@@ -28,9 +30,13 @@ def test_a_gpu_lost_again_after_a_reinit_is_reported_again(clock, events):
         made.append(FakeNvml(node, clock=clock))
         return made[-1]
 
-    # the lost-probe far off: only the re-initialisation sees GPU 1 answer again
     s = GpuSampler(factory, clock=clock, on_event=events, xid_events=False, retry_initial_s=1.0, lost_probe_s=600)
     s.open()
+    return node, made, s
+
+
+def test_a_gpu_lost_again_after_a_reinit_is_reported_again(clock, events):
+    node, made, s = _sampler(clock, events)
     _run(s, clock, 2)
     node.states[1] = FakeGpuState(lost=True)  # GPU 1 falls off the bus
     assert _run(s, clock, 1).gpu_rows[1]["lost"] == 1
@@ -47,15 +53,7 @@ def test_a_gpu_lost_again_after_a_reinit_is_reported_again(clock, events):
 
 def test_a_gpu_still_lost_across_a_reinit_is_reported_once(clock, events):
     """The other side: a GPU lost before the re-initialisation and still lost after it is the same loss."""
-    node = ConstantNode(h200_specs(2), [FakeGpuState(), FakeGpuState()])
-    made: list[FakeNvml] = []
-
-    def factory():
-        made.append(FakeNvml(node, clock=clock))
-        return made[-1]
-
-    s = GpuSampler(factory, clock=clock, on_event=events, xid_events=False, retry_initial_s=1.0, lost_probe_s=600)
-    s.open()
+    node, made, s = _sampler(clock, events)
     _run(s, clock, 1)
     node.states[1] = FakeGpuState(lost=True)
     assert _run(s, clock, 1).gpu_rows[1]["lost"] == 1
