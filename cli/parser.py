@@ -217,7 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", dest="time_to", metavar="T", help="end of the range (default: now)")
     p.add_argument("--table", choices=("gpu", "host", "serving", "events", "runs", "all"), default="gpu",
                    help="what to export (default: %(default)s; 'all' needs -o DIR)")
-    p.add_argument("--resolution", choices=("raw", "1m", "1h"), default="raw", help="samples or rollups (default: raw)")
+    p.add_argument("--resolution", choices=("raw", "1m", "1h"), default="raw",
+                   help="samples, or the stored rollups: whole buckets only, the newest minute or hour not yet "
+                        "rolled up is left out (default: raw)")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: standard output)")
     p.add_argument("--force", action="store_true", help="overwrite an existing FILE")
     p.add_argument("--raw", action="store_true",

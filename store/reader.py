@@ -249,9 +249,11 @@ class StoreReader:
         """`sql` reading `table` as its raw rows plus the compacted chunks overlapping [start_ms, end_ms).
 
         Only those chunks are decoded, into a TEMP table of the same columns (a read-only connection may
-        write its own temp schema); `FROM table ` becomes a UNION ALL of both. The columns are the file's own:
-        `sql` selects NULL for any it lacks (columns()). Without such chunks, `sql`
-        is returned unchanged. Call it, and run the SQL, under the reader's lock.
+        write its own temp schema); `FROM table ` becomes a UNION ALL of both. A decoded row whose key a raw row
+        also has (a clock stepped back, before the next compaction pass merged it) is left out: the raw row
+        wins, as in compaction's merge and the rollups' re-roll, so every key is read once. The columns are the
+        file's own: `sql` selects NULL for any it lacks (columns()). Without such chunks, `sql` is returned
+        unchanged. Call it, and run the SQL, under the reader's lock.
         """
         if table not in COMPACTED:
             return sql
@@ -271,9 +273,31 @@ class StoreReader:
                 rows = compact.decode_rows(conn, table, start_ms, end_ms, cols, gpu)
             except compact.codec.CodecError as exc:  # a newer lynxtop's format, or damage: say which
                 raise StoreError(f"{self.path}: a compacted chunk of {table} cannot be read: {exc}") from None
+            rows = self._raw_wins(conn, table, cols, rows, gpu)
             conn.executemany(f"INSERT INTO temp.{dec} VALUES ({', '.join('?' * len(cols))})", rows)
         union = f"(SELECT * FROM main.{table} UNION ALL SELECT * FROM temp.{dec}) AS {table}"
         return sql.replace(f"FROM {table} ", f"FROM {union} ")
+
+    @staticmethod
+    def _raw_wins(conn: sqlite3.Connection, table: str, cols: list[str], rows: list[tuple],
+                  gpu: int | None) -> list[tuple]:
+        """Decoded chunk rows less those whose key a raw row also has: the raw row wins (a clock stepped back
+        wrote it after its interval was compacted; the next pass merges it so, store/compact.py merge).
+
+        One index range probe over the decoded span; raw rows there are rare (compaction deleted the ones it
+        moved), so it normally finds none and the rows are returned as they are."""
+        if not rows:
+            return rows
+        ts = cols.index("ts_ms")
+        lo, hi = min(r[ts] for r in rows), max(r[ts] for r in rows) + 1
+        key = COMPACTED[table]
+        idx = [cols.index(k) for k in key]
+        gpu_sql, gpu_arg = ("", ()) if gpu is None or "gpu" not in key else (" AND gpu = ?", (gpu,))
+        raw = {tuple(k) for k in conn.execute(f"SELECT {', '.join(key)} FROM main.{table} "
+                                              f"WHERE ts_ms >= ? AND ts_ms < ?{gpu_sql}", (lo, hi, *gpu_arg))}
+        if not raw:
+            return rows
+        return [r for r in rows if tuple(r[i] for i in idx) not in raw]
 
     def _raw_q(self, sql: str, params: tuple | list, table: str, start_ms: int, end_ms: int,
                gpu: int | None = None) -> list[dict[str, Any]]:
