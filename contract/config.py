@@ -310,6 +310,28 @@ def secret_flag_use(token: str) -> str | None:
             "env_credentials instead (its value is masked)")
 
 
+# vLLM flags that make it serve HTTPS (uvicorn turns TLS on with either), and vLLM 0.32's other `--ssl-` option strings
+# (for its prefix expansion: `--ssl-k` is `--ssl-keyfile`, `--ssl-c` is ambiguous and only makes vLLM exit). The
+# agent's health probe and scrape speak plain HTTP to the run (agent/serving/watch.py server_url): with TLS on, no
+# readiness answer ever comes and the run is killed at readiness_timeout_s.
+TLS_FLAGS = ("--ssl-keyfile", "--ssl-certfile")
+_SSL_OPTIONS = (*TLS_FLAGS, "--ssl-ca-certs", "--ssl-cert-reqs", "--ssl-ciphers")
+
+
+def tls_flag_use(token: str) -> str | None:
+    """Why `token` (one extra_args item) would make vLLM serve HTTPS, which the agent cannot probe, or None."""
+    if not token.startswith("--"):
+        return None
+    name = "--" + token.split("=", 1)[0][2:].split(".", 1)[0].replace("_", "-")
+    hits = [f for f in _SSL_OPTIONS if f.startswith(name)] if len(name) > len("--ssl-") else []
+    if not hits or any(f not in TLS_FLAGS for f in hits) or len(hits) > 1:
+        return None
+    how = "" if name == hits[0] else f" (vLLM reads it as {hits[0]})"
+    return (f"{name}{how} would make vLLM serve HTTPS: TLS termination is not supported by the agent's health probe "
+            "and metrics scrape, which speak plain HTTP on the run's host and port, so the run would never be ready; "
+            "terminate TLS in a proxy in front of vLLM instead")
+
+
 def dotted_conflict(args: Sequence[str], flag: str | None = None) -> str | None:
     """Why two `--flag.key value` uses in `args` contradict each other, or None; `flag`: only that flag's uses.
 
@@ -553,7 +575,7 @@ def _extra_args(key: str, v: Any) -> tuple[str, ...]:
         why = owned_flag_use(a)
         if why:
             raise _Bad(f"{why}; use the typed key instead of extra_args")
-        why = secret_flag_use(a)
+        why = secret_flag_use(a) or tls_flag_use(a)
         if why:
             raise _Bad(why)
     why = dotted_conflict(v)

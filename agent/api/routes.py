@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import stat
 import time
@@ -120,6 +121,9 @@ _QUERY_SPEC: dict[str, dict[str, tuple[int, int, int | None]]] = {
 }
 
 
+_DECIMAL = re.compile(r"-?[0-9]+")
+
+
 def _query(request: web.Request, call: str) -> dict[str, int | None]:
     spec = _QUERY_SPEC[call]
     for key in request.query:
@@ -132,10 +136,10 @@ def _query(request: web.Request, call: str) -> dict[str, int | None]:
         if raw is None:
             out[key] = default
             continue
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ApiError(400, "wrong_type", f"query parameter {key!r} must be an integer, got {raw!r}") from None
+        if not _DECIMAL.fullmatch(raw):  # int() would also take "1_000", " 5 " and non-ASCII digits
+            raise ApiError(400, "wrong_type", f"query parameter {key!r} must be an integer (ASCII digits, an "
+                           f"optional leading '-'), got {raw!r}")
+        value = int(raw)
         if not lo <= value <= hi:
             raise ApiError(400, "out_of_range", f"query parameter {key!r}={value} is out of range ({lo}..{hi})")
         out[key] = value
@@ -273,7 +277,6 @@ class ApiServer:
         self.guard = ConnectionGuard("control socket", max_connections, request_timeout_s, "api_max_connections",
                                      json_refusal=True, log=self.log, episodes=episodes)
         self._runner: web.AppRunner | None = None
-        self._inode: int | None = None
         self._ident: tuple[int, int] | None = None  # (device, inode) of the socket file this agent listens on
         self._site: GuardedSite | None = None
         self._told: tuple[int, int] | None = None  # a file in the socket's place already reported as not ours
@@ -313,7 +316,7 @@ class ApiServer:
         self._site = GuardedSite(self._runner, self.guard, sock=sock)
         await self._site.start()
         st = path.stat()
-        self._inode, self._ident = st.st_ino, (st.st_dev, st.st_ino)
+        self._ident = (st.st_dev, st.st_ino)
         mode = stat.S_IMODE(path.stat().st_mode)
         who = f"group {self.group!r}" if gid is not None else f"root and uid {self.agent_uid} only (group " \
             f"{self.group!r} does not exist)"
@@ -324,10 +327,11 @@ class ApiServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        with contextlib.suppress(OSError):
-            if self._inode is not None and self.socket_path.stat().st_ino == self._inode:
+        with contextlib.suppress(OSError):  # only the file this agent bound: (device, inode) of the path itself
+            st = self.socket_path.lstat()
+            if self._ident is not None and (st.st_dev, st.st_ino) == self._ident:
                 self.socket_path.unlink()
-        self._inode = None
+        self._ident = None
 
     def check_socket(self) -> tuple[bool, str] | None:
         """Re-create the control socket when its path no longer names it (a tmpfiles clean of /run, an `rm`).
@@ -369,7 +373,7 @@ class ApiServer:
             return False, f"{what}; not re-created: {exc}"
         self._site.replace_socket(sock)
         st = path.stat()
-        self._inode, self._ident, self._told = st.st_ino, (st.st_dev, st.st_ino), None
+        self._ident, self._told = (st.st_dev, st.st_ino), None
         return True, f"{what}; re-created it (mode {stat.S_IMODE(st.st_mode):o}): `lynxtop` reaches the agent again"
 
     def _clear_stale(self, path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -46,17 +47,38 @@ def parse_nodes(body: Any) -> list[ClusterNode]:
         rows = body["data"]["result"]["result"]
     except (AttributeError, KeyError, TypeError) as exc:
         raise ClusterViewError(f"Ray's state API answered an unexpected shape (no {exc})") from None
+    if not isinstance(rows, list):
+        raise ClusterViewError(f"Ray's state API answered an unexpected shape (nodes as {type(rows).__name__})")
     out = []
     for r in rows:
         if not isinstance(r, dict) or not r.get("node_id"):
             continue
-        res = r.get("resources_total") or {}
+        res = r.get("resources_total")
+        gpus = res.get("GPU") if isinstance(res, dict) else None
+        message = r.get("state_message")
         out.append(ClusterNode(
             node_id=str(r["node_id"]), ip=str(r.get("node_ip") or ""), name=str(r.get("node_name") or ""),
-            head=bool(r.get("is_head_node")), alive=r.get("state") == "ALIVE", gpus=float(res.get("GPU") or 0),
-            state_message=r.get("state_message"), start_ms=r.get("start_time_ms") or None,
-            end_ms=r.get("end_time_ms") or None))
+            head=bool(r.get("is_head_node")), alive=r.get("state") == "ALIVE",
+            gpus=_gpus(gpus),
+            state_message=message if isinstance(message, str) else None,
+            start_ms=_ms(r.get("start_time_ms")), end_ms=_ms(r.get("end_time_ms"))))
     return sorted(out, key=lambda n: (not n.head, not n.alive, n.ip, n.node_id))
+
+
+def _gpus(v: Any) -> float:
+    """Ray's GPU count for a node: a finite number >= 0, else 0 (absent, or a type Ray does not send)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return 0.0
+    try:
+        n = float(v)
+    except OverflowError:
+        return 0.0
+    return n if math.isfinite(n) and n >= 0 else 0.0
+
+
+def _ms(v: Any) -> int | None:
+    """A time in ms from Ray's answer: a positive integer, else None (0 is Ray's "not set"; another type, unread)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 class RayStateApi:
