@@ -257,7 +257,7 @@ def _report(result: SweepResult, meta: dict[str, Any], store: Store, args: Names
     if args.json:
         Path(args.json).write_text(json.dumps(_json_levels(result, meta), indent=2) + "\n")
     where = f"stored as sweep {meta['bench_id']} ({store.stored} levels)" if store.stored else \
-        f"NOT stored: {store.problem}"
+        f"NOT stored: {terminal_safe(store.problem)}"  # the agent's refusal or an unreachable error: foreign text
     print(f"\n{where}" + (f"; JSON in {args.json}" if args.json else ""), file=sys.stderr)
     if saver is not None:
         print(terminal_safe(f"{len(saver.paths)} vllm --save-result file(s) in {saver.directory}: "  # file names

@@ -20,6 +20,7 @@ from lynxtop.contract.client import AgentClient, AgentRefused, AgentUnreachable
 from lynxtop.contract.events import Event
 from lynxtop.contract.records import RecordError, RunInfo, read_list
 from lynxtop.contract.status import ClusterNode, Role, Status
+from lynxtop.contract.terminal import terminal_safe
 from lynxtop.tui.foreign import DisplayReader
 from lynxtop.tui.history_source import HistorySource, HistoryUnavailable
 from lynxtop.tui.source import LiveSource
@@ -159,7 +160,7 @@ class RemoteHistory(HistorySource):
             if "HTTP 404" in str(exc):  # an agent from before tcp_reads: its listener's plain-text 404
                 raise HistoryUnavailable(f"node {self.node}'s agent serves no history over TCP (404: an agent older "
                                          "than this dashboard?)") from None
-            raise HistoryUnavailable(f"node {self.node}: {exc}") from None
+            raise HistoryUnavailable(f"node {self.node}: {terminal_safe(exc)}") from None
 
 
 def _rows(rows: Any) -> list[dict[str, Any]]:
@@ -178,15 +179,15 @@ def _rows(rows: Any) -> list[dict[str, Any]]:
 
 
 def refusal_text(node: str, exc: AgentRefused) -> str:
-    """What a refusal of another node's reads means, and what to configure."""
+    """What a refusal of another node's reads means, and what to configure; its message (foreign text) escaped."""
     if exc.status == 401:
         return (f"node {node} refused this dashboard's read token (401): give --node-token-file that node's "
                 "[agent] tcp_token_file")
     if exc.status == 403:
-        return f"node {node} serves no history over TCP (403): {exc.message}"
+        return f"node {node} serves no history over TCP (403): {terminal_safe(exc.message)}"
     if exc.status == 404:
         return f"node {node}'s agent serves no history over TCP (404: an agent older than this dashboard?)"
-    return f"node {node} answered {exc.status}: {exc.message}"
+    return f"node {node} answered {exc.status}: {terminal_safe(exc.message)}"
 
 
 class RemoteReader:
@@ -200,7 +201,7 @@ class RemoteReader:
             return read(data)
         except (RecordError, ValueError, TypeError, KeyError) as exc:
             raise HistoryUnavailable(f"node {self._source.node} answered {what} that this lynxtop cannot read: "
-                                     f"{exc}") from None
+                                     f"{terminal_safe(exc)}") from None
 
     def runs(self, limit: int = 50) -> list[RunInfo]:
         data = self._source.get("runs", limit=limit)

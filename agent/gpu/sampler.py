@@ -165,12 +165,17 @@ class GpuSampler:
         except OSError as e:
             self._open_failed(E.NVML_ERROR_LIBRARY_NOT_FOUND, f"cannot load NVML: {e}", now)
             return
+        except Exception as e:  # a bug or an odd answer: NVML is off until the next try, the tick goes on
+            log.exception("opening NVML failed")
+            self._open_failed(E.NVML_ERROR_UNKNOWN, f"opening NVML failed: {type(e).__name__}: {e}", now)
+            return
         self._c.b = b
         self._facts.gpm_enabled = self.gpm_enabled
         try:
             dv, nv = _text(b.nvmlSystemGetDriverVersion()), _text(b.nvmlSystemGetNVMLVersion())
             count = b.nvmlDeviceGetCount()
-            self._gpus = [self._facts.setup(i) for i in range(count)]
+            gpus = (self._setup_gpu(i) for i in range(count))
+            self._gpus = [g for g in gpus if g is not None]
         except pynvml.NVMLError as e:
             self._teardown()
             self._open_failed(e.value, f"NVML initialised but enumerating GPUs failed: {error_name(e.value)}", now)
@@ -178,6 +183,12 @@ class GpuSampler:
         except Reinit as e:
             self._teardown()
             self._open_failed(e.code, f"NVML initialised but {e}", now)
+            return
+        except Exception as e:  # a bug or an odd answer: NVML is off until the next try, the tick goes on
+            self._teardown()
+            log.exception("NVML initialised but setting it up failed")
+            self._open_failed(E.NVML_ERROR_UNKNOWN, f"NVML initialised but setting it up failed: "
+                              f"{type(e).__name__}: {e}", now)
             return
         was_down = self._state["state"] == "error" and self.static_version > 0
         self._state = {"state": "ok", "message": f"{count} GPU(s)" + (" (simulated)" if b.simulated
@@ -200,7 +211,41 @@ class GpuSampler:
                           "([agent] gpm = false): SM/tensor/DRAM activity columns stay empty", None)
         if self._xid_events and self._r.on_event is not None:
             xid = XidWatcher(b, self._r.event, limit=self._xid_per_tick)
-            self._xid = xid if xid.start() else None
+            try:
+                self._xid = xid if xid.start() else None
+            except Exception:  # a bug or an odd answer: sampling goes on without XID events
+                xid.close()
+                if self._r.once("setup_bug", "xid"):
+                    log.exception("starting XID events failed: sampling without them (logged once)")
+
+    def _setup_gpu(self, i: int) -> Gpu | None:
+        """GPU `i`'s setup; one that fails with something other than NVML's errors (a bug, an odd answer) is set up
+        again without GPM, and left out of this initialisation (logged once) if that fails too."""
+        try:
+            return self._facts.setup(i)
+        except (pynvml.NVMLError, Reinit):
+            raise
+        except Exception as e:
+            first = e
+        if self._facts.gpm_enabled:
+            self._facts.gpm_enabled = False
+            try:
+                g = self._facts.setup(i)
+            except (pynvml.NVMLError, Reinit):
+                raise
+            except Exception:
+                g = None
+            finally:
+                self._facts.gpm_enabled = self.gpm_enabled
+            if g is not None:
+                if self._r.once("setup_bug", f"{i}:gpm:{type(first).__name__}"):
+                    log.error("GPU %d: setting up GPM failed (%s: %s): sampling it without GPM (logged once)",
+                              i, type(first).__name__, first)
+                return g
+        if self._r.once("setup_bug", f"{i}:{type(first).__name__}"):
+            log.error("GPU %d: setting it up failed (%s: %s): left out until NVML is re-initialised (logged once)",
+                      i, type(first).__name__, first)
+        return None
 
     def _open_failed(self, code: int, message: str, now: float) -> None:
         no_driver = code in _NO_DRIVER_CODES
