@@ -23,6 +23,7 @@ _MASKED = re.compile(r"\*\*\*[0-9a-f]{8}")
 # authority ends at the first '/', '?' or '#'); quotes end it too, for a URL inside a JSON value
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#\s\"'<>]*)@")
 FLAG_ENV_PREFIX = "env "  # Profile.flags() shows env variables as "env NAME"
+_ASSIGN = re.compile(r"(-{0,2})([A-Za-z_][A-Za-z0-9_.-]*)=(.*)", re.DOTALL)  # NAME=value, --name=value
 
 
 def is_secret_name(name: str, secret_names: Collection[str] = ()) -> bool:
@@ -57,10 +58,27 @@ def redact_env(env: Mapping[str, str], secret_names: Collection[str] = ()) -> di
     return {k: mask(v) if is_secret_name(k, secret_names) else mask_url_credentials(v) for k, v in env.items()}
 
 
-def redact_argv(argv: Iterable[str]) -> list[str]:
-    """A command line as it may be served, printed or stored: each argument with a URL's credentials masked. (A
-    profile's extra_args refuse the flags that take a secret, `--api-key` and `--hf-token`: contract/config.py.)"""
-    return [mask_url_credentials(a) if isinstance(a, str) else a for a in argv]
+def redact_argv(argv: Iterable[str], secret_names: Iterable[str] = ()) -> list[str]:
+    """A command line as it may be served, printed or stored: the value of every secret-looking flag or assignment
+    masked (`--api-key X`, `--hf-token=X`, `HF_TOKEN=X`: a foreign process's, as the processes view shows them;
+    a profile's extra_args refuse such flags, contract/config.py), and a URL's credentials in any argument."""
+    names = frozenset(secret_names)
+    out: list[str] = []
+    mask_next = False
+    for arg in argv:
+        if not isinstance(arg, str):
+            out.append(arg)
+        elif mask_next:
+            out.append(mask(arg))
+            mask_next = False
+        elif (m := _ASSIGN.fullmatch(arg)) and is_secret_name(m.group(2).replace("-", "_"), names):
+            out.append(f"{m.group(1)}{m.group(2)}={mask(m.group(3))}")
+        elif arg.startswith("-") and "=" not in arg and is_secret_name(arg.lstrip("-").replace("-", "_"), names):
+            out.append(arg)
+            mask_next = True
+        else:
+            out.append(mask_url_credentials(arg))
+    return out
 
 
 def redact_flags(flags: Any, secret_names: Collection[str] = ()) -> Any:

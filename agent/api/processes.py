@@ -11,38 +11,14 @@ COMMAND_CAP characters.
 from __future__ import annotations
 
 import pwd
-import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from lynxtop.agent.serving import procs
 from lynxtop.contract.processes import GpuProcess, GpuProcesses
-from lynxtop.contract.redact import is_secret_name, mask, mask_url_credentials
+from lynxtop.contract.redact import redact_argv
 
 COMMAND_CAP = 1000  # characters of a command line served; enough for a vLLM argv, bounded for a hostile one
-_ASSIGN = re.compile(r"(-{0,2})([A-Za-z_][A-Za-z0-9_.-]*)=(.*)", re.DOTALL)
-
-
-def redact_argv(argv: Iterable[str], secret_names: Iterable[str] = ()) -> list[str]:
-    """`argv` with the value of every secret-looking flag or assignment masked (`--api-key X`, `--hf-token=X`,
-    `HF_TOKEN=X`); everything else as it is."""
-    names = frozenset(secret_names)
-    out: list[str] = []
-    mask_next = False
-    for arg in argv:
-        if mask_next:
-            out.append(mask(arg))
-            mask_next = False
-            continue
-        m = _ASSIGN.fullmatch(arg)
-        if m and is_secret_name(m.group(2).replace("-", "_"), names):
-            out.append(f"{m.group(1)}{m.group(2)}={mask(m.group(3))}")
-        elif arg.startswith("-") and "=" not in arg and is_secret_name(arg.lstrip("-").replace("-", "_"), names):
-            out.append(arg)
-            mask_next = True
-        else:
-            out.append(mask_url_credentials(arg))  # https://user:PASSWORD@host
-    return out
 
 
 def _user(pid: int) -> str | None:
