@@ -191,13 +191,12 @@ def check_values(data: dict[str, Any]) -> None:
     status. Refused with the field's path, before anything is changed. Iterative: a body nested as deep as the
     JSON parser allows must not overflow this walk's stack.
     """
+    _check_keys("", data)
     todo: list[tuple[str, Any]] = [(k, v) for k, v in data.items()]
     while todo:
         where, value = todo.pop()
-        if not _utf8(where):
-            raise ApiError(400, "invalid_text", f"field {where!r}: its name holds a lone surrogate (not UTF-8 text)",
-                           {"field": where})
         if isinstance(value, dict):
+            _check_keys(f"{where}.", value)
             todo += [(f"{where}.{k}", v) for k, v in value.items()]
         elif isinstance(value, list):
             todo += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
@@ -215,6 +214,14 @@ def check_values(data: dict[str, Any]) -> None:
         elif isinstance(value, float) and not math.isfinite(value):
             raise ApiError(400, "not_finite", f"field {where!r} is {value!r}: numbers must be finite (NaN, "
                            "Infinity and values beyond 1.8e308 are refused)", {"field": where})
+
+
+def _check_keys(where: str, obj: dict[str, Any]) -> None:
+    """Each key of `obj` is UTF-8 text (checked once, here, not again in every path below it)."""
+    for key in obj:
+        if not _utf8(key):
+            raise ApiError(400, "invalid_text", f"field {where + key!r}: its name holds a lone surrogate (not UTF-8 "
+                           "text)", {"field": where + key})
 
 
 def _utf8(text: str) -> bool:
