@@ -332,6 +332,37 @@ def tls_flag_use(token: str) -> str | None:
             "terminate TLS in a proxy in front of vLLM instead")
 
 
+# vLLM's `--config FILE.yaml`: its parser (FlexibleArgumentParser._pull_args_from_config) reads the YAML's keys as
+# long flags when the run starts. Those flags are never seen by this validation (owned, TLS and secret flags would all
+# pass), and the file could change between `config check` and a start, so the option is refused in every spelling
+# vLLM's parser reads as it. `--conf` is the shortest prefix of it no other vLLM 0.32 flag but `--config-format` shares
+# (`--con` is also `--convert`): vLLM exits on the ambiguity, and a vLLM without --config-format would take it.
+CONFIG_FILE_FLAG = "--config"
+_CONFIG_FILE_SHORTEST = "--conf"
+
+
+def config_file_use(token: str, following: str | None = None) -> str | None:
+    """Why `token` (one extra_args item; `following`: the item after it) would hand vLLM a config file, or None.
+
+    Refused rather than expanded here: a YAML read at check time could differ from the one vLLM reads at start."""
+    if not token.startswith("--"):
+        return None
+    written, eq, value = token.partition("=")
+    name = "--" + written[2:].split(".", 1)[0].replace("_", "-")
+    if not (CONFIG_FILE_FLAG.startswith(name) and name.startswith(_CONFIG_FILE_SHORTEST)):
+        return None
+    file = value if eq else following
+    if written == CONFIG_FILE_FLAG and file and not file.startswith("-"):
+        shown = f"{CONFIG_FILE_FLAG} {file}"
+    else:
+        how = "a prefix of" if name != CONFIG_FILE_FLAG else "read by vLLM as" if name != written else ""
+        shown = f"{written} ({how} {CONFIG_FILE_FLAG})" if how else written
+    return (f"{shown} hands vLLM a config file (YAML whose keys it reads as flags when the run starts): those flags "
+            "are never checked (a host, port or parallel size a typed key owns, TLS, an api key would pass) and the "
+            "file can change after the check; put those flags in the profile instead (its typed keys, or extra_args "
+            "for the others), where they are checked")
+
+
 def dotted_conflict(args: Sequence[str], flag: str | None = None) -> str | None:
     """Why two `--flag.key value` uses in `args` contradict each other, or None; `flag`: only that flag's uses.
 
@@ -568,14 +599,14 @@ def _listen(key: str, v: Any) -> str:
 def _extra_args(key: str, v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(a, str) for a in v):
         raise _Bad(f"expected an array of strings, got {_describe(v)}")
-    for a in v:
+    for i, a in enumerate(v):
         if not a:
             raise _Bad("an argument is empty")
         _no_control(f"argument {a!r} ", a)
         why = owned_flag_use(a)
         if why:
             raise _Bad(f"{why}; use the typed key instead of extra_args")
-        why = secret_flag_use(a) or tls_flag_use(a)
+        why = secret_flag_use(a) or tls_flag_use(a) or config_file_use(a, v[i + 1] if i + 1 < len(v) else None)
         if why:
             raise _Bad(why)
     why = dotted_conflict(v)
