@@ -205,7 +205,7 @@ class Node:
         from lynxtop.sim.gpus import SimScenario  # the node composes: the GPU layer never imports the simulator
 
         self.sampler = GpuSampler(lambda: open_backend(fake, sim_dir, SimScenario), gpm_enabled=a.gpm,
-                                  on_event=self._gpu_event)
+                                  on_event=self._gpu_event, on_xid=self._count_xid)
         self.host_sampler = HostSampler(a.database, table=self.proc_table)
         self.sla = SlaTracker(self.cfg.sla)
         if a.role != "single":
@@ -241,10 +241,13 @@ class Node:
 
     def _gpu_event(self, kind: str, severity: str, message: str, details: dict | None = None) -> None:
         """The GPU sampler's events (from its threads), kept for the next tick's one path into the store."""
-        gpu = (details or {}).get("gpu")
-        if kind == EventKind.GPU_XID and isinstance(gpu, int):
-            self.xid_errors[gpu] = self.xid_errors.get(gpu, 0) + 1
         self._gpu_events(kind, severity, message, details)
+
+    def _count_xid(self, gpu: int | None) -> None:
+        """Every XID read, counted at once per GPU (one NVML could not name counts nowhere): an episode's repeats
+        are told in one later event (agent/gpu/xid.py), `lynxtop_gpu_xid_errors_total` rises as they come."""
+        if isinstance(gpu, int):
+            self.xid_errors[gpu] = self.xid_errors.get(gpu, 0) + 1
 
     def _record(self, events: Iterable[Event]) -> None:
         """Every event of the agent's samplers, of the store and of the node itself takes the one event path

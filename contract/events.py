@@ -89,6 +89,7 @@ class EventKind(StrEnum):
     GPU_RECOVERED = "gpu.recovered"
     GPU_XID = "gpu.xid"
     GPU_GPM_DISABLED = "gpu.gpm_disabled"
+    GPU_SETUP_FAILED = "gpu.setup_failed"  # a GPU or its GPM/XID events left out of an NVML initialisation by a bug
     NVML_REINIT = "nvml.reinit"
     NVML_UNAVAILABLE = "nvml.unavailable"
     NVML_NO_PERMISSION = "nvml.no_permission"

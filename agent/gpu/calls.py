@@ -94,8 +94,11 @@ class Reporter:
         self.on_event = on_event
         self._reported: set[tuple[str, str]] = set()
 
-    def event(self, kind: EventKind, severity: str, message: str, details: dict | None = None) -> None:
-        (log.warning if severity in ("warning", "error", "critical") else log.info)("%s", message)
+    def event(self, kind: EventKind, severity: str, message: str, details: dict | None = None,
+              logged: bool = False) -> None:
+        """To the sink, and to the log unless the caller `logged` it already (its own line, its own level)."""
+        if not logged:
+            (log.warning if severity in ("warning", "error", "critical") else log.info)("%s", message)
         if self.on_event is not None:
             try:
                 self.on_event(kind, severity, message, details)
@@ -108,9 +111,12 @@ class Reporter:
         self._reported.add((kind, key))
         return True
 
-    def forget(self, kind: str, key: str) -> None:
-        """Report (kind, key) again next time (the condition ended)."""
+    def forget(self, kind: str, key: str) -> bool:
+        """Report (kind, key) again next time (the condition ended); whether it had been reported."""
+        if (kind, key) not in self._reported:
+            return False
         self._reported.discard((kind, key))
+        return True
 
 
 class NvmlCaller:

@@ -5,11 +5,15 @@ value that is no reading an SQLite INTEGER can hold (below 0, at or past 2^63, N
 each finished row is checked once (`_sample_gpu`), as one such value makes the store refuse the whole tick. A function
 that is NOT_SUPPORTED or missing (FUNCTION_NOT_FOUND) is not called again on that GPU and is reported once; a
 lost GPU is marked lost (one event) while the others keep sampling; a driver/library mismatch tears NVML down
-and re-initialises it with backoff; no driver at all is a state ("no-driver"), not a crash.
+and re-initialises it with backoff; no driver at all is a state ("no-driver"), not a crash. A GPU, or its GPM or
+XID events, left out of an initialisation by a failure that is no NVMLError is a `gpu.setup_failed` event, once per
+occurrence (left_out.py): the operator sees that a GPU is not sampled, not only the log.
 
 `GpuSampler` owns that lifecycle and the tick; each NVML surface has its reader (readers.py): static facts,
 per-tick readings, processes, GPM/NVLink activity, slow counters. XIDs are read from NVML's event set at the start
-of each tick (xid.py): no thread of their own; one reaches the sink with the tick after it happened.
+of each tick (xid.py): no thread of their own; the first of an episode of (GPU, XID) reaches the sink with the
+tick after it happened, its repeats are counted and told in one later event (`XidEpisodes`, kept across
+re-initialisations and told at `close`).
 
 Cost discipline (reference/nvml.md): three rates, as DCGM's per-field update intervals. Every tick: utilisation,
 power, SM clock, clock-event reasons, GPM activity with PCIe and the NVLink totals. About once a second, never
@@ -40,6 +44,7 @@ from lynxtop.agent.gpu.calls import (
     error_name,
     log,
 )
+from lynxtop.agent.gpu.left_out import LeftOut
 from lynxtop.agent.gpu.protocol import GpuBackend
 from lynxtop.agent.gpu.readers import (
     NVLINK_PROBE_LINKS,
@@ -52,7 +57,7 @@ from lynxtop.agent.gpu.readers import (
     _text,
 )
 from lynxtop.agent.gpu.refresh import MAX_AGE_S, Refresh
-from lynxtop.agent.gpu.xid import XIDS_PER_TICK, XidWatcher
+from lynxtop.agent.gpu.xid import XIDS_PER_TICK, XidEpisodes, XidWatcher
 from lynxtop.contract.columns import GPU_METRICS, names
 from lynxtop.contract.events import EventKind
 
@@ -94,7 +99,7 @@ class GpuSampler:
                  clock: Callable[[], float] = time.monotonic,
                  retry_initial_s: float = 1.0, retry_max_s: float = 60.0, lost_probe_s: float = 10.0,
                  xid_events: bool = True, xid_per_tick: int = XIDS_PER_TICK, refresh_s: float = MAX_AGE_S,
-                 wall_clock: Callable[[], float] = time.time):
+                 wall_clock: Callable[[], float] = time.time, on_xid: Callable[[int | None], None] | None = None):
         self._factory = backend_factory
         self.gpm_enabled = gpm_enabled
         self._clock = clock
@@ -104,6 +109,7 @@ class GpuSampler:
         self._xid_events = xid_events
         self._xid_per_tick = xid_per_tick
         self._r = Reporter(on_event)
+        self._left_out = LeftOut(self._r)  # GPUs and facilities a setup failure left out: told, once each
         self._c = NvmlCaller(self._r, slow_interval_s, clock)
         self._facts = DeviceFacts(self._c, gpm_enabled)
         self._readings = DeviceReadings(self._c)
@@ -117,6 +123,9 @@ class GpuSampler:
         self._retry_delay = retry_initial_s
         self._next_attempt = 0.0
         self._xid: XidWatcher | None = None
+        # XID episodes outlive a re-initialisation's event set: a flood across one is one episode (xid.py)
+        self._xid_episodes = (XidEpisodes(self._r.event, on_xid=on_xid) if xid_events and on_event is not None
+                              else None)
         self._first_tick = True
         self.static_version = 0  # +1 on every successful (re)initialisation: re-read static() then
 
@@ -151,6 +160,8 @@ class GpuSampler:
 
     def close(self) -> None:
         self._teardown()
+        if self._xid_episodes is not None:  # the repeats of the XID episodes still open are told now
+            self._xid_episodes.flush(self._clock())
         self._state.update(state="error", message="closed")
 
     def _try_open(self) -> None:
@@ -210,24 +221,42 @@ class GpuSampler:
             self._r.event(EventKind.GPU_GPM_DISABLED, "info", "GPM sampling is off by configuration "
                           "([agent] gpm = false): SM/tensor/DRAM activity columns stay empty", None)
         if self._xid_events and self._r.on_event is not None:
-            xid = XidWatcher(b, self._r.event, limit=self._xid_per_tick)
-            try:
-                self._xid = xid if xid.start() else None
-            except Exception:  # a bug or an odd answer: sampling goes on without XID events
-                xid.close()
-                if self._r.once("setup_bug", "xid"):
-                    log.exception("starting XID events failed: sampling without them (logged once)")
+            self._start_xids(b)
+
+    def _start_xids(self, b: GpuBackend) -> None:
+        """The XID watcher of this initialisation; a failure that is no NVMLError leaves out the XIDs of the GPU
+        it came from (every GPU's, for the event set), told as `gpu.setup_failed` (left_out.py)."""
+        xid = XidWatcher(b, self._r.event, limit=self._xid_per_tick, episodes=self._xid_episodes,
+                         clock=self._clock)
+        try:
+            started = xid.start()
+        except Exception as e:  # a bug or an odd answer: sampling goes on without XID events
+            xid.close()
+            self._left_out.failed(None, "xid", e)
+            return
+        self._xid = xid if started else None
+        self._left_out.fine(None, "xid")
+        for i, e in xid.failed.items():
+            self._left_out.failed(i, "xid", e)
+        for i in xid.registered:
+            self._left_out.fine(i, "xid")
 
     def _setup_gpu(self, i: int) -> Gpu | None:
         """GPU `i`'s setup; one that fails with something other than NVML's errors (a bug, an odd answer) is set up
-        again without GPM, and left out of this initialisation (logged once) if that fails too."""
+        again without GPM, and left out of this initialisation if that fails too: either is a `gpu.setup_failed`
+        event, once per occurrence, and a GPU set up fine again is `gpu.recovered` (left_out.py)."""
+        gpm = self._facts.gpm_enabled
         try:
-            return self._facts.setup(i)
+            g = self._facts.setup(i)
         except (pynvml.NVMLError, Reinit):
             raise
         except Exception as e:
             first = e
-        if self._facts.gpm_enabled:
+        else:
+            self._left_out.fine(i, "gpu")
+            self._left_out.fine(i, "gpm", tell=gpm)  # GPM off by configuration: nothing left out by a bug
+            return g
+        if gpm:
             self._facts.gpm_enabled = False
             try:
                 g = self._facts.setup(i)
@@ -238,13 +267,10 @@ class GpuSampler:
             finally:
                 self._facts.gpm_enabled = self.gpm_enabled
             if g is not None:
-                if self._r.once("setup_bug", f"{i}:gpm:{type(first).__name__}"):
-                    log.error("GPU %d: setting up GPM failed (%s: %s): sampling it without GPM (logged once)",
-                              i, type(first).__name__, first)
+                self._left_out.fine(i, "gpu")
+                self._left_out.failed(i, "gpm", first)
                 return g
-        if self._r.once("setup_bug", f"{i}:{type(first).__name__}"):
-            log.error("GPU %d: setting it up failed (%s: %s): left out until NVML is re-initialised (logged once)",
-                      i, type(first).__name__, first)
+        self._left_out.failed(i, "gpu", first)
         return None
 
     def _open_failed(self, code: int, message: str, now: float) -> None:
@@ -283,6 +309,8 @@ class GpuSampler:
         """One tick for every GPU. Never raises: failures become NULLs, events and states."""
         now = self._clock()
         tick = GpuTick()
+        if self._xid_episodes is not None:  # before the poll: an XID after a quiet spell opens a new episode
+            self._xid_episodes.tick(now)
         if self._state["state"] != "ok":
             if now < self._next_attempt:
                 return tick
@@ -290,7 +318,7 @@ class GpuSampler:
             if self._state["state"] != "ok":
                 return tick
         if self._xid is not None:
-            self._poll_xids()  # first: an XID that came before this tick's readings is reported before them
+            self._poll_xids(now)  # first: an XID that came before this tick's readings is reported before them
         self._refresh.tick(now)
         slow_budget = len(self._gpus) if self._first_tick else 1
         self._first_tick = False
@@ -321,10 +349,10 @@ class GpuSampler:
             return GpuTick()
         return tick
 
-    def _poll_xids(self) -> None:
+    def _poll_xids(self, now: float) -> None:
         assert self._xid is not None
         try:
-            self._xid.poll()
+            self._xid.poll(now)
         except Exception:  # a bug or an odd answer: the tick goes on without this tick's XIDs
             if self._r.once("xid_bug", ""):
                 log.exception("reading XID events failed (logged once)")

@@ -97,7 +97,7 @@ async def test_an_xid_between_quiet_ticks_reaches_the_loop_with_the_next_tick(tm
         for n in range(3):
             sent = t.ticks
             # the driver queues it between ticks; the next tick's GPU sample polls it (clock thread)
-            node.sampler._c.b.inject_xid(2, 79)
+            node.sampler._c.b.inject_xid(2, (79, 48, 95)[n])  # each opens its own episode: an event each
             await wait_for_async(lambda n=n: any(k == str(EventKind.GPU_XID) for _, k, _ in got[n:]), 20,
                                  what="the XID on the loop")
             at, _, on_loop = next(g for g in got[n:] if g[1] == str(EventKind.GPU_XID))

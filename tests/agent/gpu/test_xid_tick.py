@@ -103,9 +103,10 @@ def test_a_burst_is_read_over_ticks_at_most_the_limit_each(clock, events):
         for k in range(XIDS_PER_TICK + 6):
             made[0].inject_xid(k % 4, 31)
         _tick(s, clock)
-        assert len(_xids(events)) == XIDS_PER_TICK
+        assert s._xid is not None and s._xid.delivered == XIDS_PER_TICK
         _tick(s, clock)
-        assert len(_xids(events)) == XIDS_PER_TICK + 6
+        assert s._xid.delivered == XIDS_PER_TICK + 6
+        assert _xids(events) == [(0, 31), (1, 31), (2, 31), (3, 31)]  # one event per episode of (GPU, XID)
     finally:
         s.close()
 
