@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import math
 import operator
-import re
 from collections import deque
 from collections.abc import Sequence
 
 from lynxtop.agent.metrics.histogram import HistogramSnapshot
 from lynxtop.agent.metrics.page import ParsedPage, SeriesKey
+from lynxtop.agent.metrics.promtext import label_value
 
 # vanished series remembered per family (a server inventing label sets cannot grow this further): a DP=8 page's
 # largest family has ~180 series, so this is nearly three pages' worth; 4096 let a label that changes every scrape
 # keep up to 29 families x 4096 keys (benchmarks/peer_memory.py's churn grew past 2x the normal RSS)
 MAX_GONE = 512
-_LE = re.compile(r'[{,]\s*le\s*=\s*"([^"]*)"')
 _FIRST = operator.itemgetter(0)
 
 
@@ -112,8 +111,8 @@ def _num(text: str) -> float:
 
 def _le(series: SeriesKey) -> float:
     """The `le` bound of a bucket series' key (only read when a bucket needs a correction)."""
-    m = _LE.search(series)
-    return _num(m.group(1)) if m else math.nan
+    le = label_value(series, "le")  # read at its pair: no other label's value passes for it
+    return math.nan if le is None else _num(le)
 
 
 class _CounterWindow:

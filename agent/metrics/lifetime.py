@@ -15,19 +15,16 @@ its first page only sets the baseline, as a scraper's first page does.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from lynxtop.agent.metrics.continuity import _SeriesCorrection, held
 from lynxtop.agent.metrics.histogram import HistogramSnapshot
 from lynxtop.agent.metrics.page import ParsedPage, SeriesKey
-from lynxtop.agent.metrics.promtext import unescape
+from lynxtop.agent.metrics.promtext import label_value
 
 COUNTERS = ("prompt_tokens", "generation_tokens", "preemptions")  # keys of agent/metrics/families.py's COUNTERS
 MAX_MODELS = 32  # model names kept: a node serves a few over the agent's life; the oldest goes past this
-_MODEL = re.compile(r'[{,]\s*model_name\s*=\s*"((?:[^"\\]|\\.)*)"')
-_REASON = re.compile(r'[{,]\s*finished_reason\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 
 @dataclass
@@ -162,8 +159,8 @@ class ServingTotals:
         if r is None:
             if len(self._reason_of) >= 10_000:  # a server inventing label sets cannot grow this further
                 self._reason_of.clear()
-            match = _REASON.search(key)
-            r = self._reason_of[key] = unescape(match.group(1)) if match else ""
+            # read at its pair (agent/metrics/promtext.py): no other label's value passes for the reason
+            r = self._reason_of[key] = label_value(key, "finished_reason") or ""
         return r
 
 
@@ -181,7 +178,7 @@ def _model_of(page: ParsedPage) -> str:
     it once when it writes it), "" on a page without one."""
     for keys, _ in page.series_lists.values():
         for key in keys:
-            match = _MODEL.search(key)
-            if match:
-                return unescape(match.group(1))
+            model = label_value(key, "model_name")
+            if model is not None:
+                return model
     return ""

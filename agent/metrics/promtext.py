@@ -10,10 +10,17 @@ compares both on real vLLM pages). Comment lines never reach it: the scraper mat
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 # one label pair: name, `=`, a quoted value with \\, \" and \n escapes; pairs separated by commas
 _LABELS = re.compile(r'\{\s*(?:[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*(?:,\s*|(?=\})))*\}')
-_LE = re.compile(r'[{,]\s*le\s*=\s*"((?:[^"\\]|\\.)*)"')
+# The same pair, for reading values: blanks and value characters never a newline, so a reader of a page's lines
+# (`label_reader(lines=True)`) cannot run from one line into the next; a sample line has no newline anyway.
+_WS = r"[^\S\n]*"
+_VALUE = r'"((?:[^"\\\n]|\\.)*)"'  # the value as written, between its quotes (a `\"` does not end it)
+_PAIR = re.compile(rf"{_WS}([a-zA-Z_][a-zA-Z0-9_]*){_WS}={_WS}{_VALUE}{_WS}(?:,|(?=\}}))")
+_SKIP = rf'(?:{_WS}[a-zA-Z_][a-zA-Z0-9_]*{_WS}={_WS}"(?:[^"\\\n]|\\.)*"{_WS},)*?'  # whole pairs before the one read
+_CLOSE = re.compile(rf"{_WS}\}}")
 _ESCAPE = re.compile(r'\\[\\n"]')  # what a label value's text escapes (prometheus_client's parser)
 _UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 
@@ -68,8 +75,52 @@ def _unescaped(m: re.Match[str]) -> str:
     return _UNESCAPED[m.group(0)]
 
 
+def label_reader(name: str, *, lines: bool = False) -> re.Pattern[str]:
+    """A pattern whose group 1 is label `name`'s value as written, matched at a label block's `{`.
+
+    It walks the block pair by pair from the `{`, each pair skipped whole (name, `=`, its quoted value with its
+    escapes), so `name` is only ever read where a pair starts: a value holding `,engine=` or `\\",le=\\"` is never
+    taken for a label (a search of the text was). One C match, what a search cost. `lines=True`: found by
+    `findall` over many lines, one value a line (the first pair named so, as the line's own reader reads it)."""
+    pattern = rf"\{{{_SKIP}{_WS}{re.escape(name)}{_WS}={_WS}{_VALUE}"
+    return re.compile(r"^[^{\n]*" + pattern, re.MULTILINE) if lines else re.compile(pattern)
+
+
+_LE = label_reader("le")
+
+
+@lru_cache(maxsize=64)
+def _reader(name: str) -> re.Pattern[str]:
+    return label_reader(name)
+
+
+def label_value(series: str, name: str) -> str | None:
+    """Label `name` of a series key (its name and labels as a page wrote them), escapes read; None without it.
+
+    For keys read before (checked by `split_sample`); callers on a hot path cache the result per key."""
+    start = series.find("{")
+    m = _reader(name).match(series, start) if start >= 0 else None
+    return unescape(m.group(1)) if m else None
+
+
+def labels_of(series: str) -> dict[str, str]:
+    """Every label of a series key, escapes read, found pair by pair from its `{` (the first of a repeated name,
+    as `label_value` reads it); SampleError when its labels are not Prometheus text."""
+    start = series.find("{")
+    if start < 0:
+        return {}
+    out: dict[str, str] = {}
+    pos = start + 1
+    while (m := _PAIR.match(series, pos)) is not None:
+        out.setdefault(m.group(1), unescape(m.group(2)))
+        pos = m.end()
+    if _CLOSE.fullmatch(series, pos) is None:
+        raise SampleError(f"bad labels in {series[:120]!r}")
+    return out
+
+
 def _le_text(block: str) -> float | None:
-    m = _LE.search(block)
+    m = _LE.match(block)
     if m is None:
         return None
     try:
