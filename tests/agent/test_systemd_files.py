@@ -39,6 +39,8 @@ def test_unit_has_the_decisions_the_agent_relies_on():
     assert "StartLimitBurst" in u["Unit"] and "StartLimitIntervalSec" in u["Unit"]
     assert "PrivateDevices" not in s and "MemoryDenyWriteExecute" not in s  # GPUs and JIT keep working
     assert "KillMode=process, deliberately" in UNIT.read_text()  # the reason is written down
+    # vLLM outlives the unit's stop (KillMode=process): RemoveIPC=yes would unlink its shared memory then
+    assert s.get("RemoveIPC", "no") == "no" and "RemoveIPC=no, deliberately" in UNIT.read_text()
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
