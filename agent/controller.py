@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lynxtop.agent.api.control import ActionError
+from lynxtop.agent.api.control import ANY_RUN, ActionError, ExpectRun
 from lynxtop.agent.api.logtail import LogTail
 from lynxtop.agent.api.processes import describe as describe_processes
 from lynxtop.contract.events import Event
@@ -111,26 +111,29 @@ class NodeController:
         return await asyncio.to_thread(describe_processes, rows, age, self._node.cfg.agent.secret_env,
                                        proc.members if proc is not None else None)
 
-    async def start(self, profile: str | None, by: str) -> str:
+    async def start(self, profile: str | None, by: str, expect_run: ExpectRun = ANY_RUN) -> str:
         assert self._node.supervisor is not None
         if self._node.cfg.agent.role == "worker":
+            self._node.supervisor.check_seen(expect_run)  # a worker runs no vLLM: its run is none
             if profile:
                 raise ActionError("role", f"this node is a Ray worker: it serves no vLLM (profile {profile!r} runs "
                                           f"on the head, {self._node.cfg.ray.head_address}); "
                                           "`lynxtop start` here starts Ray",
                                   409)
             return await self.ray_start(by)
-        return await self._node.supervisor.start(profile, by)
+        return await self._node.supervisor.start(profile, by, expect_run)
 
-    async def stop(self, by: str, cluster: bool = False) -> str:
+    async def stop(self, by: str, cluster: bool = False, expect_run: ExpectRun = ANY_RUN) -> str:
         assert self._node.supervisor is not None
         if cluster:
             if self._node.cluster is None:
                 raise ActionError("role", "this node runs no Ray cluster (agent.role = \"single\")", 409)
+            self._node.supervisor.check_seen(expect_run)  # checked once: the cluster stop then stops any run
             return await self._node.cluster.stop_cluster(by, lambda: self._stop_serving(by))
         if self._node.cfg.agent.role == "worker":
+            self._node.supervisor.check_seen(expect_run)
             return await self.ray_stop(by, None)
-        return await self._node.supervisor.stop(by)
+        return await self._node.supervisor.stop(by, expect_run)
 
     async def _stop_serving(self, by: str) -> None:
         """Until serving is stopped (a cluster stop's first step); an action in progress is waited for."""
@@ -153,13 +156,13 @@ class NodeController:
             raise ActionError("role", "this node runs no Ray (agent.role = \"single\")", 409)
         return await self._node.cluster.ray_stop(by, reason)
 
-    async def restart(self, by: str) -> str:
+    async def restart(self, by: str, expect_run: ExpectRun = ANY_RUN) -> str:
         assert self._node.supervisor is not None
-        return await self._node.supervisor.restart(by)
+        return await self._node.supervisor.restart(by, expect_run)
 
-    async def switch(self, profile: str, by: str) -> str:
+    async def switch(self, profile: str, by: str, expect_run: ExpectRun = ANY_RUN) -> str:
         assert self._node.supervisor is not None
-        return await self._node.supervisor.switch(profile, by)
+        return await self._node.supervisor.switch(profile, by, expect_run)
 
     async def store_bench(self, result: dict[str, Any], by: str) -> str:
         """One `lynxtop bench` level into bench_results (a thread: the writer's queue may be busy)."""

@@ -43,11 +43,9 @@ from lynxtop.agent.serving.proctable import ProcTable
 from lynxtop.agent.serving.supervisor import Supervisor, now_ms, server_url
 from lynxtop.agent.status_view import StatusView
 from lynxtop.agent.ticker import Ticker
-from lynxtop.contract.config import Config
+from lynxtop.contract.config import Config, ConfigError
 from lynxtop.contract.events import Event, EventKind, Severity
-from lynxtop.contract.status import (
-    Status,
-)
+from lynxtop.contract.status import Status
 
 log = logging.getLogger("lynxtop.agent")
 GC_YOUNG_THRESHOLD = 20_000
@@ -127,6 +125,7 @@ class Node:
         self._target: ScrapeTarget | None = None  # the last scrape target given (_scrape_target)
         self.proc_table = ProcTable()  # the host tree and the run's members, read between looks
         self._stop = asyncio.Event()
+        self._announced = False  # READY=1 sent: a SIGHUP reload is then told to systemd (RELOADING=1, READY=1)
         self.config = ConfigSource(cfg)  # profiles re-read in one place, shared with the supervisor
         self._lock_fd: int | None = None
         self._socket_check_at = 0.0  # monotonic time of the next look at the control socket's path
@@ -268,6 +267,10 @@ class Node:
 
     async def main(self) -> int:
         loop = asyncio.get_running_loop()
+        # operators send SIGHUP for a config reload: by default it killed the agent uncleanly (no STOPPING=1, no
+        # agent.stopped, vLLM left unsupervised, and systemd's Restart=on-failure does not restart a SIGHUP death)
+        loop.add_signal_handler(signal.SIGHUP, lambda: reload_config(
+            self.config, self.notifier if self._announced else None, self.status_line))
         self._open()
         sup = self.supervisor
         assert sup is not None
@@ -286,6 +289,7 @@ class Node:
             # young generation was collected every tick or two, to find nothing; cycles are rare here
             gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 20)
             self.notifier.ready(self.status_line())
+            self._announced = True
             await self._serve_until_stopped(loop, sup)
         finally:
             await self._close()
@@ -487,6 +491,37 @@ class Node:
         return self.view.body(dumps)
 
 
+def reload_config(config: ConfigSource, notifier: Notifier | None, status_line: Callable[[], str]) -> str:
+    """SIGHUP: re-read the config file now, as an action does (ConfigSource.reload): its profiles and models are
+    used from now on; nothing running is stopped, restarted or changed. A file with errors is refused and the
+    config in use kept. The [agent], [sla] and [ray] settings take effect on an agent restart only. `notifier`:
+    None before READY=1 (a reload then must not tell systemd the agent is up); else RELOADING=1 ... READY=1."""
+    path = config.current.path
+    if path is None:
+        msg = "SIGHUP: no config file to reload (the agent runs on defaults); nothing changed"
+        log.info("%s", msg)
+        return msg
+    if notifier is not None:
+        notifier.send("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+    try:
+        cfg = config.reload()
+    except ConfigError as exc:
+        msg = f"SIGHUP: config {path} has errors; kept the previous config, nothing changed: " + "; ".join(
+            exc.problems)
+        log.warning("%s", msg)
+    except Exception as exc:  # noqa: BLE001 - a reload must never end the agent
+        msg = f"SIGHUP: cannot reload config {path} ({type(exc).__name__}: {exc}); kept the previous config"
+        log.warning("%s", msg)
+    else:
+        names = ", ".join(p.name for p in cfg.profiles) or "none"
+        msg = (f"SIGHUP: config reloaded from {path}: profiles {names}; serving untouched (a changed profile is "
+               "used by its next start; [agent], [sla] and [ray] settings take effect on an agent restart)")
+        log.info("%s", msg)
+    if notifier is not None:
+        notifier.ready(status_line())
+    return msg
+
+
 def lock_state_dir(d: Path) -> int:
     """Hold an exclusive lock on the state directory for the agent's life.
 
@@ -526,4 +561,4 @@ def _agent_answers(path: Path) -> bool:
     return True
 
 
-__all__ = ["AgentStartError", "Node", "NodeGpuView", "server_url"]
+__all__ = ["AgentStartError", "Node", "NodeGpuView", "reload_config", "server_url"]

@@ -464,7 +464,7 @@ class ScrapeSource:
         self.engines = list(scraper.engines)
         events = [as_event(ev, run_id=target.run_id) for ev in scraper.events(tick.t0)]
         verdict = hang.observe(scraper.requests_running, scraper.generation_tokens_total,
-                               row.get("requests_waiting"), now=tick.t0)
+                               row.get("requests_waiting"), now=tick.t0, row=row, engines=self.engines)
         if verdict is not None:
             self.on_verdict(verdict)
         return {"serving_row": row}, events

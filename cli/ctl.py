@@ -1,24 +1,36 @@
 """`lynxtop status|start|stop|restart|switch|ray`: thin clients of the control API, made for humans and scripts.
 
 The blocking face of the one API client (lynxtop.contract.client) keeps these commands free of asyncio and fast to
-start. Exit codes (cli/parser.py): 0 ok, 1 refused or failed, 2 usage/config, 3 agent unreachable, 4 busy.
-Anything that interrupts serving asks for confirmation on a terminal and demands --yes elsewhere, because a
-284B model takes many minutes to reload. On a Ray worker (agent.role = "worker") there is no vLLM: the agent
-turns start and stop into its Ray's, and so does --wait here; `stop --cluster` on a head stops the whole cluster.
+start. Exit codes (cli/parser.py): 0 ok, 1 refused or failed, 2 usage/config, 3 agent unreachable, 4 busy,
+5 the run changed since it was shown. Anything that interrupts serving asks for confirmation on a terminal (for at
+most CONFIRM_TIMEOUT_S) and demands --yes elsewhere, because a 284B model takes many minutes to reload; every
+serving action names the run it read (`expect_run`), so a confirmation never acts on a run it did not show. On a
+Ray worker (agent.role = "worker") there is no vLLM: the agent turns start and stop into its Ray's, and so does
+--wait here; `stop --cluster` on a head stops the whole cluster.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import select
 import shutil
 import sys
 import time
 from argparse import Namespace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lynxtop.cli.config_cli import load_or_exit
-from lynxtop.contract.client import AgentClient, AgentRefused, AgentUnreachable, parse_status
+from lynxtop.contract.client import (
+    ANY_RUN,
+    GUARDED_ACTIONS,
+    AgentClient,
+    AgentRefused,
+    AgentUnreachable,
+    AnyRun,
+    parse_status,
+)
 from lynxtop.contract.events import EventKind
 from lynxtop.contract.format import fmt_bytes, fmt_clock, fmt_datetime, fmt_duration, fmt_ms
 from lynxtop.contract.status import (
@@ -37,7 +49,12 @@ from lynxtop.contract.status import (
 )
 from lynxtop.contract.terminal import terminal_safe, terminal_safe_json
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY = 0, 1, 2, 3, 4
+if TYPE_CHECKING:
+    from lynxtop.contract.records import ActionAnswer
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY, EXIT_RUN_CHANGED = 0, 1, 2, 3, 4, 5
+# A prompt left open (a forgotten terminal) must not act hours later on a node nobody looked at since.
+CONFIRM_TIMEOUT_S = 120.0
 POLL_S = 1.0
 UNREACHABLE_GIVE_UP_S = 60.0
 # nothing serves (a head WAITING for its cluster has loaded nothing yet): stopping it loses nothing
@@ -86,6 +103,8 @@ def _failed(exc: AgentUnreachable | AgentRefused) -> int:
 def _exit_for(exc: AgentRefused) -> int:
     if exc.status == 409 and exc.code == "busy":
         return EXIT_BUSY
+    if exc.status == 409 and exc.code == "run_changed":
+        return EXIT_RUN_CHANGED
     if exc.status in (400, 413) or (exc.status == 404 and exc.code == "unknown_profile"):
         return EXIT_USAGE
     return EXIT_FAILED
@@ -154,6 +173,12 @@ def _serving_lines(srv: ServingStatus, now: int | None) -> list[str]:
     if state == ServingState.STARTING and srv.phase:
         lines.append(f"{INDENT}phase: {srv.phase} for {_since(srv.phase_since_ms, now)}, "
                      f"starting for {_since(srv.started_ms, now)}")
+    if state == ServingState.STARTING and srv.ready_timeout_s is not None and srv.ready_deadline_ms and now:
+        # the agent's deadline (an adopted load's counts from its process's start), so the time left is its own
+        left_s = (srv.ready_deadline_ms - now) / 1000
+        lines.append(f"{INDENT}loading for {fmt_duration(srv.ready_timeout_s - left_s, na='-')} of at most "
+                     f"{fmt_duration(srv.ready_timeout_s, na='-')} (readiness_timeout_s {srv.ready_timeout_s:g}): "
+                     f"stopped in {fmt_duration(left_s, na='-')} unless ready")
     if state == ServingState.BACKOFF and srv.next_retry_ms:
         lines.append(f"{INDENT}next retry in {fmt_duration((srv.next_retry_ms - (now or 0)) / 1000, na='-')}, "
                      f"{srv.failures_in_window} failures in the window")
@@ -365,8 +390,10 @@ def _interruption(action: str, st: Status, cluster: bool) -> tuple[str, str] | N
                   f"{srv.profile or '-'}, run {srv.run_id or '-'}.")
 
 
-def _confirm(action: str, target: str | None, st: Status, assume_yes: bool, cluster: bool = False) -> int | None:
-    """None to go ahead, else the exit code (aborted, or --yes missing without a terminal)."""
+def _confirm(action: str, target: str | None, st: Status, assume_yes: bool, cluster: bool = False,
+             client: AgentClient | None = None) -> int | None:
+    """None to go ahead, else the exit code (aborted, no answer in time, the run changed while the prompt waited,
+    or --yes missing without a terminal). `client`: to look at the run again once answered."""
     found = _interruption(action, st, cluster)
     if found is None or assume_yes:
         return None
@@ -379,14 +406,53 @@ def _confirm(action: str, target: str | None, st: Status, assume_yes: bool, clus
     expected = target if action == "switch" else "y"
     prompt = f"Type the profile name ({target})" if action == "switch" else "Type y"
     print(f"{terminal_safe(current)}\n{what}")  # `current` quotes the agent's status
-    try:
-        answer = input(f"{prompt} to confirm: ").strip()
-    except EOFError:
-        answer = ""
+    answer = _ask(f"{prompt} to confirm (within {CONFIRM_TIMEOUT_S:g} s): ", CONFIRM_TIMEOUT_S)
+    if answer is None:
+        _err(f"no answer within {CONFIRM_TIMEOUT_S:g} s: nothing done")
+        return EXIT_FAILED
     if answer != expected and not (expected == "y" and answer.lower() in ("y", "yes")):
         _err("not confirmed; nothing changed")
         return EXIT_FAILED
-    return None
+    return _still_shown(client, st) if client is not None and action in GUARDED_ACTIONS else None
+
+
+def _ask(prompt: str, timeout_s: float) -> str | None:
+    """The answer typed (stripped), "" at end of input, None when nothing came within `timeout_s`.
+
+    On a real terminal the wait is bounded with select(); a stdin without a file descriptor (a test's stand-in)
+    is read as it is, with input()."""
+    try:
+        fd = sys.stdin.fileno()
+    except (OSError, ValueError, io.UnsupportedOperation):
+        fd = None
+    if fd is None:
+        try:
+            return input(prompt).strip()
+        except EOFError:
+            return ""
+    print(prompt, end="", flush=True)
+    ready, _, _ = select.select([fd], [], [], timeout_s)
+    if not ready:
+        print()
+        return None
+    return sys.stdin.readline().strip()
+
+
+def _still_shown(client: AgentClient, shown: Status) -> int | None:
+    """After the answer: the run the prompt showed is still the current one, else the refusal's exit code. The
+    agent checks again when the request lands (expect_run), which closes the race left after this look."""
+    now = client.status().serving
+    was = shown.serving
+    if now.run_id == was.run_id:
+        return None
+    _err(f"run_changed: {_run_changed(was, now)}")
+    return EXIT_RUN_CHANGED
+
+
+def _run_changed(was: ServingStatus, now: ServingStatus) -> str:
+    saw = f"run {was.run_id} ({was.profile or '-'})" if was.run_id is not None else "no run"
+    cur = f"run {now.run_id} ({now.profile or '-'}, {now.state})" if now.run_id is not None else f"no run ({now.state})"
+    return f"the run changed since you looked: you saw {saw}, now {cur}; nothing done"
 
 
 def _ray_goal(action: str, before: Status, cluster: bool) -> str | None:
@@ -419,11 +485,12 @@ def _act(args: Namespace, action: str, profile: str | None = None, cluster: bool
                  f"{before.cluster.address}); `lynxtop start` here, with no profile, starts its Ray")
             return EXIT_FAILED
         if action in ("stop", "restart", "switch", "ray/stop"):
-            refused = _confirm(action, profile, before, getattr(args, "yes", False), cluster)
+            refused = _confirm(action, profile, before, getattr(args, "yes", False), cluster, client)
             if refused is not None:
                 return refused
         sent_ms = int(time.time() * 1000)
-        data = client.action(action, profile, **extra)
+        # the run this command read (and showed in its "Now:" line): the agent refuses if another is current
+        data = _post(client, action, profile, before.serving.run_id if action in GUARDED_ACTIONS else ANY_RUN, extra)
     except (AgentUnreachable, AgentRefused) as exc:
         return _failed(exc)
     print(terminal_safe(data.message or f"{action} accepted", lines=True))
@@ -437,6 +504,20 @@ def _act(args: Namespace, action: str, profile: str | None = None, cluster: bool
     if cluster and code == EXIT_OK:
         _print_cluster_stop(client, sent_ms)
     return code
+
+
+def _post(client: AgentClient, action: str, profile: str | None, seen: int | None | AnyRun,
+          extra: dict[str, Any]) -> ActionAnswer:
+    """The action, guarded by the run read; an agent older than the guard (still running the previous version
+    after an upgrade) refuses the field, and is asked again without it, as every earlier lynxtop asked it."""
+    try:
+        return client.action(action, profile, expect_run=seen, **extra)
+    except AgentRefused as exc:
+        if seen is ANY_RUN or exc.code != "unknown_field" or "expect_run" not in exc.message:
+            raise
+    _err("warning: the agent predates the run check (restart it to get it: it keeps serving with live restore); "
+         "sent without it")
+    return client.action(action, profile, **extra)
 
 
 def _acted_on(client: AgentClient, before: Status, action: str, profile: str | None) -> str:

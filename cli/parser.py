@@ -22,7 +22,8 @@ configuration:
 
 exit codes:
   0 success; 1 failure (agent refused or the action failed); 2 usage or configuration error;
-  3 agent unreachable; 4 busy (another control action is in progress).
+  3 agent unreachable; 4 busy (another control action is in progress);
+  5 the run changed since you looked (nothing done).
 
 Try `lynxtop demo` for a simulated node (no GPU needed)."""
 

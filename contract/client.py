@@ -15,6 +15,7 @@ this version cannot read (a newer agent's event kind) is `AgentUnreadable`, nami
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import json
 import socket
@@ -49,9 +50,20 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"lynxtop.contract.{module}"), name)
 
 MUTATING_ACTIONS = ("start", "stop", "restart", "switch", "ray/start", "ray/stop")
+GUARDED_ACTIONS = ("start", "stop", "restart", "switch")  # take `expect_run`: the run the caller saw
 MAX_BODY = 64 * 1024 * 1024  # a status or log answer is far smaller; more means something else answers
 CLI_TIMEOUT_S = 15.0
 DASHBOARD_TIMEOUT_S = 3.0
+
+
+class AnyRun(enum.Enum):
+    """`action(..., expect_run=ANY_RUN)`, the default: no run guard sent; the action acts on whatever run is
+    current when it lands (scripts). Anything that asked a person first should send the run it showed."""
+
+    ANY = "any"
+
+
+ANY_RUN = AnyRun.ANY
 
 
 class AgentUnreachable(Exception):
@@ -96,12 +108,19 @@ def _target(path: str, params: Mapping[str, Any] | None) -> str:
     return f"{path}?{query}" if query else path
 
 
-def _action_body(action: str, profile: str | None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The body of a mutating call; `extra` holds its other fields (stop's `cluster`, ray/stop's `reason`)."""
+def _action_body(action: str, profile: str | None, extra: Mapping[str, Any] | None = None,
+                 expect_run: int | None | AnyRun = ANY_RUN) -> dict[str, Any]:
+    """The body of a mutating call; `extra` holds its other fields (stop's `cluster`, ray/stop's `reason`).
+    `expect_run` is sent as given, None too (JSON null: "I saw no run"), unless ANY_RUN."""
     if action not in MUTATING_ACTIONS:
         raise ValueError(f"unknown action {action!r}")
     body: dict[str, Any] = {"profile": profile} if profile is not None else {}  # "": refused there
-    return body | {k: v for k, v in (extra or {}).items() if v is not None}
+    body |= {k: v for k, v in (extra or {}).items() if v is not None}
+    if expect_run is not ANY_RUN:
+        if action not in GUARDED_ACTIONS:
+            raise ValueError(f"{action} takes no expect_run")
+        body["expect_run"] = expect_run
+    return body
 
 
 def unreachable(exc: BaseException, socket_path: str, timeout_s: float) -> AgentUnreachable:
@@ -278,11 +297,13 @@ class AgentClient:
     def events(self, since_ms: int | None = None, limit: int = 500) -> list[Event]:
         return events_of(self.request("GET", "/v1/events", {"since": since_ms, "limit": limit}), self.socket_path)
 
-    def action(self, action: str, profile: str | None = None, **extra: Any) -> ActionAnswer:
-        """POST a mutating call; returns the 202 answer."""
+    def action(self, action: str, profile: str | None = None, *, expect_run: int | None | AnyRun = ANY_RUN,
+               **extra: Any) -> ActionAnswer:
+        """POST a mutating call; returns the 202 answer. `expect_run`: the run id the caller showed (None: no
+        run); the agent refuses with 409 "run_changed" when another run is current."""
         from lynxtop.contract.records import ActionAnswer
 
-        data = self.request("POST", f"/v1/{action}", body=_action_body(action, profile, extra))
+        data = self.request("POST", f"/v1/{action}", body=_action_body(action, profile, extra, expect_run))
         return typed(self.socket_path, f"POST /v1/{action}", ActionAnswer.from_json, data)
 
 
@@ -373,11 +394,12 @@ class AsyncAgentClient:
             raise AgentUnreachable(f"the agent at {self.socket_path} answered GET /v1/processes that this lynxtop "
                                    f"cannot read: {exc}") from None
 
-    async def action(self, action: str, profile: str | None = None, **extra: Any) -> ActionAnswer:
-        """POST a mutating call; returns the 202 answer."""
+    async def action(self, action: str, profile: str | None = None, *, expect_run: int | None | AnyRun = ANY_RUN,
+                     **extra: Any) -> ActionAnswer:
+        """POST a mutating call; returns the 202 answer. `expect_run`: as the blocking face's."""
         from lynxtop.contract.records import ActionAnswer
 
-        data = await self.request("POST", f"/v1/{action}", body=_action_body(action, profile, extra))
+        data = await self.request("POST", f"/v1/{action}", body=_action_body(action, profile, extra, expect_run))
         return typed(self.socket_path, f"POST /v1/{action}", ActionAnswer.from_json, data)
 
     async def close(self) -> None:

@@ -39,7 +39,8 @@ class EventKind(StrEnum):
     ACTION_SWITCH = "action.switch"
     ACTION_SWITCH_DONE = "action.switch.done"
     ACTION_SWITCH_FAILED = "action.switch.failed"
-    ACTION_SWITCH_INTERRUPTED = "action.switch.interrupted"  # the agent died mid-switch; the next one finishes it
+    # the agent died mid-switch or mid-restart (details.action); the next one finishes it
+    ACTION_SWITCH_INTERRUPTED = "action.switch.interrupted"
     ACTION_FAILED = "action.failed"
     PREFLIGHT_WARNING = "preflight.warning"
     # the supervised vLLM

@@ -6,8 +6,9 @@ the API with a small fake controller and the supervisor without HTTP.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from lynxtop.contract.events import Event
 from lynxtop.contract.processes import GpuProcesses
@@ -24,6 +25,19 @@ class ActionError(Exception):
         self.message = message
         self.http_status = http_status
         self.details = details or {}
+
+
+class AnyRun(enum.Enum):
+    """No `expect_run` in the request: the action acts on whatever run is current (scripts, older callers)."""
+
+    ANY = "any"
+
+
+ANY_RUN = AnyRun.ANY
+# The run the caller saw (`ServingStatus.run_id`; None: it saw none), or ANY_RUN. A confirmation is given to what
+# the caller was shown; an action that lands after the run changed (another operator's switch) must not act on a
+# run nobody confirmed, such as a 20-minute load.
+ExpectRun: TypeAlias = int | None | AnyRun
 
 
 class Controller(Protocol):
@@ -49,14 +63,15 @@ class Controller(Protocol):
     async def processes(self) -> GpuProcesses: ...
 
     # Mutating actions return at once (202) with a message; progress shows in status and events.
-    # `by` names the peer ("uid 1000 (alice) pid 4242") for the event log.
-    async def start(self, profile: str | None, by: str) -> str: ...
+    # `by` names the peer ("uid 1000 (alice) pid 4242") for the event log. `expect_run` (passed only when the
+    # request names it): refused with 409 "run_changed", nothing done, unless it is the current run.
+    async def start(self, profile: str | None, by: str, expect_run: ExpectRun = ANY_RUN) -> str: ...
 
-    async def stop(self, by: str, cluster: bool = False) -> str: ...
+    async def stop(self, by: str, cluster: bool = False, expect_run: ExpectRun = ANY_RUN) -> str: ...
 
-    async def restart(self, by: str) -> str: ...
+    async def restart(self, by: str, expect_run: ExpectRun = ANY_RUN) -> str: ...
 
-    async def switch(self, profile: str, by: str) -> str: ...
+    async def switch(self, profile: str, by: str, expect_run: ExpectRun = ANY_RUN) -> str: ...
 
     # This node's Ray (agent.role head or worker); refused on a single node.
     async def ray_start(self, by: str) -> str: ...

@@ -97,17 +97,22 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+# expect_run: the run id the caller saw (null: it saw none); another run current is refused with 409 run_changed
+# (agent/api/control.py, ExpectRun). Absent: the action acts on whatever run is current.
+_EXPECT_RUN = {"expect_run": (int, False)}
 # Fields each mutating call accepts: name -> (type, required).
 _BODY_SPEC: dict[str, dict[str, tuple[type, bool]]] = {
-    "start": {"profile": (str, False)},
-    "stop": {"cluster": (bool, False)},  # cluster: on a head, the workers' Ray and its own too
-    "restart": {},
-    "switch": {"profile": (str, True)},
+    "start": {"profile": (str, False)} | _EXPECT_RUN,
+    "stop": {"cluster": (bool, False)} | _EXPECT_RUN,  # cluster: on a head, the workers' Ray and its own too
+    "restart": dict(_EXPECT_RUN),
+    "switch": {"profile": (str, True)} | _EXPECT_RUN,
     "bench": {"result": (dict, True)},  # one level of `lynxtop bench`, stored in bench_results
     # this node's Ray (head and worker roles); a head's cluster stop asks each worker this way, through Ray
     "ray/start": {},
     "ray/stop": {"reason": (str, False)},
 }
+# The range of a body's integer fields (an int field not named here: any int64). Run ids are SQLite rowids.
+_INT_RANGE: dict[str, tuple[int, int]] = {"expect_run": (1, 2**62)}
 # Query parameters each read call accepts: name -> (min, max, default).
 _QUERY_SPEC: dict[str, dict[str, tuple[int, int, int | None]]] = {
     "status": {},
@@ -259,6 +264,10 @@ def _check_value(key: str, value: Any, typ: type, required: bool) -> None:
         bad = first_control(value)
         if bad is not None:  # served in every status and written to the log: no forged line, no escape sequence
             raise ApiError(400, "invalid_text", f"field {key!r} holds the control character {bad}")
+    if key in _INT_RANGE and not _INT_RANGE[key][0] <= value <= _INT_RANGE[key][1]:
+        shown = value if abs(value) < 10**20 else "a larger integer"  # a body may hold thousands of digits
+        raise ApiError(400, "out_of_range", f"field {key!r} is out of range ({_INT_RANGE[key][0]}.."
+                       f"{_INT_RANGE[key][1]}), got {shown}", {"field": key})
 
 
 class ApiServer:
@@ -543,20 +552,22 @@ class ApiServer:
     async def _dispatch(self, action: str, data: dict[str, Any], by: str, peer: Peer | None) -> str:
         c = self.controller
         profile = data.get("profile")
+        # passed only when named: null ("I saw no run") is a check, leaving the field out is none
+        seen: dict[str, Any] = {"expect_run": data["expect_run"]} if "expect_run" in data else {}
         if action == "bench":
             return await c.store_bench(data["result"], by)
         if action == "start":
-            return await c.start(profile, by)
+            return await c.start(profile, by, **seen)
         if action == "stop":
-            return await (c.stop(by, cluster=True) if data.get("cluster") else c.stop(by))
+            return await (c.stop(by, cluster=True, **seen) if data.get("cluster") else c.stop(by, **seen))
         if action == "ray/start":
             return await c.ray_start(by)
         if action == "ray/stop":
             return await c.ray_stop(by, data.get("reason"))
         if action == "restart":
-            return await c.restart(by)
+            return await c.restart(by, **seen)
         assert profile is not None  # _body made it required
-        return await c.switch(profile, by)
+        return await c.switch(profile, by, **seen)
 
 
 async def _stream_log(request: web.Request, result: dict[str, Any], tail: LogTail) -> web.StreamResponse:

@@ -2,6 +2,8 @@
 
 The rest of the run's tree is stopped and its GPU memory waited for, the run's end recorded, then the restart
 policy (policy.py, through retry.py) decides: a retry after a backoff, or a crash loop that waits for an operator.
+A load that times out twice in a row gives up too, however far apart the timeouts (policy.READINESS_TIMEOUTS_IN_A_ROW):
+the crash-loop window never holds two timeouts of a load as slow as the window is long.
 The serving state changes only through the run lifecycle's `set_state`, which stays its one writer.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from lynxtop.agent.serving import policy
 from lynxtop.agent.serving.actions import ActionSlot
 from lynxtop.agent.serving.launcher import ExitInfo
 from lynxtop.agent.serving.retry import Retry
@@ -37,7 +40,7 @@ class Failures:
         lc.set_state(S.STOPPING, why)
         await lc.stop_and_release(run, prof.stop_grace_s)
         await lc.finish_run(run, why)
-        await self._count(prof, why)
+        await self._count(prof, why, readiness_timeout=True)
 
     async def crashed(self, run: Run, prof: Profile, ex: ExitInfo, readiness: str) -> None:
         """An exit nobody asked for: clean up the rest of the tree, then back off or give up."""
@@ -55,24 +58,33 @@ class Failures:
         await lc.finish_run(run, f"crashed: {reason}")
         await self._count(prof, reason)
 
-    async def _count(self, prof: Profile, reason: str) -> None:
+    async def _count(self, prof: Profile, reason: str, readiness_timeout: bool = False) -> None:
         lc = self._lc
         lc.resolve_outcome(False)
         a = self._config().agent
         window = a.crash_loop_window_s
-        delay = self._retry.fail()
+        delay = self._retry.fail(prof.name, readiness_timeout)
         failures = len(self._retry.failures)
         if delay is None:
-            msg = (f"crash loop: {failures} failures within {window:g} s; not retrying until an "
-                   f"operator acts (lynxtop start / restart / switch). Last: {reason}")
+            if self._retry.gave_up_on_timeouts:
+                msg = (f"gave up: the load did not become ready within readiness_timeout_s "
+                       f"({prof.readiness_timeout_s:g} s) twice in a row; not retrying until an operator acts "
+                       f"(lynxtop start / restart / switch). If the load is only slow, raise readiness_timeout_s "
+                       f"for profile {prof.name} (a 284B model takes 10-30 min); else its log says where it stopped")
+            else:
+                msg = (f"crash loop: {failures} failures within {window:g} s; not retrying until an "
+                       f"operator acts (lynxtop start / restart / switch). Last: {reason}")
             lc.set_state(S.CRASH_LOOP, msg)
             self._retry.save_crash_loop(prof.name, msg)
             lc.event(EventKind.SERVING_CRASH_LOOP, Severity.CRITICAL, f"profile {prof.name}: {msg}", with_log=True,
                      failures=failures)
             return
+        in_a_row = self._retry.failures.timeouts_in_a_row
+        timeouts = (f"; readiness timeout {in_a_row} of {policy.READINESS_TIMEOUTS_IN_A_ROW} in a row allowed"
+                    if readiness_timeout else "")
         lc.set_state(S.BACKOFF, f"{reason}; retry {self._retry.failures.consecutive} in {delay:.1f} s")
         lc.event(EventKind.SERVING_BACKOFF, Severity.WARNING, f"profile {prof.name}: retry in {delay:.1f} s "
-                 f"(failure {failures} of {a.crash_loop_failures} allowed in {window:g} s)",
+                 f"(failure {failures} of {a.crash_loop_failures} allowed in {window:g} s{timeouts})",
                  with_log=True, delay_s=delay, failures=failures)
         self._retry.schedule(delay, lambda: self._retry_due(prof))
 

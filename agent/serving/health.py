@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -130,11 +130,22 @@ class Verdict:
         return self.health in (Health.HUNG, Health.UNHEALTHY)
 
 
-class HangDetector:
-    """A run whose requests wait or run while no token is generated for `timeout_s` is hung.
+# Per-scrape counts in the tick's serving row (agent/metrics/windows.py): any of them above 0 is work done.
+_WORK_DONE = (("generation_tokens", "tokens generated"), ("prompt_tokens", "prompt tokens"),
+              ("requests_finished", "requests finishing"), ("preemptions", "preemptions"))
 
-    Fed with the scraper's counters every tick of one run (a new run gets a new detector). Requests that only
+
+class HangDetector:
+    """A run whose requests wait or run while the engine shows no sign of moving for `timeout_s` is hung.
+
+    Fed with the scraper's readings every scrape of one run (a new run gets a new detector). Requests that only
     wait (none running) count too: an engine hung before it scheduled them shows 0 running and N waiting.
+
+    Any sign that the engine moves is progress, not only a generated token: vLLM v1 counts a request's prompt and
+    generation tokens only once its prefill produced the first token, so one long (chunked) prefill showed
+    "1 running, no token" for minutes and was taken for a hang (a restart with restart_on_hang). While it
+    prefills, the scheduler's gauges move (KV cache usage grows chunk by chunk; requests go from waiting to
+    running); a hung engine (an NCCL deadlock) publishes no new scheduler stats, so all of them stand still.
     """
 
     def __init__(self, timeout_s: float):
@@ -142,26 +153,59 @@ class HangDetector:
         self.hung = False
         self._last_tokens: float | None = None
         self._last_progress: float | None = None
+        self._last_gauges: tuple[Any, ...] | None = None
 
     def observe(self, running: float | None, tokens_total: float | None, waiting: float | None = None,
-                now: float | None = None) -> Verdict | None:
+                now: float | None = None, *, row: Mapping[str, Any] | None = None,
+                engines: Sequence[Mapping[str, Any]] = ()) -> Verdict | None:
+        """`row`: the scrape's serving row (per-scrape counts, KV cache usage); `engines`: the per-engine load of
+        a data-parallel server (a prefill on one engine moves its KV cache, not the busiest engine's)."""
         if running is None or tokens_total is None:
             # a gap in the readings (/metrics down) is not a stall: the clock restarts when they come back, or
             # the first request after a long idle outage would look hung at once (and be restarted, if enabled)
             self._last_tokens = self._last_progress = None
+            self._last_gauges = None
             return None
         now = time.monotonic() if now is None else now
         pending = running + (waiting or 0)
-        if self._last_tokens is None or tokens_total != self._last_tokens or pending <= 0:
+        gauges = _gauges(running, waiting, row, engines)
+        moved = _moved(row, gauges, self._last_gauges)
+        self._last_gauges = gauges
+        tokens_moved = self._last_tokens is not None and tokens_total != self._last_tokens
+        if self._last_tokens is None or tokens_moved or moved is not None or pending <= 0:
             self._last_tokens, self._last_progress = tokens_total, now
             self.hung = False
-            return Verdict(Health.PROGRESSING, "tokens are being generated again")
+            if moved is None or tokens_moved:
+                return Verdict(Health.PROGRESSING, "tokens are being generated again")
+            return Verdict(Health.PROGRESSING, f"the engine is moving again ({moved})")
         stalled = now - (self._last_progress if self._last_progress is not None else now)
         if stalled < self.timeout_s or self.hung:
             return None
         self.hung = True
         what = f"{running:g} requests running" + (f", {waiting:g} waiting" if waiting else "")
         return Verdict(Health.HUNG, f"hang: {what} and no token generated for {stalled:.0f} s")
+
+
+def _gauges(running: float, waiting: float | None, row: Mapping[str, Any] | None,
+            engines: Sequence[Mapping[str, Any]]) -> tuple[Any, ...]:
+    """What the scheduler last published: request counts and KV cache usage, the node's and each engine's."""
+    per_engine = tuple(sorted(((str(e.get("engine")), e.get("running"), e.get("waiting"),
+                                e.get("kv_cache_usage_pct")) for e in engines), key=lambda x: x[0]))
+    kv = row.get("kv_cache_usage_pct") if row is not None else None
+    return running, waiting, kv, per_engine
+
+
+def _moved(row: Mapping[str, Any] | None, gauges: tuple[Any, ...], before: tuple[Any, ...] | None) -> str | None:
+    """What shows the engine moved since the last scrape (work counted, or the scheduler's gauges changed)."""
+    for key, words in _WORK_DONE:
+        value = row.get(key) if row is not None else None
+        if isinstance(value, int | float) and value > 0:
+            return words
+    if before is None or gauges == before:
+        return None
+    if gauges[:2] != before[:2]:
+        return "request counts change"
+    return "KV cache usage changes" if gauges[2] != before[2] else "an engine's load changes"
 
 
 class HealthProbe:

@@ -142,6 +142,14 @@ class RunLifecycle:
         """The current run's processes outside the leader's tree (a /proc scan: call it in a thread)."""
         return self.proc.members(table) if self.proc is not None else []
 
+    def readiness_deadline(self) -> tuple[float, int] | None:
+        """(readiness_timeout_s, deadline on the agent's timeline) of a run starting now: a slow load says how long
+        it may still take before it is stopped; None in any other state."""
+        run = self.run
+        if self.state != S.STARTING or run is None or run.ready_timeout_s is None or run.ready_deadline_ms is None:
+            return None
+        return run.ready_timeout_s, run.ready_deadline_ms
+
     def set_state(self, state: S, reason: str) -> None:
         if state != self.state or reason != self.reason:
             log.info("serving: %s -> %s (%s)", self.state, state, reason)
@@ -253,7 +261,7 @@ class RunLifecycle:
     def adopt(self, found: Adopted) -> None:
         """Watch the server a previous agent left (agent/serving/adoption.py found it) like any run."""
         record = found.record
-        run = self.run = Run.adopt(found.proc, record)
+        run = self.run = Run.adopt(found.proc, record, found.profile.readiness_timeout_s)
         self.profile, self.profile_name = found.profile, record.profile
         self.set_state(S.STARTING, f"adopted run {record.run_id} (pid {record.pid}) from the previous agent")
         self.event(EventKind.SERVING_ADOPTED, Severity.INFO, f"adopted run {record.run_id} (profile "
@@ -304,6 +312,7 @@ class RunLifecycle:
         ready_ms = proc.record.ready_ms if was_ready else now_ms()
         assert ready_ms is not None
         run.ready_ms = ready_ms
+        self._retry.ready()  # the load fits its timeout: earlier readiness timeouts are no longer in a row
         _, body = await self._http.get(url + "/version")  # capped in size (agent/serving/health.py)
         run.vllm_version = version_of(body) or run.vllm_version
         if was_ready:

@@ -13,6 +13,12 @@ from enum import StrEnum
 
 from lynxtop.contract.config import AgentConfig
 
+# Readiness timeouts of one profile in a row (no run became ready between them) after which the agent gives up.
+# The crash-loop window cannot catch them: each comes a whole readiness_timeout_s (30 min by default, as long as the
+# window) after the one before, so a load slower than its timeout was killed and reloaded forever. One retry is
+# worth it (a cold page cache, a slow first download); a second timeout says the timeout is too short for the load.
+READINESS_TIMEOUTS_IN_A_ROW = 2
+
 
 class Next(StrEnum):
     RESTART = "restart"  # now (a hang with restart_on_hang)
@@ -25,6 +31,7 @@ class Decision:
     next: Next
     delay_s: float = 0.0
     failures_in_window: int = 0  # the failures the decision counted (this one included)
+    readiness_timeouts: bool = False  # GIVE_UP because of READINESS_TIMEOUTS_IN_A_ROW, not the window
 
 
 def in_window(times: Sequence[float], now: float, window_s: float) -> list[float]:
@@ -41,12 +48,16 @@ def backoff_s(consecutive: int, agent: AgentConfig, jitter: float = 1.0) -> floa
     return min(base * jitter, agent.backoff_max_s)
 
 
-def after_failure(times: Sequence[float], consecutive: int, agent: AgentConfig, jitter: float = 1.0) -> Decision:
+def after_failure(times: Sequence[float], consecutive: int, agent: AgentConfig, jitter: float = 1.0, *,
+                  timeouts_in_a_row: int = 0) -> Decision:
     """After a failure: `times` are the failures in the window (this one included), `consecutive` the failures
-    since the last stable run or operator action. Retry after a backoff, or give up once the window holds
-    `crash_loop_failures` of them."""
+    since the last stable run or operator action, `timeouts_in_a_row` the readiness timeouts since a run last
+    became ready (or an operator acted). Retry after a backoff, or give up once the window holds
+    `crash_loop_failures` of them or READINESS_TIMEOUTS_IN_A_ROW timeouts came in a row, however far apart."""
     if len(times) >= agent.crash_loop_failures:
         return Decision(Next.GIVE_UP, failures_in_window=len(times))
+    if timeouts_in_a_row >= READINESS_TIMEOUTS_IN_A_ROW:
+        return Decision(Next.GIVE_UP, failures_in_window=len(times), readiness_timeouts=True)
     return Decision(Next.RETRY, backoff_s(consecutive, agent, jitter), failures_in_window=len(times))
 
 

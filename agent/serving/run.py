@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from lynxtop.agent.serving import launcher
+from lynxtop.agent.serving import launcher, procs
 from lynxtop.agent.serving.launcher import ServerProcess, ServerRecord
 from lynxtop.agent.serving.startup import PhaseMark, PhaseTracker
 from lynxtop.contract.config import Profile
@@ -58,6 +58,8 @@ class Run:
         self.finished = False  # its end is recorded (runs row, state file removed, pidfd closed)
         self.crash_reason: str | None = None  # set when it crashed before a stop reached it
         self.outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()  # ready (True) or failed
+        self.ready_timeout_s: float | None = None  # the readiness timeout it loads under (None: none applies)
+        self.ready_deadline_ms: int | None = None  # when it is stopped unless ready (the status shows it)
         proc.watch()
 
     @classmethod
@@ -70,12 +72,25 @@ class Run:
         proc = launcher.spawn(prof.argv(), log_path, prof.env, prof.name, token=token, started_ms=started,
                               secret_names=prof.secret_env)
         proc.record.readiness_timeout_s = prof.readiness_timeout_s
-        return cls(proc, run_id=None, started_ms=started, ready_ms=None, adopted=False)
+        run = cls(proc, run_id=None, started_ms=started, ready_ms=None, adopted=False)
+        run.ready_timeout_s = prof.readiness_timeout_s
+        run.ready_deadline_ms = started + int(prof.readiness_timeout_s * 1000)
+        return run
 
     @classmethod
-    def adopt(cls, proc: ServerProcess, record: ServerRecord) -> Run:
+    def adopt(cls, proc: ServerProcess, record: ServerRecord, readiness_timeout_s: float | None = None) -> Run:
+        """`readiness_timeout_s`: the timeout the adopted load runs under (its record's, else its profile's)."""
         run = cls(proc, run_id=record.run_id, started_ms=record.started_ms, ready_ms=record.ready_ms, adopted=True)
         run.tracker.poll(now_ms())  # catch up silently: those phases were reported by the previous agent
+        if readiness_timeout_s is not None and not run.was_ready:
+            # counted from the process's start on the boot clock, as the readiness watch counts it: a wall clock
+            # stepped while no agent ran moves neither the deadline nor the time shown as left
+            elapsed = procs.age_s(record.start_ticks)
+            now = now_ms()
+            if elapsed is None:
+                elapsed = max(0.0, (now - (record.started_ms or now)) / 1000)
+            run.ready_timeout_s = readiness_timeout_s
+            run.ready_deadline_ms = now + int((readiness_timeout_s - elapsed) * 1000)
         return run
 
     @property

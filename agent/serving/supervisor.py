@@ -4,12 +4,14 @@ each own one job.
 - agent/serving/lifecycle.py: the run lifecycle, the only writer of the serving state and the current run;
 - agent/serving/actions.py: the one action at a time (busy, preemption by a stop);
 - agent/serving/policy.py, retry.py: the restart policy (pure) and the retries it decides, the crash-loop marker;
-- agent/serving/switching.py: the switch intent on disk; adoption.py: live restore at agent start;
+- agent/serving/switching.py: the switch or restart intent on disk; adoption.py: live restore at agent start;
 - agent/config_source.py: the config, re-read in one place (profiles for each action).
 
-An action here validates (profile, preflight, strays, port), takes the action slot, and hands the work to the
-lifecycle; it writes no state of its own. A stop may preempt an action that is only waiting for readiness (an
-operator must be able to abort a wrong 20-minute load); anything else in progress makes a second action "busy".
+An action here validates (the run the caller saw, profile, preflight, strays, port), takes the action slot, and
+hands the work to the lifecycle; it writes no state of its own. Everything that can refuse is checked before
+anything is stopped, the run the caller saw (`expect_run`) again with no await before the slot is taken. A stop
+may preempt an action that is only waiting for readiness (an operator must be able to abort a wrong 20-minute
+load); anything else in progress makes a second action "busy".
 """
 
 from __future__ import annotations
@@ -22,18 +24,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lynxtop.agent.api.control import ActionError
+from lynxtop.agent.api.control import ANY_RUN, ActionError, ExpectRun
 from lynxtop.agent.config_source import ConfigSource
 from lynxtop.agent.events import EventSink
 from lynxtop.agent.serving import check, procs
-from lynxtop.agent.serving.actions import ActionSlot, clock
+from lynxtop.agent.serving.actions import ActionSlot
 from lynxtop.agent.serving.adoption import FALLBACK_GRACE_S, Adoption
 from lynxtop.agent.serving.health import HttpClient
 from lynxtop.agent.serving.lifecycle import ClusterGate, GpuView, RunLifecycle, Timing, port_taken, server_url
 from lynxtop.agent.serving.retry import Retry
 from lynxtop.agent.serving.run import now_ms
 from lynxtop.agent.serving.runstore import RunStore
-from lynxtop.agent.serving.switching import SwitchIntent
+from lynxtop.agent.serving.switching import ActionIntent
 from lynxtop.contract.config import Config, ConfigError, Profile
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.models import ModelSpec, find_model
@@ -77,9 +79,33 @@ def preflight(profile: Profile, gpus: list[dict[str, Any]] | None,
     return problems + report.lines(check.Level.BLOCKING), warnings + report.lines(check.Level.WARNING)
 
 
+async def refuse_if_crowded(prof: Profile, log_dir: Path, replacing: RunLifecycle | None = None) -> None:
+    """Start's checks, made before anything is stopped: processes of an earlier run nobody could adopt (a second
+    server would fail or crowd their GPUs) and a listener on `prof`'s port (the new run could not bind).
+
+    `replacing`: the run a restart or switch stops first; its own processes and port are no obstacle. Read in
+    this order (holders, then the run's processes) so a process of the run that appears meanwhile is counted as
+    the run's, never as a foreign one."""
+    def look() -> tuple[list[int], list[procs.PortHolder]]:
+        strays = procs.runs_started_in(os.path.realpath(log_dir))
+        holders = procs.port_holders(prof.host, prof.port)
+        ours = set(replacing.run_members()) if replacing is not None else set()
+        return ([p for p in strays if p not in ours and procs.alive(p)],
+                [h for h in holders if not (h.pids and ours.issuperset(h.pids))])
+
+    strays, taken = await asyncio.to_thread(look)
+    if strays:  # a server nobody could adopt still holds the GPUs: a second one would fail or crowd it
+        raise ActionError("strays", f"processes of an earlier run are still alive (pids {strays}) and could not "
+                                    "be adopted; check them (ps -fp PID) and stop them before starting serving",
+                          409, details={"pids": strays})
+    if taken:  # an orphan of a lost state dir, say: refused here, with its pid, not found out after a stop
+        raise ActionError("port_in_use", port_taken(prof, taken), 409,
+                          details={"pids": sorted({p for h in taken for p in h.pids}), "port": prof.port})
+
+
 class Supervisor:
     """Validates and carries out the serving actions; wires the lifecycle, the action slot, retries, adoption and
-    the switch intent, and owns no state of a run (read it through the lifecycle's names above)."""
+    the switch or restart intent, and owns no state of a run (read it through the lifecycle's names above)."""
 
     def __init__(self, cfg: Config, store: RunStore, gpus: GpuView, *, state_path: Path, host: str,
                  simulated: bool = False, health_poll_s: float = 1.0, health_fail_threshold: int = 3,
@@ -102,7 +128,7 @@ class Supervisor:
                                  cluster=cluster, on_change=on_change, on_hang=self._restart_after_hang)
         self._adoption = Adoption(self.runs.state_file, store, self.runs.event, lambda: self.config.current,
                                   host=host, simulated=simulated)
-        self._switch = SwitchIntent(state_path.with_name("switch.json"), self.runs.event)
+        self._intent = ActionIntent(state_path.with_name("switch.json"), self.runs.event)
 
     def __getattr__(self, name: str) -> Any:
         if name in _FROM_LIFECYCLE:
@@ -148,7 +174,22 @@ class Supervisor:
             words += ", after Ray reports the GPUs"
         return total, words
 
-    def _begin(self, name: str, by: str, profile: str | None) -> None:
+    def check_seen(self, expect_run: ExpectRun) -> None:
+        """Refuse (409 run_changed) an action confirmed against another run than the current one: another
+        operator's switch, a retry or a restart came between the caller's look and its request."""
+        now = self.runs.run_id
+        if expect_run is ANY_RUN or expect_run == now:
+            return
+        saw = f"run {expect_run}" if expect_run is not None else "no run"
+        cur = (f"run {now} (profile {self.runs.profile_name or '-'}, {self.runs.state})" if now is not None
+               else f"no run ({self.runs.state})")
+        raise ActionError("run_changed", f"the run changed since you looked: you saw {saw}, now {cur}; nothing done",
+                          409, details={"expected_run": expect_run, "run_id": now,
+                                        "profile": self.runs.profile_name, "state": str(self.runs.state)})
+
+    def _begin(self, name: str, by: str, profile: str | None, seen: ExpectRun = ANY_RUN) -> None:
+        """Take the action slot; the run the caller saw is checked here, with no await before the slot is taken."""
+        self.check_seen(seen)
         if self._slot.current is not None:
             raise self._slot.busy()
         self._retry.clear_crash_loop()  # someone acted: the crash loop is acknowledged
@@ -184,7 +225,8 @@ class Supervisor:
 
     # ------------------------------------------------------------------------------------- actions
 
-    async def start(self, profile: str | None, by: str) -> str:
+    async def start(self, profile: str | None, by: str, expect_run: ExpectRun = ANY_RUN) -> str:
+        self.check_seen(expect_run)
         state = self.runs.state
         if state in (S.STARTING, S.READY, S.DEGRADED):
             raise ActionError("state", f"serving is already {state} (profile {self.runs.profile_name}); "
@@ -194,21 +236,14 @@ class Supervisor:
                                                                            409)
         prof = self._resolve_profile(profile)
         warnings = self._preflight_or_raise(prof)
-        strays = await asyncio.to_thread(procs.runs_started_in, os.path.realpath(self.cfg.agent.run_log_dir))
-        if strays:  # a server nobody could adopt still holds the GPUs: a second one would fail or crowd it
-            raise ActionError("strays", f"processes of an earlier run are still alive (pids {strays}) and could not "
-                                        "be adopted; check them (ps -fp PID) and stop them before starting serving",
-                              409, details={"pids": strays})
-        taken = await asyncio.to_thread(procs.port_holders, prof.host, prof.port)
-        if taken:  # an orphan of a lost state dir, say: refused here, with its pid, not found out at readiness
-            raise ActionError("port_in_use", port_taken(prof, taken), 409,
-                              details={"pids": sorted({p for h in taken for p in h.pids}), "port": prof.port})
-        self._begin("start", by, prof.name)
+        await refuse_if_crowded(prof, self.cfg.agent.run_log_dir)
+        self._begin("start", by, prof.name, expect_run)
         self._event(EventKind.ACTION_START, Severity.INFO, f"start of profile {prof.name} requested by {by}", by=by)
         self._slot.run(self._do_start(prof, f"started by {by}"))
         return f"starting profile {prof.name}" + "".join(f" (warning: {w})" for w in warnings)
 
-    async def stop(self, by: str) -> str:
+    async def stop(self, by: str, expect_run: ExpectRun = ANY_RUN) -> str:
+        self.check_seen(expect_run)  # before anything, the crash loop's clearing included
         if self.runs.state in (S.STOPPED, S.CRASH_LOOP) and self._slot.current is None:
             if self.runs.state == S.CRASH_LOOP:
                 self._retry.clear_crash_loop()
@@ -221,39 +256,48 @@ class Supervisor:
         # a start/switch only waiting for readiness, or a start or retry waiting for the cluster: abort it
         await self._slot.cancel()
         await self.runs.cancel_gate()
-        self._switch.clear()  # a switch this stop preempted is not to be finished by a later agent
-        self._begin("stop", by, self.runs.profile_name)
+        self._intent.clear()  # a switch or restart this stop preempted is not to be finished by a later agent
+        self._begin("stop", by, self.runs.profile_name, expect_run)
         self._event(EventKind.ACTION_STOP, Severity.INFO, f"stop requested by {by}", by=by)
         self._slot.run(self._do_stop(f"stopped by {by}", "stopped by operator"))
         return "stopping serving"
 
-    async def restart(self, by: str) -> str:
-        if self._slot.current is not None:
-            raise self._slot.busy()
-        prof = self._resolve_profile(None)
-        warnings = self._preflight_or_raise(prof)
-        self._begin("restart", by, prof.name)
-        self._event(EventKind.ACTION_RESTART, Severity.INFO, f"restart of profile {prof.name} requested by {by}", by=by)
-        self._slot.run(self._do_restart(prof, f"restarted by {by}"))
-        return f"restarting profile {prof.name}" + "".join(f" (warning: {w})" for w in warnings)
-
-    async def switch(self, profile: str, by: str) -> str:
+    async def restart(self, by: str, expect_run: ExpectRun = ANY_RUN, *, profile: str | None = None) -> str:
+        """Restart the current profile (`profile`: an interrupted restart's, finished by the next agent)."""
+        self.check_seen(expect_run)
         if self._slot.current is not None:
             raise self._slot.busy()
         prof = self._resolve_profile(profile)
         warnings = self._preflight_or_raise(prof)
+        await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, self.runs)
+        self._begin("restart", by, prof.name, expect_run)
+        self._intent.save("restart", prof.name, self.runs.profile_name, by, self.runs.run_id)  # as a switch's
+        self._event(EventKind.ACTION_RESTART, Severity.INFO, f"restart of profile {prof.name} requested by {by}", by=by)
+        self._slot.run(self._intent.carried(self._do_restart(prof, f"restarted by {by}")))
+        return f"restarting profile {prof.name}" + "".join(f" (warning: {w})" for w in warnings)
+
+    async def switch(self, profile: str, by: str, expect_run: ExpectRun = ANY_RUN) -> str:
+        self.check_seen(expect_run)
+        if self._slot.current is not None:
+            raise self._slot.busy()
+        prof = self._resolve_profile(profile)
+        warnings = self._preflight_or_raise(prof)
+        await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, self.runs)
         old = self.runs.profile_name
-        self._begin("switch", by, prof.name)
-        self._switch.save(prof.name, old, by)  # before anything is stopped: an agent killed mid-switch resumes it
+        self._begin("switch", by, prof.name, expect_run)
+        # before anything is stopped: an agent killed mid-switch resumes it
+        self._intent.save("switch", prof.name, old, by, self.runs.run_id)
         self._event(EventKind.ACTION_SWITCH, Severity.INFO, f"switch from {old} to {prof.name} requested by {by}",
                     by=by, old_profile=old, new_profile=prof.name)
-        self._slot.run(self._do_switch(prof, old, by))
+        self._slot.run(self._intent.carried(self._switch_steps(prof, old, by)))
         return f"switching from {old or '(nothing)'} to {prof.name}" + "".join(f" (warning: {w})" for w in warnings)
 
     def _restart_after_hang(self, prof: Profile) -> None:
         """policy.restart_on_verdict said so (restart_on_hang, no action running): a restart of the agent's own."""
-        self._begin("restart", "agent (hang detected, restart_on_hang)", prof.name)
-        self._slot.run(self._do_restart(prof, "restart after hang (restart_on_hang)"))
+        by = "agent (hang detected, restart_on_hang)"
+        self._begin("restart", by, prof.name)
+        self._intent.save("restart", prof.name, self.runs.profile_name, by, self.runs.run_id)
+        self._slot.run(self._intent.carried(self._do_restart(prof, "restart after hang (restart_on_hang)")))
 
     async def _do_start(self, prof: Profile, reason: str) -> bool:
         self._retry.cancel()
@@ -271,16 +315,6 @@ class Supervisor:
         await self.runs.stop_current(reason, "restarted")
         self._retry.failures.reset()
         return await self.runs.launch(prof, reason, restart=True) and await self._await_outcome()
-
-    async def _do_switch(self, prof: Profile, old: str | None, by: str) -> None:
-        try:
-            await self._switch_steps(prof, old, by)
-        except asyncio.CancelledError:
-            raise  # a stop preempting it drops the intent itself; the agent stopping leaves it for the next one
-        except BaseException:
-            self._switch.clear()
-            raise
-        self._switch.clear()
 
     async def _switch_steps(self, prof: Profile, old: str | None, by: str) -> None:
         self._retry.cancel()
@@ -348,29 +382,33 @@ class Supervisor:
         return True
 
     async def resume_switch(self) -> bool:
-        """At agent start, after adoption: finish a switch the previous agent began and did not end (it was
-        killed), saying so in `action.switch.interrupted`. True when serving is taken care of (no autostart)."""
-        left = self._switch.interrupted()
+        """At agent start, after adoption: finish a switch or restart the previous agent began and did not end (it
+        was killed or restarted), saying so in `action.switch.interrupted`. True when serving is taken care of."""
+        left = self._intent.interrupted()
         if left is None:
             return False
-        target, old, by = left.target, left.old, left.by
-        asked = f"the switch from {old or '(nothing)'} to {target} asked by {by} at {clock(left.since_ms)}"
-        details = {"old_profile": old, "new_profile": target, "by": by}
-        run = self.runs.run
-        if self.runs.profile_name == target and run is not None and not run.finished:
-            self._switch.clear()  # the new run had started: adopted, and watched until ready like any other
+        asked, run = left.describe(), self.runs.run
+        details = {"action": left.action, "old_profile": left.old, "new_profile": left.target, "by": left.by}
+        if run is not None and left.new_run_started(self.runs.profile_name, run.run_id, not run.finished):
+            self._intent.clear()  # the new run had started: adopted, and watched until ready like any other
             self._event(EventKind.ACTION_SWITCH_INTERRUPTED, Severity.WARNING, f"{asked} was interrupted by the "
                         f"agent's end after its new run {run.run_id} started; that run was adopted", resumed=False,
                         **details)
             return True
         self._event(EventKind.ACTION_SWITCH_INTERRUPTED, Severity.WARNING, f"{asked} was interrupted by the "
                     "agent's end before its new run started; finishing it now", resumed=True, **details)
+        by = f"agent (finishing the interrupted {left.action} asked by {left.by})"
         try:
-            await self.switch(target, f"agent (finishing the interrupted switch asked by {by})")
+            if left.action == "restart":
+                await self.restart(by, profile=left.target)
+            else:
+                await self.switch(left.target, by)
         except ActionError as exc:
-            self._switch.clear()
-            self._event(EventKind.ACTION_SWITCH_FAILED, Severity.ERROR, f"the interrupted switch to {target} cannot "
-                        f"be finished: {exc.message}", old_profile=old, new_profile=target)
+            self._intent.clear()
+            self._event(EventKind.ACTION_SWITCH_FAILED if left.action == "switch" else EventKind.ACTION_FAILED,
+                        Severity.ERROR, f"the interrupted {left.action} {'of' if left.action == 'restart' else 'to'} "
+                        f"{left.target} cannot be finished: {exc.message}", old_profile=left.old,
+                        new_profile=left.target)
             return False
         return True
 
@@ -380,7 +418,7 @@ class Supervisor:
         await self._slot.finish_stop()  # an operator's stop: finished rather than a half-stopped server left
         await self._slot.cancel()
         if stop_serving:
-            self._switch.clear()  # serving stops with the agent: nothing is to be switched to
+            self._intent.clear()  # serving stops with the agent: nothing is to be switched to or restarted
         await self.runs.close(stop_serving)
         if self._own_http:
             await self.http.close()
@@ -392,6 +430,7 @@ class Supervisor:
         run, proc = lc.run, lc.proc
         alive = lc.state.alive
         starting = run is not None and lc.state == S.STARTING
+        deadline = lc.readiness_deadline()  # a slow load says how long it may still take before it is stopped
         return ServingStatus(
             state=lc.state, state_since_ms=lc.state_since_ms, reason=lc.reason,
             phase=run.tracker.phase if starting else None,  # type: ignore[union-attr]
@@ -404,6 +443,7 @@ class Supervisor:
             adopted=run is not None and run.adopted, url=lc.url(),
             log_problem=run.log_problem[1] if run is not None and run.log_problem and alive else None,
             degraded=tuple(sorted(run.degraded)) if run is not None and lc.state == S.DEGRADED else (),
+            ready_timeout_s=deadline[0] if deadline else None, ready_deadline_ms=deadline[1] if deadline else None,
         )
 
     def action_status(self) -> ActionInfo | None:

@@ -1,57 +1,100 @@
-"""The switch intent: a switch's target on disk (switch.json) from before the old run is stopped until the switch
-ends, so an agent killed mid-switch is followed by one that finishes it instead of adopting nothing and
-autostarting the default (it once lost the switch that way).
+"""The action intent: a switch's or a restart's target on disk (switch.json) from before the old run is stopped
+until the action ends, so an agent killed or restarted mid-action is followed by one that finishes it instead of
+adopting nothing and leaving the node stopped or autostarting the default (it once lost switches, then restarts,
+that way).
 
-Owns switch.json only; the supervisor carries the switch out (stop, launch, readiness) and says when it ended.
+Owns switch.json only; the supervisor carries the action out (stop, launch, readiness) and says when it ended.
+A note without "action" (an older agent's) is a switch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lynxtop.agent.serving.actions import clock
 from lynxtop.agent.serving.run import now_ms
 from lynxtop.agent.serving.statefiles import Marker
 from lynxtop.contract.events import EventKind, Severity
 
+ACTIONS = ("switch", "restart")
+
 
 @dataclass(frozen=True)
 class Interrupted:
-    """A switch the previous agent began and did not end."""
+    """A switch or restart the previous agent began and did not end. `run`: the run it was replacing."""
 
     target: str
     old: str | None
     by: str
     since_ms: int
+    action: str = "switch"
+    run: int | None = None
+
+    def describe(self) -> str:
+        what = (f"the restart of {self.target}" if self.action == "restart"
+                else f"the switch from {self.old or '(nothing)'} to {self.target}")
+        return f"{what} asked by {self.by} at {clock(self.since_ms)}"
+
+    def new_run_started(self, profile: str | None, run_id: int | None, alive: bool) -> bool:
+        """The run now current (adopted) is the action's new run: the action got that far, only readiness is left.
+        A switch to another profile: its profile says so. A restart (or a switch to the same profile): its old run
+        has the target profile too, so only a run id other than the replaced run's does."""
+        if not alive or profile != self.target:
+            return False
+        if self.old != self.target or self.run is None:
+            return True
+        return run_id is not None and run_id != self.run
 
 
-class SwitchIntent:
+class ActionIntent:
     def __init__(self, path: Path, event: Callable[..., Any]):
         self._marker = Marker(path)
         self._event = event  # the lifecycle's event call
 
-    def save(self, profile: str, old: str | None, by: str) -> None:
-        err = self._marker.save({"profile": profile, "from": old, "by": by, "since_ms": now_ms()})
+    def save(self, action: str, profile: str, old: str | None, by: str, run: int | None) -> None:
+        """Before anything is stopped: `profile` is what the action starts, `run` the run it replaces."""
+        err = self._marker.save({"action": action, "profile": profile, "from": old, "run": run, "by": by,
+                                 "since_ms": now_ms()})
         if err is not None:
             self._event(EventKind.AGENT_STATE_FILE, Severity.WARNING, f"cannot write {self._marker.path}: {err}; "
-                        "if the agent dies during this switch, a restarted agent will not finish it")
+                        f"if the agent dies during this {action}, a restarted agent will not finish it")
 
     def clear(self) -> None:
         self._marker.clear()
 
+    async def carried(self, steps: Coroutine[Any, Any, Any]) -> None:
+        """The switch or restart `steps` awaited; the intent ends with them whatever the outcome, except when they
+        are cancelled: a stop preempting the action drops the intent itself, the agent's end leaves it for the
+        next agent to finish."""
+        try:
+            await steps
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self.clear()
+            raise
+        self.clear()
+
     def interrupted(self) -> Interrupted | None:
-        """The switch left by the previous agent; an unreadable note is said, removed and ignored."""
+        """The action left by the previous agent; an unreadable note is said, removed and ignored."""
         data, err = self._marker.read()
         if data is not None and err is None:
             try:
+                action = str(data.get("action") or "switch")
+                if action not in ACTIONS:
+                    raise ValueError(f"unknown action {action!r}")
+                run = data.get("run")
                 return Interrupted(str(data["profile"]), data.get("from"), str(data.get("by", "?")),
-                                   int(data.get("since_ms") or now_ms()))
+                                   int(data.get("since_ms") or now_ms()), action,
+                                   int(run) if run is not None else None)
             except (KeyError, TypeError, ValueError) as exc:
                 err = str(exc)
         if err is not None:
             self._event(EventKind.AGENT_STATE_FILE, Severity.WARNING, f"ignoring unreadable {self._marker.path}: "
-                        f"{err}; an interrupted switch (if any) is not finished")
+                        f"{err}; an interrupted switch or restart (if any) is not finished")
             self.clear()
         return None

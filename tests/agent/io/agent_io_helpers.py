@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from support.status import gpu_row, make_status
 
-from lynxtop.agent.api.control import ActionError
+from lynxtop.agent.api.control import ANY_RUN, ActionError
 from lynxtop.agent.api.routes import ApiServer
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.records import ProfileInfo, ProfileList, RunInfo
@@ -88,6 +88,7 @@ class FakeController:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any, str]] = []
+        self.expect_runs: list[Any] = []
         self.busy: str | None = None
         self.preflight_fail: list[str] | None = None
         self.boom = False
@@ -161,16 +162,21 @@ class FakeController:
             self.action = change.pop("action")
         self.serving.update(change)
 
-    async def start(self, profile: str | None, by: str) -> str:
+    # expect_run (the run the caller saw): recorded, not checked (the supervisor's tests check it)
+    async def start(self, profile: str | None, by: str, expect_run: Any = ANY_RUN) -> str:
+        self.expect_runs.append(expect_run)
         return await self._act("start", profile, by)
 
-    async def stop(self, by: str) -> str:
+    async def stop(self, by: str, expect_run: Any = ANY_RUN) -> str:
+        self.expect_runs.append(expect_run)
         return await self._act("stop", None, by)
 
-    async def restart(self, by: str) -> str:
+    async def restart(self, by: str, expect_run: Any = ANY_RUN) -> str:
+        self.expect_runs.append(expect_run)
         return await self._act("restart", None, by)
 
-    async def switch(self, profile: str, by: str) -> str:
+    async def switch(self, profile: str, by: str, expect_run: Any = ANY_RUN) -> str:
+        self.expect_runs.append(expect_run)
         return await self._act("switch", profile, by)
 
 

@@ -56,7 +56,7 @@ class RoleController(FakeController):
             self.cluster = replace(self.cluster, **ray)
         super()._apply(change)
 
-    async def start(self, profile: str | None, by: str) -> str:
+    async def start(self, profile: str | None, by: str, expect_run: Any = None) -> str:
         if self.cluster.role == Role.WORKER:
             if profile:
                 raise ActionError("role", f"this node is a Ray worker: it serves no vLLM (profile {profile!r} runs "
@@ -64,7 +64,7 @@ class RoleController(FakeController):
             return await self.ray_start(by)
         return await super().start(profile, by)
 
-    async def stop(self, by: str, cluster: bool = False) -> str:
+    async def stop(self, by: str, cluster: bool = False, expect_run: Any = None) -> str:
         if cluster:
             if self.cluster.role != Role.HEAD:
                 raise ActionError("role", f"this node is a {self.cluster.role} node: `lynxtop stop --cluster` runs "
