@@ -35,13 +35,17 @@ from lynxtop.tui.screens.node import NodeScreen
 from lynxtop.tui.source import LiveSource, NodeSource
 
 if TYPE_CHECKING:
+    from rich.console import RenderableType
+
     from lynxtop.tui.screens.confirm import ConfirmScreen
+    from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
 
 # Help, the dialogs and the control texts are imported when first used, as the views other than Node are: the
 # first frame needs none of them, and on a loaded machine every module is start-up time (docs/dashboard.md).
 
 VIEWS = ("node", "gpu", "latency", "history", "events", "logs", "processes", "cluster")
 CONTROL_ACTIONS = {"restart", "stop", "start", "switch"}
+CONTROL_KEYS = {"restart": "R", "stop": "X", "start": "S", "switch": "P"}  # as BINDINGS has them, for notices
 BACKFILL_S = 15 * 60
 
 
@@ -143,6 +147,12 @@ class LynxtopApp(App):
         # found little and cost a tenth of the start on a loaded machine (docs/dashboard.md).
         self._gc_paused = gc_paused
         self._first_frame = False
+        # One control at a time: the action from its key press until its answer (or its dialog's cancel), and the
+        # picker or dialog of it now open, watched against each status (`_watch_dialog`).
+        self._control: str | None = None
+        self._dialog: ConfirmScreen | ProfilePickerScreen | None = None
+        self._dialog_text: Callable[[], RenderableType] | None = None  # the open dialog's body from the state now
+        self._sending = False  # confirmed: the request is out, its answer awaited (the palette may open meanwhile)
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
@@ -270,6 +280,7 @@ class LynxtopApp(App):
                         title="Agent reachable", severity="information")
         if first or ended is not None:
             self.refresh_bindings()  # only when what is allowed changed
+        self._watch_dialog()
         self._redraw()
 
     def on_agent_lost(self, message: AgentLost) -> None:
@@ -347,6 +358,15 @@ class LynxtopApp(App):
         if isinstance(self.screen, LiveScreen):
             self.screen.redraw()
 
+    def action_command_palette(self) -> None:
+        """Not over a control's picker or dialog: a control run from the palette would leave that dialog on screen,
+        orphaned, and a view switched underneath would hide it."""
+        if self._control is not None and not self._sending:  # its picker or dialog is open, or about to be
+            self.notify(f"{self._control} is waiting for your answer: Esc cancels it, then open the command palette",
+                        severity="warning")
+            return
+        super().action_command_palette()
+
     def action_demo_load(self) -> None:
         if self.demo_load is not None:
             self.notify(self.demo_load(), title="demo load")
@@ -365,41 +385,119 @@ class LynxtopApp(App):
         return True
 
     def action_control(self, action: str) -> None:
-        if action in CONTROL_ACTIONS:
-            self.run_control(action)
+        if action not in CONTROL_ACTIONS:
+            return
+        if self._control is not None:  # a dialog open, or an answer awaited: a second control would cancel it
+            self.notify(f"{self._control} is waiting for the agent's answer: {action} not sent; press "
+                        f"{CONTROL_KEYS[action]} again once it has answered", severity="warning")
+            return
+        self._control = action  # taken here, not in the worker: two quick keys start one control
+        self.run_control(action)
 
-    @work(exclusive=True, group="control", exit_on_error=False)
+    @work(group="control", exit_on_error=False)
     async def run_control(self, action: str) -> None:
+        """One control from key to answer. Never `exclusive`: a worker cancelled mid-POST would drop the answer of
+        a request the agent may have acted on; `action_control` lets one run at a time instead."""
+        try:
+            await self._run_control(action)
+        finally:
+            self._control, self._dialog, self._sending = None, None, False
+
+    async def _run_control(self, action: str) -> None:
         if self.readonly_reason:
             self.notify(f"read-only: {self.readonly_reason}", severity="warning")
             return
-        serving, metrics = self.state.serving, self.state.serving_metrics
-        cluster = self.state.status.cluster if self.state.status is not None else None
+        from lynxtop.tui import control_text
+        from lynxtop.tui.screens.confirm import ConfirmScreen
+
+        status = self.state.status
+        cluster = status.cluster if status is not None else None
         if cluster is not None and cluster.role == Role.WORKER:
             await self._worker_control(action, cluster)
             return
         try:
-            choice = await self._choose_profile(action, serving)
+            choice = await self._choose_profile(action, self.state.serving)
             if choice is None:
                 return
             profile, current, target = choice
-            from lynxtop.tui import control_text
-            from lynxtop.tui.screens.confirm import ConfirmScreen
+            # The dialog shows the run as it is now (the picker may have been open a while): that run is the one
+            # the confirmation is sent for
+            def text() -> tuple[str, RenderableType, str]:
+                return control_text.confirmation(action, self.state.serving, self.state.serving_metrics, profile,
+                                                 current, target)
 
-            title, body, label = control_text.confirmation(action, serving, metrics, profile, current, target)
-            await self._confirm_and_send(action, profile, ConfirmScreen(title, body, label))
+            title, body, label = text()
+            seen = control_text.Seen.of(self.state.serving, self._cluster())
+            await self._confirm_and_send(action, profile, ConfirmScreen(title, body, label, seen=seen),
+                                         lambda: text()[1])
         except AgentRefused as exc:
             self._refused(action, exc)
-        except AgentUnreachable as exc:
+        except AgentUnreachable as exc:  # reading the profiles: nothing was sent
             self.notify(f"{action} not sent: {exc}", title="Agent unreachable", severity="error")
 
-    async def _confirm_and_send(self, action: str, profile: str | None, dialog: ConfirmScreen) -> None:
-        if not await self.push_screen_wait(dialog):
+    def _cluster(self) -> ClusterStatus | None:
+        return self.state.status.cluster if self.state.status is not None else None
+
+    async def _confirm_and_send(self, action: str, profile: str | None, dialog: ConfirmScreen,
+                                text: Callable[[], RenderableType] | None = None) -> None:
+        """Ask; send for the run the dialog showed (`expect_run`); say what came of it. `text` redraws the body
+        while the same run moves on. Nothing is retried: a control that may have reached the agent is never sent
+        twice by the dashboard."""
+        from lynxtop.tui.source import ControlUnanswered
+
+        self._dialog, self._dialog_text = dialog, text
+        try:
+            confirmed = await self.push_screen_wait(dialog)
+        finally:
+            self._dialog = self._dialog_text = None
+        if dialog.withdrawn is not None:
+            self._withdrawn(action, dialog.withdrawn)
+            return
+        if not confirmed:
             self.notify(f"{action}: cancelled, nothing changed")
             return
-        answer = await self.source.action(action, profile)
+        seen = dialog.seen
+        self._sending = True
+        try:
+            answer = await self.source.action(action, profile, expect_run=seen.run_id if seen else None)
+        except ControlUnanswered as exc:
+            self.notify(f"{action}: {exc}: the agent may have acted — watch the header; nothing is retried",
+                        title=f"{action}: no answer", severity="warning", timeout=15)
+            self.action_refresh_now()
+            return
+        except AgentRefused as exc:
+            self._refused(action, exc)
+            return
+        except AgentUnreachable as exc:  # before the request left: not sent
+            self.notify(f"{action} not sent: {exc}", title="Agent unreachable", severity="error")
+            return
         self.notify(answer.message or f"{action} accepted", title=f"{action} accepted")
         self.action_refresh_now()
+
+    def _withdrawn(self, action: str, why: str) -> None:
+        self.notify(f"{why} while you were confirming: {action} not sent, nothing done; press "
+                    f"{CONTROL_KEYS[action]} again if you still mean it", title=f"{action}: the run changed",
+                    severity="warning", timeout=10)
+
+    def _watch_dialog(self) -> None:
+        """Hold the open picker or dialog to the run it showed: withdrawn when that run changed (another operator's
+        switch, a crash, a stop), its text brought up to date when the same run only moved on (starting -> ready).
+        The agent checks `expect_run` too; this keeps the operator from confirming what is no longer on screen."""
+        dialog = self._dialog
+        if dialog is None or dialog.seen is None or dialog.withdrawn is not None:
+            return
+        from lynxtop.tui import control_text
+        from lynxtop.tui.screens.confirm import ConfirmScreen
+
+        now = control_text.Seen.of(self.state.serving, self._cluster())
+        why = control_text.run_change(dialog.seen, now)
+        if why is not None:
+            dialog.withdraw(why)
+            return
+        if isinstance(dialog, ConfirmScreen) and now != dialog.seen:
+            dialog.seen = now  # the same run, a state of the same kind: what the action does is unchanged
+            if self._dialog_text is not None:
+                dialog.update_body(self._dialog_text())
 
     async def _worker_control(self, action: str, cluster: ClusterStatus) -> None:
         """A Ray worker serves no vLLM: start and stop act on its Ray (said so), restart and switch belong to the
@@ -412,20 +510,20 @@ class LynxtopApp(App):
         from lynxtop.tui.screens.confirm import ConfirmScreen
 
         title, body, label = control_text.worker_ray_text(action, cluster)
-        try:
-            await self._confirm_and_send(action, None, ConfirmScreen(title, body, label))
-        except AgentRefused as exc:
-            self._refused(action, exc)
-        except AgentUnreachable as exc:
-            self.notify(f"{action} not sent: {exc}", title="Agent unreachable", severity="error")
+        seen = control_text.Seen.of(self.state.serving, cluster)
+        await self._confirm_and_send(action, None, ConfirmScreen(title, body, label, seen=seen))
 
     async def _choose_profile(self, action: str, serving: ServingStatus) -> tuple[str | None, Any, Any] | None:
-        """(profile, current, target) for the action; None when there is nothing to pick or the picker was closed.
+        """(profile, current, target) for the action; None when there is nothing to pick, the picker was closed, or
+        the run changed while it was open (said so).
 
         Only switch, and start without a known profile, ask which profile.
         """
         if action != "switch" and not (action == "start" and not serving.profile):
             return None, None, None
+        from lynxtop.tui import control_text
+
+        seen = control_text.Seen.of(serving, self._cluster())
         listing = await self.source.profiles()
         profiles = list(listing.profiles)
         current_name = listing.current or serving.profile
@@ -434,9 +532,19 @@ class LynxtopApp(App):
             return None
         from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
 
-        profile = await self.push_screen_wait(ProfilePickerScreen(
-            f"{'Switch to' if action == 'switch' else 'Start'} which profile?", profiles,
-            current_name if action == "switch" else None))
+        picker = ProfilePickerScreen(f"{'Switch to' if action == 'switch' else 'Start'} which profile?", profiles,
+                                     current_name if action == "switch" else None, seen=seen)
+        self._dialog = picker
+        self._watch_dialog()  # the run may have changed while the profiles were read
+        try:
+            profile = await self.push_screen_wait(picker) if picker.withdrawn is None else None
+        finally:
+            self._dialog = None
+        why = picker.withdrawn or control_text.run_change(seen, control_text.Seen.of(self.state.serving,
+                                                                                      self._cluster()))
+        if why is not None:  # the picker's "current" and the flag diff to come were of another run
+            self._withdrawn(action, why)
+            return None
         if profile is None:
             return None
         target = listing.get(profile)
@@ -483,6 +591,11 @@ class LynxtopApp(App):
                         severity="error", timeout=10)
             if isinstance(self.screen, LiveScreen):
                 self.screen.redraw()
+        elif exc.status == 409 and exc.code == "run_changed":  # the agent's guard: the run changed since the poll
+            self.notify(f"{exc.message}\nthe header shows the run now; press {CONTROL_KEYS.get(action, '')} again "
+                        "if you still mean it", title=f"{action} not done: the run changed", severity="warning",
+                        timeout=10)
+            self.action_refresh_now()
         elif exc.status == 409:
             self.notify(exc.message, title=f"{action}: agent busy", severity="warning", timeout=8)
         else:

@@ -6,13 +6,21 @@ is tested without a terminal.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from lynxtop.contract.format import fmt_duration
 from lynxtop.contract.records import ProfileInfo
-from lynxtop.contract.status import ClusterStatus, ServingMetrics, ServingStatus
+from lynxtop.contract.status import ClusterStatus, Role, ServingMetrics, ServingState, ServingStatus
+
+# What a control would act on, by state: a change from one kind to another changes what the confirmed action does
+# (a stop of a running run, of one already stopping, of none), so a dialog shown for one is not valid for another.
+_KIND = {ServingState.STARTING: "running", ServingState.READY: "running", ServingState.DEGRADED: "running",
+         ServingState.STOPPING: "stopping", ServingState.STOPPED: "stopped", ServingState.BACKOFF: "retrying",
+         ServingState.CRASH_LOOP: "retrying", ServingState.WAITING: "retrying"}
 
 LOAD_WARNING = "The model loads again: this takes minutes (a 284B model: 10-30 min); nothing is served meanwhile."
 
@@ -142,3 +150,46 @@ def confirmation(action: str, serving: ServingStatus, metrics: ServingMetrics | 
     if action == "start":
         return "Start serving?", start_text(serving, profile), "Start"
     return f"Switch to profile {profile}?", switch_text(serving, current, target or ProfileInfo(str(profile))), "Switch"
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The run a control dialog showed the operator: the confirmed action is sent for exactly this run
+    (`expect_run`), and the dialog is withdrawn once the live status no longer matches it."""
+
+    run_id: int | None
+    profile: str | None
+    state: ServingState
+    role: Role = Role.SINGLE
+
+    @classmethod
+    def of(cls, serving: ServingStatus, cluster: ClusterStatus | None = None) -> Seen:
+        return cls(serving.run_id, serving.profile, serving.state, cluster.role if cluster else Role.SINGLE)
+
+    def run_words(self) -> str:
+        return f"run {self.run_id}" if self.run_id is not None else "no run"
+
+
+def run_change(seen: Seen, now: Seen) -> str | None:
+    """Why a dialog showing `seen` no longer describes what its action would act on, `now`; None while it does
+    (the same run moving on within its kind: starting, ready, degraded).
+
+    Why: an agent acts on whatever run is current when the request lands; a dialog that outlives its run would
+    stop or restart a run it never showed (a fresh 20-minute load)."""
+    was = seen.run_words()
+    if now.role != seen.role:
+        return f"this node's role changed from {seen.role.value} to {now.role.value}"
+    if now.run_id != seen.run_id:
+        if now.run_id is None:
+            return f"{was} ended"
+        return f"{was} was replaced by run {now.run_id} ({now.profile or 'no profile'}, {now.state.value})"
+    if now.profile != seen.profile:
+        return f"the profile changed from {seen.profile or 'none'} to {now.profile or 'none'}"
+    kind = _KIND.get(now.state)
+    if kind != _KIND.get(seen.state):
+        if seen.run_id is not None and now.state == ServingState.STOPPED:
+            return f"{was} ended"
+        if seen.run_id is not None and kind == "stopping":
+            return f"{was} is stopping"
+        return f"{was} went from {seen.state.value} to {now.state.value}"
+    return None

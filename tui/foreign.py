@@ -10,7 +10,7 @@ shown, not parsed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from lynxtop.contract.client import AgentRefused, AsyncAgentClient, parse_status, typed
@@ -28,17 +28,22 @@ class DisplayClient(AsyncAgentClient):
 
     async def request(self, method: str, path: str, params: Mapping[str, Any] | None = None,
                       body: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        try:
-            return terminal_safe_json(await super().request(method, path, params, body))
-        except AgentRefused as exc:  # a refusal's words are shown too: in a notification, in the header
-            raise AgentRefused(exc.status, terminal_safe(exc.code), terminal_safe(exc.message),
-                               terminal_safe_json(dict(exc.details))) from None
+        return await escaped(super().request(method, path, params, body))
 
     async def status(self) -> Status:
         """The status; one the contract cannot read (a field of another type: contract/status.py) is
         `AgentUnreadable` naming the field, shown as the outage it is, never a crash in the widget it reaches."""
         data = await self.status_json()
         return typed(self.socket_path, "GET /v1/status", lambda d: parse_status(d, self.socket_path), data)
+
+
+async def escaped(answer: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    """An answer with its strings escaped; a refusal's words too (shown in a notification, in the header)."""
+    try:
+        return terminal_safe_json(await answer)
+    except AgentRefused as exc:
+        raise AgentRefused(exc.status, terminal_safe(exc.code), terminal_safe(exc.message),
+                           terminal_safe_json(dict(exc.details))) from None
 
 
 class DisplayReader:

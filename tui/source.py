@@ -10,9 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from lynxtop.contract.client import AgentRefused
+from lynxtop.contract.client import (
+    CLI_TIMEOUT_S,
+    AgentRefused,
+    AgentUnreachable,
+    _action_body,
+    decode,
+    typed,
+    unreachable,
+)
 from lynxtop.contract.status import Status
-from lynxtop.tui.foreign import DisplayClient
+from lynxtop.tui.foreign import DisplayClient, escaped
 
 if TYPE_CHECKING:  # the records are imported with the first answer holding one (contract/client.py)
     from concurrent.futures import Future
@@ -50,6 +58,18 @@ class NodeSource(Protocol):
     async def close(self) -> None: ...
 
 
+# A control waits for its answer as long as the CLI does: the agent answers at once (202), but a loop busy for a
+# moment must not turn an accepted restart into a failure; reads keep their short timeout (DASHBOARD_TIMEOUT_S).
+CONTROL_TIMEOUT_S = CLI_TIMEOUT_S
+# Failures to connect: the request never left, so the control was not sent. Anything later may have reached it.
+NOT_SENT = (FileNotFoundError, ConnectionRefusedError, PermissionError)
+
+
+class ControlUnanswered(AgentUnreachable):
+    """A control request went out and no answer came back (none in time, or the connection broke mid-answer):
+    the agent may have acted on it, so it is never reported as 'not sent', and never retried."""
+
+
 def read_only_refusal(action: str, reason: str) -> AgentRefused:
     """The refusal a read-only source gives an action: a 403 like the agent's own, so the app shows it the same way
     (and turns read-only)."""
@@ -65,6 +85,7 @@ class LiveSource(DisplayClient):
         self.label = str(endpoint)
         self.read_only = read_only
         self._early: Future[Status] | None = None  # the status asked for by prefetch_status(), not yet taken
+        self.control_timeout_s = CONTROL_TIMEOUT_S  # controls wait longer than reads (timeout_s)
 
     def prefetch_status(self) -> None:
         """Ask for the status now, in a thread, while the dashboard's modules import (cli/dashboard_cmd.py): the
@@ -104,10 +125,36 @@ class LiveSource(DisplayClient):
         return await asyncio.wrap_future(early)  # the thread's request has its own timeout
 
     async def action(self, action: str, profile: str | None = None, **extra: Any) -> ActionAnswer:
+        """POST a control with `expect_run` as given, null included (the run the operator saw, or none); a
+        failure after the request left is `ControlUnanswered`, never 'not sent'."""
+        from lynxtop.contract.records import ActionAnswer
+
         # Refused here, not sent: another node's endpoint has no control route, and its 404 would say less.
         if self.read_only:
             raise read_only_refusal(action, self.read_only)
-        return await super().action(action, profile, **extra)
+        body = _action_body(action, profile, extra)
+        if "expect_run" in extra:  # null means "saw no run", which the shared body builder would drop
+            body["expect_run"] = extra["expect_run"]
+        path = f"/v1/{action}"
+        data = await escaped(self._post_control(path, body))
+        return typed(self.socket_path, f"POST {path}", ActionAnswer.from_json, data)
+
+    async def _post_control(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The POST within `control_timeout_s`; only a failure to connect is `AgentUnreachable` (not sent)."""
+        import asyncio
+
+        if self._closed:
+            raise AgentUnreachable(f"{self.socket_path}: client closed")
+        timeout_s = self.control_timeout_s
+        try:
+            status, raw = await asyncio.wait_for(self._exchange("POST", path, body), timeout_s)
+        except NOT_SENT as exc:
+            raise unreachable(exc, self.socket_path, timeout_s) from None
+        except TimeoutError:  # before OSError: it is one
+            raise ControlUnanswered(f"no answer within {timeout_s:g} s") from None
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            raise ControlUnanswered(f"no answer: {unreachable(exc, self.socket_path, timeout_s)}") from None
+        return decode(status, raw, self.socket_path)
 
 
 REPLAY_HOST = "replay"

@@ -55,7 +55,7 @@ async def test_restart_confirmed_posts_once(agent):
     async with app.run_test(size=(120, 40)) as pilot:
         await _confirm(pilot, app, "R")
         await wait_for(pilot, lambda: agent.posts() != [])
-        assert agent.posts() == [("/v1/restart", {})]
+        assert agent.posts() == [("/v1/restart", {"expect_run": 3})]  # the run the dialog showed
         await wait_for(pilot, lambda: any("restart accepted" in t for t, _, _ in notices))
 
 
@@ -92,7 +92,7 @@ async def test_switch_shows_flag_differences_and_load_warning(agent):
         assert "minutes" in text
         await pilot.press("tab", "enter")
         await wait_for(pilot, lambda: agent.posts() != [])
-        assert agent.posts() == [("/v1/switch", {"profile": "dsv41-tp8-ep"})]
+        assert agent.posts() == [("/v1/switch", {"profile": "dsv41-tp8-ep", "expect_run": 3})]
 
 
 async def test_readonly_flag_hides_controls(agent):
@@ -157,7 +157,7 @@ async def test_start_when_stopped_uses_current_profile(agent):
         assert "Start serving dsv41-tp8" in _dialog_text(dialog)
         await pilot.press("tab", "enter")
         await wait_for(pilot, lambda: agent.posts() != [])
-        assert agent.posts() == [("/v1/start", {})]
+        assert agent.posts() == [("/v1/start", {"expect_run": 3})]  # a stopped node still reports its last run
 
 
 def _worker(agent) -> None:
@@ -176,7 +176,7 @@ async def test_stop_on_a_ray_worker_says_it_stops_ray_and_what_the_head_loses(ag
         assert "serving there fails" in text and "Stop serving?" not in text
         await pilot.press("tab", "enter")
         await wait_for(pilot, lambda: agent.posts() != [])
-        assert agent.posts() == [("/v1/stop", {})]
+        assert agent.posts() == [("/v1/stop", {"expect_run": None})]  # a worker has no run of its own
 
 
 async def test_restart_on_a_ray_worker_is_refused_locally(agent):

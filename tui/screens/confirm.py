@@ -1,6 +1,13 @@
-"""Confirmation of an action that interrupts serving: says what will happen; Cancel has the focus."""
+"""Confirmation of an action that interrupts serving: says what will happen; Cancel has the focus.
+
+The dialog names the run it acts on (`seen`); the app watches the live status while it is open and withdraws it
+(`withdraw`) when that run changes, or refreshes its text (`update_body`, Cancel focused again) when the same run
+only moves on: a dialog can never confirm a run other than the one it shows.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from rich.console import RenderableType
 from textual.app import ComposeResult
@@ -11,6 +18,9 @@ from textual.widgets import Button, Static
 
 from lynxtop.tui.screens import VIEWS_CSS
 
+if TYPE_CHECKING:
+    from lynxtop.tui.control_text import Seen
+
 
 class ConfirmScreen(ModalScreen[bool]):
     CSS_PATH = VIEWS_CSS
@@ -19,18 +29,22 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("left,right", "toggle_focus", "Move", show=False, id="confirm.move"),
     ]
 
-    def __init__(self, title: str, body: RenderableType, confirm_label: str, danger: bool = True):
+    def __init__(
+        self, title: str, body: RenderableType, confirm_label: str, danger: bool = True, seen: Seen | None = None
+    ):
         super().__init__()
         self.title_text = title
         self.body = body
         self.confirm_label = confirm_label
         self.danger = danger
+        self.seen = seen  # the run the body shows; what the confirmed action is sent for
+        self.withdrawn: str | None = None  # why the app took the dialog back (its run changed); None while valid
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Static(self.title_text, id="dialog-title", markup=False)
             with VerticalScroll(id="dialog-body"):
-                yield Static(self.body, markup=False)
+                yield Static(self.body, id="dialog-text", markup=False)
             with Horizontal(id="dialog-buttons"):
                 yield Button("Cancel", id="cancel", variant="primary")
                 yield Button(self.confirm_label, id="confirm", variant="error" if self.danger else "warning")
@@ -39,12 +53,34 @@ class ConfirmScreen(ModalScreen[bool]):
     def on_mount(self) -> None:
         self.query_one("#cancel", Button).focus()
 
+    def on_screen_resume(self) -> None:
+        if self.withdrawn is not None:  # withdrawn while something was above it: go now
+            self.dismiss(False)
+
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "confirm")
+        self.dismiss(event.button.id == "confirm" and self.withdrawn is None)
 
     def action_cancel(self) -> None:
         self.dismiss(False)
 
     def action_toggle_focus(self) -> None:
         cancel = self.query_one("#cancel", Button)
-        (self.query_one("#confirm", Button) if cancel.has_focus else cancel).focus()
+        if self.withdrawn is None:
+            (self.query_one("#confirm", Button) if cancel.has_focus else cancel).focus()
+
+    def update_body(self, body: RenderableType) -> None:
+        """The same run moved on (starting -> ready): the text follows it, and Cancel takes the focus back so an
+        Enter already on its way does not confirm what the operator has not read."""
+        self.body = body
+        if self.is_mounted:
+            self.query_one("#dialog-text", Static).update(body)
+            self.query_one("#cancel", Button).focus()
+
+    def withdraw(self, reason: str) -> None:
+        """The run it shows changed: it can no longer be confirmed, and it leaves (at once if on top, else when it
+        comes back on top); the caller tells the operator why."""
+        self.withdrawn = reason
+        if self.is_mounted:
+            self.query_one("#confirm", Button).disabled = True
+        if self.is_active:
+            self.dismiss(False)

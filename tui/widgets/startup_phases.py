@@ -1,6 +1,7 @@
 """The serving line under the header: start-up progress phase by phase (a 284B model spends minutes in
-each, and operators want to see which), why serving is in trouble (backoff, crash loop, degraded), or what a
-Ray head still waits for before it starts vLLM (waiting: the GPUs Ray does not report yet)."""
+each, and operators want to see which) with the most it may take (readiness_timeout_s), why serving is in
+trouble (backoff, crash loop, degraded), or what a Ray head still waits for before it starts vLLM (waiting: the
+GPUs Ray does not report yet)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,13 @@ def _progress(serving: ServingStatus, now_ms: int) -> Text:
     started = serving.started_ms or serving.state_since_ms or now_ms
     t = Text("start-up: ", style="bold yellow", no_wrap=True, overflow="ellipsis")
     t.append(f"{fmt_duration((now_ms - started) / 1000)} ")
+    if serving.ready_timeout_s is not None:
+        # the most it may take before the agent stops it (an older agent's status does not say: nothing shown);
+        # red in its last tenth, when a slow load is about to be stopped
+        left_s = (serving.ready_deadline_ms - now_ms) / 1000 if serving.ready_deadline_ms else None
+        late = left_s is not None and left_s < serving.ready_timeout_s / 10
+        t.append(f"of at most {fmt_duration(serving.ready_timeout_s)} (readiness_timeout_s) ",
+                 style="bold red" if late else "dim")
     order = list(PHASES) + [p for p in seen if p not in PHASES]
     times = [seen.get(p) for p in order]
     for i, phase in enumerate(order):
