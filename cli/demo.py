@@ -1,10 +1,12 @@
 """`lynxtop demo`: a SIMULATED node on a laptop: agent, simulated vLLM + GPUs, traffic, and the dashboard.
 
 The demo owns everything it starts and must leave nothing behind: the agent runs in its own process group,
-and because the agent deliberately keeps vLLM alive across its own restarts (live restore), the demo first
-asks it to stop serving (POST /v1/stop), then stops the agent, then kills whatever it started that is still
-there (an orphaned EngineCore, say): the processes carrying the demo's random token in their environment,
-never one that merely names the state directory (an operator's `tail -f DIR/agent.log`).
+and the demo first asks it to stop serving (POST /v1/stop), then stops the agent, then kills whatever it started
+that is still there (an orphaned EngineCore, say): the processes carrying the demo's random token in their
+environment, never one that merely names the state directory (an operator's `tail -f DIR/agent.log`).
+
+Should the demo die without that clean-up (SIGKILL, the OOM killer), a watcher process it starts first sees its
+end of a pipe close and does the same clean-up, temp directory included (`Lifeline`, `watch`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import grp
+import json
 import os
 import re
 import secrets
@@ -24,13 +27,18 @@ import tempfile
 import threading
 import time
 from argparse import Namespace
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from lynxtop.contract.client import AgentClient, AgentRefused, AgentUnreachable
+from lynxtop.contract.events import EventKind
 from lynxtop.contract.status import ServingState, Status
-from lynxtop.sim.loadgen import DEMO_CALM, DEMO_PATTERN, LoadGenerator
+from lynxtop.contract.terminal import terminal_safe
+
+if TYPE_CHECKING:  # imported when traffic starts: the watcher process (below) has no use for aiohttp's 20 MB
+    from lynxtop.sim.loadgen import LoadGenerator
 
 BANNER = ("lynxtop demo: this node is SIMULATED: simulated vLLM serving DeepSeek-V4.1 on 8 simulated H200 GPUs.\n"
           "No GPU is used and no model is loaded; tokens are synthetic. q or Ctrl-C stops everything.")
@@ -38,8 +46,14 @@ PROFILES = ("deepseek-v4.1-tp8", "deepseek-v4.1-tp8-fp8kv")
 MODEL = "deepseek-ai/DeepSeek-V4.1"
 SERVED = "deepseek-v4.1"
 STATUS_EVERY_S = 2.0
-ORPHAN_TTL_S = 900  # a safety net should the demo itself be SIGKILLed: its orphans end by themselves
+# The simulator's own net for an EngineCore whose API server died: it ends by itself after this long. The demo's
+# own death (SIGKILL) is covered by its watcher (Lifeline), which stops the agent and everything it started.
+ORPHAN_TTL_S = 900
 DEMO_TOKEN_ENV = "LYNXTOP_DEMO_TOKEN"
+WATCH_FLAG = "--watch-demo"  # `python -m lynxtop.cli.demo --watch-demo FD`: the demo's watcher (Lifeline)
+PORT_ATTEMPTS = 3  # ports tried for the simulated server, should another process take the one the demo picked
+# LYNXTOP_SIM_* variables the demo sets itself or that its profiles' flags override: a user's have no effect
+_SIM_VARS_SET = ("LYNXTOP_SIM_STATE_DIR", "LYNXTOP_SIM_ORPHAN_TTL", "LYNXTOP_SIM_STARTUP_SECONDS")
 
 
 @dataclass
@@ -68,9 +82,21 @@ def sim_executable() -> Path:
 
 
 def free_port() -> int:
+    """A loopback port nobody listens on now; another process may take it before the simulator binds it, which
+    the agent's autostart refuses and `Demo.start_serving` answers with another port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_taken(port: int) -> bool:
+    """Another process holds the loopback port (a bind fails): what the simulated server would run into."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def _group_name() -> str:
@@ -116,6 +142,8 @@ sample_interval_s = 1.0
 fake_nvml = "sim"
 default_profile = "{PROFILES[0]}"
 autostart = true
+# an agent that ends for whatever reason (the demo's watcher SIGTERMs it) stops the simulated server with it
+live_restore = false
 hang_timeout_s = 30
 backoff_initial_s = 2
 gpu_release_timeout_s = 30
@@ -227,25 +255,140 @@ def kill_all(token: str, grace_s: float = 5.0) -> list[int]:
     return victims
 
 
+def sim_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """The user's LYNXTOP_SIM_* variables that reach the simulator through the agent (docs/simulator.md: a
+    feature, e.g. LYNXTOP_SIM_FAIL=hang-after=60 for a demo of a hang), so the demo can name them."""
+    return {k: v for k, v in sorted(environ.items()) if k.startswith("LYNXTOP_SIM_") and k not in _SIM_VARS_SET}
+
+
+def make_temp_root() -> Path:
+    """The demo's state directory when no --state-dir is given; DemoSetupError says where and what to do."""
+    try:
+        return Path(tempfile.mkdtemp(prefix="lynxtop-demo-"))
+    except OSError as exc:  # no usable temp dir anywhere (gettempdir), or the chosen one refuses the mkdir
+        where = f" in {tempfile.tempdir}" if tempfile.tempdir else ""
+        raise DemoSetupError(f"cannot create a temporary state directory{where}: {exc.strerror or exc}; set TMPDIR "
+                             "to a writable directory, or pass --state-dir DIR") from None
+
+
+class DemoSetupError(Exception):
+    """The environment cannot hold a demo (no usable temp directory): a usage error, status 2."""
+
+
+class DashboardError(RuntimeError):
+    """The dashboard failed or crashed: the demo still cleans up, then exits 1."""
+
+
+class Lifeline:
+    """A pipe from the demo to a watcher process, so what the demo started ends with it however it ends.
+
+    The demo holds the write end; the watcher (`watch`, in its own session: a Ctrl-C or `kill -9 -PGID` meant
+    for the demo does not reach it) blocks on the read end. The demo tells it the token, the state directory and
+    the agent's pid, and "done" once its own clean-up is over. EOF without "done" means the demo died (SIGKILL,
+    the OOM killer): the watcher then does the clean-up itself. A pipe, not PR_SET_PDEATHSIG, which fires when
+    the parent *thread* ends and would take the agent down with whichever thread happened to start it.
+    """
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._fd: int | None = None
+
+    def start(self, **job: Any) -> None:
+        read, write = os.pipe()  # both close-on-exec: only the watcher gets the read end (pass_fds)
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "lynxtop.cli.demo", WATCH_FLAG, str(read)],
+                                         pass_fds=(read,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         cwd="/", start_new_session=True)
+        except BaseException:
+            os.close(write)
+            raise
+        finally:
+            os.close(read)
+        self._fd = write
+        self.tell(**job)
+
+    def tell(self, **fields: Any) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):  # the watcher is gone: nothing more to tell
+            os.write(self._fd, json.dumps(fields).encode() + b"\n")
+
+    def release(self) -> None:
+        """The demo cleaned up itself: the watcher ends without doing anything."""
+        self.tell(done=True)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+
+
+def watch(fd: int, err: IO[str] | None = None) -> int:
+    """The watcher: wait for the demo's end of the lifeline to close; unless it said "done", stop the agent
+    (SIGTERM: with live_restore off it stops the simulated server first), kill what the demo started that still
+    runs, remove the temp state directory, and say so."""
+    for sig in (signal.SIGINT, signal.SIGHUP):  # the demo's terminal going away is the demo's business
+        signal.signal(sig, signal.SIG_IGN)
+    job: dict[str, Any] = {}
+    try:
+        with open(fd, "rb") as lifeline:
+            for line in lifeline:
+                with contextlib.suppress(ValueError):
+                    job.update(json.loads(line))
+                if job.get("done"):
+                    return 0
+    except OSError as exc:
+        print(f"lynxtop demo watcher: cannot read the demo's lifeline (descriptor {fd}): {exc.strerror}",
+              file=err or sys.stderr)
+        return 2
+    token, root = job.get("token"), job.get("root")
+    if not isinstance(token, str) or not isinstance(root, str):
+        return 0  # the demo died before it started anything
+    agent = job.get("agent")
+    stopped = isinstance(agent, int) and _has_token(agent, token)
+    if stopped:
+        with contextlib.suppress(OSError):
+            os.killpg(agent, signal.SIGTERM)
+        deadline = time.monotonic() + 40  # the agent's stop of the simulated server: shutdown_timeout + grace
+        while _live(agent) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    stopped = bool(kill_all(token)) or stopped
+    if job.get("keep"):
+        files = f"its database, config and logs are kept in {root}"
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+        files = f"removed {root}" if not os.path.exists(root) else f"could not remove {root}"
+    what = "stopped the agent and the simulated server" if stopped else "found nothing of it running"
+    with contextlib.suppress(OSError, ValueError):
+        print(terminal_safe(f"lynxtop demo: the demo (pid {job.get('demo')}) ended without stopping its SIMULATED "
+                            f"node; its watcher {what} and {files}"), file=err or sys.stderr, flush=True)
+    return 0
+
+
 class Demo:
-    def __init__(self, root: Path, *, startup_seconds: float, keep: bool, out=None):
+    def __init__(self, root: Path, *, startup_seconds: float, keep: bool, out: IO[str] | None = None):
         self.paths = DemoPaths.under(root)
         self.startup_seconds = startup_seconds
         self.keep = keep
         self.out = out or sys.stdout
         self.port = free_port()
         self.token = secrets.token_hex(16)  # in the environment of everything the demo starts: see kill_all
-        self.agent: subprocess.Popen | None = None
-        self._agent_log = None
+        self.agent: subprocess.Popen[bytes] | None = None
+        self._agent_log: IO[bytes] | None = None
+        self.lifeline = Lifeline()
         self._traffic_stop: asyncio.Event | None = None
         self._traffic_loop: asyncio.AbstractEventLoop | None = None
         self._traffic_thread: threading.Thread | None = None
         self.loadgen: LoadGenerator | None = None
 
-    def say(self, text: str) -> None:
-        # the terminal may be gone (SIGHUP, closed SSH): a failed write must never abort the clean-up
-        with contextlib.suppress(OSError, ValueError):
+    def say(self, text: str) -> bool:
+        """Print a line; False if the output is gone (SIGHUP, a closed SSH pipe): never abort the clean-up."""
+        try:
             print(text, file=self.out, flush=True)
+        except (OSError, ValueError):
+            return False
+        return True
 
     # -- set-up
 
@@ -265,11 +408,61 @@ class Demo:
         env.pop("LYNXTOP_CONFIG", None)
         return env
 
+    def start_watcher(self) -> None:
+        """The Lifeline's watcher, before anything else starts; without one the demo runs, and says what a kill
+        of it would leave."""
+        try:
+            self.lifeline.start(token=self.token, root=str(self.paths.root), keep=self.keep, demo=os.getpid())
+        except OSError as exc:
+            self.say(terminal_safe(f"lynxtop demo: warning: cannot start the watcher that cleans up should the demo "
+                                   f"be killed ({exc}); a SIGKILL of the demo would leave its processes running"))
+
     def start_agent(self) -> None:
-        self._agent_log = open(self.paths.agent_log, "ab")  # noqa: SIM115 - closed in teardown
+        if self._agent_log is None:
+            self._agent_log = open(self.paths.agent_log, "ab")  # noqa: SIM115 - closed in teardown
         cmd = [sys.executable, "-m", "lynxtop", "agent", "--config", str(self.paths.config)]
         self.agent = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._agent_log,
                                       stderr=subprocess.STDOUT, env=self.env(), start_new_session=True)
+        self.lifeline.tell(agent=self.agent.pid)
+
+    def start_serving(self) -> None:
+        """Start the agent, which autostarts the first profile. The port was free when the demo picked it; if
+        another process took it since, the agent refuses (port in use) and the demo moves to another port."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self.start_agent()
+            self.wait_agent()
+            refused = self.autostart_refusal()
+            if refused is None:
+                return
+            if not port_taken(self.port) or attempt == PORT_ATTEMPTS:
+                raise RuntimeError(f"the agent did not start the simulated server: {refused}")
+            taken = self.port
+            self.stop_agent()
+            self.port = free_port()
+            self.write_config()
+            self.say(terminal_safe(f"lynxtop demo: port {taken}, free when the demo picked it, is now in use by "
+                                   f"another process; moving the simulated server to port {self.port}"))
+
+    def autostart_refusal(self, timeout_s: float = 20.0) -> str | None:
+        """The agent's message if its autostart was refused or held (a port in use, say); None once serving
+        started, or if neither is known within timeout_s (the status lines and the dashboard show the rest)."""
+        refusals = (EventKind.AGENT_AUTOSTART_FAILED, EventKind.AGENT_AUTOSTART_HELD)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                client = self.client(2.0)
+                st = client.status()
+                if st.serving.state != ServingState.STOPPED:
+                    return None
+                for event in client.events(since_ms=st.agent.started_ms):
+                    if event.kind in refusals:
+                        return event.message
+            except (AgentRefused, AgentUnreachable):
+                pass  # the agent's exit is wait_agent's and the status lines' to report
+            if self.agent is not None and self.agent.poll() is not None:
+                return None
+            time.sleep(0.3)
+        return None
 
     def wait_agent(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -298,6 +491,8 @@ class Demo:
 
     def start_traffic(self, time_scale: float = 1.0) -> None:
         # A healthy node first; the dashboard's load key raises it to the pattern that breaches the SLA.
+        from lynxtop.sim.loadgen import DEMO_CALM, DEMO_PATTERN, LoadGenerator
+
         self.loadgen = LoadGenerator(f"http://127.0.0.1:{self.port}", pattern=DEMO_CALM, time_scale=time_scale)
         self.loadgen.raised_pattern = DEMO_PATTERN
         ready = threading.Event()
@@ -338,6 +533,8 @@ class Demo:
         return AgentClient(self.paths.socket, timeout_s)
 
     def status_line(self, st: Status) -> str:
+        """One plain line of the node's state, marked SIMULATED; escaped, as it carries the agent's text (a stop
+        reason names other processes' command lines)."""
         srv, sm, gpus = st.serving, st.serving_metrics.metric, st.gpus
 
         def num(v: Any, fmt: str, unit: str = "") -> str:
@@ -346,27 +543,39 @@ class Demo:
         mem = sum(g.metric("mem_used_bytes") or 0 for g in gpus) / 2**30
         util = [g.metric("util_gpu_pct") for g in gpus if g.metric("util_gpu_pct") is not None]
         power = sum(g.metric("power_w") or 0 for g in gpus)
-        phase = f" ({srv.phase})" if srv.phase and srv.state == ServingState.STARTING else ""
+        if srv.state == ServingState.STARTING:
+            note = srv.phase or ""
+        else:  # why it is stopped, backing off or degraded (a port another process holds, say)
+            note = "" if srv.state == ServingState.READY else srv.reason[:200]
+        phase = f" ({note})" if note else ""
         traffic = self.loadgen.stats if self.loadgen else None
-        return (f"[SIMULATED] {time.strftime('%H:%M:%S')} serving={srv.state}{phase} profile={srv.profile or '-'} "
+        avg = num(sum(util) / len(util) if util else None, ".0f", "%")
+        done = traffic.completed if traffic else 0
+        line = (f"[SIMULATED] {time.strftime('%H:%M:%S')} serving={srv.state}{phase} profile={srv.profile or '-'} "
                 f"| run {num(sm('requests_running'), 'd')} wait {num(sm('requests_waiting'), 'd')} "
                 f"| gen {num(sm('generation_tokens_per_s'), '.1f', ' tok/s')} "
                 f"| TTFT p99 {num(sm('ttft_p99_ms'), '.0f', ' ms')} "
                 f"TPOT p99 {num(sm('tpot_p99_ms'), '.0f', ' ms')} SLA {st.sla.state} "
-                f"| GPUs {len(gpus)} util {num(sum(util) / len(util) if util else None, '.0f', '%')} (avg) "
+                f"| GPUs {len(gpus)} util {avg} (avg) "
                 f"mem {mem:.0f} GiB power {power:.0f} W (sums over {len(gpus)} GPUs) "
-                f"| traffic {traffic.phase if traffic else '-'} done {traffic.completed if traffic else 0}")
+                f"| traffic {traffic.phase if traffic else '-'} done {done}")
+        return terminal_safe(line)
 
     def print_status_until(self, deadline: float | None) -> None:
+        """A status line every few seconds until the deadline, the agent's exit, or the output going away (an SSH
+        session without a terminal that closed: nobody reads, and nobody could press Ctrl-C)."""
         while deadline is None or time.monotonic() < deadline:
             try:
-                self.say(self.status_line(self.client(2.0).status()))
+                line = self.status_line(self.client(2.0).status())
             except AgentRefused as exc:
-                self.say(f"[SIMULATED] agent answered HTTP {exc.status}")
+                line = f"[SIMULATED] agent answered HTTP {exc.status}"
             except AgentUnreachable as exc:
-                self.say(f"[SIMULATED] agent unreachable: {exc}")
+                line = terminal_safe(f"[SIMULATED] agent unreachable: {exc}")
+            if not self.say(line):
+                return
             if self.agent is not None and self.agent.poll() is not None:
-                self.say(f"the agent exited with status {self.agent.returncode}; log tail:\n{self.agent_log_tail()}")
+                self.say(f"the agent exited with status {self.agent.returncode}; log tail:\n"
+                         + terminal_safe(self.agent_log_tail(), lines=True))
                 return
             left = STATUS_EVERY_S if deadline is None else min(STATUS_EVERY_S, deadline - time.monotonic())
             if left > 0:
@@ -375,7 +584,8 @@ class Demo:
     # -- teardown
 
     def stop_serving(self, timeout_s: float = 30.0) -> None:
-        """Ask the agent to stop vLLM (it would otherwise keep it alive across its own exit, by design)."""
+        """Ask the agent to stop the simulated server and wait for it: its own exit would too (live_restore is off
+        in the demo's config), but an agent that hangs in its exit would not, and this says what it is doing."""
         try:
             self.client(5.0).action("stop")
         except AgentRefused:
@@ -418,7 +628,8 @@ class Demo:
         if not self.keep:
             shutil.rmtree(self.paths.root, ignore_errors=True)
         else:
-            self.say(f"lynxtop demo: stopped; database, config and logs kept in {self.paths.root}")
+            self.say(terminal_safe(f"lynxtop demo: stopped; database, config and logs kept in {self.paths.root}"))
+        self.lifeline.release()
         return leftovers
 
 
@@ -452,15 +663,32 @@ def run(args: Namespace) -> int:
             print(f"lynxtop demo: --state-dir {root} exists and is not a directory", file=sys.stderr)
             return 2
     else:
-        root = Path(tempfile.mkdtemp(prefix="lynxtop-demo-"))
+        try:
+            root = make_temp_root()
+        except DemoSetupError as exc:
+            print(terminal_safe(f"lynxtop demo: {exc}"), file=sys.stderr)
+            return 2
     try:
         demo = Demo(root, startup_seconds=startup, keep=bool(given))
         demo.write_config()
-    except (OSError, FileNotFoundError) as exc:
-        print(f"lynxtop demo: cannot prepare {root}: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(terminal_safe(f"lynxtop demo: cannot prepare {root}: {exc}"), file=sys.stderr)
+        if not given:
+            shutil.rmtree(root, ignore_errors=True)
         return 1
     print(BANNER, flush=True)
-    print(f"lynxtop demo: state in {root}; agent log {demo.paths.agent_log}", flush=True)
+    print(terminal_safe(f"lynxtop demo: state in {root}; agent log {demo.paths.agent_log}"), flush=True)
+    passed = sim_variables(os.environ)
+    if passed:
+        print(terminal_safe("lynxtop demo: passing your " + " ".join(f"{k}={v}" for k, v in passed.items())
+                            + " to the simulator (docs/simulator.md); unset " + ("it" if len(passed) == 1 else "them")
+                            + " for the usual demo"), flush=True)
+    no_tui = bool(getattr(args, "no_tui", False))
+    no_terminal = None if no_tui else _no_terminal()
+    if no_terminal:
+        print(f"lynxtop demo: no terminal ({no_terminal}), so no dashboard: printing a status line every "
+              f"{STATUS_EVERY_S:g} s instead; Ctrl-C or SIGTERM stops the demo. For the dashboard run it in a "
+              "terminal (over SSH: ssh -t HOST lynxtop demo); --no-tui asks for these lines.", flush=True)
     deadline = time.monotonic() + duration if duration else None
     previous_term = signal.signal(signal.SIGTERM, _term_as_interrupt)
     previous_hup = signal.signal(signal.SIGHUP, _term_as_interrupt)  # the SSH session went away
@@ -469,21 +697,21 @@ def run(args: Namespace) -> int:
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     code = 0
     try:
-        demo.start_agent()
-        demo.wait_agent()
+        demo.start_watcher()
+        demo.start_serving()
         demo.start_traffic()
-        app_cls = None if getattr(args, "no_tui", False) else _tui_app()
+        app_cls = None if no_tui or no_terminal else _tui_app()
         if app_cls is None:
-            if not getattr(args, "no_tui", False):
+            if not no_tui and not no_terminal:
                 print("lynxtop demo: the dashboard is not available in this build; printing status lines.", flush=True)
             demo.print_status_until(deadline)
         else:
             _run_dashboard(app_cls, demo, duration)
     except KeyboardInterrupt:
         pass
-    except RuntimeError as exc:
-        with contextlib.suppress(OSError):
-            print(f"lynxtop demo: {exc}", file=sys.stderr)
+    except RuntimeError as exc:  # the agent did not come up or refused, the dashboard failed: said, then clean-up
+        with contextlib.suppress(OSError, ValueError):
+            print(terminal_safe(f"lynxtop demo: {exc}", lines=True), file=sys.stderr, flush=True)
         code = 1
     finally:
         # finish the clean-up even if asked twice: an interrupted teardown is what leaves orphans behind
@@ -503,7 +731,22 @@ def _term_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _no_terminal() -> str | None:
+    """Why the dashboard cannot run here (None: it can): it reads keys from stdin and draws on stderr, as
+    `lynxtop dashboard` checks; drawn into a pipe it is kilobytes of escape codes a second."""
+    for name, stream in (("stdin", sys.stdin), ("stderr", sys.__stderr__)):
+        try:
+            tty = stream is not None and stream.isatty()
+        except ValueError:  # closed
+            tty = False
+        if not tty:
+            return f"{name} is not a terminal"
+    return None
+
+
 def _run_dashboard(app_cls: Any, demo: Demo, duration: float | None) -> None:
+    """Run the dashboard until q, Ctrl-C or the duration; DashboardError if it failed or crashed (Textual has
+    then shown the error), so that the demo exits 1 after its clean-up."""
     app = app_cls(socket_path=str(demo.paths.socket), database_path=str(demo.paths.database), readonly=False,
                   utc=False, demo_load=demo.toggle_load)
     timer = None
@@ -513,6 +756,20 @@ def _run_dashboard(app_cls: Any, demo: Demo, duration: float | None) -> None:
         timer.start()
     try:
         app.run()
+    except Exception as exc:  # noqa: BLE001 - the driver could not start, say: one line, then the clean-up
+        raise DashboardError(f"the dashboard failed ({type(exc).__name__}: {exc})") from None
     finally:
         if timer is not None:
             timer.cancel()
+    code = app.return_code or 0
+    if code:
+        raise DashboardError(f"the dashboard ended with an error (status {code}; the error is shown above); "
+                             "the demo stops the simulated node all the same")
+
+
+if __name__ == "__main__":  # the watcher's entry, started by Lifeline.start only
+    if len(sys.argv) != 3 or sys.argv[1] != WATCH_FLAG or not sys.argv[2].isdigit():
+        print(f"usage: python -m lynxtop.cli.demo {WATCH_FLAG} FD (the demo's own watcher; run `lynxtop demo`)",
+              file=sys.stderr)
+        sys.exit(2)
+    sys.exit(watch(int(sys.argv[2])))
