@@ -275,6 +275,9 @@ class HistoryScreen(LiveScreen):
         self.app.push_screen(CompareScreen(a.id, b.id))
 
     def action_export(self) -> None:
+        if (why := export_refusal(self.lynx)) is not None:
+            self.notify(why, severity="warning", timeout=10)
+            return
         if not self.selected:
             self.notify("no run selected", severity="warning")
             return
@@ -300,6 +303,20 @@ class HistoryScreen(LiveScreen):
             self.app.call_from_thread(self.notify, str(exc), title="Export failed", severity="error", timeout=10)
             return
         self.app.call_from_thread(self.notify, f"{n} rows written to {path}", title="Export done", timeout=10)
+
+
+def export_refusal(app: Any) -> str | None:
+    """Why export is off, or None. The read-only web dashboard (no --web-control) runs as the user who started
+    --web, and whoever reaches its port would pick the path it writes; a local --readonly terminal is that
+    user's own, and a --web-control tab needed their token: both keep it."""
+    if not getattr(app, "readonly", False):
+        return None
+    from lynxtop.cli.web import served_by_web  # stdlib only at import: the key press pays nothing else
+
+    if not served_by_web():
+        return None
+    return ("export is off in the read-only web dashboard: it would write a file as the user who started --web; "
+            "export from `lynxtop` in a terminal, or serve with --web-control")
 
 
 def window_label(start: int, end: int, utc: bool) -> str:
