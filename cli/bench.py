@@ -14,7 +14,9 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import sys
+import tempfile
 import time
 from argparse import Namespace
 from pathlib import Path
@@ -112,22 +114,71 @@ def _requests(args: Namespace, concurrency: int) -> int:
     return args.rounds * concurrency if args.rounds else max(4 * concurrency, 8)
 
 
+MAX_PROMPTS_FILE = 256 << 20
+
+
 def _prompts(path: str | None) -> tuple[str, ...]:
-    """Text prompts from a file: JSON lines with "prompt" (vLLM's custom dataset) or one prompt a line."""
+    """Text prompts from a file: JSON lines with "prompt" (vLLM's custom dataset) or one prompt a line. Read
+    before the server is asked anything; a bad file is exit 2 naming the file and the line."""
     if not path:
         return ()
+    raw = _read_prompts_file(path)
     out = []
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            out.append(str(json.loads(line)["prompt"]) if line.lstrip().startswith("{") else line)
+    for n, line in enumerate(raw.split(b"\n"), 1):
+        try:
+            text = line.decode("utf-8").removesuffix("\r")
+        except UnicodeDecodeError as exc:
+            raise BenchError(f"--prompts {path}:{n}: not UTF-8 (byte {exc.start + 1} of the line)", EXIT_USAGE) \
+                from None
+        if text.strip():
+            out.append(_prompt(text, f"--prompts {path}:{n}") if text.lstrip().startswith("{") else text)
     if not out:
-        raise BenchError(f"{path} holds no prompt", EXIT_USAGE)
+        raise BenchError(f"--prompts {path} holds no prompt", EXIT_USAGE)
     return tuple(out)
 
 
+def _read_prompts_file(path: str) -> bytes:
+    """The file's bytes: a regular file (a FIFO would block, /dev/zero never end) of at most MAX_PROMPTS_FILE."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once, then is refused
+    except FileNotFoundError:
+        raise BenchError(f"--prompts {path}: no such file", EXIT_USAGE) from None
+    except OSError as exc:
+        raise BenchError(f"--prompts {path}: {exc.strerror or exc}", EXIT_USAGE) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BenchError(f"--prompts {path} is not a regular file", EXIT_USAGE)
+    with os.fdopen(fd, "rb") as f:
+        try:
+            raw = f.read(MAX_PROMPTS_FILE + 1)
+        except OSError as exc:
+            raise BenchError(f"--prompts {path}: {exc.strerror or exc}", EXIT_USAGE) from None
+    if len(raw) > MAX_PROMPTS_FILE:
+        raise BenchError(f"--prompts {path} is over {MAX_PROMPTS_FILE >> 20} MiB", EXIT_USAGE)
+    return raw
+
+
+def _prompt(text: str, where: str) -> str:
+    """The "prompt" of one JSON line: a non-empty string."""
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise BenchError(f"{where}: not JSON: nested too deep", EXIT_USAGE) from None
+    except ValueError as exc:
+        raise BenchError(f"{where}: not JSON: {exc}", EXIT_USAGE) from None
+    if not isinstance(obj, dict) or "prompt" not in obj:
+        raise BenchError(f'{where}: no "prompt" in the JSON line', EXIT_USAGE)
+    if not isinstance(obj["prompt"], str) or not obj["prompt"]:
+        raise BenchError(f'{where}: "prompt" is not a non-empty string', EXIT_USAGE)
+    return obj["prompt"]
+
+
 def _check(args: Namespace) -> None:
+    """Every option checked before the server is asked anything (exit 2, nothing sent, nothing written)."""
     bad = [f"{name} must be at least 1" for name, v in (("--input-len", args.input_len),
                                                           ("--output-len", args.output_len)) if v < 1]
+    bad += _api_key_problem(args.api_key)
+    bad += _json_problem(args.json) if args.json else []
     bad += ["--rounds must be at least 1"] if args.rounds is not None and args.rounds < 1 else []
     bad += ["--concurrency levels must be at least 1"] if any(c < 1 for c in args.concurrency or ()) else []
     bad += ["--request-rate must be above 0"] if any(r <= 0 for r in args.request_rate or ()) else []
@@ -137,6 +188,29 @@ def _check(args: Namespace) -> None:
         bad.append("--result-dir and --label go with --save-result")
     if bad:
         raise BenchError("; ".join(bad), EXIT_USAGE)
+
+
+def _api_key_problem(key: str | None) -> list[str]:
+    """An HTTP header carries printable ASCII only: anything else failed late and unclearly (a UnicodeEncodeError
+    per request), and a CR LF would add headers of its own. The key itself is never printed."""
+    bad = next((i for i, c in enumerate(key or "", 1) if not " " <= c <= "~"), None)
+    return [f"--api-key must be printable ASCII (character {bad} is not)"] if bad else []
+
+
+def _json_problem(path: str) -> list[str]:
+    """Why --json could not write `path` when the sweep ends (checked now: the sweep must not run for nothing).
+    An existing file is never replaced: it may be an earlier sweep's, or anyone's."""
+    p = Path(path)
+    if p.is_dir():
+        return [f"--json {path} is a directory"]
+    if p.exists() or p.is_symlink():
+        return [f"--json {path} exists; give a new file name (bench never writes over a file)"]
+    parent = p.parent
+    if not parent.is_dir():
+        return [f"--json {path}: no directory {parent}"]
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return [f"--json {path}: the directory {parent} is not writable"]
+    return []
 
 
 def _result_dir_problem(d: Path) -> list[str]:
@@ -185,9 +259,10 @@ def run(args: Namespace) -> int:
     client = None if args.no_store else _agent(args, cfg)
     try:
         _check(args)
+        prompts = _prompts(args.prompts)
         url, serving = _target(args, _serving(client))
         model, model_id = asyncio.run(_model(url, args.model, serving.get("model"), args.api_key))
-        wl = Workload(url, model, args.input_len, args.output_len, args.seed, args.api_key, _prompts(args.prompts),
+        wl = Workload(url, model, args.input_len, args.output_len, args.seed, args.api_key, prompts,
                       keep_text=bool(args.save_result))
     except ServerError as exc:
         _err(str(exc))
@@ -246,19 +321,40 @@ async def _sweep(wl: Workload, levels: list[Level], args: Namespace, store: Stor
         loop.remove_signal_handler(signal.SIGTERM)
 
 
+def _write_json(result: SweepResult, meta: dict[str, Any], wanted: str) -> tuple[Path | None, str]:
+    """--json, written before anything is printed (the results first) and never over a file: one that appeared
+    during the sweep is kept and the levels go beside it (`-2`); a directory gone or a full disk sends them to
+    the temporary directory instead. Returns where they went and what to say about it ("" when as asked)."""
+    data = (json.dumps(_json_levels(result, meta), indent=2) + "\n").encode()
+    try:
+        path = bench_result.write_new(Path(wanted), data)
+    except OSError as exc:
+        why = f"cannot write --json {wanted}: {exc.strerror or exc}"
+        try:
+            path = bench_result.write_new(Path(tempfile.gettempdir()) / f"lynxtop-bench-{meta['bench_id']}.json",
+                                          data)
+        except OSError:
+            return None, f"{why}; the levels are only in the table below"
+        return path, f"{why}; the levels went to {path} instead"
+    if path != Path(wanted):
+        return path, f"--json {wanted} appeared during the sweep and is kept; the levels went to {path}"
+    return path, ""
+
+
 def _report(result: SweepResult, meta: dict[str, Any], store: Store, args: Namespace,
             saver: bench_result.Saver | None = None) -> int:
+    json_path, json_problem = _write_json(result, meta, args.json) if args.json else (None, "")
+    if json_problem:
+        _err(json_problem)
     if result.levels:
         print(bench_view.table(result.levels))
         for line in bench_traffic.warnings(result.levels):  # under the table: its numbers are not bench's alone
             print(line)
         print()
         print(bench_view.chart(result.levels))
-    if args.json:
-        Path(args.json).write_text(json.dumps(_json_levels(result, meta), indent=2) + "\n")
     where = f"stored as sweep {meta['bench_id']} ({store.stored} levels)" if store.stored else \
         f"NOT stored: {terminal_safe(store.problem)}"  # the agent's refusal or an unreachable error: foreign text
-    print(f"\n{where}" + (f"; JSON in {args.json}" if args.json else ""), file=sys.stderr)
+    print(f"\n{where}" + (f"; JSON in {terminal_safe(json_path)}" if json_path else ""), file=sys.stderr)
     if saver is not None:
         print(terminal_safe(f"{len(saver.paths)} vllm --save-result file(s) in {saver.directory}: "  # file names
                             + ", ".join(p.name for p in saver.paths), lines=True), file=sys.stderr)
@@ -271,6 +367,8 @@ def _report(result: SweepResult, meta: dict[str, Any], store: Store, args: Names
     if result.interrupted:
         _err("stopped by Ctrl-C; finished levels are kept, the last one is marked partial (*)")
         return EXIT_INTERRUPTED
+    if args.json and json_path != Path(args.json):
+        return EXIT_FAILED  # not where it was asked: a script reading that file must not take it as the result
     return EXIT_FAILED if any(s["failed"] or s.get("partial") for s in result.levels) else EXIT_OK
 
 

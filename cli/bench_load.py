@@ -8,6 +8,11 @@ concurrency (`--max-concurrency`) or open-loop at a Poisson request rate (`--req
 
 The event stream is read in raw chunks and only the usage and error events are parsed as JSON: at 512
 streams and 20,000 tokens/s a `json.loads` per token would cost the loop more than the measurement may.
+
+Nothing the server sends is trusted (docs/reliability.md): an event is at most MAX_EVENT bytes, a request at
+most `token_limit` token events, every parsed event must be a JSON object and every count in it an int in
+[0, 2^63); anything else fails that request with its reason, and no number that failed the check reaches the
+statistics. The server's other answers (/v1/models, /metrics) are read up to a cap (`read_capped`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import asyncio
 import contextlib
 import json
 import random
+import sys
 import time
+from array import array
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +33,25 @@ import aiohttp
 from lynxtop.cli.bench_http import ConnectFailed, ProtocolError, StreamPool
 
 NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+MAX_EVENT = 64 * 1024  # one SSE event (vLLM's token event is ~250 bytes; its usage event smaller)
+MAX_JSON_ANSWER = 1 << 20  # /v1/models and other JSON answers
+MAX_ERROR_TEXT = 64 * 1024  # what is read of an error answer, for its message
+COUNT_LIMIT = 2**63  # a token count at or above it is no count (SQLite's INTEGER, and no server's)
+
+
+def token_limit(asked: int) -> int:
+    """Token events one request may bring: far above what it asked (a server may add an empty closing event, or
+    count differently), yet bounded, so a server streaming forever fails the request instead of filling memory."""
+    return 4 * asked + 16
+
+
+class BadEvent(ValueError):
+    """An event no server should send (not an object, a foreign number, too long, too many tokens); the message
+    is the request's failure reason, whole."""
+
+
+class TooLarge(ValueError):
+    """An answer over its cap: the read stopped there."""
 
 
 @dataclass
@@ -49,7 +75,7 @@ class RequestResult:
         """The generated text, decoded from the kept events (after the level: no JSON is parsed while timing)."""
         out = []
         for payload in self.chunks or ():
-            with contextlib.suppress(ValueError, LookupError, TypeError, AttributeError):
+            with contextlib.suppress(ValueError, LookupError, TypeError, AttributeError, RecursionError):
                 out.append(str(json.loads(payload)["choices"][0].get("text") or ""))
         return "".join(out)
 
@@ -72,66 +98,125 @@ class Workload:
     prompts: tuple[str, ...] = ()  # text prompts (else random token ids of input_len)
     keep_text: bool = False  # keep each token event for the generated text (--save-result files)
 
-    def bodies(self, n: int, offset: int = 0) -> list[dict[str, Any]]:
-        """`n` request bodies; the same seed and offset give the same prompts."""
-        rng = random.Random(self.seed * 1_000_003 + offset)
-        out = []
-        for i in range(n):
-            if self.prompts:
-                prompt: Any = self.prompts[(offset + i) % len(self.prompts)]
-            else:
-                prompt = [rng.randint(100, 30_000) for _ in range(self.input_len)]
-            # the body `vllm bench serve` sends (server-default sampling), so both load the server alike
-            out.append({"model": self.model, "prompt": prompt, "max_tokens": self.output_len, "stream": True,
-                        "ignore_eos": True, "stream_options": {"include_usage": True}})
-        return out
+    def body(self, i: int, offset: int = 0) -> bytes:
+        """Request `i`'s body, built when it is sent: a level of 4096 requests of 131072 tokens built in advance
+        took ~19 GB. The same seed, offset and index give the same prompt (random token ids in 100..30000)."""
+        if self.prompts:
+            prompt: Any = self.prompts[(offset + i) % len(self.prompts)]
+        else:
+            raw = array("H", random.Random(f"{self.seed}/{offset}/{i}").randbytes(2 * self.input_len))
+            if sys.byteorder == "big":  # the same prompts on every machine
+                raw.byteswap()
+            prompt = [100 + v % 29_901 for v in raw]
+        # the body `vllm bench serve` sends (server-default sampling), so both load the server alike
+        return json.dumps({"model": self.model, "prompt": prompt, "max_tokens": self.output_len, "stream": True,
+                           "ignore_eos": True, "stream_options": {"include_usage": True}}).encode()
 
 
 class _Events:
-    """Splits a byte stream into SSE `data:` payloads and times each event that carries a token."""
+    """Splits a byte stream into SSE `data:` payloads and times each event that carries a token.
 
-    def __init__(self, res: RequestResult, t0: float, keep: bool = False):
+    The start of an event whose blank line has not come yet is held as a list of reads (each read is searched
+    once, with the held part's last byte for a blank line split between reads): no re-copy per read, and past
+    MAX_EVENT bytes the request fails instead of growing."""
+
+    def __init__(self, res: RequestResult, t0: float, keep: bool = False, asked: int | None = None):
         self.res, self.t0, self.last = res, t0, t0
-        self.buf = b""
+        self.held: list[bytes] = []
+        self.held_len = 0
         self.tokens = 0
+        self.asked = asked
+        self.limit = token_limit(asked) if asked else 1 << 20
         self.usage_tokens: int | None = None
         self.usage_prompt: int | None = None
         self.done = False
         self.kept: list[bytes] | None = [] if keep else None
+        self.kept_len = 0
+        self.kept_limit = 1024 * self.limit + MAX_EVENT  # the events kept for the text: ~250 bytes a token
+
+    @property
+    def buf(self) -> bytes:
+        """The bytes of the event not yet ended."""
+        return b"".join(self.held)
 
     def feed(self, data: bytes, now: float) -> None:
-        self.buf += data
-        *events, self.buf = self.buf.split(b"\n\n")
-        for ev in events:
+        if self.held and self.held_len < 4096:  # the usual: the start of an event from the read before
+            data = self.held[0] + data if len(self.held) == 1 else b"".join(self.held) + data
+            self.held, self.held_len = [], 0
+        elif self.held:  # a long event: this read searched alone (and the held part's last byte)
+            i = (self.held[-1][-1:] + data).find(b"\n\n")  # index 0: the held part ends with the first \n
+            if i < 0:
+                self._hold(data)
+                return
+            event = b"".join(self.held) + data[:max(i - 1, 0)]
+            self.held, self.held_len = [], 0
+            data = data[i + 1:]
+            self._one(event, now)
+        *events, rest = data.split(b"\n\n")
+        for ev in events:  # _one inlined: this loop runs once a token
+            if len(ev) > MAX_EVENT:
+                raise BadEvent(f"bad event in the stream: an event over {MAX_EVENT // 1024} KiB")
             for line in ev.split(b"\n"):
                 if line.startswith(b"data:"):
                     self._event(line[5:].strip(), now)
+        if rest:
+            self._hold(rest)
+
+    def _hold(self, part: bytes) -> None:
+        self.held.append(part)
+        self.held_len += len(part)
+        if self.held_len > MAX_EVENT:
+            raise BadEvent(f"bad event in the stream: over {MAX_EVENT // 1024} KiB without an end")
+
+    def _one(self, ev: bytes, now: float) -> None:
+        if len(ev) > MAX_EVENT:
+            raise BadEvent(f"bad event in the stream: an event over {MAX_EVENT // 1024} KiB")
+        for line in ev.split(b"\n"):
+            if line.startswith(b"data:"):
+                self._event(line[5:].strip(), now)
 
     def _event(self, payload: bytes, now: float) -> None:
+        if not payload.startswith(b"{"):  # one byte compared: an array, string or number is no event of ours
+            if payload == b"[DONE]":
+                self.done = True
+            elif payload:
+                raise BadEvent("bad event in the stream: not a JSON object")
+            return
         if b'"finish_reason":null' in payload or b'"finish_reason": null' in payload:
             # a token, found with one search: error, usage-only and closing events have no null finish_reason
             if b'"usage":{' in payload or b'"usage": {' in payload:  # continuous usage stats
                 self._usage(payload)
             self._token(now, payload)
             return
-        if payload == b"[DONE]":
-            self.done = True
-            return
         if b'"error"' in payload and b'"choices"' not in payload:
-            err = json.loads(payload).get("error")
+            err = _object(payload).get("error")
             raise StreamError(str(err.get("message", err) if isinstance(err, dict) else err))
-        if b'"usage":{' in payload or b'"usage": {' in payload:
+        if b'"usage":' in payload:  # an object, a null, or a foreign value: parsed to tell
             self._usage(payload)
         if _carries_token(payload):
             self._token(now, payload)
 
     def _usage(self, payload: bytes) -> None:
-        usage = json.loads(payload).get("usage") or {}
-        self.usage_tokens = usage.get("completion_tokens")
-        self.usage_prompt = usage.get("prompt_tokens")
+        usage = _object(payload).get("usage")
+        if usage is None:
+            return
+        if not isinstance(usage, dict):
+            raise BadEvent("bad event in the stream: usage is not an object")
+        done, prompt = _count(usage, "completion_tokens"), _count(usage, "prompt_tokens")
+        if done is not None and done > self.limit:
+            raise BadEvent(f"server sent more tokens than asked: usage says {done} for max_tokens {self.asked}")
+        self.usage_tokens = done if done is not None else self.usage_tokens
+        self.usage_prompt = prompt if prompt is not None else self.usage_prompt
 
     def _token(self, now: float, payload: bytes) -> None:
+        if self.tokens >= self.limit:
+            raise BadEvent(f"server sent more tokens than asked: over {self.limit} events for max_tokens "
+                           f"{self.asked}")
         if self.kept is not None:
+            self.kept_len += len(payload)
+            if self.kept_len > self.kept_limit:
+                raise BadEvent(f"server sent over {_size(self.kept_limit)} of token events for max_tokens "
+                               f"{self.asked}")
             self.kept.append(payload)
         if self.tokens == 0:
             self.res.ttft = now - self.t0
@@ -150,22 +235,68 @@ def _carries_token(payload: bytes) -> bool:
     return not closing
 
 
+def _object(payload: bytes) -> dict[str, Any]:
+    """A parsed event, which must be a JSON object (a list's `.get` once killed the worker and its level)."""
+    try:
+        obj = json.loads(payload)
+    except RecursionError:
+        raise BadEvent("bad event in the stream: JSON nested too deep") from None
+    except ValueError as exc:
+        raise BadEvent(f"bad event in the stream: {exc}") from None
+    if not isinstance(obj, dict):
+        raise BadEvent("bad event in the stream: not a JSON object")
+    return obj
+
+
+def _count(usage: dict[str, Any], key: str) -> int | None:
+    """A token count of the usage block: an int (not a bool, not 4.0) in [0, 2^63), or None when absent."""
+    v = usage.get(key)
+    if v is None:
+        return None
+    if type(v) is not int or not 0 <= v < COUNT_LIMIT:
+        raise BadEvent(f"bad event in the stream: usage.{key} is not a count: {_show(v)}")
+    return v
+
+
+def _show(v: Any) -> str:
+    """A foreign value, short (a 4000-digit int or a long string must not become the reason)."""
+    if type(v) is int and abs(v) >= 2**64:
+        return f"{'-' if v < 0 else ''}an integer of {abs(v).bit_length()} bits"
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 class StreamError(Exception):
     """The server reported an error inside the stream."""
 
 
-async def one_request(pool: StreamPool, wl: Workload, body: dict[str, Any]) -> RequestResult:
-    """POST one streamed completion and time it; never raises for a server or network problem."""
+async def one_request(pool: StreamPool, wl: Workload, body: dict[str, Any] | bytes) -> RequestResult:
+    """POST one streamed completion and time it; never raises (but for cancellation): whatever goes wrong,
+    the server's doing or a bug of ours, is this request failed with its reason, so a worker never dies and
+    takes its level's count with it."""
     res = RequestResult(prompt_tokens=wl.input_len)
+    try:
+        return await _request(pool, wl, body, res)
+    except Exception as exc:  # noqa: BLE001 - nothing foreseen: still a failed request, counted, with the why
+        res.ok, res.output_tokens = False, 0
+        res.error = f"unexpected error in lynxtop bench: {type(exc).__name__}: {exc}"[:300]
+        return res
+
+
+async def _request(pool: StreamPool, wl: Workload, body: dict[str, Any] | bytes,
+                   res: RequestResult) -> RequestResult:
     headers = {"Authorization": f"Bearer {wl.api_key}"} if wl.api_key else None
-    payload = json.dumps(body).encode()
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
     t0 = res.start = time.perf_counter()
-    ev = _Events(res, t0, wl.keep_text)
+    ev = _Events(res, t0, wl.keep_text, wl.output_len)
     res.chunks = ev.kept
     try:
         answer = await pool.post("/v1/completions", payload, headers, ev.feed)  # tokens timed as they are read
     except StreamError as exc:
         res.error = f"error in stream: {exc}"[:300]
+        return res
+    except BadEvent as exc:
+        res.error = str(exc)[:300]
         return res
     except ConnectFailed as exc:
         res.error, res.unreachable = f"cannot connect: {exc}"[:300], True
@@ -197,8 +328,8 @@ def _finish(res: RequestResult, ev: _Events) -> RequestResult:
         res.error = "no tokens in the answer"
         return res
     res.ok = True
-    res.output_tokens = ev.usage_tokens if ev.usage_tokens else ev.tokens
-    if isinstance(ev.usage_prompt, int) and ev.usage_prompt > 0:  # the server's count: text prompts too
+    res.output_tokens = ev.usage_tokens if ev.usage_tokens else ev.tokens  # both checked where they were read
+    if ev.usage_prompt:  # the server's count (checked in _count): text prompts too
         res.prompt_tokens = ev.usage_prompt
     res.e2e = ev.last - ev.t0
     return res
@@ -208,7 +339,7 @@ def _message(text: str) -> str:
     """The server's error message from a JSON error body (vLLM and OpenAI shapes), else the text."""
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text.strip()[:300]
     err = data.get("error", data) if isinstance(data, dict) else data
     if isinstance(err, dict):
@@ -236,6 +367,7 @@ class LevelRun:
     results: list[RequestResult] = field(default_factory=list)
     duration_s: float = 0.0
     interrupted: bool = False  # stopped early (Ctrl-C): partial
+    error: str = ""  # the level's driver died (a bug of ours): partial, and said so, never silently short
 
 
 Progress = Callable[[int], None]  # called with the count of finished requests
@@ -247,13 +379,12 @@ async def run_level(pool: StreamPool, wl: Workload, level: Level, stop: asyncio.
     out = LevelRun(level)
     deadline = time.perf_counter() + level.duration_s if level.duration_s else None
     todo = level.requests or 10**9
-    bodies = wl.bodies(min(todo, 4096), offset)
     t0 = time.perf_counter()
 
     async def one(i: int, arrived: float | None = None) -> bool:
         # queue time as vLLM's client counts it: a closed loop's requests all arrive at the start (rate inf),
         # an open loop's at their Poisson arrival
-        res = await one_request(pool, wl, bodies[i % len(bodies)])
+        res = await one_request(pool, wl, wl.body(i, offset))
         res.queued = max(0.0, res.start - (t0 if arrived is None else arrived))
         out.results.append(res)
         if progress:
@@ -267,6 +398,8 @@ async def run_level(pool: StreamPool, wl: Workload, level: Level, stop: asyncio.
     try:
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
         out.interrupted = not task.done()
+        if task.done() and not task.cancelled() and (exc := task.exception()) is not None:
+            out.error = f"{type(exc).__name__}: {exc}"[:300]  # else _cancel_all would swallow it
     finally:  # also when the sweep is aborted: no request outlives its level (nor the session it reads from)
         await _cancel_all([task, stopper])
     out.duration_s = time.perf_counter() - t0
@@ -336,9 +469,31 @@ async def streams(url: str, timeout_s: float) -> AsyncIterator[StreamPool]:
 
 
 def session(limit: int, timeout_s: float) -> aiohttp.ClientSession:
-    """A session for the server's other questions (its models)."""
+    """A session for the server's other questions (its models, /metrics). Bodies come as sent (no gzip): a cap
+    on what is read must be a cap on what is held."""
     conn = aiohttp.TCPConnector(limit=limit, limit_per_host=0, force_close=False)
-    return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=5))
+    return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=5),
+                                 auto_decompress=False, headers={"Accept-Encoding": "identity"})
+
+
+async def read_capped(r: aiohttp.ClientResponse, limit: int, cut: bool = False) -> bytes:
+    """The answer's body, at most `limit` bytes: past it TooLarge (or, with `cut`, the first `limit` bytes, for
+    an error message); the rest is never read (the session's total timeout bounds the time)."""
+    if r.content_length is not None and r.content_length > limit and not cut:
+        raise TooLarge(f"an answer of {r.content_length} bytes, over {_size(limit)}")
+    buf = bytearray()
+    while len(buf) <= limit:
+        piece = await r.content.read(min(65536, limit + 1 - len(buf)))
+        if not piece:
+            return bytes(buf)
+        buf += piece
+    if cut:
+        return bytes(buf[:limit])
+    raise TooLarge(f"an answer over {_size(limit)}")
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
 async def served_models(sess: aiohttp.ClientSession, url: str, api_key: str | None = None) -> dict[str, str]:
@@ -348,14 +503,32 @@ async def served_models(sess: aiohttp.ClientSession, url: str, api_key: str | No
     try:
         async with sess.get(url + "/v1/models", headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as r:
             if r.status != 200:
-                raise ServerError(f"{url}/v1/models answered HTTP {r.status}: {_message(await r.text())}")
-            data = await r.json(content_type=None)
+                text = (await read_capped(r, MAX_ERROR_TEXT, cut=True)).decode("utf-8", "replace")
+                raise ServerError(f"{url}/v1/models answered HTTP {r.status}: {_message(text)}")
+            data = json.loads(await read_capped(r, MAX_JSON_ANSWER))
     except NETWORK_ERRORS as exc:
-        raise ServerError(f"cannot reach the server at {url}: {exc or type(exc).__name__}") from None
+        raise ServerError(f"cannot reach the server at {url}: {str(exc) or type(exc).__name__}") from None
+    except TooLarge as exc:
+        raise ServerError(f"{url}/v1/models sent {exc}") from None
+    except RecursionError:
+        raise ServerError(f"{url}/v1/models is not JSON: nested too deep") from None
     except ValueError as exc:
         raise ServerError(f"{url}/v1/models is not JSON: {exc}") from None
     models = data.get("data") if isinstance(data, dict) else None
     return {str(m.get("id")): str(m.get("root") or m.get("id")) for m in models or [] if isinstance(m, dict)}
+
+
+MAX_METRICS_PAGE = 8 << 20  # vLLM's /metrics is ~100 KiB; with many engines and LoRA adapters a few MiB
+
+
+async def metrics_page(url: str) -> str | None:
+    """The server's /metrics page (at most MAX_METRICS_PAGE, within 10 s); None when it has none or sends more
+    (the counters read from it are then absent, never a guess)."""
+    try:
+        async with session(2, 10) as sess, sess.get(url + "/metrics") as r:
+            return (await read_capped(r, MAX_METRICS_PAGE)).decode("utf-8", "replace") if r.status == 200 else None
+    except (*NETWORK_ERRORS, TooLarge):
+        return None
 
 
 class ServerError(Exception):

@@ -11,8 +11,12 @@ names vLLM does not use.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
+import os
+import secrets
 import statistics
 import sys
 import time
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lynxtop.cli.bench_load import NETWORK_ERRORS, LevelRun, session
+from lynxtop.cli.bench_load import COUNT_LIMIT, LevelRun, metrics_page
 from lynxtop.cli.bench_stats import METRICS, percentile
 from lynxtop.cli.bench_sweep import LevelHook
 
@@ -55,8 +59,8 @@ def spec_counters(page: str) -> SpecCounters | None:
             number = float(rest.split()[0])  # a timestamp may follow the value
         except ValueError:
             continue
-        if not math.isfinite(number) or number < 0:
-            continue
+        if not math.isfinite(number) or not 0 <= number < COUNT_LIMIT:
+            continue  # no count (vLLM's client skips a NaN too); a 1e300 would become a 300-digit int
         value = int(number)
         found = True
         if name == "vllm:spec_decode_num_drafts_total":
@@ -65,10 +69,12 @@ def spec_counters(page: str) -> SpecCounters | None:
             out.draft_tokens += value
         elif name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
             pos = _label(line, "position")
-            if pos is not None and pos.isdigit():
+            if pos is not None and pos.isascii() and pos.isdigit() and len(pos) <= 6:  # int("²") raises
                 out.per_pos[int(pos)] = out.per_pos.get(int(pos), 0) + value
         elif name == "vllm:spec_decode_num_accepted_tokens_total":
             out.accepted += value
+    if max(out.drafts, out.draft_tokens, out.accepted, *out.per_pos.values()) >= COUNT_LIMIT:
+        return None  # summed past a count: absent, not a guess
     return out if found else None
 
 
@@ -175,14 +181,79 @@ def now() -> str:
 
 def write(directory: Path, obj: dict[str, Any], name: str) -> Path:
     """Write one level's file (never over an earlier one: a second level of the same name in the same second
-    gets a counter before `.json`)."""
+    gets a counter before `.json`, `-2`, `-3`...)."""
     directory.mkdir(parents=True, exist_ok=True)
-    path, n = directory / name, 1
-    while path.exists():
-        n += 1
-        path = directory / f"{name.removesuffix('.json')}-{n}.json"
-    path.write_text(json.dumps(obj) + "\n")
-    return path
+    return write_new(directory / name, (json.dumps(obj) + "\n").encode())
+
+
+def write_new(path: Path, data: bytes, numbered: bool = True) -> Path:
+    """`data` as a new file at `path`, or (`numbered`) at `{stem}-2{suffix}`, `-3`... when the name is taken;
+    returns where. Written whole into a temporary file of the same directory, fsynced, then linked to its name:
+    link() never replaces a name (checking first, then writing, lost one level of two racing writers), and
+    no reader ever sees half a file. FileExistsError when `path` is taken and not `numbered`."""
+    tmp = _temporary(path, data)
+    try:
+        for n in range(1, 10_000):
+            target = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
+            try:
+                _place(tmp, target, data)
+            except FileExistsError:
+                if not numbered:
+                    raise
+                continue
+            _sync_dir(path.parent)
+            return target
+        raise FileExistsError(errno.EEXIST, "9999 files of this name already", str(path))
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _temporary(path: Path, data: bytes) -> Path:
+    """A hidden temporary file beside `path` holding `data`, on disk (created 0666 under the umask, as a plain
+    create would be; mkstemp's 0600 would hide results from the operators' group)."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            continue
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return tmp
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path))
+
+
+def _place(tmp: Path, target: Path, data: bytes) -> None:
+    """Give the written file its name, never replacing one (FileExistsError when taken)."""
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise
+    except OSError as exc:  # a file system without hard links: an exclusive create, written in place
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        with open(target, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _sync_dir(d: Path) -> None:
+    """The new name on disk too (a crash after the write must not lose the file's entry)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------- the hook
@@ -199,11 +270,8 @@ class Saver(LevelHook):
         self._before: SpecCounters | None = None
 
     async def _counters(self) -> SpecCounters | None:
-        try:
-            async with session(2, 10) as sess, sess.get(self.url + "/metrics") as r:
-                return spec_counters(await r.text(errors="replace")) if r.status == 200 else None
-        except NETWORK_ERRORS:
-            return None  # no page, no speculative keys (vLLM's client does the same)
+        page = await metrics_page(self.url)  # no page (or one over its cap): no speculative keys, as in vLLM's
+        return spec_counters(page) if page is not None else None
 
     async def before(self) -> None:
         self._before = await self._counters()

@@ -68,8 +68,11 @@ def summarize(run: LevelRun, sla_ttft_ms: float | None = None, sla_tpot_ms: floa
     out |= describe("tpot", tpots)
     out |= describe("itl", [g for r in ok for g in r.itl])
     out |= describe("e2el", [r.e2e for r in ok])
-    out["partial"] = run.interrupted
-    out["failures"] = dict(Counter(_reason(r.error) for r in failed).most_common(10))
+    out["partial"] = run.interrupted or bool(run.error)
+    failures = Counter(_reason(r.error) for r in failed)
+    if run.error:  # the level's driver died: its requests not sent are nowhere else, so the level says so
+        failures[_reason(f"lynxtop bench stopped the level: {run.error}")] += 1
+    out["failures"] = dict(failures.most_common(10))
     return out
 
 

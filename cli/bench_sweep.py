@@ -195,7 +195,7 @@ async def sweep(wl: Workload, levels: Sequence[Level], *, warmup: int, stop: asy
             summary = summarize(run, *sla)
             out.interrupted = out.interrupted or run.interrupted
             out.server_gone = _gone(run)
-            summary["partial"] = bool(run.interrupted or out.server_gone)
+            summary["partial"] = bool(run.interrupted or out.server_gone or run.error)
             out.levels.append(summary)
             sink(summary)
             if hook:

@@ -10,31 +10,46 @@ else's. A server without /metrics gives no count (None), never a guess.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
-from lynxtop.cli.bench_load import NETWORK_ERRORS, LevelRun, session
+from lynxtop.cli.bench_load import COUNT_LIMIT, LevelRun, metrics_page
 from lynxtop.cli.bench_sweep import LevelHook
 
 SUCCESS, RUNNING = "vllm:request_success_total", "vllm:num_requests_running"
 
 
+def sample_value(line: str) -> float | None:
+    """A sample line's value: the first field after the name and its labels (label values may hold spaces; a
+    timestamp may follow the value); None when there is none that parses."""
+    rest = line[line.rfind("}") + 1:] if "{" in line else line.partition(" ")[2]
+    try:
+        return float(rest.split()[0])
+    except (IndexError, ValueError):
+        return None
+
+
 def request_counters(page: str) -> tuple[float, float] | None:
-    """(finished requests, running requests) summed over labels and engines; None without the success counter."""
+    """(finished requests, running requests) summed over labels and engines; None without the success counter,
+    or when a value is no count (NaN, inf, negative, 2^63 or more): the counters are then absent, not a guess."""
     done = running = 0.0
     seen = False
     for line in page.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name not in (SUCCESS, RUNNING):
             continue
-        try:
-            value = float(line.rsplit(" ", 1)[1])
-        except (IndexError, ValueError):
+        value = sample_value(line)
+        if value is None:
             continue
+        if not math.isfinite(value) or not 0 <= value < COUNT_LIMIT:
+            return None
         if name == SUCCESS:
             done, seen = done + value, True
         else:
             running += value
+    if not (done < COUNT_LIMIT and running < COUNT_LIMIT):
+        return None
     return (done, running) if seen else None
 
 
@@ -59,11 +74,8 @@ class TrafficWatch(LevelHook):
         self._before: tuple[float, float] | None = None
 
     async def _counters(self) -> tuple[float, float] | None:
-        try:
-            async with session(2, 10) as sess, sess.get(self.url + "/metrics") as r:
-                return request_counters(await r.text(errors="replace")) if r.status == 200 else None
-        except NETWORK_ERRORS:
-            return None
+        page = await metrics_page(self.url)
+        return request_counters(page) if page is not None else None
 
     async def before(self) -> None:
         self._before = await self._counters()

@@ -5,6 +5,7 @@ in a terminal, a CI log and a pasted issue.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,8 +60,8 @@ def chart(levels: Sequence[dict[str, Any]], width: int = 40) -> str:
     """Output throughput (#) and p99 e2e latency (=) per level, each scaled to its own maximum."""
     if not levels:
         return ""
-    tp = [s.get("output_throughput") or 0.0 for s in levels]
-    lat = [s.get("p99_e2el_ms") or 0.0 for s in levels]
+    tp = [_finite(s.get("output_throughput")) for s in levels]
+    lat = [_finite(s.get("p99_e2el_ms")) for s in levels]
     top_tp, top_lat = max(tp) or 1.0, max(lat) or 1.0
     lines = [f"{'level':>7}  {'output tokens/s':<{width}}  p99 latency (e2e)"]
     for s, t, la in zip(levels, tp, lat, strict=True):
@@ -68,6 +69,14 @@ def chart(levels: Sequence[dict[str, Any]], width: int = 40) -> str:
         bar_l = "=" * max(round(la / top_lat * width // 2), 1 if la else 0)
         lines.append(f"{level_label(s):>7}  {bar_t:<{width}} {t:9.1f}  {bar_l} {fmt_ms(la) if la else '-'}")
     return "\n".join(lines)
+
+
+def _finite(v: Any) -> float:
+    """A bar's length: a finite number >= 0, else 0 (a NaN or an inf in a stored level must not end the report
+    after the sweep ran; the reader checks the server's numbers, this is the last guard)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 2**63 or not math.isfinite(v):
+        return 0.0
+    return float(v)
 
 
 COMPARE_KEYS = (

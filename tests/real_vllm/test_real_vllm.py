@@ -617,6 +617,7 @@ def test_lynxtop_bench_agrees_with_vllm_bench_serve(agent, prepared):
     ensure_ready(agent, "tiny")
     out = prepared.root / "bench-compare"
     out.mkdir(exist_ok=True)
+    (out / "lynxtop.json").unlink(missing_ok=True)  # bench never writes over a file: the last run's goes first
     prompts, sharegpt = _bench_prompts(out)
     before = _successes(agent.port)
     theirs_proc = _vllm_bench(prepared, agent.port, sharegpt, out / "vllm.json")
