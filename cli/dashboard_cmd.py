@@ -4,7 +4,6 @@ browser with --web, cli/web.py)."""
 from __future__ import annotations
 
 import gc
-import os
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -27,9 +26,10 @@ def run(args: Namespace) -> int:
     if getattr(args, "web_control", False):
         print("lynxtop dashboard: error: --web-control applies only with --web or --web-listen", file=sys.stderr)
         return 2
-    # textual-serve started this one: the browser is the terminal. cli/web.py only then: a terminal's dashboard
-    # would pay its imports before the first frame.
-    in_browser = bool(os.environ.get("TEXTUAL_DRIVER")) and _web().served_by_web()
+    # textual-serve started this one: the browser is the terminal (tui/served.py: stdlib only)
+    from lynxtop.tui.served import served_by_web
+
+    in_browser = served_by_web()
     if not in_browser and not (sys.stdin.isatty() and sys.__stderr__ is not None and sys.__stderr__.isatty()):
         print("lynxtop: the dashboard needs a terminal (stdin and stderr); for plain text use "
               "`lynxtop status` or `lynxtop runs`", file=sys.stderr)

@@ -37,7 +37,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-WEB_DRIVER = "textual.drivers.web_driver:WebDriver"  # what textual-serve sets TEXTUAL_DRIVER to in the app's env
 READONLY_REASON = "web: read-only unless --web-control"
 STOP_GRACE_S = 5.0  # a dashboard that has not left this long after its tab closed is killed
 MAX_SESSIONS = 4  # dashboards (one process, ~50 MB and a poll of the agent a second, each) at once
@@ -49,11 +48,6 @@ TOKEN_BYTES = 24  # --web-control's page token: 32 URL-safe characters
 
 class WebUsageError(Exception):
     """A bad --web/--web-listen/--web-control: the message says what and how to fix it."""
-
-
-def served_by_web() -> bool:
-    """True in a dashboard that textual-serve started: its terminal is the browser, stdin a pipe."""
-    return os.environ.get("TEXTUAL_DRIVER") == WEB_DRIVER
 
 
 def is_loopback(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:

@@ -20,9 +20,9 @@ from support.tui import make_app, wait_for
 from support.tui_keys import open_screen
 from textual.widgets import DataTable, Input
 
-from lynxtop.cli.web import WEB_DRIVER
 from lynxtop.tui.screens.export_path import ExportPathScreen
 from lynxtop.tui.screens.history import HistoryScreen
+from lynxtop.tui.served import WEB_DRIVER
 
 OFF = "export is off"  # the start of the notice
 

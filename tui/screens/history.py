@@ -311,7 +311,7 @@ def export_refusal(app: Any) -> str | None:
     user's own, and a --web-control tab needed their token: both keep it."""
     if not getattr(app, "readonly", False):
         return None
-    from lynxtop.cli.web import served_by_web  # stdlib only at import: the key press pays nothing else
+    from lynxtop.tui.served import served_by_web  # stdlib only at import: the key press pays nothing else
 
     if not served_by_web():
         return None
