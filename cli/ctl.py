@@ -151,7 +151,7 @@ def format_status(st: Status, rate: tuple[float, int] | None = None) -> str:
     the status's own figure is per tick, and reads 0.0 for minutes while long requests run.
     """
     lines: list[str] = []
-    if st.agent.simulated:
+    if st.agent.simulated or st.serving.simulated:
         lines.append("*** SIMULATED node: the GPUs and/or vLLM are simulated ***")
     if _idle_worker(st):
         lines.append(f"serving  none on this node: a Ray worker (vLLM runs on the head, {st.cluster.address or '?'})")

@@ -339,6 +339,7 @@ class ServingStatus:
     # so a slow load shows how long it may still take. None otherwise, and from an agent older than the fields.
     ready_timeout_s: float | None = None
     ready_deadline_ms: int | None = None
+    simulated: bool = False  # the run is lynxtop's simulated vLLM (on real GPUs too, where `agent.simulated` is not)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> ServingStatus:

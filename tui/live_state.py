@@ -128,7 +128,7 @@ class LiveState:
 
     @property
     def simulated(self) -> bool:
-        return self.status is not None and self.status.agent.simulated
+        return self.status is not None and (self.status.agent.simulated or self.status.serving.simulated)
 
     def serving_series(self, key: str) -> list[tuple[int, float | None]]:
         return [(ts, row.get(key)) for ts, row in self.serving_history]

@@ -120,5 +120,6 @@ class Adoption:
         await store_call(
             self._store.create_run, run_id=record.run_id, profile=record.profile, argv=record.argv,
             model=record.argv[2] if len(record.argv) > 2 else None, host=self._host, started_ms=record.started_ms,
-            pid=record.pid, pid_start_time=record.start_ticks, log_path=record.log_path, simulated=self._simulated,
+            pid=record.pid, pid_start_time=record.start_ticks, log_path=record.log_path,
+            simulated=self._simulated or launcher.runs_simulator(record.argv),
             ready_ms=record.ready_ms)

@@ -144,6 +144,17 @@ def child_env(profile_env: Mapping[str, str], token: str, base: Mapping[str, str
     return env
 
 
+SIMULATOR_SCRIPT = "lynxtop-sim-vllm"  # lynxtop's simulated vLLM (sim/), its console script
+SIMULATOR_MODULE = "lynxtop.sim"
+
+
+def runs_simulator(argv: list[str]) -> bool:
+    """Whether `argv` runs lynxtop's simulated vLLM (its console script, or `python -m lynxtop.sim`): such a run is
+    stored and shown as simulated even on real GPUs, where the node itself is not (rule: a simulated component is
+    labelled wherever a user sees it)."""
+    return bool(argv) and (Path(argv[0]).name == SIMULATOR_SCRIPT or list(argv[1:3]) == ["-m", SIMULATOR_MODULE])
+
+
 def new_token() -> str:
     return uuid.uuid4().hex[:16]
 

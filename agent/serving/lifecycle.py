@@ -247,7 +247,7 @@ class RunLifecycle:
         run.run_id = await store_call(
             self._store.create_run, profile=prof.name, argv=proc.record.argv, model=prof.model, host=self._host,
             started_ms=run.started_ms, pid=proc.pid, pid_start_time=proc.record.start_ticks, log_path=run.log_path,
-            simulated=self._simulated, flags=prof.flags())
+            simulated=self._simulated or launcher.runs_simulator(proc.record.argv), flags=prof.flags())
         proc.record.run_id = run.run_id
         self.state_file.save(proc.record)
         self.set_state(S.STARTING, reason)

@@ -27,7 +27,7 @@ from typing import Any
 from lynxtop.agent.api.control import ANY_RUN, ActionError, ExpectRun
 from lynxtop.agent.config_source import ConfigSource
 from lynxtop.agent.events import EventSink
-from lynxtop.agent.serving import check, procs
+from lynxtop.agent.serving import check, launcher, procs
 from lynxtop.agent.serving.actions import ActionSlot
 from lynxtop.agent.serving.adoption import FALLBACK_GRACE_S, Adoption
 from lynxtop.agent.serving.health import HttpClient
@@ -444,6 +444,7 @@ class Supervisor:
             log_problem=run.log_problem[1] if run is not None and run.log_problem and alive else None,
             degraded=tuple(sorted(run.degraded)) if run is not None and lc.state == S.DEGRADED else (),
             ready_timeout_s=deadline[0] if deadline else None, ready_deadline_ms=deadline[1] if deadline else None,
+            simulated=proc is not None and launcher.runs_simulator(proc.record.argv),
         )
 
     def action_status(self) -> ActionInfo | None:
