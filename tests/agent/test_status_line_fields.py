@@ -21,7 +21,8 @@ def _run(run_id: int | None, phase: str | None) -> SimpleNamespace:
 def _node(state: ServingState, profile: str | None, run: SimpleNamespace | None) -> SimpleNamespace:
     lc = SimpleNamespace(state=state, state_since_ms=1_000, reason="", run=run, proc=None, profile_name=profile,
                          run_id=run.run_id if run is not None else None,
-                         profile=SimpleNamespace(model="m") if profile else None, url=lambda: None)
+                         profile=SimpleNamespace(model="m") if profile else None, url=lambda: None,
+                         readiness_deadline=lambda: None)
     sup = SimpleNamespace(runs=lc, _retry=SimpleNamespace(next_retry_ms=None, failures=()))
     sup.serving_status = lambda: Supervisor.serving_status(sup)  # type: ignore[arg-type]
     ticker = SimpleNamespace(missed_ticks=0, failed_ticks=0)

@@ -103,18 +103,20 @@ def _can_unshare_mounts() -> bool:
     unshare, mount = shutil.which("unshare"), shutil.which("mount")
     if not unshare or not mount or os.geteuid() != 0:
         return False
-    probe = subprocess.run([unshare, "-m", mount, "-t", "tmpfs", "-o", "ro", "tmpfs", "/tmp"], capture_output=True,
-                           timeout=10)
+    probe = subprocess.run([unshare, "-m", "sh", "-c", f"{mount} --bind /tmp /tmp && {mount} -o remount,bind,ro /tmp"],
+                           capture_output=True, timeout=10)
     return probe.returncode == 0
 
 
 @pytest.mark.skipif(not _can_unshare_mounts(), reason="needs root and `unshare -m` to make /tmp read-only")
 def test_read_only_tmp_and_var_tmp_is_a_clear_usage_error(mark):
-    """/tmp and /var/tmp read-only (a mount namespace of this test only), TMPDIR pointing nowhere."""
+    """/tmp and /var/tmp read-only (a mount namespace of this test only), TMPDIR pointing nowhere. Each is bound
+    onto itself and made read-only, its content kept: a checkout under /tmp (CI's clone) stays importable."""
     mount = shutil.which("mount")
     code = ("import os, subprocess, sys\n"
-            f"for d in ('/tmp', '/var/tmp'):\n    subprocess.run([{mount!r}, '-t', 'tmpfs', '-o', 'ro', 'tmpfs', d],"
-            " check=True)\n"
+            "for d in ('/tmp', '/var/tmp'):\n"
+            f"    subprocess.run([{mount!r}, '--bind', d, d], check=True)\n"
+            f"    subprocess.run([{mount!r}, '-o', 'remount,bind,ro', d], check=True)\n"
             "os.chdir('/tmp')\n" + MAIN)
     proc = subprocess.run([shutil.which("unshare") or "unshare", "-m", sys.executable, "-c", code, "demo", "--no-tui",
                            "--duration", "5"], capture_output=True, text=True, timeout=60,
