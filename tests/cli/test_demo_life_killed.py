@@ -19,34 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support.marked_procs import MARK, marked
 
 pytestmark = pytest.mark.timeout(180)
-
-MARK = "LT_DEMO_LIFE_MARK"
-
-
-def _live(pid: int) -> bool:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes().decode("ascii", "replace")
-    except OSError:
-        return False
-    return raw[raw.rfind(")") + 2:][:1] not in ("Z", "X")
-
-
-def marked(mark: str) -> list[int]:
-    """Live processes whose environment carries `mark`: the demo and everything it (or its children) started."""
-    entry = f"{MARK}={mark}".encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            env = Path(f"/proc/{name}/environ").read_bytes()
-        except OSError:
-            continue
-        if entry in env.split(b"\0") and _live(int(name)):
-            out.append(int(name))
-    return out
 
 
 def _cmd(pid: int) -> str:

@@ -23,41 +23,16 @@ import termios
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from support.marked_procs import MARK, marked
 
 from lynxtop.cli.demo import Demo
 from lynxtop.contract.status import Status
 
 pytestmark = pytest.mark.timeout(150)
 
-MARK = "LT_DEMO_LIFE_MARK"
 MAIN = "from lynxtop.cli.__main__ import main\nsys.exit(main(sys.argv[1:]))\n"
-
-
-def _live(pid: int) -> bool:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes().decode("ascii", "replace")
-    except OSError:
-        return False
-    return raw[raw.rfind(")") + 2:][:1] not in ("Z", "X")
-
-
-def marked(mark: str) -> list[int]:
-    """Live processes whose environment carries `mark`: the demo and everything it (or its children) started."""
-    entry = f"{MARK}={mark}".encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            env = Path(f"/proc/{name}/environ").read_bytes()
-        except OSError:
-            continue
-        if entry in env.split(b"\0") and _live(int(name)):
-            out.append(int(name))
-    return out
 
 
 @pytest.fixture

@@ -22,6 +22,23 @@ def make_app(socket: Path, database: Path | None = None, **kw: Any) -> LynxtopAp
     return LynxtopApp(socket, database, **kw)
 
 
+Notices = list[tuple[str, str, str]]
+
+
+def app_with_notices(socket: Path, **kw: Any) -> tuple[LynxtopApp, Notices]:
+    """The app and every notification it shows, as (title, message, severity)."""
+    app = make_app(socket, **kw)
+    notices: Notices = []
+    original = app.notify
+
+    def spy(message: str, *a: Any, **kw: Any) -> None:
+        notices.append((kw.get("title", ""), str(message), kw.get("severity", "information")))
+        original(message, *a, **kw)
+
+    app.notify = spy  # type: ignore[method-assign]
+    return app, notices
+
+
 def plain(renderable: Any, width: int = 200) -> str:
     """A widget's content as plain text, as a user would read it."""
     console = Console(width=width, file=io.StringIO(), color_system=None, force_terminal=False)

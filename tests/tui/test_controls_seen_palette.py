@@ -4,39 +4,22 @@ open or waiting for the agent's answer, and so no dialog left on screen whose wo
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 from aiohttp import web
-from support.tui import make_app, wait_for
+from support.tui import app_with_notices, wait_for
 from support.tui_keys import open_screen
 from support.waits import holds_async
 from textual.command import CommandPalette
 from tui_fake_agent import FakeAgent
 
-from lynxtop.tui.app import LynxtopApp
 from lynxtop.tui.screens.confirm import ConfirmScreen
 from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
-
-Notices = list[tuple[str, str, str]]
-
-
-def _app_with_notices(agent: FakeAgent) -> tuple[LynxtopApp, Notices]:
-    app = make_app(agent.socket_path)
-    notices: Notices = []
-    original = app.notify
-
-    def spy(message: str, *a: Any, **kw: Any) -> None:
-        notices.append((kw.get("title", ""), str(message), kw.get("severity", "information")))
-        original(message, *a, **kw)
-
-    app.notify = spy  # type: ignore[method-assign]
-    return app, notices
 
 
 @pytest.mark.parametrize(("key", "dialog"), [("R", ConfirmScreen), ("P", ProfilePickerScreen)])
 async def test_palette_does_not_open_over_a_control_dialog(agent, key, dialog):
-    app, notices = _app_with_notices(agent)
+    app, notices = app_with_notices(agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
         shown = await open_screen(pilot, app, key, dialog)
         await pilot.press("ctrl+p")
@@ -51,7 +34,7 @@ async def test_palette_does_not_open_over_a_control_dialog(agent, key, dialog):
 
 
 async def test_confirm_dialog_still_works_after_a_refused_palette(agent):
-    app, notices = _app_with_notices(agent)
+    app, notices = app_with_notices(agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await open_screen(pilot, app, "R", ConfirmScreen)
         await pilot.press("ctrl+p")
@@ -73,7 +56,7 @@ async def test_second_control_while_one_awaits_its_answer_is_refused_not_cancell
     """X pressed while a restart waits for its answer: the restart's answer is still shown, no stop dialog."""
     agent = SlowPostAgent(sock_dir / "agent.sock").start()
     try:
-        app, notices = _app_with_notices(agent)
+        app, notices = app_with_notices(agent.socket_path)
         async with app.run_test(size=(120, 40)) as pilot:
             await open_screen(pilot, app, "R", ConfirmScreen)
             await pilot.press("tab", "enter")

@@ -11,31 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from support.tui import make_app, plain, wait_for
+from support.tui import app_with_notices, plain, wait_for
 from support.tui_keys import open_screen
 from support.waits import holds_async
 from textual.widgets import Button, OptionList
 from tui_fake_agent import FakeAgent
 
-from lynxtop.tui.app import LynxtopApp
 from lynxtop.tui.screens.confirm import ConfirmScreen
 from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
-
-Notices = list[tuple[str, str, str]]
-
-
-def _app_with_notices(agent: FakeAgent) -> tuple[LynxtopApp, Notices]:
-    """The app and every notification it shows, as (title, message, severity)."""
-    app = make_app(agent.socket_path)
-    notices: Notices = []
-    original = app.notify
-
-    def spy(message: str, *a: Any, **kw: Any) -> None:
-        notices.append((kw.get("title", ""), str(message), kw.get("severity", "information")))
-        original(message, *a, **kw)
-
-    app.notify = spy  # type: ignore[method-assign]
-    return app, notices
 
 
 def _dialog_text(screen: ConfirmScreen) -> str:
@@ -57,7 +40,7 @@ BOB_SWITCHED = {"run_id": 4, "profile": "dsv41-tp8-ep", "state": "starting", "re
     ("R", {"profile": "dsv41-tp8-ep"}, "dsv41-tp8-ep"),
 ])
 async def test_dialog_is_withdrawn_when_its_run_changes(agent, key, change, why):
-    app, notices = _app_with_notices(agent)
+    app, notices = app_with_notices(agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
         dialog = await open_screen(pilot, app, key, ConfirmScreen)
         assert "run 3" in _dialog_text(dialog) and "dsv41-tp8" in _dialog_text(dialog)
@@ -75,7 +58,7 @@ async def test_dialog_is_withdrawn_when_its_run_changes(agent, key, change, why)
 async def test_stop_dialog_against_bobs_new_load_sends_nothing_even_if_confirmed_fast(agent):
     """The auditor's sequence: Alice's X dialog shows run 3; Bob switches (run 4 loading); the app sees run 4.
     No dialog may still be confirmable: run 4's load must survive."""
-    app, notices = _app_with_notices(agent)
+    app, notices = app_with_notices(agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
         dialog = await open_screen(pilot, app, "X", ConfirmScreen)
         _serving(agent, **BOB_SWITCHED)
@@ -89,7 +72,7 @@ async def test_same_run_moving_on_updates_the_dialog_and_focuses_cancel(agent):
     """starting -> ready is the same run: the dialog stays (the operator meant that run), its text follows the
     state, and the focus goes back to Cancel so an Enter already on its way cancels rather than confirms."""
     _serving(agent, state="starting", ready_ms=None)
-    app, notices = _app_with_notices(agent)
+    app, notices = app_with_notices(agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
         dialog = await open_screen(pilot, app, "X", ConfirmScreen)
         assert "state starting" in _dialog_text(dialog)
@@ -105,7 +88,7 @@ async def test_same_run_moving_on_updates_the_dialog_and_focuses_cancel(agent):
 
 @pytest.mark.parametrize("key", ["R", "X"])
 async def test_confirmation_sends_the_run_it_showed(agent, key):
-    app, _ = _app_with_notices(agent)
+    app, _ = app_with_notices(agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await open_screen(pilot, app, key, ConfirmScreen)
         await pilot.press("tab", "enter")
@@ -117,7 +100,7 @@ async def test_confirmation_sends_the_run_it_showed(agent, key):
 async def test_start_with_no_run_sends_expect_run_null(agent):
     """null = the operator saw no run: a start that lands after someone else started one is refused."""
     _serving(agent, state="stopped", run_id=None, pid=None)
-    app, _ = _app_with_notices(agent)
+    app, _ = app_with_notices(agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await open_screen(pilot, app, "S", ConfirmScreen)
         await pilot.press("tab", "enter")
@@ -126,7 +109,7 @@ async def test_start_with_no_run_sends_expect_run_null(agent):
 
 
 async def test_switch_sends_the_run_it_showed(agent):
-    app, _ = _app_with_notices(agent)
+    app, _ = app_with_notices(agent.socket_path)
     async with app.run_test(size=(160, 48)) as pilot:
         picker = await open_screen(pilot, app, "P", ProfilePickerScreen)
         picker.query_one(OptionList).focus()
@@ -141,7 +124,7 @@ async def test_switch_sends_the_run_it_showed(agent):
 async def test_switch_picker_is_withdrawn_when_the_run_changes(agent):
     """The picker's 'current' profile and the dialog's flag diff are read when it opened: a run change makes both
     stale, so the picker goes with a notice and no dialog follows."""
-    app, notices = _app_with_notices(agent)
+    app, notices = app_with_notices(agent.socket_path)
     async with app.run_test(size=(160, 48)) as pilot:
         picker = await open_screen(pilot, app, "P", ProfilePickerScreen)
         picker.query_one(OptionList).focus()
@@ -158,7 +141,7 @@ async def test_run_changed_409_is_a_warning_with_the_agents_words_and_is_not_ret
     """The run changed after the dashboard's last poll: the agent's guard refuses, the operator reads why."""
     agent.post_answers["restart"] = (409, {"error": "run_changed",
                                            "message": "run 3 is no longer current (run 4 is): nothing done"})
-    app, notices = _app_with_notices(agent)
+    app, notices = app_with_notices(agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await open_screen(pilot, app, "R", ConfirmScreen)
         await pilot.press("tab", "enter")

@@ -13,16 +13,13 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from support.tui import make_app, wait_for
+from support.tui import app_with_notices, wait_for
 from support.tui_keys import open_screen
 from support.waits import holds_async
 from tui_fake_agent import FakeAgent
 
 from lynxtop.contract.client import DASHBOARD_TIMEOUT_S
-from lynxtop.tui.app import LynxtopApp
 from lynxtop.tui.screens.confirm import ConfirmScreen
-
-Notices = list[tuple[str, str, str]]
 
 
 class SlowPostAgent(FakeAgent):
@@ -43,19 +40,6 @@ def slow_agent(sock_dir: Any) -> Any:
     fake.stop()
 
 
-def _app_with_notices(agent: FakeAgent) -> tuple[LynxtopApp, Notices]:
-    app = make_app(agent.socket_path)
-    notices: Notices = []
-    original = app.notify
-
-    def spy(message: str, *a: Any, **kw: Any) -> None:
-        notices.append((kw.get("title", ""), str(message), kw.get("severity", "information")))
-        original(message, *a, **kw)
-
-    app.notify = spy  # type: ignore[method-assign]
-    return app, notices
-
-
 def test_controls_wait_longer_than_reads(sock_dir):
     from lynxtop.tui.source import LiveSource
 
@@ -66,7 +50,7 @@ def test_controls_wait_longer_than_reads(sock_dir):
 
 async def test_answer_slower_than_a_read_but_within_the_control_timeout_is_accepted(slow_agent):
     slow_agent.delay_s = 1.0
-    app, notices = _app_with_notices(slow_agent)
+    app, notices = app_with_notices(slow_agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
         app.source.timeout_s = 0.3  # a read would have given up
         await open_screen(pilot, app, "R", ConfirmScreen)
@@ -77,7 +61,7 @@ async def test_answer_slower_than_a_read_but_within_the_control_timeout_is_accep
 
 async def test_no_answer_in_time_says_the_agent_may_have_acted_and_retries_nothing(slow_agent):
     slow_agent.delay_s = 2.0
-    app, notices = _app_with_notices(slow_agent)
+    app, notices = app_with_notices(slow_agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
         app.source.control_timeout_s = 0.5
         await open_screen(pilot, app, "R", ConfirmScreen)
@@ -93,7 +77,7 @@ async def test_no_answer_in_time_says_the_agent_may_have_acted_and_retries_nothi
 
 @pytest.mark.parametrize("gone", ["no socket", "refused"])
 async def test_agent_gone_before_sending_is_not_sent(agent, gone):
-    app, notices = _app_with_notices(agent)
+    app, notices = app_with_notices(agent.socket_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await open_screen(pilot, app, "X", ConfirmScreen)
         agent.stop()
