@@ -7,6 +7,8 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
+from support.ports import free_port
+
 
 @asynccontextmanager
 async def serving(app: web.Application, host: str = "127.0.0.1") -> AsyncIterator[str]:
@@ -18,5 +20,22 @@ async def serving(app: web.Application, host: str = "127.0.0.1") -> AsyncIterato
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
         yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
+async def web_dashboard(argv: list[str]) -> AsyncIterator[int]:
+    """`lynxtop dashboard --web`'s server (cli/web.py `make_server`) on a free loopback port, each tab's app `argv`;
+    yields the port. Chosen before the start: the page it serves names it."""
+    from lynxtop.cli.web import make_server  # only here: the agent tests' stand-in pages need none of it
+
+    port = free_port()
+    server = make_server(argv, "127.0.0.1", port)
+    runner = web.AppRunner(await server._make_app())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield port
     finally:
         await runner.cleanup()

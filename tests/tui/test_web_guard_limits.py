@@ -17,17 +17,16 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import aiohttp
 import psutil
 import pytest
 from support.ports import free_port
+from support.web_app import web_dashboard
 
 from lynxtop.cli import web
-from lynxtop.cli.web import make_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,17 +56,9 @@ while True:
 """
 
 
-@asynccontextmanager
-async def serving(tmp_path: Path) -> AsyncIterator[int]:
-    port = free_port()
-    server = make_server([sys.executable, "-c", APP, str(tmp_path)], "127.0.0.1", port)
-    runner = aiohttp.web.AppRunner(await server._make_app())
-    await runner.setup()
-    await aiohttp.web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield port
-    finally:
-        await runner.cleanup()
+def serving(tmp_path: Path) -> AbstractAsyncContextManager[int]:
+    """The real server (make_server) on a free loopback port, its app the stand-in."""
+    return web_dashboard([sys.executable, "-c", APP, str(tmp_path)])
 
 
 def _apps() -> list[psutil.Process]:

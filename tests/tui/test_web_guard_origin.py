@@ -17,16 +17,14 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import aiohttp
 import pytest
 from support.ports import free_port
+from support.web_app import web_dashboard
 from tui_fake_agent import FakeAgent
-
-from lynxtop.cli.web import make_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,18 +33,9 @@ APP = ("import os, sys, time; open(f'{sys.argv[1]}/{os.getpid()}.started', 'w').
        "sys.stdout.write('__GANGLION__\\n'); sys.stdout.flush(); time.sleep(60)")
 
 
-@asynccontextmanager
-async def serving(tmp_path: Path) -> AsyncIterator[int]:
+def serving(tmp_path: Path) -> AbstractAsyncContextManager[int]:
     """The real server (make_server) on a free loopback port, its app the stand-in."""
-    port = free_port()
-    server = make_server([sys.executable, "-c", APP, str(tmp_path)], "127.0.0.1", port)
-    runner = aiohttp.web.AppRunner(await server._make_app())
-    await runner.setup()
-    await aiohttp.web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield port
-    finally:
-        await runner.cleanup()
+    return web_dashboard([sys.executable, "-c", APP, str(tmp_path)])
 
 
 def started(tmp_path: Path) -> int:
