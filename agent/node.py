@@ -29,6 +29,7 @@ from lynxtop.agent.config_source import ConfigSource
 from lynxtop.agent.controller import NodeController
 from lynxtop.agent.events import EventSink
 from lynxtop.agent.notify import Notifier, WatchdogThread
+from lynxtop.agent.reload import reload_config
 from lynxtop.agent.sampling import (
     EventCollector,
     GpuSource,
@@ -43,7 +44,7 @@ from lynxtop.agent.serving.proctable import ProcTable
 from lynxtop.agent.serving.supervisor import Supervisor, now_ms, server_url
 from lynxtop.agent.status_view import StatusView
 from lynxtop.agent.ticker import Ticker
-from lynxtop.contract.config import Config, ConfigError
+from lynxtop.contract.config import Config
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.status import Status
 
@@ -270,7 +271,8 @@ class Node:
         # operators send SIGHUP for a config reload: by default it killed the agent uncleanly (no STOPPING=1, no
         # agent.stopped, vLLM left unsupervised, and systemd's Restart=on-failure does not restart a SIGHUP death)
         loop.add_signal_handler(signal.SIGHUP, lambda: reload_config(
-            self.config, self.notifier if self._announced else None, self.status_line))
+            self.config, self.notifier if self._announced else None, self.status_line,
+            self.event_sink.put if self.event_sink is not None else None))  # an event once the store is open
         self._open()
         sup = self.supervisor
         assert sup is not None
@@ -489,37 +491,6 @@ class Node:
     def status_body(self, dumps: Callable[[Any], str]) -> str:
         """GET /v1/status's JSON text, its tick part encoded once per tick (StatusView.body)."""
         return self.view.body(dumps)
-
-
-def reload_config(config: ConfigSource, notifier: Notifier | None, status_line: Callable[[], str]) -> str:
-    """SIGHUP: re-read the config file now, as an action does (ConfigSource.reload): its profiles and models are
-    used from now on; nothing running is stopped, restarted or changed. A file with errors is refused and the
-    config in use kept. The [agent], [sla] and [ray] settings take effect on an agent restart only. `notifier`:
-    None before READY=1 (a reload then must not tell systemd the agent is up); else RELOADING=1 ... READY=1."""
-    path = config.current.path
-    if path is None:
-        msg = "SIGHUP: no config file to reload (the agent runs on defaults); nothing changed"
-        log.info("%s", msg)
-        return msg
-    if notifier is not None:
-        notifier.send("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
-    try:
-        cfg = config.reload()
-    except ConfigError as exc:
-        msg = f"SIGHUP: config {path} has errors; kept the previous config, nothing changed: " + "; ".join(
-            exc.problems)
-        log.warning("%s", msg)
-    except Exception as exc:  # noqa: BLE001 - a reload must never end the agent
-        msg = f"SIGHUP: cannot reload config {path} ({type(exc).__name__}: {exc}); kept the previous config"
-        log.warning("%s", msg)
-    else:
-        names = ", ".join(p.name for p in cfg.profiles) or "none"
-        msg = (f"SIGHUP: config reloaded from {path}: profiles {names}; serving untouched (a changed profile is "
-               "used by its next start; [agent], [sla] and [ray] settings take effect on an agent restart)")
-        log.info("%s", msg)
-    if notifier is not None:
-        notifier.ready(status_line())
-    return msg
 
 
 def lock_state_dir(d: Path) -> int:

@@ -748,7 +748,7 @@ def _run_dashboard(app_cls: Any, demo: Demo, duration: float | None) -> None:
     """Run the dashboard until q, Ctrl-C or the duration; DashboardError if it failed or crashed (Textual has
     then shown the error), so that the demo exits 1 after its clean-up."""
     app = app_cls(socket_path=str(demo.paths.socket), database_path=str(demo.paths.database), readonly=False,
-                  utc=False, demo_load=demo.toggle_load)
+                  utc=False, demo_load=demo.toggle_load, simulated=True)  # SIMULATED from the first frame
     timer = None
     if duration:
         timer = threading.Timer(duration, lambda: app.call_from_thread(app.exit))

@@ -32,6 +32,8 @@ class EventKind(StrEnum):
     AGENT_SOCKET_RECREATED = "agent.socket_recreated"  # the control socket's path was removed or replaced: bound again
     AGENT_SOCKET_LOST = "agent.socket_lost"  # ... and could not be bound again (a file or another agent is there)
     AGENT_CLOCK_STEP = "agent.clock_step"  # the wall clock was stepped; the samples' timeline was not
+    AGENT_CONFIG_RELOADED = "agent.config_reloaded"  # SIGHUP: the config file re-read (details.file, .profiles)
+    AGENT_CONFIG_RELOAD_FAILED = "agent.config_reload_failed"  # ... refused, the config in use kept (.problems)
     # operator actions
     ACTION_START = "action.start"
     ACTION_STOP = "action.stop"

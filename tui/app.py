@@ -109,7 +109,7 @@ class LynxtopApp(App):
                  backoff: Backoff | None = None, ascii_only: bool | None = None, backfill: bool = True,
                  demo_load: Callable[[], str] | None = None, node_port: int | None = None,
                  source: NodeSource | None = None, node_token_file: str | Path | None = None,
-                 gc_paused: bool = False):
+                 gc_paused: bool = False, simulated: bool = False):
         ansi = _ansi_terminal()
         super().__init__(ansi_color=ansi)
         if ansi:
@@ -128,7 +128,9 @@ class LynxtopApp(App):
         self.ascii_only = os.environ.get("LYNXTOP_ASCII") == "1" if ascii_only is None else ascii_only
         self.backfill_enabled = backfill
         self._backfill_started = False
-        self.state = LiveState()
+        # `lynxtop demo` knows its node is simulated before the agent answers; anywhere else only the status says
+        self.simulated = simulated
+        self.state = LiveState(known_simulated=simulated)
         self.paused = False
         self._next_poll_at: float | None = None
         self._poll_timer = None
@@ -566,7 +568,7 @@ class LynxtopApp(App):
             self.history = RemoteHistory(label, endpoint, token) if token else ElsewhereHistory(label, problem)
         self.viewing_node = label
         self.source = LiveSource(endpoint, read_only=self.readonly_reason if label else None, token=token)
-        self.state = LiveState()
+        self.state = LiveState(known_simulated=self.simulated and label is None)  # another node: its status says
         self.backoff.reset()
         self.refresh_bindings()
         self.switch_mode("node")

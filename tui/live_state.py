@@ -45,6 +45,9 @@ class LiveState:
         default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     gpu_history: dict[int, deque[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
     profiles: dict[str, Any] | None = None
+    # Told before any status that the node is simulated (`lynxtop demo`): labelled from the first frame, since
+    # the rule is that a simulated node is never shown unlabelled, not even while the agent comes up.
+    known_simulated: bool = False
 
     # ------------------------------------------------------------------ updates
     def apply_status(self, status: Status, now_ms: int) -> Outage | None:
@@ -128,6 +131,9 @@ class LiveState:
 
     @property
     def simulated(self) -> bool:
+        """SIMULATED is shown: known so, or the status says so; False also before a status (not known yet)."""
+        if self.known_simulated:
+            return True
         return self.status is not None and (self.status.agent.simulated or self.status.serving.simulated)
 
     def serving_series(self, key: str) -> list[tuple[int, float | None]]:

@@ -117,3 +117,51 @@ def test_a_reload_before_ready_tells_systemd_nothing_and_a_bad_file_keeps_the_co
     assert "config reloaded" in msg and "v4-tp2" in [p.name for p in source.current.profiles]
     assert n.sent[0][0] == "RELOADING=1" and n.sent[0][1].startswith("MONOTONIC_USEC=")
     assert n.sent[1] == ("READY=1", "STATUS=serving ready")
+
+
+async def _events(a: Agent, kind: str, n: int, timeout: float = 10) -> list[dict]:
+    """The agent's events of `kind` through its events API, once there are `n` (the store writes them async)."""
+    for _ in range(int(timeout / 0.05)):
+        a.drain()  # the notify queue is small: a full one only makes the agent warn, but keep it quiet
+        code, body = await a.api("GET", "/v1/events?since=0&limit=1000")
+        assert code == 200
+        found = [e for e in body["events"] if e["kind"] == kind]
+        if len(found) >= n:
+            return found
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no {n} {kind} events; the agent's output:\n{a.output()}")
+
+
+async def test_sighup_reload_is_an_event_and_a_bad_file_one_naming_its_problems(tmp_path, cleanup):
+    # the file's own name is foreign text: it reaches the events escaped, never as a terminal escape
+    cfg = e2e_config(tmp_path, autostart=False).rename(tmp_path / "conf\x1b[2J.toml")
+    a = Agent(tmp_path, cfg)
+    cleanup.append(a)
+    await a.wait_notify("READY=1")
+    cfg.write_text(cfg.read_text() + sim_profile("v4-tp2", tp=2))
+    a.proc.send_signal(signal.SIGHUP)
+    (ok,) = await _events(a, "agent.config_reloaded", 1)
+    assert ok["severity"] == "info"
+    assert ok["details"]["profiles"] == ["v4-tp8", "v4-tp4", "v4-tp2"]
+    assert ok["details"]["file"] == str(tmp_path / "conf\\x1b[2J.toml")
+    assert "v4-tp2" in ok["message"] and "conf\\x1b[2J.toml" in ok["message"] and "\x1b" not in ok["message"]
+    # a file with errors: the event names them, each escaped and cut, and no more than a bounded number of them
+    good = cfg.read_text()
+    broken = "".join(f'\n[[profile]]\nname = "broken{i}"\nport = "\\u001b]0;pwned\\u0007{"x" * 2000}"\n'
+                     for i in range(30))
+    cfg.write_text(good + broken)
+    a.proc.send_signal(signal.SIGHUP)
+    (failed,) = await _events(a, "agent.config_reload_failed", 1)
+    assert failed["severity"] == "warning"
+    details = failed["details"]
+    assert details["file"] == str(tmp_path / "conf\\x1b[2J.toml")
+    assert details["problems_total"] == 90  # per profile: the port, the executable, the model
+    problems = details["problems"]
+    assert 0 < len(problems) <= 20 and all(len(p) <= 240 for p in problems)
+    assert "broken0" in problems[0] and ".port" in problems[0]
+    assert "kept" in failed["message"] and "broken0" in failed["message"] and len(failed["message"]) <= 2000
+    for text in (failed["message"], *problems):
+        assert "\x1b" not in text and "\x07" not in text
+    assert "broken0" not in await _profiles(a)  # the config in use kept
+    assert len(await _events(a, "agent.config_reloaded", 1)) == 1
+    a.stop()

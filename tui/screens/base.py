@@ -13,7 +13,7 @@ from textual.widgets import Static
 
 from lynxtop.tui.messages import LiveRefreshed
 from lynxtop.tui.widgets.key_bar import KeyBar
-from lynxtop.tui.widgets.node_header import NodeHeader
+from lynxtop.tui.widgets.node_header import SIMULATED_BADGE, NodeHeader
 from lynxtop.tui.widgets.outage_banner import OutageBanner
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ class LiveScreen(Screen):
     """A view: subclasses yield their body from `compose_body` and draw it in `draw`."""
 
     VIEW_TITLE = ""
+    _too_small_shown: tuple[int, int, bool] | None = None  # what the too-small message says now (keyed update)
 
     def compose(self) -> ComposeResult:
         # The size classes before the children mount: set on resume, each new class restyled every widget of the view
@@ -63,12 +64,24 @@ class LiveScreen(Screen):
         return small
 
     def _apply_size(self) -> None:
-        w, h = self.app.size
         if self._size_classes():
-            self.query_one("#too-small", Static).update(Text(
-                f"lynxtop needs at least {MIN_WIDTH}×{MIN_HEIGHT} characters; this terminal is {w}×{h}.\n"
-                "Enlarge the window or press q to quit.", justify="center"))
+            self._show_too_small()
         self.on_compact_changed(self.has_class("-compact"))
+
+    def _show_too_small(self) -> None:
+        """The message in place of the view; it hides the header, so it carries the SIMULATED badge itself."""
+        w, h = self.app.size
+        simulated = self.lynx.state.simulated
+        if self._too_small_shown == (w, h, simulated):
+            return
+        self._too_small_shown = (w, h, simulated)
+        text = Text(justify="center")
+        if simulated:
+            text.append(*SIMULATED_BADGE)
+            text.append("\n")
+        text.append(f"lynxtop needs at least {MIN_WIDTH}×{MIN_HEIGHT} characters; this terminal is {w}×{h}.\n"
+                    "Enlarge the window or press q to quit.")
+        self.query_one("#too-small", Static).update(text)
 
     def on_compact_changed(self, compact: bool) -> None:
         """Subclasses switch to narrower columns here."""
@@ -82,6 +95,8 @@ class LiveScreen(Screen):
         self.query_one(NodeHeader).show(app.state, now, app.header_flags(), app.header_lead())
         self.query_one(OutageBanner).show(app.state, now, app.utc, app.retry_in_s())
         _set_class(self, app.state.stale, "-stale")
+        if self.has_class("-too-small"):  # a status may have just said the node is simulated
+            self._show_too_small()
         self.draw(now)
 
     def draw(self, now_ms: int) -> None:

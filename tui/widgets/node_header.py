@@ -30,6 +30,8 @@ STATE_STYLE = {
     ServingState.CRASH_LOOP: ("CRASH-LOOP", "bold red reverse"),
     ServingState.WAITING: ("WAITING", "bold yellow"),  # a head holding its profile until Ray has the GPUs
 }
+# The one SIMULATED badge: the header and the too-small screen (which hides the header) show it alike
+SIMULATED_BADGE = (" SIMULATED ", "bold black on magenta")
 RAY_STYLE = {
     RayState.RUNNING: "green",
     RayState.STARTING: "yellow",
@@ -77,7 +79,7 @@ class NodeHeader(TextPanel):
             t.append(f" {text} ", style=style)
             t.append(" ")
         if state.simulated:
-            t.append(" SIMULATED ", style="bold black on magenta")
+            t.append(*SIMULATED_BADGE)
             t.append(" ")
         t.append(agent.host or "?", style="bold")
         if state.status is None:
