@@ -28,7 +28,9 @@ DEFAULT_CONFIG_PATH = Path("/etc/lynxtop/config.toml")
 CONFIG_ENV = "LYNXTOP_CONFIG"
 
 # Environment a profile may pass to vLLM. Anything that changes what code runs (LD_PRELOAD, PYTHONPATH…) is refused.
-ENV_ALLOWED_EXACT = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM"}
+# TMPDIR: a profile's own replaces the run's directory the agent makes (agent/serving/runtmp.py).
+ENV_ALLOWED_EXACT = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM",
+                     "TMPDIR"}
 ENV_ALLOWED_PREFIXES = ("VLLM_", "HF_", "NCCL_", "RAY_", "TORCH_SYMM_MEM_", "NVSHMEM_")
 ENV_FORBIDDEN = {"LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PATH"}
 # A portable environment variable name (POSIX: letters, digits, underscore, not starting with a digit). A name

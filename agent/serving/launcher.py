@@ -7,7 +7,7 @@
 - stopping is SIGTERM to the API server (the leader) *only*; once it has exited (at once when it was already
   dead: a crash), SIGTERM to whatever of the run is left; after the grace period SIGKILL to the group and to
   every straggler of the run (EngineCore survives a SIGKILL of the API server), until /proc shows nothing of
-  the run; then the run's leftover files are removed (`runfiles`).
+  the run; then the run's leftover files and its own TMPDIR are removed (`runfiles`, `runtmp`).
 
 Why not SIGTERM the whole group: vLLM's EngineCore handles SIGTERM itself by *aborting* every request.
 Measured with vLLM 0.32 (CPU build) and 3 open streams: a group SIGTERM ended each stream with a bare
@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lynxtop.agent.notify import NOTIFY_VARS
-from lynxtop.agent.serving import procs
+from lynxtop.agent.serving import procs, runtmp
 from lynxtop.agent.serving.procs import RUN_TOKEN_ENV
 from lynxtop.agent.serving.proctable import ProcTable
 from lynxtop.agent.serving.runfiles import RunFiles
@@ -64,6 +64,9 @@ class ServerRecord:
     shm_segments: list[str] = field(default_factory=list)  # /dev/shm files the run had mapped when it got ready
     # the profile's when the run started: an edit of the config applies to the next run, not to a load under way
     readiness_timeout_s: float | None = None
+    # the run's TMPDIR, made by the agent outside the unit's private /tmp (runtmp): whoever sees the run end removes
+    # it; None: the run has the profile's TMPDIR, or the agent's
+    tmp_dir: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -129,16 +132,20 @@ def _signal_name(sig: int) -> str:
 def _clean_files(result: StopResult, files: RunFiles) -> None:
     if result.survivors:  # a file still mapped by a live process of the run is not ours to pull away yet
         result.not_removed = [f"{p} (process(es) {result.survivors} of the run still alive)"
-                              for p in sorted(files.paths)]
+                              for p in files.every_path()]
     else:
         result.removed, result.not_removed = files.remove()
 
 
-def child_env(profile_env: Mapping[str, str], token: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The agent's environment minus systemd's notify/watchdog variables, plus the profile's env and the token."""
+def child_env(profile_env: Mapping[str, str], token: str, base: Mapping[str, str] | None = None,
+              tmp_dir: str | None = None) -> dict[str, str]:
+    """The agent's environment minus systemd's notify/watchdog variables, plus TMPDIR=`tmp_dir` (the run's own),
+    the profile's env (its TMPDIR wins) and the token."""
     env = dict(os.environ if base is None else base)
     for var in NOTIFY_VARS:
         env.pop(var, None)
+    if tmp_dir is not None:
+        env["TMPDIR"] = tmp_dir
     env.update(profile_env)
     env[RUN_TOKEN_ENV] = token
     return env
@@ -168,6 +175,7 @@ class ServerProcess:
         self.adopted = adopted
         self.exit: ExitInfo | None = None
         self.log_error: str | None = None  # why the run's output is not being kept, if it is not
+        self.tmp_error: str | None = None  # why the run has no TMPDIR of its own (spawn), if it has none
         self._pidfd: int | None = None
         self._exited = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -175,7 +183,7 @@ class ServerProcess:
         self.uid = procs.uid(record.pid)
         if self.uid is None:
             self.uid = os.getuid()
-        self.files = RunFiles()  # filled at readiness and again before a stop signals anything
+        self.files = RunFiles(tmp_dir=record.tmp_dir)  # filled at readiness and again before a stop signals
         for path in record.shm_segments:  # seen by a previous agent (adoption)
             self.files.add_recorded(path, self.uid)
         try:
@@ -366,8 +374,11 @@ class _Stop:
 
 def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profile: str,
           run_id: int | None = None, token: str | None = None, started_ms: int | None = None,
-          secret_names: Collection[str] = ()) -> ServerProcess:
+          secret_names: Collection[str] = (), tmp_root: Path | None = None) -> ServerProcess:
     """Start `argv` (no shell) in its own session with output to `log_path` (created 0640).
+
+    `tmp_root`: the run's TMPDIR is made there (runtmp) unless the profile sets its own; when it cannot be (said
+    in `tmp_error` on the result) the run has the agent's, as without `tmp_root`.
 
     `profile_env` reaches the server as it is; the record (kept in the state file) holds it with every secret
     value masked (`secret_names` beyond contract/redact's patterns): the server's /proc/PID/environ is the one
@@ -385,11 +396,20 @@ def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profi
         log_error = f"cannot create the run's log {log_path}: {exc.strerror or exc}"
         fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     cwd = log_path.parent if log_path.parent.is_dir() else Path("/")
+    tmp_dir = tmp_error = None
+    if tmp_root is not None and "TMPDIR" not in profile_env:
+        tmp_dir, tmp_error = runtmp.make(tmp_root, token[:8])
+        if tmp_error:
+            log.warning("run of profile %s keeps the agent's temporary directory: %s", profile, tmp_error)
     try:
         popen = subprocess.Popen(  # noqa: S603 - argv list, no shell
             argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT, close_fds=True,
-            start_new_session=True, env=child_env(profile_env, token), cwd=str(cwd),
+            start_new_session=True, env=child_env(profile_env, token, tmp_dir=tmp_dir), cwd=str(cwd),
         )
+    except OSError:
+        if tmp_dir is not None:
+            runtmp.remove(tmp_dir)  # nothing was started: nothing uses it
+        raise
     finally:
         os.close(fd)
     st = procs.stat(popen.pid)
@@ -397,10 +417,10 @@ def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profi
         run_id=run_id, profile=profile, pid=popen.pid, pgid=popen.pid, start_ticks=st.start_ticks if st else 0,
         argv=list(argv), token=token, log_path=str(log_path),
         started_ms=started_ms if started_ms is not None else int(time.time() * 1000),
-        env=redact_env(profile_env, secret_names),
+        env=redact_env(profile_env, secret_names), tmp_dir=tmp_dir,
     )
     proc = ServerProcess(record, popen, adopted=False)
-    proc.log_error = log_error
+    proc.log_error, proc.tmp_error = log_error, tmp_error
     return proc
 
 
@@ -466,7 +486,7 @@ async def kill_leftovers(record: ServerRecord, wait_s: float = 10.0, poll_s: flo
     """SIGKILL every leftover of a dead run and remove its files; `pids` empty: nothing was left."""
     found = leftovers(record)
     titles = {pid: procs.title(pid) for pid in found}
-    files = RunFiles()
+    files = RunFiles(tmp_dir=record.tmp_dir)
     for pid in found:
         files.add_segments_of(pid)
     owners = {u for u in (procs.uid(p) for p in found) if u is not None}

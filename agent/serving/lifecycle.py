@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lynxtop.agent.events import EventSink
-from lynxtop.agent.serving import launcher, policy, procs
+from lynxtop.agent.serving import launcher, policy, procs, runtmp
 from lynxtop.agent.serving.actions import ActionSlot, clock
 from lynxtop.agent.serving.adoption import FALLBACK_GRACE_S, Adopted
 from lynxtop.agent.serving.failures import Failures
@@ -228,7 +228,7 @@ class RunLifecycle:
             self.resolve_outcome(False)
             return False
         try:
-            run = Run.launch(spawned, agent.run_log_dir)
+            run = Run.launch(spawned, agent.run_log_dir, runtmp.root_for(agent.database))
         except OSError as exc:
             argv = prof.argv()
             self.profile, self.profile_name = prof, prof.name
@@ -251,9 +251,10 @@ class RunLifecycle:
         proc.record.run_id = run.run_id
         self.state_file.save(proc.record)
         self.set_state(S.STARTING, reason)
+        tmp = f"; it keeps the agent's own temporary directory: {proc.tmp_error}" if proc.tmp_error else ""
         self.event(EventKind.SERVING_STARTING, Severity.INFO, f"run {run.run_id}: started profile {prof.name} "
-                   f"(pid {proc.pid}): {reason}", pid=proc.pid, argv=redact_argv(proc.record.argv),
-                   log_path=run.log_path)
+                   f"(pid {proc.pid}): {reason}{tmp}", pid=proc.pid, argv=redact_argv(proc.record.argv),
+                   log_path=run.log_path, tmp_dir=proc.record.tmp_dir)
         RunWatch(self, run, prof, self._http, agent).check_log()
         self._task = asyncio.get_running_loop().create_task(self._lifecycle(run, prof), name=f"run-{run.run_id}")
         return True
@@ -269,6 +270,17 @@ class RunLifecycle:
                    pid=record.pid)
         self._task = asyncio.get_running_loop().create_task(self._lifecycle(run, found.profile),
                                                             name=f"run-{record.run_id}")
+
+    async def sweep_tmp(self) -> None:
+        """At agent start, once adoption is decided: the TMPDIRs of runs that are gone (a node crash; a stop that
+        left a process) are removed, but none a process could still be in (runtmp.sweep)."""
+        agent = self._config().agent
+        root = runtmp.root_for(agent.database)
+        proc = self.proc  # the adopted run, or one an operator started meanwhile
+        names = runtmp.stale(root, [proc.record.tmp_dir if proc else None])  # now: a later start is never among them
+        if names:
+            await asyncio.to_thread(lambda: runtmp.sweep(root, names, agent.run_log_dir,
+                                                         set(proc.members()) if proc else set()))
 
     def hold_crash_loop(self, profile: str, reason: str) -> None:
         """At agent start, with nothing adopted: the crash loop the previous agent recorded goes on."""

@@ -63,14 +63,15 @@ class Run:
         proc.watch()
 
     @classmethod
-    def launch(cls, prof: Profile, log_dir: Path) -> Run:
-        """Spawn `prof` with its output in a new log under `log_dir` (OSError: it could not be started)."""
+    def launch(cls, prof: Profile, log_dir: Path, tmp_root: Path | None = None) -> Run:
+        """Spawn `prof` with its output in a new log under `log_dir` and its TMPDIR under `tmp_root` (OSError: it
+        could not be started)."""
         started = now_ms()
         token = launcher.new_token()
         stamp = datetime.fromtimestamp(started / 1000, UTC).strftime("%Y%m%dT%H%M%SZ")
         log_path = log_dir / f"{stamp}_{prof.name}_{token[:8]}.log"
         proc = launcher.spawn(prof.argv(), log_path, prof.env, prof.name, token=token, started_ms=started,
-                              secret_names=prof.secret_env)
+                              secret_names=prof.secret_env, tmp_root=tmp_root)
         proc.record.readiness_timeout_s = prof.readiness_timeout_s
         run = cls(proc, run_id=None, started_ms=started, ready_ms=None, adopted=False)
         run.ready_timeout_s = prof.readiness_timeout_s

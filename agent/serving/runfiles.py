@@ -7,6 +7,7 @@ the run: the segments from /proc/<pid>/maps of every process of the run, and the
 run's own log line `distributed_init_method=file:///tmp/vllm_dist_<hex>`. Once every process of the run is
 gone it unlinks those that still exist. It never globs /dev/shm or /tmp: another run's (or another
 service's) files look the same. A file is removed only if it is still a regular file owned by the run's uid.
+The run's own TMPDIR (agent/serving/runtmp.py) goes last, with whatever vLLM left in it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-from lynxtop.agent.serving import procs
+from lynxtop.agent.serving import procs, runtmp
 
 # vLLM: distributed_init_method = f"file://{tempfile.mktemp(prefix='vllm_dist_')}" style names, <32 hex> here;
 # TMPDIR may move it out of /tmp, so any absolute directory is accepted, but only this basename.
@@ -44,6 +45,7 @@ class RunFiles:
     """What a run made, with the uid of the run process it was found in (the only owner we will unlink)."""
 
     paths: dict[str, int] = field(default_factory=dict)
+    tmp_dir: str | None = None  # the run's TMPDIR the agent made (kept in the state file); None: none
     _looked_at: set[int] = field(default_factory=set)
 
     def add_segments_of(self, pid: int, again: bool = False) -> None:
@@ -70,7 +72,8 @@ class RunFiles:
             self.paths.setdefault(path, owner)
 
     def remove(self) -> tuple[list[str], list[str]]:
-        """Unlink the recorded files that still exist: (removed, not removed with the reason)."""
+        """Unlink the recorded files that still exist and remove the run's TMPDIR: (removed, not removed with the
+        reason)."""
         removed: list[str] = []
         refused: list[str] = []
         for path, owner in sorted(self.paths.items()):
@@ -93,4 +96,10 @@ class RunFiles:
                     pass
                 except OSError as exc:
                     refused.append(f"{path} ({exc.strerror})")
+        if self.tmp_dir and (why := runtmp.remove(self.tmp_dir)):
+            refused.append(why)  # its removal is expected, like the state file's: only a refusal is news
         return removed, refused
+
+    def every_path(self) -> list[str]:
+        """What `remove` would look at: the files, then the run's TMPDIR."""
+        return sorted(self.paths) + ([self.tmp_dir] if self.tmp_dir else [])

@@ -345,6 +345,7 @@ class Supervisor:
         """At agent start: adopt the server the previous agent left, finish its interrupted switch, hold its
         recorded crash loop, or else autostart `autostart` (None: no autostart) unless strays of a run live."""
         adopted = await self.adopt_previous()
+        await self.runs.sweep_tmp()  # before any start of this agent's: only runs that are gone are swept
         if await self.resume_switch():  # a switch the previous agent did not finish (killed mid-switch)
             return
         held = not adopted and self.restore_crash_loop()

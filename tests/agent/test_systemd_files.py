@@ -41,6 +41,9 @@ def test_unit_has_the_decisions_the_agent_relies_on():
     assert "KillMode=process, deliberately" in UNIT.read_text()  # the reason is written down
     # vLLM outlives the unit's stop (KillMode=process): RemoveIPC=yes would unlink its shared memory then
     assert s.get("RemoveIPC", "no") == "no" and "RemoveIPC=no, deliberately" in UNIT.read_text()
+    # the private /tmp goes with the unit's stop, which vLLM outlives: a run's TMPDIR is in StateDirectory instead
+    assert s["PrivateTmp"] == "yes" and s["StateDirectory"] == "lynxtop"
+    assert "PrivateTmp=yes, deliberately" in UNIT.read_text() and "/var/lib/lynxtop/run-tmp/" in UNIT.read_text()
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
@@ -57,6 +60,7 @@ def test_unit_passes_systemd_analyze_verify_and_security(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr
     level = float(re.search(r"Overall exposure level for \S+: ([0-9.]+)", r.stdout).group(1))
     assert level <= 4.0
+    assert re.search(r"^✓ PrivateTmp=", r.stdout, re.MULTILINE), r.stdout  # the agent's own /tmp stays private
 
 
 @pytest.mark.skipif(shutil.which("systemd-sysusers") is None, reason="systemd-sysusers not installed")

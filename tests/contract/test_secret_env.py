@@ -126,8 +126,8 @@ def test_env_file_bad_lines_are_named_by_file_and_line_without_their_text(tmp_pa
         f"{where}:4: {name_rule}",
         f"{where}:5: HF_TOKEN is set again (first on line 1)",
         f"{where}:6: variable LD_PRELOAD is not allowed (allowed: CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, "
-        "OMP_NUM_THREADS, TOKENIZERS_PARALLELISM and names starting with VLLM_, HF_, NCCL_, RAY_, TORCH_SYMM_MEM_, "
-        "NVSHMEM_)",
+        "OMP_NUM_THREADS, TMPDIR, TOKENIZERS_PARALLELISM and names starting with VLLM_, HF_, NCCL_, RAY_, "
+        "TORCH_SYMM_MEM_, NVSHMEM_)",
         f"{where}:7: the value of VLLM_B holds the control character \\x1b; control characters are refused",
     ]
     assert not any(TOKEN in p or KEY in p for p in problems)
