@@ -28,6 +28,11 @@ from lynxtop.agent.serving.health import HangDetector, HttpClient, Verdict
 from lynxtop.contract.events import Event
 
 log = logging.getLogger("lynxtop.agent")
+# A page cut off (slower than its time limit, larger than its size limit) is read up to the cut-off each time:
+# while that goes on, scrapes back off from this, doubling up to the cap (docs/sampling.md).
+CUT_OFF = "page cut off"  # how agent/metrics/fetch.py begins such a failure
+CUT_BACKOFF_FIRST_S = 1.0
+CUT_BACKOFF_MAX_S = 30.0
 Rows = dict[str, Any]  # keyword arguments of StoreWriter.submit_tick: host_row, gpu_rows, serving_row, ...
 
 
@@ -385,6 +390,7 @@ class ScrapeSource:
         self._key: ScrapeTarget | None = None
         self._pending: asyncio.Task | None = None
         self._next = 0.0
+        self._cut_backoff = 0.0  # seconds the next scrape waits after a page cut off (0: none cut off last)
         # the target `sample_now` read for the tick it left to `sample`: one read a tick (node.py's builds the
         # supervisor's whole serving status to say whether it serves)
         self._asked: tuple[Tick, ScrapeTarget] | None = None
@@ -402,7 +408,7 @@ class ScrapeSource:
             self.hang = HangDetector(self.hang_timeout_s)
             self._key = target
             self._pending = None  # a scrape of the previous run is not this run's
-            self._next = 0.0
+            self._next = self._cut_backoff = 0.0
             self.on_new_run()
         return self.scraper, self.hang
 
@@ -460,6 +466,8 @@ class ScrapeSource:
             if not scraper.in_outage:
                 log.warning("reading %s failed", scraper.url, exc_info=exc)  # once per outage: for the bug report
             row = scraper.failed(tick.t0, f"cannot read the page at {scraper.url}: {type(exc).__name__}: {exc}")
+        if self._cut_backoff or (not row["scrape_ok"] and (scraper.last_error or "").startswith(CUT_OFF)):
+            self._back_off(scraper, tick.t0)  # a page cut off, or the first page after one
         row["run_id"] = target.run_id
         self.engines = list(scraper.engines)
         events = [as_event(ev, run_id=target.run_id) for ev in scraper.events(tick.t0)]
@@ -468,6 +476,18 @@ class ScrapeSource:
         if verdict is not None:
             self.on_verdict(verdict)
         return {"serving_row": row}, events
+
+    def _back_off(self, scraper: Any, now: float) -> None:
+        """A page cut off (too slow, too large) was read up to the cut-off: at every tick that is up to 15 % of a
+        core at 10 Hz for nothing. While such pages go on, the next scrape waits CUT_BACKOFF_FIRST_S, doubling to
+        CUT_BACKOFF_MAX_S; a page read whole restores the cadence. Other failures (refused, HTTP 500) are cheap
+        and keep it: their recovery is seen at once."""
+        if not (scraper.last_error or "").startswith(CUT_OFF):
+            self._cut_backoff = 0.0
+            return
+        self._cut_backoff = min(CUT_BACKOFF_MAX_S, max(self._cut_backoff * 2, CUT_BACKOFF_FIRST_S,
+                                                       2 * self.interval_s))
+        self._next = max(self._next, now + self._cut_backoff)
 
     def close(self) -> None:
         if self._pending is not None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from lynxtop.agent.api.connguard import Episodes, is_resource_error
 from lynxtop.agent.clock import Timeline, describe, span
+from lynxtop.agent.coalesce import Closed, Recurring
 from lynxtop.agent.sampling import ClockPart, Sampler, Tick, sample_stages, stages_now
 from lynxtop.contract.events import Event, EventKind, Severity
 
@@ -38,6 +39,11 @@ log = logging.getLogger("lynxtop.agent")
 STATUS_LINE_S = 1.0  # the status line (systemd's STATUS=) is built at most about this often, not every 10 Hz tick
 JOIN_S = 2.0  # how long stopping the clock waits for its threads (one stuck in NVML is left: a daemon)
 LOOP_S = 1.0  # the loop gets a tick at least this often (episodes, the socket's path, the status line, serving)
+# Wall-clock steps are one episode while they keep coming (two time sources fighting step it every minute): the
+# first is told at once, the rest counted; the count and the net offset are told once the clock has been still
+# for CLOCK_QUIET_S, and every CLOCK_SUMMARY_S while it is not.
+CLOCK_QUIET_S = 600.0
+CLOCK_SUMMARY_S = 3600.0
 
 
 def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
@@ -82,6 +88,9 @@ class Ticker:
         self.quiet_ticks = 0  # of those, written by the clock thread without waking the loop
         self.last_tick_done: float | None = None
         self._resumed_mono: float | None = None  # when the watchdog found the process had been stopped
+        self._steps = Recurring(CLOCK_QUIET_S)  # the wall clock's steps, on the timeline's seconds
+        self._steps_before = 0  # the wall clock's offset before the episode's first step (ms)
+        self._steps_told = (0.0, 0)  # (when, steps counted) of the episode's last report
         self.latest_gpu_rows: list[dict] = []
         self.latest_host: dict[str, Any] = {}
         self.latest_serving: dict[str, Any] | None = None
@@ -176,10 +185,15 @@ class Ticker:
                 and part.finish(tick))
 
     def _clock_step(self) -> Event | None:
-        """A stepped wall clock becomes an event and a status field; the samples' timeline goes on unmoved."""
+        """A stepped wall clock becomes an event and a status field; the samples' timeline goes on unmoved. Steps
+        that keep coming are one episode: the first told at once, the others in one count (`_steps_count`)."""
         step = self._timeline.check()
         if step is None:
-            return None
+            return self._steps_count(False) if self._steps.times else None  # a tick without a step: one int read
+        now = self._timeline.now_ms() / 1000
+        if not self._steps.hit(now):  # a further step: counted, and the count told if an hour has passed
+            return self._steps_count(True) if now - self._steps_told[0] >= CLOCK_SUMMARY_S else None
+        self._steps_before, self._steps_told = self._timeline.offset_ms - step.step_ms, (now, 1)
         off = self._timeline.offset_ms
         msg = (f"{describe(step)}; sample timestamps go on from the agent's own timeline (the wall clock is now "
                f"{span(off)} {'ahead of' if off >= 0 else 'behind'} it), so no history is mislabeled or expired; "
@@ -187,6 +201,31 @@ class Ticker:
         return Event(EventKind.AGENT_CLOCK_STEP, Severity.WARNING, msg, ts_ms=step.ts_ms,
                      details={"step_ms": step.step_ms, "wall_ms": step.wall_ms, "ts_ms": step.ts_ms,
                               "offset_ms": self._timeline.offset_ms})
+
+    def _steps_count(self, at_step: bool) -> Event | None:
+        """The open episode's count: at its end (no step for CLOCK_QUIET_S), or at a step CLOCK_SUMMARY_S after
+        the last report; None when the episode goes on quietly or ended after its one step (already told)."""
+        now = self._timeline.now_ms() / 1000
+        closed: Closed | None = self._steps.close(now)
+        ended = not self._steps.open
+        if ended and closed is None:
+            return None
+        if not ended and not at_step:
+            return None  # a tick without a step in an episode still open
+        times = closed.times if closed is not None else self._steps.times
+        new = times - self._steps_told[1]
+        self._steps_told = (now, times)
+        off = self._timeline.offset_ms
+        net = off - self._steps_before
+        how = (f"no step for {CLOCK_QUIET_S / 60:g} min: the episode is over" if ended
+               else f"still stepping: counted quietly, the count told every {CLOCK_SUMMARY_S / 60:g} min")
+        msg = (f"the wall clock stepped {times} times since the first step was told ({new} since the last report); "
+               f"net {span(net)} {'forward' if net >= 0 else 'back'} over the episode, the wall clock is now "
+               f"{span(off)} {'ahead of' if off >= 0 else 'behind'} the samples' timeline; {how}. Two time sources "
+               "setting the clock (NTP, chrony, a hypervisor's sync, a manual date) may be fighting")
+        return Event(EventKind.AGENT_CLOCK_STEP, Severity.WARNING, msg, ts_ms=self._timeline.now_ms(),
+                     details={"steps": times, "steps_since_told": new, "net_step_ms": net, "offset_ms": off,
+                              "ended": ended})
 
     # ------------------------------------------------------------------------------------------ clock thread
 

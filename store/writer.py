@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 5, 6, 8, 10, 11, 13, 14, 26
 _TRANSIENT = {_BUSY, _LOCKED, _READONLY, _IOERR, _FULL, _CANTOPEN}  # READONLY: a remount read-only
 _DAMAGED = {_CORRUPT, _NOTADB}
+OPS_MAX = 10_000  # non-tick writes held during a write outage; beyond, the oldest events go (see _drop_oldest_events)
 MAINTAIN_EVERY_S = 30.0
 WAL_CHECK_S = 2.0  # how often the thread checks its -wal/-shm are still on disk (~100 readlinks: cheap)
 DETACH_TIMEOUT_S = 5.0  # how long a renewal waits for an in-process reader to finish its query
@@ -86,6 +87,7 @@ class _Tick:
 class _Op:
     fn: Callable[[sqlite3.Connection], Any]
     future: Future = field(default_factory=Future)
+    droppable: bool = False  # an event: dropped (oldest first) when the queue is full; nothing else is
 
 
 def _now_ms(clock: Callable[[], float]) -> int:
@@ -456,6 +458,11 @@ class StoreWriter:
         self._cv = threading.Condition()
         self._ticks: deque[_Tick] = deque()
         self._ops: deque[_Op] = deque()
+        # Non-tick writes held while the database refuses writes: events beyond this are dropped, oldest first
+        # (a fault's events at one a second are 3,600 an hour); run rows, GPUs and bench results are never dropped.
+        self.ops_max = OPS_MAX
+        self._dropped_events = 0
+        self._dropped_events_told = 0  # dropped events already counted in a store.writes_resumed
         self._busy = False  # a batch taken from the queues is being written
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -620,7 +627,7 @@ class StoreWriter:
         row = (ts, event.run_id, canonical_kind(str(event.kind)), str(event.severity), _storable(event.message), det)
         self._enqueue_op(lambda c: c.execute(
             "INSERT INTO events (ts_ms, run_id, kind, severity, message, details) VALUES (?, ?, ?, ?, ?, ?)",
-            row).lastrowid)
+            row).lastrowid, droppable=True)
 
     def create_run(self, run_id: int | None = None, **fields: Any) -> int:
         """Queue a run's row and return its id at once, without waiting for the disk.
@@ -789,12 +796,29 @@ class StoreWriter:
             out[k] = _storable(v)
         return out
 
-    def _enqueue_op(self, fn: Callable[[sqlite3.Connection], Any]) -> _Op:
-        op = _Op(fn)
+    def _enqueue_op(self, fn: Callable[[sqlite3.Connection], Any], droppable: bool = False) -> _Op:
+        op = _Op(fn, droppable=droppable)
         with self._cv:
             self._ops.append(op)
+            if len(self._ops) > self.ops_max:  # only while writes fail: the thread empties the queue otherwise
+                self._drop_oldest_events()
             self._cv.notify()
         return op
+
+    def _drop_oldest_events(self) -> None:
+        """The queue of non-tick writes back to `ops_max` by dropping its oldest events (counted, reported by
+        `store.writes_resumed`); called holding the condition. The ops ahead of them are few (runs, GPUs)."""
+        while len(self._ops) > self.ops_max:
+            i = next((i for i, op in enumerate(self._ops) if op.droppable), None)
+            if i is None:
+                return  # only writes a run's history depends on: kept, whatever their number
+            op = self._ops[i]
+            del self._ops[i]
+            op.future.cancel()
+            if self._dropped_events == self._dropped_events_told:
+                log.warning("%s: %d writes held while the database refuses them; dropping the oldest events "
+                            "from now on (counted in store.writes_resumed)", self.path, self.ops_max)
+            self._dropped_events += 1
 
     def _call(self, fn: Callable[[sqlite3.Connection], Any], timeout: float) -> Any:
         if self._thread is None:  # not started (tests, tools): run inline on the same connection
@@ -1045,6 +1069,8 @@ class StoreWriter:
             return False
         with self._cv:  # put everything back in front, oldest ticks dropped beyond the bound
             self._ops.extendleft(reversed(ops or []))
+            if len(self._ops) > self.ops_max:
+                self._drop_oldest_events()
             self._ticks.extendleft(reversed(ticks or []))
             if ticks:
                 self._due_at = 0.0  # due: the retry writes them, not a linger after it
@@ -1066,12 +1092,17 @@ class StoreWriter:
     def _recovered(self) -> None:
         took = time.monotonic() - (self._trouble_since or time.monotonic())
         lost = self._dropped - self._dropped_at_trouble
+        with self._cv:
+            lost_events = self._dropped_events - self._dropped_events_told
+            self._dropped_events_told = self._dropped_events
         self._trouble_since = None
         msg = f"{self.path}: history writes resumed after {took:.0f} s; {lost} ticks were dropped meanwhile"
+        if lost_events:
+            msg += f", and the oldest {lost_events} events (more than {self.ops_max} writes were held)"
         with self._cv:
             self._last_error = None
-        self._event(Event(EventKind.STORE_WRITES_RESUMED, Severity.WARNING if lost else Severity.INFO, msg,
-                          {"dropped_ticks": lost}))
+        self._event(Event(EventKind.STORE_WRITES_RESUMED, Severity.WARNING if lost or lost_events else Severity.INFO,
+                          msg, {"dropped_ticks": lost, "dropped_events": lost_events}))
 
     def _recover_damaged(self, exc: sqlite3.Error) -> None:
         """The file went bad under us: move it aside and continue on a fresh one (queued data is kept)."""

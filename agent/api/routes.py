@@ -47,6 +47,9 @@ SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the NUL
 # Someone's live socket reported in the control socket's place is probed again every this many checks (node.py:
 # every 5 s, so 30 s): once that process has exited, its dead socket file is replaced as any dead one is.
 TOLD_SOCKET_RECHECK = 6
+# A path the agent cannot bind again (its directory removed where it may not mkdir: /run/lynxtop under systemd) is
+# retried at every check, quietly: the failure is told once, then only as a reminder this often while it lasts.
+LOST_REMINDER_S = 3600.0
 
 _log = logging.getLogger("lynxtop.api")
 
@@ -297,6 +300,12 @@ class ApiServer:
         self._site: GuardedSite | None = None
         self._told: tuple[int, int] | None = None  # a file in the socket's place already reported as not ours
         self._told_checks = 0  # checks since then (a socket reported is probed again: TOLD_SOCKET_RECHECK)
+        # the failure to bind the path again that was last told (its message), when the path was first found lost
+        # and when it was last told: a failure repeating every check is one episode, not one event per check
+        self._lost_error: str | None = None
+        self._lost_since: float | None = None
+        self._lost_told_at = 0.0
+        self._lost_tries = 0
         self.app = self._make_app()
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -386,11 +395,33 @@ class ApiServer:
             sock = self._bind(path, group_gid(self.group))
         except (ApiStartError, OSError) as exc:
             self._told, self._told_checks = ident, 0
-            return False, f"{what}; not re-created: {exc}"
+            return self._not_recreated(what, str(exc))
         self._site.replace_socket(sock)
         st = path.stat()
         self._ident, self._told = (st.st_dev, st.st_ino), None
-        return True, f"{what}; re-created it (mode {stat.S_IMODE(st.st_mode):o}): `lynxtop` reaches the agent again"
+        msg = f"{what}; re-created it (mode {stat.S_IMODE(st.st_mode):o}): `lynxtop` reaches the agent again"
+        if self._lost_since is not None:  # the end of an episode of failed re-creations: how long, how many tries
+            msg += (f" after {time.monotonic() - self._lost_since:.0f} s without it ({self._lost_tries} failed "
+                    "tries)")
+        self._lost_error, self._lost_since, self._lost_tries = None, None, 0
+        return True, msg
+
+    def _not_recreated(self, what: str, error: str) -> tuple[bool, str] | None:
+        """A failed re-creation: told when it is new, quiet while the same failure repeats (the caller checks
+        every 5 s; an unprivileged agent whose directory is gone fails every time), reminded every
+        LOST_REMINDER_S. The next success tells the end with how long it lasted."""
+        now = time.monotonic()
+        self._lost_tries += 1
+        if self._lost_since is None:
+            self._lost_since = now
+        if error == self._lost_error and now - self._lost_told_at < LOST_REMINDER_S:
+            return None
+        again = error == self._lost_error
+        self._lost_error, self._lost_told_at = error, now
+        if again:
+            return False, (f"{what}; still not re-created after {now - self._lost_since:.0f} s ({self._lost_tries} "
+                           f"failed tries, retrying every check): {error}")
+        return False, f"{what}; not re-created: {error} (retrying quietly; an event when it is back)"
 
     def _clear_stale(self, path: Path) -> None:
         try:
