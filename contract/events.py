@@ -93,8 +93,11 @@ class EventKind(StrEnum):
     GPU_XID = "gpu.xid"
     GPU_GPM_DISABLED = "gpu.gpm_disabled"
     GPU_SETUP_FAILED = "gpu.setup_failed"  # a GPU or its GPM/XID events left out of an NVML initialisation by a bug
+    GPU_UNREADABLE = "gpu.unreadable"  # every reading of a GPU (not lost) failed for a few ticks and seconds
+    GPU_READABLE = "gpu.readable"  # ... readings came back (details.lasted_s)
     NVML_REINIT = "nvml.reinit"
     NVML_UNAVAILABLE = "nvml.unavailable"
+    NVML_AVAILABLE = "nvml.available"  # NVML, unavailable since the agent started, sampled cleanly for a while
     NVML_NO_PERMISSION = "nvml.no_permission"
     NVML_MISSING_FUNCTION = "nvml.missing_function"
     # the /metrics scrape and the SLA

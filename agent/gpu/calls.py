@@ -50,9 +50,10 @@ class Lost(Exception):
 class Reinit(Exception):
     """The library needs a fresh nvmlInit (driver upgraded or unloaded under us)."""
 
-    def __init__(self, code: int, where: str):
+    def __init__(self, code: int, where: str, gpu: int | None = None):
         super().__init__(f"{error_name(code)} in {where}")
         self.code = code
+        self.gpu = gpu  # the GPU whose call answered it (None: no one GPU's), see GpuSampler.sample
 
 
 @dataclass
@@ -85,6 +86,12 @@ class Gpu:
     # a row of this GPU before the tick's own readings (the column template, `kept`, `slow`): copied as each
     # tick's row until `kept` or `slow` is read again (None: build it again)
     row_base: dict | None = None
+    fails: int = 0  # failed calls (NOT_FOUND aside) so far: a tick that moved it is looked at (unreadable.py)
+    bad_since: float | None = None  # first of the ticks in a row in which every reading failed
+    bad_ticks: int = 0  # ... and how many
+    # a fresh nvmlInit reproduced a re-init code on this GPU alone: its codes are this GPU's failures, not the
+    # library's (GpuSampler.sample), so the other GPUs are not torn down with it again and again
+    reinit_local: bool = False
 
 
 class Reporter:
@@ -152,8 +159,10 @@ class NvmlCaller:
             name = key
         if code == E.NVML_ERROR_GPU_IS_LOST:
             raise Lost()
-        if code in REINIT_CODES:
-            raise Reinit(code, key)
+        if code in REINIT_CODES and not g.reinit_local:
+            raise Reinit(code, key, g.idx)
+        if code != E.NVML_ERROR_NOT_FOUND:  # NOT_FOUND is an answer (no process sample since)
+            g.fails += 1
         r = self._r
         if code in _PERMANENT_CODES:
             g.off.add(key)

@@ -7,6 +7,9 @@ for the XID event set), the facility and the error, escaped and cut (an exceptio
 a driver's answer). It is told once per occurrence: not on every tick, nor on every re-initialisation the failure
 persists through; once the GPU or facility is set up fine again, `gpu.recovered` says so and a later failure is a
 new occurrence, told again.
+
+The XID event set's wait failing after it was set up ("xid_wait": NVML's answer, any error but TIMEOUT) is told
+the same way: the operator's question is the same (are XIDs read?), and one episode of it is one pair of events.
 """
 
 from __future__ import annotations
@@ -17,12 +20,18 @@ from lynxtop.contract.terminal import terminal_safe
 
 ERROR_CHARS = 240  # an error's text is cut to this (escaped first: an escape is never cut in half by the cut)
 
-# facility -> (severity of its `gpu.setup_failed`, its name, what is left out, what is told once set up again)
-_FACILITIES: dict[str, tuple[str, str, str, str]] = {
-    "gpu": ("error", "the GPU", "not sampled (no row) until NVML is re-initialised", "sampled again"),
-    "gpm": ("warning", "GPM", "sampled without GPM (SM/tensor/DRAM activity and PCIe stay empty) until NVML is "
-                              "re-initialised", "its GPM activity is read again"),
-    "xid": ("warning", "XID events", "XID errors not read until NVML is re-initialised", "XID errors are read again"),
+# facility -> (severity of its `gpu.setup_failed`, what failed, what is left out, what `gpu.recovered` says, what
+# is told once set up again). "xid_wait": the event set was made but waiting on it fails (tried again each tick)
+_FACILITIES: dict[str, tuple[str, str, str, str, str]] = {
+    "gpu": ("error", "setting it up", "not sampled (no row) until NVML is re-initialised",
+            "set up again as NVML re-initialised", "sampled again"),
+    "gpm": ("warning", "setting up GPM", "sampled without GPM (SM/tensor/DRAM activity and PCIe stay empty) until "
+                                         "NVML is re-initialised",
+            "GPM set up again as NVML re-initialised", "its GPM activity is read again"),
+    "xid": ("warning", "setting up XID events", "XID errors not read until NVML is re-initialised",
+            "XID events set up again as NVML re-initialised", "XID errors are read again"),
+    "xid_wait": ("warning", "waiting for XID events", "XID errors are not read while it fails (tried each tick)",
+                 "waiting for XID events works again", "XID errors are read again (those queued meanwhile too)"),
 }
 
 
@@ -47,8 +56,7 @@ class LeftOut:
         if not self._r.once("left_out", f"{gpu}:{facility}"):
             return
         text = error_text(error)
-        severity, name, left, _ = _FACILITIES[facility]
-        what = "setting it up" if facility == "gpu" else f"setting up {name}"
+        severity, what, left, _, _ = _FACILITIES[facility]
         message = f"{_where(gpu)}: {what} failed ({text}): {left}"
         log.error("%s (logged once)", message)
         self._r.event(EventKind.GPU_SETUP_FAILED, severity, message,
@@ -58,9 +66,8 @@ class LeftOut:
         """`facility` of `gpu` is set up: a failure told before is over (`gpu.recovered` unless not `tell`, as
         for GPM switched off by configuration), and a later one is told again."""
         if self._r.forget("left_out", f"{gpu}:{facility}") and tell:
-            _, name, _, back = _FACILITIES[facility]
-            what = "set up again" if facility == "gpu" else f"{name} set up again"
-            self._r.event(EventKind.GPU_RECOVERED, "info", f"{_where(gpu)}: {what} as NVML re-initialised: {back}",
+            _, _, _, what, back = _FACILITIES[facility]
+            self._r.event(EventKind.GPU_RECOVERED, "info", f"{_where(gpu)}: {what}: {back}",
                           {"gpu": gpu, "facility": facility})
 
 

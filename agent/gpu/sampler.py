@@ -45,6 +45,7 @@ from lynxtop.agent.gpu.calls import (
     log,
 )
 from lynxtop.agent.gpu.left_out import LeftOut
+from lynxtop.agent.gpu.outage import NvmlOutage
 from lynxtop.agent.gpu.protocol import GpuBackend
 from lynxtop.agent.gpu.readers import (
     NVLINK_PROBE_LINKS,
@@ -57,6 +58,7 @@ from lynxtop.agent.gpu.readers import (
     _text,
 )
 from lynxtop.agent.gpu.refresh import MAX_AGE_S, Refresh
+from lynxtop.agent.gpu.unreadable import UnreadableGpus
 from lynxtop.agent.gpu.xid import XIDS_PER_TICK, XidEpisodes, XidWatcher
 from lynxtop.contract.columns import GPU_METRICS, names
 from lynxtop.contract.events import EventKind
@@ -70,6 +72,7 @@ _INT64_END = 1 << 63  # a GPU row's values are counts, rates, percentages: each 
 
 E = pynvml
 _NO_DRIVER_CODES = {E.NVML_ERROR_LIBRARY_NOT_FOUND, E.NVML_ERROR_DRIVER_NOT_LOADED}
+SETTLE_S = 60.0  # NVML sampled cleanly this long after a (re)initialisation: the backoff resets, an outage ends
 
 ARCH_BY_CC_MAJOR = {6: "Pascal", 7: "Volta", 8: "Ampere", 9: "Hopper", 10: "Blackwell", 12: "Blackwell"}
 
@@ -99,7 +102,8 @@ class GpuSampler:
                  clock: Callable[[], float] = time.monotonic,
                  retry_initial_s: float = 1.0, retry_max_s: float = 60.0, lost_probe_s: float = 10.0,
                  xid_events: bool = True, xid_per_tick: int = XIDS_PER_TICK, refresh_s: float = MAX_AGE_S,
-                 wall_clock: Callable[[], float] = time.time, on_xid: Callable[[int | None], None] | None = None):
+                 wall_clock: Callable[[], float] = time.time, on_xid: Callable[[int | None], None] | None = None,
+                 settle_s: float = SETTLE_S):
         self._factory = backend_factory
         self.gpm_enabled = gpm_enabled
         self._clock = clock
@@ -120,8 +124,13 @@ class GpuSampler:
         self._gpus: list[Gpu] = []
         self._static_rows: list[dict] | None = None  # static()'s rows for the GPUs of this initialisation
         self._state = {"state": "error", "message": "not opened", "driver_version": "", "nvml_version": ""}
-        self._retry_delay = retry_initial_s
+        self._retry_delay = retry_initial_s  # reset only once NVML has sampled cleanly for settle_s
         self._next_attempt = 0.0
+        self._settle_s = settle_s
+        self._settle_at = float("inf")  # the tick at or after this has sampled cleanly for settle_s: `_settled`
+        self._outage: NvmlOutage | None = None  # NVML down (outage.py): told when it starts and when it ends
+        self._suspect: int | None = None  # the GPU whose re-init code started the last re-initialisation
+        self._unreadable = UnreadableGpus(self._r)
         self._xid: XidWatcher | None = None
         # XID episodes outlive a re-initialisation's event set: a flood across one is one episode (xid.py)
         self._xid_episodes = (XidEpisodes(self._r.event, on_xid=on_xid) if xid_events and on_event is not None
@@ -201,18 +210,20 @@ class GpuSampler:
             self._open_failed(E.NVML_ERROR_UNKNOWN, f"NVML initialised but setting it up failed: "
                               f"{type(e).__name__}: {e}", now)
             return
-        was_down = self._state["state"] == "error" and self.static_version > 0
         self._state = {"state": "ok", "message": f"{count} GPU(s)" + (" (simulated)" if b.simulated
                                                                        else ""),
                        "driver_version": dv, "nvml_version": nv}
         self._static_rows = None  # built again with this driver's versions
-        self._retry_delay = self._retry_initial
+        # the backoff resets, and an outage is told over, once NVML has sampled cleanly for settle_s: a driver
+        # whose readings answer a re-init code right after every nvmlInit is not opened again each second
+        self._settle_at = now + self._settle_s
+        if self._outage is not None:
+            log.debug("NVML initialised again (driver %s, %d GPU(s)); the outage is told over once NVML has "
+                      "sampled cleanly for %g s", dv, count, self._settle_s)
         self._first_tick = True
         self.static_version += 1
-        if was_down:
-            self._r.event(EventKind.NVML_REINIT, "info", f"NVML re-initialised: driver {dv}, {count} GPU(s)",
-                          {"driver_version": dv, "gpus": count})
         for g in self._gpus:
+            self._unreadable.resume(g)
             if g.lost:
                 self._mark_lost(g, "while enumerating")
             else:  # found answering (a reset, a driver reload): lost again later is a new `gpu.lost`
@@ -227,7 +238,7 @@ class GpuSampler:
         """The XID watcher of this initialisation; a failure that is no NVMLError leaves out the XIDs of the GPU
         it came from (every GPU's, for the event set), told as `gpu.setup_failed` (left_out.py)."""
         xid = XidWatcher(b, self._r.event, limit=self._xid_per_tick, episodes=self._xid_episodes,
-                         clock=self._clock)
+                         clock=self._clock, on_wait=self._xid_waits)
         try:
             started = xid.start()
         except Exception as e:  # a bug or an odd answer: sampling goes on without XID events
@@ -240,6 +251,16 @@ class GpuSampler:
             self._left_out.failed(i, "xid", e)
         for i in xid.registered:
             self._left_out.fine(i, "xid")
+
+    def _xid_waits(self, error: BaseException | None) -> None:
+        """Waiting on the XID event set fails (`error`) or works again: one `gpu.setup_failed` / `gpu.recovered`
+        pair per episode (left_out.py), as for an event set that could not be made."""
+        if error is None:
+            self._left_out.fine(None, "xid_wait")
+        elif isinstance(error, pynvml.NVMLError) and error.value in REINIT_CODES:
+            log.debug("waiting for XID events failed: %s (NVML's outage, told by the readings)", error)
+        else:
+            self._left_out.failed(None, "xid_wait", error)
 
     def _setup_gpu(self, i: int) -> Gpu | None:
         """GPU `i`'s setup; one that fails with something other than NVML's errors (a bug, an odd answer) is set up
@@ -284,6 +305,10 @@ class GpuSampler:
                        "driver_version": "", "nvml_version": ""}
         self._next_attempt = now + delay
         self._retry_delay = min(self._retry_delay * 2, self._retry_max * (5 if no_driver else 1))
+        self._settle_at = float("inf")
+        if self._outage is None:  # any state reported down is an outage: its end is told (outage.py)
+            self._outage = NvmlOutage(now, at_start=self.static_version == 0)
+        self._outage.failed_tries += 1
         if self._r.once("nvml_open_failed", state):
             self._r.event(EventKind.NVML_UNAVAILABLE, "warning" if no_driver else "error", message, {"code": code})
 
@@ -331,7 +356,12 @@ class GpuSampler:
                     do_slow = slow_budget > 0 and now >= g.slow_due
                     if do_slow:
                         slow_budget -= 1
-                    self._sample_gpu(g, now, do_slow, vllm_pids, tick)
+                    try:
+                        self._sample_gpu(g, now, do_slow, vllm_pids, tick)
+                    except Reinit as e:
+                        if not self._local_reinit(g, e):
+                            raise
+                        self._sample_gpu(g, now, do_slow, vllm_pids, tick)  # its codes are its failures now
                 except Lost:
                     self._mark_lost(g, "while sampling")
                     tick.gpu_rows.append(self._lost_row(g))
@@ -347,7 +377,36 @@ class GpuSampler:
             if self._r.once("sample_bug", type(e).__name__):
                 log.exception("GPU sampling failed (logged once)")
             return GpuTick()
+        if now >= self._settle_at:  # healthy: one comparison a tick
+            self._settled(now)
         return tick
+
+    def _settled(self, now: float) -> None:
+        """NVML has sampled cleanly for settle_s since its last (re)initialisation: the backoff starts over, and
+        an outage ends with its one closing event."""
+        self._settle_at = float("inf")
+        self._retry_delay = self._retry_initial
+        self._suspect = None
+        outage, self._outage = self._outage, None
+        if outage is not None:
+            self._r.forget("nvml_open_failed", "error")  # a later outage's failed tries are told again
+            self._r.forget("nvml_open_failed", "no-driver")
+            outage.end(self._r, now, self._settle_s, self._state["driver_version"], len(self._gpus))
+
+    def _local_reinit(self, g: Gpu, e: Reinit) -> bool:
+        """Whether `g`'s re-init code is taken as its own failure: the re-initialisation it started reproduced
+        it on `g` (the same GPU, first of the tick to answer so) while another GPU is sampled. Re-initialising the
+        whole library again would lose every GPU's rows each time, and would not help."""
+        if e.gpu != g.idx or g.idx != self._suspect or g.reinit_local or self._outage is None:
+            return False
+        if sum(1 for x in self._gpus if not x.lost) < 2:  # one GPU: nothing tells it from the library
+            return False
+        g.reinit_local = True
+        self._outage.local[g.idx] = error_name(e.code)
+        log.warning("GPU %d answers %s again after NVML was re-initialised, the other GPUs do not: taken as GPU "
+                    "%d's failure (its readings stay empty while it does), NVML is not re-initialised for it",
+                    g.idx, e, g.idx)
+        return True
 
     def _poll_xids(self, now: float) -> None:
         assert self._xid is not None
@@ -360,6 +419,7 @@ class GpuSampler:
     def _sample_gpu(self, g: Gpu, now: float, do_slow: bool, vllm_pids: Any, tick: GpuTick) -> None:
         if g.denied_at:
             self._c.retry_denied(g, now)
+        fails = g.fails
         kept = self._refresh.due(g.kept_at, now)  # about once a second: see agent/gpu/refresh.py
         if kept or do_slow:  # `kept` or `slow` is read again this tick: the row takes them at the end
             row = dict(_ROW_TEMPLATE)
@@ -375,16 +435,18 @@ class GpuSampler:
             self._readings.read_kept(g, now)
             self._processes.read(g, vllm_pids)
         self._activity.read(g, row, kept)
+        if do_slow:  # every call before the appends below: a re-init code taken as g's own re-runs g's tick
+            self._slow.read(g, now)
         # the same objects every tick until the next read: the store writer keeps only a new object (a reading
         # stored once, at the tick it was read: store/writer.py SlowRows); nothing downstream changes them
         if g.link_row is not None:
             tick.nvlink_rows.append(g.link_row)
         tick.process_rows.extend(g.proc_rows)
-        if do_slow:
-            self._slow.read(g, now)
         if kept or do_slow:
             row.update(g.kept)
             row.update(g.slow)
+        if g.fails != fails or g.bad_since is not None:  # healthy: nothing failed, no episode (unreadable.py)
+            self._unreadable.check(g, row, g.fails != fails, now)
         # the last line before the store, whichever reader let a value through: every value 0 <= v < 2**63 (NaN
         # fails the comparison too). One pass, no call per value (~1 µs a GPU); a row that fails takes `_fit`
         end = _INT64_END
@@ -425,14 +487,23 @@ class GpuSampler:
         return base
 
     def _reinit(self, e: Reinit) -> None:
+        """NVML torn down for a re-init code; opened again after the backoff, which grows through the outage
+        (it resets only once NVML has sampled cleanly for settle_s: `_settled`)."""
+        now = self._clock()
         self._teardown()
-        self._r.forget("nvml_open_failed", "error")
-        self._r.event(EventKind.NVML_REINIT, "warning", f"NVML needs re-initialising ({e}); retrying with backoff",
-                      {"code": e.code})
-        self._state = {"state": "error", "message": f"re-initialising NVML after {e}",
+        self._suspect = e.gpu
+        delay = self._retry_delay
+        if self._outage is None:
+            self._outage = NvmlOutage(now, at_start=False)
+            self._r.forget("nvml_open_failed", "error")
+            self._r.forget("nvml_open_failed", "no-driver")
+        else:  # again within the outage (NVML opened, a reading answered a re-init code before it settled)
+            self._retry_delay = min(delay * 2, self._retry_max)
+        self._outage.reinit(self._r, e)
+        self._state = {"state": "error", "message": f"re-initialising NVML after {e}; next try in {delay:g} s",
                        "driver_version": "", "nvml_version": ""}
-        self._retry_delay = self._retry_initial
-        self._next_attempt = self._clock() + self._retry_delay
+        self._settle_at = float("inf")
+        self._next_attempt = now + delay
 
     # ------------------------------------------------------------------ lost GPUs
 
@@ -453,8 +524,8 @@ class GpuSampler:
         try:
             self._c.b.nvmlDeviceGetTemperature(g.handle, E.NVML_TEMPERATURE_GPU)
         except pynvml.NVMLError as e:
-            if e.value in REINIT_CODES:
-                raise Reinit(e.value, "nvmlDeviceGetTemperature") from None
+            if e.value in REINIT_CODES and not g.reinit_local:
+                raise Reinit(e.value, "nvmlDeviceGetTemperature", g.idx) from None
             return False
         g.lost = False
         g.kept_at = None  # read everything again on its first tick back

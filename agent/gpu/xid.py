@@ -171,13 +171,17 @@ class XidWatcher:
     episodes (`XidEpisodes`), which tell it as an event `gpu.xid` once per episode."""
 
     def __init__(self, backend: GpuBackend, on_event: EventSink, limit: int = XIDS_PER_TICK,
-                 episodes: XidEpisodes | None = None, clock: Callable[[], float] = time.monotonic):
+                 episodes: XidEpisodes | None = None, clock: Callable[[], float] = time.monotonic,
+                 on_wait: Callable[[BaseException | None], None] | None = None):
         self._b = backend
         self._limit = limit
         self._episodes = episodes if episodes is not None else XidEpisodes(on_event)
         self._clock = clock
         self._es: Any = None
-        self._failing = False  # a wait failed at the last poll: said once until one works again
+        # a wait failed at the last poll: said once until one works again. None: no wait yet (the watcher of an
+        # earlier initialisation may have been failing: the first wait that works says it works)
+        self._failing: bool | None = None
+        self._on_wait = on_wait  # (error) when waits start failing, (None) when one works again; else logged
         self.registered: list[int] = []
         self.failed: dict[int, BaseException] = {}  # GPUs whose registration failed with no NVMLError (a bug)
         self.delivered = 0
@@ -207,7 +211,7 @@ class XidWatcher:
     def poll(self, now: float | None = None) -> int:
         """Deliver the XIDs waiting in the event set, at most `limit`, as read at `now` (the tick's time; the
         watcher's clock if None); never blocks, never raises. A failing wait ends this poll (the next tick tries
-        again: no spin) and is logged once until a wait works again."""
+        again: no spin) and is told once (`on_wait`, else the log) until a wait works again, which is told too."""
         es = self._es
         if es is None:
             return 0
@@ -219,16 +223,30 @@ class XidWatcher:
                 data = self._b.nvmlEventSetWait_v2(es, 0)
             except pynvml.NVMLError as e:
                 if e.value == pynvml.NVML_ERROR_TIMEOUT:  # nothing (more) waiting
-                    self._failing = False
+                    if self._failing is not False:
+                        self._waits(None)
                 elif not self._failing:
-                    self._failing = True
-                    log.warning("waiting for XID events failed: %s (retrying each tick)", e)
+                    self._waits(e)
                 return n
-            self._failing = False
+            if self._failing is not False:
+                self._waits(None)
             n += 1
             if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
                 self._deliver(data, now)
         return n
+
+    def _waits(self, error: BaseException | None) -> None:
+        """Waits fail from now on (`error`) or work again (None): told to `on_wait`, else logged."""
+        was, self._failing = self._failing, error is not None
+        if self._on_wait is not None:
+            try:
+                self._on_wait(error)
+            except Exception:  # a broken sink must not stop the poll
+                log.exception("XID wait sink failed")
+        elif error is not None:
+            log.warning("waiting for XID events failed: %s (retrying each tick)", error)
+        elif was:
+            log.info("waiting for XID events works again")
 
     def _deliver(self, data: Any, now: float) -> None:
         xid = int(data.eventData)

@@ -66,6 +66,7 @@ def _sampler(clock: ManualClock, events: Events, bugs: _Bugs, **kw: Any) -> tupl
         return made[-1]
 
     kw.setdefault("retry_initial_s", 1.0)
+    kw.setdefault("settle_s", 1.0)  # each driver reload below is its own outage: NVML settles between two
     return GpuSampler(factory, clock=clock, on_event=events, **kw), made
 
 

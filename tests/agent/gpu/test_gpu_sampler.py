@@ -237,7 +237,12 @@ def test_no_driver_is_a_state_and_the_driver_may_come_later(clock, events):
     assert s.sample(set()).gpu_rows == []  # still backing off
     clock.advance(1.5)
     assert len(s.sample(set()).gpu_rows) == 8 and s.status()["state"] == "ok"
-    assert events.kinds() == ["nvml.unavailable"]
+    assert events.kinds() == ["nvml.unavailable"]  # the end is told once NVML has sampled cleanly for 60 s
+    run_ticks(s, clock, 60)
+    assert events.kinds() == ["nvml.unavailable", "nvml.available"] and events[-1][1] == "info"
+    assert events[-1][3]["failed_tries"] == 1 and events[-1][3]["gpus"] == 8
+    run_ticks(s, clock, 120)
+    assert len(events) == 2  # told once
 
 
 def test_real_backend_without_a_driver_on_this_machine(events):
@@ -285,9 +290,12 @@ def test_version_mismatch_reinitialises_with_backoff(clock, events):
     assert len(attempts) == 3
     assert attempts[2] - attempts[1] > attempts[1] - attempts[0]
     assert s.status()["state"] == "ok" and len(tick.gpu_rows) == 2 and s.static_version == v0 + 1
+    assert events.kinds().count("nvml.reinit") == 1  # the end is told once NVML has sampled cleanly for 60 s
+    run_ticks(s, clock, 60)
     kinds = events.kinds()
     assert kinds[0] == "nvml.reinit" and kinds[-1] == "nvml.reinit" and events[-1][1] == "info"
     assert "nvml.unavailable" in kinds  # the failing re-init attempts are reported once
+    assert events[-1][3]["reinits"] == 1 and events[-1][3]["failed_tries"] == 2
 
 
 def test_process_rows_are_tagged_with_the_vllm_tree(clock):
