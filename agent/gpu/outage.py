@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lynxtop.agent.gpu.calls import Reinit, Reporter, log
+from lynxtop.agent.gpu.calls import Gpu, Reinit, Reporter, error_name, log
 from lynxtop.contract.events import EventKind
 
 
@@ -52,3 +52,76 @@ class NvmlOutage:
         else:
             r.event(EventKind.NVML_REINIT, "info", f"NVML re-initialised: driver {driver}, {gpus} GPU(s); sampled "
                     f"cleanly for {settle_s:g} s after {counts}{local}", details)
+
+
+class NvmlRetry:
+    """When NVML is opened again, and the outage it is in. The backoff grows through a whole outage and starts over
+    only once NVML has sampled cleanly for `settle_s` since its last (re)initialisation: a driver whose readings
+    answer a re-init code right after every nvmlInit is not opened again each second."""
+
+    def __init__(self, r: Reporter, initial_s: float, max_s: float, settle_s: float):
+        self._r = r
+        self.initial_s, self.max_s, self.settle_s = initial_s, max_s, settle_s
+        self.delay = initial_s  # the wait before the next try
+        self.next_attempt = 0.0
+        self.settle_at = float("inf")  # the tick at or after this has sampled cleanly for settle_s: `settled`
+        self.outage: NvmlOutage | None = None  # NVML down: told when it starts and when it ends
+        self.suspect: int | None = None  # the GPU whose re-init code started the last re-initialisation
+
+    def opened(self, now: float, driver: str, gpus: int) -> None:
+        self.settle_at = now + self.settle_s
+        if self.outage is not None:
+            log.debug("NVML initialised again (driver %s, %d GPU(s)); the outage is told over once NVML has "
+                      "sampled cleanly for %g s", driver, gpus, self.settle_s)
+
+    def open_failed(self, now: float, no_driver: bool, at_start: bool) -> float:
+        """A failed try: the wait before the next (returned), the outage counted (any state reported down)."""
+        delay = self.delay
+        self.next_attempt = now + delay
+        self.delay = min(delay * 2, self.max_s * (5 if no_driver else 1))
+        self.settle_at = float("inf")
+        if self.outage is None:
+            self.outage = NvmlOutage(now, at_start=at_start)
+        self.outage.failed_tries += 1
+        return delay
+
+    def reinit(self, now: float, e: Reinit) -> float:
+        """NVML torn down for `e`: the wait before it is opened again (returned)."""
+        self.suspect = e.gpu
+        delay = self.delay
+        if self.outage is None:
+            self.outage = NvmlOutage(now, at_start=False)
+            self._r.forget("nvml_open_failed", "error")
+            self._r.forget("nvml_open_failed", "no-driver")
+        else:  # again within the outage (NVML opened, a reading answered a re-init code before it settled)
+            self.delay = min(delay * 2, self.max_s)
+        self.outage.reinit(self._r, e)
+        self.settle_at = float("inf")
+        self.next_attempt = now + delay
+        return delay
+
+    def settled(self, now: float, driver: str, gpus: int) -> None:
+        """NVML has sampled cleanly for settle_s: the backoff starts over, an outage ends with its closing event."""
+        self.settle_at = float("inf")
+        self.delay = self.initial_s
+        self.suspect = None
+        outage, self.outage = self.outage, None
+        if outage is not None:
+            self._r.forget("nvml_open_failed", "error")  # a later outage's failed tries are told again
+            self._r.forget("nvml_open_failed", "no-driver")
+            outage.end(self._r, now, self.settle_s, driver, gpus)
+
+    def local(self, g: Gpu, e: Reinit, gpus: list[Gpu]) -> bool:
+        """Whether `g`'s re-init code is taken as its own failure: the re-initialisation it started reproduced
+        it on `g` (the same GPU, first of the tick to answer so) while another GPU is sampled. Re-initialising the
+        whole library again would lose every GPU's rows each time, and would not help."""
+        if e.gpu != g.idx or g.idx != self.suspect or g.reinit_local or self.outage is None:
+            return False
+        if sum(1 for x in gpus if not x.lost) < 2:  # one GPU: nothing tells it from the library
+            return False
+        g.reinit_local = True
+        self.outage.local[g.idx] = error_name(e.code)
+        log.warning("GPU %d answers %s again after NVML was re-initialised, the other GPUs do not: taken as GPU "
+                    "%d's failure (its readings stay empty while it does), NVML is not re-initialised for it",
+                    g.idx, e, g.idx)
+        return True

@@ -45,7 +45,7 @@ from lynxtop.agent.gpu.calls import (
     log,
 )
 from lynxtop.agent.gpu.left_out import LeftOut
-from lynxtop.agent.gpu.outage import NvmlOutage
+from lynxtop.agent.gpu.outage import NvmlRetry
 from lynxtop.agent.gpu.protocol import GpuBackend
 from lynxtop.agent.gpu.readers import (
     NVLINK_PROBE_LINKS,
@@ -107,8 +107,6 @@ class GpuSampler:
         self._factory = backend_factory
         self.gpm_enabled = gpm_enabled
         self._clock = clock
-        self._retry_initial = retry_initial_s
-        self._retry_max = retry_max_s
         self._lost_probe_s = lost_probe_s
         self._xid_events = xid_events
         self._xid_per_tick = xid_per_tick
@@ -124,12 +122,7 @@ class GpuSampler:
         self._gpus: list[Gpu] = []
         self._static_rows: list[dict] | None = None  # static()'s rows for the GPUs of this initialisation
         self._state = {"state": "error", "message": "not opened", "driver_version": "", "nvml_version": ""}
-        self._retry_delay = retry_initial_s  # reset only once NVML has sampled cleanly for settle_s
-        self._next_attempt = 0.0
-        self._settle_s = settle_s
-        self._settle_at = float("inf")  # the tick at or after this has sampled cleanly for settle_s: `_settled`
-        self._outage: NvmlOutage | None = None  # NVML down (outage.py): told when it starts and when it ends
-        self._suspect: int | None = None  # the GPU whose re-init code started the last re-initialisation
+        self._retry = NvmlRetry(self._r, retry_initial_s, retry_max_s, settle_s)  # when to try, the outage
         self._unreadable = UnreadableGpus(self._r)
         self._xid: XidWatcher | None = None
         # XID episodes outlive a re-initialisation's event set: a flood across one is one episode (xid.py)
@@ -214,12 +207,7 @@ class GpuSampler:
                                                                        else ""),
                        "driver_version": dv, "nvml_version": nv}
         self._static_rows = None  # built again with this driver's versions
-        # the backoff resets, and an outage is told over, once NVML has sampled cleanly for settle_s: a driver
-        # whose readings answer a re-init code right after every nvmlInit is not opened again each second
-        self._settle_at = now + self._settle_s
-        if self._outage is not None:
-            log.debug("NVML initialised again (driver %s, %d GPU(s)); the outage is told over once NVML has "
-                      "sampled cleanly for %g s", dv, count, self._settle_s)
+        self._retry.opened(now, dv, count)
         self._first_tick = True
         self.static_version += 1
         for g in self._gpus:
@@ -300,15 +288,9 @@ class GpuSampler:
         if no_driver:
             message = ("no NVIDIA driver (" + message + "): GPU metrics are off; host and serving metrics "
                        "continue")
-        delay = self._retry_delay
+        delay = self._retry.open_failed(now, no_driver, at_start=self.static_version == 0)
         self._state = {"state": state, "message": f"{message}; next try in {delay:g} s",
                        "driver_version": "", "nvml_version": ""}
-        self._next_attempt = now + delay
-        self._retry_delay = min(self._retry_delay * 2, self._retry_max * (5 if no_driver else 1))
-        self._settle_at = float("inf")
-        if self._outage is None:  # any state reported down is an outage: its end is told (outage.py)
-            self._outage = NvmlOutage(now, at_start=self.static_version == 0)
-        self._outage.failed_tries += 1
         if self._r.once("nvml_open_failed", state):
             self._r.event(EventKind.NVML_UNAVAILABLE, "warning" if no_driver else "error", message, {"code": code})
 
@@ -337,7 +319,7 @@ class GpuSampler:
         if self._xid_episodes is not None:  # before the poll: an XID after a quiet spell opens a new episode
             self._xid_episodes.tick(now)
         if self._state["state"] != "ok":
-            if now < self._next_attempt:
+            if now < self._retry.next_attempt:
                 return tick
             self._try_open()
             if self._state["state"] != "ok":
@@ -359,7 +341,7 @@ class GpuSampler:
                     try:
                         self._sample_gpu(g, now, do_slow, vllm_pids, tick)
                     except Reinit as e:
-                        if not self._local_reinit(g, e):
+                        if not self._retry.local(g, e, self._gpus):
                             raise
                         self._sample_gpu(g, now, do_slow, vllm_pids, tick)  # its codes are its failures now
                 except Lost:
@@ -377,36 +359,9 @@ class GpuSampler:
             if self._r.once("sample_bug", type(e).__name__):
                 log.exception("GPU sampling failed (logged once)")
             return GpuTick()
-        if now >= self._settle_at:  # healthy: one comparison a tick
-            self._settled(now)
+        if now >= self._retry.settle_at:  # healthy: one comparison a tick
+            self._retry.settled(now, self._state["driver_version"], len(self._gpus))
         return tick
-
-    def _settled(self, now: float) -> None:
-        """NVML has sampled cleanly for settle_s since its last (re)initialisation: the backoff starts over, and
-        an outage ends with its one closing event."""
-        self._settle_at = float("inf")
-        self._retry_delay = self._retry_initial
-        self._suspect = None
-        outage, self._outage = self._outage, None
-        if outage is not None:
-            self._r.forget("nvml_open_failed", "error")  # a later outage's failed tries are told again
-            self._r.forget("nvml_open_failed", "no-driver")
-            outage.end(self._r, now, self._settle_s, self._state["driver_version"], len(self._gpus))
-
-    def _local_reinit(self, g: Gpu, e: Reinit) -> bool:
-        """Whether `g`'s re-init code is taken as its own failure: the re-initialisation it started reproduced
-        it on `g` (the same GPU, first of the tick to answer so) while another GPU is sampled. Re-initialising the
-        whole library again would lose every GPU's rows each time, and would not help."""
-        if e.gpu != g.idx or g.idx != self._suspect or g.reinit_local or self._outage is None:
-            return False
-        if sum(1 for x in self._gpus if not x.lost) < 2:  # one GPU: nothing tells it from the library
-            return False
-        g.reinit_local = True
-        self._outage.local[g.idx] = error_name(e.code)
-        log.warning("GPU %d answers %s again after NVML was re-initialised, the other GPUs do not: taken as GPU "
-                    "%d's failure (its readings stay empty while it does), NVML is not re-initialised for it",
-                    g.idx, e, g.idx)
-        return True
 
     def _poll_xids(self, now: float) -> None:
         assert self._xid is not None
@@ -488,22 +443,11 @@ class GpuSampler:
 
     def _reinit(self, e: Reinit) -> None:
         """NVML torn down for a re-init code; opened again after the backoff, which grows through the outage
-        (it resets only once NVML has sampled cleanly for settle_s: `_settled`)."""
-        now = self._clock()
+        (it resets only once NVML has sampled cleanly for settle_s: NvmlRetry)."""
         self._teardown()
-        self._suspect = e.gpu
-        delay = self._retry_delay
-        if self._outage is None:
-            self._outage = NvmlOutage(now, at_start=False)
-            self._r.forget("nvml_open_failed", "error")
-            self._r.forget("nvml_open_failed", "no-driver")
-        else:  # again within the outage (NVML opened, a reading answered a re-init code before it settled)
-            self._retry_delay = min(delay * 2, self._retry_max)
-        self._outage.reinit(self._r, e)
+        delay = self._retry.reinit(self._clock(), e)
         self._state = {"state": "error", "message": f"re-initialising NVML after {e}; next try in {delay:g} s",
                        "driver_version": "", "nvml_version": ""}
-        self._settle_at = float("inf")
-        self._next_attempt = now + delay
 
     # ------------------------------------------------------------------ lost GPUs
 

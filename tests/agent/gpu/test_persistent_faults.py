@@ -100,9 +100,9 @@ def test_backoff_starts_over_only_after_nvml_sampled_cleanly_for_a_while(clock, 
     for _ in range(3):  # three reloads a few seconds apart: one outage, the backoff grows
         made[-1].fail_all = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
         _run(s, clock, 10)
-    assert s.status()["state"] == "ok" and s._retry_delay > 1.0
+    assert s.status()["state"] == "ok" and s._retry.delay > 1.0
     _run(s, clock, 60)
-    assert s._retry_delay == 1.0 and [sev for _, sev, *_ in events] == ["warning", "info"]
+    assert s._retry.delay == 1.0 and [sev for _, sev, *_ in events] == ["warning", "info"]
     assert events[-1][3]["reinits"] == 3
 
 
