@@ -15,6 +15,7 @@ import fcntl
 import gc
 import logging
 import os
+import pwd
 import signal
 import socket
 import time
@@ -39,6 +40,7 @@ from lynxtop.agent.sampling import (
     SlaSource,
 )
 from lynxtop.agent.serving import run as serving_run
+from lynxtop.agent.serving import safefile
 from lynxtop.agent.serving.health import HttpClient
 from lynxtop.agent.serving.proctable import ProcTable
 from lynxtop.agent.serving.supervisor import Supervisor, now_ms, server_url
@@ -57,7 +59,16 @@ SOCKET_CHECK_S = 5.0  # how often the control socket's path is checked (a tmpfil
 
 
 class AgentStartError(Exception):
-    """The agent cannot start (database, socket, listener): the message says what and where."""
+    """The agent cannot start (database, socket, listener): the message says what and where. `exit_code`: 1, or
+    2 for a mistake in how it was started (the same code as a configuration error)."""
+
+    exit_code = 1
+
+
+class AgentUsageError(AgentStartError):
+    """Started the wrong way (as another user than the state directory's owner): nothing was touched."""
+
+    exit_code = 2
 
 
 class NodeGpuView:
@@ -299,6 +310,7 @@ class Node:
 
     def _open(self) -> None:
         """Refuse a second agent, lock the state directory and open the store and the parts."""
+        refuse_foreign_state_dir(self.cfg.agent.database.parent)  # first: the wrong user changes nothing
         if _agent_answers(self.cfg.agent.socket):
             # checked before the store is opened or anything adopted: two supervisors of one vLLM is the worst case
             raise AgentStartError(f"another agent is already running on {self.cfg.agent.socket}; stop it first "
@@ -493,29 +505,68 @@ class Node:
         return self.view.body(dumps)
 
 
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def refuse_foreign_state_dir(d: Path) -> None:
+    """Refuse to run as another user than the state directory's owner (`sudo lynxtop agent` by hand while the
+    service runs as User=lynxtop): that agent would adopt the run and rewrite serving.json as its own 0640 file,
+    which the service's agent then cannot read (the live model left unsupervised), and a run it started would be
+    one no lynxtop command can stop. Checked before anything in the directory is opened or created; a directory
+    not there yet is created by this agent, so it is its own."""
+    try:
+        owner = d.stat().st_uid
+    except FileNotFoundError:
+        return
+    except OSError:
+        return  # not readable by this user: lock_state_dir says so with the path
+    me = os.geteuid()
+    if owner == me:
+        return
+    try:
+        name = pwd.getpwuid(owner).pw_name
+    except KeyError:
+        name = f"#{owner}"
+    raise AgentUsageError(
+        f"the state directory {d} belongs to {_user(owner)} but this agent runs as {_user(me)}; nothing was "
+        f"changed. Run it as the owner (sudo -u {name} lynxtop agent ...) or through systemd (systemctl start "
+        "lynxtop-agent)")
+
+
 def lock_state_dir(d: Path) -> int:
     """Hold an exclusive lock on the state directory for the agent's life.
 
     The socket check before it is racy: two agents started at once both pass it, then both adopt or autostart
     (two vLLMs on one set of GPUs). The lock closes that window; the kernel drops it when the agent dies.
+    The directory is writable by the service user, which vLLM runs as: agent.lock is opened without following a
+    symlink (one to /etc/shadow would have had root's agent truncate it) and used only if it is a regular file.
     """
+    refuse_foreign_state_dir(d)
     try:
         d.mkdir(parents=True, exist_ok=True, mode=0o750)
     except OSError as exc:
         raise AgentStartError(f"cannot create directory {d}: {exc.strerror or exc}") from None
+    lock = d / LOCK_FILE
     try:
-        fd = os.open(d / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        fd = safefile.open_regular(lock, os.O_RDWR | os.O_CREAT, 0o640, refused="not used")
+    except safefile.StateFileError as exc:
+        raise AgentStartError(f"{exc}; the agent does not start: remove it (rm {lock}) and start again") from None
     except OSError as exc:
-        raise AgentStartError(f"cannot create the agent lock {d / LOCK_FILE}: {exc.strerror or exc}") from None
+        raise AgentStartError(f"cannot create the agent lock {lock}: {exc.strerror or exc}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise AgentStartError(f"another agent (pid {holder}) is already running with the state directory {d} "
-                              f"(it holds {d / LOCK_FILE}); stop it first (systemctl stop lynxtop-agent)") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+                              f"(it holds {lock}); stop it first (systemctl stop lynxtop-agent)") from None
+    if os.fstat(fd).st_nlink == 1:  # a hard link to another file is locked but never written
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
     return fd  # held until the agent has closed everything (Node._close)
 
 
@@ -532,4 +583,4 @@ def _agent_answers(path: Path) -> bool:
     return True
 
 
-__all__ = ["AgentStartError", "Node", "NodeGpuView", "reload_config", "server_url"]
+__all__ = ["AgentStartError", "AgentUsageError", "Node", "NodeGpuView", "reload_config", "server_url"]

@@ -65,6 +65,6 @@ def run(args: Namespace) -> int:
     except AgentStartError as exc:
         print(f"lynxtop agent: {exc}", file=sys.stderr)
         notifier.stopping(f"failed to start: {exc}")
-        return 1
+        return exc.exit_code  # 2: started the wrong way (as a configuration error), else 1
     except KeyboardInterrupt:
         return 130

@@ -27,6 +27,7 @@ from lynxtop.agent.serving.backoff import FailureWindow
 from lynxtop.agent.serving.launcher import ServerProcess
 from lynxtop.agent.serving.run import now_ms
 from lynxtop.agent.serving.startup import tail_lines
+from lynxtop.agent.serving.statefiles import Marker
 from lynxtop.contract.config import Config, ray_executable
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.files import atomic_write
@@ -149,13 +150,16 @@ class RayNode:
         await self._launch("agent started")
 
     def _held(self) -> str | None:
-        try:
-            return str(json.loads(self.held_path.read_text())["reason"])
-        except FileNotFoundError:
+        """Why an operator stopped Ray (kept stopped across agent restarts), or None. Read at agent start on the
+        event loop: through Marker, so never through a symlink nor blocked by a FIFO in its place."""
+        data, err = Marker(self.held_path).read()
+        reason = None if data is None else data.get("reason")
+        if err is None and data is not None and not isinstance(reason, str):
+            err = f'"reason" is {type(reason).__name__}, not a string'
+        if err is not None:
+            log.warning("ignoring unreadable %s: %s", self.held_path, err)
             return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("ignoring unreadable %s: %s", self.held_path, exc)
-            return None
+        return reason
 
     async def shutdown(self, stop_ray: bool) -> None:
         """Agent exit: with live restore Ray keeps running (its record stays for the next agent)."""

@@ -3,8 +3,9 @@
 - `ServerState` (serving.json): the running server's record, written before anything awaits so a killed agent's
   successor finds the server (adoption, agent/serving/adoption.py). A failed write is one event per episode and
   is retried while the run lives.
-- `Marker` (crash-loop.json, switch.json): a small JSON note that outlives the agent: a crash loop not to be
-  autostarted again, a switch's target to finish after the agent died mid-switch.
+- `Marker` (crash-loop.json, readiness-timeouts.json, switch.json): a small JSON note that outlives the agent: a
+  crash loop not to be autostarted again, a switch's target to finish after the agent died mid-switch. Read
+  through agent/serving/safefile.py: never through a symlink, never blocking on a FIFO, numbers finite.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lynxtop.agent.serving import launcher
+from lynxtop.agent.serving import launcher, safefile
 from lynxtop.contract.events import EventKind, Severity
 from lynxtop.contract.files import atomic_write
 
@@ -71,11 +72,14 @@ class Marker:
         return None
 
     def read(self) -> tuple[dict[str, Any] | None, str | None]:
-        """(the note, None), (None, None) when there is none, (None, why) when it cannot be read."""
+        """(the note, None), (None, None) when there is none, (None, why) when it cannot be read or is not JSON
+        as an agent writes it. At agent start this runs on the event loop: it never blocks (safefile)."""
         try:
-            data = json.loads(self.path.read_text())
+            data = safefile.read_json(self.path)
         except FileNotFoundError:
             return None, None
+        except safefile.StateFileError as exc:
+            return None, f"it {exc.reason}"  # the caller names the path
         except (OSError, ValueError) as exc:
             return None, str(exc)
         if not isinstance(data, dict):
