@@ -411,6 +411,13 @@ class Supervisor:
                         f"{left.target} cannot be finished: {exc.message}", old_profile=left.old,
                         new_profile=left.target)
             return False
+        except Exception as exc:  # noqa: BLE001 - a bug here would end every agent start with the note still there
+            log.exception("finishing the interrupted %s failed", left.action)
+            self._intent.clear()
+            self._event(EventKind.ACTION_FAILED, Severity.ERROR, f"the interrupted {left.action} of {left.target} "
+                        f"cannot be finished: {type(exc).__name__}: {exc}", old_profile=left.old,
+                        new_profile=left.target)
+            return False
         return True
 
     async def shutdown(self, stop_serving: bool) -> None:
