@@ -334,7 +334,7 @@ class ServingStatus:
     adopted: bool = False
     url: str | None = None
     log_problem: str | None = None
-    degraded: tuple[str, ...] = ()  # what holds the run degraded: "hang", "health" (alerts tell a hang apart)
+    degraded: tuple[str, ...] = ()  # what holds the run degraded: "hang", "unresponsive", "health"
     # While starting: the run's readiness_timeout_s, and when (agent timeline) it is stopped unless ready by then,
     # so a slow load shows how long it may still take. None otherwise, and from an agent older than the fields.
     ready_timeout_s: float | None = None

@@ -119,10 +119,19 @@ class Health(StrEnum):
 class Verdict:
     health: Health
     reason: str
+    unanswered: bool = False  # about `GET /health` giving no answer at all, not the engine's counters
+    repeat: bool = False  # the probe's last finding again, only re-counted: nothing new to tell
 
     @property
     def condition(self) -> str:
-        """What the verdict is about: "hang" (the counters) or "health" (`GET /health`)."""
+        """What the verdict is about: "hang" (the engine's counters stand still), "unresponsive" (`GET /health`
+        unanswered for hang_timeout_s) or "health" (`GET /health` failing).
+
+        Each condition is ended only by its own source: with several API servers (api_server_count > 1) a wedged
+        one leaves /health silent while another serves an idle /metrics page, which once "recovered" the silence.
+        """
+        if self.unanswered:
+            return "unresponsive"
         return "hang" if self.health in (Health.HUNG, Health.PROGRESSING) else "health"
 
     @property
@@ -211,9 +220,9 @@ def _moved(row: Mapping[str, Any] | None, gauges: tuple[Any, ...], before: tuple
 class HealthProbe:
     """`GET /health` of one run: unhealthy after `fail_threshold` failures in a row, healthy on a 200.
 
-    With `hang_timeout_s`, a server that gives no answer at all for that long is hung too: a frozen server
-    (SIGSTOP, a wedged API process) generates no token, but its counters cannot be read either, so the
-    counters' hang clock never ran and `restart_on_hang` did nothing for it.
+    With `hang_timeout_s`, a server that gives no answer at all for that long is hung too ("unresponsive"): a
+    frozen server (SIGSTOP, a wedged API process) generates no token, but its counters cannot be read either, so
+    the counters' hang clock never ran and `restart_on_hang` did nothing for it. Only an answer ends it.
     """
 
     def __init__(self, http: HttpClient, url: str, fail_threshold: int, hang_timeout_s: float | None = None,
@@ -226,6 +235,7 @@ class HealthProbe:
         self.fails = 0
         self.hung = False
         self.answered_at = clock()  # probing starts on a server that has just answered (it became ready)
+        self._failing: str | None = None  # how it failed in the last unhealthy verdict ("HTTP 500", "no answer")
 
     async def ok(self) -> bool:
         """One probe that only says whether it answered 200 (readiness)."""
@@ -235,21 +245,25 @@ class HealthProbe:
     async def probe(self) -> Verdict | None:
         status, _ = await self.http.get(self.url)
         now = self.clock()
+        if status == 200:
+            self.fails, self._failing = 0, None
+        else:
+            self.fails += 1
         if status is not None:
             self.answered_at = now
-        if status == 200:
-            self.fails = 0
-            if self.hung:  # the "health" condition is cleared by the next probe's HEALTHY
+            if self.hung:  # any answer ends the silence; a failing one goes on as "health" from the next probe
                 self.hung = False
-                return Verdict(Health.PROGRESSING, "GET /health answers again")
+                code = "" if status == 200 else f" (HTTP {status})"
+                return Verdict(Health.PROGRESSING, f"GET /health answers again{code}", unanswered=True)
+        if status == 200:
             return Verdict(Health.HEALTHY, "GET /health answers 200 again")
-        self.fails += 1
         silent = now - self.answered_at
         if self.hang_timeout_s is not None and status is None and not self.hung and silent >= self.hang_timeout_s:
             self.hung = True
             return Verdict(Health.HUNG, f"hang: GET /health unanswered for {silent:.0f} s (hang_timeout_s "
-                                        f"{self.hang_timeout_s:g}): the server is frozen")
+                                        f"{self.hang_timeout_s:g}): the server is frozen", unanswered=True)
         if self.fails < self.fail_threshold:
             return None
         what = f"HTTP {status}" if status else "no answer"
-        return Verdict(Health.UNHEALTHY, f"GET /health failing ({what}, {self.fails} times in a row)")
+        repeat, self._failing = what == self._failing, what  # the count alone changed: not news (no log line)
+        return Verdict(Health.UNHEALTHY, f"GET /health failing ({what}, {self.fails} times in a row)", repeat=repeat)

@@ -42,8 +42,14 @@ log = logging.getLogger("lynxtop.agent.serving.supervisor")
 LOG_TAIL_LINES = 20
 RUN_LOGS_KEPT = 200  # per-run vLLM logs kept in log_dir (the runs table keeps every run forever)
 
-_DEGRADED = {"hang": EventKind.SERVING_DEGRADED_HANG, "health": EventKind.SERVING_DEGRADED_HEALTH}
-_RECOVERED = {"hang": EventKind.SERVING_RECOVERED_HANG, "health": EventKind.SERVING_RECOVERED_HEALTH}
+# a silent /health ("unresponsive": a frozen or wedged API server) is a hang too, told with the hang's kinds
+_DEGRADED = {"hang": EventKind.SERVING_DEGRADED_HANG, "unresponsive": EventKind.SERVING_DEGRADED_HANG,
+             "health": EventKind.SERVING_DEGRADED_HEALTH}
+_RECOVERED = {"hang": EventKind.SERVING_RECOVERED_HANG, "unresponsive": EventKind.SERVING_RECOVERED_HANG,
+              "health": EventKind.SERVING_RECOVERED_HEALTH}
+# A reason that only re-counts (a failing /health's "N times in a row", every probe) is logged at most this often:
+# logged at each probe it was 720 lines an hour.
+REASON_REMINDER_S = 600.0
 
 
 class GpuView(Protocol):
@@ -110,6 +116,7 @@ class RunLifecycle:
         self.state: S = S.STOPPED
         self.state_since_ms = now_ms()
         self.reason = "agent started"
+        self._logged_at = time.monotonic()  # when the state or its reason was last logged
         self.profile: Profile | None = None
         self.profile_name: str | None = None  # set with `profile`; alone for a crash loop whose profile was removed
         self.run: Run | None = None  # the current run, or the last one once it ended
@@ -150,9 +157,15 @@ class RunLifecycle:
             return None
         return run.ready_timeout_s, run.ready_deadline_ms
 
-    def set_state(self, state: S, reason: str) -> None:
-        if state != self.state or reason != self.reason:
+    def set_state(self, state: S, reason: str, *, recount: bool = False) -> None:
+        """`recount`: the reason only counts on (the same failure seen again): logged as a slow reminder."""
+        now = time.monotonic()
+        if state != self.state or (reason != self.reason and not recount):
             log.info("serving: %s -> %s (%s)", self.state, state, reason)
+            self._logged_at = now
+        elif reason != self.reason and now - self._logged_at >= REASON_REMINDER_S:
+            log.info("serving: still %s (%s)", state, reason)
+            self._logged_at = now
         if state != self.state:
             self.state_since_ms = now_ms()
         self.state = state
@@ -354,12 +367,13 @@ class RunLifecycle:
 
     def on_verdict(self, verdict: Verdict) -> None:
         """A verdict on the current run from agent/serving/health.py: hung or unhealthy marks it degraded (and a hang
-        restarts it with `restart_on_hang`), healthy again clears that condition."""
+        restarts it with `restart_on_hang`), healthy again clears that condition (health.py: each condition is
+        ended only by its own source, so an idle /metrics page never ends a silent /health)."""
         run = self.run
         if run is None:
             return
-        if verdict.condition == "hang" and self.state not in (S.READY, S.DEGRADED):
-            return  # counters of a run that is no longer serving (stopping, crashed) say nothing
+        if verdict.health in (Health.HUNG, Health.PROGRESSING) and self.state not in (S.READY, S.DEGRADED):
+            return  # a hang of a run that is no longer serving (stopping, crashed) says nothing
         if not verdict.bad:
             if run.clear_degraded(verdict.condition) and self.state == S.DEGRADED:
                 if run.degraded:
@@ -367,14 +381,14 @@ class RunLifecycle:
                 else:
                     self.set_state(S.READY, verdict.reason)
                 self.event(_RECOVERED[verdict.condition], Severity.INFO, f"run {self.run_id}: {verdict.reason}",
-                           with_log=True)
+                           with_log=True, condition=verdict.condition)
             return
         new = run.mark_degraded(verdict.condition, verdict.reason)
         if self.state in (S.READY, S.DEGRADED):
-            self.set_state(S.DEGRADED, run.degraded_reason())
+            self.set_state(S.DEGRADED, run.degraded_reason(), recount=verdict.repeat and not new)
             if new:
                 self.event(_DEGRADED[verdict.condition], Severity.ERROR, f"run {self.run_id}: degraded: "
-                           f"{verdict.reason}", with_log=True)
+                           f"{verdict.reason}", with_log=True, condition=verdict.condition)
         if policy.restart_on_verdict(verdict.health is Health.HUNG, self._config().agent,
                                      self._slot.current is not None, self.profile is not None):
             assert self.profile is not None

@@ -53,7 +53,7 @@ class Run:
         self.adopted = adopted
         self.vllm_version: str | None = None
         self.tracker = PhaseTracker(proc.record.log_path, started_ms)
-        self.degraded: dict[str, str] = {}  # condition ("hang", "health") -> why
+        self.degraded: dict[str, str] = {}  # condition ("hang", "unresponsive", "health") -> why
         self.log_problem: tuple[str, str] | None = None  # (kind, message) while the run's log cannot be written
         self.finished = False  # its end is recorded (runs row, state file removed, pidfd closed)
         self.crash_reason: str | None = None  # set when it crashed before a stop reached it
