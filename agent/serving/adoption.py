@@ -1,9 +1,12 @@
 """Adoption (live restore): the server a previous agent left running is taken over, never restarted.
 
 Owns the decision at agent start: serving.json read (agent/serving/statefiles.py), the process's identity checked
-(`launcher.adopt`: pid, start time, run token), the profile it is supervised with, and the run's row. A server that
-is gone or not ours any more is cleaned up (its leftovers killed, its row closed) and nothing is adopted. The run
-lifecycle takes what `find` returns and watches it like any run.
+(`launcher.take_over`: pid, start time, command line, run token), the profile it is supervised with, and the run's
+row. A server that is gone or not ours any more is cleaned up (its leftovers killed, its row closed) and nothing is
+adopted. A live recorded pid carrying the run's token is never signalled: adopted when it is provably the server
+(on its token and command line if the record's start time is wrong or unknown), else held as it is, for an
+operator. An unreadable record adopts and kills nothing. The run lifecycle takes what `find` returns and watches it
+like any run.
 """
 
 from __future__ import annotations
@@ -65,14 +68,34 @@ class Adoption:
             self._event(EventKind.AGENT_STATE_FILE, Severity.WARNING, err)
         if record is None:
             return None
-        proc, why = launcher.adopt(record)
+        proc, found = launcher.take_over(record)
         if proc is None:
-            await self._not_adopted(record, why or "?")
+            if found.ours:
+                self._held(record, found.reason or "?")
+            else:
+                await self._not_adopted(record, found.reason or "?")
             return None
+        if found.note:  # the record's start time was wrong or unknown: adopted on the token, and said so
+            self._event(EventKind.AGENT_STATE_FILE, Severity.WARNING,
+                        f"{self._state.path}: {found.note}; the record is corrected when the run is next saved",
+                        pid=record.pid, run_id_prev=record.run_id)
         prof = self._profile(record)
         if record.run_id is not None:
             await self._restore_row(record)
         return Adopted(proc, record, prof)
+
+    def _held(self, record: launcher.ServerRecord, why: str) -> None:
+        """The recorded server is alive and carries the run's token, but cannot be proven to be the server itself:
+        not adopted, and nothing of the run is signalled or removed (its token says it is the run's: killing it
+        would throw away a load of up to 20 minutes). Its record and row stay; it holds autostart while it lives
+        (the supervisor's strays check); an operator decides."""
+        self._event(EventKind.SERVING_NOT_ADOPTED, Severity.WARNING,
+                    f"previous run {record.run_id} (profile {record.profile}) not adopted: {why}; its run token "
+                    f"says it is that run's, so nothing of it is signalled and it keeps serving, unsupervised "
+                    f"({self._state.path} is kept; `lynxtop stop` does not reach it, `lynxtop start` refuses while "
+                    f"it lives). To go on: check it (ps -fp {record.pid}), stop it with kill {record.pid} (SIGTERM "
+                    "to the API server, which stops its engine), then restart the agent: it closes the run",
+                    run_id_prev=record.run_id, pid=record.pid, held=True, pids=[])
 
     async def _not_adopted(self, record: launcher.ServerRecord, why: str) -> None:
         """The recorded server is gone or not ours any more: kill what is left of its run and close its row."""

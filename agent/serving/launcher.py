@@ -7,7 +7,9 @@
 - stopping is SIGTERM to the API server (the leader) *only*; once it has exited (at once when it was already
   dead: a crash), SIGTERM to whatever of the run is left; after the grace period SIGKILL to the group and to
   every straggler of the run (EngineCore survives a SIGKILL of the API server), until /proc shows nothing of
-  the run; then the run's leftover files and its own TMPDIR are removed (`runfiles`, `runtmp`).
+  the run; then the run's leftover files and its own TMPDIR are removed (`runfiles`, `runtmp`);
+- the run's record (serving.json) is read back only as an agent writes it (`record_fields`), and a live pid that
+  carries the run's token is never signalled on the word of a record (`identify`, `kill_leftovers`).
 
 Why not SIGTERM the whole group: vLLM's EngineCore handles SIGTERM itself by *aborting* every request.
 Measured with vLLM 0.32 (CPU build) and 3 open streams: a group SIGTERM ended each stream with a bare
@@ -23,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -30,9 +33,10 @@ import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lynxtop.agent.notify import NOTIFY_VARS
-from lynxtop.agent.serving import procs, runtmp
+from lynxtop.agent.serving import procs, runtmp, safefile
 from lynxtop.agent.serving.procs import RUN_TOKEN_ENV
 from lynxtop.agent.serving.proctable import ProcTable
 from lynxtop.agent.serving.runfiles import RunFiles
@@ -45,16 +49,25 @@ log = logging.getLogger(__name__)
 # run is called orphaned and signalled (a leader may exit a moment before the engine it stopped).
 ORPHAN_SETTLE_S = 0.5
 
+RECORD_FORMAT = 1  # serving.json's layout; a record without "format" is the previous version's: read as format 1
+PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: a larger pid is no process (and would overflow os.kill)
+TOKEN_SHAPE = re.compile(r"[0-9a-f]{16}")  # what new_token() makes
+# spawn: how often the new process's start time is read before it is recorded as unknown (it was just forked)
+START_READS, START_READ_GAP_S = 20, 0.005
+
 
 @dataclass
 class ServerRecord:
-    """What a later agent needs to recognise and adopt a live server (kept in the state file)."""
+    """What a later agent needs to recognise and adopt a live server (kept in the state file, serving.json).
+
+    Read back through `from_json`, which trusts nothing in it (a record of another version, a hand edit): a
+    field of another type once made the next agent take the live server for a stranger's pid and SIGKILL it."""
 
     run_id: int | None
     profile: str
     pid: int
     pgid: int
-    start_ticks: int
+    start_ticks: int  # 0: unknown (/proc could not say at spawn); written as null, never as a start time
     argv: list[str]
     token: str
     log_path: str
@@ -69,14 +82,115 @@ class ServerRecord:
     tmp_dir: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        data = asdict(self)
+        data["start_ticks"] = self.start_ticks if self.start_ticks > 0 else None
+        return json.dumps({"format": RECORD_FORMAT, **data}, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> ServerRecord:
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        """The record as an agent writes it, else ValueError naming the field and what is wrong with it."""
+        return cls(**record_fields(safefile.loads_strict(text)))
+
+
+def _show(value: Any) -> str:
+    """A field's value for a message, as JSON shows it (a string in quotes): a hand edit may hold a megabyte."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_REQUIRED = object()  # a field's default: there is none, the field must be there
+_INT_MAX = safefile.INT_LIMIT - 1
+
+
+class _Fields:
+    """The fields of a record read from disk, each taken only if it has the type and range an agent writes."""
+
+    def __init__(self, data: dict[str, Any]):
+        self.data = data
+
+    def _get(self, key: str, default: Any) -> tuple[Any, bool]:
+        """(value, True), or (default, False) when the key is absent and has a default."""
+        if key in self.data:
+            return self.data[key], True
+        if default is _REQUIRED:
+            raise ValueError(f'"{key}" is missing')
+        return default, False
+
+    def integer(self, key: str, low: int, high: int, *, null: bool = False, default: Any = None) -> int | None:
+        value, present = self._get(key, default)
+        if not present or value is None and null:
+            return value
+        if type(value) is not int or not low <= value <= high:  # a bool, a float, a string: refused
+            raise ValueError(f'"{key}" is {_show(value)}, not {_range(low, high)}' + (" or null" if null else ""))
+        return value
+
+    def string(self, key: str, *, null: bool = False, default: Any = None) -> str | None:
+        value, present = self._get(key, default)
+        if not present or value is None and null:
+            return value
+        if not isinstance(value, str) or not value:
+            raise ValueError(f'"{key}" is {_show(value)}, not a non-empty string' + (" or null" if null else ""))
+        return value
+
+    def strings(self, key: str, *, default: Any = _REQUIRED) -> list[str]:
+        value, present = self._get(key, default)
+        if present and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+            raise ValueError(f'"{key}" is {_show(value)}, not a list of strings')
+        return list(value)
+
+    def env(self, key: str) -> dict[str, str]:
+        value, present = self._get(key, {})
+        if present and (not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values())):
+            raise ValueError(f'"{key}" is {_show(value)}, not an object of strings')
+        return dict(value)
+
+    def seconds(self, key: str) -> float | None:
+        value, _ = self._get(key, None)
+        if value is None:
+            return None
+        if type(value) not in (int, float) or not value > 0:  # finite: loads_strict refuses NaN and infinity
+            raise ValueError(f'"{key}" is {_show(value)}, not a number of seconds above 0 or null')
+        return float(value)
+
+
+def _range(low: int, high: int) -> str:
+    if high < _INT_MAX:
+        return f"an integer from {low} to {high}"
+    return "a positive integer" if low == 1 else f"an integer of at least {low}"
+
+
+def record_fields(data: Any) -> dict[str, Any]:
+    """ServerRecord's fields from a parsed serving.json, each checked; ValueError names the first one wrong.
+
+    Without "format" it is the previous version's record: the same fields, and start_ticks 0 where /proc could
+    not say (now written as null). A format above RECORD_FORMAT is a newer agent's: not read, not guessed at."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    fmt = data.get("format", RECORD_FORMAT)
+    if type(fmt) is not int or fmt < 1:
+        raise ValueError(f'"format" is {_show(fmt)}, not a format number')
+    if fmt > RECORD_FORMAT:
+        raise ValueError(f'"format" is {fmt}: written by a newer agent (this one reads format {RECORD_FORMAT})')
+    f = _Fields(data)
+    argv = f.strings("argv")
+    if not argv or not argv[0]:
+        raise ValueError(f'"argv" is {_show(argv)}, not a command line (a non-empty list, its first word non-empty)')
+    token = f.string("token", default=_REQUIRED)
+    if not TOKEN_SHAPE.fullmatch(token or ""):
+        raise ValueError(f'"token" is {_show(token)}, not a run token (16 lowercase hex digits)')
+    start = f.integer("start_ticks", 0 if "format" not in data else 1, _INT_MAX, null=True, default=_REQUIRED)
+    return {
+        "run_id": f.integer("run_id", 1, _INT_MAX, null=True, default=_REQUIRED),
+        "profile": f.string("profile", default=_REQUIRED),
+        "pid": f.integer("pid", 1, PID_MAX, default=_REQUIRED),
+        "pgid": f.integer("pgid", 1, PID_MAX, default=_REQUIRED),
+        "start_ticks": start or 0,  # null: unknown, as 0 is in memory (procs: <= 0 is "not known")
+        "argv": argv, "token": token, "log_path": f.string("log_path", default=_REQUIRED),
+        "started_ms": f.integer("started_ms", 0, _INT_MAX, default=_REQUIRED),
+        "ready_ms": f.integer("ready_ms", 0, _INT_MAX, null=True),
+        "env": f.env("env"), "shm_segments": f.strings("shm_segments", default=[]),
+        "readiness_timeout_s": f.seconds("readiness_timeout_s"), "tmp_dir": f.string("tmp_dir", null=True),
+    }
 
 
 @dataclass
@@ -412,9 +526,8 @@ def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profi
         raise
     finally:
         os.close(fd)
-    st = procs.stat(popen.pid)
     record = ServerRecord(
-        run_id=run_id, profile=profile, pid=popen.pid, pgid=popen.pid, start_ticks=st.start_ticks if st else 0,
+        run_id=run_id, profile=profile, pid=popen.pid, pgid=popen.pid, start_ticks=_start_ticks(popen.pid),
         argv=list(argv), token=token, log_path=str(log_path),
         started_ms=started_ms if started_ms is not None else int(time.time() * 1000),
         env=redact_env(profile_env, secret_names), tmp_dir=tmp_dir,
@@ -424,36 +537,92 @@ def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profi
     return proc
 
 
-def check_adoptable(record: ServerRecord, settle_tries: int = 20, settle_s: float = 0.005) -> str | None:
-    """Why `record` can not be adopted (None: it is the same live process, started with the same argv).
+def _start_ticks(pid: int) -> int:
+    """The new process's start time, read again briefly if /proc does not answer at once; 0 (written as null:
+    unknown) if it never does. Recorded as a start time, a wrong value would make a later agent take the server
+    for a stranger; unknown, the server is adopted on its token and command line (`identify`)."""
+    for attempt in range(START_READS):
+        st = procs.stat(pid)
+        if st is not None:
+            return st.start_ticks
+        if attempt < START_READS - 1:
+            time.sleep(START_READ_GAP_S)
+    log.warning("cannot read the start time of pid %d in /proc: recorded as unknown (a later agent adopts it on "
+                "its run token and command line)", pid)
+    return 0
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What the recorded pid is now, for adoption."""
+
+    reason: str | None  # why it is not adopted; None: it is the run's server, to adopt
+    ours: bool = False  # not adopted, yet alive and carrying the run's token: the run's, so never signalled
+    note: str | None = None  # adopted without its start time confirming it (the record's is wrong or unknown): why
+    start_ticks: int = 0  # the live process's start time
+    settling: bool = False  # a mismatch a read mid-exec could cause: looked at again
+
+
+def identify(record: ServerRecord, settle_tries: int = 20, settle_s: float = 0.005) -> Identity:
+    """Who the recorded pid is now.
 
     A server started through wrappers (a pyenv shim, `env`, a shell script) execs several times in its first
     moments, and for the instant of each exec its /proc environ and cmdline read empty: a mismatch is looked at
     again for up to `settle_tries` x `settle_s` before the process is called someone else's.
     """
     for _ in range(settle_tries - 1):
-        reason = _why_not_adoptable(record)
-        if reason is None or not reason.endswith(_OTHER_COMMAND):
-            return reason
+        found = _identify(record)
+        if not found.settling:
+            return found
         time.sleep(settle_s)
-    return _why_not_adoptable(record)
+    return _identify(record)
+
+
+def check_adoptable(record: ServerRecord, settle_tries: int = 20, settle_s: float = 0.005) -> str | None:
+    """Why `record` can not be adopted (None: it is the run's live server; `identify`)."""
+    return identify(record, settle_tries, settle_s).reason
 
 
 _OTHER_COMMAND = "runs a different command line"
 
 
-def _why_not_adoptable(record: ServerRecord) -> str | None:
-    st = procs.stat(record.pid)
+def _identify(record: ServerRecord) -> Identity:
+    """The start time tells a reused pid from the server, the run token tells a stranger from the run.
+
+    A live pid carrying the run's token is the run's: a stranger never has it. With the recorded start time it is
+    the server (retitled or not, as before). Without it (the record's start time unknown or not the process's:
+    a hand edit, another version's record, /proc unreadable at spawn), the token alone cannot tell the server
+    from another process of the run on its reused pid, but the kernel can: a pid is not handed out again while
+    a process group or session of that number lives, so a process on the server's pid that leads its own group,
+    carries the token and runs the recorded argv is the server. Anything less is held: not adopted, and never
+    signalled (`kill_leftovers` would SIGKILL it with the rest of the run)."""
+    pid = record.pid
+    st = procs.stat(pid)
     if st is None or st.state in ("Z", "X"):
-        return f"pid {record.pid} is no longer running"
-    if st.start_ticks != record.start_ticks:
-        return f"pid {record.pid} now belongs to another process (start time differs)"
-    args = procs.cmdline(record.pid)
-    if args is None:
-        return f"cannot read the command line of pid {record.pid}"
-    if not _same_command(args, record.argv) and not procs.environ_has(record.pid, RUN_TOKEN_ENV, record.token):
-        return f"pid {record.pid} {_OTHER_COMMAND}"
-    return None
+        return Identity(f"pid {pid} is no longer running")
+    args = procs.cmdline(pid)
+    same_argv = args is not None and _same_command(args, record.argv)
+    same_start = record.start_ticks > 0 and st.start_ticks == record.start_ticks
+    if same_start and same_argv:
+        return Identity(None, start_ticks=st.start_ticks)
+    token = procs.environ_has(pid, RUN_TOKEN_ENV, record.token)
+    if same_start:
+        if token:  # retitled (setproctitle), or its argv read mid-exec: the token says it is the run's
+            return Identity(None, start_ticks=st.start_ticks)
+        what = f"cannot read the command line of pid {pid}" if args is None else f"pid {pid} {_OTHER_COMMAND}"
+        return Identity(what, settling=True)
+    start = "start time not recorded" if record.start_ticks <= 0 else "start time differs"
+    if not token:  # a stranger on a reused pid (an empty read mid-exec is looked at again first)
+        return Identity(f"pid {pid} now belongs to another process ({start}; it does not carry the run's token)",
+                        settling=True)
+    seen = f"{start}: {record.start_ticks or 'none'} recorded, {st.start_ticks} now"
+    if same_argv and st.pgid == pid == record.pgid:
+        return Identity(None, start_ticks=st.start_ticks,
+                        note=f"pid {pid} adopted on its run token ({seen}): it runs the recorded command line and "
+                             "leads the run's process group")
+    why = ("its command line cannot be read" if args is None else "it runs a different command line"
+           if not same_argv else f"it does not lead the run's process group (pgid {st.pgid}, recorded {record.pgid})")
+    return Identity(f"pid {pid} carries the run's token ({seen}) but {why}", ours=True, settling=not same_argv)
 
 
 def _same_command(cmdline: list[str], argv: list[str]) -> bool:
@@ -464,14 +633,31 @@ def _same_command(cmdline: list[str], argv: list[str]) -> bool:
     return 0 < extra <= 3 and bool(argv) and cmdline[extra:] == argv
 
 
-def adopt(record: ServerRecord) -> tuple[ServerProcess | None, str | None]:
-    reason = check_adoptable(record)
-    if reason:
-        return None, reason
+def take_over(record: ServerRecord) -> tuple[ServerProcess | None, Identity]:
+    """The recorded server adopted, or None and why not (`Identity.ours`: alive and the run's, never to be
+    signalled). Adopted on its token (`Identity.note`), the record gets the process's real start time: the
+    run's later looks (its members, its age) and the next agent's identity check use it."""
+    found = identify(record)
+    if found.reason:
+        return None, found
+    if found.note:
+        record.start_ticks = found.start_ticks
     proc = ServerProcess(record, None, adopted=True)
     if proc.exited:
-        return None, f"pid {record.pid} exited while being adopted"
-    return proc, None
+        return None, Identity(f"pid {record.pid} exited while being adopted")
+    return proc, found
+
+
+def adopt(record: ServerRecord) -> tuple[ServerProcess | None, str | None]:
+    proc, found = take_over(record)
+    return proc, found.reason
+
+
+def leader_is_the_runs(record: ServerRecord) -> bool:
+    """Whether the recorded pid is alive and carries the run's token: then nothing of the run is a leftover."""
+    st = procs.stat(record.pid)
+    return (st is not None and st.state not in ("Z", "X")
+            and procs.settled_environ_value(st, RUN_TOKEN_ENV) == record.token)
 
 
 def leftovers(record: ServerRecord) -> list[int]:
@@ -483,7 +669,12 @@ def leftovers(record: ServerRecord) -> list[int]:
 
 
 async def kill_leftovers(record: ServerRecord, wait_s: float = 10.0, poll_s: float = 0.05) -> StopResult:
-    """SIGKILL every leftover of a dead run and remove its files; `pids` empty: nothing was left."""
+    """SIGKILL every leftover of a dead run and remove its files; `pids` empty: nothing was left.
+
+    Nothing at all while the recorded pid is alive and carries the run's token: the run is not dead, and its
+    server is never signalled here, whatever the record got wrong about it (`leader_was_dead` False)."""
+    if leader_is_the_runs(record):
+        return StopResult(pids=[], leader_was_dead=False)
     found = leftovers(record)
     titles = {pid: procs.title(pid) for pid in found}
     files = RunFiles(tmp_dir=record.tmp_dir)
@@ -509,16 +700,26 @@ async def kill_leftovers(record: ServerRecord, wait_s: float = 10.0, poll_s: flo
 
 
 def read_record(path: Path) -> tuple[ServerRecord | None, str | None]:
+    """(the record, None), (None, None) when there is none, (None, why) when it is unreadable: not a regular file
+    (a symlink is not followed, a FIFO not waited on: safefile), or not a record as an agent writes it. Unreadable,
+    nothing is adopted and nothing of that run is signalled: the caller says why, and a server still running from
+    it holds autostart (the supervisor's strays check) until an operator stops it."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = safefile.read_text(path)
     except FileNotFoundError:
         return None, None
+    except safefile.StateFileError as exc:
+        return None, f"{exc}{_UNREADABLE}"
     except OSError as exc:
-        return None, f"cannot read {path}: {exc}"
+        return None, f"cannot read {path}: {exc}{_UNREADABLE}"
     try:
         return ServerRecord.from_json(text), None
-    except (ValueError, TypeError, KeyError) as exc:
-        return None, f"{path} is not a valid server record ({exc}); ignored"
+    except ValueError as exc:
+        return None, f"{path} is not a valid server record ({exc}){_UNREADABLE}"
+
+
+_UNREADABLE = ("; ignored: nothing is adopted and nothing is signalled (a server still running from it keeps "
+               "serving unsupervised and holds autostart while it lives)")
 
 
 def write_record(path: Path, record: ServerRecord) -> None:

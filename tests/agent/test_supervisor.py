@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import time
 from pathlib import Path
 
@@ -291,19 +292,44 @@ async def test_adopt_after_agent_dies_keeps_run_without_restart(make_sup, store)
 
 
 async def test_stale_record_is_not_adopted_and_leftovers_are_killed(make_sup, store):
+    """The recorded pid now belongs to a stranger (no run token): the run's leftovers are killed, never the
+    stranger."""
     a = make_sup()
     await start_ready(a)
     members = a.proc.members()
     rec = json.loads(a.state_path.read_text())
     await a.shutdown(stop_serving=False)
-    rec["start_ticks"] += 1  # as if the pid now belonged to another process
+    stranger = subprocess.Popen(["sleep", "60"])  # noqa: S603, S607 - as if the pid had been reused
+    try:
+        rec["pid"] = stranger.pid
+        a.state_path.write_text(json.dumps(rec))
+        b = make_sup()
+        assert not await b.adopt_previous()
+        await wait_for(lambda: all(not procs.alive(p) for p in members), 10, what="the run's leftovers killed")
+        assert stranger.poll() is None  # never signalled
+        ev = events(store, "serving.not_adopted")[0]
+        assert "start time differs" in ev["message"]
+        assert "lost while the agent was down" in run_row(store, rec["run_id"])["end_reason"]
+        await b.shutdown(stop_serving=True)
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+async def test_a_record_whose_start_time_alone_is_wrong_is_adopted_not_killed(make_sup, store):
+    """The pid carries the run's token, runs the recorded argv and leads its group: the start time in the record is
+    what is wrong (a hand edit, another version), and the live server is adopted, never signalled."""
+    a = make_sup()
+    await start_ready(a)
+    members = a.proc.members()
+    rec = json.loads(a.state_path.read_text())
+    await a.shutdown(stop_serving=False)
+    rec["start_ticks"] += 1
     a.state_path.write_text(json.dumps(rec))
     b = make_sup()
-    assert not await b.adopt_previous()
-    assert all(not procs.alive(p) for p in members)
-    ev = events(store, "serving.not_adopted")[0]
-    assert "start time differs" in ev["message"]
-    assert "lost while the agent was down" in run_row(store, rec["run_id"])["end_reason"]
+    assert await b.adopt_previous()
+    assert b.proc is not None and b.proc.pid == rec["pid"]
+    assert all(procs.alive(p) for p in members)
     await b.shutdown(stop_serving=True)
 
 
