@@ -122,7 +122,7 @@ class RayConfig:
     num_gpus: int | None = None  # declared to Ray; unset: Ray counts the node's GPUs
     num_cpus: int | None = None
     dashboard_port: int = 8265  # head: Ray's dashboard and state API, bound to 127.0.0.1 only
-    temp_dir: Path | None = None  # Ray's session files; unset: Ray's default (/tmp/ray)
+    temp_dir: Path | None = None  # Ray's session files; unset: <database dir>/rt (docs/cluster.md)
     view_interval_s: float = 2.0  # head: how often Ray's view of the nodes is read
     stop_grace_s: float = 45.0  # Ray drains for up to 30 s on SIGTERM before it stops its processes
     env: dict[str, str] = field(default_factory=dict)

@@ -8,6 +8,15 @@ restore) from its own record file. An operator's stop is remembered in a marker 
 not bring back a Ray that was stopped on purpose (`lynxtop stop --cluster` on the head stops workers this way).
 
 Ray's processes inherit LYNXTOP_SOCKET: a task that Ray runs on this node can reach this agent (cluster stop).
+
+Ray's temporary directory (its session: raylet and plasma sockets, logs) is `<database dir>/rt` (RAY_TMPDIR), not
+Ray's default /tmp/ray: under systemd /tmp is the unit's private one (PrivateTmp=yes), removed when the unit stops
+while Ray keeps running (KillMode=process, live restore), and new at each start; the next vLLM could not open the
+socket paths the GCS hands it. The directory is made like a run's TMPDIR (runtmp: 0700, the agent's, never through
+a symlink) but kept: every Ray of the node reuses it, and only session directories beyond the newest few, of Rays
+that are gone, are removed before a start. `[ray] temp_dir`, or RAY_TMPDIR / TMPDIR in `[ray] env` (or RAY_TMPDIR
+in the agent's own environment), keep Ray's own choice. On a worker Ray uses the head's temp_dir (from the GCS), so
+both nodes need the same database directory path; the worker's agent makes it too.
 """
 
 from __future__ import annotations
@@ -16,13 +25,17 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import re
+import shutil
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lynxtop.agent.api.control import ActionError
-from lynxtop.agent.serving import launcher
+from lynxtop.agent.serving import launcher, runtmp
 from lynxtop.agent.serving.backoff import FailureWindow
 from lynxtop.agent.serving.launcher import ServerProcess
 from lynxtop.agent.serving.run import now_ms
@@ -42,6 +55,9 @@ RAY_LOGS_KEPT = 10
 STARTED_LINE = "Ray runtime started."
 START_TIMEOUT_S = 180.0  # a worker retries the head for a while before it gives up by itself
 LOG_TAIL_LINES = 20
+TMP_NAME = "rt"  # <database dir>/rt: short, for Ray's socket paths (runtmp.MAX_LEN)
+SESSIONS_KEPT = 5  # Ray's session directories kept in it, the newest; more only while their process lives
+SESSION = re.compile(r"session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d{6}_(\d+)")  # Ray 2.x: date, µs, pid of `ray start`
 
 
 def ray_argv(cfg: Config) -> list[str]:
@@ -64,6 +80,56 @@ def ray_argv(cfg: Config) -> list[str]:
     if r.temp_dir is not None:
         argv += ["--temp-dir", str(r.temp_dir)]
     return argv + list(r.extra_args)
+
+
+def ray_tmpdir(cfg: Config) -> tuple[str | None, str | None]:
+    """RAY_TMPDIR for this node's Ray: (path, None); (None, None) where Ray's own choice is configured; (None, why
+    not) where the directory cannot be used, and Ray keeps its default."""
+    r = cfg.ray
+    if r.temp_dir is not None or "RAY_TMPDIR" in r.env or "TMPDIR" in r.env or "RAY_TMPDIR" in os.environ:
+        return None, None
+    return runtmp.make_kept(cfg.agent.database.parent / TMP_NAME)
+
+
+def prune_sessions(tmp_dir: str, keep: int = SESSIONS_KEPT) -> list[str]:
+    """Remove Ray's session directories under `tmp_dir`/ray but the newest `keep`: only real directories of the
+    agent's user named as Ray names them whose `ray start` process is gone, never through a symlink (fd-based
+    rmtree). Called when no Ray of the agent's runs. The names removed."""
+    if not shutil.rmtree.avoids_symlink_attacks:
+        return []
+    try:  # Ray makes it 0777 (try_make_directory_shared): `tmp_dir`, 0700 and the agent's, keeps others out
+        fd = os.open(os.path.join(tmp_dir, "ray"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []  # none yet, or a symlink or file: left alone
+    if os.fstat(fd).st_uid != os.geteuid():
+        os.close(fd)
+        return []
+    removed: list[str] = []
+    try:
+        names = sorted((n for n in os.listdir(fd) if SESSION.fullmatch(n)), reverse=True)  # newest first
+        for name in names[keep:]:
+            m = SESSION.fullmatch(name)
+            assert m is not None
+            try:
+                st = os.lstat(name, dir_fd=fd)
+                if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid()
+                        or os.path.exists(f"/proc/{int(m.group(1))}")):
+                    continue  # a symlink, a file, not ours, or its Ray may live (a reused pid only keeps it)
+                shutil.rmtree(name, dir_fd=fd)
+                removed.append(name)
+            except OSError as exc:
+                log.warning("ray: old session %s/ray/%s left: %s", tmp_dir, name, exc.strerror or exc)
+    finally:
+        os.close(fd)
+    return removed
+
+
+def _prepare_tmpdir(cfg: Config) -> tuple[str | None, str | None]:
+    tmp_dir, why = ray_tmpdir(cfg)
+    if tmp_dir is not None:
+        for name in prune_sessions(tmp_dir):
+            log.info("ray: removed old session directory %s/ray/%s", tmp_dir, name)
+    return tmp_dir, why
 
 
 class RayNode:
@@ -228,6 +294,18 @@ class RayNode:
         for old in launcher.prune_logs(self.log_dir, RAY_LOGS_KEPT):
             log.info("removed old Ray log %s", old)
         env = dict(self.cfg.ray.env) | {SOCKET_ENV: str(self.cfg.agent.socket), "RAY_USAGE_STATS_ENABLED": "0"}
+        tmp_dir, tmp_error = await asyncio.to_thread(_prepare_tmpdir, self.cfg)
+        tmp_details: dict[str, Any] = {}
+        tmp_note = ""
+        if tmp_dir is not None:
+            env["RAY_TMPDIR"] = tmp_dir
+            tmp_details["tmp_dir"] = tmp_dir
+            tmp_note = f"; Ray's temporary directory {tmp_dir}"
+        elif tmp_error is not None:
+            tmp_details["tmp_dir_error"] = tmp_error
+            tmp_note = (f"; Ray keeps its default temporary directory (/tmp/ray, which a restart of the agent's "
+                        f"unit removes under it): {tmp_error}")
+            log.warning("ray: keeps its default temporary directory: %s", tmp_error)
         try:
             proc = await asyncio.to_thread(launcher.spawn, argv, log_path, env, "ray")
         except OSError as exc:
@@ -242,7 +320,8 @@ class RayNode:
         self._set(RayState.STARTING, reason)
         self._event(EventKind.RAY_STARTING, Severity.INFO, f"Ray starting as {self.cfg.agent.role} "
                     f"({'GCS on ' if self.cfg.agent.role == 'head' else 'joining '}{self.address}), pid {proc.pid}: "
-                    f"{reason}", pid=proc.pid, argv=redact_argv(argv), log_path=str(log_path))
+                    f"{reason}{tmp_note}", pid=proc.pid, argv=redact_argv(argv), log_path=str(log_path),
+                    **tmp_details)
         self._watch = asyncio.get_running_loop().create_task(self._watch_exit(proc), name="ray-watch")
 
     async def _watch_exit(self, proc: ServerProcess) -> None:

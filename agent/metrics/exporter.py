@@ -48,7 +48,7 @@ _log = logging.getLogger("lynxtop.exporter")
 DEFAULT_MAX_CONNECTIONS = 64  # [agent] metrics_max_connections: a few Prometheus servers and the odd curl
 
 SERVING_STATES = tuple(s.value for s in ServingState)
-DEGRADED_CONDITIONS = ("hang", "unresponsive", "health")  # why a run is degraded (agent/serving/health.py's verdict conditions)
+DEGRADED_CONDITIONS = ("hang", "unresponsive", "health")  # why a run is degraded (agent/serving/health.py)
 SLA_STATES = tuple(s.value for s in SlaState)
 RAY_STATES = tuple(s.value for s in RayState if s != RayState.OFF)  # OFF is a single node's: no Ray series there
 # NVML's clock event (throttle) reasons as `reason` label values, dcgm-exporter's DCGM_FI_DEV_CLOCK_THROTTLE_REASONS

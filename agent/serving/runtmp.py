@@ -89,6 +89,32 @@ def make(root: Path, name: str) -> tuple[str | None, str | None]:
     return str(path), None
 
 
+def make_kept(path: Path) -> tuple[str | None, str | None]:
+    """`path` as a directory of the agent's user that others cannot write to, made 0700 where nothing is and kept
+    across runs (Ray's `<database dir>/rt`): (its path, None), or (None, why not). What is already there is used
+    only if `_open_own_dir` accepts it (never through a symlink); the agent never removes it."""
+    if len(os.fsencode(path)) > MAX_LEN:
+        return None, (f"{path} would be {len(os.fsencode(path))} bytes, more than the {MAX_LEN} that leave room for "
+                      "unix-socket paths under it (a shorter [agent] database directory makes it fit)")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass  # checked below, through an fd that did not follow a link
+    except OSError as exc:
+        return None, _refusal(path, exc)
+    try:
+        fd = _open_own_dir(path)
+    except OSError as exc:
+        return None, _refusal(path, exc)
+    try:
+        os.fchmod(fd, 0o700)  # whatever the umask, or a 0755 of an earlier hand
+    except OSError as exc:
+        return None, _refusal(path, exc)
+    finally:
+        os.close(fd)
+    return str(path), None
+
+
 def _refusal(path: Path, exc: OSError) -> str:
     if isinstance(exc, _NotOurs):
         return f"{path} is {exc}: not used"
