@@ -23,6 +23,7 @@ from lynxtop.agent.serving import launcher, policy, procs, runtmp
 from lynxtop.agent.serving.actions import ActionSlot, clock
 from lynxtop.agent.serving.adoption import FALLBACK_GRACE_S, Adopted
 from lynxtop.agent.serving.failures import Failures
+from lynxtop.agent.serving.gpu_holders import GpuGate, GpuGuard
 from lynxtop.agent.serving.health import Health, HttpClient, Verdict, version_of
 from lynxtop.agent.serving.launcher import ExitInfo, ServerProcess
 from lynxtop.agent.serving.retry import Retry
@@ -112,6 +113,7 @@ class RunLifecycle:
         self._task: asyncio.Task | None = None  # the current run's lifecycle task
         self._closing = False
         self._failures = Failures(self, slot, retry, config)  # what follows a crash or a readiness timeout
+        self.gpu_gate = GpuGate(self, slot, retry, GpuGuard(gpus), config)  # foreign processes on the GPUs
 
         self.state: S = S.STOPPED
         self.state_since_ms = now_ms()
@@ -210,19 +212,22 @@ class RunLifecycle:
                    f"{prof.gpus_needed} GPUs it needs; starting vLLM")
 
     async def cancel_gate(self) -> None:
-        """A stop ends a start or retry that waits for the cluster."""
+        """A stop ends a start or retry that waits for the cluster or for its GPUs."""
+        await self.gpu_gate.cancel()
         task = self._gate_task
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
-    async def launch(self, prof: Profile, reason: str, restart: bool = False) -> bool:
+    async def launch(self, prof: Profile, reason: str, restart: bool = False, autostart: bool = False) -> bool:
         """Spawn a new run of `prof` (the GPUs were freed by whoever stopped the previous run); `restart`: an
-        operator's or the hang policy's restart, counted."""
+        operator's or the hang policy's restart, counted. Waits while processes not of the run hold its GPUs
+        (gpu_holders.py: an operator's action was refused for them already; an autostart or retry waits)."""
         if restart:
             self.restarts += 1
         await self._await_cluster(prof)
+        await self.gpu_gate.wait(prof, autostart)
         agent = self._config().agent
         protect = {self.proc.record.log_path} if self.proc is not None else set()
         for old in launcher.prune_logs(agent.run_log_dir, RUN_LOGS_KEPT, protect):

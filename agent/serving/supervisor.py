@@ -27,7 +27,7 @@ from typing import Any
 from lynxtop.agent.api.control import ANY_RUN, ActionError, ExpectRun
 from lynxtop.agent.config_source import ConfigSource
 from lynxtop.agent.events import EventSink
-from lynxtop.agent.serving import check, launcher, procs
+from lynxtop.agent.serving import check, gpu_holders, launcher, procs
 from lynxtop.agent.serving.actions import ActionSlot
 from lynxtop.agent.serving.adoption import FALLBACK_GRACE_S, Adoption
 from lynxtop.agent.serving.health import HttpClient
@@ -79,21 +79,27 @@ def preflight(profile: Profile, gpus: list[dict[str, Any]] | None,
     return problems + report.lines(check.Level.BLOCKING), warnings + report.lines(check.Level.WARNING)
 
 
-async def refuse_if_crowded(prof: Profile, log_dir: Path, replacing: RunLifecycle | None = None) -> None:
+async def refuse_if_crowded(prof: Profile, log_dir: Path, replacing: RunLifecycle | None = None,
+                            guard: gpu_holders.GpuGuard | None = None) -> None:
     """Start's checks, made before anything is stopped: processes of an earlier run nobody could adopt (a second
-    server would fail or crowd their GPUs) and a listener on `prof`'s port (the new run could not bind).
+    server would fail or crowd their GPUs), a listener on `prof`'s port (the new run could not bind) and, with
+    `guard`, any other process on the GPUs `prof` uses (another agent's model, another team's job).
 
     `replacing`: the run a restart or switch stops first; its own processes and port are no obstacle. Read in
     this order (holders, then the run's processes) so a process of the run that appears meanwhile is counted as
     the run's, never as a foreign one."""
-    def look() -> tuple[list[int], list[procs.PortHolder]]:
+    def members() -> list[int]:
+        return replacing.run_members() if replacing is not None else []
+
+    def look() -> tuple[list[int], list[procs.PortHolder], gpu_holders.Taken | None]:
         strays = procs.runs_started_in(os.path.realpath(log_dir))
         holders = procs.port_holders(prof.host, prof.port)
-        ours = set(replacing.run_members()) if replacing is not None else set()
+        on_gpus = guard.look(prof, members) if guard is not None else None
+        ours = set(members())
         return ([p for p in strays if p not in ours and procs.alive(p)],
-                [h for h in holders if not (h.pids and ours.issuperset(h.pids))])
+                [h for h in holders if not (h.pids and ours.issuperset(h.pids))], on_gpus)
 
-    strays, taken = await asyncio.to_thread(look)
+    strays, taken, on_gpus = await asyncio.to_thread(look)
     if strays:  # a server nobody could adopt still holds the GPUs: a second one would fail or crowd it
         raise ActionError("strays", f"processes of an earlier run are still alive (pids {strays}) and could not "
                                     "be adopted; check them (ps -fp PID) and stop them before starting serving",
@@ -101,6 +107,8 @@ async def refuse_if_crowded(prof: Profile, log_dir: Path, replacing: RunLifecycl
     if taken:  # an orphan of a lost state dir, say: refused here, with its pid, not found out after a stop
         raise ActionError("port_in_use", port_taken(prof, taken), 409,
                           details={"pids": sorted({p for h in taken for p in h.pids}), "port": prof.port})
+    if on_gpus:  # a second vLLM there fails vLLM's free-memory check only after opening CUDA contexts on them
+        raise ActionError(gpu_holders.CODE, on_gpus.refusal(prof), 409, details=on_gpus.details())
 
 
 class Supervisor:
@@ -129,6 +137,7 @@ class Supervisor:
         self._adoption = Adoption(self.runs.state_file, store, self.runs.event, lambda: self.config.current,
                                   host=host, simulated=simulated)
         self._intent = ActionIntent(state_path.with_name("switch.json"), self.runs.event)
+        self._gpu_guard = self.runs.gpu_gate.guard  # one guard: "NVML cannot say" is logged once
 
     def __getattr__(self, name: str) -> Any:
         if name in _FROM_LIFECYCLE:
@@ -225,7 +234,9 @@ class Supervisor:
 
     # ------------------------------------------------------------------------------------- actions
 
-    async def start(self, profile: str | None, by: str, expect_run: ExpectRun = ANY_RUN) -> str:
+    async def start(self, profile: str | None, by: str, expect_run: ExpectRun = ANY_RUN, *,
+                    autostart: bool = False) -> str:
+        """`autostart`: the agent's own start, which waits for GPUs other processes hold rather than refuse."""
         self.check_seen(expect_run)
         state = self.runs.state
         if state in (S.STARTING, S.READY, S.DEGRADED):
@@ -236,10 +247,10 @@ class Supervisor:
                                                                            409)
         prof = self._resolve_profile(profile)
         warnings = self._preflight_or_raise(prof)
-        await refuse_if_crowded(prof, self.cfg.agent.run_log_dir)
+        await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, guard=None if autostart else self._gpu_guard)
         self._begin("start", by, prof.name, expect_run)
         self._event(EventKind.ACTION_START, Severity.INFO, f"start of profile {prof.name} requested by {by}", by=by)
-        self._slot.run(self._do_start(prof, f"started by {by}"))
+        self._slot.run(self._do_start(prof, f"started by {by}", autostart))
         return f"starting profile {prof.name}" + "".join(f" (warning: {w})" for w in warnings)
 
     async def stop(self, by: str, expect_run: ExpectRun = ANY_RUN) -> str:
@@ -269,7 +280,7 @@ class Supervisor:
             raise self._slot.busy()
         prof = self._resolve_profile(profile)
         warnings = self._preflight_or_raise(prof)
-        await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, self.runs)
+        await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, self.runs, self._gpu_guard)
         self._begin("restart", by, prof.name, expect_run)
         self._intent.save("restart", prof.name, self.runs.profile_name, by, self.runs.run_id)  # as a switch's
         self._event(EventKind.ACTION_RESTART, Severity.INFO, f"restart of profile {prof.name} requested by {by}", by=by)
@@ -282,7 +293,7 @@ class Supervisor:
             raise self._slot.busy()
         prof = self._resolve_profile(profile)
         warnings = self._preflight_or_raise(prof)
-        await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, self.runs)
+        await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, self.runs, self._gpu_guard)
         old = self.runs.profile_name
         self._begin("switch", by, prof.name, expect_run)
         # before anything is stopped: an agent killed mid-switch resumes it
@@ -299,10 +310,10 @@ class Supervisor:
         self._intent.save("restart", prof.name, self.runs.profile_name, by, self.runs.run_id)
         self._slot.run(self._intent.carried(self._do_restart(prof, "restart after hang (restart_on_hang)")))
 
-    async def _do_start(self, prof: Profile, reason: str) -> bool:
+    async def _do_start(self, prof: Profile, reason: str, autostart: bool = False) -> bool:
         self._retry.cancel()
         self._retry.failures.reset()
-        return await self.runs.launch(prof, reason) and await self._await_outcome()
+        return await self.runs.launch(prof, reason, autostart=autostart) and await self._await_outcome()
 
     async def _do_stop(self, reason: str, end_reason: str) -> None:
         self._retry.cancel()
@@ -361,7 +372,8 @@ class Supervisor:
                                  "`lynxtop start` refuses while they live", details={"pids": strays}))
             return
         try:
-            log.info("autostart: %s", await self.start(autostart, by="agent (autostart)"))
+            # GPUs other processes hold do not refuse it: it waits for them (gpu_holders.GpuGate)
+            log.info("autostart: %s", await self.start(autostart, by="agent (autostart)", autostart=True))
         except ActionError as exc:
             self._sink.put(Event(EventKind.AGENT_AUTOSTART_FAILED, Severity.ERROR,
                                  f"autostart of {autostart} refused: {exc.message}"))

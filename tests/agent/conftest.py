@@ -48,8 +48,12 @@ class ProcGpuView:
     """GPUs as a test sees them: 8 H200s, and every live process of any run 'holds GPU memory'.
 
     A process counts as on the GPU while /proc shows it, like NVML's compute-process list on a real node,
-    so a supervisor that starts before the old run's processes are gone is caught.
+    so a supervisor that starts before the old run's processes are gone is caught. Only runs started under the
+    test's own directory (`root`, set for every test: a run's working directory is its log directory) are this
+    node's: a demo or another test session on the machine is not on the test's GPUs.
     """
+
+    root: Path | None = None
 
     def __init__(self, count: int = 8, cc: tuple[int, int] = (9, 0), name: str = "NVIDIA H200"):
         self.count, self.cc, self.name = count, cc, name
@@ -72,9 +76,26 @@ class ProcGpuView:
                 env = Path(f"/proc/{pid}/environ").read_bytes()
             except OSError:
                 continue
-            if marker in env and procs.alive(pid):
+            if marker in env and procs.alive(pid) and self._ours(pid):
                 pids.add(pid)
         return ts, pids
+
+    def _ours(self, pid: int) -> bool:
+        if self.root is None:
+            return True
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            return False
+        return Path(cwd).is_relative_to(os.path.realpath(self.root))
+
+
+@pytest.fixture(autouse=True)
+def _gpu_view_root(tmp_path):
+    """The fake GPUs hold only this test's runs (ProcGpuView.root)."""
+    ProcGpuView.root = tmp_path
+    yield
+    ProcGpuView.root = None
 
 
 @pytest.fixture
