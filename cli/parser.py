@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
 
 DESCRIPTION = """\
@@ -87,7 +88,7 @@ TAKES: dict[str, tuple[str, ...]] = {
     "lynxtop.cli.ctl:switch": _CS, "lynxtop.cli.ctl:ray_start": _CS, "lynxtop.cli.ctl:ray_stop": _CS,
     "lynxtop.cli.store_cli:runs": _CD, "lynxtop.cli.store_cli:export": _CD, "lynxtop.cli.check_cmd:run": _C,
     "lynxtop.cli.bench:run": _CS, "lynxtop.cli.bench:compare": _CD, "lynxtop.cli.bench:list_sweeps": _CD,
-    "lynxtop.cli.config_cli:check": _C,
+    "lynxtop.cli.config_cli:check": _C, "lynxtop.cli.events_cmd:run": _CSD,
 }
 
 
@@ -111,9 +112,25 @@ class _Parser(argparse.ArgumentParser):
     """The top-level parser: after parsing, merges the target options of every level (see _TARGETS)."""
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        ns, rest = super().parse_known_args(args, namespace)
+        ns, rest = super().parse_known_args(_join_since(sys.argv[1:] if args is None else list(args)), namespace)
         _resolve(self, ns)
         return ns, rest
+
+
+def _join_since(argv: list[str]) -> list[str]:
+    """`--since -1h` reads to argparse as two options; join such a value as `--since=-1h` (as the entry point
+    joins `--from`/`--to`)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if argv[i] == "--since" and nxt[:1] == "-" and nxt[1:2].isdigit():
+            out.append(f"--since={nxt}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def _refuse(parser: argparse.ArgumentParser, command: str, msg: str) -> None:
@@ -207,6 +224,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--limit", type=_COUNT, default=50, metavar="N",
                    help="show the newest N runs (default: %(default)s)")
+
+    p = _sub(subs, "events", "lynxtop.cli.events_cmd:run", "show the agent's events, newest last",
+             "Show the agent's events (crashes, SLA breaches, actions, GPU trouble), newest last, in local time.\n"
+             "Read through the agent's socket when it answers, else from the history database (read-only).")
+    p.add_argument("--since", metavar="T", help="only events from T on: -1h, -30m, -7d, ISO-8601 (UTC unless an "
+                                                "offset is given) or epoch milliseconds")
+    p.add_argument("--severity", choices=("info", "warning", "error", "critical"), metavar="LEVEL",
+                   help="only events of at least this severity: info, warning, error, critical")
+    p.add_argument("--kind", metavar="PREFIX", help="only kinds starting with PREFIX: a family (serving.) or a kind "
+                                                    "(sla.breach)")
+    p.add_argument("--run", type=_int(1, INT64_MAX), metavar="N", help="only events of run N")
+    p.add_argument("--limit", type=_COUNT, default=50, metavar="N",
+                   help="show the newest N matching events (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--utc", action="store_true", help="show times in UTC instead of local time")
 
     p = _sub(subs, "export", "lynxtop.cli.store_cli:export", "export history to CSV",
              "Export history as CSV (header row, ISO-8601 UTC time and epoch ms, empty for missing readings).\n"

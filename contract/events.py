@@ -107,7 +107,8 @@ class EventKind(StrEnum):
     SCRAPE_BAD_VALUE = "scrape.bad_value"  # values on the page that are no reading (NaN, infinite, out of range)
     SCRAPE_OVER_LIMIT = "scrape.over_limit"  # a part of the page over a cap was left out (docs/sampling.md)
     SLA_BREACH = "sla.breach"
-    SLA_RECOVERED = "sla.recovered"
+    SLA_RECOVERED = "sla.recovered"  # a breach ended: the data shows p99 TTFT and TPOT back within the limits
+    SLA_UNKNOWN = "sla.unknown"  # a breach no longer judged: no latency data in the window (idle, unreachable, stopped)
     # the history store
     STORE_WAL_UNLINKED = "store.wal_unlinked"
     STORE_WAL_RECOVERED = "store.wal_recovered"

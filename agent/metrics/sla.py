@@ -24,8 +24,9 @@ class SlaTracker:
 
     TPOT is vLLM's per-request time per output token; vLLM < 0.11 has no such histogram, and there the
     inter-token latency (the same quantity per step) stands in, named in the state as `tpot_source`.
-    A window without latency data (idle server, unreadable page) is "unknown" and ends an open breach, with one
-    exception: an unreadable page (a failed scrape, e.g. vLLM restarting behind the agent) holds an open breach
+    A window without latency data (idle server, unreadable page, serving stopped) is "unknown" and ends an open
+    breach as `sla.unknown` ("no longer judged"), never `sla.recovered`, which only data within the limits tells;
+    with one exception: an unreadable page (a failed scrape, e.g. vLLM restarting behind the agent) holds an open breach
     for up to one window after the last latency reading, because the scraper's window still holds those
     observations and shows them again when the page comes back; closing on the first failed scrape split one
     breach into breach / "no latency data" / breach.
@@ -126,7 +127,8 @@ class SlaTracker:
     def _to_unknown(self, ts_ms: int) -> list[Event]:
         events = []
         if self._state == "breach":
-            events.append(self._recovery(ts_ms, "no latency data in the window (idle or unreachable)"))
+            events.append(self._recovery(ts_ms, "no latency data in the window (idle, unreachable or stopped)",
+                                         judged=False))
         if self._state != "unknown":
             self._state, self._since_ms = "unknown", ts_ms
         return events
@@ -147,11 +149,18 @@ class SlaTracker:
             parts.append(f"p99 {label} {fmt_ms(value, decimals=0)} > {fmt_ms(limit, decimals=0)}")
         return ", ".join(parts)
 
-    def _recovery(self, ts_ms: int, why: str) -> Event:
+    def _recovery(self, ts_ms: int, why: str, judged: bool = True) -> Event:
+        """The end of a breach: `sla.recovered` when the data shows latency back within the limits (`judged`);
+        `sla.unknown` when there is no data to judge by (idle, unreachable, serving stopped): read at 3 a.m.,
+        "recovered" there would say the latency came back, which nothing showed."""
         lasted = (ts_ms - self._breach_started_ms) / 1000 if self._breach_started_ms is not None else None
         worst = self._describe(self._breached)
-        msg = f"SLA breach ended ({why}) after {lasted:.0f} s; worst: {worst}" if lasted is not None else worst
-        ev = self._event(EventKind.SLA_RECOVERED, Severity.INFO, ts_ms, msg, duration_s=lasted, reason=why)
+        if judged:
+            kind, head = EventKind.SLA_RECOVERED, f"SLA breach ended ({why})"
+        else:
+            kind, head = EventKind.SLA_UNKNOWN, f"SLA breach no longer judged: {why}"
+        msg = f"{head} after {lasted:.0f} s; worst: {worst}" if lasted is not None else f"{head}; worst: {worst}"
+        ev = self._event(kind, Severity.INFO, ts_ms, msg, duration_s=lasted, reason=why)
         self._breached = []
         return ev
 

@@ -26,6 +26,7 @@ COMMANDS = {
     "ray start": (["ray", "start"], "lynxtop.cli.ctl:ray_start"),
     "ray stop": (["ray", "stop", "-y"], "lynxtop.cli.ctl:ray_stop"),
     "runs": (["runs"], "lynxtop.cli.store_cli:runs"),
+    "events": (["events"], "lynxtop.cli.events_cmd:run"),
     "export": (["export", "--run", "1"], "lynxtop.cli.store_cli:export"),
     "check": (["check"], "lynxtop.cli.check_cmd:run"),
     "bench": (["bench"], "lynxtop.cli.bench:run"),

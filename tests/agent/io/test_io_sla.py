@@ -50,7 +50,7 @@ def test_no_data_is_unknown_and_ends_an_open_breach():
     sla.update(row(None, 500), 0)
     assert sla.state().state == "breach"
     events = sla.update(None, 60_000)
-    assert [e.kind for e in events] == ["sla.recovered"]
+    assert [e.kind for e in events] == ["sla.unknown"]
     assert "no latency data" in events[0].message
     assert sla.state().state == "unknown"
     assert sla.update(None, 61_000) == []
@@ -132,10 +132,10 @@ def test_unreadable_page_while_vllm_restarts_holds_the_breach_for_one_window():
     assert all(sla.update(failed, ms) == [] for ms in range(5_000, 60_000, 5_000))
     assert sla.state().state == "breach"
     events = sla.update(failed, 60_000)
-    assert [e.kind for e in events] == ["sla.recovered"] and "no latency data" in events[0].message
+    assert [e.kind for e in events] == ["sla.unknown"] and "no latency data" in events[0].message
     # a missing row (serving not ready) still ends it at once, as before
     sla.update({"ttft_p99_ms": 9000.0}, 0)
-    assert [e.kind for e in sla.update(None, 1_000)] == ["sla.recovered"]
+    assert [e.kind for e in sla.update(None, 1_000)] == ["sla.unknown"]
 
 
 def test_a_p99_over_too_few_requests_opens_no_breach_until_the_window_holds_enough():
