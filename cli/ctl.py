@@ -50,6 +50,8 @@ from lynxtop.contract.status import (
 from lynxtop.contract.terminal import terminal_safe, terminal_safe_json
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from lynxtop.contract.records import ActionAnswer
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY, EXIT_RUN_CHANGED = 0, 1, 2, 3, 4, 5
@@ -144,11 +146,14 @@ def _clock(ms: int | None) -> str:
 # ---------------------------------------------------------------------------------------------- status
 
 
-def format_status(st: Status, rate: tuple[float, int] | None = None) -> str:
+def format_status(st: Status, rate: tuple[float, int] | None = None,
+                  token_rates: Mapping[str, tuple[float, int]] | None = None) -> str:
     """The compact human summary of a status; every missing value shows as N/A or '-'.
 
-    `rate` is the finished-request rate averaged over the last minutes and the ms it covers (from the store):
-    the status's own figure is per tick, and reads 0.0 for minutes while long requests run.
+    `rate` is the finished-request rate averaged over the last minutes of this run and the ms it covers (from the
+    store): the status's own figure is per tick, and reads 0.0 for minutes while long requests run.
+    `token_rates`: the same means of `prompt_tokens_per_s` and `generation_tokens_per_s` (a tick's prompt tokens
+    come in bursts: 0 in most ticks, thousands in the next).
     """
     lines: list[str] = []
     if st.agent.simulated or st.serving.simulated:
@@ -159,7 +164,7 @@ def format_status(st: Status, rate: tuple[float, int] | None = None) -> str:
         lines += _serving_lines(st.serving, st.ts_ms)
     lines += cluster_lines(st.cluster, st.ts_ms)
     lines.append(_sla_line(st.sla))
-    lines += _traffic_lines(st.serving_metrics, rate)
+    lines += _traffic_lines(st.serving_metrics, rate, token_rates)
     lines += [_gpu_line(g) for g in st.gpus]
     lines.append(_host_line(st.host))
     lines += _agent_lines(st.agent)
@@ -262,7 +267,8 @@ def _sla_line(sla: SlaStatus) -> str:
             f"window {_na(sla.window_s, '{:g}', ' s')}")
 
 
-def _traffic_lines(sm: ServingMetrics, rate: tuple[float, int] | None = None) -> list[str]:
+def _traffic_lines(sm: ServingMetrics, rate: tuple[float, int] | None = None,
+                   token_rates: Mapping[str, tuple[float, int]] | None = None) -> list[str]:
     m = sm.metric
     if m("scrape_ok") is None:  # nothing scraped (not serving): no line of N/As
         return []
@@ -272,9 +278,16 @@ def _traffic_lines(sm: ServingMetrics, rate: tuple[float, int] | None = None) ->
         req = f"{rate[0]:.2f} req/s (finished, mean of {fmt_duration(rate[1] / 1000)})"
     else:  # no stored history to average: say the figure is one tick's, not a rate to trust
         req = _na(m('requests_per_s'), '{:.1f}', ' req/s finished in the last tick')
-    return [f"traffic  {req}  "
-            f"gen {_na(m('generation_tokens_per_s'), '{:.0f}', ' tok/s')}  "
-            f"prompt {_na(m('prompt_tokens_per_s'), '{:.0f}', ' tok/s')}  "
+    token_rates = token_rates or {}
+    gen, prompt = token_rates.get("generation_tokens_per_s"), token_rates.get("prompt_tokens_per_s")
+    if gen is not None and prompt is not None:  # the same window as req/s: a tick's prompt tokens come in bursts
+        tokens = (f"gen {gen[0]:.0f} tok/s  prompt {prompt[0]:.0f} tok/s "
+                  f"(means of {fmt_duration(max(gen[1], prompt[1]) / 1000)})")
+    else:
+        tokens = (f"gen {_na(m('generation_tokens_per_s'), '{:.0f}', ' tok/s')}  "
+                  f"prompt {_na(m('prompt_tokens_per_s'), '{:.0f}', ' tok/s')}" + (" (last tick)" if rate is None
+                                                                                 else ""))
+    return [f"traffic  {req}  {tokens}  "
             f"running {_na(m('requests_running'))}  waiting {_na(m('requests_waiting'))}  "
             f"KV {_na(m('kv_cache_usage_pct'), '{:.0f}', '%')}"]
 
@@ -282,7 +295,9 @@ def _traffic_lines(sm: ServingMetrics, rate: tuple[float, int] | None = None) ->
 def _gpu_line(g: GpuStatus) -> str:
     m = g.metric
     index = "?" if g.index is None else g.index
-    return (f"GPU {index:<4} {g.name or '?'}  util {_na(m('util_gpu_pct'), '{}', '%')}  "
+    # SM activity (GPM) first: util is NVML's coarse "any kernel ran" figure, 99 % at 40 % of the SMs busy
+    sm = f"SM {_na(m('sm_active_pct'), '{}', '%')}  " if g.gpm_supported is not False else ""
+    return (f"GPU {index:<4} {g.name or '?'}  {sm}util {_na(m('util_gpu_pct'), '{}', '%')}  "
             f"mem {_bytes(m('mem_used_bytes'))}/{_bytes(m('mem_total_bytes'))}  "
             f"{_na(m('power_w'), '{}', ' W')}  {_na(m('temp_c'), '{}', ' C')}" + ("  LOST" if m("lost") else ""))
 
@@ -318,9 +333,19 @@ def _agent_lines(agent: AgentStatus) -> list[str]:
     return lines
 
 
+RATE_COLUMNS = ("requests_per_s", "prompt_tokens_per_s", "generation_tokens_per_s")
+
+
 def _stored_rate(args: Namespace, st: Status) -> tuple[float, int] | None:
-    """The finished-request rate over the last 5 minutes from the history database, as the dashboard shows it;
-    None when there is no database to read (the line then says its figure is one tick's)."""
+    """The finished-request rate over the last 5 minutes of this run from the history database, as the dashboard
+    shows it; None when there is no database to read (the line then says its figure is one tick's)."""
+    return _stored_rates(args, st).get("requests_per_s")
+
+
+def _stored_rates(args: Namespace, st: Status) -> dict[str, tuple[float, int]]:
+    """Each of RATE_COLUMNS averaged over the last 5 minutes from the history database, clamped to the current
+    run's start (its READY, else its launch: a switch's downtime and the previous run are not this run's rate):
+    column -> (mean, ms covered). Empty when there is no database to read."""
     from lynxtop.tui.window_stats import RATE_WINDOW_MS, window_mean
 
     path = getattr(args, "database", None)
@@ -328,21 +353,27 @@ def _stored_rate(args: Namespace, st: Status) -> tuple[float, int] | None:
         cfg = load_or_exit(args)  # read once already, by _client: it loads
         path = cfg.agent.database if cfg is not None else None
     if not path or not Path(path).exists() or not st.ts_ms:
-        return None
+        return {}
     try:
         from lynxtop.store.reader import StoreReader
 
         reader = StoreReader(Path(path))
         try:
-            _, rows = reader.series("serving", ["requests_per_s"], st.ts_ms - RATE_WINDOW_MS, st.ts_ms + 1,
+            _, rows = reader.series("serving", list(RATE_COLUMNS), st.ts_ms - RATE_WINDOW_MS, st.ts_ms + 1,
                                     resolution="raw")
         finally:
             reader.close()
-    except Exception:  # a database we cannot read costs this one figure, never the status
-        return None
-    mean, span = window_mean([(int(r["ts_ms"]), r.get("requests_per_s")) for r in rows], st.ts_ms,
-                             interval_ms=int(1000 * float(st.agent.sample_interval_s or 1.0)))
-    return None if mean is None else (mean, span)
+    except Exception:  # a database we cannot read costs these figures, never the status
+        return {}
+    interval_ms = int(1000 * float(st.agent.sample_interval_s or 1.0))
+    start = st.serving.ready_ms or st.serving.started_ms
+    out: dict[str, tuple[float, int]] = {}
+    for col in RATE_COLUMNS:
+        mean, span = window_mean([(int(r["ts_ms"]), r.get(col)) for r in rows], st.ts_ms,
+                                 interval_ms=interval_ms, start_ms=start)
+        if mean is not None:
+            out[col] = (mean, span)
+    return out
 
 
 def status(args: Namespace) -> int:
@@ -355,7 +386,8 @@ def status(args: Namespace) -> int:
             text = json.dumps(data, indent=2, sort_keys=True)
         else:
             st = parse_status(terminal_safe_json(data), client.socket_path)  # each field escaped
-            text = format_status(st, _stored_rate(args, st))
+            rates = _stored_rates(args, st)
+            text = format_status(st, rates.get("requests_per_s"), rates)
     except (AgentUnreachable, AgentRefused) as exc:
         return _failed(exc)
     print(terminal_safe(text, lines=True))

@@ -13,20 +13,26 @@ RATE_WINDOW_MS = 5 * 60 * 1000
 
 
 def window_mean(points: Sequence[tuple[int, float | None]], end_ms: int | None = None,
-                window_ms: int = RATE_WINDOW_MS, interval_ms: int = 1000) -> tuple[float | None, int]:
+                window_ms: int = RATE_WINDOW_MS, interval_ms: int = 1000,
+                start_ms: int | None = None) -> tuple[float | None, int]:
     """Mean of the readings in the `window_ms` up to `end_ms` (the newest point's time when None), and the
     time they cover (ms).
 
     Each reading is a rate over the tick before it, so n readings one interval apart cover n intervals;
-    the span is capped at the window. None when there is no reading in the window.
+    the span is capped at the window. `start_ms` (the current run's start: its READY time) clamps the window
+    further: after a switch, the previous run's readings and the downtime before READY are no part of this
+    run's rate, and the span says how long the mean really covers. None when there is no reading in the window.
     """
     if not points:
         return None, 0
     end = points[-1][0] if end_ms is None else end_ms
-    recent = [(ts, v) for ts, v in points if end - window_ms < ts <= end and v is not None]
+    first = end - window_ms if start_ms is None else max(end - window_ms, start_ms)
+    recent = [(ts, v) for ts, v in points if first < ts <= end and v is not None]
     if not recent:
         return None, 0
     span = min(window_ms, end - recent[0][0] + interval_ms)
+    if start_ms is not None:
+        span = max(0, min(span, end - start_ms))
     return sum(v for _, v in recent) / len(recent), span
 
 

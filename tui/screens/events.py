@@ -207,6 +207,10 @@ class EventsScreen(LiveScreen):
     def _draw_filters(self) -> None:
         shown = len(self._visible_events())
         t = Text(f"events {shown}/{len(self.events)}  ", style="bold")
+        if self.events and not shown:
+            # first, where even 80 columns show it: a list of headers alone reads as "no events at all"
+            t.append(f"no events match {_filter_text(self.kind, self.min_severity, self.text_filter)!r}; "
+                     "Esc clears   ", style="bold yellow")
         t.append(f"kind (k): {_kind_label(self.kind)}   severity (v): ≥{self.min_severity}   ")
         if self.text_filter:
             t.append(f"text: {self.text_filter!r}   ")
@@ -219,6 +223,9 @@ class EventsScreen(LiveScreen):
         needle = self.log_search.lower()
         lines = [ln for ln in self.log_lines if needle in ln.lower()] if needle else self.log_lines
         log.write_lines(lines)
+        # At the newest line, also when written before the pane had its size (the first open): then the Log's
+        # own scroll to the end ran against no height, and the newest lines showed only after Tab and End.
+        self.call_after_refresh(log.scroll_end, animate=False)
         title = self.query_one("#log-title", Static)
         header = Text(getattr(self, "_log_header", "vLLM log"), style="bold")
         if needle:
@@ -320,6 +327,12 @@ def _message_width(table: DataTable, rows: list[list[Text]]) -> int | None:
     msg_w = max(24, width - used - pad - 2)  # 2: the vertical scrollbar when rows outgrow the table
     columns[-1].auto_width, columns[-1].width = False, msg_w
     return msg_w
+
+
+def _filter_text(kind: str | None, min_severity: str, text: str) -> str:
+    """The filter as it is typed in the box: `kind:gpu. sev:error xid`."""
+    words = ([f"kind:{kind}"] if kind else []) + ([f"sev:{min_severity}"] if min_severity != "info" else [])
+    return " ".join([*words, *([text] if text else [])])
 
 
 def _kind(event: object) -> object:

@@ -36,9 +36,16 @@ CHARTS = (
 )
 
 
+# The run list's `end` column ("running", "switched to …") keeps this many cells: the profile column gives first.
+END_MIN_W = 10
+PROFILE_MIN_W = 8
+
+
 class HistoryScreen(LiveScreen):
     CSS_PATH = VIEWS_CSS
     VIEW_TITLE = "History"
+    # A gap between the run list and the charts beside it: its last header ran into the first chart's title.
+    DEFAULT_CSS = "HistoryScreen #runs { margin-right: 1; }"
     BINDINGS = [
         Binding("t", "cycle_range", "Range", id="history.range"),
         Binding("c", "compare", "Compare", id="history.compare"),
@@ -122,13 +129,17 @@ class HistoryScreen(LiveScreen):
         table.clear()
         now = self.lynx.now_ms()
         utc = self.lynx.utc
+        rows = []
         for run in runs:
             started, ended = run.started_ms, run.ended_ms
             length = fmt_duration(((ended or now) - started) / 1000) if started else "N/A"
             end = run.end_reason or ("running" if not ended else "ended")
-            table.add_row(Text(str(run.id), style="bold"),
-                          Text(run.profile or "") + (Text(" SIM", style="magenta") if run.simulated else Text("")),
-                          Text(fmt_datetime(started, utc)), Text(length), Text(str(end)), key=str(run.id))
+            profile = Text(run.profile or "") + (Text(" SIM", style="magenta") if run.simulated else Text(""))
+            rows.append([Text(str(run.id), style="bold"), profile, Text(fmt_datetime(started, utc)), Text(length),
+                         Text(str(end))])
+        _fit_run_columns(table, rows)
+        for run, row in zip(runs, rows, strict=True):
+            table.add_row(*row, key=str(run.id))
         if runs:
             ids = [str(r.id) for r in runs]
             row = ids.index(str(keep)) if keep is not None and str(keep) in ids else 0
@@ -329,3 +340,25 @@ def window_label(start: int, end: int, utc: bool) -> str:
 def _field(run: Any, name: str) -> Any:
     """A field of a RunInfo (contract/records.py) or of the dict an older reader gave."""
     return run.get(name) if isinstance(run, dict) else getattr(run, name, None)
+
+
+def _fit_run_columns(table: DataTable, rows: list[list[Text]]) -> None:
+    """Column widths of the run list: run, started and length as wide as their cells; `end` at least END_MIN_W
+    (it says whether a run runs, or why it ended), the profile column shrinking first (to PROFILE_MIN_W), then
+    `end` getting what is left up to its widest cell. Left to the table before it has a width."""
+    width = table.scrollable_content_region.width
+    if width <= 0:
+        return
+    columns = list(table.columns.values())
+    natural = [max([c.label.cell_len, *(row[i].cell_len for row in rows)]) for i, c in enumerate(columns)]
+    for row in rows:
+        for cell in row:
+            cell.no_wrap, cell.overflow = True, "ellipsis"
+    pad = 2 * table.cell_padding
+    room = width - pad * len(columns) - 2  # 2: the vertical scrollbar when rows outgrow the table
+    rest = room - natural[0] - natural[2] - natural[3]
+    end_w = min(natural[4], END_MIN_W)
+    profile_w = min(natural[1], max(PROFILE_MIN_W, rest - end_w))
+    end_w = max(end_w, min(natural[4], rest - profile_w))
+    for column, w in zip(columns, (natural[0], profile_w, natural[2], natural[3], end_w), strict=True):
+        column.auto_width, column.width = False, w

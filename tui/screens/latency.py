@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from lynxtop.contract.format import fmt_ms
+from lynxtop.contract.format import fmt_duration, fmt_ms
+from lynxtop.tui.plot import Chart
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.node_header import sla_badge, sla_limit
@@ -27,6 +30,50 @@ CHARTS = (
 )
 
 
+class _EpisodeChart(TimeChart):
+    """A latency chart whose title counts breach episodes as the agent's sla.breach events do (`episodes`, set by
+    the screen), not as the chart's generic count, which lets a gap without data join two breaches into one."""
+
+    episodes = 0
+
+    def _title_line(self, chart: Chart, last: float | None) -> Text:
+        threshold, self.threshold = self.threshold, None  # the generic title, without its limit and count
+        try:
+            out = super()._title_line(chart, last)
+        finally:
+            self.threshold = threshold
+        if threshold is not None:
+            out.append(f"  limit {self.fmt(threshold)}", style="dim")
+            if self.episodes:
+                span = fmt_duration((self.end_ms - self.start_ms) / 1000)
+                out.append(f"  ▲ {self.episodes} breach{'es' if self.episodes != 1 else ''} in {span}",
+                           style="bold red")
+        return out
+
+
+def breach_episodes(points: Sequence[tuple[int, float | None]], threshold: float, start_ms: int, end_ms: int,
+                    scrape_ok: dict[int, float | None], window_ms: int) -> int:
+    """Breach episodes within [start, end] as agent/metrics/sla.py opens them: a run of readings above the
+    threshold is one, however long; a reading without latency data (an idle window) ends it, except a failed
+    scrape (scrape_ok 0) less than one SLA window after the last reading, which holds it (the scraper's window
+    still holds the breach's observations); so does a stretch without readings longer than the window."""
+    episodes, above, last_ms = 0, False, None
+    for ts, v in points:
+        if not start_ms <= ts <= end_ms:
+            continue
+        if last_ms is not None and ts - last_ms >= window_ms:
+            above = False  # nothing read for a whole window: what follows is a new breach
+        if v is None:
+            if scrape_ok.get(ts) != 0 or last_ms is None or ts - last_ms >= window_ms:
+                above = False
+            continue
+        last_ms = ts
+        if v > threshold and not above:
+            episodes += 1
+        above = v > threshold
+    return episodes
+
+
 class LatencyScreen(LiveScreen):
     CSS_PATH = VIEWS_CSS
     VIEW_TITLE = "Latency"
@@ -35,8 +82,8 @@ class LatencyScreen(LiveScreen):
         yield Static(id="sla-line")
         with VerticalScroll(id="latency-charts"):
             for series, stat, _ in CHARTS:
-                yield TimeChart(f"{series.upper()} {stat}", fmt_ms, agg="max", ascii_only=self.lynx.ascii_only,
-                                id=f"chart-{series}-{stat}", classes="latency-chart")
+                yield _EpisodeChart(f"{series.upper()} {stat}", fmt_ms, agg="max", ascii_only=self.lynx.ascii_only,
+                                    id=f"chart-{series}-{stat}", classes="latency-chart")
 
     def draw(self, now_ms: int) -> None:
         state = self.lynx.state
@@ -53,7 +100,12 @@ class LatencyScreen(LiveScreen):
         self.query_one("#sla-line", Static).update(line)
         ref = state.ts_ms
         end = int(ref or now_ms)
+        scrape_ok = dict(state.serving_series("scrape_ok"))
+        window_ms = int((sla.window_s or 60) * 1000)
         for series, stat, limited in CHARTS:
-            chart = self.query_one(f"#chart-{series}-{stat}", TimeChart)
-            chart.set_data(state.serving_series(f"{series}_{stat}_ms"), end - WINDOW_MS, end,
-                           threshold=sla_limit(sla, series) if limited else None, utc=self.lynx.utc)
+            chart = self.query_one(f"#chart-{series}-{stat}", _EpisodeChart)
+            points = state.serving_series(f"{series}_{stat}_ms")
+            limit = sla_limit(sla, series) if limited else None
+            chart.episodes = (breach_episodes(points, limit, end - WINDOW_MS, end, scrape_ok, window_ms)
+                              if limit is not None else 0)
+            chart.set_data(points, end - WINDOW_MS, end, threshold=limit, utc=self.lynx.utc)

@@ -92,7 +92,10 @@ def stats_line(state: LiveState, short: bool) -> Text:
     # over the last minutes is shown, and says so.
     interval_ms = int(float(state.agent.sample_interval_s or 1.0) * 1000)
     end = state.ts_ms
-    rate, span_ms = window_mean(state.serving_series("requests_per_s"), end, RATE_WINDOW_MS, interval_ms)
+    # Over this run only: after a switch, the last run's requests and the downtime are not this run's rate.
+    srv = state.serving
+    rate, span_ms = window_mean(state.serving_series("requests_per_s"), end, RATE_WINDOW_MS, interval_ms,
+                                start_ms=srv.ready_ms or srv.started_ms)
     if state.status is None or not state.serving.state.serving:
         rate = None  # nothing serves: the last run's average is not this moment's rate
     stat("req/s", fmt_si(rate), note=f"avg {span_label(span_ms)}" if rate is not None else "")
