@@ -9,8 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from lynxtop.contract.format import fmt_duration, fmt_ms
-from lynxtop.tui.plot import Chart
+from lynxtop.contract.format import fmt_ms
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.node_header import sla_badge, sla_limit
@@ -28,27 +27,6 @@ CHARTS = (
     ("tpot", "p50", False),
     ("itl", "p50", False),
 )
-
-
-class _EpisodeChart(TimeChart):
-    """A latency chart whose title counts breach episodes as the agent's sla.breach events do (`episodes`, set by
-    the screen), not as the chart's generic count, which lets a gap without data join two breaches into one."""
-
-    episodes = 0
-
-    def _title_line(self, chart: Chart, last: float | None) -> Text:
-        threshold, self.threshold = self.threshold, None  # the generic title, without its limit and count
-        try:
-            out = super()._title_line(chart, last)
-        finally:
-            self.threshold = threshold
-        if threshold is not None:
-            out.append(f"  limit {self.fmt(threshold)}", style="dim")
-            if self.episodes:
-                span = fmt_duration((self.end_ms - self.start_ms) / 1000)
-                out.append(f"  ▲ {self.episodes} breach{'es' if self.episodes != 1 else ''} in {span}",
-                           style="bold red")
-        return out
 
 
 def breach_episodes(points: Sequence[tuple[int, float | None]], threshold: float, start_ms: int, end_ms: int,
@@ -82,8 +60,8 @@ class LatencyScreen(LiveScreen):
         yield Static(id="sla-line")
         with VerticalScroll(id="latency-charts"):
             for series, stat, _ in CHARTS:
-                yield _EpisodeChart(f"{series.upper()} {stat}", fmt_ms, agg="max", ascii_only=self.lynx.ascii_only,
-                                    id=f"chart-{series}-{stat}", classes="latency-chart")
+                yield TimeChart(f"{series.upper()} {stat}", fmt_ms, agg="max", ascii_only=self.lynx.ascii_only,
+                                id=f"chart-{series}-{stat}", classes="latency-chart")
 
     def draw(self, now_ms: int) -> None:
         state = self.lynx.state
@@ -103,9 +81,8 @@ class LatencyScreen(LiveScreen):
         scrape_ok = dict(state.serving_series("scrape_ok"))
         window_ms = int((sla.window_s or 60) * 1000)
         for series, stat, limited in CHARTS:
-            chart = self.query_one(f"#chart-{series}-{stat}", _EpisodeChart)
+            chart = self.query_one(f"#chart-{series}-{stat}", TimeChart)
             points = state.serving_series(f"{series}_{stat}_ms")
             limit = sla_limit(sla, series) if limited else None
-            chart.episodes = (breach_episodes(points, limit, end - WINDOW_MS, end, scrape_ok, window_ms)
-                              if limit is not None else 0)
-            chart.set_data(points, end - WINDOW_MS, end, threshold=limit, utc=self.lynx.utc)
+            n = breach_episodes(points, limit, end - WINDOW_MS, end, scrape_ok, window_ms) if limit is not None else 0
+            chart.set_data(points, end - WINDOW_MS, end, threshold=limit, utc=self.lynx.utc, episodes=n)

@@ -31,11 +31,15 @@ class TimeChart(Widget):
         self.threshold: float | None = None
         self.utc = False
         self.note = ""
+        self.episodes: int | None = None  # breaches counted by the caller (the agent's rule); None: counted here
 
     def set_data(self, points: Sequence[tuple[int, float | None]], start_ms: int, end_ms: int, *,
-                 threshold: float | None = None, utc: bool = False, note: str = "") -> None:
+                 threshold: float | None = None, utc: bool = False, note: str = "",
+                 episodes: int | None = None) -> None:
+        """`episodes`: the breach count to show, where the caller knows more than the points (the Latency view
+        counts as agent/metrics/sla.py does); None: the points' own runs above the threshold."""
         self.points, self.start_ms, self.end_ms = points, start_ms, end_ms
-        self.threshold, self.utc, self.note = threshold, utc, note
+        self.threshold, self.utc, self.note, self.episodes = threshold, utc, note, episodes
         self.refresh()
 
     def render(self) -> Text:
@@ -84,7 +88,8 @@ class TimeChart(Widget):
         if top is not None:
             out.append(f"  max {self.fmt(top)}", style="dim")
         if self.threshold is not None:
-            n = breach_episodes(self.points, self.threshold, self.start_ms, self.end_ms)
+            n = (self.episodes if self.episodes is not None
+                 else breach_episodes(self.points, self.threshold, self.start_ms, self.end_ms))
             out.append(f"  limit {self.fmt(self.threshold)}", style="dim")
             if n:
                 # episodes, as the agent's sla.breach events count them, not chart columns above the line
