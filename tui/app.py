@@ -23,7 +23,7 @@ from textual.notifications import SeverityLevel
 
 from lynxtop.contract.client import AgentRefused, AgentUnreachable
 from lynxtop.contract.format import fmt_clock
-from lynxtop.contract.status import ClusterStatus, Role, ServingStatus
+from lynxtop.contract.status import ClusterStatus, Role, ServingState, ServingStatus
 from lynxtop.contract.terminal import terminal_safe
 from lynxtop.tui.backoff import Backoff
 from lynxtop.tui.commands import LynxtopCommands
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 VIEWS = ("node", "gpu", "latency", "history", "events", "logs", "processes", "cluster")
 CONTROL_ACTIONS = {"restart", "stop", "start", "switch"}
 CONTROL_KEYS = {"restart": "R", "stop": "X", "start": "S", "switch": "P"}  # as BINDINGS has them, for notices
+# Serving states in which the agent refuses a start ("already starting/ready/degraded"): S is shown greyed
+START_REFUSED = frozenset({ServingState.STARTING, ServingState.READY, ServingState.DEGRADED})
 BACKFILL_S = 15 * 60
 
 
@@ -155,6 +157,7 @@ class LynxtopApp(App):
         self._dialog: ConfirmScreen | ProfilePickerScreen | None = None
         self._dialog_text: Callable[[], RenderableType] | None = None  # the open dialog's body from the state now
         self._sending = False  # confirmed: the request is out, its answer awaited (the palette may open meanwhile)
+        self._start_offered = True  # whether S was offered at the last status (bindings refresh when it changes)
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
@@ -173,15 +176,19 @@ class LynxtopApp(App):
         return max(0.0, self._next_poll_at - time.monotonic())
 
     def header_lead(self) -> list[tuple[str, str]]:
-        """First in the header, never cut: another node's screens are open (the cluster view)."""
-        return [(f"viewing node {self.viewing_node} (read-only)", "bold white on blue")] if self.viewing_node else []
+        """First in the header, never cut: another node's screens are open (the cluster view); the display is
+        paused (frozen numbers must never read as live once the toast has faded, at any width)."""
+        lead = []
+        if self.viewing_node:
+            lead.append((f"viewing node {self.viewing_node} (read-only)", "bold white on blue"))
+        if self.paused:
+            lead.append(("⏸ PAUSED (p resumes)", "bold black on yellow"))
+        return lead
 
     def header_flags(self) -> list[tuple[str, str]]:
         flags = []
         if self.readonly_reason and not self.viewing_node:  # the lead says it while another node is open
             flags.append((f"READ-ONLY ({self.readonly_reason})", "bold yellow"))
-        if self.paused:
-            flags.append(("⏸ PAUSED (p resumes)", "bold yellow"))
         if self.utc:
             flags.append(("UTC", "dim"))
         return flags
@@ -280,7 +287,9 @@ class LynxtopApp(App):
         if ended is not None:
             self.notify(f"agent back (unreachable since {fmt_clock(ended.since_ms, self.utc)})",
                         title="Agent reachable", severity="information")
-        if first or ended is not None:
+        start_was = self._start_offered
+        self._start_offered = self._start_possible()
+        if first or ended is not None or self._start_offered != start_was:
             self.refresh_bindings()  # only when what is allowed changed
         self._watch_dialog()
         self._redraw()
@@ -384,7 +393,13 @@ class LynxtopApp(App):
                 return False  # hidden: read-only
             if not self.state.connected:
                 return None  # shown greyed: nothing to send it to
+            if parameters == ("start",) and not self._start_possible():
+                return None  # shown greyed: serving already runs (restart or switch act on it)
         return True
+
+    def _start_possible(self) -> bool:
+        """Start acts only on a node not serving: while serving starts, runs or is degraded the agent refuses it."""
+        return self.state.serving.state not in START_REFUSED
 
     def action_control(self, action: str) -> None:
         if action not in CONTROL_ACTIONS:
@@ -598,6 +613,8 @@ class LynxtopApp(App):
                         "if you still mean it", title=f"{action} not done: the run changed", severity="warning",
                         timeout=10)
             self.action_refresh_now()
+        elif exc.status == 409 and action == "start" and exc.code == "state" and "already" in exc.message:
+            self.notify(exc.message, title="start: already serving", severity="warning", timeout=8)
         elif exc.status == 409:
             self.notify(exc.message, title=f"{action}: agent busy", severity="warning", timeout=8)
         else:

@@ -49,32 +49,63 @@ def _load_line(serving: ServingStatus) -> str:
     return LOAD_WARNING + (f" The last load took {fmt_duration(load)}." if load else "")
 
 
-def _busy_lines(metrics: ServingMetrics | None) -> list[Text]:
-    out = []
-    n = metrics.metric("requests_running") if metrics is not None else None
-    if n:
-        out.append(Text(f"{n} request(s) are running now: they get vLLM's shutdown timeout to finish, and "
-                        "whatever is still running then fails; new requests fail until serving is ready again.",
-                        style="bold red"))
-    return out
+def shutdown_timeout(profile: ProfileInfo | None) -> str | None:
+    """The profile's vLLM `--shutdown-timeout` as words (`5 s`); None where the dialog has no profile or the profile
+    sets none."""
+    value = dict(profile.flags).get("--shutdown-timeout") if profile is not None else None
+    if value is None:
+        return None
+    try:
+        return fmt_duration(float(value))
+    except (TypeError, ValueError):
+        return str(value)
 
 
-def restart_text(serving: ServingStatus, metrics: ServingMetrics | None = None) -> RenderableType:
+def _count(metrics: ServingMetrics | None, name: str) -> float:
+    n = metrics.metric(name) if metrics is not None else None
+    return n if isinstance(n, int | float) and n > 0 else 0
+
+
+def _busy_lines(metrics: ServingMetrics | None, profile: ProfileInfo | None = None) -> list[Text]:
+    """What the requests in vLLM now lose: the running ones get the shutdown timeout, the waiting ones fail."""
+    running, waiting = _count(metrics, "requests_running"), _count(metrics, "requests_waiting")
+    if not running and not waiting:
+        return []
+    timeout = shutdown_timeout(profile)
+    grace = f"vLLM's shutdown timeout ({timeout})" if timeout else "vLLM's shutdown timeout"
+    if running and waiting:
+        text = (f"{running:g} request(s) are running now and {waiting:g} waiting: the waiting ones fail; the running "
+                f"ones get {grace} to finish, then fail.")
+    elif running:
+        text = f"{running:g} request(s) are running now: they get {grace} to finish, then fail."
+    else:
+        text = f"{waiting:g} request(s) are waiting in the queue: they fail."
+    return [Text(text, style="bold red")]
+
+
+def restart_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
+                 profile: ProfileInfo | None = None) -> RenderableType:
+    """`profile`: the running profile, where the dialog has it (its shutdown timeout is said)."""
+    timeout = shutdown_timeout(profile)
+    drain = f"the profile's shutdown timeout, {timeout}" if timeout else "the profile's shutdown timeout"
     return Group(
         Text(f"Now: {_what_runs(serving)}."),
-        Text("vLLM is stopped (in-flight requests drain for the profile's shutdown timeout) and started again "
+        Text(f"vLLM is stopped (in-flight requests drain for {drain}) and started again "
              "with the same profile as a new run."),
-        *_busy_lines(metrics),
+        *_busy_lines(metrics, profile),
         Text(_load_line(serving), style="bold yellow"),
     )
 
 
-def stop_text(serving: ServingStatus, metrics: ServingMetrics | None = None) -> RenderableType:
+def stop_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
+              profile: ProfileInfo | None = None) -> RenderableType:
+    load = last_load_s(serving)
     return Group(
         Text(f"Now: {_what_runs(serving)}."),
         Text("vLLM is stopped and stays stopped: the node serves nothing until someone starts it."),
-        *_busy_lines(metrics),
-        Text("To serve again the model must load again: minutes (a 284B model: 10-30 min).", style="bold yellow"),
+        *_busy_lines(metrics, profile),
+        Text("To serve again the model must load again: minutes (a 284B model: 10-30 min)."
+             + (f" The last load took {fmt_duration(load)}." if load else ""), style="bold yellow"),
     )
 
 
@@ -100,7 +131,8 @@ def flag_diff(current: ProfileInfo | None, target: ProfileInfo) -> list[tuple[st
     return rows
 
 
-def switch_text(serving: ServingStatus, current: ProfileInfo | None, target: ProfileInfo) -> RenderableType:
+def switch_text(serving: ServingStatus, current: ProfileInfo | None, target: ProfileInfo,
+                metrics: ServingMetrics | None = None) -> RenderableType:
     diff = flag_diff(current, target)
     table = Table(title=None, show_header=True, header_style="bold", expand=False, box=None, padding=(0, 1))
     table.add_column("flag")  # every cell and header as Text: a str would be parsed as markup (a '[/]' in a value)
@@ -112,12 +144,14 @@ def switch_text(serving: ServingStatus, current: ProfileInfo | None, target: Pro
         Text(f"Now: {_what_runs(serving)}."),
         Text(f"Preflight {target.name}, stop the current run, wait for the GPUs to be freed, "
              f"start {target.name} as a new run."),
-        Text(f"{len(diff)} flag difference(s):" if diff else "No flag differences (same argv).", style="bold"),
+        *_busy_lines(metrics, current),
+        # the target's description on the same line: the dialog must fit 80x24 with its buttons
+        Text.assemble((f"{len(diff)} flag difference(s)" if diff else "No flag differences (same argv)", "bold"),
+                      (f"  ({target.name}: {target.description})" if target.description else "", "dim"),
+                      (":" if diff else ".", "bold")),
     ]
     if diff:
         parts.append(table)
-    if target.description:
-        parts.append(Text(f"{target.name}: {target.description}", style="dim"))
     parts.append(Text(_load_line(serving), style="bold yellow"))
     return Group(*parts)
 
@@ -144,12 +178,13 @@ def confirmation(action: str, serving: ServingStatus, metrics: ServingMetrics | 
                  target: ProfileInfo | None = None) -> tuple[str, RenderableType, str]:
     """Title, body and button label of the dialog that confirms `action`."""
     if action == "restart":
-        return "Restart serving?", restart_text(serving, metrics), "Restart"
+        return "Restart serving?", restart_text(serving, metrics, current), "Restart"
     if action == "stop":
-        return "Stop serving?", stop_text(serving, metrics), "Stop"
+        return "Stop serving?", stop_text(serving, metrics, current), "Stop"
     if action == "start":
         return "Start serving?", start_text(serving, profile), "Start"
-    return f"Switch to profile {profile}?", switch_text(serving, current, target or ProfileInfo(str(profile))), "Switch"
+    return (f"Switch to profile {profile}?",
+            switch_text(serving, current, target or ProfileInfo(str(profile)), metrics), "Switch")
 
 
 @dataclass(frozen=True)

@@ -42,20 +42,41 @@ RAY_STYLE = {
 }
 
 
-def sla_badge(sla: SlaStatus) -> Text:
+def _over(sla: SlaStatus) -> list[tuple[str, float]]:
+    """The breached p99s, (name, value), TTFT first."""
+    return [(name, float(v)) for name, v, limit in (
+        ("TTFT", sla.ttft_p99_ms, sla.ttft_threshold_ms), ("TPOT", sla.tpot_p99_ms, sla.tpot_threshold_ms))
+        if v is not None and limit is not None and v > limit]
+
+
+def _short_ms(v: float) -> str:
+    """`38.6s`, `199ms`: a breached p99 in as few cells as still reads."""
+    if v >= 100_000:
+        return f"{v / 1000:.0f}s"
+    if v >= 1000:
+        return f"{v / 1000:.1f}s"
+    return f"{v:.0f}ms"
+
+
+def sla_badge(sla: SlaStatus, short: bool = False) -> Text:
+    """`short`: for a narrow header, every breached metric kept, the words around them left out
+    (`SLA ✗ TTFT 38.6s TPOT 199ms`)."""
     if sla.state == SlaState.OK:
-        return Text("SLA ✓ ok", style="green")
+        return Text("SLA ✓" if short else "SLA ✓ ok", style="green")
     if sla.state == SlaState.BREACH:
         # Say which p99 and over what window: the Serving panel's figures must be checkable against it.
-        over = [f"{name} {fmt_ms(v)}" for name, v, limit in (
-            ("TTFT", sla.ttft_p99_ms, sla.ttft_threshold_ms), ("TPOT", sla.tpot_p99_ms, sla.tpot_threshold_ms))
-            if v is not None and limit is not None and v > limit]
+        over = _over(sla)
+        if short:
+            badge = Text("SLA ✗", style="bold red reverse")
+            if over:
+                badge.append(" " + " ".join(f"{name} {_short_ms(v)}" for name, v in over), style="bold red")
+            return badge
         badge = Text("SLA ✗ BREACH", style="bold red reverse")
         if over:
             window = f"/{sla.window_s:g}s" if sla.window_s is not None else ""
-            badge.append(f" {', '.join(over)} p99{window}", style="bold red")
+            badge.append(f" {', '.join(f'{name} {fmt_ms(v)}' for name, v in over)} p99{window}", style="bold red")
         return badge
-    return Text("SLA ? unknown", style="dim")
+    return Text("SLA ?" if short else "SLA ? unknown", style="dim")
 
 
 def sla_limit(sla: SlaStatus, series: str) -> float | None:
@@ -63,62 +84,100 @@ def sla_limit(sla: SlaStatus, series: str) -> float | None:
     return {"ttft": sla.ttft_threshold_ms, "tpot": sla.tpot_threshold_ms}.get(series)
 
 
+# How hard a line is pressed to fit the width, in order: 0 everything in full; 1 the SLA and the action in short,
+# UTC left out; 2 one space between parts; 3 (a breach only) the state's durations left out. What still does not
+# fit is cut at the end, where the least important parts are.
+LEVELS = 4
+
+
 class NodeHeader(TextPanel):
     DEFAULT_CSS = "NodeHeader { height: 1; }"
 
     def show(self, state: LiveState, now_ms: int, flags: list[tuple[str, str]],
              lead: list[tuple[str, str]] | None = None) -> None:
-        """`lead`: what must never be cut, before everything (whose node this is, when not this one's)."""
-        agent, serving = state.agent, state.serving
+        """`lead`: what must never be cut, before everything (whose node this is, when not this one's; PAUSED).
+
+        By importance: the node and its state, an action in progress, the agent's health, then the SLA and the
+        flags; at a narrow width the line is shortened, least important first, before anything is cut."""
         if state.outage is not None and state.received_ms is not None:
             # One staleness rule with the banner: an unreachable agent's snapshot is frozen at its last answer,
             # so a STOPPING timer does not keep counting for a stop that may long have finished.
             now_ms = state.received_ms
-        t = Text(no_wrap=True, overflow="ellipsis")
-        for text, style in lead or ():
-            t.append(f" {text} ", style=style)
-            t.append(" ")
-        if state.simulated:
-            t.append(*SIMULATED_BADGE)
-            t.append(" ")
-        t.append(agent.host or "?", style="bold")
-        if state.status is None:
-            t.append("  waiting for the agent…", style="dim")
-        else:
-            cluster = state.status.cluster
-            if cluster.role == Role.WORKER and serving.state == ServingState.STOPPED and not serving.profile:
-                _worker(t, cluster, now_ms)  # no vLLM here: its Ray is what it runs (and no SLA to judge)
-            else:
-                _serving_state(t, serving, now_ms)
-                if cluster.role == Role.HEAD:
-                    _head(t, cluster)
-                t.append("  ")
-                t.append_text(sla_badge(state.sla))
-            _agent_health(t, state, agent, now_ms)
-        for text, style in flags:
-            t.append(f"  {text}", style=style)
+        width = self.size.width
+        # The level is the least pressed at which the line fits (its flags aside: a long read-only reason is cut,
+        # not a reason to shorten the rest). The state's durations go only for a breach's figures.
+        breach = state.status is not None and state.sla.state == SlaState.BREACH
+        for level in range(LEVELS if breach else LEVELS - 1):
+            t = header_line(state, now_ms, [], lead, level)
+            if not width or t.cell_len <= width:
+                break
+        _flags(t, flags, level)
+        serving, agent = state.serving, state.agent
         # Least important last, and only whole: at 80 columns "vLL…" said nothing.
         tail = [f"  vLLM {serving.vllm_version}" if serving.vllm_version else "",
                 f"  agent up {fmt_duration(agent.uptime_s)}" if agent.uptime_s is not None else ""]
         for text in filter(None, tail):
-            if self.size.width and t.cell_len + cell_len(text) > self.size.width:
+            if width and t.cell_len + cell_len(text) > width:
                 break
             t.append(text, style="dim")
         self.update(t)
 
 
-def _serving_state(t: Text, serving: ServingStatus, now_ms: int) -> None:
-    """Profile, state word and how long; the start-up phase; the next retry."""
-    t.append("  " + (serving.profile or "no profile"))
+def header_line(state: LiveState, now_ms: int, flags: list[tuple[str, str]],
+                lead: list[tuple[str, str]] | None = None, level: int = 0) -> Text:
+    """The header without its tail, pressed to `level` (LEVELS)."""
+    agent, serving = state.agent, state.serving
+    sep = "  " if level < 2 else " "
+    t = Text(no_wrap=True, overflow="ellipsis")
+    for text, style in lead or ():
+        t.append(f" {text} ", style=style)
+        t.append(" ")
+    if state.simulated:
+        t.append(*SIMULATED_BADGE)
+        t.append(" ")
+    t.append(agent.host or "?", style="bold")
+    if state.status is None:
+        t.append(sep + "waiting for the agent…", style="dim")
+    else:
+        cluster = state.status.cluster
+        worker = cluster.role == Role.WORKER and serving.state == ServingState.STOPPED and not serving.profile
+        if worker:
+            _worker(t, cluster, now_ms)  # no vLLM here: its Ray is what it runs (and no SLA to judge)
+        else:
+            _serving_state(t, serving, now_ms, sep, durations=level < 3)
+            if cluster.role == Role.HEAD:
+                _head(t, cluster)
+        _action(t, agent, sep, short=level >= 1)
+        _agent_health(t, state, agent, now_ms, sep)
+        if not worker:
+            t.append(sep)
+            t.append_text(sla_badge(state.sla, short=level >= 1))
+    _flags(t, flags, level)
+    return t
+
+
+def _flags(t: Text, flags: list[tuple[str, str]], level: int) -> None:
+    """READ-ONLY and its reason, UTC: after the SLA. A pressed line leaves out `UTC` (a matter of display)."""
+    sep = "  " if level < 2 else " "
+    for text, style in flags:
+        if level == 0 or text != "UTC":
+            t.append(f"{sep}{text}", style=style)
+
+
+def _serving_state(t: Text, serving: ServingStatus, now_ms: int, sep: str = "  ", durations: bool = True) -> None:
+    """Profile, state word and how long; the start-up phase; the next retry. `durations` False: the state's and
+    the phase's times left out (a narrow line; the retry's stays)."""
+    t.append(sep + (serving.profile or "no profile"))
     word, style = STATE_STYLE.get(serving.state, (serving.state.upper(), ""))
-    t.append("  ")
+    t.append(sep)
     t.append(word, style=style)
     since = serving.state_since_ms
-    if since:
+    if since and durations:
         t.append(f" {fmt_duration((now_ms - since) / 1000)}")
     if serving.state == ServingState.STARTING and serving.phase:
         phase_since = serving.phase_since_ms or since
-        t.append(f" ({serving.phase} {fmt_duration((now_ms - (phase_since or now_ms)) / 1000)})")
+        took = f" {fmt_duration((now_ms - (phase_since or now_ms)) / 1000)}" if durations else ""
+        t.append(f" ({serving.phase}{took})")
     if serving.next_retry_ms:
         t.append(f" retry in {fmt_duration((serving.next_retry_ms - now_ms) / 1000)}", style="yellow")
 
@@ -155,9 +214,17 @@ def _head(t: Text, cluster: ClusterStatus) -> None:
         t.append(" (stale)", style="bold yellow")
 
 
-def _agent_health(t: Text, state: LiveState, agent: AgentStatus, now_ms: int) -> None:
-    """Whether to trust the numbers: agent health, stalled sampling, NVML, an action under way."""
-    t.append("  ")
+def _action(t: Text, agent: AgentStatus, sep: str = "  ", short: bool = False) -> None:
+    """The operator action under way, and by whom: next to the state it is changing."""
+    action = agent.action
+    if action:
+        by = f" {'' if short else 'by '}{action.by or '?'}"
+        t.append(f"{sep}⟳ {action.action}{' ' + action.profile if action.profile else ''}{by}", style="yellow")
+
+
+def _agent_health(t: Text, state: LiveState, agent: AgentStatus, now_ms: int, sep: str = "  ") -> None:
+    """Whether to trust the numbers: agent health, stalled sampling, NVML."""
+    t.append(sep)
     if state.outage is not None:  # the banner's fact, not the last snapshot's `agent ✓`
         t.append("agent ✗ unreachable", style="bold red")
     elif agent.healthy:
@@ -171,7 +238,3 @@ def _agent_health(t: Text, state: LiveState, agent: AgentStatus, now_ms: int) ->
         t.append(f"  ⚠ samples {fmt_duration((now_ms - ts) / 1000)} old", style="bold yellow")
     if agent.nvml.state and agent.nvml.state != "ok":
         t.append(f"  NVML {agent.nvml.state}", style="bold red")
-    action = agent.action
-    if action:
-        t.append(f"  ⟳ {action.action} {action.profile or ''} by {action.by or '?'}",
-                 style="yellow")
