@@ -4,7 +4,12 @@ Text cells that a spreadsheet would run as a formula (starting with = + - @ tab 
 Injection") get a leading single quote unless `raw` is asked for; numeric columns are never changed.
 
 SQLite renders each row as one CSV line (ISO time, empty NULLs, quoting of text) and Python only writes
-those lines in chunks: memory stays constant and the speed stays at the sqlite3 shell's. A file is written
+those lines in pages: memory stays constant and the speed stays at the sqlite3 shell's. Each page is read in
+its own short read transaction and continues after the last key of the one before (keyset paging), so an
+export whose output is not read (`| less` left open) holds no snapshot: the writer's checkpoints still reset
+the WAL. The range ends at the newest row stored when the export starts (fixed then: a long export is a
+stable range); raw rows and compacted chunks are read together in each page (StoreReader.with_chunks), so
+compaction or retention between two pages neither repeats nor drops a row still stored. A file is written
 to a temporary name beside the target and renamed at the end: an interrupted export never leaves a half
 file under the name. A FIFO or a character device (`-o >(gzip > x)`, /dev/stdout) is written into as it is:
 --force replaces regular files only.
@@ -17,7 +22,7 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -26,10 +31,13 @@ from lynxtop.contract.events import LEGACY_KINDS
 from lynxtop.contract.files import atomic_write
 from lynxtop.contract.terminal import terminal_safe
 from lynxtop.store.reader import StoreReader
-from lynxtop.store.schema import RESOLUTIONS, RUN_COLUMNS, SAMPLE_TABLES, rollup_columns, rollup_table
+from lynxtop.store.schema import COMPACTED, RESOLUTIONS, RUN_COLUMNS, SAMPLE_TABLES, rollup_columns, rollup_table
 
 TABLES = ("gpu", "host", "serving", "events", "runs")
-CHUNK = 1000  # lines per fetch: well under 1 MB, whatever the export size
+# Rows per page, each page one read transaction: under 1 MB of lines, whatever the export size; the
+# transaction and the keyset probe cost well under 1 % of rendering them.
+PAGE_ROWS = 2000
+_WRITE_LINES = 500  # lines per write() (one joined string each)
 _ISO = "strftime('%Y-%m-%dT%H:%M:%fZ', {col} / 1000.0, 'unixepoch')"
 
 
@@ -74,9 +82,29 @@ def _line(fields: list[str]) -> str:
 class Query:
     header: list[str]
     sql: str  # one column: the CSV line, rendered by SQLite (one Python object per row, not one per field)
-    params: tuple
+    params: tuple  # (start_ms, end_ms)
     count_sql: str
     plain_sql: str  # the same rows and columns as ordinary SELECT (for the sqlite3 shell comparison)
+    table: str  # the SQL table read
+    line: str  # the CSV line's expression
+    key: tuple[str, ...]  # the order: unique per row, so a page continues after the last key of the one before
+    cond: str  # the WHERE condition over ?1 = start and ?2 = end
+    ranged: bool  # cond is key[0] in [?1, ?2): a page narrows it (a raw or rollup sample table, events)
+
+    def page_sql(self, after: bool, rows: int, source: str | None = None) -> str:
+        """One page: `rows` at most, in key order, each row its line then its key; with `after`, past the key
+        (?3, ?4) the last page ended on. The key's first column stays a range bound (?1 moves up to ?3 for a
+        ranged table), so each page is one index range probe that starts where the last page ended, however far
+        into the export. `source` replaces the table after FROM (StoreReader.chunk_source: raw rows and decoded
+        chunks); the key columns in the result let SQLite merge the two in key order instead of sorting them."""
+        keys = ", ".join(self.key)
+        cond = self.cond
+        if after:
+            first = self.key[0]
+            cond += f" AND {first} >= ?3 AND " + (f"({first} > ?3 OR {self.key[1]} > ?4)" if len(self.key) > 1
+                                                   else f"{first} > ?3")
+        return (f"SELECT {self.line}, {keys} FROM {source or self.table} WHERE {cond} "
+                f"ORDER BY {keys} LIMIT {int(rows)}")
 
 
 def build_query(table: str, resolution: str, start_ms: int, end_ms: int, raw: bool = False,
@@ -96,16 +124,15 @@ def build_query(table: str, resolution: str, start_ms: int, end_ms: int, raw: bo
             name, cols = rollup_table(table, resolution), rollup_columns(table)
         fields = [(k, "INTEGER") for k in key] + cols
         where = f"FROM {name} WHERE ts_ms >= ? AND ts_ms < ?"
-        order = ", ".join(key)
     elif table == "events":
         name, fields = "events", [("ts_ms", "INTEGER"), ("id", "INTEGER"), ("run_id", "INTEGER"),
                                   ("kind", "TEXT"), ("severity", "TEXT"), ("message", "TEXT"), ("details", "TEXT")]
         where = "FROM events WHERE ts_ms >= ? AND ts_ms < ?"
-        order = "ts_ms, id"
+        key = ["ts_ms", "id"]
     elif table == "runs":
         name, fields = "runs", [("started_ms", "INTEGER"), ("id", "INTEGER"), *RUN_COLUMNS]
         where = "FROM runs WHERE started_ms < ?2 AND (ended_ms IS NULL OR ended_ms >= ?1)"
-        order = "started_ms, id"
+        key = ["started_ms", "id"]
     else:
         raise ExportError(f"unknown table {table!r} (known: {', '.join(TABLES)})")
     time_col = fields[0][0]
@@ -118,8 +145,65 @@ def build_query(table: str, resolution: str, start_ms: int, end_ms: int, raw: bo
     line = _line([iso, *(_field(c, t, raw, exprs.get(c)) for c, t in fields)])
     plain_cols = ", ".join([f"{iso} AS time_utc", f"{time_col} AS ts_ms",
                             *(f"{exprs[c]} AS {c}" if c in exprs else c for c, _ in fields[1:])])
+    order = ", ".join(key)
+    ranged = table != "runs"
+    cond = "ts_ms >= ?1 AND ts_ms < ?2" if ranged else where.split(" WHERE ", 1)[1]
     return Query(header, f"SELECT {line} {where} ORDER BY {order}", (start_ms, end_ms), f"SELECT count(*) {where}",
-                 f"SELECT {plain_cols} {where} ORDER BY {order}")
+                 f"SELECT {plain_cols} {where} ORDER BY {order}", name, line, tuple(key), cond, ranged)
+
+
+def fixed_end(reader: StoreReader, q: Query) -> Query:
+    """`q` ending at the newest row stored now (when before its end): the range a long export reads is fixed
+    when it starts, so rows written meanwhile past it never make it longer (or endless). Idempotent."""
+    start, end = q.params
+    if not q.ranged:  # runs: a few rows, read as they are
+        return q
+    newest = reader.newest(q.table, q.key[0])
+    return q if newest is None or newest + 1 >= end else dataclasses.replace(q, params=(start, newest + 1))
+
+
+def pages(reader: StoreReader, q: Query, rows: int | None = None) -> Iterator[list[str]]:
+    """The export's lines a page at a time, each page read in its own short read transaction (see the module's
+    docstring); nothing is held between pages, however long the consumer takes with one.
+
+    A page of a raw sample table reads the compacted chunks of its own span with the raw rows, in the same
+    transaction, and ends at an interval edge past about `rows` chunk rows (StoreReader.chunk_window), so it
+    decodes only those chunks; a row compacted between two pages is read from its chunk by the next one, and the
+    keyset skips what an earlier page gave, whichever form it is in now."""
+    rows = rows or PAGE_ROWS
+    q = fixed_end(reader, q)
+    start, stop = q.params
+    chunked = q.ranged and q.table in COMPACTED
+    lo, last = start, ()
+    while True:
+        with reader.snapshot():
+            hi = reader.chunk_window(q.table, lo, stop, rows) if chunked else stop
+            source = reader.chunk_source(q.table, lo, hi) if chunked else q.table
+            params = (lo, hi, *last) if q.ranged else (start, stop, *last)
+            lines, key = reader.lines(q.page_sql(bool(last), rows, source), params)
+        full = len(lines) == rows
+        if lines:
+            yield lines
+        del lines  # one page in memory at a time
+        if full:  # more may follow in [lo, hi): after this key
+            last = key
+            lo = key[0] if q.ranged else lo
+            continue
+        if q.ranged and hi < stop:  # the window is done: the next starts where it ended
+            lo, last = hi, ()
+        else:
+            return
+
+
+def count(reader: StoreReader, q: Query) -> int:
+    """The rows `pages` gives for `q` as the file is now (for the progress bar): raw rows and chunk rows, each
+    key once; only the chunks at the range's edges (or under a late raw row) are decoded."""
+    q = fixed_end(reader, q)
+    with reader.snapshot():
+        n = reader.fetch(q.count_sql, q.params)[0][0]
+        if q.ranged and q.table in COMPACTED:
+            n += reader.chunk_rows(q.table, *q.params)
+    return n
 
 
 class Progress:
@@ -146,21 +230,20 @@ class Progress:
 
 
 def write_csv(reader: StoreReader, q: Query, out: TextIO, progress: Progress | None = None) -> int:
-    _, cur = reader.stream(q.sql, q.params)
+    """The header and every page of `q` into `out`; no read transaction is open while `out` is written to."""
+    it = pages(reader, q)
+    lines = next(it, None)  # a file with no history (NoHistory) or damage raises here: nothing written yet
     out.write(",".join(q.header) + "\n")
     n = 0
-    try:
-        while True:
-            rows = cur.fetchmany(CHUNK)
-            if not rows:
-                break
-            out.write("\n".join([r[0] for r in rows]))
+    while lines is not None:
+        for i in range(0, len(lines), _WRITE_LINES):
+            out.write("\n".join(lines[i:i + _WRITE_LINES]))
             out.write("\n")
-            n += len(rows)
-            if progress:
-                progress.update(n)
-    finally:
-        cur.close()  # ends the read snapshot so the writer's checkpoints can proceed
+        n += len(lines)
+        if progress:
+            progress.update(n)
+        lines = None  # before the next page is read: one page in memory at a time
+        lines = next(it, None)
     if progress:
         progress.update(n, final=True)
     return n
@@ -190,10 +273,6 @@ def export_table(reader: StoreReader, table: str, resolution: str, start_ms: int
     if table in ("events", "runs"):
         resolution = "raw"
     q = build_query(table, resolution, start_ms, end_ms, raw, reader.columns)
-    if resolution == "raw" and table in SAMPLE_TABLES:  # raw rows and compacted chunks, as one table
-        name = SAMPLE_TABLES[table].name
-        q = dataclasses.replace(q, sql=reader.with_chunks(q.sql, name, start_ms, end_ms),
-                                count_sql=reader.with_chunks(q.count_sql, name, start_ms, end_ms))
     if output is None:
         try:
             n = write_csv(reader, q, _Terminal(sys.stdout) if sys.stdout.isatty() else sys.stdout)
@@ -213,7 +292,8 @@ def export_table(reader: StoreReader, table: str, resolution: str, start_ms: int
             raise ExportError(f"{output.parent} does not exist")
     elif kind not in _WRITTEN_AS_IS:
         raise ExportError(f"{output} is a {kind}: export writes a regular file, a FIFO or a character device")
-    total = reader.stream(q.count_sql, q.params)[1].fetchone()[0]
+    q = fixed_end(reader, q)  # the progress bar's total and the rows written: one range
+    total = count(reader, q)
     prog = Progress(progress_stream or sys.stderr, total, f"{output.name}")
     try:
         if kind is not None:

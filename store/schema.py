@@ -205,12 +205,31 @@ def expected_columns() -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def schema_version(conn: sqlite3.Connection) -> int:
+def schema_version(conn: sqlite3.Connection, path: Path | str | None = None) -> int:
+    """The file's schema version (0 before the first migration). A value that is not a whole number ('3.1', a
+    blob: no lynxtop writes one) is refused as NewerSchema naming `path` and the value, as a newer schema is: the
+    agent and the readers say what is wrong with which file instead of int()'s bare ValueError (a traceback in
+    `lynxtop runs`), and nothing is migrated or moved aside."""
     has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
     if not has_meta:
         return 0
     row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-    return int(row[0]) if row else 0
+    if row is None:
+        return 0
+    value = row[0]
+    if isinstance(value, int) and value >= 0:
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    raise NewerSchema(f"{path or _main_file(conn)}: its schema version (meta.schema_version) is {shown}, not a "
+                      f"whole number: not a layout this lynxtop knows (it knows schema {SCHEMA_VERSION}; a newer "
+                      "lynxtop or another program wrote it); upgrade lynxtop or point [agent] database elsewhere")
+
+
+def _main_file(conn: sqlite3.Connection) -> str:
+    """The file of `conn`'s main database, for a message when the caller did not name it."""
+    return next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "") or "the database"
 
 
 def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
@@ -369,7 +388,7 @@ def check_identity(conn: sqlite3.Connection, path: Path, *, integrity: bool = Tr
             problems = [r[0] for r in conn.execute("PRAGMA quick_check(5)")]
             if problems != ["ok"]:
                 raise NotOurDatabase(f"{path}: the database is damaged: {'; '.join(problems)}")
-        version = schema_version(conn) if tables else 0
+        version = schema_version(conn, path) if tables else 0
     except sqlite3.DatabaseError as exc:  # the header of a non-SQLite file gives NOTADB here
         raise open_error(exc, path) from None
     if version > SCHEMA_VERSION:
