@@ -9,28 +9,13 @@ import sys
 from lynxtop.cli.parser import build_parser
 
 
-def _join_relative_times(argv: list[str]) -> list[str]:
-    """`--from -24h` reads to argparse as two options; join such values as `--from=-24h`."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        nxt = argv[i + 1] if i + 1 < len(argv) else ""
-        if argv[i] in ("--from", "--to") and nxt[:1] == "-" and nxt[1:2].isdigit():
-            out.append(f"{argv[i]}={argv[i + 1]}")
-            i += 2
-        else:
-            out.append(argv[i])
-            i += 1
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     # No garbage collection while the command's modules import: they allocate much and free little, and the passes
     # are start-up time (the dashboard keeps it paused until its first frame: cli/dashboard_cmd.py)
     gc.disable()
     try:
         parser = build_parser()
-        args = parser.parse_args(_join_relative_times(sys.argv[1:] if argv is None else argv))
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)  # relative times joined by the parser
         module_name, func_name = args.handler.split(":")
         try:
             handler = getattr(importlib.import_module(module_name), func_name)

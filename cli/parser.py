@@ -112,20 +112,20 @@ class _Parser(argparse.ArgumentParser):
     """The top-level parser: after parsing, merges the target options of every level (see _TARGETS)."""
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        ns, rest = super().parse_known_args(_join_since(sys.argv[1:] if args is None else list(args)), namespace)
+        argv = _join_relative_times(sys.argv[1:] if args is None else list(args))
+        ns, rest = super().parse_known_args(argv, namespace)
         _resolve(self, ns)
         return ns, rest
 
 
-def _join_since(argv: list[str]) -> list[str]:
-    """`--since -1h` reads to argparse as two options; join such a value as `--since=-1h` (as the entry point
-    joins `--from`/`--to`)."""
+def _join_relative_times(argv: list[str]) -> list[str]:
+    """`--from -24h` (`--to`, `--since`) reads to argparse as two options; join such values as `--from=-24h`."""
     out: list[str] = []
     i = 0
     while i < len(argv):
         nxt = argv[i + 1] if i + 1 < len(argv) else ""
-        if argv[i] == "--since" and nxt[:1] == "-" and nxt[1:2].isdigit():
-            out.append(f"--since={nxt}")
+        if argv[i] in ("--from", "--to", "--since") and nxt[:1] == "-" and nxt[1:2].isdigit():
+            out.append(f"{argv[i]}={nxt}")
             i += 2
         else:
             out.append(argv[i])

@@ -61,20 +61,30 @@ def _open_own_dir(path: str | Path, dir_fd: int | None = None) -> int:
     return fd
 
 
+def _too_long(path: Path) -> str | None:
+    n = len(os.fsencode(path))
+    if n <= MAX_LEN:
+        return None
+    return (f"{path} would be {n} bytes, more than the {MAX_LEN} that leave room for unix-socket paths under it (a "
+            "shorter [agent] database directory makes it fit)")
+
+
+def _own_dir(path: Path) -> int:
+    """An fd of `path`, made 0700 where nothing is; what is there is used only if `_open_own_dir` accepts it."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass  # checked below, through an fd that did not follow a link
+    return _open_own_dir(path)
+
+
 def make(root: Path, name: str) -> tuple[str | None, str | None]:
     """Create `root`/`name`, 0700: (its path, None), or (None, why not) and the run keeps the agent's TMPDIR."""
     path = root / name
-    if len(os.fsencode(path)) > MAX_LEN:
-        return None, (f"{path} would be {len(os.fsencode(path))} bytes, more than the {MAX_LEN} that leave room for "
-                      "unix-socket paths under it (a shorter [agent] database directory makes it fit)")
+    if why := _too_long(path):
+        return None, why
     try:
-        os.mkdir(root, 0o700)
-    except FileExistsError:
-        pass  # checked below, through an fd that did not follow a link
-    except OSError as exc:
-        return None, _refusal(root, exc)
-    try:
-        rfd = _open_own_dir(root)
+        rfd = _own_dir(root)
     except OSError as exc:
         return None, _refusal(root, exc)
     try:
@@ -93,17 +103,10 @@ def make_kept(path: Path) -> tuple[str | None, str | None]:
     """`path` as a directory of the agent's user that others cannot write to, made 0700 where nothing is and kept
     across runs (Ray's `<database dir>/rt`): (its path, None), or (None, why not). What is already there is used
     only if `_open_own_dir` accepts it (never through a symlink); the agent never removes it."""
-    if len(os.fsencode(path)) > MAX_LEN:
-        return None, (f"{path} would be {len(os.fsencode(path))} bytes, more than the {MAX_LEN} that leave room for "
-                      "unix-socket paths under it (a shorter [agent] database directory makes it fit)")
+    if why := _too_long(path):
+        return None, why
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass  # checked below, through an fd that did not follow a link
-    except OSError as exc:
-        return None, _refusal(path, exc)
-    try:
-        fd = _open_own_dir(path)
+        fd = _own_dir(path)
     except OSError as exc:
         return None, _refusal(path, exc)
     try:
