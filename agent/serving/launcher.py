@@ -80,6 +80,9 @@ class ServerRecord:
     # the run's TMPDIR, made by the agent outside the unit's private /tmp (runtmp): whoever sees the run end removes
     # it; None: the run has the profile's TMPDIR, or the agent's
     tmp_dir: str | None = None
+    # (pid, start ticks) of the run's processes when it got ready: vLLM's EngineCore and workers retitle themselves,
+    # which hides the token from /proc, so a later agent knows them by these once their API server is gone
+    members: list[tuple[int, int]] = field(default_factory=list)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -99,6 +102,7 @@ def _show(value: Any) -> str:
 
 
 _REQUIRED = object()  # a field's default: there is none, the field must be there
+MEMBERS_MAX = 4096  # process identities a record keeps (a run is a server, an engine and a worker per GPU)
 _INT_MAX = safefile.INT_LIMIT - 1
 
 
@@ -137,6 +141,18 @@ class _Fields:
         if present and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
             raise ValueError(f'"{key}" is {_show(value)}, not a list of strings')
         return list(value)
+
+    def identities(self, key: str) -> list[tuple[int, int]]:
+        value, present = self._get(key, [])
+        if not present:
+            return []
+        if isinstance(value, list) and len(value) > MEMBERS_MAX:
+            raise ValueError(f'"{key}" has {len(value)} entries, more than {MEMBERS_MAX}')
+        if not isinstance(value, list) or not all(
+                isinstance(v, list) and len(v) == 2 and all(type(x) is int for x in v)
+                and 1 <= v[0] <= PID_MAX and 1 <= v[1] <= _INT_MAX for v in value):
+            raise ValueError(f'"{key}" is {_show(value)}, not a list of [pid, start time] pairs')
+        return [(pid, ticks) for pid, ticks in value]
 
     def env(self, key: str) -> dict[str, str]:
         value, present = self._get(key, {})
@@ -190,6 +206,7 @@ def record_fields(data: Any) -> dict[str, Any]:
         "ready_ms": f.integer("ready_ms", 0, _INT_MAX, null=True),
         "env": f.env("env"), "shm_segments": f.strings("shm_segments", default=[]),
         "readiness_timeout_s": f.seconds("readiness_timeout_s"), "tmp_dir": f.string("tmp_dir", null=True),
+        "members": f.identities("members"),
     }
 
 
@@ -297,6 +314,9 @@ class ServerProcess:
         self.uid = procs.uid(record.pid)
         if self.uid is None:
             self.uid = os.getuid()
+        # pid -> start ticks of every process seen in the run (replaced, never changed in place: the sampler's
+        # thread reads it too); a retitled one shows no token, and once the leader is gone no group either
+        self.known: dict[int, int] = dict(record.members)
         self.files = RunFiles(tmp_dir=record.tmp_dir)  # filled at readiness and again before a stop signals
         for path in record.shm_segments:  # seen by a previous agent (adoption)
             self.files.add_recorded(path, self.uid)
@@ -347,16 +367,29 @@ class ServerProcess:
     def members(self, table: ProcTable | None = None) -> list[int]:
         """Live pids of this run (leader, group, descendants, token): from the node's kept `table` when
         sampling, from a fresh look at every process otherwise (deciding whether the run is gone)."""
+        return self._members(table)[0]
+
+    def _members(self, table: ProcTable | None = None) -> tuple[list[int], dict[int, int]]:
+        """The members and their start ticks; each one is known from now on."""
         roots = [self.pid] if not self.exited else []
         find = table.members if table is not None else procs.run_processes
-        return find(self.record.token, self.record.pgid, roots, self.record.start_ticks)
+        seen: dict[int, int] = {}
+        found = find(self.record.token, self.record.pgid, roots, self.record.start_ticks, self.known, seen)
+        known = self.known
+        if any(known.get(pid) != ticks for pid, ticks in seen.items()):
+            if len(known) + len(seen) > MEMBERS_MAX:  # a run that churns processes: the gone ones go first
+                known = {}
+            self.known = {**known, **seen}
+        return found, seen
 
     def note_files(self) -> None:
-        """Record the segments the run has mapped now (at readiness: a run SIGKILLed as a whole leaves no
-        process whose maps could be read at stop time)."""
-        for pid in self.members():
+        """Record the segments the run has mapped now and its processes (at readiness: a run SIGKILLed as a
+        whole leaves no process whose maps could be read at stop time, and retitled ones show no token)."""
+        found, seen = self._members()
+        for pid in found:
             self.files.add_segments_of(pid, again=True)
         self.record.shm_segments = self.files.segments()
+        self.record.members = sorted(seen.items())[:MEMBERS_MAX]
 
     def signal_group(self, sig: int) -> None:
         """The whole group at once, only while its leader (pid == pgid) is ours and alive: once the run's group
@@ -663,9 +696,11 @@ def leader_is_the_runs(record: ServerRecord) -> bool:
 def leftovers(record: ServerRecord) -> list[int]:
     """Processes of a run whose leader is gone, e.g. after the agent was down.
 
-    By token only: the recorded pid (and so the process group id) may belong to someone else by now.
+    By token, and by the processes the record names (pid and start time: a retitled one shows no token), never by
+    group: the recorded pid (and so the process group id) may belong to someone else by now. Every process is
+    looked at: this is rare, and a record may be wrong.
     """
-    return procs.run_processes(record.token, None, ())  # every process: rare, and a record may be wrong
+    return procs.run_processes(record.token, None, (), known=dict(record.members))
 
 
 async def kill_leftovers(record: ServerRecord, wait_s: float = 10.0, poll_s: float = 0.05) -> StopResult:

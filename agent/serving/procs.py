@@ -14,7 +14,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from lynxtop.contract.files import close_fds
@@ -352,11 +352,15 @@ def all_pids() -> list[int]:
         return []
 
 
-def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = (), since_ticks: int = 0) -> list[int]:
-    """Live pids of one run: same process group, descendants of `roots` or of group members, or the token.
+def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = (), since_ticks: int = 0,
+                  known: Mapping[int, int] | None = None, into: dict[int, int] | None = None) -> list[int]:
+    """Live pids of one run: same process group, descendants of `roots` or of group members, the token, or known.
 
     `since_ticks`: when the run's leader started; only processes started since then can carry its token, so only
-    their environments are read (a node's hundreds of older processes cost a stat each, not two reads)."""
+    their environments are read (a node's hundreds of older processes cost a stat each, not two reads).
+    `known`: pid -> start ticks of processes seen in the run before (`ServerProcess.known`): a process that
+    retitled itself no longer shows the token, and once its leader is gone neither does its group. `into`: filled
+    with each member's pid -> start ticks, for the caller to know them next time."""
     stats = {s.pid: s for s in (stat(p) for p in all_pids()) if s is not None and s.state not in ("Z", "X")}
     envs: dict[int, bytes | None] = {}  # the environments read, by pid
 
@@ -365,23 +369,33 @@ def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = ()
             envs[s.pid] = environ_raw(s.pid)
         return token is not None and environ_entry(envs[s.pid], RUN_TOKEN_ENV) == token
 
-    found = members_in(stats, token, pgid, roots, since_ticks, carries_token)
-    if not settle_environs(envs, stats):  # reads mid-exec, read again together: the look once more if any
-        return found
-    return members_in(stats, token, pgid, roots, since_ticks, carries_token)
+    found = members_in(stats, token, pgid, roots, since_ticks, carries_token, known)
+    if settle_environs(envs, stats):  # reads mid-exec, read again together: the look once more if any
+        found = members_in(stats, token, pgid, roots, since_ticks, carries_token, known)
+    if into is not None:
+        into.update((pid, stats[pid].start_ticks) for pid in found)
+    return found
 
 
 def members_in(stats: dict[int, ProcStat], token: str | None, pgid: int | None, roots: Iterable[int],
-               since_ticks: int, carries_token: Callable[[ProcStat], bool]) -> list[int]:
+               since_ticks: int, carries_token: Callable[[ProcStat], bool],
+               known: Mapping[int, int] | None = None) -> list[int]:
     """`run_processes` over a given table of live processes; `carries_token(stat)` reads the environment."""
     me = os.getpid()
-    if pgid is not None and not _group_is_the_runs(stats, token, pgid, since_ticks, carries_token):
+    known = known or {}
+
+    def is_known(s: ProcStat) -> bool:  # pid and start time: a reused pid is someone else
+        return known.get(s.pid) == s.start_ticks
+
+    if pgid is not None and not _group_is_the_runs(stats, token, pgid, since_ticks,
+                                                   lambda s: is_known(s) or carries_token(s)):
         pgid = None
     members = {pid for pid in roots if pid in stats}
     for s in stats.values():
         if s.pid == me:
             continue
-        if pgid is not None and s.pgid == pgid or token and s.start_ticks >= since_ticks and carries_token(s):
+        if (pgid is not None and s.pgid == pgid or is_known(s)
+                or token and s.start_ticks >= since_ticks and carries_token(s)):
             members.add(s.pid)
     # close over descendants: a child that called setsid is still a child
     children: dict[int, list[int]] = {}
@@ -400,9 +414,9 @@ def members_in(stats: dict[int, ProcStat], token: str | None, pgid: int | None, 
 def _group_is_the_runs(stats: dict[int, ProcStat], token: str | None, pgid: int, leader_ticks: int,
                        carries_token: Callable[[ProcStat], bool]) -> bool:
     """Whether process group `pgid` is still the run's: its leader (pid == pgid) alive with the recorded start, or
-    gone while a process of the group carries the run's token. The kernel hands out no number a live group still
-    uses, but once the run's group is empty a stranger may get it (a new session leader): signalling that group
-    would kill someone else's processes."""
+    gone while a process of the group carries the run's token or was seen in the run (`carries_token` says). The
+    kernel hands out no number a live group still uses, but once the run's group is empty a stranger may get it
+    (a new session leader): signalling that group would kill someone else's processes."""
     leader = stats.get(pgid)
     if leader is not None:
         return leader_ticks <= 0 or leader.start_ticks == leader_ticks

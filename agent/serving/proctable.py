@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from lynxtop.agent.serving import procs
 
@@ -108,13 +108,14 @@ class ProcTable:
             usage[pid] = u
         return s
 
-    def members(self, token: str | None, pgid: int | None, roots: Iterable[int] = (),
-                since_ticks: int = 0) -> list[int]:
+    def members(self, token: str | None, pgid: int | None, roots: Iterable[int] = (), since_ticks: int = 0,
+                known: Mapping[int, int] | None = None, into: dict[int, int] | None = None) -> list[int]:
         """procs.run_processes over the kept table; each pid named is alive now and the process looked at."""
         with self._lock:
             table = self._look()
             live = {pid: s for pid, s in table.items() if s.state not in _DEAD}
-            found = procs.members_in(live, token, pgid, roots, since_ticks, lambda s: self._token(s) == token)
+            found = procs.members_in(live, token, pgid, roots, since_ticks, lambda s: self._token(s) == token,
+                                     known)
             out = []
             self._shared, self._shared_at = {}, self._clock()  # these reads serve the tree walk of this tick too
             for pid in found:
@@ -122,6 +123,8 @@ class ProcTable:
                 s = self._fresh(pid, shared=self._shared)
                 if s is not None and s.start_ticks == kept:
                     out.append(pid)
+                    if into is not None:
+                        into[pid] = kept
             return out
 
     def _token(self, s: procs.ProcStat) -> str | None:

@@ -532,6 +532,51 @@ def test_agent_sigkill_and_restart_adopts_the_live_server(agent):
              30, "serving samples of the adopted run to count the request")
 
 
+def test_retitled_engine_left_while_the_agent_was_down_is_found_by_the_record(agent):
+    """EngineCore and its Worker retitle themselves (setproctitle): /proc shows no run token in them. With the agent
+    down, the API server and the one token carrier left (multiprocessing's resource tracker) SIGKILLed, the next
+    agent must still find them (by the pid and start time serving.json recorded at readiness) and kill them: they
+    hold the GPUs' memory. Before, it killed the tracker alone and left them running."""
+    s = ensure_ready(agent)
+    pid, run_id = s["pid"], s["run_id"]
+    token = psutil.Process(pid).environ().get("LYNXTOP_RUN_TOKEN")
+    assert token, "the API server does not carry the run token"
+    children = [p for p in vllm_tree(pid) if p.pid != pid]
+
+    def carries(p: psutil.Process) -> bool:
+        try:
+            return p.environ().get("LYNXTOP_RUN_TOKEN") == token
+        except psutil.Error:
+            return False
+
+    carriers = [p for p in children if carries(p)]
+    retitled = [p for p in children if not carries(p)]
+    titles = {p.pid: " ".join(p.cmdline()).strip() for p in retitled}
+    assert any(t.startswith("VLLM::EngineCore") for t in titles.values()), \
+        f"expected EngineCore to show no run token once retitled (vLLM 0.32 does): {titles}"
+    agent.kill(signal.SIGKILL)
+    t0 = now_ms()
+    for p in [psutil.Process(pid), *carriers]:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                             for p in [psutil.Process(pid), *carriers] if psutil.pid_exists(p.pid)), 20,
+             "the API server and the token carriers to end")
+    holds(lambda: all(p.is_running() for p in retitled), 1.0, "EngineCore and Worker alive without them")
+    agent.start()
+
+    def gone() -> bool:
+        return not any(psutil.pid_exists(p.pid) and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                       for p in retitled)
+
+    wait_for(gone, 90, f"the new agent to kill run {run_id}'s retitled processes {titles}")
+    events = agent.events(since_ms=t0 - 1000)
+    named = [e for e in events if e["kind"] == "serving.not_adopted"
+             and set(titles) <= set((e.get("details") or {}).get("pids") or [])]
+    assert named, f"no serving.not_adopted event names the killed processes {titles}: " \
+                  f"{[(e['kind'], e['message']) for e in events]}"
+
+
 # ---------------------------------------------------------------------------------------------------- bad flag
 
 
