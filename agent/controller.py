@@ -1,5 +1,7 @@
 """The control API's actions on this node (`Controller`, agent/api/control.py): thin, each one checks the node's
-role, calls one part (supervisor, Ray roles, store) and lets its `ActionError` through for the API to map.
+role, calls one part (supervisor, Ray roles, store) and lets its `ActionError` through for the API to map. A start,
+restart or switch first waits for the agent's first GPU sample, so that the GPUs' processes are looked at on a real
+list (agent/serving/gpu_holders.py: `first_sample`).
 
 Owns the read-only history reader (one connection, one query at a time in a thread) the API's history calls use;
 reads the node's parts and changes none of them itself.
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from lynxtop.agent.api.control import ANY_RUN, ActionError, ExpectRun
 from lynxtop.agent.api.logtail import LogTail
 from lynxtop.agent.api.processes import describe as describe_processes
+from lynxtop.agent.serving.gpu_holders import first_sample
 from lynxtop.contract.events import Event
 from lynxtop.contract.processes import GpuProcesses
 from lynxtop.contract.records import ProfileInfo, ProfileList, RunInfo
@@ -121,6 +124,7 @@ class NodeController:
                                           "`lynxtop start` here starts Ray",
                                   409)
             return await self.ray_start(by)
+        await first_sample(self._node.gpu_view, f"start profile {profile}" if profile else "start")
         return await self._node.supervisor.start(profile, by, expect_run)
 
     async def stop(self, by: str, cluster: bool = False, expect_run: ExpectRun = ANY_RUN) -> str:
@@ -158,10 +162,12 @@ class NodeController:
 
     async def restart(self, by: str, expect_run: ExpectRun = ANY_RUN) -> str:
         assert self._node.supervisor is not None
+        await first_sample(self._node.gpu_view, "restart")  # the GPUs' processes are looked at (gpu_holders.py)
         return await self._node.supervisor.restart(by, expect_run)
 
     async def switch(self, profile: str, by: str, expect_run: ExpectRun = ANY_RUN) -> str:
         assert self._node.supervisor is not None
+        await first_sample(self._node.gpu_view, f"switch to profile {profile}")
         return await self._node.supervisor.switch(profile, by, expect_run)
 
     async def store_bench(self, result: dict[str, Any], by: str) -> str:

@@ -81,15 +81,20 @@ class NodeGpuView:
         self.sample_ts: float | None = None
         self.pids: set[int] = set()
         self.process_rows: list[dict] = []
+        # False until a tick's GPU sample: NVML's open alone lists no process (a start waits: gpu_holders.py)
+        self.sampled = False
 
-    def update(self, ts: float, process_rows: list[dict], nvml: dict[str, Any], static: list[dict]) -> None:
+    def update(self, ts: float, process_rows: list[dict], nvml: dict[str, Any], static: list[dict], *,
+               sampled: bool = True) -> None:
         """Called by the tick, on the loop or in the clock thread (a quiet tick): the sample's time is set last, so
-        a reader that sees it sees its pids (one seeing the old time with new pids waits for a later sample)."""
+        a reader that sees it sees its pids (one seeing the old time with new pids waits for a later sample).
+        `sampled` False: NVML's open, with no process list yet."""
         self.pids = {int(r["pid"]) for r in process_rows if r.get("pid") is not None}
         self.process_rows = list(process_rows)  # GET /v1/processes
         self.nvml = nvml
         if static:
             self.static = static
+        self.sampled = self.sampled or sampled
         self.sample_ts = ts
 
     def gpu_info(self) -> list[dict[str, Any]] | None:
@@ -327,7 +332,7 @@ class Node:
     async def _open_gpus(self) -> None:
         nvml = await asyncio.to_thread(self.sampler.open)
         static = self.sampler.static()
-        self.gpu_view.update(time.monotonic(), [], nvml, static)
+        self.gpu_view.update(time.monotonic(), [], nvml, static, sampled=False)  # no processes read yet
         if static:
             self._upsert_gpus(static)
         sim_note = " (SIMULATED GPUs)" if self.simulated else ""

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from lynxtop.agent.serving.health import HangDetector, HttpClient, Verdict
 from lynxtop.contract.events import Event
+from lynxtop.contract.records import RecordError
 
 log = logging.getLogger("lynxtop.agent")
 # A page cut off (slower than its time limit, larger than its size limit) is read up to the cut-off each time:
@@ -139,8 +140,14 @@ async def _result(task: asyncio.Future) -> Any:
 
 
 def as_event(d: Mapping[str, Any], run_id: int | None = None, ts_ms: int | None = None) -> Event:
-    """An event dict of a sampler that speaks dicts (kind, severity, message, details), with the dotted kind."""
-    return Event.from_json({**d, "run_id": run_id, "ts_ms": d.get("ts_ms", ts_ms)})  # the one mapping of kinds
+    """An event dict of a sampler that speaks dicts (kind, severity, message, details), with the dotted kind.
+
+    Strict as `Event(...)` is: a reader takes a newer agent's kind as an UnknownKind, the agent writes only its own."""
+    event = Event.from_json({**d, "run_id": run_id, "ts_ms": d.get("ts_ms", ts_ms)})  # the one mapping of kinds
+    if not event.known:
+        raise RecordError("Event", "kind", f"unknown kind {str(event.kind)!r} (not in EventKind: add it there "
+                          "before writing it)")
+    return event
 
 
 class EventCollector:

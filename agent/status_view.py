@@ -26,6 +26,7 @@ from lynxtop.contract.status import (
     NvmlStatus,
     ServingMetrics,
     ServingState,
+    ServingStatus,
     SlaStatus,
     Status,
     StoreStatus,
@@ -119,8 +120,24 @@ class StatusView:
         sup = n.supervisor
         assert sup is not None
         sla = n.sla.state() if n.sla is not None else SlaStatus()
-        return Status(ts_ms=now_ms(), agent=self._agent(), serving=sup.serving_status(), sla=sla,
+        return Status(ts_ms=now_ms(), agent=self._agent(), serving=self._serving(), sla=sla,
                       cluster=self._cluster())
+
+    def _serving(self) -> ServingStatus:
+        """The supervisor's serving status; while it stops a live run, with the timeouts that stop runs under.
+
+        The stop (lifecycle.stop_current) SIGTERMs the run and kills what is left after the profile's
+        stop_grace_s; vLLM drains in-flight requests for the profile's --shutdown-timeout meanwhile. A run that
+        crashed has nothing to drain and is cleaned up under a shorter grace: nothing is said for it."""
+        sup = self._node.supervisor
+        assert sup is not None
+        serving = sup.serving_status()
+        lc = sup.runs
+        run, prof = lc.run, lc.profile
+        if serving.state != ServingState.STOPPING or run is None or prof is None or run.crash_reason:
+            return serving
+        return dataclasses.replace(serving, shutdown_timeout_s=float(prof.shutdown_timeout_s),
+                                   stop_grace_s=float(prof.stop_grace_s))
 
     def serving_totals(self) -> Any:
         """Every run's serving counts since the agent started (agent/metrics/lifetime.py), per model: the exporter's."""

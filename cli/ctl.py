@@ -33,6 +33,7 @@ from lynxtop.contract.client import (
 )
 from lynxtop.contract.events import EventKind
 from lynxtop.contract.format import fmt_bytes, fmt_clock, fmt_datetime, fmt_duration, fmt_ms
+from lynxtop.contract.quantile import fmt_quantile
 from lynxtop.contract.status import (
     AgentStatus,
     ClusterStatus,
@@ -261,9 +262,12 @@ def _cluster_view_lines(cl: ClusterStatus) -> list[str]:
 
 
 def _sla_line(sla: SlaStatus) -> str:
+    """The SLA's state and p99s; a p99 in its histogram's lowest bucket reads as the bound it is (`<10 ms`)."""
     tp_label = "ITL" if sla.tpot_source == "itl" else "TPOT"
-    return (f"SLA      {sla.state.upper()}  p99 TTFT {_ms(sla.ttft_p99_ms)} (<= {_ms(sla.ttft_threshold_ms)})  "
-            f"p99 {tp_label} {_ms(sla.tpot_p99_ms)} (<= {_ms(sla.tpot_threshold_ms)})  "
+    ttft = fmt_quantile(sla.ttft_p99_ms, sla.ttft_lowest_bucket_ms, decimals=0)
+    tpot = fmt_quantile(sla.tpot_p99_ms, sla.tpot_lowest_bucket_ms, decimals=0)
+    return (f"SLA      {sla.state.upper()}  p99 TTFT {ttft} (<= {_ms(sla.ttft_threshold_ms)})  "
+            f"p99 {tp_label} {tpot} (<= {_ms(sla.tpot_threshold_ms)})  "
             f"window {_na(sla.window_s, '{:g}', ' s')}")
 
 

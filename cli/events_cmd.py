@@ -4,7 +4,8 @@ Read through the agent's socket (`GET /v1/events`, open to every user) when the 
 history database read-only, as `lynxtop runs` reads it (`--database` reads the database directly). Newest last;
 times in local time (`--utc`: UTC), as `lynxtop status` prints them. Every stored or served string (kind, message)
 is foreign text and goes through terminal_safe. A bad argument is one line and exit 2; none matching is exit 0
-with "no events match".
+with "no events match". A newer agent's kind this version does not know is shown as it is, beside the others
+(contract/events.py: `UnknownKind`); `--kind` names it whole to filter on it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-from lynxtop.contract.events import Event, EventKind, Severity
+from lynxtop.contract.events import Event, EventKind, Severity, kind_problem
 from lynxtop.contract.format import fmt_datetime
 from lynxtop.contract.terminal import terminal_safe
 
@@ -39,6 +40,10 @@ def _kinds(prefix: str | None) -> list[str] | None:
     if prefix is None:
         return None
     kinds = [k.value for k in EventKind if k.value.startswith(prefix)]
+    if not kinds and kind_problem(prefix) is None:  # a whole kind this version lacks: a newer agent's, as stored
+        _note(f"--kind {prefix}: not a kind this lynxtop knows; showing events stored under that name (a newer "
+              "agent's kind)")
+        return [prefix]
     if not kinds:
         families = sorted({k.value.split(".")[0] + "." for k in EventKind if "." in k.value})
         raise ValueError(f"--kind {prefix!r}: no event kind starts with it (a family such as "

@@ -77,6 +77,12 @@ HOST_METRICS: tuple[tuple[str, str, str], ...] = (
 LATENCY_SERIES = ("ttft", "itl", "tpot", "e2e", "queue", "prefill", "decode")
 LATENCY_STATS = ("p50", "p90", "p99", "mean")
 
+
+def lowest_bucket_column(series: str) -> str:
+    """The column holding the upper bound, in ms, of the lowest bucket of a latency series' histogram."""
+    return f"{series}_lowest_bucket_ms"
+
+
 SERVING_METRICS: tuple[tuple[str, str, str], ...] = (
     ("run_id", "INTEGER", "run this sample belongs to"),
     ("scrape_ok", "INTEGER", "1 when /metrics was read and parsed"),
@@ -99,6 +105,11 @@ SERVING_METRICS: tuple[tuple[str, str, str], ...] = (
     (f"{series}_{stat}_ms", "REAL", f"{series.upper()} {stat} over the sliding window")
     for series in LATENCY_SERIES
     for stat in LATENCY_STATS
+) + tuple(
+    # a percentile at or below it lies in that bucket and is only known to be at most it (contract/quantile.py)
+    (lowest_bucket_column(series), "REAL", f"upper bound of the lowest bucket of vLLM's {series.upper()} histogram "
+     "(NULL without percentiles): a percentile at or below it is known only to be at most this bound")
+    for series in LATENCY_SERIES
 )
 
 

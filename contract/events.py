@@ -3,10 +3,13 @@
 Events reach the store by one path (`agent.events.EventSink`, which alone calls `StoreWriter.record(Event)`),
 and the dashboard and alert rules filter by these names, so a kind exists only once it is listed here. Kinds
 stored under an older name are mapped on read (`canonical_kind`), so an earlier agent's history reads the same.
+A kind a newer agent added reads as a generic event (`UnknownKind`, shown as it is) when it is well-formed; one
+that is not (control characters, too long, not a string) is refused, naming it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -140,6 +143,47 @@ LEGACY_KINDS: dict[str, EventKind] = {
 # (EventKind.STORE_LEGACY), since one old name cannot tell which of the three new ones it was.
 
 
+# A newer agent's kind this version reads: dotted words of ASCII letters, digits, _ and - (what EventKind's names
+# are), short enough for a table column. Nothing else: a kind is printed as it is, in the terminal and the dashboard.
+KIND_MAX = 64
+_WELL_FORMED = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)+")
+
+
+class UnknownKind(str):
+    """A kind this version does not know, read from a newer agent (its store rows or its answers): kept and shown
+    as it is, matched by nothing that needs a known kind. Only readers make one (`Event.from_json`); an `Event`
+    constructed with a plain unknown string is still refused, so this version writes only the kinds above."""
+
+    __slots__ = ()
+
+    def __new__(cls, kind: str) -> UnknownKind:
+        problem = kind_problem(kind)
+        if problem is not None:
+            raise RecordError("Event", "kind", problem)
+        return super().__new__(cls, kind)
+
+    @property
+    def value(self) -> str:
+        """As `EventKind.value`: the name (callers may read either)."""
+        return str.__str__(self)
+
+
+def kind_problem(kind: object) -> str | None:
+    """Why `kind` can be read neither as a known kind nor as a newer agent's; None when it can."""
+    if not isinstance(kind, str):
+        return f"expected a string (a dotted name such as serving.ready), got {_short(kind)}"
+    if canonical_kind(kind) in _KIND_VALUES or (len(kind) <= KIND_MAX and _WELL_FORMED.fullmatch(kind)):
+        return None
+    return (f"unknown kind {_short(kind)}, and not a well-formed one: a newer agent's kind is read when it is "
+            f"dotted words of ASCII letters, digits, _ and - (such as serving.ready), at most {KIND_MAX} characters")
+
+
+def _short(value: object) -> str:
+    """`repr`, cut: control characters come out escaped, and a long value does not flood the message."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def canonical_kind(kind: str) -> str:
     """The dotted name of a stored kind (an unknown kind is kept as stored: `Event` then names it unknown)."""
     return LEGACY_KINDS[kind].value if kind in LEGACY_KINDS else kind
@@ -155,11 +199,13 @@ class Event:
     """One event: what a sampler, the supervisor or the store reports; written as one row of `events`.
 
     Only kinds of `EventKind` (an older name is mapped) and severities of `Severity` can be made, so nothing, a test
-    fixture included, writes a kind the dashboard and alert rules do not know; `from_json` is as strict (see
-    contract/records.py: a missing field or unknown kind is an error naming it, an unknown key is ignored).
+    fixture included, writes a kind the dashboard and alert rules do not know. `from_json` reads what a newer agent
+    wrote too: a well-formed kind this version lacks becomes an `UnknownKind` (a generic event, never an error that
+    hides the other events); a missing field, a malformed kind or a field of the wrong type is an error naming it
+    (contract/records.py), an unknown key is ignored.
     """
 
-    kind: EventKind
+    kind: EventKind | UnknownKind
     severity: Severity
     message: str
     details: dict[str, Any] | None = None
@@ -169,13 +215,19 @@ class Event:
 
     def __post_init__(self) -> None:
         kind = canonical_kind(str(self.kind))
-        if kind not in _KIND_VALUES:
+        if kind in _KIND_VALUES:
+            object.__setattr__(self, "kind", EventKind(kind))  # frozen: the members, once, here
+        elif not isinstance(self.kind, UnknownKind):  # a reader's, checked when made
             raise RecordError("Event", "kind", _unknown(str(self.kind)))
         if str(self.severity) not in _SEV_VALUES:
             raise RecordError("Event", "severity", f"{str(self.severity)!r} is not one of "
                               f"{', '.join(_SEV_VALUES_ORDERED)}")
-        object.__setattr__(self, "kind", EventKind(kind))  # frozen: the members, once, here
         object.__setattr__(self, "severity", Severity(str(self.severity)))
+
+    @property
+    def known(self) -> bool:
+        """Whether this version knows the kind (False: a newer agent's, shown as a generic event)."""
+        return isinstance(self.kind, EventKind)
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "ts_ms": self.ts_ms, "run_id": self.run_id, "kind": str(self.kind),
@@ -183,16 +235,20 @@ class Event:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Event:
-        """Strict: kind, severity and message required, each field of its type; a stored old kind is mapped."""
-        if isinstance(d, Mapping) and isinstance(d.get("kind"), str):
-            d = {**d, "kind": canonical_kind(d["kind"])}
-            if d["kind"] not in _KIND_VALUES:
-                raise RecordError("Event", "kind", _unknown(d["kind"]))
+        """Strict: kind, severity and message required, each field of its type; a stored old kind is mapped, a
+        newer agent's well-formed one kept as an `UnknownKind`, a malformed one refused naming it."""
+        if isinstance(d, Mapping) and "kind" in d:
+            problem = kind_problem(d["kind"])
+            if problem is not None:
+                raise RecordError("Event", "kind", problem)
+            kind = canonical_kind(d["kind"])
+            d = {**d, "kind": EventKind(kind) if kind in _KIND_VALUES else UnknownKind(kind)}
         return cls(**strict_fields(cls, d))
 
 
 def _unknown(kind: str) -> str:
-    return f"unknown kind {kind!r} (not in EventKind; a newer agent's? upgrade lynxtop, see docs/contracts.md)"
+    """An `Event` made with a kind not in EventKind: this version writes only its own kinds."""
+    return f"unknown kind {_short(kind)} (not in EventKind: add it there before writing it)"
 
 
 _KIND_VALUES = frozenset(k.value for k in EventKind)

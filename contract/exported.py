@@ -83,7 +83,10 @@ NOT_EXPORTED: dict[tuple[str, str], str] = {
     ("serving", "prompt_tokens"): _TICK_NOTE.replace("{name}", "prompt_tokens"),
     ("serving", "generation_tokens"): _TICK_NOTE.replace("{name}", "generation_tokens"),
     ("serving", "preemptions"): _TICK_NOTE.replace("{name}", "preemptions"),
-    **{("serving", name): _LATENCY_NOTE for name, _, _ in SERVING_METRICS if name.endswith("_ms")},
+    # the `{series}_lowest_bucket_ms` bounds are plain gauges (lynxtop_serving_{series}_lowest_bucket_seconds): a
+    # percentile gauge at or below its series' bound is only known to be at most it (contract/quantile.py)
+    **{("serving", name): _LATENCY_NOTE for name, _, _ in SERVING_METRICS
+       if name.endswith("_ms") and not name.endswith("_lowest_bucket_ms")},
     # per-link rates: the totals are lynxtop_gpu_nvlink_{tx,rx}_bytes_per_second; 36 series per GPU stay in the store
     **{("nvlink", name): "per-link detail stays in the store; /metrics has the per-GPU totals"
        for name, _, _ in NVLINK_METRICS},

@@ -339,6 +339,11 @@ class ServingStatus:
     # so a slow load shows how long it may still take. None otherwise, and from an agent older than the fields.
     ready_timeout_s: float | None = None
     ready_deadline_ms: int | None = None
+    # While stopping (a stop the agent makes of a live run), both counted from `state_since_ms`: the run's vLLM
+    # --shutdown-timeout (in-flight requests drain up to it; 0: aborted at once) and its stop_grace_s (what is left
+    # is killed after it), so a drain shows how long it may still take. None otherwise, and from older agents.
+    shutdown_timeout_s: float | None = None
+    stop_grace_s: float | None = None
     simulated: bool = False  # the run is lynxtop's simulated vLLM (on real GPUs too, where `agent.simulated` is not)
 
     @classmethod
@@ -365,6 +370,10 @@ class SlaStatus:
     breached: tuple[str, ...] = ()
     worst_ttft_p99_ms: float | None = None  # in the JSON only while in breach
     worst_tpot_p99_ms: float | None = None
+    # the lowest bucket's bound of the histograms the p99s come from: a p99 at or below it is only known to be at
+    # most it (contract/quantile.py), and is not judged against a threshold below it
+    ttft_lowest_bucket_ms: float | None = None
+    tpot_lowest_bucket_ms: float | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> SlaStatus:

@@ -37,6 +37,7 @@ from lynxtop.tui.source import LiveSource, NodeSource
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
+    from lynxtop.contract.records import ProfileInfo
     from lynxtop.tui.screens.confirm import ConfirmScreen
     from lynxtop.tui.screens.profile_picker import ProfilePickerScreen
 
@@ -534,8 +535,11 @@ class LynxtopApp(App):
         """(profile, current, target) for the action; None when there is nothing to pick, the picker was closed, or
         the run changed while it was open (said so).
 
-        Only switch, and start without a known profile, ask which profile.
+        Only switch, and start without a known profile, ask which profile. Restart and stop get the running
+        profile as `current` (its shutdown timeout is what the run drains for: their dialogs say it).
         """
+        if action in ("restart", "stop"):
+            return None, await self._running_profile(), None
         if action != "switch" and not (action == "start" and not serving.profile):
             return None, None, None
         from lynxtop.tui import control_text
@@ -567,6 +571,16 @@ class LynxtopApp(App):
         target = listing.get(profile)
         current = listing.get(current_name)
         return profile, current, target
+
+    async def _running_profile(self) -> ProfileInfo | None:
+        """The profile of the run the polled status shows, as the agent lists it; None where it cannot be read (a
+        stop must not wait on it: its dialog then names the timeout without its value) or lists no such profile."""
+        try:
+            listing = await self.source.profiles()
+        except (AgentRefused, AgentUnreachable):
+            return None
+        name = self.state.serving.profile  # after the read: the run the dialog is about to show
+        return listing.get(name) if name else None
 
     def view_node(self, label: str | None, endpoint: str | None) -> None:
         """Point the dashboard at another node's agent, read-only (`endpoint` http://IP:PORT), or back at this

@@ -61,6 +61,28 @@ def shutdown_timeout(profile: ProfileInfo | None) -> str | None:
         return str(value)
 
 
+def aborts_at_once(profile: ProfileInfo | None) -> bool:
+    """A known profile that sets no shutdown timeout (or 0): vLLM's default, in-flight requests are aborted at
+    once on SIGTERM, nothing drains. False where the profile is not known (it may well set one)."""
+    if profile is None:
+        return False
+    value = dict(profile.flags).get("--shutdown-timeout")
+    if value is None:
+        return True
+    try:
+        return float(value) <= 0
+    except (TypeError, ValueError):
+        return False
+
+
+def _drain_words(profile: ProfileInfo | None) -> str:
+    """What the stop does to in-flight requests, for the sentence saying how vLLM is stopped."""
+    if aborts_at_once(profile):
+        return "the profile sets no shutdown timeout: in-flight requests are aborted at once"
+    timeout = shutdown_timeout(profile)
+    return "in-flight requests drain for the profile's shutdown timeout" + (f", {timeout}" if timeout else "")
+
+
 def _count(metrics: ServingMetrics | None, name: str) -> float:
     n = metrics.metric(name) if metrics is not None else None
     return n if isinstance(n, int | float) and n > 0 else 0
@@ -73,11 +95,12 @@ def _busy_lines(metrics: ServingMetrics | None, profile: ProfileInfo | None = No
         return []
     timeout = shutdown_timeout(profile)
     grace = f"vLLM's shutdown timeout ({timeout})" if timeout else "vLLM's shutdown timeout"
+    finish = "are aborted at once" if aborts_at_once(profile) else f"get {grace} to finish, then fail"
     if running and waiting:
         text = (f"{running:g} request(s) are running now and {waiting:g} waiting: the waiting ones fail; the running "
-                f"ones get {grace} to finish, then fail.")
+                f"ones {finish}.")
     elif running:
-        text = f"{running:g} request(s) are running now: they get {grace} to finish, then fail."
+        text = f"{running:g} request(s) are running now: they {finish}."
     else:
         text = f"{waiting:g} request(s) are waiting in the queue: they fail."
     return [Text(text, style="bold red")]
@@ -86,12 +109,9 @@ def _busy_lines(metrics: ServingMetrics | None, profile: ProfileInfo | None = No
 def restart_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
                  profile: ProfileInfo | None = None) -> RenderableType:
     """`profile`: the running profile, where the dialog has it (its shutdown timeout is said)."""
-    timeout = shutdown_timeout(profile)
-    drain = f"the profile's shutdown timeout, {timeout}" if timeout else "the profile's shutdown timeout"
     return Group(
         Text(f"Now: {_what_runs(serving)}."),
-        Text(f"vLLM is stopped (in-flight requests drain for {drain}) and started again "
-             "with the same profile as a new run."),
+        Text(f"vLLM is stopped ({_drain_words(profile)}) and started again with the same profile as a new run."),
         *_busy_lines(metrics, profile),
         Text(_load_line(serving), style="bold yellow"),
     )
@@ -99,10 +119,12 @@ def restart_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
 
 def stop_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
               profile: ProfileInfo | None = None) -> RenderableType:
+    """`profile`: the running profile, where the dialog has it (its shutdown timeout is said)."""
     load = last_load_s(serving)
     return Group(
         Text(f"Now: {_what_runs(serving)}."),
-        Text("vLLM is stopped and stays stopped: the node serves nothing until someone starts it."),
+        Text(f"vLLM is stopped ({_drain_words(profile)}) and stays stopped: the node serves nothing until someone "
+             "starts it."),
         *_busy_lines(metrics, profile),
         Text("To serve again the model must load again: minutes (a 284B model: 10-30 min)."
              + (f" The last load took {fmt_duration(load)}." if load else ""), style="bold yellow"),

@@ -17,6 +17,7 @@ from lynxtop.contract.status import (
     EngineLoad,
     GpuStatus,
     ServingMetrics,
+    ServingState,
     ServingStatus,
     SlaStatus,
     Status,
@@ -135,6 +136,25 @@ class LiveState:
         if self.known_simulated:
             return True
         return self.status is not None and (self.status.agent.simulated or self.status.serving.simulated)
+
+    def requests_at_stop(self) -> tuple[float, float] | None:
+        """(running, waiting) as vLLM last reported them before serving began to stop: what the stop drains. The
+        agent reads no metrics while a run stops (a server shutting down is not scraped), so these are the last
+        ones before it, of the run that stops (a run stopped while it loaded served none: the last run's are not
+        its); None when there is none (a dashboard opened mid-drain, unbackfilled)."""
+        serving = self.serving
+        since, run_id = serving.state_since_ms, serving.run_id
+        if serving.state != ServingState.STOPPING or since is None or run_id is None:
+            return None
+        for ts, row in reversed(self.serving_history):
+            if ts > since:
+                continue
+            if row.get("run_id") not in (run_id, None):
+                return None  # readings of an earlier run: this one was never read
+            running, waiting = row.get("requests_running"), row.get("requests_waiting")
+            if running is not None and waiting is not None and row.get("run_id") == run_id:
+                return running, waiting
+        return None
 
     def serving_series(self, key: str) -> list[tuple[int, float | None]]:
         return [(ts, row.get(key)) for ts, row in self.serving_history]

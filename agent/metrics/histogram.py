@@ -160,6 +160,14 @@ def quantile_of(q: float, merged: _Prepared | None) -> float:
     return start + (end - start) * (rank / count)
 
 
+def lowest_bound(les: Iterable[float]) -> float | None:
+    """The upper bound of a histogram's lowest bucket, where a quantile at or below it is an upper bound only; None
+    with fewer than two finite bounds: a rank in +Inf then also answers the one finite bound, which is a lower
+    bound there (`quantile_of`), so a quantile equal to it could be either."""
+    finite = sorted({le for le in les if math.isfinite(le)})
+    return finite[0] if len(finite) >= 2 else None
+
+
 def _increases(new: Iterable[float], old: Iterable[float]) -> Iterable[float]:
     """Each count's increase, never below 0, in C: a corrected count only goes down where a correction was missed
     (never on a page read right), and a negative bucket would pin every percentile at the top bucket."""
@@ -191,6 +199,7 @@ class SlidingHistogram:
         # window over), and whether they increase: read once an add, not again by each window and its quantiles
         self._les: list[float] = []
         self._increasing = False
+        self._lowest: float | None = None  # the lowest bucket's bound of those bounds (`lowest_bound`)
 
     def add(self, now: float, snap: HistogramSnapshot) -> bool:
         """Record a scrape; returns True when a series went down (the server behind the page restarted)."""
@@ -215,6 +224,7 @@ class SlidingHistogram:
         les = list(map(_FIRST, snap.buckets))
         if les != self._les:  # the same floats: the same order
             self._increasing = all(map(operator.lt, les, les[1:]))
+            self._lowest = lowest_bound(les)
         self._les = les
         self._snaps.append((now, snap if self._correction is None else snap.plus(self._correction)))
         # Keep one snapshot at or before the window's start as the baseline.
@@ -227,11 +237,18 @@ class SlidingHistogram:
         """The newest snapshot as given (held by the scraper on a page where it is no reading)."""
         return self._last
 
+    @property
+    def lowest_bound(self) -> float | None:
+        """The upper bound of the lowest bucket (see `lowest_bound`): a quantile at or below it lies in that bucket,
+        interpolated from 0, and is known only to be at most it."""
+        return self._lowest
+
     def clear(self) -> None:
         self._snaps.clear()
         self._last = self._correction = None
         self._window = self._prepared = None
         self._les = []
+        self._lowest = None
 
     def window(self) -> HistogramSnapshot | None:
         """Observations over the window (from the baseline to the newest scrape); None before two scrapes."""

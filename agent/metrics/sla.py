@@ -9,14 +9,20 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from lynxtop.contract.columns import lowest_bucket_column
 from lynxtop.contract.config import SlaConfig
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.format import fmt_ms
+from lynxtop.contract.quantile import judged as judgeable
 from lynxtop.contract.status import SlaState, SlaStatus
 
 # A p99 over fewer finished requests than this is one slow request, not a tail: a breach needs at least this many
 # in the window (e.g. the first requests after READY, which pay for warm-up, opened a breach seconds after start).
 MIN_REQUESTS = 20
+# why a breach ends without a judgement (`sla.unknown`)
+NO_DATA = "no latency data in the window (idle, unreachable or stopped)"
+UNJUDGED = ("p99 in the histogram's lowest bucket, whose bound is above the threshold: the histogram cannot tell "
+            "which side of the threshold it is")
 
 
 class SlaTracker:
@@ -30,6 +36,12 @@ class SlaTracker:
     for up to one window after the last latency reading, because the scraper's window still holds those
     observations and shows them again when the page comes back; closing on the first failed scrape split one
     breach into breach / "no latency data" / breach.
+
+    A p99 in its histogram's lowest bucket is only known to be at most that bucket's bound (contract/quantile.py):
+    against a threshold at or above the bound it is within (never a breach); against a threshold below the bound
+    the histogram cannot tell, and that p99 is not judged, as if absent: the other one decides, and with neither
+    the state is unknown (an open breach ends as `sla.unknown`, not as recovered). The interpolated 9.9 ms of a
+    TPOT of 4 ms against a 5 ms limit opened a breach of a server within its limit.
     """
 
     def __init__(self, cfg: SlaConfig):
@@ -38,6 +50,7 @@ class SlaTracker:
         self._since_ms: int | None = None
         self._ttft: float | None = None
         self._tpot: float | None = None
+        self._lowest: dict[str, float | None] = {}  # each p99's lowest bucket bound, "ttft" and "tpot"
         self._tpot_source = "tpot"
         self._breached: list[str] = []
         self._worst: dict[str, float] = {}
@@ -49,6 +62,7 @@ class SlaTracker:
     def reset(self) -> None:
         """A new run: drop the state without an event (the run change is its own event)."""
         self._state, self._since_ms, self._ttft, self._tpot = "unknown", None, None, None
+        self._lowest = {}
         self._breached, self._worst, self._breach_started_ms = [], {}, None
         self._last_data_ms = None
         self._finished.clear()
@@ -75,12 +89,19 @@ class SlaTracker:
         if tpot is None and row.get("itl_p99_ms") is not None:
             tpot, self._tpot_source = row.get("itl_p99_ms"), "itl"
         self._ttft, self._tpot = ttft, tpot
+        self._lowest = {"ttft": row.get(lowest_bucket_column("ttft")),
+                        "tpot": row.get(lowest_bucket_column(self._tpot_source))}
         if ttft is None and tpot is None:
             if self._state == "breach" and row.get("scrape_ok") == 0 and self._last_data_ms is not None \
                     and ts_ms - self._last_data_ms < self.cfg.window_s * 1000:
                 return []  # unreadable for now, but the window still holds the breach's observations
             return self._to_unknown(ts_ms)
         self._last_data_ms = ts_ms
+        # what the histograms can judge: a p99 known only as below a bound over its threshold is left out
+        ttft = judgeable(ttft, self._lowest["ttft"], self.cfg.ttft_p99_ms)
+        tpot = judgeable(tpot, self._lowest["tpot"], self.cfg.tpot_p99_ms)
+        if ttft is None and tpot is None:
+            return self._to_unknown(ts_ms, UNJUDGED)
 
         breached = []
         if ttft is not None and ttft > self.cfg.ttft_p99_ms:
@@ -120,15 +141,15 @@ class SlaTracker:
             breached=tuple(self._breached) if breach else (),
             worst_ttft_p99_ms=self._worst.get("ttft") if breach else None,
             worst_tpot_p99_ms=self._worst.get("tpot") if breach else None,
+            ttft_lowest_bucket_ms=self._lowest.get("ttft"), tpot_lowest_bucket_ms=self._lowest.get("tpot"),
         )
 
     # ------------------------------------------------------------------------------------------ helpers
 
-    def _to_unknown(self, ts_ms: int) -> list[Event]:
+    def _to_unknown(self, ts_ms: int, why: str = NO_DATA) -> list[Event]:
         events = []
         if self._state == "breach":
-            events.append(self._recovery(ts_ms, "no latency data in the window (idle, unreachable or stopped)",
-                                         judged=False))
+            events.append(self._recovery(ts_ms, why, judged=False))
         if self._state != "unknown":
             self._state, self._since_ms = "unknown", ts_ms
         return events

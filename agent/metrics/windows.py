@@ -13,10 +13,12 @@ from typing import Any
 from lynxtop.agent.metrics.continuity import _CounterWindow
 from lynxtop.agent.metrics.families import DERIVED_MEANS, QUANTILES
 from lynxtop.agent.metrics.histogram import HistogramSnapshot, SlidingHistogram
-from lynxtop.contract.columns import LATENCY_SERIES
+from lynxtop.contract.columns import LATENCY_SERIES, lowest_bucket_column
 
-# each latency series' percentile columns with their quantile, and its mean column: named once, not per scrape
-_LATENCY_COLUMNS = tuple((series, tuple((f"{series}_{stat}_ms", q) for stat, q in QUANTILES), f"{series}_mean_ms")
+# each latency series' percentile columns with their quantile, its mean column and the column of its lowest
+# bucket's bound: named once, not per scrape
+_LATENCY_COLUMNS = tuple((series, tuple((f"{series}_{stat}_ms", q) for stat, q in QUANTILES), f"{series}_mean_ms",
+                          lowest_bucket_column(series))
                          for series in LATENCY_SERIES)
 
 
@@ -116,12 +118,17 @@ class ServingWindows:
         row["spec_decode_acceptance_pct"] = self._ratio_pct("spec_accepted", "spec_drafted")
 
     def latency_columns(self, row: dict[str, Any]) -> None:
-        """Percentiles and means over the window of each latency series, in ms, into the row."""
-        for series, columns, mean_column in _LATENCY_COLUMNS:
+        """Percentiles and means over the window of each latency series, in ms, into the row; with percentiles,
+        the bound of the lowest bucket too (a percentile at or below it is only known to be at most it)."""
+        for series, columns, mean_column, lowest_column in _LATENCY_COLUMNS:
             sh = self.hists.get(series)
+            known = False
             for column, q in columns:
                 value = None if sh is None else sh.quantile(q)
                 row[column] = None if value is None else value * 1000.0
+                known = known or value is not None
+            lowest = sh.lowest_bound if sh is not None and known else None
+            row[lowest_column] = None if lowest is None else lowest * 1000.0  # x1000 as the quantiles: compared
             mean = None if sh is None else sh.mean()
             row[mean_column] = None if mean is None else mean * 1000.0
         derived = [phase for phase, _, _ in DERIVED_MEANS if phase not in self.hists]

@@ -7,8 +7,14 @@ or switch is refused (409 `gpus_taken`), an autostart or a retry waits until the
 
 Which GPUs: all of them, or those `CUDA_VISIBLE_DEVICES` in the profile's env names as indices (read as NVML
 indices, as `lynxtop check` does) when the GPU view says which GPU each process is on. UUIDs, MIG names, or a view
-without per-GPU rows: all GPUs are checked. NVML unreadable: nothing is checked (a start is never blocked by a
-view that cannot answer), told once in the log. Ray profiles are not checked (their GPU workers are Ray's).
+without per-GPU rows: all GPUs are checked. Ray profiles are not checked (their GPU workers are Ray's).
+
+Decided on a real process list: at the agent's start the view has NVML open but no process read until the
+sampler's first tick, so an operator's action sent then waits for that sample (`first_sample`, FIRST_SAMPLE_S at
+most: agent/controller.py) and, none come, is refused (503 `gpus_unknown`: try again); an autostart or a retry
+waits for it (GpuGate). NVML unreadable (no process list can be had at all): the start goes ahead, as every other
+check that needs NVML does (a node whose NVML is broken still serves; the API has no override to offer), and the
+operator is told by a `preflight.warning` event that the GPUs were not checked; the log says it once per outage.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from lynxtop.agent.api.control import ActionError
 from lynxtop.agent.serving import procs
 from lynxtop.contract.config import Config, Profile
 from lynxtop.contract.events import EventKind, Severity
@@ -36,16 +43,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("lynxtop.agent.serving.supervisor")
 
 CODE = "gpus_taken"  # the control API's error code (docs/api.md)
+UNKNOWN_CODE = "gpus_unknown"  # ... when no GPU sample has come yet to tell
+_NO_NVML = "NVML cannot list the GPUs' processes"
 _INDEX = re.compile(r"[0-9]+")
 _GIB = 1 << 30
 # How long a launch waits for a GPU sample taken after it began: at the agent's start the view holds the GPUs
 # without their processes until the sampler's first tick, and an autostart comes before that tick.
 FRESH_SAMPLE_S = 5.0
+# How long an operator's start waits for the agent's first GPU sample (then refused: the processes are not known).
+FIRST_SAMPLE_S = 5.0
 
 
 class GpuProcesses(Protocol):
     """The part of the supervisor's GPU view read here. A view may also have `process_rows` ([{gpu, pid,
-    used_mem_bytes}], node.py's NodeGpuView does): then each process's GPUs and memory are known."""
+    used_mem_bytes}], node.py's NodeGpuView does): then each process's GPUs and memory are known; and `sampled`,
+    False while its process list is none yet (NVML open, no sample taken): then a start waits for one."""
 
     def gpu_info(self) -> list[dict[str, Any]] | None: ...
 
@@ -125,15 +137,19 @@ class Taken:
     gpus: tuple[int, ...] | None  # None: all
     gpus_text: str
     holders: tuple[Holder, ...]
+    unknown: bool = False  # no GPU sample yet: which processes hold the GPUs is not known (no holders listed)
 
     def __bool__(self) -> bool:
-        return bool(self.holders)
+        return bool(self.holders) or self.unknown
 
     def pids(self) -> list[int]:
         return [h.pid for h in self.holders]
 
     def what(self) -> str:
         """'GPU 0-7 hold processes that are not this agent's run: pid 9 (sleep)'."""
+        if self.unknown:
+            return (f"no GPU sample has come since the agent started, so which processes hold {self.gpus_text} "
+                    "is not known yet (NVML slow to answer?)")
         return (f"{self.gpus_text} hold process(es) that are not this agent's run: "
                 + "; ".join(h.describe() for h in self.holders))
 
@@ -149,33 +165,86 @@ class Taken:
                 "processes": [h.as_dict() for h in self.holders]}
 
 
+def sampled(view: Any) -> bool:
+    """Whether `view`'s process list comes from a GPU sample (a view that does not say: it does)."""
+    return getattr(view, "sampled", True) is not False
+
+
+async def first_sample(view: GpuProcesses, action: str) -> None:
+    """An operator's start, restart or switch (agent/controller.py): wait (FIRST_SAMPLE_S at most) for the agent's
+    first GPU sample, at once when there is one or NVML cannot answer (no sample would list processes then either;
+    the look says so). None within the bound (NVML slow to answer): refused, 503 gpus_unknown, nothing changed."""
+    deadline = time.monotonic() + FIRST_SAMPLE_S
+    while not sampled(view) and view.compute_pids() is not None:
+        if time.monotonic() >= deadline:
+            what = Taken(None, gpus_text(None, view.gpu_info()), (), unknown=True).what()
+            raise ActionError(UNKNOWN_CODE, f"cannot {action} yet: {what}; a vLLM started on GPUs another model "
+                              "holds would fail its free-memory check after opening CUDA contexts there. Try again "
+                              "in a few seconds (lynxtop status shows the GPUs once sampled); nothing was changed",
+                              503, details={"waited_s": FIRST_SAMPLE_S})
+        await asyncio.sleep(0.05)
+
+
 class GpuGuard:
     """Looks for foreign processes on a profile's GPUs; remembers whether "NVML cannot say" was logged."""
 
     def __init__(self, view: GpuProcesses):
         self.view = view
         self._unknown_told = False
+        # an operator's start that goes ahead unchecked (NVML unavailable) is told here: the lifecycle's event path
+        # (GpuGate wires it); called from the look's thread, as the store's own events come from the writer's
+        self.warn: Callable[[str], None] | None = None
 
-    def look(self, prof: Profile, ours: Callable[[], Iterable[int]]) -> Taken | None:
+    def sampled(self) -> bool:
+        """Whether the view's process list comes from a GPU sample (a view that does not say: it does)."""
+        return sampled(self.view)
+
+    def _unchecked(self, prof: Profile, operator: bool, why: str | None = None) -> None:
+        """No process list (NVML cannot list them, or `why`): the start goes ahead unchecked; logged once per
+        outage, and an operator's action told each time (they asked, and see events, not the agent's log)."""
+        if why is None and not self._unknown_told:
+            log.warning("GPU processes cannot be read (NVML unavailable): starts go ahead without checking "
+                        "the GPUs for other processes")
+            self._unknown_told = True
+        if not operator:
+            return
+        message = (f"profile {prof.name}: {why or _NO_NVML}, so the GPUs were not "
+                   "checked for other processes (another agent's model, another team's job); starting anyway. A "
+                   "vLLM started where another model runs fails its free-memory check after opening CUDA contexts "
+                   "there: check with nvidia-smi")
+        if self.warn is not None:
+            self.warn(message)  # the event path logs it too
+        elif why is not None:
+            log.warning("%s", message)
+
+    def look(self, prof: Profile, ours: Callable[[], Iterable[int]], *, operator: bool = True) -> Taken | None:
         """The foreign processes on `prof`'s GPUs (an empty `Taken`: free); None when NVML cannot say.
 
         `ours`: the pids of the run being replaced (a switch's or restart's old run), no obstacle. Read after the
         GPUs' list, so a process of that run that appears meanwhile counts as the run's, never as foreign.
         Reads /proc: call it in a thread. A Ray profile is not checked: its GPU workers are Ray's processes (the
-        node's raylet starts them), which nothing here can tell from a foreign job's."""
+        node's raylet starts them), which nothing here can tell from a foreign job's.
+
+        Before the agent's first GPU sample: for the GpuGate (`operator` False: an autostart or retry, which waited
+        for a sample already) an `unknown` Taken, waited on like a taken one. An operator's action through the API
+        waited for that sample before (`first_sample`, agent/controller.py); one that comes before any can
+        (finishing an interrupted switch or restart at the agent's start, before the sampler runs) goes ahead
+        unchecked, told, as with NVML unreadable."""
         if prof.uses_ray:
             return Taken(None, "the GPUs", ())
         seen = self.view.compute_pids()
         if seen is None:
-            if not self._unknown_told:
-                log.warning("GPU processes cannot be read (NVML unavailable): starts go ahead without checking "
-                            "the GPUs for other processes")
-                self._unknown_told = True
+            self._unchecked(prof, operator)
             return None
         self._unknown_told = False
         info = self.view.gpu_info()
         rows = _rows_by_pid(self.view)
         wanted = profile_gpus(prof, info) if rows is not None else None  # unmappable: every GPU counts
+        if not self.sampled():
+            if operator:
+                self._unchecked(prof, operator, "started before the agent's first GPU sample (no process list yet)")
+                return None
+            return Taken(wanted, gpus_text(wanted, info), (), unknown=True)
         mine = set(ours())
         holders = []
         for pid in sorted(seen[1] - mine):
@@ -188,8 +257,9 @@ class GpuGuard:
 
 class GpuGate:
     """An autostart or a retry (or a start whose GPUs were taken after its checks) waits here, launching nothing,
-    while foreign processes hold the profile's GPUs: the state is `waiting` with the reason, told by one event per
-    episode; re-checked every `backoff_initial_s`; a stop ends the wait (`cancel`)."""
+    while foreign processes hold the profile's GPUs (or, no GPU sample yet, nobody can say whether they do): the
+    state is `waiting` with the reason, told by one event per episode; re-checked every `backoff_initial_s`; a stop
+    ends the wait (`cancel`)."""
 
     def __init__(self, lc: RunLifecycle, slot: ActionSlot, retry: Retry, guard: GpuGuard,
                  config: Callable[[], Config]):
@@ -198,10 +268,12 @@ class GpuGate:
         self._slot = slot
         self._retry = retry
         self.guard = guard
+        guard.warn = lambda message: lc.event(EventKind.PREFLIGHT_WARNING, Severity.WARNING, message,
+                                              reason="gpus_unchecked")
         self.task: asyncio.Task | None = None  # the start or retry waiting here
 
     async def _look(self, prof: Profile) -> Taken | None:
-        return await asyncio.to_thread(self.guard.look, prof, self._lc.run_members)
+        return await asyncio.to_thread(self.guard.look, prof, self._lc.run_members, operator=False)
 
     async def _fresh_sample(self) -> None:
         """Wait (FRESH_SAMPLE_S at most) for a GPU sample taken from now on, or for NVML to say it cannot answer."""
@@ -224,26 +296,37 @@ class GpuGate:
         self._retry.started()  # no retry pending: this wait is the retry
 
         def why(t: Taken) -> str:
-            return f"not starting profile {prof.name}: {t.what()}; starts once they are gone"
+            until = "a GPU sample shows them free" if t.unknown else "they are gone"
+            return f"not starting profile {prof.name}: {t.what()}; starts once {until}"
 
         lc.set_state(S.WAITING, why(taken))
-        kind, severity = ((EventKind.AGENT_AUTOSTART_HELD, Severity.ERROR) if autostart
-                          else (EventKind.SERVING_BACKOFF, Severity.WARNING))
-        lc.event(kind, severity, f"{'autostart' if autostart else 'start'} of profile {prof.name} held: "
-                 f"{taken.what()}; a vLLM started there would fail its free-memory check after opening CUDA "
-                 "contexts on those GPUs. Waiting until they are gone (ps -fp PID; lynxtop stop ends the wait)",
-                 reason=CODE, **taken.details())
+        self._held(prof, taken, autostart)
         self.task = asyncio.current_task()
         try:
             with self._slot.waiting():
                 while taken:
                     await asyncio.sleep(self._config().agent.backoff_initial_s)
-                    taken = await self._look(prof)
+                    was_unknown, taken = taken.unknown, await self._look(prof)
+                    if taken and was_unknown and not taken.unknown:  # sampled now, and taken: the processes told
+                        self._held(prof, taken, autostart)
                     if taken and why(taken) != lc.reason:  # the same episode: the reason follows, no new event
                         lc.set_state(S.WAITING, why(taken))
         finally:
             self.task = None
         log.info("profile %s: no other process holds its GPUs now; starting it", prof.name)
+
+    def _held(self, prof: Profile, taken: Taken, autostart: bool) -> None:
+        """The wait's event: what holds the GPUs (or that nobody can say yet), for an autostart or a retry."""
+        kind, severity = ((EventKind.AGENT_AUTOSTART_HELD, Severity.ERROR) if autostart
+                          else (EventKind.SERVING_BACKOFF, Severity.WARNING))
+        head = f"{'autostart' if autostart else 'start'} of profile {prof.name} held: {taken.what()}"
+        if taken.unknown:
+            self._lc.event(kind, severity, f"{head}. Waiting for a GPU sample (lynxtop stop ends the wait)",
+                           reason=UNKNOWN_CODE, **taken.details())
+            return
+        self._lc.event(kind, severity, f"{head}; a vLLM started there would fail its free-memory check after "
+                       "opening CUDA contexts on those GPUs. Waiting until they are gone (ps -fp PID; lynxtop stop "
+                       "ends the wait)", reason=CODE, **taken.details())
 
     async def cancel(self) -> None:
         """A stop ends a start or retry that waits here."""

@@ -34,8 +34,10 @@ def test_event_reads_and_writes_the_wire_json_unchanged():
 
 
 def test_event_unknown_kind_is_an_error_naming_the_field_and_value():
-    with pytest.raises(RecordError, match=r"^Event\.kind: unknown kind 'serving\.exploded'"):
-        Event.from_json({**EVENT, "kind": "serving.exploded"})
+    # a newer agent's well-formed kind reads as a generic event (test_s17_unknown_event_kind.py); a malformed one not
+    assert str(Event.from_json({**EVENT, "kind": "serving.exploded"}).kind) == "serving.exploded"
+    with pytest.raises(RecordError, match=r"^Event\.kind: unknown kind 'serving\.\\x1b'"):
+        Event.from_json({**EVENT, "kind": "serving.\x1b"})
     with pytest.raises(RecordError, match=r"^Event\.severity: .*'fatal'"):
         Event.from_json({**EVENT, "severity": "fatal"})
     with pytest.raises(RecordError, match=r"^Event\.kind: unknown kind 'state'"):  # nor can one be made
@@ -140,7 +142,11 @@ def test_store_reads_typed_records_and_names_a_row_it_cannot_read(tmp_path):
     assert xid.details == {"stored": [1, 2]}  # kept under a name, never dropped
     c.execute("INSERT INTO events (ts_ms, kind, severity, message) VALUES (?, 'gpu.melted', 'error', 'x')", (T0 + 3,))
     c.commit()
-    with pytest.raises(StoreError, match=rf"{db}: events row 3 cannot be read .*unknown kind 'gpu\.melted'"):
+    assert str(r.events()[-1].kind) == "gpu.melted"  # a newer agent's kind: read, not an error
+    c.execute("INSERT INTO events (ts_ms, kind, severity, message) VALUES (?, 'gpu melted!', 'error', 'x')",
+              (T0 + 4,))
+    c.commit()
+    with pytest.raises(StoreError, match=rf"{db}: events row 4 cannot be read .*unknown kind 'gpu melted!'"):
         r.events()
     r.close()
     c.close()
@@ -180,3 +186,12 @@ def test_the_fixture_scan_finds_an_unknown_kind():
     """The scan above looks where fixtures write kinds (so it passing means something)."""
     src = 'Event("gpu", "info", "m")\nrows = [{"id": 1, "kind": "state", "severity": "info"}]\n'
     assert _event_kinds_in(ast.parse(src)) == [(1, "gpu"), (2, "state")]
+
+
+def test_the_agent_writes_only_kinds_it_knows_even_where_readers_take_a_newer_agents():
+    """Readers take a well-formed unknown kind as a newer agent's (contract/events.py); a sampler's typo must
+    still fail where the agent makes the event, never be stored as a kind no dashboard or alert rule knows."""
+    from lynxtop.agent.sampling import as_event
+
+    with pytest.raises(RecordError, match="serving.redy"):
+        as_event({"kind": "serving.redy", "severity": "info", "message": "typo", "details": {}})

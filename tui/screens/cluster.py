@@ -10,7 +10,8 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from lynxtop.contract.format import fmt_duration, fmt_ms
+from lynxtop.contract.format import fmt_duration
+from lynxtop.contract.quantile import fmt_series
 from lynxtop.contract.status import ServingState
 from lynxtop.tui.cluster_source import ClusterSource, Fleet, NodeRow
 from lynxtop.tui.screens import VIEWS_CSS
@@ -121,7 +122,8 @@ class ClusterScreen(LiveScreen):
         if srv.state_since_ms and row.status.ts_ms:
             state += f" {fmt_duration((row.status.ts_ms - srv.state_since_ms) / 1000)}"
         t.append(_cell(state, COLUMNS[3][1]), style=STATE_STYLE.get(srv.state, "yellow"))
-        t.append("  " + _cell(fmt_ms(row.ttft_p99_ms), COLUMNS[4][1]) + "  ")
+        ttft = fmt_series(row.status.serving_metrics.metric, "ttft", "p99")  # `<1.0 ms` in the lowest bucket
+        t.append("  " + _cell(ttft, COLUMNS[4][1]) + "  ")
         where = "this node's socket" if row.node.head else (row.endpoint or "")
         t.append(_cell(where, max(width - len(t.plain), 8)), style="dim")
         return t

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from rich.table import Table
@@ -15,7 +16,7 @@ from textual.widgets import Static
 
 from lynxtop.contract.change import RULE, change_pct
 from lynxtop.contract.format import NA, fmt_bytes, fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
-from lynxtop.contract.records import ProfileInfo
+from lynxtop.contract.records import ProfileInfo, RunInfo
 from lynxtop.tui.control_text import flag_diff
 from lynxtop.tui.history_source import HistoryUnavailable
 from lynxtop.tui.screens import VIEWS_CSS
@@ -23,15 +24,27 @@ from lynxtop.tui.screens import VIEWS_CSS
 SKIP = {"id", "flags", "argv", "summary", "pid_start_time", "gpus"}
 
 
-def _fmt_value(key: str, v: Any) -> str:
+# A run's own `*_ms` fields are times (started, ready, ended); every other `*_ms` (the summary's) is a latency or
+# a duration. Read from the record, so a time the runs table gains is shown as one without a list to keep in step.
+RUN_TIMES = frozenset(f.name for f in fields(RunInfo) if f.name.endswith("_ms"))
+
+
+def _label(key: str) -> str:
+    """A run's time by what it is ("ready at"), not its column: a `*_ms` row holds milliseconds of latency."""
+    return f"{key.removesuffix('_ms')} at" if key in RUN_TIMES else key
+
+
+def _fmt_value(key: str, v: Any, utc: bool = False) -> str:
+    """A value for the operator: a run's time to the second in the dashboard's zone, any other `*_ms` in ms (s
+    from 1000 ms) as everywhere in the dashboard; it was a date ("1970-01-01 00:00") unless its name held one of
+    five words."""
     if v is None:
         return NA
     if isinstance(v, float | int) and not isinstance(v, bool):
-        if key.endswith("_ms") and ("ttft" in key or "tpot" in key or "itl" in key or "e2e" in key
-                                    or "queue" in key):
-            return fmt_ms(v)
+        if key in RUN_TIMES:
+            return fmt_datetime(v, utc, seconds=True)
         if key.endswith("_ms"):
-            return fmt_datetime(v)
+            return fmt_ms(v)
         if "bytes" in key:
             return fmt_bytes(v)
         if "_pct" in key:
@@ -84,16 +97,17 @@ def _gpu_activity(gpus: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def compare_table(a: dict[str, Any], b: dict[str, Any]) -> Table:
+def compare_table(a: dict[str, Any], b: dict[str, Any], utc: bool = False) -> Table:
+    """Every field and summary value of two runs, one row each, in bold where they differ."""
     table = Table(show_header=True, header_style="bold", expand=True)
     table.add_column("")
     table.add_column(f"run {a.get('id')}")
     table.add_column(f"run {b.get('id')}")
     fa, fb = _flatten(a), _flatten(b)
     for key in [k for k in fa if k in fb] + [k for k in fb if k not in fa]:
-        va, vb = _fmt_value(key, fa.get(key)), _fmt_value(key, fb.get(key))
+        va, vb = _fmt_value(key, fa.get(key), utc), _fmt_value(key, fb.get(key), utc)
         style = "bold" if va != vb else ""
-        table.add_row(Text(key, style="dim"), Text(va, style=style), Text(vb, style=style))
+        table.add_row(Text(_label(key), style="dim"), Text(va, style=style), Text(vb, style=style))
     return table
 
 
@@ -224,7 +238,8 @@ class CompareScreen(ModalScreen[None]):
         for flag, va, vb in diff:
             flags.add_row(Text(flag), Text(va), Text(vb))
         head = Text(f"{len(diff)} flag difference(s)" if diff else "same flags", style="bold")
-        parts = [head, flags, Text(""), _statistics(a, b), compare_table(a, b)]
+        utc = bool(getattr(self.app, "utc", False))  # the run's times in the zone the rest of the dashboard uses
+        parts = [head, flags, Text(""), _statistics(a, b), compare_table(a, b, utc)]
         if bench:
             parts += [Text(""), bench_table(a, b, bench)]
         self.query_one("#compare-body", Static).update(Group(*parts))

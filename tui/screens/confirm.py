@@ -13,6 +13,7 @@ from rich.console import RenderableType
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.scalar import Scalar
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
@@ -20,6 +21,11 @@ from lynxtop.tui.screens import VIEWS_CSS
 
 if TYPE_CHECKING:
     from lynxtop.tui.control_text import Seen
+
+
+# The body's rows: at most what a tall screen shows before it scrolls, at least enough to read a line on a tiny one
+MAX_BODY_ROWS = 24
+MIN_BODY_ROWS = 2
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -52,6 +58,29 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def on_mount(self) -> None:
         self.query_one("#cancel", Button).focus()
+        self.call_after_refresh(self._fit_body)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._fit_body)
+
+    def _fit_body(self) -> None:
+        """The body gets the rows the dialog's height limit leaves after its frame, title, buttons and hint, and
+        scrolls beyond them: the buttons are always on screen. CSS alone cannot say it (a max-height of the body
+        in rows pushed them off an 80x24 screen; one in fr or % is the dialog's whole height, not what is left)."""
+        if not self.is_mounted:
+            return
+        dialog = self.query_one("#dialog", Vertical)
+        body = self.query_one("#dialog-body", VerticalScroll)
+        limit = dialog.styles.max_height
+        if limit is None:
+            return
+        rows = int(limit.resolve(self.size, self.size)) - dialog.styles.gutter.height
+        for part in ("#dialog-title", "#dialog-buttons", "#dialog-hint"):
+            widget = self.query_one(part)
+            rows -= widget.outer_size.height + widget.styles.margin.height
+        fitted = max(MIN_BODY_ROWS, min(MAX_BODY_ROWS, rows))
+        if body.styles.max_height != Scalar.from_number(fitted):
+            body.styles.max_height = fitted
 
     def on_screen_resume(self) -> None:
         if self.withdrawn is not None:  # withdrawn while something was above it: go now

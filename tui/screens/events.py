@@ -8,7 +8,7 @@ from collections import deque
 from pathlib import Path
 
 from rich.text import Text
-from textual import work
+from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Input, Log, Static
@@ -30,6 +30,9 @@ LOG_LINES = 2000
 
 
 RUN_LOG_KEYS = Binding.Group("run log", compact=True)
+# Before the title of the pane the keys act on (`/` filters the events or searches the log, by focus): a mark, not
+# colour alone, says where typing goes (views.tcss lights the line and the focused box too)
+KEYS_MARK, KEYS_MARK_ASCII = "▶ ", "> "
 
 
 class EventsScreen(LiveScreen):
@@ -61,6 +64,7 @@ class EventsScreen(LiveScreen):
         self.source = ""
         self._last_fetch = 0.0
         self._log_unavailable = False  # the last fetch_log found no run to read the log file of (agent down)
+        self._log_matched = 0  # log lines the search matched, as last filled
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="events-filters")
@@ -112,7 +116,10 @@ class EventsScreen(LiveScreen):
 
     def _events_from_store(self) -> list[Event]:
         with self.lynx.history.reader() as reader:
-            events = reader.events(limit=1000)
+            try:
+                events = reader.events(limit=1000)
+            except Exception as exc:  # a row this version cannot read (its message names it): said, not blank
+                raise HistoryUnavailable(terminal_safe(str(exc)) or type(exc).__name__) from exc
             try:
                 self.runs = reader.runs(limit=50)
             except Exception:
@@ -206,7 +213,8 @@ class EventsScreen(LiveScreen):
 
     def _draw_filters(self) -> None:
         shown = len(self._visible_events())
-        t = Text(f"events {shown}/{len(self.events)}  ", style="bold")
+        t = self._keys_mark("events")
+        t.append(f"events {shown}/{len(self.events)}  ", style="bold")
         if self.events and not shown:
             # first, where even 80 columns show it: a list of headers alone reads as "no events at all"
             t.append(f"no events match {_filter_text(self.kind, self.min_severity, self.text_filter)!r}; "
@@ -226,13 +234,47 @@ class EventsScreen(LiveScreen):
         # At the newest line, also when written before the pane had its size (the first open): then the Log's
         # own scroll to the end ran against no height, and the newest lines showed only after Tab and End.
         self.call_after_refresh(log.scroll_end, animate=False)
+        self._draw_log_title(len(lines))
+
+    def _draw_log_title(self, matched: int | None = None) -> None:
+        """The log's header, its search and how many lines match it (`matched`: as last counted)."""
+        if matched is not None:
+            self._log_matched = matched
         title = self.query_one("#log-title", Static)
-        header = Text(getattr(self, "_log_header", "vLLM log"), style="bold")
-        if needle:
-            header.append(f"   search {self.log_search!r}: {len(lines)} of {len(self.log_lines)} lines",
-                          style="yellow")
+        header = self._keys_mark("log")
+        header.append(getattr(self, "_log_header", "vLLM log"), style="bold")
+        if self.log_search:
+            header.append(f"   search {self.log_search!r}: {self._log_matched} of "
+                          f"{len(self.log_lines)} lines", style="yellow")
         header.append("   ([ ] other runs, / search when the log has focus)", style="dim")
         title.update(header)
+
+    def _keys_pane(self) -> str | None:
+        """"events" or "log": the pane the keys act on (the focused one, or the one the open box filters)."""
+        focused = self.focused
+        if focused is not None and focused.id == "filter":
+            return getattr(self, "_filter_target", "events")
+        return focused.id if focused is not None and focused.id in ("events", "log") else None
+
+    def _keys_mark(self, pane: str) -> Text:
+        """The start of a pane's title: the mark where the keys act on the pane, nothing elsewhere (the other
+        title keeps its room: at 80 columns the log's title is cut at its end)."""
+        mark = KEYS_MARK_ASCII if self.lynx.ascii_only else KEYS_MARK
+        return Text(mark if self._keys_pane() == pane else "", style="bold")
+
+    def _show_keys_pane(self) -> None:
+        """Mark the title of the pane the keys act on (and only it), after any change of focus."""
+        pane = self._keys_pane()
+        for title_id, name in (("#events-filters", "events"), ("#log-title", "log")):
+            self.query_one(title_id, Static).set_class(pane == name, "-focused")
+        self._draw_filters()
+        self._draw_log_title()
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        self._show_keys_pane()
+
+    def on_descendant_blur(self, event: events.DescendantBlur) -> None:
+        self._show_keys_pane()
 
     # ------------------------------------------------------------------ actions
     def action_filter(self) -> None:

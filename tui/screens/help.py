@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+from typing import Any
+
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
 from lynxtop.tui.engine_lag import IDLE_BUSY_MEDIAN, KV_GAP_PCT, WAITING_MIN_GAP
@@ -25,15 +29,28 @@ Engines (e, data parallel): ⚠ marks an engine that, against the others' median
   ≥ {WAITING_MIN_GAP} more waiting (and at least twice it), KV cache ≥ {KV_GAP_PCT:.0f} points higher, or runs
   nothing while it has a queue or the others run ≥ {IDLE_BUSY_MEDIAN}. Totals stay the default view.
 """
+MOUSE = "Mouse: a drag selects text; ctrl+c then copies it instead of quitting.\n"
+# Textual's copy keys (ctrl+c on a view, on an input box) pass the key on when nothing is selected: the key does
+# what the next binding of it says (the app's Quit), so that is what help lists for it.
+PASSES_ON = frozenset({"screen.copy_text", "copy"})
+# A scrollable widget's scroll keys pass the key on where it cannot scroll that way: ← in the GPU view, whose
+# charts scroll up and down only, is the view's Prev GPU, not the charts' Scroll Left.
+SCROLLS = {"scroll_left": "x", "scroll_right": "x", "page_left": "x", "page_right": "x", "scroll_up": "y",
+           "scroll_down": "y", "page_up": "y", "page_down": "y", "scroll_home": "xy", "scroll_end": "xy"}
+_FUNCTION_KEY = re.compile(r"f\d{1,2}")
 
 
 class HelpScreen(ModalScreen[None]):
     CSS_PATH = VIEWS_CSS
     BINDINGS = [Binding("escape,q,question_mark", "close", "Close", id="help.close")]
 
-    def __init__(self, bindings: list[tuple[str, str]], view: str):
+    def __init__(self, bindings: list[tuple[str, str]], view: str, under: Screen[Any] | None = None):
+        """The keys are read from the bindings in force on `under` (by default the view the help opens over);
+        `bindings` is what the caller listed, shown only where no view is under the help."""
         super().__init__()
-        self.keys = bindings
+        if under is None:
+            under = self.app.screen if self.app.screen_stack else None
+        self.keys = help_keys(under) if under is not None else bindings
         self.view = view
 
     def compose(self) -> ComposeResult:
@@ -41,11 +58,50 @@ class HelpScreen(ModalScreen[None]):
             yield Static(Text.assemble((f"lynxtop keys ({self.view} view)", "bold"),
                                        ("   Esc closes · ↑↓ PgUp PgDn scroll", "dim")))
             yield Static(key_table(self.keys, columns=2 if self.app.size.width >= 80 else 1))
-            yield Static(Text(THRESHOLDS + ENGINES + "\n" + UTIL_NOTE))
+            yield Static(Text(THRESHOLDS + ENGINES + MOUSE + "\n" + UTIL_NOTE))
             yield Static(Text("Esc closes this help.", style="dim"))
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+
+def help_keys(screen: Screen[Any]) -> list[tuple[str, str]]:
+    """(key, what it does) for every described key in force on `screen`, as a key press finds its binding: the
+    focused widget's first, then its containers', the view's and the app's (a priority binding before them all);
+    a binding its node hides (check_action False) is not in force. Read from the bindings, so it cannot drift."""
+    app = screen.app
+    found: dict[str, Binding] = {}
+    for node, bindings in screen._modal_binding_chain:
+        for key, binding in bindings:
+            if passes_on(node, binding.action) or app._check_action_state(binding.action, node) is False:
+                continue
+            if key not in found or (binding.priority and not found[key].priority):
+                found[key] = binding
+    return [(key_label(app, key, binding), binding.description) for key, binding in found.items()
+            if binding.description]
+
+
+def passes_on(node: Any, action: str) -> bool:
+    """Whether the binding's action, run now, would hand the key to the next binding (Textual's SkipAction)."""
+    if action in PASSES_ON:
+        return True
+    axes = SCROLLS.get(action)
+    if axes is None:
+        return False
+    can = ("x" in axes and getattr(node, "allow_horizontal_scroll", False)) or \
+          ("y" in axes and getattr(node, "allow_vertical_scroll", False))
+    return not can
+
+
+def key_label(app: Any, key: str, binding: Binding) -> str:
+    """The key as the operator presses it: F6 as htop names it; a key shown by a symbol ("?", "/", "←") its own
+    symbol, not the one a two-key binding gave both ("f6,s" shown as "s" twice, "left,h" as "←" twice); other
+    named keys as written ("ctrl+c", "up")."""
+    if _FUNCTION_KEY.fullmatch(key):
+        return key.upper()
+    if binding.key_display is None:
+        return key
+    return str(app.get_key_display(replace(binding, key=key, key_display=None)))
 
 
 def merged_keys(bindings: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -10,6 +10,8 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from lynxtop.contract.format import fmt_ms
+from lynxtop.contract.quantile import judged as judgeable
+from lynxtop.contract.quantile import lowest_bucket_column
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.node_header import sla_badge, sla_limit
@@ -83,6 +85,12 @@ class LatencyScreen(LiveScreen):
         for series, stat, limited in CHARTS:
             chart = self.query_one(f"#chart-{series}-{stat}", TimeChart)
             points = state.serving_series(f"{series}_{stat}_ms")
+            # each reading's lowest-bucket bound (same rows): at or below it a percentile reads `<bound`
+            bounds = [b for _, b in state.serving_series(lowest_bucket_column(series))]
+            lowest = next((b for b in reversed(bounds) if b is not None), None)
             limit = sla_limit(sla, series) if limited else None
-            n = breach_episodes(points, limit, end - WINDOW_MS, end, scrape_ok, window_ms) if limit is not None else 0
-            chart.set_data(points, end - WINDOW_MS, end, threshold=limit, utc=self.lynx.utc, episodes=n)
+            n = 0
+            if limit is not None:  # counted as the agent does: a p99 it cannot judge is no reading of the limit
+                judged = [(ts, judgeable(v, b, limit)) for (ts, v), b in zip(points, bounds, strict=True)]
+                n = breach_episodes(judged, limit, end - WINDOW_MS, end, scrape_ok, window_ms)
+            chart.set_data(points, end - WINDOW_MS, end, threshold=limit, utc=self.lynx.utc, episodes=n, lowest=lowest)

@@ -54,7 +54,7 @@ class NodeScreen(LiveScreen):
 
     def draw(self, now_ms: int) -> None:
         state = self.lynx.state
-        self.query_one(StartupPhases).show(state.serving, now_ms)
+        self.query_one(StartupPhases).show(state.serving, now_ms, state.requests_at_stop())
         table = self.query_one(GpuTable)
         table.show(state.gpus)
         if self.per_engine:

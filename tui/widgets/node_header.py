@@ -6,6 +6,7 @@ from rich.cells import cell_len
 from rich.text import Text
 
 from lynxtop.contract.format import fmt_duration, fmt_ms
+from lynxtop.contract.quantile import over
 from lynxtop.contract.status import (
     AgentStatus,
     ClusterStatus,
@@ -43,10 +44,11 @@ RAY_STYLE = {
 
 
 def _over(sla: SlaStatus) -> list[tuple[str, float]]:
-    """The breached p99s, (name, value), TTFT first."""
-    return [(name, float(v)) for name, v, limit in (
-        ("TTFT", sla.ttft_p99_ms, sla.ttft_threshold_ms), ("TPOT", sla.tpot_p99_ms, sla.tpot_threshold_ms))
-        if v is not None and limit is not None and v > limit]
+    """The breached p99s, (name, value), TTFT first; never one known only as below its lowest bucket's bound."""
+    return [(name, float(v)) for name, v, lowest, limit in (
+        ("TTFT", sla.ttft_p99_ms, sla.ttft_lowest_bucket_ms, sla.ttft_threshold_ms),
+        ("TPOT", sla.tpot_p99_ms, sla.tpot_lowest_bucket_ms, sla.tpot_threshold_ms))
+        if v is not None and over(v, lowest, limit)]
 
 
 def _short_ms(v: float) -> str:

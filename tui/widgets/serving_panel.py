@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.content import Content
 
 from lynxtop.contract.format import NA, fmt_int, fmt_ms, fmt_pct, fmt_si
+from lynxtop.contract.quantile import fmt_series, lowest_bucket_column, over
 from lynxtop.tui.engine_lag import lagging, summary
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.plot import sparkline
@@ -39,13 +40,15 @@ class ServingPanel(TextPanel):
         # E2E and queue p99 where the panel has rows to spare (it takes the Node view's free rows at 80x24)
         spare = max(0, self.size.height - 5)  # size is inside the border
         for series in ("ttft", "tpot", "itl", *EXTRA_SERIES[:spare]):
-            p50, p99 = sm.metric(f"{series}_p50_ms"), sm.metric(f"{series}_p99_ms")
+            # a percentile in the histogram's lowest bucket reads as its bound (`<300 ms`): interpolated from 0,
+            # the figure is made up (p50 150 ms of queueing with nothing queued)
+            p50, p99 = fmt_series(sm.metric, series, "p50"), fmt_series(sm.metric, series, "p99")
             limit = sla_limit(state.sla, series)
-            over = limit is not None and p99 is not None and p99 > limit
+            breach = over(sm.metric(f"{series}_p99_ms"), sm.metric(lowest_bucket_column(series)), limit)
             line = Text(no_wrap=True, overflow="crop")
             line.append(f"{series.upper():<5}", style="bold")
-            line.append(f" p50 {fmt_ms(p50):>8}  p99 ")
-            line.append(f"{fmt_ms(p99) + (' ✗' if over else ''):>10}", style="bold red" if over else "")
+            line.append(f" p50 {p50:>8}  p99 ")
+            line.append(f"{p99 + (' ✗' if breach else ''):>10}", style="bold red" if breach else "")
             line.append(f" {('≤' + fmt_ms(limit)) if limit else '':>9} ", style="dim")
             values = [v for _, v in state.serving_series(f"{series}_p99_ms")]
             line.append(sparkline(values, spark_w, ascii_only=self.ascii_only), style="cyan")

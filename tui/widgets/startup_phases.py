@@ -1,7 +1,7 @@
 """The serving line under the header: start-up progress phase by phase (a 284B model spends minutes in
-each, and operators want to see which) with the most it may take (readiness_timeout_s), why serving is in
-trouble (backoff, crash loop, degraded), or what a Ray head still waits for before it starts vLLM (waiting: the
-GPUs Ray does not report yet)."""
+each, and operators want to see which) with the most it may take (readiness_timeout_s), a stop's drain (what it
+drains, for how long so far, against which timeouts), why serving is in trouble (backoff, crash loop, degraded),
+or what a Ray head still waits for before it starts vLLM (waiting: the GPUs Ray does not report yet)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,18 @@ class StartupPhases(TextPanel):
     StartupPhases.-visible { display: block; }
     """
 
-    def show(self, serving: ServingStatus, now_ms: int) -> None:
+    def show(self, serving: ServingStatus, now_ms: int, requests: tuple[float, float] | None = None) -> None:
+        """`requests`: (running, waiting) as last read before a stop began (LiveState.requests_at_stop)."""
         state = serving.state
         trouble = state in TROUBLE_STATES and bool(serving.reason)
         waiting = state == ServingState.WAITING and bool(serving.reason)
-        visible = state == ServingState.STARTING or trouble or waiting
+        stopping = state == ServingState.STOPPING
+        visible = state == ServingState.STARTING or trouble or waiting or stopping
         if self.has_class("-visible") != visible:
             self.set_class(visible, "-visible")
+        if stopping:
+            self.update(stopping_line(serving, now_ms, requests))
+            return
         if waiting:
             self.update(Text(f"⧗ {serving.reason}", style="bold yellow", no_wrap=True, overflow="ellipsis"))
             return
@@ -68,3 +73,45 @@ def _progress(serving: ServingStatus, now_ms: int) -> Text:
         if i < len(order) - 1:
             t.append("  ")
     return t
+
+
+def stopping_line(serving: ServingStatus, now_ms: int, requests: tuple[float, float] | None) -> Text:
+    """`draining 3 running, 0 waiting · 12s of 30s shutdown timeout · killed at 1m00s · why` (80 columns hold
+    all but the why).
+
+    The counts are the last read before the stop (the agent reads none while a run stops); the timeouts are the
+    run's, served while it stops (an older agent's status has none: no limit is made up)."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    if requests is not None:
+        running, waiting = requests
+        t.append(f"draining {running:g} running, {waiting:g} waiting", style="bold yellow")
+    else:
+        t.append("stopping", style="bold yellow")
+    since = serving.state_since_ms
+    elapsed = (now_ms - since) / 1000 if since else None
+    for part in _drain_time(elapsed, serving.shutdown_timeout_s, serving.stop_grace_s):
+        t.append(" · ")
+        t.append_text(part)
+    if requests is not None:
+        t.append(" · counts as last read before the stop", style="dim")
+    if serving.reason:
+        t.append(f" · {serving.reason}", style="dim")
+    return t
+
+
+def _drain_time(elapsed: float | None, drain: float | None, grace: float | None) -> list[Text]:
+    """The stop's time so far against vLLM's drain window (red once past it), then the agent's kill."""
+    so_far = fmt_duration(elapsed)
+    if drain is None:
+        parts = [Text(so_far)]
+    elif drain <= 0:
+        parts = [Text(f"{so_far}, no shutdown timeout: requests aborted")]
+    elif elapsed is not None and elapsed > drain:
+        parts = [Text(f"{so_far}: past the {fmt_duration(drain)} shutdown timeout", style="bold red")]
+    else:
+        parts = [Text(f"{so_far} of {fmt_duration(drain)} shutdown timeout")]
+    if grace is not None:
+        late = elapsed is not None and elapsed > grace
+        parts.append(Text(f"killed at {fmt_duration(grace)}" + (": waiting for its processes and GPU memory to go"
+                                                                if late else ""), style="bold red" if late else ""))
+    return parts
