@@ -11,7 +11,10 @@ like any run.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +27,8 @@ from lynxtop.agent.serving.statefiles import ServerState
 from lynxtop.agent.serving.stopping import files_text
 from lynxtop.contract.config import Config, Profile
 from lynxtop.contract.events import EventKind, Severity
+
+log = logging.getLogger(__name__)
 
 # An adopted server whose profile was removed from the config is stopped with these defaults.
 FALLBACK_GRACE_S = 60.0
@@ -81,6 +86,8 @@ class Adoption:
                         pid=record.pid, run_id_prev=record.run_id)
         prof = self._profile(record)
         if record.run_id is not None:
+            if record.ready_ms is None:  # its save at READY may have failed (a full disk): the row may know
+                record.ready_ms = await asyncio.to_thread(self._row_ready_ms, record.run_id)
             await self._restore_row(record)
         return Adopted(proc, record, prof)
 
@@ -136,6 +143,25 @@ class Adoption:
         if isinstance(record.readiness_timeout_s, (int, float)) and record.readiness_timeout_s > 0:
             prof = dataclasses.replace(prof, readiness_timeout_s=float(record.readiness_timeout_s))
         return prof
+
+    def _row_ready_ms(self, run_id: int) -> int | None:
+        """When the run's row says it became ready (None: not ready, no row, or no readable history). The record
+        is saved at spawn and again at READY; the history's row is another copy of that time, and without it a
+        model serving for hours would be adopted as a load long past its readiness timeout."""
+        path = self._config().agent.database
+        try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2.0)
+        except sqlite3.Error as exc:
+            log.warning("cannot read run %s's row in %s: %s", run_id, path, exc)
+            return None
+        try:
+            row = conn.execute("SELECT ready_ms FROM runs WHERE id = ?", (int(run_id),)).fetchone()
+        except sqlite3.Error as exc:
+            log.warning("cannot read run %s's row in %s: %s", run_id, path, exc)
+            return None
+        finally:
+            conn.close()
+        return int(row[0]) if row and isinstance(row[0], int) else None
 
     async def _restore_row(self, record: launcher.ServerRecord) -> None:
         """The run's row from serving.json when the history lacks it (the previous agent ended while the disk

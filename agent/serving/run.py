@@ -82,7 +82,14 @@ class Run:
     def adopt(cls, proc: ServerProcess, record: ServerRecord, readiness_timeout_s: float | None = None) -> Run:
         """`readiness_timeout_s`: the timeout the adopted load runs under (its record's, else its profile's)."""
         run = cls(proc, run_id=record.run_id, started_ms=record.started_ms, ready_ms=record.ready_ms, adopted=True)
-        run.tracker.poll(now_ms())  # catch up silently: those phases were reported by the previous agent
+        # catch up silently (the previous agent reported those phases), without reading a log of weeks of serving
+        # on the event loop before READY=1: a ready run's start-up is over, a loading run's phase is in the tail
+        if record.ready_ms is not None:
+            run.tracker.start_at_end()
+            run.tracker.marks.append(PhaseMark("api up", record.ready_ms))
+        else:
+            run.tracker.start_at_tail()
+            run.tracker.poll(now_ms())
         if readiness_timeout_s is not None and not run.was_ready:
             # counted from the process's start on the boot clock, as the readiness watch counts it: a wall clock
             # stepped while no agent ran moves neither the deadline nor the time shown as left

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,11 +29,15 @@ _MILESTONES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"Starting vLLM (?:API )?server|Application startup complete|Available routes are", "api up"),
     )
 )
+# The literal start of each milestone's alternatives, lower case: a block of log with none of them (nearly all of a
+# serving log) is skipped with a few substring searches instead of six regular expressions per line.
+_KEYS = tuple({re.split(r"[\\()\[?*+.]", alt)[0].lower() for p, _ in _MILESTONES for alt in p.pattern.split("|")})
 # Lines that finish a stage move to the next one when the next stage prints nothing of its own
 # (e.g. --enforce-eager skips graph capture and goes straight to the API server).
 _ADVANCE = {"Available KV cache memory": "cuda graphs", "GPU KV cache size": "cuda graphs"}
 
 _READ_CHUNK = 1 << 20
+TAIL_BYTES = 4 << 20  # how much of an adopted loading run's log is read back
 
 
 @dataclass
@@ -58,44 +63,91 @@ class PhaseTracker:
     def phase_since_ms(self) -> int:
         return self.marks[-1].ts_ms
 
+    def start_at_end(self) -> None:
+        """Read only what is written from now on: an adopted run that was ready has no start-up phase left, and
+        its log may be gigabytes of serving (reading it all once took minutes before systemd's READY=1)."""
+        try:
+            self.offset = os.stat(self.path).st_size
+        except OSError:
+            self.offset = 0
+        self._partial = b""
+
+    def start_at_tail(self, max_bytes: int = TAIL_BYTES) -> None:
+        """Read from the first whole line of the log's last `max_bytes`: an adopted run still loading has its
+        current phase there, and its log is not read whole (a long or noisy load writes a lot)."""
+        self._partial = b""
+        try:
+            with open(self.path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                if size <= max_bytes:
+                    self.offset = 0
+                    return
+                f.seek(size - max_bytes - 1)
+                f.readline(max_bytes)  # the end of the cut line (only its newline when the tail starts a line)
+                self.offset = f.tell()
+        except OSError:
+            self.offset = 0
+
     def poll(self, now_ms: int) -> list[PhaseMark]:
         new: list[PhaseMark] = []
-        for line in self._new_lines():
-            for pattern, phase in _MILESTONES:
-                if pattern.search(line):
-                    target = phase
-                    for key, nxt in _ADVANCE.items():
-                        if key.lower() in line.lower():
-                            target = nxt
-                    if PHASES.index(target) > PHASES.index(self.phase):
-                        mark = PhaseMark(target, now_ms)
-                        self.marks.append(mark)
-                        new.append(mark)
-                    break
+        for block in self._new_blocks():
+            for line in _candidate_lines(block):
+                mark = self._match(line, now_ms)
+                if mark is not None:
+                    new.append(mark)
         return new
 
-    def _new_lines(self) -> list[str]:
+    def _match(self, line: str, now_ms: int) -> PhaseMark | None:
+        for pattern, phase in _MILESTONES:
+            if pattern.search(line):
+                target = phase
+                for key, nxt in _ADVANCE.items():
+                    if key.lower() in line.lower():
+                        target = nxt
+                if PHASES.index(target) > PHASES.index(self.phase):
+                    mark = PhaseMark(target, now_ms)
+                    self.marks.append(mark)
+                    return mark
+                return None
+        return None
+
+    def _new_blocks(self) -> Iterator[str]:
+        """The complete lines written since the last read, one block of them per chunk read: a log is never held
+        whole in memory."""
         try:
             size = os.stat(self.path).st_size
         except OSError:
-            return []
+            return
         if size < self.offset:  # truncated or replaced: start over
             self.offset, self._partial = 0, b""
-        lines: list[str] = []
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
-                while True:
-                    chunk = f.read(_READ_CHUNK)
-                    if not chunk:
-                        break
+                while chunk := f.read(_READ_CHUNK):
                     self.offset += len(chunk)
-                    data = self._partial + chunk
-                    *complete, self._partial = data.split(b"\n")
-                    lines.extend(c.decode("utf-8", "replace") for c in complete)
+                    complete, sep, self._partial = (self._partial + chunk).rpartition(b"\n")
+                    if sep:
+                        yield complete.decode("utf-8", "replace")
         except OSError:
-            return []
-        return lines
+            return
+
+
+def _candidate_lines(block: str) -> Iterator[str]:
+    """The lines of `block` that hold a milestone's literal start, in order: found by substring search (fast), as
+    most of a serving log (access and stats lines) holds none."""
+    low = block.lower()
+    if len(low) != len(block):  # a case mapping changed the length: positions differ, try every line
+        yield from block.split("\n")
+        return
+    starts: set[int] = set()
+    for key in _KEYS:
+        i = low.find(key)
+        while i != -1:
+            starts.add(block.rfind("\n", 0, i) + 1)
+            i = low.find(key, i + 1)
+    for start in sorted(starts):
+        end = block.find("\n", start)
+        yield block[start:] if end == -1 else block[start:end]
 
 
 def tail_lines(path: Path | str | None, n: int = 20, max_bytes: int = 256 * 1024) -> list[str]:

@@ -64,6 +64,10 @@ class RunWatch:
             # it was ready under the previous agent: its load time is long past the timeout, so one slow or
             # failed /health right after an agent restart would otherwise kill a healthy server
             deadline = float("inf")
+        # adopted after its deadline had passed (its record lost `ready_ms` on a full disk, or the agent was away
+        # longer than the timeout): judged not ready only after the health failure allowance, never on one probe
+        allowance = lc.timing.health_fail_threshold if run.adopted and time.monotonic() >= deadline else 0
+        misses = 0  # probes in a row that did not make it ready
         url = server_url(prof)
         probe = HealthProbe(self._http, url, lc.timing.health_fail_threshold)
         exit_wait = asyncio.ensure_future(proc.wait())
@@ -87,7 +91,8 @@ class RunWatch:
                                  f"{'; '.join(h.describe() for h in others)}; not ready until the run's own "
                                  "server answers", pids=sorted({p for h in others for p in h.pids}),
                                  port=prof.port)
-                if time.monotonic() >= deadline:
+                misses += 1
+                if time.monotonic() >= deadline and misses >= allowance:
                     await lc.not_ready_in_time(run, prof)
                     return "timeout"
                 with contextlib.suppress(asyncio.TimeoutError):
