@@ -372,7 +372,82 @@ def open_error(exc: sqlite3.Error, path: Path, doing: str = "open") -> StoreErro
         why = access_problem(path)
         return StoreAccessError(f"{path}: permission denied: cannot {doing} the history database "
                                 f"({why or exc}); the file was not touched")
+    full = disk_full(exc, path)
+    if full:
+        return DiskFull(f"{path}: cannot {doing} the history database: {full} (SQLite: {exc})", full)
     return StoreError(f"{path}: cannot {doing} the history database: {exc}")
+
+
+class DiskFull(StoreError):
+    """Opening failed because the database's file system is full (SQLITE_FULL, ENOSPC, or an I/O error such as
+    SQLITE_IOERR_SHMSIZE with no space left): not an operator error, so the agent's writer waits it out
+    (store/writer.py) rather than refusing to start. `reason` is what to tell the operator."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+_FULL, _IOERR = 13, 10
+# Below this much free space an I/O error while opening is the disk being full: a new -shm alone needs 32 KiB,
+# and "disk I/O error" (SQLITE_IOERR_SHMSIZE) is all SQLite says of it.
+FULL_SLACK_BYTES = 1 << 20
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes this process may still write on the file system of `path` (or of its nearest existing parent);
+    root may use the reserved blocks. None when it cannot be told."""
+    at = Path(os.path.abspath(path))
+    while True:
+        try:
+            st = os.statvfs(at)
+        except FileNotFoundError:
+            if at.parent == at:
+                return None
+            at = at.parent
+            continue
+        except OSError:
+            return None
+        return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+
+
+def _file_system(path: Path) -> str:
+    """'the <type> file system at <mount point>' of `path` (its type from /proc/self/mounts, when listed)."""
+    at = Path(os.path.realpath(path))
+    while not at.exists() or not os.path.ismount(at):
+        if at.parent == at:
+            break
+        at = at.parent
+    kind = None
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 2 and parts[1].replace("\\040", " ") == str(at):
+                    kind = parts[2]  # the last mount on that point is the one in force
+    except OSError:
+        pass
+    return f"the {kind} file system at {at}" if kind else f"the file system at {at}"
+
+
+def no_space(path: Path, free: int | None = None) -> str:
+    """The operator's words for a full disk under `path`: which file system, which file, how much is left."""
+    free = free_bytes(path) if free is None else free
+    left = f"{free} bytes free" if free is not None else "free space unknown"
+    return f"no space left on {_file_system(path)} ({path}), {left}"
+
+
+def disk_full(exc: BaseException, path: Path) -> str | None:
+    """`no_space`'s reason when an open failure `exc` (sqlite3.Error or OSError) is the disk being full, else None.
+
+    SQLITE_FULL and ENOSPC say so themselves; an I/O error does only with (almost) no free space left (otherwise it
+    may be failing hardware, and is reported as it is)."""
+    code, free = _code(exc), free_bytes(path)
+    if code == _FULL or getattr(exc, "errno", None) == errno.ENOSPC:
+        return no_space(path, free)
+    if code == _IOERR and free is not None and free < FULL_SLACK_BYTES:
+        return no_space(path, free)
+    return None
 
 
 def check_identity(conn: sqlite3.Connection, path: Path, *, integrity: bool = True) -> None:
@@ -411,6 +486,9 @@ def create_file(path: Path) -> None:
         if exc.errno == errno.EROFS:
             raise StoreAccessError(f"{path}: permission denied: cannot create the history database "
                                    f"({exc.strerror})") from None
+        full = disk_full(exc, path)
+        if full:
+            raise DiskFull(f"{path}: cannot create the history database: {full}", full) from None
         raise StoreError(f"{path}: cannot create the history database: {exc.strerror}") from None
 
 

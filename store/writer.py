@@ -5,7 +5,9 @@ oldest tick and counts it). The thread writes whatever is queued in one transact
 it is all in or all out), then does bounded rollup and retention work. Transient failures (full disk,
 I/O error, busy, a read-only remount) keep the ticks buffered in that bounded queue and retry; a corrupt
 file is moved aside and a fresh one started; bad rows are isolated and dropped. Nothing raised here stops
-the thread.
+the thread. A database that cannot even be opened because its disk is full (a clean stop removed the
+-wal/-shm and no new -shm can be made) does not stop the agent either: the writer starts unopened, keeps
+writes as in any outage and retries the open in its thread (see _start_unopened).
 
 Every few seconds the thread also checks that the -wal/-shm it writes through are still the files on disk.
 If an outside process unlinked them (it could only do so if this process's locks were lost), commits
@@ -46,14 +48,17 @@ from lynxtop.store.rollup import Rollups
 from lynxtop.store.schema import (
     BENCH_COLUMNS,
     EVENT_SEVERITIES,
+    FULL_SLACK_BYTES,
     GPU_FACT_COLUMNS,
     NO_PROCESS_PID,
     PROCESS_COLUMNS,
     RUN_COLUMNS,
     RUN_JSON_COLUMNS,
     SAMPLE_TABLES,
+    DiskFull,
     connect_rw,
     create_file,
+    free_bytes,
     rollback,
     sidecar_paths,
     sidecar_problem,
@@ -71,6 +76,9 @@ MAINTAIN_EVERY_S = 30.0
 WAL_CHECK_S = 2.0  # how often the thread checks its -wal/-shm are still on disk (~100 readlinks: cheap)
 DETACH_TIMEOUT_S = 5.0  # how long a renewal waits for an in-process reader to finish its query
 _LOG_LEVELS = {"critical": logging.CRITICAL, "error": logging.ERROR, "warning": logging.WARNING}
+# A database that could not be opened at all because its disk is full (see _start_unopened): the open is retried
+# this often, doubling from the first to the last, and at once when the file system has room again.
+OPEN_RETRY_S = (5.0, 30.0)
 
 
 @dataclass(slots=True)
@@ -92,6 +100,29 @@ class _Op:
 
 def _now_ms(clock: Callable[[], float]) -> int:
     return int(clock() * 1000)
+
+
+def _low_space(path: Path) -> bool:
+    """The file system of `path` has (almost) no space left: an open would fail there."""
+    free = free_bytes(path)
+    return free is not None and free < FULL_SLACK_BYTES
+
+
+def _peek_top_run_id(path: Path) -> int:
+    """The newest run id in the file, read where it cannot be opened for writing (a full disk: no -shm can be made).
+
+    `immutable=1` reads the main file alone, without -shm or locks: complete after a clean close (which checkpoints
+    and removes the -wal); frames still in a -wal are not seen. 0 when even that fails."""
+    try:
+        c = sqlite3.connect(f"{Path(os.path.abspath(path)).as_uri()}?mode=ro&immutable=1", uri=True)
+    except sqlite3.Error:
+        return 0
+    try:
+        return int(c.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0] or 0)
+    except sqlite3.Error:
+        return 0
+    finally:
+        c.close()
 
 
 def linger_for(sample_interval_s: float) -> float:
@@ -421,7 +452,8 @@ def _storable(v: Any) -> Any:
 
 
 class StoreWriter:
-    """See docs/contracts.md. Construct (opens, checks, migrates), `start()`, submit, `close()`."""
+    """See docs/contracts.md. Construct (opens, checks, migrates; on a full disk starts unopened and opens
+    later, see _start_unopened), `start()`, submit, `close()`."""
 
     def __init__(self, path: str | os.PathLike, retention: retention_mod.RetentionPolicy | None = None,
                  queue_max: int = 600, *,
@@ -497,20 +529,101 @@ class StoreWriter:
         self._db_swapped: str | None = None  # what the last swap was, kept for status
         self._db_swapped_ms: int | None = None
 
-        self._hold_file()  # before anything is written: a locked file is not even migrated
-        self.conn = self._open(integrity_check)
-        if self.moved_aside is not None:
-            self._hold_file()  # the path names the fresh file now
-        self._marks = swap.Marks.take(self.conn, None)
-        # (connection, id writes) the marks' ids were read at: while both hold, only ticks were committed since
-        # and the ids are still the newest (see _take_marks)
-        self._marks_at: tuple[sqlite3.Connection, int] = (self.conn, 0)
         self._id_writes = 0  # transactions that may have added or deleted rows with ids (ops, retention)
-        self.rollups = Rollups(self.conn)
-        mask_run_flags(self.conn)  # secret env values an older agent stored in runs.flags (issue 24.3)
-        self._next_run_id = 1 + (self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0] or 0)
+        self._next_run_id = 1
+        self._integrity_check = integrity_check
+        self._unopened: str | None = None  # why the database could not be opened yet (a full disk), see below
+        self._open_wait = OPEN_RETRY_S[0]
+        self._open_due = 0.0  # monotonic time of the next open attempt while unopened
+        self._open_low = False  # the last attempt found (almost) no free space: retried at once when there is
+        self.conn: sqlite3.Connection | None = None
+        self.rollups: Rollups | None = None
+        try:
+            conn = self._open_held(integrity_check)  # the file locked before anything is written or migrated
+        except DiskFull as exc:
+            self._start_unopened(exc)
+        else:
+            self._use(conn)
 
     # ------------------------------------------------------------------------------------------ opening
+
+    def _open_held(self, integrity_check: bool) -> sqlite3.Connection:
+        """Hold (and lock) the file the path names, then open it; a damaged file moved aside, the fresh one held."""
+        if self._db_fd is None:
+            self._hold_file()
+        aside = self.moved_aside
+        conn = self._open(integrity_check)
+        if self.moved_aside is not aside:
+            self._hold_file()  # the path names the fresh file now
+        return conn
+
+    def _use(self, conn: sqlite3.Connection) -> None:
+        """Take an open connection: what the writer reads from the file before writing into it."""
+        self.conn = conn
+        self._marks = swap.Marks.take(conn, None)
+        # (connection, id writes) the marks' ids were read at: while both hold, only ticks were committed since
+        # and the ids are still the newest (see _take_marks)
+        self._marks_at: tuple[sqlite3.Connection, int] = (conn, self._id_writes)
+        self.rollups = Rollups(conn)
+        mask_run_flags(conn)  # secret env values an older agent stored in runs.flags (issue 24.3)
+        top = conn.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0] or 0
+        with self._cv:
+            self._next_run_id = max(self._next_run_id, top + 1)
+
+    def _start_unopened(self, exc: DiskFull) -> None:
+        """The database cannot be opened because its disk is full: start without it rather than raise.
+
+        A stopping agent's clean close removes the -wal/-shm, and on a full disk SQLite cannot create a new -shm:
+        refusing to start would have systemd give up after a few tries, leaving serving unsupervised. Writes are
+        kept as during any write outage (ticks up to queue_max, oldest dropped and counted; events up to ops_max)
+        while the thread retries the open (_retry_open), through the lost-connection path of _drain_once, so an
+        open writer pays nothing for this. Other open failures (damage, permissions, a newer schema, a lock)
+        still raise: those are the operator's to fix.
+        """
+        self._unopened = exc.reason
+        self._conn_lost = True
+        self._trouble_since = time.monotonic()
+        self._open_due = self._trouble_since + self._open_wait
+        self._open_low = _low_space(self.path)
+        # the ids of runs started meanwhile stay above those in the file (read without -shm: see _peek_top_run_id)
+        self._next_run_id = _peek_top_run_id(self.path) + 1
+        msg = self._unavailable_msg(exc.reason)
+        self._note_error(msg)
+        self._event(Event(EventKind.STORE_WRITE_FAILED, Severity.ERROR, msg,
+                          {"path": str(self.path), "error": str(exc), "opened": False}))
+
+    def _unavailable_msg(self, why: str) -> str:
+        return (f"history unavailable: {why}; the agent runs without it, keeping up to {self.queue_max} ticks in "
+                f"memory (oldest dropped beyond that), and retries opening it every {OPEN_RETRY_S[0]:g}-"
+                f"{OPEN_RETRY_S[1]:g} s and as soon as the file system has space")
+
+    def _retry_open(self) -> bool:
+        """One attempt at the open that failed at start (see _start_unopened), when due; True once open."""
+        now = time.monotonic()
+        if now < self._open_due and not (self._open_low and not _low_space(self.path)):
+            return False
+        conn = None
+        try:
+            conn = self._open_held(self._integrity_check)
+            self._use(conn)
+        except (StoreError, sqlite3.Error) as exc:  # still full, or now another problem: said, retried all the same
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+                self.conn = None
+            self._unopened = exc.reason if isinstance(exc, DiskFull) else str(exc)
+            self._open_wait = min(self._open_wait * 2, OPEN_RETRY_S[1])
+            self._open_due = now + self._open_wait
+            self._open_low = _low_space(self.path)
+            self._note_error(self._unavailable_msg(self._unopened))
+            return False
+        conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_AUTOCHECKPOINT_PAGES}")
+        self._unopened = None
+        self._conn_lost = False
+        if self._thread is not None and self._checkpointer is None:
+            self._start_checkpointer()
+        log.warning("%s: the history database is open; writing what was kept meanwhile", self.path)
+        return True
 
     def _open(self, integrity_check: bool) -> sqlite3.Connection:
         try:
@@ -573,8 +686,9 @@ class StoreWriter:
     def start(self) -> None:
         self._hand_over_held()
         if self._thread is None:
-            self.conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_AUTOCHECKPOINT_PAGES}")
-            self._start_checkpointer()
+            if self.conn is not None:  # unopened (a full disk): both when the retried open succeeds
+                self.conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_AUTOCHECKPOINT_PAGES}")
+                self._start_checkpointer()
             self._thread = threading.Thread(target=self._run, name="lynxtop-store-writer", daemon=True)
             self._thread.start()
 
@@ -713,6 +827,7 @@ class StoreWriter:
                 "wal_recovered": self._wal_recovered,
                 "db_swapped": self._db_swapped,
                 "db_swapped_ms": self._db_swapped_ms,
+                "unavailable": self._last_error if self._unopened is not None else None,  # never opened yet
             }
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -763,7 +878,8 @@ class StoreWriter:
             # the frames in a deleted WAL vanish with the last descriptor: copy them into the file first
             self._checkpoint_into_file()
         try:
-            self.conn.close()
+            if self.conn is not None:
+                self.conn.close()
         except sqlite3.Error:
             pass
         if self._db_fd is not None:
@@ -912,8 +1028,9 @@ class StoreWriter:
 
     def _drain_once(self) -> None:
         if self._conn_lost and not self._reconnect():
-            self._keep_waiting(StoreError(f"{self.path}: the history database could not be reopened "
-                                          f"({self._last_error})"))
+            if self._unopened is None:  # one never opened says why itself (_retry_open)
+                self._keep_waiting(StoreError(f"{self.path}: the history database could not be reopened "
+                                              f"({self._last_error})"))
             return
         with self._cv:
             # ticks that came after the thread looked (while it woke for maintenance) keep lingering
@@ -1133,6 +1250,8 @@ class StoreWriter:
 
     def _reconnect(self) -> bool:
         """Open the writer's connection again after a renewal or a move aside that could not reopen it."""
+        if self._unopened is not None:
+            return self._retry_open()
         if self._db_fd is None:  # the database path was swapped and the file there could not be opened yet
             return self._reopen_swapped()
         try:
