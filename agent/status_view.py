@@ -10,6 +10,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lynxtop import __version__
@@ -36,6 +37,42 @@ from lynxtop.contract.status import (
 if TYPE_CHECKING:
     from lynxtop.agent.node import Node
 
+FREE_EVERY_S = 5.0  # how often the database's file system's free space is read for the status
+
+
+class FreeSpace:
+    """Free bytes of the file system that holds a path, read with statvfs at most once every `every_s`: every
+    GET /v1/status and scrape builds the store's status, and a poller at 4 Hz needs no fresher figure."""
+
+    def __init__(self, path: str | os.PathLike[str], every_s: float = FREE_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.path = Path(path)
+        self.every_s = every_s
+        self._clock = clock
+        self._read_at: float | None = None
+        self._free: int | None = None
+
+    def bytes(self) -> int | None:
+        """The last reading, renewed when older than `every_s`; None when it cannot be read."""
+        now = self._clock()
+        if self._read_at is None or now - self._read_at >= self.every_s:
+            self._read_at, self._free = now, free_bytes(self.path)
+        return self._free
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free bytes on `path`'s file system (its nearest existing directory before it exists): what root may still
+    write (the agent's user; reserved blocks included), else what any user may, as the run's log check counts."""
+    for p in (path, *path.parents):
+        try:
+            st = os.statvfs(p)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+        return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    return None
+
 
 class StatusView:
     def __init__(self, node: Node):
@@ -43,6 +80,7 @@ class StatusView:
         self._tick_key: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # what the cached tick part read
         self._tick = Status()  # the tick part built from those sources: the same objects until they change
         self._tick_text: str | None = None  # its tick_json(), encoded when first asked for
+        self._free: FreeSpace | None = None  # made at the first status: the database's path is the config's
 
     def body(self, dumps: Callable[[Any], str]) -> str:
         """GET /v1/status's JSON text: `dumps(self.status().to_json())`, with the part only a tick changes (GPUs,
@@ -174,14 +212,23 @@ class StatusView:
                                                                           "nvml_version")}),
             clock_steps=n.timeline.steps, clock_offset_ms=n.timeline.offset_ms,
             last_clock_step_ms=n.timeline.last_step.step_ms if n.timeline.last_step else None,
-            store=StoreStatus(path=str(n.cfg.agent.database), queued=ws.get("queued"), dropped=ws.get("dropped"),
-                              rejected=ws.get("rejected"),
-                              last_error=ws.get("last_error"), wal_unlinked=ws.get("wal_unlinked"),
-                              wal_unlinked_ms=ws.get("wal_unlinked_ms"), wal_recovered=ws.get("wal_recovered"),
-                              db_swapped=ws.get("db_swapped"), db_swapped_ms=ws.get("db_swapped_ms")),
+            store=self._store(ws),
             action=sup.action_status(),
             live_restore=n.cfg.agent.live_restore,
         )
+
+    def _store(self, ws: dict[str, Any]) -> StoreStatus:
+        """The writer's counts and state (its `stats()`, read by `_agent`) with the free space of the database's
+        file system: a full disk must show as the cause, with where it is and what is queued or lost."""
+        path = self._node.cfg.agent.database
+        if self._free is None:
+            self._free = FreeSpace(path)
+        return StoreStatus(path=str(path), queued=ws.get("queued"),
+                           dropped=ws.get("dropped"), rejected=ws.get("rejected"), last_error=ws.get("last_error"),
+                           last_error_ms=ws.get("last_error_ms"), retrying=ws.get("retrying"),
+                           free_bytes=self._free.bytes(), wal_unlinked=ws.get("wal_unlinked"),
+                           wal_unlinked_ms=ws.get("wal_unlinked_ms"), wal_recovered=ws.get("wal_recovered"),
+                           db_swapped=ws.get("db_swapped"), db_swapped_ms=ws.get("db_swapped_ms"))
 
     def gpu_statuses(self) -> tuple[GpuStatus, ...]:
         n = self._node

@@ -46,6 +46,7 @@ from lynxtop.contract.status import (
     ServingStatus,
     SlaStatus,
     Status,
+    StoreStatus,
     gpus_text,
 )
 from lynxtop.contract.terminal import terminal_safe, terminal_safe_json
@@ -163,6 +164,8 @@ def format_status(st: Status, rate: tuple[float, int] | None = None,
         lines.append(f"serving  none on this node: a Ray worker (vLLM runs on the head, {st.cluster.address or '?'})")
     else:
         lines += _serving_lines(st.serving, st.ts_ms)
+    if st.serving.log_problem:  # the run's output is discarded or will be: say why (a full disk, a bad directory)
+        lines.append(f"run log  NOT KEPT — {st.serving.log_problem}")
     lines += cluster_lines(st.cluster, st.ts_ms)
     lines.append(_sla_line(st.sla))
     lines += _traffic_lines(st.serving_metrics, rate, token_rates)
@@ -325,6 +328,8 @@ def _agent_lines(agent: AgentStatus) -> list[str]:
     if agent.missed_ticks:
         line += f"  missed ticks {agent.missed_ticks}"
     lines = [line]
+    if store.not_writing:
+        lines.append(history_line(store))
     if store.wal_unlinked:
         state = "recovered" if store.wal_recovered else "NOT RECOVERED, history at risk"
         lines.append(f"store    WAL UNLINKED at {_clock(store.wal_unlinked_ms)} ({state}): {store.wal_unlinked}")
@@ -335,6 +340,16 @@ def _agent_lines(agent: AgentStatus) -> list[str]:
         lines.append(f"action   {act.action} {act.profile or ''} in progress since {_clock(act.since_ms)} by "
                      f"{act.by or '?'}")
     return lines
+
+
+def history_line(store: StoreStatus) -> str:
+    """`history  NOT WRITING — disk full: /var/lib/lynxtop/lynxtop.db (0 B free), 1,234 ticks queued, 56 dropped`:
+    that history is lost and why, which file system to free, and how much waits (the writer's queue is bounded:
+    beyond it the oldest ticks are dropped)."""
+    free = f" ({_bytes(store.free_bytes)} free)" if store.free_bytes is not None else ""
+    counts = [f"{n:,} ticks {word}" if word == "queued" else f"{n:,} {word}"
+              for n, word in ((store.queued, "queued"), (store.dropped, "dropped")) if n is not None]
+    return f"history  NOT WRITING — {store.cause}: {store.path or '?'}{free}" + "".join(f", {c}" for c in counts)
 
 
 RATE_COLUMNS = ("requests_per_s", "prompt_tokens_per_s", "generation_tokens_per_s")

@@ -264,6 +264,29 @@ class StoreStatus:
     wal_recovered: bool | None = None
     db_swapped: str | None = None  # the database path lost or changed its file under the agent: what was done
     db_swapped_ms: int | None = None
+    # History writes fail now and are retried (a full disk, a lock, a read-only remount): ticks wait in `queued`
+    # up to the writer's bound, the oldest `dropped` beyond it. None from an agent older than the field.
+    retrying: bool | None = None
+    last_error_ms: int | None = None
+    free_bytes: int | None = None  # free on the database's file system (as root can write), read every few seconds
+
+    @property
+    def not_writing(self) -> bool:
+        """History is not being written now (`retrying`): what the CLI's and the dashboard's alarms say."""
+        return bool(self.retrying)
+
+    @property
+    def cause(self) -> str:
+        """Why history is not written, in a few words: `disk full` (SQLite's `database or disk is full`, or no
+        byte free), `database locked`, `read-only` or `I/O error` from SQLite's words, else `writes failing`."""
+        error = (self.last_error or "").lower()
+        if "full" in error or self.free_bytes == 0:
+            return "disk full"
+        for words, cause in (("locked", "database locked"), ("busy", "database locked"),
+                             ("readonly", "read-only"), ("i/o error", "I/O error")):
+            if words in error:
+                return cause
+        return "writes failing"
 
 
 @dataclass(frozen=True)

@@ -86,9 +86,9 @@ def sla_limit(sla: SlaStatus, series: str) -> float | None:
     return {"ttft": sla.ttft_threshold_ms, "tpot": sla.tpot_threshold_ms}.get(series)
 
 
-# How hard a line is pressed to fit the width, in order: 0 everything in full; 1 the SLA and the action in short,
-# UTC left out; 2 one space between parts; 3 (a breach only) the state's durations left out. What still does not
-# fit is cut at the end, where the least important parts are.
+# How hard a line is pressed to fit the width, in order: 0 everything in full; 1 the SLA, the action and the
+# history badge in short, UTC left out; 2 one space between parts; 3 (a breach only) the state's durations left
+# out, `HIST` for `HISTORY`. What still does not fit is cut at the end, where the least important parts are.
 LEVELS = 4
 
 
@@ -151,6 +151,7 @@ def header_line(state: LiveState, now_ms: int, flags: list[tuple[str, str]],
                 _head(t, cluster)
         _action(t, agent, sep, short=level >= 1)
         _agent_health(t, state, agent, now_ms, sep)
+        _history(t, state, agent, sep, level)
         if not worker:
             t.append(sep)
             t.append_text(sla_badge(state.sla, short=level >= 1))
@@ -222,6 +223,21 @@ def _action(t: Text, agent: AgentStatus, sep: str = "  ", short: bool = False) -
     if action:
         by = f" {'' if short else 'by '}{action.by or '?'}"
         t.append(f"{sep}⟳ {action.action}{' ' + action.profile if action.profile else ''}{by}", style="yellow")
+
+
+# The history badge's cause on a pressed line (level 1 on), `HISTORY ✗ full`; `HIST ✗ full` at level 3 keeps an
+# 80-column line with an action and a breach
+SHORT_CAUSE = {"disk full": "full", "database locked": "locked", "writes failing": "failing"}
+
+
+def _history(t: Text, state: LiveState, agent: AgentStatus, sep: str = "  ", level: int = 0) -> None:
+    """`HISTORY ✗ disk full` while the store refuses writes: the agent stays healthy (systemd's watchdog must not
+    restart it into a full disk), so this is the header's one sign that history is being lost. Not while the
+    agent is unreachable: the banner says so, and the last snapshot's store is no fact about now."""
+    if state.outage is None and agent.store.not_writing:
+        cause = agent.store.cause
+        word = "HIST" if level >= 3 else "HISTORY"
+        t.append(f"{sep}{word} ✗ {SHORT_CAUSE.get(cause, cause) if level >= 1 else cause}", style="bold red")
 
 
 def _agent_health(t: Text, state: LiveState, agent: AgentStatus, now_ms: int, sep: str = "  ") -> None:

@@ -1,7 +1,8 @@
 """The serving line under the header: start-up progress phase by phase (a 284B model spends minutes in
 each, and operators want to see which) with the most it may take (readiness_timeout_s), a stop's drain (what it
 drains, for how long so far, against which timeouts), why serving is in trouble (backoff, crash loop, degraded),
-or what a Ray head still waits for before it starts vLLM (waiting: the GPUs Ray does not report yet)."""
+or what a Ray head still waits for before it starts vLLM (waiting: the GPUs Ray does not report yet); and why the
+run's log is not kept (`serving.log_problem`: a full disk), after the rest or alone."""
 
 from __future__ import annotations
 
@@ -27,22 +28,32 @@ class StartupPhases(TextPanel):
         trouble = state in TROUBLE_STATES and bool(serving.reason)
         waiting = state == ServingState.WAITING and bool(serving.reason)
         stopping = state == ServingState.STOPPING
-        visible = state == ServingState.STARTING or trouble or waiting or stopping
+        log = bool(serving.log_problem)
+        visible = state == ServingState.STARTING or trouble or waiting or stopping or log
         if self.has_class("-visible") != visible:
             self.set_class(visible, "-visible")
-        if stopping:
-            self.update(stopping_line(serving, now_ms, requests))
-            return
-        if waiting:
-            self.update(Text(f"⧗ {serving.reason}", style="bold yellow", no_wrap=True, overflow="ellipsis"))
-            return
-        if trouble:
-            t = Text(f"✗ {state}: {serving.reason}", style="bold red", no_wrap=True, overflow="ellipsis")
-            self.update(t)
-            return
         if not visible:
             return
-        self.update(_progress(serving, now_ms))
+        if stopping:
+            t = stopping_line(serving, now_ms, requests)
+        elif waiting:
+            t = Text(f"⧗ {serving.reason}", style="bold yellow", no_wrap=True, overflow="ellipsis")
+        elif trouble:
+            t = Text(f"✗ {state}: {serving.reason}", style="bold red", no_wrap=True, overflow="ellipsis")
+        elif state == ServingState.STARTING:
+            t = _progress(serving, now_ms)
+        else:
+            t = Text(no_wrap=True, overflow="ellipsis")
+        self.update(_log_problem(t, serving.log_problem) if serving.log_problem else t)
+
+
+def _log_problem(t: Text, problem: str) -> Text:
+    """The run's output is not kept (a full disk, a log directory that cannot be made): the line alone for a
+    serving run, after what the line says otherwise (the serving state matters more, and is cut last)."""
+    if t.plain:
+        t.append(" · ")
+    t.append(f"⚠ run log not kept: {problem}", style="bold yellow")
+    return t
 
 
 def _progress(serving: ServingStatus, now_ms: int) -> Text:
