@@ -17,6 +17,7 @@ from lynxtop import __version__
 from lynxtop.agent.api import connguard
 from lynxtop.agent.clock import span
 from lynxtop.agent.serving.run import now_ms
+from lynxtop.contract.files import free_bytes
 from lynxtop.contract.status import (
     GPU_METRIC_NAMES,
     AgentStatus,
@@ -58,20 +59,6 @@ class FreeSpace:
         if self._read_at is None or now - self._read_at >= self.every_s:
             self._read_at, self._free = now, free_bytes(self.path)
         return self._free
-
-
-def free_bytes(path: Path) -> int | None:
-    """Free bytes on `path`'s file system (its nearest existing directory before it exists): what root may still
-    write (the agent's user; reserved blocks included), else what any user may, as the run's log check counts."""
-    for p in (path, *path.parents):
-        try:
-            st = os.statvfs(p)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return None
-        return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
-    return None
 
 
 class StatusView:

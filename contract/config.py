@@ -93,6 +93,12 @@ class AgentConfig:
     crash_loop_window_s: float = 1800.0
     stable_after_s: float = 600.0
     gpu_release_timeout_s: float = 60.0
+    # a start, restart or switch needs this much free space (MiB) on the run log's and the database's file
+    # systems: vLLM dies on ENOSPC from its progress bars (agent/serving/diskspace.py); 0 = not checked
+    min_free_mb: int = 256
+    # the current run's log is capped at this size (MiB) by copy-truncate, its last part kept as <log>.1
+    # (agent/serving/logcap.py): a run serves for weeks, its access lines fill a disk; 0 = no cap
+    run_log_max_mb: int = 512
     role: str = "single"  # single | head (runs Ray's head and vllm serve) | worker (runs only a Ray worker)
     fake_nvml: str = ""  # scenario name of the simulated GPUs ("h200x8", "a100x8", "sim"); empty = real NVML
     api_max_connections: int = 256  # control socket: open connections at most (idle ones give way)
@@ -695,6 +701,8 @@ _AGENT_SPEC: dict[str, Callable[[str, Any], Any]] = {
     "crash_loop_window_s": _float(1, 7 * 86400),
     "stable_after_s": _float(1, 7 * 86400),
     "gpu_release_timeout_s": _float(1, 3600),
+    "min_free_mb": _int(0, 1 << 20),
+    "run_log_max_mb": _int(0, 1 << 20),
     "role": _str(choices=ROLES),
     "fake_nvml": _str(choices=("", "h200x8", "a100x8", "b200x8", "sim", "lost", "missing", "nodriver")),
     "api_max_connections": _int(1, 65536),

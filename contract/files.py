@@ -97,3 +97,21 @@ def close_fds(fds: dict) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     fds.clear()
+
+
+def free_bytes(path: str | os.PathLike[str]) -> int | None:
+    """Bytes that may still be written on the file system of `path` (of its nearest existing parent before it
+    exists): what root may write (the reserved blocks too) for root, else what any user may; None when statvfs
+    cannot tell. May block on a hung network file system: the agent's event loop calls it in a thread."""
+    at = Path(os.path.abspath(path))
+    while True:
+        try:
+            st = os.statvfs(at)
+        except FileNotFoundError:
+            if at.parent == at:
+                return None
+            at = at.parent
+            continue
+        except OSError:
+            return None
+        return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lynxtop.contract.columns import GPU_METRICS, HOST_METRICS, NVLINK_METRICS, SERVING_METRICS
+from lynxtop.contract.files import free_bytes
 from lynxtop.store.errors import NewerSchema, NotOurDatabase, StoreAccessError, StoreError
 
 APPLICATION_ID = 0x4C594E58  # "LYNX" in the SQLite header: tells our file from any other SQLite file
@@ -392,23 +393,6 @@ _FULL, _IOERR = 13, 10
 # Below this much free space an I/O error while opening is the disk being full: a new -shm alone needs 32 KiB,
 # and "disk I/O error" (SQLITE_IOERR_SHMSIZE) is all SQLite says of it.
 FULL_SLACK_BYTES = 1 << 20
-
-
-def free_bytes(path: Path) -> int | None:
-    """Bytes this process may still write on the file system of `path` (or of its nearest existing parent);
-    root may use the reserved blocks. None when it cannot be told."""
-    at = Path(os.path.abspath(path))
-    while True:
-        try:
-            st = os.statvfs(at)
-        except FileNotFoundError:
-            if at.parent == at:
-                return None
-            at = at.parent
-            continue
-        except OSError:
-            return None
-        return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
 
 
 def _file_system(path: Path) -> str:

@@ -39,6 +39,7 @@ from typing import Any
 
 from lynxtop.contract.config import Retention
 from lynxtop.contract.events import Event, EventKind, Severity, canonical_kind
+from lynxtop.contract.files import free_bytes
 from lynxtop.contract.redact import redact_argv, redact_flags
 from lynxtop.store import compact, inproc, swap
 from lynxtop.store import retention as retention_mod
@@ -58,7 +59,6 @@ from lynxtop.store.schema import (
     DiskFull,
     connect_rw,
     create_file,
-    free_bytes,
     rollback,
     sidecar_paths,
     sidecar_problem,

@@ -87,7 +87,7 @@ class Adoption:
         prof = self._profile(record)
         if record.run_id is not None:
             if record.ready_ms is None:  # its save at READY may have failed (a full disk): the row may know
-                record.ready_ms = await asyncio.to_thread(self._row_ready_ms, record.run_id)
+                record.ready_ms = (await asyncio.to_thread(self._row_times, record.run_id))[0]
             await self._restore_row(record)
         return Adopted(proc, record, prof)
 
@@ -118,6 +118,9 @@ class Adoption:
             self._event(EventKind.SERVING_UNKILLABLE, Severity.CRITICAL, f"previous run {record.run_id}: "
                         f"process(es) still alive after SIGKILL: {res.survivors}", pids=res.survivors)
         if record.run_id is not None:
+            if (await asyncio.to_thread(self._row_times, record.run_id))[1] is not None:
+                self._state.remove()  # its row is closed already: a stale record (an old copy), not this run's end
+                return
             await self._restore_row(record)
             await store_call(self._store.update_run, record.run_id, ended_ms=now_ms(),
                              end_reason=f"lost while the agent was down: {why}")
@@ -144,24 +147,28 @@ class Adoption:
             prof = dataclasses.replace(prof, readiness_timeout_s=float(record.readiness_timeout_s))
         return prof
 
-    def _row_ready_ms(self, run_id: int) -> int | None:
-        """When the run's row says it became ready (None: not ready, no row, or no readable history). The record
-        is saved at spawn and again at READY; the history's row is another copy of that time, and without it a
-        model serving for hours would be adopted as a load long past its readiness timeout."""
+    def _row_times(self, run_id: int) -> tuple[int | None, int | None]:
+        """When the run's row says it became ready and ended (None: not so, no row, or no readable history). The
+        record is saved at spawn and again at READY; the history's row is another copy of that time, and without it
+        a model serving for hours would be adopted as a load long past its readiness timeout. A row ended already
+        is not closed again by a stale record."""
         path = self._config().agent.database
         try:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2.0)
         except sqlite3.Error as exc:
             log.warning("cannot read run %s's row in %s: %s", run_id, path, exc)
-            return None
+            return None, None
         try:
-            row = conn.execute("SELECT ready_ms FROM runs WHERE id = ?", (int(run_id),)).fetchone()
+            row = conn.execute("SELECT ready_ms, ended_ms FROM runs WHERE id = ?", (int(run_id),)).fetchone()
         except sqlite3.Error as exc:
             log.warning("cannot read run %s's row in %s: %s", run_id, path, exc)
-            return None
+            return None, None
         finally:
             conn.close()
-        return int(row[0]) if row and isinstance(row[0], int) else None
+        if not row:
+            return None, None
+        ready, ended = row
+        return (ready if isinstance(ready, int) else None), (ended if isinstance(ended, int) else None)
 
     async def _restore_row(self, record: launcher.ServerRecord) -> None:
         """The run's row from serving.json when the history lacks it (the previous agent ended while the disk

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from lynxtop.agent.serving import policy
+from lynxtop.agent.serving import diskspace, policy
 from lynxtop.agent.serving.actions import ActionSlot
 from lynxtop.agent.serving.launcher import ExitInfo
 from lynxtop.agent.serving.retry import Retry
@@ -49,6 +49,9 @@ class Failures:
         lc = self._lc
         when = "before becoming ready" if readiness != "ready" else "while serving"
         reason = f"vLLM {ex.describe()} {when} (not requested by anyone)"
+        if readiness != "ready":  # a load dies of ENOSPC on its progress bars, its log empty: name the full disk
+            full = await diskspace.crash_cause(run, self._config().agent)
+            reason = f"{full}; {reason}" if full else reason
         run.crash_reason = f"crashed: {reason}"
         lc.resolve_outcome(False)
         lc.event(EventKind.SERVING_CRASH, Severity.ERROR, f"run {run.run_id}: {reason}", with_log=True,

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from lynxtop.agent.api.control import ActionError
 from lynxtop.agent.serving import procs
+from lynxtop.agent.serving.diskspace import DiskGate
 from lynxtop.contract.config import Config, Profile
 from lynxtop.contract.events import EventKind, Severity
 from lynxtop.contract.status import ServingState as S  # noqa: N817 - read as a state name: S.WAITING
@@ -259,7 +260,8 @@ class GpuGate:
     """An autostart or a retry (or a start whose GPUs were taken after its checks) waits here, launching nothing,
     while foreign processes hold the profile's GPUs (or, no GPU sample yet, nobody can say whether they do): the
     state is `waiting` with the reason, told by one event per episode; re-checked every `backoff_initial_s`; a stop
-    ends the wait (`cancel`)."""
+    ends the wait (`cancel`). Every launch passes here, so the wait for room on a full disk (diskspace.DiskGate,
+    the same shape) comes first, in the same gate."""
 
     def __init__(self, lc: RunLifecycle, slot: ActionSlot, retry: Retry, guard: GpuGuard,
                  config: Callable[[], Config]):
@@ -271,6 +273,7 @@ class GpuGate:
         guard.warn = lambda message: lc.event(EventKind.PREFLIGHT_WARNING, Severity.WARNING, message,
                                               reason="gpus_unchecked")
         self.task: asyncio.Task | None = None  # the start or retry waiting here
+        self.disk = DiskGate(lc, slot, retry, config)  # waited for first: a full disk (diskspace.py)
 
     async def _look(self, prof: Profile) -> Taken | None:
         return await asyncio.to_thread(self.guard.look, prof, self._lc.run_members, operator=False)
@@ -285,7 +288,9 @@ class GpuGate:
             await asyncio.sleep(0.05)
 
     async def wait(self, prof: Profile, autostart: bool) -> None:
-        """Return once no foreign process holds `prof`'s GPUs (at once when none does or NVML cannot say)."""
+        """Return once no foreign process holds `prof`'s GPUs (at once when none does or NVML cannot say), and,
+        before that, once the file systems the run writes to have room (diskspace.DiskGate)."""
+        await self.disk.wait(prof, autostart)
         if not prof.uses_ray:
             await self._fresh_sample()
         taken = await self._look(prof)
@@ -329,7 +334,8 @@ class GpuGate:
                        "ends the wait)", reason=CODE, **taken.details())
 
     async def cancel(self) -> None:
-        """A stop ends a start or retry that waits here."""
+        """A stop ends a start or retry that waits here (or for room on the disk)."""
+        await self.disk.cancel()
         task = self.task
         if task is not None and task is not asyncio.current_task():
             task.cancel()

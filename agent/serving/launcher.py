@@ -769,17 +769,27 @@ def remove_record(path: Path) -> None:
 
 
 def prune_logs(log_dir: Path, keep: int, protect: set[str] | frozenset[str] = frozenset()) -> list[Path]:
-    """Delete all but the newest `keep` run logs (never one in `protect`): runs are many, disks are not."""
+    """Delete all but the newest `keep` run logs (never one in `protect`): runs are many, disks are not.
+
+    A log's kept part (`<log>.1`, left by the size cap: logcap.py) is counted and removed with its log, never as a
+    log of its own; one whose log is gone counts for that log. Returns the logs removed (or whose part was)."""
+    runs: dict[Path, float] = {}  # a run's log -> the newest mtime of its files
     try:
-        logs = sorted((p for p in log_dir.glob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime,
-                      reverse=True)
+        for p in log_dir.iterdir():
+            base = p.with_name(p.name[:-2]) if p.name.endswith(".log.1") else p
+            if base.name.endswith(".log") and p.is_file():
+                runs[base] = max(runs.get(base, 0.0), p.stat().st_mtime)
     except OSError:
         return []
     removed = []
-    for p in logs[keep:]:
-        if str(p) in protect:
+    for base in sorted(runs, key=lambda b: runs[b], reverse=True)[keep:]:
+        if str(base) in protect:
             continue
-        with contextlib.suppress(OSError):
-            p.unlink()
-            removed.append(p)
+        gone = False
+        for p in (base, Path(f"{base}.1"), Path(f"{base}.1.tmp")):  # .tmp: a cap cut short by an agent exit
+            with contextlib.suppress(OSError):
+                p.unlink()
+                gone = True
+        if gone:
+            removed.append(base)
     return removed

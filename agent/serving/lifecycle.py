@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lynxtop.agent.events import EventSink
-from lynxtop.agent.serving import launcher, policy, procs, runtmp
+from lynxtop.agent.serving import launcher, logcap, policy, procs, runtmp
 from lynxtop.agent.serving.actions import ActionSlot, clock
 from lynxtop.agent.serving.adoption import FALLBACK_GRACE_S, Adopted
 from lynxtop.agent.serving.failures import Failures
@@ -103,7 +103,8 @@ class RunLifecycle:
         self._gpus = gpus
         self._slot = slot
         self._retry = retry
-        self.state_file = ServerState(state_path, self.event)  # serving.json: adoption reads it at start
+        # serving.json, and its copy beside the control socket (a tmpfs): adoption reads them at start
+        self.state_file = ServerState(state_path, self.event, socket=config().agent.socket)
         self._host, self._simulated, self.timing = host, simulated, timing
         self._http = http
         self._cluster = cluster
@@ -315,9 +316,15 @@ class RunLifecycle:
     async def _lifecycle(self, run: Run, prof: Profile) -> None:
         proc = run.proc
         watch = RunWatch(self, run, prof, self._http, self._config().agent)
-        readiness = await watch.until_ready()
-        if readiness == "ready":
-            await watch.while_serving()
+        # beside the watch, not in it: a copy of the log never delays a /health probe
+        capper = asyncio.get_running_loop().create_task(logcap.keep_capped(
+            run.log_path, lambda: self._config().agent.run_log_max_mb, lambda: not proc.exited), name="run-log-cap")
+        try:
+            readiness = await watch.until_ready()
+            if readiness == "ready":
+                await watch.while_serving()
+        finally:
+            capper.cancel()
         if proc.exited and not self._closing:
             if readiness != "timeout":  # a timeout was counted already, as a failure rather than a crash
                 self.crashes += 1

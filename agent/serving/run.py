@@ -9,7 +9,6 @@ the action), so a new run can never inherit a field that one of two hand-written
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -19,6 +18,7 @@ from lynxtop.agent.serving import launcher, procs
 from lynxtop.agent.serving.launcher import ServerProcess, ServerRecord
 from lynxtop.agent.serving.startup import PhaseMark, PhaseTracker
 from lynxtop.contract.config import Profile
+from lynxtop.contract.files import free_bytes
 
 LOG_SPACE_MIN_BYTES = 1 << 20  # below this on the log's file system, the run's output is being lost
 
@@ -141,12 +141,10 @@ class Run:
         if self.proc.log_error:
             problem = ("create", self.proc.log_error)
         else:
-            try:
-                st = os.statvfs(path.parent)
-                free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
-                if free < LOG_SPACE_MIN_BYTES:
-                    problem = ("space", f"the file system of the run's log {path} is full ({free} bytes free)")
-            except OSError as exc:
-                problem = ("stat", f"cannot check the run's log {path}: {exc.strerror or exc}")
+            free = free_bytes(path.parent)
+            if free is None:
+                problem = ("stat", f"cannot check the free space of the run's log {path}")
+            elif free < LOG_SPACE_MIN_BYTES:
+                problem = ("space", f"the file system of the run's log {path} is full ({free} bytes free)")
         was, self.log_problem = self.log_problem, problem
         return problem, was

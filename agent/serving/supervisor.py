@@ -7,11 +7,11 @@ each own one job.
 - agent/serving/switching.py: the switch or restart intent on disk; adoption.py: live restore at agent start;
 - agent/config_source.py: the config, re-read in one place (profiles for each action).
 
-An action here validates (the run the caller saw, profile, preflight, strays, port), takes the action slot, and
-hands the work to the lifecycle; it writes no state of its own. Everything that can refuse is checked before
-anything is stopped, the run the caller saw (`expect_run`) again with no await before the slot is taken. A stop
-may preempt an action that is only waiting for readiness (an operator must be able to abort a wrong 20-minute
-load); anything else in progress makes a second action "busy".
+An action here validates (the run the caller saw, profile, preflight, free disk space, strays, port), takes the
+action slot, and hands the work to the lifecycle; it writes no state of its own. Everything that can refuse is
+checked before anything is stopped, the run the caller saw (`expect_run`) again with no await before the slot is
+taken. A stop may preempt an action that is only waiting for readiness (an operator must be able to abort a wrong
+20-minute load); anything else in progress makes a second action "busy".
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 from lynxtop.agent.api.control import ANY_RUN, ActionError, ExpectRun
 from lynxtop.agent.config_source import ConfigSource
 from lynxtop.agent.events import EventSink
-from lynxtop.agent.serving import check, gpu_holders, launcher, procs
+from lynxtop.agent.serving import check, diskspace, gpu_holders, launcher, procs
 from lynxtop.agent.serving.actions import ActionSlot
 from lynxtop.agent.serving.adoption import FALLBACK_GRACE_S, Adoption
 from lynxtop.agent.serving.health import HttpClient
@@ -247,6 +247,8 @@ class Supervisor:
                                                                            409)
         prof = self._resolve_profile(profile)
         warnings = self._preflight_or_raise(prof)
+        if not autostart:  # an autostart waits for room instead (diskspace.DiskGate)
+            await diskspace.refuse_if_short(self.cfg.agent, f"start profile {prof.name}")
         await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, guard=None if autostart else self._gpu_guard)
         self._begin("start", by, prof.name, expect_run)
         self._event(EventKind.ACTION_START, Severity.INFO, f"start of profile {prof.name} requested by {by}", by=by)
@@ -280,6 +282,7 @@ class Supervisor:
             raise self._slot.busy()
         prof = self._resolve_profile(profile)
         warnings = self._preflight_or_raise(prof)
+        await diskspace.refuse_if_short(self.cfg.agent, f"restart profile {prof.name}")
         await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, self.runs, self._gpu_guard)
         self._begin("restart", by, prof.name, expect_run)
         self._intent.save("restart", prof.name, self.runs.profile_name, by, self.runs.run_id)  # as a switch's
@@ -293,6 +296,7 @@ class Supervisor:
             raise self._slot.busy()
         prof = self._resolve_profile(profile)
         warnings = self._preflight_or_raise(prof)
+        await diskspace.refuse_if_short(self.cfg.agent, f"switch to profile {prof.name}")
         await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, self.runs, self._gpu_guard)
         old = self.runs.profile_name
         self._begin("switch", by, prof.name, expect_run)

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import signal
 import sqlite3
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 from support.agent_proc import Agent, e2e_config, sim_processes
 from support.db import db_rows
+from support.small_fs import fill, mounted
 from support.waits import holds_async
 
 from lynxtop.agent.serving import procs
@@ -78,41 +76,23 @@ async def test_log_that_cannot_be_created_is_an_event_and_serving_starts(make_su
 
 @pytest.fixture
 def small_fs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounts a 20 MB tmpfs: needs root (CI runs as root)")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m,mode=0755", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
-def _fill(fs: Path) -> Path:
-    """Fill `fs` to the last byte; returns the filler to delete when space should come back."""
-    filler = fs / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        for size in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    f.write(b"\0" * size)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-    return filler
+    """A 20m tmpfs (support/small_fs.py)."""
+    with mounted(tmp_path / "small", "20m") as mnt:
+        yield mnt
 
 
 @pytest.mark.timeout(150)
 async def test_restart_on_a_full_disk_records_the_run_and_keeps_serving(tmp_path, small_fs, cleanup):
     db_path = small_fs / "lynxtop.db"
-    cfg = e2e_config(tmp_path)
+    # min_free_mb = 0: the free-space preflight (diskspace.py) would refuse this restart; what is tested here is
+    # a run that starts while the disk is full (it filled after the checks) being recorded
+    cfg = e2e_config(tmp_path, extra_agent="min_free_mb = 0")
     cfg.write_text(cfg.read_text().replace(str(tmp_path / "state" / "lynxtop.db"), str(db_path)))
     a = Agent(tmp_path, cfg)
     cleanup.append(a)
     st = await a.wait_state(lambda s: s["state"] == "ready", what="ready")
     run1 = st["serving"]["run_id"]
-    filler = _fill(small_fs)
+    filler = fill(small_fs)
 
     code, body = await a.api("POST", "/v1/restart", {})
     assert code == 202, body

@@ -134,6 +134,7 @@ async def test_unadoptable_live_server_holds_autostart(tmp_path, h, reaper, reco
     a.kill()  # the agent dies (OOM killer, upgrade gone wrong); serving stays
     a.wait(10)
     (tmp_path / "state" / "serving.json").write_text(record.replace("PID", str(pid)))
+    (tmp_path / "run" / "agent.serving.json").unlink()  # its copy gone too: no readable record anywhere
     b = _agent(cfg, tmp_path / "b.log")
     reaper.append(b)
     started = await _until(lambda: _db(tmp_path, "SELECT id FROM events WHERE kind = 'agent.started'")[1:], 30,
@@ -185,6 +186,7 @@ async def test_two_agents_started_at_once_start_one_server(tmp_path, h, reaper):
         await _until(lambda: not procs.runs_started_in(os.path.realpath(tmp_path / "state" / "logs")), 10,
                      "the run killed", [])
         (tmp_path / "state" / "serving.json").unlink(missing_ok=True)
+        (tmp_path / "run" / "agent.serving.json").unlink(missing_ok=True)  # its copy
         (tmp_path / "state" / "lynxtop.db").unlink()
         for side in ("-wal", "-shm"):
             (tmp_path / "state" / f"lynxtop.db{side}").unlink(missing_ok=True)

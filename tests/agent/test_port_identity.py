@@ -10,20 +10,19 @@ state file retried after a full disk. Real processes and sockets throughout.
 from __future__ import annotations
 
 import asyncio
-import errno
 import http.server
 import json
 import os
 import shutil
 import signal
 import socket
-import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 from support.agent_proc import Agent, e2e_config, sim_processes
 from support.db import db_rows
+from support.small_fs import fill, mounted
 
 from lynxtop.agent.api.control import ActionError
 from lynxtop.agent.serving import launcher, procs
@@ -106,28 +105,9 @@ async def test_readiness_is_not_an_answer_from_another_process(make_sup, store, 
 
 @pytest.fixture
 def small_fs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounts a 1 MB tmpfs: needs root (CI runs as root)")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
-def fill(fs: Path) -> Path:
-    filler = fs / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        for size in (1 << 16, 4096, 1):
-            try:
-                while True:
-                    f.write(b"\0" * size)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-    return filler
+    """A 1m tmpfs (support/small_fs.py)."""
+    with mounted(tmp_path / "small", "1m") as mnt:
+        yield mnt
 
 
 async def test_state_file_is_written_once_space_returns(make_sup, store, h, small_fs):
@@ -162,6 +142,7 @@ async def test_agent_restarted_after_its_state_dir_was_removed_starts_no_second_
     assert orphan in left
     a.stop(signal.SIGKILL)
     shutil.rmtree(tmp_path / "state")  # the database, serving.json and the run logs
+    (tmp_path / "run" / "agent.serving.json").unlink()  # and its copy: nothing tells the next agent of the run
     assert procs.alive(orphan)
     b = Agent(tmp_path, cfg, name="agent2")
     cleanup.append(b)

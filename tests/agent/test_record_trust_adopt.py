@@ -116,6 +116,7 @@ async def _ready_then_edited(tmp_path, cleanup, edit) -> tuple:
     before = _run_processes(token)
     assert (pid, ticks) in before and len(before) > 1  # the API server and its engine
     state.write_text(edit(rec))
+    (tmp_path / "run" / "agent.serving.json").unlink()  # its copy gone too: the edited record is all there is
     since = state_db(tmp_path, "SELECT max(id) AS id FROM events")[0]["id"]
     b = Agent(tmp_path, cfg, "a2")
     cleanup.append(b)

@@ -10,41 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import os
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from support.agent_proc import Agent, e2e_config, reap_sims
+from support.small_fs import fill, mounted
 
 
 @pytest.fixture
 def small_fs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounts a tmpfs: needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m,mode=0755", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
-def _fill(fs: Path) -> Path:
-    filler = fs / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        for size in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    f.write(b"\0" * size)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-    return filler
+    """A 20m tmpfs (support/small_fs.py)."""
+    with mounted(tmp_path / "small", "20m") as mnt:
+        yield mnt
 
 
 def _query(db: Path, sql: str) -> list[tuple]:
@@ -67,7 +46,7 @@ async def test_agent_started_on_a_full_disk_adopts_serving_and_writes_history_on
         pid = st["serving"]["pid"]
         assert a.stop() == 0  # serving keeps running (live restore); the last close removes -wal/-shm
         assert not Path(f"{db}-shm").exists()
-        filler = _fill(small_fs)
+        filler = fill(small_fs)
         b = Agent(tmp_path, cfg, name="agent2")
         deadline = time.monotonic() + 40
         st2: dict = {}

@@ -10,39 +10,20 @@ to the last byte; the served status is read over its real API.
 from __future__ import annotations
 
 import asyncio
-import errno
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from support.agent_proc import Agent, e2e_config, reap_sims
+from support.small_fs import fill, mounted
 
 
 @pytest.fixture
 def small_fs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounts a tmpfs: needs root (CI runs as root)")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m,mode=0755", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
-def _fill(fs: Path) -> None:
-    with open(fs / "filler", "wb", buffering=0) as f:
-        for size in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    f.write(b"\0" * size)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
+    """A 20m tmpfs (support/small_fs.py)."""
+    with mounted(tmp_path / "small", "20m") as mnt:
+        yield mnt
 
 
 @pytest.fixture
@@ -65,7 +46,7 @@ async def test_a_full_disk_is_served_with_the_path_free_space_and_counts(agent_o
     store = st["agent"]["store"]
     assert store["path"] == str(db) and store["retrying"] is False, store
     assert isinstance(store["free_bytes"], int) and store["free_bytes"] > 1 << 20, store  # 20 MB, mostly free
-    _fill(db.parent)
+    fill(db.parent)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         st = await a.status()
@@ -86,7 +67,7 @@ async def test_lynxtop_status_prints_the_full_disk_and_the_run_log_problem(agent
     """The same agent read by the real `lynxtop status`: the history line and the run log's problem."""
     a, db, cfg = agent_on_small_fs
     await a.wait_state(lambda s: s["state"] == "ready", what="ready")
-    _fill(db.parent)
+    fill(db.parent)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         st = await a.status()

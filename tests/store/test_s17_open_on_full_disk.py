@@ -8,14 +8,12 @@ and writes what it kept once space returns. Real small tmpfs (root only), filled
 
 from __future__ import annotations
 
-import errno
-import os
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from support.small_fs import fill, mounted
 
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.store.errors import StoreError
@@ -26,28 +24,9 @@ from .helpers import submit
 
 @pytest.fixture
 def small_fs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounts a tmpfs: needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
-def _fill(fs: Path) -> Path:
-    filler = fs / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        for size in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    f.write(b"\0" * size)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-    return filler
+    """A 4m tmpfs (support/small_fs.py)."""
+    with mounted(tmp_path / "small", "4m") as mnt:
+        yield mnt
 
 
 def _cleanly_closed(db: Path) -> int:
@@ -72,7 +51,7 @@ def _wait(pred, timeout: float, what: str) -> None:
 def test_writer_on_a_full_disk_starts_unopened_and_writes_once_space_returns(small_fs):
     db = small_fs / "h.db"
     old_run = _cleanly_closed(db)
-    filler = _fill(small_fs)
+    filler = fill(small_fs)
     w = StoreWriter(db, queue_max=50, lock=True)  # raised StoreError "disk I/O error" before
     try:
         w.start()
@@ -110,7 +89,7 @@ def test_writer_keeps_retrying_while_the_disk_stays_full(small_fs):
     """Nothing written, nothing raised, the thread alive; close() ends it without waiting for space."""
     db = small_fs / "h.db"
     _cleanly_closed(db)
-    _fill(small_fs)
+    fill(small_fs)
     w = StoreWriter(db)
     w.start()
     submit(w, 3, gpus=1)
@@ -128,7 +107,7 @@ def test_a_locked_database_on_a_full_disk_is_still_refused(small_fs):
     _cleanly_closed(db)
     first = StoreWriter(db, lock=True)
     try:
-        _fill(small_fs)
+        fill(small_fs)
         with pytest.raises(StoreError, match="locked by"):
             StoreWriter(db, lock=True)
     finally:
