@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from lynxtop.agent.api.control import ANY_RUN, ActionError, ExpectRun
 from lynxtop.agent.api.logtail import LogTail
+from lynxtop.agent.api.pending import with_pending
 from lynxtop.agent.api.processes import describe as describe_processes
 from lynxtop.agent.serving.gpu_holders import first_sample
 from lynxtop.contract.events import Event
@@ -82,7 +83,14 @@ class NodeController:
         return await self._read(lambda r: r.runs(limit=limit))
 
     async def events(self, since_ms: int | None, limit: int) -> list[Event]:
-        return await self._read(lambda r: r.events(since_ms=since_ms, limit=limit))
+        """The stored events plus those the writer holds during a write outage, marked pending (api/pending.py)."""
+        writer = self._node.writer
+
+        def read(r: Any) -> list[Event]:
+            held = writer.pending_events() if writer is not None else []  # first: see with_pending
+            return with_pending(r.events(since_ms=since_ms, limit=limit), held, since_ms, limit)
+
+        return await self._read(read)
 
     async def logs(self, run_id: int | None, lines: int, *, after: int | None = None,
                    inode: int | None = None) -> dict[str, Any]:

@@ -5,7 +5,8 @@ history database read-only, as `lynxtop runs` reads it (`--database` reads the d
 times in local time (`--utc`: UTC), as `lynxtop status` prints them. Every stored or served string (kind, message)
 is foreign text and goes through terminal_safe. A bad argument is one line and exit 2; none matching is exit 0
 with "no events match". A newer agent's kind this version does not know is shown as it is, beside the others
-(contract/events.py: `UnknownKind`); `--kind` names it whole to filter on it.
+(contract/events.py: `UnknownKind`); `--kind` names it whole to filter on it. While the history cannot be written
+the agent also serves the events it holds in memory; they are marked [pending] (`"pending": true` with --json).
 """
 
 from __future__ import annotations
@@ -111,6 +112,9 @@ def _from_database(path: Path, args: Namespace, since_ms: int | None, kinds: lis
     return [e for e in got if since_ms is None or (e.ts_ms is not None and e.ts_ms >= since_ms)]
 
 
+PENDING = "[pending] "  # before the message of an event the agent holds in memory, not in the database yet
+
+
 def _print(events: list[Event], args: Namespace) -> None:
     if args.json:
         for ev in events:
@@ -118,7 +122,8 @@ def _print(events: list[Event], args: Namespace) -> None:
         return
     rows = [(fmt_datetime(ev.ts_ms, utc=args.utc, seconds=True) if ev.ts_ms is not None else "-",
              terminal_safe(ev.severity), terminal_safe(ev.kind),
-             f"run {ev.run_id}" if ev.run_id is not None else "-", terminal_safe(ev.message))
+             f"run {ev.run_id}" if ev.run_id is not None else "-",
+             (PENDING if ev.pending else "") + terminal_safe(ev.message))
             for ev in events]
     head = ("TIME (UTC)" if args.utc else "TIME", "SEVERITY", "KIND", "RUN", "MESSAGE")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
@@ -167,4 +172,8 @@ def run(args: Namespace) -> int:
         print("no events match", file=sys.stderr if args.json else sys.stdout)
         return 0
     _print(events, args)
+    held = sum(ev.pending for ev in events)
+    if held:
+        _note(f"{held} event(s) marked {PENDING.strip()} are held in the agent's memory: the history database "
+              "cannot be written now (see `lynxtop status`); they are stored once writes resume")
     return 0

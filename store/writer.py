@@ -96,10 +96,17 @@ class _Op:
     fn: Callable[[sqlite3.Connection], Any]
     future: Future = field(default_factory=Future)
     droppable: bool = False  # an event: dropped (oldest first) when the queue is full; nothing else is
+    event_row: tuple | None = None  # an event's row as it will be stored: what pending_events() shows of it
 
 
 def _now_ms(clock: Callable[[], float]) -> int:
     return int(clock() * 1000)
+
+
+def _pending_event(row: tuple) -> Event:
+    """A held event's row (record's) as the Event a read of the stored row would give, marked pending."""
+    ts, run_id, kind, severity, message, det = row
+    return Event(kind, severity, message, json.loads(det) if det is not None else None, run_id, ts, pending=True)
 
 
 def _low_space(path: Path) -> bool:
@@ -496,6 +503,7 @@ class StoreWriter:
         self._dropped_events = 0
         self._dropped_events_told = 0  # dropped events already counted in a store.writes_resumed
         self._busy = False  # a batch taken from the queues is being written
+        self._writing_ops: list[_Op] = []  # the non-tick writes of that batch (seen by pending_events)
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._inline_lock = threading.Lock()
@@ -741,7 +749,21 @@ class StoreWriter:
         row = (ts, event.run_id, canonical_kind(str(event.kind)), str(event.severity), _storable(event.message), det)
         self._enqueue_op(lambda c: c.execute(
             "INSERT INTO events (ts_ms, run_id, kind, severity, message, details) VALUES (?, ?, ?, ?, ?, ?)",
-            row).lastrowid, droppable=True)
+            row).lastrowid, droppable=True, event_row=row)
+
+    def pending_events(self) -> list[Event]:
+        """The events recorded but not written yet (queued, or in the batch being written), oldest queued first,
+        as the database will hold them (id None) and marked `pending`: fresh copies, taken under the lock.
+
+        Empty unless writes fail (a full disk, a read-only remount): then the events that explain the outage
+        wait here, and `GET /v1/events` answers them beside the stored ones. Not for the tick's path: it copies
+        the whole queue (at most `ops_max`). An event may be written just after this returns: a caller that
+        then reads the database drops the copy the database already holds (see agent/api/pending.py).
+        """
+        with self._cv:  # a failed batch is put back in front before _writing_ops is cleared: each op once
+            ops = {id(op): op for op in (*self._writing_ops, *self._ops)}.values()
+            rows = [op.event_row for op in ops if op.event_row is not None and not op.future.done()]
+        return [_pending_event(r) for r in rows]
 
     def create_run(self, run_id: int | None = None, **fields: Any) -> int:
         """Queue a run's row and return its id at once, without waiting for the disk.
@@ -912,8 +934,9 @@ class StoreWriter:
             out[k] = _storable(v)
         return out
 
-    def _enqueue_op(self, fn: Callable[[sqlite3.Connection], Any], droppable: bool = False) -> _Op:
-        op = _Op(fn, droppable=droppable)
+    def _enqueue_op(self, fn: Callable[[sqlite3.Connection], Any], droppable: bool = False,
+                    event_row: tuple | None = None) -> _Op:
+        op = _Op(fn, droppable=droppable, event_row=event_row)
         with self._cv:
             self._ops.append(op)
             if len(self._ops) > self.ops_max:  # only while writes fail: the thread empties the queue otherwise
@@ -1037,6 +1060,7 @@ class StoreWriter:
             n = min(len(self._ticks), self.batch_max_ticks) if self._linger_left() <= 0 else 0
             ops = list(self._ops)
             self._ops.clear()
+            self._writing_ops = ops
             ticks = [self._ticks.popleft() for _ in range(n)]
             if n:  # the next batch: a backlog at once, else a linger from now (None: the next tick sets it)
                 self._due_at = 0.0 if self._ticks else (time.monotonic() + self.linger_s if self.linger_s else None)
@@ -1059,6 +1083,7 @@ class StoreWriter:
         finally:
             with self._cv:
                 self._busy = False
+                self._writing_ops = []
                 self._cv.notify_all()
 
     def _write_ops(self, ops: list[_Op]) -> bool:
