@@ -130,7 +130,7 @@ def check_events_filter(term: Terminal) -> None:
     shown, total = events_count(screen)
     assert shown == total > 1
     term.keys("/")
-    term.wait("▔", "the filter box")  # an Input's border
+    term.wait(lambda s: "filter events:" in s and "┏" in s, "the filter box, focused")  # heavy border: has the keys
     term.keys("-l", "ready")
     term.keys("Enter")
     screen = term.wait(lambda s: events_count(s)[0] < total, "the filter narrowing the events")
