@@ -74,7 +74,8 @@ async def test_socket_dir_that_cannot_be_made_again_is_one_episode():
         msg = rows[1]["message"]
         assert "was removed" in msg and "re-created" in msg and "failed tries" in msg, msg
         told_s = int(msg.split(" after ")[1].split(" s ")[0])
-        assert 15 <= told_s <= lost_s + 1, (told_s, lost_s)  # how long it was lost
+        # how long it was lost, from the check that found it gone (checks are 5 s apart, a loaded machine later)
+        assert lost_s - 8 <= told_s <= lost_s + 1 and told_s >= 9, (told_s, lost_s)
         tries = int(msg.split("(")[-1].split(" failed")[0])
         assert tries >= 3, msg  # retried at every check, quietly
         log = (base / "agent.log").read_text(errors="replace")
