@@ -338,17 +338,10 @@ class LynxtopApp(App):
             self.switch_mode(name)
 
     def action_help(self) -> None:
-        keys: list[tuple[str, str]] = []
-        seen = set()
-        for active in self.screen.active_bindings.values():
-            binding = active.binding
-            if binding.description and binding.key not in seen:
-                seen.add(binding.key)
-                keys.append((binding.key_display or binding.key, binding.description))
         view = getattr(self.screen, "VIEW_TITLE", "") or self.current_mode
         from lynxtop.tui.screens.help import HelpScreen
 
-        self.push_screen(HelpScreen(keys, view))
+        self.push_screen(HelpScreen(view))  # it reads the keys in force on the view it opens over
 
     def action_refresh_now(self) -> None:
         if self._poll_timer is not None:

@@ -44,13 +44,12 @@ class HelpScreen(ModalScreen[None]):
     CSS_PATH = VIEWS_CSS
     BINDINGS = [Binding("escape,q,question_mark", "close", "Close", id="help.close")]
 
-    def __init__(self, bindings: list[tuple[str, str]], view: str, under: Screen[Any] | None = None):
-        """The keys are read from the bindings in force on `under` (by default the view the help opens over);
-        `bindings` is what the caller listed, shown only where no view is under the help."""
+    def __init__(self, view: str, under: Screen[Any] | None = None):
+        """The keys are read from the bindings in force on `under` (by default the view the help opens over)."""
         super().__init__()
         if under is None:
             under = self.app.screen if self.app.screen_stack else None
-        self.keys = help_keys(under) if under is not None else bindings
+        self.keys = help_keys(under) if under is not None else []
         self.view = view
 
     def compose(self) -> ComposeResult:
