@@ -744,16 +744,16 @@ def read_record(path: Path) -> tuple[ServerRecord | None, str | None]:
     except FileNotFoundError:
         return None, None
     except safefile.StateFileError as exc:
-        return None, f"{exc}{_UNREADABLE}"
+        return None, f"{exc}{UNREADABLE}"
     except OSError as exc:
-        return None, f"cannot read {path}: {exc}{_UNREADABLE}"
+        return None, f"cannot read {path}: {exc}{UNREADABLE}"
     try:
         return ServerRecord.from_json(text), None
     except ValueError as exc:
-        return None, f"{path} is not a valid server record ({exc}){_UNREADABLE}"
+        return None, f"{path} is not a valid server record ({exc}){UNREADABLE}"
 
 
-_UNREADABLE = ("; ignored: nothing is adopted and nothing is signalled (a server still running from it keeps "
+UNREADABLE = ("; ignored: nothing is adopted and nothing is signalled (a server still running from it keeps "
                "serving unsupervised and holds autostart while it lives)")
 
 

@@ -126,7 +126,7 @@ def _later(copy: launcher.ServerRecord, primary: launcher.ServerRecord) -> bool:
 def _reason(err: str) -> str:
     """read_record's words without their "ignored: nothing is adopted" end, which is not so when the other
     record is read."""
-    return err.removesuffix(launcher._UNREADABLE)
+    return err.removesuffix(launcher.UNREADABLE)
 
 
 class Marker:
