@@ -53,7 +53,7 @@ async def test_socket_dir_that_cannot_be_made_again_is_one_episode():
         assert _answers(sock)
         shutil.rmtree(base / "run")
         t0 = time.monotonic()
-        await asyncio.sleep(17)  # three 5 s checks or more, each failing with EACCES
+        await asyncio.sleep(22)  # the check that finds it gone, then two or more retries, each failing with EACCES
         assert a.proc.poll() is None, a.output()
         assert not (base / "run").exists()  # really not re-creatable by the agent
         (base / "run").mkdir()  # systemd (or an operator) makes it again: the next quiet retry binds
@@ -77,7 +77,8 @@ async def test_socket_dir_that_cannot_be_made_again_is_one_episode():
         # how long it was lost, from the check that found it gone (checks are 5 s apart, a loaded machine later)
         assert lost_s - 8 <= told_s <= lost_s + 1 and told_s >= 9, (told_s, lost_s)
         tries = int(msg.split("(")[-1].split(" failed")[0])
-        assert tries >= 3, msg  # retried at every check, quietly
+        # retried at every check after the one that found it gone (5 s apart; fewer when load delays them)
+        assert tries >= 2, msg
         log = (base / "agent.log").read_text(errors="replace")
         assert log.count("agent.socket_lost") == 1, log[-3000:]
     finally:
