@@ -17,10 +17,13 @@ file under the name. A FIFO or a character device (`-o >(gzip > x)`, /dev/stdout
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import os
 import stat
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
@@ -264,15 +267,34 @@ class OutputError(Exception):
     """The output could not be written (a full disk, /dev/full): exit 1 with a line naming it."""
 
 
-def export_table(reader: StoreReader, table: str, resolution: str, start_ms: int, end_ms: int,
-                 output: Path | None, force: bool = False, progress_stream: TextIO | None = None,
-                 raw: bool = False) -> int:
-    """Export one table to `output` (a file, atomically) or stdout; returns the row count."""
+def _query(reader: StoreReader, table: str, resolution: str, start_ms: int, end_ms: int, raw: bool) -> Query:
+    """The query of one table's export (its end is fixed by `fixed_end` just before it is counted and written)."""
     if resolution != "raw" and resolution not in RESOLUTIONS:
         raise ExportError(f"unknown resolution {resolution!r} (known: raw, {', '.join(RESOLUTIONS)})")
     if table in ("events", "runs"):
         resolution = "raw"
-    q = build_query(table, resolution, start_ms, end_ms, raw, reader.columns)
+    return build_query(table, resolution, start_ms, end_ms, raw, reader.columns)
+
+
+def _target_kind(output: Path, force: bool) -> str | None:
+    """None for a regular file (or none yet) that may be written, else the special kind written as it is;
+    ExportError for a target export must not write (an existing file without --force, a directory, a socket)."""
+    kind = _special_kind(output)
+    if kind is None:
+        if output.exists() and not force:
+            raise ExportError(f"{output} already exists; use --force to overwrite it")
+        if output.is_dir():
+            raise ExportError(f"{output} is a directory; give a file name (or use --table all for a directory)")
+    elif kind not in _WRITTEN_AS_IS:
+        raise ExportError(f"{output} is a {kind}: export writes a regular file, a FIFO or a character device")
+    return kind
+
+
+def export_table(reader: StoreReader, table: str, resolution: str, start_ms: int, end_ms: int,
+                 output: Path | None, force: bool = False, progress_stream: TextIO | None = None,
+                 raw: bool = False) -> int:
+    """Export one table to `output` (a file, atomically) or stdout; returns the row count."""
+    q = _query(reader, table, resolution, start_ms, end_ms, raw)
     if output is None:
         try:
             n = write_csv(reader, q, _Terminal(sys.stdout) if sys.stdout.isatty() else sys.stdout)
@@ -282,19 +304,11 @@ def export_table(reader: StoreReader, table: str, resolution: str, start_ms: int
         except OSError as exc:
             raise OutputError(f"cannot write to stdout: {exc.strerror or exc}") from None
         return n
-    kind = _special_kind(output)
-    if kind is None:
-        if output.exists() and not force:
-            raise ExportError(f"{output} already exists; use --force to overwrite it")
-        if output.is_dir():
-            raise ExportError(f"{output} is a directory; give a file name (or use --table all for a directory)")
-        if not output.parent.is_dir():
-            raise ExportError(f"{output.parent} does not exist")
-    elif kind not in _WRITTEN_AS_IS:
-        raise ExportError(f"{output} is a {kind}: export writes a regular file, a FIFO or a character device")
-    q = fixed_end(reader, q)  # the progress bar's total and the rows written: one range
-    total = count(reader, q)
-    prog = Progress(progress_stream or sys.stderr, total, f"{output.name}")
+    kind = _target_kind(output, force)
+    if kind is None and not output.parent.is_dir():
+        raise ExportError(f"{output.parent} does not exist")
+    q = fixed_end(reader, q)
+    prog = Progress(progress_stream or sys.stderr, count(reader, q), f"{output.name}")
     try:
         if kind is not None:
             return _write_special(output, lambda f: write_csv(reader, q, f, prog))
@@ -335,11 +349,99 @@ def _write_special(path: Path, write: Callable[[TextIO], int]) -> int:
         os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Persist the renames (durability only: a file system that cannot fsync a directory loses nothing else)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class _Staging:
+    """Where `--table all` writes its files until every one is complete, so a failure (a full disk) leaves nothing
+    half-made: a directory that did not exist is written as a hidden sibling (`.DIR.XXXX.tmp`, the same file
+    system) renamed to DIR at the end; into an existing one each file goes to a hidden temporary name inside it
+    (DIR may be a mount point) and all are renamed over their targets only once all are written. `discard`
+    removes what the export made (the files, the sibling, parent directories it created), nothing else."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.made_parents: list[Path] = []
+        self.files: list[tuple[Path, Path]] = []  # (temporary, target)
+        self.sibling: Path | None = None
+        if directory.is_dir():
+            return
+        missing = [p for p in (directory.parent, *directory.parent.parents) if not p.exists()]
+        try:
+            for p in reversed(missing):
+                p.mkdir(mode=0o777)  # the umask applies, as mkdir(1)'s
+                self.made_parents.append(p)
+            self.sibling = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
+            os.chmod(self.sibling, 0o777 & ~_umask())  # the directory's mode as mkdir gives it, not mkdtemp's 0700
+        except BaseException:
+            self.discard()
+            raise
+
+    def write(self, target: Path, write: Callable[[TextIO], int]) -> int:
+        """Write `target`'s content aside (synced to disk); it takes the name at `commit`."""
+        if self.sibling is not None:
+            tmp = self.sibling / target.name
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        else:
+            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            tmp = Path(name)
+        self.files.append((tmp, target))
+        with open(fd, "w", encoding="utf-8", newline="") as f:  # owns fd from here: closed whatever happens
+            if self.sibling is None:
+                os.fchmod(fd, 0o666 & ~_umask())  # as a shell's `>` makes it, not mkstemp's 0600
+            n = write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        return n
+
+    def commit(self) -> None:
+        """Every file under its name at once (as far as renames go): the sibling becomes DIR, or each file is
+        renamed over its target."""
+        if self.sibling is not None:
+            _fsync_dir(self.sibling)
+            os.rename(self.sibling, self.directory)  # an empty DIR made meanwhile is replaced; a full one refuses
+            self.sibling = None
+            self.made_parents = []
+            _fsync_dir(self.directory.parent)
+        else:
+            for tmp, target in self.files:
+                os.replace(tmp, target)
+            _fsync_dir(self.directory)
+        self.files.clear()
+
+    def discard(self) -> None:
+        """Remove what the export made, newest first; what existed before is left as it was."""
+        for tmp, _ in self.files:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        self.files.clear()
+        for d in ([self.sibling] if self.sibling else []) + self.made_parents[::-1]:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only when empty: never anything someone else put there
+        self.sibling, self.made_parents = None, []
+
+
 def export_all(reader: StoreReader, resolution: str, start_ms: int, end_ms: int, directory: Path,
                force: bool = False, progress_stream: TextIO | None = None, raw: bool = False) -> dict[str, int]:
-    """One file per table in `directory` (created if absent); checks every target before writing any."""
-    if directory.exists() and not directory.is_dir():
+    """One file per table in `directory` (created if absent); checks every target before writing any, and puts
+    the files in place only when all are written: on a failure (OutputError: a full disk) none is kept, no
+    existing file is replaced, and a directory it created is removed (`_Staging`)."""
+    if os.path.lexists(directory) and not directory.is_dir():  # a dangling symlink too: never replaced
         raise ExportError(f"{directory} is not a directory (--table all writes one file per table into it)")
+
     def name(t: str) -> str:
         return f"{t}.csv" if t in ("events", "runs") or resolution == "raw" else f"{t}_{resolution}.csv"
 
@@ -347,6 +449,29 @@ def export_all(reader: StoreReader, resolution: str, start_ms: int, end_ms: int,
     existing = [str(p) for p in targets.values() if p.exists() and _special_kind(p) is None]  # FIFOs: as-is
     if existing and not force:
         raise ExportError(f"{', '.join(existing)} already exist(s); use --force to overwrite")
-    directory.mkdir(parents=True, exist_ok=True)
-    return {t: export_table(reader, t, resolution, start_ms, end_ms, p, True, progress_stream, raw)
-            for t, p in targets.items()}
+    kinds = {t: _target_kind(p, True) for t, p in targets.items()}
+    queries = {t: _query(reader, t, resolution, start_ms, end_ms, raw) for t in TABLES}
+    at = directory
+    try:
+        staging = _Staging(directory)
+    except OSError as exc:
+        raise OutputError(f"cannot create {exc.filename or directory}: {exc.strerror or exc}") from None
+    counts: dict[str, int] = {}
+    try:
+        for t, target in targets.items():
+            at = target
+            q = fixed_end(reader, queries[t])
+            prog = Progress(progress_stream or sys.stderr, count(reader, q), target.name)
+            write = functools.partial(write_csv, reader, q, progress=prog)
+            counts[t] = _write_special(target, write) if kinds[t] else staging.write(target, write)
+        at = directory
+        staging.commit()
+    except OSError as exc:
+        left = (f"{directory} was not created" if staging.sibling is not None
+                else f"no file in {directory} was created or replaced")
+        staging.discard()
+        raise OutputError(f"cannot write to {at}: {exc.strerror or exc}; {left}") from None
+    except BaseException:
+        staging.discard()
+        raise
+    return counts

@@ -2,7 +2,9 @@
 
 Small chunks keep each delete transaction short so ticks keep flowing and readers see no stall; freed
 pages are reused by new rows, so steady state needs no VACUUM. Raw rows are never deleted before they
-are rolled up (the cut-off never passes a rollup watermark). Runs and bench results are never deleted.
+are rolled up (the cut-off never passes a rollup watermark). Bench results are never deleted; a run row goes
+once nothing is left that it describes or that refers to it (`delete_runs`): a node whose server restarts
+often (a crash loop, operators switching profiles) would otherwise grow the runs table forever.
 
 Ages are measured from the newest stored sample, never from the wall clock alone: a clock stepped 8 days
 forward (an NTP step after a bad RTC, a snapshot restored, `date -s`) must not make a week of history look
@@ -23,6 +25,10 @@ from lynxtop.store.schema import (
     rollback,
     rollup_table,
 )
+
+# Tables whose rows refer to a run by id, each indexed by run_id first; a run one of them names is kept. Bench
+# results (never deleted) name runs too: their runs are left out of `delete_runs`'s walk altogether.
+RUN_REFERENCES = ("events", "serving_samples")
 
 DAY_MS = 86_400_000
 CHUNK_ROWS = 5000
@@ -109,11 +115,72 @@ def delete_chunks(conn: sqlite3.Connection, table: str, before_ms: int, chunk: i
     return sum(n for _, n in ids[:limit]), len(ids) > limit
 
 
+def oldest_stored_ms(conn: sqlite3.Connection) -> int | None:
+    """The time of the oldest row of any table kept by age (raw, chunks, rollups, processes, events): each is
+    keyed or indexed by its time first, so each min() is an index lookup."""
+    tables = [*(t.name for t in SAMPLE_TABLES.values()), "gpu_processes", "events",
+              *(rollup_table(k, r) for k in ROLLUP_KINDS for r in RESOLUTIONS)]
+    found = [conn.execute(f"SELECT min(ts_ms) FROM {t}").fetchone()[0] for t in tables]
+    found += [conn.execute(f"SELECT min(start_ms) FROM {chunk_table(t)}").fetchone()[0] for t in COMPACTED]
+    return min((f for f in found if f is not None), default=None)
+
+
+def runs_cutoff(conn: sqlite3.Connection, policy: RetentionPolicy, ref_ms: int) -> int:
+    """Runs that ended before this may go: older than the longest retention (the hour rollups a run's charts are
+    drawn from live longest), and before every row still stored (rows held back, e.g. raw rows not yet rolled up,
+    keep the runs of their time)."""
+    longest = max(policy.raw_days, policy.minute_days, policy.hour_days)
+    cut = ref_ms - int(longest * DAY_MS)
+    oldest = oldest_stored_ms(conn)
+    return cut if oldest is None else min(cut, oldest)
+
+
+def _referenced(conn: sqlite3.Connection, run_id: int) -> bool:
+    return any(conn.execute(f"SELECT 1 FROM {t} WHERE run_id = ? LIMIT 1", (run_id,)).fetchone()
+               for t in RUN_REFERENCES)
+
+
+def delete_runs(conn: sqlite3.Connection, before_ms: int, chunk: int = CHUNK_ROWS) -> tuple[int, bool]:
+    """Delete the runs that ended before `before_ms` and that no row refers to, looking at up to `chunk` runs
+    (oldest id first); returns (runs deleted, more remain to look at).
+
+    Never deleted: a run not ended (the server running, or one the agent may adopt), the run with the highest id
+    (ids are MAX(id) + 1: deleting it would give its id out again), a run an event, a serving sample or a bench
+    result names. The walk stops at the first run that started at or after `before_ms`: later ids started later
+    (a run started before a clock step back waits until the runs before it go)."""
+    if before_ms <= 0:
+        return 0, False
+    conn.execute("BEGIN IMMEDIATE")  # read and delete under one lock: no row naming a run slips in between
+    try:
+        limit = max(1, chunk)
+        cur = conn.execute(  # read lazily: the walk usually ends at its first young run
+            "SELECT id, started_ms, ended_ms FROM runs WHERE id < (SELECT max(id) FROM runs) AND ended_ms IS NOT "
+            "NULL AND id NOT IN (SELECT run_id FROM bench_results WHERE run_id IS NOT NULL) ORDER BY id LIMIT ?",
+            (limit,))
+        doomed, seen, young = [], 0, False
+        for run_id, started, ended in cur:
+            seen += 1
+            if started is not None and started >= before_ms:
+                young = True  # the rest started later still
+                break
+            if ended < before_ms and not _referenced(conn, run_id):
+                doomed.append((run_id,))
+        cur.close()
+        conn.executemany("DELETE FROM runs WHERE id = ?", doomed)
+        conn.execute("COMMIT")
+    except BaseException:
+        rollback(conn)
+        raise
+    return len(doomed), seen == limit and not young and bool(doomed)
+
+
 def step(conn: sqlite3.Connection, policy: RetentionPolicy, now_ms: int,
          watermarks: dict[tuple[str, str], int | None], chunk: int = CHUNK_ROWS) -> tuple[int, bool]:
-    """One chunk per table; returns (rows deleted, more remain). `now_ms` is held to the newest sample."""
+    """One chunk per table, then a batch of runs; returns (rows deleted, more remain). `now_ms` is held to the
+    newest sample."""
     total, more = 0, False
-    for table, before in cutoffs(policy, reference_ms(conn, now_ms), watermarks).items():
+    ref = reference_ms(conn, now_ms)
+    for table, before in cutoffs(policy, ref, watermarks).items():
         n, m = delete_chunk(conn, table, before, chunk)
         total += n
         more = more or m
@@ -121,4 +188,5 @@ def step(conn: sqlite3.Connection, policy: RetentionPolicy, now_ms: int,
             n, m = delete_chunks(conn, table, before, chunk)
             total += n
             more = more or m
-    return total, more
+    n, m = delete_runs(conn, runs_cutoff(conn, policy, ref), chunk)
+    return total + n, more or m
