@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from lynxtop.agent.api.control import ANY_RUN, ActionError, ExpectRun
 from lynxtop.agent.api.logtail import LogTail
-from lynxtop.agent.api.pending import with_pending
+from lynxtop.agent.api.pending import EventsAnswer, held_only, with_pending
 from lynxtop.agent.api.processes import describe as describe_processes
 from lynxtop.agent.serving.gpu_holders import first_sample
-from lynxtop.contract.events import Event
 from lynxtop.contract.processes import GpuProcesses
 from lynxtop.contract.records import ProfileInfo, ProfileList, RunInfo
 from lynxtop.contract.status import (
@@ -59,7 +58,9 @@ class NodeController:
         from lynxtop.store.reader import StoreReader
 
         if self._reader is None:
-            self._node.writer.flush(2.0)
+            writer = self._node.writer
+            if not writer.stats().get("unavailable"):  # an unopened writer (full disk) writes nothing to wait for
+                writer.flush(2.0)
             try:
                 self._reader = StoreReader(self._node.cfg.agent.database, self._node.interval)
             except Exception as exc:  # noqa: BLE001 - StoreError: answer 503 rather than crash
@@ -82,15 +83,22 @@ class NodeController:
     async def runs(self, limit: int) -> list[RunInfo]:
         return await self._read(lambda r: r.runs(limit=limit))
 
-    async def events(self, since_ms: int | None, limit: int) -> list[Event]:
-        """The stored events plus those the writer holds during a write outage, marked pending (api/pending.py)."""
+    async def events(self, since_ms: int | None, limit: int) -> EventsAnswer:
+        """The stored events plus those the writer holds during a write outage, marked pending (api/pending.py);
+        while the database cannot be opened, the held ones alone and why (never a 503 hiding them)."""
         writer = self._node.writer
 
-        def read(r: Any) -> list[Event]:
+        def read(r: Any) -> EventsAnswer:
             held = writer.pending_events() if writer is not None else []  # first: see with_pending
-            return with_pending(r.events(since_ms=since_ms, limit=limit), held, since_ms, limit)
+            return EventsAnswer(with_pending(r.events(since_ms=since_ms, limit=limit), held, since_ms, limit))
 
-        return await self._read(read)
+        try:
+            return await self._read(read)
+        except ActionError as exc:
+            if exc.code != "store":
+                raise
+            held = writer.pending_events() if writer is not None else []
+            return held_only(held, since_ms, limit, exc.message)
 
     async def logs(self, run_id: int | None, lines: int, *, after: int | None = None,
                    inode: int | None = None) -> dict[str, Any]:

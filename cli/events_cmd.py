@@ -6,7 +6,8 @@ times in local time (`--utc`: UTC), as `lynxtop status` prints them. Every store
 is foreign text and goes through terminal_safe. A bad argument is one line and exit 2; none matching is exit 0
 with "no events match". A newer agent's kind this version does not know is shown as it is, beside the others
 (contract/events.py: `UnknownKind`); `--kind` names it whole to filter on it. While the history cannot be written
-the agent also serves the events it holds in memory; they are marked [pending] (`"pending": true` with --json).
+the agent also serves the events it holds in memory; they are marked [pending] (`"pending": true` with --json);
+while it cannot even open it, those alone, with a note on stderr saying why the stored ones are missing.
 """
 
 from __future__ import annotations
@@ -68,9 +69,13 @@ def _from_socket(path: str, args: Namespace, since_ms: int | None, kinds: list[s
                  severities: list[str] | None) -> list[Event]:
     """The newest events the agent serves, filtered here (the API takes only `since` and `limit`). Raises
     AgentUnreachable / AgentRefused."""
-    from lynxtop.contract.client import AgentClient
+    from lynxtop.contract.client import AgentClient, events_of
 
-    got = AgentClient(path).events(since_ms=None, limit=SOCKET_MAX)  # newest, oldest first
+    data = AgentClient(path).request("GET", "/v1/events", {"limit": SOCKET_MAX})
+    got = events_of(data, path)  # newest, oldest first
+    why = data.get("history_error")
+    if why:  # the database cannot be opened: only the events the agent holds in memory are listed
+        _note(f"the agent's history cannot be read ({why}); only the events it holds in memory are listed")
     picked = [e for e in got if _matches(e, since_ms, kinds, severities, args.run)]
     oldest = got[0].ts_ms if got else None
     if len(got) >= SOCKET_MAX and len(picked) < args.limit and (since_ms is None or (oldest or 0) > since_ms):

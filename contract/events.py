@@ -9,8 +9,9 @@ that is not (control characters, too long, not a string) is refused, naming it.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -250,6 +251,14 @@ class Event:
             kind = canonical_kind(d["kind"])
             d = {**d, "kind": EventKind(kind) if kind in _KIND_VALUES else UnknownKind(kind)}
         return cls(**strict_fields(cls, d))
+
+
+def identity(ev: Event) -> Hashable:
+    """What an event held by the agent (`pending`, no id yet) and its stored row share: time, run, kind, severity,
+    message and details. A reader that sees both (the agent's `GET /v1/events`, the dashboard merging the database
+    with the agent's held events) lists the event once, from the database (agent/api/pending.py)."""
+    details = json.dumps(ev.details, sort_keys=True, default=str) if ev.details is not None else None
+    return (ev.ts_ms, ev.run_id, str(ev.kind), str(ev.severity), ev.message, details)
 
 
 def _unknown(kind: str) -> str:

@@ -10,6 +10,7 @@ import enum
 from collections.abc import Callable
 from typing import Any, Protocol, TypeAlias
 
+from lynxtop.agent.api.pending import EventsAnswer
 from lynxtop.contract.events import Event
 from lynxtop.contract.processes import GpuProcesses
 from lynxtop.contract.records import ProfileList, RunInfo
@@ -50,7 +51,8 @@ class Controller(Protocol):
 
     async def runs(self, limit: int) -> list[RunInfo]: ...
 
-    async def events(self, since_ms: int | None, limit: int) -> list[Event]: ...
+    # the events alone, or with why the stored ones are missing (agent/api/pending.py: EventsAnswer)
+    async def events(self, since_ms: int | None, limit: int) -> list[Event] | EventsAnswer: ...
 
     # One of the store reader's reads, `read(reader)`, on the agent's history reader (the TCP endpoint's History)
     async def history(self, read: Callable[[Any], Any]) -> Any: ...

@@ -8,21 +8,36 @@ No event is listed twice across the moment it is written: the held list is taken
 read; an event written in between is in both, and the held copy is dropped because a stored row carries the same
 identity (time, run, kind, severity, message, details: an event has no id before it is stored). Two distinct
 events identical in all of these, in the same millisecond, would read as one until written: harmless.
+
+While the database cannot be read at all (the agent started on a full disk: the writer runs unopened and retries,
+store/writer.py `_start_unopened`) the held events are the only account of the outage: the route answers them
+with `history_error` saying why the stored ones are missing (`EventsAnswer`), never a 503 that hides them.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
 
-from lynxtop.contract.events import Event
+from lynxtop.contract.events import Event, identity
 
 
-def _identity(ev: Event) -> Hashable:
-    """What a held event and its stored row share (the writer builds one from the other's row)."""
-    details = json.dumps(ev.details, sort_keys=True, default=str) if ev.details is not None else None
-    return (ev.ts_ms, ev.run_id, str(ev.kind), str(ev.severity), ev.message, details)
+@dataclass(frozen=True)
+class EventsAnswer:
+    """`GET /v1/events`'s answer: the events, and why the stored ones are missing while the history cannot be
+    read (None when it can). `history_error` is always sent (null when readable), as the status's `*_error`."""
+
+    events: list[Event]
+    history_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"events": [e.to_json() for e in self.events], "history_error": self.history_error}
+
+
+def held_only(held: list[Event], since_ms: int | None, limit: int, why: str) -> EventsAnswer:
+    """The answer while the database cannot be opened: the held events alone, cut as the route cuts, and why."""
+    return EventsAnswer(with_pending([], held, since_ms, limit), why)
 
 
 def with_pending(stored: list[Event], held: list[Event], since_ms: int | None, limit: int) -> list[Event]:
@@ -34,12 +49,12 @@ def with_pending(stored: list[Event], held: list[Event], since_ms: int | None, l
     """
     if not held:
         return stored
-    seen = Counter(_identity(e) for e in stored)
+    seen = Counter(identity(e) for e in stored)
     extra: list[Event] = []
     for ev in held:
         if since_ms is not None and (ev.ts_ms is None or ev.ts_ms < since_ms):
             continue
-        key = _identity(ev)
+        key = identity(ev)
         if seen[key]:
             seen[key] -= 1  # written between the two reads: listed once, from the database
             continue

@@ -32,6 +32,7 @@ from lynxtop.agent.api.connguard import ConnectionGuard, Episodes, GuardedSite, 
 from lynxtop.agent.api.control import ActionError, Controller
 from lynxtop.agent.api.logtail import LogTail
 from lynxtop.agent.api.peercred import Peer, group_gid, may_control, peer_of
+from lynxtop.agent.api.pending import EventsAnswer
 from lynxtop.contract.events import Event
 from lynxtop.contract.processes import GpuProcesses
 from lynxtop.contract.records import ActionAnswer, ProfileList, RunInfo
@@ -520,8 +521,10 @@ class ApiServer:
 
     async def _events(self, request: web.Request) -> web.Response:
         q = _query(request, "events")
-        events: list[Event] = await _maybe_await(self.controller.events(q["since"], q["limit"]))
-        return _json({"events": [e.to_json() for e in events]})
+        answer: EventsAnswer | list[Event] = await _maybe_await(self.controller.events(q["since"], q["limit"]))
+        if not isinstance(answer, EventsAnswer):  # a controller that gives the events alone: the history was read
+            answer = EventsAnswer(answer)
+        return _json(answer.to_json())
 
     async def _logs(self, request: web.Request) -> web.StreamResponse:
         q = _query(request, "logs")

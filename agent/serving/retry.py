@@ -18,19 +18,23 @@ from typing import Any
 
 from lynxtop.agent.serving.backoff import FailureWindow
 from lynxtop.agent.serving.run import now_ms
-from lynxtop.agent.serving.statefiles import Marker
+from lynxtop.agent.serving.statefiles import Emit, Marker
 from lynxtop.contract.config import AgentConfig
 
 log = logging.getLogger(__name__)
 
 
 class Retry:
-    def __init__(self, agent: AgentConfig, crash_loop_path: Path, rng: random.Random | None = None):
+    def __init__(self, agent: AgentConfig, crash_loop_path: Path, rng: random.Random | None = None,
+                 event: Emit | None = None):
+        """`event`: the run lifecycle's; a marker that cannot be written is then an event once per episode (the
+        operator must know the protection will not outlive an agent restart), else a log line each time."""
         self.failures = FailureWindow(agent, rng)
         self.next_retry_ms: int | None = None
         self._task: asyncio.Task | None = None
-        self._marker = Marker(crash_loop_path)
-        self._timeouts = Marker(crash_loop_path.with_name("readiness-timeouts.json"))
+        self._told = event is not None
+        self._marker = Marker(crash_loop_path, event)
+        self._timeouts = Marker(crash_loop_path.with_name("readiness-timeouts.json"), event)
         self._timeouts_profile: str | None = None  # whose readiness timeouts `failures.timeouts_in_a_row` counts
         self._restore_timeouts()
 
@@ -43,8 +47,10 @@ class Retry:
         if readiness_timeout:
             self._timeouts_profile = profile
             err = self._timeouts.save({"profile": profile, "in_a_row": self.failures.timeouts_in_a_row,
-                                       "since_ms": now_ms()})
-            if err is not None:
+                                       "since_ms": now_ms()},
+                                      lost=f"a restarted agent will count the readiness timeouts of profile "
+                                      f"{profile} from zero (one more load before it gives up)")
+            if err is not None and not self._told:
                 log.warning("cannot record the readiness timeouts in %s: %s", self._timeouts.path, err)
         self.next_retry_ms = None if delay is None else now_ms() + int(delay * 1000)
         return delay
@@ -96,8 +102,10 @@ class Retry:
         self.started()
 
     def save_crash_loop(self, profile: str, reason: str) -> None:
-        err = self._marker.save({"profile": profile, "reason": reason, "since_ms": now_ms()})
-        if err is not None:
+        err = self._marker.save({"profile": profile, "reason": reason, "since_ms": now_ms()},
+                                lost=f"a restarted agent will not know of this crash loop of profile {profile} "
+                                "and may start it again (autostart) instead of holding it")
+        if err is not None and not self._told:
             log.warning("cannot record the crash loop in %s: %s", self._marker.path, err)
 
     def clear_crash_loop(self) -> None:

@@ -130,17 +130,36 @@ def _reason(err: str) -> str:
 
 
 class Marker:
-    """A JSON note at `path`: written atomically, read back as a dict, removed when its episode ends."""
+    """A JSON note at `path`: written atomically, read back as a dict, removed when its episode ends.
 
-    def __init__(self, path: Path):
+    With `event` (the run lifecycle's), a write that fails (a full disk, a read-only directory) is an
+    `agent.state_file` warning saying what a restarted agent will not know (`lost`): the note exists only to outlive
+    the agent, and a line in the log alone left the operator believing it would. Once per episode, not at every
+    retry that rewrites it: the next write that succeeds ends it (said), as does `clear` (nothing left to keep).
+    Without `event` the caller says it (switch.json: agent/serving/switching.py)."""
+
+    def __init__(self, path: Path, event: Emit | None = None):
         self.path = path
+        self._event = event
+        self._unsaved = False  # the last write failed and was told: the episode goes on until a write or a clear
 
-    def save(self, data: dict[str, Any]) -> OSError | None:
+    def save(self, data: dict[str, Any], lost: str = "") -> OSError | None:
         try:
             atomic_write(self.path, json.dumps(data))
         except OSError as exc:
+            if not self._unsaved:
+                self._tell(Severity.WARNING, f"cannot write {self.path}: {exc}" + (f"; {lost}" if lost else ""),
+                           error=str(exc))
+            self._unsaved = True
             return exc
+        if self._unsaved:
+            self._unsaved = False
+            self._tell(Severity.INFO, f"{self.path} written again: a restarted agent reads it")
         return None
+
+    def _tell(self, severity: Severity, message: str, **details: Any) -> None:
+        if self._event is not None:
+            self._event(EventKind.AGENT_STATE_FILE, severity, message, path=str(self.path), **details)
 
     def read(self) -> tuple[dict[str, Any] | None, str | None]:
         """(the note, None), (None, None) when there is none, (None, why) when it cannot be read or is not JSON
@@ -158,5 +177,6 @@ class Marker:
         return data, None
 
     def clear(self) -> None:
+        self._unsaved = False  # its episode is over: a later failed write is news again
         with contextlib.suppress(OSError):
             self.path.unlink()

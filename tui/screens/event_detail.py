@@ -100,6 +100,8 @@ class EventDetailScreen(ModalScreen[None]):
         head = Text(f"{fmt_datetime(ts, app.utc) if ts else 'N/A'}", style="bold")
         if field(e, "id") is not None:
             head.append(f"   event #{field(e, 'id')}", style="dim")
+        if field(e, "pending"):  # no id yet: the agent holds it in memory while it cannot write the history
+            head.append("   pending: held by the agent, not in the history yet (writes failing)", style="yellow")
         parts: list[Any] = [head, Text(""), Text(str(field(e, "message") or "")), Text("")]
         parts.append(Text("details", style="bold"))
         parts.append(Text(details_json(field(e, "details"))))

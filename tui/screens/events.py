@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Input, Log, Static
 
 from lynxtop.contract.client import AgentRefused, AgentUnreachable
-from lynxtop.contract.events import Event
+from lynxtop.contract.events import Event, identity
 from lynxtop.contract.format import fmt_clock, fmt_datetime
 from lynxtop.contract.records import RunInfo
 from lynxtop.contract.terminal import terminal_safe
@@ -27,6 +27,10 @@ SEVERITIES = ("info", "warning", "error", "critical")
 SHORT_SEVERITY = {"warning": "warn", "critical": "crit"}  # below 120 columns, for the message's room
 REFRESH_S = 5.0
 LOG_LINES = 2000
+PENDING_ASKED = 500  # the agent's newest events asked for its held ones while the history is not written
+# Before the message of an event the agent holds in memory (`Event.pending`), as `lynxtop events` prints it; the
+# title line says what it means
+PENDING_TAG, PENDING_STYLE = "[pending]", "bold black on yellow"
 
 
 RUN_LOG_KEYS = Binding.Group("run log", compact=True)
@@ -98,6 +102,7 @@ class EventsScreen(LiveScreen):
             events = await asyncio.to_thread(self._events_from_store)
             history = self.lynx.history
             self.source = getattr(history, "label", None) or f"history database {history.path}"
+            events = await self._with_held(events)
         except HistoryUnavailable as exc:
             try:
                 events = list(reversed(await self.lynx.source.events(limit=500)))
@@ -113,6 +118,24 @@ class EventsScreen(LiveScreen):
             # fetch_log ran before the runs (their log files' paths) were read: with the agent down it found no
             # path, and on first open nothing would have asked again.
             self.fetch_log()
+
+    async def _with_held(self, stored: list[Event]) -> list[Event]:
+        """`stored` (newest first) with the events the agent holds in memory while it cannot write the history (a
+        full disk): those explain the outage and are in no database yet. Asked only while the status says writes
+        fail; each listed once: one the database holds by now (written between the two reads) is shown from it
+        (contract/events.py: `identity`, as a held event has no id)."""
+        state = self.lynx.state
+        if not (state.connected and state.agent.store.not_writing):
+            return stored
+        try:
+            answer = await self.lynx.source.events(limit=PENDING_ASKED)
+        except (AgentUnreachable, AgentRefused):
+            return stored  # the stored ones still shown; the agent's outage is the header's to tell
+        seen = {identity(e) for e in stored}
+        held = [e for e in answer if e.pending and identity(e) not in seen]
+        if not held:
+            return stored
+        return sorted([*stored, *held], key=lambda e: (e.ts_ms or 0, e.pending, e.id or 0), reverse=True)
 
     def _events_from_store(self) -> list[Event]:
         with self.lynx.history.reader() as reader:
@@ -203,7 +226,7 @@ class EventsScreen(LiveScreen):
                 Text(f"{mark} {SHORT_SEVERITY.get(sev, sev) if narrow else sev}", style=style),
                 Text(str(e.kind)),
                 Text(str(e.run_id or "")),
-                Text(e.message),
+                _message(e),
             ])
         msg_w = _message_width(table, rows)
         for i, row in enumerate(rows):
@@ -219,6 +242,10 @@ class EventsScreen(LiveScreen):
             # first, where even 80 columns show it: a list of headers alone reads as "no events at all"
             t.append(f"no events match {_filter_text(self.kind, self.min_severity, self.text_filter)!r}; "
                      "Esc clears   ", style="bold yellow")
+        held = sum(e.pending for e in self.events)
+        if held:  # before the filters: at 80 columns the end of this line is cut
+            t.append(PENDING_TAG.strip(), style=PENDING_STYLE)
+            t.append(f" {held}: held by the agent, not in the history yet (writes failing)   ", style="bold")
         t.append(f"kind (k): {_kind_label(self.kind)}   severity (v): ≥{self.min_severity}   ")
         if self.text_filter:
             t.append(f"text: {self.text_filter!r}   ")
@@ -350,6 +377,17 @@ class EventsScreen(LiveScreen):
         pos = max(0, min(len(ids) - 1, ids.index(cur) + step))
         self.log_run = ids[pos]
         self.fetch_log()
+
+
+def _message(e: Event) -> Text:
+    """The message cell; an event the agent holds in memory (not in the history yet) tagged first. The message is
+    foreign text (escaped at the door, tui/foreign.py) and goes in as Text, never as markup."""
+    t = Text()
+    if e.pending:
+        t.append(PENDING_TAG, style=PENDING_STYLE)
+        t.append(" ")
+    t.append(e.message)
+    return t
 
 
 def _message_width(table: DataTable, rows: list[list[Text]]) -> int | None:

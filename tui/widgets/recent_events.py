@@ -46,5 +46,7 @@ def _line(event: Event, utc: bool) -> Text:
     line.append(fmt_clock(event.ts_ms, utc), style="dim")
     line.append(f"  {mark:<2} {severity:<8}", style=style)
     line.append(f" {str(event.kind):<20}", style="dim")
+    if event.pending:  # held in the agent's memory, not in the history yet (as view 5 and `lynxtop events` mark it)
+        line.append(" [pending]", style="bold black on yellow")
     line.append(" " + event.message)
     return line
