@@ -102,7 +102,16 @@ class ServerState:
         return copy, f"{self.path} is missing (not written: a full disk?); {use}"
 
     def remove(self) -> None:
-        launcher.remove_record(self.path)
+        """At the run's end. A record that cannot be removed (a file system gone read-only says EROFS even for a
+        file that is not there) is told, never raised: the run's end must go on (its GPUs, its failure count), and a
+        next agent finds the record stale (no live process with its pid and start time) and leaves it."""
+        try:
+            launcher.remove_record(self.path)
+        except OSError as exc:
+            if os.path.lexists(self.path):
+                self._emit(EventKind.AGENT_STATE_FILE, Severity.WARNING, f"cannot remove {self.path}: {exc}; the "
+                           "run has ended: the record stays, stale (a restarted agent finds its processes gone)",
+                           path=str(self.path), error=str(exc))
         if self.copy is not None:
             try:
                 launcher.remove_record(self.copy)
