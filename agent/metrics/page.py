@@ -18,6 +18,7 @@ from itertools import repeat
 from typing import Any
 
 from lynxtop.agent.metrics.families import (
+    BY_LABEL,
     COUNTER_NAMES,
     COUNTERS,
     GAUGE_NAMES,
@@ -28,6 +29,8 @@ from lynxtop.agent.metrics.families import (
     MAX_NAMES,
     SUM_NAMES,
     TYPED_FAMILIES,
+    by_label_name,
+    sample_name,
 )
 from lynxtop.agent.metrics.histogram import HistogramSnapshot
 from lynxtop.agent.metrics.promtext import SampleError, label_reader, le_of, split_sample, unescape
@@ -89,6 +92,7 @@ _THIRD = operator.itemgetter(2)
 # inside another label's value (`model_name=",engine="`) is read as a label (agent/metrics/promtext.py)
 _LE = label_reader("le")
 _ENGINE = label_reader("engine")
+_BY_LABEL_READERS = {family: label_reader(label) for family, (label, _values) in BY_LABEL.items()}
 _ENGINE_LINES = label_reader("engine", lines=True)  # each line's, over a span of lines: one C findall
 _ENGINES_CHUNK = 1 << 16  # characters of lines per findall in `_check_engines` (~1000 lines)
 _WANTED_SAMPLES = SUM_NAMES | MAX_NAMES | frozenset(h + s for h in HIST_NAMES for s in ("_bucket", "_sum", "_count"))
@@ -248,6 +252,9 @@ class _Totals:
             value = self._no_reading(key, value)
         le = le_of(key, end) if kind == _BUCKET else math.nan
         m = _ENGINE.match(key, end) if kind < _COUNTER else None
+        if name in _BY_LABEL_READERS:  # one sum per label value read (families.py BY_LABEL), kept with the series
+            label = _BY_LABEL_READERS[name].match(key, end)
+            name = by_label_name(name, unescape(label.group(1)) if label else None)
         if line.rpartition(" ")[0] == key:  # the plain `series value` form: the fast path can take it next time
             if len(_KNOWN) >= _KNOWN_MAX or _known_chars[0] >= _KNOWN_CHARS_MAX:
                 _KNOWN.clear()
@@ -614,7 +621,8 @@ def _page_of(seen_vllm: bool, t: _Totals) -> ParsedPage:
     for table, values in ((GAUGES_SUM, t.sums), (GAUGES_MAX, t.maxes)):
         for key, candidates in table.items():
             name = _present(candidates, values)
-            if name is not None and name not in bad:  # one engine's bad gauge: the sum is no reading either
+            # one engine's bad gauge: the sum is no reading either
+            if name is not None and sample_name(name) not in bad:
                 page.gauges[key] = values[name]
     for key, candidates in HISTOGRAMS.items():
         name = _present(candidates, t.buckets)

@@ -23,7 +23,8 @@ def empty_row() -> dict[str, Any]:
 
 def engine_loads(per: dict[str, dict[str, float]]) -> tuple[list[dict[str, Any]], int]:
     """The status' per-engine load, engines in numeric order ("10" after "9"), each value checked as its column
-    is (`checked`: a count in int64, a percentage 0-100, else None); and how many were no reading.
+    is (`checked`: a count in int64, a percentage 0-100, else None); and how many were no reading. `deferred` (the
+    waiting requests vLLM defers: the hang rule's, agent/serving/health.py) only where the page has it.
 
     One pass per engine, no row dict and `checked` call each: DP=8 pages give 8 engines a scrape."""
     out: list[dict[str, Any]] = []
@@ -42,7 +43,11 @@ def engine_loads(per: dict[str, dict[str, float]]) -> tuple[list[dict[str, Any]]
             if not 0.0 <= kv <= 100.0:  # NaN fails the comparison too; infinities are out of range
                 kv = None
                 bad += 1
-        out.append({"engine": e, "running": running, "waiting": waiting, "kv_cache_usage_pct": kv})
+        load = {"engine": e, "running": running, "waiting": waiting, "kv_cache_usage_pct": kv}
+        if "deferred" in v:  # only where the page splits its waiting requests by reason (vLLM 0.12+)
+            load["deferred"] = deferred = _as_int(v["deferred"])
+            bad += deferred is None
+        out.append(load)
     return out, bad
 
 

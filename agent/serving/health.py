@@ -148,7 +148,11 @@ class HangDetector:
     """A run whose requests wait or run while the engine shows no sign of moving for `timeout_s` is hung.
 
     Fed with the scraper's readings every scrape of one run (a new run gets a new detector). Requests that only
-    wait (none running) count too: an engine hung before it scheduled them shows 0 running and N waiting.
+    wait (none running) count too: an engine hung before it scheduled them shows 0 running and N waiting. Not
+    those vLLM defers (`waiting_by_reason{reason="deferred"}`, 0.12+): they wait on something outside the engine
+    (a prefill node's KV for a decode instance, a grammar compiling, a LoRA budget), and a healthy server holding
+    one was taken for hung (and restarted, with restart_on_hang). They are read per engine (`deferred` of
+    `engines`); a page without that family counts every waiting request, as before.
 
     Any sign that the engine moves is progress, not only a generated token: vLLM v1 counts a request's prompt and
     generation tokens only once its prefill produced the first token, so one long (chunked) prefill showed
@@ -168,7 +172,8 @@ class HangDetector:
                 now: float | None = None, *, row: Mapping[str, Any] | None = None,
                 engines: Sequence[Mapping[str, Any]] = ()) -> Verdict | None:
         """`row`: the scrape's serving row (per-scrape counts, KV cache usage); `engines`: the per-engine load of
-        a data-parallel server (a prefill on one engine moves its KV cache, not the busiest engine's)."""
+        a data-parallel server (a prefill on one engine moves its KV cache, not the busiest engine's), with each
+        engine's deferred requests where the page has them."""
         if running is None or tokens_total is None:
             # a gap in the readings (/metrics down) is not a stall: the clock restarts when they come back, or
             # the first request after a long idle outage would look hung at once (and be restarted, if enabled)
@@ -176,7 +181,8 @@ class HangDetector:
             self._last_gauges = None
             return None
         now = time.monotonic() if now is None else now
-        pending = running + (waiting or 0)
+        deferred = _deferred(engines)
+        pending = running + max((waiting or 0) - deferred, 0)  # what should move: running, or waiting for room
         gauges = _gauges(running, waiting, row, engines)
         moved = _moved(row, gauges, self._last_gauges)
         self._last_gauges = gauges
@@ -191,14 +197,26 @@ class HangDetector:
         if stalled < self.timeout_s or self.hung:
             return None
         self.hung = True
-        what = f"{running:g} requests running" + (f", {waiting:g} waiting" if waiting else "")
+        what = (f"{running:g} requests running" + (f", {waiting:g} waiting" if waiting else "")
+                + (f" ({deferred:g} deferred)" if deferred else ""))
         return Verdict(Health.HUNG, f"hang: {what} and no token generated for {stalled:.0f} s")
+
+
+def _deferred(engines: Sequence[Mapping[str, Any]]) -> float:
+    """The waiting requests vLLM defers, engine by engine: at most that engine's waiting ones (one engine's odd
+    reading never hides another's queue), none where an engine has no such reading (a page before 0.12)."""
+    total = 0.0
+    for e in engines:
+        d, w = e.get("deferred"), e.get("waiting")
+        if isinstance(d, int | float) and isinstance(w, int | float) and d > 0 and w > 0:  # NaN fails both
+            total += min(d, w)
+    return total
 
 
 def _gauges(running: float, waiting: float | None, row: Mapping[str, Any] | None,
             engines: Sequence[Mapping[str, Any]]) -> tuple[Any, ...]:
     """What the scheduler last published: request counts and KV cache usage, the node's and each engine's."""
-    per_engine = tuple(sorted(((str(e.get("engine")), e.get("running"), e.get("waiting"),
+    per_engine = tuple(sorted(((str(e.get("engine")), e.get("running"), e.get("waiting"), e.get("deferred"),
                                 e.get("kv_cache_usage_pct")) for e in engines), key=lambda x: x[0]))
     kv = row.get("kv_cache_usage_pct") if row is not None else None
     return running, waiting, kv, per_engine

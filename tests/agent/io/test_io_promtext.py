@@ -43,7 +43,10 @@ def reference_parse(text: str) -> page_mod.ParsedPage:
                 value = float(s.value)
                 if not -2.0 ** 63 < value < 2.0 ** 63:
                     continue
-                if s.name in families.MAX_NAMES:
+                if s.name in families.BY_LABEL:  # one sum per label value read (families.BY_LABEL)
+                    name = families.by_label_name(s.name, s.labels.get(families.BY_LABEL[s.name][0]))
+                    sums[name] = sums.get(name, 0.0) + value
+                elif s.name in families.MAX_NAMES:
                     maxes[s.name] = max(maxes.get(s.name, -math.inf), value)
                 elif s.name not in families.SUM_NAMES and s.name.endswith("_bucket"):
                     per = buckets.setdefault(s.name[:-7], {})
@@ -117,7 +120,7 @@ def test_real_dp_page_gives_one_engine_entry_per_engine_label():
     page = parse_text((PAGES / "vllm-0.32-cpu-tiny-dp2-api2.txt").read_text())
     assert sorted(page.engines) == ["0", "1"]
     for vals in page.engines.values():
-        assert set(vals) == {"running", "waiting", "kv_usage"}
+        assert set(vals) == {"running", "waiting", "deferred", "kv_usage"}  # deferred: waiting_by_reason
     assert sum(v["running"] for v in page.engines.values()) == page.gauges["running"]
 
 
