@@ -13,6 +13,7 @@ Messages to it: "phase", "ready", "fail", "step", "gauges", "dead".
 from __future__ import annotations
 
 import json
+import math
 import os
 import selectors
 import signal
@@ -37,6 +38,7 @@ from lynxtop.sim.proctitle import die_with_parent, set_title
 from lynxtop.sim.state import EngineState, Holder, process_identity, read_states, remove_state, write_state
 
 STATE_INTERVAL_S = 0.5
+SHARD_BYTES = 5 * 10**9  # Hugging Face's default max_shard_size ("5GB"): DeepSeek-V4.1's 296 GB is 60 shards
 
 
 class _Stop(Exception):
@@ -212,7 +214,7 @@ class EngineCore:
             self.engine.add(SimRequest(
                 rid=msg["rid"], prompt_tokens=int(msg["prompt_tokens"]), max_tokens=int(msg["max_tokens"]),
                 arrival_s=self._sim_now, finish_reason_at_max=msg.get("reason", "length"),
-                block_hashes=tuple(msg.get("hashes", ())),
+                block_hashes=tuple(msg.get("hashes", ())), ready_s=self._sim_now + self.a.params.remote_kv_wait_s,
             ))
             self._gauges()
         elif kind == "abort":
@@ -224,7 +226,8 @@ class EngineCore:
     def _gauge_fields(self) -> dict:
         eng = self.engine
         assert eng is not None
-        return {"running": len(eng.running), "waiting": len(eng.waiting), "kv": eng.kv_usage}
+        return {"running": len(eng.running), "waiting": len(eng.waiting), "deferred": eng.deferred(self._sim_now),
+                "kv": eng.kv_usage}
 
     def _gauges(self) -> None:
         self.send({"t": "gauges"} | self._gauge_fields())
@@ -293,10 +296,23 @@ class EngineCore:
         load_s = a.startup_s * p.startup_weights_share
         self.log(f"Starting to load model {a.model}...", src="gpu_model_runner.py:2338")
         steps = max(int(load_s / 0.2), 1)
-        for i in range(steps):
-            self.wait(load_s / steps)
-            self.mem_per_gpu = min(int(weights * (i + 1) / steps), p.gpu_mem_bytes)  # NVML never shows > total
-            self.publish(force=True)
+        shards = max(math.ceil(p.weights_bytes_total / SHARD_BYTES), 1)
+        # vLLM draws the bar on the first rank only (enable_tqdm)
+        bar = vlog.Bar("Loading safetensors checkpoint shards", shards) if a.use_tqdm_on_load and not self.rank \
+            else None
+        try:
+            if bar:
+                bar.show(0)
+            for i in range(steps):
+                self.wait(load_s / steps)
+                self.mem_per_gpu = min(int(weights * (i + 1) / steps), p.gpu_mem_bytes)  # NVML never shows > total
+                self.publish(force=True)
+                if bar:
+                    bar.show(shards * (i + 1) // steps)
+            if bar:
+                bar.close()
+        except OSError as exc:  # tqdm re-raises a failed write: a full log disk ends the load
+            self.fail(_bar_failed_text(exc))
         took = time.monotonic() - t0
         self.log(f"Loading weights took {took:.2f} seconds", src="default_loader.py:267")
         self.log(f"Model loading took {weights / GIB:.4f} GiB and {took:.6f} seconds", src="gpu_model_runner.py:2370")
@@ -493,6 +509,18 @@ class EngineCore:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             self.cleanup()
         return code
+
+
+def _bar_failed_text(exc: OSError) -> str:
+    """What vLLM's EngineCore prints when the checkpoint shards' progress bar cannot write (a full log disk)."""
+    return (
+        "Traceback (most recent call last):\n"
+        '  File "vllm/model_executor/model_loader/weight_utils.py", line 612, in safetensors_weights_iterator\n'
+        "    for st_file in tqdm(\n"
+        '  File "tqdm/std.py", line 1191, in __iter__\n'
+        "    self.update(n - last_print_n)\n"
+        f"OSError: [Errno {exc.errno}] {exc.strerror or exc} [SIMULATED]"
+    )
 
 
 def _oom_text(total: int, used: int) -> str:

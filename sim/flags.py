@@ -90,6 +90,7 @@ class ServeArgs:
     distributed_executor_backend: str | None
     non_default: dict[str, object]
     api_server_count: int = 1
+    use_tqdm_on_load: bool = True  # vLLM's default: the checkpoint shards' progress bar
     # simulator switches
     startup_s: float = 10.0
     speed: float = 1.0
@@ -163,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-server-count", "-asc", type=int)  # default: the DP size, as in vLLM
     p.add_argument("--speculative-config")
     p.add_argument("--enable-server-load-tracking", action="store_true")
+    # the checkpoint shards' progress bar (tqdm, on stderr): on a full log disk it kills the load (sim/vlog.py)
+    p.add_argument("--use-tqdm-on-load", action=argparse.BooleanOptionalAction, default=True)
     for flag in _IGNORED_VALUE_FLAGS:
         p.add_argument(flag, dest="ignored_" + flag.strip("-").replace("-", "_"), help=argparse.SUPPRESS)
     for flag in _IGNORED_BOOL_FLAGS:
@@ -390,7 +393,7 @@ def _serve_fields(ns: argparse.Namespace, model: str, params: SimParams) -> dict
         quantization=ns.quantization, shutdown_timeout_s=max(ns.shutdown_timeout, 0.0), api_key=ns.api_key,
         speculative_tokens=_spec_tokens(ns.speculative_config), server_load_tracking=ns.enable_server_load_tracking,
         distributed_executor_backend=ns.distributed_executor_backend,
-        api_server_count=_or(ns.api_server_count, ns.data_parallel_size),
+        api_server_count=_or(ns.api_server_count, ns.data_parallel_size), use_tqdm_on_load=ns.use_tqdm_on_load,
     )
 
 

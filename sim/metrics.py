@@ -306,18 +306,21 @@ class VllmMetrics:
 
     # ------------------------------------------------------------------ updates (e = data-parallel engine)
 
-    def set_gauges(self, running: int, waiting: int, kv: float, e: int = 0) -> None:
+    def set_gauges(self, running: int, waiting: int, kv: float, e: int = 0, deferred: int = 0) -> None:
+        """`deferred`: of the waiting requests, those held whatever the room (--sim-param remote_kv_wait_s); the
+        by-reason family adds up to `waiting`, as vLLM's does."""
         self.running[e].set(running)
         self.waiting[e].set(waiting)
         if self.waiting_by_reason is not None:
-            self.waiting_by_reason[e]["capacity"].set(waiting)
-            self.waiting_by_reason[e]["deferred"].set(0)
+            deferred = min(max(deferred, 0), waiting)
+            self.waiting_by_reason[e]["capacity"].set(waiting - deferred)
+            self.waiting_by_reason[e]["deferred"].set(deferred)
         for g in self.kv_usage:
             g[e].set(kv)
 
     def on_step(self, m: dict[str, Any], e: int = 0) -> None:
         """Fold one engine step message (see engine.send_step) into the families."""
-        self.set_gauges(m.get("running", 0), m.get("waiting", 0), m.get("kv", 0.0), e)
+        self.set_gauges(m.get("running", 0), m.get("waiting", 0), m.get("kv", 0.0), e, m.get("deferred", 0))
         if m.get("it"):
             self.iteration_tokens[e].observe(m["it"])
         if m.get("prompt"):

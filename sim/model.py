@@ -65,6 +65,9 @@ class SimParams:
     default_output_tokens_min: int = 32  # when a request sets no max_tokens, it "stops" after a seeded
     default_output_tokens_max: int = 600  # random length in this range (finish reason "stop")
     spec_accept_rate: float = 0.7  # MTP draft acceptance when --speculative-config is given
+    # simulated disaggregated decode instance: each request first waits this long for its KV from a prefill node,
+    # deferred (vllm:num_requests_waiting_by_reason{reason="deferred"}); 0: no such wait
+    remote_kv_wait_s: float = 0.0
     # --- simulated GPU activity ---
     idle_power_w: float = 75.0
     max_power_w: float = 690.0
@@ -164,6 +167,7 @@ class SimRequest:
     arrival_s: float
     finish_reason_at_max: str = "length"  # "stop" when the length was drawn by the simulator
     block_hashes: tuple[int, ...] = ()  # chained hashes of the prompt's full blocks (prefix caching)
+    ready_s: float = 0.0  # deferred (not schedulable) before this simulated time: its remote KV has not arrived
     # progress
     computed: int = 0  # tokens whose KV is computed (prompt and recomputed outputs)
     generated: int = 0
@@ -277,9 +281,13 @@ class SimEngine:
     def kv_usage(self) -> float:
         return 1.0 - self.free_blocks / self.num_gpu_blocks if self.num_gpu_blocks else 0.0
 
-    def waiting_for_capacity(self) -> int:
-        """Waiting requests that could run if there were room (all of them: nothing here is deferred)."""
-        return len(self.waiting)
+    def deferred(self, now_s: float) -> int:
+        """Waiting requests that cannot be scheduled yet whatever the room (vLLM's reason "deferred")."""
+        return sum(1 for req in self.waiting if req.ready_s > now_s)
+
+    def waiting_for_capacity(self, now_s: float) -> int:
+        """Waiting requests that could run if there were room (vLLM's reason "capacity")."""
+        return len(self.waiting) - self.deferred(now_s)
 
     # -- one step
 
@@ -344,15 +352,20 @@ class SimEngine:
 
     def _admit_waiting(self, res: StepResult, budget: int, prefilling: list[tuple[SimRequest, int]],
                        now_s: float) -> None:
-        """Then waiting requests, FCFS, while there is room."""
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            req = self.waiting[0]
+        """Then waiting requests, FCFS, while there is room; a deferred one is passed over (as vLLM skips one
+        waiting for remote KV), the others keep their order."""
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[i]
+            if req.ready_s > now_s:
+                i += 1
+                continue
             if not req.counted_prefix:
                 self._lookup_prefix(req, res)
             want = min(req.to_compute, budget)
             if not self._grow(req, want):
                 break  # KV cache full: the request waits (and later ones wait behind it, FCFS)
-            self.waiting.popleft()
+            del self.waiting[i]
             self.running.append(req)
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = now_s

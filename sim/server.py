@@ -175,7 +175,7 @@ class SimServer:
             elif kind == "step":
                 self.on_step(eng, msg)
             elif kind == "gauges" and self.metrics is not None:
-                self.metrics.set_gauges(msg["running"], msg["waiting"], msg["kv"], eng.rank)
+                self.metrics.set_gauges(msg["running"], msg["waiting"], msg["kv"], eng.rank, msg.get("deferred", 0))
                 eng.stats.update(running=msg["running"], waiting=msg["waiting"], kv=msg["kv"])
         # the engine is gone
         eng.gone = True

@@ -85,8 +85,9 @@ def small_fs(tmp_path):
 async def test_restart_on_a_full_disk_records_the_run_and_keeps_serving(tmp_path, small_fs, cleanup):
     db_path = small_fs / "lynxtop.db"
     # min_free_mb = 0: the free-space preflight (diskspace.py) would refuse this restart; what is tested here is
-    # a run that starts while the disk is full (it filled after the checks) being recorded
-    cfg = e2e_config(tmp_path, extra_agent="min_free_mb = 0")
+    # a run that starts while the disk is full (it filled after the checks) being recorded. No progress bar: on a
+    # disk full before the load began vLLM's (and the simulator's) re-raises ENOSPC, and the load dies
+    cfg = e2e_config(tmp_path, extra_agent="min_free_mb = 0", sim_args=("--no-use-tqdm-on-load",))
     cfg.write_text(cfg.read_text().replace(str(tmp_path / "state" / "lynxtop.db"), str(db_path)))
     a = Agent(tmp_path, cfg)
     cleanup.append(a)

@@ -126,7 +126,9 @@ def small_fs(tmp_path):
 
 @pytest.mark.timeout(150)
 async def test_a_run_started_on_a_full_state_disk_is_adopted_from_the_copy_after_a_sigkill(tmp_path, small_fs):
-    prof = sim_profile("v4", startup_s=1, readiness_timeout_s=20, sim_args=("--sim-log-interval", "1"))
+    # no progress bar: on a disk full before the load began vLLM's (and the simulator's) re-raises ENOSPC
+    prof = sim_profile("v4", startup_s=1, readiness_timeout_s=20,
+                       sim_args=("--sim-log-interval", "1", "--no-use-tqdm-on-load"))
     cfg = write_agent_config(tmp_path / "config.toml", small_fs / "lynxtop.db", tmp_path / "run" / "agent.sock",
                              fake_nvml="sim", sample_interval_s=0.2, default_profile="v4", autostart=True,
                              backoff_initial_s=0.3, backoff_max_s=1, gpu_release_timeout_s=10, min_free_mb=0,
