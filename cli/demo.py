@@ -405,6 +405,9 @@ class Demo:
         env["LYNXTOP_SIM_STATE_DIR"] = str(self.paths.sim_state)  # the agent's fake NVML reads it
         env["LYNXTOP_SIM_ORPHAN_TTL"] = str(ORPHAN_TTL_S)
         env[DEMO_TOKEN_ENV] = self.token
+        # the simulated EngineCore and workers retitle themselves as vLLM's do, and setproctitle overwrites their
+        # /proc/PID/environ with the title's room; its own switch keeps it, so the demo's token still finds them
+        env["SPT_NOENV"] = "1"
         env.pop("LYNXTOP_CONFIG", None)
         return env
 

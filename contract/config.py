@@ -99,6 +99,9 @@ class AgentConfig:
     # the current run's log is capped at this size (MiB) by copy-truncate, its last part kept as <log>.1
     # (agent/serving/logcap.py): a run serves for weeks, its access lines fill a disk; 0 = no cap
     run_log_max_mb: int = 512
+    # this much (MiB) is kept allocated past the end of the current run's log (fallocate, agent/serving/logreserve.py):
+    # a disk that fills during a load would otherwise kill it (vLLM's progress bars re-raise ENOSPC); 0 = none
+    run_log_reserve_mb: int = 64
     role: str = "single"  # single | head (runs Ray's head and vllm serve) | worker (runs only a Ray worker)
     fake_nvml: str = ""  # scenario name of the simulated GPUs ("h200x8", "a100x8", "sim"); empty = real NVML
     api_max_connections: int = 256  # control socket: open connections at most (idle ones give way)
@@ -703,6 +706,7 @@ _AGENT_SPEC: dict[str, Callable[[str, Any], Any]] = {
     "gpu_release_timeout_s": _float(1, 3600),
     "min_free_mb": _int(0, 1 << 20),
     "run_log_max_mb": _int(0, 1 << 20),
+    "run_log_reserve_mb": _int(0, 1 << 20),
     "role": _str(choices=ROLES),
     "fake_nvml": _str(choices=("", "h200x8", "a100x8", "b200x8", "sim", "lost", "missing", "nodriver")),
     "api_max_connections": _int(1, 65536),

@@ -96,14 +96,6 @@ class ActionSlot:
 
         self._task = asyncio.get_running_loop().create_task(wrapper(), name="supervisor-action")
 
-    def hold_for_retry(self, profile: str) -> None:
-        """The agent's own retry after a backoff holds the slot (no deadline: bounded like a start)."""
-        self._current = {"action": "retry", "profile": profile, "since_ms": now_ms(), "by": "agent (backoff)"}
-
-    def release_retry(self) -> None:
-        if self.name() == "retry":
-            self._current = None
-
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
         """While the action only waits (readiness, the cluster): a stop may preempt it."""

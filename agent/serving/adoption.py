@@ -66,8 +66,9 @@ class Adoption:
         self._host = host
         self._simulated = simulated
 
-    async def find(self) -> Adopted | None:
-        """The server the previous agent left, adopted; or None (nothing recorded, or cleaned up after it)."""
+    async def find(self, stopping: int | None = None) -> Adopted | None:
+        """The server the previous agent left, adopted; or None (nothing recorded, or cleaned up after it).
+        `stopping`: the run an operator's stop was ending when the previous agent ended (its end is a stop)."""
         record, err = self._state.read()
         if err:
             self._event(EventKind.AGENT_STATE_FILE, Severity.WARNING, err)
@@ -78,7 +79,8 @@ class Adoption:
             if found.ours:
                 self._held(record, found.reason or "?")
             else:
-                await self._not_adopted(record, found.reason or "?")
+                stopped = stopping is not None and record.run_id == stopping
+                await self._not_adopted(record, found.reason or "?", stopped=stopped)
             return None
         if found.note:  # the record's start time was wrong or unknown: adopted on the token, and said so
             self._event(EventKind.AGENT_STATE_FILE, Severity.WARNING,
@@ -104,14 +106,17 @@ class Adoption:
                     "to the API server, which stops its engine), then restart the agent: it closes the run",
                     run_id_prev=record.run_id, pid=record.pid, held=True, pids=[])
 
-    async def _not_adopted(self, record: launcher.ServerRecord, why: str) -> None:
-        """The recorded server is gone or not ours any more: kill what is left of its run and close its row."""
+    async def _not_adopted(self, record: launcher.ServerRecord, why: str, stopped: bool = False) -> None:
+        """The recorded server is gone or not ours any more: kill what is left of its run and close its row.
+        `stopped`: an operator's stop of it was under way (its end is that stop's, said as such)."""
         res = await launcher.kill_leftovers(record)
         extra = (f"; killed {len(res.pids)} leftover process(es) of that run: "
                  + ", ".join(o.describe() for o in res.orphans)) if res.pids else ""
-        self._event(EventKind.SERVING_NOT_ADOPTED, Severity.WARNING,
-                    f"previous run {record.run_id} (profile {record.profile}) not adopted: {why}{extra}"
-                    f"{files_text(res)}", run_id_prev=record.run_id, pids=res.pids,
+        head = (f"previous run {record.run_id} (profile {record.profile}), whose stop by an operator was under way "
+                f"when the previous agent ended, is gone: the stop is finished" if stopped else
+                f"previous run {record.run_id} (profile {record.profile}) not adopted")
+        self._event(EventKind.SERVING_NOT_ADOPTED, Severity.INFO if stopped else Severity.WARNING,
+                    f"{head}: {why}{extra}{files_text(res)}", run_id_prev=record.run_id, pids=res.pids,
                     orphans=[dataclasses.asdict(o) for o in res.orphans], removed=res.removed,
                     not_removed=res.not_removed)
         if res.survivors:
@@ -123,7 +128,7 @@ class Adoption:
                 return
             await self._restore_row(record)
             await store_call(self._store.update_run, record.run_id, ended_ms=now_ms(),
-                             end_reason=f"lost while the agent was down: {why}")
+                             end_reason="stopped by operator" if stopped else f"lost while the agent was down: {why}")
         self._state.remove()
 
     def _profile(self, record: launcher.ServerRecord) -> Profile:

@@ -9,6 +9,7 @@ The serving state changes only through the run lifecycle's `set_state`, which st
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,10 @@ from lynxtop.contract.status import ServingState as S  # noqa: N817 - read as a 
 
 if TYPE_CHECKING:
     from lynxtop.agent.serving.lifecycle import RunLifecycle
+
+# who the retry's action is by ("agent (...)"): the refusal of a start while it loads names its cause
+RETRY_AFTER_CRASH = "retry after a crash"
+RETRY_AFTER_TIMEOUT = "retry after a readiness timeout"
 
 
 class Failures:
@@ -89,9 +94,13 @@ class Failures:
         lc.event(EventKind.SERVING_BACKOFF, Severity.WARNING, f"profile {prof.name}: retry in {delay:.1f} s "
                  f"(failure {failures} of {a.crash_loop_failures} allowed in {window:g} s{timeouts})",
                  with_log=True, delay_s=delay, failures=failures)
-        self._retry.schedule(delay, lambda: self._retry_due(prof))
+        cause = RETRY_AFTER_TIMEOUT if readiness_timeout else RETRY_AFTER_CRASH
+        self._retry.schedule(delay, lambda: self._retry_due(prof, cause))
 
-    async def _retry_due(self, prof: Profile) -> None:
+    async def _retry_due(self, prof: Profile, cause: str) -> None:
+        """The retry takes the action slot as an action of the agent's own and keeps it until its run is ready or
+        failed: an operator's start meanwhile is refused (it once spawned a second server beside the retry's, the
+        slot freed at the spawn), while a stop, restart or switch may replace the retry while it only waits."""
         lc = self._lc
         if self._slot.current is not None or lc.state != S.BACKOFF:
             return
@@ -104,8 +113,15 @@ class Failures:
             lc.event(EventKind.SERVING_STOPPED, Severity.ERROR,
                      f"not retrying: profile {prof.name} is no longer in the config")
             return
-        self._slot.hold_for_retry(prof.name)
-        try:
-            await lc.launch(current, f"retry {self._retry.failures.consecutive} after failure")
-        finally:
-            self._slot.release_retry()
+        self._slot.begin("retry", f"agent ({cause})", prof.name)
+        self._slot.run(self._retry_run(current))
+
+    async def _retry_run(self, prof: Profile) -> None:
+        lc = self._lc
+        if not await lc.launch(prof, f"retry {self._retry.failures.consecutive} after failure"):
+            return
+        run = lc.run
+        if run is None:
+            return
+        with self._slot.waiting():  # resolve_outcome frees the slot at once (ActionSlot.release_waiting)
+            await asyncio.shield(run.outcome)

@@ -7,7 +7,8 @@
 - stopping is SIGTERM to the API server (the leader) *only*; once it has exited (at once when it was already
   dead: a crash), SIGTERM to whatever of the run is left; after the grace period SIGKILL to the group and to
   every straggler of the run (EngineCore survives a SIGKILL of the API server), until /proc shows nothing of
-  the run; then the run's leftover files and its own TMPDIR are removed (`runfiles`, `runtmp`);
+  the run; then the run's leftover files and its own TMPDIR are removed (`runfiles`, `runtmp`) and its log's
+  disk reserve given back (`logreserve`);
 - the run's record (serving.json) is read back only as an agent writes it (`record_fields`), and a live pid that
   carries the run's token is never signalled on the word of a record (`identify`, `kill_leftovers`).
 
@@ -28,6 +29,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Collection, Mapping
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from lynxtop.agent.notify import NOTIFY_VARS
-from lynxtop.agent.serving import procs, runtmp, safefile
+from lynxtop.agent.serving import logreserve, procs, runtmp, safefile
 from lynxtop.agent.serving.procs import RUN_TOKEN_ENV
 from lynxtop.agent.serving.proctable import ProcTable
 from lynxtop.agent.serving.runfiles import RunFiles
@@ -54,6 +56,9 @@ PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: a larger pid is no process (and
 TOKEN_SHAPE = re.compile(r"[0-9a-f]{16}")  # what new_token() makes
 # spawn: how often the new process's start time is read before it is recorded as unknown (it was just forked)
 START_READS, START_READ_GAP_S = 20, 0.005
+# a loading run this young (or adopted and not looked at yet) is looked at every YOUNG_LOOK_S (`look_due`): its
+# EngineCore and workers retitle themselves at once, and are known only from a look while their leader lives
+YOUNG_S, YOUNG_LOOK_S = 60.0, 1.0
 
 
 @dataclass
@@ -260,12 +265,13 @@ def _signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
-def _clean_files(result: StopResult, files: RunFiles) -> None:
+def _clean_files(result: StopResult, files: RunFiles, log_path: str) -> None:
     if result.survivors:  # a file still mapped by a live process of the run is not ours to pull away yet
         result.not_removed = [f"{p} (process(es) {result.survivors} of the run still alive)"
                               for p in files.every_path()]
     else:
         result.removed, result.not_removed = files.remove()
+        logreserve.release_quietly(log_path)  # nothing of the run writes to its log any more
 
 
 def child_env(profile_env: Mapping[str, str], token: str, base: Mapping[str, str] | None = None,
@@ -317,6 +323,9 @@ class ServerProcess:
         # pid -> start ticks of every process seen in the run (replaced, never changed in place: the sampler's
         # thread reads it too); a retitled one shows no token, and once the leader is gone no group either
         self.known: dict[int, int] = dict(record.members)
+        self._seen: dict[int, int] = dict(record.members)  # the live members of the last look (the record's)
+        self._looked_at: float | None = None  # when this agent last looked (monotonic)
+        self._known_lock = threading.Lock()  # looks merge into `known` from the loop and the sampler's thread
         self.files = RunFiles(tmp_dir=record.tmp_dir)  # filled at readiness and again before a stop signals
         for path in record.shm_segments:  # seen by a previous agent (adoption)
             self.files.add_recorded(path, self.uid)
@@ -336,6 +345,8 @@ class ServerProcess:
             self._loop.add_reader(self._pidfd, self._on_exit_now)
 
     def _on_exit_now(self) -> None:
+        if self.popen is not None and self.popen.returncode is None:
+            self._look_before_reaping()
         self.close()
         if self.popen is not None:
             code = self.popen.poll()
@@ -361,6 +372,16 @@ class ServerProcess:
         assert self.exit is not None
         return self.exit
 
+    def _look_before_reaping(self) -> None:
+        """Our child has exited and is not reaped yet: its zombie holds its pid, so its process group is certainly
+        the run's (procs._group_is_the_runs) and every process still in it is known from now on, even an EngineCore
+        that retitled itself before any look (an API server dead seconds into the load). Once reaped, a leaderless
+        group with no token left in it cannot be told from a stranger's that got the number."""
+        try:
+            self._members()
+        except Exception:  # noqa: BLE001 - the exit must be recorded whatever this look met
+            log.exception("run %s: cannot look at the run's processes as its API server exits", self.record.run_id)
+
     def leader_alive(self) -> bool:
         return not self.exited and procs.alive(self.pid)
 
@@ -375,12 +396,34 @@ class ServerProcess:
         find = table.members if table is not None else procs.run_processes
         seen: dict[int, int] = {}
         found = find(self.record.token, self.record.pgid, roots, self.record.start_ticks, self.known, seen)
-        known = self.known
-        if any(known.get(pid) != ticks for pid, ticks in seen.items()):
-            if len(known) + len(seen) > MEMBERS_MAX:  # a run that churns processes: the gone ones go first
-                known = {}
-            self.known = {**known, **seen}
+        with self._known_lock:
+            known = self.known
+            if any(known.get(pid) != ticks for pid, ticks in seen.items()):
+                if len(known) + len(seen) > MEMBERS_MAX:  # a run that churns processes: the gone ones go first
+                    known = {}
+                self.known = {**known, **seen}
+            self._seen, self._looked_at = seen, time.monotonic()
         return found, seen
+
+    def look_due(self) -> bool:
+        """Whether a loading run is to be looked at now: at most every YOUNG_LOOK_S, in its first YOUNG_S or until
+        this agent first looked. Real vLLM's EngineCore and workers hide the run's token as they start; an agent
+        killed before it saw them leaves its successor nothing to know them by once their API server dies. Later
+        and once ready, the node's look every 5 s is enough: nothing is added to a serving agent's steady cost."""
+        looked = self._looked_at
+        if looked is not None and time.monotonic() - looked < YOUNG_LOOK_S:
+            return False
+        age = procs.age_s(self.record.start_ticks)
+        return looked is None or (age is not None and age < YOUNG_S)
+
+    def members_changed(self) -> bool:
+        """The record's members made those of the last look; whether they changed (the caller saves the record, so
+        an agent killed mid-load leaves them to the next one: `leftovers`)."""
+        seen = sorted(self._seen.items())[:MEMBERS_MAX]
+        if [tuple(m) for m in self.record.members] == seen:
+            return False
+        self.record.members = seen
+        return True
 
     def note_files(self) -> None:
         """Record the segments the run has mapped now and its processes (at readiness: a run SIGKILLed as a
@@ -515,7 +558,7 @@ class _Stop:
             ended = ("still alive" if pid in left else _signal_name(self.sent[pid]) if pid in self.sent
                      else "exited by itself")
             result.orphans.append(Orphan(pid, self.titles.get(pid, "?"), ended))
-        _clean_files(result, self.files)
+        _clean_files(result, self.files, self.proc.record.log_path)
         return result
 
 
@@ -730,7 +773,7 @@ async def kill_leftovers(record: ServerRecord, wait_s: float = 10.0, poll_s: flo
         left = leftovers(record)
     result = StopResult(pids=found, leader_was_dead=True, survivors=left,
                         orphans=[Orphan(p, titles[p], "still alive" if p in left else "SIGKILL") for p in found])
-    _clean_files(result, files)
+    _clean_files(result, files, record.log_path)
     return result
 
 

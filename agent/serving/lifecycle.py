@@ -41,7 +41,7 @@ from lynxtop.contract.status import ServingState as S  # noqa: N817 - read as a 
 log = logging.getLogger("lynxtop.agent.serving.supervisor")
 
 LOG_TAIL_LINES = 20
-RUN_LOGS_KEPT = 200  # per-run vLLM logs kept in log_dir (the runs table keeps every run forever)
+RUN_LOGS_KEPT = 200  # per-run vLLM logs kept in log_dir (a run's row outlives its log: store/retention.py)
 
 # a silent /health ("unresponsive": a frozen or wedged API server) is a hang too, told with the hang's kinds
 _DEGRADED = {"hang": EventKind.SERVING_DEGRADED_HANG, "unresponsive": EventKind.SERVING_DEGRADED_HANG,
@@ -64,6 +64,19 @@ class GpuView(Protocol):
     def compute_pids(self) -> tuple[float, set[int]] | None:
         """(monotonic time of the latest sample, pids holding GPU memory), or None when unknown."""
         ...
+
+
+class LiveRunError(RuntimeError):
+    """`launch` while the current run is unfinished: a bug of the caller, never a second server."""
+
+
+def refuse_if_current(run: Run | None, prof: Profile) -> None:
+    """A launch never replaces a run that is not finished: the old server would keep loading or serving on the same
+    GPUs, unsupervised (`stop` reaches only the current run). Whoever launches stops the run first."""
+    if run is not None and not run.finished:
+        alive = "alive" if not run.proc.exited else "exited, its end not yet handled"
+        raise LiveRunError(f"not starting profile {prof.name}: run {run.run_id} (pid {run.proc.pid}, {alive}) is "
+                           "still the current run; a second server would crowd its GPUs")
 
 
 class ClusterGate(Protocol):
@@ -225,6 +238,7 @@ class RunLifecycle:
         """Spawn a new run of `prof` (the GPUs were freed by whoever stopped the previous run); `restart`: an
         operator's or the hang policy's restart, counted. Waits while processes not of the run hold its GPUs
         (gpu_holders.py: an operator's action was refused for them already; an autostart or retry waits)."""
+        refuse_if_current(self.run, prof)
         if restart:
             self.restarts += 1
         await self._await_cluster(prof)
@@ -246,6 +260,7 @@ class RunLifecycle:
                        pids=sorted({p for h in taken for p in h.pids}), port=prof.port)
             self.resolve_outcome(False)
             return False
+        refuse_if_current(self.run, prof)  # again after the awaits, none between this check and the spawn
         try:
             run = Run.launch(spawned, agent.run_log_dir, runtmp.root_for(agent.database))
         except OSError as exc:
@@ -278,11 +293,15 @@ class RunLifecycle:
         self._task = asyncio.get_running_loop().create_task(self._lifecycle(run, prof), name=f"run-{run.run_id}")
         return True
 
-    def adopt(self, found: Adopted) -> None:
-        """Watch the server a previous agent left (agent/serving/adoption.py found it) like any run."""
+    def adopt(self, found: Adopted, stopping: str | None = None) -> None:
+        """Watch the server a previous agent left (adoption.py found it) like any run; `stopping` (why): one whose
+        stop it did not finish, made current for the stop to end it, never watched (its exit is no crash)."""
         record = found.record
         run = self.run = Run.adopt(found.proc, record, found.profile.readiness_timeout_s)
         self.profile, self.profile_name = found.profile, record.profile
+        if stopping is not None:
+            self.set_state(S.STOPPING, stopping)
+            return
         self.set_state(S.STARTING, f"adopted run {record.run_id} (pid {record.pid}) from the previous agent")
         self.event(EventKind.SERVING_ADOPTED, Severity.INFO, f"adopted run {record.run_id} (profile "
                    f"{record.profile}, pid {record.pid}) left running by the previous agent: no restart",
@@ -311,14 +330,28 @@ class RunLifecycle:
     async def not_ready_in_time(self, run: Run, prof: Profile) -> None:
         await self._failures.not_ready_in_time(run, prof)
 
+    def adopted_silent(self, run: Run, prof: Profile, silent_s: float) -> None:
+        """A run adopted as ready, silent since (hung, or stuck in a shutdown begun while no agent ran): said once,
+        never stopped as a slow load, restarted only as a hung server is (`restart_on_hang`)."""
+        restart = policy.restart_on_verdict(True, self._config().agent, self._slot.current is not None, True)
+        why = (f"adopted run {run.run_id}, ready before the agent restarted, has not answered GET /health in "
+               f"{silent_s:g} s since its adoption (hung, or stuck in a shutdown?)")
+        self.set_state(self.state, why)
+        then = ("restarting it (restart_on_hang)" if restart else
+                f"it is not stopped: check it (ps -fp {run.proc.pid}), then `lynxtop restart` or `lynxtop stop`")
+        self.event(EventKind.SERVING_DEGRADED_HANG, Severity.ERROR, f"run {run.run_id}: {why}; {then}", with_log=True,
+                   condition="unresponsive")
+        if restart:
+            self._on_hang(prof)
+
     # ------------------------------------------------------------------------------------- readiness, serving
 
     async def _lifecycle(self, run: Run, prof: Profile) -> None:
         proc = run.proc
         watch = RunWatch(self, run, prof, self._http, self._config().agent)
         # beside the watch, not in it: a copy of the log never delays a /health probe
-        capper = asyncio.get_running_loop().create_task(logcap.keep_capped(
-            run.log_path, lambda: self._config().agent.run_log_max_mb, lambda: not proc.exited), name="run-log-cap")
+        capper = asyncio.get_running_loop().create_task(logcap.look_after(  # its size cap and its disk reserve
+            run.log_path, lambda: self._config().agent, lambda: not proc.exited), name="run-log-upkeep")
         try:
             readiness = await watch.until_ready()
             if readiness == "ready":
@@ -427,8 +460,8 @@ class RunLifecycle:
         self.state_file.remove()
         run.proc.close()
 
-    async def stop_current(self, reason: str, end_reason: str) -> None:
-        """Stop the current run, if any, and wait for its GPU memory to be released."""
+    async def stop_current(self, reason: str, end_reason: str, grace_s: float | None = None) -> None:
+        """Stop the current run, if any (`grace_s`: not the profile's), and wait for its GPU memory's release."""
         run = self.run
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
@@ -443,7 +476,7 @@ class RunLifecycle:
             return
         if run.crash_reason and proc.exited:
             end_reason = run.crash_reason  # it crashed before this stop reached it
-        grace = self.profile.stop_grace_s if self.profile else FALLBACK_GRACE_S
+        grace = grace_s if grace_s is not None else self.profile.stop_grace_s if self.profile else FALLBACK_GRACE_S
         self.set_state(S.STOPPING, reason)
         t0 = time.monotonic()
         res = await proc.stop(grace, self.timing.stop_kill_wait_s)

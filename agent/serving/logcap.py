@@ -10,18 +10,29 @@ bounded) is copied to `<log>.1`, replacing an older one, and the log is truncate
 Lines written between the copy and the truncate are lost (the copy of half the cap takes well under a second).
 The readers of the log (the start-up phase tracker, the API's log follower) notice a file shorter than their
 offset and read it again from its start.
+
+Two things the truncate would take are put back at once: the start-up line naming the run's `vllm_dist_*`
+rendezvous file (runfiles reads the log's start for it when the run ends: without it the file stayed in /tmp),
+as one line at the new start; and the log's disk reserve (logreserve.py), which the truncate frees.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lynxtop.agent.serving import logreserve, runfiles
+
+if TYPE_CHECKING:
+    from lynxtop.contract.config import AgentConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +54,9 @@ def kept_path(log_path: str | Path) -> Path:
     return Path(f"{log_path}.1")
 
 
-def cap(log_path: str | Path, max_bytes: int) -> Capped | None:
+def cap(log_path: str | Path, max_bytes: int, reserve_bytes: int = 0) -> Capped | None:
     """Cap `log_path` at `max_bytes` (<= 0: no cap); None when nothing was done. Blocking: call it in a thread.
+    `reserve_bytes`: the log's disk reserve, made again after the truncate (logreserve.py).
 
     The log is truncated even if its copy fails (a full disk): the cap is what keeps the disk for the database."""
     if max_bytes <= 0:
@@ -57,15 +69,36 @@ def cap(log_path: str | Path, max_bytes: int) -> Capped | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size <= max_bytes:
             return None
-        kept, error = 0, None
+        kept, errors = 0, []
         try:
             kept = _copy_tail(fd, st.st_size, max_bytes // 2, kept_path(log_path))
         except OSError as exc:
-            error = f"cannot keep its last part in {kept_path(log_path)}: {exc.strerror or exc}"
+            errors.append(f"cannot keep its last part in {kept_path(log_path)}: {exc.strerror or exc}")
+        dist = runfiles.dist_files_in(os.pread(fd, min(st.st_size, runfiles.LOG_SCAN_BYTES), 0))
         os.ftruncate(fd, 0)
-        return Capped(st.st_size, kept, error)
+        errors += _put_back(fd, dist, reserve_bytes)
+        return Capped(st.st_size, kept, "; ".join(errors) or None)
     finally:
         os.close(fd)
+
+
+def _put_back(fd: int, dist: set[str], reserve_bytes: int) -> list[str]:
+    """After the truncate: the line naming the rendezvous files (appended: the writer may have written since),
+    then the disk reserve. What could not be done, said (a failed reserve is retried by logreserve's keeper)."""
+    errors = []
+    if dist:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+            os.write(fd, runfiles.dist_note(dist))
+        except OSError as exc:
+            errors.append(f"cannot keep the line naming {', '.join(sorted(dist))} (removed when the run ends): "
+                          f"{exc.strerror or exc}")
+    if reserve_bytes > 0:
+        try:
+            logreserve.reserve_fd(fd, reserve_bytes)
+        except OSError as exc:
+            errors.append(f"its disk reserve is not made again yet: {exc.strerror or exc}")
+    return errors
 
 
 def _line_start(fd: int, size: int, keep: int) -> int:
@@ -112,16 +145,18 @@ def _copy_tail(fd: int, size: int, keep: int, dest: Path) -> int:
     return pos - start
 
 
-async def keep_capped(log_path: str, max_mb: Callable[[], int], running: Callable[[], bool]) -> None:
-    """Every CHECK_EVERY_S while `running()`: cap the log at `max_mb()` MiB (read each time: a config reload
-    applies), in a thread (a copy of up to half the cap never holds the event loop)."""
+async def keep_capped(log_path: str, max_mb: Callable[[], int], running: Callable[[], bool],
+                      reserve_mb: Callable[[], int] = lambda: 0) -> None:
+    """Every CHECK_EVERY_S while `running()`: cap the log at `max_mb()` MiB and make its `reserve_mb()` MiB
+    reserve again after the truncate (both read each time: a config reload applies), in a thread (a copy of up
+    to half the cap never holds the event loop)."""
     while running():
         await asyncio.sleep(CHECK_EVERY_S)
         limit = max_mb()
         if limit <= 0 or not running():
             continue
         try:
-            done = await asyncio.to_thread(cap, log_path, limit << 20)
+            done = await asyncio.to_thread(cap, log_path, limit << 20, reserve_mb() << 20)
         except Exception as exc:  # noqa: BLE001 - a failed cap must not end the run's watch
             log.warning("cannot cap the run's log %s: %s: %s", log_path, type(exc).__name__, exc)
             continue
@@ -133,3 +168,12 @@ async def keep_capped(log_path: str, max_mb: Callable[[], int], running: Callabl
         else:
             log.info("the run's log %s passed %d MiB (%d bytes): its last %d bytes kept in %s, the log emptied",
                      log_path, limit, done.size, done.kept, kept_path(log_path))
+
+
+async def look_after(log_path: str, agent: Callable[[], AgentConfig], running: Callable[[], bool]) -> None:
+    """The current run's log while `running()`: capped at `run_log_max_mb` (keep_capped) and with its
+    `run_log_reserve_mb` disk reserve, made at once and topped up (logreserve.keep_reserved): a disk that fills
+    during the load must not kill it. `agent()` is read at each use: a config reload applies."""
+    await asyncio.gather(
+        keep_capped(log_path, lambda: agent().run_log_max_mb, running, lambda: agent().run_log_reserve_mb),
+        logreserve.keep_reserved(log_path, lambda: agent().run_log_reserve_mb, running))

@@ -260,6 +260,13 @@ def environ_raw(pid: int) -> bytes | None:
         return None
 
 
+def environ_blank(raw: bytes | None) -> bool:
+    """Whether an environment as `environ_raw` read it names no variable: empty (a kernel thread, an exec under
+    way) or all NULs, what setproctitle leaves once it moved the environment away to make room for a long title
+    (vLLM's EngineCore and workers: measured with setproctitle 1.3.8, /proc/PID/environ keeps its length)."""
+    return raw is not None and not raw.strip(b"\0")
+
+
 def is_kernel_thread(s: ProcStat) -> bool:
     """kthreadd (pid 2) and its children: their environment is empty for good."""
     return s.pid == 2 or s.ppid == 2
@@ -361,7 +368,7 @@ def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = ()
     `known`: pid -> start ticks of processes seen in the run before (`ServerProcess.known`): a process that
     retitled itself no longer shows the token, and once its leader is gone neither does its group. `into`: filled
     with each member's pid -> start ticks, for the caller to know them next time."""
-    stats = {s.pid: s for s in (stat(p) for p in all_pids()) if s is not None and s.state not in ("Z", "X")}
+    stats = {s.pid: s for s in (stat(p) for p in all_pids()) if s is not None}  # zombies too: `members_in`
     envs: dict[int, bytes | None] = {}  # the environments read, by pid
 
     def carries_token(s: ProcStat) -> bool:
@@ -380,18 +387,22 @@ def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = ()
 def members_in(stats: dict[int, ProcStat], token: str | None, pgid: int | None, roots: Iterable[int],
                since_ticks: int, carries_token: Callable[[ProcStat], bool],
                known: Mapping[int, int] | None = None) -> list[int]:
-    """`run_processes` over a given table of live processes; `carries_token(stat)` reads the environment."""
+    """`run_processes` over a given table of processes; `carries_token(stat)` reads the environment.
+
+    Only live processes are members; a zombie in `stats` counts for one thing: the run's leader not yet reaped
+    holds its pid, so its group is the run's (`_group_is_the_runs`)."""
     me = os.getpid()
     known = known or {}
+    live = {pid: s for pid, s in stats.items() if s.state not in ("Z", "X")}
 
     def is_known(s: ProcStat) -> bool:  # pid and start time: a reused pid is someone else
         return known.get(s.pid) == s.start_ticks
 
-    if pgid is not None and not _group_is_the_runs(stats, token, pgid, since_ticks,
+    if pgid is not None and not _group_is_the_runs(stats, live, token, pgid, since_ticks,
                                                    lambda s: is_known(s) or carries_token(s)):
         pgid = None
-    members = {pid for pid in roots if pid in stats}
-    for s in stats.values():
+    members = {pid for pid in roots if pid in live}
+    for s in live.values():
         if s.pid == me:
             continue
         if (pgid is not None and s.pgid == pgid or is_known(s)
@@ -399,7 +410,7 @@ def members_in(stats: dict[int, ProcStat], token: str | None, pgid: int | None, 
             members.add(s.pid)
     # close over descendants: a child that called setsid is still a child
     children: dict[int, list[int]] = {}
-    for s in stats.values():
+    for s in live.values():
         children.setdefault(s.ppid, []).append(s.pid)
     todo = list(members)
     while todo:
@@ -411,18 +422,20 @@ def members_in(stats: dict[int, ProcStat], token: str | None, pgid: int | None, 
     return sorted(members)
 
 
-def _group_is_the_runs(stats: dict[int, ProcStat], token: str | None, pgid: int, leader_ticks: int,
-                       carries_token: Callable[[ProcStat], bool]) -> bool:
-    """Whether process group `pgid` is still the run's: its leader (pid == pgid) alive with the recorded start, or
-    gone while a process of the group carries the run's token or was seen in the run (`carries_token` says). The
-    kernel hands out no number a live group still uses, but once the run's group is empty a stranger may get it
-    (a new session leader): signalling that group would kill someone else's processes."""
+def _group_is_the_runs(stats: dict[int, ProcStat], live: dict[int, ProcStat], token: str | None, pgid: int,
+                       leader_ticks: int, carries_token: Callable[[ProcStat], bool]) -> bool:
+    """Whether process group `pgid` is still the run's: its leader (pid == pgid) there with the recorded start, alive
+    or a zombie not yet reaped (it holds its pid: no other process can have that number, so no other group can
+    either; the agent looks in that moment, `ServerProcess._on_exit_now`), or gone while a live process of the
+    group carries the run's token or was seen in the run (`carries_token` says). The kernel hands out no number a
+    live group still uses, but once the run's group is empty a stranger may get it (a new session leader):
+    signalling that group would kill someone else's processes."""
     leader = stats.get(pgid)
     if leader is not None:
         return leader_ticks <= 0 or leader.start_ticks == leader_ticks
     if token is None:
         return True  # nothing to tell the run by: the group is all there is
-    return any(s.pgid == pgid and carries_token(s) for s in stats.values())
+    return any(s.pgid == pgid and carries_token(s) for s in live.values())
 
 
 def runs_started_in(cwd: str, exclude: Iterable[int] = ()) -> list[int]:

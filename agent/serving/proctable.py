@@ -112,9 +112,8 @@ class ProcTable:
                 known: Mapping[int, int] | None = None, into: dict[int, int] | None = None) -> list[int]:
         """procs.run_processes over the kept table; each pid named is alive now and the process looked at."""
         with self._lock:
-            table = self._look()
-            live = {pid: s for pid, s in table.items() if s.state not in _DEAD}
-            found = procs.members_in(live, token, pgid, roots, since_ticks, lambda s: self._token(s) == token,
+            table = self._look()  # zombies too: the run's leader not reaped yet still holds its group (members_in)
+            found = procs.members_in(table, token, pgid, roots, since_ticks, lambda s: self._token(s) == token,
                                      known)
             out = []
             self._shared, self._shared_at = {}, self._clock()  # these reads serve the tree walk of this tick too

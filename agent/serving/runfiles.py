@@ -32,12 +32,25 @@ def dist_files_in_log(log_path: str | os.PathLike[str], limit: int = LOG_SCAN_BY
             head = f.read(limit)
     except OSError:
         return set()
+    return dist_files_in(head)
+
+
+def dist_files_in(head: bytes) -> set[str]:
+    """The `vllm_dist_*` rendezvous files named in `head` (the start of a run log)."""
     found = set()
     for m in _DIST_RE.finditer(head):
         path = m.group(1).decode("utf-8", "surrogateescape")
         if os.path.normpath(path) == path:  # no "..", no "//": the log names the file, not a path trick
             found.add(path)
     return found
+
+
+def dist_note(paths: set[str]) -> bytes:
+    """The line logcap writes at the start of a log it truncated, naming the rendezvous files the dropped start-up
+    lines named (`dist_files_in` finds them there): the file is still removed when the run ends."""
+    named = " ".join(f"distributed_init_method=file://{p}" for p in sorted(paths))
+    return f"[lynxtop] kept from the start of this log when it was capped: {named}\n".encode(
+        "utf-8", "surrogateescape")
 
 
 @dataclass

@@ -167,9 +167,9 @@ def remove(path: str) -> str | None:
 def _users(root: str, log_dir: str, skip: set[int]) -> tuple[set[str], list[int]]:
     """(names under `root` a live process has as TMPDIR or cwd, pids of processes of a run whose TMPDIR is unknown).
 
-    The latter are processes started in the run-log directory (every run is) whose environment reads empty: vLLM's
-    retitled EngineCore and workers (setproctitle overwrites /proc/PID/environ). `skip`: the kept run's pids. Other
-    users' processes cannot be read, nor enter a 0700 directory."""
+    The latter are processes started in the run-log directory (every run is) whose environment names nothing: vLLM's
+    retitled EngineCore and workers (setproctitle overwrites /proc/PID/environ with NULs). `skip`: the kept run's
+    pids. Other users' processes cannot be read, nor enter a 0700 directory."""
     names: set[str] = set()
     unknown: list[int] = []
     prefix = root + os.sep
@@ -186,7 +186,7 @@ def _users(root: str, log_dir: str, skip: set[int]) -> tuple[set[str], list[int]
         for where in (procs.environ_entry(envs[pid], "TMPDIR"), cwd):
             if where and (where + os.sep).startswith(prefix):
                 names.add(where[len(prefix):].split(os.sep)[0])
-        if envs[pid] == b"" and cwd == log_dir:
+        if procs.environ_blank(envs[pid]) and cwd == log_dir:  # all NULs once retitled, not empty
             unknown.append(pid)
     return names, sorted(unknown)
 

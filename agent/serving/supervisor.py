@@ -35,6 +35,7 @@ from lynxtop.agent.serving.lifecycle import ClusterGate, GpuView, RunLifecycle, 
 from lynxtop.agent.serving.retry import Retry
 from lynxtop.agent.serving.run import now_ms
 from lynxtop.agent.serving.runstore import RunStore
+from lynxtop.agent.serving.stopnote import OperatorStop, StopKeeper
 from lynxtop.agent.serving.switching import ActionIntent
 from lynxtop.contract.config import Config, ConfigError, Profile
 from lynxtop.contract.events import Event, EventKind, Severity
@@ -111,6 +112,46 @@ async def refuse_if_crowded(prof: Profile, log_dir: Path, replacing: RunLifecycl
         raise ActionError(gpu_holders.CODE, on_gpus.refusal(prof), 409, details=on_gpus.details())
 
 
+def refuse_start_now(runs: RunLifecycle, slot: ActionSlot) -> None:
+    """Start's refusals on what serving does now (no await here: the caller takes the slot right after)."""
+    state = runs.state
+    if slot.name() == "retry":
+        raise retry_under_way(runs, slot)
+    if state in (S.STARTING, S.READY, S.DEGRADED):
+        raise ActionError("state", f"serving is already {state} (profile {runs.profile_name}); use restart or switch",
+                          409)
+    if state == S.STOPPING or slot.current is not None:
+        raise slot.busy() if slot.current else ActionError("state", "serving is stopping; try again", 409)
+
+
+def retry_under_way(runs: RunLifecycle, slot: ActionSlot) -> ActionError:
+    """The refusal of a start while the agent's own retry starts or loads: named as such (its processes are the
+    agent's run, not strays to be stopped, which would throw the load away)."""
+    a = slot.current or {}
+    cause = str(a.get("by") or "").removeprefix("agent (").removesuffix(")") or "a retry"
+    run, state = runs.run, runs.state
+    if run is not None and not run.finished:
+        doing = f"the agent is loading run {run.run_id if run.run_id is not None else '(new)'}"
+    else:
+        doing = f"the agent is starting a new run ({state}: {runs.reason})"
+    return ActionError("state", f"{doing} of profile {a.get('profile') or runs.profile_name} ({cause}); nothing was "
+                                "started: a second server would crowd its GPUs. Watch it with `lynxtop status`; "
+                                "`lynxtop stop` ends it, restart or switch replace it", 409,
+                       details={"action": a, "run_id": runs.run_id, "state": str(state)})
+
+
+def retry_replaceable(slot: ActionSlot) -> bool:
+    """What holds the slot is the agent's retry, only waiting (its load, its GPUs, the cluster): a restart or
+    switch may replace it (it stops that run itself). A retry that is spawning keeps the slot for those moments."""
+    return slot.name() == "retry" and slot.stop_may_preempt()
+
+
+async def replace_waiting_retry(runs: RunLifecycle, slot: ActionSlot) -> None:
+    if retry_replaceable(slot):
+        await slot.cancel()
+        await runs.cancel_gate()
+
+
 class Supervisor:
     """Validates and carries out the serving actions; wires the lifecycle, the action slot, retries, adoption and
     the switch or restart intent, and owns no state of a run (read it through the lifecycle's names above)."""
@@ -129,7 +170,7 @@ class Supervisor:
         self.cluster = cluster  # a head's Ray cluster: Ray profiles start once it has their GPUs
         events = self._sink = events or EventSink(store)  # type: ignore[arg-type] - the agent's one event path
         self._slot = ActionSlot(self._expected_s, self._action_failed, on_change)
-        self._retry = Retry(cfg.agent, state_path.with_name("crash-loop.json"), rng)
+        self._retry = Retry(cfg.agent, state_path.with_name("crash-loop.json"), rng, event=self._event)
         self.runs = RunLifecycle(lambda: self.config.current, store, events, gpus, self._slot, self._retry,
                                  state_path, host=host, simulated=simulated,
                                  timing=Timing(health_poll_s, health_fail_threshold, stop_kill_wait_s), http=self.http,
@@ -137,6 +178,8 @@ class Supervisor:
         self._adoption = Adoption(self.runs.state_file, store, self.runs.event, lambda: self.config.current,
                                   host=host, simulated=simulated)
         self._intent = ActionIntent(state_path.with_name("switch.json"), self.runs.event)
+        # an operator's stop: finished, or kept stopped, by the next agent
+        self._stops = StopKeeper(state_path.with_name("stopped.json"), self.runs, self._slot, events)
         self._gpu_guard = self.runs.gpu_gate.guard  # one guard: "NVML cannot say" is logged once
 
     def __getattr__(self, name: str) -> Any:
@@ -203,6 +246,8 @@ class Supervisor:
             raise self._slot.busy()
         self._retry.clear_crash_loop()  # someone acted: the crash loop is acknowledged
         self._slot.begin(name, by, profile)
+        if name != "stop":
+            self._stops.note.clear()  # serving is wanted again: an operator's stop no longer holds autostart
 
     def _action_failed(self, name: str | None, exc: Exception) -> None:
         self._event(EventKind.ACTION_FAILED, Severity.ERROR, f"{name} failed: {exc}")
@@ -236,20 +281,23 @@ class Supervisor:
 
     async def start(self, profile: str | None, by: str, expect_run: ExpectRun = ANY_RUN, *,
                     autostart: bool = False) -> str:
-        """`autostart`: the agent's own start, which waits for GPUs other processes hold rather than refuse."""
+        """`autostart`: the agent's own start, which waits for GPUs other processes hold rather than refuse.
+
+        What serving does now is checked before the checks that await and again with no await before the slot is
+        taken: the backoff's retry may have spawned its run meanwhile (a start let through then spawned a second
+        server beside it, and `stop` left one of them running unsupervised)."""
         self.check_seen(expect_run)
-        state = self.runs.state
-        if state in (S.STARTING, S.READY, S.DEGRADED):
-            raise ActionError("state", f"serving is already {state} (profile {self.runs.profile_name}); "
-                                       "use restart or switch", 409)
-        if state == S.STOPPING or self._slot.current is not None:
-            raise self._slot.busy() if self._slot.current else ActionError("state", "serving is stopping; try again",
-                                                                           409)
+        refuse_start_now(self.runs, self._slot)
         prof = self._resolve_profile(profile)
         warnings = self._preflight_or_raise(prof)
-        if not autostart:  # an autostart waits for room instead (diskspace.DiskGate)
-            await diskspace.refuse_if_short(self.cfg.agent, f"start profile {prof.name}")
-        await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, guard=None if autostart else self._gpu_guard)
+        try:
+            if not autostart:  # an autostart waits for room instead (diskspace.DiskGate)
+                await diskspace.refuse_if_short(self.cfg.agent, f"start profile {prof.name}")
+            await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, guard=None if autostart else self._gpu_guard)
+        except ActionError:
+            refuse_start_now(self.runs, self._slot)  # the retry's run, spawned meanwhile, is what they found
+            raise
+        refuse_start_now(self.runs, self._slot)
         self._begin("start", by, prof.name, expect_run)
         self._event(EventKind.ACTION_START, Severity.INFO, f"start of profile {prof.name} requested by {by}", by=by)
         self._slot.run(self._do_start(prof, f"started by {by}", autostart))
@@ -260,6 +308,7 @@ class Supervisor:
         if self.runs.state in (S.STOPPED, S.CRASH_LOOP) and self._slot.current is None:
             if self.runs.state == S.CRASH_LOOP:
                 self._retry.clear_crash_loop()
+                self._stops.note.stopping(by, None, None)  # stopped by an operator: no autostart at the next start
                 self.runs.set_state(S.STOPPED, f"stopped by {by} (was crash-loop)")
                 self._event(EventKind.SERVING_STOPPED, Severity.INFO, f"crash loop acknowledged and cleared by {by}")
                 return "serving was in crash-loop; now stopped"
@@ -271,6 +320,10 @@ class Supervisor:
         await self.runs.cancel_gate()
         self._intent.clear()  # a switch or restart this stop preempted is not to be finished by a later agent
         self._begin("stop", by, self.runs.profile_name, expect_run)
+        run = self.runs.run
+        # before the SIGTERM: an agent that dies while vLLM drains is followed by one that finishes the stop
+        self._stops.note.stopping(by, run.run_id if run is not None and not run.finished else None,
+                                  self.runs.profile.stop_grace_s if self.runs.profile else FALLBACK_GRACE_S)
         self._event(EventKind.ACTION_STOP, Severity.INFO, f"stop requested by {by}", by=by)
         self._slot.run(self._do_stop(f"stopped by {by}", "stopped by operator"))
         return "stopping serving"
@@ -278,12 +331,13 @@ class Supervisor:
     async def restart(self, by: str, expect_run: ExpectRun = ANY_RUN, *, profile: str | None = None) -> str:
         """Restart the current profile (`profile`: an interrupted restart's, finished by the next agent)."""
         self.check_seen(expect_run)
-        if self._slot.current is not None:
+        if self._slot.current is not None and not retry_replaceable(self._slot):
             raise self._slot.busy()
         prof = self._resolve_profile(profile)
         warnings = self._preflight_or_raise(prof)
         await diskspace.refuse_if_short(self.cfg.agent, f"restart profile {prof.name}")
         await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, self.runs, self._gpu_guard)
+        await replace_waiting_retry(self.runs, self._slot)
         self._begin("restart", by, prof.name, expect_run)
         self._intent.save("restart", prof.name, self.runs.profile_name, by, self.runs.run_id)  # as a switch's
         self._event(EventKind.ACTION_RESTART, Severity.INFO, f"restart of profile {prof.name} requested by {by}", by=by)
@@ -292,12 +346,13 @@ class Supervisor:
 
     async def switch(self, profile: str, by: str, expect_run: ExpectRun = ANY_RUN) -> str:
         self.check_seen(expect_run)
-        if self._slot.current is not None:
+        if self._slot.current is not None and not retry_replaceable(self._slot):
             raise self._slot.busy()
         prof = self._resolve_profile(profile)
         warnings = self._preflight_or_raise(prof)
         await diskspace.refuse_if_short(self.cfg.agent, f"switch to profile {prof.name}")
         await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, self.runs, self._gpu_guard)
+        await replace_waiting_retry(self.runs, self._slot)
         old = self.runs.profile_name
         self._begin("switch", by, prof.name, expect_run)
         # before anything is stopped: an agent killed mid-switch resumes it
@@ -322,6 +377,7 @@ class Supervisor:
     async def _do_stop(self, reason: str, end_reason: str) -> None:
         self._retry.cancel()
         await self.runs.stop_current(reason, end_reason)
+        self._stops.note.stopped()  # the run ended: kept, to hold autostart at the next agent start of this boot
         self.runs.set_state(S.STOPPED, reason)
         self._event(EventKind.SERVING_STOPPED, Severity.INFO, f"serving stopped ({reason})", with_log=True)
 
@@ -358,12 +414,18 @@ class Supervisor:
 
     async def take_over(self, autostart: str | None) -> None:
         """At agent start: adopt the server the previous agent left, finish its interrupted switch, hold its
-        recorded crash loop, or else autostart `autostart` (None: no autostart) unless strays of a run live."""
-        adopted = await self.adopt_previous()
+        recorded crash loop, keep serving stopped that an operator stopped (this boot), or else autostart
+        `autostart` (None: no autostart) unless strays of a run live."""
+        self._stops.autostart = autostart
+        stop = self._stops.at_start()
+        adopted = await self.adopt_previous(stop)  # a stop under way is finished instead
         await self.runs.sweep_tmp()  # before any start of this agent's: only runs that are gone are swept
         if await self.resume_switch():  # a switch the previous agent did not finish (killed mid-switch)
             return
         held = not adopted and self.restore_crash_loop()
+        if not held and stop is not None and stop.this_boot() and self.runs.state in (S.STOPPED, S.STOPPING):
+            self._stops.hold(stop)
+            return
         if adopted or held or not autostart:
             return
         strays = await asyncio.to_thread(procs.runs_started_in, os.path.realpath(self.cfg.agent.run_log_dir))
@@ -382,11 +444,18 @@ class Supervisor:
             self._sink.put(Event(EventKind.AGENT_AUTOSTART_FAILED, Severity.ERROR,
                                  f"autostart of {autostart} refused: {exc.message}"))
 
-    async def adopt_previous(self) -> bool:
-        """Adopt the server a previous agent left running (live restore), or clean up after it."""
-        found = await self._adoption.find()
+    async def adopt_previous(self, stop: OperatorStop | None = None) -> bool:
+        """Adopt the server a previous agent left running (live restore), or clean up after it. Under `stop`, an
+        operator's stop of that run the previous agent did not finish, the server is stopped instead."""
+        stopping = stop.run if stop is not None and stop.stopping else None
+        found = await self._adoption.find(stopping)
         if found is None:
             return False
+        if stop is not None and stopping is not None and found.record.run_id == stopping:
+            self._stops.take_over(found, stop)
+            return True
+        if stop is not None:  # serving ran again after that stop (its note outlived a start): it no longer holds
+            self._stops.note.clear()
         self.runs.adopt(found)
         return True
 

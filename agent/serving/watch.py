@@ -60,10 +60,13 @@ class RunWatch:
         if elapsed is None:
             elapsed = max(0.0, (now_ms() - (run.started_ms or now_ms())) / 1000)
         deadline = time.monotonic() + prof.readiness_timeout_s - elapsed
+        silent_at: float | None = None  # when an adopted ready server's silence is said (`adopted_silent`)
         if run.was_ready:
             # it was ready under the previous agent: its load time is long past the timeout, so one slow or
-            # failed /health right after an agent restart would otherwise kill a healthy server
+            # failed /health right after an agent restart would otherwise kill a healthy server. Never stopped as
+            # a slow load; silent for hang_timeout_s it is told, and restarted only as a hung server is
             deadline = float("inf")
+            silent_at = time.monotonic() + self._agent.hang_timeout_s
         # adopted after its deadline had passed (its record lost `ready_ms` on a full disk, or the agent was away
         # longer than the timeout): judged not ready only after the health failure allowance, never on one probe
         allowance = lc.timing.health_fail_threshold if run.adopted and time.monotonic() >= deadline else 0
@@ -76,6 +79,7 @@ class RunWatch:
             while not proc.exited:
                 self.poll_phases()
                 self.check_log()
+                await self.look_while_loading()
                 lc.state_file.resave(proc.record)
                 if await probe.ok() and not proc.exited:
                     # inline, once per answered probe (a few ms of /proc reads): in a worker thread each of its
@@ -92,6 +96,9 @@ class RunWatch:
                                  "server answers", pids=sorted({p for h in others for p in h.pids}),
                                  port=prof.port)
                 misses += 1
+                if silent_at is not None and time.monotonic() >= silent_at:
+                    silent_at = None  # once: it was never heard since its adoption (hung, or stuck in a stop)
+                    lc.adopted_silent(run, prof, self._agent.hang_timeout_s)
                 if time.monotonic() >= deadline and misses >= allowance:
                     await lc.not_ready_in_time(run, prof)
                     return "timeout"
@@ -126,6 +133,16 @@ class RunWatch:
                     lc.on_verdict(verdict)
         finally:
             exit_wait.cancel()
+
+    async def look_while_loading(self) -> None:
+        """A young run's processes looked at each second (ServerProcess.look_due; in a thread: a look reads every
+        process of the node), and the record saved whenever they changed: an agent killed mid-load leaves the next
+        one the EngineCore and workers that hide the run's token (setproctitle) by pid and start time."""
+        proc = self._run.proc
+        if proc.look_due():
+            await asyncio.to_thread(proc.members)
+        if proc.members_changed():
+            self._lc.state_file.save(proc.record)
 
     def check_log(self) -> None:
         """A run whose output cannot be written is an event (once per episode), never a reason to stop it."""

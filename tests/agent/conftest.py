@@ -76,7 +76,8 @@ class ProcGpuView:
                 env = Path(f"/proc/{pid}/environ").read_bytes()
             except OSError:
                 continue
-            if marker in env and procs.alive(pid) and self._ours(pid):
+            retitled = not env.strip(b"\0") and procs.title(pid).startswith("VLLM::")  # the token hidden (setproctitle)
+            if (marker in env or retitled) and procs.alive(pid) and self._ours(pid):
                 pids.add(pid)
         return ts, pids
 
@@ -126,8 +127,8 @@ async def make_sup(tmp_path, store):
     for sup in made:
         if not sup.http.closed:
             await sup.http.close()
-        if sup.proc is not None:
-            for pid in procs.run_processes(sup.proc.record.token, sup.proc.record.pgid):
+        if sup.proc is not None:  # by identity too: a retitled EngineCore shows no token once its leader is gone
+            for pid in procs.run_processes(sup.proc.record.token, sup.proc.record.pgid, known=sup.proc.known):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 

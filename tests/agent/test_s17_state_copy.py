@@ -203,7 +203,8 @@ async def test_a_stale_copy_of_an_ended_run_leaves_its_row_as_it_ended(tmp_path)
         copy.write_text(stale)  # as a version without the copy would have left it: not removed with its run
         b = Agent(tmp_path, cfg, name="agent2")
         await b.wait_notify("READY=1")
-        await b.wait_state(lambda s: s["state"] in ("ready", "starting", "loading"), timeout=30,
+        # serving an operator stopped stays stopped across the agent's restart (stopped.json, session 18)
+        await b.wait_state(lambda s: s["state"] == "stopped" and "autostart of v4 held" in s["reason"], timeout=30,
                            what="the agent past its start")
         assert db_rows(db, "SELECT ended_ms, end_reason FROM runs WHERE id = ?", (run1,)) == [row]
         assert not copy.exists() or json.loads(copy.read_text())["run_id"] != run1  # gone, or the new run's

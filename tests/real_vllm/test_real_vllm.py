@@ -794,3 +794,61 @@ def test_save_result_has_every_key_of_vllms_own_file_with_its_types(agent, prepa
         assert ours[k] == theirs[k], (k, ours[k], theirs[k])
     assert ours["output_lens"] == theirs["output_lens"] == [SAVE_OUTPUT] * SAVE_PROMPTS
     assert len(ours["generated_texts"]) == SAVE_PROMPTS and all(ours["generated_texts"])
+
+
+# ---------------------------------------------------------------------------------------------------- full log disk
+
+
+def _reserved(log: Path) -> int:
+    st = os.stat(log)
+    return st.st_blocks * 512 - st.st_size
+
+
+def test_a_load_whose_log_disk_fills_becomes_ready_on_the_logs_reserve(prepared, tmp_path):
+    """vLLM's progress bar (tqdm: the checkpoint shards) re-raises ENOSPC, so a disk that fills during a load kills
+    it (session 17 noted it). The agent keeps `[agent] run_log_reserve_mb` allocated past the run log's end
+    (session 18, agent/serving/logreserve.py): with the log on a small tmpfs filled right after the spawn, before
+    vLLM wrote a byte, the real load writes its whole output, bar included, into the reserve and becomes ready;
+    the stop gives the reserve back. Its own agent (the module's shared one keeps its logs on the ordinary disk)."""
+    from rv_support import Agent, kill_tree, operators_group, vllm_processes
+    from support.agent_config import agent_toml, profile
+    from support.small_fs import fill, mounted
+
+    with mounted(tmp_path / "small", "16m") as small:
+        state = tmp_path / "state"
+        state.mkdir()
+        cfg = state / "config.toml"
+        cfg.write_text(agent_toml(
+            state / "lynxtop.db", state / "agent.sock", socket_group=operators_group(), log_dir=small / "logs",
+            sample_interval_s=1.0, min_free_mb=1, run_log_reserve_mb=4, backoff_initial_s=2, backoff_max_s=4,
+            crash_loop_failures=2, live_restore=False,
+            profiles=[profile("tiny", prepared.vllm, model=str(prepared.model), served_model_name=MODEL,
+                              max_model_len=512, shutdown_timeout_s=10, stop_grace_s=40, readiness_timeout_s=400,
+                              env=prepared.env(), extra_args=["--dtype", "float32", "--enforce-eager"])]))
+        ag = Agent(config=cfg, socket=state / "agent.sock", database=state / "lynxtop.db", log=state / "agent.log")
+        before = {p.pid for p in vllm_processes(prepared.root)}
+        ag.start()
+        try:
+            code, body = ag.post("/v1/start", {"profile": "tiny"})
+            assert code == 202, (code, body)
+            log = wait_for(lambda: next((small / "logs").glob("*.log"), None), 60, "the run's log")
+            wait_for(lambda: _reserved(log) >= 2 << 20, 30, "the run log's reserve")
+            fill(small)
+            s = ag.wait_state({"ready", "backoff", "crash-loop"}, 400)
+            assert s["state"] == "ready", (s, ag.log_tail())
+            text = log.read_bytes()
+            assert b"Loading safetensors checkpoint shards: 100% Completed" in text, text[-2000:]
+            assert b"Application startup complete." in text
+            assert os.statvfs(small).f_bfree == 0  # still full: the output went into the reserve
+            assert not [e for e in ag.events() if e["kind"] == "serving.crash"]
+            code, body = ag.post("/v1/stop")
+            assert code == 202, (code, body)
+            ag.wait_state({"stopped"}, 90)
+            wait_for(lambda: _reserved(log) < 4096, 20, "the ended run's reserve given back")
+        finally:
+            with contextlib.suppress(OSError, AssertionError):
+                if ag.proc is not None and ag.proc.poll() is None:
+                    ag.post("/v1/stop")
+                    ag.wait_state({"stopped"}, 60)
+            ag.stop()
+            kill_tree([p.pid for p in vllm_processes(prepared.root) if p.pid not in before])

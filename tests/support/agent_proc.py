@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 
 from lynxtop.agent.serving import procs
+from lynxtop.sim.state import read_states
 from support.agent_config import sim_profile, write_agent_config
 from support.db import db_rows
 
@@ -123,8 +124,13 @@ def reap_sims(sim_dir: Path) -> None:
 
 
 def sim_processes(sim_dir: Path | None = None, runs_only: bool = True) -> list[int]:
-    """Live processes of simulated servers of this test: this test's sim dir and (`runs_only`) an agent's run token."""
-    out = []
+    """Live processes of simulated servers of this test: this test's sim dir and (`runs_only`) an agent's run token.
+
+    The simulated EngineCore and workers retitle themselves as vLLM's do (setproctitle: /proc/PID/environ reads all
+    NULs), so they are found another way: an engine through its state file in `sim_dir` (it names the engine and
+    its workers; only one still titled VLLM:: counts, never a recycled pid), anything else as a child of one found.
+    With `runs_only`, an engine whose API server lives counts only when that server does."""
+    found: set[int] = set()
     for pid in procs.all_pids():
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -133,5 +139,22 @@ def sim_processes(sim_dir: Path | None = None, runs_only: bool = True) -> list[i
         ours = f"LYNXTOP_SIM_STATE_DIR={sim_dir}".encode() in env
         run = not runs_only or any(e.startswith(b"LYNXTOP_RUN_TOKEN=") for e in env)
         if ours and run and procs.alive(pid):
-            out.append(pid)
-    return out
+            found.add(pid)
+    if sim_dir is not None:
+        for st in read_states(Path(sim_dir)):
+            if runs_only and procs.alive(st.api_pid) and st.api_pid not in found:
+                continue  # a server the test started itself, not an agent's run
+            for pid in (st.engine_pid, *(h.pid for h in st.holders)):
+                if procs.alive(pid) and procs.title(pid).startswith("VLLM::"):
+                    found.add(pid)
+    children: dict[int, list[int]] = {}
+    for s in (procs.stat(p) for p in procs.all_pids()):
+        if s is not None and s.state not in ("Z", "X"):
+            children.setdefault(s.ppid, []).append(s.pid)
+    todo = list(found)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return sorted(found)

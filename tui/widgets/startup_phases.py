@@ -1,7 +1,8 @@
 """The serving line under the header: start-up progress phase by phase (a 284B model spends minutes in
 each, and operators want to see which) with the most it may take (readiness_timeout_s), a stop's drain (what it
 drains, for how long so far, against which timeouts), why serving is in trouble (backoff, crash loop, degraded),
-or what a Ray head still waits for before it starts vLLM (waiting: the GPUs Ray does not report yet); and why the
+or what a Ray head still waits for before it starts vLLM (waiting: the GPUs Ray does not report yet), or who stopped
+serving (an operator's stop holds the agent's autostart across its restarts: the line says until when); and why the
 run's log is not kept (`serving.log_problem`: a full disk), after the rest or alone."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from lynxtop.tui.widgets.text_panel import TextPanel
 
 PHASES = ("loading weights", "kv cache", "cuda graphs", "api up")
 TROUBLE_STATES = (ServingState.BACKOFF, ServingState.CRASH_LOOP, ServingState.DEGRADED)
+STOPPED_BY = "stopped by "  # the agent's reason for serving an operator stopped ("stopped by uid 1000 (alice) ...")
 
 
 class StartupPhases(TextPanel):
@@ -28,8 +30,9 @@ class StartupPhases(TextPanel):
         trouble = state in TROUBLE_STATES and bool(serving.reason)
         waiting = state == ServingState.WAITING and bool(serving.reason)
         stopping = state == ServingState.STOPPING
+        stopped = state == ServingState.STOPPED and serving.reason.startswith(STOPPED_BY)
         log = bool(serving.log_problem)
-        visible = state == ServingState.STARTING or trouble or waiting or stopping or log
+        visible = state == ServingState.STARTING or trouble or waiting or stopping or stopped or log
         if self.has_class("-visible") != visible:
             self.set_class(visible, "-visible")
         if not visible:
@@ -40,6 +43,8 @@ class StartupPhases(TextPanel):
             t = Text(f"⧗ {serving.reason}", style="bold yellow", no_wrap=True, overflow="ellipsis")
         elif trouble:
             t = Text(f"✗ {state}: {serving.reason}", style="bold red", no_wrap=True, overflow="ellipsis")
+        elif stopped:
+            t = Text(f"■ {serving.reason}", style="bold", no_wrap=True, overflow="ellipsis")
         elif state == ServingState.STARTING:
             t = _progress(serving, now_ms)
         else:

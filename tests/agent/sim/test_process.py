@@ -71,7 +71,8 @@ def test_sigkill_of_api_server_orphans_enginecore_holding_memory(start_sim):
     sp.wait_ready()
     api = psutil.Process(sp.proc.pid)
     (engine,) = [c for c in api.children() if c.name() == "VLLM::EngineCore"]
-    assert engine.cmdline() == ["VLLM::EngineCore"]
+    args = engine.cmdline()  # what setproctitle leaves: the title, NULs to the end of argv, no environment
+    assert args[0] == "VLLM::EngineCore" and not any(args[1:]) and engine.environ() == {}
     workers = sorted(c.name() for c in engine.children())
     assert workers == [f"VLLM::Worker_TP{k}" for k in range(8)]
     scen = SimScenario(sp.state_dir)
