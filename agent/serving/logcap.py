@@ -69,12 +69,13 @@ def cap(log_path: str | Path, max_bytes: int, reserve_bytes: int = 0) -> Capped 
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size <= max_bytes:
             return None
+        # read before the copy: nothing between the copy and the truncate (the lines written then are lost)
+        dist = runfiles.dist_files_in(os.pread(fd, min(st.st_size, runfiles.LOG_SCAN_BYTES), 0))
         kept, errors = 0, []
         try:
             kept = _copy_tail(fd, st.st_size, max_bytes // 2, kept_path(log_path))
         except OSError as exc:
             errors.append(f"cannot keep its last part in {kept_path(log_path)}: {exc.strerror or exc}")
-        dist = runfiles.dist_files_in(os.pread(fd, min(st.st_size, runfiles.LOG_SCAN_BYTES), 0))
         os.ftruncate(fd, 0)
         errors += _put_back(fd, dist, reserve_bytes)
         return Capped(st.st_size, kept, "; ".join(errors) or None)
