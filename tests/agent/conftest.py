@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.agent_config import agent_toml, profile, sim_profile
-from support.agent_proc import reap_sims
+from support.agent_proc import reap_sims, run_leaders
 from support.db import db_rows
 from support.ports import free_port
 from support.waits import wait_for_async as wait_for
@@ -161,3 +161,12 @@ def cleanup(tmp_path):
             a.proc.kill()
             a.proc.wait(5)
     reap_sims(tmp_path / "sim-state")
+
+
+@pytest.fixture
+def reap(tmp_path):
+    """Servers a test's agents left running (a failure mid-load, live restore) are killed at teardown."""
+    yield
+    for pid in run_leaders(tmp_path):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)

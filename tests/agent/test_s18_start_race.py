@@ -14,42 +14,17 @@ Real Supervisor, real stand-in servers (tests/agent/standin_vllm.py), real /proc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
+from support.agent_proc import run_leaders
 
 from lynxtop.agent.api.control import ActionError
 from lynxtop.agent.serving import diskspace, procs
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def live_run_leaders(tmp_path) -> list[int]:
-    """Process-group leaders of runs started under this test's directory (each one a vLLM server)."""
-    out = []
-    for pid in procs.all_pids():
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            continue
-        if procs.RUN_TOKEN_ENV.encode() in env and cwd.startswith(str(tmp_path)) and procs.alive(pid) \
-                and os.getpgid(pid) == pid:
-            out.append(pid)
-    return out
-
-
-@pytest.fixture
-def reap(tmp_path):
-    """Whatever a failing test left loading is killed."""
-    yield
-    for pid in live_run_leaders(tmp_path):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
 
 
 def nvml_like(h):
@@ -96,10 +71,10 @@ async def test_start_during_backoff_never_spawns_a_second_server(make_sup, h, tm
         await sup.start("alpha", by="uid 1000 (alice) pid 4242")
     msg = refused.value.message
     await asyncio.sleep(1.0)
-    leaders = live_run_leaders(tmp_path)
+    leaders = run_leaders(tmp_path)
     await sup.stop(by="test")
     await h.wait_for(lambda: sup.state == "stopped", 30, what="stopped")
-    left = live_run_leaders(tmp_path)
+    left = run_leaders(tmp_path)
     assert len(leaders) <= 1, f"two vLLM servers at once: {leaders}"
     assert not left, f"servers left running after `lynxtop stop` (unsupervised): {left}"
     # the refusal names the agent's own retry, never advice to stop it as a stray
@@ -117,9 +92,9 @@ async def test_launch_refuses_while_the_current_run_is_unfinished(make_sup, h, t
         await sup.runs.launch(sup.profile, "a bug's second launch")
     assert f"run {run.run_id}" in str(refused.value), refused.value
     assert sup.run is run and sup.state == "ready"
-    assert live_run_leaders(tmp_path) == [pid]
+    assert run_leaders(tmp_path) == [pid]
     await sup.shutdown(stop_serving=True)
-    assert not live_run_leaders(tmp_path)
+    assert not run_leaders(tmp_path)
 
 
 async def test_the_retry_holds_the_slot_until_its_run_is_ready(make_sup, h, tmp_path, monkeypatch, reap):
@@ -135,7 +110,7 @@ async def test_the_retry_holds_the_slot_until_its_run_is_ready(make_sup, h, tmp_
     assert "could not be adopted" not in msg
     await h.wait_for(lambda: sup.state == "ready", 30, what="ready")
     await h.wait_for(lambda: sup.action is None, 5, what="slot freed at readiness")
-    assert len(live_run_leaders(tmp_path)) == 1
+    assert len(run_leaders(tmp_path)) == 1
     await sup.shutdown(stop_serving=True)
 
 
@@ -150,7 +125,7 @@ async def test_a_restart_replaces_a_retry_that_only_waits_for_its_load(make_sup,
     retry_run = sup.run_id
     await sup.restart(by="uid 1000 (alice)")
     await h.wait_for(lambda: sup.state == "ready" and sup.run_id not in (crashed, retry_run), 40, what="restarted")
-    assert len(live_run_leaders(tmp_path)) == 1
+    assert len(run_leaders(tmp_path)) == 1
     store.flush()
     rows = h.db_rows(tmp_path / "state" / "lynxtop.db", "SELECT id, end_reason FROM runs ORDER BY id")
     assert [r["end_reason"] for r in rows if r["id"] == retry_run] == ["restarted"], rows
@@ -177,5 +152,5 @@ async def test_a_start_whose_stray_check_finds_the_retrys_load_names_the_retry(m
     msg = refused.value.message
     assert "could not be adopted" not in msg and "stop them" not in msg, msg
     assert f"the agent is loading run {sup.run_id}" in msg and "retry after a crash" in msg, msg
-    assert len(live_run_leaders(tmp_path)) == 1
+    assert len(run_leaders(tmp_path)) == 1
     await sup.shutdown(stop_serving=True)

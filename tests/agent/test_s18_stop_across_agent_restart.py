@@ -16,10 +16,8 @@ Real agents (`lynxtop agent` processes) supervising the stand-in vLLM (tests/age
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -28,10 +26,8 @@ from pathlib import Path
 
 import pytest
 from support.agent_config import write_agent_config
-from support.agent_proc import Agent
+from support.agent_proc import Agent, run_leaders
 from support.db import db_rows
-
-from lynxtop.agent.serving import procs
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -51,30 +47,6 @@ def runs(tmp_path):
 def events(tmp_path, kind):
     return db_rows(tmp_path / "state" / "lynxtop.db", "SELECT kind, message, details FROM events WHERE kind = ? "
                    "ORDER BY id", (kind,))
-
-
-def run_leaders(tmp_path) -> list[int]:
-    """Live process-group leaders of runs started under this test's directory."""
-    out = []
-    for pid in procs.all_pids():
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            continue
-        if procs.RUN_TOKEN_ENV.encode() in env and cwd.startswith(str(tmp_path)) and procs.alive(pid) \
-                and os.getpgid(pid) == pid:
-            out.append(pid)
-    return out
-
-
-@pytest.fixture
-def reap(tmp_path):
-    """Stand-in servers an agent left (live restore) are killed at teardown."""
-    yield
-    for pid in run_leaders(tmp_path):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
 
 
 async def watch(agent, seconds):

@@ -158,3 +158,18 @@ def sim_processes(sim_dir: Path | None = None, runs_only: bool = True) -> list[i
                 found.add(child)
                 todo.append(child)
     return sorted(found)
+
+
+def run_leaders(tmp_path: Path) -> list[int]:
+    """Live process-group leaders of agent runs started under `tmp_path` (each one a vLLM server)."""
+    out = []
+    for pid in procs.all_pids():
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if procs.RUN_TOKEN_ENV.encode() in env and cwd.startswith(str(tmp_path)) and procs.alive(pid) \
+                and os.getpgid(pid) == pid:
+            out.append(pid)
+    return out
