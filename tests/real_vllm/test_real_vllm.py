@@ -60,6 +60,14 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def alive(p: psutil.Process) -> bool:
+    """Gone, reaped or a zombie: not alive (never raises: a process may exit while it is read)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def run_id_of(row: dict) -> int:
     return int(row.get("id", row.get("run_id")))
 
@@ -453,7 +461,7 @@ def test_sigkill_of_the_api_server_orphans_are_found_stopped_and_cleaned(agent):
     os.kill(pid, signal.SIGKILL)
     time.sleep(1.5)  # what is checked is who is still alive a while after the kill: the span is the behaviour
     # vLLM's known behaviour, which the agent must handle: the engine outlives its API server.
-    survivors = [p.pid for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    survivors = [p.pid for p in children if alive(p)]
     assert survivors, "expected EngineCore/Worker to outlive a SIGKILL of the API server (vLLM 0.32 does)"
 
     last_orphan_ms = 0
@@ -555,12 +563,6 @@ def test_retitled_engine_left_while_the_agent_was_down_is_found_by_the_record(ag
     retitled = [p for p in children if p.pid in titles]
     assert any(t.startswith("VLLM::EngineCore") for t in titles.values()), \
         f"expected EngineCore to show no run token once retitled (vLLM 0.32 does): {titles}"
-    def alive(p: psutil.Process) -> bool:  # gone, reaped or a zombie: not alive (never raises)
-        try:
-            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
     server = psutil.Process(pid)
     agent.kill(signal.SIGKILL)
     t0 = now_ms()

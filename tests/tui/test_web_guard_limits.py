@@ -62,8 +62,15 @@ def serving(tmp_path: Path) -> AbstractAsyncContextManager[int]:
 
 
 def _apps() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE and "__GANGLION__" in " ".join(p.cmdline())]
+    """The stand-in apps still running; one that exits while it is read is not (CI saw /proc/PID vanish mid-read)."""
+    apps = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "__GANGLION__" in " ".join(p.cmdline()):
+                apps.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return apps
 
 
 async def _until(pred, timeout: float = 30.0):
@@ -94,7 +101,7 @@ async def test_at_most_max_sessions_dashboards_and_a_closed_tab_frees_its_slot(t
             assert r.status == 503 and f"{SESSIONS}" in await r.text()
         for ws in sockets[:SESSIONS]:
             await ws.close()
-        assert await _until(lambda: not _apps(), 20) or not _apps(), [p.cmdline() for p in _apps()]
+        assert await _until(lambda: not _apps(), 20) or not _apps(), [p.pid for p in _apps()]
         async with s.get(f"http://127.0.0.1:{port}/") as r:
             assert r.status == 200
         ws = await s.ws_connect(url)
