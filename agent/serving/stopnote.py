@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +47,12 @@ STOPPED_BY_OPERATOR = "stopped_by_operator"  # agent.autostart_held's details.re
 FINISH_GRACE_S = 5.0
 
 
+def boot_ms() -> int:
+    """Milliseconds since this boot (CLOCK_BOOTTIME): never stepped by a wall-clock change, counts a suspend, and
+    is the same clock for every agent of the boot, so a drain's grace survives the agent that began it."""
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // 1_000_000
+
+
 def boot_id() -> str | None:
     """This boot's id, or None when the kernel does not say (then a stop is held as if of this boot)."""
     try:
@@ -64,12 +72,14 @@ class OperatorStop:
     run: int | None = None
     grace_s: float | None = None
     stopping: bool = False
+    boot_ms: int | None = None  # boot_ms() when asked: the grace's count (since_ms is for people)
 
     @classmethod
     def from_note(cls, data: dict[str, Any]) -> OperatorStop:
         """The note as `StopNote` writes it, else ValueError naming the field."""
         by, since, boot = data.get("by"), data.get("since_ms"), data.get("boot_id")
         run, grace, stopping = data.get("run"), data.get("grace_s"), data.get("stopping", False)
+        at_boot_ms = data.get("boot_ms")
         if not isinstance(by, str) or not by:
             raise ValueError('"by" is missing or not a string')
         if type(since) is not int or not 0 <= since <= LAST_MS:
@@ -82,7 +92,9 @@ class OperatorStop:
             raise ValueError('"grace_s" is not a number of seconds')
         if type(stopping) is not bool:
             raise ValueError('"stopping" is not true or false')
-        return cls(by[:200], since, boot, run, float(grace) if grace is not None else None, stopping)
+        if at_boot_ms is not None and (type(at_boot_ms) is not int or not 0 <= at_boot_ms <= LAST_MS):
+            raise ValueError('"boot_ms" is not a time since boot (an integer of milliseconds)')
+        return cls(by[:200], since, boot, run, float(grace) if grace is not None else None, stopping, at_boot_ms)
 
     def this_boot(self) -> bool:
         """Whether the stop was asked during this boot (either id unknown: held, the side that loads nothing)."""
@@ -90,10 +102,16 @@ class OperatorStop:
         return self.boot is None or now is None or self.boot == now
 
     def grace_left_s(self) -> float:
-        """What is left of the stop's grace (vLLM's drain), counted from when it was asked."""
+        """What is left of the stop's grace (vLLM's drain), counted from when it was asked: by the boot clock, which
+        a wall-clock step cannot move (a clock stepped forward cut the drain short); by the wall clock only for a
+        note without it (an older agent's) or of another boot."""
         if self.grace_s is None:
             return 0.0
-        return max(0.0, self.grace_s - max(0, now_ms() - self.since_ms) / 1000)
+        if self.boot_ms is not None and self.boot is not None and self.boot == boot_id():
+            elapsed_ms = boot_ms() - self.boot_ms
+        else:
+            elapsed_ms = now_ms() - self.since_ms
+        return max(0.0, self.grace_s - max(0, elapsed_ms) / 1000)
 
 
 class StopNote:
@@ -109,14 +127,15 @@ class StopNote:
 
     def stopping(self, by: str, run: int | None, grace_s: float | None) -> None:
         """Before the SIGTERM: a stop of `run` (None: no run to stop) is under way."""
-        self._save(OperatorStop(by, now_ms(), boot_id(), run, grace_s, stopping=run is not None))
+        self._save(OperatorStop(by, now_ms(), boot_id(), run, grace_s, stopping=run is not None,
+                                boot_ms=boot_ms()))
 
     def stopped(self, stop: OperatorStop | None = None) -> None:
         """The stop is done (its run ended): kept to hold autostart at the next agent start of this boot."""
         stop = stop or self._current
         if stop is None:
             return
-        self._save(OperatorStop(stop.by, stop.since_ms, stop.boot, stop.run, stop.grace_s, stopping=False))
+        self._save(dataclasses.replace(stop, stopping=False))
 
     def clear(self) -> None:
         """An operator started, restarted or switched: serving is wanted again."""
@@ -140,7 +159,7 @@ class StopNote:
     def _save(self, stop: OperatorStop) -> None:
         self._current = stop
         err = self._marker.save({"by": stop.by, "since_ms": stop.since_ms, "boot_id": stop.boot, "run": stop.run,
-                                 "grace_s": stop.grace_s, "stopping": stop.stopping})
+                                 "grace_s": stop.grace_s, "stopping": stop.stopping, "boot_ms": stop.boot_ms})
         if err is None:
             self._unsaved = False
             return

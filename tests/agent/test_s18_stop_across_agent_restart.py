@@ -185,3 +185,31 @@ def test_a_stop_is_of_this_boot_until_the_boot_id_changes(tmp_path, monkeypatch)
     other.write_text("00000000-0000-0000-0000-000000000001\n")
     monkeypatch.setattr(stopnote, "BOOT_ID", other)
     assert not note.read().this_boot()
+
+
+def test_the_grace_left_is_counted_by_the_boot_clock_not_the_wall_clock(tmp_path, monkeypatch):
+    """The next agent waited out the rest of a drain by the wall clock: a clock stepped forward an hour while vLLM
+    drained cut the drain to nothing (SIGKILL at once). The boot clock is the count; the wall clock only for a note
+    without it (an older agent's)."""
+    import json
+    import time
+
+    from lynxtop.agent.serving import stopnote
+
+    path = tmp_path / "stopped.json"
+    note = stopnote.StopNote(path, lambda *a, **kw: None)
+    note.stopping("uid 1000 (alice)", 7, 30.0)
+    assert json.loads(path.read_text())["boot_ms"] > 0
+    real_now = stopnote.now_ms
+    monkeypatch.setattr(stopnote, "now_ms", lambda: real_now() + 3_600_000)  # the wall clock stepped 1 h forward
+    stop = note.read()
+    assert 29 < stop.grace_left_s() <= 30
+    monkeypatch.setattr(stopnote, "boot_ms", lambda: time.clock_gettime_ns(time.CLOCK_BOOTTIME) // 10**6 + 20_000)
+    assert 9 < stop.grace_left_s() <= 10  # 20 s of the drain gone by the boot clock
+    older = json.loads(path.read_text())
+    del older["boot_ms"]
+    path.write_text(json.dumps(older))
+    assert note.read().grace_left_s() == 0.0  # no boot clock: the wall clock's hour, as before
+    older["boot_ms"] = 2**64
+    path.write_text(json.dumps(older))
+    assert note.read() is None and not path.exists()
