@@ -206,10 +206,10 @@ async def test_a_ray_profile_waits_for_the_cluster_then_starts(make_sup, h, stor
     gate = Gate("waiting for Ray to report 4 GPUs: 2 missing")
     sup = make_sup(profiles=ray_profiles(h), cluster=gate)
     await sup.start("pp2", by="test")
-    await wait_for(lambda: sup.state == ServingState.WAITING, 5, what="waiting")
+    await wait_for(lambda: sup.state == ServingState.WAITING, 30, what="waiting")
     assert sup.proc is None and "2 missing" in sup.reason
     gate.set("waiting for Ray to report 4 GPUs: 1 missing")
-    await wait_for(lambda: "1 missing" in sup.reason, 5, what="reason follows the view")
+    await wait_for(lambda: "1 missing" in sup.reason, 30, what="reason follows the view")
     gate.set(None)
     await wait_for(lambda: sup.state == ServingState.READY, 20, what="ready")
     store.flush()
@@ -226,9 +226,9 @@ async def test_stop_ends_the_wait_and_nothing_starts(make_sup, h):
     gate = Gate("2 missing")
     sup = make_sup(profiles=ray_profiles(h), cluster=gate)
     await sup.start("pp2", by="test")
-    await wait_for(lambda: sup.state == ServingState.WAITING, 5, what="waiting")
+    await wait_for(lambda: sup.state == ServingState.WAITING, 30, what="waiting")
     assert "stopping" in await sup.stop("test")
-    await wait_for(lambda: sup.state == ServingState.STOPPED and sup.action is None, 5, what="stopped")
+    await wait_for(lambda: sup.state == ServingState.STOPPED and sup.action is None, 30, what="stopped")
     gate.set(None)
     await holds_async(lambda: sup.proc is None and sup.state == ServingState.STOPPED, 0.3,
                       what="a stopped run staying stopped when the cluster gate opens")
@@ -402,7 +402,7 @@ async def test_the_watch_outlives_a_bug_in_one_read_and_logs_it_once(caplog):
     w = ClusterWatch(Flaky(), [].append, interval_s=0.01, ray_running=lambda: None)
     task = asyncio.create_task(w.run())
     try:
-        await wait_for(lambda: w.nodes and w.view_error is None, 5, what="recovered")
+        await wait_for(lambda: w.nodes and w.view_error is None, 30, what="recovered")
     finally:
         task.cancel()
     assert len([r for r in caplog.records if "reading Ray's view" in r.getMessage()]) == 1

@@ -77,10 +77,10 @@ async def test_an_endless_page_is_scraped_less_and_less_and_a_whole_page_restore
             await asyncio.sleep(9.0)
             endless = list(srv.gets)
             srv.endless = False  # the server mends: the next scrape (backed off) reads it whole
-            for _ in range(200):
-                if len(srv.gets) > len(endless):
-                    break
+            deadline = time.monotonic() + 30  # backed off up to 8 s, later on a loaded machine
+            while len(srv.gets) <= len(endless) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
+            assert len(srv.gets) > len(endless), "no scrape after the page mended"
             mended = srv.gets[len(endless)]
             await asyncio.sleep(3.0)
             whole = srv.gets[len(endless):]

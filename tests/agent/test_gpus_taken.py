@@ -79,7 +79,7 @@ async def test_autostart_waits_says_why_once_then_launches_when_the_gpus_are_fre
     job = sleeper()
     sup = make_sup(gpus=crowded_view(h, [job.pid]))
     await sup.take_over("alpha")
-    await h.wait_for(lambda: sup.state == "waiting", 5, what="waiting for the GPUs")
+    await h.wait_for(lambda: sup.state == "waiting", 30, what="waiting for the GPUs")
     assert f"pid {job.pid} (sleep)" in sup.reason
     await asyncio.sleep(1.5)  # several re-checks (backoff_initial_s 0.2 here): still one event, nothing launched
     held = events(h, store, "agent.autostart_held")
@@ -96,9 +96,9 @@ async def test_a_stop_ends_the_autostarts_wait(make_sup, h, tmp_path, sleeper):
     job = sleeper()
     sup = make_sup(gpus=crowded_view(h, [job.pid]))
     await sup.take_over("alpha")
-    await h.wait_for(lambda: sup.state == "waiting", 5, what="waiting for the GPUs")
+    await h.wait_for(lambda: sup.state == "waiting", 30, what="waiting for the GPUs")
     await sup.stop(by="test")
-    await h.wait_for(lambda: sup.state == "stopped" and sup.action is None, 5, what="stopped")
+    await h.wait_for(lambda: sup.state == "stopped" and sup.action is None, 30, what="stopped")
     job.kill()
     job.wait(5)
     await asyncio.sleep(0.6)

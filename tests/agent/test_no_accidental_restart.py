@@ -204,7 +204,7 @@ async def test_adoption_mid_load_keeps_the_runs_own_readiness_timeout(make_sup, 
     port = h.free_port()
     a = make_sup(cfg_path=h.write_config(tmp_path, profiles=_profile(h, "alpha", port)))
     await a.start("alpha", by="uid 0 (root) pid 1")
-    await wait_for(lambda: a.state == "starting" and a.proc is not None and a.run_id is not None, 5, what="starting")
+    await wait_for(lambda: a.state == "starting" and a.proc is not None and a.run_id is not None, 30, what="starting")
     pid = a.proc.pid
     await a.shutdown(stop_serving=False)
     edited = h.write_config(tmp_path, agent='default_profile = "gamma"\nautostart = true',

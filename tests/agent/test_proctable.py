@@ -34,7 +34,7 @@ class Clock:
         return self.t
 
 
-def _wait_for(pred, what: str, timeout: float = 15.0):
+def _wait_for(pred, what: str, timeout: float = 30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = pred()

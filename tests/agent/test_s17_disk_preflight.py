@@ -129,7 +129,7 @@ async def test_autostart_waits_says_why_once_then_starts_when_space_returns(make
     disk.fill(log_dir)
     sup = make_sup()
     await sup.take_over("alpha")
-    await h.wait_for(lambda: sup.state == "waiting", 5, what="waiting for space")
+    await h.wait_for(lambda: sup.state == "waiting", 30, what="waiting for space")
     assert str(log_dir) in sup.reason and "full" in sup.reason
     await asyncio.sleep(1.5)  # several re-checks (backoff_initial_s 0.2 here): one event, nothing launched
     held = events(h, store, "agent.autostart_held")
@@ -146,9 +146,9 @@ async def test_a_stop_ends_the_wait_for_space(make_sup, h, tmp_path, disk):
     disk.fill(tmp_path / "state" / "logs")
     sup = make_sup()
     await sup.take_over("alpha")
-    await h.wait_for(lambda: sup.state == "waiting", 5, what="waiting for space")
+    await h.wait_for(lambda: sup.state == "waiting", 30, what="waiting for space")
     await sup.stop(by="test")
-    await h.wait_for(lambda: sup.state == "stopped" and sup.action is None, 5, what="stopped")
+    await h.wait_for(lambda: sup.state == "stopped" and sup.action is None, 30, what="stopped")
     disk.free()
     await asyncio.sleep(0.6)
     assert sup.run is None and not run_logs(tmp_path)

@@ -207,7 +207,7 @@ def test_a_loading_run_is_looked_at_each_second_only_while_young(tmp_path):
         assert proc.look_due()  # never looked at
         proc.members()
         assert not proc.look_due()  # looked a moment ago
-        wait_for(lambda: proc.look_due(), 5, what="the next look of a young run")
+        wait_for(lambda: proc.look_due(), 30, what="the next look of a young run")
         proc.members()
         proc.record.start_ticks -= int((launcher.YOUNG_S + 1) * os.sysconf("SC_CLK_TCK"))  # as if a minute old
         t0 = time.monotonic()

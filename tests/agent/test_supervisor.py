@@ -228,7 +228,7 @@ async def test_switch_frees_gpus_before_new_start(make_sup, store):
     assert exited["ts_ms"] <= started
     assert all(not procs.alive(p) for p in old_pids)
     # the slot frees as the run turns ready; the action's task writes its event on its next turn
-    await wait_for(lambda: events(store, "action.switch.done"), 5, what="the switch's done event")
+    await wait_for(lambda: events(store, "action.switch.done"), 30, what="the switch's done event")
     await sup.shutdown(stop_serving=True)
 
 
@@ -247,7 +247,7 @@ async def test_stop_preempts_a_start_waiting_for_readiness(make_sup, store, monk
     monkeypatch.setenv("STANDIN_STARTUP_S", "30")
     sup = make_sup()
     await sup.start("alpha", by="test")
-    await wait_for(lambda: sup.state == "starting", 5)
+    await wait_for(lambda: sup.state == "starting", 30)
     with pytest.raises(ActionError):
         await sup.restart(by="other")  # busy
     await sup.stop(by="operator")
@@ -339,7 +339,7 @@ async def test_failed_switch_says_how_to_switch_back(make_sup, store, h, tmp_pat
     await start_ready(sup, "good")
     await sup.switch("bad", by="uid 1000 (alice)")
     await wait_for(lambda: sup.action is None, 30, what="switch finished")
-    ev = await wait_for(lambda: events(store, "action.switch.failed"), 5, what="the switch's failed event")
+    ev = await wait_for(lambda: events(store, "action.switch.failed"), 30, what="the switch's failed event")
     assert ev and "switch back with `lynxtop switch good`" in ev[0]["message"]
     assert sup.state in ("backoff", "starting", "stopping")  # the new profile keeps retrying until told otherwise
     for _ in range(50):  # switching back is allowed (a retry being spawned right now is "busy" for a moment)

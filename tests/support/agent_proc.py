@@ -167,9 +167,10 @@ def run_leaders(tmp_path: Path) -> list[int]:
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes()
             cwd = os.readlink(f"/proc/{pid}/cwd")
+            # getpgid too: a process that exits after its look is gone (ProcessLookupError), not an error
+            if procs.RUN_TOKEN_ENV.encode() in env and cwd.startswith(str(tmp_path)) and procs.alive(pid) \
+                    and os.getpgid(pid) == pid:
+                out.append(pid)
         except OSError:
             continue
-        if procs.RUN_TOKEN_ENV.encode() in env and cwd.startswith(str(tmp_path)) and procs.alive(pid) \
-                and os.getpgid(pid) == pid:
-            out.append(pid)
     return out

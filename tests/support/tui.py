@@ -54,8 +54,10 @@ def text_of(widget: Any) -> str:
     return plain(widget.content if hasattr(widget, "content") else widget.render())
 
 
-async def wait_for(pilot: Any, predicate: Any, timeout_s: float = 5.0) -> None:
-    """Pause the app under test until predicate() is true (the app keeps processing its messages meanwhile)."""
+async def wait_for(pilot: Any, predicate: Any, timeout_s: float = 30.0) -> None:
+    """Pause the app under test until predicate() is true (the app keeps processing its messages meanwhile).
+
+    The deadline is generous: it only bounds a failure, and CI's loaded 2-core machine runs the app slowly."""
     await wait_for_async(predicate, timeout_s, 0.03, "a condition on the dashboard", sleep=pilot.pause)
 
 

@@ -195,7 +195,7 @@ async def test_ctrl_c_quits_the_app(agent):
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.state.status is not None)
         await pilot.press("ctrl+c")
-        await wait_for_async(lambda: not app.is_running, 5, what="the app to exit")
+        await wait_for_async(lambda: not app.is_running, 30, what="the app to exit")
     assert not any("ctrl+q" in m for _, m, _ in notices)
 
 

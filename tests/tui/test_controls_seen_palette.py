@@ -62,7 +62,7 @@ async def test_second_control_while_one_awaits_its_answer_is_refused_not_cancell
             await pilot.press("tab", "enter")
             await wait_for(pilot, lambda: agent.posts() != [])
             await pilot.press("X")
-            await wait_for(pilot, lambda: any("restart accepted" in t for t, _, _ in notices), 5)
+            await wait_for(pilot, lambda: any("restart accepted" in t for t, _, _ in notices), 30)
             assert not isinstance(app.screen, ConfirmScreen)
             assert any("restart" in m and "wait" in m for _, m, sev in notices if sev == "warning"), notices
             assert agent.posts() == [("/v1/restart", {"expect_run": 3})]

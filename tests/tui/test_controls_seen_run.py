@@ -46,7 +46,7 @@ async def test_dialog_is_withdrawn_when_its_run_changes(agent, key, change, why)
         assert "run 3" in _dialog_text(dialog) and "dsv41-tp8" in _dialog_text(dialog)
         await pilot.press("tab")  # the operator is on the action's button, about to press Enter
         _serving(agent, **change)
-        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), 5)
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), 30)
         await pilot.press("enter")  # the Enter meant for the dialog lands on the view: nothing
         await holds_async(lambda: agent.posts() == [], 0.6, what="nothing posted", sleep=pilot.pause)
         warning = [n for n in notices if n[2] == "warning" and "nothing done" in n[1]]
@@ -62,7 +62,7 @@ async def test_stop_dialog_against_bobs_new_load_sends_nothing_even_if_confirmed
     async with app.run_test(size=(120, 40)) as pilot:
         dialog = await open_screen(pilot, app, "X", ConfirmScreen)
         _serving(agent, **BOB_SWITCHED)
-        await wait_for(pilot, lambda: app.state.serving.run_id == 4, 5)
+        await wait_for(pilot, lambda: app.state.serving.run_id == 4, 30)
         await pilot.press("tab", "enter")
         await holds_async(lambda: agent.posts() == [], 0.6, what="nothing posted", sleep=pilot.pause)
         assert app.screen is not dialog
@@ -79,7 +79,7 @@ async def test_same_run_moving_on_updates_the_dialog_and_focuses_cancel(agent):
         await pilot.press("tab")
         assert app.focused is dialog.query_one("#confirm", Button)
         _serving(agent, state="ready", ready_ms=agent.status["ts_ms"] - 1000)
-        await wait_for(pilot, lambda: "state ready" in _dialog_text(dialog), 5)
+        await wait_for(pilot, lambda: "state ready" in _dialog_text(dialog), 30)
         assert app.screen is dialog and app.focused is dialog.query_one("#cancel", Button)
         await pilot.press("tab", "enter")
         await wait_for(pilot, lambda: agent.posts() != [])
@@ -130,7 +130,7 @@ async def test_switch_picker_is_withdrawn_when_the_run_changes(agent):
         picker.query_one(OptionList).focus()
         picker.query_one(OptionList).highlighted = 1
         _serving(agent, **BOB_SWITCHED)
-        await wait_for(pilot, lambda: not isinstance(app.screen, ProfilePickerScreen), 5)
+        await wait_for(pilot, lambda: not isinstance(app.screen, ProfilePickerScreen), 30)
         await pilot.press("enter", "tab", "enter")
         await holds_async(lambda: agent.posts() == [] and not isinstance(app.screen, ConfirmScreen), 0.6,
                           what="no dialog, nothing posted", sleep=pilot.pause)

@@ -55,7 +55,7 @@ async def test_answer_slower_than_a_read_but_within_the_control_timeout_is_accep
         app.source.timeout_s = 0.3  # a read would have given up
         await open_screen(pilot, app, "R", ConfirmScreen)
         await pilot.press("tab", "enter")
-        await wait_for(pilot, lambda: any("accepted" in t for t, _, _ in notices), 5)
+        await wait_for(pilot, lambda: any("accepted" in t for t, _, _ in notices), 30)
         assert not any("not sent" in m or "unreachable" in t.lower() for t, m, _ in notices), notices
 
 
@@ -66,7 +66,7 @@ async def test_no_answer_in_time_says_the_agent_may_have_acted_and_retries_nothi
         app.source.control_timeout_s = 0.5
         await open_screen(pilot, app, "R", ConfirmScreen)
         await pilot.press("tab", "enter")
-        await wait_for(pilot, lambda: any("may have acted" in m for _, m, _ in notices), 5)
+        await wait_for(pilot, lambda: any("may have acted" in m for _, m, _ in notices), 30)
         title, message, severity = next(n for n in notices if "may have acted" in n[1])
         assert "no answer within 0.5 s" in message and "nothing is retried" in message, message
         assert "watch the header" in message and severity == "warning"
@@ -86,10 +86,10 @@ async def test_agent_gone_before_sending_is_not_sent(agent, gone):
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             listener.bind(str(agent.socket_path))
         try:
-            await wait_for(pilot, lambda: not app.state.connected, 5)
+            await wait_for(pilot, lambda: not app.state.connected, 30)
             assert isinstance(app.screen, ConfirmScreen)  # an outage does not change the run it shows
             await pilot.press("tab", "enter")
-            await wait_for(pilot, lambda: any("stop not sent" in m for _, m, _ in notices), 5)
+            await wait_for(pilot, lambda: any("stop not sent" in m for _, m, _ in notices), 30)
             title, message, severity = next(n for n in notices if "stop not sent" in n[1])
             assert severity == "error" and "may have acted" not in message
         finally:

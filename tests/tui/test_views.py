@@ -240,7 +240,7 @@ async def test_q_quits(agent):
     app = make_app(agent.socket_path)
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("q")
-        await wait_for_async(lambda: not app.is_running, 5, what="the app to exit")
+        await wait_for_async(lambda: not app.is_running, 30, what="the app to exit")
     assert app.return_code in (0, None)
     assert not app.is_running
 

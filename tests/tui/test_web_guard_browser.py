@@ -69,7 +69,8 @@ class Page:
         """Navigate and return the body's text once the document has loaded."""
         await self.call("Page.navigate", url=url)
         await asyncio.sleep(0.3)  # the old document may still say complete
-        for _ in range(100):
+        deadline = asyncio.get_running_loop().time() + WAIT_S  # chromium loads slowly on a loaded machine
+        while asyncio.get_running_loop().time() < deadline:
             if await self.evaluate("document.readyState") == "complete":
                 break
             await asyncio.sleep(0.1)
@@ -77,8 +78,17 @@ class Page:
 
 
 def _dashboards(server: subprocess.Popen) -> list[list[str]]:
-    return [c.cmdline() for c in psutil.Process(server.pid).children()
-            if c.status() != psutil.STATUS_ZOMBIE and "dashboard" in c.cmdline()]
+    """The argv of each dashboard the server runs; one that exits while it is read is not running (its /proc entry
+    can vanish between two reads, as CI saw in test_web_guard_limits)."""
+    out = []
+    for c in psutil.Process(server.pid).children():
+        try:
+            cmd = c.cmdline()
+            if c.status() != psutil.STATUS_ZOMBIE and "dashboard" in cmd:
+                out.append(cmd)
+        except psutil.NoSuchProcess:
+            continue
+    return out
 
 
 def _stop(proc: subprocess.Popen) -> str:

@@ -23,19 +23,19 @@ from lynxtop.agent.host import HOST_COLUMNS, HostSampler, role_of
 from lynxtop.agent.serving import procs
 from lynxtop.agent.serving.proctable import ProcTable
 
-ENGINE = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"  # burns one core
+ENGINE = "import time\nend = time.time() + 60\nwhile time.time() < end: pass\n"  # burns one core (killed at teardown)
 WORKER = (
     "import ctypes, time\n"
     "ctypes.CDLL(None).prctl(15, b'VLLM::Worker_TP0', 0, 0, 0)\n"  # PR_SET_NAME
     "blob = bytearray(64 * 1024 * 1024)\n"
     "print('ready', flush=True)\n"
-    "time.sleep(30)\n"
+    "time.sleep(60)\n"
 )
 API = (
     "import subprocess, sys, time\n"
     f"e = subprocess.Popen(['VLLM::EngineCore', '-c', {ENGINE!r}], executable=sys.executable)\n"
     f"w = subprocess.Popen([sys.executable, '-c', {WORKER!r}])\n"
-    "time.sleep(30)\n"
+    "time.sleep(60)\n"
 )
 
 
@@ -43,11 +43,12 @@ API = (
 def vllm_tree():
     p = subprocess.Popen([sys.executable, "-c", API], start_new_session=True)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # three Pythons start slowly on a loaded machine
         while time.monotonic() < deadline:
             kids = psutil.Process(p.pid).children(recursive=True)
-            names = [k.name() for k in kids]
-            if len(kids) == 2 and any(n.startswith("VLLM::Worker") for n in names):
+            workers = [k for k in kids if k.name().startswith("VLLM::Worker")]
+            # the worker is titled before it fills its buffer: the tests read its RSS, so wait for that too
+            if len(kids) == 2 and workers and workers[0].memory_info().rss > 60 * 1024 * 1024:
                 break
             time.sleep(0.05)
         else:
@@ -107,7 +108,7 @@ def test_tree_is_rewalked_when_a_member_dies(tmp_path, vllm_tree):
     pids = h.vllm_pids(vllm_tree.pid)
     engine = next(p for p in psutil.Process(vllm_tree.pid).children() if p.cmdline()[:1] == ["VLLM::EngineCore"])
     engine.kill()  # its parent never reaps it: it stays a zombie, which is not a member either
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while engine.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
         time.sleep(0.02)
     after = h.vllm_pids(vllm_tree.pid)

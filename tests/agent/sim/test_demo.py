@@ -70,7 +70,7 @@ def test_kill_all_ends_what_the_demo_started_and_nothing_else(tmp_path):
                                  env={**os.environ, "LYNXTOP_SIM_STATE_DIR": str(root / "sim"),
                                       DEMO_TOKEN_ENV: token + "0"})
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # python starts slowly on a loaded machine
         while len(processes_started_by(token)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert set(processes_started_by(token)) == {in_env.pid, ignores_term.pid}

@@ -29,6 +29,15 @@ def running(kit, sp) -> float:
     raise AssertionError("no vllm:num_requests_running on the page")
 
 
+def gone(p: psutil.Process) -> bool:
+    """The process has exited (a zombie counts): an orphan's exit is reaped by init at any moment, so a status read
+    after is_running() may find no process at all."""
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def refused(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
@@ -89,7 +98,7 @@ def test_sigkill_of_api_server_orphans_enginecore_holding_memory(start_sim):
     assert load_state(next(sp.state_dir.glob("engine-*.state"))).phase == "orphaned"
 
     os.killpg(sp.pgid, signal.SIGTERM)  # what a supervisor must do: signal the whole group
-    wait_for(lambda: not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE, what="engine exit")
+    wait_for(lambda: gone(engine), what="engine exit")
     released = SimScenario(sp.state_dir).state(3, time.monotonic() + 2)
     assert released.mem_used_bytes == 0 and released.processes == []
 
@@ -290,7 +299,7 @@ def test_no_sim_orphan_makes_the_engine_follow_its_api_server(start_sim):
     (engine,) = psutil.Process(sp.proc.pid).children()
     os.kill(sp.proc.pid, signal.SIGKILL)
     sp.proc.wait(5)
-    wait_for(lambda: not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE, what="engine exit")
+    wait_for(lambda: gone(engine), what="engine exit")
     wait_for(lambda: SimScenario(sp.state_dir).state(0, time.monotonic()).mem_used_bytes == 0, what="release")
 
 
