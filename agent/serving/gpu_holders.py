@@ -15,6 +15,17 @@ most: agent/controller.py) and, none come, is refused (503 `gpus_unknown`: try a
 waits for it (GpuGate). NVML unreadable (no process list can be had at all): the start goes ahead, as every other
 check that needs NVML does (a node whose NVML is broken still serves; the API has no override to offer), and the
 operator is told by a `preflight.warning` event that the GPUs were not checked; the log says it once per outage.
+
+Another lynxtop agent's run (a second agent started by hand with its own state directory and the node's profiles):
+its processes are told by the run token in their environment, on the process itself or, for vLLM's EngineCore and
+workers (setproctitle blanks their environ), on an ancestor or their process group's leader (the API server, which
+starts the run's session). An autostart or a retry is then held for good (state stopped, one event) instead of
+waiting: waiting would take the GPUs over the moment that run ends, and an operator who stopped it there wants
+them free. An operator's start is refused as for any holder, the message saying whose run it is.
+
+A pid NVML lists that /proc does not show (it exited between NVML's list and the look, or lives in another PID
+namespace: a container's processes are listed by NVML but invisible here) counts only if a GPU sample taken after
+the look saw it missing lists it again (CONFIRM_PAUSE_S later, CONFIRM_WAIT_S at most; none: it counts).
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -44,6 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("lynxtop.agent.serving.supervisor")
 
 CODE = "gpus_taken"  # the control API's error code (docs/api.md)
+OTHER_AGENT = "other_agent_run"  # the held event's reason: another lynxtop agent's run serves the GPUs
 UNKNOWN_CODE = "gpus_unknown"  # ... when no GPU sample has come yet to tell
 _NO_NVML = "NVML cannot list the GPUs' processes"
 _INDEX = re.compile(r"[0-9]+")
@@ -53,6 +66,11 @@ _GIB = 1 << 30
 FRESH_SAMPLE_S = 5.0
 # How long an operator's start waits for the agent's first GPU sample (then refused: the processes are not known).
 FIRST_SAMPLE_S = 5.0
+# A listed pid /proc does not show counts only if a GPU sample taken CONFIRM_PAUSE_S after the look saw it missing
+# lists it again (NVML drops an exited process's context a moment after its exit); none by CONFIRM_WAIT_S: it counts.
+CONFIRM_PAUSE_S = 0.3
+CONFIRM_WAIT_S = 3.0
+_ANCESTRY_MAX = 64  # parents walked up from a holder to find the run token (a vLLM tree is 3-4 deep)
 
 
 class GpuProcesses(Protocol):
@@ -66,6 +84,25 @@ class GpuProcesses(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
+class LynxtopRun:
+    """Another lynxtop agent's run that a holder belongs to, told by the process carrying its run token."""
+
+    pid: int  # the process with the token: the run's API server, as a rule
+    cwd: str | None  # its working directory: the run-log directory of the agent that started it (<state dir>/logs)
+    agent_pid: int | None = None  # its parent, when that is a lynxtop agent (not so once the run was adopted)
+    agent: str | None = None  # that agent's command line (its --config, --socket, --database), escaped
+
+    def describe(self) -> str:
+        text = f"its server pid {self.pid}" + (f", started in {self.cwd}" if self.cwd else "")
+        if self.agent_pid is not None:
+            text += f", by agent pid {self.agent_pid} ({self.agent})"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "cwd": self.cwd, "agent_pid": self.agent_pid, "agent": self.agent}
+
+
+@dataclasses.dataclass(frozen=True)
 class Holder:
     """A process on the GPUs that is not the run's: `gpus` and `mem_bytes` as far as the view tells them."""
 
@@ -73,6 +110,7 @@ class Holder:
     name: str  # /proc comm, control characters escaped ("?" when /proc does not show it)
     gpus: tuple[int, ...] = ()
     mem_bytes: int | None = None
+    lynxtop: LynxtopRun | None = None  # another lynxtop agent's run it belongs to
 
     def describe(self) -> str:
         extra = []
@@ -83,7 +121,8 @@ class Holder:
         return f"pid {self.pid} ({self.name}{', ' + ', '.join(extra) if extra else ''})"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"pid": self.pid, "name": self.name, "gpus": list(self.gpus) or None, "used_mem_bytes": self.mem_bytes}
+        return {"pid": self.pid, "name": self.name, "gpus": list(self.gpus) or None, "used_mem_bytes": self.mem_bytes,
+                "lynxtop_run": self.lynxtop.pid if self.lynxtop is not None else None}
 
 
 def profile_gpus(prof: Profile, info: list[dict[str, Any]] | None) -> tuple[int, ...] | None:
@@ -116,11 +155,51 @@ def _name(pid: int) -> str:
     return terminal_safe(st.comm) if st is not None else "?"
 
 
-def _holder(pid: int, rows: list[dict[str, Any]]) -> Holder:
+def _holder(pid: int, rows: list[dict[str, Any]], lynxtop: LynxtopRun | None = None) -> Holder:
     gpus = tuple(sorted({r["gpu"] for r in rows if isinstance(r.get("gpu"), int)}))
     mems = [r.get("used_mem_bytes") for r in rows]
     mem = sum(m for m in mems if isinstance(m, int)) if rows and all(isinstance(m, int) for m in mems) else None
-    return Holder(pid, _name(pid), gpus, mem)
+    return Holder(pid, _name(pid), gpus, mem, lynxtop)
+
+
+def _token_of(pid: int) -> str | None:
+    return procs.environ_entry(procs.environ_raw(pid), procs.RUN_TOKEN_ENV) or None
+
+
+def lynxtop_run(st: procs.ProcStat, own_tokens: set[str]) -> LynxtopRun | None:
+    """The lynxtop run `st` (a process on the GPUs) belongs to when it is not this agent's: the first process
+    carrying a run token among `st` and its ancestors, else its process group's leader (vLLM's EngineCore and
+    workers retitle themselves, which blanks their environ; the API server above them, which leads the run's
+    session, keeps it). None: no token found (an environ /proc does not let this user read, a run whose API server
+    is gone), a token in `own_tokens`, or a process below this agent (its own, whatever the token says)."""
+    me = os.getpid()
+    found: procs.ProcStat | None = None
+    cur: procs.ProcStat | None = st
+    for _ in range(_ANCESTRY_MAX):
+        if cur is None:
+            break
+        if cur.pid == me:
+            return None
+        if found is None and _token_of(cur.pid):
+            found = cur
+        if cur.ppid <= 1:
+            break
+        cur = procs.stat(cur.ppid)
+    if found is None and st.pgid > 1 and st.pgid != st.pid:
+        leader = procs.stat(st.pgid)
+        if leader is not None and leader.pgid == leader.pid and leader.pid != me and _token_of(leader.pid):
+            found = leader
+    if found is None or _token_of(found.pid) in own_tokens:
+        return None
+    try:
+        cwd: str | None = terminal_safe(os.readlink(f"/proc/{found.pid}/cwd"))
+    except OSError:
+        cwd = None
+    args = procs.cmdline(found.ppid) or []
+    if "agent" in args and any(os.path.basename(a) == "lynxtop" or a == "lynxtop" for a in args):
+        cmd = " ".join(args)
+        return LynxtopRun(found.pid, cwd, found.ppid, terminal_safe(cmd if len(cmd) <= 200 else cmd[:199] + "…"))
+    return LynxtopRun(found.pid, cwd)
 
 
 def gpus_text(gpus: tuple[int, ...] | None, info: list[dict[str, Any]] | None) -> str:
@@ -146,24 +225,45 @@ class Taken:
     def pids(self) -> list[int]:
         return [h.pid for h in self.holders]
 
+    def other_runs(self) -> list[LynxtopRun]:
+        """The other lynxtop agents' runs among the holders, each once."""
+        runs: dict[int, LynxtopRun] = {}
+        for h in self.holders:
+            if h.lynxtop is not None:
+                runs.setdefault(h.lynxtop.pid, h.lynxtop)
+        return list(runs.values())
+
     def what(self) -> str:
         """'GPU 0-7 hold processes that are not this agent's run: pid 9 (sleep)'."""
         if self.unknown:
             return (f"no GPU sample has come since the agent started, so which processes hold {self.gpus_text} "
                     "is not known yet (NVML slow to answer?)")
-        return (f"{self.gpus_text} hold process(es) that are not this agent's run: "
+        text = (f"{self.gpus_text} hold process(es) that are not this agent's run: "
                 + "; ".join(h.describe() for h in self.holders))
+        others = self.other_runs()
+        if others:
+            text += ("; " + ("they are" if all(h.lynxtop is not None for h in self.holders) else "among them")
+                     + " another lynxtop agent's run (" + "; ".join(r.describe() for r in others) + ")")
+        return text
 
     def refusal(self, prof: Profile) -> str:
         """The 409's message: what is wrong and how to proceed."""
+        if self.other_runs():
+            how = ("Stop that run through the agent that supervises it (lynxtop stop, with that agent's --socket or "
+                   "config), not by killing its processes (that agent would restart them)")
+        else:
+            how = "Check them (ps -fp PID) and stop them"
         return (f"cannot start profile {prof.name}: {self.what()}. A vLLM started there would fail its free-memory "
-                "check after opening CUDA contexts on those GPUs (or crowd what runs there). Check them "
-                "(ps -fp PID) and stop them, or give the profile other GPUs (CUDA_VISIBLE_DEVICES in its env); "
-                "nothing was changed")
+                f"check after opening CUDA contexts on those GPUs (or crowd what runs there). {how}, or give the "
+                "profile other GPUs (CUDA_VISIBLE_DEVICES in its env); nothing was changed")
 
     def details(self) -> dict[str, Any]:
-        return {"gpus": list(self.gpus) if self.gpus is not None else None, "pids": self.pids(),
-                "processes": [h.as_dict() for h in self.holders]}
+        out = {"gpus": list(self.gpus) if self.gpus is not None else None, "pids": self.pids(),
+               "processes": [h.as_dict() for h in self.holders]}
+        others = self.other_runs()
+        if others:
+            out["lynxtop_runs"] = [r.as_dict() for r in others]
+        return out
 
 
 def sampled(view: Any) -> bool:
@@ -195,6 +295,8 @@ class GpuGuard:
         # an operator's start that goes ahead unchecked (NVML unavailable) is told here: the lifecycle's event path
         # (GpuGate wires it); called from the look's thread, as the store's own events come from the writer's
         self.warn: Callable[[str], None] | None = None
+        # the run tokens of this agent's runs (GpuGate wires it): a process carrying one is never another agent's
+        self.own_tokens: Callable[[], set[str]] = set
 
     def sampled(self) -> bool:
         """Whether the view's process list comes from a GPU sample (a view that does not say: it does)."""
@@ -247,13 +349,35 @@ class GpuGuard:
                 return None
             return Taken(wanted, gpus_text(wanted, info), (), unknown=True)
         mine = set(ours())
-        holders = []
+        own = self.own_tokens()
+        holders, unseen = [], []
         for pid in sorted(seen[1] - mine):
-            h = _holder(pid, (rows or {}).get(pid, []))
+            st = procs.stat(pid)
+            h = _holder(pid, (rows or {}).get(pid, []), lynxtop_run(st, own) if st is not None else None)
             if wanted is not None and h.gpus and not set(h.gpus) & set(wanted):
                 continue  # on GPUs the profile does not use
             holders.append(h)
+            if st is None:
+                unseen.append(pid)
+        if unseen:  # exited since NVML's list, or in another PID namespace: a later list tells
+            listed = self._listed_after(time.monotonic() + CONFIRM_PAUSE_S)
+            if listed is not None:
+                holders = [h for h in holders if h.pid not in unseen or h.pid in listed]
         return Taken(wanted, gpus_text(wanted, info), tuple(holders))
+
+    def _listed_after(self, since: float) -> set[int] | None:
+        """The pids of the first GPU sample taken at `since` or later (monotonic clock, as the view's sample times);
+        None when none comes by CONFIRM_WAIT_S from now or NVML cannot say. Sleeps: the look's thread only."""
+        deadline = time.monotonic() + CONFIRM_WAIT_S
+        while True:
+            seen = self.view.compute_pids()
+            if seen is None:
+                return None
+            if seen[0] >= since:
+                return seen[1]
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
 
 class GpuGate:
@@ -272,6 +396,7 @@ class GpuGate:
         self.guard = guard
         guard.warn = lambda message: lc.event(EventKind.PREFLIGHT_WARNING, Severity.WARNING, message,
                                               reason="gpus_unchecked")
+        guard.own_tokens = lambda: {t for t in (lc.run_token(),) if t}
         self.task: asyncio.Task | None = None  # the start or retry waiting here
         self.disk = DiskGate(lc, slot, retry, config)  # waited for first: a full disk (diskspace.py)
 
@@ -287,18 +412,22 @@ class GpuGate:
                 return
             await asyncio.sleep(0.05)
 
-    async def wait(self, prof: Profile, autostart: bool) -> None:
-        """Return once no foreign process holds `prof`'s GPUs (at once when none does or NVML cannot say), and,
-        before that, once the file systems the run writes to have room (diskspace.DiskGate)."""
+    async def wait(self, prof: Profile, autostart: bool) -> bool:
+        """True once no foreign process holds `prof`'s GPUs (at once when none does or NVML cannot say), and,
+        before that, once the file systems the run writes to have room (diskspace.DiskGate). False: an autostart
+        or retry held for good (another lynxtop agent's run holds them: `_hold`), nothing to launch."""
         await self.disk.wait(prof, autostart)
         if not prof.uses_ray:
             await self._fresh_sample()
         taken = await self._look(prof)
         if not taken:
-            return
+            return True
+        holds = autostart or self._slot.name() == "retry"  # the agent's own start, not an operator's
         lc = self._lc
         lc.profile, lc.profile_name = prof, prof.name
         self._retry.started()  # no retry pending: this wait is the retry
+        if holds and taken.other_runs():
+            return self._hold(prof, taken, autostart)
 
         def why(t: Taken) -> str:
             until = "a GPU sample shows them free" if t.unknown else "they are gone"
@@ -312,6 +441,8 @@ class GpuGate:
                 while taken:
                     await asyncio.sleep(self._config().agent.backoff_initial_s)
                     was_unknown, taken = taken.unknown, await self._look(prof)
+                    if holds and taken and taken.other_runs():
+                        return self._hold(prof, taken, autostart)
                     if taken and was_unknown and not taken.unknown:  # sampled now, and taken: the processes told
                         self._held(prof, taken, autostart)
                     if taken and why(taken) != lc.reason:  # the same episode: the reason follows, no new event
@@ -319,6 +450,21 @@ class GpuGate:
         finally:
             self.task = None
         log.info("profile %s: no other process holds its GPUs now; starting it", prof.name)
+        return True
+
+    def _hold(self, prof: Profile, taken: Taken, autostart: bool) -> bool:
+        """Another lynxtop agent's run holds the GPUs: the autostart or retry ends here for good, launching nothing
+        (waiting would take the GPUs over the moment that run ends: an operator who stops it there wants them
+        free). State stopped, one event; an operator's start here is the way on. False: the launch ends with
+        nothing spawned."""
+        what = "autostart" if autostart else "retry"
+        reason = (f"{what} of profile {prof.name} held: {taken.what()}. Not started here, not even once they are "
+                  f"gone; `lynxtop start {prof.name}` on this agent starts it then")
+        kind = EventKind.AGENT_AUTOSTART_HELD if autostart else EventKind.SERVING_BACKOFF
+        self._lc.set_state(S.STOPPED, reason)
+        self._lc.event(kind, Severity.ERROR, f"{reason}. Two agents serving one node's GPUs would take them over "
+                       "from each other; stop that run through its own agent", reason=OTHER_AGENT, **taken.details())
+        return False
 
     def _held(self, prof: Profile, taken: Taken, autostart: bool) -> None:
         """The wait's event: what holds the GPUs (or that nobody can say yet), for an autostart or a retry."""

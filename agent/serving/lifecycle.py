@@ -242,7 +242,8 @@ class RunLifecycle:
         if restart:
             self.restarts += 1
         await self._await_cluster(prof)
-        await self.gpu_gate.wait(prof, autostart)
+        if not await self.gpu_gate.wait(prof, autostart):  # held: another lynxtop agent's run (gpu_holders.py)
+            return self.resolve_outcome(False) or False
         agent = self._config().agent
         protect = {self.proc.record.log_path} if self.proc is not None else set()
         for old in launcher.prune_logs(agent.run_log_dir, RUN_LOGS_KEPT, protect):
