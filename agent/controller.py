@@ -135,10 +135,7 @@ class NodeController:
         if self._node.cfg.agent.role == "worker":
             self._node.supervisor.check_seen(expect_run)  # a worker runs no vLLM: its run is none
             if profile:
-                raise ActionError("role", f"this node is a Ray worker: it serves no vLLM (profile {profile!r} runs "
-                                          f"on the head, {self._node.cfg.ray.head_address}); "
-                                          "`lynxtop start` here starts Ray",
-                                  409)
+                raise self._worker_serves_nothing("start", profile)
             return await self.ray_start(by)
         await first_sample(self._node.gpu_view, f"start profile {profile}" if profile else "start")
         return await self._node.supervisor.start(profile, by, expect_run)
@@ -176,13 +173,30 @@ class NodeController:
             raise ActionError("role", "this node runs no Ray (agent.role = \"single\")", 409)
         return await self._node.cluster.ray_stop(by, reason)
 
+    def _worker_serves_nothing(self, action: str, profile: str | None) -> ActionError:
+        """The refusal of a serving action on a Ray worker (409 "role", as for `start PROFILE`): its vLLM is the
+        head's, whose ranks run here through Ray; a vLLM of the worker's own would take the GPUs they hold."""
+        cluster = self._node.cluster
+        head = cluster.ray.address if cluster is not None else self._node.cfg.ray.head_address  # the Ray joined
+        what = f"profile {profile!r} runs" if profile else "the model runs"
+        here = ("`lynxtop start` here, with no profile, starts its Ray" if action == "start" else
+                f"{action} serving on the head's agent; `lynxtop start` / `lynxtop stop` here act on this node's Ray")
+        return ActionError("role", f"this node is a Ray worker: it serves no vLLM ({what} on the head, {head}); "
+                                   f"{here}", 409)
+
     async def restart(self, by: str, expect_run: ExpectRun = ANY_RUN) -> str:
         assert self._node.supervisor is not None
+        if self._node.cfg.agent.role == "worker":
+            self._node.supervisor.check_seen(expect_run)
+            raise self._worker_serves_nothing("restart", None)
         await first_sample(self._node.gpu_view, "restart")  # the GPUs' processes are looked at (gpu_holders.py)
         return await self._node.supervisor.restart(by, expect_run)
 
     async def switch(self, profile: str, by: str, expect_run: ExpectRun = ANY_RUN) -> str:
         assert self._node.supervisor is not None
+        if self._node.cfg.agent.role == "worker":
+            self._node.supervisor.check_seen(expect_run)
+            raise self._worker_serves_nothing("switch", profile)
         await first_sample(self._node.gpu_view, f"switch to profile {profile}")
         return await self._node.supervisor.switch(profile, by, expect_run)
 

@@ -427,6 +427,8 @@ def _interruption(action: str, st: Status, cluster: bool) -> tuple[str, str] | N
         return ("This stops serving, then Ray on every worker, then on this head; each node's Ray must then be "
                 "started again (`lynxtop ray start` here, `lynxtop start` on each worker) and the model load again "
                 "(minutes).", ray_now)
+    if cl.role == Role.WORKER and action in ("restart", "switch"):
+        return None  # a worker serves nothing: nothing to confirm, and its agent's refusal names the head
     if cl.role == Role.WORKER and action in ("stop", "ray/stop"):
         if cl.ray_state not in RAY_UP:
             return None

@@ -46,6 +46,7 @@ from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.files import atomic_write
 from lynxtop.contract.redact import redact_argv
 from lynxtop.contract.status import RayState
+from lynxtop.contract.terminal import terminal_safe
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ RAY_LOGS_KEPT = 10
 STARTED_LINE = "Ray runtime started."
 START_TIMEOUT_S = 180.0  # a worker retries the head for a while before it gives up by itself
 LOG_TAIL_LINES = 20
+NOT_UP_TAIL_LINES = 10  # of Ray's log in the "not up" warning, each escaped and cut to LINE_CUT characters
+LINE_CUT = 240
 TMP_NAME = "rt"  # <database dir>/rt: short, for Ray's socket paths (runtmp.MAX_LEN)
 SESSIONS_KEPT = 5  # Ray's session directories kept in it, the newest; more only while their process lives
 SESSION = re.compile(r"session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d{6}_(\d+)")  # Ray 2.x: date, µs, pid of `ray start`
@@ -80,6 +83,47 @@ def ray_argv(cfg: Config) -> list[str]:
     if r.temp_dir is not None:
         argv += ["--temp-dir", str(r.temp_dir)]
     return argv + list(r.extra_args)
+
+
+# `ray start` options with a value, as ray_argv writes them, and the setting each comes from (RAY_OWNED_FLAGS)
+_VALUED = {"--address": "ray.head_address", "--port": "ray.port", "--node-ip-address": "ray.node_ip_address",
+           "--num-gpus": "ray.num_gpus", "--num-cpus": "ray.num_cpus", "--dashboard-port": "ray.dashboard_port",
+           "--temp-dir": "ray.temp_dir", "--dashboard-host": "--dashboard-host",
+           "--include-dashboard": "--include-dashboard"}
+_SWITCHES = {"--head": "agent.role", "--block": "--block", "--disable-usage-stats": "--disable-usage-stats"}
+
+
+def argv_settings(argv: list[str]) -> dict[str, str]:
+    """The settings an argv of `ray start` was made from, by name (`ray.port`: "6379"; `agent.role`: "head" or
+    "worker"; `ray.extra_args`: the rest, as written, secrets masked): to tell what an adopted Ray was started
+    with apart from what the config says now. `--flag=value` is read as `--flag value`; the last one counts."""
+    out: dict[str, str] = {"ray.executable": argv[0] if argv else "", "agent.role": "worker"}
+    extra: list[str] = []
+    words = list(argv[2:] if argv[1:2] == ["start"] else argv[1:])
+    i = 0
+    while i < len(words):
+        word = words[i]
+        name, eq, value = word.partition("=")
+        if name in _VALUED:
+            if not eq:
+                i += 1
+                value = words[i] if i < len(words) else ""
+            out[_VALUED[name]] = value
+        elif word in _SWITCHES:
+            if word == "--head":
+                out["agent.role"] = "head"
+        else:
+            extra.append(word)
+        i += 1
+    out["ray.extra_args"] = " ".join(redact_argv(extra))
+    return out
+
+
+def settings_address(settings: dict[str, str]) -> str:
+    """The GCS address a Ray started with `settings` (argv_settings) serves or joins."""
+    if settings.get("agent.role") == "worker":
+        return settings.get("ray.head_address", "")
+    return f"{settings.get('ray.node_ip_address') or '127.0.0.1'}:{settings.get('ray.port') or '6379'}"
 
 
 def ray_tmpdir(cfg: Config) -> tuple[str | None, str | None]:
@@ -124,6 +168,10 @@ def prune_sessions(tmp_dir: str, keep: int = SESSIONS_KEPT) -> list[str]:
     return removed
 
 
+def _cut(text: str, limit: int = LINE_CUT) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _prepare_tmpdir(cfg: Config) -> tuple[str | None, str | None]:
     tmp_dir, why = ray_tmpdir(cfg)
     if tmp_dir is not None:
@@ -152,6 +200,9 @@ class RayNode:
         self._retry: asyncio.Task | None = None
         self._stopped: ServerProcess | None = None  # the Ray an operator or the agent stopped: its exit is expected
         self._closing = False
+        # what the Ray this agent started or adopted was started with: its address and dashboard port are the
+        # ones in use until Ray next starts, whatever the config says now (a [ray] edit before an agent restart)
+        self.running_settings: dict[str, str] | None = None
 
     # ------------------------------------------------------------------------------------- files
 
@@ -169,10 +220,17 @@ class RayNode:
 
     @property
     def address(self) -> str:
-        r = self.cfg.ray
-        if self.cfg.agent.role == "worker":
-            return r.head_address
-        return f"{r.node_ip_address or '127.0.0.1'}:{r.port}"
+        """The head's GCS address: the one the running (or last) Ray of this agent's serves or joined, else the
+        config's. vLLM gets it as RAY_ADDRESS, so it must be the Ray that runs, not the one the config would start."""
+        if self.running_settings is not None:
+            return settings_address(self.running_settings)
+        return settings_address(argv_settings(ray_argv(self.cfg)))
+
+    @property
+    def dashboard_port(self) -> int:
+        """The head's state API port (Ray's dashboard on 127.0.0.1), as `address`: the running Ray's first."""
+        value = (self.running_settings or {}).get("ray.dashboard_port", "")
+        return int(value) if value.isdigit() and 0 < int(value) < 65536 else self.cfg.ray.dashboard_port
 
     def _set(self, state: RayState, reason: str) -> None:
         if state != self.state:
@@ -200,10 +258,10 @@ class RayNode:
             proc, why = launcher.adopt(record)
             if proc is not None:
                 self.proc = proc
+                self.running_settings = argv_settings(record.argv)
                 proc.watch()
                 self._set(RayState.RUNNING, f"adopted from the previous agent (pid {proc.pid})")
-                self._event(EventKind.RAY_ADOPTED, Severity.INFO, f"Ray (pid {proc.pid}) left running by the "
-                            "previous agent adopted: no restart", pid=proc.pid)
+                self._adopted(proc)
                 self._watch = asyncio.get_running_loop().create_task(self._watch_exit(proc), name="ray-watch")
                 return
             res = await launcher.kill_leftovers(record)
@@ -214,6 +272,29 @@ class RayNode:
             self._set(RayState.STOPPED, f"{held} (kept stopped across agent restarts; lynxtop start to start it)")
             return
         await self._launch("agent started")
+
+    def _adopted(self, proc: ServerProcess) -> None:
+        """The adoption's event; a warning naming each setting the config changed since that Ray started, which
+        the agent keeps using (its address, its dashboard) until Ray next starts."""
+        assert self.running_settings is not None
+        now = argv_settings(ray_argv(self.cfg))
+        differ = [k for k in sorted(now.keys() | self.running_settings.keys())
+                  if now.get(k, "") != self.running_settings.get(k, "")]
+        if not differ:
+            self._event(EventKind.RAY_ADOPTED, Severity.INFO, f"Ray (pid {proc.pid}) left running by the previous "
+                        "agent adopted: no restart", pid=proc.pid)
+            return
+        shown = "; ".join(f"{k}: {_cut(self.running_settings.get(k) or '(unset)')} running, "
+                          f"{_cut(now.get(k) or '(unset)')} in the config" for k in differ)  # a record's words: cut
+        how = ("on the head `lynxtop stop --cluster`, then `lynxtop ray start` (and `lynxtop start` on each worker)"
+               if self.cfg.agent.role == "head"
+               else "on this worker `lynxtop stop`, then `lynxtop start`")
+        self._event(EventKind.RAY_ADOPTED, Severity.WARNING,
+                    f"Ray (pid {proc.pid}) left running by the previous agent adopted: no restart; it was started "
+                    f"with other settings than the config's ({shown}). The agent uses the running Ray's address "
+                    f"{self.address} (vLLM's RAY_ADDRESS) until Ray is next started; the config applies at the next "
+                    f"Ray start ({how})", pid=proc.pid, differ=differ,
+                    running={k: self.running_settings.get(k) for k in differ}, config={k: now.get(k) for k in differ})
 
     def _held(self) -> str | None:
         """Why an operator stopped Ray (kept stopped across agent restarts), or None. Read at agent start on the
@@ -313,6 +394,7 @@ class RayNode:
             self._event(EventKind.RAY_EXITED, Severity.ERROR, f"could not start Ray: {exc}", argv=redact_argv(argv))
             return
         self.proc = proc
+        self.running_settings = argv_settings(argv)
         proc.watch()
         with contextlib.suppress(OSError):
             launcher.write_record(self.record_path, proc.record)
@@ -358,14 +440,39 @@ class RayNode:
         self._retry = asyncio.get_running_loop().create_task(self._retry_after(delay), name="ray-retry")
 
     async def _await_started(self, proc: ServerProcess) -> None:
+        """Until `ray start` says Ray is up, exits, or is stopped. Past `start_timeout_s` a warning says why not
+        (its log's last lines), once, and the wait goes on: a worker's `ray start` retries a head that cannot be
+        reached, and joins it when it comes back (a head's reboot is no failure, and no crash loop)."""
         deadline = time.monotonic() + self.start_timeout_s
-        while not proc.exited and time.monotonic() < deadline:
+        told = False
+        while not proc.exited and self.proc is proc and self.state == RayState.STARTING:
             if any(STARTED_LINE in line for line in tail_lines(proc.record.log_path, 60)):
                 self._set(RayState.RUNNING, f"running as {self.cfg.agent.role} ({self.address})")
                 self._event(EventKind.RAY_RUNNING, Severity.INFO, f"Ray is up as {self.cfg.agent.role} "
-                            f"({self.address}), pid {proc.pid}", pid=proc.pid)
+                            f"({self.address}), pid {proc.pid}" + (" (late)" if told else ""), pid=proc.pid)
                 return
-            await asyncio.sleep(0.25)
+            if not told and time.monotonic() >= deadline:
+                told = True
+                await self._not_up(proc)
+            await asyncio.sleep(1.0 if told else 0.25)
+
+    async def _not_up(self, proc: ServerProcess) -> None:
+        """Ray not up after `start_timeout_s`: the status reason and a warning say so, with its log's last lines
+        (escaped and cut: Ray's words, and a worker's may quote whatever answered at the head's address)."""
+        lines = await asyncio.to_thread(tail_lines, proc.record.log_path, NOT_UP_TAIL_LINES)
+        shown = [_cut(terminal_safe(line)) for line in lines]
+        last = shown[-1] if shown else "(its log is empty)"
+        waited = f"not up after {self.start_timeout_s:g} s"
+        if self.cfg.agent.role == "worker":
+            why = f"{waited}: cannot reach the head {self.address} (is its Ray up, and the address reachable?)"
+        else:
+            why = f"{waited} as head (GCS on {self.address})"
+        stop = "`lynxtop stop`" if self.cfg.agent.role == "worker" else "`lynxtop stop --cluster`"
+        self._set(RayState.STARTING, f"{why}; last log line: {last}; still waiting")
+        self._event(EventKind.RAY_STARTING, Severity.WARNING, f"Ray (pid {proc.pid}) {why}; still waiting, and up "
+                    f"as soon as `ray start` says so ({stop} ends the wait). Its log {proc.record.log_path} ends: "
+                    f"{last}", pid=proc.pid, log_path=proc.record.log_path, log_tail=shown,
+                    waited_s=self.start_timeout_s)
 
     async def _retry_after(self, delay: float) -> None:
         await asyncio.sleep(delay)

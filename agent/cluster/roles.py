@@ -40,9 +40,10 @@ class ClusterPart:
         self.ray = RayNode(cfg, record, state_dir=state_dir, on_change=on_change)
         self.watch: ClusterWatch | None = None
         if self.role == Role.HEAD:
-            self.watch = ClusterWatch(RayStateApi(session, cfg.ray.dashboard_port), record,
+            # the address and dashboard of the Ray that runs: an adopted one keeps its own until Ray next starts
+            self.watch = ClusterWatch(RayStateApi(session, lambda: self.ray.dashboard_port), record,
                                       interval_s=cfg.ray.view_interval_s, ray_running=self._ray_not_running,
-                                      address=self.ray.address, on_change=on_change)
+                                      address=lambda: self.ray.address, on_change=on_change)
         self._tasks: list[asyncio.Task] = []
         self.stopping_cluster = False
 

@@ -84,23 +84,29 @@ def _ms(v: Any) -> int | None:
 class RayStateApi:
     """The real source: the head's dashboard on loopback, through the agent's HTTP session."""
 
-    def __init__(self, session: Callable[[], aiohttp.ClientSession], port: int):
+    def __init__(self, session: Callable[[], aiohttp.ClientSession], port: int | Callable[[], int]):
         self.session = session
-        self.url = f"http://127.0.0.1:{port}{NODES_PATH}"
+        self._port = port  # a callable: the port of the Ray that runs (an adopted one keeps its own; raynode.py)
+
+    @property
+    def url(self) -> str:
+        port = self._port() if callable(self._port) else self._port
+        return f"http://127.0.0.1:{port}{NODES_PATH}"
 
     async def nodes(self) -> list[ClusterNode]:
+        url = self.url
         try:
-            async with self.session().get(self.url, timeout=aiohttp.ClientTimeout(total=VIEW_TIMEOUT_S)) as resp:
+            async with self.session().get(url, timeout=aiohttp.ClientTimeout(total=VIEW_TIMEOUT_S)) as resp:
                 text = await resp.text()
                 if resp.status != 200:
-                    raise ClusterViewError(f"Ray's state API at {self.url} answered HTTP {resp.status}")
+                    raise ClusterViewError(f"Ray's state API at {url} answered HTTP {resp.status}")
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise ClusterViewError(f"Ray's state API at {self.url} did not answer ({type(exc).__name__}: "
+            raise ClusterViewError(f"Ray's state API at {url} did not answer ({type(exc).__name__}: "
                                    f"{exc or 'timeout'})") from None
         try:
             return parse_nodes(json.loads(text))
         except ValueError:
-            raise ClusterViewError(f"Ray's state API at {self.url} answered something that is not JSON") from None
+            raise ClusterViewError(f"Ray's state API at {url} answered something that is not JSON") from None
 
 
 def _head_id(nodes: tuple[ClusterNode, ...] | list[ClusterNode]) -> str | None:
@@ -136,10 +142,10 @@ class ClusterWatch:
     """Reads Ray's view every `interval_s` (head only); records nodes lost and joined; gates serving."""
 
     def __init__(self, source: NodeSource, record: Callable[[Event], None], *, interval_s: float,
-                 ray_running: Callable[[], str | None], address: str = "",
+                 ray_running: Callable[[], str | None], address: str | Callable[[], str] = "",
                  on_change: Callable[[], None] | None = None):
         self.source = source
-        self.address = address  # the head's GCS, handed to vLLM as RAY_ADDRESS
+        self._address = address  # a callable: the running Ray's, which an adopted Ray keeps (raynode.py)
         self._record = record
         self.interval_s = interval_s
         self.ray_running = ray_running  # None when this node's Ray is up, else why not
@@ -150,6 +156,11 @@ class ClusterWatch:
         self._failed_reads = 0
         self._failure_recorded = False
         self._changed = asyncio.Event()
+
+    @property
+    def address(self) -> str:
+        """The head's GCS, handed to vLLM as RAY_ADDRESS."""
+        return self._address() if callable(self._address) else self._address
 
     @property
     def view(self) -> NodeSet:
