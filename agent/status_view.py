@@ -145,7 +145,8 @@ class StatusView:
         sup = n.supervisor
         assert sup is not None
         sla = n.sla.state() if n.sla is not None else SlaStatus()
-        return Status(ts_ms=now_ms(), agent=self._agent(), serving=self._serving(), sla=sla,
+        now = now_ms()  # the status is taken as it is answered: its time and the clock the dashboard counts from
+        return Status(ts_ms=now, now_ms=now, agent=self._agent(), serving=self._serving(), sla=sla,
                       cluster=self._cluster())
 
     def _serving(self) -> ServingStatus:

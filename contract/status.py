@@ -368,13 +368,28 @@ class ServingStatus:
     shutdown_timeout_s: float | None = None
     stop_grace_s: float | None = None
     simulated: bool = False  # the run is lynxtop's simulated vLLM (on real GPUs too, where `agent.simulated` is not)
+    # A state word this version does not know (a newer agent's, or garbage from a foreign endpoint), as it came:
+    # `state` then reads STOPPED for the code that needs one, but the dashboard shows this word, never STOPPED (an
+    # idle-looking node that is nothing of the kind). Read side only: never in the JSON (`state` carries it).
+    unknown_state: str | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> ServingStatus:
         d = d or {}
+        if not isinstance(d, Mapping):
+            return _build(cls, d)  # the RecordError of a part that is no object
         state = str(d.get("state") or ServingState.STOPPED.value)
-        return _build(cls, d, state=ServingState(state) if state in _STATES else ServingState.STOPPED,
-                      phases=tuple(_build(PhaseMark, p) for p in _items(cls, "phases", d)))
+        known = state in _STATES
+        return _build(cls, d, state=ServingState(state) if known else ServingState.STOPPED,
+                      phases=tuple(_build(PhaseMark, p) for p in _items(cls, "phases", d)),
+                      unknown_state=None if known else state)
+
+    def to_json(self) -> dict[str, Any]:
+        out = _plain(self)
+        unknown = out.pop("unknown_state")
+        if unknown is not None:  # the word as it came, so a status read back is the same status
+            out["state"] = unknown
+        return out
 
 
 _STATES = frozenset(s.value for s in ServingState)
@@ -617,9 +632,26 @@ _ROLES = frozenset(r.value for r in Role)
 _RAY_STATES = frozenset(s.value for s in RayState)
 
 
+# The plausible range of a node's clock in epoch milliseconds: anything else (2^64, a negative number) is no time
+# to count from. 2^53: the last whole number a JSON reader of any language keeps exactly.
+CLOCK_MAX_MS = 2**53 - 1
+
+
+def clock_ms(value: Any) -> int | None:
+    """A foreign clock reading in epoch ms, or None: a whole or finite number in [0, CLOCK_MAX_MS]; NaN, Infinity,
+    true, a string, anything else is absent (never a RecordError: the field only refines the answer's times)."""
+    if type(value) is float and math.isfinite(value):
+        value = int(value)
+    return value if type(value) is int and 0 <= value <= CLOCK_MAX_MS else None
+
+
 @dataclass(frozen=True)
 class Status:
     ts_ms: int | None = None
+    # The agent's clock (its samples' timeline, as every *_ms of the status) when it answered: the dashboard counts
+    # from it, plus its own time since the answer came, so another node's ages and durations are on that node's
+    # clock whatever the skew between the two (docs/dashboard.md). None: an older agent, a replay.
+    now_ms: int | None = None
     agent: AgentStatus = field(default_factory=AgentStatus)
     serving: ServingStatus = field(default_factory=ServingStatus)
     sla: SlaStatus = field(default_factory=SlaStatus)
@@ -637,8 +669,9 @@ class Status:
         return {
             "cluster": _plain(self.cluster),
             "ts_ms": self.ts_ms,
+            "now_ms": self.now_ms,
             "agent": _plain(self.agent),
-            "serving": _plain(self.serving),
+            "serving": self.serving.to_json(),
             "sla": self.sla.to_json(),
         }
 
@@ -657,6 +690,7 @@ class Status:
         if not isinstance(d, Mapping):
             raise ValueError(f"a status must be a JSON object, not {type(d).__name__}")
         return cls(ts_ms=_checked(cls, "ts_ms", _annotation(cls, "ts_ms"), d.get("ts_ms")),
+                   now_ms=clock_ms(d.get("now_ms")),
                    agent=AgentStatus.from_json(d.get("agent")),
                    serving=ServingStatus.from_json(d.get("serving")), sla=SlaStatus.from_json(d.get("sla")),
                    gpus=tuple(GpuStatus.from_json(g) for g in _items(cls, "gpus", d) if isinstance(g, Mapping)),

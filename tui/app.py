@@ -171,6 +171,10 @@ class LynxtopApp(App):
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
 
+    def node_now_ms(self) -> int:
+        """Now on the clock of the node shown (`LiveState.node_ms`): what its runs' and events' times compare with."""
+        return self.state.node_ms(self.now_ms())
+
     def retry_in_s(self) -> float | None:
         if self.state.outage is None or self._next_poll_at is None:
             return None

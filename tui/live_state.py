@@ -41,6 +41,9 @@ class Outage:
 class LiveState:
     status: Status | None = None
     received_ms: int | None = None  # wall time of the last good status (for "age")
+    # The node's clock minus ours, measured at the last answer that said its clock (`Status.now_ms`); None: the node
+    # did not (an older agent, a replay), and its times are judged by our clock as they always were.
+    clock_offset_ms: int | None = None
     outage: Outage | None = None
     serving_history: deque[tuple[int, dict[str, Any]]] = field(
         default_factory=lambda: deque(maxlen=HISTORY_POINTS))
@@ -57,6 +60,7 @@ class LiveState:
         self.outage = None
         self.status = status
         self.received_ms = now_ms
+        self.clock_offset_ms = status.now_ms - now_ms if status.now_ms is not None else None
         ts = int(status.ts_ms or now_ms)
         _append(self.serving_history, ts, {k: status.serving_metrics.metric(k) for k in SERVING_KEYS})
         for gpu in status.gpus:
@@ -95,6 +99,16 @@ class LiveState:
     @property
     def stale(self) -> bool:
         return self.outage is not None
+
+    def node_ms(self, local_ms: int) -> int:
+        """`local_ms` (this dashboard's clock) read on the node's clock: the node's clock when it last answered plus
+        our time since, so every age and duration shown for a node counts on its own clock, whatever the skew
+        between the two hosts (a worker a minute behind the head is neither "1m old" nor a minute short).
+
+        The offset is measured anew at every answer (each poll), so a step of our own clock shifts the node's
+        times until the next answer only; and it converts any instant of ours, the header's frozen "last answer"
+        (an outage) included, which a count from a monotonic clock could not. Without the node's clock: ours."""
+        return local_ms if self.clock_offset_ms is None else local_ms + self.clock_offset_ms
 
     def age_s(self, now_ms: int) -> float | None:
         return None if self.received_ms is None else max(0.0, (now_ms - self.received_ms) / 1000)

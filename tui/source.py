@@ -14,6 +14,7 @@ from lynxtop.contract.client import (
     CLI_TIMEOUT_S,
     AgentRefused,
     AgentUnreachable,
+    AgentUnreadable,
     _action_body,
     decode,
     typed,
@@ -76,6 +77,17 @@ def read_only_refusal(action: str, reason: str) -> AgentRefused:
     return AgentRefused(403, "read_only", f"{action} not sent: {reason}")
 
 
+def lynxtop_status(status: Status, where: str) -> Status:
+    """`status` if it can be a lynxtop agent's answer, else `AgentUnreadable` (shown as the node's error, never as
+    a node). Every agent's status has its time (`ts_ms`) and its host from its first answer on (it answers once it
+    runs: agent/status_view.py); JSON with neither, `{"serving": {"state": "nope"}}` from another program on the
+    port, would otherwise read as an idle node: every field defaulted, STOPPED."""
+    if status.ts_ms is None and not status.agent.host:
+        raise AgentUnreadable(f"{where}: answer not a lynxtop status: it has no ts_ms and no agent.host (another "
+                              "program on this socket or port?)")
+    return status
+
+
 class LiveSource(DisplayClient):
     """The agent over its unix socket, or another node's read-only TCP endpoint `http://HOST:PORT`
     (`read_only` then says why); every answer's strings escaped for the screen (`DisplayClient`)."""
@@ -90,7 +102,7 @@ class LiveSource(DisplayClient):
     def prefetch_status(self) -> None:
         """Ask for the status now, in a thread, while the dashboard's modules import (cli/dashboard_cmd.py): the
         answer is there when the app starts, so its first paint is the full frame rather than empty panels waiting
-        a round trip for the agent. The thread runs `status()` itself (same escaping, typing and timeout as a
+        a round trip for the agent. The thread reads as `status()` does (same escaping, typing, checks and timeout as a
         poll); the next `status()` or `first_status()` takes its answer."""
         import threading
         from concurrent.futures import Future
@@ -101,7 +113,7 @@ class LiveSource(DisplayClient):
             import asyncio
 
             try:
-                early.set_result(asyncio.run(DisplayClient.status(self)))
+                early.set_result(asyncio.run(self._read_status()))
             except BaseException as exc:  # handed to the poll that takes it, as its own request would raise it
                 early.set_exception(exc)
 
@@ -116,10 +128,13 @@ class LiveSource(DisplayClient):
         self._early = None
         return early.result()
 
+    async def _read_status(self) -> Status:
+        return lynxtop_status(await DisplayClient.status(self), self.label)
+
     async def status(self) -> Status:
         early, self._early = self._early, None
         if early is None:
-            return await super().status()
+            return await self._read_status()
         import asyncio
 
         return await asyncio.wrap_future(early)  # the thread's request has its own timeout

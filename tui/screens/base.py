@@ -97,10 +97,11 @@ class LiveScreen(Screen):
         _set_class(self, app.state.stale, "-stale")
         if self.has_class("-too-small"):  # a status may have just said the node is simulated
             self._show_too_small()
-        self.draw(now)
+        self.draw(app.state.node_ms(now))  # the views compare it with the node's times: on the node's clock
 
     def draw(self, now_ms: int) -> None:
-        """Draw the body from `self.lynx.state`; called at most once per poll and only when visible."""
+        """Draw the body from `self.lynx.state`; called at most once per poll and only when visible. `now_ms` is
+        now on the node's clock (`LiveState.node_ms`), the clock of every time in its status."""
 
 
 def _set_class(node, on: bool, name: str) -> None:

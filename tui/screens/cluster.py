@@ -118,10 +118,13 @@ class ClusterScreen(LiveScreen):
             t.append(_cell(f"✗ {row.error or 'no answer'}", max(rest, 10)), style="red" if row.node.alive else "dim")
             return t
         srv = row.status.serving
-        state = srv.state.value.upper()
-        if srv.state_since_ms and row.status.ts_ms:
+        # a state word this lynxtop does not know is shown as it came (escaped), never as the STOPPED it reads as;
+        # `? ` for the header's `UNKNOWN (...)`: the column is narrow
+        state = srv.state.value.upper() if srv.unknown_state is None else f"? {srv.unknown_state}"
+        if srv.state_since_ms and row.status.ts_ms:  # both on the node's clock: no skew with ours
             state += f" {fmt_duration((row.status.ts_ms - srv.state_since_ms) / 1000)}"
-        t.append(_cell(state, COLUMNS[3][1]), style=STATE_STYLE.get(srv.state, "yellow"))
+        style = STATE_STYLE.get(srv.state, "yellow") if srv.unknown_state is None else "bold yellow"
+        t.append(_cell(state, COLUMNS[3][1]), style=style)
         ttft = fmt_series(row.status.serving_metrics.metric, "ttft", "p99")  # `<1.0 ms` in the lowest bucket
         t.append("  " + _cell(ttft, COLUMNS[4][1]) + "  ")
         where = "this node's socket" if row.node.head else (row.endpoint or "")

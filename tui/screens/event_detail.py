@@ -107,7 +107,7 @@ class EventDetailScreen(ModalScreen[None]):
         parts.append(Text(details_json(field(e, "details"))))
         parts.append(Text(""))
         if self.run is not None:
-            parts.append(run_lines(self.run, app.utc, app.now_ms()))
+            parts.append(run_lines(self.run, app.utc, app.node_now_ms()))
         elif field(e, "run_id") is None:
             parts.append(Text("no run: the agent recorded it outside a run", style="dim"))
         else:

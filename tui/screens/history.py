@@ -127,7 +127,7 @@ class HistoryScreen(LiveScreen):
         table = self.query_one("#runs", DataTable)
         keep = self.selected.id if self.selected else None
         table.clear()
-        now = self.lynx.now_ms()
+        now = self.lynx.node_now_ms()  # a running run's length, on its node's clock
         utc = self.lynx.utc
         rows = []
         for run in runs:

@@ -127,7 +127,9 @@ class NodeHeader(TextPanel):
 
 def header_line(state: LiveState, now_ms: int, flags: list[tuple[str, str]],
                 lead: list[tuple[str, str]] | None = None, level: int = 0) -> Text:
-    """The header without its tail, pressed to `level` (LEVELS)."""
+    """The header without its tail, pressed to `level` (LEVELS). `now_ms` is this dashboard's clock: the node's
+    times are compared with it read on the node's own clock (`LiveState.node_ms`)."""
+    now_ms = state.node_ms(now_ms)
     agent, serving = state.agent, state.serving
     sep = "  " if level < 2 else " "
     t = Text(no_wrap=True, overflow="ellipsis")
@@ -142,7 +144,8 @@ def header_line(state: LiveState, now_ms: int, flags: list[tuple[str, str]],
         t.append(sep + "waiting for the agent…", style="dim")
     else:
         cluster = state.status.cluster
-        worker = cluster.role == Role.WORKER and serving.state == ServingState.STOPPED and not serving.profile
+        worker = (cluster.role == Role.WORKER and serving.state == ServingState.STOPPED and not serving.profile
+                  and serving.unknown_state is None)
         if worker:
             _worker(t, cluster, now_ms)  # no vLLM here: its Ray is what it runs (and no SLA to judge)
         else:
@@ -172,6 +175,8 @@ def _serving_state(t: Text, serving: ServingStatus, now_ms: int, sep: str = "  "
     the phase's times left out (a narrow line; the retry's stays)."""
     t.append(sep + (serving.profile or "no profile"))
     word, style = STATE_STYLE.get(serving.state, (serving.state.upper(), ""))
+    if serving.unknown_state is not None:  # a state this lynxtop does not know (escaped as every answer): never STOPPED
+        word, style = f"UNKNOWN ({serving.unknown_state})", "bold yellow"
     t.append(sep)
     t.append(word, style=style)
     since = serving.state_since_ms
