@@ -118,6 +118,10 @@ class StatusView:
         parts.append(f"{len(n.gpu_view.static)} GPUs" + (" (SIMULATED)" if n.simulated else ""))
         if n.cluster is not None:
             parts.append(f"{n.cluster.role}, Ray {n.cluster.ray.state}")
+            taken = n.cluster.gpus.taken if n.cluster.gpus is not None else ()
+            if taken:  # a worker: what will make the head's vLLM ranks here run out of memory
+                parts.append("GPUs held by process(es) not Ray's: " + ", ".join(f"pid {t.pid} ({t.name})"
+                                                                              for t in taken))
         if n.ticker.missed_ticks:
             parts.append(f"{n.ticker.missed_ticks} missed ticks" + (f" ({n.ticker.failed_ticks} failed)"
                                                                  if n.ticker.failed_ticks else ""))

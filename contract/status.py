@@ -531,6 +531,21 @@ class ClusterNode:
         return _build(cls, {"node_id": "", **d})
 
 
+@dataclass(frozen=True)
+class GpuTaker:
+    """A process on a Ray worker's GPUs that is not Ray's (another team's job, a notebook, a leftover vLLM), as the
+    worker's agent tells it: vLLM's ranks placed there would run out of GPU memory (agent/cluster/gpus.py)."""
+
+    pid: int
+    name: str = ""  # /proc comm, escaped by the agent ("?": /proc does not show it, e.g. a container's)
+    gpus: tuple[int, ...] = ()  # the GPUs it is on (empty: the view did not say)
+    used_mem_bytes: int | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> GpuTaker:
+        return _build(cls, {"pid": 0, **d})
+
+
 def gpus_text(n: float) -> str:
     """A GPU count in words: "1 GPU", "8 GPUs", "0.5 GPUs"."""
     return f"{n:g} GPU" + ("" if n == 1 else "s")
@@ -602,6 +617,9 @@ class ClusterStatus:
     view_ms: int | None = None  # when Ray's view was last read
     view_error: str | None = None  # why it could not be read, while it cannot
     gpus_needed: int | None = None  # what the profile being started or served needs (TPxPPxDP)
+    # a worker: processes on its GPUs that are not Ray's, and since when (absent from older agents: none)
+    gpus_taken: tuple[GpuTaker, ...] = ()
+    gpus_taken_since_ms: int | None = None
 
     @property
     def node_set(self) -> NodeSet:
@@ -625,7 +643,9 @@ class ClusterStatus:
         role, ray = str(d.get("role") or "single"), str(d.get("ray_state") or "off")
         return _build(cls, d, role=Role(role) if role in _ROLES else Role.SINGLE,
                       ray_state=RayState(ray) if ray in _RAY_STATES else RayState.OFF,
-                      nodes=tuple(ClusterNode.from_json(n) for n in _items(cls, "nodes", d) if isinstance(n, Mapping)))
+                      nodes=tuple(ClusterNode.from_json(n) for n in _items(cls, "nodes", d) if isinstance(n, Mapping)),
+                      gpus_taken=tuple(GpuTaker.from_json(t) for t in _items(cls, "gpus_taken", d)
+                                       if isinstance(t, Mapping)))
 
 
 _ROLES = frozenset(r.value for r in Role)

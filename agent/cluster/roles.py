@@ -1,7 +1,8 @@
 """A node's part in a multi-node deployment (agent.role head or worker): its Ray, and on the head the cluster.
 
 Node composes this beside the supervisor; on a single node there is none. The head's vLLM start waits at
-`ClusterWatch.missing` (the supervisor's gate); a worker runs no vLLM at all, so its start and stop act on Ray.
+`ClusterWatch.missing` (the supervisor's gate); a worker runs no vLLM at all, so its start and stop act on Ray, and
+it tells processes on its GPUs that are not Ray's (gpus.py: given the node's GPU view, `gpus`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -20,8 +22,10 @@ import aiohttp
 
 from lynxtop.agent.api.control import ActionError
 from lynxtop.agent.cluster import stop as cluster_stop
+from lynxtop.agent.cluster.gpus import WorkerGpus
 from lynxtop.agent.cluster.raynode import SOCKET_ENV, RayNode
 from lynxtop.agent.cluster.view import ClusterWatch, RayStateApi
+from lynxtop.agent.serving.gpu_holders import GpuProcesses
 from lynxtop.contract.config import Config, ray_executable
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.status import ClusterStatus, Role
@@ -33,7 +37,8 @@ CLUSTER_STOP_TIMEOUT_S = 120.0
 
 class ClusterPart:
     def __init__(self, cfg: Config, record: Callable[[Event], None], *, state_dir: Path,
-                 session: Callable[[], aiohttp.ClientSession], on_change: Callable[[], None] | None = None):
+                 session: Callable[[], aiohttp.ClientSession], on_change: Callable[[], None] | None = None,
+                 gpus: GpuProcesses | None = None):
         self.cfg = cfg
         self.role = Role(cfg.agent.role)
         self._record = record
@@ -44,6 +49,11 @@ class ClusterPart:
             self.watch = ClusterWatch(RayStateApi(session, lambda: self.ray.dashboard_port), record,
                                       interval_s=cfg.ray.view_interval_s, ray_running=self._ray_not_running,
                                       address=lambda: self.ray.address, on_change=on_change)
+        self.gpus: WorkerGpus | None = None  # a worker's look at its GPUs for processes that are not Ray's
+        if self.role == Role.WORKER and gpus is not None:
+            node = cfg.ray.node_ip_address or socket.gethostname()
+            self.gpus = WorkerGpus(gpus, self.ray, record, interval_s=cfg.ray.view_interval_s, node=node,
+                                   on_change=on_change)
         self._tasks: list[asyncio.Task] = []
         self.stopping_cluster = False
 
@@ -54,6 +64,8 @@ class ClusterPart:
         await self.ray.boot()
         if self.watch is not None:
             self._tasks.append(asyncio.get_running_loop().create_task(self.watch.run(), name="cluster-watch"))
+        if self.gpus is not None:
+            self._tasks.append(asyncio.get_running_loop().create_task(self.gpus.run(), name="worker-gpus"))
 
     async def shutdown(self, stop_ray: bool) -> None:
         for t in self._tasks:
@@ -69,7 +81,8 @@ class ClusterPart:
             ray_pid=r.proc.pid if r.proc is not None and not r.proc.exited else None,
             ray_next_retry_ms=r.next_retry_ms, ray_failures=len(r.failures), address=r.address,
             nodes=w.nodes if w else (), view_ms=w.view_ms if w else None, view_error=w.view_error if w else None,
-            gpus_needed=gpus_needed)
+            gpus_needed=gpus_needed, gpus_taken=self.gpus.taken if self.gpus else (),
+            gpus_taken_since_ms=self.gpus.since_ms if self.gpus else None)
 
     # ------------------------------------------------------------------------------------- actions
 

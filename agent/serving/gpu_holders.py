@@ -7,7 +7,8 @@ or switch is refused (409 `gpus_taken`), an autostart or a retry waits until the
 
 Which GPUs: all of them, or those `CUDA_VISIBLE_DEVICES` in the profile's env names as indices (read as NVML
 indices, as `lynxtop check` does) when the GPU view says which GPU each process is on. UUIDs, MIG names, or a view
-without per-GPU rows: all GPUs are checked. Ray profiles are not checked (their GPU workers are Ray's).
+without per-GPU rows: all GPUs are checked. Ray profiles are not checked (their GPU workers are Ray's); a Ray
+worker's agent tells foreign processes on its GPUs instead (agent/cluster/gpus.py).
 
 Decided on a real process list: at the agent's start the view has NVML open but no process read until the
 sampler's first tick, so an operator's action sent then waits for that sample (`first_sample`, FIRST_SAMPLE_S at
@@ -139,7 +140,7 @@ def profile_gpus(prof: Profile, info: list[dict[str, Any]] | None) -> tuple[int,
     return wanted if set(wanted) <= known else None
 
 
-def _rows_by_pid(view: GpuProcesses) -> dict[int, list[dict[str, Any]]] | None:
+def rows_by_pid(view: GpuProcesses) -> dict[int, list[dict[str, Any]]] | None:
     rows = getattr(view, "process_rows", None)
     if not isinstance(rows, list):
         return None
@@ -155,7 +156,9 @@ def _name(pid: int) -> str:
     return terminal_safe(st.comm) if st is not None else "?"
 
 
-def _holder(pid: int, rows: list[dict[str, Any]], lynxtop: LynxtopRun | None = None) -> Holder:
+def holder_of(pid: int, rows: list[dict[str, Any]], lynxtop: LynxtopRun | None = None) -> Holder:
+    """`pid` as a Holder: its name from /proc, its GPUs and memory from its `rows` (the view's, rows_by_pid); also
+    read by a Ray worker's look at its GPUs (agent/cluster/gpus.py)."""
     gpus = tuple(sorted({r["gpu"] for r in rows if isinstance(r.get("gpu"), int)}))
     mems = [r.get("used_mem_bytes") for r in rows]
     mem = sum(m for m in mems if isinstance(m, int)) if rows and all(isinstance(m, int) for m in mems) else None
@@ -341,7 +344,7 @@ class GpuGuard:
             return None
         self._unknown_told = False
         info = self.view.gpu_info()
-        rows = _rows_by_pid(self.view)
+        rows = rows_by_pid(self.view)
         wanted = profile_gpus(prof, info) if rows is not None else None  # unmappable: every GPU counts
         if not self.sampled():
             if operator:
@@ -353,7 +356,7 @@ class GpuGuard:
         holders, unseen = [], []
         for pid in sorted(seen[1] - mine):
             st = procs.stat(pid)
-            h = _holder(pid, (rows or {}).get(pid, []), lynxtop_run(st, own) if st is not None else None)
+            h = holder_of(pid, (rows or {}).get(pid, []), lynxtop_run(st, own) if st is not None else None)
             if wanted is not None and h.gpus and not set(h.gpus) & set(wanted):
                 continue  # on GPUs the profile does not use
             holders.append(h)

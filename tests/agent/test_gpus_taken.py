@@ -176,7 +176,7 @@ def test_a_process_name_is_escaped(tmp_path, sleeper):
     exe.symlink_to("/bin/sleep")
     p = subprocess.Popen([str(exe), "300"])
     try:
-        holder = gpu_holders._holder(p.pid, [])
+        holder = gpu_holders.holder_of(p.pid, [])
         assert "\x1b" not in holder.name and "\\x1b" in holder.name
     finally:
         p.kill()
