@@ -55,6 +55,7 @@ _EXPRS = {"events": {"kind": _KIND}}  # columns exported as an expression (the h
 
 # First characters a spreadsheet takes as the start of a formula (OWASP "CSV Injection").
 _FORMULA_START = "'=', '+', '-', '@', char(9), char(13)"
+_INT64_MAX, _INT64_MIN = 2**63 - 1, -(2**63)  # SQL literals: the second is an integer in SQLite too
 
 
 def _field(col: str, typ: str, raw: bool = False, expr: str | None = None) -> str:
@@ -63,10 +64,15 @@ def _field(col: str, typ: str, raw: bool = False, expr: str | None = None) -> st
     Unless `raw`, a text cell starting like a formula gets a leading ' (spreadsheets then show it as text);
     INTEGER/REAL columns are written as they are, so numbers, negative ones too, stay numbers; an infinite one
     (stored by an older agent) is an empty cell, no reading, as NULL is: "Inf" is no number to a spreadsheet.
+    An older writer stored +-Inf in an INTEGER column as INT64 max/min (CAST(? + 0.5 AS INTEGER)), so there
+    those two are infinities too (no reading comes near 9.2e18). Plain comparisons only: abs() of INT64 min
+    raises "integer overflow", which failed the whole table's export.
     """
     col = expr or col
+    if typ == "INTEGER":  # >= INT64 max also holds for a REAL +Inf; 9e999 is SQLite's +Inf
+        return f"CASE WHEN {col} >= {_INT64_MAX} OR {col} <= {_INT64_MIN} THEN NULL ELSE {col} END"
     if typ != "TEXT":
-        return f"CASE WHEN abs({col}) >= 9e999 THEN NULL ELSE {col} END"  # 9e999: SQLite's +Inf
+        return f"CASE WHEN {col} >= 9e999 OR {col} <= -9e999 THEN NULL ELSE {col} END"
     val = col if raw else f"(CASE WHEN substr({col}, 1, 1) IN ({_FORMULA_START}) THEN '''' || {col} ELSE {col} END)"
     return (f"CASE WHEN {col} GLOB '*[,\"'||char(10)||char(13)||']*' "
             f"THEN '\"'||replace({val}, '\"', '\"\"')||'\"' ELSE {val} END")

@@ -177,8 +177,8 @@ def _stats_real(x: tuple | list) -> tuple:
         lo, hi = min(x), max(x)
     except TypeError:  # text: the column's affinity may have made it a number; SQL knows
         raise _Odd from None
-    if acc != acc or any(type(m) is not float and abs(m) >= _SUM_EXACT for m in (lo, hi)):
-        raise _Odd  # NaN (stored as NULL), or an integer a double cannot hold
+    if acc - acc != 0 or any(type(m) is not float and abs(m) >= _SUM_EXACT for m in (lo, hi)):
+        raise _Odd  # NaN or an infinity (stored as NULL), or an integer a double cannot hold
     return lo, acc / len(x), hi, len(x)
 
 

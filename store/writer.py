@@ -151,32 +151,46 @@ def linger_for(sample_interval_s: float) -> float:
 
 
 def _insert_sql(table: str, key: tuple[str, ...], metrics: tuple[tuple[str, str, str], ...],
-                nulls: tuple[bool, ...] | None = None, rows: int = 1, plain: bool = False) -> str:
+                nulls: tuple[bool, ...] | None = None, rows: int = 1, plain: bool = False,
+                finite: bool = False) -> str:
     # INTEGER metrics are rounded by SQLite (in C): a float 700.4 would otherwise be stored as an 8-byte REAL.
     # x + 0.5 truncated is round-half-up for the non-negative values these metrics are, and cheaper than
     # round(); NULL stays NULL. `nulls` marks columns written as a literal NULL instead of a bound None.
     # `rows` rows per statement (see ROWS_PER_INSERT). `plain`: every value bound as it is, for values that
     # are ints in [0, 2**52), which the rounding stores unchanged (see _executemany_tick_rows).
+    # A non-finite number is no reading: stored as NULL (CAST would make +-Inf INT64 max/min, which read as
+    # huge readings; a REAL column would keep Inf, which no CSV reader takes as a number). NaN is bound as
+    # NULL by SQLite itself; +-Inf are nulled in the statement (_NO_INF). That costs ~60 ns a value (+50 % of
+    # SQLite's insert, measured), so `finite` statements, whose values the caller knows are all finite (their
+    # sum is: see _executemany_tick_rows), are written without it; plain ones hold only ints.
     cols = ", ".join(key + tuple(m[0] for m in metrics))
     if plain:
         row = f"({', '.join('?' * (len(key) + len(metrics)))})"
         return f"INSERT OR REPLACE INTO {table} ({cols}) VALUES {', '.join([row] * rows)}"
-    params = ["?"] * len(key) + ["CAST(? + 0.5 AS INTEGER)" if m[1] == "INTEGER" else "?" for m in metrics]
+    exprs = ["{v}"] * len(key) + [(_ROUND if finite else _NO_INF).get(m[1], "{v}") for m in metrics]
     if nulls is not None:
-        params = ["NULL" if null else p for p, null in zip(params, nulls, strict=True)]
-    if rows == 1:
-        return f"INSERT OR REPLACE INTO {table} ({cols}) VALUES ({', '.join(params)})"
-    # Many rows: a VALUES list of plain ? read by one SELECT that rounds. Expressions inside a multi-row
-    # VALUES list cost 2x more per row than one-row statements (measured); outside it they cost as usual.
-    exprs, n = [], 0
-    for p in params:
-        if p == "NULL":
-            exprs.append(p)
-        else:
+        exprs = ["NULL" if null else e for e, null in zip(exprs, nulls, strict=True)]
+    # Each bound value by its number: an expression names its value twice. One row: ?N in VALUES. Many
+    # rows: a VALUES list of plain ? read by one SELECT that rounds; expressions inside a multi-row VALUES
+    # list cost 2x more per row than one-row statements (measured), outside it they cost as usual.
+    named, n = [], 0
+    for e in exprs:
+        if e != "NULL":
             n += 1
-            exprs.append(p.replace("?", f"column{n}"))
+            e = e.format(v=f"?{n}" if rows == 1 else f"column{n}")
+        named.append(e)
+    if rows == 1:
+        return f"INSERT OR REPLACE INTO {table} ({cols}) VALUES ({', '.join(named)})"
     row = f"({', '.join('?' * n)})"
-    return f"INSERT OR REPLACE INTO {table} ({cols}) SELECT {', '.join(exprs)} FROM (VALUES {', '.join([row] * rows)})"
+    return f"INSERT OR REPLACE INTO {table} ({cols}) SELECT {', '.join(named)} FROM (VALUES {', '.join([row] * rows)})"
+
+
+# A metric's stored value by its column type ({v}: the bound value): INTEGER ones rounded. _NO_INF also makes
+# +-Inf NULL: x * 0 is NaN for them, which SQLite's arithmetic turns into NULL, and 0 (or -0.0, which adds
+# exactly) for any number, so `+ x * 0` leaves numbers as they are (text too in an INTEGER column: the CAST
+# already made it a number). A REAL column keeps text as it came (CASE): a bad value is not made a 0 reading.
+_ROUND = {"INTEGER": "CAST({v} + 0.5 AS INTEGER)"}
+_NO_INF = {"INTEGER": "CAST({v} + 0.5 + {v} * 0 AS INTEGER)", "REAL": "CASE WHEN {v} - {v} = 0 THEN {v} END"}
 
 
 # kind -> (table, key columns, metrics) of every table a tick's rows go into
@@ -187,8 +201,9 @@ _TABLES: dict[str, tuple[str, tuple[str, ...], tuple[tuple[str, str, str], ...]]
 
 
 @functools.lru_cache(maxsize=256)
-def _insert_sql_nulls(kind: str, nulls: tuple[bool, ...] | None, rows: int = 1, plain: bool = False) -> str:
-    return _insert_sql(*_TABLES[kind], nulls, rows, plain)
+def _insert_sql_nulls(kind: str, nulls: tuple[bool, ...] | None, rows: int = 1, plain: bool = False,
+                      finite: bool = False) -> str:
+    return _insert_sql(*_TABLES[kind], nulls, rows, plain, finite)
 
 
 _EXACT = 2**52  # an int in [0, 2**52) is exact as v + 0.5 in a double: CAST(v + 0.5 AS INTEGER) stores v itself
@@ -257,8 +272,13 @@ def _executemany_tick_rows(c: sqlite3.Connection, kind: str, rows: list[tuple]) 
     plainly, without the rounding expression per INTEGER value (4 VDBE steps each, ~30 % of an 80-row GPU
     insert, session 9): the sum already says "ints only" (a float makes it a float), and with no value below 0
     a sum under 2**52 bounds every value, so one min() more decides; rounding such a value stores it unchanged.
+
+    The sum also says whether every value is finite: one +-Inf makes it infinite, NaN or both infinities NaN.
+    Only a statement whose sum is not finite (or rows grouped row by row, which have no sum) pays for the
+    expression that stores +-Inf as NULL (see _insert_sql); a finite sum costs one subtraction a statement.
     """
-    flat: dict[tuple[tuple[bool, ...] | None, int, bool], list[Any]] = {}  # (pattern, rows, plain) -> values
+    # (pattern, rows, plain, finite) -> values
+    flat: dict[tuple[tuple[bool, ...] | None, int, bool, bool], list[Any]] = {}
     rest: list[tuple] = []
     at = 0
     for size in _statements(len(rows), _per_statement(c, len(rows[0]))):
@@ -274,16 +294,17 @@ def _executemany_tick_rows(c: sqlite3.Connection, kind: str, rows: list[tuple]) 
         try:
             total = sum(values)  # numbers only: no None among them (an int, float or bool sums without raising)
         except (TypeError, OverflowError):  # OverflowError: an int past a float's range; binding says why
-            mask, values = _one_pattern(chunk) if size >= PATTERN_MIN_ROWS else (None, ())
+            mask, values, finite = _one_pattern(chunk) if size >= PATTERN_MIN_ROWS else (None, (), False)
             if mask is None:
                 rest += chunk
                 continue
             plain = False
         else:
             plain = type(total) is int and total < _EXACT and min(values) >= 0
-        flat.setdefault((mask, size, plain), []).append(values)
-    for (mask, size, plain), statements in flat.items():  # rows of one kind are all as wide (one getter)
-        c.executemany(_insert_sql_nulls(kind, mask, size, plain), statements)
+            finite = total - total == 0  # an int, or a finite float (inf - inf and NaN - NaN are NaN)
+        flat.setdefault((mask, size, plain, finite), []).append(values)
+    for (mask, size, plain, finite), statements in flat.items():  # rows of one kind are all as wide (one getter)
+        c.executemany(_insert_sql_nulls(kind, mask, size, plain, finite), statements)
     groups: dict[tuple[bool, ...], list[tuple]] = {}
     for r in rest:
         mask = _null_mask(r)
@@ -303,31 +324,31 @@ def _executemany_tick_rows(c: sqlite3.Connection, kind: str, rows: list[tuple]) 
 PATTERN_MIN_ROWS = 16
 
 
-def _one_pattern(chunk: list[tuple]) -> tuple[tuple[bool, ...] | None, list | tuple]:
-    """(NULL pattern, the values it leaves, flattened) when every row of `chunk` has its first row's Nones,
-    text where it has text (host rows' JSON) and numbers elsewhere; (None, ()) otherwise. C-level checks over
-    the whole chunk: a pattern a row cost more than the statement's binding (~1.5 us for a 44-column serving
-    row, issue 29.2)."""
+def _one_pattern(chunk: list[tuple]) -> tuple[tuple[bool, ...] | None, list | tuple, bool]:
+    """(NULL pattern, the values it leaves, flattened, whether its numbers are all finite) when every row of
+    `chunk` has its first row's Nones, text where it has text (host rows' JSON) and numbers elsewhere;
+    (None, (), False) otherwise. C-level checks over the whole chunk: a pattern a row cost more than the
+    statement's binding (~1.5 us for a 44-column serving row, issue 29.2)."""
     first = chunk[0]
     mask = _null_mask(first)
     text = tuple(map(isinstance, first, repeat(str)))
     if True not in mask and True not in text:
-        return None, ()  # numbers only, yet the sum refused: a huge int or an odd type; row by row says which
+        return None, (), False  # numbers only, yet the sum refused: a huge int or an odd type (row by row)
     keep, numbers, texts, nulls = _pattern_getters(mask, text)
     try:
-        sum(chain.from_iterable(map(numbers, chunk)))  # a None (or text) where the first row had a number
+        total = sum(chain.from_iterable(map(numbers, chunk)))  # a None (or text) where the first row had a number
     except (TypeError, OverflowError):
-        return None, ()
+        return None, (), False
     if texts is not None and set(map(type, chain.from_iterable(map(texts, chunk)))) != {str}:
-        return None, ()
+        return None, (), False
     if nulls is not None and len(chunk) > 1:
         seen = tuple(chain.from_iterable(map(nulls, chunk)))
         if seen.count(None) != len(seen):  # identity first: ~10 ns a None
-            return None, ()  # a value where the first row had a None
+            return None, (), False  # a value where the first row had a None
     values: list = []
     for r in map(keep, chunk):  # see _executemany_tick_rows: cheaper than tuple(chain(...))
         values += r
-    return mask, values
+    return mask, values, total - total == 0
 
 
 @functools.lru_cache(maxsize=256)
