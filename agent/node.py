@@ -228,7 +228,7 @@ class Node:
             from lynxtop.agent.cluster.roles import ClusterPart
 
             self.cluster = ClusterPart(self.cfg, self.event_sink, state_dir=a.database.parent,
-                                       session=self.http.session, on_change=self._on_change)
+                                       session=self.http.session, on_change=self._on_change, gpus=self.gpu_view)
         self.supervisor = Supervisor(self.cfg, self.writer, self.gpu_view, state_path=a.database.parent / STATE_FILE,
                                      host=self.host, simulated=self.simulated, on_change=self._on_change,
                                      http=self.http, cluster=self.cluster.watch if self.cluster else None,
@@ -395,7 +395,8 @@ class Node:
                                             max_connections=self.fd_plan.caps["metrics"],
                                             request_timeout_s=a.request_timeout_s, episodes=self.episodes,
                                             totals=self.view.serving_totals, reads=self._tcp_reads(),
-                                            status_body=lambda: self.status_body(strict_dumps))
+                                            status_body=lambda: self.status_body(strict_dumps),
+                                            last_tick=lambda: self.ticker.last_tick_unix)
             try:
                 await self.exporter.start()
             except (RuntimeError, OSError) as exc:

@@ -409,9 +409,14 @@ class ScrapeSource:
         if self.totals is None:
             self.totals = ServingTotals()
         if self.scraper is None or self.hang is None or (target is not self._key and target != self._key):
+            errors = 0
             if self.scraper is not None:
                 self.scraper.close()  # its kept connection to the previous run's server
+                errors = self.scraper.scrape_errors
             self.scraper = MetricsScraper(target.url, window_s=self.window_s, timeout_s=self.timeout_s)
+            # failed scrapes count since the agent started (contract/columns.py), not per run: the counter
+            # lynxtop_serving_scrape_errors_total must not fall to 0 at every restart of vLLM
+            self.scraper.scrape_errors = errors
             self.hang = HangDetector(self.hang_timeout_s)
             self._key = target
             self._pending = None  # a scrape of the previous run is not this run's

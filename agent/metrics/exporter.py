@@ -7,11 +7,12 @@ I/O: it only reshapes the snapshot the agent already holds, so a scrape can neve
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import ipaddress
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from aiohttp import hdrs, web
@@ -102,9 +103,11 @@ class SnapshotCollector(Collector):
     a missing value is no sample."""
 
     def __init__(self, snapshot: Callable[[], Status | None],
-                 totals: Callable[[], Mapping[str, ModelTotals] | None] | None = None):
+                 totals: Callable[[], Mapping[str, ModelTotals] | None] | None = None,
+                 last_tick: Callable[[], float | None] | None = None):
         self.snapshot = snapshot
         self.totals = totals
+        self.last_tick = last_tick  # Unix time the last sampling tick was written (agent/ticker.py)
 
     def collect(self) -> Iterator[Any]:
         st = self.read_snapshot()
@@ -112,9 +115,17 @@ class SnapshotCollector(Collector):
             yield _gauge("lynxtop_agent_simulated", _SIMULATED_HELP, 0.0)
             return
         models = self.read_totals()
-        yield from self.head(st)
-        yield from self._listeners(st.agent)
-        yield from self.rest(st, models)
+        families = [*self.head(st, self.read_last_tick()), *self._listeners(st.agent), *self.rest(st, models)]
+        # the `name[]` path (prometheus_client's own encoder): a label value that is not UTF-8 is written escaped
+        yield from (encodable(families) if not all(_utf8(f) for f in families) else families)
+
+    def read_last_tick(self) -> float | None:
+        try:
+            v = self.last_tick() if self.last_tick is not None else None
+        except Exception as exc:  # as with the snapshot: the rest of the page is still served
+            _log.warning("metrics last tick failed: %r", exc)
+            return None
+        return _num(v)
 
     def read_snapshot(self) -> Status | None:
         try:
@@ -133,10 +144,13 @@ class SnapshotCollector(Collector):
     # The page in three parts, in this order: `head` and `rest` change with a tick (cached by MetricsExporter),
     # the listeners' connections and descriptors between them change with every connection (built per GET)
 
-    def head(self, st: Status) -> Iterator[Any]:
+    def head(self, st: Status, last_tick: float | None = None) -> Iterator[Any]:
         agent = st.agent
         yield _gauge("lynxtop_agent_simulated", _SIMULATED_HELP, 1.0 if agent.simulated else 0.0)
         yield _gauge("lynxtop_agent_healthy", "1 when the agent's own checks pass", float(agent.healthy))
+        if last_tick is not None:  # the page is served from the cached status: a stalled sampler shows here
+            yield _gauge("lynxtop_agent_last_tick_timestamp_seconds", "When the agent last wrote a sampling tick, "
+                         "Unix time (time() - this: how stale every other series is)", last_tick)
         if agent.started_ms is not None:
             yield _gauge("lynxtop_agent_start_time_seconds", "Agent start, Unix time", agent.started_ms / 1000)
         for cls, name, help_, value in (
@@ -426,7 +440,7 @@ class SnapshotCollector(Collector):
 class _Families:
     """Families already built, as the one thing an encoder asks of a registry (`collect`)."""
 
-    def __init__(self, families: Iterator[Any]):
+    def __init__(self, families: Iterable[Any]):
         self.families = list(families)
 
     def collect(self) -> list[Any]:
@@ -434,6 +448,51 @@ class _Families:
 
 
 _EOF = b"# EOF\n"  # OpenMetrics' end of the page: once, after the last part
+
+
+def _encode(encoder: Callable[[Any], bytes], families: Iterable[Any]) -> bytes:
+    """The families encoded; a label value that is not UTF-8 (a lone surrogate in a foreign value such as Ray's
+    node_ip) makes the encoder raise, and would make the whole page a 500: those values are written escaped
+    (`encodable`) and every other series is served as usual. TextPage escapes them itself (textpage.py)."""
+    fams = list(families)
+    try:
+        return encoder(_Families(fams))
+    except UnicodeEncodeError:
+        return encoder(_Families(encodable(fams)))
+
+
+def _utf8(family: Any) -> bool:
+    """Whether every label value (and the help) of the family encodes as UTF-8 (ASCII: the C-level check only)."""
+    return all(all(v.isascii() or _encodes(v) for v in s.labels.values()) for s in family.samples) \
+        and (family.documentation.isascii() or _encodes(family.documentation))
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def utf8_text(text: str) -> str:
+    """`text` with what UTF-8 cannot encode (lone surrogates) as backslash escapes: `\\ud800`, read back as text."""
+    return text if text.isascii() or _encodes(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def encodable(families: list[Any]) -> list[Any]:
+    """The families with every label value and help UTF-8 can encode (`utf8_text`): copies, the cached originals
+    untouched."""
+    out = []
+    for fam in families:
+        if _utf8(fam):
+            out.append(fam)
+            continue
+        new = copy.copy(fam)
+        new.documentation = utf8_text(fam.documentation)
+        new.samples = [s._replace(labels={k: utf8_text(v) for k, v in s.labels.items()}) for s in fam.samples]
+        out.append(new)
+    return out
 
 
 def _page_key(st: Status) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -493,7 +552,8 @@ class MetricsExporter:
                  log: Callable[[str], None] | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  request_timeout_s: float = 10.0, episodes: Episodes | None = None,
                  totals: Callable[[], Mapping[str, ModelTotals] | None] | None = None,
-                 reads: TcpReads | None = None, status_body: Callable[[], str] | None = None):
+                 reads: TcpReads | None = None, status_body: Callable[[], str] | None = None,
+                 last_tick: Callable[[], float | None] | None = None):
         self.host, self.port = parse_listen(listen)
         self._status_body = status_body  # the agent's GET /v1/status text, its tick part encoded once per tick
         self.reads = reads  # [agent] tcp_reads: history, events, logs, processes for the token's holder
@@ -503,7 +563,7 @@ class MetricsExporter:
         self.guard = ConnectionGuard("metrics endpoint", max_connections, request_timeout_s,
                                      "metrics_max_connections", json_refusal=False, log=self.log, episodes=episodes)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = SnapshotCollector(snapshot, totals)
+        self.collector = SnapshotCollector(snapshot, totals, last_tick)
         self.registry.register(self.collector)
         # content type -> (what the parts were built from, head, rest): the page is built once per change of it,
         # not per scrape (a 14 ms render at DP8 on the event loop, issue 27); `renders` counts the builds
@@ -571,16 +631,17 @@ class MetricsExporter:
         if st is None:
             return encoder(self.registry)
         models = c.read_totals()
-        key = (_page_key(st), _totals_key(models))
+        last_tick = c.read_last_tick()
+        key = (_page_key(st), (_totals_key(models), last_tick))
         cached = self._pages.get(content_type)
         if cached is None or not _same_page(cached[0], key):
             if len(self._pages) >= 8:  # content types come from clients' Accept headers: keep a few
                 self._pages.clear()
-            head = encoder(_Families(c.head(st))).removesuffix(_EOF)
-            rest = encoder(_Families(c.rest(st, models)))
+            head = _encode(encoder, c.head(st, last_tick)).removesuffix(_EOF)
+            rest = _encode(encoder, c.rest(st, models))
             cached = self._pages[content_type] = (key, head, rest)
             self.renders += 1
-        live = encoder(_Families(c._listeners(st.agent))).removesuffix(_EOF)
+        live = _encode(encoder, c._listeners(st.agent)).removesuffix(_EOF)
         return cached[1] + live + cached[2]
 
     async def _status(self, request: web.Request) -> web.Response:

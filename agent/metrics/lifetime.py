@@ -25,6 +25,10 @@ from lynxtop.agent.metrics.promtext import label_value
 
 COUNTERS = ("prompt_tokens", "generation_tokens", "preemptions")  # keys of agent/metrics/families.py's COUNTERS
 MAX_MODELS = 32  # model names kept: a node serves a few over the agent's life; the oldest goes past this
+# finished_reason values kept per model (vLLM has four: stop, length, abort, error); past this a new reason's count
+# goes to OTHER_REASON, so a server inventing reasons cannot grow the page and Prometheus' series without bound
+MAX_REASONS = 64
+OTHER_REASON = "other"
 
 
 @dataclass
@@ -151,6 +155,8 @@ class ServingTotals:
             if not inc > 0:  # NaN, nothing, or float noise
                 continue
             reason = self._reason(key)
+            if reason not in m.finished and len(m.finished) >= MAX_REASONS - 1:  # room kept for OTHER_REASON
+                reason = OTHER_REASON
             m.finished[reason] = m.finished.get(reason, 0.0) + inc
         self._reason_vals = dict(cur)
 

@@ -81,10 +81,23 @@ def _head(metric: Any) -> str:
 
 
 def _prefix(name: str, labels: dict[str, str]) -> str:
-    """A sample's line up to its value, as generate_latest's sample_line writes it (underscore escaping)."""
+    """A sample's line up to its value, as generate_latest's sample_line writes it (underscore escaping). A label
+    value UTF-8 cannot encode (a lone surrogate from a foreign value: Ray's node_ip) is written with that character
+    as a backslash escape (`\\ud800`, read back as text), where generate_latest would fail the whole page."""
     text = om.escape_metric_name(name, om.UNDERSCORES)
     if labels:
-        pairs = [(om.escape_label_name(k, om.UNDERSCORES), om._escape(v, om.ALLOWUTF8, False))
+        pairs = [(om.escape_label_name(k, om.UNDERSCORES), om._escape(_utf8(v), om.ALLOWUTF8, False))
                  for k, v in sorted(labels.items())]
         text += "{" + ",".join([f'{k}="{v}"' for k, v in pairs]) + "}"
     return text + " "
+
+
+def _utf8(value: str) -> str:
+    """`value` with what UTF-8 cannot encode (lone surrogates) as backslash escapes, escaped again as label text."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
