@@ -150,7 +150,7 @@ class StatusView:
         assert sup is not None
         sla = n.sla.state() if n.sla is not None else SlaStatus()
         now = now_ms()  # the status is taken as it is answered: its time and the clock the dashboard counts from
-        return Status(ts_ms=now, now_ms=now, agent=self._agent(), serving=self._serving(), sla=sla,
+        return Status(ts_ms=now, now_ms=now, agent=self._agent(now), serving=self._serving(), sla=sla,
                       cluster=self._cluster())
 
     def _serving(self) -> ServingStatus:
@@ -187,7 +187,8 @@ class StatusView:
         src = n.scrape_source
         return tuple(EngineLoad.from_json(e) for e in src.engines) if src is not None else ()
 
-    def _agent(self) -> AgentStatus:
+    def _agent(self, now: int) -> AgentStatus:
+        """The agent's part; `now`: the status's `now_ms` (the timeline), which `last_tick_ms` is counted back from."""
         n = self._node
         sup = n.supervisor
         assert sup is not None
@@ -204,10 +205,18 @@ class StatusView:
                                                                           "nvml_version")}),
             clock_steps=n.timeline.steps, clock_offset_ms=n.timeline.offset_ms,
             last_clock_step_ms=n.timeline.last_step.step_ms if n.timeline.last_step else None,
+            last_tick_ms=self._last_tick_ms(now),
             store=self._store(ws),
             action=sup.action_status(),
             live_restore=n.cfg.agent.live_restore,
         )
+
+    def _last_tick_ms(self, now: int) -> int | None:
+        """When the last tick was written, on the status's clock: `now` less the monotonic time since (the ticker's
+        `last_tick_done`), so a wall-clock step moves neither (the ticker's `last_tick_unix` is wall time, for
+        /metrics' rules that compare it to time())."""
+        done = self._node.ticker.last_tick_done
+        return None if done is None else now - max(0, round((time.monotonic() - done) * 1000))
 
     def _store(self, ws: dict[str, Any]) -> StoreStatus:
         """The writer's counts and state (its `stats()`, read by `_agent`) with the free space of the database's

@@ -90,6 +90,31 @@ def read_cluster(port: int, timeout_s: float = RAY_TIMEOUT_S) -> ClusterFacts:
         return ClusterFacts(error=str(exc))
 
 
+def running_dashboard_port(cfg: Config) -> int | None:
+    """The state API port of the Ray this node's agent started, from its record (ray.json in the state directory,
+    read as the agent reads it: never through a symlink nor blocked by a FIFO), when it differs from the config's:
+    a Ray adopted across a `[ray] dashboard_port` edit keeps its own (agent/cluster/raynode.py). None: no record,
+    an unreadable one (not this user's to read), or the config's port."""
+    from lynxtop.agent.cluster.raynode import argv_settings
+    from lynxtop.agent.serving.launcher import read_record
+
+    record, _ = read_record(cfg.agent.database.parent / "ray.json")  # RayNode.record_path's name
+    value = argv_settings(record.argv).get("ray.dashboard_port", "") if record is not None else ""
+    port = int(value) if value.isdigit() and 0 < int(value) < 65536 else None
+    return port if port != cfg.ray.dashboard_port else None
+
+
+def read_running_cluster(cfg: Config) -> tuple[int, ClusterFacts]:
+    """(the port read, Ray's view): the running Ray's port first (`running_dashboard_port`), then, where nothing
+    answers there (a record left by a Ray that is gone), the config's."""
+    running = running_dashboard_port(cfg)
+    if running is not None:
+        cluster = read_cluster(running)
+        if cluster.error is None:
+            return running, cluster
+    return cfg.ray.dashboard_port, read_cluster(cfg.ray.dashboard_port)
+
+
 def _profiles(cfg: Config, name: str | None) -> list:
     if name is None:
         return list(cfg.profiles)
@@ -114,8 +139,10 @@ def run(args: Namespace) -> int:
         return 2
     node = facts_from_info(static, driver)
     role = cfg.agent.role
+    state_port = cfg.ray.dashboard_port
     if role == "head" and any(p.uses_ray for p in profiles):  # the agent may be down: ask Ray itself
-        node = dataclasses.replace(node, cluster=read_cluster(cfg.ray.dashboard_port))
+        state_port, cluster = read_running_cluster(cfg)
+        node = dataclasses.replace(node, cluster=cluster)
     reports = [check_profile(p, dataclasses.replace(node, ray_installed=ray_installed(p.executable)),
                              find_model(p.model, cfg.models)) for p in profiles]
     code = max(r.exit_code for r in reports)
@@ -126,7 +153,7 @@ def run(args: Namespace) -> int:
     else:
         _say(node_line(node, simulated=bool(cfg.agent.fake_nvml)))  # NVML's words
         if role != "single":
-            _say(role_line(cfg, node.cluster))  # Ray's words
+            _say(role_line(cfg, node.cluster, state_port))  # Ray's words
         for r in reports:
             print_report(r)
         _say(f"\nresult: exit {code} ({('all good', 'warnings', 'blocking problems')[code]})")
@@ -148,12 +175,16 @@ def node_line(node: NodeFacts, simulated: bool) -> str:
     return f"node: {gpus}; driver {node.driver_version or '?'}" + (" (simulated node)" if simulated else "")
 
 
-def role_line(cfg: Config, cluster: ClusterFacts | None) -> str:
-    """The node's part in a Ray cluster and, on a head, the cluster as Ray reports it."""
+def role_line(cfg: Config, cluster: ClusterFacts | None, state_port: int | None = None) -> str:
+    """The node's part in a Ray cluster and, on a head, the cluster as Ray reports it; `state_port`: where Ray's
+    view was read (the running Ray's, when not the config's)."""
     r = cfg.ray
     if cfg.agent.role == "worker":
         return f"role: Ray worker of {r.head_address} (serves no vLLM: its profiles run on the head)"
-    line = f"role: Ray head (GCS {r.node_ip_address or '127.0.0.1'}:{r.port}, state API 127.0.0.1:{r.dashboard_port})"
+    port = state_port or r.dashboard_port
+    api = f"127.0.0.1:{port}" + (f", the running Ray's; the config says {r.dashboard_port}: it applies when Ray "
+                                 "is restarted" if port != r.dashboard_port else "")
+    line = f"role: Ray head (GCS {r.node_ip_address or '127.0.0.1'}:{r.port}, state API {api})"
     if cluster is None:
         return line
     if cluster.error is not None:

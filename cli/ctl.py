@@ -48,6 +48,7 @@ from lynxtop.contract.status import (
     Status,
     StoreStatus,
     gpus_text,
+    taker_text,
 )
 from lynxtop.contract.terminal import terminal_safe, terminal_safe_json
 
@@ -234,9 +235,21 @@ def cluster_lines(cl: ClusterStatus, now: int | None) -> list[str]:
         how = "`lynxtop ray start`" + (" (or `lynxtop start`)" if cl.role == Role.WORKER else "")
         lines.append(f"{INDENT}" + ("gave up after repeated failures: fix the cause, then " if
                                      state == RayState.CRASH_LOOP else "start it with ") + how)
+    if cl.gpus_taken:  # a worker: the processes that will make the head's vLLM ranks here run out of memory
+        lines.append(_held_line(cl, now))
     if cl.role == Role.HEAD:
         lines += _cluster_view_lines(cl)
     return lines
+
+
+def _held_line(cl: ClusterStatus, now: int | None) -> str:
+    """`⚠ GPUs HELD by 1 process(es) not Ray's for 5s: pid 4242 (python) GPU 3 using 20.0 GiB; ...` (docs/cluster.md,
+    "A worker's GPUs taken"): the names as the agent escaped them; `status` prints the line terminal-safe."""
+    holders = ", ".join(taker_text(t) + (f" using {_bytes(t.used_mem_bytes)}" if t.used_mem_bytes is not None
+                                         else "") for t in cl.gpus_taken)
+    since = f" for {_since(cl.gpus_taken_since_ms, now)}" if cl.gpus_taken_since_ms else ""
+    return (f"{INDENT}⚠ GPUs HELD by {len(cl.gpus_taken)} process(es) not Ray's{since}: {holders}; vLLM's ranks "
+            "placed here run out of GPU memory until they exit")
 
 
 def _cluster_view_lines(cl: ClusterStatus) -> list[str]:

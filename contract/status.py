@@ -316,6 +316,9 @@ class AgentStatus:
     clock_steps: int = 0  # wall-clock steps seen (events agent.clock_step); samples keep the agent's timeline
     clock_offset_ms: int = 0  # wall clock minus the samples' timeline
     last_clock_step_ms: int | None = None  # the last step's size, positive forward
+    # When the last sampling tick was written, on `Status.now_ms`'s clock (None: no tick yet, an older agent, or a
+    # value that is no time): what a stalled sampler shows against, where `ts_ms` is only when the agent answered
+    last_tick_ms: int | None = None
     connections: dict[str, dict[str, Any]] = field(default_factory=dict)
     descriptors: dict[str, Any] = field(default_factory=dict)
     nvml: NvmlStatus = field(default_factory=NvmlStatus)
@@ -328,7 +331,8 @@ class AgentStatus:
         d = d or {}
         act = d.get("action")
         return _build(cls, d, nvml=_build(NvmlStatus, d.get("nvml")), store=_build(StoreStatus, d.get("store")),
-                      action=_build(ActionInfo, act) if isinstance(act, Mapping) and act.get("action") else None)
+                      action=_build(ActionInfo, act) if isinstance(act, Mapping) and act.get("action") else None,
+                      last_tick_ms=clock_ms(d.get("last_tick_ms")))  # read as `now_ms`: foreign, never an error
 
 
 @dataclass(frozen=True)
@@ -544,6 +548,15 @@ class GpuTaker:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> GpuTaker:
         return _build(cls, {"pid": 0, **d})
+
+
+def taker_text(t: GpuTaker) -> str:
+    """`pid 4242 (python) GPU 3`: one process holding a worker's GPUs, worded alike by `lynxtop status` and the
+    dashboard (the name as the agent escaped it: a caller that renders markup must not parse it)."""
+    text = f"pid {t.pid}" + (f" ({t.name})" if t.name else "")
+    if t.gpus:
+        text += f" GPU{'s' if len(t.gpus) > 1 else ''} {','.join(map(str, t.gpus))}"
+    return text
 
 
 def gpus_text(n: float) -> str:

@@ -17,7 +17,6 @@ from typing import Any
 
 from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry
-from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.registry import Collector
@@ -544,6 +543,30 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class NamedSeries:
+    """The collector's families restricted to `names`, for `GET /metrics?name[]=...` as prometheus_client's own
+    endpoint answers it (registry.py, RestrictedRegistry): the samples whose name is listed, under their family's
+    HELP and TYPE. A family's own name selects all its samples too (`lynxtop_gpu_energy_joules` for its `_total`,
+    a histogram for its buckets, sum and count), which prometheus_client's filter leaves out.
+
+    The registry could not do it: its name filter asks only collectors that declared their names (describe()), and
+    this collector's families depend on the status (a head's cluster series, one per engine), so it declares none.
+    """
+
+    def __init__(self, collector: Collector, names: Iterable[str]):
+        self.collector = collector
+        self.names = frozenset(names)
+
+    def collect(self) -> Iterator[Any]:
+        for family in self.collector.collect():
+            whole = family.name in self.names
+            samples = [smp for smp in family.samples if whole or smp.name in self.names]
+            if samples:
+                picked = copy.copy(family)
+                picked.samples = samples
+                yield picked
+
+
 class MetricsExporter:
     """GET /metrics and GET /v1/status on `listen` (host:port from `[agent] metrics_listen`), and with `reads`
     ([agent] tcp_reads) the token holder's reads (agent/api/tcpreads.py); no control route is served there."""
@@ -579,7 +602,6 @@ class MetricsExporter:
             self.log(f"warning: metrics endpoint listens on {self.host}:{self.port}, reachable from the network "
                      "(read-only; [agent] metrics_listen sets it)")
         app = web.Application(middlewares=[self.guard.middleware])
-        self._filtered = make_aiohttp_handler(self.registry)  # ?name[]=...: rare, built fresh each time
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/status", self._status)  # the head's cluster view reads other nodes here (read-only)
         if self.reads is not None:
@@ -611,13 +633,15 @@ class MetricsExporter:
     async def _metrics(self, request: web.Request) -> web.Response:
         """GET /metrics as prometheus_client's aiohttp handler answers it (format by Accept, compression by aiohttp),
         from `page`."""
-        if "name[]" in request.query:
-            return await self._filtered(request)
         encoder, content_type = choose_encoder(",".join(request.headers.getall(hdrs.ACCEPT, [])))
-        if encoder is generate_latest:  # the same bytes, each series escaped once, not at every render
-            encoder = self._text
-        response = web.Response(status=200, headers=[("Content-Type", content_type)],
-                                body=self.page(encoder, content_type))
+        wanted = request.query.getall("name[]", [])
+        if wanted:  # rare (a debugging curl, a federation): built fresh, not cached
+            body = encoder(NamedSeries(self.collector, wanted))
+        else:
+            if encoder is generate_latest:  # the same bytes, each series escaped once, not at every render
+                encoder = self._text
+            body = self.page(encoder, content_type)
+        response = web.Response(status=200, headers=[("Content-Type", content_type)], body=body)
         response.enable_compression()
         return response
 

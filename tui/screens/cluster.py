@@ -12,7 +12,7 @@ from textual.widgets import Static
 
 from lynxtop.contract.format import fmt_duration
 from lynxtop.contract.quantile import fmt_series
-from lynxtop.contract.status import ServingState
+from lynxtop.contract.status import ServingState, taker_text
 from lynxtop.tui.cluster_source import ClusterSource, Fleet, NodeRow
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
@@ -118,6 +118,9 @@ class ClusterScreen(LiveScreen):
             t.append(_cell(f"✗ {row.error or 'no answer'}", max(rest, 10)), style="red" if row.node.alive else "dim")
             return t
         srv = row.status.serving
+        cluster = row.status.cluster
+        if cluster.gpus_taken and srv.state == ServingState.STOPPED and not srv.profile:
+            return self._held(t, row, width)
         # a state word this lynxtop does not know is shown as it came (escaped), never as the STOPPED it reads as;
         # `? ` for the header's `UNKNOWN (...)`: the column is narrow
         state = srv.state.value.upper() if srv.unknown_state is None else f"? {srv.unknown_state}"
@@ -129,6 +132,19 @@ class ClusterScreen(LiveScreen):
         t.append("  " + _cell(ttft, COLUMNS[4][1]) + "  ")
         where = "this node's socket" if row.node.head else (row.endpoint or "")
         t.append(_cell(where, max(width - len(t.plain), 8)), style="dim")
+        return t
+
+    @staticmethod
+    def _held(t: Text, row: NodeRow, width: int) -> Text:
+        """An idle worker whose GPUs processes not Ray's hold (vLLM's ranks placed there would run out of memory):
+        `⚠ GPUs HELD` in the SERVING column (STOPPED says nothing on a worker), the holders where the TTFT and the
+        endpoint go, cut to the width. Names are foreign (escaped by the agent): plain text, never markup."""
+        assert row.status is not None
+        taken = row.status.cluster.gpus_taken
+        t.append(_cell("⚠ GPUs HELD", COLUMNS[3][1]), style="bold yellow")
+        t.append("  ")
+        text = ", ".join(map(taker_text, taken))
+        t.append(_cell(text, max(width - len(t.plain), 8)), style="yellow")
         return t
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.cells import cell_len
 from rich.text import Text
 
@@ -16,6 +18,7 @@ from lynxtop.contract.status import (
     ServingStatus,
     SlaState,
     SlaStatus,
+    taker_text,
 )
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.widgets.text_panel import TextPanel
@@ -109,7 +112,8 @@ class NodeHeader(TextPanel):
         # The level is the least pressed at which the line fits (its flags aside: a long read-only reason is cut,
         # not a reason to shorten the rest). The state's durations go only for a breach's figures.
         breach = state.status is not None and state.sla.state == SlaState.BREACH
-        for level in range(LEVELS if breach else LEVELS - 1):
+        held = state.status is not None and bool(state.status.cluster.gpus_taken)  # a worker's GPUs taken
+        for level in range(LEVELS if breach or held else LEVELS - 1):
             t = header_line(state, now_ms, [], lead, level)
             if not width or t.cell_len <= width:
                 break
@@ -147,7 +151,7 @@ def header_line(state: LiveState, now_ms: int, flags: list[tuple[str, str]],
         worker = (cluster.role == Role.WORKER and serving.state == ServingState.STOPPED and not serving.profile
                   and serving.unknown_state is None)
         if worker:
-            _worker(t, cluster, now_ms)  # no vLLM here: its Ray is what it runs (and no SLA to judge)
+            _worker(t, cluster, now_ms, level)  # no vLLM here: its Ray is what it runs (and no SLA to judge)
         else:
             _serving_state(t, serving, now_ms, sep, durations=level < 3)
             if cluster.role == Role.HEAD:
@@ -196,14 +200,31 @@ def _ray_word(t: Text, cluster: ClusterStatus) -> None:
     t.append(word, style=RAY_STYLE.get(cluster.ray_state, ""))
 
 
-def _worker(t: Text, cluster: ClusterStatus, now_ms: int) -> None:
-    """`worker of HEAD  Ray ✓ 2m`: what a worker node does, in the place of serving."""
-    t.append(f"  worker of {cluster.address or '?'}  ")
+def _worker(t: Text, cluster: ClusterStatus, now_ms: int, level: int = 0) -> None:
+    """`worker of HEAD  Ray ✓ 2m  ⚠ GPUs held: pid 4242 (python) GPU 3`: what a worker node does, in the place of
+    serving, and the processes not Ray's on its GPUs (vLLM's ranks placed there would run out of memory).
+
+    Pressed (LEVELS): 1 the first holder only, `+N` for the others; 2 the head's address left out; 3 Ray's
+    duration and the holder's GPUs left out, `⚠ held: pid 4242 (python) +1`: the warning and the agent's health
+    stay on an 80-column line, a SIMULATED badge included."""
+    sep = "  " if level < 2 else " "
+    t.append(f"  worker of {cluster.address or '?'}  " if level < 2 else " worker ")
     _ray_word(t, cluster)
-    if cluster.ray_since_ms:
+    if cluster.ray_since_ms and level < 3:
         t.append(f" {fmt_duration((now_ms - cluster.ray_since_ms) / 1000)}")
     if cluster.ray_next_retry_ms:
         t.append(f" retry in {fmt_duration((cluster.ray_next_retry_ms - now_ms) / 1000)}", style="yellow")
+    taken = cluster.gpus_taken
+    if taken:  # names are foreign (escaped by the agent): appended as plain text, never parsed as markup
+        if level == 0:
+            text = "⚠ GPUs held: " + ", ".join(map(taker_text, taken))
+        elif level < 3:
+            text = "⚠ GPUs held: " + taker_text(taken[0])
+        else:
+            text = "⚠ held: " + taker_text(dataclasses.replace(taken[0], gpus=()))
+        if level and len(taken) > 1:
+            text += f" +{len(taken) - 1}"
+        t.append(sep + text, style="bold yellow")
 
 
 def _head(t: Text, cluster: ClusterStatus) -> None:
@@ -254,7 +275,8 @@ def _agent_health(t: Text, state: LiveState, agent: AgentStatus, now_ms: int, se
         t.append("agent ✓", style="green")
     else:
         t.append("agent ✗ unhealthy", style="bold red")
-    ts = state.ts_ms
+    # the last tick written, on the node's clock (as `now_ms` here); an older agent's: when it took the status
+    ts = agent.last_tick_ms if agent.last_tick_ms is not None else state.ts_ms
     interval = float(agent.sample_interval_s or 1.0)
     if ts and state.outage is None and now_ms - ts > max(5000, 3000 * interval):
         # the agent answers but its sampling stalled: say so, or stale numbers look live
