@@ -474,8 +474,8 @@ def test_sigkill_of_the_api_server_orphans_are_found_stopped_and_cleaned(agent):
         return st if st["state"] == "ready" and st["run_id"] != run_id else None
 
     s2 = wait_for(restarted, 400, "the agent to clean up and restart after the SIGKILL", interval=0.2)
-    alive = [x for x in survivors if psutil.pid_exists(x) and psutil.Process(x).status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"orphans of run {run_id} still alive: {[titles[x] for x in alive]}"
+    living = [p.pid for p in children if p.pid in survivors and alive(p)]
+    assert not living, f"orphans of run {run_id} still alive: {[titles[x] for x in living]}"
     freed_mib = sum(rss[x] for x in survivors) / 2**20
     runs = {run_id_of(r): r for r in agent.runs()}
     assert runs[s2["run_id"]]["started_ms"] >= last_orphan_ms, \
