@@ -417,7 +417,9 @@ class ScrapeSource:
             # failed scrapes count since the agent started (contract/columns.py), not per run: the counter
             # lynxtop_serving_scrape_errors_total must not fall to 0 at every restart of vLLM
             self.scraper.scrape_errors = errors
-            self.hang = HangDetector(self.hang_timeout_s)
+            # a gap between readings far longer than the usual one (plus a scrape's timeout) is time the agent did
+            # not watch (stopped, the VM paused), never stall time
+            self.hang = HangDetector(self.hang_timeout_s, slack_s=self.timeout_s)
             self._key = target
             self._pending = None  # a scrape of the previous run is not this run's
             self._next = self._cut_backoff = 0.0
@@ -485,6 +487,8 @@ class ScrapeSource:
         events = [as_event(ev, run_id=target.run_id) for ev in scraper.events(tick.t0)]
         verdict = hang.observe(scraper.requests_running, scraper.generation_tokens_total,
                                row.get("requests_waiting"), now=tick.t0, row=row, engines=self.engines)
+        if hang.moved_at is not None and hasattr(self.http, "engine_moved_at"):
+            self.http.engine_moved_at = hang.moved_at  # the /health probe's "frozen" asks whether the engine moves
         if verdict is not None:
             self.on_verdict(verdict)
         return {"serving_row": row}, events

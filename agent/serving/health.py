@@ -8,9 +8,12 @@ probes and `/version`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -21,6 +24,7 @@ import aiohttp
 from lynxtop.agent.coalesce import Recurring
 
 PROBE_TIMEOUT_S = 3.0
+GAPS_KEPT = 8  # gaps between readings the hang detector learns its usual one from
 # What vLLM answers to /version ({"version": "0.11.0"}) and /health (empty) is a few bytes; a body past this is
 # not read at all (docs/sampling.md, Caps): a 20 MB /version once ended up in the run, its event and every status.
 MAX_BODY_BYTES = 64 * 1024
@@ -58,6 +62,9 @@ class HttpClient:
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
+        # when the scrape last saw the served engine move (monotonic; agent/sampling.py): a /health silent that
+        # long is judged frozen only if the engine stands still too (HealthProbe)
+        self.engine_moved_at: float | None = None
         self._refusals: dict[str, Recurring] = {}  # per path (/version, /health)
         self._events: list[dict[str, Any]] = []
 
@@ -161,12 +168,31 @@ class HangDetector:
     running); a hung engine (an NCCL deadlock) publishes no new scheduler stats, so all of them stand still.
     """
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, slack_s: float | None = None):
+        """With `slack_s` (the scrape's timeout), a gap between two readings longer than twice the usual one (the
+        low median of the last GAPS_KEPT) plus `slack_s` is time the agent did not watch (it was stopped, the VM
+        paused: CLOCK_MONOTONIC jumps on resume) and counts nothing: the first page after a 2-minute pause read
+        "no token for 121 s" and restarted a busy server. Learned, not configured: the cadence is the scrape
+        interval or the sample interval (0.1 to 60 s), and a lasting slowdown becomes the usual gap in a few."""
         self.timeout_s = timeout_s
+        self.slack_s = slack_s
+        self._gaps: deque[float] = deque(maxlen=GAPS_KEPT)
         self.hung = False
+        self.moved_at: float | None = None  # when the engine last showed it moves (not idle, not a first reading)
         self._last_tokens: float | None = None
-        self._last_progress: float | None = None
+        self._stalled = 0.0  # stall time observed since the last progress, failed readings not counted
+        self._last_seen: float | None = None  # the last reading, None after a failed one (a pause)
         self._last_gauges: tuple[Any, ...] | None = None
+
+    def _watched(self, gap: float) -> bool:
+        """Whether a gap between two readings was watched (see __init__); every gap joins the usual ones after."""
+        usual = statistics.median_low(self._gaps) if self._gaps else None
+        self._gaps.append(gap)
+        return self.slack_s is None or usual is None or gap <= 2 * usual + self.slack_s
+
+    def resumed(self, now: float) -> None:
+        """The agent was stopped and runs again: the time until the next reading was not watched."""
+        self._last_seen = None
 
     def observe(self, running: float | None, tokens_total: float | None, waiting: float | None = None,
                 now: float | None = None, *, row: Mapping[str, Any] | None = None,
@@ -175,25 +201,32 @@ class HangDetector:
         a data-parallel server (a prefill on one engine moves its KV cache, not the busiest engine's), with each
         engine's deferred requests where the page has them."""
         if running is None or tokens_total is None:
-            # a gap in the readings (/metrics down) is not a stall: the clock restarts when they come back, or
-            # the first request after a long idle outage would look hung at once (and be restarted, if enabled)
-            self._last_tokens = self._last_progress = None
-            self._last_gauges = None
+            # a gap in the readings (/metrics down, a page cut off) pauses the clock: it neither adds stall time
+            # (the first request after a long idle outage is not hung at once) nor erases the stall observed
+            # before (scrapes cut off now and then must not keep a real hang from ever being judged)
+            self._last_seen = None
             return None
         now = time.monotonic() if now is None else now
+        seen, self._last_seen = self._last_seen, now
+        gap = None if seen is None else now - seen
+        watched = gap is not None and self._watched(gap)  # learned from every reading, progress or not
         deferred = _deferred(engines)
         pending = running + max((waiting or 0) - deferred, 0)  # what should move: running, or waiting for room
         gauges = _gauges(running, waiting, row, engines)
         moved = _moved(row, gauges, self._last_gauges)
         self._last_gauges = gauges
         tokens_moved = self._last_tokens is not None and tokens_total != self._last_tokens
+        if tokens_moved or moved is not None:
+            self.moved_at = now
         if self._last_tokens is None or tokens_moved or moved is not None or pending <= 0:
-            self._last_tokens, self._last_progress = tokens_total, now
+            self._last_tokens, self._stalled = tokens_total, 0.0
             self.hung = False
             if moved is None or tokens_moved:
                 return Verdict(Health.PROGRESSING, "tokens are being generated again")
             return Verdict(Health.PROGRESSING, f"the engine is moving again ({moved})")
-        stalled = now - (self._last_progress if self._last_progress is not None else now)
+        if watched and gap is not None:
+            self._stalled += max(gap, 0.0)
+        stalled = self._stalled
         if stalled < self.timeout_s or self.hung:
             return None
         self.hung = True
@@ -235,53 +268,120 @@ def _moved(row: Mapping[str, Any] | None, gauges: tuple[Any, ...], before: tuple
     return "KV cache usage changes" if gauges[2] != before[2] else "an engine's load changes"
 
 
+# one wording for a probe still waiting past PROBE_TIMEOUT_S and a 200 that came that late: a busy server gives
+# both in turn, and a reason that changes at each probe is logged at each probe (lifecycle.py, `repeat`)
+_SLOW = f"slow to answer: no answer within {PROBE_TIMEOUT_S:g} s"
+
+
 class HealthProbe:
-    """`GET /health` of one run: unhealthy after `fail_threshold` failures in a row, healthy on a 200.
+    """`GET /health` of one run: unhealthy after `fail_threshold` failures in a row, healthy on a 200 in time.
 
     With `hang_timeout_s`, a server that gives no answer at all for that long is hung too ("unresponsive"): a
     frozen server (SIGSTOP, a wedged API process) generates no token, but its counters cannot be read either, so
     the counters' hang clock never ran and `restart_on_hang` did nothing for it. Only an answer ends it.
+
+    A late answer is an answer: a busy API server (its event loop behind thousands of streams) may answer 200
+    after more than PROBE_TIMEOUT_S, and abandoning each probe at 3 s took it for frozen and restarted a 20-minute
+    load. One probe stays in flight up to hang_timeout_s; past PROBE_TIMEOUT_S it only counts as slow (the
+    "health" condition: degraded, never restarted). Unresponsive is judged only when nothing answered for
+    hang_timeout_s and the engine's counters do not move either (HttpClient.engine_moved_at, from the scrape).
+
+    `period_s` is the caller's cadence: a gap between two probes longer than two periods plus PROBE_TIMEOUT_S is
+    time the agent did not watch (it was stopped, the VM paused), and the silence is counted again from then.
     """
 
     def __init__(self, http: HttpClient, url: str, fail_threshold: int, hang_timeout_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, period_s: float | None = None):
         self.http = http
         self.url = url.rstrip("/") + "/health"
         self.fail_threshold = fail_threshold
         self.hang_timeout_s = hang_timeout_s
         self.clock = clock
+        self.max_gap_s = None if period_s is None else 2 * period_s + PROBE_TIMEOUT_S
         self.fails = 0
         self.hung = False
         self.answered_at = clock()  # probing starts on a server that has just answered (it became ready)
+        self._since = self.answered_at  # the engine's moves before this probe (another run's) say nothing
         self._failing: str | None = None  # how it failed in the last unhealthy verdict ("HTTP 500", "no answer")
+        self._inflight: asyncio.Future[tuple[int | None, float, float]] | None = None
+        self._last_call: float | None = None  # when the last probe() returned: a longer gap was not watched
 
     async def ok(self) -> bool:
         """One probe that only says whether it answered 200 (readiness)."""
         status, _ = await self.http.get(self.url)
         return status == 200
 
+    async def answered_200(self, cap_s: float) -> bool:
+        """Whether the probe in flight (started if none is, kept up to `cap_s`) answered 200, waiting at most
+        PROBE_TIMEOUT_S now: a late 200 counts (an adopted ready server that is only busy is not silent)."""
+        res = await self._ask(cap_s)
+        return res is not None and res[0] == 200
+
+    async def _get(self, cap_s: float) -> tuple[int | None, float, float]:
+        sent = self.clock()
+        status, _ = await self.http.get(self.url, timeout_s=cap_s)
+        return status, sent, self.clock()
+
+    async def _ask(self, cap_s: float) -> tuple[int | None, float, float] | None:
+        """(status, sent at, answered at) of the probe in flight once it ended, else None (still waiting after
+        PROBE_TIMEOUT_S; it goes on, up to `cap_s`, and the next call takes its answer)."""
+        if self._inflight is None:
+            self._inflight = asyncio.ensure_future(self._get(cap_s))
+        done, _ = await asyncio.wait({self._inflight}, timeout=PROBE_TIMEOUT_S)
+        if not done:
+            return None
+        task, self._inflight = self._inflight, None
+        return task.result()
+
+    def close(self) -> None:
+        """Abandons a probe in flight (the run is over, or the watch stops)."""
+        if self._inflight is not None:
+            self._inflight.cancel()
+            self._inflight = None
+
+    def _unwatched(self, now: float) -> None:
+        """A gap since the last probe longer than the cadence allows: the agent was not running (SIGSTOP, a VM
+        pause, a cgroup freeze), and the server's silence over it was never observed. Counted from now."""
+        if self._last_call is not None and self.max_gap_s is not None and now - self._last_call > self.max_gap_s:
+            self.answered_at = max(self.answered_at, now)
+
     async def probe(self) -> Verdict | None:
-        status, _ = await self.http.get(self.url)
+        self._unwatched(self.clock())
+        cap = max(self.hang_timeout_s or 0.0, PROBE_TIMEOUT_S)
+        res = await self._ask(cap)
         now = self.clock()
-        if status == 200:
+        self._unwatched(now)  # the wait itself may span a pause
+        self._last_call = now
+        if res is None:  # in flight past PROBE_TIMEOUT_S: slow so far, not yet silent
+            status, late, what = None, True, _SLOW
+        else:
+            status, sent, at = res
+            late = at - sent > PROBE_TIMEOUT_S
+            what = ("no answer" if status is None else f"HTTP {status}" if status != 200
+                    else _SLOW)
+            if status is not None:
+                self.answered_at = max(self.answered_at, at)
+        if status == 200 and not late:
             self.fails, self._failing = 0, None
         else:
             self.fails += 1
-        if status is not None:
-            self.answered_at = now
-            if self.hung:  # any answer ends the silence; a failing one goes on as "health" from the next probe
-                self.hung = False
-                code = "" if status == 200 else f" (HTTP {status})"
-                return Verdict(Health.PROGRESSING, f"GET /health answers again{code}", unanswered=True)
-        if status == 200:
+        if status is not None and self.hung:  # any answer ends the silence; a failing one goes on as "health"
+            self.hung = False
+            code = "" if status == 200 else f" (HTTP {status})"
+            return Verdict(Health.PROGRESSING, f"GET /health answers again{code}", unanswered=True)
+        if status == 200 and not late:
             return Verdict(Health.HEALTHY, "GET /health answers 200 again")
         silent = now - self.answered_at
         if self.hang_timeout_s is not None and status is None and not self.hung and silent >= self.hang_timeout_s:
-            self.hung = True
-            return Verdict(Health.HUNG, f"hang: GET /health unanswered for {silent:.0f} s (hang_timeout_s "
-                                        f"{self.hang_timeout_s:g}): the server is frozen", unanswered=True)
+            moved_at = getattr(self.http, "engine_moved_at", None)
+            if moved_at is not None and moved_at >= self._since and now - moved_at < self.hang_timeout_s:
+                # the engine's counters move (tokens, KV usage): the server works, only its /health is silent
+                what = "unanswered, while /metrics shows the engine moving"
+            else:
+                self.hung = True
+                return Verdict(Health.HUNG, f"hang: GET /health unanswered for {silent:.0f} s (hang_timeout_s "
+                                            f"{self.hang_timeout_s:g}): the server is frozen", unanswered=True)
         if self.fails < self.fail_threshold:
             return None
-        what = f"HTTP {status}" if status else "no answer"
         repeat, self._failing = what == self._failing, what  # the count alone changed: not news (no log line)
         return Verdict(Health.UNHEALTHY, f"GET /health failing ({what}, {self.fails} times in a row)", repeat=repeat)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from lynxtop.agent.serving import procs
-from lynxtop.agent.serving.health import HealthProbe, HttpClient
+from lynxtop.agent.serving.health import Health, HealthProbe, HttpClient
 from lynxtop.agent.serving.launcher import ServerProcess
 from lynxtop.agent.serving.run import Run, now_ms
 from lynxtop.contract.config import AgentConfig, Profile
@@ -39,6 +41,25 @@ def others_listening(proc: ServerProcess, prof: Profile) -> list[procs.PortHolde
     say): a 200 from /health proves the run is ready only if its own process answered it."""
     ours, holders = procs.listener_is_ours(prof.port, proc.members())
     return holders if ours is False else []
+
+
+STOPPED_NAMED = 5  # stopped processes a hang message names at most
+
+
+def stopped_members(known: Mapping[int, int]) -> str | None:
+    """The run's known processes (pid -> start ticks) in state T or t (SIGSTOP, a debugger, a job-control stop),
+    for a hang message: "the server is frozen" then says by what, and the operator knows where to look. A pid
+    whose start time differs is someone else now (reused), never named."""
+    found: list[str] = []
+    for pid, ticks in sorted(known.items()):
+        s = procs.stat(pid)
+        if s is not None and s.start_ticks == ticks and s.state in ("T", "t"):
+            found.append(f"{pid} ({s.comm if s.comm.isprintable() else ascii(s.comm)})")
+    if not found:
+        return None
+    more = f" and {len(found) - STOPPED_NAMED} more" if len(found) > STOPPED_NAMED else ""
+    return (f"process {', '.join(found[:STOPPED_NAMED])}{more} stopped (state T: SIGSTOP or a debugger; "
+            "kill -CONT PID resumes it)")
 
 
 class RunWatch:
@@ -81,7 +102,11 @@ class RunWatch:
                 self.check_log()
                 await self.look_while_loading()
                 lc.state_file.resave(proc.record)
-                if await probe.ok() and not proc.exited:
+                # an adopted ready server may only be busy: its late 200 (a probe kept in flight up to
+                # hang_timeout_s) is an answer, or a server slower than 3 s was told silent and restarted
+                answered = (await probe.answered_200(self._agent.hang_timeout_s) if run.was_ready
+                            else await probe.ok())
+                if answered and not proc.exited:
                     # inline, once per answered probe (a few ms of /proc reads): in a worker thread each of its
                     # syscalls waited for the GIL behind a busy loop, and readiness came seconds late
                     others = others_listening(proc, prof)
@@ -107,15 +132,17 @@ class RunWatch:
             self.poll_phases()
             return "exited"
         finally:
+            probe.close()
             exit_wait.cancel()
 
     async def while_serving(self) -> None:
         """While serving: wait for the exit, probe /health now and then, forgive failures after a stable period."""
         lc, proc = self._lc, self._run.proc
-        probe = HealthProbe(self._http, server_url(self._prof), lc.timing.health_fail_threshold,
-                            hang_timeout_s=self._agent.hang_timeout_s)  # a frozen server is hung too
-        stable_at: float | None = time.monotonic() + self._agent.stable_after_s
         period = max(lc.timing.health_poll_s * 5, 1.0)
+        probe = HealthProbe(self._http, server_url(self._prof), lc.timing.health_fail_threshold,
+                            hang_timeout_s=self._agent.hang_timeout_s,  # a frozen server is hung too
+                            period_s=period)  # a longer gap between probes was not watched (the agent stopped)
+        stable_at: float | None = time.monotonic() + self._agent.stable_after_s
         exit_wait = asyncio.ensure_future(proc.wait())
         try:
             while not proc.exited:
@@ -129,9 +156,14 @@ class RunWatch:
                     lc.stable()
                     stable_at = None
                 verdict = await probe.probe()
+                if verdict is not None and verdict.health is Health.HUNG:
+                    why = stopped_members(proc.known)
+                    if why is not None:
+                        verdict = dataclasses.replace(verdict, reason=f"{verdict.reason}; {why}")
                 if verdict is not None and not (verdict.bad and proc.exited):
                     lc.on_verdict(verdict)
         finally:
+            probe.close()
             exit_wait.cancel()
 
     async def look_while_loading(self) -> None:
