@@ -328,10 +328,17 @@ def stop_agent(agent: subprocess.Popen, sim_state: Path) -> None:
         agent.wait(30)
     except subprocess.TimeoutExpired:
         agent.kill()
+    # The API server carries the variable; its engines retitle themselves, which blanks their environ (as
+    # setproctitle does), so they are found by the API server's process group (the agent starts it as a session).
+    groups = set()
     for p in procs.all_pids():
         if procs.environ_has(p, "LYNXTOP_SIM_STATE_DIR", str(sim_state)):
             with contextlib.suppress(ProcessLookupError):
+                groups.add(os.getpgid(p))
                 os.kill(p, signal.SIGKILL)
+    for g in groups - {os.getpgrp()}:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(g, signal.SIGKILL)
 
 
 def main() -> int:
