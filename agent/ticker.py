@@ -44,7 +44,7 @@ LOOP_S = 1.0  # the loop gets a tick at least this often (episodes, the socket's
 # for CLOCK_QUIET_S, and every CLOCK_SUMMARY_S while it is not.
 CLOCK_QUIET_S = 600.0
 CLOCK_SUMMARY_S = 3600.0
-# GPU rows not renewed for this long (late ticks: NVML hung) are no longer served as current (Ticker._keep_gpu_rows)
+# GPU rows not renewed for this long (late ticks: NVML hung) are no longer served as current (kept_gpu_rows)
 GPU_ROWS_STALE_S = 2.0
 _NO_GPU_ROWS: list[dict] = []  # the rows of a tick that read no GPU: shared, never changed
 
@@ -55,6 +55,21 @@ def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
     thread = threading.Thread(target=target, name=name, daemon=True)
     thread.start()
     return thread
+
+
+def kept_gpu_rows(rows: Rows, t0: float, ticker: Ticker) -> tuple[list[dict], float]:
+    """The GPU rows the status serves as current after a tick starting at `t0`, and when they were read. A sample
+    that read no GPU (an empty list: NVML down or re-initialising, or a sampling bug) leaves none: the readings are
+    absent, so /metrics drops the GPU series and the status carries none, never the last readings frozen for the
+    whole outage. A late tick (NVML slower than the tick's deadline) carries no `gpu_rows`: the last rows stay, so
+    one slow call at 10 Hz does not blank the GPUs, but only for GPU_ROWS_STALE_S (at least 3 intervals): NVML hung
+    longer is not read either."""
+    last, last_t0 = ticker.latest_gpu_rows, ticker.gpu_t0
+    if "gpu_rows" in rows:
+        return rows["gpu_rows"] or _NO_GPU_ROWS, t0
+    if last and t0 - last_t0 > max(GPU_ROWS_STALE_S, 3 * ticker.interval):
+        return _NO_GPU_ROWS, last_t0
+    return last, last_t0
 
 
 class Ticker:
@@ -94,8 +109,7 @@ class Ticker:
         self._steps = Recurring(CLOCK_QUIET_S)  # the wall clock's steps, on the timeline's seconds
         self._steps_before = 0  # the wall clock's offset before the episode's first step (ms)
         self._steps_told = (0.0, 0)  # (when, steps counted) of the episode's last report
-        self.latest_gpu_rows: list[dict] = _NO_GPU_ROWS
-        self._gpu_rows_t0 = -math.inf  # start (monotonic) of the last tick that carried GPU rows
+        self.latest_gpu_rows, self.gpu_t0 = _NO_GPU_ROWS, -math.inf  # the status's GPU rows, read at (monotonic)
         self.last_tick_unix: float | None = None  # wall time the last tick was written (Unix seconds)
         self.latest_host: dict[str, Any] = {}
         self.latest_serving: dict[str, Any] | None = None
@@ -417,7 +431,7 @@ class Ticker:
         self._writer().submit_tick(tick.ts_ms, gpu_rows=rows.get("gpu_rows", []), host_row=rows.get("host_row"),
                                    serving_row=rows.get("serving_row"), nvlink_rows=rows.get("nvlink_rows", []),
                                    process_rows=rows.get("process_rows", []))
-        self._keep_gpu_rows(tick, rows)
+        self.latest_gpu_rows, self.gpu_t0 = kept_gpu_rows(rows, tick.t0, self)
         self.latest_host = rows.get("host_row") or {}
         if "serving_row" in rows:  # a tick without a scrape (scraping slower than sampling) keeps the last page
             self.latest_serving = rows["serving_row"]
@@ -429,18 +443,6 @@ class Ticker:
         if tick.t0 >= self._done_due:  # building the line was a tenth of the main thread at 10 Hz (issue 29.3)
             self._done_due = tick.t0 + STATUS_LINE_S - self.interval / 2  # half an interval of slack: 1 Hz ticks
             self._on_done()  # each call it; serving's own changes call it at once (node.py)
-
-    def _keep_gpu_rows(self, tick: Tick, rows: Rows) -> None:
-        """The GPU rows the status serves as current. A sample that read no GPU (an empty list: NVML down or
-        re-initialising, or a sampling bug) leaves none: the readings are absent, so /metrics drops the GPU series
-        and the status shows N/A, never the last readings frozen for the whole outage. A late tick (NVML slower
-        than the tick's deadline) carries no `gpu_rows`: the last rows stay, so one slow call at 10 Hz does not
-        blank the GPUs, but only for GPU_ROWS_STALE_S (at least 3 intervals): NVML hung longer is not read either."""
-        if "gpu_rows" in rows:
-            self.latest_gpu_rows = rows["gpu_rows"] or _NO_GPU_ROWS
-            self._gpu_rows_t0 = tick.t0
-        elif self.latest_gpu_rows and tick.t0 - self._gpu_rows_t0 > max(GPU_ROWS_STALE_S, 3 * self.interval):
-            self.latest_gpu_rows = _NO_GPU_ROWS
 
     # ------------------------------------------------------------------------------------------ health
 
