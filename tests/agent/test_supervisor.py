@@ -113,13 +113,14 @@ async def test_sigkill_crash_detected_restarted_no_orphans(make_sup, store):
 
 
 async def test_exit_zero_unasked_is_a_crash(make_sup, store, h, tmp_path, monkeypatch):
-    # the real simulator: its engine "dies" and the API server exits 0, as vLLM can
+    # the real simulator: its engine "dies" and the API server exits 0, as vLLM can. 6 s after it is ready: the
+    # agent must have seen it ready first (1.5 s was missed on CI's loaded machine, and the run never read ready)
     monkeypatch.setenv("LYNXTOP_SIM_STATE_DIR", str(tmp_path / "sim"))
-    sup = make_sup(profiles=h.sim_profile("alpha", sim_args=("--sim-fail", "exit0-after=1.5")))
+    sup = make_sup(profiles=h.sim_profile("alpha", sim_args=("--sim-fail", "exit0-after=6")))
     await start_ready(sup)
     run_id = sup.run_id
     members = sup.proc.members()
-    await wait_for(lambda: sup.state == "backoff", 15, what="backoff after exit 0")
+    await wait_for(lambda: sup.state == "backoff", 30, what="backoff after exit 0")
     row = run_row(store, run_id)
     assert row["exit_code"] == 0 and "crashed" in row["end_reason"] and "exited with code 0" in row["end_reason"]
     assert all(not procs.alive(p) for p in members)
