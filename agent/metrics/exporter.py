@@ -498,11 +498,12 @@ def _page_key(st: Status) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """What the cached parts are built from, as GET /v1/status keys its tick part (agent/status_view.py): the part
     only a tick changes (GPUs, host, serving metrics, engines: most of the page) by identity, since the agent hands
     out the same objects until a tick or a scrape replaces them, so a GET never compares them by value; the small
-    rest by value, less the clocks (not exported; the uptime moves every 0.1 s) and the listeners' counts (built
-    per GET)."""
-    return ((st.gpus, st.host, st.serving_metrics, st.engines),
-            (dataclasses.replace(st.agent, uptime_s=None, connections={}, descriptors={}), st.serving, st.sla,
-             st.cluster))
+    rest by value, less what the page does not carry (the uptime, moving every 0.1 s; `last_tick_ms`, counted back
+    from each status's own now, so it moves by a millisecond between GETs: the page's last tick is the ticker's,
+    keyed beside; the disk's free bytes, moving with every write to it) and the listeners' counts (built per GET)."""
+    agent = dataclasses.replace(st.agent, uptime_s=None, last_tick_ms=None, connections={}, descriptors={},
+                                store=dataclasses.replace(st.agent.store, free_bytes=None))
+    return ((st.gpus, st.host, st.serving_metrics, st.engines), (agent, st.serving, st.sla, st.cluster))
 
 
 def _same_page(cached: tuple[Any, ...], key: tuple[Any, ...]) -> bool:

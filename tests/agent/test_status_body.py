@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import generate_latest
 from support.node import close_node, open_node, run_clock
 
+from lynxtop.agent import status_view as status_view_mod
 from lynxtop.agent.api.routes import ApiServer, _dumps, strict_dumps
 from lynxtop.agent.metrics.exporter import MetricsExporter
 from lynxtop.contract import status as status_mod
@@ -161,12 +162,16 @@ async def test_the_exporters_status_for_remote_dashboards_shares_the_encoding_to
 async def test_metrics_between_ticks_reuse_the_tick_part_and_compare_none_of_it(tmp_path, monkeypatch):
     """GET /metrics keys its cached page as GET /v1/status keys its tick part: by the identity of the tick's
     objects, which the agent hands out unchanged until the next tick. It compared the whole status by value on
-    every GET, a status whose GPUs, host and engines were built anew for each GET."""
+    every GET, a status whose GPUs, host and engines were built anew for each GET. Since session 19 the key held
+    `agent.last_tick_ms` (counted back from each status's own now: it moves by a millisecond between GETs), and
+    every other GET rendered the whole page again (CI: 3 renders for 6 GETs); the disk's free bytes (renewed every
+    5 s, not on the page) did the same. The writer's queue (on the page) is drained first."""
     node = open_node(_config(tmp_path))
     exporter = MetricsExporter("127.0.0.1:0", node.status, totals=node.view.serving_totals)
     await exporter.start()
     try:
         await run_clock(node, 30, until=lambda: node.ticker.ticks >= 2)  # the clock is stopped from here on
+        assert node.writer.flush(30)  # nothing left queued to change `lynxtop_store_queued_ticks`
         assert node.status().gpus is node.status().gpus  # one tick, one set of objects
         url = f"http://127.0.0.1:{exporter.bound_port}/metrics"
         async with aiohttp.ClientSession() as session:
@@ -183,6 +188,11 @@ async def test_metrics_between_ticks_reuse_the_tick_part_and_compare_none_of_it(
             pages = [await get() for _ in range(5)]
             assert (len(built), len(compared), exporter.renders) == (0, 0, 1)  # were 5, 40 (8 GPUs x 5) and 1
             assert pages[-1] == generate_latest(exporter.registry)  # still the page a fresh render gives
+            free = node.status().agent.store.free_bytes
+            monkeypatch.setattr(status_view_mod, "free_bytes", lambda path: (free or 0) + 4096)
+            node.view._free._read_at = None  # read again at the next status
+            assert await get() == pages[-1] and exporter.renders == 1
+            assert node.status().agent.store.free_bytes == (free or 0) + 4096  # the status has it; the page has not
 
             ticks, before = node.ticker.ticks, node.status().gpus
             await run_clock(node, 30, until=lambda: node.ticker.ticks > ticks)  # a tick: new rows, a new page
