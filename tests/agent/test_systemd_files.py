@@ -44,6 +44,8 @@ def test_unit_has_the_decisions_the_agent_relies_on():
     # the private /tmp goes with the unit's stop, which vLLM outlives: a run's TMPDIR is in StateDirectory instead
     assert s["PrivateTmp"] == "yes" and s["StateDirectory"] == "lynxtop"
     assert "PrivateTmp=yes, deliberately" in UNIT.read_text() and "/var/lib/lynxtop/run-tmp/" in UNIT.read_text()
+    # vLLM's threads count against the unit's task limit: DefaultTasksMax refused a thread or fork mid-load
+    assert s["TasksMax"] == "infinity"
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
