@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lynxtop import __version__
+from lynxtop.agent import dirtrust
 from lynxtop.agent.api.connguard import Episodes, FdPlan, install_loop_handler, plan_descriptors
 from lynxtop.agent.clock import Timeline
 from lynxtop.agent.config_source import ConfigSource
@@ -46,7 +47,7 @@ from lynxtop.agent.serving.proctable import ProcTable
 from lynxtop.agent.serving.supervisor import Supervisor, now_ms, server_url
 from lynxtop.agent.status_view import StatusView
 from lynxtop.agent.ticker import Ticker
-from lynxtop.contract.config import Config
+from lynxtop.contract.config import AgentConfig, Config
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.status import Status
 
@@ -204,6 +205,7 @@ class Node:
                 d.mkdir(parents=True, exist_ok=True, mode=0o750)
             except OSError as exc:
                 raise AgentStartError(f"cannot create directory {d}: {exc.strerror or exc}") from None
+        refuse_untrusted_dirs(a)  # again, now they exist: one made by another user meanwhile is not used
         try:
             # lock=True: the database file itself is locked, so a second agent reaching it by another path (a
             # symlink, a hard link, a bind mount) is refused before it writes anything
@@ -316,6 +318,7 @@ class Node:
     def _open(self) -> None:
         """Refuse a second agent, lock the state directory and open the store and the parts."""
         refuse_foreign_state_dir(self.cfg.agent.database.parent)  # first: the wrong user changes nothing
+        refuse_untrusted_dirs(self.cfg.agent)
         if _agent_answers(self.cfg.agent.socket):
             # checked before the store is opened or anything adopted: two supervisors of one vLLM is the worst case
             raise AgentStartError(f"another agent is already running on {self.cfg.agent.socket}; stop it first "
@@ -522,8 +525,9 @@ def refuse_foreign_state_dir(d: Path) -> None:
     """Refuse to run as another user than the state directory's owner (`sudo lynxtop agent` by hand while the
     service runs as User=lynxtop): that agent would adopt the run and rewrite serving.json as its own 0640 file,
     which the service's agent then cannot read (the live model left unsupervised), and a run it started would be
-    one no lynxtop command can stop. Checked before anything in the directory is opened or created; a directory
-    not there yet is created by this agent, so it is its own."""
+    one no lynxtop command can stop. Nor one its owner lets group or others write (dirtrust): they could plant a
+    serving.json whose `members` the agent then kills. Checked before anything in the directory is opened or
+    created; a directory not there yet is created by this agent, so it is its own."""
     try:
         owner = d.stat().st_uid
     except FileNotFoundError:
@@ -532,6 +536,9 @@ def refuse_foreign_state_dir(d: Path) -> None:
         return  # not readable by this user: lock_state_dir says so with the path
     me = os.geteuid()
     if owner == me:
+        # the owner's, but one others may write (a `chmod 1777`, a database put in /tmp) lets them plant a record
+        if why := dirtrust.problem(d, "the state directory", "[agent] database"):
+            raise AgentUsageError(why)
         return
     try:
         name = pwd.getpwuid(owner).pw_name
@@ -541,6 +548,17 @@ def refuse_foreign_state_dir(d: Path) -> None:
         f"the state directory {d} belongs to {_user(owner)} but this agent runs as {_user(me)}; nothing was "
         f"changed. Run it as the owner (sudo -u {name} lynxtop agent ...) or through systemd (systemctl start "
         "lynxtop-agent)")
+
+
+def refuse_untrusted_dirs(a: AgentConfig) -> None:
+    """Refuse a control socket or run log directory another user owns or may write (dirtrust): the first lets
+    that user swap the socket or plant the record copy beside it, the second plant files the agent prunes and
+    serves. Checked before anything is made in them; one not there yet is made by this agent, its own. The
+    socket's may be sticky (/tmp): the record copy there is read only when the agent owns it."""
+    for d, what, setting, sticky_ok in ((a.socket.parent, "the control socket's directory", "[agent] socket", True),
+                                        (a.run_log_dir, "the run log directory", "[agent] log_dir", False)):
+        if why := dirtrust.problem(d, what, setting, sticky_ok=sticky_ok):
+            raise AgentUsageError(why)
 
 
 def lock_state_dir(d: Path) -> int:
@@ -556,6 +574,7 @@ def lock_state_dir(d: Path) -> int:
         d.mkdir(parents=True, exist_ok=True, mode=0o750)
     except OSError as exc:
         raise AgentStartError(f"cannot create directory {d}: {exc.strerror or exc}") from None
+    refuse_foreign_state_dir(d)  # again: one another user made first between the check and the mkdir
     lock = d / LOCK_FILE
     try:
         fd = safefile.open_regular(lock, os.O_RDWR | os.O_CREAT, 0o640, refused="not used")

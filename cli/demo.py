@@ -395,7 +395,9 @@ class Demo:
     def write_config(self) -> Path:
         p = self.paths
         for d in (p.root, p.logs, p.sim_state):
-            d.mkdir(parents=True, exist_ok=True)
+            # private whatever the umask: the agent refuses a state or log directory others may write (0775
+            # under a umask of 0002)
+            d.mkdir(parents=True, exist_ok=True, mode=0o750)
         p.config.write_text(config_text(p, port=self.port, startup_seconds=self.startup_seconds,
                                         executable=sim_executable()), encoding="utf-8")
         return p.config

@@ -28,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
+from lynxtop.agent import dirtrust
 from lynxtop.agent.api.connguard import ConnectionGuard, Episodes, GuardedSite, handler_args
 from lynxtop.agent.api.control import ActionError, Controller
 from lynxtop.agent.api.logtail import LogTail
@@ -447,8 +448,13 @@ class ApiServer:
                             "(systemctl stop lynxtop-agent) or choose another [agent] socket")
 
     def _bind(self, path: Path, gid: int | None) -> socket.socket:
-        # Bind under a private name with a tight umask, set mode and group, then rename into place: the final
-        # path never exists with looser permissions, and a client never sees a half-set-up socket.
+        # Bind under a private name with a tight umask (the socket is made 0660), set its group, then rename it into
+        # place: the final path never exists with looser permissions, and a client never sees a half-set-up socket.
+        # Only in a directory no other user can swap names in (dirtrust: the agent's own, or sticky like /tmp); and
+        # the name is checked with lstat (a socket of this agent's user) and chowned without following a link
+        # before anything is set on it: a chmod/chown by path follows a symlink put there since the bind.
+        if why := dirtrust.problem(path.parent, "the control socket's directory", "[agent] socket", sticky_ok=True):
+            raise ApiStartError(why)
         tmp = path.parent / f".{path.name}.{os.getpid()}"
         tmp.unlink(missing_ok=True)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -458,19 +464,27 @@ class ApiServer:
                 sock.bind(str(tmp))
             finally:
                 os.umask(old)
-            os.chmod(tmp, 0o660)
+            st = tmp.lstat()
+            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+                raise ApiStartError(f"{tmp} is not the socket just bound there (a {stat.filemode(st.st_mode)} of uid "
+                                    f"{st.st_uid}): something replaced it in {path.parent}; not used (make that "
+                                    "directory the agent's own, or set [agent] socket)")
+            if stat.S_IMODE(st.st_mode) != 0o660:  # a default ACL on the directory overrides the umask
+                os.chmod(tmp, 0o660)  # checked above: our socket, in a directory nobody else may swap it in
             if gid is not None:
                 try:
-                    os.chown(tmp, -1, gid)
+                    os.chown(tmp, -1, gid, follow_symlinks=False)
                 except PermissionError:
                     self.log(f"warning: cannot give {path} to group {self.group!r} (the agent is not a member); "
                              "only root and the agent's user can use it")
             os.rename(tmp, path)
             sock.listen(128)
             sock.setblocking(False)
-        except OSError as exc:
+        except (OSError, ApiStartError) as exc:
             sock.close()
-            tmp.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)  # removes a link put there, never what it points to
+            if isinstance(exc, ApiStartError):
+                raise
             raise ApiStartError(f"cannot listen on {path}: {exc}") from None
         return sock
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lynxtop.agent import dirtrust
 from lynxtop.agent.serving import launcher, safefile
 from lynxtop.contract.events import EventKind, Severity
 from lynxtop.contract.files import atomic_write
@@ -33,8 +34,9 @@ class ServerState:
 
     Each is written atomically and fails on its own: the primary's failure is an event per episode (an operator
     must know a restart could lose the run), the copy's a log line per episode (the primary still has the run).
-    Both are read through launcher.read_record (no symlink followed, no FIFO waited on, every field checked);
-    the one describing the later run wins, so a record only the copy could take is not lost."""
+    Both are read as launcher.read_record reads (no symlink followed, no FIFO waited on, every field checked) and
+    only when the agent's user owns them (`read_owned`); the one describing the later run wins, so a record only
+    the copy could take is not lost."""
 
     def __init__(self, path: Path, emit: Emit, socket: Path | None = None):
         self.path = path
@@ -85,10 +87,10 @@ class ServerState:
     def read(self) -> tuple[launcher.ServerRecord | None, str | None]:
         """(record, why) as launcher.read_record says; `why` also says when the copy was read instead, and why.
         An unreadable copy never hides a good primary, nor the reverse."""
-        record, err = launcher.read_record(self.path)
+        record, err = read_owned(self.path)
         if self.copy is None:
             return record, err
-        copy, copy_err = launcher.read_record(self.copy)
+        copy, copy_err = read_owned(self.copy)
         if copy_err:
             log.warning("ignoring the copy of the run's record: %s", _reason(copy_err))
         if copy is None or (record is not None and not _later(copy, record)):
@@ -117,6 +119,53 @@ class ServerState:
                 launcher.remove_record(self.copy)
             except OSError as exc:
                 log.warning("cannot remove the copy of the run's record %s: %s", self.copy, exc)
+
+
+def read_owned(path: Path) -> tuple[launcher.ServerRecord | None, str | None]:
+    """launcher.read_record, but a record another user owns is not read: (None, why naming its owner).
+
+    A record whose server is gone has every process it names SIGKILLed (launcher.kill_leftovers), so one another
+    user planted (beside a socket in a shared directory, in a state directory they may write) would have the agent
+    kill any process of the node. The owner is that of the file opened (fstat of the safe open's descriptor), and
+    the record is read from that descriptor: a file swapped in after the check is never the one read."""
+    try:
+        fd = safefile.open_regular(path)
+    except FileNotFoundError:
+        return None, None
+    except safefile.StateFileError as exc:
+        return None, f"{exc}{launcher.UNREADABLE}"
+    except OSError as exc:
+        return None, f"cannot read {path}: {exc}{launcher.UNREADABLE}"
+    try:
+        owner, me = os.fstat(fd).st_uid, os.geteuid()
+        if owner != me:
+            return None, (f"{path} belongs to {dirtrust.user(owner)}, not to this agent's user {dirtrust.user(me)}: "
+                          f"another user may have written it (remove it if it is not the agent's){launcher.UNREADABLE}")
+        text = _read_fd(fd, path)
+    except safefile.StateFileError as exc:  # too large, not UTF-8: its words name the path
+        return None, f"{exc}{launcher.UNREADABLE}"
+    except OSError as exc:
+        return None, f"cannot read {path}: {exc}{launcher.UNREADABLE}"
+    finally:
+        os.close(fd)
+    try:
+        return launcher.ServerRecord.from_json(text), None
+    except ValueError as exc:
+        return None, f"{path} is not a valid server record ({exc}){launcher.UNREADABLE}"
+
+
+def _read_fd(fd: int, path: Path, limit: int = safefile.MAX_BYTES) -> str:
+    """The text of the open state file `fd`, as safefile.read_text reads a path (the same limit and errors)."""
+    parts, size = [], 0
+    while size <= limit and (chunk := os.read(fd, min(65536, limit + 1 - size))):
+        parts.append(chunk)
+        size += len(chunk)
+    if size > limit:
+        raise safefile.StateFileError(path, f"is larger than {limit} bytes, too large for a state file")
+    try:
+        return b"".join(parts).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise safefile.StateFileError(path, f"is not UTF-8 text (byte {exc.start})") from None
 
 
 def _copy_path(path: Path, socket: Path | None) -> Path | None:
