@@ -4,7 +4,9 @@ The sweep talks to the served model directly (the URL from the agent's status, o
 goes to the agent (`POST /v1/bench`), the database's one writer, tied to the run that served it. Reading the
 stored sweeps back (compare, list) opens the database read-only, like `lynxtop runs`.
 Exit codes: 0 every level complete without failures; 1 failures, a partial level or the server gone; 2 usage
-(no such model, a bad option); 3 neither the agent nor --url gives a server; 130 stopped by Ctrl-C.
+(no such model, a bad option); 3 neither the agent nor --url gives a server; 130 stopped by Ctrl-C. The model's
+API key: --api-key, else VLLM_API_KEY, else OPENAI_API_KEY (a command line is every local user's to read); the
+model refusing it (HTTP 401/403) is exit 1 with its own message, not 3.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import stat
 import sys
@@ -48,6 +51,37 @@ def _config(args: Namespace) -> Any:
     from lynxtop.cli.config_cli import load_or_exit
 
     return load_or_exit(args)
+
+
+# ---------------------------------------------------------------------------------------------- the API key
+
+# where the key comes from without --api-key: vLLM serve's own variable, then the one `vllm bench serve` and
+# OpenAI clients read
+KEY_ENV = ("VLLM_API_KEY", "OPENAI_API_KEY")
+# served_models' message for an HTTP answer: 401 (no or wrong key, vLLM's --api-key) and 403 refuse the key
+_REFUSED = re.compile(r"answered HTTP (401|403)\b")
+
+
+def api_key(args: Namespace) -> tuple[str | None, str]:
+    """The served model's API key and where it came from (an option, else a variable); (None, "") without one.
+    The environment is the better way: /proc/PID/cmdline, where --api-key sits for the whole sweep, is every
+    local user's to read, and a shell's history keeps it."""
+    if args.api_key is not None:
+        return args.api_key, "--api-key"
+    for var in KEY_ENV:
+        value = os.environ.get(var)
+        if value:
+            return value, var
+    return None, ""
+
+
+def _key_refused(exc: ServerError, source: str) -> BenchError | None:
+    """A clear error (exit 1: the server is there, it refuses the key) for a 401 or 403, else None."""
+    if getattr(exc, "status", None) not in (401, 403) and not _REFUSED.search(str(exc)):
+        return None
+    given = f"the API key from {source} was refused" if source else "no API key was given"
+    return BenchError(f"{exc}: {given}; give the key the model serves with (vLLM's --api-key) in VLLM_API_KEY or "
+                      "OPENAI_API_KEY (or --api-key, which every local user sees in ps)", EXIT_FAILED)
 
 
 # ---------------------------------------------------------------------------------------------- the target
@@ -173,11 +207,11 @@ def _prompt(text: str, where: str) -> str:
     return obj["prompt"]
 
 
-def _check(args: Namespace) -> None:
+def _check(args: Namespace, key_source: str = "--api-key") -> None:
     """Every option checked before the server is asked anything (exit 2, nothing sent, nothing written)."""
     bad = [f"{name} must be at least 1" for name, v in (("--input-len", args.input_len),
                                                           ("--output-len", args.output_len)) if v < 1]
-    bad += _api_key_problem(args.api_key)
+    bad += _api_key_problem(args.api_key, key_source)
     bad += _json_problem(args.json) if args.json else []
     bad += ["--rounds must be at least 1"] if args.rounds is not None and args.rounds < 1 else []
     bad += ["--concurrency levels must be at least 1"] if any(c < 1 for c in args.concurrency or ()) else []
@@ -190,11 +224,11 @@ def _check(args: Namespace) -> None:
         raise BenchError("; ".join(bad), EXIT_USAGE)
 
 
-def _api_key_problem(key: str | None) -> list[str]:
+def _api_key_problem(key: str | None, source: str = "--api-key") -> list[str]:
     """An HTTP header carries printable ASCII only: anything else failed late and unclearly (a UnicodeEncodeError
-    per request), and a CR LF would add headers of its own. The key itself is never printed."""
+    per request), and a CR LF would add headers of its own. The key itself is never printed, only its source."""
     bad = next((i for i, c in enumerate(key or "", 1) if not " " <= c <= "~"), None)
-    return [f"--api-key must be printable ASCII (character {bad} is not)"] if bad else []
+    return [f"{source} must be printable ASCII (character {bad} is not)"] if bad else []
 
 
 def _json_problem(path: str) -> list[str]:
@@ -257,16 +291,18 @@ def _json_levels(result: SweepResult, meta: dict[str, Any]) -> list[dict[str, An
 def run(args: Namespace) -> int:
     cfg = _config(args) if not args.url or not args.no_store else None
     client = None if args.no_store else _agent(args, cfg)
+    args.api_key, key_source = api_key(args)
     try:
-        _check(args)
+        _check(args, key_source)
         prompts = _prompts(args.prompts)
         url, serving = _target(args, _serving(client))
         model, model_id = asyncio.run(_model(url, args.model, serving.get("model"), args.api_key))
         wl = Workload(url, model, args.input_len, args.output_len, args.seed, args.api_key, prompts,
                       keep_text=bool(args.save_result))
     except ServerError as exc:
-        _err(str(exc))
-        return EXIT_UNREACHABLE
+        refused = _key_refused(exc, key_source)
+        _err(str(refused or exc))
+        return refused.code if refused else EXIT_UNREACHABLE
     except BenchError as exc:
         _err(str(exc))
         return exc.code

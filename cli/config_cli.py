@@ -46,6 +46,8 @@ def load_or_exit(args: Namespace, host: bool | None = None) -> Config | None:
             problems += [f"--socket: {problem}"] if problem else []
     except ConfigError as exc:
         problems = exc.problems
+    for line in () if problems else cfg.warnings:  # secrets others may read: told at every load, not refused
+        print(terminal_safe(f"lynxtop: config warning: {line}"), file=sys.stderr)
     for line in problems:
         print(terminal_safe(f"lynxtop: config error: {line}"), file=sys.stderr)  # it may quote the file
     return None if problems else cfg

@@ -299,7 +299,9 @@ def _bench(subs) -> None:
              "--save-result write one `vllm bench serve --save-result` file per level. Ctrl-C keeps finished levels.")
     p.add_argument("--url", help="server base URL (default: the agent's serving URL)")
     p.add_argument("--model", help="model name to request (default: the served model)")
-    p.add_argument("--api-key", help="bearer token for the server")
+    p.add_argument("--api-key", help="bearer token for the server (vLLM's --api-key); without it, VLLM_API_KEY, else "
+                   "OPENAI_API_KEY is read: better, as a command line is seen by every local user (ps). The server "
+                   "refusing the key (HTTP 401/403) is exit 1")
     p.add_argument("--input-len", type=_TOKENS, default=128, metavar="N", help="prompt tokens (default: %(default)s)")
     p.add_argument("--output-len", type=_TOKENS, default=128, metavar="N",
                    help="output tokens, ignore_eos (default: %(default)s)")

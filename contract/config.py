@@ -6,6 +6,8 @@ fixes a config in one pass instead of one error per restart. Nothing here has si
 
 from __future__ import annotations
 
+import contextlib
+import grp
 import json
 import math
 import os
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lynxtop.contract.models import BUILTIN_MODELS, GIB, ModelSpec
-from lynxtop.contract.redact import redact_argv, redact_env
+from lynxtop.contract.redact import is_secret_name, mask_url_credentials, redact_argv, redact_env
 from lynxtop.contract.terminal import first_control, terminal_safe
 
 DEFAULT_CONFIG_PATH = Path("/etc/lynxtop/config.toml")
@@ -445,6 +447,8 @@ class Config:
     profiles: tuple[Profile, ...]
     models: tuple[ModelSpec, ...] = ()  # `[[model]]`: descriptions for `lynxtop check`, before the built-in table
     ray: RayConfig = field(default_factory=RayConfig)
+    # what read_secret_env found worth telling but not refusing (secrets others may read): 'file: key: warning'
+    warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)
@@ -607,6 +611,31 @@ def _listen(key: str, v: Any) -> str:
     return s
 
 
+# scheme://USERINFO@ in an argument: the userinfo runs to the authority's last '@', as contract/redact.py reads it
+_URL_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://(?P<userinfo>[^/?#\s\"'<>]*)@")
+# where a secret may go instead of an argument: names masked wherever env is served, printed or stored (redact.py)
+_SECRET_ENV_HINT = ("a name holding TOKEN, KEY, SECRET, PASSWORD or CREDENTIAL, or one listed in [agent] "
+                    "secret_env, is masked")
+
+
+def url_password_use(args: Sequence[str], i: int, program: str = "vLLM") -> str | None:
+    """Why `args[i]` (an extra_args item) would put a URL's password (`scheme://USER:PASSWORD@`) in a command line,
+    or None. Said without the item itself (it holds the password): its position and the flag it belongs to.
+
+    lynxtop masks such a password wherever it shows argv, but the child's /proc/PID/cmdline is readable by every
+    local user and serving.json keeps argv as run, so it is refused like `--api-key`. A userinfo without a password
+    (`https://user@host`) and an empty one (`user:@`) are accepted."""
+    arg = args[i]
+    if "://" not in arg or not any(m.group("userinfo").partition(":")[2] for m in _URL_USERINFO.finditer(arg)):
+        return None
+    flag = arg.split("=", 1)[0] if arg.startswith("-") and "=" in arg else \
+        args[i - 1] if i > 0 and args[i - 1].startswith("-") else None
+    of = f" (the value of {flag.split('=', 1)[0]})" if flag else ""
+    return (f"item {i + 1}{of} holds a URL with a password (scheme://USER:PASSWORD@; not shown): it would sit in "
+            f"{program}'s command line, read by every local user (ps, /proc/PID/cmdline), and in the agent's state "
+            "files (serving.json)")
+
+
 def _extra_args(key: str, v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(a, str) for a in v):
         raise _Bad(f"expected an array of strings, got {_describe(v)}")
@@ -620,6 +649,10 @@ def _extra_args(key: str, v: Any) -> tuple[str, ...]:
         why = secret_flag_use(a) or tls_flag_use(a) or config_file_use(a, v[i + 1] if i + 1 < len(v) else None)
         if why:
             raise _Bad(why)
+        why = url_password_use(v, i)
+        if why:
+            raise _Bad(f"{why}; give it to vLLM through its environment instead, where vLLM reads it from a variable: "
+                       f"env_file or env_credentials (always secret), or env ({_SECRET_ENV_HINT})")
     why = dotted_conflict(v)
     if why:
         raise _Bad(why)
@@ -727,10 +760,14 @@ def _address(key: str, v: Any) -> str:
 def _ray_extra_args(key: str, v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(a, str) for a in v):
         raise _Bad(f"expected an array of strings, got {_describe(v)}")
-    for a in v:
+    for i, a in enumerate(v):
         if not a:
             raise _Bad("an argument is empty")
         _no_control(f"argument {a!r} ", a)
+        why = url_password_use(v, i, "`ray start`")
+        if why:
+            raise _Bad(f"{why}; give it through [ray] "
+                       f"env instead, where Ray reads it from a variable ({_SECRET_ENV_HINT})")
         name = a.split("=", 1)[0].replace("_", "-")
         if name in RAY_OWNED_FLAGS:
             raise _Bad(f"{a} is set by the agent or by a typed [ray] key; use the key instead of extra_args")
@@ -1213,6 +1250,94 @@ def read_credential(name: str) -> tuple[str, str | None]:
     return "", f"credential {name} ({path}) {why}"
 
 
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _read_by_others(st: os.stat_result, operators: str) -> str | None:
+    """Who besides the file's owner reads a file of secrets: every user, the operators' group, or None (nobody of
+    those: a group-readable file of another group is left alone, as env_file's rule allows 0640)."""
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & stat.S_IROTH:
+        return "every local user"
+    try:
+        gid = grp.getgrnam(operators).gr_gid
+    except KeyError:  # no such group here: the agent cannot give the socket to it either
+        return None
+    if mode & stat.S_IRGRP and st.st_gid == gid:
+        return f"the operators' group {operators} (agent.socket_group)"
+    return None
+
+
+def _readable_secret(path: Path, st: os.stat_result, operators: str) -> str | None:
+    """'PATH is readable by WHO (mode, group, owner)' for a file of secrets others read, else None."""
+    who = _read_by_others(st, operators)
+    if who is None:
+        return None
+    return (f"{path} is readable by {who} (mode {stat.S_IMODE(st.st_mode):04o}, group {_group_name(st.st_gid)}, "
+            f"owned by {_user(st.st_uid)})")
+
+
+def secret_exposure_warnings(cfg: Config) -> list[str]:
+    """Secrets that the operators' group (`[agent] socket_group`) or every local user can read in a file: an
+    env_file, a credential, or a secret written inline in env (a profile's, [ray]'s) of a config file they read.
+
+    lynxtop shows those values to the operators only masked; a file they read gives them the value itself. Told,
+    not refused (the agent and `config check` say it at every load): the README's own install
+    (root:lynxtop 0640, the agent's group being the operators') did exactly this, and an upgraded agent must not
+    refuse to start a model over it. Lines read like ConfigError's; none shows a value. Looks at the files on
+    disk, so it runs with the secrets (read_secret_env), on the config as parsed (env not yet merged)."""
+    source = str(cfg.path) if cfg.path else "<config>"
+    operators = cfg.agent.socket_group
+    uid = os.geteuid()
+    try:
+        owner = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        owner = str(uid)
+    out: list[str] = []
+
+    def fix(path: Path) -> str:
+        return f"chown {owner} {path} && chmod 600 {path}"
+
+    for i, prof in enumerate(cfg.profiles):
+        label = f"{source}: profile[{i}] ({prof.name})"
+        if prof.env_file is not None:
+            with contextlib.suppress(OSError):  # unreadable: read_env_file refuses it with the reason
+                why = _readable_secret(prof.env_file, os.stat(prof.env_file), operators)
+                if why:
+                    out.append(f"{label}.env_file: {why}: they read every secret in it, which lynxtop shows them "
+                               f"only masked; make it the agent's user's alone ({fix(prof.env_file)}), or use "
+                               "env_credentials with systemd's LoadCredential=")
+        directory = os.environ.get(CREDENTIALS_ENV)
+        for name, cred in prof.env_credentials.items() if directory else ():
+            path = Path(directory) / cred
+            with contextlib.suppress(OSError):  # absent: read_credential refuses it with the reason
+                why = _readable_secret(path, os.stat(path), operators)
+                if why:
+                    out.append(f"{label}.env_credentials.{name}: {why}: they read the secret, which lynxtop shows "
+                               f"them only masked; systemd's LoadCredential= gives it to the service alone (mode "
+                               f"0400); elsewhere: {fix(path)}")
+    inline = [(f"{source}: profile[{i}] ({p.name}).env", p.env) for i, p in enumerate(cfg.profiles)]
+    inline.append((f"{source}: ray.env", cfg.ray.env))
+    found = [(key, names) for key, env in inline
+             if (names := [k for k, v in env.items() if is_secret_name(k, cfg.agent.secret_env)
+                           or mask_url_credentials(v) != v])]
+    if found and cfg.path is not None:
+        with contextlib.suppress(OSError):
+            why = _readable_secret(cfg.path, os.stat(cfg.path), operators)
+            if why:
+                for key, names in found:
+                    are = "is a secret" if len(names) == 1 else "are secrets"
+                    out.append(f"{key}: {', '.join(names)} {are} written in the config file, and {why}: they read "
+                               f"the value, which lynxtop shows them only masked; move it to an env_file of mode "
+                               f"0600 owned by the agent's user ({owner}), or to env_credentials with systemd's "
+                               f"LoadCredential= (or make the config the agent's user's alone: {fix(cfg.path)})")
+    return out
+
+
 def read_secret_env(cfg: Config) -> Config:
     """`cfg` with each profile's env_file and env_credentials read into its env, their names masked everywhere.
 
@@ -1247,7 +1372,8 @@ def read_secret_env(cfg: Config) -> Config:
             problems.append(f"{source}: agent.tcp_token_file: {why}")
     if problems:
         raise ConfigError([terminal_safe(p) for p in problems])
-    return replace(cfg, profiles=tuple(profiles))
+    warnings = secret_exposure_warnings(cfg)  # cfg as parsed: its env holds only what the file writes inline
+    return replace(cfg, profiles=tuple(profiles), warnings=tuple(terminal_safe(w) for w in warnings))
 
 
 def load_config(cli_value: str | None = None, secrets: bool = False) -> Config:

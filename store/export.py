@@ -11,8 +11,9 @@ the WAL. The range ends at the newest row stored when the export starts (fixed t
 stable range); raw rows and compacted chunks are read together in each page (StoreReader.with_chunks), so
 compaction or retention between two pages neither repeats nor drops a row still stored. A file is written
 to a temporary name beside the target and renamed at the end: an interrupted export never leaves a half
-file under the name. A FIFO or a character device (`-o >(gzip > x)`, /dev/stdout) is written into as it is:
---force replaces regular files only.
+file under the name. A FIFO or a character device named with -o for one table (`-o >(gzip > x)`, /dev/stdout)
+is written into as it is: --force replaces regular files only. `--table all -o DIR` names no file: a link or a
+special file at a table's name in DIR is refused (export_all).
 """
 
 from __future__ import annotations
@@ -440,11 +441,34 @@ class _Staging:
         self.sibling, self.made_parents = None, []
 
 
+def _not_regular(path: Path) -> str | None:
+    """Why `path` (a table's name in `--table all`'s DIR) must not be written, or None: absent or a regular file.
+    lstat, not stat: a link is the planter's choice of target (a device, anyone's file), whatever it points at."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be checked ({exc.strerror or exc})"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            return f"is a symbolic link (to {os.readlink(path)!r})"
+        except OSError:
+            return "is a symbolic link"
+    kind = {stat.S_IFDIR: "directory", stat.S_IFIFO: "FIFO", stat.S_IFCHR: "character device",
+            stat.S_IFBLK: "block device", stat.S_IFSOCK: "socket"}.get(stat.S_IFMT(st.st_mode), "special file")
+    return f"is a {kind}"
+
+
 def export_all(reader: StoreReader, resolution: str, start_ms: int, end_ms: int, directory: Path,
                force: bool = False, progress_stream: TextIO | None = None, raw: bool = False) -> dict[str, int]:
     """One file per table in `directory` (created if absent); checks every target before writing any, and puts
     the files in place only when all are written: on a failure (OutputError: a full disk) none is kept, no
-    existing file is replaced, and a directory it created is removed (`_Staging`)."""
+    existing file is replaced, and a directory it created is removed (`_Staging`). A table's name that is a link
+    or a special file is refused before anything is written: in a DIR others may write, it is theirs to plant (a
+    link to a device, to anyone's file), so each file is only ever created anew and renamed over the name."""
     if os.path.lexists(directory) and not directory.is_dir():  # a dangling symlink too: never replaced
         raise ExportError(f"{directory} is not a directory (--table all writes one file per table into it)")
 
@@ -452,10 +476,15 @@ def export_all(reader: StoreReader, resolution: str, start_ms: int, end_ms: int,
         return f"{t}.csv" if t in ("events", "runs") or resolution == "raw" else f"{t}_{resolution}.csv"
 
     targets = {t: directory / name(t) for t in TABLES}
-    existing = [str(p) for p in targets.values() if p.exists() and _special_kind(p) is None]  # FIFOs: as-is
+    for p in targets.values():
+        why = _not_regular(p)
+        if why:
+            raise ExportError(f"{p} {why}: --table all writes each table only as a regular file it creates or "
+                              f"replaces by rename, never into what is at a name it did not get from you; remove "
+                              f"it, or export into a directory only you write (or -o FILE for one table)")
+    existing = [str(p) for p in targets.values() if os.path.lexists(p)]
     if existing and not force:
         raise ExportError(f"{', '.join(existing)} already exist(s); use --force to overwrite")
-    kinds = {t: _target_kind(p, True) for t, p in targets.items()}
     queries = {t: _query(reader, t, resolution, start_ms, end_ms, raw) for t in TABLES}
     at = directory
     try:
@@ -469,7 +498,7 @@ def export_all(reader: StoreReader, resolution: str, start_ms: int, end_ms: int,
             q = fixed_end(reader, queries[t])
             prog = Progress(progress_stream or sys.stderr, count(reader, q), target.name)
             write = functools.partial(write_csv, reader, q, progress=prog)
-            counts[t] = _write_special(target, write) if kinds[t] else staging.write(target, write)
+            counts[t] = staging.write(target, write)  # renamed over the name at commit: never written through
         at = directory
         staging.commit()
     except OSError as exc:

@@ -1,5 +1,5 @@
-"""A URL's credentials (`https://USER:PASSWORD@host`) in a profile's env values or extra_args, or in [ray]'s, are
-secret whatever the variable's or the flag's name: vLLM gets them as written (Profile.env, Profile.argv), but every
+"""A URL's credentials (`https://USER:PASSWORD@host`, `https://TOKEN@host`) in a profile's env values or extra_args
+(there a password is refused: tests/contract/test_s20_secret_config.py), or in [ray]'s, are secret whatever the variable's or the flag's name: vLLM gets them as written (Profile.env, Profile.argv), but every
 shown or stored form (shown_env, shown_argv, flags and so the runs table, config_as_dict, `config check` plain and
 --json) masks the password as `***<short hash>`. `ray start --redis-password` in [ray] extra_args is refused like
 vLLM's --api-key, and a secret put into env_credentials by mistake is not quoted back."""
@@ -22,8 +22,8 @@ TEXT = f'''[[profile]]
 name = "a"
 executable = "/bin/true"
 model = "m"
-extra_args = ["--otlp-traces-endpoint", "https://ops:{SECRET}@otel.example:4318",
-              "--speculative-config={{\\"url\\": \\"http://u:{SECRET}@h/x\\"}}"]
+extra_args = ["--otlp-traces-endpoint", "https://{SECRET}@otel.example:4318",
+              "--speculative-config={{\\"url\\": \\"http://{SECRET}@h/x\\"}}"]
 [profile.env]
 HF_ENDPOINT = "https://mirror:{SECRET}@hf-mirror.example"
 NCCL_DEBUG = "WARN"
@@ -52,10 +52,10 @@ def test_vllm_gets_the_value_every_shown_form_masks_it():
     assert sum(SECRET in a for a in prof.argv()) == 2
     assert prof.shown_env() == {"HF_ENDPOINT": f"https://mirror:{mask(SECRET)}@hf-mirror.example",
                                 "NCCL_DEBUG": "WARN"}
-    assert f"https://ops:{mask(SECRET)}@otel.example:4318" in prof.shown_argv()
+    assert f"https://{mask(SECRET)}@otel.example:4318" in prof.shown_argv()
     assert SECRET not in json.dumps(prof.shown_argv())
     assert SECRET not in json.dumps(prof.flags())  # what the runs table and the profile list keep
-    assert prof.flags()["--otlp-traces-endpoint"] == f"https://ops:{mask(SECRET)}@otel.example:4318"
+    assert prof.flags()["--otlp-traces-endpoint"] == f"https://{mask(SECRET)}@otel.example:4318"
     assert SECRET not in json.dumps(config_as_dict(cfg))  # `config check --json`, argv and extra_args both
 
 
@@ -88,7 +88,7 @@ def _ray_config(tmp_path: Path, ray: str) -> Path:
 
 def test_ray_env_and_extra_args_are_masked_in_config_check(tmp_path, capsys):
     path = _ray_config(tmp_path, f'env = {{ RAY_X = "https://u:{SECRET}@h" }}\n'
-                                 f'extra_args = ["--tracing-startup-hook=https://u:{SECRET}@h"]')
+                                 f'extra_args = ["--tracing-startup-hook=https://{SECRET}@h"]')
     for args in ((), ("--json",)):
         code = main(["config", "check", "--config", str(path), *args])
         out = capsys.readouterr()
