@@ -14,6 +14,11 @@ previous answer (`follow()`): it gets only the lines written since, or the new f
 path now names another file (rotated: renamed and a new one created) or a shorter one (truncated). A last line
 not yet ended by a newline is served with `partial` and read again from its start next time, so it is never
 shown cut in two.
+
+The log's directory may be writable by others (a configured log_dir, the service user vLLM runs as): the file
+is only read when it is a regular file with one name, opened without following a symlink (safefile). Anything
+else (a link planted there to a 0600 file was once served as the run's log lines) gives no lines and `error`
+says why.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ import os
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
+
+from lynxtop.agent.serving import safefile
 
 BLOCK = 64 * 1024  # read and written at a time
 LINE_CAP = 64 * 1024  # a longer line is cut: one connection never holds more than this of one line
@@ -61,6 +69,11 @@ def _lines(f: object, start: int, end: int, skip_first: bool) -> Iterator[tuple[
         yield line_at, bytes(carry), cut
 
 
+def _open(path: str) -> BinaryIO:
+    """The log for reading: a regular file with one name, never through a symlink (safefile.StateFileError)."""
+    return safefile.open_log_read(path, refused="no lines are served from it")
+
+
 def _text(line: bytes, cut: int) -> str | None:
     """The line as served, or None for a blank one (not counted, not served)."""
     text = line.decode("utf-8", "replace")
@@ -86,11 +99,12 @@ class LogTail:
     partial: bool = False  # the last line served has no newline yet: it comes again, longer, next time
     reset: str | None = None  # "rotated" or "truncated": a follower's file was replaced, read from its start
     skipped: int = 0  # bytes since the follower's offset left out by the limits (more than `lines`/`max_bytes`)
+    error: str | None = None  # why the log is not read: something other than a regular file stands at its path
 
     def follow_info(self) -> dict[str, int | bool | str | None]:
         """What a follower passes back (`next`, `inode`) and what happened to its file, for the answer."""
         return {"inode": self.inode, "next": self.next, "partial": self.partial, "reset": self.reset,
-                "skipped": self.skipped}
+                "skipped": self.skipped, "error": self.error}
 
     def locate(self) -> None:
         """Find where the tail starts, keeping offsets only (one int per wanted line)."""
@@ -102,11 +116,11 @@ class LogTail:
 
     def _find(self, after: int | None, inode: int | None) -> None:
         self.start = self.end = self.next = self.skipped = 0
-        self.partial, self.reset, self.inode = False, None, None
+        self.partial, self.reset, self.inode, self.error = False, None, None, None
         if self.path is None or self.lines <= 0:
             return
         try:
-            with open(self.path, "rb") as f:
+            with _open(self.path) as f:
                 st = os.fstat(f.fileno())
                 self.inode = st.st_ino
                 end = f.seek(0, os.SEEK_END)
@@ -125,6 +139,9 @@ class LogTail:
                         starts.append(at)
                         served += 1
                 unterminated = end > first and f.seek(end - 1) >= 0 and f.read(1) != b"\n"
+        except safefile.StateFileError as exc:
+            self.error = f"the run's log cannot be read: {exc}"
+            return
         except OSError:
             return
         self.next = last_at if unterminated and last_at is not None else end
@@ -136,11 +153,14 @@ class LogTail:
 
     def reader(self) -> Iterator[str]:
         """JSON pieces of the array's items (", "-joined, each at most about one BLOCK); call from a thread,
-        one `next()` at a time. An unreadable file ends the array early."""
+        one `next()` at a time. An unreadable file, or one that is no longer the file located, ends the array
+        early."""
         if self.end <= self.start or self.path is None:
             return
         try:
-            with open(self.path, "rb") as f:
+            with _open(self.path) as f:
+                if os.fstat(f.fileno()).st_ino != self.inode:  # replaced since `locate`: its offsets are not ours
+                    return
                 piece: list[str] = []
                 size = 0
                 first = True

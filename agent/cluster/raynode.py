@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from lynxtop.agent.api.control import ActionError
-from lynxtop.agent.serving import launcher, runtmp
+from lynxtop.agent.serving import launcher, procs, runtmp
 from lynxtop.agent.serving.backoff import FailureWindow
+from lynxtop.agent.serving.failures import os_refusal
 from lynxtop.agent.serving.launcher import ServerProcess
 from lynxtop.agent.serving.run import now_ms
 from lynxtop.agent.serving.startup import tail_lines
@@ -264,14 +265,19 @@ class RayNode:
                 self._adopted(proc)
                 self._watch = asyncio.get_running_loop().create_task(self._watch_exit(proc), name="ray-watch")
                 return
-            res = await launcher.kill_leftovers(record)
+            try:
+                res = await launcher.kill_leftovers(record)
+            except procs.ProcUnreadable as exc:  # what is left of it is unknown: its record stays for a later look
+                self._set(RayState.STOPPED, f"previous Ray not adopted ({why}) and what is left of it cannot be "
+                          f"looked for ({exc}): not started; restart the agent once it can list processes")
+                return
             log.info("previous Ray not adopted (%s); %d leftover process(es) killed", why, len(res.pids))
             launcher.remove_record(self.record_path)
         held = self._held()
         if held:
             self._set(RayState.STOPPED, f"{held} (kept stopped across agent restarts; lynxtop start to start it)")
             return
-        await self._launch("agent started")
+        await self._launch("agent started", own=True)
 
     def _adopted(self, proc: ServerProcess) -> None:
         """The adoption's event; a warning naming each setting the config changed since that Ray started, which
@@ -364,7 +370,8 @@ class RayNode:
 
     # ------------------------------------------------------------------------------------- runs
 
-    async def _launch(self, reason: str) -> None:
+    async def _launch(self, reason: str, own: bool = False) -> None:
+        """`own`: the agent's start at boot or its retry; an OS refusal then backs off (`_spawn_refused`)."""
         exe, why = ray_executable(self.cfg.ray)
         if why:
             self._set(RayState.STOPPED, f"cannot start Ray: {why}")
@@ -375,7 +382,11 @@ class RayNode:
         for old in launcher.prune_logs(self.log_dir, RAY_LOGS_KEPT):
             log.info("removed old Ray log %s", old)
         env = dict(self.cfg.ray.env) | {SOCKET_ENV: str(self.cfg.agent.socket), "RAY_USAGE_STATS_ENABLED": "0"}
-        tmp_dir, tmp_error = await asyncio.to_thread(_prepare_tmpdir, self.cfg)
+        try:
+            tmp_dir, tmp_error = await asyncio.to_thread(_prepare_tmpdir, self.cfg)
+        except RuntimeError as exc:  # no thread could start: nothing was started
+            self._spawn_refused(exe, argv, exc, own)
+            return
         tmp_details: dict[str, Any] = {}
         tmp_note = ""
         if tmp_dir is not None:
@@ -389,9 +400,8 @@ class RayNode:
             log.warning("ray: keeps its default temporary directory: %s", tmp_error)
         try:
             proc = await asyncio.to_thread(launcher.spawn, argv, log_path, env, "ray")
-        except OSError as exc:
-            self._set(RayState.STOPPED, f"could not start {exe}: {exc}")
-            self._event(EventKind.RAY_EXITED, Severity.ERROR, f"could not start Ray: {exc}", argv=redact_argv(argv))
+        except (OSError, RuntimeError) as exc:  # nothing was started (spawn never raises once it forked)
+            self._spawn_refused(exe, argv, exc, own)
             return
         self.proc = proc
         self.running_settings = argv_settings(argv)
@@ -425,6 +435,23 @@ class RayNode:
         leftovers = await proc.stop(5.0, 10.0)  # whatever of the node's Ray outlived `ray start`
         if leftovers.pids:
             log.info("ray: stopped %d leftover process(es) after the exit", len(leftovers.pids))
+        self._back_off(reason)
+
+    def _spawn_refused(self, exe: str, argv: list[str], exc: Exception, own: bool) -> None:
+        """Ray could not be started. An operator's start stays "stopped" (they see it and act); the agent's own
+        start or retry that a passing OS limit refused (processes/threads, memory, descriptors) is a failure
+        backed off like an exit: "stopped" there ended the retries for good (the crash-loop limit still caps it)."""
+        limit = os_refusal(exc)
+        why = f"{exc}: {limit}" if limit else str(exc)
+        self._event(EventKind.RAY_EXITED, Severity.ERROR, f"could not start Ray: {why}", argv=redact_argv(argv))
+        if own and limit is not None:
+            self._back_off(f"could not start {exe}: {why}")
+            return
+        self.next_retry_ms = None
+        self._set(RayState.STOPPED, f"could not start {exe}: {why}")
+
+    def _back_off(self, reason: str) -> None:
+        """Count a failure: a retry after a backoff, or a crash loop that waits for an operator."""
         delay = self.failures.fail()
         if delay is None:
             window = self.cfg.agent.crash_loop_window_s
@@ -478,7 +505,7 @@ class RayNode:
         await asyncio.sleep(delay)
         self._retry = None
         if self.state == RayState.BACKOFF:
-            await self._launch(f"retry {self.failures.consecutive} after failure")
+            await self._launch(f"retry {self.failures.consecutive} after failure", own=True)
 
     def _cancel_retry(self) -> None:
         if self._retry is not None and self._retry is not asyncio.current_task():

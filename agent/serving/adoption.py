@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lynxtop.agent.serving import launcher
+from lynxtop.agent.serving import launcher, procs
 from lynxtop.agent.serving.launcher import ServerProcess
 from lynxtop.agent.serving.run import now_ms
 from lynxtop.agent.serving.runstore import RunStore, store_call
@@ -108,8 +108,18 @@ class Adoption:
 
     async def _not_adopted(self, record: launcher.ServerRecord, why: str, stopped: bool = False) -> None:
         """The recorded server is gone or not ours any more: kill what is left of its run and close its row.
-        `stopped`: an operator's stop of it was under way (its end is that stop's, said as such)."""
-        res = await launcher.kill_leftovers(record)
+        `stopped`: an operator's stop of it was under way (its end is that stop's, said as such). /proc that cannot
+        be listed (the agent out of descriptors) says nothing of what is left: nothing is signalled or closed, and
+        the record stays for the next agent's look."""
+        try:
+            res = await launcher.kill_leftovers(record)
+        except procs.ProcUnreadable as exc:
+            self._event(EventKind.SERVING_NOT_ADOPTED, Severity.WARNING,
+                        f"previous run {record.run_id} (profile {record.profile}) not adopted: {why}; what is left "
+                        f"of it cannot be looked for ({exc}), so nothing of it is signalled and its record "
+                        f"{self._state.path} is kept: the agent's next start looks again",
+                        run_id_prev=record.run_id, pids=[], kept=True)
+            return
         extra = (f"; killed {len(res.pids)} leftover process(es) of that run: "
                  + ", ".join(o.describe() for o in res.orphans)) if res.pids else ""
         head = (f"previous run {record.run_id} (profile {record.profile}), whose stop by an operator was under way "

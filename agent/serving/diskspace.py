@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lynxtop.agent.api.control import ActionError
+from lynxtop.agent.serving.watch import ThreadOrInline
 from lynxtop.contract.config import AgentConfig, Config, Profile
 from lynxtop.contract.events import EventKind, Severity
 from lynxtop.contract.files import free_bytes
@@ -95,7 +96,8 @@ async def crash_cause(run: Run, agent: AgentConfig) -> str | None:
     """Why a run that exited before ready likely died: its log's file system full (below the threshold now, or
     low while it ran, or the log could not be created for want of space); None otherwise."""
     where = Path(run.log_path).parent
-    free = await asyncio.to_thread(free_bytes, where)
+    # inline when no thread can start (a pids limit): the crash is then still handled and the policy applied
+    free = await ThreadOrInline(f"run {run.run_id}: the free space of {where}").call(free_bytes, where)
     low = free is not None and free < agent.min_free_mb * MIB
     seen = (run.log_problem is not None and run.log_problem[0] == "space") or _ENOSPC in (run.proc.log_error or "")
     if not (low or seen):

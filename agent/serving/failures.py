@@ -10,6 +10,8 @@ The serving state changes only through the run lifecycle's `set_state`, which st
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -20,14 +22,36 @@ from lynxtop.agent.serving.retry import Retry
 from lynxtop.agent.serving.run import Run
 from lynxtop.contract.config import Config, Profile
 from lynxtop.contract.events import EventKind, Severity
+from lynxtop.contract.redact import redact_argv
 from lynxtop.contract.status import ServingState as S  # noqa: N817 - read as a state name: S.READY
 
 if TYPE_CHECKING:
     from lynxtop.agent.serving.lifecycle import RunLifecycle
 
+log = logging.getLogger("lynxtop.agent.serving.supervisor")
+
 # who the retry's action is by ("agent (...)"): the refusal of a start while it loads names its cause
 RETRY_AFTER_CRASH = "retry after a crash"
 RETRY_AFTER_TIMEOUT = "retry after a readiness timeout"
+
+_LIMITS = {
+    errno.EAGAIN: "the system refused a new process or thread: a process/thread limit is reached (the agent "
+                  "unit's TasksMax, its pids cgroup, or RLIMIT_NPROC; vLLM's threads count against it too)",
+    errno.ENOMEM: "the system refused a new process for want of memory: a memory limit (the unit's MemoryMax or "
+                  "its memory cgroup), the node's memory, or a process/thread limit (TasksMax, pids cgroup)",
+    errno.EMFILE: "the agent has no file descriptor left (its LimitNOFILE)",
+    errno.ENFILE: "the system has no file descriptor left (fs.file-max)",
+}
+
+
+def os_refusal(exc: BaseException) -> str | None:
+    """What limit refused a process, a thread or a descriptor (a passing refusal: a retry may succeed), or None
+    when `exc` is no such refusal (a missing executable, a refused log path: retrying changes nothing)."""
+    if isinstance(exc, OSError):
+        return _LIMITS.get(exc.errno or 0)
+    if isinstance(exc, RuntimeError) and "thread" in str(exc):  # threading: "can't start new thread"
+        return _LIMITS[errno.EAGAIN]
+    return None
 
 
 class Failures:
@@ -65,6 +89,56 @@ class Failures:
         await lc.stop_and_release(run, min(prof.stop_grace_s, 5.0))
         await lc.finish_run(run, f"crashed: {reason}")
         await self._count(prof, reason)
+
+    async def after_exit(self, run: Run, prof: Profile, ex: ExitInfo, readiness: str) -> None:
+        """`crashed`, never raising: an error while handling the end is logged and told, the run's rest stopped
+        and its end recorded as far as they go, and the restart policy still decides (a dead task once left
+        serving "stopping" with the policy gone)."""
+        try:
+            await self.crashed(run, prof, ex, readiness)
+            return
+        except Exception as exc:  # noqa: BLE001 - the end of a run is handled whatever it met
+            what = f"{type(exc).__name__}: {exc}"
+        lc = self._lc
+        log.error("run %s (profile %s): handling its exit failed: %s", run.run_id, prof.name, what, exc_info=True)
+        lc.resolve_outcome(False)
+        reason = f"vLLM {ex.describe()} (not requested by anyone; handling its end met {what})"
+        lc.event(EventKind.ACTION_FAILED, Severity.ERROR, f"run {run.run_id} (profile {prof.name}): {reason}; "
+                 "cleaning up and applying the restart policy anyway", error=what, where="run exit")
+        for step in (lambda: lc.stop_and_release(run, min(prof.stop_grace_s, 5.0)),
+                     lambda: lc.finish_run(run, f"crashed: {reason}")):
+            try:
+                await step()
+            except Exception:  # noqa: BLE001 - each step as far as it goes
+                log.exception("run %s: cleaning up after its exit failed", run.run_id)
+        if lc.state in (S.BACKOFF, S.CRASH_LOOP) or readiness == "timeout":
+            return  # the policy had decided already
+        try:
+            await self._count(prof, reason)
+        except Exception as exc:  # noqa: BLE001 - at least never "stopping" for ever
+            log.exception("run %s: applying the restart policy failed", run.run_id)
+            lc.set_state(S.STOPPED, f"{reason}; the restart policy could not be applied ({exc}): lynxtop start")
+
+    async def start_refused(self, prof: Profile, exc: Exception, own: bool) -> bool:
+        """A start the OS refused (spawn's OSError, a thread that could not start): nothing was started. An
+        operator's start is "stopped" (serving.start_failed): they see it and act. The agent's own start (a
+        retry, the autostart) met a passing refusal (a process/thread, memory or descriptor limit) is counted as a
+        failure and backed off (the crash-loop limit still caps it): going "stopped" there ended the restart
+        policy for good. Returns False (for `launch`)."""
+        lc = self._lc
+        argv = prof.argv()
+        limit = os_refusal(exc)
+        why = f"{exc}: {limit}" if limit else str(exc)
+        lc.profile, lc.profile_name = prof, prof.name
+        lc.event(EventKind.SERVING_START_FAILED, Severity.ERROR, f"could not start profile {prof.name}: {why}",
+                 argv=redact_argv(argv))
+        if own and limit is not None:
+            await self._count(prof, f"could not start {argv[0]}: {why}")
+            return False
+        self._retry.started()  # no retry pending (one that failed here is over)
+        lc.set_state(S.STOPPED, f"could not start {argv[0]}: {why}")
+        lc.resolve_outcome(False)
+        return False
 
     async def _count(self, prof: Profile, reason: str, readiness_timeout: bool = False) -> None:
         lc = self._lc
@@ -118,7 +192,7 @@ class Failures:
 
     async def _retry_run(self, prof: Profile) -> None:
         lc = self._lc
-        if not await lc.launch(prof, f"retry {self._retry.failures.consecutive} after failure"):
+        if not await lc.launch(prof, f"retry {self._retry.failures.consecutive} after failure", retry=True):
             return
         run = lc.run
         if run is None:

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import select
 import signal
 import subprocess
 import threading
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 # After the leader exits on its own, its children get this long to finish exiting before the rest of the
 # run is called orphaned and signalled (a leader may exit a moment before the engine it stopped).
 ORPHAN_SETTLE_S = 0.5
+BLIND_RETRY_S = 0.5  # a stop that cannot read /proc (out of descriptors) looks again this often
 
 RECORD_FORMAT = 1  # serving.json's layout; a record without "format" is the previous version's: read as format 1
 PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: a larger pid is no process (and would overflow os.kill)
@@ -59,6 +61,7 @@ START_READS, START_READ_GAP_S = 20, 0.005
 # a loading run this young (or adopted and not looked at yet) is looked at every YOUNG_LOOK_S (`look_due`): its
 # EngineCore and workers retitle themselves at once, and are known only from a look while their leader lives
 YOUNG_S, YOUNG_LOOK_S = 60.0, 1.0
+EXIT_POLL_S = 0.5  # how often a leader's exit is looked for in /proc when no pidfd could be opened on it
 
 
 @dataclass
@@ -329,10 +332,17 @@ class ServerProcess:
         self.files = RunFiles(tmp_dir=record.tmp_dir)  # filled at readiness and again before a stop signals
         for path in record.shm_segments:  # seen by a previous agent (adoption)
             self.files.add_recorded(path, self.uid)
+        self.pidfd_error: str | None = None  # why the exit is polled from /proc instead (no pidfd), if it is
+        self._poll: asyncio.TimerHandle | None = None
         try:
             self._pidfd = os.pidfd_open(record.pid)
         except ProcessLookupError:
             self._on_exit_now()
+        except OSError as exc:
+            # EMFILE/ENFILE/ENOMEM: the server runs (spawn forked it, or it is adopted); raising here once left a
+            # forked vLLM with no record while the start said "could not start". Its exit is polled instead.
+            self.pidfd_error = f"no pidfd on pid {record.pid} ({exc.strerror or exc}): its exit is polled in /proc"
+            log.warning("profile %s: %s", record.profile, self.pidfd_error)
 
     @property
     def pid(self) -> int:
@@ -343,6 +353,21 @@ class ServerProcess:
         self._loop = loop or asyncio.get_running_loop()
         if self._pidfd is not None and not self._exited.is_set():
             self._loop.add_reader(self._pidfd, self._on_exit_now)
+        elif self.pidfd_error is not None and not self._exited.is_set():
+            self._poll = self._loop.call_later(EXIT_POLL_S, self._poll_exit)
+
+    def _poll_exit(self) -> None:
+        """Without a pidfd: the leader exited once /proc shows it a zombie (our child, not reaped: its pid cannot
+        be reused meanwhile), gone, or another process under its pid (an adopted leader reaped by another)."""
+        self._poll = None
+        if self._exited.is_set() or self._loop is None:
+            return
+        st = procs.stat(self.pid)
+        ticks = self.record.start_ticks
+        if st is None or st.state in ("Z", "X") or (ticks and st.start_ticks != ticks):
+            self._on_exit_now()
+        else:
+            self._poll = self._loop.call_later(EXIT_POLL_S, self._poll_exit)
 
     def _on_exit_now(self) -> None:
         if self.popen is not None and self.popen.returncode is None:
@@ -387,15 +412,25 @@ class ServerProcess:
 
     def members(self, table: ProcTable | None = None) -> list[int]:
         """Live pids of this run (leader, group, descendants, token): from the node's kept `table` when
-        sampling, from a fresh look at every process otherwise (deciding whether the run is gone)."""
+        sampling, from a fresh look at every process otherwise (deciding whether the run is gone). /proc
+        unreadable (out of descriptors): the last look's, never none (`_members`)."""
         return self._members(table)[0]
 
-    def _members(self, table: ProcTable | None = None) -> tuple[list[int], dict[int, int]]:
-        """The members and their start ticks; each one is known from now on."""
+    def _members(self, table: ProcTable | None = None, strict: bool = False) -> tuple[list[int], dict[int, int]]:
+        """The members and their start ticks; each one is known from now on. /proc unreadable: procs.ProcUnreadable
+        with `strict` (a stop must know it cannot see), else the last look's members, nothing learnt or forgotten
+        (an empty answer would read a live run as gone, and empty the record's members)."""
         roots = [self.pid] if not self.exited else []
         find = table.members if table is not None else procs.run_processes
         seen: dict[int, int] = {}
-        found = find(self.record.token, self.record.pgid, roots, self.record.start_ticks, self.known, seen)
+        try:
+            found = find(self.record.token, self.record.pgid, roots, self.record.start_ticks, self.known, seen)
+        except procs.ProcUnreadable:
+            if strict:
+                raise
+            with self._known_lock:
+                last = dict(self._seen)
+            return sorted(last), last
         with self._known_lock:
             known = self.known
             if any(known.get(pid) != ticks for pid, ticks in seen.items()):
@@ -436,11 +471,23 @@ class ServerProcess:
 
     def signal_group(self, sig: int) -> None:
         """The whole group at once, only while its leader (pid == pgid) is ours and alive: once the run's group
-        is empty its number may be a stranger's group; the members are then signalled one by one (`_Stop.kill`)."""
-        if not self.leader_alive():
+        is empty its number may be a stranger's group; the members are then signalled one by one (`_Stop.kill`).
+        Alive as the pidfd says (`_leader_running`): the group is reached even when /proc cannot be read."""
+        if not self._leader_running():
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.record.pgid, sig)
+
+    def _leader_running(self) -> bool:
+        """Whether the leader has not exited: by polling the pidfd while we hold it (no descriptor opened, so a
+        stop out of descriptors still tells; a zombie reads exited, as with `leader_alive`), else from /proc."""
+        if self.exited:
+            return False
+        if self._pidfd is None:
+            return self.leader_alive()
+        poll = select.poll()  # a poll(2) per call: no epoll descriptor
+        poll.register(self._pidfd, select.POLLIN)
+        return not poll.poll(0)
 
     def _signal_leader(self, sig: int) -> bool:
         """Through the pidfd while we hold it: a recycled pid can never be hit."""
@@ -456,17 +503,24 @@ class ServerProcess:
         return True
 
     async def stop(self, grace_s: float, kill_wait_s: float = 10.0, poll_s: float = 0.05) -> StopResult:
-        """SIGTERM the leader, then what it leaves behind, SIGKILL what is left after `grace_s`; clean files."""
+        """SIGTERM the leader, then what it leaves behind, SIGKILL what is left after `grace_s`; clean files.
+
+        /proc unreadable (the agent out of descriptors) is not "nothing left": the stop goes on by the pidfd, the
+        group (while the leader is ours) and the known pids, waits its grace, SIGKILLs, and does not return until
+        a look at /proc confirms the run is gone (`_Stop.until_seen`): its caller removes the record."""
         stop = _Stop(self)
         left = stop.look()
-        stop.leader_was_dead = not self.leader_alive()
+        stop.leader_was_dead = not self._leader_running()
         if not stop.leader_was_dead and self._signal_leader(signal.SIGTERM):
             stop.sent[self.pid] = signal.SIGTERM
         left = await stop.terminate(left, grace_s, poll_s)
-        if left:
-            log.warning("run %s: %d process(es) still alive after %.0f s grace, sending SIGKILL: %s",
-                        self.record.run_id, len(left), grace_s, left)
+        if left or stop.blind:
+            log.warning("run %s: %s after %.0f s grace, sending SIGKILL: %s", self.record.run_id,
+                        f"{len(left)} process(es) still alive" if not stop.blind else
+                        f"which processes live is unknown ({stop.blind})", grace_s, left)
         left = await stop.kill(left, kill_wait_s, poll_s)
+        if stop.blind:
+            left = await stop.until_seen(kill_wait_s, poll_s)
         await self._reap()
         return stop.result(left)
 
@@ -474,12 +528,16 @@ class ServerProcess:
         if not self.exited and self.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 await asyncio.to_thread(self.popen.wait, 2.0)
-        # the pidfd callback may be queued behind us: make sure the exit is recorded
-        if not self._exited.is_set() and not procs.alive(self.pid):
+        # the pidfd callback may be queued behind us: make sure the exit is recorded (by the pidfd: /proc
+        # unreadable is no exit, and this closes the pidfd)
+        if not self._exited.is_set() and not self._leader_running():
             self._on_exit_now()
 
     def close(self) -> None:
         """Stop watching the exit: the pidfd leaves the loop and is closed (again: nothing)."""
+        if self._poll is not None:
+            self._poll.cancel()
+            self._poll = None
         if self._pidfd is not None:
             if self._loop is not None:
                 self._loop.remove_reader(self._pidfd)
@@ -500,30 +558,85 @@ class _Stop:
         self.files.add_from_log(proc.record.log_path, proc.uid if proc.uid is not None else os.getuid())
         self.leader_was_dead = False  # the API server had exited before the stop began (set by the caller)
         self._leader_gone_at: float | None = None
+        self.blind: str | None = None  # why /proc cannot be read now (the run's processes unknown, not none)
+        self.unverified: set[int] = set()  # known pids that may be someone else's now: never signalled by pid
 
     def look(self) -> list[int]:
-        alive = self.proc.members()
+        try:
+            alive = self.proc._members(strict=True)[0]
+        except procs.ProcUnreadable as exc:
+            return self._blind_look(str(exc))
+        if self.blind is not None:
+            log.warning("run %s: /proc can be read again: the stop goes on from what it shows", self.proc.record.run_id)
+            self.blind, self.unverified = None, set()
         for pid in alive:
             if pid not in self.titles:
                 self.titles[pid] = procs.title(pid)
                 self.files.add_segments_of(pid, again=True)  # before any signal: a dead process's maps are gone
         return alive
 
+    def _blind_look(self, why: str) -> list[int]:
+        """What may still live while /proc cannot be listed: the leader by its pidfd, and each known member (pid and
+        start time) not proven gone. A pid whose process cannot be read is kept (unverified: not signalled by pid,
+        which may be a stranger's by now, but the stop is not done while it may live); no such pid: gone."""
+        if self.blind is None:
+            log.error("run %s: stop: %s; which of the run's processes live cannot be told: the stop goes on by the "
+                      "pidfd, the process group and the known pids, and is not done (the record kept, serving "
+                      "'stopping') until /proc can be read", self.proc.record.run_id, why)
+        self.blind = why
+        left = [self.proc.pid] if self.proc._leader_running() else []
+        unverified = set()
+        for pid, ticks in sorted(self.proc.known.items()):
+            if pid == self.proc.pid:
+                continue
+            s = procs.stat(pid)
+            if s is not None:
+                if s.start_ticks == ticks and s.state not in ("Z", "X"):
+                    left.append(pid)
+                continue
+            try:
+                os.kill(pid, 0)  # no descriptor needed: ESRCH says no process has that pid
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                pass
+            left.append(pid)
+            unverified.add(pid)
+        self.unverified = unverified
+        return left
+
+    async def until_seen(self, kill_wait_s: float, poll_s: float) -> list[int]:
+        """After the SIGKILL, /proc still unreadable: no look can confirm the run is gone, so the stop waits for one
+        (a stop once called a live server stopped on an empty listing), SIGKILLing the group and the verified
+        members meanwhile; then it ends as any stop's kill does."""
+        log.error("run %s: stop not confirmed: %s; waiting until /proc can be read", self.proc.record.run_id,
+                  self.blind)
+        while True:
+            await asyncio.sleep(BLIND_RETRY_S)
+            left = self.look()
+            if self.blind is None:
+                return await self.kill(left, kill_wait_s, poll_s)
+            self.proc.signal_group(signal.SIGKILL)
+            for pid in left:
+                self.signal(pid, signal.SIGKILL)
+
     def signal(self, pid: int, sig: int) -> None:
+        if pid in self.unverified:
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
             self.sent[pid] = sig
 
     def _orphan_the_rest(self, left: list[int]) -> None:
         """Once the leader is gone (its children had ORPHAN_SETTLE_S to follow it), all that is left is orphaned."""
-        if self.orphans is None and not self.proc.leader_alive():
+        if self.orphans is None and not self.proc._leader_running():
             self._leader_gone_at = self._leader_gone_at or time.monotonic()
             if self.leader_was_dead or time.monotonic() - self._leader_gone_at >= ORPHAN_SETTLE_S:
                 self.orphans = []
         if self.orphans is None:
             return
         for pid in left:
-            if pid != self.proc.pid and pid not in self.orphans:
+            if pid != self.proc.pid and pid not in self.orphans and pid not in self.unverified:
                 self.orphans.append(pid)
                 self.signal(pid, signal.SIGTERM)
 
@@ -532,18 +645,19 @@ class _Stop:
         deadline = time.monotonic() + grace_s
         while True:
             self._orphan_the_rest(left)
-            if not left or time.monotonic() >= deadline:
+            if not left and self.blind is None or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(poll_s)
             left = self.look()
         if self.orphans is None:  # the grace ended first: if the leader is gone, what it left behind is orphaned
-            self.orphans = [p for p in left if p != self.proc.pid] if not self.proc.leader_alive() else []
+            self.orphans = ([p for p in left if p != self.proc.pid and p not in self.unverified]
+                            if not self.proc._leader_running() else [])
         return left
 
     async def kill(self, left: list[int], kill_wait_s: float, poll_s: float) -> list[int]:
         """SIGKILL the group and every straggler until nothing is left or `kill_wait_s` passed."""
         deadline = time.monotonic() + kill_wait_s
-        while left and time.monotonic() < deadline:
+        while (left or self.blind is not None) and time.monotonic() < deadline:
             self.proc.signal_group(signal.SIGKILL)
             for pid in left:
                 self.signal(pid, signal.SIGKILL)
@@ -562,6 +676,11 @@ class _Stop:
         return result
 
 
+class RunLogRefused(OSError):
+    """The run's log path holds something the agent does not write through (a link, not a regular file, not its
+    own): the run is not started. str() names the path and why."""
+
+
 def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profile: str,
           run_id: int | None = None, token: str | None = None, started_ms: int | None = None,
           secret_names: Collection[str] = (), tmp_root: Path | None = None) -> ServerProcess:
@@ -575,13 +694,18 @@ def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profi
     place a secret is kept while it runs.
 
     A log that cannot be created (full disk, permissions) does not stop serving: the output goes to
-    /dev/null and `log_error` on the result says why, for the caller's event.
+    /dev/null and `log_error` on the result says why, for the caller's event. A log path where something other
+    than the agent's own regular file stands (a symlink, a FIFO, a hard link, someone else's file: planted in a
+    log directory others can write) is never written through: RunLogRefused (an OSError naming the path), and
+    nothing is started, which the caller reports as the start failure it is.
     """
     token = token or new_token()
     log_error: str | None = None
     try:
         log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        fd = safefile.open_log_append(log_path, 0o640, refused="the run is not started, nothing is written through it")
+    except safefile.StateFileError as exc:
+        raise RunLogRefused(f"the run's log {exc}") from None
     except OSError as exc:
         log_error = f"cannot create the run's log {log_path}: {exc.strerror or exc}"
         fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
@@ -602,15 +726,32 @@ def spawn(argv: list[str], log_path: Path, profile_env: Mapping[str, str], profi
         raise
     finally:
         os.close(fd)
-    record = ServerRecord(
-        run_id=run_id, profile=profile, pid=popen.pid, pgid=popen.pid, start_ticks=_start_ticks(popen.pid),
-        argv=list(argv), token=token, log_path=str(log_path),
-        started_ms=started_ms if started_ms is not None else int(time.time() * 1000),
-        env=redact_env(profile_env, secret_names), tmp_dir=tmp_dir,
-    )
-    proc = ServerProcess(record, popen, adopted=False)
+    try:  # the server runs from here: it is returned, watched, or killed, never left running unrecorded
+        record = ServerRecord(
+            run_id=run_id, profile=profile, pid=popen.pid, pgid=popen.pid, start_ticks=_start_ticks(popen.pid),
+            argv=list(argv), token=token, log_path=str(log_path),
+            started_ms=started_ms if started_ms is not None else int(time.time() * 1000),
+            env=redact_env(profile_env, secret_names), tmp_dir=tmp_dir,
+        )
+        proc = ServerProcess(record, popen, adopted=False)  # no pidfd: its exit is polled (pidfd_error)
+    except Exception as exc:
+        _kill_unrecorded(popen, tmp_dir)
+        refused = OSError(f"pid {popen.pid} was started, then killed with its process group before it could be "
+                          f"recorded ({type(exc).__name__}: {exc})")
+        refused.errno = exc.errno if isinstance(exc, OSError) else None  # a passing limit stays one (a retry)
+        raise refused from exc
     proc.log_error, proc.tmp_error = log_error, tmp_error
     return proc
+
+
+def _kill_unrecorded(popen: subprocess.Popen, tmp_dir: str | None) -> None:
+    """A server spawn could not record: SIGKILL its group (its own session: start_new_session) and reap it."""
+    with contextlib.suppress(OSError):
+        os.killpg(popen.pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        popen.wait(timeout=5.0)
+    if tmp_dir is not None and popen.returncode is not None:
+        runtmp.remove(tmp_dir)
 
 
 def _start_ticks(pid: int) -> int:

@@ -234,44 +234,43 @@ class RunLifecycle:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
-    async def launch(self, prof: Profile, reason: str, restart: bool = False, autostart: bool = False) -> bool:
+    async def launch(self, prof: Profile, reason: str, restart: bool = False, autostart: bool = False,
+                     retry: bool = False) -> bool:
         """Spawn a new run of `prof` (the GPUs were freed by whoever stopped the previous run); `restart`: an
         operator's or the hang policy's restart, counted. Waits while processes not of the run hold its GPUs
-        (gpu_holders.py: an operator's action was refused for them already; an autostart or retry waits)."""
+        (gpu_holders.py: an operator's action was refused for them already; an autostart or retry waits).
+        `autostart`, `retry`: the agent's own start, which a passing refusal by the OS backs off (failures.py)."""
         refuse_if_current(self.run, prof)
         if restart:
             self.restarts += 1
-        await self._await_cluster(prof)
-        if not await self.gpu_gate.wait(prof, autostart):  # held: another lynxtop agent's run (gpu_holders.py)
-            return self.resolve_outcome(False) or False
-        agent = self._config().agent
-        protect = {self.proc.record.log_path} if self.proc is not None else set()
-        for old in launcher.prune_logs(agent.run_log_dir, RUN_LOGS_KEPT, protect):
-            log.info("removed old run log %s (keeping the newest %d)", old, RUN_LOGS_KEPT)
-        spawned = prof
-        if self._cluster is not None and prof.uses_ray and "RAY_ADDRESS" not in prof.env:
-            # the cluster this agent runs, by name: ray.init("auto") takes whichever Ray started last on the host
-            spawned = dataclasses.replace(prof, env={**prof.env, "RAY_ADDRESS": self._cluster.address})
-        taken = await asyncio.to_thread(procs.port_holders, prof.host, prof.port)
-        if taken:  # every start (restart, switch, retry) checks the port once the previous run is gone
-            self.profile, self.profile_name = prof, prof.name
-            why = port_taken(prof, taken)
-            self.set_state(S.STOPPED, why)
-            self.event(EventKind.SERVING_PORT_IN_USE, Severity.ERROR, f"could not start profile {prof.name}: {why}",
-                       pids=sorted({p for h in taken for p in h.pids}), port=prof.port)
-            self.resolve_outcome(False)
-            return False
-        refuse_if_current(self.run, prof)  # again after the awaits, none between this check and the spawn
         try:
+            await self._await_cluster(prof)
+            if not await self.gpu_gate.wait(prof, autostart):  # held: another lynxtop agent's run (gpu_holders.py)
+                return self.resolve_outcome(False) or False
+            agent = self._config().agent
+            protect = {self.proc.record.log_path} if self.proc is not None else set()
+            for old in launcher.prune_logs(agent.run_log_dir, RUN_LOGS_KEPT, protect):
+                log.info("removed old run log %s (keeping the newest %d)", old, RUN_LOGS_KEPT)
+            spawned = prof
+            if self._cluster is not None and prof.uses_ray and "RAY_ADDRESS" not in prof.env:
+                # the cluster this agent runs, by name: ray.init("auto") takes whichever Ray started last on the host
+                spawned = dataclasses.replace(prof, env={**prof.env, "RAY_ADDRESS": self._cluster.address})
+            taken = await asyncio.to_thread(procs.port_holders, prof.host, prof.port)
+            if taken:  # every start (restart, switch, retry) checks the port once the previous run is gone
+                self.profile, self.profile_name = prof, prof.name
+                why = port_taken(prof, taken)
+                self.set_state(S.STOPPED, why)
+                self.event(EventKind.SERVING_PORT_IN_USE, Severity.ERROR,
+                           f"could not start profile {prof.name}: {why}",
+                           pids=sorted({p for h in taken for p in h.pids}), port=prof.port)
+                self.resolve_outcome(False)
+                return False
+            refuse_if_current(self.run, prof)  # again after the awaits, none between this check and the spawn
             run = Run.launch(spawned, agent.run_log_dir, runtmp.root_for(agent.database))
-        except OSError as exc:
-            argv = prof.argv()
-            self.profile, self.profile_name = prof, prof.name
-            self.set_state(S.STOPPED, f"could not start {argv[0]}: {exc}")
-            self.event(EventKind.SERVING_START_FAILED, Severity.ERROR, f"could not start profile {prof.name}: {exc}",
-                       argv=redact_argv(argv))
-            self.resolve_outcome(False)
-            return False
+        except LiveRunError:
+            raise
+        except (OSError, RuntimeError) as exc:  # nothing was started (spawn never raises once it forked)
+            return await self._failures.start_refused(prof, exc, own=autostart or retry)
         proc = run.proc
         self.run = run
         self.profile, self.profile_name = prof, prof.name
@@ -287,6 +286,7 @@ class RunLifecycle:
         self.state_file.save(proc.record)
         self.set_state(S.STARTING, reason)
         tmp = f"; it keeps the agent's own temporary directory: {proc.tmp_error}" if proc.tmp_error else ""
+        tmp += f"; {proc.pidfd_error}" if proc.pidfd_error else ""  # a descriptor refused after the fork
         self.event(EventKind.SERVING_STARTING, Severity.INFO, f"run {run.run_id}: started profile {prof.name} "
                    f"(pid {proc.pid}): {reason}{tmp}", pid=proc.pid, argv=redact_argv(proc.record.argv),
                    log_path=run.log_path, tmp_dir=proc.record.tmp_dir)
@@ -354,15 +354,13 @@ class RunLifecycle:
         capper = asyncio.get_running_loop().create_task(logcap.look_after(  # its size cap and its disk reserve
             run.log_path, lambda: self._config().agent, lambda: not proc.exited), name="run-log-upkeep")
         try:
-            readiness = await watch.until_ready()
-            if readiness == "ready":
-                await watch.while_serving()
+            readiness = await watch.watched()  # never raises but a cancel: a dead watch left a run unwatched
         finally:
             capper.cancel()
         if proc.exited and not self._closing:
             if readiness != "timeout":  # a timeout was counted already, as a failure rather than a crash
                 self.crashes += 1
-            await self._failures.crashed(run, prof, proc.exit or ExitInfo(None, None, known=False), readiness)
+            await self._failures.after_exit(run, prof, proc.exit or ExitInfo(None, None, known=False), readiness)
 
     def changed(self) -> None:
         """Something the status shows changed (a phase): the node refreshes its status line."""

@@ -8,7 +8,9 @@ the run's token in its environment (it escaped the group with setsid but inherit
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import logging
 import os
 import re
 import threading
@@ -18,6 +20,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from lynxtop.contract.files import close_fds
+
+log = logging.getLogger(__name__)
 
 RUN_TOKEN_ENV = "LYNXTOP_RUN_TOKEN"
 SHM_SEGMENT = re.compile(r"/dev/shm/psm_[0-9A-Za-z_]+")
@@ -352,11 +356,32 @@ def title(pid: int) -> str:
     return st.comm if st else ""
 
 
+class ProcUnreadable(OSError):
+    """/proc cannot be listed (the agent out of file descriptors, EMFILE/ENFILE; /proc not mounted): which
+    processes run is unknown, never "none". A caller does nothing destructive on it (no record removed, no run
+    called gone, no directory swept) and tries again later. str() says why."""
+
+
+_unreadable_told = False  # the listing's failure was logged (once per episode: a node look runs every 5 s)
+
+
 def all_pids() -> list[int]:
+    """Every pid /proc lists; ProcUnreadable when it cannot be listed (an empty answer would say "nothing runs"
+    of a node whose processes are merely unreadable: a stop once called a live server stopped that way)."""
+    global _unreadable_told
     try:
-        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return []
+        names = os.listdir("/proc")
+    except OSError as exc:
+        why = ("out of file descriptors" if exc.errno in (errno.EMFILE, errno.ENFILE) else exc.strerror or str(exc))
+        if not _unreadable_told:
+            _unreadable_told = True
+            log.warning("cannot list /proc (%s): the node's processes are unknown until it can; nothing is "
+                        "stopped, swept or called gone meanwhile", why)
+        raise ProcUnreadable(exc.errno, f"cannot list /proc: {why}") from None
+    if _unreadable_told:
+        _unreadable_told = False
+        log.info("/proc can be listed again")
+    return [int(name) for name in names if name.isdigit()]
 
 
 def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = (), since_ticks: int = 0,
@@ -367,7 +392,9 @@ def run_processes(token: str | None, pgid: int | None, roots: Iterable[int] = ()
     their environments are read (a node's hundreds of older processes cost a stat each, not two reads).
     `known`: pid -> start ticks of processes seen in the run before (`ServerProcess.known`): a process that
     retitled itself no longer shows the token, and once its leader is gone neither does its group. `into`: filled
-    with each member's pid -> start ticks, for the caller to know them next time."""
+    with each member's pid -> start ticks, for the caller to know them next time.
+
+    ProcUnreadable when /proc cannot be listed: the members are unknown, not none."""
     stats = {s.pid: s for s in (stat(p) for p in all_pids()) if s is not None}  # zombies too: `members_in`
     envs: dict[int, bytes | None] = {}  # the environments read, by pid
 
@@ -442,7 +469,7 @@ def runs_started_in(cwd: str, exclude: Iterable[int] = ()) -> list[int]:
     """Live processes of any lynxtop run started in `cwd` (the run-log directory: every run starts there).
 
     For a server nobody can adopt (state file lost or unreadable): its token is unknown, but its environment
-    still carries one and its working directory names this agent's runs.
+    still carries one and its working directory names this agent's runs. ProcUnreadable: unknown, not none.
     """
     skip = {os.getpid(), *exclude}
     found = []
@@ -521,12 +548,19 @@ def conflicts(host: str, bound: str) -> bool:
 
 
 def socket_owners(inodes: Iterable[int], pids: Iterable[int] | None = None) -> list[int]:
-    """The processes (among `pids`, or every one) holding a descriptor on one of the socket `inodes`."""
+    """The processes (among `pids`, or every one) holding a descriptor on one of the socket `inodes`.
+
+    /proc unlistable: none named, which callers say as "held by a process this agent cannot see" (`PortHolder`):
+    the answer only names who holds a port, it never decides that a run is gone."""
     wanted = {f"socket:[{i}]" for i in inodes}
     if not wanted:
         return []
     owners = []
-    for pid in all_pids() if pids is None else pids:
+    try:
+        candidates = all_pids() if pids is None else pids
+    except ProcUnreadable:
+        return []
+    for pid in candidates:
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:

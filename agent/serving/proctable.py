@@ -66,12 +66,18 @@ class ProcTable:
         if self._fresh_look(now):
             return self._stats
         self.looks += 1
+        try:
+            pids = procs.all_pids()
+        except procs.ProcUnreadable:
+            # unknown, not none: the last table stays (its processes read as alive, which refuses a start, never
+            # kills) and the next look lists /proc again
+            return self._stats
         full = self._full_at is None or not 0 <= now - self._full_at < self.full_every_s
         if full:
             self._full_at = now
         kept = {} if full else self._stats
         table: dict[int, procs.ProcStat] = {}
-        for pid in procs.all_pids():
+        for pid in pids:
             s = kept.get(pid)
             if s is None:
                 self.reads += 1

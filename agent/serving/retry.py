@@ -4,7 +4,11 @@ Owns what spans runs of the restart policy (agent/serving/policy.py decides): th
 and when it is due, and crash-loop.json, so a crash loop outlives an agent restart (a new agent must not
 autostart the same failure again). readiness-timeouts.json beside it keeps the readiness timeouts in a row, so an
 agent restarted while a retry loads (and adopts it) still gives up at the second timeout rather than count from
-zero. The run lifecycle asks `fail` and schedules; an operator's action resets.
+zero. backoff.json beside them keeps a pending retry (the failures in the window, on the boot clock, and when the
+retry is due), so an agent killed during the backoff (the OOM killer, the watchdog) is followed by one that carries
+the retry out and counts those failures toward the crash-loop limit, rather than show "stopped" for good or
+autostart with the count at zero. Like the stop note it holds for this boot only. The run lifecycle asks `fail` and
+schedules; an operator's action resets.
 """
 
 from __future__ import annotations
@@ -12,16 +16,60 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
+from collections import deque
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lynxtop.agent.serving.backoff import FailureWindow
 from lynxtop.agent.serving.run import now_ms
 from lynxtop.agent.serving.statefiles import Emit, Marker
+from lynxtop.agent.serving.stopnote import boot_id, boot_ms
 from lynxtop.contract.config import AgentConfig
 
 log = logging.getLogger(__name__)
+
+
+BACKOFF_FILE = "backoff.json"
+
+
+@dataclass(frozen=True)
+class PendingRetry:
+    """A retry the previous agent scheduled and did not carry out (backoff.json)."""
+
+    profile: str
+    run_id: int | None
+    reason: str  # the backoff's reason as the state said it
+    readiness_timeout: bool  # the failure was a readiness timeout (the retry's cause)
+    failures_boot_ms: tuple[int, ...]  # the failures in the crash-loop window, on the boot clock
+    consecutive: int
+    timeouts_in_a_row: int
+    due_boot_ms: int
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> PendingRetry:
+        """The note as an agent writes it; ValueError (saying what) for anything else."""
+        def integer(key: str, null: bool = False) -> Any:
+            v = data.get(key)
+            if v is None and null:
+                return None
+            if type(v) is not int or v < 0:
+                raise ValueError(f'"{key}" is not a non-negative integer')
+            return v
+
+        profile, reason, times = data.get("profile"), data.get("reason", ""), data.get("failures_boot_ms")
+        if not isinstance(profile, str) or not profile or not isinstance(reason, str):
+            raise ValueError('"profile" or "reason" is not a string')
+        if not isinstance(times, list) or len(times) > 1000 or any(type(t) is not int or t < 0 for t in times):
+            raise ValueError('"failures_boot_ms" is not a list of times since boot')
+        return cls(profile[:200], integer("run_id", null=True), reason[:2000], data.get("readiness_timeout") is True,
+                   tuple(times), integer("consecutive"), integer("timeouts_in_a_row"), integer("due_boot_ms"))
+
+    def delay_s(self) -> float:
+        """Seconds until the retry is due (0: overdue, the agent was down longer than the backoff)."""
+        return max(0.0, (self.due_boot_ms - boot_ms()) / 1000)
 
 
 class Retry:
@@ -36,6 +84,10 @@ class Retry:
         self._marker = Marker(crash_loop_path, event)
         self._timeouts = Marker(crash_loop_path.with_name("readiness-timeouts.json"), event)
         self._timeouts_profile: str | None = None  # whose readiness timeouts `failures.timeouts_in_a_row` counts
+        self._pending = Marker(crash_loop_path.with_name(BACKOFF_FILE), event)  # the retry scheduled (backoff.json)
+        self._failed: tuple[str | None, bool] = (None, False)  # the latest failure's profile, and if a timeout
+        # (run id, the state's reason) as the run lifecycle says them now: the supervisor wires it
+        self.describe: Callable[[], tuple[int | None, str]] = lambda: (None, "")
         self._restore_timeouts()
 
     def fail(self, profile: str | None = None, readiness_timeout: bool = False) -> float | None:
@@ -44,6 +96,7 @@ class Retry:
         if readiness_timeout and self._timeouts_profile not in (None, profile):
             self.failures.timeouts_in_a_row = 0  # another profile's timeouts say nothing about this one's load
         delay = self.failures.fail(readiness_timeout=readiness_timeout)
+        self._failed = (profile, readiness_timeout)
         if readiness_timeout:
             self._timeouts_profile = profile
             err = self._timeouts.save({"profile": profile, "in_a_row": self.failures.timeouts_in_a_row,
@@ -86,22 +139,74 @@ class Retry:
             await due()
 
         self._task = asyncio.get_running_loop().create_task(later(), name="retry")
+        self._save_pending(delay)
+
+    def _save_pending(self, delay: float) -> None:
+        """backoff.json for the retry just scheduled (not for a profile-less failure: nothing to start again)."""
+        profile, timeout = self._failed
+        if profile is None:
+            return
+        run_id, reason = self.describe()
+        now_boot, now_mono = boot_ms(), time.monotonic()
+        err = self._pending.save({
+            "profile": profile, "run_id": run_id, "reason": reason, "readiness_timeout": timeout,
+            "failures_boot_ms": [max(0, now_boot - int((now_mono - t) * 1000)) for t in self.failures.times],
+            "consecutive": self.failures.consecutive, "timeouts_in_a_row": self.failures.timeouts_in_a_row,
+            "due_boot_ms": now_boot + int(delay * 1000), "boot_id": boot_id(), "since_ms": now_ms()},
+            lost=f"a restarted agent will not retry profile {profile} and will count its failures from zero")
+        if err is not None and not self._told:
+            log.warning("cannot record the pending retry in %s: %s", self._pending.path, err)
+
+    def recorded_retry(self) -> PendingRetry | None:
+        """The retry the previous agent scheduled in this boot and did not carry out (the note is removed here:
+        the caller schedules it again, which writes it anew). Another boot's, or an unreadable one: None."""
+        data, err = self._pending.read()
+        self._pending.clear()
+        if err is not None:
+            log.warning("ignoring unreadable %s: %s", self._pending.path, err)
+        if data is None:
+            return None
+        boot, mine = data.get("boot_id"), boot_id()
+        if boot is not None and mine is not None and boot != mine:
+            log.info("%s: the retry was scheduled before the last reboot; not carried out", self._pending.path)
+            return None
+        try:
+            return PendingRetry.of(data)
+        except ValueError as exc:
+            log.warning("ignoring unreadable %s: %s", self._pending.path, exc)
+            return None
+
+    def resume(self, pending: PendingRetry) -> None:
+        """Count the previous agent's failures as this agent's (the crash-loop limit holds across the restart)."""
+        now_boot, now_mono = boot_ms(), time.monotonic()
+        self.failures.times = deque(now_mono - (now_boot - t) / 1000 for t in sorted(pending.failures_boot_ms))
+        self.failures.consecutive = pending.consecutive
+        self.failures.timeouts_in_a_row = max(self.failures.timeouts_in_a_row, pending.timeouts_in_a_row)
+        self._failed = (pending.profile, pending.readiness_timeout)
+        self.next_retry_ms = now_ms() + int(pending.delay_s() * 1000)
 
     def task_done(self) -> None:
-        """The retry's wait is over: it is being carried out."""
+        """The retry's wait is over: it is being carried out (its note stays until it launches or is dropped: an
+        agent killed while it waits for the GPUs or the disk leaves it to the next one)."""
         self._task = None
 
     def started(self) -> None:
         """A run started (or none will): no retry is pending any more."""
         self._task = None
         self.next_retry_ms = None
+        self._pending.clear()
 
-    def cancel(self) -> None:
+    def cancel(self, keep_note: bool = False) -> None:
+        """No retry from now on; `keep_note`: the agent exits with the retry pending, for the next agent to resume."""
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
-        self.started()
+        if keep_note:
+            self._task, self.next_retry_ms = None, None
+        else:
+            self.started()
 
     def save_crash_loop(self, profile: str, reason: str) -> None:
+        self._pending.clear()  # no retry follows a crash loop
         err = self._marker.save({"profile": profile, "reason": reason, "since_ms": now_ms()},
                                 lost=f"a restarted agent will not know of this crash loop of profile {profile} "
                                 "and may start it again (autostart) instead of holding it")
@@ -111,6 +216,7 @@ class Retry:
     def clear_crash_loop(self) -> None:
         """An operator acted: the crash loop, and the readiness timeouts counted toward one, are acknowledged."""
         self._marker.clear()
+        self._pending.clear()
         self._timeouts.clear()
         self._timeouts_profile = None
         self.failures.timeouts_in_a_row = 0

@@ -204,7 +204,12 @@ def sweep(root: Path, names: list[str], log_dir: Path, skip: set[int]) -> tuple[
     """Remove the directories `names` of runs that are gone (a node crash; a stop that left a process), but those a
     live process is in, and none while a process of a run (not `skip`, the kept run's) could be in any; (removed,
     kept)."""
-    used, unknown = _users(str(root), os.path.realpath(log_dir), skip)
+    try:
+        used, unknown = _users(str(root), os.path.realpath(log_dir), skip)
+    except procs.ProcUnreadable as exc:  # which processes live is unknown: any directory may still be in use
+        log.warning("run-tmp: %d director(ies) of earlier runs kept: %s; removed at a later agent start",
+                    len(names), exc)
+        return [], [f"{root / n} (kept: {exc})" for n in names]
     if unknown:
         kept = [f"{root / n} (kept: processes of an earlier run live, pids {unknown})" for n in names]
         log.warning("run-tmp: %d director(ies) of earlier runs kept: processes of an earlier run live (pids %s), "

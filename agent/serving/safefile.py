@@ -21,7 +21,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 MAX_BYTES = 1 << 20  # every state file is a few KiB: anything larger is not one of ours
 INT_LIMIT = 1 << 63  # the JSON ints a state file holds (pids, ms, run ids) fit 64 bits
@@ -151,3 +151,47 @@ def loads_strict(text: str) -> Any:
 def read_json(path: Path | str, limit: int = MAX_BYTES) -> Any:
     """`read_text` then `loads_strict`: FileNotFoundError, OSError (StateFileError among them) or ValueError."""
     return loads_strict(read_text(path, limit))
+
+
+def open_log_append(path: Path | str, mode: int = 0o640, *, refused: str = "not written") -> int:
+    """A write-only O_APPEND descriptor of a run's log at `path` (vLLM's, Ray's), which may sit in a directory
+    someone else can write (a configured log_dir; Ray's log name is predictable): never through a symlink and
+    only a regular file. A new name is created with O_EXCL (a link planted there, even a dangling one, is
+    refused by the kernel rather than followed); an existing file is appended to only when it is a regular file
+    the agent's own user owns with one name (a hard link to another file, /etc/shadow, has two). StateFileError
+    naming the path when something else stands there; other OSErrors (no space, no permission) as os.open."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | _SAFE_FLAGS, mode)
+    except FileExistsError:
+        pass
+    else:
+        os.set_blocking(fd, True)  # the server's stdout: no O_NONBLOCK left on it
+        return fd
+    fd = open_regular(path, os.O_WRONLY | os.O_APPEND, refused=refused)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise StateFileError(path, f"is owned by uid {st.st_uid}, not by the agent's user (uid {os.geteuid()})",
+                                 refused)
+        if st.st_nlink != 1:
+            raise StateFileError(path, f"has {st.st_nlink} names (hard links), not one", refused)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_log_read(path: Path | str, *, refused: str = "not read") -> BinaryIO:
+    """A run's log opened for reading (the logs answer, the start-up phases, an event's log tail): a regular
+    file with one name, never through a symlink and never blocking on a FIFO, as its directory may be writable by
+    others (a link there once served a 0600 file as a run's log lines). StateFileError naming the path and why
+    when something else stands there; FileNotFoundError and other OSErrors as open() raises them."""
+    fd = open_regular(path, refused=refused)
+    try:
+        links = os.fstat(fd).st_nlink
+        if links != 1:  # a hard link to another file (only a link can give a log a second name)
+            raise StateFileError(path, f"has {links} names (hard links), not one", refused)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -4,6 +4,10 @@ vLLM has no progress endpoint while it loads (the port is closed until the engin
 it always prints are the only signal. The tracker tails the per-run log file from where it last stopped,
 matches the milestones loosely (wording drifts between versions) and only moves forward: several workers
 print the same lines, and a phase never goes back within one run.
+
+The log's directory may be writable by others: every read here goes through safefile (a regular file with one
+name, never through a symlink), so a link planted at a log's path never feeds its target into the phases or
+into an event's log tail.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from lynxtop.agent.serving import safefile
 
 PHASES = ("loading weights", "kv cache", "cuda graphs", "api up")
 
@@ -67,7 +73,7 @@ class PhaseTracker:
         """Read only what is written from now on: an adopted run that was ready has no start-up phase left, and
         its log may be gigabytes of serving (reading it all once took minutes before systemd's READY=1)."""
         try:
-            self.offset = os.stat(self.path).st_size
+            self.offset = os.lstat(self.path).st_size  # never the size of a link's target
         except OSError:
             self.offset = 0
         self._partial = b""
@@ -77,7 +83,7 @@ class PhaseTracker:
         current phase there, and its log is not read whole (a long or noisy load writes a lot)."""
         self._partial = b""
         try:
-            with open(self.path, "rb") as f:
+            with safefile.open_log_read(self.path) as f:
                 size = f.seek(0, os.SEEK_END)
                 if size <= max_bytes:
                     self.offset = 0
@@ -115,13 +121,9 @@ class PhaseTracker:
         """The complete lines written since the last read, one block of them per chunk read: a log is never held
         whole in memory."""
         try:
-            size = os.stat(self.path).st_size
-        except OSError:
-            return
-        if size < self.offset:  # truncated or replaced: start over
-            self.offset, self._partial = 0, b""
-        try:
-            with open(self.path, "rb") as f:
+            with safefile.open_log_read(self.path) as f:
+                if os.fstat(f.fileno()).st_size < self.offset:  # truncated or replaced: start over
+                    self.offset, self._partial = 0, b""
                 f.seek(self.offset)
                 while chunk := f.read(_READ_CHUNK):
                     self.offset += len(chunk)
@@ -155,7 +157,7 @@ def tail_lines(path: Path | str | None, n: int = 20, max_bytes: int = 256 * 1024
     if path is None or n <= 0:
         return []
     try:
-        with open(path, "rb") as f:
+        with safefile.open_log_read(path) as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - max_bytes))

@@ -30,9 +30,10 @@ from lynxtop.agent.events import EventSink
 from lynxtop.agent.serving import check, diskspace, gpu_holders, launcher, procs
 from lynxtop.agent.serving.actions import ActionSlot
 from lynxtop.agent.serving.adoption import FALLBACK_GRACE_S, Adoption
+from lynxtop.agent.serving.failures import RETRY_AFTER_CRASH, RETRY_AFTER_TIMEOUT
 from lynxtop.agent.serving.health import HttpClient
 from lynxtop.agent.serving.lifecycle import ClusterGate, GpuView, RunLifecycle, Timing, port_taken, server_url
-from lynxtop.agent.serving.retry import Retry
+from lynxtop.agent.serving.retry import PendingRetry, Retry
 from lynxtop.agent.serving.run import now_ms
 from lynxtop.agent.serving.runstore import RunStore
 from lynxtop.agent.serving.stopnote import OperatorStop, StopKeeper
@@ -100,7 +101,11 @@ async def refuse_if_crowded(prof: Profile, log_dir: Path, replacing: RunLifecycl
         return ([p for p in strays if p not in ours and procs.alive(p)],
                 [h for h in holders if not (h.pids and ours.issuperset(h.pids))], on_gpus)
 
-    strays, taken, on_gpus = await asyncio.to_thread(look)
+    try:
+        strays, taken, on_gpus = await asyncio.to_thread(look)
+    except procs.ProcUnreadable as exc:  # who runs is unknown (the agent out of descriptors), not "nobody"
+        raise ActionError("procs_unknown", f"{exc}: whether processes of an earlier run still hold the GPUs or "
+                                           "the port cannot be told; nothing was started, try again", 503) from None
     if strays:  # a server nobody could adopt still holds the GPUs: a second one would fail or crowd it
         raise ActionError("strays", f"processes of an earlier run are still alive (pids {strays}) and could not "
                                     "be adopted; check them (ps -fp PID) and stop them before starting serving",
@@ -152,6 +157,50 @@ async def replace_waiting_retry(runs: RunLifecycle, slot: ActionSlot) -> None:
         await runs.cancel_gate()
 
 
+async def strays_hold(autostart: str, log_dir: Path) -> Event | None:
+    """The event that holds autostart while processes of an earlier run nobody could adopt live (or /proc cannot
+    say whether any do: unknown is not "none"); None: nothing holds it."""
+    try:
+        strays = await asyncio.to_thread(procs.runs_started_in, os.path.realpath(log_dir))
+    except procs.ProcUnreadable as exc:
+        return Event(EventKind.AGENT_AUTOSTART_HELD, Severity.ERROR,
+                     f"autostart of {autostart} held: {exc}, so whether processes of an earlier run still hold the "
+                     "GPUs cannot be told; start it with `lynxtop start` once the agent can read /proc again",
+                     details={"pids": [], "reason": "procs_unknown"})
+    if not strays:
+        return None
+    # a server the previous agent left (its state file lost or unreadable): a second one on the same GPUs would fail
+    # or, worse, crowd the live one; an operator decides
+    return Event(EventKind.AGENT_AUTOSTART_HELD, Severity.ERROR,
+                 f"autostart of {autostart} held: processes of an earlier run are still alive (pids {strays}) and "
+                 "could not be adopted; check them (ps -fp PID) and stop them; `lynxtop start` refuses while they "
+                 "live", details={"pids": strays})
+
+
+def resume_backoff(runs: RunLifecycle, retry: Retry, pending: PendingRetry) -> bool:
+    """At agent start, nothing adopted, no crash loop or operator's stop holding: the retry the previous agent
+    scheduled and did not carry out (it was killed during the backoff) is scheduled again for what is left of its
+    delay, its failures counted toward the crash-loop limit. False: its profile is gone from the config."""
+    cfg = runs._config()
+    prof = cfg.profile(pending.profile)
+    if prof is None:
+        runs.event(EventKind.SERVING_STOPPED, Severity.ERROR, f"not retrying: profile {pending.profile}, whose retry "
+                   "was pending when the agent restarted, is no longer in the config")
+        return False
+    retry.resume(pending)
+    delay, failures = pending.delay_s(), len(retry.failures)
+    runs.profile_name, runs.profile = prof.name, prof
+    runs.set_state(S.BACKOFF, f"{pending.reason or 'failed'} (scheduled before the agent restarted; due in "
+                              f"{delay:.1f} s)")
+    runs.event(EventKind.SERVING_BACKOFF, Severity.WARNING, f"profile {prof.name}: the retry pending when the agent "
+               f"restarted goes on: retry in {delay:.1f} s (failure {failures} of {cfg.agent.crash_loop_failures} "
+               f"allowed in {cfg.agent.crash_loop_window_s:g} s)", delay_s=delay, failures=failures, resumed=True)
+    cause = RETRY_AFTER_TIMEOUT if pending.readiness_timeout else RETRY_AFTER_CRASH
+    due = runs._failures._retry_due  # the retry as the previous agent would have carried it out
+    retry.schedule(delay, lambda: due(prof, cause))
+    return True
+
+
 class Supervisor:
     """Validates and carries out the serving actions; wires the lifecycle, the action slot, retries, adoption and
     the switch or restart intent, and owns no state of a run (read it through the lifecycle's names above)."""
@@ -171,6 +220,7 @@ class Supervisor:
         events = self._sink = events or EventSink(store)  # type: ignore[arg-type] - the agent's one event path
         self._slot = ActionSlot(self._expected_s, self._action_failed, on_change)
         self._retry = Retry(cfg.agent, state_path.with_name("crash-loop.json"), rng, event=self._event)
+        self._retry.describe = lambda: (self.runs.run_id, self.runs.reason)  # written into backoff.json
         self.runs = RunLifecycle(lambda: self.config.current, store, events, gpus, self._slot, self._retry,
                                  state_path, host=host, simulated=simulated,
                                  timing=Timing(health_poll_s, health_fail_threshold, stop_kill_wait_s), http=self.http,
@@ -419,23 +469,20 @@ class Supervisor:
         self._stops.autostart = autostart
         stop = self._stops.at_start()
         adopted = await self.adopt_previous(stop)  # a stop under way is finished instead
+        pending = self._retry.recorded_retry()  # a retry the previous agent left: resumed below if nothing holds
         await self.runs.sweep_tmp()  # before any start of this agent's: only runs that are gone are swept
         if await self.resume_switch():  # a switch the previous agent did not finish (killed mid-switch)
             return
         held = not adopted and self.restore_crash_loop()
         if not held and stop is not None and stop.this_boot() and self.runs.state in (S.STOPPED, S.STOPPING):
-            self._stops.hold(stop)
+            self._stops.hold(stop)  # an operator's stop wins over a pending retry
+            return
+        if not adopted and not held and pending is not None and resume_backoff(self.runs, self._retry, pending):
             return
         if adopted or held or not autostart:
             return
-        strays = await asyncio.to_thread(procs.runs_started_in, os.path.realpath(self.cfg.agent.run_log_dir))
-        if strays:
-            # a server the previous agent left (its state file lost or unreadable): a second one on the
-            # same GPUs would fail or, worse, crowd the live one; an operator decides
-            self._sink.put(Event(EventKind.AGENT_AUTOSTART_HELD, Severity.ERROR,
-                                 f"autostart of {autostart} held: processes of an earlier run are still alive "
-                                 f"(pids {strays}) and could not be adopted; check them (ps -fp PID) and stop them; "
-                                 "`lynxtop start` refuses while they live", details={"pids": strays}))
+        if (strays := await strays_hold(autostart, self.cfg.agent.run_log_dir)) is not None:
+            self._sink.put(strays)
             return
         try:
             # GPUs other processes hold do not refuse it: it waits for them (gpu_holders.GpuGate)
@@ -506,8 +553,9 @@ class Supervisor:
         return True
 
     async def shutdown(self, stop_serving: bool) -> None:
-        """Agent exit: with live restore the server keeps running (and its record stays for the next agent)."""
-        self._retry.cancel()
+        """Agent exit: with live restore the server keeps running (and its record stays for the next agent), and a
+        pending retry's note stays for the next agent too (an upgrade's restart during a backoff)."""
+        self._retry.cancel(keep_note=not stop_serving)
         await self._slot.finish_stop()  # an operator's stop: finished rather than a half-stopped server left
         await self._slot.cancel()
         if stop_serving:

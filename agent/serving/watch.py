@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 from lynxtop.agent.serving import procs
 from lynxtop.agent.serving.health import Health, HealthProbe, HttpClient
@@ -20,9 +21,40 @@ from lynxtop.agent.serving.launcher import ServerProcess
 from lynxtop.agent.serving.run import Run, now_ms
 from lynxtop.contract.config import AgentConfig, Profile
 from lynxtop.contract.events import EventKind, Severity
+from lynxtop.contract.status import ServingState as S  # noqa: N817 - read as a state name: S.READY
 
 if TYPE_CHECKING:
     from lynxtop.agent.serving.lifecycle import RunLifecycle
+
+log = logging.getLogger("lynxtop.agent.serving.supervisor")
+T = TypeVar("T")
+
+
+class ThreadOrInline:
+    """Blocking calls handed to a worker thread, or made inline when no thread can start.
+
+    A thread that cannot start (RuntimeError: can't start new thread, at the pids/TasksMax limit the agent shares
+    with vLLM's own thread bursts) once escaped a run's watch and killed it: serving said "starting" for ever.
+    Made inline, the call costs the loop a few ms instead; one warning per episode (`what` names the call)."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.refused = False
+
+    async def call(self, fn: Callable[..., T], *args: object) -> T:
+        try:
+            # submit raises at once when it cannot start a thread; the call's own errors come from the await
+            fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        except RuntimeError as exc:
+            if not self.refused:
+                self.refused = True
+                log.warning("%s: no worker thread could start (%s: a process/thread limit, TasksMax or the pids "
+                            "cgroup, is reached); made inline until threads start again", self.what, exc)
+            return fn(*args)
+        if self.refused:
+            self.refused = False
+            log.info("%s: worker threads start again", self.what)
+        return await fut
 
 
 def server_url(profile: Profile) -> str:
@@ -69,6 +101,45 @@ class RunWatch:
         self._prof = prof
         self._http = http
         self._agent = agent
+        self._looks = ThreadOrInline(f"run {run.run_id}: the look at its processes while it loads")
+
+    async def watched(self) -> str:
+        """Readiness, then health while serving, until the run exits or is stopped: 'ready' (it was ready),
+        'timeout' (stopped as not ready in time) or 'exited'.
+
+        An unexpected exception met while watching (a bug, the OS refusing a thread or a descriptor) is logged
+        with the run and its profile and told as an event, once per episode, and the watch resumes a moment later:
+        a dead watch left a loading run "starting" for ever, its readiness, its readiness timeout and its crash
+        never seen, and restart and switch answering busy."""
+        readiness: str | None = None
+        said: str | None = None
+        while True:
+            try:
+                if readiness is None:
+                    readiness = await self.until_ready()
+                if readiness == "ready":
+                    await self.while_serving()
+                return readiness
+            except Exception as exc:  # noqa: BLE001 - the run stays watched whatever the watch met
+                said = self._failed(exc, said)
+            if readiness is None and self._lc.state in (S.READY, S.DEGRADED) and self._lc.run is self._run:
+                readiness = "ready"  # it failed after the run was made ready: watched as serving from now
+            await asyncio.sleep(max(self._lc.timing.health_poll_s, 1.0))
+
+    def _failed(self, exc: Exception, said: str | None) -> str:
+        """Log and tell what stopped the watch a moment (`said`: the last error told; the same again is not)."""
+        run, prof = self._run, self._prof
+        what = f"{type(exc).__name__}: {exc}"
+        if what != said:
+            log.error("run %s (profile %s): watching it failed: %s; the watch resumes", run.run_id, prof.name, what,
+                      exc_info=exc)
+            self._lc.event(EventKind.ACTION_FAILED, Severity.ERROR,
+                           f"run {run.run_id} (profile {prof.name}, pid {run.proc.pid}): watching it met an "
+                           f"unexpected error ({what}); the watch resumes (readiness, health, exit), the server "
+                           "was left alone; the agent's log has the traceback", error=what, where="run watch")
+        else:
+            log.debug("run %s: watching it failed again: %s", run.run_id, what)
+        return what
 
     async def until_ready(self) -> str:
         """'ready', 'timeout' (the lifecycle stopped it) or 'exited'."""
@@ -172,7 +243,7 @@ class RunWatch:
         one the EngineCore and workers that hide the run's token (setproctitle) by pid and start time."""
         proc = self._run.proc
         if proc.look_due():
-            await asyncio.to_thread(proc.members)
+            await self._looks.call(proc.members)
         if proc.members_changed():
             self._lc.state_file.save(proc.record)
 

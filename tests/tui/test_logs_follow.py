@@ -164,3 +164,21 @@ async def test_memory_is_bounded(log_agent, monkeypatch):
         _append(log_agent.controller.log_path, "".join(f"INFO more {i}\n" for i in range(200)))
         await wait_for(pilot, lambda: log.lines[-1] == "INFO more 199")
         assert len(log.lines) == 50 and log.lines[0] == "INFO more 150"
+
+
+async def test_a_log_the_agent_will_not_read_says_why(log_agent, tmp_path):
+    """A run log replaced by a symbolic link is not read through (agent/serving/safefile.py): the agent answers no
+    lines and an `error`; the view says why in its title instead of showing an empty log as if nothing was
+    written (session 20)."""
+    path = log_agent.controller.log_path
+    secret = tmp_path / "shadow"
+    secret.write_text("root:SECRET-HASH\n")
+    app = make_app(log_agent.socket_path)
+    async with app.run_test(size=(160, 40)) as pilot:
+        screen, log = await _open(pilot)
+        path.unlink()
+        path.symlink_to(secret)
+        screen.next = None  # read from the start again, as after a new run
+        await wait_for(pilot, lambda: "cannot be read" in _title(screen))
+        assert "symbolic link" in _title(screen)
+        assert not any("SECRET" in line for line in log.lines)

@@ -22,6 +22,7 @@ from textual.binding import Binding
 from textual.widgets import Input, Static
 
 from lynxtop.contract.client import AgentRefused, AgentUnreachable
+from lynxtop.contract.terminal import terminal_safe
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.follow_log import MARK, MAX_LINES, FollowLog
@@ -94,7 +95,9 @@ class LogsScreen(LiveScreen):
         except AgentUnreachable as exc:
             self.problem = str(exc)
         else:
-            self.problem = None
+            # the agent read no lines and says why (the log is a link or no regular file: never read through)
+            err = data.get("error") if isinstance(data, dict) else None
+            self.problem = terminal_safe(err) if err else None
             self._take(data)
         finally:
             self._busy = False
