@@ -107,8 +107,12 @@ async def test_a_restart_that_ends_leaves_no_intent(tmp_path, cleanup):
         assert code == 202, body
         await a.wait_state(lambda s: s["state"] == "ready" and s["run_id"] != st["serving"]["run_id"],
                            what="restarted")
-        await asyncio.sleep(0.3)
-        assert not (tmp_path / "state" / "switch.json").exists()
+        # the intent ends with the restart's steps, a turn after the status says ready: waited for, not slept on
+        # (0.3 s is not a turn of a loaded machine's agent)
+        deadline = time.monotonic() + 30
+        while (tmp_path / "state" / "switch.json").exists():
+            assert time.monotonic() < deadline, "the finished restart left its intent (switch.json)"
+            await asyncio.sleep(0.05)
         assert a.stop() == 0
         b = Agent(tmp_path, cfg, "a2", env=DRAIN)  # adopts the run; nothing is restarted again
         cleanup.append(b)

@@ -63,7 +63,9 @@ class Agent:
             except BlockingIOError:
                 return self.messages
 
-    async def wait_notify(self, text: str, timeout: float = 20) -> None:
+    async def wait_notify(self, text: str, timeout: float = 60) -> None:
+        """Until the agent has sent `text` (READY=1, ...). The default only bounds a failure: on a loaded 2-core
+        machine an agent's start (the interpreter compiling lynxtop, no bytecode cache) took 8 s at load 12."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if any(text in m for m in self.drain()):

@@ -4,6 +4,7 @@ open or waiting for the agent's answer, and so no dialog left on screen whose wo
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from aiohttp import web
@@ -46,9 +47,16 @@ async def test_confirm_dialog_still_works_after_a_refused_palette(agent):
 
 
 class SlowPostAgent(FakeAgent):
+    """Answers a control only once the test releases it: the answer is still awaited whenever the test presses
+    its next key (a fixed 1 s hold let a loaded machine's slow key press land after the answer)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.release = threading.Event()
+
     async def _post(self, request: web.Request) -> web.Response:
         answer = await super()._post(request)
-        await asyncio.sleep(1.0)
+        await asyncio.to_thread(self.release.wait, 60)
         return answer
 
 
@@ -62,9 +70,14 @@ async def test_second_control_while_one_awaits_its_answer_is_refused_not_cancell
             await pilot.press("tab", "enter")
             await wait_for(pilot, lambda: agent.posts() != [])
             await pilot.press("X")
+            await wait_for(pilot, lambda: any("restart" in m and "wait" in m for _, m, sev in notices
+                                              if sev == "warning"), 30)
+            assert not isinstance(app.screen, ConfirmScreen)
+            assert not any("restart accepted" in t for t, _, _ in notices)  # the answer was still awaited
+            agent.release.set()
             await wait_for(pilot, lambda: any("restart accepted" in t for t, _, _ in notices), 30)
             assert not isinstance(app.screen, ConfirmScreen)
-            assert any("restart" in m and "wait" in m for _, m, sev in notices if sev == "warning"), notices
             assert agent.posts() == [("/v1/restart", {"expect_run": 3})]
     finally:
+        agent.release.set()
         agent.stop()
