@@ -1,5 +1,6 @@
 """A URL's credentials (`https://USER:PASSWORD@host`, `https://TOKEN@host`) in a profile's env values or extra_args
-(there a password is refused: tests/contract/test_s20_secret_config.py), or in [ray]'s, are secret whatever the variable's or the flag's name: vLLM gets them as written (Profile.env, Profile.argv), but every
+(there a password is refused: tests/contract/test_s20_secret_config.py), or in [ray]'s, are secret whatever the
+variable's or the flag's name: vLLM gets them as written (Profile.env, Profile.argv), but every
 shown or stored form (shown_env, shown_argv, flags and so the runs table, config_as_dict, `config check` plain and
 --json) masks the password as `***<short hash>`. `ray start --redis-password` in [ray] extra_args is refused like
 vLLM's --api-key, and a secret put into env_credentials by mistake is not quoted back."""
