@@ -49,7 +49,10 @@ async def start_ready(sup, profile="alpha"):
     watcher = asyncio.create_task(observe())
     msg = await sup.start(profile, by="uid 0 (root) pid 1")
     assert profile in msg
-    await wait_for(lambda: sup.state == "ready", 15, what="ready")
+    # 30 s: `observe` spins the loop (sleep(0)), so the watch's member look in a worker thread waits for the GIL at
+    # each of its /proc reads; with a machine's worth of processes readiness came 6-9 s after /health answered, and
+    # the start itself waits up to 5 s for a first GPU sample here (CI failed at 15 s)
+    await wait_for(lambda: sup.state == "ready", 30, what="ready")
     await asyncio.wait_for(watcher, 5)
     # "ready" is never shown together with a busy action slot (a switch right after ready must be accepted)
     assert not [x for x in seen if x[0] == "ready"], [x for x in seen if x[0] == "ready"][:3]
