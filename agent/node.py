@@ -514,13 +514,6 @@ class Node:
         return self.view.body(dumps)
 
 
-def _user(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def refuse_foreign_state_dir(d: Path) -> None:
     """Refuse to run as another user than the state directory's owner (`sudo lynxtop agent` by hand while the
     service runs as User=lynxtop): that agent would adopt the run and rewrite serving.json as its own 0640 file,
@@ -545,9 +538,9 @@ def refuse_foreign_state_dir(d: Path) -> None:
     except KeyError:
         name = f"#{owner}"
     raise AgentUsageError(
-        f"the state directory {d} belongs to {_user(owner)} but this agent runs as {_user(me)}; nothing was "
-        f"changed. Run it as the owner (sudo -u {name} lynxtop agent ...) or through systemd (systemctl start "
-        "lynxtop-agent)")
+        f"the state directory {d} belongs to {dirtrust.user(owner)} but this agent runs as {dirtrust.user(me)}; "
+        f"nothing was changed. Run it as the owner (sudo -u {name} lynxtop agent ...) or through systemd "
+        "(systemctl start lynxtop-agent)")
 
 
 def refuse_untrusted_dirs(a: AgentConfig) -> None:
