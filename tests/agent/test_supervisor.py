@@ -44,14 +44,15 @@ async def start_ready(sup, profile="alpha"):
     async def observe():  # what an API request could see between two awaits of the agent
         while sup.state != "ready" or sup.action is not None:
             seen.append((sup.state, sup.action))
-            await asyncio.sleep(0)
+            # 0.5 ms, not sleep(0): a loop that never sleeps keeps the GIL, and the watch's member look in a worker
+            # thread then waits up to 5 ms for it at each /proc read: readiness came 6-9 s late, after a simulator
+            # set to exit 6 s after ready had exited (CI)
+            await asyncio.sleep(0.0005)
 
     watcher = asyncio.create_task(observe())
     msg = await sup.start(profile, by="uid 0 (root) pid 1")
     assert profile in msg
-    # 30 s: `observe` spins the loop (sleep(0)), so the watch's member look in a worker thread waits for the GIL at
-    # each of its /proc reads; with a machine's worth of processes readiness came 6-9 s after /health answered, and
-    # the start itself waits up to 5 s for a first GPU sample here (CI failed at 15 s)
+    # 30 s: the start itself waits up to 5 s for a first GPU sample here (CI failed at 15 s)
     await wait_for(lambda: sup.state == "ready", 30, what="ready")
     await asyncio.wait_for(watcher, 5)
     # "ready" is never shown together with a busy action slot (a switch right after ready must be accepted)
