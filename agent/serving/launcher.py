@@ -918,13 +918,14 @@ async def kill_leftovers(record: ServerRecord, wait_s: float = 10.0, poll_s: flo
     return result
 
 
-def read_record(path: Path) -> tuple[ServerRecord | None, str | None]:
+def read_record(path: Path, owner: int | None = None) -> tuple[ServerRecord | None, str | None]:
     """(the record, None), (None, None) when there is none, (None, why) when it is unreadable: not a regular file
     (a symlink is not followed, a FIFO not waited on: safefile), or not a record as an agent writes it. Unreadable,
     nothing is adopted and nothing of that run is signalled: the caller says why, and a server still running from
-    it holds autostart (the supervisor's strays check) until an operator stops it."""
+    it holds autostart (the supervisor's strays check) until an operator stops it. `owner`: a record another uid
+    owns is unreadable too (safefile.read_text)."""
     try:
-        text = safefile.read_text(path)
+        text = safefile.read_text(path, owner=owner)
     except FileNotFoundError:
         return None, None
     except safefile.StateFileError as exc:

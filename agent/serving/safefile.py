@@ -23,6 +23,8 @@ import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from lynxtop.agent import dirtrust
+
 MAX_BYTES = 1 << 20  # every state file is a few KiB: anything larger is not one of ours
 INT_LIMIT = 1 << 63  # the JSON ints a state file holds (pids, ms, run ids) fit 64 bits
 MAX_DEPTH = 32  # a state file nests two or three levels
@@ -78,10 +80,15 @@ def open_regular(path: Path | str, flags: int = os.O_RDONLY, mode: int = 0o600, 
     return fd
 
 
-def read_bytes(path: Path | str, limit: int = MAX_BYTES) -> bytes:
-    """The content of the regular file at `path`, at most `limit` bytes (else StateFileError)."""
+def read_bytes(path: Path | str, limit: int = MAX_BYTES, owner: int | None = None) -> bytes:
+    """The content of the regular file at `path`, at most `limit` bytes (else StateFileError); with `owner`, only
+    a file that uid owns (checked on the descriptor read from: a file swapped in after the check is never read)."""
     fd = open_regular(path)
     try:
+        if owner is not None and (uid := os.fstat(fd).st_uid) != owner:
+            raise StateFileError(path, f"belongs to {dirtrust.user(uid)}, not to this agent's user "
+                                       f"{dirtrust.user(owner)}: another user may have written it (remove it if it "
+                                       "is not the agent's)")
         parts, size = [], 0
         while size <= limit and (chunk := os.read(fd, min(65536, limit + 1 - size))):
             parts.append(chunk)
@@ -93,11 +100,11 @@ def read_bytes(path: Path | str, limit: int = MAX_BYTES) -> bytes:
     return b"".join(parts)
 
 
-def read_text(path: Path | str, limit: int = MAX_BYTES) -> str:
+def read_text(path: Path | str, limit: int = MAX_BYTES, owner: int | None = None) -> str:
     """A state file's text (UTF-8). FileNotFoundError: there is none; StateFileError (an OSError, its str() the
     whole message naming the path): something is there that is not read; any other OSError: it could not be read.
     Never follows a symlink, never blocks."""
-    data = read_bytes(path, limit)
+    data = read_bytes(path, limit, owner)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lynxtop.agent import dirtrust
 from lynxtop.agent.serving import launcher, safefile
 from lynxtop.contract.events import EventKind, Severity
 from lynxtop.contract.files import atomic_write
@@ -122,50 +121,11 @@ class ServerState:
 
 
 def read_owned(path: Path) -> tuple[launcher.ServerRecord | None, str | None]:
-    """launcher.read_record, but a record another user owns is not read: (None, why naming its owner).
-
-    A record whose server is gone has every process it names SIGKILLed (launcher.kill_leftovers), so one another
-    user planted (beside a socket in a shared directory, in a state directory they may write) would have the agent
-    kill any process of the node. The owner is that of the file opened (fstat of the safe open's descriptor), and
-    the record is read from that descriptor: a file swapped in after the check is never the one read."""
-    try:
-        fd = safefile.open_regular(path)
-    except FileNotFoundError:
-        return None, None
-    except safefile.StateFileError as exc:
-        return None, f"{exc}{launcher.UNREADABLE}"
-    except OSError as exc:
-        return None, f"cannot read {path}: {exc}{launcher.UNREADABLE}"
-    try:
-        owner, me = os.fstat(fd).st_uid, os.geteuid()
-        if owner != me:
-            return None, (f"{path} belongs to {dirtrust.user(owner)}, not to this agent's user {dirtrust.user(me)}: "
-                          f"another user may have written it (remove it if it is not the agent's){launcher.UNREADABLE}")
-        text = _read_fd(fd, path)
-    except safefile.StateFileError as exc:  # too large, not UTF-8: its words name the path
-        return None, f"{exc}{launcher.UNREADABLE}"
-    except OSError as exc:
-        return None, f"cannot read {path}: {exc}{launcher.UNREADABLE}"
-    finally:
-        os.close(fd)
-    try:
-        return launcher.ServerRecord.from_json(text), None
-    except ValueError as exc:
-        return None, f"{path} is not a valid server record ({exc}){launcher.UNREADABLE}"
-
-
-def _read_fd(fd: int, path: Path, limit: int = safefile.MAX_BYTES) -> str:
-    """The text of the open state file `fd`, as safefile.read_text reads a path (the same limit and errors)."""
-    parts, size = [], 0
-    while size <= limit and (chunk := os.read(fd, min(65536, limit + 1 - size))):
-        parts.append(chunk)
-        size += len(chunk)
-    if size > limit:
-        raise safefile.StateFileError(path, f"is larger than {limit} bytes, too large for a state file")
-    try:
-        return b"".join(parts).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise safefile.StateFileError(path, f"is not UTF-8 text (byte {exc.start})") from None
+    """launcher.read_record, but a record another user owns is not read: (None, why naming its owner). A record
+    whose server is gone has every process it names SIGKILLed (launcher.kill_leftovers), so one another user
+    planted (beside a socket in a shared directory, in a state directory they may write) would have the agent kill
+    any process of the node."""
+    return launcher.read_record(path, owner=os.geteuid())
 
 
 def _copy_path(path: Path, socket: Path | None) -> Path | None:
