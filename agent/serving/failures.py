@@ -140,6 +140,24 @@ class Failures:
         lc.resolve_outcome(False)
         return False
 
+    async def port_taken(self, prof: Profile, why: str, pids: list[int], own: bool) -> bool:
+        """Another process listens on the port a start would bind: nothing was started. An operator's start (its
+        own check refused it before, supervisor.py; here only a switch's or restart's second half) is "stopped".
+        The agent's own start (a retry, the autostart) counts it as a failure and backs off: the crashed run's
+        straggler or a hand-started server often frees it within seconds, and going "stopped" there ended the
+        restart policy for good (the crash-loop limit still caps it). Returns False (for `launch`)."""
+        lc = self._lc
+        lc.profile, lc.profile_name = prof, prof.name
+        lc.event(EventKind.SERVING_PORT_IN_USE, Severity.ERROR, f"could not start profile {prof.name}: {why}",
+                 pids=pids, port=prof.port)
+        if own:
+            await self._count(prof, why)
+            return False
+        self._retry.started()  # no retry pending
+        lc.set_state(S.STOPPED, why)
+        lc.resolve_outcome(False)
+        return False
+
     async def _count(self, prof: Profile, reason: str, readiness_timeout: bool = False) -> None:
         lc = self._lc
         lc.resolve_outcome(False)

@@ -257,14 +257,9 @@ class RunLifecycle:
                 spawned = dataclasses.replace(prof, env={**prof.env, "RAY_ADDRESS": self._cluster.address})
             taken = await asyncio.to_thread(procs.port_holders, prof.host, prof.port)
             if taken:  # every start (restart, switch, retry) checks the port once the previous run is gone
-                self.profile, self.profile_name = prof, prof.name
-                why = port_taken(prof, taken)
-                self.set_state(S.STOPPED, why)
-                self.event(EventKind.SERVING_PORT_IN_USE, Severity.ERROR,
-                           f"could not start profile {prof.name}: {why}",
-                           pids=sorted({p for h in taken for p in h.pids}), port=prof.port)
-                self.resolve_outcome(False)
-                return False
+                return await self._failures.port_taken(prof, port_taken(prof, taken),
+                                                       sorted({p for h in taken for p in h.pids}),
+                                                       own=autostart or retry)
             refuse_if_current(self.run, prof)  # again after the awaits, none between this check and the spawn
             run = Run.launch(spawned, agent.run_log_dir, runtmp.root_for(agent.database))
         except LiveRunError:
