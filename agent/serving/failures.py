@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from lynxtop.agent.serving import diskspace, policy
 from lynxtop.agent.serving.actions import ActionSlot
 from lynxtop.agent.serving.launcher import ExitInfo
-from lynxtop.agent.serving.retry import Retry
+from lynxtop.agent.serving.retry import PendingRetry, Retry
 from lynxtop.agent.serving.run import Run
 from lynxtop.contract.config import Config, Profile
 from lynxtop.contract.events import EventKind, Severity
@@ -157,6 +157,29 @@ class Failures:
         lc.set_state(S.STOPPED, why)
         lc.resolve_outcome(False)
         return False
+
+    def resume(self, pending: PendingRetry) -> bool:
+        """At agent start, nothing adopted, no crash loop or operator's stop holding: the retry the previous agent
+        scheduled and did not carry out (it was killed during the backoff) is scheduled again for what is left of
+        its delay, its failures counted toward the crash-loop limit. False: its profile is gone from the config."""
+        lc, cfg = self._lc, self._config()
+        prof = cfg.profile(pending.profile)
+        if prof is None:
+            lc.event(EventKind.SERVING_STOPPED, Severity.ERROR, f"not retrying: profile {pending.profile}, whose "
+                     "retry was pending when the agent restarted, is no longer in the config")
+            return False
+        self._retry.resume(pending)
+        delay, failures = pending.delay_s(), len(self._retry.failures)
+        lc.profile_name, lc.profile = prof.name, prof
+        lc.set_state(S.BACKOFF, f"{pending.reason or 'failed'} (scheduled before the agent restarted; due in "
+                                f"{delay:.1f} s)")
+        lc.event(EventKind.SERVING_BACKOFF, Severity.WARNING, f"profile {prof.name}: the retry pending when the "
+                 f"agent restarted goes on: retry in {delay:.1f} s (failure {failures} of "
+                 f"{cfg.agent.crash_loop_failures} allowed in {cfg.agent.crash_loop_window_s:g} s)", delay_s=delay,
+                 failures=failures, resumed=True)
+        cause = RETRY_AFTER_TIMEOUT if pending.readiness_timeout else RETRY_AFTER_CRASH
+        self._retry.schedule(delay, lambda: self._retry_due(prof, cause))  # as the previous agent would have
+        return True
 
     async def _count(self, prof: Profile, reason: str, readiness_timeout: bool = False) -> None:
         lc = self._lc

@@ -26,7 +26,7 @@ from lynxtop.agent.serving.failures import Failures
 from lynxtop.agent.serving.gpu_holders import GpuGate, GpuGuard
 from lynxtop.agent.serving.health import Health, HttpClient, Verdict, version_of
 from lynxtop.agent.serving.launcher import ExitInfo, ServerProcess
-from lynxtop.agent.serving.retry import Retry
+from lynxtop.agent.serving.retry import PendingRetry, Retry
 from lynxtop.agent.serving.run import Run, now_ms
 from lynxtop.agent.serving.runstore import RunStore, store_call
 from lynxtop.agent.serving.startup import tail_lines
@@ -322,6 +322,10 @@ class RunLifecycle:
         self.set_state(S.CRASH_LOOP, f"{reason} (recorded before the agent restarted)")
         self.event(EventKind.SERVING_CRASH_LOOP, Severity.WARNING, f"profile {profile} is still in crash-loop from "
                    "before the agent restarted; not starting it (lynxtop start / restart / switch / stop to act)")
+
+    def resume_retry(self, pending: PendingRetry) -> bool:
+        """At agent start: the retry the previous agent left pending goes on (Failures.resume)."""
+        return self._failures.resume(pending)
 
     async def not_ready_in_time(self, run: Run, prof: Profile) -> None:
         await self._failures.not_ready_in_time(run, prof)

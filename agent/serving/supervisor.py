@@ -30,10 +30,9 @@ from lynxtop.agent.events import EventSink
 from lynxtop.agent.serving import check, diskspace, gpu_holders, launcher, procs
 from lynxtop.agent.serving.actions import ActionSlot
 from lynxtop.agent.serving.adoption import FALLBACK_GRACE_S, Adoption
-from lynxtop.agent.serving.failures import RETRY_AFTER_CRASH, RETRY_AFTER_TIMEOUT
 from lynxtop.agent.serving.health import HttpClient
 from lynxtop.agent.serving.lifecycle import ClusterGate, GpuView, RunLifecycle, Timing, port_taken, server_url
-from lynxtop.agent.serving.retry import PendingRetry, Retry
+from lynxtop.agent.serving.retry import Retry
 from lynxtop.agent.serving.run import now_ms
 from lynxtop.agent.serving.runstore import RunStore
 from lynxtop.agent.serving.stopnote import OperatorStop, StopKeeper
@@ -175,30 +174,6 @@ async def strays_hold(autostart: str, log_dir: Path) -> Event | None:
                  f"autostart of {autostart} held: processes of an earlier run are still alive (pids {strays}) and "
                  "could not be adopted; check them (ps -fp PID) and stop them; `lynxtop start` refuses while they "
                  "live", details={"pids": strays})
-
-
-def resume_backoff(runs: RunLifecycle, retry: Retry, pending: PendingRetry) -> bool:
-    """At agent start, nothing adopted, no crash loop or operator's stop holding: the retry the previous agent
-    scheduled and did not carry out (it was killed during the backoff) is scheduled again for what is left of its
-    delay, its failures counted toward the crash-loop limit. False: its profile is gone from the config."""
-    cfg = runs._config()
-    prof = cfg.profile(pending.profile)
-    if prof is None:
-        runs.event(EventKind.SERVING_STOPPED, Severity.ERROR, f"not retrying: profile {pending.profile}, whose retry "
-                   "was pending when the agent restarted, is no longer in the config")
-        return False
-    retry.resume(pending)
-    delay, failures = pending.delay_s(), len(retry.failures)
-    runs.profile_name, runs.profile = prof.name, prof
-    runs.set_state(S.BACKOFF, f"{pending.reason or 'failed'} (scheduled before the agent restarted; due in "
-                              f"{delay:.1f} s)")
-    runs.event(EventKind.SERVING_BACKOFF, Severity.WARNING, f"profile {prof.name}: the retry pending when the agent "
-               f"restarted goes on: retry in {delay:.1f} s (failure {failures} of {cfg.agent.crash_loop_failures} "
-               f"allowed in {cfg.agent.crash_loop_window_s:g} s)", delay_s=delay, failures=failures, resumed=True)
-    cause = RETRY_AFTER_TIMEOUT if pending.readiness_timeout else RETRY_AFTER_CRASH
-    due = runs._failures._retry_due  # the retry as the previous agent would have carried it out
-    retry.schedule(delay, lambda: due(prof, cause))
-    return True
 
 
 class Supervisor:
@@ -477,7 +452,7 @@ class Supervisor:
         if not held and stop is not None and stop.this_boot() and self.runs.state in (S.STOPPED, S.STOPPING):
             self._stops.hold(stop)  # an operator's stop wins over a pending retry
             return
-        if not adopted and not held and pending is not None and resume_backoff(self.runs, self._retry, pending):
+        if not adopted and not held and pending is not None and self.runs.resume_retry(pending):
             return
         if adopted or held or not autostart:
             return
