@@ -29,7 +29,9 @@ class ConfigSource:
         """The profiles and models as the file says now (raises `ConfigError`: the caller refuses its action)."""
         if self._cfg.path is not None:
             fresh = load_config(str(self._cfg.path), secrets=True)  # the env_file and credentials as now
-            self._cfg = dataclasses.replace(self._cfg, profiles=fresh.profiles, models=fresh.models)
+            # and the file's secret-exposure warnings as they are now (a SIGHUP reload says them: agent/reload.py)
+            self._cfg = dataclasses.replace(self._cfg, profiles=fresh.profiles, models=fresh.models,
+                                            warnings=fresh.warnings)
         return self._cfg
 
     def poll(self) -> Config:

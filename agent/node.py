@@ -398,7 +398,7 @@ class Node:
                                             max_connections=self.fd_plan.caps["metrics"],
                                             request_timeout_s=a.request_timeout_s, episodes=self.episodes,
                                             totals=self.view.serving_totals, reads=self._tcp_reads(),
-                                            status_body=lambda: self.status_body(strict_dumps),
+                                            status_body=lambda: self.status_body(strict_dumps, tcp=True),
                                             last_tick=lambda: self.ticker.last_tick_unix)
             try:
                 await self.exporter.start()
@@ -509,9 +509,9 @@ class Node:
     def status(self) -> Status:
         return self.view.status()
 
-    def status_body(self, dumps: Callable[[Any], str]) -> str:
-        """GET /v1/status's JSON text, its tick part encoded once per tick (StatusView.body)."""
-        return self.view.body(dumps)
+    def status_body(self, dumps: Callable[[Any], str], tcp: bool = False) -> str:
+        """GET /v1/status's JSON text (StatusView.body); `tcp`: the open TCP endpoint's, without callers."""
+        return self.view.body(dumps, tcp=tcp)
 
 
 def refuse_foreign_state_dir(d: Path) -> None:

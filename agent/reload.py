@@ -36,7 +36,9 @@ def reload_config(config: ConfigSource, notifier: Notifier | None, status_line: 
     config in use kept. The [agent], [sla] and [ray] settings take effect on an agent restart only. `notifier`:
     None before READY=1 (a reload then must not tell systemd the agent is up); else RELOADING=1 ... READY=1.
     `record`: the agent's event path (None before the store is open: then the log line alone); it logs the event,
-    so the line is not written twice. Returns the message."""
+    so the line is not written twice. A file read is also checked for secrets others can read (Config.warnings):
+    each warning is logged at every reload, as at the agent's start (no event, as there), so a file made
+    world-readable is told and a fixed one is not told again. Returns the message."""
     path = config.current.path
     if path is None:
         msg = "SIGHUP: no config file to reload (the agent runs on defaults); nothing changed"
@@ -45,6 +47,7 @@ def reload_config(config: ConfigSource, notifier: Notifier | None, status_line: 
     if notifier is not None:
         notifier.send("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
     file = terminal_safe(str(path))
+    warnings: tuple[str, ...] = ()
     try:
         cfg = config.reload()
     except ConfigError as exc:
@@ -53,10 +56,13 @@ def reload_config(config: ConfigSource, notifier: Notifier | None, status_line: 
         event = failed_event(file, [f"cannot reload ({type(exc).__name__}: {exc})"])
     else:
         event = reloaded_event(file, [p.name for p in cfg.profiles])
+        warnings = cfg.warnings
     if record is not None:
         record(event)
     else:
         log.log(logging.INFO if event.severity == Severity.INFO else logging.WARNING, "%s", event.message)
+    for line in warnings:  # the file as read now, at each reload, as the agent's start says them (log only)
+        log.warning("SIGHUP: config warning: %s", line)
     if notifier is not None:
         notifier.ready(status_line())
     return event.message

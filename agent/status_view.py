@@ -33,6 +33,7 @@ from lynxtop.contract.status import (
     Status,
     StoreStatus,
     join_json,
+    without_callers,
 )
 
 if TYPE_CHECKING:
@@ -69,17 +70,19 @@ class StatusView:
         self._tick_text: str | None = None  # its tick_json(), encoded when first asked for
         self._free: FreeSpace | None = None  # made at the first status: the database's path is the config's
 
-    def body(self, dumps: Callable[[Any], str]) -> str:
+    def body(self, dumps: Callable[[Any], str], tcp: bool = False) -> str:
         """GET /v1/status's JSON text: `dumps(self.status().to_json())`, with the part only a tick changes (GPUs,
         host, serving metrics, engines: most of the text) encoded once per tick for every poller.
 
         That part is keyed by the identity of what it is built from (tick_part), so the first GET after a tick
         reads the new tick; the rest (states, actions, listeners, the clock) is built on every GET, so any change is
-        in the next answer (issue 29.3)."""
+        in the next answer (issue 29.3). `tcp`: the open TCP endpoint's answer, without who asked for an action
+        (`without_callers`; only the head holds one, so the tick part's text is shared)."""
         tick = self.tick_part()
         if self._tick_text is None:
             self._tick_text = dumps(tick.tick_json())
-        return join_json(dumps(self._head().head_json()), self._tick_text)
+        head = self._head().head_json()
+        return join_json(dumps(without_callers(head) if tcp else head), self._tick_text)
 
     def tick_part(self) -> Status:
         """The part of the status only a tick changes (GPUs, host, serving metrics, engines), built once per change

@@ -64,7 +64,9 @@ def check(args: Namespace) -> int:
         return 2
     data = config_as_dict(cfg)
     if args.json:
-        _say(json.dumps(data, indent=2))
+        # the secret-exposure warnings, as stderr words them (load_or_exit said them there too): a script reading
+        # the JSON alone must not take a config whose token every user reads for a clean one
+        _say(json.dumps(data | {"warnings": list(cfg.warnings)}, indent=2))
         return 0
     _say(f"config: {data['path'] or '(no file: built-in defaults)'} — valid")
     _say("\n[agent]")

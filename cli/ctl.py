@@ -350,8 +350,8 @@ def _agent_lines(agent: AgentStatus) -> list[str]:
         lines.append(f"store    DATABASE FILE SWAPPED at {_clock(store.db_swapped_ms)}: {store.db_swapped}")
     act = agent.action
     if act:
-        lines.append(f"action   {act.action} {act.profile or ''} in progress since {_clock(act.since_ms)} by "
-                     f"{act.by or '?'}")
+        by = f" by {act.by}" if act.by else ""  # a remote node's TCP status does not say who asked
+        lines.append(f"action   {act.action} {act.profile or ''} in progress since {_clock(act.since_ms)}{by}")
     return lines
 
 

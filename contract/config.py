@@ -618,22 +618,24 @@ _SECRET_ENV_HINT = ("a name holding TOKEN, KEY, SECRET, PASSWORD or CREDENTIAL, 
                     "secret_env, is masked")
 
 
-def url_password_use(args: Sequence[str], i: int, program: str = "vLLM") -> str | None:
-    """Why `args[i]` (an extra_args item) would put a URL's password (`scheme://USER:PASSWORD@`) in a command line,
-    or None. Said without the item itself (it holds the password): its position and the flag it belongs to.
+def url_userinfo_use(args: Sequence[str], i: int, program: str = "vLLM") -> str | None:
+    """Why `args[i]` (an extra_args item) would put a URL's credentials (`scheme://USER:PASSWORD@`, or
+    `scheme://TOKEN@`: a userinfo of any kind) in a command line, or None. Said without the item itself (it holds
+    the secret): its position and the flag it belongs to.
 
-    lynxtop masks such a password wherever it shows argv, but the child's /proc/PID/cmdline is readable by every
-    local user and serving.json keeps argv as run, so it is refused like `--api-key`. A userinfo without a password
-    (`https://user@host`) and an empty one (`user:@`) are accepted."""
+    lynxtop masks such a userinfo wherever it shows argv, but the child's /proc/PID/cmdline is readable by every
+    local user and serving.json keeps argv as run, so it is refused like `--api-key`. A user part alone is refused
+    too: a userinfo without ':' is most often a token itself (`https://ghp_...@github.com`), and telling a user
+    name from a token is guesswork. Only an empty one (`https://@host`, `https://:@host`) holds nothing."""
     arg = args[i]
-    if "://" not in arg or not any(m.group("userinfo").partition(":")[2] for m in _URL_USERINFO.finditer(arg)):
+    if "://" not in arg or not any(m.group("userinfo").strip(":") for m in _URL_USERINFO.finditer(arg)):
         return None
     flag = arg.split("=", 1)[0] if arg.startswith("-") and "=" in arg else \
         args[i - 1] if i > 0 and args[i - 1].startswith("-") else None
     of = f" (the value of {flag.split('=', 1)[0]})" if flag else ""
-    return (f"item {i + 1}{of} holds a URL with a password (scheme://USER:PASSWORD@; not shown): it would sit in "
-            f"{program}'s command line, read by every local user (ps, /proc/PID/cmdline), and in the agent's state "
-            "files (serving.json)")
+    return (f"item {i + 1}{of} holds a URL with credentials (scheme://USER@ or scheme://USER:PASSWORD@; not "
+            f"shown): they would sit in {program}'s command line, read by every local user (ps, /proc/PID/cmdline), "
+            "and in the agent's state files (serving.json)")
 
 
 def _extra_args(key: str, v: Any) -> tuple[str, ...]:
@@ -649,7 +651,7 @@ def _extra_args(key: str, v: Any) -> tuple[str, ...]:
         why = secret_flag_use(a) or tls_flag_use(a) or config_file_use(a, v[i + 1] if i + 1 < len(v) else None)
         if why:
             raise _Bad(why)
-        why = url_password_use(v, i)
+        why = url_userinfo_use(v, i)
         if why:
             raise _Bad(f"{why}; give it to vLLM through its environment instead, where vLLM reads it from a variable: "
                        f"env_file or env_credentials (always secret), or env ({_SECRET_ENV_HINT})")
@@ -764,7 +766,7 @@ def _ray_extra_args(key: str, v: Any) -> tuple[str, ...]:
         if not a:
             raise _Bad("an argument is empty")
         _no_control(f"argument {a!r} ", a)
-        why = url_password_use(v, i, "`ray start`")
+        why = url_userinfo_use(v, i, "`ray start`")
         if why:
             raise _Bad(f"{why}; give it through [ray] "
                        f"env instead, where Ray reads it from a variable ({_SECRET_ENV_HINT})")

@@ -737,3 +737,18 @@ def join_json(head: str, tick: str) -> str:
     """`json.dumps(status.to_json())` from `json.dumps(status.head_json())` and `json.dumps(status.tick_json())`
     (default separators), to the byte: the two objects' members joined in the order `to_json` gives them."""
     return head[:-1] + ", " + tick[1:]
+
+
+CALLER_KEYS = frozenset({"by"})  # who asked for an action: "uid 1000 (alice) pid 4242" (agent/api/peercred.py)
+
+
+def without_callers(tree: Any) -> Any:
+    """A status JSON tree (or part of one) without who asked for an action (`CALLER_KEYS`, at any depth).
+
+    For the open TCP `GET /v1/status` (Prometheus, the fleet view; no token): it says what is in progress, not
+    which local user and process asked for it. The control socket's status, read by its operators, keeps it."""
+    if isinstance(tree, Mapping):
+        return {k: without_callers(v) for k, v in tree.items() if k not in CALLER_KEYS}
+    if isinstance(tree, list):
+        return [without_callers(v) for v in tree]
+    return tree

@@ -41,6 +41,7 @@ from lynxtop.contract.status import (
     SlaState,
     SlaStatus,
     Status,
+    without_callers,
 )
 
 _log = logging.getLogger("lynxtop.exporter")
@@ -579,7 +580,7 @@ class MetricsExporter:
                  reads: TcpReads | None = None, status_body: Callable[[], str] | None = None,
                  last_tick: Callable[[], float | None] | None = None):
         self.host, self.port = parse_listen(listen)
-        self._status_body = status_body  # the agent's GET /v1/status text, its tick part encoded once per tick
+        self._status_body = status_body  # the agent's GET /v1/status text for TCP (StatusView.body(tcp=True))
         self.reads = reads  # [agent] tcp_reads: history, events, logs, processes for the token's holder
         self.listen = listen
         self.log = log or _log.info
@@ -670,10 +671,11 @@ class MetricsExporter:
         return cached[1] + live + cached[2]
 
     async def _status(self, request: web.Request) -> web.Response:
-        """The socket's `GET /v1/status` JSON from the same cached snapshot (no I/O; secrets are never in it)."""
-        if self._status_body is not None:  # the agent's: remote dashboards poll it, one encoding per tick for all
+        """The socket's `GET /v1/status` JSON from the same cached snapshot (no I/O; secrets are never in it), less
+        who asked for an action (`without_callers`): this port is open to whoever reaches it, with no token."""
+        if self._status_body is not None:  # the agent's (without callers): one encoding per tick for all pollers
             return web.Response(text=self._status_body(), content_type="application/json")
         status = self._snapshot()
         if status is None:
             return web.json_response({"error": "not_ready", "message": "the agent has no status yet"}, status=503)
-        return web.json_response(status.to_json())
+        return web.json_response(without_callers(status.to_json()))

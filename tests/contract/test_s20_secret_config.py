@@ -74,8 +74,8 @@ def test_a_url_password_in_ray_extra_args_is_refused(tmp_path):
     assert PASSWORD not in problem and "[ray] env" in problem
 
 
-@pytest.mark.parametrize("arg", ["https://otel.example:4318", "https://ops@otel.example", "https://ops:@h:1",
-                                 "user:pw@host", "s3://bucket/key@v2"])
+# a user part alone (`https://ops@`, `https://ops:@`) is refused since session 21 (test_s21_secrets_leftovers.py)
+@pytest.mark.parametrize("arg", ["https://otel.example:4318", "user:pw@host", "s3://bucket/key@v2"])
 def test_urls_without_a_password_stay_accepted(arg):
     cfg = parse_config(f'[[profile]]\nname = "p"\nexecutable = "/bin/true"\nmodel = "m"\n'
                        f'extra_args = ["--otlp-traces-endpoint", "{arg}"]\n')

@@ -247,7 +247,8 @@ def _action(t: Text, agent: AgentStatus, sep: str = "  ", short: bool = False) -
     """The operator action under way, and by whom: next to the state it is changing."""
     action = agent.action
     if action:
-        by = f" {'' if short else 'by '}{action.by or '?'}"
+        # no caller over TCP (a remote node's status does not say who asked): nothing rather than "by ?"
+        by = f" {'' if short else 'by '}{action.by}" if action.by else ""
         t.append(f"{sep}⟳ {action.action}{' ' + action.profile if action.profile else ''}{by}", style="yellow")
 
 
