@@ -101,6 +101,9 @@ class AgentConfig:
     # the current run's log is capped at this size (MiB) by copy-truncate, its last part kept as <log>.1
     # (agent/serving/logcap.py): a run serves for weeks, its access lines fill a disk; 0 = no cap
     run_log_max_mb: int = 512
+    # the run logs in log_dir (with their .1 parts; the current run's counts but is never removed) hold at most
+    # this much (MiB) together: the oldest ended runs' go first (launcher.prune_logs, at each start); 0 = count only
+    run_logs_max_total_mb: int = 10240
     # this much (MiB) is kept allocated past the end of the current run's log (fallocate, agent/serving/logreserve.py):
     # a disk that fills during a load would otherwise kill it (vLLM's progress bars re-raise ENOSPC); 0 = none
     run_log_reserve_mb: int = 64
@@ -741,6 +744,7 @@ _AGENT_SPEC: dict[str, Callable[[str, Any], Any]] = {
     "gpu_release_timeout_s": _float(1, 3600),
     "min_free_mb": _int(0, 1 << 20),
     "run_log_max_mb": _int(0, 1 << 20),
+    "run_logs_max_total_mb": _int(0, 1 << 24),
     "run_log_reserve_mb": _int(0, 1 << 20),
     "role": _str(choices=ROLES),
     "fake_nvml": _str(choices=("", "h200x8", "a100x8", "b200x8", "sim", "lost", "missing", "nodriver")),

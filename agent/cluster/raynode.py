@@ -379,7 +379,8 @@ class RayNode:
             return
         argv = ray_argv(self.cfg)
         log_path = self.log_dir / time.strftime(f"ray-%Y%m%d-%H%M%S-{int(time.time() * 1000) % 1000:03d}.log")
-        for old in launcher.prune_logs(self.log_dir, RAY_LOGS_KEPT):
+        for old in launcher.prune_logs(self.log_dir, RAY_LOGS_KEPT,
+                                       max_bytes=self.cfg.agent.run_logs_max_total_mb * launcher.MIB):
             log.info("removed old Ray log %s", old)
         env = dict(self.cfg.ray.env) | {SOCKET_ENV: str(self.cfg.agent.socket), "RAY_USAGE_STATS_ENABLED": "0"}
         try:

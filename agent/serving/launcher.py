@@ -29,6 +29,7 @@ import os
 import re
 import select
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -43,6 +44,7 @@ from lynxtop.agent.serving import logreserve, procs, runtmp, safefile
 from lynxtop.agent.serving.procs import RUN_TOKEN_ENV
 from lynxtop.agent.serving.proctable import ProcTable
 from lynxtop.agent.serving.runfiles import RunFiles
+from lynxtop.contract.config import AgentConfig
 from lynxtop.contract.files import atomic_write
 from lynxtop.contract.redact import redact_env
 
@@ -953,28 +955,69 @@ def remove_record(path: Path) -> None:
         path.unlink()
 
 
-def prune_logs(log_dir: Path, keep: int, protect: set[str] | frozenset[str] = frozenset()) -> list[Path]:
-    """Delete all but the newest `keep` run logs (never one in `protect`): runs are many, disks are not.
+MIB = 1 << 20
+# a caller that passes no budget still has one: the config's default (`[agent] run_logs_max_total_mb`)
+RUN_LOGS_MAX_BYTES = AgentConfig.run_logs_max_total_mb * MIB
+_LOG_PARTS = (".log.1.tmp", ".log.1", ".log")  # a log's kept part (logcap.py) and a cap cut short by an exit
+
+
+def log_bytes(st: os.stat_result) -> int:
+    """What a log file takes of a disk budget: its allocated blocks (what fills the disk, a reserve left past its
+    end included: logreserve.py), never less than its length (a sparse file still takes that to copy or back up;
+    the agent's own logs, written O_APPEND, have no holes, so the two agree but for a reserve)."""
+    return max(st.st_size, st.st_blocks * 512)
+
+
+def _run_log_of(name: str) -> str | None:
+    """The run log's name a file of `log_dir` belongs to (itself, or the log whose part it is); None: not one."""
+    for suffix in _LOG_PARTS:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[:len(name) - len(suffix)] + ".log"
+    return None
+
+
+def prune_logs(log_dir: Path, keep: int, protect: set[str] | frozenset[str] = frozenset(),
+               max_bytes: int = RUN_LOGS_MAX_BYTES) -> list[Path]:
+    """Delete all but the newest `keep` run logs, and the oldest more until the rest hold at most `max_bytes`
+    (0: no byte bound), never one in `protect`: runs are many, disks are not (each ended log may hold
+    `run_log_max_mb` and half that again in its `.1`; 200 of them were 150 GB). A protected log's bytes count.
 
     A log's kept part (`<log>.1`, left by the size cap: logcap.py) is counted and removed with its log, never as a
-    log of its own; one whose log is gone counts for that log. Returns the logs removed (or whose part was)."""
-    runs: dict[Path, float] = {}  # a run's log -> the newest mtime of its files
+    log of its own; one whose log is gone counts for that log. Only regular files are counted or removed, looked
+    at without following a symlink (one in the directory is not a log the agent wrote, and its target is not
+    ours to delete). Returns the logs removed (or whose part was), oldest first."""
+    runs: dict[Path, tuple[float, list[tuple[Path, int]]]] = {}  # a run's log -> newest mtime, (file, bytes)
     try:
-        for p in log_dir.iterdir():
-            base = p.with_name(p.name[:-2]) if p.name.endswith(".log.1") else p
-            if base.name.endswith(".log") and p.is_file():
-                runs[base] = max(runs.get(base, 0.0), p.stat().st_mtime)
+        names = [p.name for p in log_dir.iterdir()]
     except OSError:
         return []
+    for name in names:
+        base_name = _run_log_of(name)
+        if base_name is None:
+            continue
+        p = log_dir / name
+        try:
+            st = p.lstat()
+        except OSError:  # gone meanwhile
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        base = log_dir / base_name
+        mtime, files = runs.get(base, (0.0, []))
+        runs[base] = (max(mtime, st.st_mtime), [*files, (p, log_bytes(st))])
+    total = sum(n for _, files in runs.values() for _, n in files)
+    newest_first = sorted(runs, key=lambda b: runs[b][0], reverse=True)
     removed = []
-    for base in sorted(runs, key=lambda b: runs[b], reverse=True)[keep:]:
-        if str(base) in protect:
+    for rank in range(len(newest_first) - 1, -1, -1):  # the oldest first
+        base = newest_first[rank]
+        if str(base) in protect or (rank < keep and (max_bytes <= 0 or total <= max_bytes)):
             continue
         gone = False
-        for p in (base, Path(f"{base}.1"), Path(f"{base}.1.tmp")):  # .tmp: a cap cut short by an agent exit
+        for p, n in runs[base][1]:
             with contextlib.suppress(OSError):
                 p.unlink()
                 gone = True
+                total -= n
         if gone:
             removed.append(base)
     return removed

@@ -249,8 +249,10 @@ class RunLifecycle:
                 return self.resolve_outcome(False) or False
             agent = self._config().agent
             protect = {self.proc.record.log_path} if self.proc is not None else set()
-            for old in launcher.prune_logs(agent.run_log_dir, RUN_LOGS_KEPT, protect):
-                log.info("removed old run log %s (keeping the newest %d)", old, RUN_LOGS_KEPT)
+            for old in launcher.prune_logs(agent.run_log_dir, RUN_LOGS_KEPT, protect,
+                                           agent.run_logs_max_total_mb * launcher.MIB):
+                log.info("removed old run log %s (keeping the newest %d, %d MiB at most: run_logs_max_total_mb)",
+                         old, RUN_LOGS_KEPT, agent.run_logs_max_total_mb)
             spawned = prof
             if self._cluster is not None and prof.uses_ray and "RAY_ADDRESS" not in prof.env:
                 # the cluster this agent runs, by name: ray.init("auto") takes whichever Ray started last on the host
