@@ -426,6 +426,14 @@ class ScrapeSource:
             self.on_new_run()
         return self.scraper, self.hang
 
+    def resumed(self, now: float) -> None:
+        """The agent was stopped (SIGSTOP, a VM pause) and runs again: the run's hang detector counts the gap to
+        its next reading as not watched (HangDetector.resumed). Called from the watchdog's thread (Ticker.resumed);
+        a detector made after it starts with no reading, so it has nothing to forget."""
+        hang = self.hang
+        if hang is not None:
+            hang.resumed(now)
+
     def loop_due(self) -> float:
         """The tick start (monotonic) from which a tick must reach the loop for this source: at once while a scrape
         runs, the next scrape's due time, none (inf) while nothing was served (a new target is seen by the loop's

@@ -72,6 +72,20 @@ def kept_gpu_rows(rows: Rows, t0: float, ticker: Ticker) -> tuple[list[dict], fl
     return last, last_t0
 
 
+def tell_resumed(stages: Iterable[Iterable[object]], now: float) -> None:
+    """Every sampler that keeps time between its readings (`resumed`: the scrape's hang detector) hears of a
+    resume, so the paused time is never counted as the engine standing still; one's failure is logged, the
+    others still hear it."""
+    for stage in list(stages):
+        for sampler in list(stage):
+            told = getattr(sampler, "resumed", None)
+            if told is None:
+                continue
+            try:
+                told(now)
+            except Exception:  # noqa: BLE001 - one sampler's failure must not keep the others from hearing it
+                log.exception("telling %s of the resume failed", type(sampler).__name__)
+
 class Ticker:
     def __init__(self, interval: float, timeline: Timeline, episodes: Episodes, *, writer: Callable[[], Any],
                  record: Callable[[Iterable[Event]], None], context: Callable[[], tuple[int | None, int | None]],
@@ -163,10 +177,9 @@ class Ticker:
         t0 = time.monotonic()
         step = self._clock_step()
         root, run_id = context
-        # NVML gets the rest of the interval; a GPU that answers slowly makes this tick carry no GPU rows
-        # (counted) rather than holding host, serving and the store back. The rest of the interval it was due
-        # in: a tick started late (a busy loop, e.g. a connection flood's accepts) that waited 0.9 interval
-        # from its start still ran when the next was due, and that one was missed (benchmarks/slowloris.py)
+        # NVML gets the rest of the interval it was due in: a GPU that answers slowly makes this tick carry no GPU
+        # rows (counted) rather than holding host, serving and the store back; a tick started late (a busy loop)
+        # that waited 0.9 interval from its start ran when the next was due (missed: benchmarks/slowloris.py)
         start = t0 if due is None else min(due, t0)
         return Tick(ts_ms=self._timeline.now_ms(), t0=t0, deadline=start + self.interval * 0.9, root=root,
                     run_id=run_id, events=[step] if step is not None else [])
@@ -447,9 +460,10 @@ class Ticker:
     # ------------------------------------------------------------------------------------------ health
 
     def resumed(self, now: float) -> None:
-        """The process was stopped (SIGSTOP, a VM pause) and runs again: its ticks get a fresh grace."""
+        """Stopped (SIGSTOP, a VM pause) and running again: ticks get a fresh grace, samplers are told."""
         self._resumed_mono = now
         log.warning("the agent was not running for a while (stopped or paused); ticks resume now")
+        tell_resumed(self._stages, now)
 
     def log_unhealthy(self) -> None:
         log.error("health check failed (last tick %s s ago, writer alive %s): not pinging the watchdog",

@@ -183,6 +183,11 @@ class HangDetector:
         self._stalled = 0.0  # stall time observed since the last progress, failed readings not counted
         self._last_seen: float | None = None  # the last reading, None after a failed one (a pause)
         self._last_gauges: tuple[Any, ...] | None = None
+        # resumes told (`resumed`, from the watchdog's thread) and how many the last reading had seen: a count, not
+        # a reset of _last_seen, which the loop's reading in progress could overwrite and so lose the resume
+        self._resumes = 0
+        self._resumes_seen = 0
+        self.resumed_at: float | None = None  # when the last resume was found (monotonic)
 
     def _watched(self, gap: float) -> bool:
         """Whether a gap between two readings was watched (see __init__); every gap joins the usual ones after."""
@@ -191,8 +196,15 @@ class HangDetector:
         return self.slack_s is None or usual is None or gap <= 2 * usual + self.slack_s
 
     def resumed(self, now: float) -> None:
-        """The agent was stopped and runs again: the time until the next reading was not watched."""
-        self._last_seen = None
+        """The agent was stopped and runs again: the time until the next reading was not watched.
+
+        Told by the watchdog thread (agent/notify.py, through the ticker) when it wakes far later than it asked:
+        the gap from the reading before the pause to the one after it counts nothing, even one the learned-gap
+        rule would take as watched (a pause shorter than twice the usual gap plus the slack, which with slow
+        scrapes and a short hang_timeout_s was judged a hang and restarted a busy server). Safe from any thread.
+        """
+        self.resumed_at = now
+        self._resumes += 1  # one writer (the watchdog thread): no lost update
 
     def observe(self, running: float | None, tokens_total: float | None, waiting: float | None = None,
                 now: float | None = None, *, row: Mapping[str, Any] | None = None,
@@ -208,6 +220,10 @@ class HangDetector:
             return None
         now = time.monotonic() if now is None else now
         seen, self._last_seen = self._last_seen, now
+        resumes = self._resumes
+        if resumes != self._resumes_seen:
+            seen = None  # the agent was stopped since the last reading: the gap was not watched
+        self._resumes_seen = resumes
         gap = None if seen is None else now - seen
         watched = gap is not None and self._watched(gap)  # learned from every reading, progress or not
         deferred = _deferred(engines)
