@@ -102,6 +102,8 @@ class RunWatch:
         self._http = http
         self._agent = agent
         self._looks = ThreadOrInline(f"run {run.run_id}: the look at its processes while it loads")
+        self._look: asyncio.Task[None] | None = None  # the look in flight beside the probes (`look_while_loading`)
+        self._look_error: str | None = None  # the last failed look's error, logged once per episode
 
     async def watched(self) -> str:
         """Readiness, then health while serving, until the run exits or is stopped: 'ready' (it was ready),
@@ -171,7 +173,7 @@ class RunWatch:
             while not proc.exited:
                 self.poll_phases()
                 self.check_log()
-                await self.look_while_loading()
+                self.look_while_loading()
                 lc.state_file.resave(proc.record)
                 # an adopted ready server may only be busy: its late 200 (a probe kept in flight up to
                 # hang_timeout_s) is an answer, or a server slower than 3 s was told silent and restarted
@@ -182,6 +184,9 @@ class RunWatch:
                     # syscalls waited for the GIL behind a busy loop, and readiness came seconds late
                     others = others_listening(proc, prof)
                     if not others:
+                        # ready's own look (note_files) is fresher: the one in flight must not write its older
+                        # members over it into the record once it ends
+                        await self.drop_look()
                         await lc.ready(run, url)
                         return "ready"
                     if not told:  # once per run: it may answer for the whole readiness timeout
@@ -205,6 +210,7 @@ class RunWatch:
         finally:
             probe.close()
             exit_wait.cancel()
+            await self.drop_look()
 
     async def while_serving(self) -> None:
         """While serving: wait for the exit, probe /health now and then, forgive failures after a stable period."""
@@ -237,15 +243,51 @@ class RunWatch:
             probe.close()
             exit_wait.cancel()
 
-    async def look_while_loading(self) -> None:
+    def look_while_loading(self) -> None:
         """A young run's processes looked at each second (ServerProcess.look_due; in a thread: a look reads every
         process of the node), and the record saved whenever they changed: an agent killed mid-load leaves the next
-        one the EngineCore and workers that hide the run's token (setproctitle) by pid and start time."""
+        one the EngineCore and workers that hide the run's token (setproctitle) by pid and start time.
+
+        The look runs beside the /health probes, one at a time, never before them: on a busy loop (a DP8 /metrics
+        scrape, many status pollers) each /proc read of the look's thread waits for the GIL, and a watch that
+        awaited the look before each probe saw readiness seconds late."""
         proc = self._run.proc
-        if proc.look_due():
-            await self._looks.call(proc.members)
-        if proc.members_changed():
+        if self._look is not None and self._look.done():
+            self._look = None  # `_look_now` handled its end; nothing is left to retrieve
+        if self._look is None and proc.look_due():
+            self._look = asyncio.get_running_loop().create_task(self._look_now(), name=self._looks.what)
+        if proc.members_changed():  # the node sampler's looks refresh the members too
             self._lc.state_file.save(proc.record)
+
+    async def _look_now(self) -> None:
+        """One look, then the record saved if the members changed. Its errors are logged (once per episode), never
+        raised: the watch goes on probing /health whatever a look met."""
+        proc, run = self._run.proc, self._run
+        try:
+            await self._looks.call(proc.members)
+            if proc.members_changed():
+                self._lc.state_file.save(proc.record)
+        except Exception as exc:  # noqa: BLE001 - a failed look costs a look, never the watch
+            what = f"{type(exc).__name__}: {exc}"
+            if what != self._look_error:
+                log.warning("run %s (profile %s, pid %s): looking at its processes while it loads failed: %s; "
+                            "looked at again in a moment", run.run_id, self._prof.name, proc.pid, what,
+                            exc_info=exc)
+            self._look_error = what
+            return
+        if self._look_error is not None:
+            log.info("run %s: its processes can be looked at again", run.run_id)
+            self._look_error = None
+
+    async def drop_look(self) -> None:
+        """The look in flight, if any, cancelled and waited for: no task of the watch outlives the readiness wait,
+        and none saves its (older) members after it. Its worker thread ends on its own; what it sees still
+        merges into the run's known processes (ServerProcess._members, under its lock)."""
+        look, self._look = self._look, None
+        if look is None:
+            return
+        look.cancel()
+        await asyncio.wait({look})  # never raises; a cancel of this watch itself still propagates from here
 
     def check_log(self) -> None:
         """A run whose output cannot be written is an event (once per episode), never a reason to stop it."""
