@@ -111,7 +111,8 @@ class NodeController:
                 raise ActionError("no_run", "no run yet: nothing has been started by this agent", 404)
             run_id, path = current
         else:
-            run = await self._read(lambda r: r.run(run_id))
+            # the path only: a summary decodes the run's history under the reader's lock (minutes of a long run)
+            run = await self._read(lambda r: r.run(run_id, summary=False))
             if run is None:
                 raise ActionError("unknown_run", f"no run {run_id}", 404)
             path = run.log_path

@@ -50,6 +50,10 @@ SERIES_TABLES = ("gpu", "host", "serving")
 LATEST_TABLES = ("gpu", "nvlink", "host", "serving", "processes")
 SLOW_TABLES = ("nvlink", "processes")  # readings stored once, when read (store/writer.py SlowRows)
 RAW_SUMMARY_MAX_MS = 6 * 3_600_000  # longer runs are summarised from 1-minute rollups
+# A one-shot read (_raw_q: a summary, a raw series) keeps the chunk rows it decoded for the next read only up to
+# this many: a chart's window or a page's interval is reused, a 6-hour summary's ~200,000 rows are not kept in a
+# long-lived process (the agent) until some later read happens to replace them.
+DECODED_KEEP_ROWS = 20_000
 
 
 class NoHistory(StoreError):
@@ -86,6 +90,11 @@ class _SeriesQuery:
         return () if self.gpu is None else (self.gpu,)
 
 
+def _like_literal(text: str) -> str:
+    """`text` for a LIKE pattern with ESCAPE '\\': its %, _ and \\ matched as themselves."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]  # noqa: B905 (same length by construction)
@@ -115,6 +124,35 @@ def _no_readings(rows: list[dict[str, Any]], cols: list[str], have: list[str]) -
     return rows
 
 
+# A run's serving summary: (output name, column, how) in output order; "avg" ignores NULL readings, "sum" is
+# NULL when every reading is, "max" the largest reading. store/reader.py _serving_summary computes them.
+SERVING_SUMMARY: tuple[tuple[str, str, str], ...] = (
+    ("requests_per_s", "requests_per_s", "avg"), ("prompt_tokens_per_s", "prompt_tokens_per_s", "avg"),
+    ("generation_tokens_per_s", "generation_tokens_per_s", "avg"), ("requests_finished", "requests_finished", "sum"),
+    ("prompt_tokens", "prompt_tokens", "sum"), ("generation_tokens", "generation_tokens", "sum"),
+    ("ttft_p50_ms", "ttft_p50_ms", "avg"), ("ttft_p99_ms", "ttft_p99_ms", "avg"),
+    ("ttft_p99_max_ms", "ttft_p99_ms", "max"), ("tpot_p50_ms", "tpot_p50_ms", "avg"),
+    ("tpot_p99_ms", "tpot_p99_ms", "avg"), ("tpot_p99_max_ms", "tpot_p99_ms", "max"),
+    ("itl_p99_ms", "itl_p99_ms", "avg"), ("e2e_p99_ms", "e2e_p99_ms", "avg"),
+    ("kv_cache_usage_max_pct", "kv_cache_usage_pct", "max"), ("preemptions", "preemptions", "sum"),
+)
+_SUMMARY_SOURCES = tuple(dict.fromkeys((c, op) for _, c, op in SERVING_SUMMARY))  # each aggregate read once
+
+
+def _summary_of(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """SERVING_SUMMARY from partial aggregates of disjoint row sets (raw rows, 1-minute rollups): averages
+    weighted by their readings, sums and maxima of the parts' that have readings (NULL when none has)."""
+    out: dict[str, Any] = {"samples": int(sum(p["samples"] or 0 for p in parts))}
+    for name, c, op in SERVING_SUMMARY:
+        if op == "avg":
+            n = sum(p[f"{c}_n"] or 0 for p in parts)
+            out[name] = sum(p[f"{c}_t"] or 0.0 for p in parts) / n if n else None
+            continue
+        vals = [p[f"{c}_{op}"] for p in parts if p[f"{c}_{op}"] is not None]
+        out[name] = (sum(vals) if op == "sum" else max(vals)) if vals else None
+    return out
+
+
 class StoreReader:
     """See docs/contracts.md. Raises StoreError (message names the path) when the file is absent or bad."""
 
@@ -128,12 +166,14 @@ class StoreReader:
         self.note: str | None = None  # how the file had to be opened, for the user (read-only directory)
         self._cols: dict[str, frozenset[str]] = {}  # each table's columns in this file, as last read (columns())
         self._decoded: dict[str, tuple] = {}  # what each temp table of decoded chunks holds (with_chunks)
+        self._decoded_rows: dict[str, int] = {}  # and how many rows
         self._conn: sqlite3.Connection | None = self._connect()
         inproc.register(self.path, self)
 
     def _connect(self) -> sqlite3.Connection:
         self._cols = {}  # a new connection may see another file (a swapped database)
         self._decoded = {}  # and has no temp tables yet
+        self._decoded_rows = {}
         problem = sidecar_problem(self.path)
         if problem:
             raise StoreError(f"{self.path}: cannot open the history database: {problem}")
@@ -171,6 +211,9 @@ class StoreReader:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             check_identity(conn, self.path, integrity=False)
             tune(conn, mmap=True)
+            # the decoded chunks' temp tables live in memory: without this a table emptied keeps its pages (the
+            # largest read's size) for the life of the connection; with it, emptying gives them back
+            conn.execute("PRAGMA temp.auto_vacuum = FULL")
         except sqlite3.Error as exc:
             conn.close()
             raise open_error(exc, self.path, "read") from None
@@ -227,6 +270,7 @@ class StoreReader:
                 conn.execute("COMMIT")
             except BaseException:
                 self._decoded = {}  # the temp tables' rows are rolled back with the rest
+                self._decoded_rows = {}
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
                 raise
@@ -347,6 +391,7 @@ class StoreReader:
         conn.execute(f"CREATE INDEX IF NOT EXISTS temp.{dec}_key ON {dec} ({', '.join(COMPACTED[table])})")
         conn.execute(f"DELETE FROM temp.{dec}")
         self._decoded.pop(table, None)  # until it is filled
+        self._decoded_rows.pop(table, None)
         rows: list[tuple] = []
         try:
             for blob in blobs:
@@ -357,6 +402,7 @@ class StoreReader:
             idx = [cols.index(k) for k in COMPACTED[table]]
             rows = [r for r in rows if tuple(r[i] for i in idx) not in raw]
         conn.executemany(f"INSERT INTO temp.{dec} VALUES ({', '.join('?' * len(cols))})", rows)
+        self._decoded_rows[table] = len(rows)
 
     def chunk_window(self, table: str, lo: int, stop: int, rows: int) -> int:
         """Where a page of `table` read from `lo` should end so that it decodes about `rows` compacted rows: the end
@@ -418,8 +464,13 @@ class StoreReader:
                gpu: int | None = None) -> list[dict[str, Any]]:
         """_q over raw rows and compacted chunks alike (one reader for both forms)."""
         try:
-            with self.snapshot():
-                return self._q(self.with_chunks(sql, table, start_ms, end_ms, gpu), params)
+            with self.snapshot() as conn:
+                rows = self._q(self.with_chunks(sql, table, start_ms, end_ms, gpu), params)
+                if self._decoded_rows.get(table, 0) > DECODED_KEEP_ROWS:  # too large to keep (see there)
+                    self._decoded.pop(table, None)
+                    self._decoded_rows.pop(table, None)
+                    conn.execute(f"DELETE FROM temp._dec_{table}")
+                return rows
         except sqlite3.DatabaseError as exc:
             raise NotOurDatabase(f"{self.path}: cannot read the history database: {exc}") from None
 
@@ -449,20 +500,48 @@ class StoreReader:
             "load_s": (run["ready_ms"] - start) / 1000 if start is not None and run.get("ready_ms") else None,
             "ended": run.get("ended_ms") is not None,
         }
-        summary["serving"] = self._raw_q(
-            "SELECT count(*) AS samples, avg(requests_per_s) AS requests_per_s, "
-            "avg(prompt_tokens_per_s) AS prompt_tokens_per_s, "
-            "avg(generation_tokens_per_s) AS generation_tokens_per_s, sum(requests_finished) AS requests_finished, "
-            "sum(prompt_tokens) AS prompt_tokens, sum(generation_tokens) AS generation_tokens, "
-            "avg(ttft_p50_ms) AS ttft_p50_ms, avg(ttft_p99_ms) AS ttft_p99_ms, max(ttft_p99_ms) AS ttft_p99_max_ms, "
-            "avg(tpot_p50_ms) AS tpot_p50_ms, avg(tpot_p99_ms) AS tpot_p99_ms, max(tpot_p99_ms) AS tpot_p99_max_ms, "
-            "avg(itl_p99_ms) AS itl_p99_ms, avg(e2e_p99_ms) AS e2e_p99_ms, "
-            "max(kv_cache_usage_pct) AS kv_cache_usage_max_pct, sum(preemptions) AS preemptions "
-            "FROM serving_samples WHERE run_id = ?", (int(run_id),), "serving_samples",
-            start if start is not None else 0, end + 1)[0]
+        summary["serving"] = self._serving_summary(int(run_id), start, end)
         summary["gpus"] = self._gpu_summary(start, end) if start is not None else []
         run["summary"] = summary
         return self._record(RunInfo, "runs", run)
+
+    def _serving_summary(self, run_id: int, start: int | None, end: int) -> dict[str, Any]:
+        """The run's serving rows summarised (SERVING_SUMMARY). A run longer than RAW_SUMMARY_MAX_MS reads its
+        whole minutes up to the serving rollups' watermark from serving_1m (60x fewer rows, nothing decoded: a day
+        at 1 Hz is 86,400 raw rows, ~6 s and ~60 MB of decoded chunks), and only the partial minute at its start and
+        the rows past the watermark (or its last minute) raw. Serving rows carry no run id in their rollups, but
+        one run serves at a time and a serving row is written only for the run being served, so the minutes wholly
+        inside the run's span hold its rows only; the raw parts keep the run_id filter (rows at the edges)."""
+        lo = start if start is not None else 0
+        minute = RESOLUTIONS["1m"]
+        first = -(-lo // minute) * minute  # the run's first whole minute
+        split = first
+        wm = self._watermark("serving", "1m") if end - lo > RAW_SUMMARY_MAX_MS else None
+        if wm is not None:
+            split = max(first, min(wm - wm % minute, end - end % minute))  # whole minutes, before its end
+        raw_cols = ", ".join(f"total({c}) AS {c}_t, count({c}) AS {c}_n" if op == "avg" else f"{op}({c}) AS {c}_{op}"
+                             for c, op in _SUMMARY_SOURCES)
+        raw = f"SELECT count(*) AS samples, {raw_cols} FROM serving_samples WHERE run_id = ?"
+        if split <= first:  # short run, or no rollups yet: all raw, as before
+            return _summary_of([self._raw_q(raw, (run_id,), "serving_samples", lo, end + 1)[0]])
+        parts = []
+        if first > lo:  # the partial minute the run starts in (and rows of it stamped before its start)
+            parts.append(self._raw_q(raw + " AND ts_ms < ?", (run_id, first), "serving_samples", lo, first)[0])
+        have = self.columns("serving_1m")
+        roll = []
+        for c, op in _SUMMARY_SOURCES:
+            if have and not {f"{c}_avg", f"{c}_n", f"{c}_max"} <= have:  # a file older than the metric
+                roll.append(f"0.0 AS {c}_t, 0 AS {c}_n" if op == "avg" else f"NULL AS {c}_{op}")
+            elif op == "avg":  # weighted by the minutes' readings
+                roll.append(f"total({c}_avg * {c}_n) AS {c}_t, total({c}_n) AS {c}_n")
+            elif op == "sum":  # a minute's sum of integer readings is its average times their count, rounded
+                roll.append(f"sum(CAST(round({c}_avg * {c}_n) AS INTEGER)) AS {c}_sum")
+            else:
+                roll.append(f"max({c}_max) AS {c}_max")
+        parts += self._q(f"SELECT total(samples) AS samples, {', '.join(roll)} FROM serving_1m "
+                         "WHERE ts_ms >= ? AND ts_ms < ?", (first, split))
+        parts.append(self._raw_q(raw + " AND ts_ms >= ?", (run_id, split), "serving_samples", split, end + 1)[0])
+        return _summary_of(parts)
 
     def _record(self, cls: Any, table: str, row: dict[str, Any]) -> Any:
         """`cls.from_json(row)`; a row that is not a valid record (a newer agent's kind) is a StoreError naming it."""
@@ -615,10 +694,28 @@ class StoreReader:
 
     def events(self, since_ms: int | None = None, until_ms: int | None = None, kinds: list[str] | None = None,
                severities: list[str] | None = None, run_id: int | None = None, limit: int = 500,
-               after_id: int | None = None) -> list[Event]:
+               after_id: int | None = None, kind_family: str | None = None,
+               text: str | None = None) -> list[Event]:
         """Oldest first. With since_ms/after_id: the first `limit` from there (paging forward);
-        without: the newest `limit`."""
+        without: the newest `limit`.
+
+        Every filter is applied in SQL, before the limit: filtering the newest `limit` rows afterwards missed
+        older matches behind a flood of others (s21). `kind_family` ("gpu.") keeps every kind under it, older
+        names included; `text` is a substring of "kind message" (the kind by its dotted name), ASCII letters
+        matched in any case (SQLite's LIKE)."""
+        from lynxtop.contract.events import LEGACY_KINDS
+
         where, params = [], []
+        if kind_family:
+            old = [name for name, new in LEGACY_KINDS.items() if new.value.startswith(kind_family)]
+            legacy = f" OR kind IN ({', '.join('?' * len(old))})" if old else ""
+            where.append(f"(kind LIKE ? ESCAPE '\\'{legacy})")
+            params += [_like_literal(kind_family) + "%", *old]
+        if text:
+            cases = " ".join("WHEN ? THEN ?" for _ in LEGACY_KINDS)
+            where.append(f"((CASE kind {cases} ELSE kind END) || ' ' || message) LIKE ? ESCAPE '\\'")
+            params += [x for name, new in LEGACY_KINDS.items() for x in (name, new.value)]
+            params.append(f"%{_like_literal(text)}%")
         if since_ms is not None:
             where.append("ts_ms >= ?")
             params.append(int(since_ms))
@@ -738,9 +835,20 @@ class StoreReader:
         """Static GPU facts, by index."""
         return self._q("SELECT * FROM gpus ORDER BY idx, uuid")
 
-    def bench_results(self, limit: int = 50, bench_id: str | None = None) -> list[dict[str, Any]]:
-        """Newest first; `bench_id` keeps one `lynxtop bench` sweep."""
-        where, args = ("WHERE bench_id = ? ", (bench_id,)) if bench_id is not None else ("", ())
+    def bench_results(self, limit: int = 50, bench_id: str | None = None,
+                      run_ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
+        """Newest first; `bench_id` keeps one `lynxtop bench` sweep, `run_ids` those runs' results (in SQL, before
+        the limit: the newest `limit` of all runs hid older runs' curves from a comparison)."""
+        conds: list[str] = []
+        args: list[Any] = []
+        if bench_id is not None:
+            conds.append("bench_id = ?")
+            args.append(bench_id)
+        if run_ids is not None:
+            ids = [int(r) for r in run_ids]
+            conds.append(f"run_id IN ({', '.join('?' * len(ids))})" if ids else "0")
+            args += ids
+        where = f"WHERE {' AND '.join(conds)} " if conds else ""
         rows = self._q(f"SELECT * FROM bench_results {where}ORDER BY id DESC LIMIT ?", (*args, int(limit)))
         for r in rows:
             if r.get("details"):
