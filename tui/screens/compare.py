@@ -184,6 +184,21 @@ def _statistics(a: dict[str, Any], b: dict[str, Any]) -> Text:
     return t
 
 
+BENCH_READ = 1000  # bench results read for the two runs: ten sweeps of a hundred levels a side
+
+
+def _bench_of(reader: Any, run_ids: tuple[int, int]) -> list[Any]:
+    """The two runs' bench results, newest first, chosen by the database: the newest BENCH_READ of all runs,
+    filtered here, lost both runs' curves once others had run 1,000 levels since (s21). A reader that takes no
+    `run_ids` (another node's, over HTTP: tui/cluster_source.py) gives its newest, filtered by the caller."""
+    try:
+        return reader.bench_results(limit=BENCH_READ, run_ids=run_ids)
+    except TypeError as exc:
+        if "unexpected keyword" not in str(exc):
+            raise
+    return reader.bench_results(limit=BENCH_READ)
+
+
 class CompareScreen(ModalScreen[None]):
     CSS_PATH = VIEWS_CSS
     BINDINGS = [Binding("escape,q", "close", "Close", id="compare.close")]
@@ -207,7 +222,8 @@ class CompareScreen(ModalScreen[None]):
         try:
             with app.history.reader() as reader:
                 a, b = reader.run(self.run_a), reader.run(self.run_b)
-                bench = [r for r in reader.bench_results(limit=1000) if r.get("run_id") in (self.run_a, self.run_b)]
+                bench = [r for r in _bench_of(reader, (self.run_a, self.run_b))
+                         if r.get("run_id") in (self.run_a, self.run_b)]
         except HistoryUnavailable as exc:
             self.app.call_from_thread(self._show_error, str(exc))
             return

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 from rich.text import Text
 from textual import events, work
@@ -26,6 +27,7 @@ from lynxtop.tui.widgets.recent_events import SEVERITY_MARK
 SEVERITIES = ("info", "warning", "error", "critical")
 SHORT_SEVERITY = {"warning": "warn", "critical": "crit"}  # below 120 columns, for the message's room
 REFRESH_S = 5.0
+EVENTS_READ = 1000  # the newest events that match the filters, read from the history each refresh
 LOG_LINES = 2000
 PENDING_ASKED = 500  # the agent's newest events asked for its held ones while the history is not written
 # Before the message of an event the agent holds in memory (`Event.pending`), as `lynxtop events` prints it; the
@@ -69,6 +71,12 @@ class EventsScreen(LiveScreen):
         self._last_fetch = 0.0
         self._log_unavailable = False  # the last fetch_log found no run to read the log file of (agent down)
         self._log_matched = 0  # log lines the search matched, as last filled
+        self._cut = False  # the last read returned EVENTS_READ rows: older matching ones are not listed
+        self._in_sql = True  # the last read filtered in the database (a remote node's reader cannot: see _read)
+        self._searching = False  # a filter changed and its read has not answered yet: "no match" would be early
+        self._families: set[str] = set()  # kind families seen in any read, for `k` (a filtered read has one)
+        self._filled: tuple | None = None  # what the table was last filled from (_fill_key)
+        self._read_filters: tuple[str | None, str, str] = (None, "info", "")  # kind, severity, text of a read
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="events-filters")
@@ -98,20 +106,27 @@ class EventsScreen(LiveScreen):
     async def fetch_events(self) -> None:
         self._last_fetch = time.monotonic()
         events: list[Event] | None
+        filters = self._read_filters = (self.kind, self.min_severity, self.text_filter)
         try:
-            events = await asyncio.to_thread(self._events_from_store)
+            events, self._in_sql = await asyncio.to_thread(self._events_from_store)
+            self._cut = len(events) >= EVENTS_READ
             history = self.lynx.history
             self.source = getattr(history, "label", None) or f"history database {history.path}"
             events = await self._with_held(events)
         except HistoryUnavailable as exc:
             try:
                 events = list(reversed(await self.lynx.source.events(limit=500)))
+                self._cut, self._in_sql = False, False
                 self.source = f"agent (history unavailable: {exc})"
             except (AgentUnreachable, AgentRefused) as exc2:
                 self.source = f"no events: {exc}; agent: {exc2}"
                 events = None
         if events is not None:
             self.events = events
+            self._families |= {str(_kind(e)).split(".")[0] + "." for e in events if _kind(e)}
+        if filters == (self.kind, self.min_severity, self.text_filter):
+            self._searching = False  # else a newer filter's read is on its way (this worker's group is exclusive)
+        if events is not None:
             self._fill_events()
         self._draw_filters()
         if self._log_unavailable and self.runs:
@@ -137,10 +152,12 @@ class EventsScreen(LiveScreen):
             return stored
         return sorted([*stored, *held], key=lambda e: (e.ts_ms or 0, e.pending, e.id or 0), reverse=True)
 
-    def _events_from_store(self) -> list[Event]:
+    def _events_from_store(self) -> tuple[list[Event], bool]:
+        """(events newest first, whether the database filtered them: see _read), under the filters as they were
+        when the read started (`_read_filters`: a key pressed meanwhile asks again)."""
         with self.lynx.history.reader() as reader:
             try:
-                events = reader.events(limit=1000)
+                events, in_sql = self._read(reader, *self._read_filters)
             except Exception as exc:  # a row this version cannot read (its message names it): said, not blank
                 raise HistoryUnavailable(terminal_safe(str(exc)) or type(exc).__name__) from exc
             try:
@@ -148,7 +165,29 @@ class EventsScreen(LiveScreen):
             except Exception:
                 self.runs = []
         # newest first for the operator
-        return sorted(events, key=lambda e: (e.ts_ms or 0, e.id or 0), reverse=True)
+        return sorted(events, key=lambda e: (e.ts_ms or 0, e.id or 0), reverse=True), in_sql
+
+    def _read(self, reader: Any, kind: str | None, min_severity: str, text: str) -> tuple[list[Event], bool]:
+        """The newest EVENTS_READ events matching the filters, filtered by the database: reading the newest rows
+        and filtering them here found nothing older than a flood of other events (s21). A reader that takes no
+        filters (another node's, over HTTP: tui/cluster_source.py) gives its newest rows, filtered here after;
+        the title then says only those were searched. The text goes to SQL only in ASCII: SQLite's LIKE folds
+        the case of ASCII letters alone, and the view matches in any case."""
+        floor = SEVERITIES.index(min_severity)
+        filters: dict[str, Any] = {}
+        if floor:
+            filters["severities"] = list(SEVERITIES[floor:])
+        if kind:  # `gpu.` a family, anything else one kind
+            filters["kind_family" if kind.endswith(".") else "kinds"] = kind if kind.endswith(".") else [kind]
+        if text and text.isascii():
+            filters["text"] = text
+        if filters:
+            try:
+                return reader.events(limit=EVENTS_READ, **filters), True
+            except TypeError as exc:
+                if "unexpected keyword" not in str(exc):
+                    raise
+        return reader.events(limit=EVENTS_READ), not filters and not text
 
     @work(exclusive=True, group="log", exit_on_error=False)
     async def fetch_log(self) -> None:
@@ -209,12 +248,30 @@ class EventsScreen(LiveScreen):
             out.append(e)
         return out
 
+    def _fill_key(self, table: DataTable, narrow: bool, now_ms: int) -> tuple:
+        """What the table's rows are made of: the events read (their count, newest and oldest, the held ones),
+        the filters and what the cells' text depends on. Equal to the last fill's: nothing to redraw."""
+        def ident(e: Event | None) -> tuple | None:
+            return None if e is None else (e.id, e.ts_ms, e.pending)
+
+        events = self.events
+        return (len(events), ident(events[0] if events else None), ident(events[-1] if events else None),
+                tuple(identity(e) for e in events if e.pending), self.kind, self.min_severity, self.text_filter,
+                narrow, self.lynx.utc, self.size.width, table.scrollable_content_region.width > 0,
+                now_ms // 3_600_000)  # the screen's width: the table's own loses the scrollbar's 2 once filled
+
     def _fill_events(self) -> None:
+        """The table from `events` under the filters. Not rebuilt when nothing it shows changed: refilling 1,000
+        rows every refresh cost the work and put the operator's cursor back on the first row."""
         table = self.query_one("#events", DataTable)
-        table.clear()
         utc = self.lynx.utc
         now = self.lynx.now_ms()
         narrow = self.size.width < 120
+        key = self._fill_key(table, narrow, now)
+        if key == self._filled:
+            return
+        self._filled = key
+        table.clear()
         rows = []
         self.shown = self._visible_events()  # row i of the table is shown[i] (the detail's key)
         for e in self.shown:
@@ -238,10 +295,16 @@ class EventsScreen(LiveScreen):
         shown = len(self._visible_events())
         t = self._keys_mark("events")
         t.append(f"events {shown}/{len(self.events)}  ", style="bold")
-        if self.events and not shown:
+        filtered = bool(self.kind or self.min_severity != "info" or self.text_filter)
+        if self._searching and not shown:
+            t.append("searching the history…   ", style="bold")
+        elif not shown and (self.events or filtered):
             # first, where even 80 columns show it: a list of headers alone reads as "no events at all"
             t.append(f"no events match {_filter_text(self.kind, self.min_severity, self.text_filter)!r}; "
                      "Esc clears   ", style="bold yellow")
+        if self._cut:  # as `lynxtop events` notes it: older events exist that this list does not hold
+            t.append(f"newest {EVENTS_READ} shown   " if self._in_sql else
+                     f"only the newest {EVENTS_READ} searched   ", style="yellow")
         held = sum(e.pending for e in self.events)
         if held:  # before the filters: at 80 columns the end of this line is cut
             t.append(PENDING_TAG.strip(), style=PENDING_STYLE)
@@ -324,7 +387,7 @@ class EventsScreen(LiveScreen):
             except ValueError as exc:  # the box stays open with what was typed; the filter is unchanged
                 self.notify(str(exc), title="Filter not applied", severity="warning")
                 return
-            self._fill_events()
+            self._refilter()
         event.input.remove_class("-open")
         self._draw_filters()
         self.query_one("#log" if self._filter_target == "log" else "#events").focus()
@@ -334,7 +397,7 @@ class EventsScreen(LiveScreen):
         self.kind, self.min_severity = None, "info"
         self.log_search = ""
         self.query_one("#filter", Input).remove_class("-open")
-        self._fill_events()
+        self._refilter()
         self._fill_log()
         self._draw_filters()
 
@@ -357,16 +420,23 @@ class EventsScreen(LiveScreen):
 
     def action_cycle_kind(self) -> None:
         # families (serving., gpu., ...) to cycle; one exact kind is `/kind:serving.ready`
-        kinds = sorted({str(_kind(e)).split(".")[0] + "." for e in self.events if _kind(e)})
+        kinds = sorted(self._families | {str(_kind(e)).split(".")[0] + "." for e in self.events if _kind(e)})
         options: list[str | None] = [None, *kinds]
         self.kind = options[(options.index(self.kind) + 1) % len(options)] if self.kind in options else None
-        self._fill_events()
+        self._refilter()
         self._draw_filters()
 
     def action_cycle_severity(self) -> None:
         self.min_severity = SEVERITIES[(SEVERITIES.index(self.min_severity) + 1) % len(SEVERITIES)]
-        self._fill_events()
+        self._refilter()
         self._draw_filters()
+
+    def _refilter(self) -> None:
+        """A filter changed: the rows held now, filtered at once, then the history asked for every match (the
+        rows held are the newest of the old filter's: a narrower filter's older matches are not among them)."""
+        self._searching = True
+        self._fill_events()
+        self.fetch_events()
 
     def action_log_run(self, step: int) -> None:
         ids = sorted({r.id for r in self.runs})

@@ -39,6 +39,7 @@ CHARTS = (
 # The run list's `end` column ("running", "switched to …") keeps this many cells: the profile column gives first.
 END_MIN_W = 10
 PROFILE_MIN_W = 8
+RUNS_READ = 200  # the newest runs listed (and searched by the filter); the status says when there are more
 
 
 class HistoryScreen(LiveScreen):
@@ -104,7 +105,7 @@ class HistoryScreen(LiveScreen):
     def load_runs(self) -> None:
         try:
             with self.lynx.history.reader() as reader:
-                runs = reader.runs(limit=200)
+                runs = reader.runs(limit=RUNS_READ)
         except HistoryUnavailable as exc:
             self.app.call_from_thread(self._history_failed, str(exc))
             return
@@ -204,8 +205,12 @@ class HistoryScreen(LiveScreen):
             t.append("  +/- zoom  [ ] pan  g run", style="dim")
         if self.selected:
             t.append(f"   run {self.selected.id} {self.selected.profile or ''}", style="bold")
+        cut = len(self.all_runs) >= RUNS_READ  # older runs exist that neither the list nor its filter holds
         if self.run_filter:
-            t.append(f"   filter {self.run_filter!r}: {len(self.runs)} of {len(self.all_runs)} runs", style="yellow")
+            t.append(f"   filter {self.run_filter!r}: {len(self.runs)} of "
+                     f"{f'the newest {RUNS_READ}' if cut else len(self.all_runs)} runs", style="yellow")
+        elif cut:
+            t.append(f"   newest {RUNS_READ} runs listed", style="yellow")
         if self.compare_with:
             t.append(f"   compare: run {self.compare_with.id} marked; c on another run",
                      style="yellow")
