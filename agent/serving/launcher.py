@@ -330,6 +330,7 @@ class ServerProcess:
         self.known: dict[int, int] = dict(record.members)
         self._seen: dict[int, int] = dict(record.members)  # the live members of the last look (the record's)
         self._looked_at: float | None = None  # when this agent last looked (monotonic)
+        self._look_begun = float("-inf")  # when the look `_seen` holds began: an older one finishing later loses
         self._known_lock = threading.Lock()  # looks merge into `known` from the loop and the sampler's thread
         self.files = RunFiles(tmp_dir=record.tmp_dir)  # filled at readiness and again before a stop signals
         for path in record.shm_segments:  # seen by a previous agent (adoption)
@@ -425,6 +426,7 @@ class ServerProcess:
         roots = [self.pid] if not self.exited else []
         find = table.members if table is not None else procs.run_processes
         seen: dict[int, int] = {}
+        begun = time.monotonic()
         try:
             found = find(self.record.token, self.record.pgid, roots, self.record.start_ticks, self.known, seen)
         except procs.ProcUnreadable:
@@ -439,7 +441,8 @@ class ServerProcess:
                 if len(known) + len(seen) > MEMBERS_MAX:  # a run that churns processes: the gone ones go first
                     known = {}
                 self.known = {**known, **seen}
-            self._seen, self._looked_at = seen, time.monotonic()
+            if begun >= self._look_begun:  # looks overlap (the loading watch's, readiness', the sampler's)
+                self._seen, self._looked_at, self._look_begun = seen, time.monotonic(), begun
         return found, seen
 
     def look_due(self) -> bool:
