@@ -551,48 +551,75 @@ class StoreReader:
             raise StoreError(f"{self.path}: {table} row {row.get('id')} cannot be read by this lynxtop: {exc}") \
                 from None
 
+    # A run's per-GPU summary: (output name, column, how) in output order; "avg" ignores NULL readings, "max" is the
+    # largest reading, "span" the counter's largest less its smallest reading (energy used over the run).
+    GPU_SUMMARY: tuple[tuple[str, str, str], ...] = (
+        ("util_gpu_pct", "util_gpu_pct", "avg"), ("sm_active_pct", "sm_active_pct", "avg"),
+        ("power_w", "power_w", "avg"), ("mem_used_max_bytes", "mem_used_bytes", "max"),
+        ("temp_max_c", "temp_c", "max"), ("energy_j", "energy_j", "span"),
+    )
+
     def _gpu_summary(self, start: int, end: int) -> list[dict[str, Any]]:
-        """Per GPU over [start, end): 1-minute rollups up to their watermark for long runs, raw after it."""
-        wm = self._watermark("gpu", "1m")
-        split = start
-        if end - start > RAW_SUMMARY_MAX_MS and wm is not None:
-            split = max(start, min(wm - wm % RESOLUTIONS["1m"], end))
-        parts: list[dict[str, Any]] = []
-        if split > start:
-            parts += self._q(
-                "SELECT gpu, sum(samples) AS samples, sum(util_gpu_pct_avg * util_gpu_pct_n) AS util, "
-                "sum(util_gpu_pct_n) AS util_n, sum(sm_active_pct_avg * sm_active_pct_n) AS sm, "
-                "sum(sm_active_pct_n) AS sm_n, sum(power_w_avg * power_w_n) AS power, sum(power_w_n) AS power_n, "
-                "max(mem_used_bytes_max) AS mem, max(temp_c_max) AS temp, "
-                "min(energy_j_min) AS e0, max(energy_j_max) AS e1 FROM gpu_1m "
-                "WHERE ts_ms >= ? AND ts_ms < ? GROUP BY gpu", (start, split))
-        parts += self._raw_q(
-            "SELECT gpu, count(*) AS samples, total(util_gpu_pct) AS util, count(util_gpu_pct) AS util_n, "
-            "total(sm_active_pct) AS sm, count(sm_active_pct) AS sm_n, total(power_w) AS power, "
-            "count(power_w) AS power_n, max(mem_used_bytes) AS mem, max(temp_c) AS temp, "
-            "min(energy_j) AS e0, max(energy_j) AS e1 FROM gpu_samples WHERE ts_ms >= ? AND ts_ms < ? GROUP BY gpu",
-            (split, end), "gpu_samples", split, end)
-        merged: dict[int, dict[str, Any]] = {}
+        """Per GPU over [start, end). GPU rows carry no run id: the summary is every GPU row in the span. A run
+        longer than RAW_SUMMARY_MAX_MS reads its whole minutes up to the GPU rollups' watermark from gpu_1m, and
+        raw only the partial minute it starts in and the rows past the watermark or its last whole minute (as
+        _serving_summary): a rollup minute is counted only when it lies wholly inside the span, so another run's
+        rows sharing the run's first or last minute are never counted, and the result equals the raw one."""
+        minute = RESOLUTIONS["1m"]
+        first = -(-start // minute) * minute  # the run's first whole minute
+        split = first
+        wm = self._watermark("gpu", "1m") if end - start > RAW_SUMMARY_MAX_MS else None
+        if wm is not None:
+            split = max(first, min(wm - wm % minute, end - end % minute))  # whole minutes, before its end
+        raw_have = self.columns("gpu_samples")
+        raw_cols = ["gpu", "count(*) AS samples"]
+        for _, c, op in self.GPU_SUMMARY:
+            if raw_have and c not in raw_have:  # a file older than the metric: no readings
+                raw_cols.append(f"0.0 AS {c}_t, 0 AS {c}_n" if op == "avg" else f"NULL AS {c}_max, NULL AS {c}_min")
+            elif op == "avg":
+                raw_cols.append(f"total({c}) AS {c}_t, count({c}) AS {c}_n")
+            else:
+                raw_cols.append(f"max({c}) AS {c}_max, min({c}) AS {c}_min")
+        raw = f"SELECT {', '.join(raw_cols)} FROM gpu_samples WHERE ts_ms >= ? AND ts_ms < ? GROUP BY gpu"
+        if split <= first:  # short run, or no rollups yet: all raw
+            parts = self._raw_q(raw, (start, end), "gpu_samples", start, end)
+        else:
+            parts = []
+            if first > start:  # the partial minute the run starts in
+                parts += self._raw_q(raw, (start, first), "gpu_samples", start, first)
+            roll_have = self.columns("gpu_1m")
+            roll = ["gpu", "sum(samples) AS samples"]
+            for _, c, op in self.GPU_SUMMARY:
+                if roll_have and not {f"{c}_min", f"{c}_avg", f"{c}_max", f"{c}_n"} <= roll_have:
+                    roll.append(f"0.0 AS {c}_t, 0 AS {c}_n" if op == "avg" else f"NULL AS {c}_max, NULL AS {c}_min")
+                elif op == "avg":  # weighted by the minutes' readings
+                    roll.append(f"total({c}_avg * {c}_n) AS {c}_t, sum({c}_n) AS {c}_n")
+                else:  # exact: the minutes' own extremes
+                    roll.append(f"max({c}_max) AS {c}_max, min({c}_min) AS {c}_min")
+            parts += self._q(f"SELECT {', '.join(roll)} FROM gpu_1m WHERE ts_ms >= ? AND ts_ms < ? GROUP BY gpu",
+                             (first, split))
+            parts += self._raw_q(raw, (split, end), "gpu_samples", split, end)
+        by_gpu: dict[int, list[dict[str, Any]]] = {}
         for p in parts:
-            m = merged.setdefault(p["gpu"], {"samples": 0, "util": 0.0, "util_n": 0, "sm": 0.0, "sm_n": 0,
-                                             "power": 0.0, "power_n": 0, "mem": None, "temp": None, "e0": None,
-                                             "e1": None})
-            for k in ("samples", "util", "util_n", "sm", "sm_n", "power", "power_n"):
-                m[k] += p[k] or 0
-            for k, f in (("mem", max), ("temp", max), ("e0", min), ("e1", max)):
-                if p[k] is not None:
-                    m[k] = p[k] if m[k] is None else f(m[k], p[k])
-        out = []
-        for gpu in sorted(merged):
-            m = merged[gpu]
-            out.append({
-                "gpu": gpu, "samples": m["samples"],
-                "util_gpu_pct": m["util"] / m["util_n"] if m["util_n"] else None,
-                "sm_active_pct": m["sm"] / m["sm_n"] if m["sm_n"] else None,
-                "power_w": m["power"] / m["power_n"] if m["power_n"] else None,
-                "mem_used_max_bytes": m["mem"], "temp_max_c": m["temp"],
-                "energy_j": m["e1"] - m["e0"] if m["e0"] is not None else None,
-            })
+            by_gpu.setdefault(p["gpu"], []).append(p)
+        return [self._gpu_summary_of(gpu, by_gpu[gpu]) for gpu in sorted(by_gpu)]
+
+    @classmethod
+    def _gpu_summary_of(cls, gpu: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """One GPU's GPU_SUMMARY from partial aggregates of disjoint row sets (raw rows, 1-minute rollups):
+        averages weighted by their readings, extremes of the parts that have readings (NULL when none has)."""
+        out: dict[str, Any] = {"gpu": gpu, "samples": int(sum(p["samples"] or 0 for p in parts))}
+        for name, c, op in cls.GPU_SUMMARY:
+            if op == "avg":
+                n = sum(p[f"{c}_n"] or 0 for p in parts)
+                out[name] = sum(p[f"{c}_t"] or 0.0 for p in parts) / n if n else None
+                continue
+            hi = [p[f"{c}_max"] for p in parts if p[f"{c}_max"] is not None]
+            lo = [p[f"{c}_min"] for p in parts if p[f"{c}_min"] is not None]
+            if op == "max":
+                out[name] = max(hi) if hi else None
+            else:
+                out[name] = max(hi) - min(lo) if hi and lo else None
         return out
 
     # ------------------------------------------------------------------------------------------ series
