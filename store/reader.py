@@ -480,10 +480,18 @@ class StoreReader:
 
     # ------------------------------------------------------------------------------------------ runs
 
-    def runs(self, limit: int = 50) -> list[RunInfo]:
-        """Newest first."""
+    def runs(self, limit: int = 50, text: str | None = None) -> list[RunInfo]:
+        """Newest first. `text`: the runs whose "id profile end" holds it, in SQL before the limit (the History
+        view filtered the newest 200 and missed older runs, s21). `end` is what the view's end column shows: the
+        end reason, else "running" or "ended"; ASCII letters match in any case (SQLite's LIKE), % and _ as
+        themselves."""
+        where, params = "", []
+        if text:
+            where = ("WHERE (CAST(id AS TEXT) || ' ' || COALESCE(profile, '') || ' ' || COALESCE(NULLIF(end_reason, "
+                     "''), CASE WHEN COALESCE(ended_ms, 0) = 0 THEN 'running' ELSE 'ended' END)) LIKE ? ESCAPE '\\' ")
+            params.append(f"%{_like_literal(text)}%")
         return [self._record(RunInfo, "runs", _decode_run(r))
-                for r in self._q("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (int(limit),))]
+                for r in self._q(f"SELECT * FROM runs {where}ORDER BY id DESC LIMIT ?", (*params, int(limit)))]
 
     def run(self, run_id: int, summary: bool = True) -> RunInfo | None:
         """A run with `summary`: duration, load time, throughput, latency, and per-GPU activity."""

@@ -155,12 +155,33 @@ class RemoteHistory(HistorySource):
         try:
             return self._client.request("GET", "/v1/history", {"read": read, **params})
         except AgentRefused as exc:
+            filters = [k for k, v in params.items() if k in FILTERS and v is not None]
+            if exc.status == 400 and exc.code == "unknown_parameter" and filters:
+                raise FiltersUnsupported(self.node, read, filters) from None
             raise HistoryUnavailable(refusal_text(self.node, exc)) from None
         except AgentUnreachable as exc:
             if "HTTP 404" in str(exc):  # an agent from before tcp_reads: its listener's plain-text 404
                 raise HistoryUnavailable(f"node {self.node}'s agent serves no history over TCP (404: an agent older "
                                          "than this dashboard?)") from None
             raise HistoryUnavailable(f"node {self.node}: {terminal_safe(exc)}") from None
+
+
+# The history reads' filters (agent/api/tcpreads.py) an agent from before s21 refuses as unknown parameters
+FILTERS = frozenset({"kinds", "severities", "kind_family", "text", "run_ids"})
+
+
+class FiltersUnsupported(TypeError):
+    """The node's agent is older and takes no filter on this read. A TypeError saying "unexpected keyword", as a
+    reader without the parameter raises: the views then read the newest rows and filter them, saying so."""
+
+    def __init__(self, node: str, read: str, filters: list[str]):
+        super().__init__(f"unexpected keyword argument(s) {', '.join(filters)}: node {node}'s agent filters no "
+                         f"read={read} (an agent older than this dashboard)")
+
+
+def _csv(values: Any) -> str | None:
+    """A list parameter as the agent reads it (comma-separated); None (not sent) for no filter."""
+    return None if values is None else ",".join(str(v) for v in values)
 
 
 def _rows(rows: Any) -> list[dict[str, Any]]:
@@ -203,8 +224,8 @@ class RemoteReader:
             raise HistoryUnavailable(f"node {self._source.node} answered {what} that this lynxtop cannot read: "
                                      f"{terminal_safe(exc)}") from None
 
-    def runs(self, limit: int = 50) -> list[RunInfo]:
-        data = self._source.get("runs", limit=limit)
+    def runs(self, limit: int = 50, text: str | None = None) -> list[RunInfo]:
+        data = self._source.get("runs", limit=limit, text=text or None)
         return self._typed("runs", lambda d: read_list(RunInfo, d["runs"], "runs"), data)
 
     def run(self, run_id: int, summary: bool = True) -> RunInfo | None:
@@ -212,8 +233,12 @@ class RemoteReader:
         return self._typed("a run", lambda d: RunInfo.from_json(d["run"]) if d["run"] is not None else None, data)
 
     def events(self, since_ms: int | None = None, until_ms: int | None = None, run_id: int | None = None,
-               limit: int = 500) -> list[Event]:
-        data = self._source.get("events", since=since_ms, until=until_ms, run=run_id, limit=limit)
+               limit: int = 500, kinds: list[str] | None = None, severities: list[str] | None = None,
+               kind_family: str | None = None, text: str | None = None) -> list[Event]:
+        """As StoreReader.events: every filter applied in that node's database, before the limit."""
+        data = self._source.get("events", since=since_ms, until=until_ms, run=run_id, limit=limit,
+                                kinds=_csv(kinds or None), severities=_csv(severities or None),
+                                kind_family=kind_family or None, text=text or None)
         return self._typed("events", lambda d: read_list(Event, d["events"], "events"), data)
 
     def series(self, table: str, columns: list[str] | tuple[str, ...] | None, start_ms: int, end_ms: int,
@@ -222,6 +247,7 @@ class RemoteReader:
                                 end=end_ms, gpu=gpu, max_points=max_points)
         return self._typed("series", lambda d: (str(d["resolution"]), _rows(d["rows"])), data)
 
-    def bench_results(self, limit: int = 50) -> list[dict[str, Any]]:
-        data = self._source.get("bench_results", limit=limit)
+    def bench_results(self, limit: int = 50, run_ids: Any = None) -> list[dict[str, Any]]:
+        """As StoreReader.bench_results: `run_ids` (an iterable of run ids) chosen in that node's database."""
+        data = self._source.get("bench_results", limit=limit, run_ids=_csv(run_ids))
         return self._typed("bench results", lambda d: [dict(r) for r in d["results"]], data)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,22 +23,70 @@ from aiohttp import web
 
 from lynxtop.agent.api.connguard import Episodes
 from lynxtop.agent.api.routes import ApiError, ApiServer, _error_response, _json
+from lynxtop.contract.events import KIND_MAX, Severity
 
 READ_PATHS = ("/v1/runs", "/v1/events", "/v1/logs", "/v1/processes", "/v1/history")
 HISTORY_SLOTS = 2  # history reads at once: each holds a worker thread while SQLite answers
 MAX_POINTS = 20_000  # a chart asks ~4 per column of its width
 INT = (0, 2**62)
 
-# GET /v1/history?read=NAME: each read's query parameters, name -> (kind, required); kinds: int, bool, text, list
+MAX_LIST = 64  # entries of a filter's list (kinds, severities, run_ids): a view sends a handful
+TEXT_MAX = 200  # characters of a text filter: what a filter box holds, not a document to scan for
+_KIND = re.compile(r"[A-Za-z0-9_.-]+")  # a kind or family as stored, older names included (contract/events.py)
+_SEVERITIES = tuple(s.value for s in Severity)
+
+# GET /v1/history?read=NAME: each read's query parameters, name -> (kind, required); kinds: int, bool, text, list,
+# ints (a list of integers). The filters (kinds, severities, kind_family, text, run_ids) are the store reader's
+# parameters: checked here, in one place, then bound as SQL values by the reader, never written into its SQL.
 _HISTORY: dict[str, dict[str, tuple[str, bool]]] = {
     "series": {"table": ("text", True), "columns": ("list", False), "start": ("int", True), "end": ("int", True),
                "max_points": ("int", False), "gpu": ("int", False)},
-    "runs": {"limit": ("int", False)},
+    "runs": {"limit": ("int", False), "text": ("text", False)},
     "run": {"id": ("int", True), "summary": ("bool", False)},
-    "events": {"since": ("int", False), "until": ("int", False), "limit": ("int", False), "run": ("int", False)},
-    "bench_results": {"limit": ("int", False)},
+    "events": {"since": ("int", False), "until": ("int", False), "limit": ("int", False), "run": ("int", False),
+               "kinds": ("list", False), "severities": ("list", False), "kind_family": ("text", False),
+               "text": ("text", False)},
+    "bench_results": {"limit": ("int", False), "run_ids": ("ints", False)},
 }
 _LIMITS = {"limit": (1, 10_000), "max_points": (1, MAX_POINTS), "gpu": (0, 1024)}
+
+
+def _kind_problem(value: str) -> str | None:
+    if len(value) > KIND_MAX or not _KIND.fullmatch(value):
+        return (f"must be a kind's dotted name (ASCII letters, digits, _, - and ., at most {KIND_MAX} "
+                "characters)")
+    return None
+
+
+# What each filter's value (each entry of a list) must be: the reason it is not, or None
+_CHECKS: dict[str, Callable[[str], str | None]] = {
+    "kinds": _kind_problem,
+    "kind_family": _kind_problem,
+    "severities": lambda v: None if v in _SEVERITIES else f"must be one of {', '.join(_SEVERITIES)}",
+    "text": lambda v: None if len(v) <= TEXT_MAX else f"is {len(v)} characters long (at most {TEXT_MAX})",
+}
+_LISTS_BOUNDED = ("kinds", "severities", "run_ids")
+
+
+def _checked(key: str, value: str) -> str:
+    """`value` of query parameter `key` (one entry of a list), or ApiError (400) naming both and the rule."""
+    check = _CHECKS.get(key)
+    why = check(value) if check is not None else None
+    if why is not None:
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        raise ApiError(400, "bad_value", f"query parameter {key!r}: {shown!r} {why}")
+    return value
+
+
+def _int(key: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, "wrong_type", f"query parameter {key!r} must be an integer, got {raw!r}") from None
+    lo, hi = _LIMITS.get(key, INT)
+    if not lo <= value <= hi:
+        raise ApiError(400, "out_of_range", f"query parameter {key!r}={value} is out of range ({lo}..{hi})")
+    return value
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -58,23 +107,19 @@ def _params(request: web.Request) -> tuple[str, dict[str, Any]]:
                            f"(accepted: {', '.join(spec) or 'none'})")
         kind = spec[key][0]
         if kind == "text":
-            out[key] = raw
-        elif kind == "list":
-            out[key] = [c for c in raw.split(",") if c]
+            out[key] = _checked(key, raw)
+        elif kind in ("list", "ints"):
+            items = [c for c in raw.split(",") if c]
+            if key in _LISTS_BOUNDED and len(items) > MAX_LIST:
+                raise ApiError(400, "too_many", f"query parameter {key!r} lists {len(items)} values "
+                               f"(at most {MAX_LIST})")
+            out[key] = [_int(key, c) for c in items] if kind == "ints" else [_checked(key, c) for c in items]
         elif kind == "bool":
             if raw not in ("0", "1"):
                 raise ApiError(400, "wrong_type", f"query parameter {key!r} must be 0 or 1, got {raw!r}")
             out[key] = raw == "1"
         else:
-            try:
-                value = int(raw)
-            except ValueError:
-                raise ApiError(400, "wrong_type", f"query parameter {key!r} must be an integer, got {raw!r}") \
-                    from None
-            lo, hi = _LIMITS.get(key, INT)
-            if not lo <= value <= hi:
-                raise ApiError(400, "out_of_range", f"query parameter {key!r}={value} is out of range ({lo}..{hi})")
-            out[key] = value
+            out[key] = _int(key, raw)
     missing = [k for k, (_, required) in spec.items() if required and k not in out]
     if missing:
         raise ApiError(400, "missing_parameter", f"read={read} needs query parameter {missing[0]!r}")
@@ -90,7 +135,7 @@ def _history_read(read: str, p: dict[str, Any]) -> Callable[[Any], Any]:
             return {"resolution": res, "rows": rows}
         return series
     if read == "runs":
-        return lambda r: {"runs": [x.to_json() for x in r.runs(limit=p.get("limit", 50))]}
+        return lambda r: {"runs": [x.to_json() for x in r.runs(limit=p.get("limit", 50), text=p.get("text"))]}
     if read == "run":
         def run(r: Any) -> Any:
             found = r.run(p["id"], summary=p.get("summary", True))
@@ -98,8 +143,10 @@ def _history_read(read: str, p: dict[str, Any]) -> Callable[[Any], Any]:
         return run
     if read == "events":
         return lambda r: {"events": [e.to_json() for e in r.events(
-            since_ms=p.get("since"), until_ms=p.get("until"), run_id=p.get("run"), limit=p.get("limit", 500))]}
-    return lambda r: {"results": r.bench_results(limit=p.get("limit", 50))}
+            since_ms=p.get("since"), until_ms=p.get("until"), run_id=p.get("run"), limit=p.get("limit", 500),
+            kinds=p.get("kinds") or None, severities=p.get("severities") or None,
+            kind_family=p.get("kind_family") or None, text=p.get("text") or None)]}
+    return lambda r: {"results": r.bench_results(limit=p.get("limit", 50), run_ids=p.get("run_ids"))}
 
 
 class TcpReads:

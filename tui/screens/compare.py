@@ -189,8 +189,9 @@ BENCH_READ = 1000  # bench results read for the two runs: ten sweeps of a hundre
 
 def _bench_of(reader: Any, run_ids: tuple[int, int]) -> list[Any]:
     """The two runs' bench results, newest first, chosen by the database: the newest BENCH_READ of all runs,
-    filtered here, lost both runs' curves once others had run 1,000 levels since (s21). A reader that takes no
-    `run_ids` (another node's, over HTTP: tui/cluster_source.py) gives its newest, filtered by the caller."""
+    filtered here, lost both runs' curves once others had run 1,000 levels since (s21). Another node's reader
+    chooses them in that node's database too (tui/cluster_source.py); one that takes no `run_ids` (a node whose
+    agent is older than s21: FiltersUnsupported, a TypeError) gives its newest, filtered by the caller."""
     try:
         return reader.bench_results(limit=BENCH_READ, run_ids=run_ids)
     except TypeError as exc:

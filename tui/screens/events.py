@@ -72,7 +72,7 @@ class EventsScreen(LiveScreen):
         self._log_unavailable = False  # the last fetch_log found no run to read the log file of (agent down)
         self._log_matched = 0  # log lines the search matched, as last filled
         self._cut = False  # the last read returned EVENTS_READ rows: older matching ones are not listed
-        self._in_sql = True  # the last read filtered in the database (a remote node's reader cannot: see _read)
+        self._in_sql = True  # the last read filtered in the database (an older node's agent cannot: see _read)
         self._searching = False  # a filter changed and its read has not answered yet: "no match" would be early
         self._families: set[str] = set()  # kind families seen in any read, for `k` (a filtered read has one)
         self._filled: tuple | None = None  # what the table was last filled from (_fill_key)
@@ -168,11 +168,14 @@ class EventsScreen(LiveScreen):
         return sorted(events, key=lambda e: (e.ts_ms or 0, e.id or 0), reverse=True), in_sql
 
     def _read(self, reader: Any, kind: str | None, min_severity: str, text: str) -> tuple[list[Event], bool]:
-        """The newest EVENTS_READ events matching the filters, filtered by the database: reading the newest rows
-        and filtering them here found nothing older than a flood of other events (s21). A reader that takes no
-        filters (another node's, over HTTP: tui/cluster_source.py) gives its newest rows, filtered here after;
-        the title then says only those were searched. The text goes to SQL only in ASCII: SQLite's LIKE folds
-        the case of ASCII letters alone, and the view matches in any case."""
+        """(The newest EVENTS_READ events matching the filters, whether every filter was applied before the
+        limit), filtered by the database: reading the newest rows and filtering them here found nothing older
+        than a flood of other events (s21). Another node's reader filters in that node's database too
+        (tui/cluster_source.py, over its TCP history reads). A reader that takes no filters (a TypeError: an
+        older agent's, FiltersUnsupported) gives its newest rows, filtered here after; the title then says only
+        those were searched. The text goes to SQL only in ASCII: SQLite's LIKE folds the case of ASCII letters
+        alone, and the view matches in any case; a non-ASCII text is matched here in the rows read, so those
+        were all it searched."""
         floor = SEVERITIES.index(min_severity)
         filters: dict[str, Any] = {}
         if floor:
@@ -183,7 +186,7 @@ class EventsScreen(LiveScreen):
             filters["text"] = text
         if filters:
             try:
-                return reader.events(limit=EVENTS_READ, **filters), True
+                return reader.events(limit=EVENTS_READ, **filters), not text or "text" in filters
             except TypeError as exc:
                 if "unexpected keyword" not in str(exc):
                     raise

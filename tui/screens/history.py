@@ -39,7 +39,7 @@ CHARTS = (
 # The run list's `end` column ("running", "switched to …") keeps this many cells: the profile column gives first.
 END_MIN_W = 10
 PROFILE_MIN_W = 8
-RUNS_READ = 200  # the newest runs listed (and searched by the filter); the status says when there are more
+RUNS_READ = 200  # the newest runs listed (the newest matches of a filter); the status says when there are more
 
 
 class HistoryScreen(LiveScreen):
@@ -70,7 +70,10 @@ class HistoryScreen(LiveScreen):
         self.compare_with: dict[str, Any] | None = None
         self.error: str | None = None
         self.run_filter = ""
-        self.all_runs: list[RunInfo] = []
+        self.all_runs: list[RunInfo] = []  # as last read: the newest RUNS_READ runs matching `read_filter`
+        self.read_filter = ""  # the filter the last read applied before its limit ("" none; see _runs_of)
+        self._searching = False  # the filter changed and its read has not answered yet
+        self.total_runs: int | None = None  # every run, from the last unfiltered read; None: more than it read
         self.last_draw_ms: float | None = None  # how long the last chart load took (benchmarks read it)
         self.window: tuple[int, int] | None = None  # zoomed, panned or a run's: replaces the range preset
         self.queried: tuple[int, int] | None = None  # the window the charts were last read for
@@ -103,16 +106,26 @@ class HistoryScreen(LiveScreen):
     # ------------------------------------------------------------------ data
     @work(thread=True, exclusive=True, group="history-runs", exit_on_error=False)
     def load_runs(self) -> None:
+        wanted = self.run_filter
         try:
             with self.lynx.history.reader() as reader:
-                runs = reader.runs(limit=RUNS_READ)
+                runs, applied = _runs_of(reader, wanted)
         except HistoryUnavailable as exc:
             self.app.call_from_thread(self._history_failed, str(exc))
             return
         except Exception as exc:  # a damaged database: say so, keep the rest of the app alive
             self.app.call_from_thread(self._history_failed, f"{self.lynx.history.path}: {exc}")
             return
-        self.app.call_from_thread(self._show_runs, runs)
+        self.app.call_from_thread(self._read_runs, runs, wanted, applied)
+
+    def _read_runs(self, runs: list[RunInfo], wanted: str, applied: str) -> None:
+        """A read's answer (`wanted`: the filter it was asked for, `applied`: what the database applied)."""
+        self.read_filter = applied
+        if not applied and not wanted:
+            self.total_runs = len(runs) if len(runs) < RUNS_READ else None
+        if wanted == self.run_filter:
+            self._searching = False  # else the newer filter's read is on its way
+        self._show_runs(runs)
 
     def _history_failed(self, message: str) -> None:
         self.error = message
@@ -121,9 +134,8 @@ class HistoryScreen(LiveScreen):
     def _show_runs(self, runs: list[RunInfo]) -> None:
         self.error = None
         self.all_runs = runs
-        needle = self.run_filter.lower()
-        if needle:
-            runs = [r for r in runs if needle in f"{r.id} {r.profile} {r.end_reason}".lower()]
+        if self.run_filter:  # the read's own filter again (a no-op), or the rows held while a new one is read
+            runs = [r for r in runs if run_matches(r, self.run_filter)]
         self.runs = runs
         table = self.query_one("#runs", DataTable)
         keep = self.selected.id if self.selected else None
@@ -205,8 +217,15 @@ class HistoryScreen(LiveScreen):
             t.append("  +/- zoom  [ ] pan  g run", style="dim")
         if self.selected:
             t.append(f"   run {self.selected.id} {self.selected.profile or ''}", style="bold")
-        cut = len(self.all_runs) >= RUNS_READ  # older runs exist that neither the list nor its filter holds
-        if self.run_filter:
+        cut = len(self.all_runs) >= RUNS_READ  # older runs (or matches) exist that the list does not hold
+        if self.run_filter and self._searching:
+            t.append(f"   filter {self.run_filter!r}: searching the history…", style="yellow")
+        elif self.run_filter and self.read_filter == self.run_filter:  # every run searched, in the database
+            found = len(self.runs)
+            of = f" of {self.total_runs}" if self.total_runs is not None and found <= self.total_runs else ""
+            t.append(f"   filter {self.run_filter!r}: " + (f"newest {RUNS_READ} matches listed" if cut else
+                     f"{found}{of} run{'s' if found != 1 or of else ''}"), style="yellow")
+        elif self.run_filter:  # a reader that cannot filter, or a non-ASCII text: the rows read were searched
             t.append(f"   filter {self.run_filter!r}: {len(self.runs)} of "
                      f"{f'the newest {RUNS_READ}' if cut else len(self.all_runs)} runs", style="yellow")
         elif cut:
@@ -263,15 +282,23 @@ class HistoryScreen(LiveScreen):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id != "runs-filter":
             return
-        self.run_filter = event.value.strip()
         event.input.remove_class("-open")
-        self._show_runs(self.all_runs)
+        self._refilter(event.value.strip())
         self.query_one("#runs", DataTable).focus()
 
     def action_clear_filter(self) -> None:
-        self.run_filter = ""
         self.query_one("#runs-filter", Input).remove_class("-open")
+        self._refilter("")
+
+    def _refilter(self, wanted: str) -> None:
+        """The rows held, filtered at once, then the history asked for the newest RUNS_READ matches: the rows
+        held are the newest of the old filter's, and a run older than them matches too (s21)."""
+        if wanted == self.run_filter and not self._searching:
+            return
+        self.run_filter = wanted
+        self._searching = True
         self._show_runs(self.all_runs)
+        self.load_runs()
 
     def action_reload(self) -> None:
         self.load_runs()
@@ -319,6 +346,28 @@ class HistoryScreen(LiveScreen):
             self.app.call_from_thread(self.notify, str(exc), title="Export failed", severity="error", timeout=10)
             return
         self.app.call_from_thread(self.notify, f"{n} rows written to {path}", title="Export done", timeout=10)
+
+
+def run_matches(run: Any, text: str) -> bool:
+    """The filter's match, as StoreReader.runs(text=) makes it in SQL: `text` in "id profile end" (end: the end
+    column's words), in any case."""
+    ended = _field(run, "ended_ms")
+    end = _field(run, "end_reason") or ("running" if not ended else "ended")
+    return text.lower() in f"{_field(run, 'id')} {_field(run, 'profile') or ''} {end}".lower()
+
+
+def _runs_of(reader: Any, text: str) -> tuple[list[Any], str]:
+    """(The newest RUNS_READ runs matching `text`, the filter the reader applied: `text`, or "" when it did
+    not). In the database, before the limit, when `text` is ASCII (SQLite's LIKE folds ASCII letters alone, the
+    view matches in any case) and the reader takes it (a node whose agent is older than s21 does not:
+    FiltersUnsupported, a TypeError): then the newest runs, filtered by the caller."""
+    if text and text.isascii():
+        try:
+            return reader.runs(limit=RUNS_READ, text=text), text
+        except TypeError as exc:
+            if "unexpected keyword" not in str(exc):
+                raise
+    return reader.runs(limit=RUNS_READ), ""
 
 
 def export_refusal(app: Any) -> str | None:
