@@ -2,8 +2,9 @@
 
 Read through the agent's socket (`GET /v1/events`, open to every user) when the agent answers, else from the
 history database read-only, as `lynxtop runs` reads it (`--database` reads the database directly). Newest last;
-times in local time (`--utc`: UTC), as `lynxtop status` prints them. Every stored or served string (kind, message)
-is foreign text and goes through terminal_safe. A bad argument is one line and exit 2; none matching is exit 0
+times in local time with its UTC offset (`2026-12-01 15:30:00+05:30`; `--utc`: `... UTC`), which `--since` reads
+back as the same instant. Every stored or served string (kind, message) is foreign text and goes through
+terminal_safe. A bad argument is one line and exit 2; none matching is exit 0
 with "no events match". A newer agent's kind this version does not know is shown as it is, beside the others
 (contract/events.py: `UnknownKind`); `--kind` names it whole to filter on it. While the history cannot be written
 the agent also serves the events it holds in memory; they are marked [pending] (`"pending": true` with --json);
@@ -125,7 +126,8 @@ def _print(events: list[Event], args: Namespace) -> None:
         for ev in events:
             print(json.dumps(ev.to_json()))  # ASCII: a control character is \u001b, never sent raw
         return
-    rows = [(fmt_datetime(ev.ts_ms, utc=args.utc, seconds=True) if ev.ts_ms is not None else "-",
+    # local times carry their UTC offset: pasted into --since (zone-less reads as UTC) they are the same instant
+    rows = [(fmt_datetime(ev.ts_ms, utc=args.utc, seconds=True, zone=True) if ev.ts_ms is not None else "-",
              terminal_safe(ev.severity), terminal_safe(ev.kind),
              f"run {ev.run_id}" if ev.run_id is not None else "-",
              (PENDING if ev.pending else "") + terminal_safe(ev.message))

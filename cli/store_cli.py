@@ -15,7 +15,7 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-from lynxtop.contract.format import fmt_duration
+from lynxtop.contract.format import fmt_datetime, fmt_duration
 from lynxtop.contract.records import RunInfo
 from lynxtop.contract.terminal import terminal_safe
 from lynxtop.store.errors import StoreError
@@ -90,7 +90,8 @@ def runs(args: Namespace) -> int:
         load = (r.ready_ms - start) / 1000 if r.ready_ms and start else None
         dur = ((r.ended_ms or now) - start) / 1000 if start else None
         model = (r.model or "") + (" (simulated)" if r.simulated else "")
-        cells = (str(r.id), r.profile or "", model, iso(start)[:19].replace("T", " "),
+        started = fmt_datetime(start, utc=True, seconds=True).removesuffix(" UTC") if start is not None else ""
+        cells = (str(r.id), r.profile or "", model, started,  # the head says UTC; a corrupt start: <bad time N>
                  fmt_duration(load, na="-"), fmt_duration(dur, na="-"), _outcome(r))
         table.append(tuple(map(terminal_safe, cells)))  # the database's words: escaped, then measured
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
@@ -134,7 +135,11 @@ def _run_span(reader: StoreReader, run_id: int, now: int) -> tuple[int, int]:
         raise ExportError(f"no run {run_id} in {reader.path} (see `lynxtop runs`)")
     if run.started_ms is None:
         raise ExportError(f"run {run_id} has no start time recorded; use --from/--to")
-    return run.started_ms, (run.ended_ms or now) + 1
+    end = (run.ended_ms or now) + 1
+    if run.started_ms >= end:  # a wild node clock stored a start in the far future: the span would be empty
+        raise ExportError(f"run {run_id}'s recorded start ({iso(run.started_ms)}) is not before its end "
+                          f"({iso(end - 1)}); use --from/--to")
+    return run.started_ms, end
 
 
 def _write(reader: StoreReader, args: Namespace, start: int, end: int) -> None:

@@ -125,24 +125,82 @@ def fmt_duration(seconds: float | None, na: str = NA) -> str:
     return f"{secs}s"
 
 
-def _dt(ms: float, utc: bool) -> datetime:
-    dt = datetime.fromtimestamp(ms / 1000, tz=UTC)
-    return dt if utc else dt.astimezone()
+def bad_time(ms: float) -> str:
+    """The text for a stored time no date can show: a wild node clock or a corrupt row must read as what it is,
+    with its value for the bug report, not stop the table it is in (see utc_datetime)."""
+    if isinstance(ms, int) or (isinstance(ms, float) and ms.is_integer() and abs(ms) < 1e18):
+        return f"<bad time {int(ms)}>"
+    return f"<bad time {ms!r}>"  # nan, inf, 1e+300: not 300 digits
+
+
+def utc_datetime(ms: float) -> datetime | None:
+    """Epoch ms as an aware UTC datetime; None for one no date can show: negative (before 1970: no stored time
+    is), not finite, or past year 9999, where datetime.fromtimestamp raises. Every formatter of a stored time goes
+    through here (or `_dt`), so no such value can raise in a CLI table or a dashboard worker."""
+    if isinstance(ms, bool) or not isinstance(ms, int | float) or not math.isfinite(ms) or ms < 0:
+        return None
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def _dt(ms: float, utc: bool) -> datetime | None:
+    dt = utc_datetime(ms)
+    if dt is None or utc:
+        return dt
+    try:
+        return dt.astimezone()  # 9999-12-31T23:00Z is year 10000 east of UTC
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def fmt_clock(ms: float | None, utc: bool = False) -> str:
     """HH:MM:SS, with a Z suffix in UTC so the two can never be confused."""
     if ms is None:
         return NA
-    return _dt(ms, utc).strftime("%H:%M:%S") + ("Z" if utc else "")
+    dt = _dt(ms, utc)
+    return bad_time(ms) if dt is None else dt.strftime("%H:%M:%S") + ("Z" if utc else "")
 
 
-def fmt_datetime(ms: float | None, utc: bool = False, seconds: bool = False) -> str:
-    """Date and minute (the CLI asks for seconds too)."""
+def fmt_datetime(ms: float | None, utc: bool = False, seconds: bool = False, zone: bool = False) -> str:
+    """Date and minute (the CLI asks for seconds too).
+
+    `zone=True` (text an operator copies back into --since) writes a local time with its UTC offset,
+    `2026-12-01 15:30:00+05:30`: a zone-less time is read as UTC, and in a DST fall-back the repeated hour is told
+    apart only by its offset. UTC is always ` UTC`, which store/times.py's parse_time reads back too.
+    """
     if ms is None:
         return NA
+    dt = _dt(ms, utc)
+    if dt is None:
+        return bad_time(ms)
     pattern = "%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M"
-    return _dt(ms, utc).strftime(pattern) + (" UTC" if utc else "")
+    if utc:
+        return dt.strftime(pattern) + " UTC"
+    if not zone:
+        return dt.strftime(pattern)
+    # "+05:30" (an old LMT offset such as "+00:17:30" is still ISO and still read back)
+    return dt.strftime(pattern) + dt.replace(microsecond=0).isoformat()[19:]
+
+
+def fmt_when(ms: float | None, now_ms: float, utc: bool = False, short: bool = False) -> str:
+    """When something happened, in a list of recent things: the clock alone (fmt_clock) for an instant on today's
+    date in the displayed zone (UTC, else local), its date too for any other day. By the calendar date, not
+    `now - ms < 24 h`: yesterday 10:00 seen today at 09:00 must not read as an hour ahead, and a 23- or 25-hour DST
+    day is one day. `short` (narrow columns) gives `12-03 10:00` (`12-03 10:00Z` in UTC), else fmt_datetime's
+    `2026-12-03 10:00`. A bad `ms` reads as bad_time; a bad `now_ms` (a wild clock) gives the date, the safe side."""
+    if ms is None:
+        return NA
+    dt = _dt(ms, utc)
+    if dt is None:
+        return bad_time(ms)
+    now = _dt(now_ms, utc)
+    if now is not None and dt.date() == now.date():
+        return dt.strftime("%H:%M:%S") + ("Z" if utc else "")
+    if short:
+        return dt.strftime("%m-%d %H:%M") + ("Z" if utc else "")
+    return fmt_datetime(ms, utc)
 
 
 def now_ms() -> int:

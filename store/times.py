@@ -1,11 +1,15 @@
-"""Time parsing and formatting for the command line: ISO-8601 (UTC unless an offset is given), epoch
-milliseconds, `now`, or a relative `-24h`. Stored times are always integer epoch milliseconds UTC."""
+"""Time parsing and formatting for the command line: ISO-8601 (UTC unless an offset is given; a trailing ` UTC`
+is UTC too), epoch milliseconds, `now`, or a relative `-24h`. Whatever `lynxtop events` prints in its TIME column
+(`2026-12-01 15:30:00+05:30`, or `2026-12-01 10:00:00 UTC` with --utc) reads back as that very instant.
+Stored times are always integer epoch milliseconds UTC."""
 
 from __future__ import annotations
 
 import re
 import time
 from datetime import UTC, datetime
+
+from lynxtop.contract.format import bad_time, utc_datetime
 
 _REL = re.compile(r"-(\d+(?:\.\d+)?)([smhd])")
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -30,12 +34,14 @@ def parse_time(text: str, now_ms: int | None = None) -> int:
     if m:
         ago = float(m.group(1)) * _UNIT_MS[m.group(2)]  # inf for 400 digits: refused below, not int(inf)
         return _in_range(text, now - int(ago)) if ago <= now else _in_range(text, -1)
-    if s.isdigit():
+    if s.isascii() and s.isdigit():  # not "…²" or other Unicode digits: int() refuses or misreads them
         value = int(s)
         if value < MIN_MS:
             raise ValueError(f"{text!r} looks like epoch seconds or a typo; give epoch milliseconds "
                              f"(13 digits) or an ISO-8601 time")
         return _in_range(text, value)
+    if s[-4:].upper() == " UTC":  # what `lynxtop events --utc` prints ("2026-12-01 10:00:00 UTC"), read back
+        s = s[:-4].rstrip() + "+00:00"
     try:
         dt = datetime.fromisoformat(s.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
@@ -47,6 +53,11 @@ def parse_time(text: str, now_ms: int | None = None) -> int:
 
 
 def iso(ms: int | None) -> str:
+    """ISO-8601 UTC to the millisecond; a stored time no date can show (past 9999, negative) is contract/format's
+    `<bad time N>` marker, never a ValueError in the middle of a message or a table."""
     if ms is None:
         return ""
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    dt = utc_datetime(ms)
+    if dt is None:
+        return bad_time(ms)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(ms) % 1000:03d}Z"
