@@ -32,7 +32,7 @@ from lynxtop.contract.client import (
     parse_status,
 )
 from lynxtop.contract.events import EventKind
-from lynxtop.contract.format import fmt_bytes, fmt_clock, fmt_datetime, fmt_duration, fmt_ms
+from lynxtop.contract.format import fmt_bytes, fmt_datetime, fmt_duration, fmt_ms, fmt_when
 from lynxtop.contract.quantile import fmt_quantile
 from lynxtop.contract.status import (
     AgentStatus,
@@ -194,7 +194,7 @@ def _serving_lines(srv: ServingStatus, now: int | None) -> list[str]:
                      f"{srv.failures_in_window} failures in the window")
     if state == ServingState.CRASH_LOOP:
         lines.append(f"{INDENT}gave up after repeated failures: fix the cause, then `lynxtop start`")
-    details = [_run_text(srv), f"pid {srv.pid or '-'}"]
+    details = [_run_text(srv, now), f"pid {srv.pid or '-'}"]
     if srv.model:
         details.append(f"model {srv.model}")
     if srv.vllm_version:
@@ -207,11 +207,14 @@ def _serving_lines(srv: ServingStatus, now: int | None) -> list[str]:
     return lines
 
 
-def _run_text(srv: ServingStatus) -> str:
-    """`run 12 (started 14:02, profile v4-tp8-h200)`: a run is one launch of vLLM; its number alone says nothing."""
+def _run_text(srv: ServingStatus, now: int | None = None) -> str:
+    """`run 12 (started 14:02:11, profile v4-tp8-h200)`: a run is one launch of vLLM; its number alone says
+    nothing. Started on another day than `now` (the node's; else ours): `started 2026-12-01 14:02`, so a run of
+    three days ago does not read as started today."""
     if srv.run_id is None:
         return f"profile {srv.profile or '-'}  run -"
-    started = f"started {fmt_clock(srv.started_ms, False)}, " if srv.started_ms else ""
+    when = fmt_when(srv.started_ms, now or int(time.time() * 1000), False)
+    started = f"started {when}, " if srv.started_ms else ""
     return f"run {srv.run_id} ({started}profile {srv.profile or '-'})"
 
 

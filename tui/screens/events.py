@@ -16,7 +16,7 @@ from textual.widgets import DataTable, Input, Log, Static
 
 from lynxtop.contract.client import AgentRefused, AgentUnreachable
 from lynxtop.contract.events import Event, identity
-from lynxtop.contract.format import fmt_clock, fmt_datetime
+from lynxtop.contract.format import fmt_datetime, fmt_when
 from lynxtop.contract.records import RunInfo
 from lynxtop.contract.terminal import terminal_safe
 from lynxtop.tui.history_source import HistoryUnavailable
@@ -258,10 +258,12 @@ class EventsScreen(LiveScreen):
             return None if e is None else (e.id, e.ts_ms, e.pending)
 
         events = self.events
+        # The screen's width: the table's own loses the scrollbar's 2 once filled. Today's date in the displayed
+        # zone: past its midnight today's time cells gain their dates (_when) at once, not at the next hour.
         return (len(events), ident(events[0] if events else None), ident(events[-1] if events else None),
                 tuple(identity(e) for e in events if e.pending), self.kind, self.min_severity, self.text_filter,
                 narrow, self.lynx.utc, self.size.width, table.scrollable_content_region.width > 0,
-                now_ms // 3_600_000)  # the screen's width: the table's own loses the scrollbar's 2 once filled
+                fmt_datetime(now_ms, self.lynx.utc)[:10])
 
     def _fill_events(self) -> None:
         """The table from `events` under the filters. Not rebuilt when nothing it shows changed: refilling 1,000
@@ -521,7 +523,6 @@ def parse_filter(value: str, kind: str | None, min_severity: str) -> tuple[str |
 
 
 def _when(ts: int | None, utc: bool, now_ms: int) -> str:
-    """Clock time for today's events, date and time for older ones."""
-    if ts is None:
-        return "N/A"
-    return fmt_datetime(ts, utc)[5:] if now_ms - ts > 86_400_000 else fmt_clock(ts, utc)
+    """The clock for today's events, `12-03 10:00` for another day's: by the date in the displayed zone
+    (fmt_when), so yesterday's 10:00 seen at 09:00 does not read as an hour ahead."""
+    return fmt_when(ts, now_ms, utc, short=True)
