@@ -143,7 +143,8 @@ def _since(ms: int | None, now_ms: int | None) -> str:
 
 
 def _clock(ms: int | None) -> str:
-    return fmt_datetime(ms, seconds=True) if ms else "-"
+    """A full local time with its UTC offset: what `--since` reads back exactly (contract/format.py)."""
+    return fmt_datetime(ms, seconds=True, zone=True) if ms else "-"
 
 
 # ---------------------------------------------------------------------------------------------- status

@@ -162,3 +162,23 @@ def test_since_with_a_superscript_digit_is_one_line_exit_2(tmp_path):
     res = _cli("events", "--database", str(db), "--since", "1735689600000\u00b2")
     assert res.returncode == 2 and "is not a time" in res.stderr and "invalid literal" not in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_status_times_carry_their_offset_and_read_back(monkeypatch):
+    """`lynxtop status`'s full times (an action in progress, a WAL or database swap, a dead node) are what an
+    operator pastes into --since: with their UTC offset they read back to the same instant."""
+    from lynxtop.cli.ctl import _agent_lines
+    from lynxtop.contract.status import ActionInfo, AgentStatus
+
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        since = 1_764_590_400_000  # 2025-12-01 12:00:00 UTC
+        line = next(x for x in _agent_lines(AgentStatus(action=ActionInfo("restart", "p", since_ms=since, by="u")))
+                    if x.startswith("action"))
+        printed = line.split("since ")[1].split(" by")[0]
+        assert printed == "2025-12-01 17:30:00+05:30", line
+        assert parse_time(printed) == since
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
