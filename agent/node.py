@@ -103,7 +103,8 @@ class NodeGpuView:
             return None
         return [{"index": g.get("idx"), "name": g.get("name"), "cc_major": g.get("cc_major"),
                  "cc_minor": g.get("cc_minor"), "mem_total_bytes": g.get("mem_total_bytes"),
-                 "nvlink_count": g.get("nvlink_count"), "driver_version": g.get("driver_version")}
+                 "nvlink_count": g.get("nvlink_count"), "driver_version": g.get("driver_version"),
+                 "uuid": g.get("uuid"), "pci_bus_id": g.get("pci_bus_id")}  # CUDA_VISIBLE_DEVICES: visible.py
                 for g in self.static]
 
     def compute_pids(self) -> tuple[float, set[int]] | None:

@@ -35,6 +35,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from lynxtop.agent.serving import visible as cuda_visible
 from lynxtop.agent.serving.vllm_options import ExtraOptions, extra_options
 from lynxtop.contract.config import Profile
 from lynxtop.contract.models import GIB, ModelSpec
@@ -121,6 +122,8 @@ class GpuFacts:
     cc: tuple[int, int] | None
     mem_total_bytes: int | None
     nvlink_count: int | None = None  # active links; None: unknown
+    uuid: str | None = None  # NVML's "GPU-..." (CUDA_VISIBLE_DEVICES may name it)
+    pci_bus_id: str | None = None  # CUDA_DEVICE_ORDER=PCI_BUS_ID numbers the GPUs by it
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,8 @@ def facts_from_info(gpus: Iterable[dict[str, Any]], driver_version: str = "",
     for i, g in enumerate(gpus):
         cc = (g["cc_major"], g.get("cc_minor") or 0) if g.get("cc_major") is not None else None
         out.append(GpuFacts(index=g.get("index", g.get("idx", i)), name=g.get("name") or "?", cc=cc,
-                            mem_total_bytes=g.get("mem_total_bytes"), nvlink_count=g.get("nvlink_count")))
+                            mem_total_bytes=g.get("mem_total_bytes"), nvlink_count=g.get("nvlink_count"),
+                            uuid=g.get("uuid"), pci_bus_id=g.get("pci_bus_id")))
         driver_version = driver_version or g.get("driver_version") or ""
     return NodeFacts(gpus=tuple(out), driver_version=driver_version, ray_installed=ray_installed)
 
@@ -202,13 +206,23 @@ def check_profile(profile: Profile, node: NodeFacts, model: ModelSpec | None) ->
 
 
 def visible_gpus(profile: Profile, gpus: tuple[GpuFacts, ...]) -> tuple[GpuFacts, ...]:
-    """The GPUs vLLM will see: CUDA_VISIBLE_DEVICES in the profile's env narrows them (indices or UUIDs)."""
-    cvd = profile.env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is None:
-        return gpus
-    wanted = [d.strip() for d in cvd.split(",") if d.strip()]
-    picked = tuple(g for g in gpus if str(g.index) in wanted)
-    return picked if len(picked) == len(wanted) else gpus[:len(wanted)]
+    """The GPUs vLLM will see, in CUDA's order (visible.py: the profile's env over this process's environment)."""
+    return visible_with_problem(profile, gpus)[0]
+
+
+def visible_with_problem(profile: Profile, gpus: tuple[GpuFacts, ...]) -> tuple[tuple[GpuFacts, ...], str | None]:
+    """visible_gpus, and what hides GPUs CUDA_VISIBLE_DEVICES names (an invalid entry, an empty value), with where
+    the value comes from. Not mappable here (MIG devices, UUIDs or bus ids unknown): as many GPUs as it names."""
+    env = cuda_visible.effective_env(profile.env)
+    rows = [{"index": g.index, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id} for g in gpus]
+    picked, problem = cuda_visible.visible_gpus(env, rows)
+    cvd = env.get(cuda_visible.CVD)
+    if picked is None:
+        return (gpus if cvd is None else gpus[:len([d for d in cvd.split(",") if d.strip()])]), None
+    by_index = {g.index: g for g in gpus}
+    if problem is not None and cuda_visible.CVD not in profile.env:
+        problem += " (not set in the profile's env: inherited from the environment)"
+    return tuple(by_index[i] for i in picked), problem
 
 
 def _flags(profile: Profile) -> list[Verdict]:
@@ -250,7 +264,8 @@ def _attention(profile: Profile, gpus: tuple[GpuFacts, ...]) -> list[Verdict]:
 def _parallelism(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec | None,
                  cluster: ClusterFacts | None = None) -> list[Verdict]:
     tp, pp, dp = profile.tensor_parallel_size, profile.pipeline_parallel_size, profile.data_parallel_size
-    needed, visible = tp * pp * dp, len(visible_gpus(profile, gpus))
+    shown, problem = visible_with_problem(profile, gpus)
+    needed, visible = tp * pp * dp, len(shown)
     shape = f"tensor {tp} x pipeline {pp} x data {dp}"
     out = []
     if model is not None and model.attention_heads % tp:
@@ -262,11 +277,16 @@ def _parallelism(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec 
     if cluster is not None and profile.distributed_executor_backend == "ray":
         out.append(_cluster_verdict(profile, needed, shape, cluster, numbers))
         return out
-    if visible >= needed:
-        out.append(Verdict("parallelism", Level.OK, f"profile {profile.name} needs {needed} GPUs ({shape}); "
-                                                    f"{visible} visible on this node", numbers=numbers))
-        return out
     msg = f"profile {profile.name} needs {needed} GPUs ({shape}); {visible} visible on this node"
+    span = f" (0-{len(gpus) - 1})" if gpus else ""
+    cvd_fix = (f"correct {cuda_visible.CVD}: GPU indices{span}, UUIDs or unique UUID prefixes (nvidia-smi -L), "
+               "every entry valid")
+    if problem is not None:
+        msg += f": {problem}"
+    if visible >= needed:
+        level = Level.OK if problem is None else Level.WARNING
+        out.append(Verdict("parallelism", level, msg, cvd_fix if problem else "", numbers=numbers))
+        return out
     if profile.distributed_executor_backend == "ray":
         out.append(Verdict("parallelism", Level.WARNING, msg + f"; the rest must come from the Ray cluster "
                                                               f"({nodes} nodes of {visible})",
@@ -274,8 +294,8 @@ def _parallelism(profile: Profile, gpus: tuple[GpuFacts, ...], model: ModelSpec 
                            numbers))
     else:
         out.append(Verdict("parallelism", Level.BLOCKING, msg,
-                           "lower the parallel sizes to the GPUs here, or spread the profile over "
-                           f"{nodes} nodes with distributed_executor_backend = \"ray\"", numbers))
+                           cvd_fix if problem else "lower the parallel sizes to the GPUs here, or spread the profile "
+                           f"over {nodes} nodes with distributed_executor_backend = \"ray\"", numbers))
     return out
 
 

@@ -5,9 +5,10 @@ on vLLM's own free-memory check, after it has opened CUDA contexts on the live m
 it does so again and again. So every start looks at NVML's compute processes first: an operator's start, restart
 or switch is refused (409 `gpus_taken`), an autostart or a retry waits until the GPUs are free.
 
-Which GPUs: all of them, or those `CUDA_VISIBLE_DEVICES` in the profile's env names as indices (read as NVML
-indices, as `lynxtop check` does) when the GPU view says which GPU each process is on. UUIDs, MIG names, or a view
-without per-GPU rows: all GPUs are checked. Ray profiles are not checked (their GPU workers are Ray's); a Ray
+Which GPUs: those vLLM will see (visible.py, shared with `lynxtop check`: CUDA_VISIBLE_DEVICES from the profile's
+env over the agent's own, read by CUDA's rules: indices, UUIDs and unique UUID prefixes, an invalid entry hiding the
+rest, CUDA_DEVICE_ORDER) when the GPU view says which GPU each process is on. MIG names, or a view without per-GPU
+rows: all GPUs are checked. Ray profiles are not checked (their GPU workers are Ray's); a Ray
 worker's agent tells foreign processes on its GPUs instead (agent/cluster/gpus.py).
 
 Decided on a real process list: at the agent's start the view has NVML open but no process read until the
@@ -36,13 +37,12 @@ import contextlib
 import dataclasses
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lynxtop.agent.api.control import ActionError
-from lynxtop.agent.serving import procs
+from lynxtop.agent.serving import procs, visible
 from lynxtop.agent.serving.diskspace import DiskGate
 from lynxtop.contract.config import Config, Profile
 from lynxtop.contract.events import EventKind, Severity
@@ -60,7 +60,6 @@ CODE = "gpus_taken"  # the control API's error code (docs/api.md)
 OTHER_AGENT = "other_agent_run"  # the held event's reason: another lynxtop agent's run serves the GPUs
 UNKNOWN_CODE = "gpus_unknown"  # ... when no GPU sample has come yet to tell
 _NO_NVML = "NVML cannot list the GPUs' processes"
-_INDEX = re.compile(r"[0-9]+")
 _GIB = 1 << 30
 # How long a launch waits for a GPU sample taken after it began: at the agent's start the view holds the GPUs
 # without their processes until the sampler's first tick, and an autostart comes before that tick.
@@ -127,17 +126,13 @@ class Holder:
 
 
 def profile_gpus(prof: Profile, info: list[dict[str, Any]] | None) -> tuple[int, ...] | None:
-    """The NVML indices `prof` runs on (CUDA_VISIBLE_DEVICES in its env); None: all GPUs (not narrowed, or named
-    in a way that cannot be mapped here: UUIDs, MIG devices, an index the node does not have)."""
-    cvd = prof.env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is None or not info:
+    """The NVML indices `prof`'s vLLM sees (visible.py: CUDA_VISIBLE_DEVICES as CUDA reads it, from the profile's env
+    over the agent's own); None: all GPUs (not narrowed, or named in a way that cannot be mapped here: MIG devices,
+    no GPU facts). (): none (an empty value, or an invalid first entry)."""
+    if not info:
         return None
-    parts = [p.strip() for p in cvd.split(",") if p.strip()]
-    if not parts or not all(_INDEX.fullmatch(p) for p in parts):
-        return None
-    wanted = tuple(sorted({int(p) for p in parts}))
-    known = {g.get("index") for g in info}
-    return wanted if set(wanted) <= known else None
+    gpus, _ = visible.visible_gpus(visible.effective_env(prof.env), info)
+    return tuple(sorted(gpus)) if gpus is not None else None
 
 
 def rows_by_pid(view: GpuProcesses) -> dict[int, list[dict[str, Any]]] | None:
@@ -207,6 +202,8 @@ def lynxtop_run(st: procs.ProcStat, own_tokens: set[str]) -> LynxtopRun | None:
 
 def gpus_text(gpus: tuple[int, ...] | None, info: list[dict[str, Any]] | None) -> str:
     """'GPU 0-7' / 'GPU 2,3': the GPUs a profile uses, as the messages name them."""
+    if gpus == ():
+        return "no GPU (CUDA_VISIBLE_DEVICES hides them all)"
     if gpus is not None:
         return f"GPU {','.join(map(str, gpus))}"
     n = len(info or [])
