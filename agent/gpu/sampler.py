@@ -4,7 +4,8 @@ Errors are normal and local: a call that fails leaves its metric NULL for that G
 value that is no reading an SQLite INTEGER can hold (below 0, at or past 2^63, NaN), whichever reader let it through:
 each finished row is checked once (`_sample_gpu`), as one such value makes the store refuse the whole tick. A function
 that is NOT_SUPPORTED or missing (FUNCTION_NOT_FOUND) is not called again on that GPU and is reported once; a
-lost GPU is marked lost (one event) while the others keep sampling; a driver/library mismatch tears NVML down
+lost GPU is marked lost (one event) while the others keep sampling, and probed until it answers (lost.py,
+which also tells another board found at a known index); a driver/library mismatch tears NVML down
 and re-initialises it with backoff; no driver at all is a state ("no-driver"), not a crash. A GPU, or its GPM or
 XID events, left out of an initialisation by a failure that is no NVMLError is a `gpu.setup_failed` event, once per
 occurrence (left_out.py): the operator sees that a GPU is not sampled, not only the log.
@@ -45,6 +46,7 @@ from lynxtop.agent.gpu.calls import (
     log,
 )
 from lynxtop.agent.gpu.left_out import LeftOut
+from lynxtop.agent.gpu.lost import LostGpus
 from lynxtop.agent.gpu.outage import NvmlRetry
 from lynxtop.agent.gpu.protocol import GpuBackend
 from lynxtop.agent.gpu.readers import (
@@ -107,7 +109,6 @@ class GpuSampler:
         self._factory = backend_factory
         self.gpm_enabled = gpm_enabled
         self._clock = clock
-        self._lost_probe_s = lost_probe_s
         self._xid_events = xid_events
         self._xid_per_tick = xid_per_tick
         self._r = Reporter(on_event)
@@ -119,6 +120,8 @@ class GpuSampler:
         self._activity = ActivityReadings(self._c)
         self._slow = SlowReadings(self._c, slow_interval_s)
         self._refresh = Refresh(refresh_s)
+        # lost GPUs (probed, set up again) and the board at each index (`gpu.identity_changed`): lost.py
+        self._lost = LostGpus(self._r, self._c, clock, lost_probe_s, self._setup_gpu)
         self._gpus: list[Gpu] = []
         self._static_rows: list[dict] | None = None  # static()'s rows for the GPUs of this initialisation
         self._state = {"state": "error", "message": "not opened", "driver_version": "", "nvml_version": ""}
@@ -129,7 +132,9 @@ class GpuSampler:
         self._xid_episodes = (XidEpisodes(self._r.event, on_xid=on_xid) if xid_events and on_event is not None
                               else None)
         self._first_tick = True
-        self.static_version = 0  # +1 on every successful (re)initialisation: re-read static() then
+        # +1 on every successful (re)initialisation, and when a GPU lost while NVML enumerated is set up: re-read
+        # static() then
+        self.static_version = 0
 
     @property
     def slow_interval_s(self) -> float:
@@ -212,10 +217,7 @@ class GpuSampler:
         self.static_version += 1
         for g in self._gpus:
             self._unreadable.resume(g)
-            if g.lost:
-                self._mark_lost(g, "while enumerating")
-            else:  # found answering (a reset, a driver reload): lost again later is a new `gpu.lost`
-                self._r.forget("gpu_lost", str(g.idx))
+        self._lost.opened(self._gpus, count)
         if not self.gpm_enabled and self._r.once("gpm_disabled", ""):
             self._r.event(EventKind.GPU_GPM_DISABLED, "info", "GPM sampling is off by configuration "
                           "([agent] gpm = false): SM/tensor/DRAM activity columns stay empty", None)
@@ -301,6 +303,7 @@ class GpuSampler:
         for g in self._gpus:
             if g.gpm is not None:
                 g.gpm.close()
+        self._lost.keep(self._gpus)
         self._gpus = []
         self._static_rows = None
         if self._c.b is not None:
@@ -330,10 +333,19 @@ class GpuSampler:
         slow_budget = len(self._gpus) if self._first_tick else 1
         self._first_tick = False
         try:
-            for g in self._gpus:
-                if g.lost and not self._probe(g, now):
-                    tick.gpu_rows.append(self._lost_row(g))
-                    continue
+            for pos, g in enumerate(self._gpus):
+                if g.lost:
+                    back = self._lost.probe(g, now)
+                    if back is None:
+                        tick.gpu_rows.append(self._lost_row(g))
+                        tick.process_rows.extend(g.proc_rows)  # its last holders, stale (lost.py)
+                        continue
+                    if back is not g:  # set up afresh (lost while NVML enumerated): static() and XIDs take it
+                        self._gpus[pos] = g = back
+                        self._static_rows = None
+                        self.static_version += 1
+                        if self._xid is not None:
+                            self._xid.register(g.idx)
                 try:
                     do_slow = slow_budget > 0 and now >= g.slow_due
                     if do_slow:
@@ -345,8 +357,9 @@ class GpuSampler:
                             raise
                         self._sample_gpu(g, now, do_slow, vllm_pids, tick)  # its codes are its failures now
                 except Lost:
-                    self._mark_lost(g, "while sampling")
+                    self._lost.mark(g, "while sampling")
                     tick.gpu_rows.append(self._lost_row(g))
+                    tick.process_rows.extend(g.proc_rows)
                 except Reinit:
                     raise
                 except Exception as e:  # a bug or an odd answer on one GPU: the others keep their rows
@@ -450,35 +463,6 @@ class GpuSampler:
                        "driver_version": "", "nvml_version": ""}
 
     # ------------------------------------------------------------------ lost GPUs
-
-    def _mark_lost(self, g: Gpu, where: str) -> None:
-        g.lost = True
-        g.lost_probe_at = self._clock() + self._lost_probe_s
-        if self._r.once("gpu_lost", str(g.idx)):
-            self._r.event(EventKind.GPU_LOST, "critical",
-                          f"GPU {g.idx} {g.uuid or ''} is lost (NVML GPU_IS_LOST {where}); the other GPUs keep "
-                          "sampling. A lost GPU usually needs a reset or a reboot.",
-                          {"gpu": g.idx, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id})
-
-    def _probe(self, g: Gpu, now: float) -> bool:
-        """Whether a lost GPU answers again (checked every lost_probe_s, with one cheap call)."""
-        if g.handle is None or now < g.lost_probe_at:
-            return False
-        g.lost_probe_at = now + self._lost_probe_s
-        try:
-            self._c.b.nvmlDeviceGetTemperature(g.handle, E.NVML_TEMPERATURE_GPU)
-        except pynvml.NVMLError as e:
-            if e.value in REINIT_CODES and not g.reinit_local:
-                raise Reinit(e.value, "nvmlDeviceGetTemperature", g.idx) from None
-            return False
-        g.lost = False
-        g.kept_at = None  # read everything again on its first tick back
-        self._r.forget("gpu_lost", str(g.idx))
-        if g.gpm is not None:
-            g.gpm.reset()
-        self._r.event(EventKind.GPU_RECOVERED, "info", f"GPU {g.idx} answers NVML again",
-                      {"gpu": g.idx, "uuid": g.uuid})
-        return True
 
     def _lost_row(self, g: Gpu) -> dict:
         row = dict(_ROW_TEMPLATE)

@@ -191,14 +191,7 @@ class XidWatcher:
         try:
             self._es = self._b.nvmlEventSetCreate()
             for i in range(self._b.nvmlDeviceGetCount()):
-                try:
-                    h = self._b.nvmlDeviceGetHandleByIndex(i)
-                    self._b.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, self._es)
-                    self.registered.append(i)
-                except pynvml.NVMLError as e:
-                    log.info("GPU %d: XID events unavailable (%s)", i, e)
-                except Exception as e:  # a bug or an odd answer: this GPU's XIDs only (the sampler tells it)
-                    self.failed[i] = e
+                self.register(i)
         except pynvml.NVMLError as e:
             log.warning("XID events unavailable: %s", e)
             self.close()
@@ -206,6 +199,24 @@ class XidWatcher:
         if not self.registered:
             self.close()
             return False
+        return True
+
+    def register(self, i: int) -> bool:
+        """GPU `i` into the event set (at `start`, or later: a GPU lost while NVML enumerated that answers again);
+        whether it is registered. An NVMLError leaves its XIDs out (logged), any other failure is in `failed`."""
+        if self._es is None or i in self.registered:
+            return i in self.registered
+        try:
+            h = self._b.nvmlDeviceGetHandleByIndex(i)
+            self._b.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, self._es)
+        except pynvml.NVMLError as e:
+            log.info("GPU %d: XID events unavailable (%s)", i, e)
+            return False
+        except Exception as e:  # a bug or an odd answer: this GPU's XIDs only (the sampler tells it)
+            self.failed[i] = e
+            return False
+        self.failed.pop(i, None)
+        self.registered.append(i)
         return True
 
     def poll(self, now: float | None = None) -> int:

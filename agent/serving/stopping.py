@@ -61,10 +61,15 @@ def report_stop(event: Event, run_id: int | None, proc: ServerProcess, res: laun
 
 async def wait_gpus_released(event: Event, run_id: int | None, gpus: GpuPids, pids: list[int], since: float,
                              timeout: float) -> list[int]:
-    """Wait until a GPU sample taken after `since` shows none of `pids`; the event names any that remain."""
+    """Wait until a GPU sample taken after `since` shows none of `pids`; the event names any that remain.
+
+    A pid listed only on lost GPUs (the view's process rows marked `stale`: NVML cannot list a lost GPU's
+    processes, the sampler keeps its last ones) cannot be seen leaving: not waited for, and told as not confirmed
+    (`serving.gpu_release_unknown`, naming the GPUs and pids) rather than released or timed out."""
     deadline = time.monotonic() + timeout
     wanted = set(pids)
     holding: set[int] = set()
+    lost: dict[int, set[int]] = {}
     while True:
         view = gpus.compute_pids()
         if view is None:
@@ -72,9 +77,10 @@ async def wait_gpus_released(event: Event, run_id: int | None, gpus: GpuPids, pi
                   "GPU processes cannot be read (NVML unavailable): GPU memory release not confirmed")
             return []
         ts, on_gpu = view
-        holding = wanted & on_gpu
+        lost = _on_lost_gpus(gpus, wanted & on_gpu)
+        holding = (wanted & on_gpu) - lost.keys()
         if ts >= since and not holding:
-            return []
+            break
         if time.monotonic() >= deadline:
             break
         await asyncio.sleep(0.1)
@@ -82,4 +88,29 @@ async def wait_gpus_released(event: Event, run_id: int | None, gpus: GpuPids, pi
         event(EventKind.SERVING_GPU_RELEASE_TIMEOUT, Severity.ERROR,
               f"run {run_id}: GPU memory still held after {timeout:g} s by pids {sorted(holding)}",
               pids=sorted(holding))
+    if lost:
+        on = sorted({g for gs in lost.values() for g in gs if isinstance(g, int)})
+        event(EventKind.SERVING_GPU_RELEASE_UNKNOWN, Severity.WARNING,
+              f"run {run_id}: GPU {', '.join(map(str, on))} {'is' if len(on) == 1 else 'are'} lost (NVML cannot "
+              f"list a lost GPU's processes): pids {sorted(lost)} were on it when it was lost; GPU memory release "
+              "not confirmed there", pids=sorted(lost), gpus=on)
     return sorted(holding)
+
+
+def _on_lost_gpus(gpus: GpuPids, pids: set[int]) -> dict[int, set[int]]:
+    """Those of `pids` the view lists only in stale rows (on lost GPUs), with those GPUs. A view without process
+    rows (no `process_rows`) marks none stale."""
+    rows = getattr(gpus, "process_rows", None)
+    if not pids or not isinstance(rows, list):
+        return {}
+    stale: dict[int, set[int]] = {}
+    fresh: set[int] = set()
+    for r in rows:
+        pid = r.get("pid") if isinstance(r, dict) else None
+        if pid not in pids:
+            continue
+        if r.get("stale"):
+            stale.setdefault(pid, set()).add(r.get("gpu"))
+        else:
+            fresh.add(pid)
+    return {pid: gs for pid, gs in stale.items() if pid not in fresh}

@@ -1,0 +1,124 @@
+"""Lost GPUs and the boards behind NVML's indices, for the GPU sampler (sampler.py).
+
+A GPU answering GPU_IS_LOST is marked lost (one `gpu.lost` per episode) and probed every `probe_s`; one lost
+while NVML enumerated it (no handle, or lost amid its setup) is set up again at each probe, as at open, since a
+reset makes it answer again without a re-initialisation (it stayed out of static() until the agent restarted).
+While lost, its last process rows stay known, marked `stale`: NVML cannot list a lost GPU's processes, and a
+stop must not take their absence for a release (agent/serving/stopping.py says "not confirmed").
+
+Stored history is keyed by NVML index: the last UUID seen at each index is kept across (re)initialisations, and
+another board at a known index (a driver reload that reorders them, a board gone) is one `gpu.identity_changed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pynvml
+
+from lynxtop.agent.gpu.calls import REINIT_CODES, Gpu, NvmlCaller, Reinit, Reporter
+from lynxtop.contract.events import EventKind
+
+
+class LostGpus:
+    """Marks, probes and sets up again the lost GPUs; `set_up(idx)` is the sampler's setup of one GPU (None: left
+    out by a setup bug, told there; raises `Reinit` for the library)."""
+
+    def __init__(self, r: Reporter, caller: NvmlCaller, clock: Callable[[], float], probe_s: float,
+                 set_up: Callable[[int], Gpu | None]):
+        self._r, self._c, self._clock, self.probe_s, self._set_up = r, caller, clock, probe_s, set_up
+        self._uuids: dict[int, str] = {}  # the last UUID known at each NVML index, across (re)initialisations
+        self._stale: dict[int, tuple[str, list[dict]]] = {}  # a lost GPU's last processes across a re-init
+
+    def opened(self, gpus: list[Gpu], count: int) -> None:
+        """After a (re)initialisation that enumerated `count` GPUs: identities compared, lost GPUs told (a GPU lost
+        before it and lost again keeps its last processes), the ones answering free to be told lost again."""
+        self.check_identity({g.idx: g.uuid for g in gpus if g.uuid}, count)
+        stale, self._stale = self._stale, {}
+        for g in gpus:
+            if g.lost:
+                was = stale.get(g.idx)
+                if was is not None and g.uuid in ("", was[0]):
+                    g.proc_rows = was[1]
+                self.mark(g, "while enumerating")
+            else:  # found answering (a reset, a driver reload): lost again later is a new `gpu.lost`
+                self._r.forget("gpu_lost", str(g.idx))
+
+    def keep(self, gpus: list[Gpu]) -> None:
+        """At a teardown: the lost GPUs' last processes, for the next initialisation should it find them lost."""
+        for g in gpus:
+            if g.lost and g.proc_rows:
+                self._stale[g.idx] = (g.uuid, g.proc_rows)
+
+    def mark(self, g: Gpu, where: str) -> None:
+        """`g` is lost: one `gpu.lost` per episode. Its last process rows are copied once with `stale: True` and
+        stay in every tick (the same objects: stored once, store/writer.py) until it answers and is read again."""
+        g.lost = True
+        g.lost_probe_at = self._clock() + self.probe_s
+        if g.proc_rows and not g.proc_rows[0].get("stale"):
+            g.proc_rows = [{**r, "stale": True} for r in g.proc_rows]
+        if self._r.once("gpu_lost", str(g.idx)):
+            self._r.event(EventKind.GPU_LOST, "critical",
+                          f"GPU {g.idx} {g.uuid or ''} is lost (NVML GPU_IS_LOST {where}); the other GPUs keep "
+                          "sampling. A lost GPU usually needs a reset or a reboot.",
+                          {"gpu": g.idx, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id})
+
+    def probe(self, g: Gpu, now: float) -> Gpu | None:
+        """The lost GPU to sample again if it answers (checked every probe_s, with one cheap call), else None. One
+        lost before its static facts were read comes back as a new `Gpu` (`_set_up_again`): the sampler then puts
+        it in place of `g` and re-publishes the static rows."""
+        if now < g.lost_probe_at:
+            return None
+        g.lost_probe_at = now + self.probe_s
+        if g.handle is None or not g.uuid:
+            return self._set_up_again(g)
+        try:
+            self._c.b.nvmlDeviceGetTemperature(g.handle, pynvml.NVML_TEMPERATURE_GPU)
+        except pynvml.NVMLError as e:
+            if e.value in REINIT_CODES and not g.reinit_local:
+                raise Reinit(e.value, "nvmlDeviceGetTemperature", g.idx) from None
+            return None
+        g.lost = False
+        g.kept_at = None  # read everything again on its first tick back
+        self._r.forget("gpu_lost", str(g.idx))
+        if g.gpm is not None:
+            g.gpm.reset()
+        self._r.event(EventKind.GPU_RECOVERED, "info", f"GPU {g.idx} answers NVML again",
+                      {"gpu": g.idx, "uuid": g.uuid})
+        return g
+
+    def _set_up_again(self, lost: Gpu) -> Gpu | None:
+        """`lost`'s handle and static facts asked again, as at open: the new `Gpu`, its UUID compared with what its
+        index was and `gpu.recovered` told as for any lost GPU that answers again; None while it does not."""
+        g = self._set_up(lost.idx)  # Reinit (the library's code) goes up to the tick: NVML is opened again
+        if g is None or g.lost or g.handle is None or not g.uuid:
+            if g is not None and g.gpm is not None:
+                g.gpm.close()
+            return None
+        g.kept_at = None
+        self._r.forget("gpu_lost", str(g.idx))
+        self.check_identity({g.idx: g.uuid}, None)
+        self._r.event(EventKind.GPU_RECOVERED, "info", f"GPU {g.idx} {g.uuid} answers NVML again (it was lost "
+                      "when NVML enumerated it): its static facts are read now and it is sampled again",
+                      {"gpu": g.idx, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id})
+        return g
+
+    def check_identity(self, found: dict[int, str], count: int | None) -> None:
+        """The UUIDs `found` at their NVML indices against the last known at each: one `gpu.identity_changed`
+        (warning) naming each index whose board changed (old and new UUID; new None: no longer enumerated, told
+        when `count` is given, at a (re)open). An index without a UUID now (lost while NVML enumerated) is
+        unknown, not changed: compared once it is set up."""
+        known = self._uuids
+        changes = [{"gpu": i, "old_uuid": known[i], "new_uuid": new}
+                   for i, new in sorted(found.items()) if known.get(i) not in (None, new)]
+        if count is not None:
+            gone = sorted(i for i in known if i >= count)
+            changes += [{"gpu": i, "old_uuid": known.pop(i), "new_uuid": None} for i in gone]
+        known.update(found)
+        if not changes:
+            return
+        said = "; ".join(f"GPU {c['gpu']}: {c['old_uuid']} -> " + (c["new_uuid"] or "none (no longer enumerated)")
+                         for c in changes)
+        self._r.event(EventKind.GPU_IDENTITY_CHANGED, "warning",
+                      f"NVML now enumerates other boards at known indices ({said}). History is kept by index: "
+                      "from here these GPUs' charts continue with another board's readings", {"changes": changes})
