@@ -76,6 +76,12 @@ class EventsScreen(LiveScreen):
         self._searching = False  # a filter changed and its read has not answered yet: "no match" would be early
         self._families: set[str] = set()  # kind families seen in any read, for `k` (a filtered read has one)
         self._filled: tuple | None = None  # what the table was last filled from (_fill_key)
+        # The rows as last filled, for adding new events' rows without building the others again (_update_rows):
+        # row i's key (_row_keys), each key's cells, the message column's width they were wrapped at
+        self._row_keys: list[str] = []
+        self._row_cells: dict[str, list[Text]] = {}
+        self._msg_w: int | None = None
+        self._widths: list[int] = []  # the other columns' widths, as last filled
         self._read_filters: tuple[str | None, str, str] = (None, "info", "")  # kind, severity, text of a read
 
     def compose_body(self) -> ComposeResult:
@@ -251,23 +257,26 @@ class EventsScreen(LiveScreen):
             out.append(e)
         return out
 
-    def _fill_key(self, table: DataTable, narrow: bool, now_ms: int) -> tuple:
-        """What the table's rows are made of: the events read (their count, newest and oldest, the held ones),
-        the filters and what the cells' text depends on. Equal to the last fill's: nothing to redraw."""
+    def _fill_key(self, table: DataTable, narrow: bool, now_ms: int) -> tuple[tuple, tuple]:
+        """What the table's rows are made of: (the events read: their count, newest and oldest, the held ones;
+        the filters and what the cells' text depends on). Equal to the last fill's: nothing to redraw. Only the
+        first differing: the rows shown can be kept and the new ones added (_update_rows)."""
         def ident(e: Event | None) -> tuple | None:
             return None if e is None else (e.id, e.ts_ms, e.pending)
 
         events = self.events
         # The screen's width: the table's own loses the scrollbar's 2 once filled. Today's date in the displayed
         # zone: past its midnight today's time cells gain their dates (_when) at once, not at the next hour.
-        return (len(events), ident(events[0] if events else None), ident(events[-1] if events else None),
-                tuple(identity(e) for e in events if e.pending), self.kind, self.min_severity, self.text_filter,
-                narrow, self.lynx.utc, self.size.width, table.scrollable_content_region.width > 0,
-                fmt_datetime(now_ms, self.lynx.utc)[:10])
+        return ((len(events), ident(events[0] if events else None), ident(events[-1] if events else None),
+                 tuple(identity(e) for e in events if e.pending)),
+                (self.kind, self.min_severity, self.text_filter, narrow, self.lynx.utc, self.size.width,
+                 table.scrollable_content_region.width > 0, fmt_datetime(now_ms, self.lynx.utc)[:10]))
 
     def _fill_events(self) -> None:
-        """The table from `events` under the filters. Not rebuilt when nothing it shows changed: refilling 1,000
-        rows every refresh cost the work and put the operator's cursor back on the first row."""
+        """The table from `events` under the filters. Not rebuilt when nothing it shows changed, and when only the
+        events changed (new ones read) their rows are added and the dropped ones removed (_update_rows):
+        refilling 1,000 rows every refresh froze the dashboard for over half a second and put the operator's
+        cursor back on the first row."""
         table = self.query_one("#events", DataTable)
         utc = self.lynx.utc
         now = self.lynx.now_ms()
@@ -275,26 +284,62 @@ class EventsScreen(LiveScreen):
         key = self._fill_key(table, narrow, now)
         if key == self._filled:
             return
+        same_cells = self._filled is not None and key[1] == self._filled[1]
         self._filled = key
+        shown = self._visible_events()
+        keys = _row_keys(shown)
+        if same_cells and self._update_rows(table, shown, keys, utc, now, narrow):
+            return
         table.clear()
-        rows = []
-        self.shown = self._visible_events()  # row i of the table is shown[i] (the detail's key)
-        for e in self.shown:
-            sev = str(e.severity)
-            mark, style = SEVERITY_MARK.get(sev, ("?", ""))
-            ts = e.ts_ms
-            rows.append([
-                Text(_when(ts, utc, now)),
-                Text(f"{mark} {SHORT_SEVERITY.get(sev, sev) if narrow else sev}", style=style),
-                Text(str(e.kind)),
-                Text(str(e.run_id or "")),
-                _message(e),
-            ])
-        msg_w = _message_width(table, rows)
-        for i, row in enumerate(rows):
-            # A message longer than its column wraps onto more lines of its row instead of being cut.
-            lines = len(row[-1].wrap(self.app.console, msg_w)) if msg_w else 1
-            table.add_row(*row, height=max(1, lines), key=str(i))
+        self.shown = shown  # row i of the table is shown[i] (the detail's key)
+        rows = [_row(e, utc, now, narrow) for e in shown]
+        msg_w = self._msg_w = _message_width(table, rows)
+        self._widths = _other_widths(table, rows)
+        self._row_keys, self._row_cells = keys, dict(zip(keys, rows, strict=True))
+        for row_key, row in zip(keys, rows, strict=True):
+            table.add_row(*row, height=self._height(row, msg_w), key=row_key)
+
+    def _update_rows(self, table: DataTable, shown: list[Event], keys: list[str], utc: bool, now: int,
+                     narrow: bool) -> bool:
+        """The table brought to `shown` (the same filters and cells as its last fill, other events) by row key:
+        rows of events no longer shown (beyond EVENTS_READ, held ones stored since) removed, new ones built and
+        added, the rest kept as they are, and the cursor left on its event. False, nothing changed: a rebuild is
+        the cheaper or the only right one (most rows new; a column's width changed, so every message rewraps)."""
+        old = self._row_keys
+        new_keys = set(keys)
+        if 2 * sum(k in new_keys for k in old) < len(keys):
+            return False  # removing rows one by one costs the table a pass over all of them each
+        cells = self._row_cells
+        built = {k: _row(e, utc, now, narrow) for k, e in zip(keys, shown, strict=True) if k not in cells}
+        # The message column keeps its width while the others keep theirs (the table's own width differs only
+        # by the scrollbar, which _message_width keeps room for): the kept rows' wrapping still fits.
+        if _other_widths(table, [cells[k] if k in cells else built[k] for k in keys]) != self._widths:
+            return False
+        msg_w = self._msg_w
+        cursor = table.cursor_row
+        cursor_key = old[cursor] if table.row_count and 0 <= cursor < len(old) else None
+        for k in old:
+            if k not in new_keys:
+                table.remove_row(k)
+                del cells[k]
+        for k, row in built.items():
+            table.add_row(*row, height=self._height(row, msg_w), key=k)
+            cells[k] = row
+        kept = [k for k in old if k in new_keys]
+        if built or kept != keys:
+            # add_row appends: put the rows in the order of `shown` (newest first). DataTable sorts by cell values
+            # only; each row's message cell is its own Text object, so its id names the row.
+            position = {id(cells[k][-1]): i for i, k in enumerate(keys)}
+            table.sort("msg", key=lambda cell: position[id(cell)])
+        self.shown, self._row_keys = shown, keys
+        if cursor_key in new_keys:
+            table.move_cursor(row=table.get_row_index(cursor_key), animate=False)
+        return True
+
+    def _height(self, row: list[Text], msg_w: int | None) -> int:
+        """A row's height: a message longer than its column wraps onto more lines of its row instead of being
+        cut."""
+        return max(1, len(row[-1].wrap(self.app.console, msg_w))) if msg_w else 1
 
     def _draw_filters(self) -> None:
         shown = len(self._visible_events())
@@ -408,7 +453,7 @@ class EventsScreen(LiveScreen):
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.data_table.id == "events":
-            self._open(int(event.row_key.value or 0))
+            self._open(event.data_table.get_row_index(event.row_key))
 
     def action_open_event(self) -> None:
         self._open(self.query_one("#events", DataTable).cursor_row)
@@ -454,6 +499,32 @@ class EventsScreen(LiveScreen):
         self.fetch_log()
 
 
+def _row(e: Event, utc: bool, now: int, narrow: bool) -> list[Text]:
+    """The cells of an event's row: time, severity (a mark and a word, not colour alone), kind, run, message."""
+    sev = str(e.severity)
+    mark, style = SEVERITY_MARK.get(sev, ("?", ""))
+    return [
+        Text(_when(e.ts_ms, utc, now)),
+        Text(f"{mark} {SHORT_SEVERITY.get(sev, sev) if narrow else sev}", style=style),
+        Text(str(e.kind)),
+        Text(str(e.run_id or "")),
+        _message(e),
+    ]
+
+
+def _row_keys(shown: list[Event]) -> list[str]:
+    """Each row's key: a stored event's id; a held one's identity (no id yet; its stored row, once written, has
+    another key and replaces it). Two rows alike (the same held event twice) get a count after the second."""
+    keys: list[str] = []
+    seen: dict[str, int] = {}
+    for e in shown:
+        k = f"id {e.id}" if e.id is not None and not e.pending else f"held {identity(e)!r}"
+        n = seen.get(k, 0)
+        seen[k] = n + 1
+        keys.append(f"{k} ~{n}" if n else k)
+    return keys
+
+
 def _message(e: Event) -> Text:
     """The message cell; an event the agent holds in memory (not in the history yet) tagged first. The message is
     foreign text (escaped at the door, tui/foreign.py) and goes in as Text, never as markup."""
@@ -474,14 +545,20 @@ def _message_width(table: DataTable, rows: list[list[Text]]) -> int | None:
     pad = 2 * table.cell_padding
     columns = list(table.columns.values())
     used = 0
-    for i, column in enumerate(columns[:-1]):
+    for column, column_w in zip(columns[:-1], _other_widths(table, rows), strict=True):
         # Set, not measured by the table later: its lazy measure missed rows added right after a clear()
         # (an events refresh), and the time column showed "13:5".
-        column.auto_width, column.width = False, max([column.label.cell_len, *(row[i].cell_len for row in rows)])
+        column.auto_width, column.width = False, column_w
         used += column.width + pad
     msg_w = max(24, width - used - pad - 2)  # 2: the vertical scrollbar when rows outgrow the table
     columns[-1].auto_width, columns[-1].width = False, msg_w
     return msg_w
+
+
+def _other_widths(table: DataTable, rows: list[list[Text]]) -> list[int]:
+    """The widths of the columns before the message: each as wide as its label or its widest cell."""
+    labels = [column.label.cell_len for column in list(table.columns.values())[:-1]]
+    return [max([label_w, *(row[i].cell_len for row in rows)]) for i, label_w in enumerate(labels)]
 
 
 def _filter_text(kind: str | None, min_severity: str, text: str) -> str:
