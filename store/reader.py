@@ -513,6 +513,17 @@ class StoreReader:
         run["summary"] = summary
         return self._record(RunInfo, "runs", run)
 
+    def _rolled_minutes(self, table: str, start: int, end: int) -> tuple[int, int]:
+        """(first, split) of a run's summary over [start, end): [first, split) are whole minutes read from the
+        table's 1-minute rollups (a run longer than RAW_SUMMARY_MAX_MS, up to their watermark and its last whole
+        minute), the rest raw; split == first: all raw (a short run, or no rollups yet)."""
+        minute = RESOLUTIONS["1m"]
+        first = -(-start // minute) * minute  # the run's first whole minute
+        wm = self._watermark(table, "1m") if end - start > RAW_SUMMARY_MAX_MS else None
+        if wm is None:
+            return first, first
+        return first, max(first, min(wm - wm % minute, end - end % minute))  # whole minutes, before its end
+
     def _serving_summary(self, run_id: int, start: int | None, end: int) -> dict[str, Any]:
         """The run's serving rows summarised (SERVING_SUMMARY). A run longer than RAW_SUMMARY_MAX_MS reads its
         whole minutes up to the serving rollups' watermark from serving_1m (60x fewer rows, nothing decoded: a day
@@ -521,12 +532,7 @@ class StoreReader:
         one run serves at a time and a serving row is written only for the run being served, so the minutes wholly
         inside the run's span hold its rows only; the raw parts keep the run_id filter (rows at the edges)."""
         lo = start if start is not None else 0
-        minute = RESOLUTIONS["1m"]
-        first = -(-lo // minute) * minute  # the run's first whole minute
-        split = first
-        wm = self._watermark("serving", "1m") if end - lo > RAW_SUMMARY_MAX_MS else None
-        if wm is not None:
-            split = max(first, min(wm - wm % minute, end - end % minute))  # whole minutes, before its end
+        first, split = self._rolled_minutes("serving", lo, end)
         raw_cols = ", ".join(f"total({c}) AS {c}_t, count({c}) AS {c}_n" if op == "avg" else f"{op}({c}) AS {c}_{op}"
                              for c, op in _SUMMARY_SOURCES)
         raw = f"SELECT count(*) AS samples, {raw_cols} FROM serving_samples WHERE run_id = ?"
@@ -573,12 +579,7 @@ class StoreReader:
         raw only the partial minute it starts in and the rows past the watermark or its last whole minute (as
         _serving_summary): a rollup minute is counted only when it lies wholly inside the span, so another run's
         rows sharing the run's first or last minute are never counted, and the result equals the raw one."""
-        minute = RESOLUTIONS["1m"]
-        first = -(-start // minute) * minute  # the run's first whole minute
-        split = first
-        wm = self._watermark("gpu", "1m") if end - start > RAW_SUMMARY_MAX_MS else None
-        if wm is not None:
-            split = max(first, min(wm - wm % minute, end - end % minute))  # whole minutes, before its end
+        first, split = self._rolled_minutes("gpu", start, end)
         raw_have = self.columns("gpu_samples")
         raw_cols = ["gpu", "count(*) AS samples"]
         for _, c, op in self.GPU_SUMMARY:
