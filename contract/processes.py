@@ -3,7 +3,8 @@
 The agent builds `GpuProcesses` (agent/api/processes.py), the API writes `to_json()`, the client reads
 `from_json()`: strictly, by contract/records.py's one rule (a missing pid or a wrong type is a `RecordError`,
 a `ValueError`, naming the item and field), ignoring keys a newer agent adds. `in_run` is False for a process
-that is not a member of the supervised vLLM run: the stray job that holds the memory vLLM needs.
+that is not a member of the supervised vLLM run: the stray job that holds the memory vLLM needs. `stale` is True
+for a process last seen on a GPU that is now lost (agent/gpu/lost.py): whether it still holds it is unknown.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class GpuProcess:
     used_mem_bytes: int | None = None
     sm_util_pct: float | None = None
     in_run: bool = False
+    # the GPU is lost (off the bus, NVML cannot list its processes): this is its last row before, not a reading now
+    stale: bool = False
 
     @classmethod
     def from_json(cls, d: Any) -> GpuProcess:

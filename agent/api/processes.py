@@ -58,6 +58,7 @@ def describe(rows: Iterable[dict[str, Any]], age_s: float | None, secret_names: 
             continue
         out.append(GpuProcess(pid=pid, gpu=gpu if isinstance(gpu, int) else None, user=_user(pid),
                               command=_command(pid, names), used_mem_bytes=r.get("used_mem_bytes"),
-                              sm_util_pct=sm, in_run=bool(r.get("in_vllm_tree")) or pid in members))
+                              sm_util_pct=sm, in_run=bool(r.get("in_vllm_tree")) or pid in members,
+                              stale=bool(r.get("stale"))))
     out.sort(key=lambda p: (-1 if p.gpu is None else p.gpu, not p.in_run, -(p.used_mem_bytes or 0), p.pid))
     return GpuProcesses(tuple(out), age_s)

@@ -82,6 +82,8 @@ class ProcessesScreen(LiveScreen):
         stray = not p.in_run
         mark = "!" if self.lynx.ascii_only else "⚠"
         who = Text(f"{mark} not the vLLM run", style="bold red") if stray else Text("vLLM run", style="green")
+        if p.stale:  # its GPU is lost: the row is the last NVML gave, whether it still holds the GPU is unknown
+            who.append(" (last seen: GPU lost)", style="bold yellow")
         sm = "–" if p.sm_util_pct is None else f"{p.sm_util_pct:.0f}%"
         return [Text("–" if p.gpu is None else str(p.gpu)), Text(str(p.pid)),
                 Text(p.user if p.user is not None else "?"), Text(fmt_bytes(p.used_mem_bytes), justify="right"),
@@ -99,6 +101,9 @@ class ProcessesScreen(LiveScreen):
             t.append(f"   {mark} {len(strays)} not the supervised vLLM: {fmt_bytes(held)}", style="bold red")
         elif procs:
             t.append("   all belong to the supervised vLLM run", style="green")
+        lost = sorted({p.gpu for p in procs if p.stale and p.gpu is not None})
+        if lost:
+            t.append(f"   GPU {', '.join(map(str, lost))} lost: its processes as last seen", style="bold yellow")
         if self.answer is not None and self.answer.age_s is not None:
             t.append(f"   {self.answer.age_s:.0f} s old", style="dim")
         if self.problem:
