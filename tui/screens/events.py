@@ -303,7 +303,8 @@ class EventsScreen(LiveScreen):
                      narrow: bool) -> bool:
         """The table brought to `shown` (the same filters and cells as its last fill, other events) by row key:
         rows of events no longer shown (beyond EVENTS_READ, held ones stored since) removed, new ones built and
-        added, the rest kept as they are, and the cursor left on its event. False, nothing changed: a rebuild is
+        added, the rest kept as they are, and the cursor left on its event (on the newest row it follows the
+        newest: one looking at row 0 watches what comes in). False, nothing changed: a rebuild is
         the cheaper or the only right one (most rows new; a column's width changed, so every message rewraps)."""
         old = self._row_keys
         new_keys = set(keys)
@@ -318,6 +319,8 @@ class EventsScreen(LiveScreen):
         msg_w = self._msg_w
         cursor = table.cursor_row
         cursor_key = old[cursor] if table.row_count and 0 <= cursor < len(old) else None
+        # on the newest row the operator watches the stream (as `journalctl -f`): the cursor follows the newest
+        follow = cursor == 0 and table.scroll_y == 0
         for k in old:
             if k not in new_keys:
                 table.remove_row(k)
@@ -332,7 +335,9 @@ class EventsScreen(LiveScreen):
             position = {id(cells[k][-1]): i for i, k in enumerate(keys)}
             table.sort("msg", key=lambda cell: position[id(cell)])
         self.shown, self._row_keys = shown, keys
-        if cursor_key in new_keys:
+        if follow and keys:
+            table.move_cursor(row=0, animate=False)
+        elif cursor_key in new_keys:
             table.move_cursor(row=table.get_row_index(cursor_key), animate=False)
         return True
 
