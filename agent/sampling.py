@@ -428,11 +428,14 @@ class ScrapeSource:
 
     def resumed(self, now: float) -> None:
         """The agent was stopped (SIGSTOP, a VM pause) and runs again: the run's hang detector counts the gap to
-        its next reading as not watched (HangDetector.resumed). Called from the watchdog's thread (Ticker.resumed);
-        a detector made after it starts with no reading, so it has nothing to forget."""
+        its next reading as not watched (HangDetector.resumed), and so does the /health probe (HttpClient.resumes).
+        Called from the watchdog's thread (Ticker.resumed); a detector made after it starts with no reading, so it
+        has nothing to forget."""
         hang = self.hang
         if hang is not None:
             hang.resumed(now)
+        if hasattr(self.http, "resumes"):
+            self.http.resumes += 1  # the /health probe's silence over the pause was not watched either
 
     def loop_due(self) -> float:
         """The tick start (monotonic) from which a tick must reach the loop for this source: at once while a scrape

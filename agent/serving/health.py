@@ -65,6 +65,9 @@ class HttpClient:
         # when the scrape last saw the served engine move (monotonic; agent/sampling.py): a /health silent that
         # long is judged frozen only if the engine stands still too (HealthProbe)
         self.engine_moved_at: float | None = None
+        # resumes of the agent after a pause (SIGSTOP, a VM pause), told by the scrape (ScrapeSource.resumed): the
+        # /health probe's silence over one was never observed (HealthProbe._unwatched)
+        self.resumes = 0
         self._refusals: dict[str, Recurring] = {}  # per path (/version, /health)
         self._events: list[dict[str, Any]] = []
 
@@ -321,6 +324,7 @@ class HealthProbe:
         self._failing: str | None = None  # how it failed in the last unhealthy verdict ("HTTP 500", "no answer")
         self._inflight: asyncio.Future[tuple[int | None, float, float]] | None = None
         self._last_call: float | None = None  # when the last probe() returned: a longer gap was not watched
+        self._resumes_seen = getattr(http, "resumes", 0)
 
     async def ok(self) -> bool:
         """One probe that only says whether it answered 200 (readiness)."""
@@ -357,8 +361,13 @@ class HealthProbe:
 
     def _unwatched(self, now: float) -> None:
         """A gap since the last probe longer than the cadence allows: the agent was not running (SIGSTOP, a VM
-        pause, a cgroup freeze), and the server's silence over it was never observed. Counted from now."""
-        if self._last_call is not None and self.max_gap_s is not None and now - self._last_call > self.max_gap_s:
+        pause, a cgroup freeze), and the server's silence over it was never observed. Counted from now. So is a
+        resume the watchdog found (HttpClient.resumes): a pause shorter than that gap but longer than
+        hang_timeout_s read as a frozen server (a restart with restart_on_hang)."""
+        resumes = getattr(self.http, "resumes", 0)
+        told, self._resumes_seen = resumes != self._resumes_seen, resumes
+        if told or (self._last_call is not None and self.max_gap_s is not None
+                    and now - self._last_call > self.max_gap_s):
             self.answered_at = max(self.answered_at, now)
 
     async def probe(self) -> Verdict | None:
