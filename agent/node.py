@@ -56,6 +56,7 @@ GC_YOUNG_THRESHOLD = 20_000
 
 STATE_FILE = "serving.json"
 LOCK_FILE = "agent.lock"
+LOCK_RUNNING, LOCK_STOPPED = "running", "stopped"  # agent.lock's second word: how its agent ended
 SOCKET_CHECK_S = 5.0  # how often the control socket's path is checked (a tmpfiles clean of /run removes it)
 
 
@@ -324,13 +325,12 @@ class Node:
             # checked before the store is opened or anything adopted: two supervisors of one vLLM is the worst case
             raise AgentStartError(f"another agent is already running on {self.cfg.agent.socket}; stop it first "
                                   "(systemctl stop lynxtop-agent) or use another [agent] socket")
+        self._unclean = previous_agent(self.cfg.agent.database.parent)  # read before this agent marks the lock
         self._lock_fd = lock_state_dir(self.cfg.agent.database.parent)
         try:
             self._open_parts()
         except BaseException:
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+            self._lock_fd = release_lock(self._lock_fd)
             raise
 
     async def _open_gpus(self) -> None:
@@ -342,10 +342,7 @@ class Node:
         sim_note = " (SIMULATED GPUs)" if self.simulated else ""
         log.info("lynxtop agent %s on %s: NVML %s%s, %d GPU(s), database %s", __version__, self.host,
                  nvml.get("state"), sim_note, len(static), self.cfg.agent.database)
-        self._record([*self._gpu_events.drain(),
-                      Event(EventKind.AGENT_STARTED, Severity.INFO,
-                            f"agent {__version__} started (pid {os.getpid()}){sim_note}",
-                            details={"nvml": nvml, "gpus": len(static), "simulated": self.simulated})])
+        self._record([*self._gpu_events.drain(), started_event(nvml, len(static), self.simulated, self._unclean)])
 
     async def _serve_until_stopped(self, loop: asyncio.AbstractEventLoop, sup: Supervisor) -> None:
         a = self.cfg.agent
@@ -437,9 +434,7 @@ class Node:
                           Event(EventKind.AGENT_STOPPED, Severity.INFO, f"agent stopped (pid {os.getpid()})")])
             await asyncio.to_thread(self.writer.close)
         self.controller.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # last: a new agent may take over only once this one is done
-            self._lock_fd = None
+        self._lock_fd = release_lock(self._lock_fd)  # last: a new agent may take over only once this one is done
 
     # ------------------------------------------------------------------------------------------ clock
 
@@ -579,14 +574,64 @@ def lock_state_dir(d: Path) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        holder = (os.read(fd, 32).decode(errors="replace").split() or ["?"])[0]
         os.close(fd)
         raise AgentStartError(f"another agent (pid {holder}) is already running with the state directory {d} "
                               f"(it holds {lock}); stop it first (systemctl stop lynxtop-agent)") from None
-    if os.fstat(fd).st_nlink == 1:  # a hard link to another file is locked but never written
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+    _mark_lock(fd, LOCK_RUNNING)
     return fd  # held until the agent has closed everything (Node._close)
+
+
+def previous_agent(d: Path) -> int | None:
+    """The pid of the agent before this one if it did not stop cleanly (killed, crashed, the node lost power),
+    from agent.lock as it left it; None when it stopped (or it is unknown: no file, an older agent's bare pid).
+    Read before this agent locks and marks the file."""
+    try:
+        fd = safefile.open_regular(d / LOCK_FILE, os.O_RDONLY, 0, refused="not read")
+    except (safefile.StateFileError, OSError):
+        return None
+    try:
+        words = os.read(fd, 64).decode(errors="replace").split()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(words) == 2 and words[1] == LOCK_RUNNING and words[0].isascii() and words[0].isdigit():
+        return int(words[0])
+    return None
+
+
+def release_lock(fd: int | None) -> None:
+    """agent.lock marked as left by a clean stop (a start that failed is one too), then unlocked: None, the
+    descriptor the caller keeps."""
+    if fd is not None:
+        _mark_lock(fd, LOCK_STOPPED)
+        os.close(fd)
+    return None
+
+
+def started_event(nvml: dict, gpus: int, simulated: bool, unclean: int | None) -> Event:
+    """`agent.started`; a warning when the agent before this one did not stop cleanly: without it the history's
+    gap (its last seconds of samples and events lost, nothing written until now) had no event saying why."""
+    sim_note = " (SIMULATED GPUs)" if simulated else ""
+    text = f"agent {__version__} started (pid {os.getpid()}){sim_note}"
+    details: dict[str, Any] = {"nvml": nvml, "gpus": gpus, "simulated": simulated}
+    if unclean is None:
+        return Event(EventKind.AGENT_STARTED, Severity.INFO, text, details=details)
+    text += (f"; the previous agent (pid {unclean}) did not stop cleanly (killed, crashed or the node lost power): "
+             "the history has a gap up to now and its last seconds of samples may be lost")
+    return Event(EventKind.AGENT_STARTED, Severity.WARNING, text, details={**details, "previous_pid": unclean,
+                                                                        "previous_stop": "unclean"})
+
+
+def _mark_lock(fd: int, state: str) -> None:
+    """agent.lock says which agent holds it and whether it is running or stopped cleanly (`previous_agent`)."""
+    try:
+        if os.fstat(fd).st_nlink == 1:  # a hard link to another file is locked but never written
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {state}\n".encode(), 0)
+    except OSError as exc:  # a full disk: the next start cannot tell a clean stop, nothing else depends on it
+        log.warning("could not mark the agent lock %s: %s", state, exc.strerror or exc)
 
 
 def _agent_answers(path: Path) -> bool:

@@ -270,7 +270,7 @@ def test_the_agent_lock_holds_the_pid_and_refuses_a_second_agent(tmp_path):
     state = tmp_path / "state"
     fd = lock_state_dir(state)
     try:
-        assert (state / "agent.lock").read_text() == f"{os.getpid()}\n"
+        assert (state / "agent.lock").read_text() == f"{os.getpid()} running\n"
         with pytest.raises(AgentStartError, match=f"pid {os.getpid()}"):
             lock_state_dir(state)
     finally:
