@@ -72,6 +72,8 @@ class EventKind(StrEnum):
     SERVING_GPU_RELEASE_UNKNOWN = "serving.gpu_release_unknown"
     SERVING_LOG_UNWRITABLE = "serving.log_unwritable"
     SERVING_LOG_WRITABLE = "serving.log_writable"
+    # the agent met an unexpected error watching a run or handling its exit (a bug, not an operator's action)
+    SERVING_WATCH_ERROR = "serving.watch_error"
     SERVING_DEGRADED_HANG = "serving.degraded.hang"  # requests wait or run, no token for hang_timeout_s
     SERVING_DEGRADED_HEALTH = "serving.degraded.health"  # GET /health failing while serving
     SERVING_RECOVERED_HANG = "serving.recovered.hang"

@@ -103,7 +103,7 @@ class Failures:
         log.error("run %s (profile %s): handling its exit failed: %s", run.run_id, prof.name, what, exc_info=True)
         lc.resolve_outcome(False)
         reason = f"vLLM {ex.describe()} (not requested by anyone; handling its end met {what})"
-        lc.event(EventKind.ACTION_FAILED, Severity.ERROR, f"run {run.run_id} (profile {prof.name}): {reason}; "
+        lc.event(EventKind.SERVING_WATCH_ERROR, Severity.ERROR, f"run {run.run_id} (profile {prof.name}): {reason}; "
                  "cleaning up and applying the restart policy anyway", error=what, where="run exit")
         for step in (lambda: lc.stop_and_release(run, min(prof.stop_grace_s, 5.0)),
                      lambda: lc.finish_run(run, f"crashed: {reason}")):

@@ -135,7 +135,7 @@ class RunWatch:
         if what != said:
             log.error("run %s (profile %s): watching it failed: %s; the watch resumes", run.run_id, prof.name, what,
                       exc_info=exc)
-            self._lc.event(EventKind.ACTION_FAILED, Severity.ERROR,
+            self._lc.event(EventKind.SERVING_WATCH_ERROR, Severity.ERROR,
                            f"run {run.run_id} (profile {prof.name}, pid {run.proc.pid}): watching it met an "
                            f"unexpected error ({what}); the watch resumes (readiness, health, exit), the server "
                            "was left alone; the agent's log has the traceback", error=what, where="run watch")
