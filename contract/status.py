@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -742,8 +743,13 @@ def join_json(head: str, tick: str) -> str:
 CALLER_KEYS = frozenset({"by"})  # who asked for an action: "uid 1000 (alice) pid 4242" (agent/api/peercred.py)
 
 
+# a caller as agent/api/peercred.py describes one, in free text ("stopped by uid 1000 (alice) pid 4242")
+_CALLER_TEXT = re.compile(r"uid \d+ \([^()]*\) pid \d+")
+
+
 def without_callers(tree: Any) -> Any:
-    """A status JSON tree (or part of one) without who asked for an action (`CALLER_KEYS`, at any depth).
+    """A status JSON tree (or part of one) without who asked for an action (`CALLER_KEYS`, at any depth, and the
+    caller named in free text such as `serving.reason`: "an operator").
 
     For the open TCP `GET /v1/status` (Prometheus, the fleet view; no token): it says what is in progress, not
     which local user and process asked for it. The control socket's status, read by its operators, keeps it."""
@@ -751,4 +757,6 @@ def without_callers(tree: Any) -> Any:
         return {k: without_callers(v) for k, v in tree.items() if k not in CALLER_KEYS}
     if isinstance(tree, list):
         return [without_callers(v) for v in tree]
+    if isinstance(tree, str) and "uid " in tree:
+        return _CALLER_TEXT.sub("an operator", tree)
     return tree
