@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--sim-param", action="append", metavar="KEY=VALUE", help="override a model parameter")
     sim.add_argument("--sim-state-dir", help="where the EngineCore publishes GPU state")
     sim.add_argument("--sim-workers", action=argparse.BooleanOptionalAction, default=None,
-                     help="start VLLM::Worker_TP<k> processes (default: on when TP > 1)")
+                     help="start VLLM::Worker_TP<k> processes (default: on when TP·PP > 1)")
     sim.add_argument("--sim-orphan", action=argparse.BooleanOptionalAction, default=None,
                      help="EngineCore survives a SIGKILL of the API server, as real vLLM's does (default on)")
     sim.add_argument("--sim-orphan-ttl", type=float, help="an orphaned EngineCore exits after S seconds (0 = never)")
