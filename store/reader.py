@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from lynxtop.contract.columns import lowest_bucket_column
 from lynxtop.contract.events import Event, canonical_kind, stored_kinds
 from lynxtop.contract.records import RecordError, RunInfo
 from lynxtop.contract.redact import redact_flags
@@ -135,6 +136,14 @@ SERVING_SUMMARY: tuple[tuple[str, str, str], ...] = (
     ("tpot_p99_ms", "tpot_p99_ms", "avg"), ("tpot_p99_max_ms", "tpot_p99_ms", "max"),
     ("itl_p99_ms", "itl_p99_ms", "avg"), ("e2e_p99_ms", "e2e_p99_ms", "avg"),
     ("kv_cache_usage_max_pct", "kv_cache_usage_pct", "max"), ("preemptions", "preemptions", "sum"),
+) + tuple(
+    # The bound of the lowest histogram bucket of each series summarised above: a percentile at or below it is
+    # known only to be below it (contract/quantile.py), so Compare shows "<10.0 ms", as the Serving panel does, not
+    # the figure interpolated from 0. vLLM's buckets are fixed per process (one run); ticks without percentiles
+    # store NULL. Should it differ between ticks, the largest is the one that holds for all: every tick's figure in
+    # its lowest bucket is at most its own bound, so at most the largest (the smallest would pass a figure made up
+    # under a larger bound as measured). The 1-minute rollups keep each minute's max, so both paths agree.
+    (lowest_bucket_column(series), lowest_bucket_column(series), "max") for series in ("ttft", "tpot", "itl", "e2e")
 )
 _SUMMARY_SOURCES = tuple(dict.fromkeys((c, op) for _, c, op in SERVING_SUMMARY))  # each aggregate read once
 
@@ -533,8 +542,12 @@ class StoreReader:
         inside the run's span hold its rows only; the raw parts keep the run_id filter (rows at the edges)."""
         lo = start if start is not None else 0
         first, split = self._rolled_minutes("serving", lo, end)
-        raw_cols = ", ".join(f"total({c}) AS {c}_t, count({c}) AS {c}_n" if op == "avg" else f"{op}({c}) AS {c}_{op}"
-                             for c, op in _SUMMARY_SOURCES)
+        raw_have = self.columns("serving_samples")
+        raw_cols = ", ".join(
+            (f"0.0 AS {c}_t, 0 AS {c}_n" if op == "avg" else f"NULL AS {c}_{op}")
+            if raw_have and c not in raw_have  # a file older than the metric (the bounds came in s17): none
+            else f"total({c}) AS {c}_t, count({c}) AS {c}_n" if op == "avg" else f"{op}({c}) AS {c}_{op}"
+            for c, op in _SUMMARY_SOURCES)
         raw = f"SELECT count(*) AS samples, {raw_cols} FROM serving_samples WHERE run_id = ?"
         if split <= first:  # short run, or no rollups yet: all raw, as before
             return _summary_of([self._raw_q(raw, (run_id,), "serving_samples", lo, end + 1)[0]])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 from typing import Any
 
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 from textual import work
@@ -15,7 +18,18 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from lynxtop.contract.change import RULE, change_pct
-from lynxtop.contract.format import NA, fmt_bytes, fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
+from lynxtop.contract.format import (
+    NA,
+    fmt_bytes,
+    fmt_datetime,
+    fmt_duration,
+    fmt_ms,
+    fmt_pct,
+    fmt_si,
+    fmt_temp,
+    fmt_watts,
+)
+from lynxtop.contract.quantile import fmt_quantile, lowest_bucket_column
 from lynxtop.contract.records import ProfileInfo, RunInfo
 from lynxtop.tui.control_text import flag_diff
 from lynxtop.tui.history_source import HistoryUnavailable
@@ -29,22 +43,69 @@ SKIP = {"id", "flags", "argv", "summary", "pid_start_time", "gpus"}
 RUN_TIMES = frozenset(f.name for f in fields(RunInfo) if f.name.endswith("_ms"))
 
 
+# A summary percentile of a latency series (`serving.tpot_p99_ms`, its worst tick `serving.tpot_p99_max_ms`): read
+# with the series' lowest-bucket bound, as the Serving panel reads it (contract/quantile.py).
+_QUANTILE = re.compile(r"serving\.(?P<series>[a-z0-9_]+?)_p\d+(?:_max)?_ms")
+BOUND_SUFFIX = lowest_bucket_column("")  # "_lowest_bucket_ms": the bounds format their rows, no rows of their own
+# Above the latency rows, so they read as what they are: means of windowed percentiles, not the run's percentiles.
+LATENCY_HEADING = "latency: run mean of per-tick windowed pNN; _max: worst tick; <x: at most x"
+
+
+class _Heading:
+    """A heading in the label column that wraps to the width the rows' labels give that column instead of
+    widening it (a long Text would take width from the values at 80 columns)."""
+
+    def __init__(self, text: Text, width: int):
+        self.text, self.width = text, width
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        m = Measurement.get(console, options, self.text)
+        return Measurement(min(m.minimum, self.width), min(m.maximum, self.width))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.text
+
+
+def _bound_key(key: str) -> str | None:
+    """The summary key of the lowest-bucket bound a latency percentile row is read with; None for other rows."""
+    m = _QUANTILE.fullmatch(key)
+    return f"serving.{lowest_bucket_column(m['series'])}" if m else None
+
+
+def _fmt_energy(joules: float) -> str:
+    """Energy in J, kJ, MJ or GJ, 3 significant digits (a GPU's run is ~MJ: 700 W for an hour is 2.5 MJ)."""
+    value = float(joules)
+    for unit in ("J", "kJ", "MJ", "GJ"):
+        if abs(value) < 1000 or unit == "GJ":
+            return f"{value:.0f} J" if unit == "J" else f"{value:.3g} {unit}"
+        value /= 1000
+    return NA  # pragma: no cover
+
+
 def _label(key: str) -> str:
     """A run's time by what it is ("ready at"), not its column: a `*_ms` row holds milliseconds of latency."""
     return f"{key.removesuffix('_ms')} at" if key in RUN_TIMES else key
 
 
-def _fmt_value(key: str, v: Any, utc: bool = False) -> str:
+def _fmt_value(key: str, v: Any, utc: bool = False, bound: float | None = None) -> str:
     """A value for the operator: a run's time to the second in the dashboard's zone, any other `*_ms` in ms (s
     from 1000 ms) as everywhere in the dashboard; it was a date ("1970-01-01 00:00") unless its name held one of
-    five words."""
+    five words. A percentile with its series' lowest-bucket `bound` reads `<10.0 ms` where it lies in that bucket
+    (s22: it read 9.9 ms, interpolated from 0, where the Serving panel says <10.0 ms); GPU power and energy with
+    their units."""
     if v is None:
         return NA
     if isinstance(v, float | int) and not isinstance(v, bool):
         if key in RUN_TIMES:
             return fmt_datetime(v, utc, seconds=True)
         if key.endswith("_ms"):
-            return fmt_ms(v)
+            return fmt_quantile(v, bound) if _bound_key(key) else fmt_ms(v)
+        if key.startswith("gpus.power_w"):
+            return fmt_watts(v)
+        if key.startswith("gpus.energy_j"):
+            return _fmt_energy(v)
+        if key.startswith("gpus.temp_"):
+            return fmt_temp(v)
         if "bytes" in key:
             return fmt_bytes(v)
         if "_pct" in key:
@@ -104,8 +165,19 @@ def compare_table(a: dict[str, Any], b: dict[str, Any], utc: bool = False) -> Ta
     table.add_column(f"run {a.get('id')}")
     table.add_column(f"run {b.get('id')}")
     fa, fb = _flatten(a), _flatten(b)
-    for key in [k for k in fa if k in fb] + [k for k in fb if k not in fa]:
-        va, vb = _fmt_value(key, fa.get(key), utc), _fmt_value(key, fb.get(key), utc)
+    keys = [k for k in [k for k in fa if k in fb] + [k for k in fb if k not in fa] if not k.endswith(BOUND_SUFFIX)]
+    heading = _Heading(Text(LATENCY_HEADING, style="italic"), max((len(_label(k)) for k in keys), default=24))
+    in_latency = False
+    for key in keys:
+        latency = key.startswith("serving.") and key.endswith("_ms")
+        if latency != in_latency and table.row_count:
+            table.add_section()
+        if latency and not in_latency:
+            table.add_row(heading, "", "")
+        in_latency = latency
+        bound = _bound_key(key)
+        va = _fmt_value(key, fa.get(key), utc, fa.get(bound) if bound else None)
+        vb = _fmt_value(key, fb.get(key), utc, fb.get(bound) if bound else None)
         style = "bold" if va != vb else ""
         table.add_row(Text(_label(key), style="dim"), Text(va, style=style), Text(vb, style=style))
     return table
