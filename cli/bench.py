@@ -30,6 +30,7 @@ from lynxtop.cli.bench_load import Level, ServerError, Workload, served_models, 
 from lynxtop.cli.bench_stats import db_row, from_db_row
 from lynxtop.cli.bench_sweep import ProgressLine, SweepResult, sweep
 from lynxtop.contract.client import AgentClient, AgentRefused, AgentUnreachable
+from lynxtop.contract.jsonsafe import finite, strict_dumps
 from lynxtop.contract.loop import run_loop
 from lynxtop.contract.terminal import terminal_safe
 
@@ -444,7 +445,8 @@ def compare(args: Namespace) -> int:
         _err(str(exc))
         return exc.code
     if args.json:
-        print(json.dumps({"a": {"name": name_a, "levels": a}, "b": {"name": name_b, "levels": b}}, indent=2))
+        # stored levels: a NaN read back from the database is null here, never the token `NaN` jq refuses
+        print(strict_dumps({"a": {"name": name_a, "levels": a}, "b": {"name": name_b, "levels": b}}, indent=2))
     else:
         print(bench_view.compare(name_a, a, name_b, b))
     return EXIT_OK
@@ -459,11 +461,20 @@ def list_sweeps(args: Namespace) -> int:
     seen: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         seen.setdefault(r["bench_id"], []).append(r)
+    sweeps = []
     for bid, levels in list(seen.items())[: args.limit]:
-        top = max((lv.get("output_tokens_per_s") or 0 for lv in levels), default=0)
-        partial = " (partial)" if any(lv.get("partial") for lv in levels) else ""
+        top = max((finite(lv.get("output_tokens_per_s")) or 0 for lv in levels), default=0)
         first = levels[-1]
+        sweeps.append({"bench_id": bid, "run_id": first.get("run_id"), "profile": first.get("profile"),
+                       "vllm_version": first.get("vllm_version"), "levels": len(levels),
+                       "max_output_tokens_per_s": top, "partial": any(bool(lv.get("partial")) for lv in levels)})
+    if getattr(args, "json", False):
+        print(strict_dumps(sweeps, indent=2))
+        return EXIT_OK
+    for sw in sweeps:
+        bid, first, top = sw["bench_id"], sw, sw["max_output_tokens_per_s"]
+        partial = " (partial)" if sw["partial"] else ""
         print(terminal_safe(f"{bid}  run {first.get('run_id') or '-'}  {first.get('profile') or '-'}  "  # stored
-                            f"vLLM {first.get('vllm_version') or '-'}  {len(levels)} levels  max {top:.1f} out tok/s"
+                            f"vLLM {first.get('vllm_version') or '-'}  {sw['levels']} levels  max {top:.1f} out tok/s"
                             f"{partial}"))
     return EXIT_OK

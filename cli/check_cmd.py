@@ -125,10 +125,15 @@ def _profiles(cfg: Config, name: str | None) -> list:
     return [prof]
 
 
+# Exit 2 is this command's verdict "blocking problems" (a CI gate acts on it): not being able to check at all (a
+# typo in --profile, a config error, NVML unreadable) is another code, so the gate can tell a typo from a misfit.
+EXIT_COULD_NOT_CHECK = 7
+
+
 def run(args: Namespace) -> int:
     cfg = load_or_exit(args, host=False)
     if cfg is None:
-        return 2
+        return EXIT_COULD_NOT_CHECK
     try:
         profiles = _profiles(cfg, getattr(args, "profile", None))
         if not profiles:
@@ -136,7 +141,7 @@ def run(args: Namespace) -> int:
         static, driver = read_gpus(cfg.agent.fake_nvml)
     except (LookupError, GpuReadError) as exc:
         print(terminal_safe(f"lynxtop check: {exc}"), file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_CHECK
     node = facts_from_info(static, driver)
     role = cfg.agent.role
     state_port = cfg.ray.dashboard_port

@@ -12,12 +12,12 @@ Ray worker (agent.role = "worker") there is no vLLM: the agent turns start and s
 from __future__ import annotations
 
 import io
-import json
 import select
 import shutil
 import sys
 import time
 from argparse import Namespace
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,8 @@ from lynxtop.contract.client import (
     parse_status,
 )
 from lynxtop.contract.events import EventKind
-from lynxtop.contract.format import fmt_bytes, fmt_datetime, fmt_duration, fmt_ms, fmt_when
+from lynxtop.contract.format import fmt_bytes, fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_when
+from lynxtop.contract.jsonsafe import strict_dumps
 from lynxtop.contract.quantile import fmt_quantile
 from lynxtop.contract.status import (
     AgentStatus,
@@ -58,6 +59,11 @@ if TYPE_CHECKING:
     from lynxtop.contract.records import ActionAnswer
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY, EXIT_RUN_CHANGED = 0, 1, 2, 3, 4, 5
+EXIT_NOT_SERVING = 6  # `status --check`: the agent answered, but serving is not READY or the agent not healthy
+# The agent's 409s for an ask already met (docs/api.md): the goal is reached, so exit 0 with a note, as
+# `systemctl stop` of a stopped unit; `stop -y --wait && systemctl stop lynxtop-agent` (docs/agent.md) goes on.
+ALREADY = {"already_stopped": "already stopped", "already_serving": "already serving",
+           "already_starting": "already starting"}
 # A prompt left open (a forgotten terminal) must not act hours later on a node nobody looked at since.
 CONFIRM_TIMEOUT_S = 120.0
 POLL_S = 1.0
@@ -106,6 +112,8 @@ def _failed(exc: AgentUnreachable | AgentRefused) -> int:
 
 
 def _exit_for(exc: AgentRefused) -> int:
+    if exc.status == 409 and exc.code in ALREADY:
+        return EXIT_OK
     if exc.status == 409 and exc.code == "busy":
         return EXIT_BUSY
     if exc.status == 409 and exc.code == "run_changed":
@@ -116,6 +124,9 @@ def _exit_for(exc: AgentRefused) -> int:
 
 
 def _report_error(exc: AgentRefused) -> None:
+    if exc.status == 409 and exc.code in ALREADY:
+        _err(f"{ALREADY[exc.code]}: nothing to do ({exc.message})")
+        return
     _err(f"{exc.code}: {exc.message}")
     reasons = exc.details.get("reasons") or []
     for reason in reasons if isinstance(reasons, list) else []:
@@ -167,7 +178,7 @@ def format_status(st: Status, rate: tuple[float, int] | None = None,
     else:
         lines += _serving_lines(st.serving, st.ts_ms)
     if st.serving.log_problem:  # the run's output is discarded or will be: say why (a full disk, a bad directory)
-        lines.append(f"run log  NOT KEPT — {st.serving.log_problem}")
+        lines.append(f"run log  NOT KEPT - {st.serving.log_problem}")
     lines += cluster_lines(st.cluster, st.ts_ms)
     lines.append(_sla_line(st.sla))
     lines += _traffic_lines(st.serving_metrics, rate, token_rates)
@@ -247,12 +258,12 @@ def cluster_lines(cl: ClusterStatus, now: int | None) -> list[str]:
 
 
 def _held_line(cl: ClusterStatus, now: int | None) -> str:
-    """`⚠ GPUs HELD by 1 process(es) not Ray's for 5s: pid 4242 (python) GPU 3 using 20.0 GiB; ...` (docs/cluster.md,
+    """`! GPUs HELD by 1 process(es) not Ray's for 5s: pid 4242 (python) GPU 3 using 20.0 GiB; ...` (docs/cluster.md,
     "A worker's GPUs taken"): the names as the agent escaped them; `status` prints the line terminal-safe."""
     holders = ", ".join(taker_text(t) + (f" using {_bytes(t.used_mem_bytes)}" if t.used_mem_bytes is not None
                                          else "") for t in cl.gpus_taken)
     since = f" for {_since(cl.gpus_taken_since_ms, now)}" if cl.gpus_taken_since_ms else ""
-    return (f"{INDENT}⚠ GPUs HELD by {len(cl.gpus_taken)} process(es) not Ray's{since}: {holders}; vLLM's ranks "
+    return (f"{INDENT}! GPUs HELD by {len(cl.gpus_taken)} process(es) not Ray's{since}: {holders}; vLLM's ranks "
             "placed here run out of GPU memory until they exit")
 
 
@@ -313,7 +324,7 @@ def _traffic_lines(sm: ServingMetrics, rate: tuple[float, int] | None = None,
                                                                                  else ""))
     return [f"traffic  {req}  {tokens}  "
             f"running {_na(m('requests_running'))}  waiting {_na(m('requests_waiting'))}  "
-            f"KV {_na(m('kv_cache_usage_pct'), '{:.0f}', '%')}"]
+            f"KV {fmt_pct(m('kv_cache_usage_pct'), 1)}"]  # as the dashboard's Serving panel reads it
 
 
 def _gpu_line(g: GpuStatus) -> str:
@@ -360,13 +371,13 @@ def _agent_lines(agent: AgentStatus) -> list[str]:
 
 
 def history_line(store: StoreStatus) -> str:
-    """`history  NOT WRITING — disk full: /var/lib/lynxtop/lynxtop.db (0 B free), 1,234 ticks queued, 56 dropped`:
+    """`history  NOT WRITING - disk full: /var/lib/lynxtop/lynxtop.db (0 B free), 1,234 ticks queued, 56 dropped`:
     that history is lost and why, which file system to free, and how much waits (the writer's queue is bounded:
     beyond it the oldest ticks are dropped)."""
     free = f" ({_bytes(store.free_bytes)} free)" if store.free_bytes is not None else ""
     counts = [f"{n:,} ticks {word}" if word == "queued" else f"{n:,} {word}"
               for n, word in ((store.queued, "queued"), (store.dropped, "dropped")) if n is not None]
-    return f"history  NOT WRITING — {store.cause}: {store.path or '?'}{free}" + "".join(f", {c}" for c in counts)
+    return f"history  NOT WRITING - {store.cause}: {store.path or '?'}{free}" + "".join(f", {c}" for c in counts)
 
 
 RATE_COLUMNS = ("requests_per_s", "prompt_tokens_per_s", "generation_tokens_per_s")
@@ -419,7 +430,7 @@ def status(args: Namespace) -> int:
     try:
         data = client.status_json()
         if getattr(args, "json", False):
-            text = json.dumps(data, indent=2, sort_keys=True)
+            text = strict_dumps(data, indent=2, sort_keys=True)  # the agent's is strict already; kept so
         else:
             st = parse_status(terminal_safe_json(data), client.socket_path)  # each field escaped
             rates = _stored_rates(args, st)
@@ -427,7 +438,22 @@ def status(args: Namespace) -> int:
     except (AgentUnreachable, AgentRefused) as exc:
         return _failed(exc)
     print(terminal_safe(text, lines=True))
-    return EXIT_OK
+    return _check(parse_status(data, client.socket_path)) if getattr(args, "check", False) else EXIT_OK
+
+
+def _check(st: Status) -> int:
+    """`status --check` (cron, a load balancer's health script): 0 only when serving is READY and the agent healthy;
+    anything else (starting, degraded, backoff, crash-loop, stopped, an unhealthy agent) is EXIT_NOT_SERVING with
+    one line on stderr saying which. A node stopped on purpose is not serving either: the check says so."""
+    srv = st.serving
+    problems = [] if srv.state == ServingState.READY else [f"serving {srv.state}" + (f" ({srv.reason})"
+                                                                                      if srv.reason else "")]
+    if not st.agent.healthy:
+        problems.append("agent UNHEALTHY")
+    if not problems:
+        return EXIT_OK
+    _err(f"status --check: not serving as expected: {'; '.join(problems)}")
+    return EXIT_NOT_SERVING
 
 
 # ---------------------------------------------------------------------------------------------- actions
@@ -538,8 +564,8 @@ def _act(args: Namespace, action: str, profile: str | None = None, cluster: bool
          reason: str | None = None) -> int:
     if profile is not None and not profile.strip():
         # `lynxtop start "$PROFILE"` with PROFILE unset must not start the default profile (a load of minutes)
-        _err(f"profile: the name given is empty ({profile!r}); name a profile (`lynxtop profiles`), or give "
-             "none to use the default")
+        _err(f"profile: the name given is empty ({profile!r}); name a profile (`lynxtop config check` lists "
+             "them), or give none to use the default")
         return EXIT_USAGE
     client = _client(args)
     if client is None:
@@ -561,7 +587,12 @@ def _act(args: Namespace, action: str, profile: str | None = None, cluster: bool
         sent_ms = int(time.time() * 1000)
         # the run this command read (and showed in its "Now:" line): the agent refuses if another is current
         data = _post(client, action, profile, before.serving.run_id if action in GUARDED_ACTIONS else ANY_RUN, extra)
-    except (AgentUnreachable, AgentRefused) as exc:
+    except AgentRefused as exc:
+        if exc.code == "already_starting" and getattr(args, "wait", False):
+            _report_error(exc)  # the load under way is the one asked for: --wait waits for it
+            return _interruptible(action, lambda: wait_for(client, action, before, same_run=True))
+        return _failed(exc)
+    except AgentUnreachable as exc:
         return _failed(exc)
     print(terminal_safe(data.message or f"{action} accepted", lines=True))
     print(terminal_safe(_acted_on(client, before, action, profile)))
@@ -569,11 +600,25 @@ def _act(args: Namespace, action: str, profile: str | None = None, cluster: bool
         return EXIT_OK
     goal = _ray_goal(action, before, cluster)
     if goal is None:
-        return wait_for(client, action, before)
-    code = wait_for_ray(client, goal, cluster)
+        return _interruptible(action, lambda: wait_for(client, action, before))
+    code = _interruptible(action, lambda: wait_for_ray(client, goal, cluster))
     if cluster and code == EXIT_OK:
         _print_cluster_stop(client, sent_ms)
     return code
+
+
+def _interruptible(action: str, wait: Callable[[], int]) -> int:
+    """`wait()`, with Ctrl-C ending only the waiting: the action was accepted and goes on at the agent (a load of
+    many minutes), which the operator must be told, and how to cancel it; exit 130 as for any SIGINT."""
+    try:
+        return wait()
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # off the progress line a terminal shows
+        undo = ("`lynxtop ray stop` (or `lynxtop stop` on a worker) stops it" if action.startswith("ray/")
+                else "`lynxtop stop` cancels it" if action != "stop" else "serving stops anyway")
+        _err(f"interrupted: stopped waiting only; the {action.replace('/', ' ')} continues on the agent "
+             f"({undo}; `lynxtop status` shows how it goes)")
+        return 130
 
 
 def _post(client: AgentClient, action: str, profile: str | None, seen: int | None | AnyRun,
@@ -647,8 +692,10 @@ def _poll(client: AgentClient, poll: float) -> Status | int:
             return EXIT_FAILED
 
 
-def wait_for(client: AgentClient, action: str, before: Status, poll_s: float | None = None) -> int:
-    """Poll status until the action is done: ready (a new run for restart/switch), stopped, or failed."""
+def wait_for(client: AgentClient, action: str, before: Status, poll_s: float | None = None,
+             same_run: bool = False) -> int:
+    """Poll status until the action is done: ready (a new run for restart/switch), stopped, or failed.
+    `same_run`: the run already loading is the one waited for (a start found it starting)."""
     poll = POLL_S if poll_s is None else poll_s
     run0 = before.serving.run_id
     was_running = before.serving.state not in NOT_RUNNING
@@ -661,7 +708,7 @@ def wait_for(client: AgentClient, action: str, before: Status, poll_s: float | N
         srv = st.serving
         progress.show(st)
         seen_progress = seen_progress or srv.state in (ServingState.STARTING, ServingState.STOPPING)
-        new_run = srv.run_id != run0 or not was_running
+        new_run = same_run or srv.run_id != run0 or not was_running
         done = _outcome(action, srv.state, st.agent.action is not None, new_run, seen_progress)
         if done is not None:
             return _finish(progress, done, srv.reason)

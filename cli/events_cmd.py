@@ -13,7 +13,6 @@ while it cannot even open it, those alone, with a note on stderr saying why the 
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from lynxtop.contract.events import Event, EventKind, Severity, kind_problem
 from lynxtop.contract.format import fmt_datetime
+from lynxtop.contract.jsonsafe import strict_dumps
 from lynxtop.contract.terminal import terminal_safe
 
 SOCKET_MAX = 10_000  # the most `GET /v1/events` gives in one answer (agent/api/routes.py)
@@ -124,7 +124,8 @@ PENDING = "[pending] "  # before the message of an event the agent holds in memo
 def _print(events: list[Event], args: Namespace) -> None:
     if args.json:
         for ev in events:
-            print(json.dumps(ev.to_json()))  # ASCII: a control character is \u001b, never sent raw
+            # ASCII: a control character is \u001b, never sent raw; strict: a stored NaN detail is null
+            print(strict_dumps(ev.to_json()))
         return
     # local times carry their UTC offset: pasted into --since (zone-less reads as UTC) they are the same instant
     rows = [(fmt_datetime(ev.ts_ms, utc=args.utc, seconds=True, zone=True) if ev.ts_ms is not None else "-",

@@ -22,9 +22,13 @@ configuration:
   `lynxtop config check` validates it and prints the argv of every profile.
 
 exit codes:
-  0 success; 1 failure (agent refused or the action failed); 2 usage or configuration error;
-  3 agent unreachable; 4 busy (another control action is in progress);
-  5 the run changed since you looked (nothing done).
+  0 success (also an action already done: `stop` of a stopped node, `start` of the profile serving;
+    a note on stderr says so); 1 failure (agent refused or the action failed); 2 usage or configuration
+  error; 3 agent unreachable; 4 busy (another control action is in progress); 5 the run changed since
+  you looked (nothing done); 6 `status --check`: serving is not READY or the agent not healthy;
+  7 `check` could not check (bad --profile or option, config error, GPUs unreadable); 130 Ctrl-C
+  (with --wait: the action goes on at the agent; `lynxtop stop` cancels it). `check` itself exits
+  0 all good, 1 warnings, 2 blocking problems (docs/check.md).
 
 Try `lynxtop demo` for a simulated node (no GPU needed)."""
 
@@ -117,6 +121,14 @@ class _Parser(argparse.ArgumentParser):
         _resolve(self, ns)
         return ns, rest
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, rest = self.parse_known_args(args, namespace)
+        if rest and getattr(ns, "handler", None) == "lynxtop.cli.check_cmd:run":  # `check`'s usage error: not 2
+            self.exit(CHECK_COULD_NOT, f"lynxtop check: error: unrecognized arguments: {' '.join(rest)}\n")
+        if rest:
+            self.error(f"unrecognized arguments: {' '.join(rest)}")
+        return ns
+
 
 def _join_relative_times(argv: list[str]) -> list[str]:
     """`--from -24h` (`--to`, `--since`) reads to argparse as two options; join such values as `--from=-24h`."""
@@ -198,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _sub(subs, "status", "lynxtop.cli.ctl:status", "show the agent's view of the node")
     p.add_argument("--json", action="store_true", help="print the raw JSON status")
+    p.add_argument("--check", action="store_true",
+                   help="exit 0 only if serving is READY and the agent healthy, else 6 (crash-loop, backoff, "
+                        "starting, degraded, stopped, unhealthy), with the reason on stderr")
 
     for name, help_ in (("start", "start serving (the current profile, or PROFILE)"),
                         ("stop", "stop serving (the model must load again to serve)"),
@@ -210,13 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--cluster", action="store_true",
                            help="on a Ray head: stop serving, then every worker's Ray, then this head's Ray")
         p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
-        p.add_argument("--wait", action="store_true", help="wait until the action finishes (ready, or stopped)")
+        p.add_argument("--wait", action="store_true", help="wait until the action finishes (ready, or stopped); "
+                       "Ctrl-C stops only the waiting: the action continues on the agent (`lynxtop stop` cancels "
+                       "a start or restart)")
 
     p = _sub(subs, "switch", "lynxtop.cli.ctl:switch", "stop the current profile and start another",
              "Preflight PROFILE, stop the current run, wait for the GPUs to be freed, start PROFILE as a new run.")
     p.add_argument("profile", help="name of the profile to switch to")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
-    p.add_argument("--wait", action="store_true", help="wait until the new run is ready or has failed")
+    p.add_argument("--wait", action="store_true", help="wait until the new run is ready or has failed; Ctrl-C "
+                   "stops only the waiting: the switch continues on the agent (`lynxtop stop` cancels it)")
 
     _ray(subs)
 
@@ -262,9 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = _sub(subs, "check", "lynxtop.cli.check_cmd:run", "preflight: GPU architecture, attention backend, memory fit",
              "Check each profile (or --profile NAME) against this node's GPUs and the model's size: attention\n"
              "backend vs architecture, memory per GPU, TP x PP x DP vs the GPUs, Ray for several nodes.\n"
-             "Exit 0 all good, 1 warnings, 2 blocking problems. See docs/check.md.")
+             "Exit 0 all good, 1 warnings, 2 blocking problems; 7 could not check (a bad --profile or option,\n"
+             "a config error, GPUs unreadable). See docs/check.md.")
     p.add_argument("--profile", metavar="NAME", help="check this profile only (default: every profile)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    # its own usage errors are "could not check" too: exit 2 is a blocking problem here (a CI gate's verdict)
+    p.exit = _exit_could_not_check(p.exit)  # type: ignore[method-assign]
 
     _bench(subs)
 
@@ -334,6 +355,17 @@ def _bench(subs) -> None:
     c.add_argument("--json", action="store_true", help="print JSON")
     c = _sub(bsubs, "list", "lynxtop.cli.bench:list_sweeps", "the stored sweeps, newest first", parent="bench")
     c.add_argument("--limit", type=_COUNT, default=20, metavar="N", help="show N sweeps (default: %(default)s)")
+    c.add_argument("--json", action="store_true", help="print JSON")
+
+
+CHECK_COULD_NOT = 7  # `lynxtop check` could not check: docs/check.md
+
+
+def _exit_could_not_check(exit_: Callable[..., None]) -> Callable[..., None]:
+    """`check`'s parser exit: a usage error (status 2 from argparse) becomes CHECK_COULD_NOT; --help stays 0."""
+    def exit_check(status: int = 0, message: str | None = None) -> None:
+        exit_(CHECK_COULD_NOT if status == 2 else status, message)
+    return exit_check
 
 
 def _dashboard_options(p: argparse.ArgumentParser) -> None:

@@ -7,8 +7,8 @@ traceback reaches the user for those.
 
 from __future__ import annotations
 
-import json
 import os
+import signal
 import sqlite3
 import sys
 import time
@@ -16,6 +16,7 @@ from argparse import Namespace
 from pathlib import Path
 
 from lynxtop.contract.format import fmt_datetime, fmt_duration
+from lynxtop.contract.jsonsafe import strict_dumps
 from lynxtop.contract.records import RunInfo
 from lynxtop.contract.terminal import terminal_safe
 from lynxtop.store.errors import StoreError
@@ -77,7 +78,7 @@ def runs(args: Namespace) -> int:
     finally:
         reader.close()
     if args.json:
-        print(json.dumps([r.to_json() for r in rows], indent=2))
+        print(strict_dumps([r.to_json() for r in rows], indent=2))  # the database's values: never NaN
         return 0
     if not rows:
         print(f"no runs recorded in {reader.path}")
@@ -154,7 +155,33 @@ def _write(reader: StoreReader, args: Namespace, start: int, end: int) -> None:
         print(f"note: no {args.table} rows between {iso(start)} and {iso(end)}", file=sys.stderr)
 
 
+class _Terminated(BaseException):
+    """SIGTERM during an export (`timeout 60 lynxtop export ...`, a cron job killed): raised where the export is, so
+    the atomic write's cleanup (on any BaseException, as for Ctrl-C) removes its hidden temp file."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def export(args: Namespace) -> int:
+    """`lynxtop export`; SIGTERM ends it as Ctrl-C does (no temp file left behind), with exit 143 (128 + 15)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread (an embedding caller): the default action stays
+        previous = None
+    try:
+        return _export(args)
+    except _Terminated:
+        where = f" ({args.output} was not written)" if args.output else ""
+        print(terminal_safe(f"lynxtop export: terminated (SIGTERM){where}", lines=True), file=sys.stderr)
+        return 143
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _export(args: Namespace) -> int:
     now = int(time.time() * 1000)
     try:
         start, end = _span_from_args(args, now)

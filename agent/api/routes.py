@@ -35,6 +35,7 @@ from lynxtop.agent.api.logtail import LogTail
 from lynxtop.agent.api.peercred import Peer, group_gid, may_control, peer_of
 from lynxtop.agent.api.pending import EventsAnswer
 from lynxtop.contract.events import Event
+from lynxtop.contract.jsonsafe import strict_dumps as _strict_dumps
 from lynxtop.contract.processes import GpuProcesses
 from lynxtop.contract.records import ActionAnswer, ProfileList, RunInfo
 from lynxtop.contract.terminal import first_control
@@ -66,25 +67,11 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.details = status, code, message, details
 
 
-def _finite(v: Any) -> Any:
-    """`v` with every non-finite float made None (JSON's null), walking dicts, lists and tuples."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
-    return v
-
-
 def _dumps(data: Any) -> str:
     """Every answer's JSON, strict (RFC 8259): `Infinity` or `NaN` would make it unreadable to strict parsers.
     Sources give finite values (agent/metrics/scrape.py checks every value of a page); one that still slipped through
-    is sent as null, never as a token a client cannot parse."""
-    try:
-        return json.dumps(data, allow_nan=False)
-    except ValueError:
-        return json.dumps(_finite(data), allow_nan=False)
+    is sent as null, never as a token a client cannot parse (contract/jsonsafe.py, shared with the CLI)."""
+    return _strict_dumps(data)
 
 
 _json = functools.partial(web.json_response, dumps=_dumps)  # the one way answers are serialised

@@ -116,16 +116,25 @@ async def refuse_if_crowded(prof: Profile, log_dir: Path, replacing: RunLifecycl
         raise ActionError(gpu_holders.CODE, on_gpus.refusal(prof), 409, details=on_gpus.details())
 
 
-def refuse_start_now(runs: RunLifecycle, slot: ActionSlot) -> None:
-    """Start's refusals on what serving does now (no await here: the caller takes the slot right after)."""
+def refuse_start_now(runs: RunLifecycle, slot: ActionSlot, wanted: str | None = None) -> None:
+    """Start's refusals on what serving does now (no await here: the caller takes the slot right after).
+    `wanted`: the profile asked for (None: the current one). Starting or serving it already is the ask met, told
+    apart by its code (already_starting / already_serving: the CLI exits 0, docs/api.md); another profile
+    serving is a refusal ("state")."""
     state = runs.state
     if slot.name() == "retry":
         raise retry_under_way(runs, slot)
     if state in (S.STARTING, S.READY, S.DEGRADED):
-        raise ActionError("state", f"serving is already {state} (profile {runs.profile_name}); use restart or switch",
+        code = "state" if wanted not in (None, runs.profile_name) else already_code(state)
+        raise ActionError(code, f"serving is already {state} (profile {runs.profile_name}); use restart or switch",
                           409)
     if state == S.STOPPING or slot.current is not None:
         raise slot.busy() if slot.current else ActionError("state", "serving is stopping; try again", 409)
+
+
+def already_code(state: S) -> str:
+    """The 409's code for a start asking what serving already does (its own profile starting or served)."""
+    return "already_starting" if state == S.STARTING else "already_serving"
 
 
 def retry_under_way(runs: RunLifecycle, slot: ActionSlot) -> ActionError:
@@ -312,7 +321,7 @@ class Supervisor:
         taken: the backoff's retry may have spawned its run meanwhile (a start let through then spawned a second
         server beside it, and `stop` left one of them running unsupervised)."""
         self.check_seen(expect_run)
-        refuse_start_now(self.runs, self._slot)
+        refuse_start_now(self.runs, self._slot, profile)
         prof = self._resolve_profile(profile)
         warnings = self._preflight_or_raise(prof)
         try:
@@ -320,9 +329,9 @@ class Supervisor:
                 await diskspace.refuse_if_short(self.cfg.agent, f"start profile {prof.name}")
             await refuse_if_crowded(prof, self.cfg.agent.run_log_dir, guard=None if autostart else self._gpu_guard)
         except ActionError:
-            refuse_start_now(self.runs, self._slot)  # the retry's run, spawned meanwhile, is what they found
+            refuse_start_now(self.runs, self._slot, prof.name)  # the retry's run, spawned meanwhile, they found
             raise
-        refuse_start_now(self.runs, self._slot)
+        refuse_start_now(self.runs, self._slot, prof.name)
         self._begin("start", by, prof.name, expect_run)
         self._event(EventKind.ACTION_START, Severity.INFO, f"start of profile {prof.name} requested by {by}", by=by)
         self._slot.run(self._do_start(prof, f"started by {by}", autostart))
@@ -337,7 +346,7 @@ class Supervisor:
                 self.runs.set_state(S.STOPPED, f"stopped by {by} (was crash-loop)")
                 self._event(EventKind.SERVING_STOPPED, Severity.INFO, f"crash loop acknowledged and cleared by {by}")
                 return "serving was in crash-loop; now stopped"
-            raise ActionError("state", "serving is already stopped", 409)
+            raise ActionError("already_stopped", "serving is already stopped", 409)  # the ask met: CLI exit 0
         if not self._slot.stop_may_preempt():
             raise self._slot.busy()
         # a start/switch only waiting for readiness, or a start or retry waiting for the cluster: abort it

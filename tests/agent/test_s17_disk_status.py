@@ -77,6 +77,6 @@ async def test_lynxtop_status_prints_the_full_disk_and_the_run_log_problem(agent
         await asyncio.sleep(0.5)
     out = subprocess.run([sys.executable, "-m", "lynxtop", "status", "--config", str(cfg)],
                          capture_output=True, text=True, timeout=30).stdout
-    assert f"history  NOT WRITING — disk full: {db} (0 B free), " in out, out
+    assert f"history  NOT WRITING - disk full: {db} (0 B free), " in out, out
     assert "ticks queued" in out and "dropped" in out, out
-    assert f"run log  NOT KEPT — {st['serving']['log_problem']}" in out, out
+    assert f"run log  NOT KEPT - {st['serving']['log_problem']}" in out, out

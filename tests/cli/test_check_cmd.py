@@ -82,7 +82,7 @@ def test_all_good_is_exit_0(tmp_path, capsys):
 
 def test_unknown_profile(tmp_path, capsys):
     rc, out, err = check(capsys, "--config", config(tmp_path, "h200x8"), "--profile", "nope")
-    assert rc == 2 and out == ""
+    assert rc == 7 and out == ""  # could not check (s22), not "blocking"
     assert err == ("lynxtop check: unknown profile 'nope' (known: v4-tp8-h200, v4-tp8pp2-ray, v4-tp8-b200, "
                    "v4-dp8ep-h200)\n")
 
@@ -91,7 +91,7 @@ def test_bad_config_is_reported_not_raised(tmp_path, capsys):
     path = tmp_path / "bad.toml"
     path.write_text("[[profile]]\nname = 1\n")
     rc, _, err = check(capsys, "--config", str(path))
-    assert rc == 2 and "config error" in err and "Traceback" not in err
+    assert rc == 7 and "config error" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize(("nvml", "message"), [
@@ -103,7 +103,7 @@ def test_bad_config_is_reported_not_raised(tmp_path, capsys):
 def test_gpu_errors_are_one_clear_line(tmp_path, capsys, monkeypatch, nvml, message):
     monkeypatch.setattr(backend, "open_backend", lambda *a, **k: nvml())
     rc, out, err = check(capsys, "--config", config(tmp_path, "h200x8"))
-    assert rc == 2 and out == "" and err.startswith("lynxtop check: ") and message in err
+    assert rc == 7 and out == "" and err.startswith("lynxtop check: ") and message in err
     assert "Traceback" not in err and err.count("\n") == 1
 
 
@@ -122,7 +122,7 @@ def test_no_driver_as_a_process_prints_one_line(tmp_path):
     # a process, so no test harness catches the sampler's log lines: the reason is said once, on stderr
     r = subprocess.run([sys.executable, "-m", "lynxtop", "check", "--config", config(tmp_path, "nodriver")],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stdout == ""
+    assert r.returncode == 7 and r.stdout == ""
     assert r.stderr == ("lynxtop check: no NVIDIA driver (nvmlInit failed: NVML_ERROR_LIBRARY_NOT_FOUND (NVML "
                         "Shared Library Not Found))\n")
 

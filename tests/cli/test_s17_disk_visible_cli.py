@@ -23,7 +23,7 @@ def _line(out: str, start: str) -> str:
 def test_a_full_disk_says_history_is_not_written_where_and_what_is_lost(sock_dir, capsys):
     out = status_text(sock_dir, capsys, status_json(agent={"store": FULL}))
     line = _line(out, "history")
-    assert f"NOT WRITING — disk full: {DB} (0 B free), 1,234 ticks queued, 56 dropped" in line, line
+    assert f"NOT WRITING - disk full: {DB} (0 B free), 1,234 ticks queued, 56 dropped" in line, line
 
 
 def test_the_run_log_problem_is_printed(sock_dir, capsys):
@@ -36,7 +36,7 @@ def test_the_run_log_problem_is_printed(sock_dir, capsys):
 def test_a_failing_store_that_is_not_full_names_its_error(sock_dir, capsys):
     locked = {**FULL, "last_error": "database is locked", "free_bytes": 50 * 1024**3, "queued": 3, "dropped": 0}
     line = _line(status_text(sock_dir, capsys, status_json(agent={"store": locked})), "history")
-    assert f"NOT WRITING — database locked: {DB} (50.0 GiB free), 3 ticks queued, 0 dropped" in line, line
+    assert f"NOT WRITING - database locked: {DB} (50.0 GiB free), 3 ticks queued, 0 dropped" in line, line
 
 
 def test_history_written_prints_no_alarm(sock_dir, capsys):

@@ -30,7 +30,7 @@ def test_status_over_the_socket_names_each_holder(capsys):
     lines = out.splitlines()
     i = next(n for n, ln in enumerate(lines) if ln.startswith("ray      RUNNING worker of 10.0.0.1:6379"))
     held = lines[i + 1]
-    assert held.startswith(ctl.INDENT + "⚠ GPUs HELD by 2 process(es) not Ray's"), held
+    assert held.startswith(ctl.INDENT + "! GPUs HELD by 2 process(es) not Ray's"), held
     assert "pid 4242 (python) GPU 3 using 20.0 GiB" in held and "pid 5151 (?)" in held, held
     assert "vLLM's ranks placed here run out of GPU memory" in out, out
 
@@ -47,5 +47,5 @@ def test_no_holders_no_line_and_shown_with_ray_stopped_too():
     assert "HELD" not in ctl.format_status(replace(st, cluster=worker_cluster()))
     stopped = worker_cluster(ray_state=RayState.STOPPED, ray_pid=None, gpus_taken=TAKERS[:1],
                              gpus_taken_since_ms=T0 - 5_000)
-    assert "⚠ GPUs HELD by 1 process(es) not Ray's for 5s: pid 4242 (python) GPU 3" in \
+    assert "! GPUs HELD by 1 process(es) not Ray's for 5s: pid 4242 (python) GPU 3" in \
         ctl.format_status(replace(st, cluster=stopped))
