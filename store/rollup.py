@@ -1,11 +1,15 @@
 """Incremental 1-minute and 1-hour rollups (min/avg/max per metric) computed from raw samples.
 
 A watermark per rollup table (in `meta`) marks the end of the last bucket rolled up; only complete buckets
-(a later sample exists) are rolled up, so a restart resumes exactly where the last commit left off. Both
-resolutions are computed from raw rows (raw outlives an hour by far), which keeps every average exact.
-Late samples (older than a watermark, for example a backlog written after a full disk) mark their bucket
-dirty and it is recomputed; a minute whose older rows compaction already moved into chunks (a clock stepped
-back more than three hours) is recomputed over its raw and its compacted rows together.
+(a later sample exists) are rolled up. Both resolutions are computed from raw rows (raw outlives an hour by
+far), which keeps every average exact. Late samples (below a watermark: a clock stepped back, rows carried
+from a swapped database) mark their buckets dirty and they are recomputed; a minute whose older rows
+compaction already moved into chunks (a clock stepped back more than three hours) is recomputed over its raw
+and its compacted rows together. The marks are rows of `rollup_dirty`, committed in the late rows' own
+transaction (`mark_late`, only when a row is late: in-order ticks pay nothing) and deleted in the step's
+transaction that recomputes them, so a restart resumes exactly where the last commit left off: the watermarks
+and the marks are both in the file (a crash or a failing step between a late tick and its re-roll lost it
+before). A mark whose rows retention already deleted is dropped with a warning (`Rollups.step`'s `expired`).
 
 1-minute rows are computed in memory from the rows the writer just committed: re-reading them from the table
 cost ~4x more than the aggregation itself (profiled under benchmarks/store.py: the GROUP BY copies every wide
@@ -52,6 +56,48 @@ def load_watermarks(conn: sqlite3.Connection) -> dict[tuple[str, str], int | Non
     rows = dict(conn.execute("SELECT key, value FROM meta WHERE key LIKE 'rollup_wm_%'").fetchall())
     return {(k, r): (int(rows[_meta_key(k, r)]) if _meta_key(k, r) in rows else None)
             for k in ROLLUP_KINDS for r in RESOLUTIONS}
+
+
+def late_buckets(wm: dict[tuple[str, str], int | None], kind: str, ts_list: list[int]) -> list[tuple[str, int]]:
+    """(resolution, bucket start) of each bucket of `kind` that a sample in `ts_list` reaches below its
+    watermark (already rolled up): empty for in-order samples, found by one min() per resolution."""
+    if not ts_list:
+        return []
+    low = min(ts_list)
+    out: list[tuple[str, int]] = []
+    for res, bucket in RESOLUTIONS.items():
+        w = wm[(kind, res)]
+        if w is not None and low < w:
+            out += [(res, b) for b in sorted({ts - ts % bucket for ts in ts_list if ts < w})]
+    return out
+
+
+_MARK_SQL = "INSERT OR IGNORE INTO rollup_dirty (kind, res, bucket_ms) VALUES (?, ?, ?)"
+_UNMARK_SQL = "DELETE FROM rollup_dirty WHERE kind = ? AND res = ? AND bucket_ms = ?"
+
+
+def mark_late(conn: sqlite3.Connection, wm: dict[tuple[str, str], int | None], kind: str,
+              ts_list: list[int]) -> int:
+    """Inside the caller's transaction (the one that writes these samples): record the buckets they reach below
+    a watermark in rollup_dirty, so the re-roll survives a crash after the commit. No statement when none is
+    late. Returns the number of buckets marked."""
+    late = late_buckets(wm, kind, ts_list)
+    if late:
+        conn.executemany(_MARK_SQL, [(kind, res, b) for res, b in late])
+    return len(late)
+
+
+def load_dirty(conn: sqlite3.Connection) -> dict[tuple[str, str], set[int]]:
+    """The marks left by late samples not yet re-rolled (a crash, a step that kept failing, then a restart).
+
+    A file not migrated to schema 4 has no marks; rows of a kind or resolution this version does not roll
+    are left where they are."""
+    out: dict[tuple[str, str], set[int]] = {(k, r): set() for k in ROLLUP_KINDS for r in RESOLUTIONS}
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'rollup_dirty'").fetchone():
+        for kind, res, b in conn.execute("SELECT kind, res, bucket_ms FROM rollup_dirty"):
+            if (kind, res) in out and type(b) is int:
+                out[(kind, res)].add(b)
+    return out
 
 
 def _select_sql(kind: str, res: str, source: str | None = None) -> str:
@@ -310,7 +356,8 @@ class Rollups:
         self.max_ts: dict[str, int | None] = {
             k: conn.execute(f"SELECT max(ts_ms) FROM {SAMPLE_TABLES[k].name}").fetchone()[0] for k in ROLLUP_KINDS
         }
-        self.dirty: dict[tuple[str, str], set[int]] = {(k, r): set() for k in ROLLUP_KINDS for r in RESOLUTIONS}
+        # late buckets to recompute: those a crash or a failing step left in the file, then those noted since
+        self.dirty: dict[tuple[str, str], set[int]] = load_dirty(conn)
         self.idle: dict[tuple[str, str], int] = {}  # see pending()
         self._decoded: dict[str, tuple[list[str], dict[bytes, list[tuple]]]] = {}  # see _roll_with_chunks
         self._decoded_used: set[str] = set()
@@ -376,11 +423,8 @@ class Rollups:
         cur = self.max_ts[kind]
         if cur is None or top > cur:
             self.max_ts[kind] = top
-        low = min(ts_list)
-        for res, bucket in RESOLUTIONS.items():
-            wm = self.wm[(kind, res)]
-            if wm is not None and low < wm:
-                self.dirty[(kind, res)].update(ts - ts % bucket for ts in ts_list if ts < wm)
+        for res, b in late_buckets(self.wm, kind, ts_list):
+            self.dirty[(kind, res)].add(b)
 
     def pending(self) -> bool:
         for mem in self.memory.values():
@@ -402,18 +446,48 @@ class Rollups:
                 return True
         return False
 
-    def step(self) -> bool:
+    def has_dirty(self) -> bool:
+        return any(self.dirty.values())
+
+    @staticmethod
+    def _drop_expired(dirty: dict[tuple[str, str], set[int]], expired: dict[str, int]) -> None:
+        """Forget dirty buckets that reach below what retention deletes (`expired`: table -> rows below it are
+        deleted, retention.cutoffs). Their other rows are gone or going: a re-roll would replace a whole
+        bucket's rollup by one of the late rows alone, so the rollup is kept as it is and the late rows go
+        with retention. Only a clock stepped back past a retention limit gets here."""
+        for (kind, res), starts in dirty.items():
+            source = SAMPLE_TABLES[kind].name if res == "1m" else rollup_table(kind, "1m")
+            cut = expired.get(source)
+            if cut is None:
+                continue
+            old = sorted(b for b in starts if b < cut)
+            if old:
+                log.warning("rollup: %s keeps its rows of %d %s bucket(s) from %d to %d ms (late samples came in "
+                            "them): %s rows below %d ms are past retention, a re-roll would count the late "
+                            "ones alone", rollup_table(kind, res), len(old), res, old[0], old[-1], source, cut)
+                starts.difference_update(old)
+
+    def step(self, expired: dict[str, int] | None = None) -> bool:
         """Roll up complete buckets past each watermark (bounded); True when more work remains.
 
         Per kind, 1-minute buckets first (from raw), then the hours those complete (from 1-minute rows).
+        Dirty buckets are recomputed first and their rollup_dirty rows deleted in the same transaction;
+        `expired` (retention.cutoffs' table -> cutoff) drops those whose source rows retention deletes.
         """
         more = False
+        marked = [(k, r, b) for (k, r), starts in self.dirty.items() for b in starts]  # all leave the file
         new_wm = dict(self.wm)
         done: dict[str, int] = {}  # memory kinds: the end of the minutes written from memory
         idle: dict[tuple[str, str], int] = {}  # never-rolled resolutions: the limit they were looked at with
         self._decoded_used.clear()
         self.conn.execute("BEGIN IMMEDIATE")
         try:
+            dirty = self.dirty
+            if marked:
+                if expired:  # on copies: a failed step keeps every mark, in memory as in the file
+                    dirty = {key: set(starts) for key, starts in self.dirty.items()}
+                    self._drop_expired(dirty, expired)
+                self.conn.executemany(_UNMARK_SQL, marked)
             for kind in ROLLUP_KINDS:
                 top = self.max_ts[kind]
                 if top is None:
@@ -434,9 +508,9 @@ class Rollups:
                         end = wm + MAX_SPAN_MS - MAX_SPAN_MS % bucket
                         more = True
                     if res == "1m":  # late samples: recompute first
-                        self._reroll_1m(kind, self.dirty[(kind, res)])
+                        self._reroll_1m(kind, dirty[(kind, res)])
                     else:
-                        for start in sorted(self.dirty[(kind, res)]):
+                        for start in sorted(dirty[(kind, res)]):
                             self.conn.execute(_SQL[(kind, res)], (start, start + bucket))
                     if end > wm:
                         mem = self.memory.get(kind) if res == "1m" else None

@@ -187,8 +187,17 @@ def _m3_chunks(conn: sqlite3.Connection) -> None:
             conn.execute(sql)
 
 
+def _m4_rollup_dirty(conn: sqlite3.Connection) -> None:
+    """Rollup buckets a late sample fell into (below the watermark), written in the sample's own transaction and
+    deleted by the rollup step that recomputes them: a crash or a restart between the two no longer loses the
+    re-roll (store/rollup.py). Empty in steady state; a row per late bucket, never one per tick."""
+    conn.execute("CREATE TABLE IF NOT EXISTS rollup_dirty (kind TEXT NOT NULL, res TEXT NOT NULL, "
+                 "bucket_ms INTEGER NOT NULL, PRIMARY KEY (kind, res, bucket_ms)) WITHOUT ROWID")
+
+
 # Each function runs once, in its own transaction, in order; append only, never edit a released one.
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_m1_base, _m2_rollups, _m3_chunks)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_m1_base, _m2_rollups, _m3_chunks,
+                                                                  _m4_rollup_dirty)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

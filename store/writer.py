@@ -45,7 +45,7 @@ from lynxtop.store import compact, inproc, swap
 from lynxtop.store import retention as retention_mod
 from lynxtop.store.checkpoint import FALLBACK_AUTOCHECKPOINT_PAGES, Checkpointer
 from lynxtop.store.errors import NotOurDatabase, StoreError
-from lynxtop.store.rollup import Rollups
+from lynxtop.store.rollup import Rollups, late_buckets, load_watermarks, mark_late
 from lynxtop.store.schema import (
     BENCH_COLUMNS,
     EVENT_SEVERITIES,
@@ -53,6 +53,7 @@ from lynxtop.store.schema import (
     GPU_FACT_COLUMNS,
     NO_PROCESS_PID,
     PROCESS_COLUMNS,
+    ROLLUP_KINDS,
     RUN_COLUMNS,
     RUN_JSON_COLUMNS,
     SAMPLE_TABLES,
@@ -1156,7 +1157,7 @@ class StoreWriter:
             return True
         try:
             slow = self._slow.copy()
-            rolled = self._transaction(lambda c: self._insert_ticks(c, ticks, slow))
+            rolled = self._transaction(lambda c: self._insert_ticks_marked(c, ticks, slow))
             self._slow = slow
         except Exception as exc:
             if isinstance(exc, sqlite3.Error) and self._transient_or_damaged(exc, ticks=ticks):
@@ -1165,7 +1166,8 @@ class StoreWriter:
             for t in ticks:  # one bad row must not cost the whole batch
                 try:
                     slow = self._slow.copy()
-                    for kind, rows in self._transaction(lambda c, t=t, s=slow: self._insert_ticks(c, [t], s)).items():
+                    one = self._transaction(lambda c, t=t, s=slow: self._insert_ticks_marked(c, [t], s))
+                    for kind, rows in one.items():
                         rolled.setdefault(kind, []).extend(rows)
                     good.append(t)
                     self._slow = slow
@@ -1177,6 +1179,17 @@ class StoreWriter:
             ticks = good
         self._committed(ticks, rolled)
         return True
+
+    def _insert_ticks_marked(self, c: sqlite3.Connection, ticks: list[_Tick],
+                             slow: SlowRows) -> dict[str, list[tuple[int, list]]]:
+        """_insert_ticks, then (same transaction) the rollup buckets of late rows in rollup_dirty: a crash right
+        after the commit must not lose their re-roll (rollup.py). In-order ticks run no extra statement."""
+        rolled = self._insert_ticks(c, ticks, slow)
+        wm = self.rollups.wm
+        for kind, rows in rolled.items():
+            if rows:
+                mark_late(c, wm, kind, [ts for ts, _ in rows])
+        return rolled
 
     @staticmethod
     def _insert_ticks(c: sqlite3.Connection, ticks: list[_Tick], slow: SlowRows) -> dict[str, list[tuple[int, list]]]:
@@ -1412,6 +1425,10 @@ class StoreWriter:
         conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_AUTOCHECKPOINT_PAGES}")
         if self._carried is not None:
             try:
+                try:
+                    self._mark_carried(conn, self._carried)
+                except sqlite3.Error as exc:  # the rows still go over: only their rollups may lag (as before)
+                    self._note_error(f"the carried rows' late rollup buckets could not be marked: {exc}")
                 swap.write(conn, self._carried)
             except sqlite3.Error as exc:
                 self._note_error(f"the rows written since the database was swapped could not be carried over: {exc}")
@@ -1508,6 +1525,29 @@ class StoreWriter:
         return True, (f"recovered: the WAL's frames were copied into the main file and the agent reconnected "
                       f"to the files on disk ({detached} reader(s) reconnected); no tick was lost")
 
+    @staticmethod
+    def _mark_carried(conn: sqlite3.Connection, carried: swap.Carried) -> None:
+        """Mark the rollup buckets that carried samples reach below the new file's watermarks (rows it rolled
+        up already), in a transaction of its own before swap.write: a crash between the two leaves a mark
+        whose re-roll changes nothing, never rows without their mark. Nothing is written when none is late."""
+        wm = load_watermarks(conn)
+        todo = []
+        for kind in ROLLUP_KINDS:
+            cols, rows = carried.tables.get(SAMPLE_TABLES[kind].name, ([], []))
+            if rows:
+                at = cols.index("ts_ms")
+                todo.append((kind, [r[at] for r in rows]))
+        if not any(late_buckets(wm, kind, ts) for kind, ts in todo):
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for kind, ts in todo:
+                mark_late(conn, wm, kind, ts)
+            conn.execute("COMMIT")
+        except BaseException:
+            rollback(conn)
+            raise
+
     def _note_error(self, msg: str) -> None:
         with self._cv:
             self._last_error = msg
@@ -1520,7 +1560,10 @@ class StoreWriter:
         try:
             more = False
             if self.rollups.pending():
-                more = self.rollups.step()
+                # late buckets whose rows retention deletes are dropped, not re-rolled (rollup.Rollups.step)
+                expired = (retention_mod.cutoffs(self.retention, retention_mod.reference_ms(
+                    self.conn, _now_ms(self.clock)), self.rollups.wm) if self.rollups.has_dirty() else None)
+                more = self.rollups.step(expired)
             now = time.monotonic()
             if self._maintenance_more or now >= self._next_maintenance:
                 self._id_writes += 1  # retention deletes events and runs (see _take_marks)

@@ -238,5 +238,5 @@ def test_schema_2_file_reads_then_migrates(tmp_path):
         res, rows = r.series("gpu", ["power_w"], T0, T0 + HOUR, resolution="raw")
         assert len(rows) == 2 * 360
     conn = connect_rw(old)
-    assert migrate(conn) == 3 and conn.execute(f"SELECT count(*) FROM {chunk_table('nvlink_samples')}").fetchone()
+    assert migrate(conn) == 4 and conn.execute(f"SELECT count(*) FROM {chunk_table('nvlink_samples')}").fetchone()
     conn.close()
