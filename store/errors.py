@@ -15,7 +15,8 @@ class NotOurDatabase(StoreError):
 
 
 class NewerSchema(StoreError):
-    """The database was written by a newer lynxtop: never moved aside or touched, only refused."""
+    """A newer lynxtop changed the database in a way this code cannot follow (its floor, meta.compat_version, is
+    above this SCHEMA_VERSION), or its schema version is unreadable: never moved aside or touched, only refused."""
 
 
 class StoreAccessError(StoreError):

@@ -218,7 +218,7 @@ class StoreReader:
             raise open_error(exc, self.path) from None
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            check_identity(conn, self.path, integrity=False)
+            check_identity(conn, self.path, integrity=False, reader=True)
             tune(conn, mmap=True)
             # the decoded chunks' temp tables live in memory: without this a table emptied keeps its pages (the
             # largest read's size) for the life of the connection; with it, emptying gives them back

@@ -9,6 +9,7 @@ instead of being silently migrated into.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import sqlite3
 import stat
@@ -19,6 +20,8 @@ from pathlib import Path
 from lynxtop.contract.columns import GPU_METRICS, HOST_METRICS, NVLINK_METRICS, SERVING_METRICS
 from lynxtop.contract.files import free_bytes
 from lynxtop.store.errors import NewerSchema, NotOurDatabase, StoreAccessError, StoreError
+
+log = logging.getLogger(__name__)
 
 APPLICATION_ID = 0x4C594E58  # "LYNX" in the SQLite header: tells our file from any other SQLite file
 BUSY_TIMEOUT_MS = 5000
@@ -195,10 +198,36 @@ def _m4_rollup_dirty(conn: sqlite3.Connection) -> None:
                  "bucket_ms INTEGER NOT NULL, PRIMARY KEY (kind, res, bucket_ms)) WITHOUT ROWID")
 
 
-# Each function runs once, in its own transaction, in order; append only, never edit a released one.
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_m1_base, _m2_rollups, _m3_chunks,
-                                                                  _m4_rollup_dirty)
+@dataclass(frozen=True)
+class Migration:
+    """One step of the layout and its floor: the oldest schema whose code may still read and write a file that has
+    this step. A step that only adds what older code never touches (a table, an index) keeps the floor of the step
+    before it, so rolling lynxtop back one release keeps its history; one that moves or rewrites rows, or changes a
+    table older code writes, raises the floor to its own version (older code would misread or damage the file)."""
+
+    run: Callable[[sqlite3.Connection], None]
+    floor: int
+
+
+# Each function runs once, in its own transaction, in order; append only, never edit a released one. Every new
+# migration declares its floor (see Migration); the file's floor (meta.compat_version) is the highest of its
+# applied ones, and code older than it refuses the file. The floors:
+#   m1 1: the first layout.
+#   m2 2: the rollup tables; schema-1 code would write and delete raw rows without keeping rollups that schema-2
+#         readers serve for long ranges (charts short of what was sampled, hours rolled up from nothing).
+#   m3 3: compaction moves raw rows into *_chunks, which schema-2 code can neither read (a hole in its history)
+#         nor expire (retention would never reach them).
+#   m4 3: rollup_dirty only; schema-3 code never touches it (a late sample it writes is re-rolled as schema 3
+#         always did, and the marks a schema-4 agent left wait for it to come back).
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(_m1_base, 1), Migration(_m2_rollups, 2), Migration(_m3_chunks, 3), Migration(_m4_rollup_dirty, 3),
+)
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def compat_floor(version: int) -> int:
+    """The floor of a file of this code's schema `version` or older: the highest of its migrations' floors."""
+    return max((m.floor for m in MIGRATIONS[:version]), default=0)
 
 
 def expected_columns() -> dict[str, list[tuple[str, str]]]:
@@ -232,9 +261,22 @@ def schema_version(conn: sqlite3.Connection, path: Path | str | None = None) -> 
     if isinstance(value, str) and value.isascii() and value.isdigit():
         return int(value)
     shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-    raise NewerSchema(f"{path or _main_file(conn)}: its schema version (meta.schema_version) is {shown}, not a "
-                      f"whole number: not a layout this lynxtop knows (it knows schema {SCHEMA_VERSION}; a newer "
-                      "lynxtop or another program wrote it); upgrade lynxtop or point [agent] database elsewhere")
+    where = path or _main_file(conn)
+    raise NewerSchema(f"{where}: its schema version (meta.schema_version) is {shown}, not a whole number: not a "
+                      f"layout this lynxtop knows (it knows schema {SCHEMA_VERSION}; a newer lynxtop or another "
+                      f"program wrote it); nothing was migrated or moved. Use the lynxtop that wrote it, or move "
+                      f"{where} (with its -wal and -shm) aside: the new history starts empty")
+
+
+def compat_version(conn: sqlite3.Connection, version: int) -> int:
+    """The oldest schema whose code may read and write this file of schema `version` (meta.compat_version). A file
+    written before floors were recorded has none, and one whose value is not a whole number cannot be trusted: for
+    both the floor is the schema version itself, so only code that knows that schema opens it (as before)."""
+    row = conn.execute("SELECT value FROM meta WHERE key='compat_version'").fetchone() if version else None
+    value = None if row is None else row[0]
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    return value if isinstance(value, int) and 0 < value <= version else version
 
 
 def _main_file(conn: sqlite3.Connection) -> str:
@@ -248,9 +290,18 @@ def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
     while version < target:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            MIGRATIONS[version](conn)
+            MIGRATIONS[version].run(conn)
             version += 1
             conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(version),))
+            _write_floor(conn, version)
+            conn.execute("COMMIT")
+        except BaseException:
+            rollback(conn)
+            raise
+    if 0 < version <= SCHEMA_VERSION and not _floor_written(conn, version):  # a file from before floors existed
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            _write_floor(conn, version)
             conn.execute("COMMIT")
         except BaseException:
             rollback(conn)
@@ -258,6 +309,17 @@ def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
     if target == SCHEMA_VERSION:
         _add_missing_columns(conn)
     return version
+
+
+def _write_floor(conn: sqlite3.Connection, version: int) -> None:
+    conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('compat_version', ?)", (str(compat_floor(version)),))
+
+
+def _floor_written(conn: sqlite3.Connection, version: int) -> bool:
+    """Whether meta.compat_version is this code's floor for `version`. A newer schema's floor is never rewritten
+    (that release knows it; this one does not): callers only ask for versions this code knows."""
+    row = conn.execute("SELECT value FROM meta WHERE key='compat_version'").fetchone()
+    return row is not None and row[0] == str(compat_floor(version))
 
 
 def rollback(conn: sqlite3.Connection) -> None:
@@ -443,8 +505,12 @@ def disk_full(exc: BaseException, path: Path) -> str | None:
     return None
 
 
-def check_identity(conn: sqlite3.Connection, path: Path, *, integrity: bool = True) -> None:
-    """Raise NotOurDatabase for a foreign or damaged database, NewerSchema for one from a newer lynxtop."""
+def check_identity(conn: sqlite3.Connection, path: Path, *, integrity: bool = True, reader: bool = False) -> None:
+    """Raise NotOurDatabase for a foreign or damaged database, NewerSchema for one a newer lynxtop changed in a way
+    this code cannot follow (its floor, meta.compat_version, is above SCHEMA_VERSION). A newer schema within the
+    floor (an added table this code never touches) opens as it is, with a log line, and is never migrated down: a
+    node rolled back one release keeps its agent and its history. `reader`: a read-only open (says it at INFO, so
+    `lynxtop runs` prints nothing of it; the writer's open is the agent's and warns)."""
     try:
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
@@ -457,11 +523,20 @@ def check_identity(conn: sqlite3.Connection, path: Path, *, integrity: bool = Tr
             if problems != ["ok"]:
                 raise NotOurDatabase(f"{path}: the database is damaged: {'; '.join(problems)}")
         version = schema_version(conn, path) if tables else 0
+        floor = compat_version(conn, version) if version > SCHEMA_VERSION else version
     except sqlite3.DatabaseError as exc:  # the header of a non-SQLite file gives NOTADB here
         raise open_error(exc, path) from None
+    if floor > SCHEMA_VERSION:
+        agent = "" if reader else ("; the agent does not run on it, and a vLLM server already running keeps serving "
+                                   "(unsupervised until an agent that knows the schema starts)")
+        raise NewerSchema(f"{path}: written by a newer lynxtop (schema {version}, which needs a lynxtop that knows "
+                          f"schema {floor} or newer; this one knows {SCHEMA_VERSION}); nothing was migrated or moved. "
+                          f"On a rollback: keep a lynxtop that knows schema {floor} on this node for {path}, or move "
+                          f"{path} (with its -wal and -shm) aside: the new history starts empty{agent}")
     if version > SCHEMA_VERSION:
-        raise NewerSchema(f"{path}: written by a newer lynxtop (schema {version}, this one knows {SCHEMA_VERSION}); "
-                          "upgrade lynxtop or point [agent] database elsewhere")
+        log.log(logging.INFO if reader else logging.WARNING, "%s: schema %d, this build knows %d: opened, since "
+                "schema %d's changes keep %d's tables as they were", path, version, SCHEMA_VERSION, version,
+                SCHEMA_VERSION)
 
 
 def create_file(path: Path) -> None:

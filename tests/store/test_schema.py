@@ -70,7 +70,7 @@ def test_newer_schema_is_refused_and_left_untouched(tmp_path):
     submit(w, 3)
     w.close()
     c = sqlite3.connect(path)
-    c.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    c.execute("UPDATE meta SET value = '99' WHERE key IN ('schema_version', 'compat_version')")  # needs 99
     c.commit()
     c.close()
     before = path.read_bytes()

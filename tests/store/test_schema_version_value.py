@@ -56,7 +56,7 @@ def test_a_whole_number_still_reads_as_before(tmp_path):
     with StoreReader(path) as r:
         assert schema.schema_version(r.conn) == schema.SCHEMA_VERSION
     c = sqlite3.connect(path)
-    c.execute("UPDATE meta SET value = 99 WHERE key = 'schema_version'")  # TEXT affinity: stored as '99'
+    c.execute("UPDATE meta SET value = 99 WHERE key IN ('schema_version', 'compat_version')")  # TEXT affinity: '99'
     c.commit()
     with pytest.raises(NewerSchema, match="schema 99"):
         schema.check_identity(c, path, integrity=False)
