@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import locale
 import os
 import signal
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +61,70 @@ def _ansi_terminal() -> bool:
     term = os.environ.get("TERM", "")
     return term in ("linux", "ansi", "vt100", "vt220") or term.endswith("-16color")
 
+
+# What Python's C-locale coercion (PEP 538) sets LC_CTYPE to when the locale it starts in is C or POSIX
+COERCED_CTYPES = frozenset({"C.UTF-8", "C.utf8", "UTF-8"})
+
+
+def ascii_default(environ: Mapping[str, str] | None = None, *, codeset: str | None = None,
+                  coerced: bool | None = None) -> bool:
+    """Whether to draw in ASCII: LYNXTOP_ASCII=1/0 if set; otherwise on unless the locale says UTF-8. A C or
+    Latin-1 terminal (LC_ALL=C, a serial console, a rescue shell) shows UTF-8 bars and marks as garbage.
+
+    The locale's name is the first set of LC_ALL, LC_CTYPE and LANG (as libc reads them); it says UTF-8, or the
+    codeset the C library gives it does (`nl_langinfo(CODESET)`: a C locale that is UTF-8, as musl's). Python's
+    coercion of a C locale to C.UTF-8 says nothing of the terminal: then LC_CTYPE and the codeset are not read,
+    the names the operator set are. `codeset`, `coerced`: given by tests; found here otherwise."""
+    env = os.environ if environ is None else environ
+    flag = env.get("LYNXTOP_ASCII")
+    if flag in ("0", "1"):
+        return flag == "1"
+    if coerced is None:
+        coerced = _coerced(env)
+    name = next((n for n in (env.get("LC_ALL"), None if coerced else env.get("LC_CTYPE"), env.get("LANG")) if n), "")
+    if _says_utf8(name):
+        return False
+    if coerced:
+        return True
+    return not _says_utf8(_codeset() if codeset is None else codeset)
+
+
+def _says_utf8(name: str) -> bool:
+    return "utf8" in name.lower().replace("-", "").replace("_", "")
+
+
+def _coerced(env: Mapping[str, str]) -> bool:
+    """Whether LC_CTYPE=C.UTF-8 was set by the interpreter at its start, not by the operator: absent from the
+    environment the process was started with (Linux's /proc/self/environ keeps it as it came). Without /proc:
+    Python's UTF-8 mode that came by itself with a C locale (no PYTHONUTF8) says so."""
+    ctype = env.get("LC_CTYPE")
+    if ctype not in COERCED_CTYPES or env.get("LC_ALL"):
+        return False
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return bool(sys.flags.utf8_mode) and "PYTHONUTF8" not in env
+    started = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return started.get(b"LC_CTYPE") != ctype.encode()
+
+
+def _codeset() -> str:
+    """The codeset of the locale the environment names now (set again from it, the one in force put back);
+    "" when the C library cannot say."""
+    try:
+        old = locale.setlocale(locale.LC_CTYPE)
+        try:
+            locale.setlocale(locale.LC_CTYPE, "")
+            return locale.nl_langinfo(locale.CODESET)
+        finally:
+            locale.setlocale(locale.LC_CTYPE, old)
+    except (locale.Error, AttributeError, ValueError):
+        return ""
+
+
+# The agent's 409 codes for an ask already met (docs/api.md): told as such, not as "agent busy"
+ALREADY_TITLES = {"already_serving": "already serving", "already_starting": "already starting",
+                  "already_stopped": "already stopped"}
 
 VIEW_KEYS = Binding.Group("views", compact=True)
 
@@ -128,7 +194,8 @@ class LynxtopApp(App):
         self.poll_interval_s = poll_interval_s
         self._clock = clock or time.time
         self.backoff = backoff or Backoff()
-        self.ascii_only = os.environ.get("LYNXTOP_ASCII") == "1" if ascii_only is None else ascii_only
+        # ASCII on a terminal whose locale is not UTF-8 (LYNXTOP_ASCII=0/1 decides where set)
+        self.ascii_only = ascii_default() if ascii_only is None else ascii_only
         self.backfill_enabled = backfill
         self._backfill_started = False
         # `lynxtop demo` knows its node is simulated before the agent answers; anywhere else only the status says
@@ -624,8 +691,10 @@ class LynxtopApp(App):
                         "if you still mean it", title=f"{action} not done: the run changed", severity="warning",
                         timeout=10)
             self.action_refresh_now()
+        elif exc.status == 409 and exc.code in ALREADY_TITLES:  # the ask already met: nothing done, nothing wrong
+            self.notify(exc.message, title=f"{action}: {ALREADY_TITLES[exc.code]}", severity="information", timeout=8)
         elif exc.status == 409 and action == "start" and exc.code == "state" and "already" in exc.message:
-            self.notify(exc.message, title="start: already serving", severity="warning", timeout=8)
+            self.notify(exc.message, title="start: already serving", severity="warning", timeout=8)  # older agents
         elif exc.status == 409:
             self.notify(exc.message, title=f"{action}: agent busy", severity="warning", timeout=8)
         else:

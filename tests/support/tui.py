@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ def make_app(socket: Path, database: Path | None = None, **kw: Any) -> LynxtopAp
     kw.setdefault("backoff", Backoff(base_s=0.05, cap_s=0.2))
     kw.setdefault("clock", lambda: T0 / 1000 + 2)
     kw.setdefault("backfill", False)
+    # the drawing under test whatever the runner's locale (tui/app.py ascii_default); LYNXTOP_ASCII still decides
+    kw.setdefault("ascii_only", None if "LYNXTOP_ASCII" in os.environ else False)
     return LynxtopApp(socket, database, **kw)
 
 

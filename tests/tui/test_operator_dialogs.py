@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 from support.tui import app_with_notices, make_app, plain, screen_text, text_of, wait_for
 from support.tui_keys import open_screen
 from support.waits import holds_async
@@ -125,4 +126,19 @@ async def test_start_refused_as_already_serving_is_titled_so(agent):
         await open_screen(pilot, app, "S", ConfirmScreen)
         await pilot.press("tab", "enter")
         await wait_for(pilot, lambda: any("already serving" in t for t, _, _ in notices))
+        assert not any("busy" in t for t, _, _ in notices)
+
+
+@pytest.mark.parametrize(("code", "title"), [("already_serving", "start: already serving"),
+                                             ("already_starting", "start: already starting")])
+async def test_start_refused_with_an_already_code_is_titled_so(agent, code, title):
+    """The agent's own codes for an ask already met (session 22) read as that, never as "agent busy"."""
+    agent.status["serving"]["state"] = "stopped"
+    agent.post_answers["start"] = (409, {"error": code, "message": "serving is already ready (profile dsv41-tp8); "
+                                                                   "use restart or switch"})
+    app, notices = app_with_notices(agent.socket_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_screen(pilot, app, "S", ConfirmScreen)
+        await pilot.press("tab", "enter")
+        await wait_for(pilot, lambda: any(t == title for t, _, _ in notices))
         assert not any("busy" in t for t, _, _ in notices)

@@ -11,6 +11,7 @@ from textual.containers import Container
 from textual.screen import Screen
 from textual.widgets import Static
 
+from lynxtop.tui.glyphs import glyph
 from lynxtop.tui.messages import LiveRefreshed
 from lynxtop.tui.widgets.key_bar import KeyBar
 from lynxtop.tui.widgets.node_header import SIMULATED_BADGE, NodeHeader
@@ -79,7 +80,8 @@ class LiveScreen(Screen):
         if simulated:
             text.append(*SIMULATED_BADGE)
             text.append("\n")
-        text.append(f"lynxtop needs at least {MIN_WIDTH}×{MIN_HEIGHT} characters; this terminal is {w}×{h}.\n"
+        x = glyph("×", self.lynx.ascii_only)
+        text.append(f"lynxtop needs at least {MIN_WIDTH}{x}{MIN_HEIGHT} characters; this terminal is {w}{x}{h}.\n"
                     "Enlarge the window or press q to quit.")
         self.query_one("#too-small", Static).update(text)
 

@@ -9,9 +9,11 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from lynxtop.contract.format import fmt_pct, fmt_rate, fmt_temp, fmt_watts, throttle_words
+from lynxtop.tui.glyphs import ascii_text
 from lynxtop.tui.live_state import HISTORY_POINTS
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
+from lynxtop.tui.widgets.text_panel import update_static
 from lynxtop.tui.widgets.time_chart import TimeChart
 
 WINDOW_MS = 15 * 60 * 1000
@@ -74,7 +76,7 @@ class GpuScreen(LiveScreen):
         count = len(state.gpus) or len(state.gpu_history)
         title.append(f"   ({count} GPUs; ←/→ to choose; last 15 min, {HISTORY_POINTS} samples max)" if wide
                      else f"   ({count} GPUs, ←/→; 15 min)", style="dim")
-        self.query_one("#gpu-title", Static).update(title)
+        update_static(self.query_one("#gpu-title", Static), ascii_text(title, app.ascii_only))  # only when changed
         ref = state.ts_ms
         end = int(ref or now_ms)
         start = end - WINDOW_MS

@@ -12,9 +12,11 @@ from textual.widgets import Static
 from lynxtop.contract.format import fmt_ms
 from lynxtop.contract.quantile import judged as judgeable
 from lynxtop.contract.quantile import lowest_bucket_column
+from lynxtop.tui.glyphs import ascii_text
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.node_header import sla_badge, sla_limit
+from lynxtop.tui.widgets.text_panel import update_static
 from lynxtop.tui.widgets.time_chart import TimeChart
 
 WINDOW_MS = 15 * 60 * 1000
@@ -77,7 +79,8 @@ class LatencyScreen(LiveScreen):
         line.append(f"   TTFT p99 ≤ {fmt_ms(sla.ttft_threshold_ms)}, TPOT p99 ≤ "
                     f"{fmt_ms(sla.tpot_threshold_ms)} {over};"
                     + (" ▲ marks a breach; last 15 min" if wide else " ▲ breach"), style="dim")
-        self.query_one("#sla-line", Static).update(line)
+        # only when changed: an idle node's same line is not sent again
+        update_static(self.query_one("#sla-line", Static), ascii_text(line, self.lynx.ascii_only))
         ref = state.ts_ms
         end = int(ref or now_ms)
         scrape_ok = dict(state.serving_series("scrape_ok"))

@@ -23,9 +23,11 @@ from textual.widgets import Input, Static
 
 from lynxtop.contract.client import AgentRefused, AgentUnreachable
 from lynxtop.contract.terminal import terminal_safe
+from lynxtop.tui.glyphs import ascii_text
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.follow_log import MARK, MAX_LINES, FollowLog
+from lynxtop.tui.widgets.text_panel import update_static
 
 TAIL_LINES = 1000  # the first read
 FOLLOW_LINES = 2000  # a later read at most: more new lines than this in one poll are skipped, and said so
@@ -59,6 +61,7 @@ class LogsScreen(LiveScreen):
         self.needle = ""
         self.match_at: int | None = None
         self._busy = False
+        self._tail: list[str] | None = None  # an older agent's whole tail, as last shown
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="logs-title")
@@ -109,8 +112,10 @@ class LogsScreen(LiveScreen):
         run, path, reset = data.get("run_id"), str(data.get("path") or ""), data.get("reset")
         new_run = self.run_id is not None and run != self.run_id
         if "next" not in data:  # an agent without `after`: its whole tail each time
-            log.clear()
-            log.add(lines)
+            if lines != self._tail:  # the same tail again (an idle server) is not drawn again
+                self._tail = lines
+                log.clear()
+                log.add(lines)
         else:
             marks = []
             if new_run:
@@ -145,7 +150,8 @@ class LogsScreen(LiveScreen):
             t.append(f"   {self.problem}", style="bold red")
         if self.path:  # last: a long path is what an 80-column line cuts, never the follow state
             t.append(f"   {self.path}", style="dim")
-        self.query_one("#logs-title", Static).update(t)
+        # only when changed: a title drawn again each poll re-sent the line over a slow link
+        update_static(self.query_one("#logs-title", Static), ascii_text(t, self.lynx.ascii_only))
 
     # ------------------------------------------------------------------ actions
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:

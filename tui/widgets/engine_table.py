@@ -9,10 +9,11 @@ from textual.content import Content
 from lynxtop.contract.format import NA, fmt_int, fmt_pct
 from lynxtop.contract.status import EngineLoad
 from lynxtop.tui.engine_lag import lagging, sorted_engines, summary
+from lynxtop.tui.glyphs import glyph
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.plot import bar
 from lynxtop.tui.widgets.serving_panel import stats_line
-from lynxtop.tui.widgets.text_panel import TextPanel
+from lynxtop.tui.widgets.text_panel import TextPanel, set_border
 
 MAX_ROWS = 8  # more engines than this go into columns side by side
 KV_RED_PCT = 95.0  # as the totals line
@@ -53,7 +54,7 @@ class EngineTable(TextPanel):
         self.lags = lagging(engines)
         bar_w = 10 if width >= 100 else 6
         self.rows = {e.engine: self._cells(e, bar_w) for e in engines}
-        lines = [stats_line(state, width < 100)]
+        lines = [stats_line(state, width < 100, self.ascii_only)]
         notes = False
         if len(engines) < 2:
             lines.append(Text(ONE_ENGINE if engines else NO_ENGINES, style="dim"))
@@ -61,7 +62,8 @@ class EngineTable(TextPanel):
             table, notes = self._table(width, bar_w)
             lines.extend(table)
         # Content, not a str: a str is parsed as markup, and the engine labels in it are vLLM's ('[/]' would raise)
-        self.border_subtitle = Content(summary(engines, self.lags, detail=not notes) if len(engines) >= 2 else "")
+        hint = summary(engines, self.lags, detail=not notes) if len(engines) >= 2 else ""
+        set_border(self, subtitle=Content(glyph(hint, self.ascii_only)))  # set only when changed: it repaints
         out = Text("\n", no_wrap=True, overflow="crop").join(lines)
         out.no_wrap, out.overflow = True, "crop"
         height = len(lines) + 2
@@ -87,7 +89,7 @@ class EngineTable(TextPanel):
             "running": _num(e.running),
             "waiting": _num(e.waiting, "yellow" if e.waiting else ""),
             "kv": kv_cell,
-            "note": Text(f"◀ {lag}" if lag else "", style="yellow"),
+            "note": Text(f"{glyph('◀', self.ascii_only)} {lag}" if lag else "", style="yellow"),
         }
 
     def _table(self, width: int, bar_w: int) -> tuple[list[Text], bool]:

@@ -21,16 +21,31 @@ from lynxtop.contract.format import (
     throttle_words,
 )
 from lynxtop.contract.status import GpuStatus
+from lynxtop.tui.glyphs import glyph
 from lynxtop.tui.plot import bar
+from lynxtop.tui.widgets.text_panel import content_key
 
 # Within 78 columns: the Node view shows it whole at 80x24.
 UTIL_NOTE = "util* = NVML utilization.gpu: time any kernel ran (coarse; SM/TC/DRAM = load)"
+
+
+# (warn, crit): yellow from warn, red from crit; at crit the State column also says it in words (NO_COLOR)
+TEMP_LEVELS = (80.0, 88.0)
+MEM_LEVELS = (95.0, 99.0)
 
 
 def level_style(pct: float | None, warn: float = 80, crit: float = 95) -> str:
     if pct is None:
         return "dim"
     return "red" if pct >= crit else "yellow" if pct >= warn else ""
+
+
+def _gib(v: float) -> str:
+    """GiB in the compact table: whole from 10, one decimal below (a CUDA context's 0.4 GiB is not `0`)."""
+    gib = v / 1024**3
+    if gib <= 0:
+        return "0"
+    return f"{max(gib, 0.1):.1f}" if round(gib, 1) < 10 else f"{gib:.0f}"
 
 
 def _bar_cell(pct: float | None, width: int, ascii_only: bool) -> Text:
@@ -68,7 +83,7 @@ class GpuTable(Widget, can_focus=True):
         ("tc", "Tensor", "Tensor"),
         ("dram", "DRAM bw", "DRAM bw"),
         ("util", "util*", "util*"),
-        ("mem", "Mem used/total", "Mem"),
+        ("mem", "Mem used/total", "Mem GiB"),
         ("power", "Power/limit", "Power"),
         ("temp", "Temp", "Temp"),
         ("nvlink", "NVLink TX/RX", None),
@@ -85,6 +100,7 @@ class GpuTable(Widget, can_focus=True):
         self.sort_descending = False
         self._gpus: list[GpuStatus] = []
         self._text = Text()
+        self._shown: object = None  # content_key of the text drawn: an equal one is not sent again
 
     def set_compact(self, compact: bool) -> None:
         self.compact = compact
@@ -122,7 +138,11 @@ class GpuTable(Widget, can_focus=True):
         order = self.order
         self.cursor = order.index(selected) if selected in order else min(self.cursor, max(0, len(rows) - 1))
         self._text = self._layout()
-        self.refresh(layout=self.size.height != len(rows) + 1)
+        layout = self.size.height != len(rows) + 1
+        key = content_key(self._text)
+        if key != self._shown or layout:  # an idle node's same rows: nothing to send
+            self._shown = key
+            self.refresh(layout=layout)
 
     def _layout(self) -> Text:
         cols = [(key, compact if self.compact else label) for key, label, compact in self.COLUMNS
@@ -197,27 +217,33 @@ class GpuTable(Widget, can_focus=True):
         mem_used, mem_total = g.metric("mem_used_bytes"), g.metric("mem_total_bytes")
         mem_pct = mem_used / mem_total * 100 if mem_used is not None and mem_total else None
         if self.compact:
-            gib = 1024**3
-            mem_text = (NA if mem_used is None or mem_total is None
-                        else f"{mem_used / gib:.0f}/{mem_total / gib:.0f}G")
+            mem_text = NA if mem_used is None or mem_total is None else f"{_gib(mem_used)}/{_gib(mem_total)}"
             pw = g.metric("power_w")
             power_text = NA if pw is None else f"{pw:.0f}W"
         else:
             mem_text = f"{fmt_bytes(mem_used)}/{fmt_bytes(mem_total)}"
             power_text = f"{fmt_watts(g.metric('power_w'))}/{fmt_watts(g.metric('power_limit_w'))}"
-        mem = Text(mem_text, style=level_style(mem_pct, 95, 99))
+        mem = Text(mem_text, style=level_style(mem_pct, *MEM_LEVELS))
         power = Text(power_text)
         temp = g.metric("temp_c")
-        temp_cell = Text(fmt_temp(temp), style=level_style(temp, 80, 88) or ("dim" if temp is None else ""))
+        asc = self.ascii_only
+        temp_text = glyph(fmt_temp(temp), asc)
+        temp_cell = Text(temp_text, style=level_style(temp, *TEMP_LEVELS) or ("dim" if temp is None else ""))
+        x = glyph("✗", asc)
         problems: list[str] = []
         if lost:
-            problems.append("✗ LOST")
+            problems.append(f"{x} LOST")
         if g.metric("ecc_uncorrected"):
-            problems.append(f"✗ ECC uncorr {g.metric('ecc_uncorrected')}")
+            problems.append(f"{x} ECC uncorr {g.metric('ecc_uncorrected')}")
         if g.metric("remapped_rows_failed"):
-            problems.append("✗ row remap failed")
+            problems.append(f"{x} row remap failed")
         elif g.metric("remapped_rows_pending"):
             problems.append("! row remap pending")
+        # Past the red lines, in words too: colour is never the only signal (NO_COLOR, a monochrome terminal)
+        if not lost and temp is not None and temp >= TEMP_LEVELS[1]:
+            problems.append(f"hot {temp_text}")
+        if not lost and mem_pct is not None and mem_pct >= MEM_LEVELS[1]:
+            problems.append(f"mem {int(mem_pct)}%")  # 99.6 % is not full: never rounded up to 100
         words = throttle_words(g.metric("throttle_reasons"))
         state_style = "bold red" if problems else ("yellow" if words and words != [NA] else "dim")
         state = Text(", ".join(problems + words) or "ok", style=state_style)

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from lynxtop.contract.format import NA, fmt_pct, fmt_temp, fmt_watts
 from lynxtop.contract.status import GpuStatus
+from lynxtop.tui.glyphs import glyph
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.plot import bucketize, reading_interval, sparkline
 from lynxtop.tui.widgets.text_panel import TextPanel
@@ -68,7 +69,7 @@ class GpuTrends(TextPanel):
             last = next((v for _, v in reversed(points) if v is not None), None)
             line.append(sparkline(values, spark_w, vmax=scales.get(key), ascii_only=self.ascii_only),
                         style="cyan")
-            text = fmt(last)
+            text = glyph(fmt(last), self.ascii_only)
             line.append(" " + text.rjust(VALUE_W), style="dim" if text == NA else "")
             line.append("   ")
         return line

@@ -20,6 +20,7 @@ from lynxtop.contract.status import (
     SlaStatus,
     taker_text,
 )
+from lynxtop.tui.glyphs import app_ascii, ascii_text
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.widgets.text_panel import TextPanel
 
@@ -113,8 +114,9 @@ class NodeHeader(TextPanel):
         # not a reason to shorten the rest). The state's durations go only for a breach's figures.
         breach = state.status is not None and state.sla.state == SlaState.BREACH
         held = state.status is not None and bool(state.status.cluster.gpus_taken)  # a worker's GPUs taken
+        asc = app_ascii(self)
         for level in range(LEVELS if breach or held else LEVELS - 1):
-            t = header_line(state, now_ms, [], lead, level)
+            t = ascii_text(header_line(state, now_ms, [], lead, level), asc)  # measured as drawn
             if not width or t.cell_len <= width:
                 break
         _flags(t, flags, level)
@@ -126,7 +128,7 @@ class NodeHeader(TextPanel):
             if width and t.cell_len + cell_len(text) > width:
                 break
             t.append(text, style="dim")
-        self.update(t)
+        self.update(ascii_text(t, asc))
 
 
 def header_line(state: LiveState, now_ms: int, flags: list[tuple[str, str]],

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from lynxtop.contract.format import fmt_clock, fmt_duration
+from lynxtop.tui.glyphs import app_ascii, glyph
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.widgets.text_panel import TextPanel
 
@@ -27,4 +28,4 @@ class OutageBanner(TextPanel):
         if retry_in_s is not None:
             text += f"; retrying in {fmt_duration(retry_in_s)}"
         text += f"  [{outage.error}]"
-        self.update(Text(text))
+        self.update(Text(glyph(text, app_ascii(self))))  # drawn again only when the text changes

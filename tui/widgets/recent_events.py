@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 
 from lynxtop.contract.format import fmt_when, now_ms
+from lynxtop.tui.glyphs import app_ascii, ascii_text
 from lynxtop.tui.widgets.text_panel import TextPanel
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class RecentEvents(TextPanel):
             lines.append(Text("no events", style="dim"))
         out = Text("\n", no_wrap=True, overflow="ellipsis").join(lines)
         out.no_wrap, out.overflow = True, "ellipsis"
-        self.update(out)
+        self.update(ascii_text(out, app_ascii(self)))
 
     def _now_ms(self) -> int:
         """Now on the node's clock, as the app tells it (frozen in the snapshots): what the events' times and

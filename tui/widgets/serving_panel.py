@@ -8,10 +8,11 @@ from textual.content import Content
 from lynxtop.contract.format import NA, fmt_int, fmt_ms, fmt_pct, fmt_si
 from lynxtop.contract.quantile import fmt_series, lowest_bucket_column, over
 from lynxtop.tui.engine_lag import lagging, summary
+from lynxtop.tui.glyphs import glyph
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.plot import sparkline
 from lynxtop.tui.widgets.node_header import sla_limit
-from lynxtop.tui.widgets.text_panel import TextPanel
+from lynxtop.tui.widgets.text_panel import TextPanel, set_border
 from lynxtop.tui.window_stats import RATE_WINDOW_MS, span_label, window_mean
 
 EXTRA_SERIES = ("e2e", "queue")
@@ -36,7 +37,8 @@ class ServingPanel(TextPanel):
         sm = state.serving_metrics
         width = max(8, self.size.width - 2)
         spark_w = max(4, width - 46)
-        lines = [stats_line(state, width < 100)]
+        asc = self.ascii_only
+        lines = [stats_line(state, width < 100, asc)]
         # E2E and queue p99 where the panel has rows to spare (it takes the Node view's free rows at 80x24)
         spare = max(0, self.size.height - 5)  # size is inside the border
         for series in ("ttft", "tpot", "itl", *EXTRA_SERIES[:spare]):
@@ -48,8 +50,8 @@ class ServingPanel(TextPanel):
             line = Text(no_wrap=True, overflow="crop")
             line.append(f"{series.upper():<5}", style="bold")
             line.append(f" p50 {p50:>8}  p99 ")
-            line.append(f"{p99 + (' ✗' if breach else ''):>10}", style="bold red" if breach else "")
-            line.append(f" {('≤' + fmt_ms(limit)) if limit else '':>9} ", style="dim")
+            line.append(f"{p99 + (' ' + glyph('✗', asc) if breach else ''):>10}", style="bold red" if breach else "")
+            line.append(f" {(glyph('≤', asc) + fmt_ms(limit)) if limit else '':>9} ", style="dim")
             values = [v for _, v in state.serving_series(f"{series}_p99_ms")]
             line.append(sparkline(values, spark_w, ascii_only=self.ascii_only), style="cyan")
             lines.append(line)
@@ -63,8 +65,9 @@ class ServingPanel(TextPanel):
         out.no_wrap, out.overflow = True, "crop"
         window = state.sla.window_s
         # The SLA badge judges p99 over this same window: say it, so the two figures can be compared.
-        self.border_title = f"Serving · p50/p99 over {window:g}s" if window is not None else "Serving"
-        self.border_subtitle = Content(_engines_hint(state))  # engine labels are vLLM's: text, never markup
+        title = f"Serving {glyph('·', asc)} p50/p99 over {window:g}s" if window is not None else "Serving"
+        # engine labels are vLLM's: text, never markup; both set only when changed (each repaints the panel)
+        set_border(self, title, Content(glyph(_engines_hint(state), asc)))
         self.update(out)
 
 
@@ -76,7 +79,7 @@ def _engines_hint(state: LiveState) -> str:
     return f"{summary(engines, lagging(engines))} · e shows each"
 
 
-def stats_line(state: LiveState, short: bool) -> Text:
+def stats_line(state: LiveState, short: bool, ascii_only: bool = False) -> Text:
     """Throughput, queue, KV cache, preemptions and prefix hits; short labels below 100 columns."""
     sm = state.serving_metrics
     stats = Text(no_wrap=True, overflow="ellipsis")
@@ -90,7 +93,7 @@ def stats_line(state: LiveState, short: bool) -> Text:
         stats.append(gap)
 
     if sm.metric("scrape_ok") == 0:
-        stats.append("✗ /metrics not readable ", style="bold red")
+        stats.append(f"{glyph('✗', ascii_only)} /metrics not readable ", style="bold red")
     # Finished requests per tick read 0 for minutes when requests take longer than a tick: the mean
     # over the last minutes is shown, and says so.
     interval_ms = int(float(state.agent.sample_interval_s or 1.0) * 1000)

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from lynxtop.contract.format import fmt_duration
 from lynxtop.contract.status import ServingState, ServingStatus
+from lynxtop.tui.glyphs import app_ascii, ascii_text
 from lynxtop.tui.widgets.text_panel import TextPanel
 
 PHASES = ("loading weights", "kv cache", "cuda graphs", "api up")
@@ -49,7 +50,7 @@ class StartupPhases(TextPanel):
             t = _progress(serving, now_ms)
         else:
             t = Text(no_wrap=True, overflow="ellipsis")
-        self.update(_log_problem(t, serving.log_problem) if serving.log_problem else t)
+        self.update(ascii_text(_log_problem(t, serving.log_problem) if serving.log_problem else t, app_ascii(self)))
 
 
 def _log_problem(t: Text, problem: str) -> Text:

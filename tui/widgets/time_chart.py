@@ -11,6 +11,7 @@ from textual.widget import Widget
 
 from lynxtop.contract.format import NA, fmt_clock, fmt_datetime, fmt_duration
 from lynxtop.contract.quantile import over, quantile_bound
+from lynxtop.tui.glyphs import ascii_text
 from lynxtop.tui.plot import Chart, axis_top, breach_marks, bucketize, column_chart, reading_interval
 
 LABEL_W = 9  # the y-axis labels' width, unless a label needs more (fit_label)
@@ -38,6 +39,7 @@ class TimeChart(Widget):
         self.note = ""
         self.episodes: int | None = None  # breaches counted by the caller (the agent's rule); None: counted here
         self.lowest: float | None = None  # percentiles: their histogram's lowest bucket bound (contract/quantile.py)
+        self._data_key: tuple[object, ...] | None = None  # the inputs drawn: the same again is not drawn again
 
     def set_data(self, points: Sequence[tuple[int, float | None]], start_ms: int, end_ms: int, *,
                  threshold: float | None = None, utc: bool = False, note: str = "",
@@ -46,6 +48,10 @@ class TimeChart(Widget):
         counts as agent/metrics/sla.py does); None: the points' own runs above the threshold. `lowest`: the points
         are percentiles and this their histogram's lowest bucket bound: a reading at or below it is quoted as
         `<bound`, and never marked a breach of a threshold below the bound (the histogram cannot tell)."""
+        key = (tuple(points), start_ms, end_ms, threshold, utc, note, episodes, lowest)  # a copy: a live list grows
+        if key == self._data_key:
+            return  # an idle node's same readings and window: nothing to send
+        self._data_key = key
         self.points, self.start_ms, self.end_ms = points, start_ms, end_ms
         self.threshold, self.utc, self.note, self.episodes = threshold, utc, note, episodes
         self.lowest = lowest
@@ -87,7 +93,7 @@ class TimeChart(Widget):
             line.truncate(width, overflow="crop")
         out = Text("\n", no_wrap=True, overflow="crop").join(lines)
         out.no_wrap, out.overflow = True, "crop"
-        return out
+        return ascii_text(out, self.ascii_only)  # `▲ 2 breaches`, `°C`
 
     def _chart(self, plot_w: int, plot_h: int, last: float | None) -> Chart:
         """The columns of `plot_w` time buckets, `plot_h` rows high."""
