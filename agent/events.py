@@ -68,11 +68,17 @@ class EventSink:
                 fn(ev)
             except Exception:  # noqa: BLE001 - one broken subscriber must not keep the event from the rest
                 self._log.exception("event subscriber %r failed on %s", fn, ev.kind)
-        self._log.log(_LEVELS.get(ev.severity, logging.INFO), "%s: %s", ev.kind, ev.message)
+        self._log.log(log_level(ev.severity), "%s: %s", ev.kind, ev.message)
 
     def __call__(self, ev: Event) -> None:
         """The sink as the `record(Event)` callable the Ray roles take."""
         self.put(ev)
+
+
+def log_level(severity: str) -> int:
+    """The journal level of an event of `severity` (a `Severity` or its text): the one mapping every part that
+    logs an event uses (the sink; the GPU sampler's reporter where no sink is wired), so a level never disagrees."""
+    return _LEVELS.get(severity, logging.INFO)  # type: ignore[call-overload]
 
 
 def _log_write_error(ev: Event, exc: Exception) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pynvml
 
+from lynxtop.agent.events import log_level
 from lynxtop.agent.gpu.gpm import GpmReader
 from lynxtop.agent.gpu.nvlink import NvlinkCounters
 from lynxtop.contract.events import EventKind
@@ -95,7 +96,9 @@ class Gpu:
 
 
 class Reporter:
-    """Events to the sink (and the log), and which (kind, key) pairs were already reported once."""
+    """Events to the sink, and which (kind, key) pairs were already reported once. The sink logs what it takes
+    (agent/events.py: one line per event, at its severity's level); the log gets the event here only where there
+    is no sink, or the sink failed, so no event is two journal lines."""
 
     def __init__(self, on_event: EventSink | None):
         self.on_event = on_event
@@ -103,14 +106,16 @@ class Reporter:
 
     def event(self, kind: EventKind, severity: str, message: str, details: dict | None = None,
               logged: bool = False) -> None:
-        """To the sink, and to the log unless the caller `logged` it already (its own line, its own level)."""
-        if not logged:
-            (log.warning if severity in ("warning", "error", "critical") else log.info)("%s", message)
+        """To the sink; to the log at the severity's level where no sink takes it, unless the caller `logged` it
+        already (its own line, its own level)."""
         if self.on_event is not None:
             try:
                 self.on_event(kind, severity, message, details)
-            except Exception:  # a broken sink must not stop sampling
-                log.exception("GPU event sink failed")
+                return
+            except Exception:  # a broken sink must not stop sampling, nor lose the event from the log
+                log.exception("GPU event sink failed on %s", kind)
+        if not logged:
+            log.log(log_level(severity), "%s", message)
 
     def once(self, kind: str, key: str) -> bool:
         if (kind, key) in self._reported:

@@ -1,10 +1,16 @@
 """Lost GPUs and the boards behind NVML's indices, for the GPU sampler (sampler.py).
 
-A GPU answering GPU_IS_LOST is marked lost (one `gpu.lost` per episode) and probed every `probe_s`; one lost
+A GPU answering GPU_IS_LOST is marked lost and probed every `probe_s`; one lost
 while NVML enumerated it (no handle, or lost amid its setup) is set up again at each probe, as at open, since a
 reset makes it answer again without a re-initialisation (it stayed out of static() until the agent restarted).
 While lost, its last process rows stay known, marked `stale`: NVML cannot list a lost GPU's processes, and a
 stop must not take their absence for a release (agent/serving/stopping.py says "not confirmed").
+
+The events follow episodes, as agent/gpu/outage.py does for NVML: `gpu.lost` (critical) when one starts, and
+`gpu.recovered` once the GPU has answered for `settle_s` since it last came back, counting the times it came back
+and was lost again in between. A GPU that falls off the bus every few seconds is one pair of events, not one per
+flap. The lost flag itself (the rows' `lost`, the exporter's `lynxtop_gpu_lost`) follows NVML at every tick, and
+the GPU is sampled again as soon as it answers: only the recovery event waits.
 
 Stored history is keyed by NVML index: the last UUID seen at each index is kept across (re)initialisations, and
 another board at a known index (a driver reload that reorders them, a board gone) is one `gpu.identity_changed`.
@@ -13,11 +19,24 @@ another board at a known index (a driver reload that reorders them, a board gone
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pynvml
 
-from lynxtop.agent.gpu.calls import REINIT_CODES, Gpu, NvmlCaller, Reinit, Reporter
+from lynxtop.agent.gpu.calls import REINIT_CODES, Gpu, NvmlCaller, Reinit, Reporter, log
 from lynxtop.contract.events import EventKind
+
+SETTLE_S = 60.0  # a lost GPU answering this long is told recovered; lost again before is the same episode
+
+
+@dataclass
+class LostEpisode:
+    """One GPU's loss, from its `gpu.lost` until its `gpu.recovered`; times on the sampler's monotonic clock."""
+
+    since: float
+    back_at: float | None = None  # when it last came back (None: lost now)
+    flaps: int = 0  # times it came back and was lost again within the settle time
+    how: str = ""  # how it came back last, for the recovery's message
 
 
 class LostGpus:
@@ -25,24 +44,36 @@ class LostGpus:
     out by a setup bug, told there; raises `Reinit` for the library)."""
 
     def __init__(self, r: Reporter, caller: NvmlCaller, clock: Callable[[], float], probe_s: float,
-                 set_up: Callable[[int], Gpu | None]):
+                 set_up: Callable[[int], Gpu | None], settle_s: float = SETTLE_S):
         self._r, self._c, self._clock, self.probe_s, self._set_up = r, caller, clock, probe_s, set_up
+        self.settle_s = settle_s
+        self._episodes: dict[int, LostEpisode] = {}  # by NVML index, across (re)initialisations
+        self._settle_at = float("inf")  # the first tick at which a GPU back in an episode may be told recovered
         self._uuids: dict[int, str] = {}  # the last UUID known at each NVML index, across (re)initialisations
         self._stale: dict[int, tuple[str, list[dict]]] = {}  # a lost GPU's last processes across a re-init
 
     def opened(self, gpus: list[Gpu], count: int) -> None:
         """After a (re)initialisation that enumerated `count` GPUs: identities compared, lost GPUs told (a GPU lost
-        before it and lost again keeps its last processes), the ones answering free to be told lost again."""
+        before it and lost again keeps its last processes), the ones answering counted back in their episode (told
+        recovered once they settle). A GPU of an episode no longer sampled (not enumerated, left out) is not back."""
         self.check_identity({g.idx: g.uuid for g in gpus if g.uuid}, count)
         stale, self._stale = self._stale, {}
+        now = self._clock()
+        answering = set()
         for g in gpus:
             if g.lost:
                 was = stale.get(g.idx)
                 if was is not None and g.uuid in ("", was[0]):
                     g.proc_rows = was[1]
                 self.mark(g, "while enumerating")
-            else:  # found answering (a reset, a driver reload): lost again later is a new `gpu.lost`
-                self._r.forget("gpu_lost", str(g.idx))
+            else:  # found answering (a reset, a driver reload)
+                answering.add(g.idx)
+                ep = self._episodes.get(g.idx)
+                if ep is not None and ep.back_at is None:
+                    self._back(g, now, "found answering when NVML was initialised again")
+        for i, ep in self._episodes.items():
+            if i not in answering:
+                ep.back_at = None
 
     def keep(self, gpus: list[Gpu]) -> None:
         """At a teardown: the lost GPUs' last processes, for the next initialisation should it find them lost."""
@@ -51,13 +82,21 @@ class LostGpus:
                 self._stale[g.idx] = (g.uuid, g.proc_rows)
 
     def mark(self, g: Gpu, where: str) -> None:
-        """`g` is lost: one `gpu.lost` per episode. Its last process rows are copied once with `stale: True` and
-        stay in every tick (the same objects: stored once, store/writer.py) until it answers and is read again."""
+        """`g` is lost: one `gpu.lost` per episode (lost again within the settle time: a flap, counted). Its last
+        process rows are copied once with `stale: True` and stay in every tick (the same objects: stored once,
+        store/writer.py) until it answers and is read again."""
         g.lost = True
         g.lost_probe_at = self._clock() + self.probe_s
         if g.proc_rows and not g.proc_rows[0].get("stale"):
             g.proc_rows = [{**r, "stale": True} for r in g.proc_rows]
-        if self._r.once("gpu_lost", str(g.idx)):
+        ep = self._episodes.get(g.idx)
+        if ep is not None:
+            if ep.back_at is not None:
+                ep.flaps += 1
+                ep.back_at = None
+                log.debug("GPU %d lost again %d time(s) in this episode", g.idx, ep.flaps)
+        else:
+            self._episodes[g.idx] = LostEpisode(since=self._clock())
             self._r.event(EventKind.GPU_LOST, "critical",
                           f"GPU {g.idx} {g.uuid or ''} is lost (NVML GPU_IS_LOST {where}); the other GPUs keep "
                           "sampling. A lost GPU usually needs a reset or a reboot.",
@@ -80,28 +119,61 @@ class LostGpus:
             return None
         g.lost = False
         g.kept_at = None  # read everything again on its first tick back
-        self._r.forget("gpu_lost", str(g.idx))
         if g.gpm is not None:
             g.gpm.reset()
-        self._r.event(EventKind.GPU_RECOVERED, "info", f"GPU {g.idx} answers NVML again",
-                      {"gpu": g.idx, "uuid": g.uuid})
+        self._back(g, now, "")
         return g
 
     def _set_up_again(self, lost: Gpu) -> Gpu | None:
         """`lost`'s handle and static facts asked again, as at open: the new `Gpu`, its UUID compared with what its
-        index was and `gpu.recovered` told as for any lost GPU that answers again; None while it does not."""
+        index was and `gpu.recovered` told as for any lost GPU that settles; None while it does not."""
         g = self._set_up(lost.idx)  # Reinit (the library's code) goes up to the tick: NVML is opened again
         if g is None or g.lost or g.handle is None or not g.uuid:
             if g is not None and g.gpm is not None:
                 g.gpm.close()
             return None
         g.kept_at = None
-        self._r.forget("gpu_lost", str(g.idx))
         self.check_identity({g.idx: g.uuid}, None)
-        self._r.event(EventKind.GPU_RECOVERED, "info", f"GPU {g.idx} {g.uuid} answers NVML again (it was lost "
-                      "when NVML enumerated it): its static facts are read now and it is sampled again",
-                      {"gpu": g.idx, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id})
+        self._back(g, self._clock(), "it was lost when NVML enumerated it: its static facts were read when it "
+                   "answered")
         return g
+
+    def _back(self, g: Gpu, now: float, how: str) -> None:
+        """`g` answers again: its episode settles from now (`settle`)."""
+        ep = self._episodes.get(g.idx)
+        if ep is None:  # answering without an episode (none was told): nothing to close
+            return
+        ep.back_at, ep.how = now, how
+        self._settle_at = min(self._settle_at, now + self.settle_s)
+        log.info("GPU %d answers NVML again; sampled again now, told recovered once it has answered for %g s",
+                 g.idx, self.settle_s)
+
+    def settle(self, now: float, gpus: list[Gpu]) -> None:
+        """Once a tick, after sampling: each GPU back for `settle_s` gets its episode's one `gpu.recovered`, with
+        how long it was lost and how many times it came back and was lost again."""
+        if now < self._settle_at:
+            return
+        self._settle_at = float("inf")
+        by_idx = {g.idx: g for g in gpus}
+        for i, ep in list(self._episodes.items()):
+            if ep.back_at is None:
+                continue
+            if now - ep.back_at < self.settle_s:
+                self._settle_at = min(self._settle_at, ep.back_at + self.settle_s)
+                continue
+            del self._episodes[i]
+            g = by_idx.get(i)
+            uuid, bus = (g.uuid, g.pci_bus_id) if g is not None else ("", "")
+            lost_s = round(ep.back_at - ep.since, 1)
+            msg = f"GPU {i} {uuid} answers NVML again: lost for {lost_s:g} s, answering for {self.settle_s:g} s"
+            if ep.flaps:
+                msg += (f"; it came back and was lost again {ep.flaps} time(s) in this episode (one event for "
+                        "them all): check its seating, power and PCIe link")
+            if ep.how:
+                msg += f" ({ep.how})"
+            self._r.event(EventKind.GPU_RECOVERED, "info", msg,
+                          {"gpu": i, "uuid": uuid, "pci_bus_id": bus, "lost_s": lost_s, "flaps": ep.flaps,
+                           "settle_s": self.settle_s})
 
     def check_identity(self, found: dict[int, str], count: int | None) -> None:
         """The UUIDs `found` at their NVML indices against the last known at each: one `gpu.identity_changed`

@@ -46,6 +46,7 @@ from lynxtop.agent.gpu.calls import (
     log,
 )
 from lynxtop.agent.gpu.left_out import LeftOut
+from lynxtop.agent.gpu.lost import SETTLE_S as LOST_SETTLE_S
 from lynxtop.agent.gpu.lost import LostGpus
 from lynxtop.agent.gpu.outage import NvmlRetry
 from lynxtop.agent.gpu.protocol import GpuBackend
@@ -105,7 +106,7 @@ class GpuSampler:
                  retry_initial_s: float = 1.0, retry_max_s: float = 60.0, lost_probe_s: float = 10.0,
                  xid_events: bool = True, xid_per_tick: int = XIDS_PER_TICK, refresh_s: float = MAX_AGE_S,
                  wall_clock: Callable[[], float] = time.time, on_xid: Callable[[int | None], None] | None = None,
-                 settle_s: float = SETTLE_S):
+                 settle_s: float = SETTLE_S, lost_settle_s: float = LOST_SETTLE_S):
         self._factory = backend_factory
         self.gpm_enabled = gpm_enabled
         self._clock = clock
@@ -121,7 +122,7 @@ class GpuSampler:
         self._slow = SlowReadings(self._c, slow_interval_s)
         self._refresh = Refresh(refresh_s)
         # lost GPUs (probed, set up again) and the board at each index (`gpu.identity_changed`): lost.py
-        self._lost = LostGpus(self._r, self._c, clock, lost_probe_s, self._setup_gpu)
+        self._lost = LostGpus(self._r, self._c, clock, lost_probe_s, self._setup_gpu, lost_settle_s)
         self._gpus: list[Gpu] = []
         self._static_rows: list[dict] | None = None  # static()'s rows for the GPUs of this initialisation
         self._state = {"state": "error", "message": "not opened", "driver_version": "", "nvml_version": ""}
@@ -372,6 +373,7 @@ class GpuSampler:
             if self._r.once("sample_bug", type(e).__name__):
                 log.exception("GPU sampling failed (logged once)")
             return GpuTick()
+        self._lost.settle(now, self._gpus)  # a GPU back long enough: its `gpu.recovered` (lost.py)
         if now >= self._retry.settle_at:  # healthy: one comparison a tick
             self._retry.settled(now, self._state["driver_version"], len(self._gpus))
         return tick

@@ -60,7 +60,7 @@ def test_a_gpu_lost_at_enumeration_is_set_up_when_it_answers_again():
     node.states[3] = FakeGpuState(lost=True)
     events: list = []
     s = GpuSampler(lambda: FakeNvml(node, clock=clock), clock=clock, xid_events=False, lost_probe_s=1.0,
-                   on_event=lambda *a: events.append(a))
+                   on_event=lambda *a: events.append(a), lost_settle_s=0.0)  # told recovered at once (s22)
     s.open()
     assert [g["idx"] for g in s.static()] == [0, 1, 2, 4, 5, 6, 7]
     assert kinds(events).count(EventKind.GPU_LOST) == 1

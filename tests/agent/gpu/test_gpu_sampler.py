@@ -200,7 +200,7 @@ def test_lost_gpu_others_keep_sampling_event_once(clock, events):
 
 def test_lost_gpu_that_answers_again_recovers(clock, events):
     node = ConstantNode(h200_specs(2), [busy_state(18), busy_state(18)])
-    s, _ = make(node, clock, events, lost_probe_s=3.0)
+    s, _ = make(node, clock, events, lost_probe_s=3.0, lost_settle_s=10.0)
     s.open()
     run_ticks(s, clock, 2)
     node.states[1] = FakeGpuState(lost=True)
@@ -208,6 +208,8 @@ def test_lost_gpu_that_answers_again_recovers(clock, events):
     node.states[1] = busy_state(18)
     tick = run_ticks(s, clock, 4)
     assert tick.gpu_rows[1]["lost"] == 0 and tick.gpu_rows[1]["temp_c"] == 71
+    assert events.kinds() == ["gpu.lost"]  # sampled again at once; told recovered once it answered 10 s (s22)
+    run_ticks(s, clock, 10)
     assert events.kinds() == ["gpu.lost", "gpu.recovered"]
 
 

@@ -30,7 +30,8 @@ def _sampler(clock, events) -> tuple[ConstantNode, list[FakeNvml], GpuSampler]:
         made.append(FakeNvml(node, clock=clock))
         return made[-1]
 
-    s = GpuSampler(factory, clock=clock, on_event=events, xid_events=False, retry_initial_s=1.0, lost_probe_s=600)
+    s = GpuSampler(factory, clock=clock, on_event=events, xid_events=False, retry_initial_s=1.0, lost_probe_s=600,
+                   lost_settle_s=0.0)  # a loss right after a return is a new episode here (test_s22_gpu_noise.py)
     s.open()
     return node, made, s
 

@@ -319,7 +319,8 @@ def run(sampler_cls, steps: list[float]) -> tuple[list, Events, list]:
         return made[-1]
 
     events = Events()
-    s = sampler_cls(factory, clock=clock, on_event=events, xid_events=False, slow_interval_s=2.0, lost_probe_s=1.0)
+    s = sampler_cls(factory, clock=clock, on_event=events, xid_events=False, slow_interval_s=2.0, lost_probe_s=1.0,
+                    lost_settle_s=5.0)
     assert s.open()["state"] == "ok"
     made[0].log.clear()
     out, calls = [], []
