@@ -124,6 +124,8 @@ class EventKind(StrEnum):
     STORE_MOVED_ASIDE = "store.moved_aside"  # a damaged or foreign file was moved aside; a fresh one started
     STORE_WRITE_FAILED = "store.write_failed"  # writes fail (full disk, I/O error): ticks wait in memory
     STORE_WRITES_RESUMED = "store.writes_resumed"
+    STORE_TICKS_DROPPED = "store.ticks_dropped"  # the writer lags (queue full, no write error): oldest ticks dropped
+    STORE_WRITER_CAUGHT_UP = "store.writer_caught_up"  # ... no tick dropped for a while (details.dropped_ticks)
     STORE_DB_UNLINKED = "store.db_unlinked"  # the database path lost the writer's file (rm, mv): a fresh one
     STORE_DB_REPLACED = "store.db_replaced"  # the path names another file (a restored backup): written from now
     STORE_LEGACY = "store"  # read only: what older agents stored for any of the writer's troubles (see below)

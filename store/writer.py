@@ -82,6 +82,38 @@ _LOG_LEVELS = {"critical": logging.CRITICAL, "error": logging.ERROR, "warning": 
 OPEN_RETRY_S = (5.0, 30.0)
 
 
+LAG_QUIET_S = 60.0  # ticks dropped by a lagging writer: one episode until this long passes without a drop
+
+
+class _LagDrops:
+    """Ticks dropped because the writer lags (its queue full with no write error: a slow disk, a busy CPU), told once
+    per episode: the first drop opens it (store.ticks_dropped at once), and once `quiet_s` pass without one,
+    store.writer_caught_up gives the count. Only counted before, in `dropped`: the history had gaps nobody was told
+    of. Drops during a write outage are told by store.write_failed / store.writes_resumed instead."""
+
+    def __init__(self, quiet_s: float = LAG_QUIET_S):
+        self.quiet_s = quiet_s
+        self.count = 0  # ticks dropped in the open episode (0: none open)
+        self.first = self.last = 0.0  # monotonic times of its first and last drop
+
+    def hit(self, n: int, now: float) -> bool:
+        """`n` ticks dropped now; True when they open an episode (tell it)."""
+        opened = self.count == 0
+        if opened:
+            self.first = now
+        self.count += n
+        self.last = now
+        return opened
+
+    def close(self, now: float) -> tuple[int, float] | None:
+        """(ticks dropped, span in s) of the episode when it just ended: `quiet_s` without a drop."""
+        if self.count == 0 or now - self.last < self.quiet_s:
+            return None
+        done = (self.count, round(self.last - self.first, 1))
+        self.count = 0
+        return done
+
+
 @dataclass(slots=True)
 class _Tick:
     ts_ms: int
@@ -502,7 +534,7 @@ class StoreWriter:
                  maintenance_interval_s: float = 60.0, batch_max_ticks: int = 1000,
                  retention_chunk: int = retention_mod.CHUNK_ROWS, integrity_check: bool = True,
                  wal_check_interval_s: float = WAL_CHECK_S, lock: bool = False, linger_s: float = 0.0,
-                 on_event: Callable[[Event], None] | None = None):
+                 on_event: Callable[[Event], None] | None = None, lag_quiet_s: float = LAG_QUIET_S):
         self.path = Path(path)
         # The store's own events (store.*): with `on_event` (the agent's EventSink.put, injected because the store
         # may not import the agent) they take the agent's one path, which writes them back through `record`,
@@ -544,6 +576,7 @@ class StoreWriter:
         self._checkpointer: Checkpointer | None = None
 
         self._dropped = 0
+        self._lag = _LagDrops(lag_quiet_s)  # the drops of a lagging writer, told once per episode (see submit_tick)
         self._slow = SlowRows()  # the NVLink/process readings stored last, per GPU (writer thread only)
         self._failed = 0  # ticks the database refused (a bad value): dropped, and the agent is unhealthy
         self._last_rejected: float | None = None  # monotonic time of the last refused tick
@@ -740,13 +773,18 @@ class StoreWriter:
         """Queue one sampling tick; never blocks. A full queue drops the oldest tick (counted in stats)."""
         tick = _Tick(int(ts_ms), list(gpu_rows or ()), host_row, serving_row, list(nvlink_rows or ()),
                      list(process_rows or ()))
+        told: list[Event] = []
         with self._cv:
             self._ticks.append(tick)
             n = len(self._ticks)
+            lost = 0
             while n > self.queue_max:
                 self._ticks.popleft()
-                self._dropped += 1
+                lost += 1
                 n -= 1
+            if lost or self._lag.count:
+                self._dropped += lost
+                told = self._lag_events(lost)
             # The thread is woken only when it would otherwise look too late: a lingering one already waits
             # for this tick's second (10 Hz: one wake-up a second, not two), a busy one looks when done.
             if n >= self.batch_max_ticks:
@@ -757,6 +795,32 @@ class StoreWriter:
             if waiting is not None and waiting > self._due_at:
                 self._waiting_until = None  # one notify per wait
                 self._cv.notify()
+        for event in told:  # outside the lock: the agent's sink writes them back through record()
+            held = self._held is not None
+            self._event(event)
+            if held:  # not started: the sink takes it at start(); the log tells the operator now
+                log.warning("%s", event.message)
+
+    def _lag_events(self, lost: int) -> list[Event]:
+        """The events of a lag episode that `lost` ticks dropped now open or that just ended (called holding the
+        condition). Drops while writes fail or the file is not open yet are the outage's (store.writes_resumed)."""
+        now = time.monotonic()
+        if lost and self._trouble_since is None and self._unopened is None:
+            if not self._lag.hit(lost, now):
+                return []
+            return [Event(EventKind.STORE_TICKS_DROPPED, Severity.WARNING,
+                          f"{self.path}: the history writer lags behind the samples: its queue of {self.queue_max} "
+                          "ticks is full and the oldest are dropped, with no write error (a slow disk or a busy "
+                          f"CPU); store.writer_caught_up gives the count once none is dropped for "
+                          f"{self._lag.quiet_s:g} s",
+                          {"queue_max": self.queue_max, "dropped_total": self._dropped + self._failed})]
+        done = None if lost else self._lag.close(now)
+        if done is None:
+            return []
+        count, span = done
+        return [Event(EventKind.STORE_WRITER_CAUGHT_UP, Severity.WARNING,
+                      f"{self.path}: the history writer keeps up again; {count} ticks were dropped over {span:g} s "
+                      "while it lagged", {"dropped_ticks": count, "span_s": span})]
 
     def _event(self, event: Event) -> None:
         """One of the store's own events: to `on_event` (held until start), else written and logged here."""

@@ -1,0 +1,102 @@
+"""Ticks dropped because the writer lags (its queue full, no write error) are told once per episode: a warning
+`store.ticks_dropped` when dropping starts, `store.writer_caught_up` with the count once none was dropped for
+`lag_quiet_s`. Before, they were only counted in `dropped`: no event, no log line. A real SQLite file and the real
+writer thread, kept behind by its linger (it waits to batch ticks), not by a write error."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+
+from lynxtop.contract.events import Event, EventKind
+from lynxtop.store.writer import StoreWriter
+
+T0 = 1_700_000_000_000
+
+
+def _wait(cond, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _lagging(tmp_path, told: list[Event], quiet_s: float = 0.3) -> StoreWriter:
+    """A started writer that lingers 60 s before writing: 5 queued ticks fill its queue."""
+    w = StoreWriter(tmp_path / "h.db", queue_max=5, linger_s=60.0, on_event=told.append, lag_quiet_s=quiet_s)
+    w.start()
+    return w
+
+
+def test_a_lagging_writer_tells_the_drops_once_and_the_count_when_it_keeps_up(tmp_path):
+    told: list[Event] = []
+    w = _lagging(tmp_path, told)
+    try:
+        for i in range(50):
+            w.submit_tick(T0 + i * 100, host_row={"cpu_pct": 1.0})
+        assert w.stats()["dropped"] == 45
+        assert [e.kind for e in told] == [EventKind.STORE_TICKS_DROPPED], told  # one event, not 45
+        assert "lags" in told[0].message and str(w.path) in told[0].message
+        assert told[0].details == {"queue_max": 5, "dropped_total": 1}  # made at the first drop
+        assert w.flush(30)  # the writer catches up
+        for i in range(3):  # drops again within the episode: counted, not told
+            w.submit_tick(T0 + 10_000 + i * 100, host_row={"cpu_pct": 1.0})
+        for i in range(5):
+            w.submit_tick(T0 + 20_000 + i * 100, host_row={"cpu_pct": 1.0})
+        assert len(told) == 1
+        assert w.flush(30)
+        time.sleep(0.4)  # quiet for longer than lag_quiet_s
+        w.submit_tick(T0 + 30_000, host_row={"cpu_pct": 1.0})  # no drop: the episode ends
+        assert [e.kind for e in told] == [EventKind.STORE_TICKS_DROPPED, EventKind.STORE_WRITER_CAUGHT_UP]
+        assert told[1].details is not None and told[1].details["dropped_ticks"] == 48, told[1]
+        assert "48 ticks were dropped" in told[1].message
+        w.submit_tick(T0 + 30_100, host_row={"cpu_pct": 1.0})
+        assert len(told) == 2  # told once
+        for i in range(10):  # a new episode is told again
+            w.submit_tick(T0 + 40_000 + i * 100, host_row={"cpu_pct": 1.0})
+        assert [e.kind for e in told][2:] == [EventKind.STORE_TICKS_DROPPED]
+    finally:
+        w.close()
+
+
+def test_without_a_sink_the_drops_are_written_and_logged(tmp_path, caplog):
+    """A tool's writer (no agent sink): the event lands in the database and the log."""
+    caplog.set_level(logging.WARNING, logger="lynxtop")
+    w = StoreWriter(tmp_path / "h.db", queue_max=5, linger_s=60.0)
+    w.start()
+    try:
+        for i in range(20):
+            w.submit_tick(T0 + i * 100, host_row={"cpu_pct": 1.0})
+        assert w.flush(30)
+    finally:
+        w.close()
+    rows = sqlite3.connect(tmp_path / "h.db").execute(
+        "SELECT kind, severity FROM events WHERE kind LIKE 'store.%'").fetchall()
+    assert rows == [("store.ticks_dropped", "warning")]
+    assert sum("lags behind" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_drops_during_a_write_outage_are_the_outages_not_a_lag(tmp_path):
+    """A read-only database: store.write_failed and store.writes_resumed (with the count) tell those drops."""
+    told: list[Event] = []
+    w = StoreWriter(tmp_path / "h.db", queue_max=5, retry_interval_s=0.05, on_event=told.append, lag_quiet_s=0.1)
+    w.start()
+    try:
+        w.submit_tick(T0, host_row={"cpu_pct": 1.0})
+        assert w.flush(30)
+        w.conn.execute("PRAGMA query_only = 1")
+        w.submit_tick(T0 + 100, host_row={"cpu_pct": 1.0})
+        _wait(lambda: w.stats()["retrying"])
+        for i in range(30):
+            w.submit_tick(T0 + 200 + i * 100, host_row={"cpu_pct": 1.0})
+        assert w.stats()["dropped"] >= 20
+        w.conn.execute("PRAGMA query_only = 0")
+        assert w.flush(30)
+        _wait(lambda: EventKind.STORE_WRITES_RESUMED in [e.kind for e in told])
+        time.sleep(0.2)
+        w.submit_tick(T0 + 9_000, host_row={"cpu_pct": 1.0})
+        kinds = [e.kind for e in told]
+        assert EventKind.STORE_TICKS_DROPPED not in kinds and EventKind.STORE_WRITER_CAUGHT_UP not in kinds, kinds
+    finally:
+        w.close()
