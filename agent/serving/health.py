@@ -131,6 +131,7 @@ class Verdict:
     reason: str
     unanswered: bool = False  # about `GET /health` giving no answer at all, not the engine's counters
     repeat: bool = False  # the probe's last finding again, only re-counted: nothing new to tell
+    at: float | None = None  # when the probe judged it (its clock): a "health" episode settles on it
 
     @property
     def condition(self) -> str:
@@ -290,10 +291,24 @@ def _moved(row: Mapping[str, Any] | None, gauges: tuple[Any, ...], before: tuple
 # one wording for a probe still waiting past PROBE_TIMEOUT_S and a 200 that came that late: a busy server gives
 # both in turn, and a reason that changes at each probe is logged at each probe (lifecycle.py, `repeat`)
 _SLOW = f"slow to answer: no answer within {PROBE_TIMEOUT_S:g} s"
+# Intermittent failures: a /health failing every other probe never failed `fail_threshold` times in a row and was
+# never told (audit s22). Half of the last INTERMITTENT_WINDOW probes failing is "health" degraded too: half the
+# answers failing is as bad for clients as an outage, while one blip or a few scattered ones (up to 5 of 12) never
+# is. The window is at least 4 x fail_threshold probes (12 at the default 3), so an operator's larger allowance for
+# failures in a row widens it too rather than being undercut by it.
+INTERMITTENT_WINDOW = 12
+
+
+def intermittent_window(fail_threshold: int) -> tuple[int, int]:
+    """(probes in the window, failed ones among them that make /health degraded) for `fail_threshold`."""
+    size = max(INTERMITTENT_WINDOW, 4 * fail_threshold)
+    return size, size // 2
 
 
 class HealthProbe:
-    """`GET /health` of one run: unhealthy after `fail_threshold` failures in a row, healthy on a 200 in time.
+    """`GET /health` of one run: unhealthy after `fail_threshold` failures in a row, or when half the probes of
+    the window failed (`intermittent_window`: "failing intermittently"); healthy on a 200 in time (when that ends
+    the "health" condition is the supervisor's call: health_episode.py holds a flapping /health as one episode).
 
     With `hang_timeout_s`, a server that gives no answer at all for that long is hung too ("unresponsive"): a
     frozen server (SIGSTOP, a wedged API process) generates no token, but its counters cannot be read either, so
@@ -318,6 +333,8 @@ class HealthProbe:
         self.clock = clock
         self.max_gap_s = None if period_s is None else 2 * period_s + PROBE_TIMEOUT_S
         self.fails = 0
+        size, self._need = intermittent_window(fail_threshold)
+        self._window: deque[bool] = deque(maxlen=size)  # the last probes: True for a failed one
         self.hung = False
         self.answered_at = clock()  # probing starts on a server that has just answered (it became ready)
         self._since = self.answered_at  # the engine's moves before this probe (another run's) say nothing
@@ -386,16 +403,22 @@ class HealthProbe:
                     else _SLOW)
             if status is not None:
                 self.answered_at = max(self.answered_at, at)
-        if status == 200 and not late:
-            self.fails, self._failing = 0, None
+        ok = status == 200 and not late
+        self._window.append(not ok)
+        failed = sum(self._window)
+        intermittent = failed >= self._need and not all(self._window)  # all failed: "in a row" says it better
+        if ok:
+            self.fails = 0
+            if failed < self._need:  # not even intermittent now: the next failure is news
+                self._failing = None
         else:
             self.fails += 1
         if status is not None and self.hung:  # any answer ends the silence; a failing one goes on as "health"
             self.hung = False
             code = "" if status == 200 else f" (HTTP {status})"
             return Verdict(Health.PROGRESSING, f"GET /health answers again{code}", unanswered=True)
-        if status == 200 and not late:
-            return Verdict(Health.HEALTHY, "GET /health answers 200 again")
+        if ok:
+            return Verdict(Health.HEALTHY, "GET /health answers 200 again", at=now)
         silent = now - self.answered_at
         if self.hang_timeout_s is not None and status is None and not self.hung and silent >= self.hang_timeout_s:
             moved_at = getattr(self.http, "engine_moved_at", None)
@@ -406,7 +429,12 @@ class HealthProbe:
                 self.hung = True
                 return Verdict(Health.HUNG, f"hang: GET /health unanswered for {silent:.0f} s (hang_timeout_s "
                                             f"{self.hang_timeout_s:g}): the server is frozen", unanswered=True)
+        if intermittent:  # its count moves at every probe: the same finding while it stays intermittent
+            repeat, self._failing = self._failing == "intermittent", "intermittent"
+            return Verdict(Health.UNHEALTHY, f"GET /health failing intermittently: {failed} of the last "
+                                             f"{len(self._window)} probes failed (last: {what})", repeat=repeat, at=now)
         if self.fails < self.fail_threshold:
             return None
         repeat, self._failing = what == self._failing, what  # the count alone changed: not news (no log line)
-        return Verdict(Health.UNHEALTHY, f"GET /health failing ({what}, {self.fails} times in a row)", repeat=repeat)
+        return Verdict(Health.UNHEALTHY, f"GET /health failing ({what}, {self.fails} times in a row)", repeat=repeat,
+                       at=now)

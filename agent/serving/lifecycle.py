@@ -25,6 +25,7 @@ from lynxtop.agent.serving.adoption import FALLBACK_GRACE_S, Adopted
 from lynxtop.agent.serving.failures import Failures
 from lynxtop.agent.serving.gpu_holders import GpuGate, GpuGuard
 from lynxtop.agent.serving.health import Health, HttpClient, Verdict, version_of
+from lynxtop.agent.serving.health_episode import HealthEpisode
 from lynxtop.agent.serving.launcher import ExitInfo, ServerProcess
 from lynxtop.agent.serving.retry import PendingRetry, Retry
 from lynxtop.agent.serving.run import Run, now_ms
@@ -128,6 +129,7 @@ class RunLifecycle:
         self._closing = False
         self._failures = Failures(self, slot, retry, config)  # what follows a crash or a readiness timeout
         self.gpu_gate = GpuGate(self, slot, retry, GpuGuard(gpus), config)  # foreign processes on the GPUs
+        self._health = HealthEpisode()  # a flapping /health is one "health" episode (health_episode.py)
 
         self.state: S = S.STOPPED
         self.state_since_ms = now_ms()
@@ -411,12 +413,11 @@ class RunLifecycle:
         self._slot.release_waiting()
 
     def on_verdict(self, verdict: Verdict) -> None:
-        """A verdict on the current run from agent/serving/health.py: hung or unhealthy marks it degraded (and a hang
-        restarts it with `restart_on_hang`), healthy again clears that condition (health.py: each condition is
-        ended only by its own source, so an idle /metrics page never ends a silent /health)."""
+        """A verdict on the current run from health.py: hung or unhealthy marks it degraded (a hang restarts it with
+        `restart_on_hang`), healthy again clears that condition (each only by its own source; "health" once settled)."""
         run = self.run
-        if run is None:
-            return
+        if run is None or (verdict := self._health.judge(run.run_id, verdict)) is None:  # type: ignore[assignment]
+            return  # no run, or a "health" episode still settling: degraded until /health holds healthy
         if verdict.health in (Health.HUNG, Health.PROGRESSING) and self.state not in (S.READY, S.DEGRADED):
             return  # a hang of a run that is no longer serving (stopping, crashed) says nothing
         if not verdict.bad:

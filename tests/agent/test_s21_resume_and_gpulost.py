@@ -158,9 +158,10 @@ tests:
     input_series:
       # GPU 3 falls off the bus at 30s; NVML stops answering from 1m to 10m (every GPU series gone from the page:
       # stale, as Prometheus marks a series a scrape no longer has; nvml_ok 0); NVML back at 10m with GPU 3 back
-      # (after a reset). GPU 4 stays fine throughout.
+      # (after a reset). GPU 4 stays fine throughout. The alert keeps firing 10 min after (keep_firing_for: a GPU
+      # that flaps is one alert, session 22).
       - series: 'lynxtop_gpu_lost{{job="lynxtop", instance="n1:9464", node="n1", gpu="3", uuid="GPU-3"}}'
-        values: '0 0 1 1 stale _x35 0 0 0 0'
+        values: '0 0 1 1 stale _x35 0x45'
       - series: 'lynxtop_gpu_lost{{job="lynxtop", instance="n1:9464", node="n1", gpu="4", uuid="GPU-4"}}'
         values: '0 0 0 0 stale _x35 0 0 0 0'
       - series: 'lynxtop_nvml_ok{{job="lynxtop", instance="n1:9464", node="n1"}}'
@@ -192,12 +193,15 @@ tests:
         exp_alerts: *lost
       - eval_time: 10m30s
         alertname: LynxtopGpuLost
+        exp_alerts: *lost
+      - eval_time: 20m30s
+        alertname: LynxtopGpuLost
         exp_alerts: []
 
   - interval: 15s
     input_series:
       # n3: GPU 1 lost, then NVML hangs (the agent still reads nvml_ok 1, but serves no GPU readings after 2 s):
-      # held as well; the agent stops answering at 5m (every series stale): what was held goes
+      # held as well; the agent stops answering at 5m (every series stale): what was held goes, 10 min later
       - series: 'lynxtop_gpu_lost{{job="lynxtop", instance="n3:9464", node="n3", gpu="1", uuid="GPU-31"}}'
         values: '1 1 1 1 stale'
       - series: 'lynxtop_nvml_ok{{job="lynxtop", instance="n3:9464", node="n3"}}'
@@ -217,6 +221,9 @@ tests:
         alertname: LynxtopGpuLost
         exp_alerts: *n3
       - eval_time: 5m30s
+        alertname: LynxtopGpuLost
+        exp_alerts: *n3
+      - eval_time: 15m30s
         alertname: LynxtopGpuLost
         exp_alerts: []
 """
