@@ -506,7 +506,7 @@ class LynxtopApp(App):
             # the confirmation is sent for
             def text() -> tuple[str, RenderableType, str]:
                 return control_text.confirmation(action, self.state.serving, self.state.serving_metrics, profile,
-                                                 current, target)
+                                                 current, target, now_ms=self.node_now_ms())
 
             title, body, label = text()
             seen = control_text.Seen.of(self.state.serving, self._cluster())

@@ -6,6 +6,7 @@ is tested without a terminal.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from rich.console import Group, RenderableType
@@ -47,6 +48,40 @@ def _what_runs(serving: ServingStatus) -> str:
 def _load_line(serving: ServingStatus) -> str:
     load = last_load_s(serving)
     return LOAD_WARNING + (f" The last load took {fmt_duration(load)}." if load else "")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _load_pct(serving: ServingStatus) -> float | None:
+    """The load's progress in percent where the status carries one (`load_progress`, newer agents: a number or an
+    object with `pct`); None otherwise, so nothing is made up."""
+    progress = getattr(serving, "load_progress", None)
+    pct = getattr(progress, "pct", progress)
+    if isinstance(pct, bool) or not isinstance(pct, int | float) or pct != pct or not 0 <= pct <= 100:
+        return None
+    return float(pct)
+
+
+def loading_lost(serving: ServingStatus, now_ms: int | None = None) -> Text | None:
+    """While the run is still loading (STARTING): how much of this load the action throws away, e.g.
+    `Still loading: 12m00s of this load is lost (phase loading weights, 40%).` None in any other state.
+
+    Why: 12 minutes into a 20-minute load, "this takes 10-30 min" does not say that a restart or stop now wastes
+    the 12 minutes already spent; that is what the operator weighs. Said whatever started the load (a `start`,
+    autostart or a retry), since the agent accepts a restart of some of them at once."""
+    if serving.state != ServingState.STARTING:
+        return None
+    now = _now_ms() if now_ms is None else now_ms
+    began = serving.started_ms or serving.state_since_ms
+    spent = fmt_duration((now - began) / 1000) if began else "an unknown time"
+    where = [f"phase {serving.phase}"] if serving.phase else []
+    pct = _load_pct(serving)
+    if pct is not None:
+        where.append(f"{pct:.0f}% loaded")
+    detail = f" ({', '.join(where)})" if where else ""
+    return Text(f"Still loading: {spent} of this load is lost{detail}.", style="bold red")
 
 
 def shutdown_timeout(profile: ProfileInfo | None) -> str | None:
@@ -106,26 +141,41 @@ def _busy_lines(metrics: ServingMetrics | None, profile: ProfileInfo | None = No
     return [Text(text, style="bold red")]
 
 
+def _how_stopped(serving: ServingStatus, profile: ProfileInfo | None) -> str:
+    """` (in-flight requests drain ...)` for a serving run; nothing while it loads: no request can be in flight."""
+    return "" if serving.state == ServingState.STARTING else f" ({_drain_words(profile)})"
+
+
+def _lost_now(serving: ServingStatus, metrics: ServingMetrics | None, profile: ProfileInfo | None,
+              now_ms: int | None) -> list[Text]:
+    """What the action throws away: the load so far while loading, else the requests in vLLM now."""
+    lost = loading_lost(serving, now_ms)
+    return [lost] if lost is not None else _busy_lines(metrics, profile)
+
+
 def restart_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
-                 profile: ProfileInfo | None = None) -> RenderableType:
-    """`profile`: the running profile, where the dialog has it (its shutdown timeout is said)."""
+                 profile: ProfileInfo | None = None, now_ms: int | None = None) -> RenderableType:
+    """`profile`: the running profile, where the dialog has it (its shutdown timeout is said). `now_ms`: now on
+    the node's clock (the status' times are the node's); this machine's clock where not given."""
     return Group(
         Text(f"Now: {_what_runs(serving)}."),
-        Text(f"vLLM is stopped ({_drain_words(profile)}) and started again with the same profile as a new run."),
-        *_busy_lines(metrics, profile),
+        Text(f"vLLM is stopped{_how_stopped(serving, profile)} and started again with the same profile as a new "
+             "run."),
+        *_lost_now(serving, metrics, profile, now_ms),
         Text(_load_line(serving), style="bold yellow"),
     )
 
 
 def stop_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
-              profile: ProfileInfo | None = None) -> RenderableType:
-    """`profile`: the running profile, where the dialog has it (its shutdown timeout is said)."""
+              profile: ProfileInfo | None = None, now_ms: int | None = None) -> RenderableType:
+    """`profile`: the running profile, where the dialog has it (its shutdown timeout is said). `now_ms`: as
+    restart_text's."""
     load = last_load_s(serving)
     return Group(
         Text(f"Now: {_what_runs(serving)}."),
-        Text(f"vLLM is stopped ({_drain_words(profile)}) and stays stopped: the node serves nothing until someone "
-             "starts it."),
-        *_busy_lines(metrics, profile),
+        Text(f"vLLM is stopped{_how_stopped(serving, profile)} and stays stopped: the node serves nothing until "
+             "someone starts it."),
+        *_lost_now(serving, metrics, profile, now_ms),
         Text("To serve again the model must load again: minutes (a 284B model: 10-30 min)."
              + (f" The last load took {fmt_duration(load)}." if load else ""), style="bold yellow"),
     )
@@ -154,7 +204,7 @@ def flag_diff(current: ProfileInfo | None, target: ProfileInfo) -> list[tuple[st
 
 
 def switch_text(serving: ServingStatus, current: ProfileInfo | None, target: ProfileInfo,
-                metrics: ServingMetrics | None = None) -> RenderableType:
+                metrics: ServingMetrics | None = None, now_ms: int | None = None) -> RenderableType:
     diff = flag_diff(current, target)
     table = Table(title=None, show_header=True, header_style="bold", expand=False, box=None, padding=(0, 1))
     table.add_column("flag")  # every cell and header as Text: a str would be parsed as markup (a '[/]' in a value)
@@ -166,7 +216,7 @@ def switch_text(serving: ServingStatus, current: ProfileInfo | None, target: Pro
         Text(f"Now: {_what_runs(serving)}."),
         Text(f"Preflight {target.name}, stop the current run, wait for the GPUs to be freed, "
              f"start {target.name} as a new run."),
-        *_busy_lines(metrics, current),
+        *_lost_now(serving, metrics, current, now_ms),
         # the target's description on the same line: the dialog must fit 80x24 with its buttons
         Text.assemble((f"{len(diff)} flag difference(s)" if diff else "No flag differences (same argv)", "bold"),
                       (f"  ({target.name}: {target.description})" if target.description else "", "dim"),
@@ -197,16 +247,17 @@ def worker_ray_text(action: str, cluster: ClusterStatus) -> tuple[str, Renderabl
 
 def confirmation(action: str, serving: ServingStatus, metrics: ServingMetrics | None, profile: str | None,
                  current: ProfileInfo | None = None,
-                 target: ProfileInfo | None = None) -> tuple[str, RenderableType, str]:
-    """Title, body and button label of the dialog that confirms `action`."""
+                 target: ProfileInfo | None = None, now_ms: int | None = None) -> tuple[str, RenderableType, str]:
+    """Title, body and button label of the dialog that confirms `action`. `now_ms`: now on the node's clock, for
+    how much of a load under way is lost (this machine's clock where not given)."""
     if action == "restart":
-        return "Restart serving?", restart_text(serving, metrics, current), "Restart"
+        return "Restart serving?", restart_text(serving, metrics, current, now_ms), "Restart"
     if action == "stop":
-        return "Stop serving?", stop_text(serving, metrics, current), "Stop"
+        return "Stop serving?", stop_text(serving, metrics, current, now_ms), "Stop"
     if action == "start":
         return "Start serving?", start_text(serving, profile), "Start"
     return (f"Switch to profile {profile}?",
-            switch_text(serving, current, target or ProfileInfo(str(profile)), metrics), "Switch")
+            switch_text(serving, current, target or ProfileInfo(str(profile)), metrics, now_ms), "Switch")
 
 
 @dataclass(frozen=True)

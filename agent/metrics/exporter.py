@@ -26,6 +26,7 @@ from lynxtop.agent.api.connguard import ConnectionGuard, Episodes, GuardedSite, 
 from lynxtop.agent.api.tcpreads import TcpReads, add_refusals
 from lynxtop.agent.metrics.lifetime import ModelTotals
 from lynxtop.agent.metrics.textpage import TextPage
+from lynxtop.agent.serving.startup import PHASES as STARTUP_PHASES
 from lynxtop.contract.columns import LATENCY_SERIES
 from lynxtop.contract.exported import Exported, exported
 from lynxtop.contract.format import THROTTLE_REASONS
@@ -290,6 +291,7 @@ class SnapshotCollector(Collector):
             if v is not None:
                 yield _gauge(name, help_, v * scale)
         yield from self._run(srv)
+        yield from self._startup(srv)
         yield from self._simple(_SERVING, sm)
         yield from self._latency(sm)
 
@@ -306,6 +308,32 @@ class SnapshotCollector(Collector):
                                      labels=["profile", "run", "model"])
             info.add_metric([srv.profile, str(srv.run_id), srv.model or ""], 1.0)
             yield info
+
+    def _startup(self, srv: ServingStatus) -> Iterator[Any]:
+        """Where a load is, while the run starts: its phase (a state set over the known phases), when that phase
+        began and when the readiness timeout stops the load. Why: `state="starting"` alone cannot tell a load
+        stuck in its weights for 40 minutes from one about to serve, nor alert before the timeout kills it.
+        Absent outside a load, so a rule on them never fires on a serving or stopped run."""
+        if srv.state != ServingState.STARTING:
+            return
+        if srv.phase:
+            g = GaugeMetricFamily("lynxtop_serving_startup_phase", "1 for the start-up phase vLLM's log shows the "
+                                  "run in now, 0 for the others (only while it starts)", labels=["phase"])
+            for phase in STARTUP_PHASES:
+                g.add_metric([phase], 1.0 if phase == srv.phase else 0.0)
+            if srv.phase not in STARTUP_PHASES:  # a phase word this list lacks: still the one the run is in
+                g.add_metric([srv.phase], 1.0)
+            yield g
+        for value, name, help_ in (
+            (srv.phase_since_ms, "lynxtop_serving_phase_since_seconds",
+             "When the current start-up phase began, Unix time (only while the run starts)"),
+            (srv.ready_deadline_ms, "lynxtop_serving_ready_deadline_seconds",
+             "When the readiness timeout stops the load unless vLLM is ready by then, Unix time (only while the "
+             "run starts)"),
+        ):
+            v = _num(value)
+            if v is not None:
+                yield _gauge(name, help_, v / 1000)
 
     def _engines(self, engines: tuple[EngineLoad, ...]) -> Iterator[Any]:
         """The load of each data-parallel engine (the totals above are their sum, KV their max)."""
