@@ -18,11 +18,10 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from lynxtop.contract.events import Event, EventKind, Severity
+from lynxtop.contract.events import Event, EventKind, Severity, log_level
 
 log = logging.getLogger("lynxtop.agent.events")
 
-_LEVELS = {Severity.CRITICAL: logging.ERROR, Severity.ERROR: logging.ERROR, Severity.WARNING: logging.WARNING}
 
 
 class EventWriter(Protocol):
@@ -73,12 +72,6 @@ class EventSink:
     def __call__(self, ev: Event) -> None:
         """The sink as the `record(Event)` callable the Ray roles take."""
         self.put(ev)
-
-
-def log_level(severity: str) -> int:
-    """The journal level of an event of `severity` (a `Severity` or its text): the one mapping every part that
-    logs an event uses (the sink; the GPU sampler's reporter where no sink is wired), so a level never disagrees."""
-    return _LEVELS.get(severity, logging.INFO)  # type: ignore[call-overload]
 
 
 def _log_write_error(ev: Event, exc: Exception) -> None:

@@ -10,6 +10,7 @@ that is not (control characters, too long, not a string) is refused, naming it.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,12 @@ class Severity(StrEnum):
     WARNING = "warning"
     ERROR = "error"
     CRITICAL = "critical"
+
+
+def log_level(severity: str) -> int:
+    """The journal level of an event of `severity` (a `Severity` or its text): the one mapping every part that logs
+    an event uses (the agent's sink; the GPU sampler's reporter where no sink is wired), so a level never disagrees."""
+    return {"critical": logging.ERROR, "error": logging.ERROR, "warning": logging.WARNING}.get(severity, logging.INFO)
 
 
 class EventKind(StrEnum):

@@ -16,10 +16,9 @@ from typing import Any
 
 import pynvml
 
-from lynxtop.agent.events import log_level
 from lynxtop.agent.gpu.gpm import GpmReader
 from lynxtop.agent.gpu.nvlink import NvlinkCounters
-from lynxtop.contract.events import EventKind
+from lynxtop.contract.events import EventKind, log_level
 
 log = logging.getLogger("lynxtop.gpu")
 
