@@ -72,6 +72,7 @@ UNREACHABLE_GIVE_UP_S = 60.0
 NOT_RUNNING = (ServingState.STOPPED, ServingState.CRASH_LOOP, ServingState.BACKOFF, ServingState.WAITING)
 RAY_UP = (RayState.STARTING, RayState.RUNNING, RayState.STOPPING)
 INDENT = " " * 9
+LOG_SILENT_SHOW_S = 60.0  # a loading run's log silent this long reads as silent ("log silent 4m12s"), not as a detail
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -162,13 +163,14 @@ def _clock(ms: int | None) -> str:
 
 
 def format_status(st: Status, rate: tuple[float, int] | None = None,
-                  token_rates: Mapping[str, tuple[float, int]] | None = None) -> str:
+                  token_rates: Mapping[str, tuple[float, int]] | None = None, usual_ms: int | None = None) -> str:
     """The compact human summary of a status; every missing value shows as N/A or '-'.
 
     `rate` is the finished-request rate averaged over the last minutes of this run and the ms it covers (from the
     store): the status's own figure is per tick, and reads 0.0 for minutes while long requests run.
     `token_rates`: the same means of `prompt_tokens_per_s` and `generation_tokens_per_s` (a tick's prompt tokens
     come in bursts: 0 in most ticks, thousands in the next).
+    `usual_ms`: how long this profile's loads usually take (`usual_load_ms`), shown while one runs.
     """
     lines: list[str] = []
     if st.agent.simulated or st.serving.simulated:
@@ -176,7 +178,7 @@ def format_status(st: Status, rate: tuple[float, int] | None = None,
     if _idle_worker(st):
         lines.append(f"serving  none on this node: a Ray worker (vLLM runs on the head, {st.cluster.address or '?'})")
     else:
-        lines += _serving_lines(st.serving, st.ts_ms)
+        lines += _serving_lines(st.serving, st.ts_ms, usual_ms)
     if st.serving.log_problem:  # the run's output is discarded or will be: say why (a full disk, a bad directory)
         lines.append(f"run log  NOT KEPT - {st.serving.log_problem}")
     lines += cluster_lines(st.cluster, st.ts_ms)
@@ -188,13 +190,55 @@ def format_status(st: Status, rate: tuple[float, int] | None = None,
     return "\n".join(lines)
 
 
-def _serving_lines(srv: ServingStatus, now: int | None) -> list[str]:
+def load_phase_text(srv: ServingStatus) -> str:
+    """`loading weights 27/60 shards (45%)`: the phase, with the checkpoint shards' progress while they load."""
+    lp = srv.load_progress
+    if lp is None or srv.phase != "loading weights":
+        return srv.phase or "-"
+    return f"{srv.phase} {lp.done}/{lp.total} shards ({lp.pct:.0f}%)"
+
+
+def log_silent_s(srv: ServingStatus, now: int | None) -> float | None:
+    """How long a loading run's log has not grown (None: not loading, or an agent older than the field)."""
+    if srv.state != ServingState.STARTING or srv.log_grew_ms is None or not now:
+        return None
+    return max(0.0, (now - srv.log_grew_ms) / 1000)
+
+
+def usual_load_ms_at(path: str | Path | None, srv: ServingStatus) -> int | None:
+    """`usual_load_ms` of the loading run's profile from the history database at `path`; None when it cannot be
+    read (a missing or damaged database costs the line, never the status)."""
+    if not path or not srv.profile or not Path(path).exists():
+        return None
+    try:
+        from lynxtop.store.reader import StoreReader, usual_load_ms
+
+        reader = StoreReader(Path(path))
+        try:
+            return usual_load_ms(reader, srv.profile, exclude_run=srv.run_id)
+        finally:
+            reader.close()
+    except Exception:  # noqa: BLE001 - any fault of the database costs this line only
+        return None
+
+
+def _serving_lines(srv: ServingStatus, now: int | None, usual_ms: int | None = None) -> list[str]:
     state = srv.state
     head = f"serving  {state.upper()} for {_since(srv.state_since_ms, now)}"
     lines = [head + (f" ({srv.reason})" if srv.reason else "")]
     if state == ServingState.STARTING and srv.phase:
-        lines.append(f"{INDENT}phase: {srv.phase} for {_since(srv.phase_since_ms, now)}, "
-                     f"starting for {_since(srv.started_ms, now)}")
+        silent = log_silent_s(srv, now)
+        quiet = ""
+        if silent is not None and silent >= LOG_SILENT_SHOW_S:
+            quiet = (f"; LOG SILENT {fmt_duration(silent, na='-')}: no output since {_clock(srv.log_grew_ms)} "
+                     "(a hung read or a stuck worker? it is not stopped for this)")
+        elif silent is not None:
+            quiet = f", last log output {fmt_duration(silent, na='-')} ago"
+        lines.append(f"{INDENT}phase: {load_phase_text(srv)} for {_since(srv.phase_since_ms, now)}, "
+                     f"starting for {_since(srv.started_ms, now)}{quiet}")
+        if usual_ms is not None:
+            lines.append(f"{INDENT}usually ready in ~{fmt_duration(usual_ms / 1000, na='-')} (profile {srv.profile}'s "
+                         "recent loads: the median of its last 3 that became ready)")
     if state == ServingState.STARTING and srv.ready_timeout_s is not None and srv.ready_deadline_ms and now:
         # the agent's deadline (an adopted load's counts from its process's start), so the time left is its own
         left_s = (srv.ready_deadline_ms - now) / 1000
@@ -389,16 +433,22 @@ def _stored_rate(args: Namespace, st: Status) -> tuple[float, int] | None:
     return _stored_rates(args, st).get("requests_per_s")
 
 
+def _database(args: Namespace) -> str | None:
+    """The history database `lynxtop status` reads: `--database`, else the config's (never another socket's)."""
+    path = getattr(args, "database", None)
+    if not path and not getattr(args, "socket", None):
+        cfg = load_or_exit(args)  # read once already, by _client: it loads
+        path = cfg.agent.database if cfg is not None else None
+    return str(path) if path else None
+
+
 def _stored_rates(args: Namespace, st: Status) -> dict[str, tuple[float, int]]:
     """Each of RATE_COLUMNS averaged over the last 5 minutes from the history database, clamped to the current
     run's start (its READY, else its launch: a switch's downtime and the previous run are not this run's rate):
     column -> (mean, ms covered). Empty when there is no database to read."""
     from lynxtop.tui.window_stats import RATE_WINDOW_MS, window_mean
 
-    path = getattr(args, "database", None)
-    if not path and not getattr(args, "socket", None):
-        cfg = load_or_exit(args)  # read once already, by _client: it loads
-        path = cfg.agent.database if cfg is not None else None
+    path = _database(args)
     if not path or not Path(path).exists() or not st.ts_ms:
         return {}
     try:
@@ -434,7 +484,10 @@ def status(args: Namespace) -> int:
         else:
             st = parse_status(terminal_safe_json(data), client.socket_path)  # each field escaped
             rates = _stored_rates(args, st)
-            text = format_status(st, rates.get("requests_per_s"), rates)
+            # this profile's usual load time from the history: the config's database, else the one the agent names
+            usual = (usual_load_ms_at(_database(args) or st.agent.store.path, st.serving)
+                     if st.serving.state == ServingState.STARTING else None)
+            text = format_status(st, rates.get("requests_per_s"), rates, usual)
     except (AgentUnreachable, AgentRefused) as exc:
         return _failed(exc)
     print(terminal_safe(text, lines=True))
@@ -652,7 +705,8 @@ class _Progress:
 
     def show(self, st: Status) -> None:
         srv = st.serving
-        line = f"{srv.state}" + (f" ({srv.phase})" if srv.phase and srv.state == ServingState.STARTING else "")
+        line = f"{srv.state}" + (f" ({load_phase_text(srv)})" if srv.phase and srv.state == ServingState.STARTING
+                                  else "")
         if srv.state == ServingState.WAITING and srv.reason:  # what the head still waits for, as it changes
             line += f" ({srv.reason})"
         line += f"  {_since(srv.state_since_ms, st.ts_ms)}  profile {srv.profile or '-'}"

@@ -88,6 +88,9 @@ class AgentConfig:
     default_profile: str = ""  # started when the agent starts with nothing adopted; empty = none
     autostart: bool = False
     hang_timeout_s: float = 60.0
+    # a loading run whose log has not grown for this long is told once (serving.load_stalled: a hung read, say), never
+    # stopped for it (readiness_timeout_s is the only stop of a load); 0: never told
+    load_stall_warn_s: float = 300.0
     restart_on_hang: bool = False
     backoff_initial_s: float = 5.0
     backoff_max_s: float = 300.0
@@ -735,6 +738,7 @@ _AGENT_SPEC: dict[str, Callable[[str, Any], Any]] = {
     "default_profile": _str(),
     "autostart": _bool,
     "hang_timeout_s": _float(5, 86400),
+    "load_stall_warn_s": _float(0, 86400),
     "restart_on_hang": _bool,
     "backoff_initial_s": _float(0.1, 3600),
     "backoff_max_s": _float(0.1, 86400),

@@ -79,6 +79,10 @@ class EventKind(StrEnum):
     SERVING_GPU_RELEASE_UNKNOWN = "serving.gpu_release_unknown"
     SERVING_LOG_UNWRITABLE = "serving.log_unwritable"
     SERVING_LOG_WRITABLE = "serving.log_writable"
+    # a loading run's log silent for load_stall_warn_s (a hung read): a warning only, the load is never stopped for it;
+    # info when its output resumes
+    SERVING_LOAD_STALLED = "serving.load_stalled"
+    SERVING_LOAD_RESUMED = "serving.load_resumed"
     # the agent met an unexpected error watching a run or handling its exit (a bug, not an operator's action)
     SERVING_WATCH_ERROR = "serving.watch_error"
     SERVING_DEGRADED_HANG = "serving.degraded.hang"  # requests wait or run, no token for hang_timeout_s

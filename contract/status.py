@@ -343,6 +343,15 @@ class PhaseMark:
 
 
 @dataclass(frozen=True)
+class LoadProgress:
+    """The last progress bar of weight loading vLLM wrote to the run's log (`Loading safetensors checkpoint shards:
+    45% Completed | 27/60`): a 20-minute load says how far it is, not only that it is loading weights."""
+    done: int
+    total: int
+    pct: float
+
+
+@dataclass(frozen=True)
 class ServingStatus:
     state: ServingState = ServingState.STOPPED
     state_since_ms: int | None = None
@@ -372,6 +381,11 @@ class ServingStatus:
     # is killed after it), so a drain shows how long it may still take. None otherwise, and from older agents.
     shutdown_timeout_s: float | None = None
     stop_grace_s: float | None = None
+    # While starting: the last checkpoint shards' progress read from the run's log (None: none yet, another phase,
+    # or an older agent), and when (agent timeline) the run's log last grew: a hung load (a stuck NFS read) writes
+    # nothing, a slow one goes on writing. None otherwise, and from agents older than the fields.
+    load_progress: LoadProgress | None = None
+    log_grew_ms: int | None = None
     simulated: bool = False  # the run is lynxtop's simulated vLLM (on real GPUs too, where `agent.simulated` is not)
     # A state word this version does not know (a newer agent's, or garbage from a foreign endpoint), as it came:
     # `state` then reads STOPPED for the code that needs one, but the dashboard shows this word, never STOPPED (an
@@ -387,6 +401,8 @@ class ServingStatus:
         known = state in _STATES
         return _build(cls, d, state=ServingState(state) if known else ServingState.STOPPED,
                       phases=tuple(_build(PhaseMark, p) for p in _items(cls, "phases", d)),
+                      load_progress=_build(LoadProgress, d["load_progress"]) if d.get("load_progress") is not None
+                      else None,
                       unknown_state=None if known else state)
 
     def to_json(self) -> dict[str, Any]:

@@ -162,6 +162,26 @@ def _summary_of(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def usual_load_ms(reader: Any, profile: str, exclude_run: int | None = None, last: int = 3) -> int | None:
+    """How long `profile` usually takes to load: the median `ready_ms - started_ms` of its last `last` loads that
+    became ready (one: that one), other than `exclude_run` (the load under way); None when it has none. `reader`:
+    anything with `runs(limit, text)` (a StoreReader, the dashboard's reader of another node's history), so the
+    question costs one query of the runs table, never a scan of samples."""
+    took: list[int] = []
+    for run in reader.runs(limit=50, text=profile):
+        if run.profile != profile or run.id == exclude_run or run.ready_ms is None or run.started_ms is None:
+            continue
+        if run.ready_ms > run.started_ms:  # a clock stepped between the two reads as no load time
+            took.append(run.ready_ms - run.started_ms)
+        if len(took) >= last:
+            break
+    if not took:
+        return None
+    took.sort()
+    mid = len(took) // 2
+    return took[mid] if len(took) % 2 else (took[mid - 1] + took[mid]) // 2
+
+
 class StoreReader:
     """See docs/contracts.md. Raises StoreError (message names the path) when the file is absent or bad."""
 

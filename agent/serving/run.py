@@ -19,6 +19,7 @@ from lynxtop.agent.serving.launcher import ServerProcess, ServerRecord
 from lynxtop.agent.serving.startup import PhaseMark, PhaseTracker
 from lynxtop.contract.config import Profile
 from lynxtop.contract.files import free_bytes
+from lynxtop.contract.status import LoadProgress
 
 LOG_SPACE_MIN_BYTES = 1 << 20  # below this on the log's file system, the run's output is being lost
 
@@ -89,7 +90,8 @@ class Run:
             run.tracker.marks.append(PhaseMark("api up", record.ready_ms))
         else:
             run.tracker.start_at_tail()
-            run.tracker.poll(now_ms())
+            # each phase found stamped from its line's time, not this adoption's: the durations stay real
+            run.tracker.catch_up(now_ms())
         if readiness_timeout_s is not None and not run.was_ready:
             # counted from the process's start on the boot clock, as the readiness watch counts it: a wall clock
             # stepped while no agent ran moves neither the deadline nor the time shown as left
@@ -109,6 +111,15 @@ class Run:
     def was_ready(self) -> bool:
         """Adopted after it had become ready under the previous agent."""
         return self.adopted and self.proc.record.ready_ms is not None
+
+    @property
+    def load_progress(self) -> LoadProgress | None:
+        """The checkpoint shards' last progress while the weights load (None in the other phases: the bar is
+        over once they are read)."""
+        p = self.tracker.progress
+        if p is None or self.tracker.phase != "loading weights":
+            return None
+        return LoadProgress(done=p[0], total=p[1], pct=p[2])
 
     def new_phases(self) -> list[PhaseMark]:
         return self.tracker.poll(now_ms())

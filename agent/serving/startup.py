@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,6 +43,15 @@ _KEYS = tuple({re.split(r"[\\()\[?*+.]", alt)[0].lower() for p, _ in _MILESTONES
 # (e.g. --enforce-eager skips graph capture and goes straight to the API server).
 _ADVANCE = {"Available KV cache memory": "cuda graphs", "GPU KV cache size": "cuda graphs"}
 
+# vLLM's bar while it reads the weights (tqdm, often with `\r` and no newline between updates):
+# `Loading safetensors checkpoint shards:  45% Completed | 27/60 [04:12<05:08, 9.3s/it]`
+_PROGRESS_KEY = "checkpoint shards:"
+_PROGRESS = re.compile(r"checkpoint shards:\s*(\d{1,3}(?:\.\d+)?)%[^|\r\n]{0,40}\|\s*(\d{1,9})/(\d{1,9})",
+                       re.IGNORECASE)
+# the prefix of vLLM's log lines: `INFO 12-02 15:40:01 [file.py:12] ...`, local time of the server, no year
+_STAMP = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\b")
+_STAMP_SLACK_MS = 2000  # a stamp this far before the run's start or after now is not this run's: now is used
+
 _READ_CHUNK = 1 << 20
 TAIL_BYTES = 4 << 20  # how much of an adopted loading run's log is read back
 
@@ -59,7 +69,10 @@ class PhaseTracker:
         self.path = Path(log_path)
         self.offset = offset
         self._partial = b""
+        self.started_ms = started_ms
         self.marks: list[PhaseMark] = [PhaseMark("loading weights", started_ms)]
+        self.progress: tuple[int, int, float] | None = None  # (shards done, total, percent) of the last bar read
+        self.grew_ms = started_ms  # when (the caller's clock) the log was last seen growing
 
     @property
     def phase(self) -> str:
@@ -94,14 +107,48 @@ class PhaseTracker:
         except OSError:
             self.offset = 0
 
-    def poll(self, now_ms: int) -> list[PhaseMark]:
+    def poll(self, now_ms: int, log_times: bool = False) -> list[PhaseMark]:
+        """The phases entered since the last poll, each stamped `now_ms`; with `log_times` (an adopted run catching
+        up on a log written while no agent watched) stamped with the time of its line's vLLM prefix instead, where
+        that reads as a time of this run, so the phases keep their real durations."""
         new: list[PhaseMark] = []
+        offset = self.offset
         for block in self._new_blocks():
             for line in _candidate_lines(block):
-                mark = self._match(line, now_ms)
+                mark = self._match(line, line_ms(line, now_ms, self.started_ms) if log_times else now_ms)
                 if mark is not None:
                     new.append(mark)
+            self._read_progress(block)
+        self._read_progress(self._partial.decode("utf-8", "replace"))  # a bar redrawn with `\r` only, no newline
+        if self.offset != offset:
+            self.grew_ms = now_ms
         return new
+
+    def catch_up(self, now_ms: int) -> list[PhaseMark]:
+        """Read an adopted run's log to its end: phases stamped from their lines (`poll(log_times=True)`), and its
+        growth dated by the file's modification time, so a load that went silent before this agent came is not
+        taken for one that just wrote."""
+        marks = self.poll(now_ms, log_times=True)
+        try:
+            age_ms = int((time.time() - os.lstat(self.path).st_mtime) * 1000)
+        except OSError:
+            return marks
+        if age_ms >= 0:
+            self.grew_ms = max(self.started_ms, now_ms - age_ms)
+        return marks
+
+    def _read_progress(self, text: str) -> None:
+        """The last checkpoint shards' bar in `text`, if any (found from the end: a load draws hundreds)."""
+        low = text.lower()
+        i = low.rfind(_PROGRESS_KEY)
+        while i != -1:
+            m = _PROGRESS.match(low, i)  # digits only are read: the lower-cased text has them where they were
+            if m is not None:
+                done, total = int(m.group(2)), int(m.group(3))
+                if total > 0 and done <= total:
+                    self.progress = (done, total, min(float(m.group(1)), 100.0))
+                    return
+            i = low.rfind(_PROGRESS_KEY, 0, i)
 
     def _match(self, line: str, now_ms: int) -> PhaseMark | None:
         for pattern, phase in _MILESTONES:
@@ -111,7 +158,7 @@ class PhaseTracker:
                     if key.lower() in line.lower():
                         target = nxt
                 if PHASES.index(target) > PHASES.index(self.phase):
-                    mark = PhaseMark(target, now_ms)
+                    mark = PhaseMark(target, max(now_ms, self.marks[-1].ts_ms))  # never before the phase it ends
                     self.marks.append(mark)
                     return mark
                 return None
@@ -132,6 +179,31 @@ class PhaseTracker:
                         yield complete.decode("utf-8", "replace")
         except OSError:
             return
+
+
+def line_ms(line: str, now_ms: int, started_ms: int | None) -> int:
+    """When `line` was written, on the caller's clock (`now_ms`, read now): from its vLLM prefix `INFO 12-02
+    15:40:01` (local time of this host, no year: the latest such time not after now), the middle of its second.
+    `now_ms` when the line has no prefix or its time cannot be this run's (before its start, in the future: another
+    time zone, a clock stepped, a log copied from elsewhere)."""
+    m = _STAMP.search(line)
+    if m is None:
+        return now_ms
+    month, day, hour, minute, sec = (int(g) for g in m.groups())
+    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and sec < 62):
+        return now_ms  # no time (mktime would roll 13-45 99:99:99 into some other day)
+    wall = time.time()
+    year = time.localtime(wall).tm_year
+    try:
+        t = time.mktime((year, month, day, hour, minute, sec, 0, 0, -1))
+        if t > wall + 86400:  # December's line read in January
+            t = time.mktime((year - 1, month, day, hour, minute, sec, 0, 0, -1))
+    except (OverflowError, ValueError):
+        return now_ms
+    at = now_ms - int((wall - t) * 1000) + 500
+    if at > now_ms + _STAMP_SLACK_MS or (started_ms is not None and at < started_ms - _STAMP_SLACK_MS):
+        return now_ms
+    return min(at, now_ms)
 
 
 def _candidate_lines(block: str) -> Iterator[str]:

@@ -570,6 +570,9 @@ class Supervisor:
             degraded=tuple(sorted(run.degraded)) if run is not None and lc.state == S.DEGRADED else (),
             ready_timeout_s=deadline[0] if deadline else None, ready_deadline_ms=deadline[1] if deadline else None,
             simulated=proc is not None and launcher.runs_simulator(proc.record.argv),
+            load_progress=run.load_progress if starting else None,  # type: ignore[union-attr]
+            # a server adopted ready has no load whose log could stall (an idle server writes nothing)
+            log_grew_ms=run.tracker.grew_ms if starting and not run.was_ready else None,  # type: ignore[union-attr]
         )
 
     def action_status(self) -> ActionInfo | None:

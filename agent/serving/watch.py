@@ -78,6 +78,14 @@ def others_listening(proc: ServerProcess, prof: Profile) -> list[procs.PortHolde
 STOPPED_NAMED = 5  # stopped processes a hang message names at most
 
 
+def load_text(run: Run) -> str:
+    """`loading weights, 27/60 shards (45%)`: where a load is, for an event's message."""
+    phase, progress = run.tracker.phase, run.tracker.progress
+    if phase == "loading weights" and progress is not None:
+        return f"{phase}, {progress[0]}/{progress[1]} shards ({progress[2]:.0f}%)"
+    return phase
+
+
 def stopped_members(known: Mapping[int, int]) -> str | None:
     """The run's known processes (pid -> start ticks) in state T or t (SIGSTOP, a debugger, a job-control stop),
     for a hang message: "the server is frozen" then says by what, and the operator knows where to look. A pid
@@ -104,6 +112,7 @@ class RunWatch:
         self._looks = ThreadOrInline(f"run {run.run_id}: the look at its processes while it loads")
         self._look: asyncio.Task[None] | None = None  # the look in flight beside the probes (`look_while_loading`)
         self._look_error: str | None = None  # the last failed look's error, logged once per episode
+        self._stalled = False  # the run's log silent for load_stall_warn_s, and told (once per episode)
 
     async def watched(self) -> str:
         """Readiness, then health while serving, until the run exits or is stopped: 'ready' (it was ready),
@@ -172,6 +181,8 @@ class RunWatch:
         try:
             while not proc.exited:
                 self.poll_phases()
+                if not run.was_ready:  # a ready server's log is quiet when idle: no load to stall
+                    self.check_silence()
                 self.check_log()
                 self.look_while_loading()
                 lc.state_file.resave(proc.record)
@@ -300,6 +311,26 @@ class RunWatch:
         elif problem is None and was is not None:
             self._lc.event(EventKind.SERVING_LOG_WRITABLE, Severity.INFO,
                            f"run {run.run_id}: its log {run.log_path} can be written again", log_path=run.log_path)
+
+    def check_silence(self) -> None:
+        """A loading run whose log has not grown for load_stall_warn_s (a hung NFS read of the weights) is told
+        once per episode, and again (info) when its output resumes: a stuck load otherwise looked like a slow one
+        for the whole readiness timeout. A warning only: nothing is stopped for it (the readiness timeout is)."""
+        run, limit = self._run, self._agent.load_stall_warn_s
+        silent_s = (now_ms() - run.tracker.grew_ms) / 1000
+        if not self._stalled and limit > 0 and silent_s >= limit:
+            self._stalled = True
+            self._lc.event(EventKind.SERVING_LOAD_STALLED, Severity.WARNING,
+                           f"run {run.run_id}: its log {run.log_path} has not grown for {silent_s:.0f} s while "
+                           f"loading ({load_text(run)}): a hung read of the weights or a stuck worker? It is not "
+                           f"stopped for this; readiness_timeout_s {self._prof.readiness_timeout_s:g} is the only "
+                           "stop of a load", silent_s=round(silent_s, 1), phase=run.tracker.phase,
+                           log_path=run.log_path)
+        elif self._stalled and silent_s < limit:
+            self._stalled = False
+            self._lc.event(EventKind.SERVING_LOAD_RESUMED, Severity.INFO,
+                           f"run {run.run_id}: its log grows again ({load_text(run)})", phase=run.tracker.phase,
+                           log_path=run.log_path)
 
     def poll_phases(self) -> None:
         run = self._run

@@ -3,9 +3,15 @@ each, and operators want to see which) with the most it may take (readiness_time
 drains, for how long so far, against which timeouts), why serving is in trouble (backoff, crash loop, degraded),
 or what a Ray head still waits for before it starts vLLM (waiting: the GPUs Ray does not report yet), or who stopped
 serving (an operator's stop holds the agent's autostart across its restarts: the line says until when); and why the
-run's log is not kept (`serving.log_problem`: a full disk), after the rest or alone."""
+run's log is not kept (`serving.log_problem`: a full disk), after the rest or alone.
+
+While a run loads, the line also says how far the checkpoint shards are (`27/60 shards (45%)`), that its log went
+silent (a hung load otherwise looked like a slow one until the readiness timeout), and how long the profile's
+loads usually take (its last ready runs, read from the history in a worker: never on the UI thread)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from rich.text import Text
 
@@ -16,6 +22,7 @@ from lynxtop.tui.widgets.text_panel import TextPanel
 
 PHASES = ("loading weights", "kv cache", "cuda graphs", "api up")
 TROUBLE_STATES = (ServingState.BACKOFF, ServingState.CRASH_LOOP, ServingState.DEGRADED)
+LOG_SILENT_SHOW_S = 60.0  # a loading run's log silent this long is said (a slow load writes more often than this)
 STOPPED_BY = "stopped by "  # the agent's reason for serving an operator stopped ("stopped by uid 1000 (alice) ...")
 
 
@@ -25,9 +32,16 @@ class StartupPhases(TextPanel):
     StartupPhases.-visible { display: block; }
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._usual_key: tuple[str, int | None] | None = None  # the (profile, run) the usual load time was asked for
+        self._usual_ms: int | None = None
+
     def show(self, serving: ServingStatus, now_ms: int, requests: tuple[float, float] | None = None) -> None:
         """`requests`: (running, waiting) as last read before a stop began (LiveState.requests_at_stop)."""
         state = serving.state
+        if state == ServingState.STARTING and serving.profile:
+            self._ask_usual(serving.profile, serving.run_id)
         trouble = state in TROUBLE_STATES and bool(serving.reason)
         waiting = state == ServingState.WAITING and bool(serving.reason)
         stopping = state == ServingState.STOPPING
@@ -47,10 +61,57 @@ class StartupPhases(TextPanel):
         elif stopped:
             t = Text(f"■ {serving.reason}", style="bold", no_wrap=True, overflow="ellipsis")
         elif state == ServingState.STARTING:
-            t = _progress(serving, now_ms)
+            usual = self._usual_ms if self._usual_key == (serving.profile, serving.run_id) else None
+            t = _progress(serving, now_ms, usual)
         else:
             t = Text(no_wrap=True, overflow="ellipsis")
         self.update(ascii_text(_log_problem(t, serving.log_problem) if serving.log_problem else t, app_ascii(self)))
+
+
+    def _ask_usual(self, profile: str, run_id: int | None) -> None:
+        """How long `profile` usually loads, asked once per run from the app's history (`usual_load_ms`) in a
+        thread: the database may be slow or another node's (a network read)."""
+        key = (profile, run_id)
+        history = getattr(self.app, "history", None)
+        if key == self._usual_key or history is None:
+            return
+        self._usual_key, self._usual_ms = key, None
+
+        def read() -> None:
+            from lynxtop.store.reader import usual_load_ms
+
+            try:
+                with history.reader() as reader:
+                    ms = usual_load_ms(reader, profile, exclude_run=run_id)
+            except Exception:  # noqa: BLE001 - no history (none kept, unreadable, elsewhere): no figure, no error
+                return
+            self.app.call_from_thread(self._got_usual, key, ms)
+
+        self.run_worker(read, thread=True, exclusive=True, group="usual-load", exit_on_error=False)
+
+    def _got_usual(self, key: tuple[str, int | None], ms: int | None) -> None:
+        if key == self._usual_key:
+            self._usual_ms = ms
+
+
+def load_phase(serving: ServingStatus, short: bool = False) -> str:
+    """`loading weights 27/60 shards (45%)`: the phase, with the checkpoint shards' progress while they load;
+    `short`: `loading weights 27/60` (the header's 80 columns)."""
+    lp = serving.load_progress
+    if lp is None or serving.phase != "loading weights":
+        return serving.phase or ""
+    if short:
+        return f"{serving.phase} {lp.done}/{lp.total}"
+    return f"{serving.phase} {lp.done}/{lp.total} shards ({lp.pct:.0f}%)"
+
+
+def log_silent_s(serving: ServingStatus, now_ms: int) -> float | None:
+    """How long a loading run's log has been silent, once past LOG_SILENT_SHOW_S (else None, and from agents
+    older than `log_grew_ms`)."""
+    if serving.state != ServingState.STARTING or serving.log_grew_ms is None:
+        return None
+    silent = (now_ms - serving.log_grew_ms) / 1000
+    return silent if silent >= LOG_SILENT_SHOW_S else None
 
 
 def _log_problem(t: Text, problem: str) -> Text:
@@ -62,13 +123,19 @@ def _log_problem(t: Text, problem: str) -> Text:
     return t
 
 
-def _progress(serving: ServingStatus, now_ms: int) -> Text:
-    """Each phase done (with its duration), the one under way (with its time so far), the ones to come."""
+def _progress(serving: ServingStatus, now_ms: int, usual_ms: int | None = None) -> Text:
+    """Each phase done (with its duration), the one under way (with its time so far and the shards' progress), the
+    ones to come; first a silent log, and how long the profile usually takes (`usual_ms`)."""
     seen = {p.phase: p.ts_ms for p in serving.phases if p.phase}
     current = serving.phase
     started = serving.started_ms or serving.state_since_ms or now_ms
     t = Text("start-up: ", style="bold yellow", no_wrap=True, overflow="ellipsis")
     t.append(f"{fmt_duration((now_ms - started) / 1000)} ")
+    silent = log_silent_s(serving, now_ms)
+    if silent is not None:
+        t.append(f"⚠ log silent {fmt_duration(silent)} ", style="bold red")
+    if usual_ms is not None:
+        t.append(f"usually ready in ~{fmt_duration(usual_ms / 1000)} ", style="dim")
     if serving.ready_timeout_s is not None:
         # the most it may take before the agent stops it (an older agent's status does not say: nothing shown);
         # red in its last tenth, when a slow load is about to be stopped
@@ -81,7 +148,8 @@ def _progress(serving: ServingStatus, now_ms: int) -> Text:
     for i, phase in enumerate(order):
         ts = times[i]
         if phase == current:
-            t.append(f"▶ {phase} {fmt_duration((now_ms - (ts or now_ms)) / 1000)}", style="bold")
+            shown = load_phase(serving) if phase == "loading weights" else phase
+            t.append(f"▶ {shown} {fmt_duration((now_ms - (ts or now_ms)) / 1000)}", style="bold")
         elif ts is not None:
             nxt = next((x for x in times[i + 1:] if x is not None), now_ms)
             t.append(f"✓ {phase} {fmt_duration((nxt - ts) / 1000)}", style="green")
