@@ -647,14 +647,21 @@ def _act(args: Namespace, action: str, profile: str | None = None, cluster: bool
         return _failed(exc)
     except AgentUnreachable as exc:
         return _failed(exc)
+    # accepted: from here a Ctrl-C (even before the wait begins) ends only this command, and says so
+    return _interruptible(action, lambda: _accepted(args, client, data, before, action, profile, cluster, sent_ms))
+
+
+def _accepted(args: Namespace, client: AgentClient, data: ActionAnswer, before: Status, action: str,
+              profile: str | None, cluster: bool, sent_ms: int) -> int:
+    """What follows an accepted action: what it acts on, then with `--wait` the wait for its outcome."""
     print(terminal_safe(data.message or f"{action} accepted", lines=True))
     print(terminal_safe(_acted_on(client, before, action, profile)))
     if not getattr(args, "wait", False):
         return EXIT_OK
     goal = _ray_goal(action, before, cluster)
     if goal is None:
-        return _interruptible(action, lambda: wait_for(client, action, before))
-    code = _interruptible(action, lambda: wait_for_ray(client, goal, cluster))
+        return wait_for(client, action, before)
+    code = wait_for_ray(client, goal, cluster)
     if cluster and code == EXIT_OK:
         _print_cluster_stop(client, sent_ms)
     return code
