@@ -100,7 +100,14 @@ def test_the_watcher_cleans_up_only_when_the_demo_died_without_saying_done(tmp_p
         os.write(write, b"".join(json.dumps(x).encode() + b"\n" for x in lines))
         os.close(write)
         err = io.StringIO()
-        assert watch(read, err=err) == 0
+        # the watcher ignores SIGINT and SIGHUP (its own process's business); in this process that outlived the
+        # test, and every child pytest started after it inherited SIGINT ignored (a later Ctrl-C test hung)
+        kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGHUP)}
+        try:
+            assert watch(read, err=err) == 0
+        finally:
+            for sig, handler in kept.items():
+                signal.signal(sig, handler)
         return err.getvalue()
 
     job = {"token": secrets.token_hex(16), "keep": False, "demo": 1}
