@@ -129,7 +129,7 @@ async def test_a_silent_health_stays_unresponsive_while_metrics_read_idle(make_s
     hangs = events(store, "serving.degraded.hang")
     assert len(hangs) == 1 and "GET /health unanswered" in hangs[0]["message"], hangs
     assert not events(store, "serving.recovered.hang")
-    assert sup.proc.leader_alive()  # restart_on_hang is off by default
+    assert sup.action is None and sup.restarts == 0 and sup.proc.leader_alive()  # restart_on_hang is off
     http.status = 200
     for _ in range(2):
         clock.t += 5

@@ -181,7 +181,8 @@ async def test_hang_marks_degraded_and_recovers(make_sup, store):
     progress(sup, hang, 3, 150, now=t + 6)
     assert sup.state == "ready" and sup.serving_status().degraded == ()
     assert events(store, "serving.recovered.hang")
-    assert sup.proc.leader_alive()  # restart_on_hang is off by default: nothing was restarted
+    # restart_on_hang is off by default: nothing restarted, nor scheduled (a restart begins after the verdict)
+    assert sup.action is None and sup.restarts == 0 and sup.proc.leader_alive()
     await sup.shutdown(stop_serving=True)
 
 
