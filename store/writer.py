@@ -83,34 +83,47 @@ OPEN_RETRY_S = (5.0, 30.0)
 
 
 LAG_QUIET_S = 60.0  # ticks dropped by a lagging writer: one episode until this long passes without a drop
+LAG_TELL_S = 2.0  # ... told once it has lasted this long with no write error: a failing write is the outage's
 
 
 class _LagDrops:
     """Ticks dropped because the writer lags (its queue full with no write error: a slow disk, a busy CPU), told once
-    per episode: the first drop opens it (store.ticks_dropped at once), and once `quiet_s` pass without one,
-    store.writer_caught_up gives the count. Only counted before, in `dropped`: the history had gaps nobody was told
-    of. Drops during a write outage are told by store.write_failed / store.writes_resumed instead."""
+    per episode: store.ticks_dropped once it has lasted `tell_s` with writes not failing (a queue that filled while
+    the first failing write was still being tried is the outage's, told by store.write_failed / writes_resumed),
+    and once `quiet_s` pass without a drop, store.writer_caught_up with the count (an episode too short to have
+    been told is told then, once). Only counted before, in `dropped`: the history had gaps nobody was told of."""
 
-    def __init__(self, quiet_s: float = LAG_QUIET_S):
-        self.quiet_s = quiet_s
+    def __init__(self, quiet_s: float = LAG_QUIET_S, tell_s: float = LAG_TELL_S):
+        self.quiet_s, self.tell_s = quiet_s, tell_s
         self.count = 0  # ticks dropped in the open episode (0: none open)
         self.first = self.last = 0.0  # monotonic times of its first and last drop
+        self.told = False  # its store.ticks_dropped sent
 
-    def hit(self, n: int, now: float) -> bool:
-        """`n` ticks dropped now; True when they open an episode (tell it)."""
-        opened = self.count == 0
-        if opened:
-            self.first = now
+    def hit(self, n: int, now: float) -> None:
+        """`n` ticks dropped now."""
+        if self.count == 0:
+            self.first, self.told = now, False
         self.count += n
         self.last = now
-        return opened
 
-    def close(self, now: float) -> tuple[int, float] | None:
-        """(ticks dropped, span in s) of the episode when it just ended: `quiet_s` without a drop."""
+    def to_tell(self, now: float) -> bool:
+        """Whether the open episode is due its store.ticks_dropped now (once)."""
+        if self.count and not self.told and now - self.first >= self.tell_s:
+            self.told = True
+            return True
+        return False
+
+    def forget(self) -> None:
+        """The open episode's drops are a write outage's (told by its events): not a lag's."""
+        self.count, self.told = 0, False
+
+    def close(self, now: float) -> tuple[int, float, bool] | None:
+        """(ticks dropped, span in s, whether it was told) of the episode when it just ended: `quiet_s` without a
+        drop."""
         if self.count == 0 or now - self.last < self.quiet_s:
             return None
-        done = (self.count, round(self.last - self.first, 1))
-        self.count = 0
+        done = (self.count, round(self.last - self.first, 1), self.told)
+        self.forget()
         return done
 
 
@@ -534,7 +547,8 @@ class StoreWriter:
                  maintenance_interval_s: float = 60.0, batch_max_ticks: int = 1000,
                  retention_chunk: int = retention_mod.CHUNK_ROWS, integrity_check: bool = True,
                  wal_check_interval_s: float = WAL_CHECK_S, lock: bool = False, linger_s: float = 0.0,
-                 on_event: Callable[[Event], None] | None = None, lag_quiet_s: float = LAG_QUIET_S):
+                 on_event: Callable[[Event], None] | None = None, lag_quiet_s: float = LAG_QUIET_S,
+                 lag_tell_s: float = LAG_TELL_S):
         self.path = Path(path)
         # The store's own events (store.*): with `on_event` (the agent's EventSink.put, injected because the store
         # may not import the agent) they take the agent's one path, which writes them back through `record`,
@@ -576,7 +590,7 @@ class StoreWriter:
         self._checkpointer: Checkpointer | None = None
 
         self._dropped = 0
-        self._lag = _LagDrops(lag_quiet_s)  # the drops of a lagging writer, told once per episode (see submit_tick)
+        self._lag = _LagDrops(lag_quiet_s, lag_tell_s)  # a lagging writer's drops, told once an episode
         self._slow = SlowRows()  # the NVLink/process readings stored last, per GPU (writer thread only)
         self._failed = 0  # ticks the database refused (a bad value): dropped, and the agent is unhealthy
         self._last_rejected: float | None = None  # monotonic time of the last refused tick
@@ -802,25 +816,30 @@ class StoreWriter:
                 log.warning("%s", event.message)
 
     def _lag_events(self, lost: int) -> list[Event]:
-        """The events of a lag episode that `lost` ticks dropped now open or that just ended (called holding the
-        condition). Drops while writes fail or the file is not open yet are the outage's (store.writes_resumed)."""
-        now = time.monotonic()
-        if lost and self._trouble_since is None and self._unopened is None:
-            if not self._lag.hit(lost, now):
-                return []
+        """The events of a lag episode that `lost` ticks dropped now add to, or that is due its telling or just
+        ended (called holding the condition). Drops while writes fail or the file is not open yet are the outage's
+        (store.write_failed, store.writes_resumed)."""
+        now, lag = time.monotonic(), self._lag
+        if self._trouble_since is not None or self._unopened is not None:
+            if not lag.told:
+                lag.forget()
+            return []
+        if lost:
+            lag.hit(lost, now)
+        if lag.to_tell(now):
             return [Event(EventKind.STORE_TICKS_DROPPED, Severity.WARNING,
                           f"{self.path}: the history writer lags behind the samples: its queue of {self.queue_max} "
                           "ticks is full and the oldest are dropped, with no write error (a slow disk or a busy "
-                          f"CPU); store.writer_caught_up gives the count once none is dropped for "
-                          f"{self._lag.quiet_s:g} s",
+                          f"CPU); store.writer_caught_up gives the count once none is dropped for {lag.quiet_s:g} s",
                           {"queue_max": self.queue_max, "dropped_total": self._dropped + self._failed})]
-        done = None if lost else self._lag.close(now)
+        done = None if lost else lag.close(now)
         if done is None:
             return []
-        count, span = done
+        count, span, told = done
         return [Event(EventKind.STORE_WRITER_CAUGHT_UP, Severity.WARNING,
                       f"{self.path}: the history writer keeps up again; {count} ticks were dropped over {span:g} s "
-                      "while it lagged", {"dropped_ticks": count, "span_s": span})]
+                      "while it lagged" + ("" if told else " (a burst too short to be told when it began)"),
+                      {"dropped_ticks": count, "span_s": span})]
 
     def _event(self, event: Event) -> None:
         """One of the store's own events: to `on_event` (held until start), else written and logged here."""

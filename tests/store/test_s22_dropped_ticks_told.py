@@ -1,5 +1,6 @@
 """Ticks dropped because the writer lags (its queue full, no write error) are told once per episode: a warning
-`store.ticks_dropped` when dropping starts, `store.writer_caught_up` with the count once none was dropped for
+`store.ticks_dropped` once dropping has lasted `lag_tell_s` with writes not failing (a queue that filled while the
+first failing write was tried is the outage's), `store.writer_caught_up` with the count once none was dropped for
 `lag_quiet_s`. Before, they were only counted in `dropped`: no event, no log line. A real SQLite file and the real
 writer thread, kept behind by its linger (it waits to batch ticks), not by a write error."""
 
@@ -24,7 +25,8 @@ def _wait(cond, timeout_s: float = 30.0) -> None:
 
 def _lagging(tmp_path, told: list[Event], quiet_s: float = 0.3) -> StoreWriter:
     """A started writer that lingers 60 s before writing: 5 queued ticks fill its queue."""
-    w = StoreWriter(tmp_path / "h.db", queue_max=5, linger_s=60.0, on_event=told.append, lag_quiet_s=quiet_s)
+    w = StoreWriter(tmp_path / "h.db", queue_max=5, linger_s=60.0, on_event=told.append, lag_quiet_s=quiet_s,
+                    lag_tell_s=0.0)
     w.start()
     return w
 
@@ -63,7 +65,7 @@ def test_a_lagging_writer_tells_the_drops_once_and_the_count_when_it_keeps_up(tm
 def test_without_a_sink_the_drops_are_written_and_logged(tmp_path, caplog):
     """A tool's writer (no agent sink): the event lands in the database and the log."""
     caplog.set_level(logging.WARNING, logger="lynxtop")
-    w = StoreWriter(tmp_path / "h.db", queue_max=5, linger_s=60.0)
+    w = StoreWriter(tmp_path / "h.db", queue_max=5, linger_s=60.0, lag_tell_s=0.0)
     w.start()
     try:
         for i in range(20):
@@ -98,5 +100,23 @@ def test_drops_during_a_write_outage_are_the_outages_not_a_lag(tmp_path):
         w.submit_tick(T0 + 9_000, host_row={"cpu_pct": 1.0})
         kinds = [e.kind for e in told]
         assert EventKind.STORE_TICKS_DROPPED not in kinds and EventKind.STORE_WRITER_CAUGHT_UP not in kinds, kinds
+    finally:
+        w.close()
+
+
+def test_a_lag_is_told_once_it_has_lasted_the_tell_time(tmp_path):
+    """The default: the drops are told at the first tick `lag_tell_s` after dropping began (not at the first drop,
+    which a failing write not yet flagged may explain), still once."""
+    told: list[Event] = []
+    w = StoreWriter(tmp_path / "h.db", queue_max=5, linger_s=60.0, on_event=told.append, lag_tell_s=0.3)
+    w.start()
+    try:
+        for i in range(20):
+            w.submit_tick(T0 + i * 100, host_row={"cpu_pct": 1.0})
+        assert told == [] and w.stats()["dropped"] == 15
+        time.sleep(0.4)
+        for i in range(3):
+            w.submit_tick(T0 + 5_000 + i * 100, host_row={"cpu_pct": 1.0})
+        assert [e.kind for e in told] == [EventKind.STORE_TICKS_DROPPED], told
     finally:
         w.close()
