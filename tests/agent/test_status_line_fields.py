@@ -13,9 +13,10 @@ from lynxtop.contract.status import ServingState
 
 
 def _run(run_id: int | None, phase: str | None) -> SimpleNamespace:
-    tracker = SimpleNamespace(phase=phase, phase_since_ms=1_000 if phase else None, marks=())
+    tracker = SimpleNamespace(phase=phase, phase_since_ms=1_000 if phase else None, marks=(), grew_ms=1_000)
     return SimpleNamespace(run_id=run_id, tracker=tracker, vllm_version=None, started_ms=1_000, ready_ms=None,
-                           adopted=False, log_problem=None, degraded=set(), proc=None)
+                           adopted=False, log_problem=None, degraded=set(), proc=None, load_progress=None,
+                           was_ready=False)
 
 
 def _node(state: ServingState, profile: str | None, run: SimpleNamespace | None) -> SimpleNamespace:
