@@ -16,6 +16,7 @@ def test_the_demo_profiles_max_num_seqs_are_as_documented(tmp_path):
     doc = DOC.read_text()
     said = dict(re.findall(r"`(deepseek-v4\.1-tp8(?:-fp8kv)?)` \([^`]*`max_num_seqs = (\d+)`", doc.replace("\n", " ")))
     assert set(said) == {"deepseek-v4.1-tp8", "deepseek-v4.1-tp8-fp8kv"}, said
-    cfg = parse_config(config_text(DemoPaths.under(tmp_path), port=8000, startup_seconds=8, executable=Path("/bin/true")))
+    paths = DemoPaths.under(tmp_path)
+    cfg = parse_config(config_text(paths, port=8000, startup_seconds=8, executable=Path("/bin/true")))
     got = {p.name: p.max_num_seqs for p in cfg.profiles}
     assert got == {k: int(v) for k, v in said.items()}
