@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from lynxtop.cli.config_cli import load_or_exit
 from lynxtop.contract.client import (
+    ALREADY_DONE,
     ANY_RUN,
     GUARDED_ACTIONS,
     AgentClient,
@@ -36,6 +37,7 @@ from lynxtop.contract.format import fmt_bytes, fmt_datetime, fmt_duration, fmt_m
 from lynxtop.contract.jsonsafe import strict_dumps
 from lynxtop.contract.quantile import fmt_quantile
 from lynxtop.contract.status import (
+    LOG_SILENT_SHOW_S,
     AgentStatus,
     ClusterStatus,
     GpuStatus,
@@ -49,6 +51,8 @@ from lynxtop.contract.status import (
     Status,
     StoreStatus,
     gpus_text,
+    load_phase,
+    log_silent_s,
     taker_text,
 )
 from lynxtop.contract.terminal import terminal_safe, terminal_safe_json
@@ -60,10 +64,6 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY, EXIT_RUN_CHANGED = 0, 1, 2, 3, 4, 5
 EXIT_NOT_SERVING = 6  # `status --check`: the agent answered, but serving is not READY or the agent not healthy
-# The agent's 409s for an ask already met (docs/api.md): the goal is reached, so exit 0 with a note, as
-# `systemctl stop` of a stopped unit; `stop -y --wait && systemctl stop lynxtop-agent` (docs/agent.md) goes on.
-ALREADY = {"already_stopped": "already stopped", "already_serving": "already serving",
-           "already_starting": "already starting"}
 # A prompt left open (a forgotten terminal) must not act hours later on a node nobody looked at since.
 CONFIRM_TIMEOUT_S = 120.0
 POLL_S = 1.0
@@ -72,7 +72,6 @@ UNREACHABLE_GIVE_UP_S = 60.0
 NOT_RUNNING = (ServingState.STOPPED, ServingState.CRASH_LOOP, ServingState.BACKOFF, ServingState.WAITING)
 RAY_UP = (RayState.STARTING, RayState.RUNNING, RayState.STOPPING)
 INDENT = " " * 9
-LOG_SILENT_SHOW_S = 60.0  # a loading run's log silent this long reads as silent ("log silent 4m12s"), not as a detail
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -113,7 +112,7 @@ def _failed(exc: AgentUnreachable | AgentRefused) -> int:
 
 
 def _exit_for(exc: AgentRefused) -> int:
-    if exc.status == 409 and exc.code in ALREADY:
+    if exc.status == 409 and exc.code in ALREADY_DONE:  # as `systemctl stop` of a stopped unit: the runbook goes on
         return EXIT_OK
     if exc.status == 409 and exc.code == "busy":
         return EXIT_BUSY
@@ -125,8 +124,8 @@ def _exit_for(exc: AgentRefused) -> int:
 
 
 def _report_error(exc: AgentRefused) -> None:
-    if exc.status == 409 and exc.code in ALREADY:
-        _err(f"{ALREADY[exc.code]}: nothing to do ({exc.message})")
+    if exc.status == 409 and exc.code in ALREADY_DONE:
+        _err(f"{ALREADY_DONE[exc.code]}: nothing to do ({exc.message})")
         return
     _err(f"{exc.code}: {exc.message}")
     reasons = exc.details.get("reasons") or []
@@ -190,21 +189,6 @@ def format_status(st: Status, rate: tuple[float, int] | None = None,
     return "\n".join(lines)
 
 
-def load_phase_text(srv: ServingStatus) -> str:
-    """`loading weights 27/60 shards (45%)`: the phase, with the checkpoint shards' progress while they load."""
-    lp = srv.load_progress
-    if lp is None or srv.phase != "loading weights":
-        return srv.phase or "-"
-    return f"{srv.phase} {lp.done}/{lp.total} shards ({lp.pct:.0f}%)"
-
-
-def log_silent_s(srv: ServingStatus, now: int | None) -> float | None:
-    """How long a loading run's log has not grown (None: not loading, or an agent older than the field)."""
-    if srv.state != ServingState.STARTING or srv.log_grew_ms is None or not now:
-        return None
-    return max(0.0, (now - srv.log_grew_ms) / 1000)
-
-
 def usual_load_ms_at(path: str | Path | None, srv: ServingStatus) -> int | None:
     """`usual_load_ms` of the loading run's profile from the history database at `path`; None when it cannot be
     read (a missing or damaged database costs the line, never the status)."""
@@ -234,7 +218,7 @@ def _serving_lines(srv: ServingStatus, now: int | None, usual_ms: int | None = N
                      "(a hung read or a stuck worker? it is not stopped for this)")
         elif silent is not None:
             quiet = f", last log output {fmt_duration(silent, na='-')} ago"
-        lines.append(f"{INDENT}phase: {load_phase_text(srv)} for {_since(srv.phase_since_ms, now)}, "
+        lines.append(f"{INDENT}phase: {load_phase(srv)} for {_since(srv.phase_since_ms, now)}, "
                      f"starting for {_since(srv.started_ms, now)}{quiet}")
         if usual_ms is not None:
             lines.append(f"{INDENT}usually ready in ~{fmt_duration(usual_ms / 1000, na='-')} (profile {srv.profile}'s "
@@ -712,7 +696,7 @@ class _Progress:
 
     def show(self, st: Status) -> None:
         srv = st.serving
-        line = f"{srv.state}" + (f" ({load_phase_text(srv)})" if srv.phase and srv.state == ServingState.STARTING
+        line = f"{srv.state}" + (f" ({load_phase(srv)})" if srv.phase and srv.state == ServingState.STARTING
                                   else "")
         if srv.state == ServingState.WAITING and srv.reason:  # what the head still waits for, as it changes
             line += f" ({srv.reason})"

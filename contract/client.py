@@ -76,6 +76,12 @@ class AgentUnreadable(AgentUnreachable):
     show this too."""
 
 
+# The agent's 409 codes for an ask already met (docs/api.md), with their words: the goal is reached, nothing done
+# and nothing wrong (the CLI exits 0 with a note, the dashboard says so rather than "agent busy")
+ALREADY_DONE = {"already_stopped": "already stopped", "already_serving": "already serving",
+                "already_starting": "already starting"}
+
+
 class AgentRefused(Exception):
     """The agent answered with an HTTP error: `status` is the HTTP code, `code` the API's error code."""
 

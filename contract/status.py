@@ -750,6 +750,29 @@ class Status:
                    cluster=ClusterStatus.from_json(d.get("cluster")))
 
 
+LOG_SILENT_SHOW_S = 60.0  # a loading run's log silent this long reads as silent (a slow load writes more often)
+
+
+def load_phase(serving: ServingStatus, short: bool = False) -> str:
+    """`loading weights 27/60 shards (45%)`: the phase, with the checkpoint shards' progress while they load;
+    `short`: `loading weights 27/60` (the dashboard header's 80 columns). "" without a phase. One wording for
+    `lynxtop status` and the dashboard."""
+    lp = serving.load_progress
+    if lp is None or serving.phase != "loading weights":
+        return serving.phase or ""
+    if short:
+        return f"{serving.phase} {lp.done}/{lp.total}"
+    return f"{serving.phase} {lp.done}/{lp.total} shards ({lp.pct:.0f}%)"
+
+
+def log_silent_s(serving: ServingStatus, now_ms: int | None) -> float | None:
+    """How long a loading run's log has not grown (None: not loading, no clock, or an agent older than the field);
+    shown as silent from LOG_SILENT_SHOW_S."""
+    if serving.state != ServingState.STARTING or serving.log_grew_ms is None or not now_ms:
+        return None
+    return max(0.0, (now_ms - serving.log_grew_ms) / 1000)
+
+
 def join_json(head: str, tick: str) -> str:
     """`json.dumps(status.to_json())` from `json.dumps(status.head_json())` and `json.dumps(status.tick_json())`
     (default separators), to the byte: the two objects' members joined in the order `to_json` gives them."""

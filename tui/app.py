@@ -23,7 +23,7 @@ from textual.app import App, ScreenStackError
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
 
-from lynxtop.contract.client import AgentRefused, AgentUnreachable
+from lynxtop.contract.client import ALREADY_DONE, AgentRefused, AgentUnreachable
 from lynxtop.contract.format import fmt_clock
 from lynxtop.contract.status import ClusterStatus, Role, ServingState, ServingStatus
 from lynxtop.contract.terminal import terminal_safe
@@ -121,10 +121,6 @@ def _codeset() -> str:
     except (locale.Error, AttributeError, ValueError):
         return ""
 
-
-# The agent's 409 codes for an ask already met (docs/api.md): told as such, not as "agent busy"
-ALREADY_TITLES = {"already_serving": "already serving", "already_starting": "already starting",
-                  "already_stopped": "already stopped"}
 
 VIEW_KEYS = Binding.Group("views", compact=True)
 
@@ -691,8 +687,8 @@ class LynxtopApp(App):
                         "if you still mean it", title=f"{action} not done: the run changed", severity="warning",
                         timeout=10)
             self.action_refresh_now()
-        elif exc.status == 409 and exc.code in ALREADY_TITLES:  # the ask already met: nothing done, nothing wrong
-            self.notify(exc.message, title=f"{action}: {ALREADY_TITLES[exc.code]}", severity="information", timeout=8)
+        elif exc.status == 409 and exc.code in ALREADY_DONE:  # the ask already met: nothing done, nothing wrong
+            self.notify(exc.message, title=f"{action}: {ALREADY_DONE[exc.code]}", severity="information", timeout=8)
         elif exc.status == 409 and action == "start" and exc.code == "state" and "already" in exc.message:
             self.notify(exc.message, title="start: already serving", severity="warning", timeout=8)  # older agents
         elif exc.status == 409:

@@ -10,6 +10,7 @@ from rich.text import Text
 from lynxtop.contract.format import fmt_duration, fmt_ms
 from lynxtop.contract.quantile import over
 from lynxtop.contract.status import (
+    LOG_SILENT_SHOW_S,
     AgentStatus,
     ClusterStatus,
     RayState,
@@ -18,11 +19,12 @@ from lynxtop.contract.status import (
     ServingStatus,
     SlaState,
     SlaStatus,
+    load_phase,
+    log_silent_s,
     taker_text,
 )
 from lynxtop.tui.glyphs import app_ascii, ascii_text
 from lynxtop.tui.live_state import LiveState
-from lynxtop.tui.widgets.startup_phases import load_phase, log_silent_s
 from lynxtop.tui.widgets.text_panel import TextPanel
 
 # Words first, colour second: every state reads without colour.
@@ -194,7 +196,7 @@ def _serving_state(t: Text, serving: ServingStatus, now_ms: int, sep: str = "  "
         took = f" {fmt_duration((now_ms - (phase_since or now_ms)) / 1000)}" if durations else ""
         t.append(f" ({load_phase(serving, short=True)}{took})")
         silent = log_silent_s(serving, now_ms)
-        if silent is not None:  # a hung load, not a slow one: its log went quiet
+        if silent is not None and silent >= LOG_SILENT_SHOW_S:  # a hung load, not a slow one: its log went quiet
             t.append(f" log silent {fmt_duration(silent)}", style="bold red")
     if serving.next_retry_ms:
         t.append(f" retry in {fmt_duration((serving.next_retry_ms - now_ms) / 1000)}", style="yellow")

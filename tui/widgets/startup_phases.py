@@ -16,13 +16,12 @@ from typing import Any
 from rich.text import Text
 
 from lynxtop.contract.format import fmt_duration
-from lynxtop.contract.status import ServingState, ServingStatus
+from lynxtop.contract.status import LOG_SILENT_SHOW_S, ServingState, ServingStatus, load_phase, log_silent_s
 from lynxtop.tui.glyphs import app_ascii, ascii_text
 from lynxtop.tui.widgets.text_panel import TextPanel
 
 PHASES = ("loading weights", "kv cache", "cuda graphs", "api up")
 TROUBLE_STATES = (ServingState.BACKOFF, ServingState.CRASH_LOOP, ServingState.DEGRADED)
-LOG_SILENT_SHOW_S = 60.0  # a loading run's log silent this long is said (a slow load writes more often than this)
 STOPPED_BY = "stopped by "  # the agent's reason for serving an operator stopped ("stopped by uid 1000 (alice) ...")
 
 
@@ -94,26 +93,6 @@ class StartupPhases(TextPanel):
             self._usual_ms = ms
 
 
-def load_phase(serving: ServingStatus, short: bool = False) -> str:
-    """`loading weights 27/60 shards (45%)`: the phase, with the checkpoint shards' progress while they load;
-    `short`: `loading weights 27/60` (the header's 80 columns)."""
-    lp = serving.load_progress
-    if lp is None or serving.phase != "loading weights":
-        return serving.phase or ""
-    if short:
-        return f"{serving.phase} {lp.done}/{lp.total}"
-    return f"{serving.phase} {lp.done}/{lp.total} shards ({lp.pct:.0f}%)"
-
-
-def log_silent_s(serving: ServingStatus, now_ms: int) -> float | None:
-    """How long a loading run's log has been silent, once past LOG_SILENT_SHOW_S (else None, and from agents
-    older than `log_grew_ms`)."""
-    if serving.state != ServingState.STARTING or serving.log_grew_ms is None:
-        return None
-    silent = (now_ms - serving.log_grew_ms) / 1000
-    return silent if silent >= LOG_SILENT_SHOW_S else None
-
-
 def _log_problem(t: Text, problem: str) -> Text:
     """The run's output is not kept (a full disk, a log directory that cannot be made): the line alone for a
     serving run, after what the line says otherwise (the serving state matters more, and is cut last)."""
@@ -132,7 +111,7 @@ def _progress(serving: ServingStatus, now_ms: int, usual_ms: int | None = None) 
     t = Text("start-up: ", style="bold yellow", no_wrap=True, overflow="ellipsis")
     t.append(f"{fmt_duration((now_ms - started) / 1000)} ")
     silent = log_silent_s(serving, now_ms)
-    if silent is not None:
+    if silent is not None and silent >= LOG_SILENT_SHOW_S:
         t.append(f"⚠ log silent {fmt_duration(silent)} ", style="bold red")
     if usual_ms is not None:
         t.append(f"usually ready in ~{fmt_duration(usual_ms / 1000)} ", style="dim")
