@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from support.writer_faults import disk_full
 
 from lynxtop.__main__ import main
 from lynxtop.store.reader import StoreReader
@@ -84,8 +85,7 @@ def test_full_database_buffers_reports_and_resumes(tmp_path):
     w.start()
     submit(w, 5, gpus=8)
     assert w.flush(10)
-    pages = w.conn.execute("PRAGMA page_count").fetchone()[0]
-    w.conn.execute(f"PRAGMA max_page_count = {pages}")  # the "disk" is now full
+    disk_full(w, True)  # the "disk" is now full
     submit(w, 100, start_i=5, gpus=8)
     deadline = time.monotonic() + 10
     while not w.stats()["retrying"]:
@@ -98,7 +98,7 @@ def test_full_database_buffers_reports_and_resumes(tmp_path):
     # a run started while the disk is full gets its id at once and its row waits in memory for the space
     rid = w.create_run(profile="while-full", argv=["x" * 100_000])
     assert isinstance(rid, int) and not w.flush(0.3)
-    w.conn.execute("PRAGMA max_page_count = 1073741823")  # space returns
+    disk_full(w, False)  # space returns
     assert w.flush(10)
     st = w.stats()
     w.close()
@@ -128,12 +128,11 @@ def test_a_lingering_writer_retries_a_refused_batch_without_lingering_again(tmp_
     try:
         submit(w, 5, gpus=8)
         assert w.flush(10)
-        pages = w.conn.execute("PRAGMA page_count").fetchone()[0]
-        w.conn.execute(f"PRAGMA max_page_count = {pages}")  # the "disk" is now full
+        disk_full(w, True)  # the "disk" is now full
         submit(w, 100, start_i=5, gpus=8)
         assert not w.flush(0.5)  # the flush makes the thread try them: refused, kept
         assert w.stats()["retrying"]
-        w.conn.execute("PRAGMA max_page_count = 1073741823")  # space returns; nobody flushes
+        disk_full(w, False)  # space returns; nobody flushes
         deadline = time.monotonic() + 30
         while w.stats()["written_ticks"] < 105 and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sqlite3
 import time
 
+from support.writer_faults import read_only
+
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.store.writer import StoreWriter
 
@@ -23,7 +25,7 @@ def test_pending_events_lists_held_events_until_they_are_written(tmp_path):
         w.record(Event(EventKind.SCRAPE_OUTAGE, Severity.WARNING, "written before"))
         assert w.flush(10)
         assert w.pending_events() == []  # nothing held while writes succeed
-        w.conn.execute("PRAGMA query_only = 1")  # SQLITE_READONLY on every write from now on
+        read_only(w, True)  # SQLITE_READONLY on every write from now on
         w.record(Event(EventKind.SCRAPE_OUTAGE, Severity.WARNING, "held one", {"n": 1}, run_id=7))
         w.record(Event(EventKind.SLA_BREACH, Severity.ERROR, "held two", ts_ms=1234))
         assert not w.flush(0.3)
@@ -41,7 +43,7 @@ def test_pending_events_lists_held_events_until_they_are_written(tmp_path):
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             assert {"held one", "held two"} <= {e.message for e in w.pending_events()}
-        w.conn.execute("PRAGMA query_only = 0")  # writes resume
+        read_only(w, False)  # writes resume
         assert w.flush(10)
         assert w.flush(10)  # the resumed event the thread recorded
         assert w.pending_events() == []

@@ -10,6 +10,8 @@ import logging
 import sqlite3
 import time
 
+from support.writer_faults import read_only
+
 from lynxtop.contract.events import Event, EventKind
 from lynxtop.store.writer import StoreWriter
 
@@ -87,13 +89,13 @@ def test_drops_during_a_write_outage_are_the_outages_not_a_lag(tmp_path):
     try:
         w.submit_tick(T0, host_row={"cpu_pct": 1.0})
         assert w.flush(30)
-        w.conn.execute("PRAGMA query_only = 1")
+        read_only(w, True)
         w.submit_tick(T0 + 100, host_row={"cpu_pct": 1.0})
         _wait(lambda: w.stats()["retrying"])
         for i in range(30):
             w.submit_tick(T0 + 200 + i * 100, host_row={"cpu_pct": 1.0})
         assert w.stats()["dropped"] >= 20
-        w.conn.execute("PRAGMA query_only = 0")
+        read_only(w, False)
         assert w.flush(30)
         _wait(lambda: EventKind.STORE_WRITES_RESUMED in [e.kind for e in told])
         time.sleep(0.2)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import sqlite3
 
+from support.writer_faults import read_only
+
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.store.writer import StoreWriter
 
@@ -22,7 +24,7 @@ def test_events_held_during_an_outage_are_capped_oldest_dropped_and_counted(tmp_
     try:
         submit(w, 3, gpus=2)
         assert w.flush(10)
-        w.conn.execute("PRAGMA query_only = 1")  # SQLITE_READONLY on every write from now on
+        read_only(w, True)  # SQLITE_READONLY on every write from now on
         rid = w.create_run(profile="before")  # a run's row first in the queue: older than every event
         for i in range(200):
             w.record(Event(EventKind.SCRAPE_OUTAGE, Severity.WARNING, f"event {i}"))
@@ -30,7 +32,7 @@ def test_events_held_during_an_outage_are_capped_oldest_dropped_and_counted(tmp_
                 w.update_run(rid, vllm_version="0.32.0")  # a run's update amid the events: kept too
         assert not w.flush(0.5)  # the outage holds them
         assert w.stats()["queued"] <= 50 + 1, w.stats()  # bounded (ticks apart): not 202 writes
-        w.conn.execute("PRAGMA query_only = 0")  # writes resume
+        read_only(w, False)  # writes resume
         assert w.flush(10)
         assert w.flush(10)  # the store's own resumed event, recorded by the thread
     finally:
