@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 from lynxtop.agent.serving import launcher
 
@@ -22,9 +21,11 @@ class StalledTable:
 
     def __init__(self, seen: dict[int, int], release: threading.Event):
         self.seen, self.release = seen, release
+        self.began = threading.Event()  # the look's start time is taken: a fixed sleep was not always enough
 
     def members(self, token, pgid, roots, start_ticks, known, seen):  # ProcTable.members' signature
         snapshot = dict(self.seen)
+        self.began.set()
         self.release.wait(30)
         seen.update(snapshot)
         return sorted(snapshot)
@@ -39,7 +40,9 @@ def test_an_older_look_finishing_last_does_not_overwrite_the_newer_one(tmp_path)
         old = StalledTable({proc.pid: proc.record.start_ticks, stray.pid: ticks}, release)
         t = threading.Thread(target=proc.members, args=(old,))
         t.start()
-        time.sleep(0.2)  # the old look has begun: it counted a process the newer look does not
+        # the old look has begun (a thread started late on a loaded machine began after the newer look, and
+        # rightly won): it counted a process the newer look does not
+        assert old.began.wait(30), "the older look never began"
         fresh = proc.members()  # a newer look from /proc itself
         assert stray.pid not in fresh
         release.set()

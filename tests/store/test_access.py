@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -73,8 +74,13 @@ def test_healthy_database_it_may_not_write_is_refused_and_untouched(tmp_path, wh
         after = {k: v for k, v in after.items() if k == "lynxtop.db"}  # SQLite may create -wal/-shm beside it
     assert after == before, "the healthy file was touched"
     assert not list(db.parent.glob("*.corrupt-*"))
-    with StoreWriter(db) as w:  # and it is still the same, readable history
-        assert w.conn.execute("SELECT count(*) FROM host_samples").fetchone()[0] == 5
+    with StoreWriter(db):  # and it is still the same, readable history
+        # read on a connection of its own: the writer's is its thread's, busy with its first checks right now
+        c = sqlite3.connect(db)
+        try:
+            assert c.execute("SELECT count(*) FROM host_samples").fetchone()[0] == 5
+        finally:
+            c.close()
 
 
 def test_agent_refuses_to_start_on_a_read_only_state_directory(tmp_path):

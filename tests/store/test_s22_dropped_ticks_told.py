@@ -25,8 +25,9 @@ def _wait(cond, timeout_s: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def _lagging(tmp_path, told: list[Event], quiet_s: float = 0.3) -> StoreWriter:
-    """A started writer that lingers 60 s before writing: 5 queued ticks fill its queue."""
+def _lagging(tmp_path, told: list[Event], quiet_s: float = 1.5) -> StoreWriter:
+    """A started writer that lingers 60 s before writing: 5 queued ticks fill its queue. The quiet time is more
+    than a flush can take on a loaded machine (at 0.3 s, a writer thread scheduled late ended the episode early)."""
     w = StoreWriter(tmp_path / "h.db", queue_max=5, linger_s=60.0, on_event=told.append, lag_quiet_s=quiet_s,
                     lag_tell_s=0.0)
     w.start()
@@ -50,7 +51,7 @@ def test_a_lagging_writer_tells_the_drops_once_and_the_count_when_it_keeps_up(tm
             w.submit_tick(T0 + 20_000 + i * 100, host_row={"cpu_pct": 1.0})
         assert len(told) == 1
         assert w.flush(30)
-        time.sleep(0.4)  # quiet for longer than lag_quiet_s
+        time.sleep(1.6)  # quiet for longer than lag_quiet_s
         w.submit_tick(T0 + 30_000, host_row={"cpu_pct": 1.0})  # no drop: the episode ends
         assert [e.kind for e in told] == [EventKind.STORE_TICKS_DROPPED, EventKind.STORE_WRITER_CAUGHT_UP]
         assert told[1].details is not None and told[1].details["dropped_ticks"] == 48, told[1]

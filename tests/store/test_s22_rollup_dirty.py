@@ -47,7 +47,10 @@ w.start()
 for i in range(0, 200):  # minutes 0..2 rolled up
     w.submit_tick(T0 + i * 1000, [gpu_row(g, i) for g in range(2)], host_row(i), serving_row(i))
 assert w.flush(30)
-assert int(w.conn.execute("SELECT value FROM meta WHERE key = 'rollup_wm_gpu_1m'").fetchone()[0]) >= T0 + 180_000
+# a connection of its own: the writer's thread runs its file checks on w.conn every 2 s, flushed or not
+c = sqlite3.connect(sys.argv[1])
+assert int(c.execute("SELECT value FROM meta WHERE key = 'rollup_wm_gpu_1m'").fetchone()[0]) >= T0 + 180_000
+c.close()
 kill_at(w.conn, "BEGIN", after="COMMIT")  # the next transaction after the late tick's commit: the rollup step
 w.submit_tick(T0 + 60_500, [gpu_row(g, 999) for g in range(2)], host_row(999), serving_row(999))
 w.flush(30)
