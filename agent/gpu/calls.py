@@ -103,18 +103,15 @@ class Reporter:
         self.on_event = on_event
         self._reported: set[tuple[str, str]] = set()
 
-    def event(self, kind: EventKind, severity: str, message: str, details: dict | None = None,
-              logged: bool = False) -> None:
-        """To the sink; to the log at the severity's level where no sink takes it, unless the caller `logged` it
-        already (its own line, its own level)."""
+    def event(self, kind: EventKind, severity: str, message: str, details: dict | None = None) -> None:
+        """To the sink; to the log at the severity's level where no sink takes it (one line either way)."""
         if self.on_event is not None:
             try:
                 self.on_event(kind, severity, message, details)
                 return
             except Exception:  # a broken sink must not stop sampling, nor lose the event from the log
                 log.exception("GPU event sink failed on %s", kind)
-        if not logged:
-            log.log(log_level(severity), "%s", message)
+        log.log(log_level(severity), "%s", message)
 
     def once(self, kind: str, key: str) -> bool:
         if (kind, key) in self._reported:

@@ -14,7 +14,7 @@ the same way: the operator's question is the same (are XIDs read?), and one epis
 
 from __future__ import annotations
 
-from lynxtop.agent.gpu.calls import Reporter, log
+from lynxtop.agent.gpu.calls import Reporter
 from lynxtop.contract.events import EventKind
 from lynxtop.contract.terminal import terminal_safe
 
@@ -58,9 +58,10 @@ class LeftOut:
         text = error_text(error)
         severity, what, left, _, _ = _FACILITIES[facility]
         message = f"{_where(gpu)}: {what} failed ({text}): {left}"
-        log.error("%s (logged once)", message)
+        # one journal line: the event's, at its severity (the sink logs it; the reporter does where there is none).
+        # Its own log.error here made two lines, the first at ERROR for a warning event
         self._r.event(EventKind.GPU_SETUP_FAILED, severity, message,
-                      {"gpu": gpu, "facility": facility, "error": text}, logged=True)
+                      {"gpu": gpu, "facility": facility, "error": text})
 
     def fine(self, gpu: int | None, facility: str, tell: bool = True) -> None:
         """`facility` of `gpu` is set up: a failure told before is over (`gpu.recovered` unless not `tell`, as

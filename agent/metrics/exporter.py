@@ -52,6 +52,12 @@ DEFAULT_MAX_CONNECTIONS = 64  # [agent] metrics_max_connections: a few Prometheu
 SERVING_STATES = tuple(s.value for s in ServingState)
 DEGRADED_CONDITIONS = ("hang", "unresponsive", "health")  # why a run is degraded (agent/serving/health.py)
 SLA_STATES = tuple(s.value for s in SlaState)
+# NVML's states (agent/gpu/sampler.py): "error" is a failing library (event nvml.unavailable, error), "no-driver" a
+# node without an NVIDIA driver (the same event, warning): alerts tell them apart as the events do
+NVML_STATES = ("ok", "error", "no-driver")
+# The readings taken every tick (agent/gpu/unreadable.py): none of them read while the GPU is not lost is a GPU whose
+# readings fail (gpu.unreadable); those read less often carry their last value, so they cannot tell
+_TICK_READINGS = ("util_gpu_pct", "power_w", "sm_clock_mhz", "throttle_reasons")
 RAY_STATES = tuple(s.value for s in RayState if s != RayState.OFF)  # OFF is a single node's: no Ray series there
 # NVML's clock event (throttle) reasons as `reason` label values, dcgm-exporter's DCGM_FI_DEV_CLOCK_THROTTLE_REASONS
 # bits one series each; "other" holds any bit this table does not name
@@ -174,6 +180,12 @@ class SnapshotCollector(Collector):
         if st.agent.nvml.state:
             yield _gauge("lynxtop_nvml_ok", "1 when NVML answers normally", 1.0 if st.agent.nvml.state == "ok"
                          else 0.0)
+            nvml = GaugeMetricFamily("lynxtop_nvml_state", "1 for NVML's current state (no-driver: no NVIDIA "
+                                     "driver on the node; error: the library fails or re-initialises)",
+                                     labels=["state"])
+            for s in NVML_STATES:
+                nvml.add_metric([s], 1.0 if s == st.agent.nvml.state else 0.0)
+            yield nvml
         yield from self._gpus(st.gpus)
         yield from self._simple(_HOST, st.host.metrics)
         yield from self._serving(st.serving, st.serving_metrics.metrics)
@@ -227,6 +239,21 @@ class SnapshotCollector(Collector):
                 yield fam
         yield from self._xids(gpus)
         yield from self._throttle(gpus)
+        yield from self._unreadable(gpus)
+
+    def _unreadable(self, gpus: tuple[GpuStatus, ...]) -> Iterator[Any]:
+        """1 for a GPU whose last tick read none of its per-tick readings while not lost (LynxtopGpuUnreadable):
+        before, such a GPU was only a `gpu.unreadable` event, and no alert could see it. No sample without a row
+        (not read yet, NVML down): unknown, never "readable"."""
+        fam = GaugeMetricFamily("lynxtop_gpu_unreadable", "1 while every per-tick reading of the GPU fails (not "
+                                "lost: NVML answers it errors)", labels=["gpu", "uuid"])
+        for g in gpus:
+            if g.metric("lost") is None:
+                continue
+            bad = g.metric("lost") == 0 and all(g.metric(k) is None for k in _TICK_READINGS)
+            fam.add_metric([str(g.index), str(g.uuid or "")], 1.0 if bad else 0.0)
+        if fam.samples:
+            yield fam
 
     def _xids(self, gpus: tuple[GpuStatus, ...]) -> Iterator[Any]:
         """A counter from 0 on every GPU, so `increase()` sees the first XID after a start."""
