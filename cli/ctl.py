@@ -626,7 +626,10 @@ def _act(args: Namespace, action: str, profile: str | None = None, cluster: bool
         data = _post(client, action, profile, before.serving.run_id if action in GUARDED_ACTIONS else ANY_RUN, extra)
     except AgentRefused as exc:
         if exc.code == "already_starting" and getattr(args, "wait", False):
-            _report_error(exc)  # the load under way is the one asked for: --wait waits for it
+            _report_error(exc)  # the load (or Ray's start) under way is the one asked for: --wait waits for it
+            goal = _ray_goal(action, before, cluster)
+            if goal is not None:  # Ray's start: its running, not serving (a worker serves nothing)
+                return _interruptible(action, lambda: wait_for_ray(client, goal, cluster))
             return _interruptible(action, lambda: wait_for(client, action, before, same_run=True))
         return _failed(exc)
     except AgentUnreachable as exc:

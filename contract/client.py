@@ -77,9 +77,10 @@ class AgentUnreadable(AgentUnreachable):
 
 
 # The agent's 409 codes for an ask already met (docs/api.md), with their words: the goal is reached, nothing done
-# and nothing wrong (the CLI exits 0 with a note, the dashboard says so rather than "agent busy")
+# and nothing wrong (the CLI exits 0 with a note, the dashboard says so rather than "agent busy"). Serving's and
+# Ray's share them; "already_running" is Ray's start on a running Ray
 ALREADY_DONE = {"already_stopped": "already stopped", "already_serving": "already serving",
-                "already_starting": "already starting"}
+                "already_starting": "already starting", "already_running": "already running"}
 
 
 class AgentRefused(Exception):

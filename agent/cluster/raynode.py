@@ -330,8 +330,15 @@ class RayNode:
     # ------------------------------------------------------------------------------------- operator actions
 
     async def start(self, by: str) -> str:
-        if self.state in (RayState.STARTING, RayState.RUNNING, RayState.STOPPING):
-            raise ActionError("state", f"Ray is already {self.state} on this node", 409)
+        """Start this node's Ray. One already running or starting is the ask met, told apart by its code
+        (already_running / already_starting: the CLI exits 0, as for serving's start); a stopping one is refused."""
+        if self.state in (RayState.STARTING, RayState.RUNNING):
+            pid = f", pid {self.proc.pid}" if self.proc is not None and not self.proc.exited else ""
+            code = "already_starting" if self.state == RayState.STARTING else "already_running"
+            raise ActionError(code, f"Ray is already {self.state} on this node ({self.cfg.agent.role}, "
+                                    f"{self.address}{pid}); nothing was started", 409)
+        if self.state == RayState.STOPPING:
+            raise ActionError("state", "Ray is stopping on this node; start it once it is stopped", 409)
         with contextlib.suppress(OSError):
             self.held_path.unlink()
         self._cancel_retry()
@@ -339,6 +346,18 @@ class RayNode:
         self._event(EventKind.ACTION_START, Severity.INFO, f"start of Ray requested by {by}", by=by)
         await self._launch(f"started by {by}")
         return "starting Ray on this node"
+
+    def refuse_stop_if_stopped(self, by: str) -> None:
+        """A stop of a Ray already stopped is the ask met: 409 already_stopped (the CLI exits 0), answered before
+        the stop is accepted. It is still kept stopped across agent restarts, as a stop says: a Ray stopped by a
+        failed start is otherwise started again by the next agent (an operator's earlier reason is kept)."""
+        if self.state != RayState.STOPPED:
+            return
+        if self._held() is None:
+            with contextlib.suppress(OSError):
+                atomic_write(self.held_path, json.dumps({"reason": f"stopped by {by}", "since_ms": now_ms()}))
+        raise ActionError("already_stopped", f"Ray is already stopped on this node ({self.reason}); it stays "
+                                             "stopped until `lynxtop start` here", 409)
 
     async def stop(self, by: str, hold: bool = True) -> str:
         """Stop this node's Ray; `hold`: keep it stopped across agent restarts until an operator starts it."""

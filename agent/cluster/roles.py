@@ -94,6 +94,7 @@ class ClusterPart:
             raise ActionError("role", "this is the Ray head: its Ray stops with `lynxtop stop --cluster` (serving "
                                       "stops first, then the workers' Ray, then the head's)", 409)
         who = f"{by}" + (f": {reason}" if reason else "")
+        self.ray.refuse_stop_if_stopped(who)
         asyncio.get_running_loop().create_task(self.ray.stop(who), name="ray-stop")  # answer first: the
         # caller may be a Ray task on this node, which this stop ends
         return "stopping Ray on this node; it stays stopped until `lynxtop start` here"

@@ -3,13 +3,20 @@
 The dialog names the run it acts on (`seen`); the app watches the live status while it is open and withdraws it
 (`withdraw`) when that run changes, or refreshes its text (`update_body`, Cancel focused again) when the same run
 only moves on: a dialog can never confirm a run other than the one it shows.
+
+With `live` (the body as it reads now), the text also follows the clock once a second: "12m00s of this load is
+lost" counts on while the operator thinks. Redrawn only when the text changed, and without moving the focus (the
+run is the same; only the figure grew).
 """
 
 from __future__ import annotations
 
+import io
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from rich.console import RenderableType
+from rich.console import Console, RenderableType
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -26,6 +33,15 @@ if TYPE_CHECKING:
 # The body's rows: at most what a tall screen shows before it scrolls, at least enough to read a line on a tiny one
 MAX_BODY_ROWS = 24
 MIN_BODY_ROWS = 2
+TICK_S = 1.0  # the figures in the body count in whole seconds
+
+
+def _drawn(body: RenderableType) -> str:
+    """The body as the terminal would get it (text and styles), to tell whether a redraw would change anything."""
+    console = Console(width=500, file=io.StringIO(), color_system="truecolor", force_terminal=True,
+                      legacy_windows=False)
+    console.print(body)
+    return console.file.getvalue()  # type: ignore[attr-defined]
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -36,11 +52,15 @@ class ConfirmScreen(ModalScreen[bool]):
     ]
 
     def __init__(
-        self, title: str, body: RenderableType, confirm_label: str, danger: bool = True, seen: Seen | None = None
+        self, title: str, body: RenderableType, confirm_label: str, danger: bool = True, seen: Seen | None = None,
+        live: Callable[[], RenderableType] | None = None,
     ):
+        """`live`: the body as it reads now (the app's status, the node's clock), looked at every TICK_S."""
         super().__init__()
         self.title_text = title
         self.body = body
+        self.live = live
+        self._shown = _drawn(body)
         self.confirm_label = confirm_label
         self.danger = danger
         self.seen = seen  # the run the body shows; what the confirmed action is sent for
@@ -59,6 +79,29 @@ class ConfirmScreen(ModalScreen[bool]):
     def on_mount(self) -> None:
         self.query_one("#cancel", Button).focus()
         self.call_after_refresh(self._fit_body)
+        if self.live is not None:
+            self.set_interval(TICK_S, self._tick)
+
+    def _tick(self) -> None:
+        self._follow()  # a worker: a timer callback that raised would end the app
+
+    @work(group="confirm-tick", exclusive=True, exit_on_error=False)
+    async def _follow(self) -> None:
+        """The body as it reads now; redrawn only where it changed, the focus left where the operator put it."""
+        if self.live is None or self.withdrawn is not None or not self.is_mounted:
+            return
+        self._show(self.live())
+
+    def _show(self, body: RenderableType) -> bool:
+        """Show `body` if it reads differently from what is shown; whether it did."""
+        self.body = body
+        drawn = _drawn(body)
+        if drawn == self._shown:
+            return False
+        self._shown = drawn
+        if self.is_mounted:
+            self.query_one("#dialog-text", Static).update(body)
+        return True
 
     def on_resize(self) -> None:
         self.call_after_refresh(self._fit_body)
@@ -100,9 +143,8 @@ class ConfirmScreen(ModalScreen[bool]):
     def update_body(self, body: RenderableType) -> None:
         """The same run moved on (starting -> ready): the text follows it, and Cancel takes the focus back so an
         Enter already on its way does not confirm what the operator has not read."""
-        self.body = body
+        self._show(body)
         if self.is_mounted:
-            self.query_one("#dialog-text", Static).update(body)
             self.query_one("#cancel", Button).focus()
 
     def withdraw(self, reason: str) -> None:

@@ -84,8 +84,8 @@ def test_actions_and_exit_codes(agent, capsys):
     fake, path, _ = agent
     code, out, _ = run(capsys, "restart", "--yes", "--socket", path)
     assert code == 0 and "restart accepted" in out
-    code, _, err = run(capsys, "start", "--socket", path)  # already running: refused
-    assert code == 1 and "already_running" in err
+    code, _, err = run(capsys, "start", "--socket", path)  # already running: the ask met, exit 0 with a note (s23)
+    assert code == 0 and "already running: nothing to do" in err
     code, _, err = run(capsys, "switch", "nope", "--yes", "--socket", path)
     assert code == 2 and "unknown_profile" in err and "tp8-fp8kv" in err
     fake.busy = "restart"
