@@ -14,6 +14,7 @@ writer (row.py) and the events told once per episode (episodes.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import aiohttp
@@ -25,9 +26,11 @@ from lynxtop.agent.metrics.histogram import HistogramSnapshot
 from lynxtop.agent.metrics.layout import PageLayout
 from lynxtop.agent.metrics.page import PageError, ParsedPage, parse_text
 from lynxtop.agent.metrics.row import checked, empty_row, engine_loads
+from lynxtop.agent.metrics.served import NotServed
 from lynxtop.agent.metrics.windows import ServingWindows
 
 INLINE_PARSE_CHARS = 1024 * 1024  # larger pages are parsed in a worker thread
+log = logging.getLogger("lynxtop.agent.metrics")
 
 
 class MetricsScraper:
@@ -51,6 +54,8 @@ class MetricsScraper:
         self.engines: list[dict[str, Any]] = []  # per data-parallel engine: running, waiting, KV % of the last page
         # the last page read and its sums corrected for resets: what agent/metrics/lifetime.py adds up over runs
         self.totals: tuple[ParsedPage, dict[str, float], dict[str, HistogramSnapshot]] | None = None
+        self._not_served = NotServed(self._fetch.url)
+        self._version_asked = False  # GET /version is read once a run, and only to name a missing family's version
 
     def reset(self) -> None:
         """Forget history (a new run): the next scrape only sets baselines."""
@@ -59,6 +64,8 @@ class MetricsScraper:
         self._episodes.reset_series = ()
         self.generation_tokens_total = None
         self.requests_running = None
+        self._not_served = NotServed(self._fetch.url)  # a new run may be another vLLM version
+        self._version_asked = False
 
     # ------------------------------------------------------------------------------------------ what it shows
 
@@ -71,6 +78,21 @@ class MetricsScraper:
     def base_url(self) -> str:
         """The server (GET /version is read there)."""
         return self._fetch.base_url
+
+    @property
+    def vllm_version(self) -> str | None:
+        """The version of the vLLM serving the page, where known (GET /version, or told by the caller)."""
+        return self._not_served.version
+
+    @vllm_version.setter
+    def vllm_version(self, version: str | None) -> None:
+        self._not_served.version = version
+
+    @property
+    def not_served(self) -> dict[str, str]:
+        """The quantities lynxtop reads that the last clean page lacked (not served by this vLLM version), each
+        with the message naming the families looked for, the version and the columns left empty."""
+        return dict(self._not_served.missing)
 
     @property
     def last_error(self) -> str | None:
@@ -137,7 +159,12 @@ class MetricsScraper:
                 page = await asyncio.to_thread(parse_text, text)
         except PageError as exc:
             return self.failed(now, f"malformed page at {self.url}: {exc}")
-        return self._accept(page, now)
+        row = self._accept(page, now)
+        if self._not_served.pending and self.vllm_version is None and not self._version_asked:
+            self._version_asked = True  # the version names what is missing: asked once, never every scrape
+            self.vllm_version = await self.fetch_version(session)
+        self._tell_not_served()
+        return row
 
     def close(self) -> None:
         """Drop the page's kept connection (the scraper replaced by a new run's, or the agent stopping)."""
@@ -166,7 +193,14 @@ class MetricsScraper:
             page = self._layout.parse(text)
         except PageError as exc:
             return self.failed(now, f"malformed page at {self.url}: {exc}")
-        return self._accept(page, now)
+        row = self._accept(page, now)
+        self._tell_not_served()
+        return row
+
+    def _tell_not_served(self) -> None:
+        """Log each family first found missing in this run, once (agent/metrics/served.py)."""
+        for msg in self._not_served.messages():
+            log.warning("%s", msg)
 
     def _accept(self, page: ParsedPage, now: float) -> dict[str, Any]:
         self._episodes.readable(now, page.refused)
@@ -176,6 +210,7 @@ class MetricsScraper:
         counters, hists, went_down = self._corrections.corrected(page)
         counters, hists = self._windows.add(page.stale, counters, hists, now, went_down)
         self.totals = (page, counters, hists)
+        self._not_served.check(page)
         self._windows.counter_columns(row)
         row["requests_running"] = page.gauges.get("running")
         row["requests_waiting"] = page.gauges.get("waiting")

@@ -29,6 +29,7 @@ and each sequence holds num_speculative_tokens more tokens of cache: max_model_l
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -225,8 +226,105 @@ def visible_with_problem(profile: Profile, gpus: tuple[GpuFacts, ...]) -> tuple[
     return tuple(by_index[i] for i in picked), problem
 
 
-def _flags(profile: Profile) -> list[Verdict]:
+# `vllm serve` flags that older vLLM took and vLLM 0.32 (the newest whose option list was read: sim/vllm_options.py)
+# does not: flag -> (what it was, what to do). A profile written for an older vLLM still carries them; the newer
+# vLLM exits 2 with "unrecognized arguments" at every start. Refused where the vLLM beside the profile's executable
+# is 0.32 or newer, else a warning (the node may run an older vLLM that takes it).
+# tests/agent/test_s23_vllm_drift_flags.py checks each is absent from 0.32 and each replacement present.
+_SPEC_FIX = "use --speculative-config '{\"model\": ..., \"num_speculative_tokens\": N}' instead"
+REMOVED_FLAGS: dict[str, tuple[str, str]] = {
+    "--swap-space": ("the V0 engine's CPU swap space", "remove it (the V1 engine has no CPU swap space)"),
+    "--disable-log-requests": ("requests are no longer logged by default",
+                               "remove it (--enable-log-requests turns request logging on)"),
+    "--speculative-model": ("speculative decoding's old flags", _SPEC_FIX),
+    "--num-speculative-tokens": ("speculative decoding's old flags", _SPEC_FIX),
+    "--num-scheduler-steps": ("the V0 engine's multi-step scheduling", "remove it"),
+    "--guided-decoding-backend": ("renamed with structured outputs",
+                                  "use --structured-outputs-config.backend NAME instead"),
+    "--task": ("split into runner and convert", "use --runner (generate, pooling) or --convert instead"),
+    "--max-seq-len-to-capture": ("CUDA graph capture by sequence length",
+                                 "use --max-cudagraph-capture-size instead"),
+    "--cuda-graph-sizes": ("renamed", "use --cudagraph-capture-sizes instead"),
+    "--tokenizer-pool-size": ("the V0 tokenizer pool", "remove it"),
+    "--use-v2-block-manager": ("the V0 block manager switch", "remove it"),
+    "--preemption-mode": ("the V0 engine's preemption by swapping", "remove it"),
+    "--disable-async-output-proc": ("the V0 engine's output processing switch", "remove it"),
+    "--worker-use-ray": ("the old Ray switch", "use --distributed-executor-backend ray instead"),
+}
+
+
+SHUTDOWN_TIMEOUT_SINCE = (0, 18)  # the first vLLM that takes --shutdown-timeout (reference notes)
+REMOVED_BY = (0, 32)  # REMOVED_FLAGS are known gone from this version on (its option list was read)
+
+
+def installed_vllm_version(executable: str) -> str | None:
+    """The version of the vLLM package in the profile's environment, from its dist-info beside `vllm` (pip's
+    virtualenv layout, as `ray_installed` looks), read from METADATA without importing vLLM (seconds, and CUDA);
+    None where there is none, several, or it cannot be read: then nothing is judged by version."""
+    try:
+        found = list(Path(executable).parent.parent.glob("lib/python3*/site-packages/vllm-*.dist-info/METADATA"))
+        if len(found) != 1:
+            return None
+        with found[0].open(encoding="utf-8", errors="replace") as f:
+            head = f.read(65536)
+    except OSError:
+        return None
+    for line in head.splitlines():
+        if line.startswith("Version:"):
+            version = line[len("Version:"):].strip()
+            return version if version and len(version) <= 64 and version.isprintable() else None
+        if not line:  # the headers end at the first blank line
+            break
+    return None
+
+
+def _minor(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a version string ("0.10.2", "0.11.0rc1", "0.33.1+cu128"); None when it has none."""
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _removed_flags(args: Iterable[str], version: str | None) -> list[Verdict]:
+    """One verdict per extra_args flag that vLLM 0.32 no longer takes, named as written, with its replacement:
+    refused where the installed vLLM is 0.32 or newer (it would exit at every start), else a warning."""
     out = []
+    minor = _minor(version)
+    gone = minor is not None and minor >= REMOVED_BY
+    installed = f"; the installed vLLM is {version}" if version else ""
+    for token in args:
+        written = token.split("=", 1)[0]
+        if not written.startswith("--"):
+            continue
+        name = "--" + written[2:].split(".", 1)[0].replace("_", "-")  # vLLM reads `_` as `-` in a long flag's name
+        if name not in REMOVED_FLAGS:
+            continue
+        what, fix = REMOVED_FLAGS[name]
+        shown = token if len(token) <= 80 else token[:80] + "..."
+        out.append(Verdict("flags", Level.BLOCKING if gone else Level.WARNING,
+                           f"{shown} in extra_args: vLLM 0.32 (the newest version checked) has no {name} ({what})"
+                           f"{installed}; a vLLM without it exits with 'unrecognized arguments' at every start, "
+                           "which the agent retries into a crash loop",
+                           fix if gone else f"{fix}, or keep it only while this node runs a vLLM that still takes it"))
+    return out
+
+
+def _shutdown_timeout(profile: Profile, version: str | None) -> list[Verdict]:
+    """shutdown_timeout_s (default 30) passes --shutdown-timeout, which vLLM before 0.18 does not take."""
+    minor = _minor(version)
+    if not profile.shutdown_timeout_s or minor is None or minor >= SHUTDOWN_TIMEOUT_SINCE:
+        return []
+    n = profile.shutdown_timeout_s
+    return [Verdict("flags", Level.BLOCKING,
+                    f"shutdown_timeout_s = {n} passes --shutdown-timeout {n}, which vLLM takes from 0.18 on; the vLLM "
+                    f"installed beside {profile.executable} is {version}: it would exit with 'unrecognized arguments' "
+                    "at every start",
+                    "set shutdown_timeout_s = 0 in the profile (a stop then aborts the requests in flight), or "
+                    "upgrade vLLM to 0.18 or newer")]
+
+
+def _flags(profile: Profile) -> list[Verdict]:
+    version = installed_vllm_version(profile.executable)
+    out = _removed_flags(profile.extra_args, version) + _shutdown_timeout(profile, version)
     if any(a.split("=", 1)[0] == "--enable-flashmla" for a in profile.extra_args):
         out.append(Verdict("flags", Level.BLOCKING,
                            "--enable-flashmla is not a vLLM flag (it is SGLang's): vLLM exits with 'unrecognized "
