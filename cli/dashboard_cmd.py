@@ -4,8 +4,10 @@ browser with --web, cli/web.py)."""
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from argparse import Namespace
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -34,6 +36,12 @@ def run(args: Namespace) -> int:
         print("lynxtop: the dashboard needs a terminal (stdin and stderr); for plain text use "
               "`lynxtop status` or `lynxtop runs`", file=sys.stderr)
         return 2
+    problem = None if in_browser else term_problem(os.environ)
+    if problem:
+        print(f"lynxtop: {problem}: the full-screen dashboard cannot be drawn there; for plain text use "
+              "`lynxtop status` or `lynxtop runs`, or set TERM to the terminal's type (TERM=xterm-256color, "
+              "TERM=vt100; LYNXTOP_ASCII=1 where it has no UTF-8)", file=sys.stderr)
+        return 2
     # The first status is asked for now, in a thread, and answered while Textual and the views import; the garbage
     # collector waits until the first frame is painted (the app resumes it): docs/dashboard.md, "Speed".
     gc.disable()
@@ -54,6 +62,23 @@ def run(args: Namespace) -> int:
     finally:
         gc.enable()
     return int(app.return_code or 0)
+
+
+# Terminal types that say the terminal moves no cursor and clears nothing (terminfo's `dumb`; an unknown type is what
+# some login paths set where none was passed)
+DUMB_TERMS = frozenset({"dumb", "unknown"})
+
+
+def term_problem(environ: Mapping[str, str]) -> str | None:
+    """Why a terminal on stdin and stderr still cannot show the dashboard (None: it can): TERM unset or dumb (Emacs'
+    shell, `ssh host cmd` under some wrappers, a CI runner's pty). The app would draw escape codes it has no
+    right to send, kilobytes a second of garbage, and read keys as text."""
+    term = environ.get("TERM", "").strip()
+    if not term:
+        return "TERM is not set"
+    if term.lower() in DUMB_TERMS:
+        return f"TERM={term}"
+    return None
 
 
 def _web() -> ModuleType:

@@ -690,7 +690,11 @@ def run(args: Namespace) -> int:
                             + " for the usual demo"), flush=True)
     no_tui = bool(getattr(args, "no_tui", False))
     no_terminal = None if no_tui else _no_terminal()
-    if no_terminal:
+    if no_terminal and no_terminal.startswith("TERM"):
+        print(f"lynxtop demo: {no_terminal}: this terminal cannot draw the dashboard, so printing a status line "
+              f"every {STATUS_EVERY_S:g} s instead; Ctrl-C or SIGTERM stops the demo. For the dashboard set TERM "
+              "to the terminal's type (TERM=xterm-256color); --no-tui asks for these lines.", flush=True)
+    elif no_terminal:
         print(f"lynxtop demo: no terminal ({no_terminal}), so no dashboard: printing a status line every "
               f"{STATUS_EVERY_S:g} s instead; Ctrl-C or SIGTERM stops the demo. For the dashboard run it in a "
               "terminal (over SSH: ssh -t HOST lynxtop demo); --no-tui asks for these lines.", flush=True)
@@ -737,8 +741,9 @@ def _term_as_interrupt(signum: int, frame: object) -> None:
 
 
 def _no_terminal() -> str | None:
-    """Why the dashboard cannot run here (None: it can): it reads keys from stdin and draws on stderr, as
-    `lynxtop dashboard` checks; drawn into a pipe it is kilobytes of escape codes a second."""
+    """Why the dashboard cannot run here (None: it can): it reads keys from stdin and draws on stderr, on a
+    terminal that moves its cursor, as `lynxtop dashboard` checks; drawn into a pipe or a dumb terminal it is
+    kilobytes of escape codes a second."""
     for name, stream in (("stdin", sys.stdin), ("stderr", sys.__stderr__)):
         try:
             tty = stream is not None and stream.isatty()
@@ -746,7 +751,9 @@ def _no_terminal() -> str | None:
             tty = False
         if not tty:
             return f"{name} is not a terminal"
-    return None
+    from lynxtop.cli.dashboard_cmd import term_problem
+
+    return term_problem(os.environ)  # TERM unset or dumb: a terminal that cannot draw it
 
 
 def _run_dashboard(app_cls: Any, demo: Demo, duration: float | None) -> None:

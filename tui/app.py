@@ -14,13 +14,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import App, ScreenStackError
 from textual.binding import Binding
+from textual.filter import LineFilter
 from textual.notifications import SeverityLevel
 
 from lynxtop.contract.client import ALREADY_DONE, AgentRefused, AgentUnreachable
@@ -29,6 +30,7 @@ from lynxtop.contract.status import ClusterStatus, Role, ServingState, ServingSt
 from lynxtop.contract.terminal import terminal_safe
 from lynxtop.tui.backoff import Backoff
 from lynxtop.tui.commands import LynxtopCommands
+from lynxtop.tui.glyphs import ASCII, AsciiFilter, glyph
 from lynxtop.tui.history_source import HistorySource, HistoryUnavailable
 from lynxtop.tui.live_state import GPU_KEYS, SERVING_KEYS, LiveState
 from lynxtop.tui.messages import AgentLost, LiveRefreshed, StatusArrived
@@ -192,6 +194,10 @@ class LynxtopApp(App):
         self.backoff = backoff or Backoff()
         # ASCII on a terminal whose locale is not UTF-8 (LYNXTOP_ASCII=0/1 decides where set)
         self.ascii_only = ascii_default() if ascii_only is None else ascii_only
+        # ASCII mode's .tcss rules (ASCII borders) hang on this class; AsciiFilter (get_line_filters) turns the rest
+        self._ascii_filter = AsciiFilter() if self.ascii_only else None
+        if self.ascii_only:
+            self.add_class("-ascii")
         self.backfill_enabled = backfill
         self._backfill_started = False
         # `lynxtop demo` knows its node is simulated before the agent answers; anywhere else only the status says
@@ -229,6 +235,20 @@ class LynxtopApp(App):
         path (a '[/]' in it would raise MarkupError), with its control characters escaped."""
         super().notify(terminal_safe(message, lines=True), title=terminal_safe(title), severity=severity,
                        timeout=timeout, markup=False)
+
+    def get_line_filters(self) -> Sequence[LineFilter]:
+        """Textual's filters, and in ASCII mode the last one that leaves only ASCII on the screen (tui/glyphs.py):
+        a C-locale terminal shows any other character as garbage and shifts the rest of its line."""
+        filters = super().get_line_filters()
+        return [*filters, self._ascii_filter] if self._ascii_filter is not None else filters
+
+    def get_key_display(self, binding: Binding) -> str:
+        """A key as the key bar and the help show it; in ASCII mode a key Textual shows as a symbol (`⏎`, `↑`) by
+        its name (`enter`, `up`): as `?` it would say nothing."""
+        shown = super().get_key_display(binding)
+        if self.ascii_only and not shown.isascii():
+            return glyph(shown, True) if all(c.isascii() or c in ASCII for c in shown) else binding.key
+        return shown
 
     # ------------------------------------------------------------------ helpers used by screens
     def now_ms(self) -> int:
@@ -506,7 +526,8 @@ class LynxtopApp(App):
 
             title, body, label = text()
             seen = control_text.Seen.of(self.state.serving, self._cluster())
-            await self._confirm_and_send(action, profile, ConfirmScreen(title, body, label, seen=seen),
+            await self._confirm_and_send(action, profile, ConfirmScreen(title, body, label, seen=seen,
+                                                                        live=lambda: text()[1]),
                                          lambda: text()[1])
         except AgentRefused as exc:
             self._refused(action, exc)

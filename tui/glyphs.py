@@ -4,9 +4,15 @@ not turn into `?` there. One table, so every widget says a mark the same way in 
 
 from __future__ import annotations
 
+import unicodedata
+from functools import lru_cache
 from typing import Any
 
+from rich.cells import cell_len
+from rich.segment import Segment
 from rich.text import Span, Text
+from textual.color import Color
+from textual.filter import LineFilter
 
 ASCII: dict[str, str] = {
     "✗": "X",  # broken: lost GPU, ECC, SLA breach, agent unhealthy
@@ -31,6 +37,12 @@ ASCII: dict[str, str] = {
     "…": "...",
     "←": "<-",
     "→": "->",
+    "±": "+/-",
+    "↑": "^",
+    "↓": "v",
+    "│": "|",  # the charts' axes (tui/widgets/time_chart.py)
+    "└": "+",
+    "╌": "-",  # a chart's threshold line
 }
 
 
@@ -65,3 +77,39 @@ def app_ascii(widget: Any) -> bool:
         return bool(getattr(widget.app, "ascii_only", False))
     except Exception:  # no active app
         return False
+
+
+# One ASCII cell for each mark of the table above, for the filter below (which must keep every cell where it is)
+CELL: dict[str, str] = {"≤": "<", "≥": ">", "°": "o", "…": ".", "←": "<", "→": ">", "⏸": "|", "±": "+"}
+
+
+@lru_cache(4096)
+def ascii_cell(c: str) -> str:
+    """`c` as ASCII of the same width in cells: a mark of the table; a box-drawing line as `-`, `|` or `+`; a block
+    (scrollbar thumbs' ends, Textual's tall and outer borders) as a blank cell, its colours kept; anything else as
+    `?` per cell (a wide character as `??`, a zero-width one as nothing)."""
+    if c.isascii():
+        return c
+    width = cell_len(c)
+    if c in CELL or (len(ASCII.get(c, "")) == 1 and width == 1):
+        return CELL.get(c) or ASCII[c]
+    name = unicodedata.name(c, "")
+    if name.startswith("BOX DRAWINGS"):
+        if " AND " in name or "ARC" in name:
+            return "+"
+        return "-" if "HORIZONTAL" in name or "LEFT" in name or "RIGHT" in name else "|"
+    if name.endswith("BLOCK") or name.startswith(("UPPER ", "LOWER ", "LEFT ", "RIGHT ", "QUADRANT")):
+        return " " * width if name != "FULL BLOCK" else "#"
+    return "?" * width
+
+
+class AsciiFilter(LineFilter):
+    """Every cell the app draws in ASCII, as a last step (App.get_line_filters): what the widgets and the .tcss
+    rules of ASCII mode did not already turn (a Textual widget's glyph, a text from the agent, a log line) goes to
+    the terminal as `?`, not as the UTF-8 bytes a C-locale terminal draws as two or three garbage cells, the rest of
+    the line shifted. Width kept: each character becomes as many ASCII cells as it took."""
+
+    def apply(self, segments: list[Segment], background: Color) -> list[Segment]:
+        return [seg if seg.control or seg.text.isascii()
+                else Segment("".join(ascii_cell(c) for c in seg.text), seg.style, seg.control)
+                for seg in segments]
