@@ -117,12 +117,53 @@ class Query:
                 f"ORDER BY {keys} LIMIT {int(rows)}")
 
 
+def _csv_text(text: str, raw: bool) -> str:
+    """`text` as one CSV cell, as `_field` renders a TEXT column (formula guard unless `raw`, quoting)."""
+    if not raw and text[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        text = "'" + text
+    return '"' + text.replace('"', '""') + '"' if any(ch in text for ch in ',"\n\r') else text
+
+
+def _sql_text(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _uuid_expr(segments: list[dict], bucket_ms: int, csv: bool, raw: bool) -> str:
+    """SQL naming the board behind each row's (gpu, ts_ms) from the index's segments (StoreReader.gpu_identities):
+    NULL where unknown. A rollup bucket [ts_ms, ts_ms + bucket_ms) that holds the start of another board's segment
+    mixes both boards' readings: it names both, `old+new`. `csv`: the literals rendered as CSV cells (the line)."""
+    def lit(text: str) -> str:
+        return _sql_text(_csv_text(text, raw) if csv else text)
+
+    whens: list[str] = []
+    by_gpu: dict[int, list[dict]] = {}
+    for seg in segments:
+        if isinstance(seg.get("gpu"), int) and isinstance(seg.get("since_ms"), int):
+            by_gpu.setdefault(seg["gpu"], []).append(seg)
+    for gpu, segs in sorted(by_gpu.items()):
+        inner = []
+        if bucket_ms > 1:
+            for a, b in zip(segs, segs[1:], strict=False):
+                if a["until_ms"] == b["since_ms"] and a["uuid"] != b["uuid"]:
+                    inner.append(f"WHEN ts_ms < {b['since_ms']} AND ts_ms > {b['since_ms'] - bucket_ms} "
+                                 f"THEN {lit(a['uuid'] + '+' + b['uuid'])}")
+        for seg in segs:
+            until = f" AND ts_ms < {seg['until_ms']}" if isinstance(seg["until_ms"], int) else ""
+            inner.append(f"WHEN ts_ms >= {seg['since_ms']}{until} THEN {lit(seg['uuid'])}")
+        whens.append(f"WHEN {gpu} THEN CASE {' '.join(inner)} END")
+    return f"CASE gpu {' '.join(whens)} END" if whens else "NULL"
+
+
 def build_query(table: str, resolution: str, start_ms: int, end_ms: int, raw: bool = False,
-                columns_of: Callable[[str, list[str]], Collection[str]] | None = None) -> Query:
+                columns_of: Callable[[str, list[str]], Collection[str]] | None = None,
+                gpu_segments: list[dict] | None = None) -> Query:
     """The SELECT for one table, ordered by time, with the ISO time and epoch ms first.
 
     `columns_of(sql_table, wanted)` gives the columns the file's table has (StoreReader.columns): one that a
     file written before it was added lacks is exported empty (NULL), so the header and rows keep their shape.
+    The gpu table's last column, `uuid`, names the board each row was read from (`gpu_segments`, which index held
+    which board when: StoreReader.gpu_identities; empty where unknown): history is keyed by NVML index, and a
+    replaced board or shifted indices put two boards' readings under one index.
     """
     name = table
     if table in ("gpu", "host", "serving"):
@@ -152,9 +193,15 @@ def build_query(table: str, resolution: str, start_ms: int, end_ms: int, raw: bo
     have = columns_of(name, [c for c, _ in fields]) if columns_of is not None else ()
     if have:  # (empty: the file has no such table; the query says so)
         exprs = {**exprs, **{c: "NULL" for c, _ in fields if c not in have}}
-    line = _line([iso, *(_field(c, t, raw, exprs.get(c)) for c, t in fields)])
-    plain_cols = ", ".join([f"{iso} AS time_utc", f"{time_col} AS ts_ms",
-                            *(f"{exprs[c]} AS {c}" if c in exprs else c for c, _ in fields[1:])])
+    line_fields = [_field(c, t, raw, exprs.get(c)) for c, t in fields]
+    plain = [f"{exprs[c]} AS {c}" if c in exprs else c for c, _ in fields[1:]]
+    if table == "gpu":  # the board: its literals rendered as CSV cells already (NULL: an empty cell)
+        bucket = 1 if resolution == "raw" else RESOLUTIONS[resolution]
+        header.append("uuid")
+        line_fields.append(_uuid_expr(gpu_segments or [], bucket, True, raw))
+        plain.append(f"{_uuid_expr(gpu_segments or [], bucket, False, raw)} AS uuid")
+    line = _line([iso, *line_fields])
+    plain_cols = ", ".join([f"{iso} AS time_utc", f"{time_col} AS ts_ms", *plain])
     order = ", ".join(key)
     ranged = table != "runs"
     cond = "ts_ms >= ?1 AND ts_ms < ?2" if ranged else where.split(" WHERE ", 1)[1]
@@ -280,7 +327,8 @@ def _query(reader: StoreReader, table: str, resolution: str, start_ms: int, end_
         raise ExportError(f"unknown resolution {resolution!r} (known: raw, {', '.join(RESOLUTIONS)})")
     if table in ("events", "runs"):
         resolution = "raw"
-    return build_query(table, resolution, start_ms, end_ms, raw, reader.columns)
+    segments = reader.gpu_identities() if table == "gpu" else None
+    return build_query(table, resolution, start_ms, end_ms, raw, reader.columns, segments)
 
 
 def _target_kind(output: Path, force: bool) -> str | None:

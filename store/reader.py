@@ -26,12 +26,13 @@ from lynxtop.contract.columns import lowest_bucket_column
 from lynxtop.contract.events import Event, canonical_kind, stored_kinds
 from lynxtop.contract.records import RecordError, RunInfo
 from lynxtop.contract.redact import redact_flags
-from lynxtop.store import compact, inproc
+from lynxtop.store import compact, gpu_identity, inproc
 from lynxtop.store.errors import NotOurDatabase, StoreAccessError, StoreError
 from lynxtop.store.rollup import aggregate_sql, merge_rows
 from lynxtop.store.schema import (
     BUSY_TIMEOUT_MS,
     COMPACTED,
+    GPU_FACT_COLUMNS,
     NO_PROCESS_PID,
     RESOLUTIONS,
     RUN_JSON_COLUMNS,
@@ -901,8 +902,31 @@ class StoreReader:
         return min(r["start_ms"] for r in starts) if starts else 0
 
     def gpus(self) -> list[dict[str, Any]]:
-        """Static GPU facts, by index."""
-        return self._q("SELECT * FROM gpus ORDER BY idx, uuid")
+        """Static GPU facts, by index; a board replaced at an index (still a row there) comes before the board that
+        holds it now, so `{g["idx"]: g for g in gpus()}` keeps the current one (it kept whichever UUID sorted
+        last). The identity columns are read through `gpu_identities()`."""
+        rows = self._gpu_rows()
+        rows.sort(key=lambda r: (r["idx"] is None, r["idx"] or 0, r["idx_since_ms"] or r["first_seen_ms"] or 0,
+                                 r["uuid"]))
+        for r in rows:
+            for k in gpu_identity.IDENTITY_COLUMNS:
+                r.pop(k, None)
+        return rows
+
+    def gpu_identities(self) -> list[dict[str, Any]]:
+        """Which board each NVML index held when: {gpu, uuid, since_ms, until_ms} by index then start (until None:
+        the last board known there). History is keyed by index; a segment change is another board's readings
+        (a replacement, a shift after a board fell off the bus: store/gpu_identity.py)."""
+        return gpu_identity.segments(self._gpu_rows())
+
+    def gpu_uuid_at(self, gpu: int, ts_ms: int) -> str | None:
+        """The board behind index `gpu` at `ts_ms` (None: unknown then, never guessed)."""
+        return gpu_identity.uuid_at(self.gpu_identities(), gpu, ts_ms)
+
+    def _gpu_rows(self) -> list[dict[str, Any]]:
+        """Every `gpus` row; the identity columns NULL in a file whose writer did not add them yet."""
+        wanted = [n for n, _ in GPU_FACT_COLUMNS]
+        return self._q(f"SELECT uuid, {self._select('gpus', wanted)} FROM gpus ORDER BY idx, uuid")
 
     def bench_results(self, limit: int = 50, bench_id: str | None = None,
                       run_ids: Iterable[int] | None = None) -> list[dict[str, Any]]:

@@ -98,6 +98,8 @@ GPU_FACT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("idx", "INTEGER"), ("name", "TEXT"), ("pci_bus_id", "TEXT"), ("cc_major", "INTEGER"), ("cc_minor", "INTEGER"),
     ("arch", "TEXT"), ("mem_total_bytes", "INTEGER"), ("nvlink_count", "INTEGER"), ("gpm_supported", "INTEGER"),
     ("driver_version", "TEXT"), ("nvml_version", "TEXT"), ("first_seen_ms", "INTEGER"), ("last_seen_ms", "INTEGER"),
+    # which index the board held when (store/gpu_identity.py): added in place to older files, no floor moved
+    ("idx_since_ms", "INTEGER"), ("idx_history", "TEXT"),
 )
 
 PROCESS_COLUMNS: tuple[tuple[str, str], ...] = (("used_mem_bytes", "INTEGER"), ("in_vllm_tree", "INTEGER"))

@@ -41,7 +41,7 @@ from lynxtop.contract.config import Retention
 from lynxtop.contract.events import Event, EventKind, Severity, canonical_kind
 from lynxtop.contract.files import free_bytes
 from lynxtop.contract.redact import redact_argv, redact_flags
-from lynxtop.store import compact, inproc, swap
+from lynxtop.store import compact, gpu_identity, inproc, swap
 from lynxtop.store import retention as retention_mod
 from lynxtop.store.checkpoint import FALLBACK_AUTOCHECKPOINT_PAGES, Checkpointer
 from lynxtop.store.errors import NotOurDatabase, StoreError
@@ -440,7 +440,8 @@ _NAMES = {kind: tuple(m[0] for m in t.metrics) for kind, t in SAMPLE_TABLES.item
 _PER_CORE = 1 + _NAMES["host"].index("cpu_per_core_pct")  # the one list-valued column: stored as JSON
 _PROC_NAMES = tuple(n for n, _ in PROCESS_COLUMNS)
 _RUN_FIELDS = {n for n, _ in RUN_COLUMNS}
-_GPU_FIELDS = tuple(n for n, _ in GPU_FACT_COLUMNS if n not in ("first_seen_ms", "last_seen_ms"))
+_GPU_FIELDS = tuple(n for n, _ in GPU_FACT_COLUMNS
+                    if n not in ("first_seen_ms", "last_seen_ms", *gpu_identity.IDENTITY_COLUMNS))
 _BENCH_FIELDS = {n for n, _ in BENCH_COLUMNS} - {"details"}
 
 
@@ -620,6 +621,7 @@ class StoreWriter:
 
         self._id_writes = 0  # transactions that may have added or deleted rows with ids (ops, retention)
         self._next_run_id = 1
+        self._gpu_idx_seen: set[int] = set()  # NVML indices upserted by this writer (this agent process)
         self._integrity_check = integrity_check
         self._unopened: str | None = None  # why the database could not be opened yet (a full disk), see below
         self._open_wait = OPEN_RETRY_S[0]
@@ -914,17 +916,53 @@ class StoreWriter:
         self._enqueue_op(lambda c: c.execute(sql, [*values.values(), run_id]))
 
     def upsert_gpus(self, gpus: Iterable[dict]) -> None:
+        """The GPUs' static facts, and which board each NVML index holds since when (store/gpu_identity.py).
+
+        Boards at indices the file knows under other UUIDs are one `gpu.identity_changed` (warning), told here
+        only for indices this writer stores for the first time: those changed while no agent ran (a board
+        swapped on a powered-off node, a board gone and the ones after it shifted). Later changes in the same
+        process are the GPU sampler's to tell (agent/gpu/lost.py remembers the indices from its first open on):
+        each change is told once. The event goes out after the transaction that records it commits."""
         now = _now_ms(self.clock)
         rows = []
         for g in gpus:
             if not g.get("uuid"):
                 raise ValueError("upsert_gpus: every GPU needs a 'uuid'")
             rows.append((g["uuid"], *(_jsonable(g.get(k)) for k in _GPU_FIELDS), now, now))
-        cols = ("uuid", *_GPU_FIELDS, "first_seen_ms", "last_seen_ms")
-        updates = ", ".join(f"{k} = excluded.{k}" for k in (*_GPU_FIELDS, "last_seen_ms"))
+        if not rows:
+            return
+        idx_at = _GPU_FIELDS.index("idx") + 1
+        found = {r[idx_at]: r[0] for r in rows if isinstance(r[idx_at], int)}
+        with self._cv:
+            told_before = set(self._gpu_idx_seen)  # a copy: the op may run after a later call grew the set
+            self._gpu_idx_seen |= set(found)
+        ident = gpu_identity.IDENTITY_COLUMNS
+        cols = ("uuid", *_GPU_FIELDS, "first_seen_ms", "last_seen_ms", *ident)
+        updates = ", ".join(f"{k} = excluded.{k}" for k in (*_GPU_FIELDS, "last_seen_ms", *ident))
         sql = (f"INSERT INTO gpus ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
                f"ON CONFLICT (uuid) DO UPDATE SET {updates}")
-        self._enqueue_op(lambda c: c.executemany(sql, rows))
+
+        def write(c: sqlite3.Connection) -> list[dict]:
+            cur = c.execute(f"SELECT uuid, idx, first_seen_ms, {', '.join(ident)} FROM gpus")
+            names = [d[0] for d in cur.description]
+            stored = [dict(zip(names, r, strict=True)) for r in cur]
+            by_uuid = {r["uuid"]: r for r in stored}
+            out = []
+            for r in rows:
+                was = by_uuid.get(r[0])
+                since, hist = (now, None) if was is None else gpu_identity.moved(was, r[idx_at], now)
+                out.append((*r, since, hist))
+            c.executemany(sql, out)
+            return [ch for ch in gpu_identity.changes(stored, found) if ch["gpu"] not in told_before]
+
+        def tell(done: Future) -> None:
+            if done.cancelled() or done.exception() is not None or not done.result():
+                return
+            found_changes = done.result()
+            self._event(Event(EventKind.GPU_IDENTITY_CHANGED, Severity.WARNING, gpu_identity.message(found_changes),
+                              {"changes": found_changes}, ts_ms=now))
+
+        self._enqueue_op(write).future.add_done_callback(tell)
 
     def add_bench_result(self, result: dict, timeout: float = 30.0) -> int:
         """Store one benchmark result; known keys get columns, the rest go into `details` (JSON)."""

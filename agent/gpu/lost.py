@@ -14,6 +14,11 @@ the GPU is sampled again as soon as it answers: only the recovery event waits.
 
 Stored history is keyed by NVML index: the last UUID seen at each index is kept across (re)initialisations, and
 another board at a known index (a driver reload that reorders them, a board gone) is one `gpu.identity_changed`.
+An episode belongs to the board (its UUID), not to the index: NVML indices follow the PCI order of the boards
+present, so when a lost board falls off the bus the next one takes its index at the next driver load. That board
+answering is not the lost one recovered (its episode ends, told by the identity event); the lost board found at
+another index is, told under its new index. Changes between two agent processes are the store's to tell
+(store/writer.py upsert_gpus): this memory starts empty with the process.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class LostEpisode:
     back_at: float | None = None  # when it last came back (None: lost now)
     flaps: int = 0  # times it came back and was lost again within the settle time
     how: str = ""  # how it came back last, for the recovery's message
+    uuid: str = ""  # the lost board ("" while unknown: lost before NVML gave its UUID)
 
 
 class LostGpus:
@@ -56,7 +62,9 @@ class LostGpus:
         """After a (re)initialisation that enumerated `count` GPUs: identities compared, lost GPUs told (a GPU lost
         before it and lost again keeps its last processes), the ones answering counted back in their episode (told
         recovered once they settle). A GPU of an episode no longer sampled (not enumerated, left out) is not back."""
-        self.check_identity({g.idx: g.uuid for g in gpus if g.uuid}, count)
+        lost_uuids = {ep.uuid for ep in self._episodes.values() if ep.uuid}
+        self.check_identity({g.idx: g.uuid for g in gpus if g.uuid}, count, lost_uuids)
+        moved = self._follow_boards(gpus)
         stale, self._stale = self._stale, {}
         now = self._clock()
         answering = set()
@@ -70,10 +78,38 @@ class LostGpus:
                 answering.add(g.idx)
                 ep = self._episodes.get(g.idx)
                 if ep is not None and ep.back_at is None:
-                    self._back(g, now, "found answering when NVML was initialised again")
+                    how = "found answering when NVML was initialised again"
+                    if g.idx in moved:
+                        how += f", at index {g.idx}: it was lost at index {moved[g.idx]}"
+                    self._back(g, now, how)
         for i, ep in self._episodes.items():
             if i not in answering:
                 ep.back_at = None
+
+    def _follow_boards(self, gpus: list[Gpu]) -> dict[int, int]:
+        """The episodes re-keyed to where NVML enumerates their boards now: a lost board found at another index
+        moves there (returned: new index -> old); one whose index now holds another board and that is enumerated
+        nowhere ends (not recovered: the identity event names it); one of unknown board, or whose index holds no
+        known board, stays where it was."""
+        at = {g.uuid: g.idx for g in gpus if g.uuid}
+        held = {g.idx for g in gpus if g.uuid}
+        kept: dict[int, LostEpisode] = {}
+        moved: dict[int, int] = {}
+        later: list[tuple[int, LostEpisode]] = []
+        for i, ep in self._episodes.items():
+            if ep.uuid and ep.uuid in at:
+                kept[at[ep.uuid]] = ep
+                if at[ep.uuid] != i:
+                    moved[at[ep.uuid]] = i
+            elif ep.uuid and i in held:
+                log.info("GPU %d's lost board %s is not enumerated now; another board answers at index %d: its lost "
+                         "episode ends, not recovered", i, ep.uuid, i)
+            else:
+                later.append((i, ep))
+        for i, ep in later:
+            kept.setdefault(i, ep)
+        self._episodes = kept
+        return moved
 
     def keep(self, gpus: list[Gpu]) -> None:
         """At a teardown: the lost GPUs' last processes, for the next initialisation should it find them lost."""
@@ -90,13 +126,17 @@ class LostGpus:
         if g.proc_rows and not g.proc_rows[0].get("stale"):
             g.proc_rows = [{**r, "stale": True} for r in g.proc_rows]
         ep = self._episodes.get(g.idx)
+        if ep is not None and ep.uuid and g.uuid and ep.uuid != g.uuid:  # another board lost at that index
+            del self._episodes[g.idx]
+            ep = None
         if ep is not None:
+            ep.uuid = ep.uuid or g.uuid
             if ep.back_at is not None:
                 ep.flaps += 1
                 ep.back_at = None
                 log.debug("GPU %d lost again %d time(s) in this episode", g.idx, ep.flaps)
         else:
-            self._episodes[g.idx] = LostEpisode(since=self._clock())
+            self._episodes[g.idx] = LostEpisode(since=self._clock(), uuid=g.uuid)
             self._r.event(EventKind.GPU_LOST, "critical",
                           f"GPU {g.idx} {g.uuid or ''} is lost (NVML GPU_IS_LOST {where}); the other GPUs keep "
                           "sampling. A lost GPU usually needs a reset or a reboot.",
@@ -133,7 +173,10 @@ class LostGpus:
                 g.gpm.close()
             return None
         g.kept_at = None
-        self.check_identity({g.idx: g.uuid}, None)
+        ep = self._episodes.get(g.idx)
+        self.check_identity({g.idx: g.uuid}, None, {ep.uuid} if ep is not None and ep.uuid else set())
+        if ep is not None and ep.uuid and ep.uuid != g.uuid:  # another board set up at the lost one's index
+            del self._episodes[g.idx]
         self._back(g, self._clock(), "it was lost when NVML enumerated it: its static facts were read when it "
                    "answered")
         return g
@@ -175,11 +218,13 @@ class LostGpus:
                           {"gpu": i, "uuid": uuid, "pci_bus_id": bus, "lost_s": lost_s, "flaps": ep.flaps,
                            "settle_s": self.settle_s})
 
-    def check_identity(self, found: dict[int, str], count: int | None) -> None:
+    def check_identity(self, found: dict[int, str], count: int | None, lost: set[str] | frozenset[str] = frozenset(),
+                       ) -> None:
         """The UUIDs `found` at their NVML indices against the last known at each: one `gpu.identity_changed`
         (warning) naming each index whose board changed (old and new UUID; new None: no longer enumerated, told
         when `count` is given, at a (re)open). An index without a UUID now (lost while NVML enumerated) is
-        unknown, not changed: compared once it is set up."""
+        unknown, not changed: compared once it is set up. A board of `lost` (lost GPUs' UUIDs) enumerated nowhere
+        now is named: what answers at its index is another board, not it recovered."""
         known = self._uuids
         changes = [{"gpu": i, "old_uuid": known[i], "new_uuid": new}
                    for i, new in sorted(found.items()) if known.get(i) not in (None, new)]
@@ -191,6 +236,11 @@ class LostGpus:
             return
         said = "; ".join(f"GPU {c['gpu']}: {c['old_uuid']} -> " + (c["new_uuid"] or "none (no longer enumerated)")
                          for c in changes)
+        now_at = set(known.values())
+        gone_lost = sorted({c["old_uuid"] for c in changes} & set(lost) - now_at)
+        if gone_lost:
+            said += (f"; lost board(s) {', '.join(gone_lost)} not enumerated now: what answers at their index is "
+                     "another board, not them recovered")
         self._r.event(EventKind.GPU_IDENTITY_CHANGED, "warning",
                       f"NVML now enumerates other boards at known indices ({said}). History is kept by index: "
                       "from here these GPUs' charts continue with another board's readings", {"changes": changes})
