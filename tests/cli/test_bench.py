@@ -17,6 +17,7 @@ import pytest
 from support.bench_env import (
     FAST_SPEED,
     PLATEAU_SPEED,
+    DyingServer,
     FlakyServer,
     bench,
     bench_popen,
@@ -204,7 +205,7 @@ def test_http_errors_mid_stream_are_counted_with_reasons(tmp_path):
 
 
 def test_server_gone_keeps_finished_levels_and_marks_the_partial_one(tmp_path):
-    srv = FlakyServer()
+    srv = DyingServer()  # killed mid-level: the kernel resets its connections, as for a vLLM that dies
     out = tmp_path / "gone.json"
     proc = bench_popen("--url", srv.url, "--no-store", "--concurrency", "1", "1", "--duration", "3", "--warmup", "0",
                        "--output-len", "4", "--json", str(out))

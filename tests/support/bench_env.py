@@ -141,3 +141,30 @@ class FlakyServer:
         self.stop()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+class DyingServer:
+    """FlakyServer in a process of its own, for a test of the server going away: `stop()` SIGKILLs it, so the
+    kernel resets every connection as a vLLM that dies does. Stopping the in-thread server stood in for that
+    badly: aiohttp's shutdown left a connection accepted during it open and unread (1 run in ~50 on a loaded
+    machine, CI of session 22), and the bench waited on it for its 600 s request timeout."""
+
+    def __init__(self) -> None:
+        code = ("import sys, threading; sys.path.insert(0, sys.argv[1]); from support.bench_env import FlakyServer; "
+                "s = FlakyServer(); print(s.url, flush=True); threading.Event().wait()")
+        self.proc = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent)],
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        assert self.url.startswith("http://"), f"the server did not start (exit {self.proc.poll()})"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+    def close(self) -> None:
+        self.stop()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
