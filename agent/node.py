@@ -494,7 +494,8 @@ class Node:
         last = self._target
         if last is not None and last.url == url and last.run_id == run_id and last.run_token == token:
             return last  # the same object while the run is the same: ScrapeSource compares it by identity first
-        self._target = ScrapeTarget(url, run_id, token)
+        run = runs.run  # its version names a family the page lacks (agent/metrics/served.py), no GET /version
+        self._target = ScrapeTarget(url, run_id, token, vllm_version=run.vllm_version if run is not None else None)
         return self._target
 
     # ------------------------------------------------------------------------------------------ status

@@ -368,6 +368,9 @@ class ScrapeTarget:
     url: str
     run_id: int | None
     run_token: str | None  # tells two runs apart even when the store could not give either an id
+    # the run's vLLM version where it knows one (GET /version at readiness): names a family the page lacks without
+    # a GET of its own; not part of the run's identity (a version learnt later is the same run)
+    vllm_version: str | None = field(default=None, compare=False)
 
 
 class ScrapeSource:
@@ -417,6 +420,8 @@ class ScrapeSource:
             # failed scrapes count since the agent started (contract/columns.py), not per run: the counter
             # lynxtop_serving_scrape_errors_total must not fall to 0 at every restart of vLLM
             self.scraper.scrape_errors = errors
+            if target.vllm_version:
+                self.scraper.vllm_version = target.vllm_version
             # a gap between readings far longer than the usual one (plus a scrape's timeout) is time the agent did
             # not watch (stopped, the VM paused), never stall time
             self.hang = HangDetector(self.hang_timeout_s, slack_s=self.timeout_s)

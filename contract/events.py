@@ -126,6 +126,8 @@ class EventKind(StrEnum):
     SCRAPE_COUNTER_RESET = "scrape.counter_reset"
     SCRAPE_BAD_VALUE = "scrape.bad_value"  # values on the page that are no reading (NaN, infinite, out of range)
     SCRAPE_OVER_LIMIT = "scrape.over_limit"  # a part of the page over a cap was left out (docs/sampling.md)
+    # a family lynxtop reads is not on the page (this vLLM version does not serve it): once per run and quantity
+    SCRAPE_NOT_SERVED = "scrape.not_served"
     SLA_BREACH = "sla.breach"
     SLA_RECOVERED = "sla.recovered"  # a breach ended: the data shows p99 TTFT and TPOT back within the limits
     SLA_UNKNOWN = "sla.unknown"  # a breach no longer judged: no latency data in the window (idle, unreachable, stopped)

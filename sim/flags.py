@@ -20,6 +20,7 @@ from lynxtop.sim.model import SimParams, params_with
 from lynxtop.sim.vllm_options import VLLM_SERVE_OPTIONS
 
 DEFAULT_VERSION = "0.32.0"
+SHUTDOWN_TIMEOUT_SINCE = (0, 18)  # the first vLLM that takes --shutdown-timeout (reference notes)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "bfloat16")
 ATTENTION_BACKENDS = (
     "FLASHMLA", "FLASHMLA_SPARSE", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHINFER_MLA", "TRITON_MLA",
@@ -28,22 +29,24 @@ ATTENTION_BACKENDS = (
 ENV_PREFIX = "LYNXTOP_SIM_"
 T = TypeVar("T")
 
-# vLLM flags the simulator accepts and ignores (value-taking), so real profiles' extra_args keep working.
+# vLLM flags the simulator accepts and ignores (value-taking), so real profiles' extra_args keep working. Only
+# flags vLLM 0.32 still has (sim/vllm_options.py): one it dropped (--swap-space, --disable-log-requests,
+# --max-seq-len-to-capture, --tokenizer-pool-size, --cuda-graph-sizes) is refused here as it is there.
 _IGNORED_VALUE_FLAGS = (
     "--tokenizer", "--revision", "--tokenizer-mode", "--download-dir", "--load-format", "--dtype", "--seed",
-    "--swap-space", "--cpu-offload-gb", "--max-logprobs", "--generation-config", "--chat-template",
+    "--cpu-offload-gb", "--max-logprobs", "--generation-config", "--chat-template",
     "--reasoning-parser", "--tool-call-parser", "--uvicorn-log-level", "--hf-overrides", "--kv-transfer-config",
     "--compilation-config", "--max-num-partial-prefills", "--long-prefill-token-threshold", "--root-path",
     "--allowed-local-media-path", "--limit-mm-per-prompt", "--mm-processor-kwargs", "--override-generation-config",
     "--data-parallel-size-local", "--data-parallel-address", "--data-parallel-rpc-port", "--data-parallel-backend",
     "--nnodes", "--node-rank", "--master-addr", "--master-port", "--scheduling-policy",
-    "--tokenizer-pool-size", "--code-revision", "--max-seq-len-to-capture", "--cuda-graph-sizes",
+    "--code-revision",
     "--ssl-keyfile", "--ssl-certfile", "--response-role", "--lora-modules", "--prefix-caching-hash-algo",
     "--calculate-kv-scales", "--collect-detailed-traces", "--otlp-traces-endpoint", "--expert-placement-strategy",
     "--eplb-config", "--async-scheduling-config", "--logits-processors", "--structured-outputs-config",
 )
 _IGNORED_BOOL_FLAGS = (
-    "--enforce-eager", "--disable-log-requests", "--enable-log-requests", "--disable-log-stats",
+    "--enforce-eager", "--enable-log-requests", "--disable-log-stats",
     "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--enable-auto-tool-choice",
     "--disable-custom-all-reduce", "--enable-sleep-mode", "--headless", "--async-scheduling",
     "--disable-frontend-multiprocessing", "--enable-eplb", "--enable-dbo", "--disable-fastapi-docs",
@@ -159,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quantization")
     p.add_argument("--trust-remote-code", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--distributed-executor-backend", choices=("mp", "ray", "uni", "external_launcher"))
-    p.add_argument("--shutdown-timeout", type=float, default=0.0)
+    p.add_argument("--shutdown-timeout", type=float)  # None: not given (refused before 0.18: parse_serve_args)
     p.add_argument("--api-key")
     p.add_argument("--api-server-count", "-asc", type=int)  # default: the DP size, as in vLLM
     p.add_argument("--speculative-config")
@@ -338,8 +341,10 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
     """argv after 'serve'. argparse errors exit 2 (as vLLM); SimUsageError for bad simulator switches."""
     env = dict(os.environ) if env is None else env
     parser = build_parser()
-    ns = parser.parse_args(_normalize(_expand_config(argv)))
+    args = _normalize(_expand_config(argv))
+    ns = parser.parse_args(args)
     _apply_env(ns, env)
+    _refuse_by_version(parser, ns, args)
     _check_sizes(parser, ns)
     model = ns.model_flag or ns.model_tag
     params = _sim_params(ns.sim_param or [])
@@ -348,6 +353,22 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
                    if not k.startswith("sim_") and k != "model_tag" and getattr(defaults, k, None) != v}
     return ServeArgs(model=model, non_default=non_default, **_serve_fields(ns, model, params),
                      **_sim_fields(ns, params))
+
+
+def _refuse_by_version(parser: argparse.ArgumentParser, ns: argparse.Namespace, args: list[str]) -> None:
+    """A flag the imitated vLLM does not have yet: --shutdown-timeout before 0.18 exits 2 with argparse's
+    "unrecognized arguments", naming the tokens as written, as that vLLM does."""
+    if ns.shutdown_timeout is None:
+        return
+    major, minor = (int(x) for x in _sim_version(ns.sim_vllm_version).split(".")[:2])
+    if (major, minor) >= SHUTDOWN_TIMEOUT_SINCE:
+        return
+    given: list[str] = []
+    for i, a in enumerate(args):
+        name = a.split("=", 1)[0]
+        if len(name) > 4 and "--shutdown-timeout".startswith(name):  # the flag or its abbreviation
+            given += [a] if "=" in a or i + 1 >= len(args) else [a, args[i + 1]]
+    parser.error("unrecognized arguments: " + " ".join(given or ["--shutdown-timeout"]))
 
 
 def _check_sizes(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
@@ -390,7 +411,7 @@ def _serve_fields(ns: argparse.Namespace, model: str, params: SimParams) -> dict
         block_size=ns.block_size, gpu_memory_utilization=ns.gpu_memory_utilization,
         kv_cache_dtype=ns.kv_cache_dtype, attention_backend=ns.attention_backend,
         enable_prefix_caching=ns.enable_prefix_caching, enable_expert_parallel=ns.enable_expert_parallel,
-        quantization=ns.quantization, shutdown_timeout_s=max(ns.shutdown_timeout, 0.0), api_key=ns.api_key,
+        quantization=ns.quantization, shutdown_timeout_s=max(ns.shutdown_timeout or 0.0, 0.0), api_key=ns.api_key,
         speculative_tokens=_spec_tokens(ns.speculative_config), server_load_tracking=ns.enable_server_load_tracking,
         distributed_executor_backend=ns.distributed_executor_backend,
         api_server_count=_or(ns.api_server_count, ns.data_parallel_size), use_tqdm_on_load=ns.use_tqdm_on_load,

@@ -76,6 +76,11 @@ class ScrapeEpisodes:
                                     "message": f"vLLM page at {self.url}: {what} (docs/sampling.md, Caps)",
                                     "details": {"url": self.url, "refused": what}})
 
+    def not_served(self, message: str, details: dict[str, Any]) -> None:
+        """A family lynxtop reads is not on this run's page (agent/metrics/served.py tells each once a run)."""
+        self._notes.append({"kind": EventKind.SCRAPE_NOT_SERVED, "severity": "warning", "message": message,
+                            "details": details})
+
     def went_down(self, series: list[str], now: float) -> None:
         """The counters that went down on the page just read. One restart shows on every series at once: count
         the page, not the series."""

@@ -14,7 +14,6 @@ writer (row.py) and the events told once per episode (episodes.py).
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 import aiohttp
@@ -30,7 +29,6 @@ from lynxtop.agent.metrics.served import NotServed
 from lynxtop.agent.metrics.windows import ServingWindows
 
 INLINE_PARSE_CHARS = 1024 * 1024  # larger pages are parsed in a worker thread
-log = logging.getLogger("lynxtop.agent.metrics")
 
 
 class MetricsScraper:
@@ -198,9 +196,10 @@ class MetricsScraper:
         return row
 
     def _tell_not_served(self) -> None:
-        """Log each family first found missing in this run, once (agent/metrics/served.py)."""
-        for msg in self._not_served.messages():
-            log.warning("%s", msg)
+        """Each family first found missing in this run, once (agent/metrics/served.py): a `scrape.not_served`
+        event among the scraper's `events` (the sampling path records it; the sink's one journal line)."""
+        for key, msg in self._not_served.messages():
+            self._episodes.not_served(msg, self._not_served.details(key))
 
     def _accept(self, page: ParsedPage, now: float) -> dict[str, Any]:
         self._episodes.readable(now, page.refused)

@@ -63,28 +63,41 @@ class NotServed:
         self.missing = {k: self.missing.get(k, "") for k in gone}
         self.pending += [k for k in gone if k not in self._told and k not in self.pending]
 
-    def messages(self) -> list[str]:
-        """The messages of the pending quantities, with the version as known now; they count as told."""
+    def messages(self) -> list[tuple[str, str]]:
+        """(quantity, message) of each pending quantity, with the version as known now; they count as told."""
         out = []
         for key in self.pending:
             self.missing[key] = msg = self._message(key)
-            out.append(msg)
+            out.append((key, msg))
             self._told.add(key)
         self.pending = []
         for key in self.missing:  # told before: its message, with the version as known now
             self.missing[key] = self.missing[key] or self._message(key)
         return out
 
+    def details(self, key: str) -> dict[str, object]:
+        """What an event about a missing quantity carries: the names looked for, the columns left empty, the version
+        (None: unknown), so an alert rule or the dashboard need not parse the message."""
+        _what, columns, names, _note = _described(key)
+        empty = columns.split(" (")[0].split(", ")  # the column names, without the note in brackets
+        return {"url": self.url, "quantity": key, "families": list(names), "columns": empty,
+                "vllm_version": self.version}
+
     def _message(self, key: str) -> str:
-        if key in _COUNTER_NEEDS:
-            what, columns = _COUNTER_NEEDS[key]
-            names, note = COUNTERS[key], ""
-        elif key in _GAUGE_NEEDS:
-            what, columns = _GAUGE_NEEDS[key]
-            names, note = (GAUGES_SUM | GAUGES_MAX)[key], ""
-        else:
-            what, columns = f"{_HIST_WORDS.get(key, key)} histogram", _hist_columns(key)
-            names, note = HISTOGRAMS[key], _STAND_IN.get(key, "")
+        what, columns, names, note = _described(key)
         version = f"version {self.version}" if self.version else "version unknown"
         return (f"vLLM page at {self.url} has no {what} ({' or '.join(names)}): not served by this vLLM ({version}); "
                 f"{columns} stay empty for this run{note}")
+
+
+def _described(key: str) -> tuple[str, str, tuple[str, ...], str]:
+    """A needed quantity in words: (what it is, the columns it fills, the family names looked for, a note on what
+    stands in for it)."""
+    if key in _COUNTER_NEEDS:
+        what, columns = _COUNTER_NEEDS[key]
+        return what, columns, tuple(COUNTERS[key]), ""
+    if key in _GAUGE_NEEDS:
+        what, columns = _GAUGE_NEEDS[key]
+        return what, columns, tuple((GAUGES_SUM | GAUGES_MAX)[key]), ""
+    return (f"{_HIST_WORDS.get(key, key)} histogram", _hist_columns(key), tuple(HISTOGRAMS[key]),
+            _STAND_IN.get(key, ""))

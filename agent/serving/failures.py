@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from lynxtop.agent.serving.actions import ActionSlot
 from lynxtop.agent.serving.launcher import ExitInfo
 from lynxtop.agent.serving.retry import PendingRetry, Retry
 from lynxtop.agent.serving.run import Run
+from lynxtop.agent.serving.startup import tail_lines
 from lynxtop.contract.config import Config, Profile
 from lynxtop.contract.events import EventKind, Severity
 from lynxtop.contract.redact import redact_argv
@@ -42,6 +44,26 @@ _LIMITS = {
     errno.EMFILE: "the agent has no file descriptor left (its LimitNOFILE)",
     errno.ENFILE: "the system has no file descriptor left (fs.file-max)",
 }
+
+
+# argparse's own last line when it refuses a command line (`PROG: error: MESSAGE`, then exit 2), for the three
+# refusals of a flag: the flag is named in each. vLLM's FlexibleArgumentParser is an argparse parser.
+_ARGPARSE = re.compile(r"^\S+(?: serve)?: error: (?P<msg>unrecognized arguments: (?P<unrec>[^\s=]+)\S*.*"
+                       r"|ambiguous option: (?P<amb>--?[^\s=]+)\S* could match .*"
+                       r"|argument (?P<arg>--?[^\s:/]+)(?:/\S+)?: invalid choice: .*)$")
+REFUSAL_TAIL_LINES = 20  # argparse's error is the last line vLLM writes before it exits
+
+
+def argparse_refusal(lines: list[str]) -> tuple[str, str] | None:
+    """(the flag, argparse's message) when the last line of argparse's form among `lines` (a run's log tail)
+    refuses a flag: unrecognized, ambiguous or given a value it does not take. None otherwise: an engine's error
+    that only mentions a flag is a crash like any other."""
+    for line in reversed(lines):
+        m = _ARGPARSE.match(line.strip())
+        if m is not None:
+            msg = m.group("msg")
+            return m.group("unrec") or m.group("amb") or m.group("arg"), msg if len(msg) <= 300 else msg[:300] + "..."
+    return None
 
 
 def os_refusal(exc: BaseException) -> str | None:
@@ -78,9 +100,11 @@ class Failures:
         lc = self._lc
         when = "before becoming ready" if readiness != "ready" else "while serving"
         reason = f"vLLM {ex.describe()} {when} (not requested by anyone)"
+        refused = None
         if readiness != "ready":  # a load dies of ENOSPC on its progress bars, its log empty: name the full disk
             full = await diskspace.crash_cause(run, self._config().agent)
             reason = f"{full}; {reason}" if full else reason
+            refused = await self._refused_flag(lc)
         run.crash_reason = f"crashed: {reason}"
         lc.resolve_outcome(False)
         lc.event(EventKind.SERVING_CRASH, Severity.ERROR, f"run {run.run_id}: {reason}", with_log=True,
@@ -88,7 +112,34 @@ class Failures:
         lc.set_state(S.STOPPING, f"cleaning up after crash: {reason}")
         await lc.stop_and_release(run, min(prof.stop_grace_s, 5.0))
         await lc.finish_run(run, f"crashed: {reason}")
+        if refused is not None:
+            self._refused(prof, *refused)
+            return
         await self._count(prof, reason)
+
+    @staticmethod
+    async def _refused_flag(lc: RunLifecycle) -> tuple[str, str] | None:
+        """The flag vLLM's argparse refused at start, read from the run's log tail (None: no such refusal)."""
+        proc = lc.proc
+        if proc is None:
+            return None
+        lines = await asyncio.to_thread(tail_lines, proc.record.log_path, REFUSAL_TAIL_LINES)
+        return argparse_refusal(lines)
+
+    def _refused(self, prof: Profile, flag: str, message: str) -> None:
+        """vLLM refused its command line: every retry would exit the same way, so none is made (no backoff into
+        a crash loop). The agent gives up at once as after a crash loop (held across agent restarts, until an
+        operator acts), naming the flag and the profile."""
+        lc = self._lc
+        lc.resolve_outcome(False)
+        self._retry.started()  # no retry pending
+        msg = (f"gave up at once: vLLM refused its command line ({message}): a configuration error, not a crash; "
+               f"no retry would start. Fix {flag} in profile {prof.name} (its extra_args, or the setting that "
+               "passes it), then lynxtop start")
+        lc.set_state(S.CRASH_LOOP, msg)
+        self._retry.save_crash_loop(prof.name, msg)
+        lc.event(EventKind.SERVING_CRASH_LOOP, Severity.CRITICAL, f"profile {prof.name}: {msg}", with_log=True,
+                 failures=1, reason="config_error", flag=flag)
 
     async def after_exit(self, run: Run, prof: Profile, ex: ExitInfo, readiness: str) -> None:
         """`crashed`, never raising: an error while handling the end is logged and told, the run's rest stopped

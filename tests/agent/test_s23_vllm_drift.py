@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 
 import lynxtop.sim.metrics as sim_metrics
 from lynxtop.agent.metrics.scrape import MetricsScraper
+from lynxtop.contract.events import EventKind
 from lynxtop.sim.metrics import VllmMetrics
 
 
@@ -155,8 +156,9 @@ async def _serve(page: list[str], version: str, hits: dict[str, int]) -> tuple[w
     return runner, f"http://127.0.0.1:{port}"
 
 
-def _not_served_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if "not served by this vLLM" in r.getMessage()]
+def _not_served_told(events: list[dict[str, Any]]) -> list[str]:
+    """The scrape.not_served events' messages (each is one journal line, through the agent's event sink)."""
+    return [e["message"] for e in events if e["kind"] == EventKind.SCRAPE_NOT_SERVED]
 
 
 def test_a_family_this_version_does_not_serve_is_named_once_with_the_version(caplog):
@@ -178,11 +180,11 @@ def test_a_family_this_version_does_not_serve_is_named_once_with_the_version(cap
                     row = await s.scrape(session, float(t))
                     assert row["scrape_ok"] == 1
             s.close()
-            return s.not_served, _not_served_logs(caplog), s.events(4.0), hits["version"]
+            return s.not_served, _not_served_told(s.events(4.0)), [], hits["version"]
         finally:
             await runner.cleanup()
 
-    not_served, logs, _events, version_gets = asyncio.run(go())
+    not_served, logs, _, version_gets = asyncio.run(go())
     assert set(not_served) == {"tpot"}  # everything else 0.10 serves under its old names
     msg = not_served["tpot"]
     assert "vllm:request_time_per_output_token_seconds" in msg and "0.10.2" in msg and "tpot_p99_ms" in msg
@@ -199,13 +201,13 @@ def test_a_family_gone_after_a_restart_into_another_version_is_told_then(caplog)
     for t in range(3):
         finish(full, 2)
         s.parse_page(text(full), float(t))
-    assert s.not_served == {} and _not_served_logs(caplog) == []
+    assert s.not_served == {} and _not_served_told(s.events(3.0)) == []
     s.vllm_version = "0.10.2"
     old = engine((0, 10))
     for t in range(3, 6):
         finish(old, 2)
         s.parse_page(text(old), float(t))
-    assert set(s.not_served) == {"tpot"} and len(_not_served_logs(caplog)) == 1
+    assert set(s.not_served) == {"tpot"} and len(_not_served_told(s.events(6.0))) == 1
     # back on a version that serves it: no longer named
     for t in range(6, 8):
         finish(full, 2)
