@@ -696,6 +696,17 @@ class LynxtopApp(App):
         return (token, None) if not why else (None, why)
 
     def _refused(self, action: str, exc: AgentRefused) -> None:
+        import re
+
+        def _already(message: str) -> str | None:
+            """What an older agent's `state` refusal says is already so: serving's "already ready/degraded" is
+            serving; Ray's "already running", either's "already starting"/"already stopped" as said; None when the
+            message names no such state (then it is the busy agent's refusal it was)."""
+            m = re.search(r"\balready (running|starting|stopped|serving|ready|degraded)\b", message)
+            if m is None:
+                return None
+            return f"already {'serving' if m.group(1) in ('ready', 'degraded') else m.group(1)}"
+
         if exc.status == 403:
             self.readonly_reason = f"agent refused control: {exc.message}"
             self.refresh_bindings()
@@ -710,8 +721,9 @@ class LynxtopApp(App):
             self.action_refresh_now()
         elif exc.status == 409 and exc.code in ALREADY_DONE:  # the ask already met: nothing done, nothing wrong
             self.notify(exc.message, title=f"{action}: {ALREADY_DONE[exc.code]}", severity="information", timeout=8)
-        elif exc.status == 409 and action == "start" and exc.code == "state" and "already" in exc.message:
-            self.notify(exc.message, title="start: already serving", severity="warning", timeout=8)  # older agents
+        elif exc.status == 409 and action == "start" and exc.code == "state" and (already := _already(exc.message)):
+            # older agents, before the already_* codes: titled as the message says (Ray's "already running")
+            self.notify(exc.message, title=f"start: {already}", severity="warning", timeout=8)
         elif exc.status == 409:
             self.notify(exc.message, title=f"{action}: agent busy", severity="warning", timeout=8)
         else:

@@ -43,6 +43,8 @@ ASCII: dict[str, str] = {
     "│": "|",  # the charts' axes (tui/widgets/time_chart.py)
     "└": "+",
     "╌": "-",  # a chart's threshold line
+    "┊": ":",  # a chart's marked time (a GPU index's board changed: the History view)
+    "┴": "+",
 }
 
 

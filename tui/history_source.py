@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lynxtop.contract.terminal import terminal_safe
 from lynxtop.tui.foreign import DisplayReader
 
 
@@ -40,3 +42,45 @@ class HistorySource:
             yield DisplayReader(reader)  # its text reads escaped for the screen
         finally:
             reader.close()
+
+
+@dataclass(frozen=True)
+class BoardChange:
+    """Another board behind GPU index `gpu` from `at_ms` (a replacement, or the indices shifted after a board fell
+    off the bus): the index's readings before and after are two boards'. `new` None: no board recorded there
+    since (its board moved away or is gone)."""
+
+    gpu: int
+    old: str
+    new: str | None
+    at_ms: int
+
+
+def short_uuid(uuid: str) -> str:
+    """`GPU-ab12cd34…`: the UUID's first group, enough to tell a node's boards apart on one line."""
+    uuid = terminal_safe(uuid)  # NVML's text, from the database: never a control character on the screen
+    head, _, rest = uuid.partition("-")
+    first = rest.split("-", 1)[0] if rest else ""
+    return f"{head}-{first}…" if first and len(uuid) > len(head) + 1 + len(first) else uuid
+
+
+def board_changes(segments: list[dict[str, Any]], start_ms: int, end_ms: int) -> list[BoardChange]:
+    """The board changes at any index within (start_ms, end_ms], from `StoreReader.gpu_identities()`'s segments
+    ({gpu, uuid, since_ms, until_ms} by index then start). A segment's start inside the window after another
+    board's segment at that index is a change; a segment that ends inside the window with no board after it is
+    one too (new None). The first board ever recorded at an index is no change."""
+    by_gpu: dict[int, list[dict[str, Any]]] = {}
+    for s in segments:
+        if isinstance(s.get("gpu"), int) and isinstance(s.get("uuid"), str):
+            by_gpu.setdefault(s["gpu"], []).append(s)
+    out: list[BoardChange] = []
+    for gpu, segs in by_gpu.items():
+        segs = sorted(segs, key=lambda s: s["since_ms"] if isinstance(s.get("since_ms"), int) else -1)
+        for a, b in zip(segs, segs[1:], strict=False):
+            at = b.get("since_ms")
+            if isinstance(at, int) and start_ms < at <= end_ms and a["uuid"] != b["uuid"]:
+                out.append(BoardChange(gpu, a["uuid"], b["uuid"], at))
+        last, until = segs[-1], segs[-1].get("until_ms")
+        if isinstance(until, int) and start_ms < until <= end_ms:
+            out.append(BoardChange(gpu, last["uuid"], None, until))
+    return sorted(out, key=lambda c: (c.at_ms, c.gpu))

@@ -19,6 +19,7 @@ from lynxtop.contract.events import Event, identity
 from lynxtop.contract.format import fmt_datetime, fmt_when
 from lynxtop.contract.records import RunInfo
 from lynxtop.contract.terminal import terminal_safe
+from lynxtop.tui.glyphs import ascii_text, glyph
 from lynxtop.tui.history_source import HistoryUnavailable
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
@@ -292,7 +293,7 @@ class EventsScreen(LiveScreen):
             return
         table.clear()
         self.shown = shown  # row i of the table is shown[i] (the detail's key)
-        rows = [_row(e, utc, now, narrow) for e in shown]
+        rows = [_row(e, utc, now, narrow, self.lynx.ascii_only) for e in shown]
         msg_w = self._msg_w = _message_width(table, rows)
         self._widths = _other_widths(table, rows)
         self._row_keys, self._row_cells = keys, dict(zip(keys, rows, strict=True))
@@ -311,7 +312,8 @@ class EventsScreen(LiveScreen):
         if 2 * sum(k in new_keys for k in old) < len(keys):
             return False  # removing rows one by one costs the table a pass over all of them each
         cells = self._row_cells
-        built = {k: _row(e, utc, now, narrow) for k, e in zip(keys, shown, strict=True) if k not in cells}
+        ascii_only = self.lynx.ascii_only
+        built = {k: _row(e, utc, now, narrow, ascii_only) for k, e in zip(keys, shown, strict=True) if k not in cells}
         # The message column keeps its width while the others keep theirs (the table's own width differs only
         # by the scrollbar, which _message_width keeps room for): the kept rows' wrapping still fits.
         if _other_widths(table, [cells[k] if k in cells else built[k] for k in keys]) != self._widths:
@@ -368,7 +370,8 @@ class EventsScreen(LiveScreen):
         if self.text_filter:
             t.append(f"text: {self.text_filter!r}   ")
         t.append(f"from {self.source}", style="dim")
-        self.query_one("#events-filters", Static).update(t)
+        # `>=info`, `...`: the table's words (the line filter could only put `>` for `≥`)
+        self.query_one("#events-filters", Static).update(ascii_text(t, self.lynx.ascii_only))
 
     def _fill_log(self) -> None:
         log = self.query_one("#log", Log)
@@ -504,16 +507,18 @@ class EventsScreen(LiveScreen):
         self.fetch_log()
 
 
-def _row(e: Event, utc: bool, now: int, narrow: bool) -> list[Text]:
-    """The cells of an event's row: time, severity (a mark and a word, not colour alone), kind, run, message."""
+def _row(e: Event, utc: bool, now: int, narrow: bool, ascii_only: bool = False) -> list[Text]:
+    """The cells of an event's row: time, severity (a mark and a word, not colour alone), kind, run, message.
+    In ASCII mode the marks and the message's `→`/`≥` are the glyph table's words, measured as drawn (the
+    message column's width and each row's height come from these cells)."""
     sev = str(e.severity)
     mark, style = SEVERITY_MARK.get(sev, ("?", ""))
     return [
         Text(_when(e.ts_ms, utc, now)),
-        Text(f"{mark} {SHORT_SEVERITY.get(sev, sev) if narrow else sev}", style=style),
+        Text(f"{glyph(mark, ascii_only)} {SHORT_SEVERITY.get(sev, sev) if narrow else sev}", style=style),
         Text(str(e.kind)),
         Text(str(e.run_id or "")),
-        _message(e),
+        ascii_text(_message(e), ascii_only),
     ]
 
 

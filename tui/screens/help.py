@@ -15,6 +15,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
 from lynxtop.tui.engine_lag import IDLE_BUSY_MEDIAN, KV_GAP_PCT, WAITING_MIN_GAP
+from lynxtop.tui.glyphs import app_ascii, ascii_text
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.widgets.gpu_table import UTIL_NOTE
 
@@ -54,10 +55,13 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="dialog"):
-            yield Static(Text.assemble((f"lynxtop keys ({self.view} view)", "bold"),
-                                       ("   Esc closes · ↑↓ PgUp PgDn scroll", "dim")))
+            ascii_only = app_ascii(self)
+            arrows = "up/down" if ascii_only else "↑↓"  # the table's `^v` reads as two letters here
+            yield Static(ascii_text(Text.assemble((f"lynxtop keys ({self.view} view)", "bold"),
+                                                  (f"   Esc closes · {arrows} PgUp PgDn scroll", "dim")), ascii_only))
             yield Static(key_table(self.keys, columns=2 if self.app.size.width >= 80 else 1))
-            yield Static(Text(THRESHOLDS + ENGINES + MOUSE + "\n" + UTIL_NOTE))
+            # `>= 95 %`, `80 C`, `X`, `^`, `!`: the table's words (the line filter put `>`, `oC`)
+            yield Static(ascii_text(Text(THRESHOLDS + ENGINES + MOUSE + "\n" + UTIL_NOTE), ascii_only))
             yield Static(Text("Esc closes this help.", style="dim"))
 
     def action_close(self) -> None:

@@ -12,11 +12,12 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Input, Static
 
-from lynxtop.contract.format import fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
+from lynxtop.contract.format import fmt_clock, fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_si
 from lynxtop.contract.records import RunInfo
 from lynxtop.tui.export_csv import ExportError, export_run_gpu
+from lynxtop.tui.glyphs import ascii_text, glyph
 from lynxtop.tui.history_series import RANGES, pan, points, run_window, span, zoom
-from lynxtop.tui.history_source import HistoryUnavailable
+from lynxtop.tui.history_source import BoardChange, HistoryUnavailable, board_changes, short_uuid
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.screens.compare import CompareScreen
@@ -83,6 +84,7 @@ class HistoryScreen(LiveScreen):
         with Horizontal(id="history-main"):
             yield DataTable(id="runs", cursor_type="row")
             with VerticalScroll(id="history-charts"):
+                yield Static(id="history-boards")  # a GPU index's board changed in the window (hidden: none)
                 for cid, title, _, _, _, fmt, vmax, _ in CHARTS:
                     yield TimeChart(title, fmt, vmax=vmax, agg="max", ascii_only=self.lynx.ascii_only,
                                     id=f"hchart-{cid}", classes="history-chart")
@@ -91,6 +93,7 @@ class HistoryScreen(LiveScreen):
                     id="runs-filter")
 
     def on_mount(self) -> None:
+        self.query_one("#history-boards", Static).display = False
         table = self.query_one("#runs", DataTable)
         for key, label in (("id", "run"), ("profile", "profile"), ("started", "started"),
                            ("dur", "length"), ("end", "end")):
@@ -180,6 +183,7 @@ class HistoryScreen(LiveScreen):
             with self.lynx.history.reader() as reader:
                 res_g, gpu_rows = reader.series("gpu", list(GPU_COLS), start, end, max_points=width * 4)
                 res_s, srv_rows = reader.series("serving", list(SERVING_COLS), start, end, max_points=width * 4)
+                changes = _board_changes(reader, start, end)
         except HistoryUnavailable as exc:
             self.app.call_from_thread(self._history_failed, str(exc))
             return
@@ -189,14 +193,17 @@ class HistoryScreen(LiveScreen):
         series = {}
         for cid, _, table, col, agg, *_ in CHARTS:
             series[cid] = points(gpu_rows if table == "gpu" else srv_rows, col, agg)
-        self.app.call_from_thread(self._show_charts, series, start, end, f"{res_g}/{res_s}", t0)
+        self.app.call_from_thread(self._show_charts, series, start, end, f"{res_g}/{res_s}", t0, changes)
 
-    def _show_charts(self, series: dict[str, list], start: int, end: int, resolution: str, t0: float) -> None:
+    def _show_charts(self, series: dict[str, list], start: int, end: int, resolution: str, t0: float,
+                     changes: list[BoardChange] | None = None) -> None:
         sla = self.lynx.state.sla
-        for cid, _, _, _, _, _, _, sla_series in CHARTS:
+        marks = [c.at_ms for c in changes or ()]
+        for cid, _, table, _, _, _, _, sla_series in CHARTS:
             self.query_one(f"#hchart-{cid}", TimeChart).set_data(
                 series[cid], start, end, threshold=sla_limit(sla, sla_series) if sla_series else None,
-                utc=self.lynx.utc, note=f"resolution {resolution}")
+                utc=self.lynx.utc, note=f"resolution {resolution}", marks_ms=marks if table == "gpu" else ())
+        self._show_boards(changes or [])
         self.last_draw_ms = (time.perf_counter() - t0) * 1000
         self._draw_status()
 
@@ -205,7 +212,7 @@ class HistoryScreen(LiveScreen):
         t = Text(no_wrap=True, overflow="ellipsis")
         if self.error:
             t.append(f"✗ history unavailable: {self.error}", style="bold red")
-            self.query_one("#history-status", Static).update(t)
+            self._show_status(t)
             return
         t.append("range (t): ")
         current = -1 if self.window else self.range_index  # steered: no preset is the window
@@ -235,7 +242,27 @@ class HistoryScreen(LiveScreen):
                      style="yellow")
         if self.size.width >= 120:  # the key bar says it too; at 80 columns this hint cut the run's name
             t.append("   c compare · e export", style="dim")
-        self.query_one("#history-status", Static).update(t)
+        self._show_status(t)
+
+    def _show_boards(self, changes: list[BoardChange]) -> None:
+        """Each GPU index whose board changed within the window, both boards named and when: the GPU charts
+        average each index's line, and from that time it is another board's readings (marked `┊` on them)."""
+        boards = self.query_one("#history-boards", Static)
+        boards.display = bool(changes)
+        if not changes:
+            return
+        t = Text("⚠ board changed: ", style="bold yellow")
+        for i, c in enumerate(changes):
+            new = short_uuid(c.new) if c.new is not None else "none"
+            t.append(("; " if i else "") + f"GPU {c.gpu} ({short_uuid(c.old)} → {new} at "
+                     f"{fmt_clock(c.at_ms, self.lynx.utc)})", style="yellow")
+        t.append("  the GPU charts go on with the new board's readings from the ┊ mark", style="dim")
+        boards.update(ascii_text(t, self.lynx.ascii_only))
+
+    def _show_status(self, t: Text) -> None:
+        """The status line, its marks in the glyph table's words in ASCII mode (`13:00->14:00`, `X`): the last
+        line filter keeps each cell's width, so it could only draw `→` as `>`."""
+        self.query_one("#history-status", Static).update(ascii_text(t, self.lynx.ascii_only))
 
     # ------------------------------------------------------------------ actions
     def current_window(self) -> tuple[int, int]:
@@ -332,7 +359,7 @@ class HistoryScreen(LiveScreen):
         path = await self.app.push_screen_wait(ExportPathScreen(f"Export run {run.id} (GPU samples) to",
                                                                 default))
         if path:
-            self.notify(f"exporting run {run.id} to {path}…")
+            self.notify(glyph(f"exporting run {run.id} to {path}…", self.lynx.ascii_only))
             self.write_export(run, path)
 
     @work(thread=True, group="history-export", exit_on_error=False)
@@ -389,6 +416,19 @@ def window_label(start: int, end: int, utc: bool) -> str:
     a, b = fmt_datetime(start, utc), fmt_datetime(end, utc)
     tail = b[11:16] if a[:10] == b[:10] else b[5:16]
     return f"{a[5:16]}→{tail} ({fmt_duration((end - start) / 1000)})"
+
+
+def _board_changes(reader: Any, start: int, end: int) -> list[BoardChange]:
+    """The boards changed at any GPU index within the window, read once per chart load. A reader without
+    `gpu_identities` (another node's, over its agent's TCP reads) or a file it cannot read them from tells none:
+    the charts still draw."""
+    read = getattr(reader, "gpu_identities", None)
+    if read is None:
+        return []
+    try:
+        return board_changes(read(), start, end)
+    except Exception:  # an older file's damaged gpus rows: the charts matter more than this line
+        return []
 
 
 def _field(run: Any, name: str) -> Any:

@@ -17,6 +17,8 @@ from lynxtop.tui.plot import Chart, axis_top, breach_marks, bucketize, column_ch
 LABEL_W = 9  # the y-axis labels' width, unless a label needs more (fit_label)
 _NUMBER = re.compile(r"(-?\d+)\.(\d+)(.*)", re.DOTALL)  # a label that starts with a decimal number: "1.86 GiB/s"
 ROUNDING = 0.05  # a label may lose decimals while its number stays within 5 % of the reading
+MARK, AXIS_MARK = "┊", "┴"  # a marked time (set_data's marks_ms); ASCII `:` and `+` (tui/glyphs.py)
+MARKS = frozenset((MARK, AXIS_MARK))
 
 
 class TimeChart(Widget):
@@ -39,22 +41,26 @@ class TimeChart(Widget):
         self.note = ""
         self.episodes: int | None = None  # breaches counted by the caller (the agent's rule); None: counted here
         self.lowest: float | None = None  # percentiles: their histogram's lowest bucket bound (contract/quantile.py)
+        self.marks_ms: tuple[int, ...] = ()  # times marked on the plot (a GPU index's board changed: History view)
         self._data_key: tuple[object, ...] | None = None  # the inputs drawn: the same again is not drawn again
 
     def set_data(self, points: Sequence[tuple[int, float | None]], start_ms: int, end_ms: int, *,
                  threshold: float | None = None, utc: bool = False, note: str = "",
-                 episodes: int | None = None, lowest: float | None = None) -> None:
+                 episodes: int | None = None, lowest: float | None = None, marks_ms: Sequence[int] = ()) -> None:
         """`episodes`: the breach count to show, where the caller knows more than the points (the Latency view
         counts as agent/metrics/sla.py does); None: the points' own runs above the threshold. `lowest`: the points
         are percentiles and this their histogram's lowest bucket bound: a reading at or below it is quoted as
-        `<bound`, and never marked a breach of a threshold below the bound (the histogram cannot tell)."""
-        key = (tuple(points), start_ms, end_ms, threshold, utc, note, episodes, lowest)  # a copy: a live list grows
+        `<bound`, and never marked a breach of a threshold below the bound (the histogram cannot tell).
+        `marks_ms`: times drawn as a dotted line through the plot's empty cells and `┴` on the time axis."""
+        # a copy: a live list grows
+        key = (tuple(points), start_ms, end_ms, threshold, utc, note, episodes, lowest, tuple(marks_ms))
         if key == self._data_key:
             return  # an idle node's same readings and window: nothing to send
         self._data_key = key
         self.points, self.start_ms, self.end_ms = points, start_ms, end_ms
         self.threshold, self.utc, self.note, self.episodes = threshold, utc, note, episodes
         self.lowest = lowest
+        self.marks_ms = tuple(marks_ms)
         self.refresh()
 
     def render(self) -> Text:
@@ -76,8 +82,11 @@ class TimeChart(Widget):
                 break
             label_w = need
         lines = [self._title_line(chart, last)]
+        marked = self._mark_columns(plot_w)
         for label, row in zip(labels, chart.rows, strict=True):
             line = Text(" " * (label_w - cell_len(label)) + label + "│", style="dim")
+            if marked:
+                row = "".join(MARK if x in marked and ch == " " else ch for x, ch in enumerate(row))
             self._append_row(line, row, chart.breach)
             lines.append(line)
         if marks:
@@ -87,7 +96,14 @@ class TimeChart(Widget):
         stamp = fmt_datetime if self.end_ms - self.start_ms > 86_400_000 else fmt_clock
         left, right = stamp(self.start_ms, self.utc), stamp(self.end_ms, self.utc)
         axis = left + right.rjust(plot_w - len(left)) if len(left) + len(right) < plot_w else left
-        lines.append(Text(" " * label_w + "└" + axis, style="dim"))
+        if marked:  # where the time labels leave the cell free
+            axis = "".join(AXIS_MARK if x in marked and ch == " " else ch
+                           for x, ch in enumerate(axis.ljust(max(marked) + 1)))
+            axis_line = Text(" " * label_w + "└", style="dim")
+            self._append_row(axis_line, axis, [False] * len(axis), "dim")
+            lines.append(axis_line)
+        else:
+            lines.append(Text(" " * label_w + "└" + axis, style="dim"))
         lines = [lines[0], *lines[1:][-(height - 1):]] if height > 1 else lines[:1]
         for line in lines:
             line.truncate(width, overflow="crop")
@@ -142,6 +158,12 @@ class TimeChart(Widget):
             real.append(last)
         return max(real) if real else None
 
+    def _mark_columns(self, plot_w: int) -> set[int]:
+        """The plot columns of `marks_ms` within the window, placed as bucketize places readings."""
+        span = max(1, self.end_ms - self.start_ms)
+        return {min(plot_w - 1, int((ts - self.start_ms) * plot_w / span)) for ts in self.marks_ms
+                if self.start_ms <= ts <= self.end_ms}
+
     def _row_label(self, i: int, chart: Chart) -> str:
         if i == 0:
             return self.fmt(chart.vmax)
@@ -151,11 +173,13 @@ class TimeChart(Widget):
             return self.fmt(0)
         return ""
 
-    def _append_row(self, out: Text, row: str, breach: list[bool]) -> None:
+    def _append_row(self, out: Text, row: str, breach: list[bool], base: str | None = None) -> None:
         # Runs of one style are appended at once: per-cell appends cost more than the drawing.
         run_style, run_start = None, 0
+        base = base or self.style
         for x, ch in enumerate(row):
-            style = ("yellow" if ch in "╌-" else "red" if breach[x] and ch != " " else self.style)
+            style = ("bold magenta" if ch in MARKS else "yellow" if ch in "╌-" and base != "dim"
+                     else "red" if breach[x] and ch != " " else base)
             if style != run_style:
                 if run_style is not None:
                     out.append(row[run_start:x], style=run_style)
