@@ -62,6 +62,20 @@ class FreeSpace:
         return self._free
 
 
+def with_not_served(serving: ServingStatus, src: Any) -> ServingStatus:
+    """`serving` with the quantities the served vLLM's page lacks and its version (the run's scraper,
+    agent/metrics/served.py): an empty column then reads "not served", not "no traffic". Only while it serves: the
+    scraper outlives its run (a stopped run's page is no one's now)."""
+    scraper = src.scraper if src is not None else None
+    if scraper is None or not serving.state.serving:
+        return serving
+    missing = tuple(scraper.not_served)
+    if not missing:
+        return serving
+    version = scraper.vllm_version or serving.vllm_version  # GET /version's, else the run's
+    return dataclasses.replace(serving, not_served=missing, not_served_version=version)
+
+
 class StatusView:
     def __init__(self, node: Node):
         self._node = node
@@ -164,7 +178,7 @@ class StatusView:
         crashed has nothing to drain and is cleaned up under a shorter grace: nothing is said for it."""
         sup = self._node.supervisor
         assert sup is not None
-        serving = sup.serving_status()
+        serving = with_not_served(sup.serving_status(), self._node.scrape_source)
         lc = sup.runs
         run, prof = lc.run, lc.profile
         if serving.state != ServingState.STOPPING or run is None or prof is None or run.crash_reason:

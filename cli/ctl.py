@@ -53,6 +53,7 @@ from lynxtop.contract.status import (
     gpus_text,
     load_phase,
     log_silent_s,
+    not_served_text,
     taker_text,
 )
 from lynxtop.contract.terminal import terminal_safe, terminal_safe_json
@@ -183,6 +184,9 @@ def format_status(st: Status, rate: tuple[float, int] | None = None,
     lines += cluster_lines(st.cluster, st.ts_ms)
     lines.append(_sla_line(st.sla))
     lines += _traffic_lines(st.serving_metrics, rate, token_rates)
+    if st.serving.not_served:  # an empty column of these is this vLLM's, not "no traffic"
+        its = "its columns stay" if len(st.serving.not_served) == 1 else "their columns stay"
+        lines.append(f"{INDENT}{not_served_text(st.serving)} ({its} empty)")
     lines += [_gpu_line(g) for g in st.gpus]
     lines.append(_host_line(st.host))
     lines += _agent_lines(st.agent)

@@ -387,6 +387,11 @@ class ServingStatus:
     load_progress: LoadProgress | None = None
     log_grew_ms: int | None = None
     simulated: bool = False  # the run is lynxtop's simulated vLLM (on real GPUs too, where `agent.simulated` is not)
+    # While it serves: the quantities lynxtop reads that this vLLM's page lacks (agent/metrics/served.py's keys,
+    # "tpot", "prefix_hits"...), and the version serving it (None: unknown), so an empty column reads "not served",
+    # not "no traffic". Empty otherwise, and from agents older than the fields.
+    not_served: tuple[str, ...] = ()
+    not_served_version: str | None = None
     # A state word this version does not know (a newer agent's, or garbage from a foreign endpoint), as it came:
     # `state` then reads STOPPED for the code that needs one, but the dashboard shows this word, never STOPPED (an
     # idle-looking node that is nothing of the kind). Read side only: never in the JSON (`state` carries it).
@@ -748,6 +753,21 @@ class Status:
                    serving_metrics=ServingMetrics.from_json(d.get("serving_metrics")),
                    engines=tuple(EngineLoad.from_json(e) for e in _items(cls, "engines", d) if isinstance(e, Mapping)),
                    cluster=ClusterStatus.from_json(d.get("cluster")))
+
+
+_NOT_SERVED_WORDS = {"prefix_queries": "prefix cache queries", "prefix_hits": "prefix cache hits",
+                     "kv_usage": "KV-cache usage", "generation_tokens": "generation tokens",
+                     "prompt_tokens": "prompt tokens", "requests": "finished requests", "running": "running requests",
+                     "waiting": "waiting requests"}
+
+
+def not_served_text(serving: ServingStatus) -> str:
+    """`not served by vLLM 0.10.2: TPOT, prefix cache hits` ("" when every quantity is served): a latency series
+    by its short name, the rest in words. One wording for `lynxtop status` and the dashboard."""
+    if not serving.not_served:
+        return ""
+    names = ", ".join(_NOT_SERVED_WORDS.get(k, k.upper()) for k in serving.not_served)
+    return f"not served by vLLM {serving.not_served_version or '(version unknown)'}: {names}"
 
 
 LOG_SILENT_SHOW_S = 60.0  # a loading run's log silent this long reads as silent (a slow load writes more often)

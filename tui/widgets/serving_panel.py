@@ -7,6 +7,7 @@ from textual.content import Content
 
 from lynxtop.contract.format import NA, fmt_int, fmt_ms, fmt_pct, fmt_si
 from lynxtop.contract.quantile import fmt_series, lowest_bucket_column, over
+from lynxtop.contract.status import not_served_text
 from lynxtop.tui.engine_lag import lagging, summary
 from lynxtop.tui.glyphs import glyph
 from lynxtop.tui.live_state import LiveState
@@ -16,6 +17,7 @@ from lynxtop.tui.widgets.text_panel import TextPanel, set_border
 from lynxtop.tui.window_stats import RATE_WINDOW_MS, span_label, window_mean
 
 EXTRA_SERIES = ("e2e", "queue")
+NOT_SERVED = "n/s"  # a figure whose family this vLLM's page lacks (ServingStatus.not_served)
 
 
 class ServingPanel(TextPanel):
@@ -26,6 +28,7 @@ class ServingPanel(TextPanel):
         self.ascii_only = ascii_only
         self.border_title = "Serving"
         self._state: LiveState | None = None
+        self._tip = ""  # the tooltip set (each assignment of one costs a refresh)
 
     def on_resize(self) -> None:
         # The rows shown depend on the height: drawn again once the layout has given the panel its size.
@@ -38,6 +41,7 @@ class ServingPanel(TextPanel):
         width = max(8, self.size.width - 2)
         spark_w = max(4, width - 46)
         asc = self.ascii_only
+        missing = state.serving.not_served
         lines = [stats_line(state, width < 100, asc)]
         # E2E and queue p99 where the panel has rows to spare (it takes the Node view's free rows at 80x24)
         spare = max(0, self.size.height - 5)  # size is inside the border
@@ -45,6 +49,8 @@ class ServingPanel(TextPanel):
             # a percentile in the histogram's lowest bucket reads as its bound (`<300 ms`): interpolated from 0,
             # the figure is made up (p50 150 ms of queueing with nothing queued)
             p50, p99 = fmt_series(sm.metric, series, "p50"), fmt_series(sm.metric, series, "p99")
+            if series in missing:  # this vLLM has no such histogram: not "no traffic"
+                p50 = p99 = NOT_SERVED
             limit = sla_limit(state.sla, series)
             breach = over(sm.metric(f"{series}_p99_ms"), sm.metric(lowest_bucket_column(series)), limit)
             line = Text(no_wrap=True, overflow="crop")
@@ -68,6 +74,13 @@ class ServingPanel(TextPanel):
         title = f"Serving {glyph('·', asc)} p50/p99 over {window:g}s" if window is not None else "Serving"
         # engine labels are vLLM's: text, never markup; both set only when changed (each repaints the panel)
         set_border(self, title, Content(glyph(_engines_hint(state), asc)))
+        # the panel has no row to spare: the quantities this vLLM does not serve are said in its tooltip
+        hint = not_served_text(state.serving)
+        if hint:
+            hint += f" ({NOT_SERVED} in the panel: its figures stay empty for this run)"
+        if self._tip != hint:  # set only when changed
+            self._tip = hint
+            self.tooltip = Text(hint) if hint else None  # text, never markup: the version is vLLM's
         self.update(out)
 
 
@@ -87,7 +100,7 @@ def stats_line(state: LiveState, short: bool, ascii_only: bool = False) -> Text:
 
     def stat(label: str, value: str, style: str = "", note: str = "") -> None:
         stats.append(f"{label} ", style="dim")
-        stats.append(value, style=style or ("dim" if value == NA else "bold"))
+        stats.append(value, style=style or ("dim" if value in (NA, NOT_SERVED) else "bold"))
         if note:
             stats.append(f" {note}", style="dim")
         stats.append(gap)
@@ -105,12 +118,19 @@ def stats_line(state: LiveState, short: bool, ascii_only: bool = False) -> Text:
     if state.status is None or not state.serving.state.serving:
         rate = None  # nothing serves: the last run's average is not this moment's rate
     stat("req/s", fmt_si(rate), note=f"avg {span_label(span_ms)}" if rate is not None else "")
-    stat("tok/s" if short else "gen tok/s", fmt_si(sm.metric("generation_tokens_per_s")))
+    missing = state.serving.not_served
+
+    def served(text: str, *quantities: str) -> str:
+        """`text`, or n/s where the page lacks a family it is read from."""
+        return NOT_SERVED if any(q in missing for q in quantities) else text
+
+    stat("tok/s" if short else "gen tok/s", served(fmt_si(sm.metric("generation_tokens_per_s")), "generation_tokens"))
     stat("r/w" if short else "run/wait",
          f"{fmt_int(sm.metric('requests_running'))}/{fmt_int(sm.metric('requests_waiting'))}")
     kv = sm.metric("kv_cache_usage_pct")
-    stat("KV", fmt_pct(kv, 1), "bold red" if kv is not None and kv >= 95 else "")
+    stat("KV", served(fmt_pct(kv, 1), "kv_usage"), "bold red" if kv is not None and kv >= 95 else "")
     pre = sm.metric("preemptions")
-    stat("preempt", fmt_int(pre), "bold yellow" if pre else "")
-    stat("hit" if short else "prefix hit", fmt_pct(sm.metric("prefix_cache_hit_pct"), 1))
+    stat("preempt", served(fmt_int(pre), "preemptions"), "bold yellow" if pre else "")
+    stat("hit" if short else "prefix hit", served(fmt_pct(sm.metric("prefix_cache_hit_pct"), 1), "prefix_queries",
+                                                  "prefix_hits"))
     return stats
