@@ -160,7 +160,10 @@ class MetricsScraper:
         row = self._accept(page, now)
         if self._not_served.pending and self.vllm_version is None and not self._version_asked:
             self._version_asked = True  # the version names what is missing: asked once, never every scrape
-            self.vllm_version = await self.fetch_version(session)
+            try:  # naming the version never costs the page its row (no session: the page read without one)
+                self.vllm_version = await self.fetch_version(session) if session is not None else None
+            except Exception:  # noqa: BLE001 - an unforeseen failure of an optional read: the version stays unknown
+                self.vllm_version = None
         self._tell_not_served()
         return row
 
