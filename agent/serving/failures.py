@@ -132,7 +132,8 @@ class Failures:
         operator acts), naming the flag and the profile."""
         lc = self._lc
         lc.resolve_outcome(False)
-        self._retry.started()  # no retry pending
+        self._retry.fail(prof.name)  # counted in the window as any failure (the status' failures_in_window)
+        self._retry.started()  # but no retry pending
         msg = (f"gave up at once: vLLM refused its command line ({message}): a configuration error, not a crash; "
                f"no retry would start. Fix {flag} in profile {prof.name} (its extra_args, or the setting that "
                "passes it), then lynxtop start")

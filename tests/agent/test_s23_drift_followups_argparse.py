@@ -53,6 +53,7 @@ def test_a_flag_the_simulated_vllm_refuses_is_not_retried_into_a_crash_loop(tmp_
     assert kinds.count("serving.starting") == 1, kinds  # started once, never retried
     assert "serving.backoff" not in kinds, kinds
     assert serving["state"] == "crash-loop" and flag in serving["reason"] and "bad" in serving["reason"], serving
+    assert serving["failures_in_window"] == 1, serving  # the one failure counted (the real-vLLM stage reads it)
     gave_up = [e for e in events if e["kind"] == "serving.crash_loop"]
     assert len(gave_up) == 1, kinds
     ev = gave_up[0]
