@@ -5,6 +5,9 @@ Measures, in one run on a fresh temporary database:
   ingest_with_rollups_rows_per_s  the same until the rollups are written too (median part, with its spread)
   bare_executemany_rows_per_s     the ceiling: plain executemany of the same rows as prepared tuples into the
                           same tables (SQLite + CPython's driver alone), measured between the parts
+  bare_nan_executemany_rows_per_s the same with each missing reading bound as NaN (SQLite stores NULL): CPython's
+                          sqlite3 adapts a bound None through a slow lookup (~1 us), which the writer never
+                          binds (literal NULLs); the rows stored are checked equal (bare_nan_same_rows)
   sqlite_only_rows_per_s  the floor: SQLite alone storing the same rows by INSERT ... SELECT from temporary
                           tables (no value bound through Python), same transactions, same parts
   bytes_per_value         raw_bytes_per_value (below) plus the 1m/1h rollup bytes of the same rows, per raw
@@ -246,6 +249,18 @@ def _bare_rows(pool, hosts, servs, raw_start: int, lo: int, hi: int) -> dict[str
     return out
 
 
+_NAN = float("nan")
+
+
+def _nan_rows(rows: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
+    """The same rows with each missing reading (None) as NaN, which SQLite stores as NULL: CPython's sqlite3 binds
+    a None through its adaptation lookup (~1 us a value on this machine, against ~0.06 us for a float), so bare
+    executemany of rows with None measures that lookup more than SQLite (a serving row of mostly missing readings
+    cost ~8x a GPU row). The writer never binds a None (literal NULLs per pattern, store/writer.py); this is the
+    ceiling it is compared with."""
+    return {k: [tuple(_NAN if v is None else v for v in r) for r in rs] for k, rs in rows.items()}
+
+
 def _spread(xs: list[float]) -> str:
     return f"median {statistics.median(xs):,.0f}, spread {min(xs):,.0f}-{max(xs):,.0f}"
 
@@ -272,6 +287,10 @@ def _ingest(db: Path, raw_start: int, end: int, ticks: int, nvlink: bool) -> dic
     floor_rates, floor_cpu = [], []
     parts = [(k * ticks // PARTS, (k + 1) * ticks // PARTS) for k in range(PARTS)]
     rates, with_rollups, cpu_rates, bare_rates, bare_cpu = [], [], [], [], []
+    nan_rates, nan_cpu = [], []
+    bare_nan_db = db.with_name("bare_nan.db")
+    StoreWriter(bare_nan_db).close()
+    bare_nan = connect_rw(bare_nan_db, integrity=False)
     total_s = 0.0
     for lo, hi in parts:
         t, c = time.perf_counter(), time.process_time()
@@ -290,6 +309,10 @@ def _ingest(db: Path, raw_start: int, end: int, ticks: int, nvlink: bool) -> dic
         c = time.process_time()
         bare_rates.append((hi - lo) * GPUS / _bare_part(bare, bare_rows, w.batch_max_ticks))
         bare_cpu.append((hi - lo) * GPUS / (time.process_time() - c))
+        nan_rows = _nan_rows(bare_rows)
+        c = time.process_time()
+        nan_rates.append((hi - lo) * GPUS / _bare_part(bare_nan, nan_rows, w.batch_max_ticks))
+        nan_cpu.append((hi - lo) * GPUS / (time.process_time() - c))
         wall, cpu = _sqlite_only_part(floor, bare_rows, w.batch_max_ticks)
         floor_rates.append((hi - lo) * GPUS / wall)
         floor_cpu.append((hi - lo) * GPUS / cpu)
@@ -297,6 +320,8 @@ def _ingest(db: Path, raw_start: int, end: int, ticks: int, nvlink: bool) -> dic
     w.close()
     bare.close()
     floor.close()
+    same = _same_rows(bare_db, bare_nan_db)
+    bare_nan.close()
     rows = ticks * GPUS
     ingest = statistics.median(rates)
     log(f"ingest: {rows} GPU rows in {PARTS} parts: committed {_spread(rates)} rows/s; with rollups caught up "
@@ -306,10 +331,26 @@ def _ingest(db: Path, raw_start: int, end: int, ticks: int, nvlink: bool) -> dic
         f"(per CPU second {_spread(bare_cpu)}); ingest with rollups / bare = "
         f"{statistics.median(with_rollups) / statistics.median(bare_rates):.2f} "
         f"(per CPU second {statistics.median(cpu_rates) / statistics.median(bare_cpu):.2f})")
+    log(f"bare executemany with missing readings bound as NaN (stored NULL, no None adaptation): "
+        f"{_spread(nan_rates)} rows/s (per CPU second {_spread(nan_cpu)}); ingest with rollups / that = "
+        f"{statistics.median(cpu_rates) / statistics.median(nan_cpu):.2f} per CPU second; same rows stored: {same}")
     log(f"SQLite alone (INSERT ... SELECT of the same rows, no Python per value): {_spread(floor_rates)} rows/s "
         f"(per CPU second {_spread(floor_cpu)})")
     return {"ingest": ingest, "rows": rows, "total_s": total_s, "with_rollups": with_rollups,
-            "cpu": cpu_rates, "bare": bare_rates, "bare_cpu": bare_cpu, "floor": floor_rates, "floor_cpu": floor_cpu}
+            "cpu": cpu_rates, "bare": bare_rates, "bare_cpu": bare_cpu, "floor": floor_rates, "floor_cpu": floor_cpu,
+            "bare_nan": nan_rates, "bare_nan_cpu": nan_cpu, "bare_nan_same": same}
+
+
+def _same_rows(a: Path, b: Path) -> bool:
+    """Whether two databases hold the same sample rows (NULL where one bound None and the other NaN)."""
+    conn = sqlite3.connect(a)
+    try:
+        conn.execute("ATTACH DATABASE ? AS other", (str(b),))
+        return all(conn.execute(f"SELECT (SELECT count(*) FROM main.{t}) = (SELECT count(*) FROM other.{t}) AND NOT "
+                                f"EXISTS (SELECT * FROM main.{t} EXCEPT SELECT * FROM other.{t})").fetchone()[0]
+                   for t in ("gpu_samples", "host_samples", "serving_samples"))
+    finally:
+        conn.close()
 
 
 def _count(db: Path, sql: str, args: tuple = ()) -> int:
@@ -483,6 +524,12 @@ def _run(args: argparse.Namespace, tmp: Path) -> dict:
         "bare_executemany_cpu_rows_per_s": round(statistics.median(ing["bare_cpu"])),
         "ingest_with_rollups_vs_bare_cpu": round(statistics.median(ing["cpu"]) / statistics.median(ing["bare_cpu"]),
                                                  2),
+        # the same with missing readings bound as NaN (stored NULL): CPython's None adaptation left out
+        "bare_nan_executemany_rows_per_s": round(statistics.median(ing["bare_nan"])),
+        "bare_nan_executemany_cpu_rows_per_s": round(statistics.median(ing["bare_nan_cpu"])),
+        "ingest_with_rollups_vs_bare_nan_cpu": round(statistics.median(ing["cpu"])
+                                                     / statistics.median(ing["bare_nan_cpu"]), 2),
+        "bare_nan_same_rows": ing["bare_nan_same"],
         # SQLite alone moving the same rows (no Python binding): the floor of any way into SQLite
         "sqlite_only_rows_per_s": round(statistics.median(ing["floor"])),
         "sqlite_only_cpu_rows_per_s": round(statistics.median(ing["floor_cpu"])),
