@@ -281,7 +281,7 @@ class Node:
 
     def _upsert_gpus(self, static: list[dict]) -> None:
         with contextlib.suppress(Exception):
-            self.writer.upsert_gpus(static)
+            self.writer.upsert_gpus(static, enumerated=self.sampler.enumerated)
 
     def _on_change(self) -> None:
         self.notifier.status(self.status_line())

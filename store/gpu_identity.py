@@ -13,6 +13,11 @@ other columns and leaves these as they were), keep the segments:
 A segment at an index ends where the next board's at that index starts, or where its board moved away. Times are
 those of `upsert_gpus` (each NVML (re)initialisation that found the board), so a segment's start is the first
 upsert that saw the board there: the readings at that index before it are the previous board's.
+
+A board gone with no other board taking its index (the last of 8 pulled, or off the bus while the node was down:
+NVML lists 7) has its row's `idx` set NULL and its segment closed in `idx_history` (`gone`): it claims no index
+any more, so the next start does not find it missing again, and the board found there later (the same one back,
+or another) is told against it (`vacated`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from lynxtop.store.times import iso
 
 IDENTITY_COLUMNS = ("idx_since_ms", "idx_history")
 
@@ -50,23 +57,66 @@ def holders(rows: Iterable[dict[str, Any]]) -> dict[int, str]:
     return {i: u for i, (_, u) in best.items()}
 
 
-def changes(rows: Sequence[dict[str, Any]], found: dict[int, str]) -> list[dict[str, Any]]:
+def vacated(rows: Iterable[dict[str, Any]]) -> dict[int, tuple[str, int]]:
+    """The indices whose last board left with none after it ({idx: (uuid, until_ms)}): rows without an `idx` whose
+    last segment was there (`gone`), at indices no row holds now."""
+    held = holders(rows)
+    best: dict[int, tuple[int, int, str]] = {}
+    for r in rows:
+        hist = _history(r) if r.get("idx") is None else []
+        if not hist or hist[-1][0] in held:
+            continue
+        idx, since, until = hist[-1]
+        if idx not in best or (until, since) > best[idx][:2]:
+            best[idx] = (until, since, r["uuid"])
+    return {i: (u, until) for i, (until, _, u) in best.items()}
+
+
+def changes(rows: Sequence[dict[str, Any]], found: dict[int, str], enumerated: int | None = None,
+            ) -> list[dict[str, Any]]:
     """What changed between the stored holders and the boards `found` now ({idx: uuid}): each index whose board
     is another one (old and new UUID), and each index whose board now answers elsewhere and that nothing with a
-    UUID holds now (new None: not enumerated, or lost before NVML gave its UUID)."""
+    UUID holds now (new None: not enumerated, or lost before NVML gave its UUID).
+
+    An index at or past the `enumerated` count (NVML's; unknown: one past the highest found, as NVML numbers its
+    boards 0..count-1) whose board answers nowhere is gone (`seen_until_ms`: None here, the caller fills it in). An
+    index below it without a UUID is a board NVML lists but could not read (lost: gpu.lost tells it), not gone.
+    A board found at a `vacated` index is told against the one that left (`absent_since_ms`; old == new: back)."""
     held = holders(rows)
     out = [{"gpu": i, "old_uuid": held[i], "new_uuid": u} for i, u in sorted(found.items())
            if held.get(i) not in (None, u)]
     now_at = set(found.values())
     out += [{"gpu": i, "old_uuid": u, "new_uuid": None} for i, u in sorted(held.items())
             if i not in found and u in now_at]
+    count = enumerated if enumerated is not None else max(found, default=-1) + 1
+    out += [{"gpu": i, "old_uuid": u, "new_uuid": None, "seen_until_ms": None} for i, u in sorted(held.items())
+            if i not in found and u not in now_at and i >= count]
+    left = vacated(rows)
+    out += [{"gpu": i, "old_uuid": left[i][0], "new_uuid": u, "absent_since_ms": left[i][1]}
+            for i, u in sorted(found.items()) if i not in held and i in left]
     return sorted(out, key=lambda c: c["gpu"])
+
+
+def gone(rows: Iterable[dict[str, Any]], idx: int, now_ms: int) -> list[tuple[str | None, str]]:
+    """(idx_history, uuid) for each row at `idx` once `changes` found its board gone: each segment closed where
+    the next board's there started, the last (the board gone) at `now_ms`; their `idx` is then set NULL."""
+    at = sorted((r for r in rows if r.get("idx") == idx), key=lambda r: (_since(r) or 0, r["uuid"]))
+    out = []
+    for r, nxt in zip(at, [*at[1:], None], strict=True):
+        since = _since(r)
+        until = now_ms if nxt is None else max(_since(nxt) or 0, since or 0)
+        hist = _history(r)
+        hist.append([idx, since if since is not None else until, until])
+        out.append((json.dumps(hist, separators=(",", ":")), r["uuid"]))
+    return out
 
 
 def moved(row: dict[str, Any], idx: int, now_ms: int) -> tuple[int, str | None]:
     """(idx_since_ms, idx_history) for an existing board's row seen at `idx` now: unchanged when it stays, else
     its current segment closed at `now_ms` and a new one from now."""
     since = _since(row)
+    if not isinstance(row.get("idx"), int) and _history(row):  # back after it was gone: a new segment from now
+        return now_ms, row.get("idx_history")
     if row.get("idx") == idx or not isinstance(row.get("idx"), int):
         return (since if since is not None else now_ms), row.get("idx_history")
     hist = _history(row)
@@ -102,9 +152,28 @@ def uuid_at(segs: Iterable[dict[str, Any]], gpu: int, ts_ms: int) -> str | None:
 
 
 def message(found_changes: list[dict[str, Any]]) -> str:
-    """The store's `gpu.identity_changed` text: what changed since the history was last written."""
-    said = "; ".join(f"GPU {c['gpu']}: {c['old_uuid']} -> " + (c["new_uuid"] or "none (no longer enumerated)")
-                     for c in found_changes)
-    return (f"NVML enumerates other boards at indices this history knows, since the agent last recorded them "
-            f"({said}). History is kept by index: these GPUs' charts, rollups and exports continue with another "
-            "board's readings from here; which board each index was when: StoreReader.gpu_identities()")
+    """The store's `gpu.identity_changed` text: what changed since the history was last written. A board gone
+    and one back are said as such: nothing continues at a gone board's index."""
+    gone_ = [c for c in found_changes if "seen_until_ms" in c]
+    back = [c for c in found_changes if "seen_until_ms" not in c and c["old_uuid"] == c["new_uuid"]]
+    other = [c for c in found_changes if c not in gone_ and c not in back]
+    parts = []
+    if other:
+        said = "; ".join(f"GPU {c['gpu']}: {c['old_uuid']} -> " + (c["new_uuid"] or "none (no longer enumerated)")
+                         + (f" (no board there since {iso(c['absent_since_ms'])})" if "absent_since_ms" in c else "")
+                         for c in other)
+        parts.append(f"NVML enumerates other boards at indices this history knows, since the agent last recorded "
+                     f"them ({said}). History is kept by index: these GPUs' charts, rollups and exports continue "
+                     "with another board's readings from here; which board each index was when: "
+                     "StoreReader.gpu_identities()")
+    if gone_:
+        said = "; ".join(f"GPU {c['gpu']} ({c['old_uuid']}, seen until "
+                         f"{iso(c['seen_until_ms']) or 'an unknown time'}) is not present now" for c in gone_)
+        parts.append(f"{said}: NVML lists no board at {'that index' if len(gone_) == 1 else 'those indices'} "
+                     "since the agent last ran (removed, fallen off the bus, or not answering NVML: `nvidia-smi -L` "
+                     "and the kernel log say which). Its history up to then stays under its index")
+    if back:
+        said = "; ".join(f"GPU {c['gpu']} ({c['new_uuid']}) is present again (not present since "
+                         f"{iso(c['absent_since_ms'])})" for c in back)
+        parts.append(f"{said}: the same board at its index, its history continues there after the gap")
+    return ". ".join(parts)

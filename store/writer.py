@@ -149,6 +149,18 @@ def _now_ms(clock: Callable[[], float]) -> int:
     return int(clock() * 1000)
 
 
+def _last_read(c: sqlite3.Connection, gpu: int, last_seen_ms: int | None) -> int | None:
+    """When index `gpu` was last read: its newest sample since its board's last (re)initialisation, else that
+    time. Searched back from the newest tick (every tick holds every GPU's row, a lost one's too): a few rows."""
+    since = last_seen_ms if isinstance(last_seen_ms, int) else 0
+    try:
+        row = c.execute("SELECT ts_ms FROM gpu_samples WHERE ts_ms >= ? AND gpu = ? ORDER BY ts_ms DESC LIMIT 1",
+                        (since, gpu)).fetchone()
+    except sqlite3.OperationalError:  # no sample table (a file made by a tool): the upsert's time says it
+        row = None
+    return max(row[0], since) if row else last_seen_ms
+
+
 def _pending_event(row: tuple) -> Event:
     """A held event's row (record's) as the Event a read of the stored row would give, marked pending."""
     ts, run_id, kind, severity, message, det = row
@@ -915,14 +927,16 @@ class StoreWriter:
         sql = f"UPDATE runs SET {', '.join(f'{k} = ?' for k in values)} WHERE id = ?"
         self._enqueue_op(lambda c: c.execute(sql, [*values.values(), run_id]))
 
-    def upsert_gpus(self, gpus: Iterable[dict]) -> None:
+    def upsert_gpus(self, gpus: Iterable[dict], enumerated: int | None = None) -> None:
         """The GPUs' static facts, and which board each NVML index holds since when (store/gpu_identity.py).
 
         Boards at indices the file knows under other UUIDs are one `gpu.identity_changed` (warning), told here
         only for indices this writer stores for the first time: those changed while no agent ran (a board
-        swapped on a powered-off node, a board gone and the ones after it shifted). Later changes in the same
-        process are the GPU sampler's to tell (agent/gpu/lost.py remembers the indices from its first open on):
-        each change is told once. The event goes out after the transaction that records it commits."""
+        swapped on a powered-off node, a board gone and the ones after it shifted, the last board gone with no
+        other taking its index, a gone board back). Later changes in the same process are the GPU sampler's to
+        tell (agent/gpu/lost.py remembers the indices from its first open on): each change is told once. The
+        event goes out after the transaction that records it commits. `enumerated`: NVML's device count, when
+        the caller knows it (a board NVML lists but could not read is then not taken for gone)."""
         now = _now_ms(self.clock)
         rows = []
         for g in gpus:
@@ -943,7 +957,7 @@ class StoreWriter:
                f"ON CONFLICT (uuid) DO UPDATE SET {updates}")
 
         def write(c: sqlite3.Connection) -> list[dict]:
-            cur = c.execute(f"SELECT uuid, idx, first_seen_ms, {', '.join(ident)} FROM gpus")
+            cur = c.execute(f"SELECT uuid, idx, first_seen_ms, last_seen_ms, {', '.join(ident)} FROM gpus")
             names = [d[0] for d in cur.description]
             stored = [dict(zip(names, r, strict=True)) for r in cur]
             by_uuid = {r["uuid"]: r for r in stored}
@@ -953,7 +967,16 @@ class StoreWriter:
                 since, hist = (now, None) if was is None else gpu_identity.moved(was, r[idx_at], now)
                 out.append((*r, since, hist))
             c.executemany(sql, out)
-            return [ch for ch in gpu_identity.changes(stored, found) if ch["gpu"] not in told_before]
+            found_changes = gpu_identity.changes(stored, found, enumerated)
+            now_at = set(found.values())
+            for ch in found_changes:
+                if "seen_until_ms" in ch:  # gone: it claims no index any more, so it is told once
+                    ch["seen_until_ms"] = _last_read(c, ch["gpu"], by_uuid[ch["old_uuid"]].get("last_seen_ms"))
+                    # the boards it had replaced there too: left at the index, the next start took them for gone
+                    left = [r for r in stored if r["uuid"] not in now_at]  # a board found now was written above
+                    c.executemany("UPDATE gpus SET idx = NULL, idx_history = ? WHERE uuid = ?",
+                                  gpu_identity.gone(left, ch["gpu"], now))
+            return [ch for ch in found_changes if ch["gpu"] not in told_before]
 
         def tell(done: Future) -> None:
             if done.cancelled() or done.exception() is not None or not done.result():

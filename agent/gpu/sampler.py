@@ -124,6 +124,7 @@ class GpuSampler:
         # lost GPUs (probed, set up again) and the board at each index (`gpu.identity_changed`): lost.py
         self._lost = LostGpus(self._r, self._c, clock, lost_probe_s, self._setup_gpu, lost_settle_s)
         self._gpus: list[Gpu] = []
+        self.enumerated: int | None = None  # NVML's device count at the last open (unreadable boards too)
         self._static_rows: list[dict] | None = None  # static()'s rows for the GPUs of this initialisation
         self._state = {"state": "error", "message": "not opened", "driver_version": "", "nvml_version": ""}
         self._retry = NvmlRetry(self._r, retry_initial_s, retry_max_s, settle_s)  # when to try, the outage
@@ -213,6 +214,7 @@ class GpuSampler:
                                                                        else ""),
                        "driver_version": dv, "nvml_version": nv}
         self._static_rows = None  # built again with this driver's versions
+        self.enumerated = count
         self._retry.opened(now, dv, count)
         self._first_tick = True
         self.static_version += 1
