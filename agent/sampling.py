@@ -405,6 +405,11 @@ class ScrapeSource:
         # supervisor's whole serving status to say whether it serves)
         self._asked: tuple[Tick, ScrapeTarget] | None = None
 
+    @property
+    def scraped_target(self) -> ScrapeTarget | None:
+        """The run whose page `scraper` reads (the target it was made for); None before any."""
+        return self._key
+
     def _for(self, target: ScrapeTarget) -> tuple[Any, HangDetector]:
         from lynxtop.agent.metrics.lifetime import ServingTotals
         from lynxtop.agent.metrics.scrape import MetricsScraper

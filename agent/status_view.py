@@ -62,18 +62,32 @@ class FreeSpace:
         return self._free
 
 
-def with_not_served(serving: ServingStatus, src: Any) -> ServingStatus:
+def with_not_served(serving: ServingStatus, src: Any, run_token: str | None) -> ServingStatus:
     """`serving` with the quantities the served vLLM's page lacks and its version (the run's scraper,
-    agent/metrics/served.py): an empty column then reads "not served", not "no traffic". Only while it serves: the
-    scraper outlives its run (a stopped run's page is no one's now)."""
+    agent/metrics/served.py): an empty column then reads "not served", not "no traffic". Only while it serves, and
+    only the current run's list: the scraper outlives its run (a stopped run's page is no one's now), and a new run is
+    ready a tick or more before the sampling path makes its scraper, so until then the source's scraper is the
+    previous run's (its list, under its version or the new run's, is no claim about this run). The list is the run's
+    whose page it read (the source's target); `serving.run_id` and `run_token` (the lifecycle's) name the current
+    one."""
     scraper = src.scraper if src is not None else None
     if scraper is None or not serving.state.serving:
         return serving
+    read = scraped_run(src)
+    if read is None or (read.run_id, read.run_token) != (serving.run_id, run_token) or (
+            read.run_id is None and read.run_token is None):
+        return serving  # another run's list, or one no run can be told from: none shown until this run's page
     missing = tuple(scraper.not_served)
     if not missing:
         return serving
-    version = scraper.vllm_version or serving.vllm_version  # GET /version's, else the run's
+    version = scraper.vllm_version or serving.vllm_version  # GET /version's, else the run's (the same run: checked)
     return dataclasses.replace(serving, not_served=missing, not_served_version=version)
+
+
+def scraped_run(src: Any) -> Any:
+    """The run whose page the source's current scraper reads (agent/sampling.py ScrapeSource.scraped_target); None
+    before any."""
+    return getattr(src, "scraped_target", None)
 
 
 class StatusView:
@@ -178,7 +192,7 @@ class StatusView:
         crashed has nothing to drain and is cleaned up under a shorter grace: nothing is said for it."""
         sup = self._node.supervisor
         assert sup is not None
-        serving = with_not_served(sup.serving_status(), self._node.scrape_source)
+        serving = with_not_served(sup.serving_status(), self._node.scrape_source, sup.runs.run_token())
         lc = sup.runs
         run, prof = lc.run, lc.profile
         if serving.state != ServingState.STOPPING or run is None or prof is None or run.crash_reason:

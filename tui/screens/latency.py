@@ -16,6 +16,7 @@ from lynxtop.tui.glyphs import ascii_text
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.widgets.node_header import sla_badge, sla_limit
+from lynxtop.tui.widgets.serving_panel import NOT_SERVED
 from lynxtop.tui.widgets.text_panel import update_static
 from lynxtop.tui.widgets.time_chart import TimeChart
 
@@ -56,6 +57,15 @@ def breach_episodes(points: Sequence[tuple[int, float | None]], threshold: float
     return episodes
 
 
+def not_served_note(version: str | None, ascii_only: bool) -> str:
+    """A chart's note for a series this vLLM does not serve: `n/s: not served by vLLM 0.10.2`, so its empty chart
+    does not read as "no traffic". The version is vLLM's (GET /version): shown as plain text (the chart's title is
+    a Text, never markup), each character that is no printable one (or no ASCII one in ASCII mode) as `?`, so a
+    foreign string can neither break the title's line nor the ASCII drawing."""
+    shown = "".join(c if c.isprintable() and (c.isascii() or not ascii_only) else "?" for c in version or "")
+    return f"{NOT_SERVED}: not served by vLLM {shown or '(version unknown)'}"
+
+
 class LatencyScreen(LiveScreen):
     CSS_PATH = VIEWS_CSS
     VIEW_TITLE = "Latency"
@@ -85,6 +95,8 @@ class LatencyScreen(LiveScreen):
         end = int(ref or now_ms)
         scrape_ok = dict(state.serving_series("scrape_ok"))
         window_ms = int((sla.window_s or 60) * 1000)
+        missing = state.serving.not_served  # empty unless it serves (agent/status_view.py with_not_served)
+        note = not_served_note(state.serving.not_served_version, self.lynx.ascii_only) if missing else ""
         for series, stat, limited in CHARTS:
             chart = self.query_one(f"#chart-{series}-{stat}", TimeChart)
             points = state.serving_series(f"{series}_{stat}_ms")
@@ -96,4 +108,6 @@ class LatencyScreen(LiveScreen):
             if limit is not None:  # counted as the agent does: a p99 it cannot judge is no reading of the limit
                 judged = [(ts, judgeable(v, b, limit)) for (ts, v), b in zip(points, bounds, strict=True)]
                 n = breach_episodes(judged, limit, end - WINDOW_MS, end, scrape_ok, window_ms)
-            chart.set_data(points, end - WINDOW_MS, end, threshold=limit, utc=self.lynx.utc, episodes=n, lowest=lowest)
+            # a series this vLLM has no histogram for says so in its title: its empty chart is not "no traffic"
+            chart.set_data(points, end - WINDOW_MS, end, threshold=limit, utc=self.lynx.utc, episodes=n, lowest=lowest,
+                           note=note if series in missing else "")
