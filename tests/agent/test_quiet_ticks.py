@@ -67,7 +67,12 @@ async def test_quiet_ticks_go_on_while_the_loop_is_busy(tmp_path, h):
     try:
         await wait_for_async(lambda: t.quiet_ticks >= 3, 20, what="the first quiet ticks")
         before = t.ticks
-        time.sleep(0.8)  # the loop busy (a long callback): the clock thread writes on (it waited on the loop before)
+        # the loop busy (a long callback that never yields) until the clock thread has ticked 3 more times: it
+        # writes on (it waited on the loop before, and then no tick would come). A deadline, not a fixed sleep: a
+        # loaded machine may run the clock thread late, never the loop meanwhile.
+        deadline = time.monotonic() + 30
+        while t.ticks < before + 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert t.ticks >= before + 3, (t.ticks, before, t.missed_ticks)
         await wait_for_async(lambda: t.ticks >= before + 12, 20, what="ticks after the busy loop")
         assert t.failed_ticks == 0

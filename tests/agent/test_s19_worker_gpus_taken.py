@@ -22,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -92,11 +93,35 @@ def worker_toml(tmp_path: Path, exe: Path, sock: Path) -> str:
                    'node_ip_address = "10.0.0.2"\nnum_gpus = 8\nview_interval_s = 0.2\n')
 
 
-async def feed(sampler: GpuSampler, view: NodeGpuView) -> None:
+class SampleClock:
+    """The samples' clock (the time the feeder stamps each tick with, that CONFIRM_S is measured on): real
+    monotonic time, or, after `hold(span)`, one that steps 0.2 s a sample and stops `span` after it began. A slow
+    machine then stretches how long a pid is listed in wall time, never on the samples' clock."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+        self.until: float | None = None
+
+    def __call__(self) -> float:
+        if self.until is None:
+            t = max(time.monotonic(), self.last + 0.001)  # never back, after a hold
+        else:
+            t = min(self.last + 0.2, self.until)
+        self.last = t
+        return t
+
+    def hold(self, span_s: float) -> None:
+        self.until = self.last + span_s
+
+    def release(self) -> None:
+        self.until = None
+
+
+async def feed(sampler: GpuSampler, view: NodeGpuView, clock: Callable[[], float] = time.monotonic) -> None:
     """The agent's tick, as far as the GPU view goes (agent/sampling.py GpuSource): sample, then update the view."""
     await asyncio.to_thread(sampler.open)
     while True:
-        t = time.monotonic()
+        t = clock()
         tick = await asyncio.to_thread(sampler.sample)
         view.update(t, tick.process_rows, sampler.status(), sampler.static())
         await asyncio.sleep(0.2)
@@ -168,15 +193,21 @@ async def test_with_ray_stopped_every_process_on_the_gpus_counts_and_a_short_liv
     cfg = parse_config(worker_toml(tmp_path, exe, tmp_path / "run" / "agent.sock"))
     part = ClusterPart(cfg, events.append, state_dir=tmp_path / "state", session=lambda: None, gpus=view)
     part.ray.held_path.write_text('{"reason": "stopped by test"}')  # kept stopped, as an operator's stop keeps it
-    feeder = asyncio.create_task(feed(GpuSampler(lambda: FakeNvml(node)), view))
+    clock = SampleClock()
+    feeder = asyncio.create_task(feed(GpuSampler(lambda: FakeNvml(node)), view, clock))
     blip = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
         await part.boot()
         assert part.ray.state == RayState.STOPPED
+        # listed for 1 s of the samples' clock (less than CONFIRM_S) however slowly this machine runs, then gone;
+        # the watch looks at it while listed and after it is gone (conditions, not fixed sleeps)
+        clock.hold(1.0)
         node.processes[5] = [(blip.pid, GIB)]
-        await asyncio.sleep(1.0)  # listed for less than CONFIRM_S, then gone
+        await wait_for_async(lambda: blip.pid in part.gpus._first, 30, what="the watch sees the short-lived pid")
+        await wait_for_async(lambda: clock.last >= clock.until, 30, what="1 s of samples with the pid listed")
         node.processes.pop(5)
-        await asyncio.sleep(1.0)
+        await wait_for_async(lambda: blip.pid not in part.gpus._first, 30, what="the watch sees it gone")
+        clock.release()
         assert not part.status(None).gpus_taken and not taken_events(events)
         node.processes[2] = [(foreign_job.pid, 2 * GIB)]
         await wait_for_async(lambda: part.status(None).gpus_taken, 30, what="the process counted")

@@ -10,9 +10,11 @@ import logging
 import sqlite3
 import time
 
+import pytest
 from support.writer_faults import read_only
 
 from lynxtop.contract.events import Event, EventKind
+from lynxtop.store import writer as writer_module
 from lynxtop.store.writer import StoreWriter
 
 T0 = 1_700_000_000_000
@@ -25,16 +27,39 @@ def _wait(cond, timeout_s: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def _lagging(tmp_path, told: list[Event], quiet_s: float = 1.5) -> StoreWriter:
-    """A started writer that lingers 60 s before writing: 5 queued ticks fill its queue. The quiet time is more
-    than a flush can take on a loaded machine (at 0.3 s, a writer thread scheduled late ended the episode early)."""
+class WriterClock:
+    """The writer module's `time`, with `monotonic()` ahead of the real one by `ahead`: a test moves the writer's
+    time on explicitly instead of sleeping, so an episode's quiet and tell times are the test's, not how fast a
+    loaded machine runs (a flush that took longer than the quiet time ended the episode early)."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - the rest of the time module, as is
+        return getattr(time, name)
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.ahead
+
+
+@pytest.fixture
+def clock(monkeypatch) -> WriterClock:
+    c = WriterClock()
+    monkeypatch.setattr(writer_module, "time", c)
+    return c
+
+
+def _lagging(tmp_path, told: list[Event], quiet_s: float = 30.0) -> StoreWriter:
+    """A started writer that lingers 60 s before writing: 5 queued ticks fill its queue. The quiet time is far more
+    than a flush can take on a loaded machine (at 0.3 s, then 1.5 s, a writer thread scheduled late ended the
+    episode early): the test moves the writer's clock past it instead (WriterClock)."""
     w = StoreWriter(tmp_path / "h.db", queue_max=5, linger_s=60.0, on_event=told.append, lag_quiet_s=quiet_s,
                     lag_tell_s=0.0)
     w.start()
     return w
 
 
-def test_a_lagging_writer_tells_the_drops_once_and_the_count_when_it_keeps_up(tmp_path):
+def test_a_lagging_writer_tells_the_drops_once_and_the_count_when_it_keeps_up(tmp_path, clock):
     told: list[Event] = []
     w = _lagging(tmp_path, told)
     try:
@@ -51,7 +76,9 @@ def test_a_lagging_writer_tells_the_drops_once_and_the_count_when_it_keeps_up(tm
             w.submit_tick(T0 + 20_000 + i * 100, host_row={"cpu_pct": 1.0})
         assert len(told) == 1
         assert w.flush(30)
-        time.sleep(1.6)  # quiet for longer than lag_quiet_s
+        w.submit_tick(T0 + 25_000, host_row={"cpu_pct": 1.0})  # quiet for less than lag_quiet_s: still on
+        assert len(told) == 1
+        clock.ahead += 31.0  # quiet for longer than lag_quiet_s (30 s)
         w.submit_tick(T0 + 30_000, host_row={"cpu_pct": 1.0})  # no drop: the episode ends
         assert [e.kind for e in told] == [EventKind.STORE_TICKS_DROPPED, EventKind.STORE_WRITER_CAUGHT_UP]
         assert told[1].details is not None and told[1].details["dropped_ticks"] == 48, told[1]
@@ -107,17 +134,18 @@ def test_drops_during_a_write_outage_are_the_outages_not_a_lag(tmp_path):
         w.close()
 
 
-def test_a_lag_is_told_once_it_has_lasted_the_tell_time(tmp_path):
+def test_a_lag_is_told_once_it_has_lasted_the_tell_time(tmp_path, clock):
     """The default: the drops are told at the first tick `lag_tell_s` after dropping began (not at the first drop,
-    which a failing write not yet flagged may explain), still once."""
+    which a failing write not yet flagged may explain), still once. The tell time is long (a loaded machine once
+    took longer than 0.3 s for 20 submits) and the writer's clock is moved past it."""
     told: list[Event] = []
-    w = StoreWriter(tmp_path / "h.db", queue_max=5, linger_s=60.0, on_event=told.append, lag_tell_s=0.3)
+    w = StoreWriter(tmp_path / "h.db", queue_max=5, linger_s=60.0, on_event=told.append, lag_tell_s=30.0)
     w.start()
     try:
         for i in range(20):
             w.submit_tick(T0 + i * 100, host_row={"cpu_pct": 1.0})
         assert told == [] and w.stats()["dropped"] == 15
-        time.sleep(0.4)
+        clock.ahead += 31.0  # the lag has lasted longer than lag_tell_s
         for i in range(3):
             w.submit_tick(T0 + 5_000 + i * 100, host_row={"cpu_pct": 1.0})
         assert [e.kind for e in told] == [EventKind.STORE_TICKS_DROPPED], told

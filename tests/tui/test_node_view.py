@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from support.tui import make_app, text_of, wait_for
 from tui_fake_agent import gpu_row, make_status
 
@@ -148,13 +150,28 @@ async def test_refresh_never_doubles_the_poll_rate(agent):
     app = make_app(agent.socket_path, poll_interval_s=0.5)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.state.connected)
+
+        def status_polls() -> list[float]:  # arrival times at the agent (the agent's thread appends meanwhile)
+            return [t for (_, p, _), t in zip(agent.requests, agent.request_times, strict=False) if p == "/v1/status"]
+
+        def timer_poll() -> int | None:
+            """The first poll that came a full interval after the one before it once the presses were done: the
+            presses' own polls come at once, so the measured span starts with the timer's chain."""
+            ts = status_polls()
+            return next((i for i in range(1, len(ts)) if ts[i] > pressed and ts[i] - ts[i - 1] >= 0.45), None)
+
         for _ in range(5):
             await pilot.press("r")
-        await pilot.pause(0.3)  # the presses' own polls land first; the measured span starts after them
-        before = sum(1 for m, p, _ in agent.requests if p == "/v1/status")
-        await pilot.pause(2.0)  # the behaviour under test: how many polls 2 s hold, so a fixed span
-        polls = sum(1 for m, p, _ in agent.requests if p == "/v1/status") - before
-        assert 2 <= polls <= 6, polls  # about 4 at 0.5 s; a second timer chain would make it 8+
+        pressed = time.monotonic()
+        await wait_for(pilot, lambda: timer_poll() is not None, 60)
+        first = timer_poll()
+        assert first is not None
+        await wait_for(pilot, lambda: len(status_polls()) >= first + 7, 60)  # polling goes on
+        times = status_polls()[first:first + 7]
+        # One chain arms the next poll 0.5 s after the last answer: polls arrive at least 0.5 s apart however
+        # slowly the machine runs. A second chain would put some within ~0.25 s (twice the rate).
+        gaps = [round(b - a, 3) for a, b in zip(times, times[1:], strict=False)]
+        assert min(gaps) >= 0.45, gaps
 
 
 async def test_request_rate_is_the_average_over_the_window(agent):

@@ -2,7 +2,8 @@
 
 Scriptable from the test thread: change `status`, make POSTs answer 403/409/422, stop and restart the server
 (agent lost and back). It runs in its own thread and event loop so it serves both Pilot tests (the app's loop)
-and snapshot tests (which run the app in a loop of their own).
+and snapshot tests (which run the app in a loop of their own). `stop()` ends every connection at once, as a killed
+agent's kernel does: no client is left waiting on one (tests/tui/test_s24_fake_agent_stop.py).
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import socket
+import stat
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,44 @@ PROFILES = {
 }
 
 
+class _Listener(socket.socket):
+    """The agent's listening unix socket, keeping every connection it accepts so that `stop()` can end each one.
+
+    aiohttp's graceful shutdown alone left clients waiting: a connection accepted as the listener closed registers
+    with aiohttp after its sweep of open connections, and the loop stopped with it open and unread, so a dashboard
+    request on it waited for its 3 s read timeout (session 23; most stops under a burst of requests). asyncio
+    accepts through this object's `accept()`, so the list is complete once the listener is closed."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                os.unlink(path)  # a stale socket file from a stop that did not finish, as asyncio's unix server does
+        except FileNotFoundError:
+            pass
+        self.bind(str(path))
+        self.listen(128)
+        self.accepted: list[socket.socket] = []
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        conn, addr = super().accept()
+        self.accepted = [c for c in self.accepted if c.fileno() != -1]  # drop the ones aiohttp closed
+        self.accepted.append(conn)
+        return conn, addr
+
+    def end_connections(self, *, close: bool = False) -> None:
+        """Shut down every accepted connection: its client reads EOF now, whatever asyncio made of it.
+
+        `close` also frees the descriptors; only once the loop has stopped, since transports still hold them."""
+        for conn in self.accepted:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already, by aiohttp or by the client
+            if close:
+                conn.close()
+
+
 class FakeAgent:
     """Serve on `socket_path` until `stop()`. Mutate attributes from the test; they are read per request."""
 
@@ -69,8 +111,11 @@ class FakeAgent:
         # action -> (http status, body); default 202 accepted
         self.post_answers: dict[str, tuple[int, dict[str, Any]]] = {}
         self.requests: list[tuple[str, str, dict[str, Any] | None]] = []
+        self.request_times: list[float] = []  # time.monotonic() of each of `requests`, at its arrival
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
+        self._site: web.SockSite | None = None
+        self._listener: _Listener | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
 
@@ -84,7 +129,8 @@ class FakeAgent:
         return self
 
     def stop(self) -> None:
-        """The agent goes away: the socket file is removed, connections are refused."""
+        """The agent goes away: every open connection is closed (in flight or idle), the socket file is removed,
+        new connections are refused."""
         if self._loop is None:
             return
         fut = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
@@ -103,12 +149,15 @@ class FakeAgent:
 
     # ------------------------------------------------------------------ server
     def _serve(self) -> None:
-        loop = asyncio.new_event_loop()
+        # asyncio's own selector loop: it accepts through _Listener.accept() (uvloop would not)
+        loop = asyncio.SelectorEventLoop()
         self._loop = loop
         asyncio.set_event_loop(loop)
         loop.run_until_complete(self._start_site())
         self._ready.set()
         loop.run_forever()
+        if self._listener is not None:
+            self._listener.end_connections(close=True)  # the loop is stopped: nothing else uses them now
         loop.close()
 
     async def _start_site(self) -> None:
@@ -123,15 +172,26 @@ class FakeAgent:
             app.router.add_post(f"/v1/{action}", self._post)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.UnixSite(self._runner, str(self.socket_path))
-        await site.start()
+        self._listener = _Listener(self.socket_path)
+        self._site = web.SockSite(self._runner, self._listener)
+        await self._site.start()
 
     async def _shutdown(self) -> None:
+        """Close the listener first (no accept after it), then end every connection it accepted, then let aiohttp
+        tidy up. aiohttp's graceful shutdown alone misses a connection accepted just before the listener closes:
+        Python 3.11's asyncio fails to build its transport once the server is closed (`assert self._sockets is not
+        None` in Server._attach) and leaves the accepted socket open, unread, until garbage collection."""
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+        if self._listener is not None:
+            self._listener.end_connections()
         if self._runner is not None:
             await self._runner.cleanup()
 
     def _json(self, request: web.Request, data: Any, status: int = 200) -> web.Response:
         self.requests.append((request.method, request.path, None))
+        self.request_times.append(time.monotonic())
         return web.json_response(data, status=status)
 
     async def _status(self, request: web.Request) -> web.Response:
@@ -161,6 +221,7 @@ class FakeAgent:
         action = request.path.rsplit("/", 1)[-1]
         body = await request.json() if request.can_read_body else {}
         self.requests.append(("POST", request.path, body))
+        self.request_times.append(time.monotonic())
         status, answer = self.post_answers.get(
             action, (202, {"accepted": True, "action": action, "message": f"{action} accepted (fake agent)"}))
         return web.json_response(answer, status=status)
