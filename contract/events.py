@@ -112,8 +112,9 @@ class EventKind(StrEnum):
     GPU_SETUP_FAILED = "gpu.setup_failed"  # a GPU or its GPM/XID events left out of an NVML initialisation by a bug
     GPU_UNREADABLE = "gpu.unreadable"  # every reading of a GPU (not lost) failed for a few ticks and seconds
     GPU_READABLE = "gpu.readable"  # ... readings came back (details.lasted_s)
-    # an NVML (re)open found other boards at known indices (details.changes: gpu, old_uuid, new_uuid): history is by
-    # index, so a GPU's series continue with another board's readings from here
+    # an NVML (re)open found other boards at known indices (details.changes: gpu, old_uuid, new_uuid; a board gone at
+    # start-up: seen_until_ms, one back: absent_since_ms): history is by index, so a GPU's series continue with
+    # another board's readings from here
     GPU_IDENTITY_CHANGED = "gpu.identity_changed"
     NVML_REINIT = "nvml.reinit"
     NVML_UNAVAILABLE = "nvml.unavailable"
