@@ -158,6 +158,9 @@ class RemoteHistory(HistorySource):
             filters = [k for k, v in params.items() if k in FILTERS and v is not None]
             if exc.status == 400 and exc.code == "unknown_parameter" and filters:
                 raise FiltersUnsupported(self.node, read, filters) from None
+            if exc.status == 400 and exc.code == "unknown_read":
+                raise ReadUnsupported(f"node {self.node}'s agent serves no read={read} (an agent older than this "
+                                      f"dashboard): {terminal_safe(exc.message)}") from None
             raise HistoryUnavailable(refusal_text(self.node, exc)) from None
         except AgentUnreachable as exc:
             if "HTTP 404" in str(exc):  # an agent from before tcp_reads: its listener's plain-text 404
@@ -166,8 +169,15 @@ class RemoteHistory(HistorySource):
             raise HistoryUnavailable(f"node {self.node}: {terminal_safe(exc)}") from None
 
 
+# gpu_identities' segments at most, as the agent caps them (agent/api/tcpreads.py MAX_SEGMENTS)
+MAX_SEGMENTS = 4096
 # The history reads' filters (agent/api/tcpreads.py) an agent from before s21 refuses as unknown parameters
 FILTERS = frozenset({"kinds", "severities", "kind_family", "text", "run_ids"})
+
+
+class ReadUnsupported(HistoryUnavailable):
+    """The node's agent is older and knows no such read (its 400 unknown_read): a view that can do without it
+    (the History view's board changes) goes on without; any other is told, as another refusal."""
 
 
 class FiltersUnsupported(TypeError):
@@ -199,6 +209,31 @@ def _rows(rows: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _board_segments(segs: Any) -> list[dict[str, Any]]:
+    """gpu_identities' segments as the History view takes them: {gpu, uuid, since_ms, until_ms}, the index and
+    times integers (or null), the UUID a string, escaped here: another node's text, and DisplayReader leaves this
+    read alone (a local export writes the stored UUIDs exactly). Anything else is refused, never shown; a longer
+    list than the agent's cap is no answer of ours."""
+    if not isinstance(segs, list):
+        raise ValueError("segments is not a list")
+    if len(segs) > MAX_SEGMENTS:
+        raise ValueError(f"{len(segs)} segments (at most {MAX_SEGMENTS})")
+    out = []
+    for i, s in enumerate(segs):
+        if not isinstance(s, dict):
+            raise ValueError(f"segment {i} is not an object")
+        if not isinstance(s.get("uuid"), str):
+            raise ValueError(f"segment {i}: uuid is not a string")
+        for key in ("gpu", "since_ms", "until_ms"):
+            v = s.get(key)
+            if (v is None and key != "gpu") or (isinstance(v, int) and not isinstance(v, bool)):
+                continue
+            raise ValueError(f"segment {i}: {key} is not an integer")
+        out.append({"gpu": s["gpu"], "uuid": terminal_safe(s["uuid"]), "since_ms": s.get("since_ms"),
+                    "until_ms": s.get("until_ms")})
+    return out
+
+
 def refusal_text(node: str, exc: AgentRefused) -> str:
     """What a refusal of another node's reads means, and what to configure; its message (foreign text) escaped."""
     if exc.status == 401:
@@ -212,7 +247,8 @@ def refusal_text(node: str, exc: AgentRefused) -> str:
 
 
 class RemoteReader:
-    """The store reader's reads the screens use (runs, run, events, series, bench_results), over HTTP."""
+    """The store reader's reads the screens use (runs, run, events, series, bench_results, gpu_identities), over
+    HTTP."""
 
     def __init__(self, source: RemoteHistory):
         self._source = source
@@ -246,6 +282,15 @@ class RemoteReader:
         data = self._source.get("series", table=table, columns=",".join(columns or ()) or None, start=start_ms,
                                 end=end_ms, gpu=gpu, max_points=max_points)
         return self._typed("series", lambda d: (str(d["resolution"]), _rows(d["rows"])), data)
+
+    def gpu_identities(self) -> list[dict[str, Any]]:
+        """As StoreReader.gpu_identities: which board each index held when, for the History view's board changes.
+        An agent from before s24 knows no such read: none told, as for a file that records none."""
+        try:
+            data = self._source.get("gpu_identities")
+        except ReadUnsupported:
+            return []
+        return self._typed("board segments", lambda d: _board_segments(d["segments"]), data)
 
     def bench_results(self, limit: int = 50, run_ids: Any = None) -> list[dict[str, Any]]:
         """As StoreReader.bench_results: `run_ids` (an iterable of run ids) chosen in that node's database."""

@@ -28,6 +28,7 @@ from lynxtop.contract.events import KIND_MAX, Severity
 READ_PATHS = ("/v1/runs", "/v1/events", "/v1/logs", "/v1/processes", "/v1/history")
 HISTORY_SLOTS = 2  # history reads at once: each holds a worker thread while SQLite answers
 MAX_POINTS = 20_000  # a chart asks ~4 per column of its width
+MAX_SEGMENTS = 4096  # gpu_identities' board segments: one per (index, board) held; a node has a handful
 INT = (0, 2**62)
 
 MAX_LIST = 64  # entries of a filter's list (kinds, severities, run_ids): a view sends a handful
@@ -47,8 +48,9 @@ _HISTORY: dict[str, dict[str, tuple[str, bool]]] = {
                "kinds": ("list", False), "severities": ("list", False), "kind_family": ("text", False),
                "text": ("text", False)},
     "bench_results": {"limit": ("int", False), "run_ids": ("ints", False)},
+    "gpu_identities": {"max_segments": ("int", False)},
 }
-_LIMITS = {"limit": (1, 10_000), "max_points": (1, MAX_POINTS), "gpu": (0, 1024)}
+_LIMITS = {"limit": (1, 10_000), "max_points": (1, MAX_POINTS), "gpu": (0, 1024), "max_segments": (1, MAX_SEGMENTS)}
 
 
 def _kind_problem(value: str) -> str | None:
@@ -141,12 +143,25 @@ def _history_read(read: str, p: dict[str, Any]) -> Callable[[Any], Any]:
             found = r.run(p["id"], summary=p.get("summary", True))
             return {"run": found.to_json() if found is not None else None}
         return run
+    if read == "gpu_identities":
+        return lambda r: _segments(r.gpu_identities(), p.get("max_segments", MAX_SEGMENTS))
     if read == "events":
         return lambda r: {"events": [e.to_json() for e in r.events(
             since_ms=p.get("since"), until_ms=p.get("until"), run_id=p.get("run"), limit=p.get("limit", 500),
             kinds=p.get("kinds") or None, severities=p.get("severities") or None,
             kind_family=p.get("kind_family") or None, text=p.get("text") or None)]}
     return lambda r: {"results": r.bench_results(limit=p.get("limit", 50), run_ids=p.get("run_ids"))}
+
+
+def _segments(segs: list[dict[str, Any]], cap: int) -> dict[str, Any]:
+    """Which board each index held when (StoreReader.gpu_identities), at most `cap` segments: a file whose boards
+    flapped (a board dropping off the bus and back at every start) must not make an unbounded answer. Past the cap
+    the newest are kept (the charts' windows are mostly recent), in the reader's order, and `truncated` says so."""
+    if len(segs) <= cap:
+        return {"segments": segs, "truncated": False}
+    newest = sorted(segs, key=lambda s: s["since_ms"] if s["since_ms"] is not None else -1)[-cap:]
+    kept = {id(s) for s in newest}
+    return {"segments": [s for s in segs if id(s) in kept], "truncated": True}
 
 
 class TcpReads:

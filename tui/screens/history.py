@@ -419,9 +419,9 @@ def window_label(start: int, end: int, utc: bool) -> str:
 
 
 def _board_changes(reader: Any, start: int, end: int) -> list[BoardChange]:
-    """The boards changed at any GPU index within the window, read once per chart load. A reader without
-    `gpu_identities` (another node's, over its agent's TCP reads) or a file it cannot read them from tells none:
-    the charts still draw."""
+    """The boards changed at any GPU index within the window, read once per chart load (another node's too, over
+    its agent's TCP reads). A reader without `gpu_identities`, an older agent without the read (none then) or a
+    file it cannot read them from tells none: the charts still draw."""
     read = getattr(reader, "gpu_identities", None)
     if read is None:
         return []
