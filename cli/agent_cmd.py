@@ -15,13 +15,25 @@ from lynxtop.agent.node import AgentStartError, Node
 from lynxtop.agent.notify import Notifier
 from lynxtop.cli.config_cli import load_or_exit
 from lynxtop.contract.loop import run_loop
+from lynxtop.contract.terminal import terminal_safe
+
+
+class _OneLineFormatter(logging.Formatter):
+    """Each record one line with its control characters escaped (`terminal_safe`): messages carry foreign text
+    (a board's UUID, a process title, vLLM's version or log lines), and a newline in one forged a journal line,
+    an escape sequence reached the terminal `journalctl` runs in. A traceback, appended after, keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return terminal_safe(super().formatMessage(record))
 
 
 def _setup_logging() -> None:
     # under systemd the journal adds timestamps; on a terminal we do
     fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("JOURNAL_STREAM") else \
         "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=logging.INFO, format=fmt, stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLineFormatter(fmt))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
