@@ -70,18 +70,40 @@ def with_not_served(serving: ServingStatus, src: Any, run_token: str | None) -> 
     previous run's (its list, under its version or the new run's, is no claim about this run). The list is the run's
     whose page it read (the source's target); `serving.run_id` and `run_token` (the lifecycle's) name the current
     one."""
-    scraper = src.scraper if src is not None else None
-    if scraper is None or not serving.state.serving:
-        return serving
-    read = scraped_run(src)
-    if read is None or (read.run_id, read.run_token) != (serving.run_id, run_token) or (
-            read.run_id is None and read.run_token is None):
+    scraper = _current_scraper(serving, src, run_token)
+    if scraper is None:
         return serving  # another run's list, or one no run can be told from: none shown until this run's page
     missing = tuple(scraper.not_served)
     if not missing:
         return serving
     version = scraper.vllm_version or serving.vllm_version  # GET /version's, else the run's (the same run: checked)
     return dataclasses.replace(serving, not_served=missing, not_served_version=version)
+
+
+def with_window_counts(serving: ServingStatus, src: Any, run_token: str | None,
+                       row: dict[str, Any] | None) -> ServingStatus:
+    """`serving` with how many observations each latency series' window holds (`window_counts`, `window_s`), so a
+    p99 of one request reads as one. Only beside the percentiles they count: `row` is the serving row the status
+    shows (the ticker's latest), and the counts are the scraper's for that very row (a failed page's row has no
+    percentiles, a newer page's counts are not this row's); only the current run's, as `with_not_served`. Read
+    from what the scrape computed already: nothing parsed or walked per GET."""
+    scraper = _current_scraper(serving, src, run_token)
+    counted = getattr(scraper, "counted", None) if scraper is not None else None
+    if counted is None or row is None or counted[0] is not row:
+        return serving
+    return dataclasses.replace(serving, window_counts=counted[1], window_s=float(scraper.window_s))
+
+
+def _current_scraper(serving: ServingStatus, src: Any, run_token: str | None) -> Any:
+    """The source's scraper where it reads the current run's page while it serves (`with_not_served`); else None."""
+    scraper = src.scraper if src is not None else None
+    if scraper is None or not serving.state.serving:
+        return None
+    read = scraped_run(src)
+    if read is None or (read.run_id, read.run_token) != (serving.run_id, run_token) or (
+            read.run_id is None and read.run_token is None):
+        return None
+    return scraper
 
 
 def scraped_run(src: Any) -> Any:
@@ -192,7 +214,9 @@ class StatusView:
         crashed has nothing to drain and is cleaned up under a shorter grace: nothing is said for it."""
         sup = self._node.supervisor
         assert sup is not None
-        serving = with_not_served(sup.serving_status(), self._node.scrape_source, sup.runs.run_token())
+        src, token = self._node.scrape_source, sup.runs.run_token()
+        serving = with_not_served(sup.serving_status(), src, token)
+        serving = with_window_counts(serving, src, token, self._node.ticker.latest_serving)
         lc = sup.runs
         run, prof = lc.run, lc.profile
         if serving.state != ServingState.STOPPING or run is None or prof is None or run.crash_reason:

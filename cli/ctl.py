@@ -35,8 +35,9 @@ from lynxtop.contract.client import (
 from lynxtop.contract.events import EventKind
 from lynxtop.contract.format import fmt_bytes, fmt_datetime, fmt_duration, fmt_ms, fmt_pct, fmt_when
 from lynxtop.contract.jsonsafe import strict_dumps
-from lynxtop.contract.quantile import fmt_quantile
+from lynxtop.contract.quantile import fmt_quantile, fmt_series
 from lynxtop.contract.status import (
+    FEW_OBSERVATIONS,
     LOG_SILENT_SHOW_S,
     AgentStatus,
     ClusterStatus,
@@ -184,6 +185,7 @@ def format_status(st: Status, rate: tuple[float, int] | None = None,
     lines += cluster_lines(st.cluster, st.ts_ms)
     lines.append(_sla_line(st.sla))
     lines += _traffic_lines(st.serving_metrics, rate, token_rates)
+    lines += _latency_lines(st.serving_metrics, st.serving)
     if st.serving.not_served:  # an empty column of these is this vLLM's, not "no traffic"
         its = "its columns stay" if len(st.serving.not_served) == 1 else "their columns stay"
         lines.append(f"{INDENT}{not_served_text(st.serving)} ({its} empty)")
@@ -329,9 +331,34 @@ def _sla_line(sla: SlaStatus) -> str:
     tp_label = "ITL" if sla.tpot_source == "itl" else "TPOT"
     ttft = fmt_quantile(sla.ttft_p99_ms, sla.ttft_lowest_bucket_ms, decimals=0)
     tpot = fmt_quantile(sla.tpot_p99_ms, sla.tpot_lowest_bucket_ms, decimals=0)
+    n = sla.window_requests  # what it judged: no breach opens on a handful of requests (agent/metrics/sla.py)
+    judged = "" if n is None else (f" ({n} finished request{'' if n == 1 else 's'} judged"
+                                   + (f": no breach on fewer than {FEW_OBSERVATIONS})" if n < FEW_OBSERVATIONS
+                                      else ")"))
     return (f"SLA      {sla.state.upper()}  p99 TTFT {ttft} (<= {_ms(sla.ttft_threshold_ms)})  "
             f"p99 {tp_label} {tpot} (<= {_ms(sla.tpot_threshold_ms)})  "
-            f"window {_na(sla.window_s, '{:g}', ' s')}")
+            f"window {_na(sla.window_s, '{:g}', ' s')}{judged}")
+
+
+def _latency_lines(sm: ServingMetrics, srv: ServingStatus) -> list[str]:
+    """`latency  TTFT p50 625 ms p99 748 ms (1 req in 60 s: too few for a p99)  TPOT ... (1 req)  E2E ...`: the
+    percentiles the SLA and an operator read first, each with the observations its window holds (`window_counts`;
+    none from an older agent), so a p99 of one request reads as one. ITL stands in for a TPOT not served, as in
+    the SLA; its count is of inter-token intervals."""
+    if sm.metric("scrape_ok") != 1:
+        return []
+    tp = "itl" if sm.metric("tpot_p99_ms") is None and sm.metric("itl_p99_ms") is not None else "tpot"
+    parts = []
+    for series in ("ttft", tp, "e2e"):
+        text = (f"{series.upper()} p50 {fmt_series(sm.metric, series, 'p50')} "
+                f"p99 {fmt_series(sm.metric, series, 'p99')}")
+        n = srv.window_count(series)
+        if n is not None:
+            where = f" in {srv.window_s:g} s" if not parts and srv.window_s is not None else ""
+            few = ": too few for a p99" if n < FEW_OBSERVATIONS and sm.metric(f"{series}_p99_ms") is not None else ""
+            text += f" ({n} {'intervals' if series == 'itl' else 'req'}{where}{few})"
+        parts.append(text)
+    return ["latency  " + "  ".join(parts)]
 
 
 def _traffic_lines(sm: ServingMetrics, rate: tuple[float, int] | None = None,

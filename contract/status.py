@@ -392,6 +392,11 @@ class ServingStatus:
     # not "no traffic". Empty otherwise, and from agents older than the fields.
     not_served: tuple[str, ...] = ()
     not_served_version: str | None = None
+    # While it serves: per latency series (contract/columns.py LATENCY_SERIES), the observations its percentiles
+    # come from, the `_count` increase of vLLM's histogram over the scraper's window of `window_s` (requests; ITL's:
+    # inter-token intervals): a p99 of one request is one request, not a tail. Empty otherwise, and from older agents.
+    window_counts: dict[str, Any] = field(default_factory=dict)
+    window_s: float | None = None
     # A state word this version does not know (a newer agent's, or garbage from a foreign endpoint), as it came:
     # `state` then reads STOPPED for the code that needs one, but the dashboard shows this word, never STOPPED (an
     # idle-looking node that is nothing of the kind). Read side only: never in the JSON (`state` carries it).
@@ -404,7 +409,9 @@ class ServingStatus:
             return _build(cls, d)  # the RecordError of a part that is no object
         state = str(d.get("state") or ServingState.STOPPED.value)
         known = state in _STATES
-        return _build(cls, d, state=ServingState(state) if known else ServingState.STOPPED,
+        counts = d.get("window_counts")  # any other JSON type: refused by _build, naming the field
+        extra = {"window_counts": window_counts_of(counts)} if isinstance(counts, Mapping) else {}
+        return _build(cls, d, state=ServingState(state) if known else ServingState.STOPPED, **extra,
                       phases=tuple(_build(PhaseMark, p) for p in _items(cls, "phases", d)),
                       load_progress=_build(LoadProgress, d["load_progress"]) if d.get("load_progress") is not None
                       else None,
@@ -417,8 +424,28 @@ class ServingStatus:
             out["state"] = unknown
         return out
 
+    def window_count(self, series: str) -> int | None:
+        """The observations in `series`' window (its percentiles' sample size); None where not known."""
+        return self.window_counts.get(series)
+
 
 _STATES = frozenset(s.value for s in ServingState)
+# A percentile over fewer observations than this is shown with its count (`n=1` in the dashboard's Serving panel,
+# "too few for a p99" in `lynxtop status`): a p99 of fewer than 100 is not a 99th percentile, and below this it is
+# a handful of requests. The SLA's own rule (agent/metrics/sla.py MIN_REQUESTS): no breach opens on fewer.
+FEW_OBSERVATIONS = 20
+
+
+def window_counts_of(d: Mapping[str, Any]) -> dict[str, int]:
+    """The counts an agent sent that are counts (whole numbers in [0, 2**53)); any other value (a string, true, -1,
+    2.5, Infinity, 2**64) is left out: never shown as a sample size."""
+    out = {}
+    for k, v in d.items():
+        if type(v) is int and 0 <= v < 2**53:
+            out[str(k)] = v
+        elif type(v) is float and math.isfinite(v) and 0 <= v < 2**53 and v.is_integer():
+            out[str(k)] = int(v)
+    return out
 
 
 @dataclass(frozen=True)
@@ -438,6 +465,9 @@ class SlaStatus:
     # most it (contract/quantile.py), and is not judged against a threshold below it
     ttft_lowest_bucket_ms: float | None = None
     tpot_lowest_bucket_ms: float | None = None
+    # finished requests in the window the state was judged over (no breach opens on fewer than FEW_OBSERVATIONS);
+    # None where the rows did not say, and from older agents
+    window_requests: int | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> SlaStatus:

@@ -288,6 +288,15 @@ class SlidingHistogram:
             return None
         return _monotonic(self._les, map(_SECOND, delta.buckets)) if self._increasing else prepared(delta.buckets)
 
+    def count(self) -> int | None:
+        """Observations over the window: the `_count` increase from the baseline to the newest scrape (vLLM's
+        requests; the ITL histogram's inter-token intervals), the sample size of `quantile`'s figures; None before
+        two scrapes. Two snapshots' counts subtracted: no bucket read (issue 29)."""
+        if len(self._snaps) < 2:
+            return None
+        n = self._snaps[-1][1].count - self._snaps[0][1].count
+        return max(0, round(n)) if math.isfinite(n) else None
+
     def mean(self) -> float | None:
         """The window's `_sum` over its `_count` (newest minus baseline each); None for an empty window."""
         if len(self._snaps) < 2:

@@ -54,6 +54,9 @@ class MetricsScraper:
         self.totals: tuple[ParsedPage, dict[str, float], dict[str, HistogramSnapshot]] | None = None
         self._not_served = NotServed(self._fetch.url)
         self._version_asked = False  # GET /version is read once a run, and only to name a missing family's version
+        # the last row read from a page and its latency windows' observation counts (ServingWindows.counts): the
+        # status shows the counts only beside that row's percentiles (agent/status_view.py with_window_counts)
+        self.counted: tuple[dict[str, Any], dict[str, int]] | None = None
 
     def reset(self) -> None:
         """Forget history (a new run): the next scrape only sets baselines."""
@@ -64,6 +67,7 @@ class MetricsScraper:
         self.requests_running = None
         self._not_served = NotServed(self._fetch.url)  # a new run may be another vLLM version
         self._version_asked = False
+        self.counted = None
 
     # ------------------------------------------------------------------------------------------ what it shows
 
@@ -221,6 +225,7 @@ class MetricsScraper:
         self.engines, bad_engines = engine_loads(page.engines)
         self._episodes.went_down(went_down, now)
         self._windows.latency_columns(row)
+        self.counted = (row, self._windows.counts)
         bad_columns = checked(row)
         self._episodes.count_bad(page.bad_values, page.bad_example, bad_columns, bad_engines, now)
         self.generation_tokens_total = page.counters.get("generation_tokens")

@@ -14,11 +14,11 @@ from lynxtop.contract.config import SlaConfig
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.format import fmt_ms
 from lynxtop.contract.quantile import judged as judgeable
-from lynxtop.contract.status import SlaState, SlaStatus
+from lynxtop.contract.status import FEW_OBSERVATIONS, SlaState, SlaStatus
 
 # A p99 over fewer finished requests than this is one slow request, not a tail: a breach needs at least this many
 # in the window (e.g. the first requests after READY, which pay for warm-up, opened a breach seconds after start).
-MIN_REQUESTS = 20
+MIN_REQUESTS = FEW_OBSERVATIONS  # 20: the dashboard and `lynxtop status` flag a p99 over fewer with its count
 # why a breach ends without a judgement (`sla.unknown`)
 NO_DATA = "no latency data in the window (idle, unreachable or stopped)"
 UNJUDGED = ("p99 in the histogram's lowest bucket, whose bound is above the threshold: the histogram cannot tell "
@@ -142,6 +142,7 @@ class SlaTracker:
             worst_ttft_p99_ms=self._worst.get("ttft") if breach else None,
             worst_tpot_p99_ms=self._worst.get("tpot") if breach else None,
             ttft_lowest_bucket_ms=self._lowest.get("ttft"), tpot_lowest_bucket_ms=self._lowest.get("tpot"),
+            window_requests=self.requests_in_window(),
         )
 
     # ------------------------------------------------------------------------------------------ helpers

@@ -34,6 +34,9 @@ class ServingWindows:
         # stale before any value was read: on the page that first reads them they were there all along (a bad
         # sample hid them), so they take no zero baseline (that would count their whole total as one tick's)
         self._unbased: set[str] = set()
+        # each latency series' observations over the window, as of the last `latency_columns` (SlidingHistogram.count):
+        # the sample size of its percentiles; a new dict each page, never changed after
+        self.counts: dict[str, int] = {}
 
     def clear(self) -> None:
         """Forget history (a new run): the next page only sets baselines."""
@@ -41,6 +44,7 @@ class ServingWindows:
         self.hists.clear()
         self._last_ok_t = None
         self._unbased.clear()
+        self.counts = {}
 
     def add(self, stale: set[str], counters: dict[str, float], hists: dict[str, HistogramSnapshot], now: float,
             went_down: list[str]) -> tuple[dict[str, float], dict[str, HistogramSnapshot]]:
@@ -119,9 +123,14 @@ class ServingWindows:
 
     def latency_columns(self, row: dict[str, Any]) -> None:
         """Percentiles and means over the window of each latency series, in ms, into the row; with percentiles,
-        the bound of the lowest bucket too (a percentile at or below it is only known to be at most it)."""
+        the bound of the lowest bucket too (a percentile at or below it is only known to be at most it); and in
+        `counts` how many observations each series' window holds (a p99 of one request is shown with its 1)."""
+        counts: dict[str, int] = {}
         for series, columns, mean_column, lowest_column in _LATENCY_COLUMNS:
             sh = self.hists.get(series)
+            n = None if sh is None else sh.count()
+            if n is not None:
+                counts[series] = n
             known = False
             for column, q in columns:
                 value = None if sh is None else sh.quantile(q)
@@ -137,6 +146,7 @@ class ServingWindows:
                 w, b = row[f"{whole}_mean_ms"], row[f"{part}_mean_ms"]
                 row[f"{phase}_mean_ms"] = None if w is None or b is None else max(w - b, 0.0)
         row["phase_times_derived"] = 1 if derived else 0
+        self.counts = counts
 
     def _delta(self, key: str) -> float | None:
         """The last step's increase; None for a negative one, as `_CounterWindow.rate` gives."""

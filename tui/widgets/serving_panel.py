@@ -7,7 +7,7 @@ from textual.content import Content
 
 from lynxtop.contract.format import NA, fmt_int, fmt_ms, fmt_pct, fmt_si
 from lynxtop.contract.quantile import fmt_series, lowest_bucket_column, over
-from lynxtop.contract.status import not_served_text
+from lynxtop.contract.status import FEW_OBSERVATIONS, ServingStatus, SlaStatus, not_served_text
 from lynxtop.tui.engine_lag import lagging, summary
 from lynxtop.tui.glyphs import glyph
 from lynxtop.tui.live_state import LiveState
@@ -45,6 +45,7 @@ class ServingPanel(TextPanel):
         lines = [stats_line(state, width < 100, asc)]
         # E2E and queue p99 where the panel has rows to spare (it takes the Node view's free rows at 80x24)
         spare = max(0, self.size.height - 5)  # size is inside the border
+        few: list[str] = []  # the rows whose percentiles come from few observations, as `TTFT n=1`
         for series in ("ttft", "tpot", "itl", *EXTRA_SERIES[:spare]):
             # a percentile in the histogram's lowest bucket reads as its bound (`<300 ms`): interpolated from 0,
             # the figure is made up (p50 150 ms of queueing with nothing queued)
@@ -58,8 +59,14 @@ class ServingPanel(TextPanel):
             line.append(f" p50 {p50:>8}  p99 ")
             line.append(f"{p99 + (' ' + glyph('✗', asc) if breach else ''):>10}", style="bold red" if breach else "")
             line.append(f" {(glyph('≤', asc) + fmt_ms(limit)) if limit else '':>9} ", style="dim")
+            # a p99 of a handful of requests says so (`n=1`), its cells taken from this row's sparkline: no wider
+            n = few_count(state.serving, series, sm.metric(f"{series}_p99_ms"))
+            note = "" if n is None else f"n={n} "
+            if note:
+                line.append(note, style="bold yellow")
+                few.append(f"{series.upper()} {note.strip()}")
             values = [v for _, v in state.serving_series(f"{series}_p99_ms")]
-            line.append(sparkline(values, spark_w, ascii_only=self.ascii_only), style="cyan")
+            line.append(sparkline(values, max(1, spark_w - len(note)), ascii_only=self.ascii_only), style="cyan")
             lines.append(line)
         tok = [v for _, v in state.serving_series("generation_tokens_per_s")]
         line = Text(no_wrap=True, overflow="crop")
@@ -78,10 +85,35 @@ class ServingPanel(TextPanel):
         hint = not_served_text(state.serving)
         if hint:
             hint += f" ({NOT_SERVED} in the panel: its figures stay empty for this run)"
+        if few:
+            hint = "\n".join(filter(None, (hint, few_text(few, state.serving, state.sla))))
         if self._tip != hint:  # set only when changed
             self._tip = hint
             self.tooltip = Text(hint) if hint else None  # text, never markup: the version is vLLM's
         self.update(out)
+
+
+def few_count(serving: ServingStatus, series: str, p99: float | None) -> int | None:
+    """The observations behind `series`' shown p99 where fewer than FEW_OBSERVATIONS (then `n=` beside it); None
+    where there is no figure, the count is unknown (an older agent) or enough."""
+    n = serving.window_count(series)
+    if p99 is None or n is None or n >= FEW_OBSERVATIONS or series in serving.not_served:
+        return None
+    return n
+
+
+def few_text(few: list[str], serving: ServingStatus, sla: SlaStatus) -> str:
+    """The tooltip's line for the rows marked `n=`: what n is, the rule, and what the SLA judged."""
+    window = f"{serving.window_s:g} s" if serving.window_s is not None else "the"
+    text = (f"n = requests in the {window} window a row's p50/p99 come from, shown below {FEW_OBSERVATIONS} (a p99 "
+            f"of fewer than 100 is no 99th percentile): {', '.join(few)}")
+    if any(f.startswith("ITL ") for f in few):
+        text += " (ITL: inter-token intervals)"
+    if sla.window_requests is not None:
+        text += (f"; the SLA judged {sla.window_requests} finished request(s)"
+                 + (f" (no breach opens on fewer than {FEW_OBSERVATIONS})"
+                    if sla.window_requests < FEW_OBSERVATIONS else ""))
+    return text
 
 
 def _engines_hint(state: LiveState) -> str:
