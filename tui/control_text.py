@@ -142,13 +142,17 @@ def _busy_lines(metrics: ServingMetrics | None, profile: ProfileInfo | None = No
 
 
 def _how_stopped(serving: ServingStatus, profile: ProfileInfo | None) -> str:
-    """` (in-flight requests drain ...)` for a serving run; nothing while it loads: no request can be in flight."""
-    return "" if serving.state == ServingState.STARTING else f" ({_drain_words(profile)})"
+    """` (in-flight requests drain ...)` for a serving run; nothing while it loads or is stopped: no request can be
+    in flight."""
+    return "" if serving.state in (ServingState.STARTING, ServingState.STOPPED) else f" ({_drain_words(profile)})"
 
 
 def _lost_now(serving: ServingStatus, metrics: ServingMetrics | None, profile: ProfileInfo | None,
               now_ms: int | None) -> list[Text]:
-    """What the action throws away: the load so far while loading, else the requests in vLLM now."""
+    """What the action throws away: the load so far while loading, else the requests in vLLM now; nothing once
+    stopped (its metrics are the last read before the stop, not requests now)."""
+    if serving.state == ServingState.STOPPED:
+        return []
     lost = loading_lost(serving, now_ms)
     return [lost] if lost is not None else _busy_lines(metrics, profile)
 
@@ -170,6 +174,11 @@ def stop_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
               profile: ProfileInfo | None = None, now_ms: int | None = None) -> RenderableType:
     """`profile`: the running profile, where the dialog has it (its shutdown timeout is said). `now_ms`: as
     restart_text's."""
+    if serving.state == ServingState.STOPPED:
+        # Nothing runs: no drain, no lost load (the metrics are the last read before the stop, not requests now)
+        return Group(Text(f"Now: {_what_runs(serving)}."),
+                     Text("Serving is already stopped: nothing runs, so nothing is lost. The agent will "
+                          "answer that it is already stopped."))
     load = last_load_s(serving)
     return Group(
         Text(f"Now: {_what_runs(serving)}."),
