@@ -396,9 +396,14 @@ class LynxtopApp(App):
         self._redraw()
 
     def _redraw(self) -> None:
-        # Only the visible view draws; a modal on top keeps the view below unchanged until it closes.
-        if not self.paused and isinstance(self.screen, LiveScreen):
+        # Only the visible view draws; a modal on top keeps the view's body unchanged until it closes, but not its
+        # header: that line, still on screen above a dialog, must not say STARTING while the dialog says ready.
+        if self.paused:
+            return
+        if isinstance(self.screen, LiveScreen):
             self.screen.post_message(LiveRefreshed())
+        elif len(self.screen_stack) > 1 and isinstance(below := self.screen_stack[-2], LiveScreen):
+            below.redraw_header()
 
     def _start_backfill(self) -> None:
         if self.backfill_enabled and not self._backfill_started:

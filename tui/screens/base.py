@@ -91,11 +91,17 @@ class LiveScreen(Screen):
     def on_live_refreshed(self, message: LiveRefreshed) -> None:
         self.redraw()
 
+    def redraw_header(self, now: int | None = None) -> None:
+        """The header and outage banner only: what stays visible above a dialog over this view."""
+        app = self.lynx
+        now = app.now_ms() if now is None else now
+        self.query_one(NodeHeader).show(app.state, now, app.header_flags(), app.header_lead())
+        self.query_one(OutageBanner).show(app.state, now, app.utc, app.retry_in_s())
+
     def redraw(self) -> None:
         app = self.lynx
         now = app.now_ms()
-        self.query_one(NodeHeader).show(app.state, now, app.header_flags(), app.header_lead())
-        self.query_one(OutageBanner).show(app.state, now, app.utc, app.retry_in_s())
+        self.redraw_header(now)
         _set_class(self, app.state.stale, "-stale")
         if self.has_class("-too-small"):  # a status may have just said the node is simulated
             self._show_too_small()
