@@ -161,7 +161,8 @@ def _gpu_activity(gpus: list[dict[str, Any]]) -> dict[str, Any]:
 def compare_table(a: dict[str, Any], b: dict[str, Any], utc: bool = False) -> Table:
     """Every field and summary value of two runs, one row each, in bold where they differ."""
     table = Table(show_header=True, header_style="bold", expand=True)
-    table.add_column("")
+    # A label too long wraps whole: cut, "serving.prompt_tokens_per_s" and "serving.prompt_tokens" read the same
+    table.add_column("", overflow="fold")
     table.add_column(f"run {a.get('id')}")
     table.add_column(f"run {b.get('id')}")
     fa, fb = _flatten(a), _flatten(b)

@@ -62,21 +62,29 @@ class GpuScreen(LiveScreen):
         state = app.state
         idx = app.gpu_index
         gpu = next((g for g in state.gpus if g.index == idx), None)
-        title = Text(f"GPU {idx}", style="bold")
-        wide = self.size.width >= 120
-        if gpu is not None:
-            # below 120 columns the UUID gives way: name and bus id still tell GPUs apart, and the rest fits
-            ids = (gpu.name, gpu.pci_bus_id, gpu.uuid) if wide else (gpu.name, gpu.pci_bus_id)
-            title.append("  " + "  ".join(str(x) for x in ids if x), style="dim")
-            words = throttle_words(gpu.metric("throttle_reasons"))
-            if words:
-                title.append("  throttle: " + ", ".join(words), style="yellow")
-            if gpu.metric("lost"):
-                title.append("  ✗ LOST", style="bold red")
         count = len(state.gpus) or len(state.gpu_history)
-        title.append(f"   ({count} GPUs; ←/→ to choose; last 15 min, {HISTORY_POINTS} samples max)" if wide
-                     else f"   ({count} GPUs, ←/→; 15 min)", style="dim")
-        update_static(self.query_one("#gpu-title", Static), ascii_text(title, app.ascii_only))  # only when changed
+        line = self.query_one("#gpu-title", Static)
+        room = line.size.width or self.size.width
+        # The longest that fits whole: the long words give way first, then the UUID (name and bus id still tell
+        # GPUs apart); a 40-character UUID does not fit beside the long words even at 120 columns, and below 120
+        # it never shows.
+        wide = self.size.width >= 120
+        for uuid, long in ((True, True), (True, False), (False, False)) if wide else ((False, False),):
+            title = Text(f"GPU {idx}", style="bold")
+            if gpu is not None:
+                ids = (gpu.name, gpu.pci_bus_id, gpu.uuid) if uuid else (gpu.name, gpu.pci_bus_id)
+                title.append("  " + "  ".join(str(x) for x in ids if x), style="dim")
+                words = throttle_words(gpu.metric("throttle_reasons"))
+                if words:
+                    title.append("  throttle: " + ", ".join(words), style="yellow")
+                if gpu.metric("lost"):
+                    title.append("  ✗ LOST", style="bold red")
+            title.append(f"   ({count} GPUs; ←/→ to choose; last 15 min, {HISTORY_POINTS} samples max)" if long
+                         else f"   ({count} GPUs, ←/→; 15 min)", style="dim")
+            shown = ascii_text(title, app.ascii_only)  # measured as drawn: "<-/->" is wider than "←/→"
+            if shown.cell_len <= room:
+                break
+        update_static(line, shown)  # only when changed
         ref = state.ts_ms
         end = int(ref or now_ms)
         start = end - WINDOW_MS
