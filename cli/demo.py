@@ -261,10 +261,15 @@ def sim_variables(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(environ.items()) if k.startswith("LYNXTOP_SIM_") and k not in _SIM_VARS_SET}
 
 
+DEMO_PREFIX = "lt-demo-"  # of the demo's state directory in the temp dir
+
+
 def make_temp_root() -> Path:
     """The demo's state directory when no --state-dir is given; DemoSetupError says where and what to do."""
     try:
-        return Path(tempfile.mkdtemp(prefix="lynxtop-demo-"))
+        # short: a run's TMPDIR, <root>/run-tmp/<8 hex>, must leave room for socket paths (agent/serving/runtmp.py
+        # MAX_LEN); "/tmp/lynxtop-demo-XXXXXXXX/..." was 4 bytes over and every start said so
+        return Path(tempfile.mkdtemp(prefix=DEMO_PREFIX))
     except OSError as exc:  # no usable temp dir anywhere (gettempdir), or the chosen one refuses the mkdir
         where = f" in {tempfile.tempdir}" if tempfile.tempdir else ""
         raise DemoSetupError(f"cannot create a temporary state directory{where}: {exc.strerror or exc}; set TMPDIR "

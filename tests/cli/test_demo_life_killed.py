@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from support.marked_procs import MARK, marked
 
+from lynxtop.cli.demo import DEMO_PREFIX
+
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -60,7 +62,7 @@ def test_a_sigkilled_demo_leaves_no_process_and_no_temp_dir(sock_dir, how):
     try:
         seen = _read_until(proc, b"serving=ready")
         assert b"serving=ready" in seen, seen.decode(errors="replace")
-        root = sock_dir / "kept" if keep else next(tmpdir.glob("lynxtop-demo-*"))
+        root = sock_dir / "kept" if keep else next(tmpdir.glob(f"{DEMO_PREFIX}*"))
         assert (root / "config.toml").exists()
         assert len(marked(mark)) >= 10  # the demo, the agent, the simulated server, its EngineCore and 8 workers
         if keep:
