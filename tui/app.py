@@ -168,7 +168,7 @@ class LynxtopApp(App):
         Binding("r", "refresh_now", "Refresh", show=False, id="app.refresh"),
         Binding("p", "pause", "Pause", show=False, id="app.pause"),
         Binding("u", "toggle_utc", "UTC/local", show=False, id="app.utc"),
-        Binding("L", "demo_load", "Load ±", key_display="L", id="demo.load"),  # `lynxtop demo` only
+        Binding("L", "demo_load", "Load +/-", key_display="L", id="demo.load"),  # `lynxtop demo` only (ASCII: not ±)
     ]
 
     def __init__(self, socket_path: str | Path, database_path: str | Path | None, readonly: bool = False,
