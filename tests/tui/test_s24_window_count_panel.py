@@ -84,3 +84,14 @@ async def test_without_the_counts_the_panel_is_as_before(agent):
         panel = app.screen.query_one(ServingPanel)
         await wait_for(pilot, lambda: " ms" in _line(text_of(panel), "TTFT"))
         assert "n=" not in text_of(panel) and panel.tooltip is None
+
+
+def test_the_tooltip_reads_without_a_window_length():
+    """An agent that sent counts but no window length: the line still reads as English."""
+    from lynxtop.contract.status import ServingStatus, SlaStatus
+    from lynxtop.tui.widgets.serving_panel import few_text
+
+    text = few_text(["TTFT n=1"], ServingStatus(window_counts={"ttft": 1}), SlaStatus())
+    assert text.startswith("n = requests in the window a row's p50/p99 come from"), text
+    text = few_text(["TTFT n=1"], ServingStatus(window_counts={"ttft": 1}, window_s=60.0), SlaStatus())
+    assert text.startswith("n = requests in the 60 s window"), text

@@ -104,8 +104,8 @@ def few_count(serving: ServingStatus, series: str, p99: float | None) -> int | N
 
 def few_text(few: list[str], serving: ServingStatus, sla: SlaStatus) -> str:
     """The tooltip's line for the rows marked `n=`: what n is, the rule, and what the SLA judged."""
-    window = f"{serving.window_s:g} s" if serving.window_s is not None else "the"
-    text = (f"n = requests in the {window} window a row's p50/p99 come from, shown below {FEW_OBSERVATIONS} (a p99 "
+    window = f" {serving.window_s:g} s" if serving.window_s is not None else ""
+    text = (f"n = requests in the{window} window a row's p50/p99 come from, shown below {FEW_OBSERVATIONS} (a p99 "
             f"of fewer than 100 is no 99th percentile): {', '.join(few)}")
     if any(f.startswith("ITL ") for f in few):
         text += " (ITL: inter-token intervals)"
