@@ -119,13 +119,16 @@ def merged_keys(bindings: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def key_table(bindings: list[tuple[str, str]], columns: int = 2) -> Table:
-    """The keys in `columns` side-by-side pairs of (key, does), filled top to bottom."""
+    """The keys in `columns` side-by-side pairs of (key, does), filled top to bottom. Each key column is as wide
+    as its widest row and never wraps: at 14 cells Quit's "ctrl+q, ctrl+c, q" took two lines (80 and 120 wide);
+    the descriptions fold instead, where anything must."""
     rows = merged_keys(bindings)
     table = Table(show_header=True, expand=False, box=None, padding=(0, 1), show_edge=False)
-    for _ in range(columns):
-        table.add_column("key", style="bold", max_width=14, overflow="fold")
-        table.add_column("does", overflow="fold")
     height = -(-len(rows) // columns) if rows else 0
+    for c in range(columns):
+        widest = max((len(k) for k, _ in rows[c * height:(c + 1) * height]), default=3)
+        table.add_column("key", style="bold", min_width=max(3, widest), no_wrap=True)
+        table.add_column("does", overflow="fold")
     for r in range(height):
         cells: list[str] = []
         for c in range(columns):

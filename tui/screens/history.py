@@ -22,6 +22,7 @@ from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
 from lynxtop.tui.screens.compare import CompareScreen
 from lynxtop.tui.screens.export_path import ExportPathScreen
+from lynxtop.tui.widgets.cursor_table import CursorTable
 from lynxtop.tui.widgets.node_header import sla_limit
 from lynxtop.tui.widgets.time_chart import TimeChart
 
@@ -78,11 +79,16 @@ class HistoryScreen(LiveScreen):
         self.last_draw_ms: float | None = None  # how long the last chart load took (benchmarks read it)
         self.window: tuple[int, int] | None = None  # zoomed, panned or a run's: replaces the range preset
         self.queried: tuple[int, int] | None = None  # the window the charts were last read for
+        # The selection follows the newest run while it is on the newest (by default, or chosen there): after a
+        # restart at 3 a.m. the view showed the old run's charts, ending where it ended, as if stale. A run the
+        # operator chose below the newest stays chosen.
+        self.follow_newest = True
+        self._live_run: int | None = None  # the run id the agent's status named when last drawn
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="history-status")
         with Horizontal(id="history-main"):
-            yield DataTable(id="runs", cursor_type="row")
+            yield CursorTable(id="runs", cursor_type="row")  # j/k move it too
             with VerticalScroll(id="history-charts"):
                 yield Static(id="history-boards")  # a GPU index's board changed in the window (hidden: none)
                 for cid, title, _, _, _, fmt, vmax, _ in CHARTS:
@@ -104,6 +110,11 @@ class HistoryScreen(LiveScreen):
         self.load_runs()
 
     def draw(self, now_ms: int) -> None:
+        run_id = self.lynx.state.serving.run_id
+        if run_id is not None and run_id != self._live_run:
+            self._live_run = run_id
+            if self.all_runs and all(_field(r, "id") != run_id for r in self.all_runs):
+                self.load_runs()  # a new run started while the view is open: list it (and follow it)
         self._draw_status()
 
     # ------------------------------------------------------------------ data
@@ -158,7 +169,9 @@ class HistoryScreen(LiveScreen):
             table.add_row(*row, key=str(run.id))
         if runs:
             ids = [str(r.id) for r in runs]
-            row = ids.index(str(keep)) if keep is not None and str(keep) in ids else 0
+            follow = keep is None or self.follow_newest or str(keep) not in ids
+            row = 0 if follow else ids.index(str(keep))  # row 0: the newest run (the list is newest first)
+            self.follow_newest = row == 0
             table.move_cursor(row=row)
             self.selected = runs[row]
             self.load_charts()
@@ -170,6 +183,7 @@ class HistoryScreen(LiveScreen):
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         run = next((r for r in self.runs if str(r.id) == event.row_key.value), None)
         if run is not None and run is not self.selected:
+            self.follow_newest = run is self.runs[0]  # on the newest run: keep on the newest as runs start
             self.selected = run
             self.load_charts()
             self._draw_status()

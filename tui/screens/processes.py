@@ -18,6 +18,7 @@ from lynxtop.contract.format import fmt_bytes
 from lynxtop.contract.processes import GpuProcess, GpuProcesses
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
+from lynxtop.tui.widgets.cursor_table import CursorTable
 
 COLUMNS = (("gpu", "GPU"), ("pid", "PID"), ("user", "user"), ("mem", "GPU mem"), ("sm", "SM"),
            ("who", "belongs to"), ("cmd", "command"))
@@ -39,7 +40,7 @@ class ProcessesScreen(LiveScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="procs-title")
-        yield DataTable(id="procs", cursor_type="row", zebra_stripes=True)
+        yield CursorTable(id="procs", cursor_type="row", zebra_stripes=True)  # j/k move it too
 
     def on_mount(self) -> None:
         table = self.query_one("#procs", DataTable)
