@@ -38,6 +38,8 @@ class GpuScreen(LiveScreen):
     BINDINGS = [
         Binding("left,h", "gpu(-1)", "Prev GPU", key_display="←", id="gpu.prev"),
         Binding("right,l", "gpu(1)", "Next GPU", key_display="→", id="gpu.next"),
+        # Enter on a GPU row opens this view; Esc backs out of it, as out of every other detail
+        Binding("escape", "app.view('node')", "Back", show=False, id="gpu.back"),
     ]
 
     def compose_body(self) -> ComposeResult:
