@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from textual import work
 from textual.app import App, ScreenStackError
 from textual.binding import Binding
+from textual.command import SearchIcon
 from textual.filter import LineFilter
 from textual.notifications import SeverityLevel
 
@@ -463,6 +464,13 @@ class LynxtopApp(App):
                         severity="warning")
             return
         super().action_command_palette()
+        if self.ascii_only:
+            self.call_after_refresh(self._ascii_palette_icon)
+
+    def _ascii_palette_icon(self) -> None:
+        """Textual's search icon is a wide emoji: the ASCII filter drew it `??` before the palette's input."""
+        for icon in self.screen.query(SearchIcon):
+            icon.icon = ">"
 
     def action_demo_load(self) -> None:
         if self.demo_load is not None:
