@@ -22,6 +22,7 @@ from lynxtop.agent.serving.launcher import ExitInfo
 from lynxtop.agent.serving.retry import PendingRetry, Retry
 from lynxtop.agent.serving.run import Run
 from lynxtop.agent.serving.startup import tail_lines
+from lynxtop.agent.serving.watch import ThreadOrInline
 from lynxtop.contract.config import Config, Profile
 from lynxtop.contract.events import EventKind, Severity
 from lynxtop.contract.redact import redact_argv
@@ -123,7 +124,9 @@ class Failures:
         proc = lc.proc
         if proc is None:
             return None
-        lines = await asyncio.to_thread(tail_lines, proc.record.log_path, REFUSAL_TAIL_LINES)
+        # inline when no thread can start (a pids limit), as the crash's other reads: the crash is still handled
+        read = ThreadOrInline(f"run {proc.record.run_id}: the tail of its log")
+        lines = await read.call(tail_lines, proc.record.log_path, REFUSAL_TAIL_LINES)
         return argparse_refusal(lines)
 
     def _refused(self, prof: Profile, flag: str, message: str) -> None:
