@@ -15,9 +15,9 @@ those of `upsert_gpus` (each NVML (re)initialisation that found the board), so a
 upsert that saw the board there: the readings at that index before it are the previous board's.
 
 A board gone with no other board taking its index (the last of 8 pulled, or off the bus while the node was down:
-NVML lists 7) has its row's `idx` set NULL and its segment closed in `idx_history` (`gone`): it claims no index
-any more, so the next start does not find it missing again, and the board found there later (the same one back,
-or another) is told against it (`vacated`).
+NVML lists 7) has its row's `idx` set NULL and its segment closed in `idx_history` at its last sample there (`gone`):
+it claims no index any more, so the next start does not find it missing again, and the board found there later
+(the same one back, or another) is told against it (`vacated`), absent from that last sample on.
 """
 
 from __future__ import annotations
@@ -97,14 +97,22 @@ def changes(rows: Sequence[dict[str, Any]], found: dict[int, str], enumerated: i
     return sorted(out, key=lambda c: c["gpu"])
 
 
-def gone(rows: Iterable[dict[str, Any]], idx: int, now_ms: int) -> list[tuple[str | None, str]]:
+def gone(rows: Iterable[dict[str, Any]], idx: int, now_ms: int, seen_until_ms: int | None = None,
+         ) -> list[tuple[str | None, str]]:
     """(idx_history, uuid) for each row at `idx` once `changes` found its board gone: each segment closed where
-    the next board's there started, the last (the board gone) at `now_ms`; their `idx` is then set NULL."""
+    the next board's there started, the last (the board gone) at `seen_until_ms` (its last sample there: the
+    gap a return or the next board is told against starts at its last reading, not at the start `now_ms` that
+    found it gone, which may be long after); their `idx` is then set NULL. That time is kept at or before `now_ms`
+    (a wall clock stepped back between two agents) and at or after the segment's start; unknown: `now_ms`."""
     at = sorted((r for r in rows if r.get("idx") == idx), key=lambda r: (_since(r) or 0, r["uuid"]))
     out = []
     for r, nxt in zip(at, [*at[1:], None], strict=True):
         since = _since(r)
-        until = now_ms if nxt is None else max(_since(nxt) or 0, since or 0)
+        if nxt is None:
+            until = now_ms if seen_until_ms is None else min(seen_until_ms, now_ms)
+            until = max(until, since) if since is not None else until  # never a segment ending before it began
+        else:
+            until = max(_since(nxt) or 0, since or 0)
         hist = _history(r)
         hist.append([idx, since if since is not None else until, until])
         out.append((json.dumps(hist, separators=(",", ":")), r["uuid"]))

@@ -100,6 +100,8 @@ GPU_FACT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("driver_version", "TEXT"), ("nvml_version", "TEXT"), ("first_seen_ms", "INTEGER"), ("last_seen_ms", "INTEGER"),
     # which index the board held when (store/gpu_identity.py): added in place to older files, no floor moved
     ("idx_since_ms", "INTEGER"), ("idx_history", "TEXT"),
+    # the board's serial (nvmlDeviceGetSerial; NULL: none or unread), added in place as the two above (s25)
+    ("serial", "TEXT"),
 )
 
 PROCESS_COLUMNS: tuple[tuple[str, str], ...] = (("used_mem_bytes", "INTEGER"), ("in_vllm_tree", "INTEGER"))

@@ -952,7 +952,9 @@ class StoreWriter:
             self._gpu_idx_seen |= set(found)
         ident = gpu_identity.IDENTITY_COLUMNS
         cols = ("uuid", *_GPU_FIELDS, "first_seen_ms", "last_seen_ms", *ident)
-        updates = ", ".join(f"{k} = excluded.{k}" for k in (*_GPU_FIELDS, "last_seen_ms", *ident))
+        # a serial that could not be read this time keeps the one stored: the same UUID is the same board
+        updates = ", ".join(f"{k} = COALESCE(excluded.{k}, {k})" if k == "serial" else f"{k} = excluded.{k}"
+                            for k in (*_GPU_FIELDS, "last_seen_ms", *ident))
         sql = (f"INSERT INTO gpus ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
                f"ON CONFLICT (uuid) DO UPDATE SET {updates}")
 
@@ -975,7 +977,7 @@ class StoreWriter:
                     # the boards it had replaced there too: left at the index, the next start took them for gone
                     left = [r for r in stored if r["uuid"] not in now_at]  # a board found now was written above
                     c.executemany("UPDATE gpus SET idx = NULL, idx_history = ? WHERE uuid = ?",
-                                  gpu_identity.gone(left, ch["gpu"], now))
+                                  gpu_identity.gone(left, ch["gpu"], now, ch["seen_until_ms"]))
             return [ch for ch in found_changes if ch["gpu"] not in told_before]
 
         def tell(done: Future) -> None:

@@ -48,12 +48,20 @@ class HistorySource:
 class BoardChange:
     """Another board behind GPU index `gpu` from `at_ms` (a replacement, or the indices shifted after a board fell
     off the bus): the index's readings before and after are two boards'. `new` None: no board recorded there
-    since (its board moved away or is gone)."""
+    since (its board moved away or is gone). `absent_since_ms`: no board was recorded there from then until `at_ms`
+    (a gap: the old board gone while no agent ran, from its last sample); `new` == `old` with it: the same board
+    back after the gap, its readings before and after are one board's with none between."""
 
     gpu: int
     old: str
     new: str | None
     at_ms: int
+    absent_since_ms: int | None = None
+
+    @property
+    def back(self) -> bool:
+        """The same board back at its index after a gap (no other board's readings)."""
+        return self.new == self.old and self.absent_since_ms is not None
 
 
 def short_uuid(uuid: str) -> str:
@@ -68,7 +76,10 @@ def board_changes(segments: list[dict[str, Any]], start_ms: int, end_ms: int) ->
     """The board changes at any index within (start_ms, end_ms], from `StoreReader.gpu_identities()`'s segments
     ({gpu, uuid, since_ms, until_ms} by index then start). A segment's start inside the window after another
     board's segment at that index is a change; a segment that ends inside the window with no board after it is
-    one too (new None). The first board ever recorded at an index is no change."""
+    one too (new None). A gap between two segments (the first ends before the next starts: its board was gone
+    from its last sample) is told at the next start with the gap's start (`absent_since_ms`), the same board's
+    return too; a gap that starts inside the window and ends after it is the board gone (new None). The first
+    board ever recorded at an index is no change. Another node's segments carry the same ends: no other field."""
     by_gpu: dict[int, list[dict[str, Any]]] = {}
     for s in segments:
         if isinstance(s.get("gpu"), int) and isinstance(s.get("uuid"), str):
@@ -77,9 +88,12 @@ def board_changes(segments: list[dict[str, Any]], start_ms: int, end_ms: int) ->
     for gpu, segs in by_gpu.items():
         segs = sorted(segs, key=lambda s: s["since_ms"] if isinstance(s.get("since_ms"), int) else -1)
         for a, b in zip(segs, segs[1:], strict=False):
-            at = b.get("since_ms")
-            if isinstance(at, int) and start_ms < at <= end_ms and a["uuid"] != b["uuid"]:
-                out.append(BoardChange(gpu, a["uuid"], b["uuid"], at))
+            at, until = b.get("since_ms"), a.get("until_ms")
+            gap = until if isinstance(at, int) and isinstance(until, int) and until < at else None
+            if isinstance(at, int) and start_ms < at <= end_ms and (gap is not None or a["uuid"] != b["uuid"]):
+                out.append(BoardChange(gpu, a["uuid"], b["uuid"], at, gap))
+            elif gap is not None and start_ms < gap <= end_ms:
+                out.append(BoardChange(gpu, a["uuid"], None, gap))
         last, until = segs[-1], segs[-1].get("until_ms")
         if isinstance(until, int) and start_ms < until <= end_ms:
             out.append(BoardChange(gpu, last["uuid"], None, until))

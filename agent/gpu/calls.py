@@ -65,6 +65,7 @@ class Gpu:
     uuid: str = ""
     name: str = ""
     pci_bus_id: str = ""
+    serial: str | None = None  # None: the board keeps none (NOT_SUPPORTED) or it could not be read
     cc: tuple[int, int] | None = None
     mem_total: int | None = None
     nvlink_count: int = 0

@@ -87,6 +87,10 @@ class FakeDeviceFacts(FakeDriver):
         spec = self._answer(handle, "nvmlDeviceGetUUID")[0]
         return spec.uuid or f"GPU-5111a7ed-0000-4000-8000-{spec.index:012x}"
 
+    def nvmlDeviceGetSerial(self, handle: Handle) -> str:
+        spec = self._answer(handle, "nvmlDeviceGetSerial")[0]
+        return spec.serial or f"132{spec.index:010d}"  # 13 digits, as an H100's or H200's
+
     def nvmlDeviceGetPciInfo(self, handle: Handle) -> Any:
         spec = self._answer(handle, "nvmlDeviceGetPciInfo")[0]
         bus = spec.pci_bus_id or f"00000000:{0x18 + 0x10 * spec.index:02X}:00.0"

@@ -37,6 +37,8 @@ class NvmlDeviceFacts(Protocol):
     """What a GPU is: read once per (re)initialisation, never per tick."""
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str: ...
+    # the serial printed on the board (a vendor's RMA asks for it); NOT_SUPPORTED on boards that keep none
+    def nvmlDeviceGetSerial(self, handle: Any) -> str: ...
     def nvmlDeviceGetName(self, handle: Any) -> str: ...
     def nvmlDeviceGetPciInfo(self, handle: Any) -> Any: ...
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]: ...
@@ -114,6 +116,7 @@ class FakeGpuSpec:
     name: str = "NVIDIA H200"
     uuid: str = ""
     pci_bus_id: str = ""
+    serial: str = ""  # "": the fake's own per index (unsupported={"nvmlDeviceGetSerial"}: a board without one)
     cc: tuple[int, int] = (9, 0)
     mem_total_bytes: int = 143771 * 1024 * 1024
     mem_reserved_bytes: int = 512 * 1024 * 1024

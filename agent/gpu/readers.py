@@ -53,7 +53,7 @@ def _text(v: Any) -> str:
 
 
 class DeviceFacts:
-    """The static facts of each GPU (name, UUID, PCI, compute capability, memory size, NVLinks, GPM support),
+    """The static facts of each GPU (name, UUID, PCI, serial, compute capability, memory size, NVLinks, GPM support),
     read once per (re)initialisation; it also makes the GPU's GPM reader or NVLink counters."""
 
     def __init__(self, caller: NvmlCaller, gpm_enabled: bool):
@@ -77,6 +77,8 @@ class DeviceFacts:
             g.name = _text(c.call(g, "nvmlDeviceGetName", h) or "")
             pci = c.call(g, "nvmlDeviceGetPciInfo", h)
             g.pci_bus_id = _text(pci.busId) if pci is not None else ""
+            serial = c.call(g, "nvmlDeviceGetSerial", h)  # None where the board keeps none: nothing else off
+            g.serial = (_text(serial).strip() or None) if serial is not None else None
             g.cc = c.call(g, "nvmlDeviceGetCudaComputeCapability", h)
             mem = c.call(g, "nvmlDeviceGetMemoryInfo", h)
             g.mem_total = mem.total if mem is not None else None

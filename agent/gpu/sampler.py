@@ -160,7 +160,7 @@ class GpuSampler:
         if self._static_rows is None:
             dv, nv = self._state["driver_version"], self._state["nvml_version"]
             self._static_rows = [
-                {"uuid": g.uuid, "idx": g.idx, "name": g.name, "pci_bus_id": g.pci_bus_id,
+                {"uuid": g.uuid, "idx": g.idx, "name": g.name, "pci_bus_id": g.pci_bus_id, "serial": g.serial,
                  "cc_major": g.cc[0] if g.cc else None, "cc_minor": g.cc[1] if g.cc else None,
                  "arch": arch_name(g.cc), "mem_total_bytes": g.mem_total, "nvlink_count": g.nvlink_count,
                  "gpm_supported": g.gpm_supported, "driver_version": dv, "nvml_version": nv}

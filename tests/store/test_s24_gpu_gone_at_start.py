@@ -108,8 +108,8 @@ def test_the_last_of_eight_boards_gone_while_the_agent_was_down_is_told_once(tmp
     assert [(c["gpu"], c["old_uuid"], c["new_uuid"]) for c in ch] == [(7, UUIDS[7], None)]
     assert ch[0]["seen_until_ms"] == 1_500_000
 
-    # the stored state records that index 7's board left: its segment ends at the start that found it gone
-    assert segments_at(db, 7) == [(UUIDS[7], 1_000_000, 2_000_000)]
+    # the stored state records that index 7's board left: its segment ends at its last sample (s25)
+    assert segments_at(db, 7) == [(UUIDS[7], 1_000_000, 1_500_000)]
     r = StoreReader(db)
     try:
         assert r.gpu_uuid_at(7, 1_200_000) == UUIDS[7] and r.gpu_uuid_at(7, 2_500_000) is None
@@ -144,8 +144,8 @@ def test_the_board_back_at_its_index_later_is_told_as_a_return_once(tmp_path):
     assert str(back.severity) == "warning" and back.ts_ms == 3_000_000
     assert f"GPU 1 ({UUIDS[1]}) is present again" in back.message, back.message
     assert [(c["gpu"], c["old_uuid"], c["new_uuid"]) for c in back.details["changes"]] == [(1, UUIDS[1], UUIDS[1])]
-    # a new segment from its return: the gap is no board's
-    assert segments_at(db, 1) == [(UUIDS[1], 1_000_000, 2_000_000), (UUIDS[1], 3_000_000, None)]
+    # a new segment from its return: the gap (from its last start: no sample written) is no board's
+    assert segments_at(db, 1) == [(UUIDS[1], 1_000_000, 1_000_000), (UUIDS[1], 3_000_000, None)]
     Agent(db, Node(UUIDS[:2]), 4000.0).close()
     assert len(identity_events(db)) == 2
 
@@ -158,7 +158,7 @@ def test_another_board_in_the_empty_slot_later_is_told_as_a_change(tmp_path):
     told = identity_events(db)
     assert len(told) == 2, told
     assert f"GPU 1: {UUIDS[1]} -> {UUID_NEW}" in told[1].message
-    assert segments_at(db, 1) == [(UUIDS[1], 1_000_000, 2_000_000), (UUID_NEW, 3_000_000, None)]
+    assert segments_at(db, 1) == [(UUIDS[1], 1_000_000, 1_000_000), (UUID_NEW, 3_000_000, None)]
 
 
 def test_a_shift_is_told_as_before_not_as_a_board_gone(tmp_path):
@@ -190,7 +190,7 @@ def test_a_gone_board_within_one_process_is_recorded_not_told_by_the_store(tmp_p
     assert a.writer.flush(30)
     a.close()
     assert identity_events(db) == []
-    assert segments_at(db, 1) == [(UUIDS[1], 1_000_000, 1_500_000)]
+    assert segments_at(db, 1) == [(UUIDS[1], 1_000_000, 1_000_000)]  # no sample: its last (re)initialisation
     Agent(db, Node(UUIDS[:1]), 2000.0).close()
     assert identity_events(db) == []
 
@@ -231,7 +231,7 @@ def test_a_gone_board_that_had_replaced_another_is_told_once_not_the_replaced_on
     told = identity_events(db)
     assert len(told) == 2, [e.message for e in told]
     assert f"GPU 1 ({UUID_NEW}, seen until" in told[1].message and UUIDS[1] not in told[1].message
-    assert segments_at(db, 1) == [(UUIDS[1], 1_000_000, 2_000_000), (UUID_NEW, 2_000_000, 3_000_000)]
+    assert segments_at(db, 1) == [(UUIDS[1], 1_000_000, 2_000_000), (UUID_NEW, 2_000_000, 2_000_000)]
     Agent(db, Node(UUIDS[:2]), 5000.0).close()  # the first board refitted: told against the last one there
     told = identity_events(db)
     assert len(told) == 3 and f"GPU 1: {UUID_NEW} -> {UUIDS[1]}" in told[2].message, told[2].message

@@ -212,7 +212,9 @@ class HistoryScreen(LiveScreen):
     def _show_charts(self, series: dict[str, list], start: int, end: int, resolution: str, t0: float,
                      changes: list[BoardChange] | None = None) -> None:
         sla = self.lynx.state.sla
-        marks = [c.at_ms for c in changes or ()]
+        marks = [c.at_ms for c in changes or ()]  # and a gap's start within the window: both its ends marked
+        marks += [c.absent_since_ms for c in changes or () if c.absent_since_ms is not None
+                  and start < c.absent_since_ms <= end]
         for cid, _, table, _, _, _, _, sla_series in CHARTS:
             self.query_one(f"#hchart-{cid}", TimeChart).set_data(
                 series[cid], start, end, threshold=sla_limit(sla, sla_series) if sla_series else None,
@@ -260,17 +262,27 @@ class HistoryScreen(LiveScreen):
 
     def _show_boards(self, changes: list[BoardChange]) -> None:
         """Each GPU index whose board changed within the window, both boards named and when: the GPU charts
-        average each index's line, and from that time it is another board's readings (marked `┊` on them)."""
+        average each index's line, and from that time it is another board's readings (marked `┊` on them). A gap
+        (the board gone, then back or another one there) is said with its start, both ends marked: the index has
+        no readings between, and a line that stops and goes on is the same board's only when it says "back"."""
         boards = self.query_one("#history-boards", Static)
         boards.display = bool(changes)
         if not changes:
             return
-        t = Text("⚠ board changed: ", style="bold yellow")
+        utc = self.lynx.utc
+        only_back = all(c.back for c in changes)
+        t = Text(f"⚠ board {'absent' if only_back else 'changed'}: ", style="bold yellow")
         for i, c in enumerate(changes):
-            new = short_uuid(c.new) if c.new is not None else "none"
-            t.append(("; " if i else "") + f"GPU {c.gpu} ({short_uuid(c.old)} → {new} at "
-                     f"{fmt_clock(c.at_ms, self.lynx.utc)})", style="yellow")
-        t.append("  the GPU charts go on with the new board's readings from the ┊ mark", style="dim")
+            if c.back:
+                said = (f"{short_uuid(c.old)} absent from {fmt_clock(c.absent_since_ms, utc)}, back at "
+                        f"{fmt_clock(c.at_ms, utc)}")
+            else:
+                new = short_uuid(c.new) if c.new is not None else "none"
+                said = f"{short_uuid(c.old)} → {new} at {fmt_clock(c.at_ms, utc)}" + (
+                    f", none there from {fmt_clock(c.absent_since_ms, utc)}" if c.absent_since_ms is not None else "")
+            t.append(("; " if i else "") + f"GPU {c.gpu} ({said})", style="yellow")
+        t.append("  no readings at the index between a gap's ┊ marks; the same board after it" if only_back else
+                 "  the GPU charts go on with the new board's readings from the ┊ mark", style="dim")
         boards.update(ascii_text(t, self.lynx.ascii_only))
 
     def _show_status(self, t: Text) -> None:
