@@ -65,6 +65,7 @@ class Adoption:
         self._config = config
         self._host = host
         self._simulated = simulated
+        self.held: launcher.ServerRecord | None = None  # the run held at this agent's start, until it is stopped
 
     async def find(self, stopping: int | None = None) -> Adopted | None:
         """The server the previous agent left, adopted; or None (nothing recorded, or cleaned up after it).
@@ -97,14 +98,31 @@ class Adoption:
         """The recorded server is alive and carries the run's token, but cannot be proven to be the server itself:
         not adopted, and nothing of the run is signalled or removed (its token says it is the run's: killing it
         would throw away a load of up to 20 minutes). Its record and row stay; it holds autostart while it lives
-        (the supervisor's strays check); an operator decides."""
+        (the supervisor's strays check); an operator decides: `lynxtop stop` ends it (heldstop.py)."""
+        self.held = record
         self._event(EventKind.SERVING_NOT_ADOPTED, Severity.WARNING,
                     f"previous run {record.run_id} (profile {record.profile}) not adopted: {why}; its run token "
                     f"says it is that run's, so nothing of it is signalled and it keeps serving, unsupervised "
-                    f"({self._state.path} is kept; `lynxtop stop` does not reach it, `lynxtop start` refuses while "
-                    f"it lives). To go on: check it (ps -fp {record.pid}), stop it with kill {record.pid} (SIGTERM "
-                    "to the API server, which stops its engine), then restart the agent: it closes the run",
+                    f"({self._state.path} is kept; `lynxtop start` refuses while it lives). To go on: check it "
+                    f"(ps -fp {record.pid}), then `lynxtop stop` ends it and closes the run (SIGTERM to the API "
+                    f"server, which stops its engine; SIGKILL after the grace), as kill {record.pid} would",
                     run_id_prev=record.run_id, pid=record.pid, held=True, pids=[])
+
+    async def close_held(self) -> launcher.StopResult | None:
+        """After an operator's stop ended the held run (heldstop.py): what it left removed (its files), its row
+        closed as stopped by the operator, its record removed. None, all kept: nothing is held, or its server
+        still lives. ProcUnreadable: what is left cannot be looked for (all kept, as `_not_adopted` keeps it)."""
+        record = self.held
+        if record is None or await asyncio.to_thread(launcher.leader_is_the_runs, record):
+            return None
+        res = await launcher.kill_leftovers(record)
+        self.held = None
+        if record.run_id is not None and (await asyncio.to_thread(self._row_times, record.run_id))[1] is None:
+            await self._restore_row(record)
+            await store_call(self._store.update_run, record.run_id, ended_ms=now_ms(),
+                             end_reason="stopped by operator")
+        self._state.remove()
+        return res
 
     async def _not_adopted(self, record: launcher.ServerRecord, why: str, stopped: bool = False) -> None:
         """The recorded server is gone or not ours any more: kill what is left of its run and close its row.

@@ -27,10 +27,11 @@ from typing import Any
 from lynxtop.agent.api.control import ANY_RUN, ActionError, ExpectRun
 from lynxtop.agent.config_source import ConfigSource
 from lynxtop.agent.events import EventSink
-from lynxtop.agent.serving import check, diskspace, gpu_holders, launcher, procs
+from lynxtop.agent.serving import check, diskspace, gpu_holders, heldstop, launcher, procs
 from lynxtop.agent.serving.actions import ActionSlot
 from lynxtop.agent.serving.adoption import FALLBACK_GRACE_S, Adoption
 from lynxtop.agent.serving.health import HttpClient
+from lynxtop.agent.serving.heldaction import HeldStopAction
 from lynxtop.agent.serving.lifecycle import ClusterGate, GpuView, RunLifecycle, Timing, port_taken, server_url
 from lynxtop.agent.serving.retry import Retry
 from lynxtop.agent.serving.run import now_ms
@@ -214,6 +215,7 @@ class Supervisor:
         self._intent = ActionIntent(state_path.with_name("switch.json"), self.runs.event)
         # an operator's stop: finished, or kept stopped, by the next agent
         self._stops = StopKeeper(state_path.with_name("stopped.json"), self.runs, self._slot, events)
+        self._held = HeldStopAction(self)  # `lynxtop stop` of a run nobody supervises
         self._gpu_guard = self.runs.gpu_gate.guard  # one guard: "NVML cannot say" is logged once
 
     def __getattr__(self, name: str) -> Any:
@@ -338,8 +340,13 @@ class Supervisor:
         return f"starting profile {prof.name}" + "".join(f" (warning: {w})" for w in warnings)
 
     async def stop(self, by: str, expect_run: ExpectRun = ANY_RUN) -> str:
+        """`lynxtop stop`; with nothing supervised, a run alive that nobody supervises is stopped (heldaction.py)."""
         self.check_seen(expect_run)  # before anything, the crash loop's clearing included
-        if self.runs.state in (S.STOPPED, S.CRASH_LOOP) and self._slot.current is None:
+        held = await self._held.look() if self._held.nothing_supervised() else heldstop.HeldRuns()
+        self.check_seen(expect_run)  # again: the look awaited a thread
+        if self._held.nothing_supervised():
+            if held:
+                return self._held.stop(by, expect_run, held)
             if self.runs.state == S.CRASH_LOOP:
                 self._retry.clear_crash_loop()
                 self._stops.note.stopping(by, None, None)  # stopped by an operator: no autostart at the next start
@@ -453,6 +460,7 @@ class Supervisor:
         self._stops.autostart = autostart
         stop = self._stops.at_start()
         adopted = await self.adopt_previous(stop)  # a stop under way is finished instead
+        self._held.say_held()
         pending = self._retry.recorded_retry()  # a retry the previous agent left: resumed below if nothing holds
         await self.runs.sweep_tmp()  # before any start of this agent's: only runs that are gone are swept
         if await self.resume_switch():  # a switch the previous agent did not finish (killed mid-switch)
