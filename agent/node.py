@@ -253,6 +253,10 @@ class Node:
                                           hang_timeout_s=self.cfg.agent.hang_timeout_s,
                                           on_new_run=self.sla.reset,  # a new run starts its own SLA window
                                           on_verdict=self.supervisor.on_verdict)
+        from lynxtop.agent.metrics.sla import counts_of
+
+        # the SLA's stand-in count where the page has no finished-request counter: the TTFT window count of the row
+        self.sla.counts = counts_of(self.scrape_source)
         if not self.cfg.agent.metrics_listen:  # the lifetime totals are the exporter's alone: none, nothing kept
             from lynxtop.agent.metrics.lifetime import ServingTotals
 

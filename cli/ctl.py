@@ -39,6 +39,7 @@ from lynxtop.contract.quantile import fmt_quantile, fmt_series
 from lynxtop.contract.status import (
     FEW_OBSERVATIONS,
     LOG_SILENT_SHOW_S,
+    SLA_COUNT_UNKNOWN,
     AgentStatus,
     ClusterStatus,
     GpuStatus,
@@ -331,13 +332,23 @@ def _sla_line(sla: SlaStatus) -> str:
     tp_label = "ITL" if sla.tpot_source == "itl" else "TPOT"
     ttft = fmt_quantile(sla.ttft_p99_ms, sla.ttft_lowest_bucket_ms, decimals=0)
     tpot = fmt_quantile(sla.tpot_p99_ms, sla.tpot_lowest_bucket_ms, decimals=0)
-    n = sla.window_requests  # what it judged: no breach opens on a handful of requests (agent/metrics/sla.py)
-    judged = "" if n is None else (f" ({n} finished request{'' if n == 1 else 's'} judged"
-                                   + (f": no breach on fewer than {FEW_OBSERVATIONS})" if n < FEW_OBSERVATIONS
-                                      else ")"))
     return (f"SLA      {sla.state.upper()}  p99 TTFT {ttft} (<= {_ms(sla.ttft_threshold_ms)})  "
             f"p99 {tp_label} {tpot} (<= {_ms(sla.tpot_threshold_ms)})  "
-            f"window {_na(sla.window_s, '{:g}', ' s')}{judged}")
+            f"window {_na(sla.window_s, '{:g}', ' s')}{_sla_judged(sla)}")
+
+
+def _sla_judged(sla: SlaStatus) -> str:
+    """What the SLA judged: how many requests, and which count (agent/metrics/sla.py): the window's finished
+    requests, or, on a page without vLLM's finished-request counter, those given a first token (TTFT's count,
+    requests in flight too); or that the count is unknown and a p99 past its limit was not judged."""
+    n = sla.window_requests  # no breach opens on a handful of requests
+    if n is None:
+        return " (request count unknown: no breach judged)" if sla.reason == SLA_COUNT_UNKNOWN else ""
+    few = f": no breach on fewer than {FEW_OBSERVATIONS}" if n < FEW_OBSERVATIONS else ""
+    if sla.window_requests_source == "ttft":
+        return (f" ({n} request{'' if n == 1 else 's'} given a first token judged"
+                + (few or ": the page has no finished-request counter") + ")")
+    return f" ({n} finished request{'' if n == 1 else 's'} judged{few})"  # an older agent's count is this one
 
 
 def _latency_lines(sm: ServingMetrics, srv: ServingStatus) -> list[str]:
@@ -358,6 +369,11 @@ def _latency_lines(sm: ServingMetrics, srv: ServingStatus) -> list[str]:
             few = ": too few for a p99" if n < FEW_OBSERVATIONS and sm.metric(f"{series}_p99_ms") is not None else ""
             text += f" ({n} {'intervals' if series == 'itl' else 'req'}{where}{few})"
         parts.append(text)
+    ttft_n, done_n = srv.window_count("ttft"), srv.window_count("e2e")
+    if ttft_n is not None and done_n is not None and ttft_n != done_n:
+        # requests in flight: TTFT's count (observed at the first token) is not the finished requests'
+        finished = "TPOT and E2E" if tp == "tpot" else "E2E"  # ITL's count is of inter-token intervals
+        parts.append(f"(TTFT counts requests given a first token, {finished} finished requests)")
     return ["latency  " + "  ".join(parts)]
 
 

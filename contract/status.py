@@ -434,6 +434,9 @@ _STATES = frozenset(s.value for s in ServingState)
 # "too few for a p99" in `lynxtop status`): a p99 of fewer than 100 is not a 99th percentile, and below this it is
 # a handful of requests. The SLA's own rule (agent/metrics/sla.py MIN_REQUESTS): no breach opens on fewer.
 FEW_OBSERVATIONS = 20
+# SlaStatus.reason where a p99 past its limit is not judged because the page gives no request count to judge by
+SLA_COUNT_UNKNOWN = ("request count unknown: the page has no finished-request counter and no TTFT window count was "
+                     "read, so a p99 past its limit is not judged")
 
 
 def window_counts_of(d: Mapping[str, Any]) -> dict[str, int]:
@@ -465,9 +468,15 @@ class SlaStatus:
     # most it (contract/quantile.py), and is not judged against a threshold below it
     ttft_lowest_bucket_ms: float | None = None
     tpot_lowest_bucket_ms: float | None = None
-    # finished requests in the window the state was judged over (no breach opens on fewer than FEW_OBSERVATIONS);
-    # None where the rows did not say, and from older agents
+    # requests in the window the state was judged over (no breach opens on fewer than FEW_OBSERVATIONS), and which
+    # count that is (`window_requests_source`): "finished" (vLLM's finished-request counter), or "ttft" where the
+    # page has no such counter (the TTFT histogram's count: requests given a first token, those in flight too);
+    # None where neither is known, and from older agents (whose count, where given, is of finished requests)
     window_requests: int | None = None
+    window_requests_source: str | None = None
+    # why the state is unknown (no latency data, a p99 the histogram cannot place, too few requests, a request count
+    # unknown); "" otherwise, and from older agents
+    reason: str = ""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> SlaStatus:

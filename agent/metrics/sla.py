@@ -7,6 +7,7 @@ answers "how bad did it get and for how long" without a query over the samples.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lynxtop.contract.columns import lowest_bucket_column
@@ -14,11 +15,18 @@ from lynxtop.contract.config import SlaConfig
 from lynxtop.contract.events import Event, EventKind, Severity
 from lynxtop.contract.format import fmt_ms
 from lynxtop.contract.quantile import judged as judgeable
-from lynxtop.contract.status import FEW_OBSERVATIONS, SlaState, SlaStatus
+from lynxtop.contract.status import FEW_OBSERVATIONS, SLA_COUNT_UNKNOWN, SlaState, SlaStatus
 
 # A p99 over fewer finished requests than this is one slow request, not a tail: a breach needs at least this many
 # in the window (e.g. the first requests after READY, which pay for warm-up, opened a breach seconds after start).
 MIN_REQUESTS = FEW_OBSERVATIONS  # 20: the dashboard and `lynxtop status` flag a p99 over fewer with its count
+# which count `window_requests` is (SlaStatus.window_requests_source): the window's finished requests (vLLM's
+# request counter, the rows' `requests_finished`), or, on a page without that counter, the TTFT histogram's window
+# count (requests given a first token in the window: the count the TTFT p99 came from; requests in flight too)
+FINISHED, FIRST_TOKENS = "finished", "ttft"
+# why the state is unknown (SlaStatus.reason) where a p99 past its limit is not judged for its count
+FEW = f"fewer than {MIN_REQUESTS} requests in the window: a p99 over them is a few requests, not a tail"
+COUNT_UNKNOWN = SLA_COUNT_UNKNOWN
 # why a breach ends without a judgement (`sla.unknown`)
 NO_DATA = "no latency data in the window (idle, unreachable or stopped)"
 UNJUDGED = ("p99 in the histogram's lowest bucket, whose bound is above the threshold: the histogram cannot tell "
@@ -42,10 +50,17 @@ class SlaTracker:
     the histogram cannot tell, and that p99 is not judged, as if absent: the other one decides, and with neither
     the state is unknown (an open breach ends as `sla.unknown`, not as recovered). The interpolated 9.9 ms of a
     TPOT of 4 ms against a 5 ms limit opened a breach of a server within its limit.
+
+    No breach opens on a p99 over fewer than MIN_REQUESTS requests, counted as the window's finished requests; on
+    a page without vLLM's finished-request counter the TTFT histogram's window count stands in (`counts`: the
+    scrape source's counts of the row, wired by agent/node.py), and with neither known a p99 past its limit is not
+    judged ("unknown", the reason saying so): without the stand-in the guard let one slow request open a breach.
     """
 
-    def __init__(self, cfg: SlaConfig):
+    def __init__(self, cfg: SlaConfig, counts: Callable[[Mapping[str, Any]], Mapping[str, int] | None] | None = None):
         self.cfg = cfg
+        # the window counts of a serving row (ServingWindows.counts, as `counts_of` reads them); None: none read
+        self.counts = counts
         self._state = "unknown"
         self._since_ms: int | None = None
         self._ttft: float | None = None
@@ -58,6 +73,8 @@ class SlaTracker:
         self._last_data_ms: int | None = None  # the last row with a latency figure
         self._finished: deque[tuple[int, int]] = deque()  # (ts_ms, requests finished in that tick) in the window
         self._finished_sum = 0  # their sum, kept as rows come and go: not a walk over the window each row
+        self._judged: tuple[int | None, str | None] = (None, None)  # the last row's count and which count it is
+        self._why = ""  # why the state is unknown (SlaStatus.reason); "" otherwise
 
     def reset(self) -> None:
         """A new run: drop the state without an event (the run change is its own event)."""
@@ -67,10 +84,23 @@ class SlaTracker:
         self._last_data_ms = None
         self._finished.clear()
         self._finished_sum = 0
+        self._judged, self._why = (None, None), ""
 
     def requests_in_window(self) -> int | None:
-        """Finished requests the window's rows counted; None when no row said (an older agent's rows)."""
+        """Finished requests the window's rows counted; None when no row said (a page without the counter)."""
         return self._finished_sum if self._finished else None
+
+    def _window_count(self, row: Mapping[str, Any]) -> tuple[int | None, str | None]:
+        """The requests the window's p99s come from and which count that is: the finished requests where the rows
+        say them, else the TTFT histogram's window count of this row; (None, None) where neither is known."""
+        finished = self.requests_in_window()
+        if finished is not None:
+            return finished, FINISHED
+        counts = self.counts(row) if self.counts is not None else None
+        n = counts.get("ttft") if counts is not None else None
+        if type(n) is int and n >= 0:
+            return n, FIRST_TOKENS
+        return None, None
 
     def _count(self, row: dict[str, Any], ts_ms: int) -> None:
         n = row.get("requests_finished")
@@ -83,6 +113,7 @@ class SlaTracker:
     def update(self, serving_row: dict[str, Any] | None, ts_ms: int) -> list[Event]:
         row = serving_row or {}
         self._count(row, ts_ms)
+        self._judged = self._window_count(row)
         ttft = row.get("ttft_p99_ms")
         tpot = row.get("tpot_p99_ms")
         self._tpot_source = "tpot"
@@ -109,12 +140,15 @@ class SlaTracker:
         if tpot is not None and tpot > self.cfg.tpot_p99_ms:
             breached.append("tpot")
         events: list[Event] = []
-        seen = self.requests_in_window()
-        if breached and self._state != "breach" and seen is not None and seen < MIN_REQUESTS:
-            # too few requests for a tail: neither a breach nor "ok" over a p99 past its limit, until enough
+        seen = self._judged[0]
+        if breached and self._state != "breach" and (seen is None or seen < MIN_REQUESTS):
+            # too few requests for a tail, or a count unknown: neither a breach nor "ok" over a p99 past its
+            # limit, until enough are counted
             if self._state != "unknown":
                 self._state, self._since_ms = "unknown", ts_ms
+            self._why = COUNT_UNKNOWN if seen is None else FEW
             return events
+        self._why = ""
         if breached:
             if self._state != "breach":
                 self._state, self._since_ms, self._breach_started_ms = "breach", ts_ms, ts_ms
@@ -142,7 +176,8 @@ class SlaTracker:
             worst_ttft_p99_ms=self._worst.get("ttft") if breach else None,
             worst_tpot_p99_ms=self._worst.get("tpot") if breach else None,
             ttft_lowest_bucket_ms=self._lowest.get("ttft"), tpot_lowest_bucket_ms=self._lowest.get("tpot"),
-            window_requests=self.requests_in_window(),
+            window_requests=self._judged[0], window_requests_source=self._judged[1],
+            reason=self._why if self._state == "unknown" else "",
         )
 
     # ------------------------------------------------------------------------------------------ helpers
@@ -153,6 +188,7 @@ class SlaTracker:
             events.append(self._recovery(ts_ms, why, judged=False))
         if self._state != "unknown":
             self._state, self._since_ms = "unknown", ts_ms
+        self._why = why
         return events
 
     def _note_worst(self, ttft: float | None, tpot: float | None) -> None:
@@ -202,3 +238,13 @@ class SlaTracker:
             **extra,
         }
         return Event(kind, severity, message, details=details, ts_ms=ts_ms)
+
+
+def counts_of(source: Any) -> Callable[[Mapping[str, Any]], Mapping[str, int] | None]:
+    """The window counts of a serving row as the scrape source's scraper computed them for that very row
+    (`MetricsScraper.counted`, as agent/status_view.py reads them): None for any other row (a failed page's, an
+    older one), so a count never stands beside another page's percentiles. For `SlaTracker.counts`."""
+    def counts(row: Mapping[str, Any]) -> Mapping[str, int] | None:
+        counted = getattr(getattr(source, "scraper", None), "counted", None)
+        return counted[1] if counted is not None and counted[0] is row else None
+    return counts

@@ -84,8 +84,9 @@ def test_sampler_events_take_the_dotted_kinds():
 async def test_stages_keep_the_events_of_a_failed_tick_and_the_sla_sees_the_scraped_row():
     class Scrape:
         async def sample(self, tick):
-            return {"serving_row": {"ttft_p99_ms": 9000.0}}, [as_event({"kind": "scrape_recovered",
-                                                                         "severity": "info", "message": "up"})]
+            row = {"ttft_p99_ms": 9000.0, "requests_finished": 20}  # enough requests for a tail
+            return {"serving_row": row}, [as_event({"kind": "scrape_recovered", "severity": "info",
+                                                    "message": "up"})]
 
     class Broken:
         async def sample(self, tick):

@@ -8,14 +8,15 @@ limits; the state served is `unknown`, as the event says.
 
 from __future__ import annotations
 
-from lynxtop.agent.metrics.sla import SlaTracker
+from lynxtop.agent.metrics.sla import MIN_REQUESTS, SlaTracker
 from lynxtop.contract.config import SlaConfig
 from lynxtop.contract.events import Event, EventKind
 
 
 def _breached() -> SlaTracker:
     sla = SlaTracker(SlaConfig(ttft_p99_ms=2000, tpot_p99_ms=150, window_s=60))
-    assert [e.kind for e in sla.update({"ttft_p99_ms": 39_630.0, "tpot_p99_ms": 40.0}, 0)] == ["sla.breach"]
+    assert [e.kind for e in sla.update({"ttft_p99_ms": 39_630.0, "tpot_p99_ms": 40.0,
+                                                 "requests_finished": MIN_REQUESTS}, 0)] == ["sla.breach"]
     return sla
 
 
@@ -52,6 +53,6 @@ def test_recovered_only_when_the_data_shows_latency_within_the_limits():
     assert sla.state().state == "ok"
     # a breach after "unknown" and then good data: one breach, one unknown, no recovered for the no-data end
     sla = _breached()
-    kinds = [e.kind for t, row in ((10_000, None), (20_000, {"ttft_p99_ms": 5000.0}),
+    kinds = [e.kind for t, row in ((10_000, None), (20_000, {"ttft_p99_ms": 5000.0, "requests_finished": MIN_REQUESTS}),
                                    (30_000, {"ttft_p99_ms": 100.0})) for e in sla.update(row, t)]
     assert kinds == ["sla.unknown", "sla.breach", "sla.recovered"]

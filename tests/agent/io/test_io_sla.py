@@ -12,7 +12,8 @@ from lynxtop.contract.events import Event
 
 
 def row(ttft=None, tpot=None, itl=None):
-    return {"ttft_p99_ms": ttft, "tpot_p99_ms": tpot, "itl_p99_ms": itl}
+    # requests enough for a tail: no breach opens on fewer, nor on a count unknown (test_s25_sla_counts.py)
+    return {"ttft_p99_ms": ttft, "tpot_p99_ms": tpot, "itl_p99_ms": itl, "requests_finished": MIN_REQUESTS}
 
 
 def test_breach_and_recovery_events_carry_worst_values():
@@ -127,14 +128,14 @@ def test_unreadable_page_while_vllm_restarts_holds_the_breach_for_one_window():
 
     # an outage that outlasts the window: the breach ends "no latency data" one window after the last reading
     sla = SlaTracker(SlaConfig(ttft_p99_ms=2000, window_s=60))
-    assert [e.kind for e in sla.update({"ttft_p99_ms": 9000.0}, 0)] == ["sla.breach"]
+    assert [e.kind for e in sla.update({"ttft_p99_ms": 9000.0, "requests_finished": MIN_REQUESTS}, 0)] == ["sla.breach"]
     failed = {"scrape_ok": 0, "ttft_p99_ms": None, "tpot_p99_ms": None}
     assert all(sla.update(failed, ms) == [] for ms in range(5_000, 60_000, 5_000))
     assert sla.state().state == "breach"
     events = sla.update(failed, 60_000)
     assert [e.kind for e in events] == ["sla.unknown"] and "no latency data" in events[0].message
     # a missing row (serving not ready) still ends it at once, as before
-    sla.update({"ttft_p99_ms": 9000.0}, 0)
+    sla.update({"ttft_p99_ms": 9000.0, "requests_finished": MIN_REQUESTS}, 0)
     assert [e.kind for e in sla.update(None, 1_000)] == ["sla.unknown"]
 
 
