@@ -54,6 +54,7 @@ CONTROL_ACTIONS = {"restart", "stop", "start", "switch"}
 CONTROL_KEYS = {"restart": "R", "stop": "X", "start": "S", "switch": "P"}  # as BINDINGS has them, for notices
 # Serving states in which the agent refuses a start ("already starting/ready/degraded"): S is shown greyed
 START_REFUSED = frozenset({ServingState.STARTING, ServingState.READY, ServingState.DEGRADED})
+USUAL_LOAD_WAIT_S = 5.0  # the most a control dialog waits for the history's load time (a local read takes ms)
 BACKFILL_S = 15 * 60
 
 
@@ -531,11 +532,12 @@ class LynxtopApp(App):
             if choice is None:
                 return
             profile, current, target = choice
+            usual = await self._usual_load_ms(action, profile)
             # The dialog shows the run as it is now (the picker may have been open a while): that run is the one
             # the confirmation is sent for
             def text() -> tuple[str, RenderableType, str]:
                 return control_text.confirmation(action, self.state.serving, self.state.serving_metrics, profile,
-                                                 current, target, now_ms=self.node_now_ms())
+                                                 current, target, now_ms=self.node_now_ms(), usual_load_ms=usual)
 
             title, body, label = text()
             seen = control_text.Seen.of(self.state.serving, self._cluster())
@@ -546,6 +548,34 @@ class LynxtopApp(App):
             self._refused(action, exc)
         except AgentUnreachable as exc:  # reading the profiles: nothing was sent
             self.notify(f"{action} not sent: {exc}", title="Agent unreachable", severity="error")
+
+    async def _usual_load_ms(self, action: str, profile: str | None) -> int | None:
+        """How long the profile `action` loads usually takes (its last ready runs in the history), for the dialog
+        to say instead of a guess: a switch's target; the running profile for a restart or stop of a run whose own
+        load was not measured (still loading). Read in a thread and given up after USUAL_LOAD_WAIT_S (a slow disk,
+        another node's history over the network); None then, or where there is no history."""
+        from lynxtop.store.reader import usual_load_ms
+        from lynxtop.tui.control_text import last_load_s
+
+        serving = self.state.serving
+        if action == "switch":
+            name = profile
+        elif action in ("restart", "stop") and last_load_s(serving) is None:
+            name = serving.profile
+        else:
+            return None
+        history, run_id = self.history, serving.run_id
+        if not name or history is None:
+            return None
+
+        def read() -> int | None:
+            with history.reader() as reader:
+                return usual_load_ms(reader, name, exclude_run=run_id)
+
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(read), USUAL_LOAD_WAIT_S)
+        except Exception:  # noqa: BLE001 - no history, unreadable, too slow: the dialog says a guess, no error
+            return None
 
     def _cluster(self) -> ClusterStatus | None:
         return self.state.status.cluster if self.state.status is not None else None

@@ -23,7 +23,8 @@ _KIND = {ServingState.STARTING: "running", ServingState.READY: "running", Servin
          ServingState.STOPPING: "stopping", ServingState.STOPPED: "stopped", ServingState.BACKOFF: "retrying",
          ServingState.CRASH_LOOP: "retrying", ServingState.WAITING: "retrying"}
 
-LOAD_WARNING = "The model loads again: this takes minutes (a 284B model: 10-30 min); nothing is served meanwhile."
+# Said where no load of the profile was measured: the dialog does not know the model's size, so it names none
+LOAD_GUESS = "a large model can take 10-30 minutes"
 
 
 def last_load_s(serving: ServingStatus) -> float | None:
@@ -45,9 +46,23 @@ def _what_runs(serving: ServingStatus) -> str:
     return ", ".join(parts)
 
 
-def _load_line(serving: ServingStatus) -> str:
-    load = last_load_s(serving)
-    return LOAD_WARNING + (f" The last load took {fmt_duration(load)}." if load else "")
+def load_time(serving: ServingStatus, profile: str | None = None, usual_ms: int | None = None) -> tuple[str, str]:
+    """How long the load an action starts may take, from what is known: (words in brackets, a sentence after), one
+    of them empty. `profile`: the profile that loads (the running one where None); `usual_ms`: its usual load from
+    the history (`usual_load_ms`), where read. The running run's own load is said only for its own profile (a
+    switch loads another: its load time is not this one's); without either, a guess naming no model size."""
+    same = profile is None or profile == serving.profile
+    took = last_load_s(serving) if same else None
+    if took:
+        return "", f" The last load took {fmt_duration(took)}."
+    if usual_ms:
+        return "", f" {profile or serving.profile} usually loads in ~{fmt_duration(usual_ms / 1000)}."
+    return f" ({LOAD_GUESS})", ""
+
+
+def _load_line(serving: ServingStatus, profile: str | None = None, usual_ms: int | None = None) -> str:
+    guess, known = load_time(serving, profile, usual_ms)
+    return f"The model loads again{guess}; nothing is served meanwhile.{known}"
 
 
 def _now_ms() -> int:
@@ -158,35 +173,37 @@ def _lost_now(serving: ServingStatus, metrics: ServingMetrics | None, profile: P
 
 
 def restart_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
-                 profile: ProfileInfo | None = None, now_ms: int | None = None) -> RenderableType:
+                 profile: ProfileInfo | None = None, now_ms: int | None = None,
+                 usual_load_ms: int | None = None) -> RenderableType:
     """`profile`: the running profile, where the dialog has it (its shutdown timeout is said). `now_ms`: now on
-    the node's clock (the status' times are the node's); this machine's clock where not given."""
+    the node's clock (the status' times are the node's); this machine's clock where not given. `usual_load_ms`:
+    how long the profile usually loads (load_time)."""
     return Group(
         Text(f"Now: {_what_runs(serving)}."),
         Text(f"vLLM is stopped{_how_stopped(serving, profile)} and started again with the same profile as a new "
              "run."),
         *_lost_now(serving, metrics, profile, now_ms),
-        Text(_load_line(serving), style="bold yellow"),
+        Text(_load_line(serving, usual_ms=usual_load_ms), style="bold yellow"),
     )
 
 
 def stop_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
-              profile: ProfileInfo | None = None, now_ms: int | None = None) -> RenderableType:
-    """`profile`: the running profile, where the dialog has it (its shutdown timeout is said). `now_ms`: as
-    restart_text's."""
+              profile: ProfileInfo | None = None, now_ms: int | None = None,
+              usual_load_ms: int | None = None) -> RenderableType:
+    """`profile`: the running profile, where the dialog has it (its shutdown timeout is said). `now_ms` and
+    `usual_load_ms`: as restart_text's."""
     if serving.state == ServingState.STOPPED:
         # Nothing runs: no drain, no lost load (the metrics are the last read before the stop, not requests now)
         return Group(Text(f"Now: {_what_runs(serving)}."),
                      Text("Serving is already stopped: nothing runs, so nothing is lost. The agent will "
                           "answer that it is already stopped."))
-    load = last_load_s(serving)
+    guess, known = load_time(serving, usual_ms=usual_load_ms)
     return Group(
         Text(f"Now: {_what_runs(serving)}."),
         Text(f"vLLM is stopped{_how_stopped(serving, profile)} and stays stopped: the node serves nothing until "
              "someone starts it."),
         *_lost_now(serving, metrics, profile, now_ms),
-        Text("To serve again the model must load again: minutes (a 284B model: 10-30 min)."
-             + (f" The last load took {fmt_duration(load)}." if load else ""), style="bold yellow"),
+        Text(f"To serve again the model must load again{guess}.{known}", style="bold yellow"),
     )
 
 
@@ -213,7 +230,9 @@ def flag_diff(current: ProfileInfo | None, target: ProfileInfo) -> list[tuple[st
 
 
 def switch_text(serving: ServingStatus, current: ProfileInfo | None, target: ProfileInfo,
-                metrics: ServingMetrics | None = None, now_ms: int | None = None) -> RenderableType:
+                metrics: ServingMetrics | None = None, now_ms: int | None = None,
+                usual_load_ms: int | None = None) -> RenderableType:
+    """`usual_load_ms`: how long `target` usually loads (load_time), where read."""
     diff = flag_diff(current, target)
     table = Table(title=None, show_header=True, header_style="bold", expand=False, box=None, padding=(0, 1))
     table.add_column("flag")  # every cell and header as Text: a str would be parsed as markup (a '[/]' in a value)
@@ -233,7 +252,7 @@ def switch_text(serving: ServingStatus, current: ProfileInfo | None, target: Pro
     ]
     if diff:
         parts.append(table)
-    parts.append(Text(_load_line(serving), style="bold yellow"))
+    parts.append(Text(_load_line(serving, target.name, usual_load_ms), style="bold yellow"))
     return Group(*parts)
 
 
@@ -256,17 +275,20 @@ def worker_ray_text(action: str, cluster: ClusterStatus) -> tuple[str, Renderabl
 
 def confirmation(action: str, serving: ServingStatus, metrics: ServingMetrics | None, profile: str | None,
                  current: ProfileInfo | None = None,
-                 target: ProfileInfo | None = None, now_ms: int | None = None) -> tuple[str, RenderableType, str]:
+                 target: ProfileInfo | None = None, now_ms: int | None = None,
+                 usual_load_ms: int | None = None) -> tuple[str, RenderableType, str]:
     """Title, body and button label of the dialog that confirms `action`. `now_ms`: now on the node's clock, for
-    how much of a load under way is lost (this machine's clock where not given)."""
+    how much of a load under way is lost (this machine's clock where not given). `usual_load_ms`: how long the
+    profile the action loads (a switch's target, else the running one) usually takes, from the history."""
     if action == "restart":
-        return "Restart serving?", restart_text(serving, metrics, current, now_ms), "Restart"
+        return "Restart serving?", restart_text(serving, metrics, current, now_ms, usual_load_ms), "Restart"
     if action == "stop":
-        return "Stop serving?", stop_text(serving, metrics, current, now_ms), "Stop"
+        return "Stop serving?", stop_text(serving, metrics, current, now_ms, usual_load_ms), "Stop"
     if action == "start":
         return "Start serving?", start_text(serving, profile), "Start"
     return (f"Switch to profile {profile}?",
-            switch_text(serving, current, target or ProfileInfo(str(profile)), metrics, now_ms), "Switch")
+            switch_text(serving, current, target or ProfileInfo(str(profile)), metrics, now_ms, usual_load_ms),
+            "Switch")
 
 
 @dataclass(frozen=True)

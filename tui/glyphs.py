@@ -81,8 +81,11 @@ def app_ascii(widget: Any) -> bool:
         return False
 
 
-# One ASCII cell for each mark of the table above, for the filter below (which must keep every cell where it is)
-CELL: dict[str, str] = {"≤": "<", "≥": ">", "°": "o", "…": ".", "←": "<", "→": ">", "⏸": "|", "±": "+"}
+# One ASCII cell for each mark of the table above, for the filter below (which must keep every cell where it is).
+# `…` is where a line was cut to the width (Rich and Textual cut with it, after the widgets' own replacements): its
+# one cell is CUT, as nano and vim mark a line that goes on; `.` read as a full stop, `~` is the action mark's (`⟳`)
+CUT = ">"
+CELL: dict[str, str] = {"≤": "<", "≥": ">", "°": "o", "…": CUT, "←": "<", "→": ">", "⏸": "|", "±": "+"}
 
 
 @lru_cache(4096)

@@ -156,6 +156,12 @@ class LiveState:
         agent reads no metrics while a run stops (a server shutting down is not scraped), so these are the last
         ones before it, of the run that stops (a run stopped while it loaded served none: the last run's are not
         its); None when there is none (a dashboard opened mid-drain, unbackfilled)."""
+        reading = self.reading_at_stop()
+        return None if reading is None else reading[1:]
+
+    def reading_at_stop(self) -> tuple[int, float, float] | None:
+        """(ts_ms, running, waiting): `requests_at_stop` with the time of that reading, on the node's clock (the
+        serving line and the Serving panel say how old the counts are, alike)."""
         serving = self.serving
         since, run_id = serving.state_since_ms, serving.run_id
         if serving.state != ServingState.STOPPING or since is None or run_id is None:
@@ -167,7 +173,7 @@ class LiveState:
                 return None  # readings of an earlier run: this one was never read
             running, waiting = row.get("requests_running"), row.get("requests_waiting")
             if running is not None and waiting is not None and row.get("run_id") == run_id:
-                return running, waiting
+                return ts, running, waiting
         return None
 
     def serving_series(self, key: str) -> list[tuple[int, float | None]]:

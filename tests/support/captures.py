@@ -102,7 +102,7 @@ SCREENS: list[tuple[str, str, str]] = [
     ("GPU", "2", "(simulated)"),
     ("Latency", "3", "TTFT p99"),
     ("History", "4", "range (t)"),
-    ("Events & logs", "5", "kind (k)"),
+    ("Events & logs", "5", "kind (K)"),
     ("Logs", "6", "vLLM log of run"),
     ("Processes", "7", "processes on"),
 ]

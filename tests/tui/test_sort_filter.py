@@ -88,13 +88,13 @@ async def test_events_filter_by_kind_family_severity_and_text_with_counts(sock_d
         table = screen.query_one("#events", DataTable)
         assert table.row_count == 5 and "events 5/5" in _filters(app)
         table.focus()
-        await pilot.press("k")  # families in order: action., gpu., serving., sla.
+        await pilot.press("K")  # families in order: action., gpu., serving., sla.
         # the filter is read in SQL: the count settles at shown / read for that filter (session 21)
         await wait_for(pilot, lambda: "events 1/1" in _filters(app))
         assert screen.kind == "action." and table.row_count == 1
-        await pilot.press("k", "k")
+        await pilot.press("K", "K")
         assert [str(field(e, "kind")) for e in screen.shown] == ["serving.ready", "serving.starting"]
-        assert "kind (k): serving.*" in _filters(app)
+        assert "kind (K): serving.*" in _filters(app)
         await _filter(pilot, app, "kind:serving. ready")  # a family and a word
         await wait_for(pilot, lambda: "events 1/1" in _filters(app))
         assert [str(field(e, "kind")) for e in screen.shown] == ["serving.ready"]

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.timeout(300)]
 # Every label a key bar may show, whole ("S Start", never "S Star…").
 LABELS = ["⏎ Open GPU", "e Engines", "q Quit", "? Help", "1234567 views", "R Restart", "X Stop", "S Start",
           "P Switch", "← Prev GPU", "→ Next GPU", "t Range", "c Compare", "e Export CSV", "/ Filter runs",
-          "/ Filter/search", "k Kind", "v Severity", "[] run log", "f Follow", "/ Search", "n Next match",
+          "/ Filter/search", "K Kind", "v Severity", "[] run log", "f Follow", "/ Search", "n Next match",
           "N Prev match", "N Cluster view", "L Load +/-"]
 SCROLLBAR = " ▁▂▃▄▅▆▇█▉▊▋▌▍▎▏"
 # Each view: its key and what says it is drawn (its title line or its own column names).

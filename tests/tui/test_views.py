@@ -187,11 +187,11 @@ async def test_events_filters_and_log_search(agent, history_db):
         assert table.row_count == 2
         await pilot.press("v", "v")  # back to info
         assert table.row_count == 4
-        await pilot.press("k")  # first kind family alphabetically: action.* (action.switch)
+        await pilot.press("K")  # first kind family alphabetically: action.* (action.switch)
         assert screen.kind == "action." and table.row_count == 1
-        await pilot.press("k")
+        await pilot.press("K")
         assert screen.kind == "gpu." and table.row_count == 1
-        await pilot.press("k", "k", "k")  # serving.*, sla.*, all
+        await pilot.press("K", "K", "K")  # serving.*, sla.*, all
         assert screen.kind is None and table.row_count == 4
         box = screen.query_one("#filter", Input)
         await _filter_by(pilot, table, box, "xid")

@@ -23,6 +23,7 @@ from lynxtop.tui.glyphs import ascii_text, glyph
 from lynxtop.tui.history_source import HistoryUnavailable
 from lynxtop.tui.screens import VIEWS_CSS
 from lynxtop.tui.screens.base import LiveScreen
+from lynxtop.tui.widgets.cursor_table import CursorTable
 from lynxtop.tui.widgets.recent_events import SEVERITY_MARK
 
 SEVERITIES = ("info", "warning", "error", "critical")
@@ -47,7 +48,8 @@ class EventsScreen(LiveScreen):
     VIEW_TITLE = "Events & logs"
     BINDINGS = [
         Binding("slash", "filter", "Filter/search", key_display="/", id="events.filter"),
-        Binding("k", "cycle_kind", "Kind", id="events.kind"),
+        # K, not k: k and j move the table's cursor, as in every other list (CursorTable)
+        Binding("K", "cycle_kind", "Kind", key_display="K", id="events.kind"),
         Binding("v", "cycle_severity", "Severity", id="events.severity"),
         Binding("left_square_bracket", "log_run(-1)", "Older run's log", key_display="[", id="events.older",
                 group=RUN_LOG_KEYS),
@@ -75,7 +77,7 @@ class EventsScreen(LiveScreen):
         self._cut = False  # the last read returned EVENTS_READ rows: older matching ones are not listed
         self._in_sql = True  # the last read filtered in the database (an older node's agent cannot: see _read)
         self._searching = False  # a filter changed and its read has not answered yet: "no match" would be early
-        self._families: set[str] = set()  # kind families seen in any read, for `k` (a filtered read has one)
+        self._families: set[str] = set()  # kind families seen in any read, for `K` (a filtered read has one)
         self._filled: tuple | None = None  # what the table was last filled from (_fill_key)
         # The rows as last filled, for adding new events' rows without building the others again (_update_rows):
         # row i's key (_row_keys), each key's cells, the message column's width they were wrapped at
@@ -87,7 +89,7 @@ class EventsScreen(LiveScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="events-filters")
-        yield DataTable(id="events", cursor_type="row")
+        yield CursorTable(id="events", cursor_type="row")
         yield Input(placeholder="filter events (Enter applies, Esc clears)", id="filter")
         yield Static(id="log-title")
         yield Log(id="log", max_lines=LOG_LINES, highlight=False)
@@ -366,7 +368,7 @@ class EventsScreen(LiveScreen):
         if held:  # before the filters: at 80 columns the end of this line is cut
             t.append(PENDING_TAG.strip(), style=PENDING_STYLE)
             t.append(f" {held}: held by the agent, not in the history yet (writes failing)   ", style="bold")
-        t.append(f"kind (k): {_kind_label(self.kind)}   severity (v): ≥{self.min_severity}   ")
+        t.append(f"kind (K): {_kind_label(self.kind)}   severity (v): ≥{self.min_severity}   ")
         if self.text_filter:
             t.append(f"text: {self.text_filter!r}   ")
         t.append(f"from {self.source}", style="dim")

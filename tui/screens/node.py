@@ -54,13 +54,13 @@ class NodeScreen(LiveScreen):
 
     def draw(self, now_ms: int) -> None:
         state = self.lynx.state
-        self.query_one(StartupPhases).show(state.serving, now_ms, state.requests_at_stop())
+        self.query_one(StartupPhases).show(state.serving, now_ms, state.reading_at_stop())
         table = self.query_one(GpuTable)
         table.show(state.gpus)
         if self.per_engine:
-            self.query_one(EngineTable).show(state)
+            self.query_one(EngineTable).show(state, now_ms)
         else:
-            self.query_one(ServingPanel).show(state)
+            self.query_one(ServingPanel).show(state, now_ms)
         if self.has_class("-tall"):
             # The extra panels draw (and events are asked for) only where they are shown.
             ref = state.ts_ms

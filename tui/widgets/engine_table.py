@@ -34,11 +34,12 @@ class EngineTable(TextPanel):
         self.lags: dict[str, str] = {}  # engine label -> why it lags
         self._height = 7
         self._state: LiveState | None = None
+        self._now_ms: int | None = None
 
     def on_resize(self) -> None:
         # The layout depends on the width: shown for the first time (size 0 before) or on a resized terminal.
         if self._state is not None:
-            self.show(self._state)
+            self.show(self._state, self._now_ms)
 
     @property
     def row_count(self) -> int:
@@ -47,14 +48,15 @@ class EngineTable(TextPanel):
     def get_row(self, key: str) -> list[Text]:
         return list(self.rows[key].values())
 
-    def show(self, state: LiveState) -> None:
-        self._state = state
+    def show(self, state: LiveState, now_ms: int | None = None) -> None:
+        """`now_ms`: now on the node's clock (ServingPanel.show's)."""
+        self._state, self._now_ms = state, now_ms
         width = max(8, self.size.width)
         engines = sorted_engines(state.engines)
         self.lags = lagging(engines)
         bar_w = 10 if width >= 100 else 6
         self.rows = {e.engine: self._cells(e, bar_w) for e in engines}
-        lines = [stats_line(state, width < 100, self.ascii_only)]
+        lines = [stats_line(state, width < 100, self.ascii_only, now_ms)]
         notes = False
         if len(engines) < 2:
             lines.append(Text(ONE_ENGINE if engines else NO_ENGINES, style="dim"))

@@ -7,12 +7,13 @@ from textual.content import Content
 
 from lynxtop.contract.format import NA, fmt_int, fmt_ms, fmt_pct, fmt_si
 from lynxtop.contract.quantile import fmt_series, lowest_bucket_column, over
-from lynxtop.contract.status import FEW_OBSERVATIONS, ServingStatus, SlaStatus, not_served_text
+from lynxtop.contract.status import FEW_OBSERVATIONS, ServingState, ServingStatus, SlaStatus, not_served_text
 from lynxtop.tui.engine_lag import lagging, summary
 from lynxtop.tui.glyphs import glyph
 from lynxtop.tui.live_state import LiveState
 from lynxtop.tui.plot import sparkline
 from lynxtop.tui.widgets.node_header import sla_limit
+from lynxtop.tui.widgets.startup_phases import reading_age
 from lynxtop.tui.widgets.text_panel import TextPanel, set_border
 from lynxtop.tui.window_stats import RATE_WINDOW_MS, span_label, window_mean
 
@@ -28,21 +29,24 @@ class ServingPanel(TextPanel):
         self.ascii_only = ascii_only
         self.border_title = "Serving"
         self._state: LiveState | None = None
+        self._now_ms: int | None = None
         self._tip = ""  # the tooltip set (each assignment of one costs a refresh)
 
     def on_resize(self) -> None:
         # The rows shown depend on the height: drawn again once the layout has given the panel its size.
         if self._state is not None:
-            self.show(self._state)
+            self.show(self._state, self._now_ms)
 
-    def show(self, state: LiveState) -> None:
-        self._state = state
+    def show(self, state: LiveState, now_ms: int | None = None) -> None:
+        """`now_ms`: now on the node's clock, for the age of what is shown as last read (the status' time where
+        not given)."""
+        self._state, self._now_ms = state, now_ms
         sm = state.serving_metrics
         width = max(8, self.size.width - 2)
         spark_w = max(4, width - 46)
         asc = self.ascii_only
         missing = state.serving.not_served
-        lines = [stats_line(state, width < 100, asc)]
+        lines = [stats_line(state, width < 100, asc, now_ms)]
         # E2E and queue p99 where the panel has rows to spare (it takes the Node view's free rows at 80x24)
         spare = max(0, self.size.height - 5)  # size is inside the border
         few: list[str] = []  # the rows whose percentiles come from few observations, as `TTFT n=1`
@@ -110,10 +114,29 @@ def few_text(few: list[str], serving: ServingStatus, sla: SlaStatus) -> str:
     if any(f.startswith("ITL ") for f in few):
         text += " (ITL: inter-token intervals)"
     if sla.window_requests is not None:
-        text += (f"; the SLA judged {sla.window_requests} finished request(s)"
+        what = ("request(s) given a first token (no finished-request counter on the page)"
+                if sla.window_requests_source == "ttft" else "finished request(s)")
+        text += (f"; the SLA judged {sla.window_requests} {what}"
                  + (f" (no breach opens on fewer than {FEW_OBSERVATIONS})"
                     if sla.window_requests < FEW_OBSERVATIONS else ""))
     return text
+
+
+def stopping_stats(state: LiveState, short: bool, now_ms: int | None) -> Text:
+    """`not read while vLLM stops · run/wait 3/1 read 20s ago, before the stop`: the agent reads no metrics while
+    a run stops, so the panel says why its figures are empty instead of a row of N/A, and shows the drain's counts
+    as the serving line does (the same reading, the same age), never N/A beside them."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append("not read while vLLM stops", style="bold yellow")
+    reading = state.reading_at_stop()
+    if reading is not None:
+        ts, running, waiting = reading
+        t.append("  " if short else "   ")
+        t.append("r/w " if short else "run/wait ", style="dim")
+        t.append(f"{running:g}/{waiting:g}", style="bold")
+        age = f"read {reading_age(ts, now_ms)}" if now_ms is not None else "as last read"
+        t.append(f" {age}, before the stop", style="dim")
+    return t
 
 
 def _engines_hint(state: LiveState) -> str:
@@ -124,11 +147,15 @@ def _engines_hint(state: LiveState) -> str:
     return f"{summary(engines, lagging(engines))} · e shows each"
 
 
-def stats_line(state: LiveState, short: bool, ascii_only: bool = False) -> Text:
-    """Throughput, queue, KV cache, preemptions and prefix hits; short labels below 100 columns."""
+def stats_line(state: LiveState, short: bool, ascii_only: bool = False, now_ms: int | None = None) -> Text:
+    """Throughput, queue, KV cache, preemptions and prefix hits; short labels below 100 columns. While vLLM
+    stops, what the agent does not read then (`stopping_stats`). `now_ms`: as ServingPanel.show's."""
     sm = state.serving_metrics
     stats = Text(no_wrap=True, overflow="ellipsis")
     gap = "  " if short else "   "
+    if state.serving.state == ServingState.STOPPING and all(
+            sm.metric(k) is None for k in ("requests_running", "requests_waiting", "generation_tokens_per_s")):
+        return stopping_stats(state, short, state.ts_ms if now_ms is None else now_ms)
 
     def stat(label: str, value: str, style: str = "", note: str = "") -> None:
         stats.append(f"{label} ", style="dim")

@@ -35,9 +35,16 @@ class StartupPhases(TextPanel):
         super().__init__(*args, **kwargs)
         self._usual_key: tuple[str, int | None] | None = None  # the (profile, run) the usual load time was asked for
         self._usual_ms: int | None = None
+        self._last_show: tuple[ServingStatus, int, tuple[int, float, float] | None] | None = None
 
-    def show(self, serving: ServingStatus, now_ms: int, requests: tuple[float, float] | None = None) -> None:
-        """`requests`: (running, waiting) as last read before a stop began (LiveState.requests_at_stop)."""
+    def on_resize(self) -> None:
+        # The start-up line's form depends on the width: drawn again once the layout has given the line its size.
+        if self._last_show is not None:
+            self.show(*self._last_show)
+
+    def show(self, serving: ServingStatus, now_ms: int, reading: tuple[int, float, float] | None = None) -> None:
+        """`reading`: (ts_ms, running, waiting) as last read before a stop began (LiveState.reading_at_stop)."""
+        self._last_show = (serving, now_ms, reading)
         state = serving.state
         if state == ServingState.STARTING and serving.profile:
             self._ask_usual(serving.profile, serving.run_id)
@@ -52,7 +59,7 @@ class StartupPhases(TextPanel):
         if not visible:
             return
         if stopping:
-            t = stopping_line(serving, now_ms, requests)
+            t = stopping_line(serving, now_ms, reading)
         elif waiting:
             t = Text(f"⧗ {serving.reason}", style="bold yellow", no_wrap=True, overflow="ellipsis")
         elif trouble:
@@ -61,7 +68,7 @@ class StartupPhases(TextPanel):
             t = Text(f"■ {serving.reason}", style="bold", no_wrap=True, overflow="ellipsis")
         elif state == ServingState.STARTING:
             usual = self._usual_ms if self._usual_key == (serving.profile, serving.run_id) else None
-            t = _progress(serving, now_ms, usual)
+            t = _progress(serving, now_ms, usual, self.size.width)
         else:
             t = Text(no_wrap=True, overflow="ellipsis")
         self.update(ascii_text(_log_problem(t, serving.log_problem) if serving.log_problem else t, app_ascii(self)))
@@ -102,52 +109,88 @@ def _log_problem(t: Text, problem: str) -> Text:
     return t
 
 
-def _progress(serving: ServingStatus, now_ms: int, usual_ms: int | None = None) -> Text:
+def _progress(serving: ServingStatus, now_ms: int, usual_ms: int | None = None, width: int = 0) -> Text:
     """Each phase done (with its duration), the one under way (with its time so far and the shards' progress), the
-    ones to come; first a silent log, and how long the profile usually takes (`usual_ms`)."""
+    ones to come; first a silent log, and how long the profile usually takes (`usual_ms`).
+
+    Where that does not fit `width` (80 columns: the phase's detail was cut, the header's short form kept it), the
+    phase under way comes first after the time so far, the limit in fewer words after it, then the phases to come
+    (those done left out): what is cut is the least important, never where the load is."""
     seen = {p.phase: p.ts_ms for p in serving.phases if p.phase}
     current = serving.phase
     started = serving.started_ms or serving.state_since_ms or now_ms
-    t = Text("start-up: ", style="bold yellow", no_wrap=True, overflow="ellipsis")
-    t.append(f"{fmt_duration((now_ms - started) / 1000)} ")
-    silent = log_silent_s(serving, now_ms)
-    if silent is not None and silent >= LOG_SILENT_SHOW_S:
-        t.append(f"⚠ log silent {fmt_duration(silent)} ", style="bold red")
-    if usual_ms is not None:
-        t.append(f"usually ready in ~{fmt_duration(usual_ms / 1000)} ", style="dim")
+    head = Text(f"{fmt_duration((now_ms - started) / 1000)} ")
+    silent_s = log_silent_s(serving, now_ms)
+    silent = (Text(f"⚠ log silent {fmt_duration(silent_s)} ", style="bold red")
+              if silent_s is not None and silent_s >= LOG_SILENT_SHOW_S else Text())
+    late = False
     if serving.ready_timeout_s is not None:
         # the most it may take before the agent stops it (an older agent's status does not say: nothing shown);
         # red in its last tenth, when a slow load is about to be stopped
         left_s = (serving.ready_deadline_ms - now_ms) / 1000 if serving.ready_deadline_ms else None
         late = left_s is not None and left_s < serving.ready_timeout_s / 10
-        t.append(f"of at most {fmt_duration(serving.ready_timeout_s)} (readiness_timeout_s) ",
-                 style="bold red" if late else "dim")
     order = list(PHASES) + [p for p in seen if p not in PHASES]
     times = [seen.get(p) for p in order]
+    phases: list[Text] = []  # in order, the one under way included
+    now_phase: Text | None = None
     for i, phase in enumerate(order):
         ts = times[i]
         if phase == current:
             shown = load_phase(serving) if phase == "loading weights" else phase
-            t.append(f"▶ {shown} {fmt_duration((now_ms - (ts or now_ms)) / 1000)}", style="bold")
+            now_phase = Text(f"▶ {shown} {fmt_duration((now_ms - (ts or now_ms)) / 1000)}", style="bold")
+            phases.append(now_phase)
         elif ts is not None:
             nxt = next((x for x in times[i + 1:] if x is not None), now_ms)
-            t.append(f"✓ {phase} {fmt_duration((nxt - ts) / 1000)}", style="green")
+            phases.append(Text(f"✓ {phase} {fmt_duration((nxt - ts) / 1000)}", style="green"))
         else:
-            t.append(f"· {phase}", style="dim")
-        if i < len(order) - 1:
-            t.append("  ")
+            phases.append(Text(f"· {phase}", style="dim"))
+
+    def limit(short: bool) -> Text:
+        if serving.ready_timeout_s is None:
+            return Text()
+        words = "at most {}" if short else "of at most {} (readiness_timeout_s)"
+        return Text(words.format(fmt_duration(serving.ready_timeout_s)), style="bold red" if late else "dim")
+
+    t = Text("start-up: ", style="bold yellow", no_wrap=True, overflow="ellipsis")
+    t.append_text(head)
+    t.append_text(silent)
+    if usual_ms is not None:
+        t.append(f"usually ready in ~{fmt_duration(usual_ms / 1000)} ", style="dim")
+    if serving.ready_timeout_s is not None:
+        t.append_text(limit(False))
+        t.append(" ")
+    t.append_text(Text("  ").join(phases))
+    if not width or t.cell_len <= width or now_phase is None:
+        return t
+    t = Text("start-up: ", style="bold yellow", no_wrap=True, overflow="ellipsis")
+    t.append_text(head)
+    if late:  # about to be stopped: that before anything else
+        t.append("of ", style="bold red")
+        t.append_text(limit(True))
+        t.append(" ")
+    t.append_text(silent)
+    t.append_text(now_phase)
+    if not late and serving.ready_timeout_s is not None:
+        t.append(" · ")
+        t.append_text(limit(True))
+    if usual_ms is not None:
+        t.append(f" · usually ~{fmt_duration(usual_ms / 1000)}", style="dim")
+    later = [p for p, ts in zip(order, times, strict=True) if p != current and ts is None]
+    if later:  # the phases done go (the one under way says where the load is): those to come, in few words
+        t.append(f" · next {', '.join(later)}", style="dim")
     return t
 
 
-def stopping_line(serving: ServingStatus, now_ms: int, requests: tuple[float, float] | None) -> Text:
-    """`draining 3 running, 0 waiting · 12s of 30s shutdown timeout · killed at 1m00s · why` (80 columns hold
-    all but the why).
+def stopping_line(serving: ServingStatus, now_ms: int, reading: tuple[int, float, float] | None) -> Text:
+    """`draining 3 running, 0 waiting · 12s of 30s shutdown timeout · killed at 1m00s · counts read 20s ago, before
+    the stop · why` (80 columns hold the counts and the timeouts).
 
-    The counts are the last read before the stop (the agent reads none while a run stops); the timeouts are the
-    run's, served while it stops (an older agent's status has none: no limit is made up)."""
+    The counts are the last read before the stop (the agent reads none while a run stops), and say how old they are:
+    the Serving panel shows them with the same age (`reading_age`); the timeouts are the run's, served while it stops
+    (an older agent's status has none: no limit is made up)."""
     t = Text(no_wrap=True, overflow="ellipsis")
-    if requests is not None:
-        running, waiting = requests
+    if reading is not None:
+        _, running, waiting = reading
         t.append(f"draining {running:g} running, {waiting:g} waiting", style="bold yellow")
     else:
         t.append("stopping", style="bold yellow")
@@ -156,11 +199,16 @@ def stopping_line(serving: ServingStatus, now_ms: int, requests: tuple[float, fl
     for part in _drain_time(elapsed, serving.shutdown_timeout_s, serving.stop_grace_s):
         t.append(" · ")
         t.append_text(part)
-    if requests is not None:
-        t.append(" · counts as last read before the stop", style="dim")
+    if reading is not None:
+        t.append(f" · counts read {reading_age(reading[0], now_ms)}, before the stop", style="dim")
     if serving.reason:
         t.append(f" · {serving.reason}", style="dim")
     return t
+
+
+def reading_age(ts_ms: int, now_ms: int) -> str:
+    """`20s ago`: how old the last reading before a stop is, one wording for the serving line and the panel."""
+    return f"{fmt_duration(max(0, now_ms - ts_ms) / 1000)} ago"
 
 
 def _drain_time(elapsed: float | None, drain: float | None, grace: float | None) -> list[Text]:
