@@ -89,7 +89,9 @@ def synthetic_gpu_rows(pool_ticks: int, seed: int = 1) -> list[list[dict]]:
                 "nvlink_rx_bytes_per_s": u * 2_500_000_000 // 10 + rng.randint(0, 10**8),
                 "mem_used_bytes": 133_000_000_000 + rng.randint(0, 2_000_000_000),
                 "mem_total_bytes": 150_754_820_096, "mem_reserved_bytes": 609_681_408,
-                "power_w": power, "power_limit_w": 700, "energy_j": energy[g], "temp_c": 40 + u // 4,
+                # whole watts, as the sampler makes them (agent/gpu/readers.py rounds NVML's mW): a float here
+                # sent every statement down the rounding path real GPU rows never take (session 25)
+                "power_w": round(power), "power_limit_w": 700, "energy_j": energy[g], "temp_c": 40 + u // 4,
                 "sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "throttle_reasons": 0 if u < 90 else 4,
                 "ecc_corrected": 0, "ecc_uncorrected": 0, "remapped_rows_pending": 0, "remapped_rows_failed": 0,
             })
