@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from lynxtop import __version__
 from lynxtop.agent.api import connguard
 from lynxtop.agent.clock import span
+from lynxtop.agent.serving import heldaction
 from lynxtop.agent.serving.run import now_ms
 from lynxtop.contract.files import free_bytes
 from lynxtop.contract.status import (
@@ -217,6 +218,8 @@ class StatusView:
         src, token = self._node.scrape_source, sup.runs.run_token()
         serving = with_not_served(sup.serving_status(), src, token)
         serving = with_window_counts(serving, src, token, self._node.ticker.latest_serving)
+        if (held := heldaction.status_of(sup)) is not None:  # a server the previous agent left, held unsupervised
+            serving = dataclasses.replace(serving, held=held)
         lc = sup.runs
         run, prof = lc.run, lc.profile
         if serving.state != ServingState.STOPPING or run is None or prof is None or run.crash_reason:

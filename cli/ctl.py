@@ -53,6 +53,7 @@ from lynxtop.contract.status import (
     Status,
     StoreStatus,
     gpus_text,
+    held_text,
     load_phase,
     log_silent_s,
     not_served_text,
@@ -181,6 +182,9 @@ def format_status(st: Status, rate: tuple[float, int] | None = None,
         lines.append(f"serving  none on this node: a Ray worker (vLLM runs on the head, {st.cluster.address or '?'})")
     else:
         lines += _serving_lines(st.serving, st.ts_ms, usual_ms)
+    if st.serving.held is not None:  # it serves on the GPUs while the state above reads stopped
+        lines.append(f"held     {held_text(st.serving.held)} left by the previous agent, serving unsupervised: "
+                     "`lynxtop stop` ends it")
     if st.serving.log_problem:  # the run's output is discarded or will be: say why (a full disk, a bad directory)
         lines.append(f"run log  NOT KEPT - {st.serving.log_problem}")
     lines += cluster_lines(st.cluster, st.ts_ms)
@@ -561,6 +565,12 @@ def _interruption(action: str, st: Status, cluster: bool) -> tuple[str, str] | N
             return None
         return (f"This stops Ray on this worker: a model the head ({cl.address}) serves across the cluster loses "
                 "this node's GPUs and fails.", ray_now)
+    if action == "stop" and srv.state in NOT_RUNNING and srv.held is not None:
+        # stopped for the agent, but a server it holds serves on the GPUs: the stop ends it and its load
+        return (f"This stops {held_text(srv.held)}, left serving by the previous agent and not supervised: its "
+                "processes get SIGTERM, SIGKILL after the grace; the model must load again to serve (minutes).",
+                f"Now: {srv.state} for {_since(srv.state_since_ms, st.ts_ms)} (nothing supervised), but "
+                f"{held_text(srv.held)} serves unsupervised.")
     if action == "ray/stop" or (action == "stop" and srv.state in NOT_RUNNING):
         return None  # nothing is serving: nothing to lose (a head refuses ray/stop by itself)
     what = {"stop": "This stops serving; the model must load again to serve (minutes).",
@@ -585,7 +595,7 @@ def _confirm(action: str, target: str | None, st: Status, assume_yes: bool, clus
         return EXIT_USAGE
     expected = target if action == "switch" else "y"
     prompt = f"Type the profile name ({target})" if action == "switch" else "Type y"
-    print(f"{terminal_safe(current)}\n{what}")  # `current` quotes the agent's status
+    print(f"{terminal_safe(current)}\n{terminal_safe(what)}")  # both quote the agent's status (a profile name)
     answer = _ask(f"{prompt} to confirm (within {CONFIRM_TIMEOUT_S:g} s): ", CONFIRM_TIMEOUT_S)
     if answer is None:
         _err(f"no answer within {CONFIRM_TIMEOUT_S:g} s: nothing done")

@@ -351,6 +351,37 @@ class LoadProgress:
     pct: float
 
 
+# The largest pid a Linux kernel hands out (PID_MAX_LIMIT on 64-bit): a number past it, or below 1, names no process
+PID_MAX = 2**22
+
+
+def _whole(value: int | float | None, low: int, high: int) -> int | None:
+    """`value` as an int where it is a whole number in [low, high] (a JSON reader may send 4242.0); else None."""
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    return value if type(value) is int and low <= value <= high else None
+
+
+@dataclass(frozen=True)
+class HeldRun:
+    """A server the agent holds but does not supervise: left serving by the previous agent, alive with its run's
+    token, but not provably the server, so never adopted (agent/serving/adoption.py). It serves and holds the GPUs
+    while the state reads STOPPED; `lynxtop stop` ends it. `run_id` and `pid` None: not known (or a value that is
+    no run id or pid, never shown as one: an operator may `kill` what is shown)."""
+
+    run_id: int | None = None
+    profile: str = ""
+    pid: int | None = None
+
+    @classmethod
+    def from_json(cls, d: Any) -> HeldRun:
+        if not isinstance(d, Mapping):  # false, [], "": no "nothing held" (that is null), no held server either
+            raise _unreadable("ServingStatus", "held", f"expected an object or null, got {str(d)[:60]!r}")
+        held = _build(cls, d)  # another JSON type for a field (a string for the pid): refused, naming the field
+        return cls(run_id=_whole(held.run_id, 1, CLOCK_MAX_MS), profile=held.profile,
+                   pid=_whole(held.pid, 1, PID_MAX))
+
+
 @dataclass(frozen=True)
 class ServingStatus:
     state: ServingState = ServingState.STOPPED
@@ -397,6 +428,9 @@ class ServingStatus:
     # inter-token intervals): a p99 of one request is one request, not a tail. Empty otherwise, and from older agents.
     window_counts: dict[str, Any] = field(default_factory=dict)
     window_s: float | None = None
+    # A server left by the previous agent that this one holds, unsupervised (HeldRun): it serves on the GPUs while
+    # `state` reads stopped. None: none (or none alive), and from agents older than the field.
+    held: HeldRun | None = None
     # A state word this version does not know (a newer agent's, or garbage from a foreign endpoint), as it came:
     # `state` then reads STOPPED for the code that needs one, but the dashboard shows this word, never STOPPED (an
     # idle-looking node that is nothing of the kind). Read side only: never in the JSON (`state` carries it).
@@ -415,6 +449,7 @@ class ServingStatus:
                       phases=tuple(_build(PhaseMark, p) for p in _items(cls, "phases", d)),
                       load_progress=_build(LoadProgress, d["load_progress"]) if d.get("load_progress") is not None
                       else None,
+                      held=HeldRun.from_json(d["held"]) if d.get("held") is not None else None,
                       unknown_state=None if known else state)
 
     def to_json(self) -> dict[str, Any]:
@@ -609,6 +644,13 @@ class GpuTaker:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> GpuTaker:
         return _build(cls, {"pid": 0, **d})
+
+
+def held_text(held: HeldRun) -> str:
+    """`run 12 (profile dsv41, pid 4242)`: a server the agent holds, worded alike by `lynxtop status`, its stop's
+    confirmation and the dashboard's dialogs; `?` for what the agent did not say."""
+    return (f"run {held.run_id if held.run_id is not None else '?'} (profile {held.profile or '?'}, pid "
+            f"{held.pid if held.pid is not None else '?'})")
 
 
 def taker_text(t: GpuTaker) -> str:

@@ -560,6 +560,8 @@ class LynxtopApp(App):
         serving = self.state.serving
         if action == "switch":
             name = profile
+        elif action == "stop" and serving.held is not None and serving.held.profile:
+            name = serving.held.profile  # a held server's load is what its stop throws away
         elif action in ("restart", "stop") and last_load_s(serving) is None:
             name = serving.profile
         else:

@@ -15,7 +15,15 @@ from rich.text import Text
 
 from lynxtop.contract.format import fmt_duration
 from lynxtop.contract.records import ProfileInfo
-from lynxtop.contract.status import ClusterStatus, Role, ServingMetrics, ServingState, ServingStatus
+from lynxtop.contract.status import (
+    ClusterStatus,
+    HeldRun,
+    Role,
+    ServingMetrics,
+    ServingState,
+    ServingStatus,
+    held_text,
+)
 
 # What a control would act on, by state: a change from one kind to another changes what the confirmed action does
 # (a stop of a running run, of one already stopping, of none), so a dialog shown for one is not valid for another.
@@ -192,6 +200,16 @@ def stop_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
               usual_load_ms: int | None = None) -> RenderableType:
     """`profile`: the running profile, where the dialog has it (its shutdown timeout is said). `now_ms` and
     `usual_load_ms`: as restart_text's."""
+    held = serving.held
+    if serving.state in (ServingState.STOPPED, ServingState.CRASH_LOOP) and held is not None:
+        # Stopped for the agent, but a server the previous agent left serves on, unsupervised: the stop ends it
+        guess, known = load_time(serving, held.profile or None, usual_load_ms)
+        return Group(Text(f"Now: {_what_runs(serving)}; {held_text(held)} serves on the GPUs, left by the previous "
+                          "agent and not supervised."),
+                     Text("Stop ends it: its processes get SIGTERM, then SIGKILL after the grace, and its run is "
+                          "closed."),
+                     Text(f"Its load is lost: to serve again the model must load again{guess}.{known}",
+                          style="bold yellow"))
     if serving.state == ServingState.STOPPED:
         # Nothing runs: no drain, no lost load (the metrics are the last read before the stop, not requests now)
         return Group(Text(f"Now: {_what_runs(serving)}."),
@@ -209,8 +227,11 @@ def stop_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
 
 def start_text(serving: ServingStatus, profile: str | None) -> RenderableType:
     name = profile or serving.profile or "the default profile"
+    held = [Text(f"{held_text(serving.held)}, left by the previous agent, still serves unsupervised: the agent "
+                 "refuses a start while it lives (Stop ends it).", style="bold red")] if serving.held else []
     return Group(
         Text(f"Now: {_what_runs(serving)}."),
+        *held,
         Text(f"Start serving {name} as a new run."),
         Text("Loading takes minutes for a large model; progress shows phase by phase in the header.",
              style="bold yellow"),
@@ -300,10 +321,12 @@ class Seen:
     profile: str | None
     state: ServingState
     role: Role = Role.SINGLE
+    held: HeldRun | None = None  # a server the agent holds, unsupervised: what a Stop in STOPPED ends
 
     @classmethod
     def of(cls, serving: ServingStatus, cluster: ClusterStatus | None = None) -> Seen:
-        return cls(serving.run_id, serving.profile, serving.state, cluster.role if cluster else Role.SINGLE)
+        return cls(serving.run_id, serving.profile, serving.state, cluster.role if cluster else Role.SINGLE,
+                   serving.held)
 
     def run_words(self) -> str:
         return f"run {self.run_id}" if self.run_id is not None else "no run"
@@ -324,6 +347,12 @@ def run_change(seen: Seen, now: Seen) -> str | None:
         return f"{was} was replaced by run {now.run_id} ({now.profile or 'no profile'}, {now.state.value})"
     if now.profile != seen.profile:
         return f"the profile changed from {seen.profile or 'none'} to {now.profile or 'none'}"
+    if now.held != seen.held:  # a Stop shown ending a held server would end nothing, or another one
+        if now.held is None:
+            return f"the held {held_text(seen.held)} ended"  # type: ignore[arg-type]
+        if seen.held is None:
+            return f"a server held from the previous agent, {held_text(now.held)}, is now shown"
+        return f"the held server changed from {held_text(seen.held)} to {held_text(now.held)}"
     kind = _KIND.get(now.state)
     if kind != _KIND.get(seen.state):
         if seen.run_id is not None and now.state == ServingState.STOPPED:

@@ -5,6 +5,12 @@ record it cannot read keeps serving on the GPUs; a stop of it used to be "alread
 stop runs in the supervisor's action slot like any stop: STOPPING, SIGTERM, the grace, SIGKILL, the GPUs' release,
 then the held run's row closed and its record removed, and STOPPED. Its events carry the held run's id, not the
 lifecycle's last run's.
+
+The held server is in the status as data (`serving.held`, `status`), so the CLI and the dashboard say it serves
+while the state reads stopped. A status is answered many times a second (the dashboard, Prometheus): it reads the
+last check's answer, and a check (the leader's /proc stat and environ, in a thread) starts when that answer is older
+than HELD_CHECK_S. A server ended by other means (kill -9 by hand) so leaves the status within HELD_CHECK_S and one
+check; one ended by `lynxtop stop` at once (the adoption's `held` is cleared when its run is closed).
 """
 
 from __future__ import annotations
@@ -16,10 +22,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from lynxtop.agent.api.control import ActionError, ExpectRun
-from lynxtop.agent.serving import heldstop, procs
+from lynxtop.agent.serving import heldstop, launcher, procs
 from lynxtop.agent.serving.adoption import FALLBACK_GRACE_S
 from lynxtop.agent.serving.stopping import files_text, wait_gpus_released
 from lynxtop.contract.events import Event, EventKind, Severity
+from lynxtop.contract.status import HeldRun
 from lynxtop.contract.status import ServingState as S  # noqa: N817 - read as a state name
 
 if TYPE_CHECKING:
@@ -27,12 +34,47 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How often, at most, the held server's leader is looked at for the status (two /proc reads in a thread): how long
+# the status may still name a server that ended by other means
+HELD_CHECK_S = 5.0
+
+
+def leader_may_live(record: launcher.ServerRecord) -> bool:
+    """Whether the held run's leader may still live: False only on proof (no such pid, a zombie, or the pid now
+    another process's, its environment read without the run's token). /proc that cannot be read (the agent out of
+    descriptors, a hidepid mount) or an environment blank mid-exec proves nothing: the server is still said held."""
+    if launcher.leader_is_the_runs(record):
+        return True
+    try:
+        os.kill(record.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    st = procs.stat(record.pid)
+    if st is None:
+        return True  # it exists but cannot be read
+    if st.state in ("Z", "X"):
+        return False
+    env = procs.environ_raw(record.pid)
+    return env is None or procs.environ_blank(env)
+
+
+def status_of(sup: Supervisor) -> HeldRun | None:
+    """`serving.held` for the agent's status (status_view.py adds it to the supervisor's ServingStatus, as it adds
+    what the scraper knows: Supervisor is at its size cap, tests/agent/test_class_sizes.py)."""
+    return sup._held.status()
+
 
 class HeldStopAction:
     """The supervisor's stop of unsupervised runs; it reads the supervisor's parts (config, adoption, slot)."""
 
     def __init__(self, sup: Supervisor):
         self._sup = sup
+        self._said: str | None = None  # the reason `say_held` set (replaced once the held server is found gone)
+        self._gone: launcher.ServerRecord | None = None  # the held record whose leader a check found gone
+        self._checked_at = time.monotonic()  # the adoption looked at the leader just before `say_held`
+        self._check: asyncio.Task[None] | None = None
 
     def nothing_supervised(self) -> bool:
         return self._sup.runs.state in (S.STOPPED, S.CRASH_LOOP) and self._sup._slot.current is None
@@ -40,10 +82,53 @@ class HeldStopAction:
     def say_held(self) -> None:
         """At the agent's start: "stopped" alone read as nothing running while a held server serves on."""
         rec, runs = self._sup._adoption.held, self._sup.runs
+        self._checked_at = time.monotonic()
         if rec is not None and runs.state == S.STOPPED:
-            runs.set_state(S.STOPPED, f"agent started; run {rec.run_id} (profile {rec.profile}, pid {rec.pid}) left "
-                                      "by the previous agent was not adopted and is not supervised "
-                                      "(serving.not_adopted): `lynxtop stop` ends it")
+            self._said = (f"agent started; run {rec.run_id} (profile {rec.profile}, pid {rec.pid}) left by the "
+                          "previous agent was not adopted and is not supervised (serving.not_adopted): `lynxtop "
+                          "stop` ends it")
+            runs.set_state(S.STOPPED, self._said)
+
+    def status(self) -> HeldRun | None:
+        """`serving.held`: the held server while the adoption holds it and no check found it gone; None after a
+        held stop closed its run (at once) or once a check found it ended (HELD_CHECK_S and one check late at
+        most). Costs no /proc read: a check, when due, runs in a thread and answers the statuses after it."""
+        rec = self._sup._adoption.held
+        if rec is None or rec is self._gone:
+            return None
+        self._check_soon(rec)
+        return HeldRun(run_id=rec.run_id, profile=rec.profile, pid=rec.pid)
+
+    def _check_soon(self, rec: launcher.ServerRecord) -> None:
+        if self._check is not None or time.monotonic() - self._checked_at < HELD_CHECK_S:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # read outside the agent's loop: the last answer stands
+            return
+        self._checked_at = time.monotonic()
+        self._check = loop.create_task(self._look_at(rec))
+
+    async def _look_at(self, rec: launcher.ServerRecord) -> None:
+        try:
+            alive = await asyncio.to_thread(leader_may_live, rec)
+        except Exception:  # noqa: BLE001 - a failed look is no proof it ended: it is said held, looked at again
+            log.exception("the held run %s's leader (pid %s) could not be looked at", rec.run_id, rec.pid)
+            alive = True
+        finally:
+            self._check, self._checked_at = None, time.monotonic()
+        if alive or self._sup._adoption.held is not rec:
+            return
+        self._gone = rec
+        what = f"run {rec.run_id} (profile {rec.profile}, pid {rec.pid})"
+        runs = self._sup.runs
+        if runs.state == S.STOPPED and runs.reason == self._said:  # its words would still say it serves
+            runs.set_state(S.STOPPED, f"{what}, left by the previous agent and not supervised, has ended (not by "
+                                      "lynxtop); its run is closed at the agent's next start")
+        self._event(rec.run_id, EventKind.SERVING_EXITED, Severity.WARNING,
+                    f"{what}, held at the agent's start and not supervised, ended outside lynxtop (pid {rec.pid} "
+                    f"found gone; looked at every {HELD_CHECK_S:g} s while the status is read); its record and run "
+                    "row are closed at the agent's next start", pid=rec.pid, held=True)
 
     async def look(self) -> heldstop.HeldRuns:
         """The runs alive that this agent does not supervise (held at adoption, unreadable, lost records)."""

@@ -200,6 +200,10 @@ def _serving_state(t: Text, serving: ServingStatus, now_ms: int, sep: str = "  "
             t.append(f" log silent {fmt_duration(silent)}", style="bold red")
     if serving.next_retry_ms:
         t.append(f" retry in {fmt_duration((serving.next_retry_ms - now_ms) / 1000)}", style="yellow")
+    held = serving.held
+    if held is not None:  # STOPPED for the agent, while a server the previous agent left serves on, unsupervised
+        run = f"run {held.run_id} " if held.run_id is not None and durations else ""
+        t.append(f" · held {run}pid {held.pid if held.pid is not None else '?'}", style="bold yellow")
 
 
 def _ray_word(t: Text, cluster: ClusterStatus) -> None:
