@@ -306,6 +306,10 @@ class SnapshotCollector(Collector):
         yield g
         yield _gauge("lynxtop_serving_up", "1 when vLLM is ready (healthy and answering)",
                      1.0 if srv.state == ServingState.READY else 0.0)
+        # the state reads stopped while a server the previous agent left serves on, unsupervised (serving.held)
+        yield _gauge("lynxtop_serving_held", "1 while a vLLM left by the previous agent serves unsupervised "
+                     "(not adopted: no crash, hang or health handling); `lynxtop stop` ends it",
+                     1.0 if srv.held is not None else 0.0)
         for value, name, help_, scale in (
             (srv.state_since_ms, "lynxtop_serving_state_since_seconds", "When the current state began, Unix time",
              1e-3),

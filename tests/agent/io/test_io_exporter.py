@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.real import PROMETHEUS_HINT, unavailable
 
 from lynxtop.agent.metrics.exporter import MetricsExporter, is_loopback, parse_listen
-from lynxtop.contract.status import EngineLoad, ServingState
+from lynxtop.contract.status import EngineLoad, HeldRun, ServingState
 
 
 @pytest.fixture
@@ -82,6 +82,13 @@ async def test_agent_and_sla_metrics_and_each_scrape_reads_the_snapshot(exporter
     _, text = await get()
     s = samples(text)
     assert s[("lynxtop_serving_up", ())] == 0 and s[("lynxtop_serving_state", (("state", "crash-loop"),))] == 1
+    assert s[("lynxtop_serving_held", ())] == 0
+    # a server the previous agent left, held unsupervised while the state reads stopped (serving.held)
+    state["snapshot"] = replace(state["snapshot"], serving=replace(
+        state["snapshot"].serving, state=ServingState.STOPPED, held=HeldRun(run_id=12, profile="dsv41", pid=4242)))
+    _, text = await get()
+    s = samples(text)
+    assert s[("lynxtop_serving_held", ())] == 1 and s[("lynxtop_serving_up", ())] == 0
     assert any("Prometheus metrics on http://127.0.0.1:" in line for line in logs)
 
 
