@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from support.tui import app_with_notices, make_app, plain, text_of, wait_for
+from support.tui import app_with_notices, make_app, plain, screen_text, text_of, wait_for
 from support.tui_keys import open_screen
 from support.waits import holds_async
 from tui_fake_agent import FakeAgent
@@ -96,3 +96,20 @@ async def test_a_stop_dialog_for_a_held_server_is_withdrawn_when_it_ends(agent):
         await pilot.press("enter")
         await holds_async(lambda: agent.posts() == [], 0.6, what="nothing posted", sleep=pilot.pause)
         assert any(n[2] == "warning" and "4242" in n[1] for n in notices), notices
+
+
+async def test_the_cluster_view_row_of_a_node_with_a_held_server_says_held(agent):
+    """The fleet view read STOPPED for a head whose agent holds a vLLM the previous agent left serving (serving.held):
+    the row now says HELD with its pid, where the state goes."""
+    from test_cluster_view import _open_cluster, head_status, ray_node
+
+    st = head_status(ray_node("10.0.0.1", head=True, name="head-1"))
+    st["serving"].update(state="stopped", run_id=None, pid=None,
+                         held={"run_id": 12, "profile": "dsv41", "pid": 4242})
+    agent.status = st
+    app = make_app(agent.socket_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await _open_cluster(pilot)
+        screen.redraw()
+        line = next(ln for ln in screen_text(app).splitlines() if "head-1" in ln)
+        assert "HELD pid 4242" in line and "STOPPED" not in line, line

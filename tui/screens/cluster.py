@@ -127,6 +127,8 @@ class ClusterScreen(LiveScreen):
         if srv.state_since_ms and row.status.ts_ms:  # both on the node's clock: no skew with ours
             state += f" {fmt_duration((row.status.ts_ms - srv.state_since_ms) / 1000)}"
         style = STATE_STYLE.get(srv.state, "yellow") if srv.unknown_state is None else "bold yellow"
+        if srv.held is not None:  # STOPPED for the agent while a vLLM the previous agent left serves, unsupervised
+            state, style = f"HELD pid {srv.held.pid if srv.held.pid is not None else '?'}", "bold yellow"
         t.append(_cell(state, COLUMNS[3][1]), style=style)
         ttft = fmt_series(row.status.serving_metrics.metric, "ttft", "p99")  # `<1.0 ms` in the lowest bucket
         t.append("  " + _cell(ttft, COLUMNS[4][1]) + "  ")
