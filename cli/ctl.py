@@ -743,7 +743,11 @@ def _acted_on(client: AgentClient, before: Status, action: str, profile: str | N
     """Which agent a mutating command reached, so a --socket or --config that went astray shows at once."""
     line = f"agent: {client.socket_path}, node {before.agent.host or '?'}"
     if not action.startswith("ray/"):
-        line += f", profile {profile or before.serving.profile or '(the default)'}"
+        # a stop of a held server acts on its profile; `(the default)` is what a start without one loads, and
+        # said after a stop it named a profile nothing acted on
+        held = before.serving.held
+        name = profile or before.serving.profile or (held.profile if held is not None else "")
+        line += f", profile {name or ('(the default)' if action == 'start' else '-')}"
     return line
 
 

@@ -551,28 +551,32 @@ class LynxtopApp(App):
 
     async def _usual_load_ms(self, action: str, profile: str | None) -> int | None:
         """How long the profile `action` loads usually takes (its last ready runs in the history), for the dialog
-        to say instead of a guess: a switch's target; the running profile for a restart or stop of a run whose own
-        load was not measured (still loading). Read in a thread and given up after USUAL_LOAD_WAIT_S (a slow disk,
-        another node's history over the network); None then, or where there is no history."""
+        to say instead of a guess: a switch's target; a start's profile (its last run's load included); the running
+        profile for a restart or stop of a run whose own load was not measured (still loading). Read in a thread
+        and given up after USUAL_LOAD_WAIT_S (a slow disk, another node's history over the network); None then, or
+        where there is no history."""
         from lynxtop.store.reader import usual_load_ms
         from lynxtop.tui.control_text import last_load_s
 
         serving = self.state.serving
+        exclude = serving.run_id  # the load under way is no usual one
         if action == "switch":
             name = profile
+        elif action == "start":  # the profile picked, else the agent's current one; the last run's load counts
+            name, exclude = profile or serving.profile, None
         elif action == "stop" and serving.held is not None and serving.held.profile:
             name = serving.held.profile  # a held server's load is what its stop throws away
         elif action in ("restart", "stop") and last_load_s(serving) is None:
             name = serving.profile
         else:
             return None
-        history, run_id = self.history, serving.run_id
+        history = self.history
         if not name or history is None:
             return None
 
         def read() -> int | None:
             with history.reader() as reader:
-                return usual_load_ms(reader, name, exclude_run=run_id)
+                return usual_load_ms(reader, name, exclude_run=exclude)
 
         try:
             return await asyncio.wait_for(asyncio.to_thread(read), USUAL_LOAD_WAIT_S)

@@ -43,8 +43,8 @@ def last_load_s(serving: ServingStatus) -> float | None:
 
 
 def _what_runs(serving: ServingStatus) -> str:
-    profile = serving.profile or "no profile"
-    parts = [f"profile {profile}", f"state {serving.state}"]
+    # `no profile` alone: "profile no profile" read as a profile of that name (a held server's stopped agent)
+    parts = [f"profile {serving.profile}" if serving.profile else "no profile", f"state {serving.state}"]
     if serving.run_id:
         parts.append(f"run {serving.run_id}")
     if serving.pid:
@@ -225,7 +225,9 @@ def stop_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
     )
 
 
-def start_text(serving: ServingStatus, profile: str | None) -> RenderableType:
+def start_text(serving: ServingStatus, profile: str | None, usual_load_ms: int | None = None) -> RenderableType:
+    """`usual_load_ms`: how long the profile that starts usually loads (its last ready runs in the history): the
+    Stop and Restart dialogs said `The last load took 9s` where this one said "minutes" of the same profile."""
     name = profile or serving.profile or "the default profile"
     held = [Text(f"{held_text(serving.held)}, left by the previous agent, still serves unsupervised: the agent "
                  "refuses a start while it lives (Stop ends it).", style="bold red")] if serving.held else []
@@ -233,7 +235,8 @@ def start_text(serving: ServingStatus, profile: str | None) -> RenderableType:
         Text(f"Now: {_what_runs(serving)}."),
         *held,
         Text(f"Start serving {name} as a new run."),
-        Text("Loading takes minutes for a large model; progress shows phase by phase in the header.",
+        Text((f"{name} usually loads in ~{fmt_duration(usual_load_ms / 1000)}" if usual_load_ms
+              else "Loading takes minutes for a large model") + "; progress shows phase by phase in the header.",
              style="bold yellow"),
     )
 
@@ -306,7 +309,7 @@ def confirmation(action: str, serving: ServingStatus, metrics: ServingMetrics | 
     if action == "stop":
         return "Stop serving?", stop_text(serving, metrics, current, now_ms, usual_load_ms), "Stop"
     if action == "start":
-        return "Start serving?", start_text(serving, profile), "Start"
+        return "Start serving?", start_text(serving, profile, usual_load_ms), "Start"
     return (f"Switch to profile {profile}?",
             switch_text(serving, current, target or ProfileInfo(str(profile)), metrics, now_ms, usual_load_ms),
             "Switch")

@@ -2,7 +2,8 @@
 each, and operators want to see which) with the most it may take (readiness_timeout_s), a stop's drain (what it
 drains, for how long so far, against which timeouts), why serving is in trouble (backoff, crash loop, degraded),
 or what a Ray head still waits for before it starts vLLM (waiting: the GPUs Ray does not report yet), or who stopped
-serving (an operator's stop holds the agent's autostart across its restarts: the line says until when); and why the
+serving (an operator's stop holds the agent's autostart across its restarts: the line says until when), or that a
+vLLM the previous agent left serves unsupervised (`serving.held`: what it is and that Stop ends it); and why the
 run's log is not kept (`serving.log_problem`: a full disk), after the rest or alone.
 
 While a run loads, the line also says how far the checkpoint shards are (`27/60 shards (45%)`), that its log went
@@ -52,8 +53,9 @@ class StartupPhases(TextPanel):
         waiting = state == ServingState.WAITING and bool(serving.reason)
         stopping = state == ServingState.STOPPING
         stopped = state == ServingState.STOPPED and serving.reason.startswith(STOPPED_BY)
+        held = serving.held is not None and not stopping  # its stop under way: the stopping line says it
         log = bool(serving.log_problem)
-        visible = state == ServingState.STARTING or trouble or waiting or stopping or stopped or log
+        visible = state == ServingState.STARTING or trouble or waiting or stopping or stopped or held or log
         if self.has_class("-visible") != visible:
             self.set_class(visible, "-visible")
         if not visible:
@@ -64,6 +66,8 @@ class StartupPhases(TextPanel):
             t = Text(f"⧗ {serving.reason}", style="bold yellow", no_wrap=True, overflow="ellipsis")
         elif trouble:
             t = Text(f"✗ {state}: {serving.reason}", style="bold red", no_wrap=True, overflow="ellipsis")
+        elif held:
+            t = held_line(serving, bool(getattr(self.app, "readonly_reason", None)))
         elif stopped:
             t = Text(f"■ {serving.reason}", style="bold", no_wrap=True, overflow="ellipsis")
         elif state == ServingState.STARTING:
@@ -178,6 +182,21 @@ def _progress(serving: ServingStatus, now_ms: int, usual_ms: int | None = None, 
     later = [p for p, ts in zip(order, times, strict=True) if p != current and ts is None]
     if later:  # the phases done go (the one under way says where the load is): those to come, in few words
         t.append(f" · next {', '.join(later)}", style="dim")
+    return t
+
+
+def held_line(serving: ServingStatus, readonly: bool = False) -> Text:
+    """`⚠ held: vLLM left by the previous agent serves unsupervised · X Stop ends it · profile dsv41 · no start
+    while it lives`: the header's `held run 12 pid 4242` in words. The header alone said STOPPED and
+    `no profile` while a model served on the GPUs; what it is and what ends it come first (80 columns keep them).
+    `readonly`: the dashboard refuses X, so the command is named."""
+    held = serving.held
+    ends = "`lynxtop stop` ends it" if readonly else "X Stop ends it"
+    t = Text(f"⚠ held: vLLM left by the previous agent serves unsupervised · {ends}", style="bold yellow",
+             no_wrap=True, overflow="ellipsis")
+    if held is not None and held.profile:
+        t.append(f" · profile {held.profile}", style="bold")
+    t.append(" · no start while it lives", style="dim")
     return t
 
 
