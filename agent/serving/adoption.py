@@ -106,7 +106,7 @@ class Adoption:
                     f"({self._state.path} is kept; `lynxtop start` refuses while it lives). To go on: check it "
                     f"(ps -fp {record.pid}), then `lynxtop stop` ends it and closes the run (SIGTERM to the API "
                     f"server, which stops its engine; SIGKILL after the grace), as kill {record.pid} would",
-                    run_id_prev=record.run_id, pid=record.pid, held=True, pids=[])
+                    run_id_prev=record.run_id, about_run=record.run_id, pid=record.pid, held=True, pids=[])
 
     async def close_held(self) -> launcher.StopResult | None:
         """After an operator's stop ended the held run (heldstop.py): what it left removed (its files), its row
@@ -136,7 +136,7 @@ class Adoption:
                         f"previous run {record.run_id} (profile {record.profile}) not adopted: {why}; what is left "
                         f"of it cannot be looked for ({exc}), so nothing of it is signalled and its record "
                         f"{self._state.path} is kept: the agent's next start looks again",
-                        run_id_prev=record.run_id, pids=[], kept=True)
+                        run_id_prev=record.run_id, about_run=record.run_id, pids=[], kept=True)
             return
         extra = (f"; killed {len(res.pids)} leftover process(es) of that run: "
                  + ", ".join(o.describe() for o in res.orphans)) if res.pids else ""
@@ -144,12 +144,13 @@ class Adoption:
                 f"when the previous agent ended, is gone: the stop is finished" if stopped else
                 f"previous run {record.run_id} (profile {record.profile}) not adopted")
         self._event(EventKind.SERVING_NOT_ADOPTED, Severity.INFO if stopped else Severity.WARNING,
-                    f"{head}: {why}{extra}{files_text(res)}", run_id_prev=record.run_id, pids=res.pids,
-                    orphans=[dataclasses.asdict(o) for o in res.orphans], removed=res.removed,
+                    f"{head}: {why}{extra}{files_text(res)}", run_id_prev=record.run_id, about_run=record.run_id,
+                    pids=res.pids, orphans=[dataclasses.asdict(o) for o in res.orphans], removed=res.removed,
                     not_removed=res.not_removed)
         if res.survivors:
             self._event(EventKind.SERVING_UNKILLABLE, Severity.CRITICAL, f"previous run {record.run_id}: "
-                        f"process(es) still alive after SIGKILL: {res.survivors}", pids=res.survivors)
+                        f"process(es) still alive after SIGKILL: {res.survivors}", pids=res.survivors,
+                        about_run=record.run_id)
         if record.run_id is not None:
             if (await asyncio.to_thread(self._row_times, record.run_id))[1] is not None:
                 self._state.remove()  # its row is closed already: a stale record (an old copy), not this run's end

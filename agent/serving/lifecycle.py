@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from lynxtop.agent.events import EventSink
 from lynxtop.agent.serving import launcher, logcap, policy, procs, runtmp
@@ -191,14 +191,15 @@ class RunLifecycle:
         if self._on_change:
             self._on_change()
 
-    def event(self, kind: EventKind, severity: Severity, message: str, with_log: bool = False,
-              **details: Any) -> None:
-        """A supervisor event: the state it happened in and the run it is about added; with the log's tail."""
+    def event(self, kind: EventKind, severity: Severity, message: str, with_log: bool = False, *,
+              about_run: int | None | Literal["current"] = "current", **details: Any) -> None:
+        """A supervisor event, its state and run added (`about_run`: a held run's; None: a start's, not the last's)."""
         details.setdefault("state", self.state)
         if with_log and self.proc is not None:
             details["log_tail"] = tail_lines(self.proc.record.log_path, LOG_TAIL_LINES)
             details["log_path"] = self.proc.record.log_path
-        self._events.put(Event(kind, severity, message, details=details, run_id=self.run_id))
+        self._events.put(Event(kind, severity, message, details=details,
+                               run_id=self.run_id if about_run == "current" else about_run))
 
     # ------------------------------------------------------------------------------------- a run's start
 

@@ -335,7 +335,8 @@ class Supervisor:
             raise
         refuse_start_now(self.runs, self._slot, prof.name)
         self._begin("start", by, prof.name, expect_run)
-        self._event(EventKind.ACTION_START, Severity.INFO, f"start of profile {prof.name} requested by {by}", by=by)
+        self._event(EventKind.ACTION_START, Severity.INFO, f"start of profile {prof.name} requested by {by}", by=by,
+                    about_run=None)  # the run it starts has no id yet: not the last run's
         self._slot.run(self._do_start(prof, f"started by {by}", autostart))
         return f"starting profile {prof.name}" + "".join(f" (warning: {w})" for w in warnings)
 

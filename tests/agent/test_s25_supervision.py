@@ -114,6 +114,7 @@ async def test_an_operators_stop_stops_a_held_server_and_closes_its_run(tmp_path
     b, pid, run_id, token, family, since = await _ready_then_edited(tmp_path, cleanup, _start_and_argv)
     held = await _events(tmp_path, "serving.not_adopted", since)
     assert json.loads(held[0]["details"])["held"] is True
+    assert held[0]["run_id"] == run_id  # about the held run, listed with it (it carried no run)
     st = await b.status()
     assert st["serving"]["state"] == "stopped"
     assert f"pid {pid}" in st["serving"]["reason"] and "`lynxtop stop` ends it" in st["serving"]["reason"], st
@@ -142,6 +143,32 @@ async def test_an_operators_stop_stops_a_server_whose_record_no_agent_reads(tmp_
     stopped = await _events(tmp_path, "serving.stopped", since)
     assert str(pid) in stopped[-1]["message"], stopped[-1]
     assert b.stop() == 0
+
+
+async def test_a_start_after_a_stopped_run_is_not_told_as_that_runs(tmp_path, cleanup):
+    """`action.start` was tagged with the last run (finished): a start after run 1's stop read as run 1's event."""
+    b = Agent(tmp_path, e2e_config(tmp_path, autostart=False), "a1")
+    cleanup.append(b)
+    await b.wait_notify("READY=1", timeout=60)
+    for n in (1, 2):
+        code, body = await b.api("POST", "/v1/start", {})
+        assert code == 202, body
+        await _wait_state(b, "ready", 60)
+        if n == 1:
+            code, body = await b.api("POST", "/v1/stop", {})
+            assert code == 202, body
+            await _stopped(b, 60)
+    starts = await _events(tmp_path, "action.start")
+    told = [(e["run_id"], e["message"]) for e in starts]
+    assert len(starts) == 2 and [e["run_id"] for e in starts] == [None, None], told
+    assert b.stop() == 0
+
+
+async def _wait_state(b: Agent, state: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while (await b.status())["serving"]["state"] != state:
+        assert time.monotonic() < deadline, f"not {state}"
+        await asyncio.sleep(0.2)
 
 
 async def test_a_stop_with_nothing_running_is_still_the_ask_met(tmp_path, cleanup):
