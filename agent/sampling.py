@@ -510,6 +510,8 @@ class ScrapeSource:
                                row.get("requests_waiting"), now=tick.t0, row=row, engines=self.engines)
         if hang.moved_at is not None and hasattr(self.http, "engine_moved_at"):
             self.http.engine_moved_at = hang.moved_at  # the /health probe's "frozen" asks whether the engine moves
+        if hasattr(self.http, "engine_idle_since"):
+            self.http.engine_idle_since = hang.idle_since  # the idle probe asks an engine idle that long
         if verdict is not None:
             self.on_verdict(verdict)
         return {"serving_row": row}, events

@@ -92,6 +92,10 @@ class AgentConfig:
     # stopped for it (readiness_timeout_s is the only stop of a load); 0: never told
     load_stall_warn_s: float = 300.0
     restart_on_hang: bool = False
+    # a ready run idle this long (no request running or waiting, no token) gets one 1-token completion, which must
+    # be answered within hang_timeout_s (agent/serving/idleprobe.py): an engine hung in its first step after an
+    # idle spell reads 0 running, 0 waiting for ever, and the counters alone never judge it; 0: off
+    idle_probe_s: float = 0.0
     backoff_initial_s: float = 5.0
     backoff_max_s: float = 300.0
     crash_loop_failures: int = 5
@@ -557,6 +561,23 @@ def _float(lo: float | None = None, hi: float | None = None, lo_open: bool = Fal
     return conv
 
 
+def _off_or_float(lo: float, hi: float):
+    """A number of seconds where 0 means off: 0, or lo..hi (a probe every second would be load, not a check)."""
+    within = _float(lo, hi)
+
+    def conv(key: str, v: Any) -> float:
+        if not isinstance(v, bool) and isinstance(v, (int, float)) and v == 0:
+            return 0.0
+        try:
+            return within(key, v)
+        except _Bad as exc:
+            if "out of range" in str(exc):
+                raise _Bad(f"{float(v):g} is out of range (0 = off, or {lo:g}..{hi:g})") from None
+            raise
+
+    return conv
+
+
 def _bool(key: str, v: Any) -> bool:
     if not isinstance(v, bool):
         raise _Bad(f"expected true or false, got {_describe(v)}")
@@ -740,6 +761,7 @@ _AGENT_SPEC: dict[str, Callable[[str, Any], Any]] = {
     "hang_timeout_s": _float(5, 86400),
     "load_stall_warn_s": _float(0, 86400),
     "restart_on_hang": _bool,
+    "idle_probe_s": _off_or_float(5, 86400),
     "backoff_initial_s": _float(0.1, 3600),
     "backoff_max_s": _float(0.1, 86400),
     "crash_loop_failures": _int(1, 1000),

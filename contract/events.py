@@ -89,6 +89,8 @@ class EventKind(StrEnum):
     SERVING_DEGRADED_HEALTH = "serving.degraded.health"  # GET /health failing while serving
     SERVING_RECOVERED_HANG = "serving.recovered.hang"
     SERVING_RECOVERED_HEALTH = "serving.recovered.health"
+    # the idle probe (idle_probe_s) cannot ask this run (its key refused, a model without completions): info, once
+    SERVING_IDLE_PROBE_OFF = "serving.idle_probe_off"
     # multi-node: the node's Ray (head or worker) and, on the head, the cluster as Ray sees it
     RAY_STARTING = "ray.starting"
     RAY_RUNNING = "ray.running"

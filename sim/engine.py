@@ -68,6 +68,10 @@ class EngineCore:
         self.plan: MemoryPlan | None = None
         self.api_gone = False
         self.hung = False
+        # hung in a step after an idle spell (--sim-fail hang-after-idle): as vLLM's EngineCore stuck in a step,
+        # it publishes nothing more, not even the gauges of requests that arrive (vLLM sets them at a step's end)
+        self.silent = False
+        self._idle_since: float | None = None  # when the engine last ran out of work (monotonic); None: busy
         self.ready_mono: float | None = None
         self._buf = b""
         self._sel = selectors.DefaultSelector()
@@ -208,7 +212,10 @@ class EngineCore:
             raise _Stop()
         if self.engine is None:
             return
+        if self.silent:
+            return  # stuck in a step: requests and aborts wait in the input queue, nothing is published
         if kind == "add":
+            idle_s = self._idle_spell()
             if not self.engine.has_work and self._wall0 is not None:  # idle: the clock restarts from now
                 self._sim_now = max(self._sim_now, (time.monotonic() - self._wall0) * self.a.speed)
             self.engine.add(SimRequest(
@@ -216,12 +223,29 @@ class EngineCore:
                 arrival_s=self._sim_now, finish_reason_at_max=msg.get("reason", "length"),
                 block_hashes=tuple(msg.get("hashes", ())), ready_s=self._sim_now + self.a.params.remote_kv_wait_s,
             ))
+            after = self.a.failure.hang_after_idle_s
+            if after is not None and idle_s is not None and idle_s >= after and not self.hung:
+                self._hang_in_step()
+                return
             self._gauges()
         elif kind == "abort":
             fin = self.engine.abort(msg["rid"], self._sim_now)
             if fin is not None:
                 self.send({"t": "step", "fin": [fin.__dict__], "tok": [], "itl": []} | self._gauge_fields())
             self._gauges()
+
+    def _idle_spell(self) -> float | None:
+        """How long the serving engine has had no work, or None while it has some (or before it serves)."""
+        if self.engine is None or self.engine.has_work or self._idle_since is None:
+            return None
+        return time.monotonic() - self._idle_since
+
+    def _hang_in_step(self) -> None:
+        """The first step after an idle spell never ends (a collective that never returns): /health still
+        answers, the request waits for ever, and /metrics keeps the idle gauges (0 running, 0 waiting)."""
+        self.hung = self.silent = True
+        self.phase = "hung"
+        self.publish(force=True)
 
     def _gauge_fields(self) -> dict:
         eng = self.engine
@@ -397,6 +421,7 @@ class EngineCore:
         self.ready_mono = time.monotonic()
         wall0 = self._wall0 = self.ready_mono
         self._sim_now = 0.0
+        self._idle_since = self.ready_mono
         fail = self.a.failure
         while True:
             now = time.monotonic()
@@ -414,6 +439,10 @@ class EngineCore:
                 self.hung = True  # like an NCCL deadlock: silent, no progress, /health still answers
                 self.phase = "hung"
                 self.publish(force=True)
+            if not eng.has_work and self._idle_since is None:
+                self._idle_since = now
+            elif eng.has_work:
+                self._idle_since = None
             if self.hung or not eng.has_work:
                 self._sim_now = max(self._sim_now, (now - wall0) * speed)
                 self.poll(0.05 if not self.hung else 0.2)

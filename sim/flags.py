@@ -64,6 +64,9 @@ class Failure:
     oom: bool = False
     exit0_after_s: float | None = None
     hang_after_s: float | None = None
+    # the engine hangs in its first step after an idle spell this long (0: the next request after ready), its
+    # gauges never published again: as vLLM's, published when a step ends (an NCCL collective that never returns)
+    hang_after_idle_s: float | None = None
     straggler_gpu: int | None = None  # this GPU of the node runs slow (thermal throttling): its TP group waits
 
 
@@ -186,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--sim-vllm-version",
                      help=f"vLLM version to imitate (default {DEFAULT_VERSION}; 0.10 prints the old names)")
     sim.add_argument("--sim-fail", action="append",
-                     help="oom | exit0-after=S | hang-after=S | straggler=GPU (repeatable)")
+                     help="oom | exit0-after=S | hang-after=S | hang-after-idle=S | hang-on-next-request | "
+                          "straggler=GPU (repeatable)")
     sim.add_argument("--sim-seed", type=int)
     sim.add_argument("--sim-param", action="append", metavar="KEY=VALUE", help="override a model parameter")
     sim.add_argument("--sim-state-dir", help="where the EngineCore publishes GPU state")
@@ -242,7 +246,7 @@ def _apply_env(ns: argparse.Namespace, env: dict[str, str]) -> None:
 
 def _parse_failures(items: list[str], node_gpus: int) -> Failure:
     oom = False
-    exit0 = hang = None
+    exit0 = hang = idle_hang = None
     straggler = None
     for item in items:
         key, _, val = item.partition("=")
@@ -253,18 +257,24 @@ def _parse_failures(items: list[str], node_gpus: int) -> Failure:
                 exit0 = float(val)
             elif key == "hang-after":
                 hang = float(val)
+            elif key == "hang-after-idle":
+                idle_hang = float(val)
+            elif key == "hang-on-next-request" and not val:
+                idle_hang = 0.0
             elif key == "straggler":
                 straggler = int(val)
                 if not 0 <= straggler < node_gpus:
                     raise ValueError
             else:
                 raise ValueError
-            if (exit0 is not None and exit0 < 0) or (hang is not None and hang < 0):
+            if any(v is not None and not v >= 0 for v in (exit0, hang, idle_hang)):  # NaN fails too
                 raise ValueError
         except ValueError:
-            raise SimUsageError(f"--sim-fail {item!r}: expected oom, exit0-after=SECONDS, hang-after=SECONDS or "
-                                f"straggler=GPU (0..{node_gpus - 1})") from None
-    return Failure(oom=oom, exit0_after_s=exit0, hang_after_s=hang, straggler_gpu=straggler)
+            raise SimUsageError(f"--sim-fail {item!r}: expected oom, exit0-after=SECONDS, hang-after=SECONDS, "
+                                f"hang-after-idle=SECONDS, hang-on-next-request or straggler=GPU "
+                                f"(0..{node_gpus - 1})") from None
+    return Failure(oom=oom, exit0_after_s=exit0, hang_after_s=hang, hang_after_idle_s=idle_hang,
+                   straggler_gpu=straggler)
 
 
 def _spec_tokens(raw: str | None) -> int:
@@ -351,8 +361,10 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
     defaults = build_parser().parse_args([model])
     non_default = {k: v for k, v in vars(ns).items()
                    if not k.startswith("sim_") and k != "model_tag" and getattr(defaults, k, None) != v}
-    return ServeArgs(model=model, non_default=non_default, **_serve_fields(ns, model, params),
-                     **_sim_fields(ns, params))
+    serve = _serve_fields(ns, model, params)
+    if not serve["api_key"]:  # vLLM: `--api-key` wins over VLLM_API_KEY (the agent passes the key this way)
+        serve["api_key"] = env.get("VLLM_API_KEY") or None
+    return ServeArgs(model=model, non_default=non_default, **serve, **_sim_fields(ns, params))
 
 
 def _refuse_by_version(parser: argparse.ArgumentParser, ns: argparse.Namespace, args: list[str]) -> None:

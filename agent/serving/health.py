@@ -65,6 +65,9 @@ class HttpClient:
         # when the scrape last saw the served engine move (monotonic; agent/sampling.py): a /health silent that
         # long is judged frozen only if the engine stands still too (HealthProbe)
         self.engine_moved_at: float | None = None
+        # since when the scrape has read the engine idle (no request running or waiting, no token; monotonic), None
+        # while it works or before any reading: the idle probe (idleprobe.py) asks an engine idle that long
+        self.engine_idle_since: float | None = None
         # resumes of the agent after a pause (SIGSTOP, a VM pause), told by the scrape (ScrapeSource.resumed): the
         # /health probe's silence over one was never observed (HealthProbe._unwatched)
         self.resumes = 0
@@ -183,6 +186,9 @@ class HangDetector:
         self._gaps: deque[float] = deque(maxlen=GAPS_KEPT)
         self.hung = False
         self.moved_at: float | None = None  # when the engine last showed it moves (not idle, not a first reading)
+        # since when the readings show nothing asked and nothing moving (None: work, or no reading yet); a failed
+        # reading keeps it. An idle page is all a hang in the first step after an idle spell shows (idleprobe.py)
+        self.idle_since: float | None = None
         self._last_tokens: float | None = None
         self._stalled = 0.0  # stall time observed since the last progress, failed readings not counted
         self._last_seen: float | None = None  # the last reading, None after a failed one (a pause)
@@ -238,6 +244,10 @@ class HangDetector:
         tokens_moved = self._last_tokens is not None and tokens_total != self._last_tokens
         if tokens_moved or moved is not None:
             self.moved_at = now
+        if running > 0 or (waiting or 0) > 0 or tokens_moved or moved is not None:  # deferred ones count here
+            self.idle_since = None
+        elif self.idle_since is None:
+            self.idle_since = now
         if self._last_tokens is None or tokens_moved or moved is not None or pending <= 0:
             self._last_tokens, self._stalled = tokens_total, 0.0
             self.hung = False

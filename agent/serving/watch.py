@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
 from lynxtop.agent.serving import procs
-from lynxtop.agent.serving.health import Health, HealthProbe, HttpClient
+from lynxtop.agent.serving.health import Health, HealthProbe, HttpClient, Verdict
+from lynxtop.agent.serving.idleprobe import IdleProbe, api_key
 from lynxtop.agent.serving.launcher import ServerProcess
 from lynxtop.agent.serving.run import Run, now_ms
 from lynxtop.contract.config import AgentConfig, Profile
@@ -232,6 +233,7 @@ class RunWatch:
                             period_s=period)  # a longer gap between probes was not watched (the agent stopped)
         stable_at: float | None = time.monotonic() + self._agent.stable_after_s
         exit_wait = asyncio.ensure_future(proc.wait())
+        idle = self._idle_probe()
         try:
             while not proc.exited:
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -253,6 +255,28 @@ class RunWatch:
         finally:
             probe.close()
             exit_wait.cancel()
+            if idle is not None:
+                idle.cancel()
+
+    def _idle_probe(self) -> asyncio.Task[None] | None:
+        """The idle probe's loop beside the watch (idleprobe.py), with `[agent] idle_probe_s` on; None when off."""
+        if self._agent.idle_probe_s <= 0:
+            return None
+        lc, run, prof = self._lc, self._run, self._prof
+
+        def tell(message: str, details: dict[str, object]) -> None:
+            lc.event(EventKind.SERVING_IDLE_PROBE_OFF, Severity.INFO, message, **details)
+
+        def verdict(v: Verdict) -> None:
+            if lc.run is run and not (v.bad and run.proc.exited):
+                lc.on_verdict(v)
+
+        probe = IdleProbe(self._http, server_url(prof), model=prof.served_model_name or prof.model,
+                          key=api_key(prof.env), idle_s=self._agent.idle_probe_s,
+                          timeout_s=self._agent.hang_timeout_s, tell=tell,
+                          run_label=f"run {run.run_id} (profile {prof.name})")
+        return asyncio.get_running_loop().create_task(
+            probe.run(lambda: lc.state == S.READY and lc.run is run, verdict), name=f"run {run.run_id}: idle probe")
 
     def look_while_loading(self) -> None:
         """A young run's processes looked at each second (ServerProcess.look_due; in a thread: a look reads every
