@@ -55,8 +55,9 @@ def prepared() -> Prepared:
                     ray=Path(info["ray"]), model=Path(info["model"]))
 
 
-def agent_config(prepared: Prepared, state: Path, port: int) -> str:
-    """Three profiles on one port: the main one, a switch target and one that vLLM rejects at start-up."""
+def agent_config(prepared: Prepared, state: Path, port: int, **agent_keys: object) -> str:
+    """Three profiles on one port: the main one, a switch target and one that vLLM rejects at start-up;
+    `agent_keys`: more [agent] keys (a test's own agent)."""
     flags = ["--dtype", "float32", "--enforce-eager"]
 
     def tiny(name: str, description: str, **keys: object) -> str:
@@ -67,11 +68,17 @@ def agent_config(prepared: Prepared, state: Path, port: int) -> str:
     return agent_toml(
         state / "lynxtop.db", state / "agent.sock", socket_group=operators_group(), log_dir=state / "logs",
         sample_interval_s=1.0, backoff_initial_s=2, backoff_max_s=4, crash_loop_failures=4, gpu_release_timeout_s=30,
-        live_restore=True, sla={"window_s": 900},
+        live_restore=True, sla={"window_s": 900}, **agent_keys,
         profiles=[tiny("tiny", "tiny random Llama on vLLM's CPU build", max_num_seqs=8, extra_args=flags),
                   tiny("tiny-b", "same model, fewer sequences: the switch target", max_num_seqs=4, extra_args=flags),
                   tiny("badflag", "a flag vLLM rejects: must end in an event quoting vLLM and in backoff",
                        extra_args=[*flags, "--no-such-flag-lynxtop"])])
+
+
+@pytest.fixture
+def own_config(prepared: Prepared):
+    """agent_config(state, port, **agent_keys) for a test that runs an agent of its own (other [agent] keys)."""
+    return lambda state, port, **keys: agent_config(prepared, state, port, **keys)
 
 
 @pytest.fixture(scope="module")
