@@ -400,11 +400,13 @@ def _open(args: argparse.Namespace, gpu_sampler: Any, factory: Any) -> Bench | N
         return None
     static = sampler.static()
     print(f"NVML ok: driver {st['driver_version']}, NVML {st['nvml_version']}, {len(static)} GPU(s)")
-    for g in static:
-        print("  " + json.dumps(g))
+    for g in static:  # the board's serial is said by its length only: results are kept in the repository
+        print("  " + json.dumps({**g, "serial": None if g.get("serial") is None else f"<{len(g['serial'])} chars>"}))
     out: dict[str, Any] = {"gpus": len(static), "driver_version": st["driver_version"],
                            "nvml_version": st["nvml_version"], "names": sorted({g["name"] for g in static}),
-                           "simulated": bool(args.fake)}
+                           "simulated": bool(args.fake),
+                           # nvmlDeviceGetSerial through the agent's facts reader (NULL: the board keeps none)
+                           "serials_read": sum(1 for g in static if g.get("serial"))}
     b = Bench(args, sampler, static, Checks(), out, events, t_start)
     if b.n >= 2:
         for key in ("idx", "uuid", "pci_bus_id"):
