@@ -6,11 +6,13 @@ scenario allows, one server) across its tests, in file order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,15 +77,10 @@ def agent_config(prepared: Prepared, state: Path, port: int, **agent_keys: objec
                        extra_args=[*flags, "--no-such-flag-lynxtop"])])
 
 
-@pytest.fixture
-def own_config(prepared: Prepared):
-    """agent_config(state, port, **agent_keys) for a test that runs an agent of its own (other [agent] keys)."""
-    return lambda state, port, **keys: agent_config(prepared, state, port, **keys)
-
-
-@pytest.fixture(scope="module")
-def agent(prepared: Prepared, request: pytest.FixtureRequest):
-    """The real `lynxtop agent` with profiles pointing at the prepared vLLM; stopped and swept afterwards.
+@contextlib.contextmanager
+def running_agent(prepared: Prepared, request: pytest.FixtureRequest, **agent_keys: object) -> Iterator[Agent]:
+    """The real `lynxtop agent` with profiles pointing at the prepared vLLM (`agent_keys`: more [agent] keys);
+    stopped and swept afterwards.
 
     Its state (database, agent log, vLLM run logs) lives in a directory of its own, printed at the end, so a
     failure can be read after the fact (pytest's numbered temp dirs are pruned by other runs).
@@ -91,7 +88,7 @@ def agent(prepared: Prepared, request: pytest.FixtureRequest):
     state = Path(tempfile.mkdtemp(prefix="lynxtop-real-vllm-"))
     port = free_port()
     cfg = state / "config.toml"
-    cfg.write_text(agent_config(prepared, state, port))
+    cfg.write_text(agent_config(prepared, state, port, **agent_keys))
     ag = Agent(config=cfg, socket=state / "agent.sock", database=state / "lynxtop.db", log=state / "agent.log")
     ag.port = port  # type: ignore[attr-defined]
     before = {p.pid for p in vllm_processes(prepared.root)}
@@ -116,3 +113,16 @@ def agent(prepared: Prepared, request: pytest.FixtureRequest):
         else:
             print(f"\nreal-vLLM agent state kept (database, agent.log, logs/): {state}")
         assert not stray, "the agent left vLLM processes behind:\n  " + "\n  ".join(leaked)
+
+
+@pytest.fixture(scope="module")
+def agent(prepared: Prepared, request: pytest.FixtureRequest) -> Iterator[Agent]:
+    """One agent shared by the module (see the module's docstring)."""
+    with running_agent(prepared, request) as ag:
+        yield ag
+
+
+@pytest.fixture
+def own_agent(prepared: Prepared, request: pytest.FixtureRequest):
+    """`own_agent(**agent_keys)`: a context manager running an agent of the test's own (other [agent] keys)."""
+    return lambda **agent_keys: running_agent(prepared, request, **agent_keys)
