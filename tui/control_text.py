@@ -146,13 +146,19 @@ def _count(metrics: ServingMetrics | None, name: str) -> float:
     return n if isinstance(n, int | float) and n > 0 else 0
 
 
-def _busy_lines(metrics: ServingMetrics | None, profile: ProfileInfo | None = None) -> list[Text]:
-    """What the requests in vLLM now lose: the running ones get the shutdown timeout, the waiting ones fail."""
+def _busy_lines(metrics: ServingMetrics | None, profile: ProfileInfo | None = None,
+                timeout_said: bool = False) -> list[Text]:
+    """What the requests in vLLM now lose: the running ones get the shutdown timeout, the waiting ones fail.
+    `timeout_said`: the sentence before named the figure (the drain words): said again, it read as a second
+    timeout."""
     running, waiting = _count(metrics, "requests_running"), _count(metrics, "requests_waiting")
     if not running and not waiting:
         return []
     timeout = shutdown_timeout(profile)
-    grace = f"vLLM's shutdown timeout ({timeout})" if timeout else "vLLM's shutdown timeout"
+    if timeout_said:
+        grace = "the shutdown timeout"
+    else:
+        grace = f"vLLM's shutdown timeout ({timeout})" if timeout else "vLLM's shutdown timeout"
     finish = "are aborted at once" if aborts_at_once(profile) else f"get {grace} to finish, then fail"
     if running and waiting:
         text = (f"{running:g} request(s) are running now and {waiting:g} waiting: the waiting ones fail; the running "
@@ -170,14 +176,19 @@ def _how_stopped(serving: ServingStatus, profile: ProfileInfo | None) -> str:
     return "" if serving.state in (ServingState.STARTING, ServingState.STOPPED) else f" ({_drain_words(profile)})"
 
 
+def _timeout_said(serving: ServingStatus, profile: ProfileInfo | None) -> bool:
+    """Whether `_how_stopped` names the profile's shutdown timeout (a figure), so the lines after need not."""
+    return bool(_how_stopped(serving, profile)) and not aborts_at_once(profile) and bool(shutdown_timeout(profile))
+
+
 def _lost_now(serving: ServingStatus, metrics: ServingMetrics | None, profile: ProfileInfo | None,
-              now_ms: int | None) -> list[Text]:
+              now_ms: int | None, timeout_said: bool = False) -> list[Text]:
     """What the action throws away: the load so far while loading, else the requests in vLLM now; nothing once
-    stopped (its metrics are the last read before the stop, not requests now)."""
+    stopped (its metrics are the last read before the stop, not requests now). `timeout_said`: as _busy_lines'."""
     if serving.state == ServingState.STOPPED:
         return []
     lost = loading_lost(serving, now_ms)
-    return [lost] if lost is not None else _busy_lines(metrics, profile)
+    return [lost] if lost is not None else _busy_lines(metrics, profile, timeout_said)
 
 
 def restart_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
@@ -190,7 +201,7 @@ def restart_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
         Text(f"Now: {_what_runs(serving)}."),
         Text(f"vLLM is stopped{_how_stopped(serving, profile)} and started again with the same profile as a new "
              "run."),
-        *_lost_now(serving, metrics, profile, now_ms),
+        *_lost_now(serving, metrics, profile, now_ms, _timeout_said(serving, profile)),
         Text(_load_line(serving, usual_ms=usual_load_ms), style="bold yellow"),
     )
 
@@ -220,7 +231,7 @@ def stop_text(serving: ServingStatus, metrics: ServingMetrics | None = None,
         Text(f"Now: {_what_runs(serving)}."),
         Text(f"vLLM is stopped{_how_stopped(serving, profile)} and stays stopped: the node serves nothing until "
              "someone starts it."),
-        *_lost_now(serving, metrics, profile, now_ms),
+        *_lost_now(serving, metrics, profile, now_ms, _timeout_said(serving, profile)),
         Text(f"To serve again the model must load again{guess}.{known}", style="bold yellow"),
     )
 

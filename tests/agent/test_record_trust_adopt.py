@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import aiohttp
 import pytest
-from support.agent_proc import Agent, e2e_config, state_db
+from support.agent_proc import Agent, e2e_config, run_processes, state_db, stored_events
+from support.serving_record import format_2, start_and_argv
 
 from lynxtop.agent.serving import procs
 
@@ -52,17 +52,6 @@ def _no_token(rec: dict) -> str:
     return json.dumps(rec)
 
 
-def _format_2(rec: dict) -> str:
-    rec["format"] = 2
-    return json.dumps(rec)
-
-
-def _start_and_argv(rec: dict) -> str:
-    rec["start_ticks"] += 1
-    rec["argv"] = [*rec["argv"], "--an-edited-flag"]
-    return json.dumps(rec)
-
-
 ADOPTED = {  # edit -> what agent.state_file says (None: nothing to say, the record is as an agent writes it)
     "start-null": (_start_null, "start time not recorded"),
     "start-other-number": (_start_other_number, "start time differs"),
@@ -73,26 +62,8 @@ UNREADABLE = {  # edit -> what agent.state_file says is wrong
     "start-float": (_start_float, '"start_ticks" is {ticks}.0, not a positive integer or null'),
     "start-1e999": (_start_infinite, "1e999"),  # safefile.loads_strict's words
     "no-token": (_no_token, '"token" is missing'),
-    "format-2": (_format_2, '"format" is 2: written by a newer agent'),
+    "format-2": (format_2, '"format" is 2: written by a newer agent'),
 }
-
-
-async def _events(tmp_path, kind: str, after: int = 0, timeout: float = 20) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while not (ev := state_db(tmp_path, "SELECT * FROM events WHERE kind = ? AND id > ? ORDER BY id", (kind, after))):
-        assert time.monotonic() < deadline, f"no {kind} event"
-        await asyncio.sleep(0.1)
-    return ev
-
-
-def _run_processes(token: str) -> set[tuple[int, int]]:
-    """Every live process carrying the run's token, with its start time: a signalled one would be gone."""
-    out = set()
-    for pid in procs.run_processes(token, None):
-        st = procs.stat(pid)
-        if st is not None:
-            out.add((pid, st.start_ticks))
-    return out
 
 
 async def _healthy(url: str) -> bool:
@@ -113,7 +84,7 @@ async def _ready_then_edited(tmp_path, cleanup, edit) -> tuple:
     rec = json.loads(state.read_text())
     assert rec["format"] == 1 and rec["pid"] == pid
     token, ticks = rec["token"], rec["start_ticks"]
-    before = _run_processes(token)
+    before = run_processes(token)
     assert (pid, ticks) in before and len(before) > 1  # the API server and its engine
     state.write_text(edit(rec))
     (tmp_path / "run" / "agent.serving.json").unlink()  # its copy gone too: the edited record is all there is
@@ -126,7 +97,7 @@ async def _ready_then_edited(tmp_path, cleanup, edit) -> tuple:
 
 async def _nothing_signalled(tmp_path, url, token, before, run_id) -> None:
     await asyncio.sleep(1.0)  # a SIGTERMed sim drains and exits well within this
-    assert _run_processes(token) == before  # the server and its engine: same pids, same processes
+    assert run_processes(token) == before  # the server and its engine: same pids, same processes
     assert await _healthy(url)
     assert [r["id"] for r in state_db(tmp_path, "SELECT id FROM runs")] == [run_id]  # no second run
     assert len(state_db(tmp_path, "SELECT id FROM events WHERE kind = 'serving.starting'")) == 1  # A's only
@@ -156,7 +127,7 @@ async def test_a_record_whose_start_time_is_wrong_or_unknown_is_adopted_on_the_t
 async def test_a_record_no_agent_wrote_is_unreadable_and_the_live_server_is_left_alone(tmp_path, cleanup, name):
     edit, words = UNREADABLE[name]
     b, pid, run_id, url, token, ticks, before, since = await _ready_then_edited(tmp_path, cleanup, edit)
-    held = await _events(tmp_path, "agent.autostart_held", since)
+    held = await stored_events(tmp_path, "agent.autostart_held", since, timeout=20)
     assert str(pid) in held[0]["message"]
     await _nothing_signalled(tmp_path, url, token, before, run_id)
     said = state_db(tmp_path, "SELECT message FROM events WHERE kind = 'agent.state_file' AND id > ?", (since,))
@@ -175,13 +146,13 @@ async def test_a_token_carrier_that_is_not_provably_the_server_is_held_not_signa
     """Start time and argv both edited: the live pid carries the run's token but cannot be proven the server (the
     token alone does not tell it from another process of the run). Held: not adopted, nothing signalled, the
     operator told what to do; autostart held."""
-    b, pid, run_id, url, token, ticks, before, since = await _ready_then_edited(tmp_path, cleanup, _start_and_argv)
-    ev = await _events(tmp_path, "serving.not_adopted", since)
+    b, pid, run_id, url, token, ticks, before, since = await _ready_then_edited(tmp_path, cleanup, start_and_argv)
+    ev = await stored_events(tmp_path, "serving.not_adopted", since, timeout=20)
     msg = ev[0]["message"]
     assert f"pid {pid} carries the run's token (start time differs" in msg and "different command line" in msg
     assert "nothing of it is signalled" in msg and f"ps -fp {pid}" in msg and f"kill {pid}" in msg
     assert json.loads(ev[0]["details"])["held"] is True
-    held = await _events(tmp_path, "agent.autostart_held", since)
+    held = await stored_events(tmp_path, "agent.autostart_held", since, timeout=20)
     assert str(pid) in held[0]["message"]
     await _nothing_signalled(tmp_path, url, token, before, run_id)
     assert (tmp_path / "state" / "serving.json").exists()  # kept: the next agent decides the same way

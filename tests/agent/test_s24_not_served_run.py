@@ -16,9 +16,8 @@ import asyncio
 import time
 
 import pytest
-from aiohttp import web
 from prometheus_client import generate_latest
-from support.web_app import serving
+from support.web_app import metrics_app, serving
 
 from lynxtop.agent.sampling import ScrapeSource, ScrapeTarget, Tick
 from lynxtop.agent.serving.health import HttpClient
@@ -42,16 +41,6 @@ def finish(m: VllmMetrics, n: int) -> None:
                    "fin": [{"reason": "length", "e2e_s": 0.9, "queue_s": 0.1, "inference_s": 0.8, "prefill_s": 0.1,
                             "decode_s": 0.7, "prompt_tokens": 100, "generation_tokens": 8, "max_tokens": 8,
                             "tpot_s": 0.03}]})
-
-
-def _app(page: list[str]) -> web.Application:
-    """The vLLM stand-in: its /metrics is `page[0]`; no /version (404): a version only the run may know."""
-    async def metrics(_req: web.Request) -> web.Response:
-        return web.Response(text=page[0], content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    return app
 
 
 async def _scrape(src: ScrapeSource, m: VllmMetrics, page: list[str], t: float, n: int) -> float:
@@ -86,7 +75,7 @@ def test_a_new_run_ready_before_its_first_scrape_shows_no_list_of_the_previous_r
         http = HttpClient()
         seen: list[ServingStatus] = []
         try:
-            async with serving(_app(page)) as url:
+            async with serving(metrics_app(page)) as url:
                 target = [ScrapeTarget(url + "/metrics", 1, "run-1", vllm_version=v1)]
                 src = ScrapeSource(http, lambda: target[0], window_s=60, timeout_s=5.0, hang_timeout_s=600.0,
                                    on_new_run=lambda: None, on_verdict=lambda v: None)

@@ -17,9 +17,8 @@ import time
 from typing import Any
 
 import pytest
-from aiohttp import web
 from support.latency_pages import QUEUEING, LatencyPage
-from support.web_app import serving
+from support.web_app import metrics_app, serving
 
 from lynxtop.agent.metrics.sla import SlaTracker
 from lynxtop.agent.sampling import ScrapeSource, ScrapeTarget, Tick
@@ -32,15 +31,6 @@ from lynxtop.contract.status import ServingState, ServingStatus, SlaState, SlaSt
 pytestmark = pytest.mark.timeout(120)
 
 SLOW = {**QUEUEING, "ttft_s": 5.0}  # TTFT 5 s: past a 2 s limit
-
-
-def _app(page: list[str]) -> web.Application:
-    async def metrics(_req: web.Request) -> web.Response:
-        return web.Response(text=page[0], content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    return app
 
 
 async def _scrape(src: ScrapeSource, lp: LatencyPage, page: list[str], t: float) -> dict[str, Any]:
@@ -65,7 +55,7 @@ def test_a_window_of_one_request_says_one_and_more_say_more():
         lp, page, http = LatencyPage(), [""], HttpClient()
         out: dict[str, Any] = {}
         try:
-            async with serving(_app(page)) as url:
+            async with serving(metrics_app(page)) as url:
                 target = [ScrapeTarget(url + "/metrics", 1, "run-1")]
                 src = ScrapeSource(http, lambda: target[0], window_s=60, timeout_s=5.0, hang_timeout_s=600.0,
                                    on_new_run=lambda: None, on_verdict=lambda v: None)
@@ -119,7 +109,7 @@ def test_the_window_empties_to_zero_once_its_requests_age_out():
     async def go() -> tuple[dict[str, Any], ServingStatus]:
         lp, page, http = LatencyPage(), [""], HttpClient()
         try:
-            async with serving(_app(page)) as url:
+            async with serving(metrics_app(page)) as url:
                 src = ScrapeSource(http, lambda: ScrapeTarget(url + "/metrics", 1, "run-1"), window_s=60,
                                    timeout_s=5.0, hang_timeout_s=600.0, on_new_run=lambda: None,
                                    on_verdict=lambda v: None)

@@ -17,7 +17,8 @@ import time
 
 import pytest
 from support.agent_proc import state_db
-from test_s25_supervision import _gone, _ready_then_edited, _start_and_argv, _stopped, _wait
+from support.serving_record import start_and_argv
+from test_s25_supervision import _gone, _ready_then_edited, _stopped, _wait
 
 from lynxtop.__main__ import main
 from lynxtop.contract.records import RecordError
@@ -79,7 +80,7 @@ async def _held_now(b, timeout: float, want) -> dict:
 
 
 async def test_a_held_server_is_in_the_status_until_the_stop_ends_it(tmp_path, cleanup, capsys):
-    b, pid, run_id, token, family, since = await _ready_then_edited(tmp_path, cleanup, _start_and_argv)
+    b, pid, run_id, token, family, since = await _ready_then_edited(tmp_path, cleanup, start_and_argv)
     st = await b.status()
     profile = json.loads((tmp_path / "state" / "serving.json").read_text())["profile"]
     assert st["serving"]["state"] == "stopped"
@@ -104,7 +105,7 @@ async def test_a_held_server_is_in_the_status_until_the_stop_ends_it(tmp_path, c
 async def test_a_held_server_ended_by_other_means_leaves_the_status(tmp_path, cleanup):
     """Killed by hand (kill -9 of its processes): the status stops naming it within the check's period, and the
     reason no longer says `lynxtop stop` ends it."""
-    b, pid, run_id, token, family, since = await _ready_then_edited(tmp_path, cleanup, _start_and_argv)
+    b, pid, run_id, token, family, since = await _ready_then_edited(tmp_path, cleanup, start_and_argv)
     st = await _held_now(b, 10, lambda h: h is not None and h["pid"] == pid)
     assert "`lynxtop stop` ends it" in st["serving"]["reason"]
     for p, _ in family:

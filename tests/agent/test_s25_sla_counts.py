@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 from support.latency_pages import QUEUEING, LatencyPage
 from support.status import status_json
 from support.status_socket import status_text
-from support.web_app import serving
+from support.web_app import metrics_app, serving
 
 from lynxtop.agent.metrics.sla import COUNT_UNKNOWN, SlaTracker, counts_of
 from lynxtop.agent.sampling import ScrapeSource, ScrapeTarget, SlaSource, Tick
@@ -45,15 +44,6 @@ def _without_counter(text: str) -> str:
     return "".join(ln + "\n" for ln in text.splitlines() if COUNTER not in ln)
 
 
-def _app(page: list[str]) -> web.Application:
-    async def metrics(_req: web.Request) -> web.Response:
-        return web.Response(text=page[0], content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    return app
-
-
 def _run(steps: list[tuple[int, dict[str, float] | None]], *, counter: bool, wired: bool,
          in_flight: int = 0) -> list[tuple[SlaStatus, list[str], dict[str, Any]]]:
     """A page read at t=1000 s, then for each step `n` requests finished with `times` and the page read again, a
@@ -67,7 +57,7 @@ def _run(steps: list[tuple[int, dict[str, float] | None]], *, counter: bool, wir
         lp, page, http = LatencyPage(), [""], HttpClient()
         out = []
         try:
-            async with serving(_app(page)) as url:
+            async with serving(metrics_app(page)) as url:
                 src = ScrapeSource(http, lambda: ScrapeTarget(url + "/metrics", 1, "run-1"), window_s=60,
                                    timeout_s=5.0, hang_timeout_s=600.0, on_new_run=sla.reset,
                                    on_verdict=lambda v: None)

@@ -18,29 +18,12 @@ import subprocess
 import time
 
 import pytest
-from support.agent_proc import Agent, e2e_config, state_db
+from support.agent_proc import Agent, e2e_config, run_processes, state_db, stored_events
+from support.serving_record import format_2, start_and_argv
 
 from lynxtop.agent.serving import heldstop, procs
 
 pytestmark = pytest.mark.timeout(150)
-
-
-async def _events(tmp_path, kind: str, after: int = 0, timeout: float = 30) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while not (ev := state_db(tmp_path, "SELECT * FROM events WHERE kind = ? AND id > ? ORDER BY id", (kind, after))):
-        assert time.monotonic() < deadline, f"no {kind} event"
-        await asyncio.sleep(0.1)
-    return ev
-
-
-def _run_processes(token: str) -> set[tuple[int, int]]:
-    """Every live process carrying the run's token, with its start time."""
-    out = set()
-    for pid in procs.run_processes(token, None):
-        st = procs.stat(pid)
-        if st is not None:
-            out.add((pid, st.start_ticks))
-    return out
 
 
 def _gone(pairs: set[tuple[int, int]]) -> bool:
@@ -50,19 +33,6 @@ def _gone(pairs: set[tuple[int, int]]) -> bool:
         if st is not None and st.start_ticks == ticks and st.state not in ("Z", "X"):
             return False
     return True
-
-
-def _start_and_argv(rec: dict) -> str:
-    """Start time and argv both wrong: the live pid carries the token but cannot be proven the server (held)."""
-    rec["start_ticks"] += 1
-    rec["argv"] = [*rec["argv"], "--an-edited-flag"]
-    return json.dumps(rec)
-
-
-def _format_2(rec: dict) -> str:
-    """A record no agent of this version reads: nothing adopted, the server a stray."""
-    rec["format"] = 2
-    return json.dumps(rec)
 
 
 async def _ready_then_edited(tmp_path, cleanup, edit) -> tuple:
@@ -87,7 +57,7 @@ async def _ready_then_edited(tmp_path, cleanup, edit) -> tuple:
     b = Agent(tmp_path, cfg, "a2")
     cleanup.append(b)
     await b.wait_notify("READY=1", timeout=60)
-    await _events(tmp_path, "agent.autostart_held", since)  # B decided: nothing adopted, the server left alone
+    await stored_events(tmp_path, "agent.autostart_held", since)  # B decided: nothing adopted, the server left alone
     assert procs.alive(pid)
     return b, pid, run_id, token, family, since
 
@@ -111,8 +81,8 @@ async def _stopped(b: Agent, timeout: float = 30) -> None:
 
 
 async def test_an_operators_stop_stops_a_held_server_and_closes_its_run(tmp_path, cleanup):
-    b, pid, run_id, token, family, since = await _ready_then_edited(tmp_path, cleanup, _start_and_argv)
-    held = await _events(tmp_path, "serving.not_adopted", since)
+    b, pid, run_id, token, family, since = await _ready_then_edited(tmp_path, cleanup, start_and_argv)
+    held = await stored_events(tmp_path, "serving.not_adopted", since)
     assert json.loads(held[0]["details"])["held"] is True
     assert held[0]["run_id"] == run_id  # about the held run, listed with it (it carried no run)
     st = await b.status()
@@ -121,12 +91,12 @@ async def test_an_operators_stop_stops_a_held_server_and_closes_its_run(tmp_path
     code, body = await b.api("POST", "/v1/stop", {})
     assert code == 202, body  # was 409 already_stopped: "nothing to do" while the model served on
     await _wait(lambda: _gone(family), 45, f"the held run's processes {family} still live after the stop")
-    assert not _run_processes(token)
+    assert not run_processes(token)
     await _stopped(b)
     row = state_db(tmp_path, "SELECT ended_ms, end_reason FROM runs WHERE id = ?", (run_id,))[0]
     assert row["ended_ms"] and row["end_reason"] == "stopped by operator", row
     assert not (tmp_path / "state" / "serving.json").exists()  # the run is over: no agent is to look for it
-    stopped = await _events(tmp_path, "serving.stopped", since)
+    stopped = await stored_events(tmp_path, "serving.stopped", since)
     assert str(pid) in stopped[-1]["message"] and f"run {run_id}" in stopped[-1]["message"], stopped[-1]
     # and it is stopped for good: a second stop is the ask met
     code, body = await b.api("POST", "/v1/stop", {})
@@ -135,12 +105,12 @@ async def test_an_operators_stop_stops_a_held_server_and_closes_its_run(tmp_path
 
 
 async def test_an_operators_stop_stops_a_server_whose_record_no_agent_reads(tmp_path, cleanup):
-    b, pid, run_id, token, family, since = await _ready_then_edited(tmp_path, cleanup, _format_2)
+    b, pid, run_id, token, family, since = await _ready_then_edited(tmp_path, cleanup, format_2)
     code, body = await b.api("POST", "/v1/stop", {})
     assert code == 202, body
     await _wait(lambda: _gone(family), 45, f"the stray run's processes {family} still live after the stop")
     await _stopped(b)
-    stopped = await _events(tmp_path, "serving.stopped", since)
+    stopped = await stored_events(tmp_path, "serving.stopped", since)
     assert str(pid) in stopped[-1]["message"], stopped[-1]
     assert b.stop() == 0
 
@@ -158,7 +128,7 @@ async def test_a_start_after_a_stopped_run_is_not_told_as_that_runs(tmp_path, cl
             code, body = await b.api("POST", "/v1/stop", {})
             assert code == 202, body
             await _stopped(b, 60)
-    starts = await _events(tmp_path, "action.start")
+    starts = await stored_events(tmp_path, "action.start")
     told = [(e["run_id"], e["message"]) for e in starts]
     assert len(starts) == 2 and [e["run_id"] for e in starts] == [None, None], told
     assert b.stop() == 0

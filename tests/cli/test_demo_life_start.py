@@ -8,13 +8,10 @@ variable in its environment, so a failing assertion leaves nothing behind.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import pty
-import secrets
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -25,7 +22,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from support.marked_procs import MARK, marked
+from support.marked_procs import MARK, marked, marked_tree
 
 from lynxtop.cli.demo import Demo
 from lynxtop.contract.status import Status
@@ -38,11 +35,8 @@ MAIN = "from lynxtop.cli.__main__ import main\nsys.exit(main(sys.argv[1:]))\n"
 @pytest.fixture
 def mark() -> Iterator[str]:
     """A marker for the demo's environment; whatever of its tree is left at the end is killed."""
-    value = secrets.token_hex(8)
-    yield value
-    for pid in marked(value):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    with marked_tree() as value:
+        yield value
 
 
 def _env(mark: str, **extra: str) -> dict[str, str]:

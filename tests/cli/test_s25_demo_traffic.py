@@ -13,10 +13,8 @@ subprocess, read through the agent's socket as the dashboard reads it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import secrets
 import signal
 import subprocess
 import sys
@@ -25,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.marked_procs import MARK, marked
+from support.marked_procs import MARK, marked, marked_tree
 
 from lynxtop.contract.client import AgentClient, AgentRefused, AgentUnreachable
 from lynxtop.contract.status import FEW_OBSERVATIONS, SlaState, Status
@@ -87,11 +85,8 @@ def test_the_calm_pattern_fills_every_window_and_stays_healthy():
 @pytest.fixture
 def mark() -> Iterator[str]:
     """A marker for the demo's environment; whatever of its tree is left at the end is killed."""
-    value = secrets.token_hex(8)
-    yield value
-    for pid in marked(value):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    with marked_tree() as value:
+        yield value
 
 
 def _status(sock: Path) -> Status | None:

@@ -15,17 +15,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "agent" / "io"))
 from agent_io_helpers import FakeController, ThreadedApi  # noqa: E402
+from support.cli import Tty, run_cli  # noqa: E402
 from support.ports import short_dir  # noqa: E402
 
-from lynxtop.__main__ import main  # noqa: E402
 from lynxtop.cli import ctl  # noqa: E402
 
 HELD = {"run_id": 12, "profile": "dsv41", "pid": 4242}
-
-
-class _Tty(io.StringIO):
-    def isatty(self) -> bool:
-        return True
 
 
 @pytest.fixture
@@ -44,15 +39,9 @@ def agent(monkeypatch):
             yield fake, str(d / "agent.sock")
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_status_prints_a_line_for_the_held_server(agent, capsys):
     fake, path = agent
-    code, out, _ = run(capsys, "status", "--socket", path)
+    code, out, _ = run_cli(capsys, "status", "--socket", path)
     assert code == 0
     lines = [line for line in out.splitlines() if line.startswith("held ")]
     assert lines == ["held     run 12 (profile dsv41, pid 4242) left by the previous agent, serving unsupervised: "
@@ -63,42 +52,42 @@ def test_status_prints_a_line_for_the_held_server(agent, capsys):
 def test_status_prints_no_held_line_without_one(agent, capsys):
     fake, path = agent
     fake.serving["held"] = None
-    code, out, _ = run(capsys, "status", "--socket", path)
+    code, out, _ = run_cli(capsys, "status", "--socket", path)
     assert code == 0 and "STOPPED" in out and "held " not in out
 
 
 def test_status_of_a_held_server_with_unknown_numbers_says_so(agent, capsys):
     fake, path = agent
     fake.serving["held"] = {"run_id": None, "profile": "", "pid": None}
-    code, out, _ = run(capsys, "status", "--socket", path)
+    code, out, _ = run_cli(capsys, "status", "--socket", path)
     assert code == 0
     assert "held     run ? (profile ?, pid ?) left by the previous agent" in out, out
 
 
 def test_stop_of_a_held_server_needs_yes_without_a_terminal(agent, capsys):
     fake, path = agent
-    code, _, err = run(capsys, "stop", "--socket", path)
+    code, _, err = run_cli(capsys, "stop", "--socket", path)
     assert code == 2 and "--yes" in err, err
     assert fake.calls == []  # nothing sent: the held server keeps serving
-    code, out, _ = run(capsys, "stop", "--yes", "--socket", path)
+    code, out, _ = run_cli(capsys, "stop", "--yes", "--socket", path)
     assert code == 0 and [c[0] for c in fake.calls] == ["stop"], out
 
 
 def test_stop_of_a_held_server_on_a_terminal_says_what_it_ends_and_asks(agent, capsys, monkeypatch):
     fake, path = agent
-    monkeypatch.setattr(sys, "stdin", _Tty("n\n"))
-    code, out, err = run(capsys, "stop", "--socket", path)
+    monkeypatch.setattr(sys, "stdin", Tty("n\n"))
+    code, out, err = run_cli(capsys, "stop", "--socket", path)
     assert code == 1 and "not confirmed" in err and fake.calls == []
     assert "run 12" in out and "pid 4242" in out and "dsv41" in out, out
     assert "previous agent" in out and "not supervised" in out, out
     assert "load again" in out, out  # what is lost: its load
-    monkeypatch.setattr(sys, "stdin", _Tty("y\n"))
-    code, out, _ = run(capsys, "stop", "--socket", path)
+    monkeypatch.setattr(sys, "stdin", Tty("y\n"))
+    code, out, _ = run_cli(capsys, "stop", "--socket", path)
     assert code == 0 and [c[0] for c in fake.calls] == ["stop"], out
 
 
 def test_stop_with_nothing_held_still_asks_nothing(agent, capsys):
     fake, path = agent
     fake.serving["held"] = None
-    code, _, _ = run(capsys, "stop", "--socket", path)
+    code, _, _ = run_cli(capsys, "stop", "--socket", path)
     assert code == 0 and [c[0] for c in fake.calls] == ["stop"]

@@ -14,8 +14,10 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from support.gpu_boards import BoardsNode, identity_events
+
 from lynxtop.agent.gpu.fake import FakeNvml
-from lynxtop.agent.gpu.protocol import FakeGpuSpec, FakeGpuState
+from lynxtop.agent.gpu.protocol import FakeGpuSpec
 from lynxtop.agent.gpu.sampler import GpuSampler
 from lynxtop.contract.events import EventKind
 from lynxtop.store.reader import StoreReader
@@ -27,26 +29,10 @@ UUID_C = "GPU-cccccccc-0000-4000-8000-000000000000"
 UUID_0 = "GPU-00000000-0000-4000-8000-000000000000"  # sorts before the others: a replacement listed first by uuid
 
 
-class Node:
-    """The fake NVML's node: the boards (specs) a test changes between agent processes."""
-
-    def __init__(self, uuids: list[str]):
-        self.specs = [FakeGpuSpec(index=i, uuid=u) for i, u in enumerate(uuids)]
-
-    def driver_version(self) -> str:
-        return "580.159.04"
-
-    def gpus(self) -> list[FakeGpuSpec]:
-        return list(self.specs)
-
-    def state(self, index: int, now: float) -> FakeGpuState:
-        return FakeGpuState(power_w=100.0 + index)
-
-
 class Agent:
     """One agent process as far as GPU identity goes: its sampler opens NVML, its writer stores static()."""
 
-    def __init__(self, db: Path, node: Node, wall_s: float):
+    def __init__(self, db: Path, node: BoardsNode, wall_s: float):
         self.wall = [wall_s]
         self.sampler_events: list[tuple] = []
         self.writer = StoreWriter(db, clock=lambda: self.wall[0])
@@ -62,21 +48,13 @@ class Agent:
         self.writer.close()
 
 
-def identity_events(db: Path) -> list:
-    r = StoreReader(db)
-    try:
-        return r.events(kinds=[EventKind.GPU_IDENTITY_CHANGED.value])
-    finally:
-        r.close()
-
-
 def test_a_board_replaced_while_the_agent_was_down_is_told_once_at_the_next_start(tmp_path):
     db = tmp_path / "lynxtop.db"
-    a = Agent(db, Node([UUID_A, UUID_B]), 1000.0)
+    a = Agent(db, BoardsNode([UUID_A, UUID_B]), 1000.0)
     a.close()
     assert identity_events(db) == []  # a first start: nothing to compare with
 
-    b = Agent(db, Node([UUID_C, UUID_B]), 2000.0)  # GPU 0's board swapped while the node was down
+    b = Agent(db, BoardsNode([UUID_C, UUID_B]), 2000.0)  # GPU 0's board swapped while the node was down
     assert not [e for e in b.sampler_events if e[0] is EventKind.GPU_IDENTITY_CHANGED]  # the sampler cannot know
     b.close()
     told = identity_events(db)
@@ -87,7 +65,7 @@ def test_a_board_replaced_while_the_agent_was_down_is_told_once_at_the_next_star
     assert ev.details["changes"] == [{"gpu": 0, "old_uuid": UUID_A, "new_uuid": UUID_C}]
     assert ev.ts_ms == 2_000_000
 
-    c = Agent(db, Node([UUID_C, UUID_B]), 3000.0)  # the same boards again: nothing more
+    c = Agent(db, BoardsNode([UUID_C, UUID_B]), 3000.0)  # the same boards again: nothing more
     c.close()
     assert len(identity_events(db)) == 1
 
@@ -96,8 +74,8 @@ def test_shifted_indices_keep_what_each_index_was_over_time(tmp_path):
     """Board A (index 0) falls off the bus: at the next start B is index 0 and C index 1. The `gpus` table kept
     one index per UUID and overwrote it, so index 1's history before the shift read as C's (it was B's)."""
     db = tmp_path / "lynxtop.db"
-    Agent(db, Node([UUID_A, UUID_B, UUID_C]), 1000.0).close()
-    Agent(db, Node([UUID_B, UUID_C]), 2000.0).close()
+    Agent(db, BoardsNode([UUID_A, UUID_B, UUID_C]), 1000.0).close()
+    Agent(db, BoardsNode([UUID_B, UUID_C]), 2000.0).close()
     told = identity_events(db)
     assert len(told) == 1
     assert told[0].details["changes"] == [{"gpu": 0, "old_uuid": UUID_A, "new_uuid": UUID_B},
@@ -124,8 +102,8 @@ def test_the_current_board_wins_an_index_over_the_one_it_replaced(tmp_path):
     """reader.gpus() is read as {idx: facts} (tui/source.py's replay): the replaced board, still a row at the same
     index, must not come last (it did whenever its UUID sorted after the new one's)."""
     db = tmp_path / "lynxtop.db"
-    Agent(db, Node([UUID_A]), 1000.0).close()
-    Agent(db, Node([UUID_0]), 2000.0).close()
+    Agent(db, BoardsNode([UUID_A]), 1000.0).close()
+    Agent(db, BoardsNode([UUID_0]), 2000.0).close()
     r = StoreReader(db)
     try:
         facts = {g["idx"]: g for g in r.gpus()}
@@ -138,7 +116,7 @@ def test_a_reload_in_one_process_is_told_once_not_again_by_the_store(tmp_path):
     """Within one agent process the sampler tells a reordering (lost.py); the store records the new segments
     without a second event."""
     db = tmp_path / "lynxtop.db"
-    node = Node([UUID_A, UUID_B])
+    node = BoardsNode([UUID_A, UUID_B])
     a = Agent(db, node, 1000.0)
     node.specs = [FakeGpuSpec(index=0, uuid=UUID_B), FakeGpuSpec(index=1, uuid=UUID_A)]
     a.sampler.close()
@@ -161,7 +139,7 @@ def test_an_older_file_without_the_identity_columns_is_read_and_upgraded(tmp_pat
     """A file whose `gpus` table predates the identity columns: the reader answers from first_seen_ms, the
     writer adds the columns in place (no migration, no floor moved)."""
     db = tmp_path / "lynxtop.db"
-    Agent(db, Node([UUID_A]), 1000.0).close()
+    Agent(db, BoardsNode([UUID_A]), 1000.0).close()
     c = sqlite3.connect(db)
     c.execute("ALTER TABLE gpus DROP COLUMN idx_since_ms")
     c.execute("ALTER TABLE gpus DROP COLUMN idx_history")
@@ -173,7 +151,7 @@ def test_an_older_file_without_the_identity_columns_is_read_and_upgraded(tmp_pat
         assert r.gpu_uuid_at(0, 1_500_000) == UUID_A
     finally:
         r.close()
-    Agent(db, Node([UUID_B]), 2000.0).close()
+    Agent(db, BoardsNode([UUID_B]), 2000.0).close()
     assert len(identity_events(db)) == 1
     r = StoreReader(db)
     try:
@@ -198,13 +176,13 @@ def test_the_gpu_export_names_the_board_of_each_row_and_a_bucket_that_mixes_two(
     from lynxtop.store.export import _query, write_csv
 
     db = tmp_path / "lynxtop.db"
-    a = Agent(db, Node([UUID_A, UUID_B]), 1000.0)
+    a = Agent(db, BoardsNode([UUID_A, UUID_B]), 1000.0)
     rows = lambda g: {"gpu": g, "util_gpu_pct": 10 * (g + 1)}  # noqa: E731
     for i in range(0, 200, 10):  # 1000 s .. 1190 s, A at index 0
         a.writer.submit_tick(1_000_000 + i * 1000, [rows(0), rows(1)], None, None)
     assert a.writer.flush(30)
     a.close()
-    b = Agent(db, Node([UUID_C, UUID_B]), 1230.0)  # C replaces A at 1230 s (mid-minute 1200..1260)
+    b = Agent(db, BoardsNode([UUID_C, UUID_B]), 1230.0)  # C replaces A at 1230 s (mid-minute 1200..1260)
     for i in range(230, 400, 10):
         b.writer.submit_tick(1_000_000 + i * 1000, [rows(0), rows(1)], None, None)
     assert b.writer.flush(30)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from support.gpu_boards import BoardsNode, identity_events, segments_at
+
 from lynxtop.agent.gpu.fake import FakeNvml
-from lynxtop.agent.gpu.protocol import FakeGpuSpec, FakeGpuState
 from lynxtop.agent.gpu.sampler import GpuSampler
-from lynxtop.contract.events import EventKind
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.times import iso
 from lynxtop.store.writer import StoreWriter
@@ -26,28 +26,12 @@ UUIDS = [f"GPU-{i:08x}-0000-4000-8000-000000000000" for i in range(3)]
 UUID_NEW = "GPU-eeeeeeee-0000-4000-8000-000000000000"
 
 
-class Node:
-    """The fake NVML's node: the boards a test changes between agent processes."""
-
-    def __init__(self, uuids: list[str]):
-        self.specs = [FakeGpuSpec(index=i, uuid=u) for i, u in enumerate(uuids)]
-
-    def driver_version(self) -> str:
-        return "580.159.04"
-
-    def gpus(self) -> list[FakeGpuSpec]:
-        return list(self.specs)
-
-    def state(self, index: int, now: float) -> FakeGpuState:
-        return FakeGpuState(power_w=100.0 + index)
-
-
 def agent(db: Path, uuids: list[str], wall_s: float, ticks_to_s: float | None = None) -> None:
     """One agent process from `wall_s`: opens NVML, stores its boards, writes a sample of every GPU every 10 s up
     to `ticks_to_s` (the last: when each index was last read), stops."""
     writer = StoreWriter(db, clock=lambda: wall_s)
     writer.start()
-    sampler = GpuSampler(lambda: FakeNvml(Node(uuids)), xid_events=False, retry_initial_s=1.0)
+    sampler = GpuSampler(lambda: FakeNvml(BoardsNode(uuids)), xid_events=False, retry_initial_s=1.0)
     try:
         sampler.open()
         writer.upsert_gpus(sampler.static(), enumerated=sampler.enumerated)
@@ -60,22 +44,6 @@ def agent(db: Path, uuids: list[str], wall_s: float, ticks_to_s: float | None = 
     finally:
         sampler.close()
         writer.close()
-
-
-def identity_events(db: Path) -> list:
-    r = StoreReader(db)
-    try:
-        return r.events(kinds=[EventKind.GPU_IDENTITY_CHANGED.value])
-    finally:
-        r.close()
-
-
-def segments_at(db: Path, gpu: int) -> list[tuple]:
-    r = StoreReader(db)
-    try:
-        return [(s["uuid"], s["since_ms"], s["until_ms"]) for s in r.gpu_identities() if s["gpu"] == gpu]
-    finally:
-        r.close()
 
 
 def test_a_board_back_after_an_absence_is_absent_from_its_last_sample(tmp_path):

@@ -37,6 +37,27 @@ def state_db(tmp: Path, sql: str, args: tuple | list = ()) -> list[dict]:
     return db_rows(tmp / "state" / "lynxtop.db", sql, args)
 
 
+async def stored_events(tmp: Path, kind: str, after: int = 0, timeout: float = 30) -> list[dict]:
+    """The stored events of `kind` with an id above `after`, once there is one: the agent's writer stores them a
+    moment after the fact. Fails after `timeout` s naming the kind."""
+    deadline = time.monotonic() + timeout
+    while not (ev := state_db(tmp, "SELECT * FROM events WHERE kind = ? AND id > ? ORDER BY id", (kind, after))):
+        assert time.monotonic() < deadline, f"no {kind} event"
+        await asyncio.sleep(0.1)
+    return ev
+
+
+def run_processes(token: str) -> set[tuple[int, int]]:
+    """Every live process carrying a run's token, with its start time: a signalled one would be gone, a reused
+    pid reads as another pair."""
+    out = set()
+    for pid in procs.run_processes(token, None):
+        st = procs.stat(pid)
+        if st is not None:
+            out.add((pid, st.start_ticks))
+    return out
+
+
 class Agent:
     """One agent process plus the notify socket it reports to."""
 

@@ -3,7 +3,11 @@ process of that tree by it, whatever re-parented or re-grouped them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 MARK = "LT_DEMO_LIFE_MARK"
@@ -31,3 +35,16 @@ def marked(mark: str) -> list[int]:
         if entry in env.split(b"\0") and live(int(name)):
             out.append(int(name))
     return out
+
+
+@contextlib.contextmanager
+def marked_tree() -> Iterator[str]:
+    """A fresh marker for what a test starts (put it in its environment under MARK); whatever carries it at the
+    end is SIGKILLed, so a failing assertion leaves nothing of the tree running."""
+    value = secrets.token_hex(8)
+    try:
+        yield value
+    finally:
+        for pid in marked(value):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

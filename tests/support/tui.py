@@ -64,6 +64,11 @@ async def wait_for(pilot: Any, predicate: Any, timeout_s: float = 30.0) -> None:
     await wait_for_async(predicate, timeout_s, 0.03, "a condition on the dashboard", sleep=pilot.pause)
 
 
+def words(text: str) -> str:
+    """The text as one line of words: a wrapped sentence reads whole, wherever the screen's width broke it."""
+    return " ".join(text.split())
+
+
 def screen_text(app: Any) -> str:
     """The whole screen as plain text lines, as an operator sees it (modal layers included)."""
     strips = app.screen._compositor.render_strips()

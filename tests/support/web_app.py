@@ -10,6 +10,17 @@ from aiohttp import web
 from support.ports import free_port
 
 
+def metrics_app(page: list[str]) -> web.Application:
+    """A vLLM stand-in whose /metrics is `page[0]` at each read (the test rewrites it between scrapes); nothing
+    else is served (a /version or /health read gets 404)."""
+    async def metrics(_req: web.Request) -> web.Response:
+        return web.Response(text=page[0], content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
 @asynccontextmanager
 async def serving(app: web.Application, host: str = "127.0.0.1") -> AsyncIterator[str]:
     """Yields the base URL. Port 0 lets the kernel choose, so tests running at once never collide."""

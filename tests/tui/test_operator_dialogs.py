@@ -85,9 +85,9 @@ def test_restart_and_stop_say_the_shutdown_timeout_when_the_profile_is_known():
     assert "drain for the profile's shutdown timeout, 5s" in restart, restart
     assert "waiting" not in restart  # none waiting: not said
     stop = plain(control_text.stop_text(status.serving, metrics, profile))
-    assert "shutdown timeout (5s)" in stop, stop
+    assert "shutdown timeout, 5s" in stop and "(5s)" not in stop, stop  # said once (s25)
     title, body, _ = control_text.confirmation("stop", status.serving, metrics, None, profile)
-    assert "shutdown timeout (5s)" in plain(body)
+    assert "shutdown timeout, 5s" in plain(body)
 
 
 def _start_enabled(app) -> bool:

@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from support.status import T0
-from support.tui import make_app, screen_text, wait_for
+from support.tui import make_app, screen_text, wait_for, words
+from support.tui_keys import open_history
 from textual.widgets import Static
 
 from lynxtop.store.writer import StoreWriter
-from lynxtop.tui.screens.history import HistoryScreen
 from lynxtop.tui.widgets.time_chart import TimeChart
 
 UUID_A = "GPU-aaaaaaaa-0000-4000-8000-000000000000"
@@ -49,27 +49,14 @@ def _board_swapped_db(path: Path) -> None:
     w.close()
 
 
-async def _history(pilot, app) -> HistoryScreen:
-    await wait_for(pilot, lambda: app.state.connected)
-    await pilot.press("4")
-    await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen))
-    screen = app.screen
-    await wait_for(pilot, lambda: len(screen.runs) == 1 and screen.last_draw_ms is not None)
-    return screen
-
-
-def _words(text: str) -> str:
-    return " ".join(text.split())
-
-
 async def test_a_board_changed_at_an_index_is_named_on_the_history_view(agent, tmp_path):
     db = tmp_path / "history.db"
     _board_swapped_db(db)
     app = make_app(agent.socket_path, db, utc=True, poll_interval_s=3600)
     async with app.run_test(size=(140, 40)) as pilot:
-        screen = await _history(pilot, app)
+        screen = await open_history(pilot, app)
         said = "GPU 1 (GPU-bbbbbbbb… → GPU-cccccccc… at 13:40:00Z)"
-        await wait_for(pilot, lambda: said in _words(screen_text(app)))
+        await wait_for(pilot, lambda: said in words(screen_text(app)))
         assert "GPU 0 (" not in screen_text(app)  # index 0 kept its board
         # a mark at the change's time on the GPU charts, none on the serving ones
         sm = screen.query_one("#hchart-sm", TimeChart)
@@ -79,7 +66,7 @@ async def test_a_board_changed_at_an_index_is_named_on_the_history_view(agent, t
         # the window moved to before the change: nothing to tell
         await pilot.press("left_square_bracket")
         await wait_for(pilot, lambda: screen.queried is not None and screen.queried[1] < SWAP_MS
-                       and screen.last_draw_ms is not None and said not in _words(screen_text(app)))
+                       and screen.last_draw_ms is not None and said not in words(screen_text(app)))
         assert not screen.query_one("#history-boards", Static).display
 
 
@@ -88,9 +75,9 @@ async def test_the_board_change_reads_in_ascii(agent, tmp_path):
     _board_swapped_db(db)
     app = make_app(agent.socket_path, db, utc=True, poll_interval_s=3600, ascii_only=True)
     async with app.run_test(size=(140, 40)) as pilot:
-        await _history(pilot, app)
+        await open_history(pilot, app)
         said = "GPU 1 (GPU-bbbbbbbb... -> GPU-cccccccc... at 13:40:00Z)"
-        await wait_for(pilot, lambda: said in _words(screen_text(app)))
+        await wait_for(pilot, lambda: said in words(screen_text(app)))
         assert screen_text(app).isascii()
 
 

@@ -23,10 +23,9 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from support.agent_config import sim_profile, write_agent_config
-from support.agent_proc import Agent, reap_sims
-from support.ports import free_port, short_dir
-from support.tui import make_app, screen_text, wait_for
+from support.ports import free_port
+from support.remote_history import board_changes_in, tcp_reads_agent
+from support.tui import make_app, screen_text, wait_for, words
 from textual.widgets import Static
 
 from lynxtop.agent.api.routes import _error_response
@@ -35,7 +34,7 @@ from lynxtop.contract.terminal import first_control, terminal_safe
 from lynxtop.store.writer import StoreWriter
 from lynxtop.tui.cluster_source import RemoteHistory
 from lynxtop.tui.history_source import BoardChange, HistorySource
-from lynxtop.tui.screens.history import HistoryScreen, _board_changes
+from lynxtop.tui.screens.history import HistoryScreen
 from lynxtop.tui.widgets.time_chart import TimeChart
 
 pytestmark = pytest.mark.timeout(240)
@@ -87,20 +86,8 @@ async def node(tmp_path) -> AsyncIterator[tuple[int, Path, int]]:
     """(the TCP port of a real agent serving the seeded history with tcp_reads on, its database, the swap's ms)."""
     db = tmp_path / "state" / "lynxtop.db"
     swap_ms = _seed(db, int(time.time() * 1000))
-    port = free_port()
-    token = _token_file(tmp_path / "read.token")
-    with short_dir() as d:
-        cfg = write_agent_config(tmp_path / "config.toml", db, d / "a.sock", fake_nvml="sim", sample_interval_s=0.5,
-                                 default_profile="sim", autostart=False, metrics_listen=f"127.0.0.1:{port}",
-                                 extra=f'tcp_reads = true\ntcp_token_file = "{token}"\n',
-                                 profiles=[sim_profile("sim", startup_s=0.3, stop_grace_s=5)])
-        agent = Agent(tmp_path, cfg, sock=d / "a.sock")
-        try:
-            await agent.wait_notify("READY=1", timeout=60)
-            yield port, db, swap_ms
-        finally:
-            agent.stop()
-            reap_sims(tmp_path / "sim-state")
+    async with tcp_reads_agent(tmp_path, db, TOKEN) as port:
+        yield port, db, swap_ms
 
 
 @pytest.fixture
@@ -129,22 +116,13 @@ async def older(node) -> AsyncIterator[tuple[int, int]]:
         await runner.cleanup()
 
 
-def _changes(history: HistorySource, start: int, end: int) -> list[BoardChange]:
-    with history.reader() as reader:
-        return _board_changes(reader, start, end)
-
-
-def _words(text: str) -> str:
-    return " ".join(text.split())
-
-
 async def test_the_remote_read_tells_the_board_change_the_local_one_does(node):
     port, db, swap_ms = node
     start, end = swap_ms - 30 * 60_000, swap_ms + 10 * 60_000
     remote = RemoteHistory("gpu-2", f"http://127.0.0.1:{port}", TOKEN, timeout_s=30)
-    local = await asyncio.to_thread(_changes, HistorySource(db), start, end)
+    local = await asyncio.to_thread(board_changes_in, HistorySource(db), start, end)
     assert local == [BoardChange(0, UUID_A, UUID_SIM0, swap_ms)]
-    got = await asyncio.to_thread(_changes, remote, start, end)
+    got = await asyncio.to_thread(board_changes_in, remote, start, end)
     # the same change; its UUIDs (another node's text) escaped on the way in
     assert got == [BoardChange(0, terminal_safe(UUID_A), UUID_SIM0, swap_ms)]
     assert all(first_control(c.old) is None for c in got)
@@ -188,7 +166,7 @@ async def test_the_remote_history_view_marks_the_change_as_text(agent, node, tmp
     app, running = _remote_history_view(agent, tmp_path)
     async with running as pilot:
         screen = await _open_history(pilot, app, port)
-        await wait_for(pilot, lambda: SHOWN in _words(screen_text(app)), timeout_s=30)
+        await wait_for(pilot, lambda: SHOWN in words(screen_text(app)), timeout_s=30)
         assert screen.error is None
         # markup in the UUID is shown, not parsed; nothing of it reaches the terminal raw
         assert all(first_control(line) is None for line in screen_text(app).splitlines())
@@ -199,7 +177,7 @@ async def test_the_remote_history_view_marks_the_change_as_text(agent, node, tmp
 async def test_an_older_agent_without_the_read_leaves_the_view_unmarked(agent, older, tmp_path):
     proxy, swap_ms = older
     remote = RemoteHistory("gpu-2", f"http://127.0.0.1:{proxy}", TOKEN, timeout_s=30)
-    assert await asyncio.to_thread(_changes, remote, swap_ms - 60_000, swap_ms + 60_000) == []
+    assert await asyncio.to_thread(board_changes_in, remote, swap_ms - 60_000, swap_ms + 60_000) == []
 
     def segments() -> list[dict[str, Any]]:
         with remote.reader() as reader:

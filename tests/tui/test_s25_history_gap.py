@@ -18,18 +18,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from support.agent_config import sim_profile, write_agent_config
-from support.agent_proc import Agent, reap_sims
-from support.ports import free_port, short_dir
+from support.remote_history import board_changes_in, tcp_reads_agent
 from support.status import T0
-from support.tui import make_app, screen_text, wait_for
+from support.tui import make_app, screen_text, wait_for, words
+from support.tui_keys import open_history
 from textual.widgets import Static
 
 from lynxtop.store.reader import StoreReader
 from lynxtop.store.writer import StoreWriter
 from lynxtop.tui.cluster_source import RemoteHistory
 from lynxtop.tui.history_source import BoardChange, HistorySource, board_changes
-from lynxtop.tui.screens.history import HistoryScreen, _board_changes
 from lynxtop.tui.widgets.time_chart import TimeChart
 
 pytestmark = pytest.mark.timeout(240)
@@ -93,27 +91,14 @@ def test_another_board_after_a_gap_names_the_gap(tmp_path):
     assert board_changes(_segments(db), T0 - 3600_000, T0) == [BoardChange(1, UUID_B, UUID_C, back_ms, last_b)]
 
 
-async def _history(pilot, app) -> HistoryScreen:
-    await wait_for(pilot, lambda: app.state.connected)
-    await pilot.press("4")
-    await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen))
-    screen = app.screen
-    await wait_for(pilot, lambda: len(screen.runs) == 1 and screen.last_draw_ms is not None)
-    return screen
-
-
-def _words(text: str) -> str:
-    return " ".join(text.split())
-
-
 async def test_the_history_view_tells_and_marks_the_gap(agent, tmp_path):
     db = tmp_path / "history.db"
     _gap_db(db, T0)  # B last read 13:20, back at 13:40 (T0 = 14:00Z)
     app = make_app(agent.socket_path, db, utc=True, poll_interval_s=3600)
     async with app.run_test(size=(140, 40)) as pilot:
-        screen = await _history(pilot, app)
+        screen = await open_history(pilot, app)
         said = "board absent: GPU 1 (GPU-bbbbbbbb… absent from 13:20:00Z, back at 13:40:00Z)"
-        await wait_for(pilot, lambda: said in _words(screen_text(app)))
+        await wait_for(pilot, lambda: said in words(screen_text(app)))
         assert "GPU 0 (" not in screen_text(app)
         # both ends of the gap marked on the GPU charts, where a change is marked; none on the serving ones
         axis = str(screen.query_one("#hchart-sm", TimeChart).render()).splitlines()[-1]
@@ -126,9 +111,9 @@ async def test_another_board_after_a_gap_reads_as_a_change_with_its_gap_in_ascii
     _gap_db(db, T0, back=UUID_C)
     app = make_app(agent.socket_path, db, utc=True, poll_interval_s=3600, ascii_only=True)
     async with app.run_test(size=(140, 40)) as pilot:
-        screen = await _history(pilot, app)
+        screen = await open_history(pilot, app)
         said = "board changed: GPU 1 (GPU-bbbbbbbb... -> GPU-cccccccc... at 13:40:00Z, none there from 13:20:00Z)"
-        await wait_for(pilot, lambda: said in _words(screen_text(app)))
+        await wait_for(pilot, lambda: said in words(screen_text(app)))
         assert screen_text(app).isascii()
         assert screen.query_one("#history-boards", Static).display
 
@@ -139,35 +124,16 @@ async def node(tmp_path) -> AsyncIterator[tuple[int, Path, int, int]]:
     return)."""
     db = tmp_path / "state" / "lynxtop.db"
     last_b, back_ms = _gap_db(db, int(time.time() * 1000))
-    port = free_port()
-    token = tmp_path / "read.token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
-    with short_dir() as d:
-        cfg = write_agent_config(tmp_path / "config.toml", db, d / "a.sock", fake_nvml="sim", sample_interval_s=0.5,
-                                 default_profile="sim", autostart=False, metrics_listen=f"127.0.0.1:{port}",
-                                 extra=f'tcp_reads = true\ntcp_token_file = "{token}"\n',
-                                 profiles=[sim_profile("sim", startup_s=0.3, stop_grace_s=5)])
-        agent = Agent(tmp_path, cfg, sock=d / "a.sock")
-        try:
-            await agent.wait_notify("READY=1", timeout=60)
-            yield port, db, last_b, back_ms
-        finally:
-            agent.stop()
-            reap_sims(tmp_path / "sim-state")
-
-
-def _changes(history, start: int, end: int) -> list[BoardChange]:
-    with history.reader() as reader:
-        return _board_changes(reader, start, end)
+    async with tcp_reads_agent(tmp_path, db, TOKEN) as port:
+        yield port, db, last_b, back_ms
 
 
 async def test_the_remote_read_tells_the_gap_the_local_one_does(node):
     port, db, last_b, back_ms = node
     start, end = back_ms - 40 * 60_000, back_ms + 10 * 60_000
-    local = await asyncio.to_thread(_changes, HistorySource(db), start, end)
+    local = await asyncio.to_thread(board_changes_in, HistorySource(db), start, end)
     # (the sim agent serving the file stored its own boards when it started: after the window's end)
     assert local == [BoardChange(1, UUID_B, UUID_B, back_ms, last_b)]
     remote = RemoteHistory("gpu-2", f"http://127.0.0.1:{port}", TOKEN, timeout_s=30)
-    got = await asyncio.to_thread(_changes, remote, start, end)
+    got = await asyncio.to_thread(board_changes_in, remote, start, end)
     assert got == local

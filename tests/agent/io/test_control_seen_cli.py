@@ -8,9 +8,9 @@ import sys
 
 import pytest
 from agent_io_helpers import FakeController, ThreadedApi
+from support.cli import run_cli
 from support.ports import short_dir
 
-from lynxtop.__main__ import main
 from lynxtop.agent.api import routes
 from lynxtop.agent.api.control import ANY_RUN as CONTROL_ANY
 from lynxtop.cli import ctl
@@ -26,19 +26,13 @@ def agent(monkeypatch):
             yield fake, str(d / "agent.sock")
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_every_serving_action_sends_the_run_it_read(agent, capsys):
     fake, path = agent
     for argv in (("restart", "--yes"), ("switch", "tp8-fp8kv", "--yes"), ("stop", "--yes")):
-        code, _, err = run(capsys, *argv, "--socket", path)
+        code, _, err = run_cli(capsys, *argv, "--socket", path)
         assert code == 0, err
     fake.serving.update(state="stopped", run_id=None)
-    code, _, err = run(capsys, "start", "--socket", path)
+    code, _, err = run_cli(capsys, "start", "--socket", path)
     assert code == 0, err
     assert [c[0] for c in fake.calls] == ["restart", "switch", "stop", "start"]
     assert fake.expect_runs == [7, 7, 7, None]  # None: it read no run, sent as null
@@ -47,7 +41,7 @@ def test_every_serving_action_sends_the_run_it_read(agent, capsys):
 def test_an_agent_without_the_field_is_asked_again_without_it(agent, capsys, monkeypatch):
     fake, path = agent
     monkeypatch.setitem(routes._BODY_SPEC, "stop", {"cluster": (bool, False)})  # as before the field
-    code, _, err = run(capsys, "stop", "--yes", "--socket", path)
+    code, _, err = run_cli(capsys, "stop", "--yes", "--socket", path)
     assert code == 0 and "predates the run check" in err, err
     assert [c[0] for c in fake.calls] == ["stop"] and fake.expect_runs == [CONTROL_ANY]
 
@@ -62,7 +56,7 @@ def test_a_run_changed_refusal_has_its_own_exit_code(agent, capsys, monkeypatch)
                           "tp8, starting); nothing done", 409, {"expected_run": 7, "run_id": 8})
 
     monkeypatch.setattr(fake, "restart", refuse)
-    code, _, err = run(capsys, "restart", "--yes", "--socket", path)
+    code, _, err = run_cli(capsys, "restart", "--yes", "--socket", path)
     assert code == ctl.EXIT_RUN_CHANGED == 5 and "run_changed: the run changed since you looked" in err
 
 

@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 from agent_io_helpers import FakeController, ThreadedApi
+from support.cli import Tty, run_cli
 from support.ports import short_dir
 
-from lynxtop.__main__ import main
 from lynxtop.cli import ctl
 
 # clears the screen, retitles the window, a C1 CSI, a bidi override, and a line that forges a status line
@@ -24,11 +24,6 @@ def assert_shown_escaped(text: str, times: int) -> None:
     """No control character but the line break; the hostile string shown escaped, `times` times."""
     assert not CONTROLS.search(text), repr(text)
     assert text.count("\\x1b[2J\\x1b]0;owned\\x07\\x9b31m\\u202e\\nserving  READY") == times, text
-
-
-class _Tty(io.StringIO):
-    def isatty(self) -> bool:
-        return True
 
 
 @pytest.fixture
@@ -45,12 +40,6 @@ def _no_tty(monkeypatch):
     monkeypatch.setattr(ctl, "POLL_S", 0.05)
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_status_shows_served_strings_escaped(agent, capsys):
     fake, path = agent
     fake.serving.update(state="degraded", vllm_version="0.99" + EVIL, model="m" + EVIL, reason="r" + EVIL)
@@ -62,31 +51,31 @@ def test_status_shows_served_strings_escaped(agent, capsys):
         return replace(st, agent=replace(st.agent, nvml=nvml), gpus=[replace(st.gpus[0], name="H200" + EVIL)])
 
     fake.status = hostile
-    code, out, _ = run(capsys, "status", "--socket", path)
+    code, out, _ = run_cli(capsys, "status", "--socket", path)
     assert code == 0
     assert "vLLM 0.99\\x1b[2J" in out and "model m\\x1b[2J" in out
     assert_shown_escaped(out, 5)
     assert sum(line.startswith("serving  ") for line in out.splitlines()) == 1  # no forged line
-    code, out, _ = run(capsys, "status", "--json", "--socket", path)
+    code, out, _ = run_cli(capsys, "status", "--json", "--socket", path)
     assert code == 0 and not CONTROLS.search(out)
 
 
 def test_refusals_and_wait_show_served_strings_escaped(agent, capsys, monkeypatch):
     fake, path = agent
     fake.preflight_fail = ["reason" + EVIL]
-    code, _, err = run(capsys, "switch", "tp8-fp8kv", "--yes", "--socket", path)
+    code, _, err = run_cli(capsys, "switch", "tp8-fp8kv", "--yes", "--socket", path)
     assert code == 1 and "preflight_failed" in err
     assert_shown_escaped(err, 1)
     fake.preflight_fail = None
     fake.serving.update(state="stopped", run_id=7, profile="tp8")
     fake.script["start"] = [(0.05, {"state": "starting", "phase": "load" + EVIL, "run_id": 8}),
                             (0.20, {"state": "crash-loop", "reason": "oom" + EVIL, "phase": None})]
-    code, out, err = run(capsys, "start", "--wait", "--socket", path)
+    code, out, err = run_cli(capsys, "start", "--wait", "--socket", path)
     assert code == 1 and "crash-loop" in err
     assert_shown_escaped(out, 1)  # the progress line: starting (phase)
     assert_shown_escaped(err, 1)
     fake.serving.update(state="ready", reason="", profile="tp8" + EVIL)
-    monkeypatch.setattr(sys, "stdin", _Tty("y\n"))  # the confirmation quotes the served profile
-    code, out, _ = run(capsys, "stop", "--socket", path)
+    monkeypatch.setattr(sys, "stdin", Tty("y\n"))  # the confirmation quotes the served profile
+    code, out, _ = run_cli(capsys, "stop", "--socket", path)
     assert code == 0 and "Now: ready" in out
     assert_shown_escaped(out, 2)  # the confirmation, and the `agent: ..., profile P` line once it acted
