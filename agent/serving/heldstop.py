@@ -136,13 +136,4 @@ async def _look_again(held: HeldRuns, last: dict[int, int]) -> dict[int, int]:
 
 
 def _maybe_alive(pid: int, ticks: int) -> bool:
-    st = procs.stat(pid)
-    if st is not None:
-        return st.start_ticks == ticks and st.state not in ("Z", "X")
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+    return procs.seen_alive(pid, ticks) is not False  # an unreadable stat is not "gone"

@@ -594,19 +594,12 @@ class _Stop:
         for pid, ticks in sorted(self.proc.known.items()):
             if pid == self.proc.pid:
                 continue
-            s = procs.stat(pid)
-            if s is not None:
-                if s.start_ticks == ticks and s.state not in ("Z", "X"):
-                    left.append(pid)
+            seen = procs.seen_alive(pid, ticks)
+            if seen is False:
                 continue
-            try:
-                os.kill(pid, 0)  # no descriptor needed: ESRCH says no process has that pid
-            except ProcessLookupError:
-                continue
-            except PermissionError:
-                pass
             left.append(pid)
-            unverified.add(pid)
+            if seen is None:
+                unverified.add(pid)
         self.unverified = unverified
         return left
 

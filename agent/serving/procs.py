@@ -235,6 +235,21 @@ def alive(pid: int) -> bool:
     return st is not None and st.state not in ("Z", "X")
 
 
+def seen_alive(pid: int, ticks: int) -> bool | None:
+    """Whether the process seen as `pid` with start time `ticks` still lives: True (its stat says so), False (gone,
+    a zombie, or the pid now another process's), None (it exists but its stat cannot be read: not proven gone)."""
+    st = stat(pid)
+    if st is not None:
+        return st.start_ticks == ticks and st.state not in ("Z", "X")
+    try:
+        os.kill(pid, 0)  # no descriptor needed: ESRCH says no process has that pid
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return None
+
+
 def cmdline(pid: int) -> list[str] | None:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
